@@ -1,0 +1,58 @@
+"""Shared CLI wiring: error reporting without tracebacks, exit codes, JSON output, table printing."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import click
+
+from frenzy_slurm.errors import FrenzyError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reports_errors(prog: str) -> Callable[[F], F]:
+    """Turn FrenzyError into `prog: error: ...` on stderr and its exit code."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except FrenzyError as exc:
+                for i, line in enumerate(exc.message.splitlines()):
+                    click.echo(f"{prog}: error: {line}" if i == 0 else f"  {line}", err=True)
+                sys.exit(exc.exit_code)
+            except KeyboardInterrupt:
+                click.echo(f"{prog}: interrupted", err=True)
+                sys.exit(130)
+
+        return inner  # type: ignore[return-value]
+
+    return wrap
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    """Left-aligned text columns, numbers right-aligned, like sinfo."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def fmt(r: list[str]) -> str:
+        cells = []
+        for i, c in enumerate(r):
+            c = str(c)
+            numeric = c.replace(".", "", 1).replace("%", "").replace("-", "", 1).isdigit()
+            cells.append(c.rjust(widths[i]) if numeric and r is not header else c.ljust(widths[i]))
+        return "  ".join(cells).rstrip()
+
+    return "\n".join([fmt(header), *(fmt(r) for r in rows)])
+
+
+existing_file = click.Path(exists=False, dir_okay=False, path_type=Path)

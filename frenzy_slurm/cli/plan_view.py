@@ -1,0 +1,77 @@
+"""Turning MARP results into tables and JSON for the commands (no Slurm, no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate
+from frenzy_slurm.marp.memory import COMPONENTS
+from frenzy_slurm.spec import JobSpec, ResolvedModel, load_job_spec, resolve_model
+
+
+def load(path: Path, trace: bool = True) -> tuple[JobSpec, ResolvedModel]:
+    spec = load_job_spec(path)
+    return spec, resolve_model(spec, path.parent, trace=trace)
+
+
+def gpu_options(specs: tuple[str, ...], default_count: int) -> list[GpuOption]:
+    """`--gpu A100-80GB:16` (count optional) -> options; none given: every catalog GPU."""
+    if not specs:
+        return [GpuOption(name, spec, default_count) for name, spec in catalog().items()]
+    out = []
+    for item in specs:
+        name, _, count = item.partition(":")
+        spec: GpuSpec | None = match_gpu(name)
+        if spec is None:
+            raise InputError(f"--gpu {item}: unknown GPU '{name}'. Known: {', '.join(catalog())}")
+        if count and not count.isdigit():
+            raise InputError(f"--gpu {item}: the count after ':' must be a whole number, e.g. --gpu A100-80GB:16")
+        out.append(GpuOption(name, spec, int(count) if count else default_count))
+    return out
+
+
+def memory_rows(est: MemoryEstimate) -> tuple[list[str], list[list[str]]]:
+    header = ["stage", "layers", "params(M)", *COMPONENTS, "peak", "at"]
+    rows = []
+    for s in est.stages:
+        g = s.gib()
+        rows.append([str(s.stage), str(s.layers), f"{s.params / 1e6:.1f}", *(f"{g[c]:.2f}" for c in COMPONENTS),
+                     f"{g['peak']:.2f}", s.phase])
+    return header, rows
+
+
+def memory_json(est: MemoryEstimate) -> dict:
+    return {
+        "plan": est.plan.short(), "metric": est.metric, "peak_gib": est.peak_gib,
+        "stages": [{"stage": s.stage, "layers": s.layers, "params": s.params, "phase": s.phase, **s.gib()}
+                   for s in est.stages],
+    }
+
+
+def candidate_rows(cands: dict[str, list[Candidate]], top: int) -> tuple[list[str], list[list[str]]]:
+    header = ["gpu", "gpus", "plan", "peak GiB", "usable GiB", "step s", "run time"]
+    rows = []
+    for gpu, items in cands.items():
+        if not items:
+            rows.append([gpu, "-", "does not fit", "-", "-", "-", "-"])
+            continue
+        for c in items[:top]:
+            rows.append([gpu, str(c.gpus), c.plan.short(), f"{c.peak_gib:.1f}", f"{c.capacity_gib:.1f}",
+                         f"{c.step_time_s:.2f}", hms(c.run_time_s)])
+    return header, rows
+
+
+def candidate_json(cands: dict[str, list[Candidate]]) -> dict:
+    return {gpu: [{"gpus": c.gpus, "plan": c.plan.short(), "peak_gib": c.peak_gib, "usable_gib": c.capacity_gib,
+                   "step_time_s": c.step_time_s, "run_time_s": c.run_time_s} for c in items]
+            for gpu, items in cands.items()}
+
+
+def hms(seconds: float) -> str:
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"

@@ -1,0 +1,43 @@
+"""Stage 2, MARP: per-GPU peak training memory for parallel plans, and GPU-type candidates.
+
+    from frenzy_slurm.marp import workload_from_spec, estimate_memory, ParallelPlan
+    est = estimate_memory(workload_from_spec(spec, model), ParallelPlan(dp=4, zero=1, micro_batch=2))
+"""
+
+from __future__ import annotations
+
+from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search, smallest_fit
+from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, StageMemory, estimate_memory
+from frenzy_slurm.marp.plan import ParallelPlan, Workload, parse_plan
+from frenzy_slurm.spec import JobSpec, ResolvedModel
+
+__all__ = [
+    "Candidate", "GiB", "GpuOption", "MemoryEstimate", "Overheads", "ParallelPlan", "SearchSpace", "StageMemory",
+    "Workload", "estimate_memory", "parse_plan", "search", "search_space_from_spec", "smallest_fit", "workload_from_spec",
+]
+
+
+def workload_from_spec(spec: JobSpec, model: ResolvedModel) -> Workload:
+    """The MARP view of a job as frenzy-slurm's DeepSpeed runtime will run it."""
+    t = spec.training
+    return Workload(
+        arch=model.arch,
+        seq_len=t.seq_len,
+        precision=t.precision,
+        optimizer=t.optimizer,
+        attention=t.attention,
+        method=t.method,
+        lora_rank=t.lora.rank,
+        lora_targets=tuple(t.lora.targets),
+        lora_dropout=t.lora.dropout > 0,
+        loss_chunks=t.loss_chunks,
+        compile=t.compile,
+        framework="deepspeed",
+        exact_params=model.exact_params,
+    )
+
+
+def search_space_from_spec(spec: JobSpec) -> SearchSpace:
+    t = spec.training
+    recompute = ("none", "selective", "full") if t.activation_checkpointing == "auto" else (t.activation_checkpointing,)
+    return SearchSpace(micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else None, recompute=recompute)

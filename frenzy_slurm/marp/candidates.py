@@ -1,0 +1,149 @@
+"""Candidate generation: for each GPU type, the plans that fit its memory, at each GPU count, fastest first.
+
+Memory does not depend on the GPU type (apart from the fixed device overhead), so every plan is
+estimated once and compared against each type's usable memory; only step time is per type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from frenzy_slurm.gpus import GpuSpec
+from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
+from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
+from frenzy_slurm.marp.speed import Links, plan_costs
+
+
+@dataclass(frozen=True)
+class GpuOption:
+    """A GPU type the job may use, and how many of it (cluster total within the user's limits)."""
+
+    name: str  # the site's name for it (Slurm GRES type)
+    spec: GpuSpec
+    max_gpus: int
+    gpus_per_node: int = 8
+    usable_fraction: float = 0.95  # headroom kept free on every GPU
+    inter_node_gbs: float = 25.0
+    intra_node_gbs: float | None = None  # default: the catalog's link bandwidth
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.spec.memory_gib * self.usable_fraction * GiB
+
+    @property
+    def links(self) -> Links:
+        return Links(self.intra_node_gbs or self.spec.link_gbs, self.inter_node_gbs, self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    gpu: str
+    gpus: int
+    plan: ParallelPlan
+    memory: MemoryEstimate
+    capacity_gib: float  # usable memory per GPU
+    step_time_s: float
+    steps: int
+
+    @property
+    def peak_gib(self) -> float:
+        return self.memory.peak_gib
+
+    @property
+    def run_time_s(self) -> float:
+        return self.step_time_s * self.steps
+
+
+@dataclass
+class SearchSpace:
+    """What the search may vary; the defaults cover what DeepSpeed supports."""
+
+    micro_batch: int | None = None  # fixed by the user, else searched
+    recompute: tuple[Recompute, ...] = ("none", "selective", "full")
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    tp_degrees: tuple[int, ...] = (1, 2, 4, 8)
+    pp_degrees: tuple[int, ...] = (1, 2, 4, 8, 16)
+    max_micro_batch: int = 64
+    gpu_counts: tuple[int, ...] | None = None  # default: powers of two and whole nodes
+    overheads: Overheads = field(default_factory=Overheads)
+
+
+def _counts(opt: GpuOption, limit: int) -> list[int]:
+    """GPU counts tried for one type."""
+    top = min(opt.max_gpus, limit)
+    counts = {c for c in (1 << i for i in range(16)) if c <= top}  # powers of two divide batch sizes best
+    if top % opt.gpus_per_node == 0:
+        counts.add(top)  # and every GPU there is, in whole nodes
+    return sorted(counts)
+
+
+def enumerate_plans(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int):
+    """Valid plans for `world` GPUs, grouped so each group's memory grows with micro-batch."""
+    a = w.arch
+    for tp in space.tp_degrees:
+        if tp > world or tp > gpus_per_node or a.heads % tp or a.kv % tp or world % tp:
+            continue
+        for pp in space.pp_degrees:
+            if pp > a.layers or world % (tp * pp):
+                continue
+            dp = world // (tp * pp)
+            if dp > global_batch or global_batch % dp:
+                continue
+            for zero in space.zero_stages:
+                if (zero > 0 and dp == 1) or (zero >= 2 and pp > 1):
+                    continue  # ZeRO needs data parallelism; DeepSpeed refuses ZeRO-2/3 with pipelines
+                if dp > 1 and zero < (1 if pp > 1 else 2) and (1 if pp > 1 else 2) in space.zero_stages:
+                    continue  # dominated: ZeRO-1/2 move the same bytes as plain data parallelism, in less memory
+                for rc in space.recompute:
+                    if rc == "selective" and w.attention != "eager":
+                        continue  # flash/sdpa already skip the score matrix: same as none
+                    mbs = [space.micro_batch] if space.micro_batch else [
+                        m for m in (1 << i for i in range(8)) if m <= space.max_micro_batch and (global_batch // dp) % m == 0
+                    ]
+                    group = []
+                    for mb in mbs:
+                        if (global_batch // dp) % mb:
+                            continue
+                        ga = global_batch // (dp * mb)
+                        group.append(ParallelPlan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, grad_accum=ga,
+                                                  recompute=rc, sequence_parallel=tp > 1))
+                    if group:
+                        yield group
+
+
+def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int, max_gpus: int | None = None,
+           space: SearchSpace | None = None) -> dict[str, list[Candidate]]:
+    """Per GPU type: the fastest fitting plan at each GPU count, ordered by step time (fastest first)."""
+    space = space or SearchSpace()
+    limit = max_gpus or max((o.max_gpus for o in options), default=0)
+    largest = max((o.usable_bytes for o in options), default=0.0)
+    memo: dict[ParallelPlan, MemoryEstimate] = {}
+    out: dict[str, list[Candidate]] = {o.name: [] for o in options}
+    worlds = sorted({c for o in options for c in _counts(o, limit)})
+    for world in worlds:
+        users = [o for o in options if world in _counts(o, limit)]
+        gpn = max(o.gpus_per_node for o in users)
+        best: dict[str, Candidate] = {}
+        for group in enumerate_plans(w, world, global_batch, space, gpn):
+            for plan in group:  # memory grows with micro-batch: stop at the first that fits nowhere
+                est = memo.get(plan) or estimate_memory(w, plan, "device", space.overheads, peak_stages_only=True)
+                memo[plan] = est
+                if est.peak > largest:
+                    break
+                costs = plan_costs(w, plan, global_batch)
+                for o in users:
+                    if est.peak > o.usable_bytes or plan.tp > o.gpus_per_node:
+                        continue
+                    t = costs.seconds_on(o.spec, o.links)
+                    cur = best.get(o.name)
+                    if cur is None or t < cur.step_time_s:
+                        best[o.name] = Candidate(o.name, world, plan, est, o.usable_bytes / GiB, t, steps)
+        for name, cand in best.items():
+            out[name].append(cand)
+    for name in out:
+        out[name].sort(key=lambda c: c.step_time_s)
+    return out
+
+
+def smallest_fit(cands: list[Candidate]) -> Candidate | None:
+    return min(cands, key=lambda c: (c.gpus, c.step_time_s)) if cands else None

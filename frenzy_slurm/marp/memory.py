@@ -1,0 +1,299 @@
+"""Per-rank peak training memory for one workload under one parallel plan.
+
+The peak is the largest of three moments of a training step, each the sum of
+what is alive then (docs/marp.md derives every term):
+
+- ``backward-start``: weights, optimizer states, persistent gradients, every
+  saved activation of the micro-batches in flight, and the logits/loss tensors;
+- ``backward-end``: all local gradients exist, activations are gone;
+- ``optimizer-step``: gradients, states and the optimizer's temporaries.
+
+The breakdown reported is the one of the peak moment, so its parts add up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache, cached_property
+
+from frenzy_slurm.marp.params import count_params, lora_head_params, lora_params_per_layer
+from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
+
+GiB = float(1 << 30)
+QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 with double-quantised absmax (QLoRA paper, section 3)
+
+COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead")
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes per rank of one pipeline stage at its peak moment."""
+
+    stage: int
+    layers: int
+    params: int  # parameters this rank holds before ZeRO sharding (after TP)
+    weights: float
+    gradients: float
+    optimizer: float  # optimizer states, including fp32 master weights
+    activations: float
+    logits: float  # output-layer logits and cross-entropy tensors
+    buffers: float  # DeepSpeed/FSDP communication buckets, gathered ZeRO-3 params, optimizer temporaries
+    overhead: float  # CUDA context, workspaces, allocator fragmentation (by metric)
+    phase: str
+
+    @cached_property
+    def peak(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.buffers + self.overhead
+
+    def gib(self) -> dict[str, float]:
+        return {c: getattr(self, c) / GiB for c in COMPONENTS} | {"peak": self.peak / GiB}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    plan: ParallelPlan
+    metric: Metric
+    stages: tuple[StageMemory, ...]
+
+    @cached_property
+    def peak(self) -> float:
+        """The largest per-rank peak over stages: what every GPU of the allocation must hold."""
+        return max(s.peak for s in self.stages)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak / GiB
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """What the framework and driver add on top of tensors, per metric."""
+
+    context_gib: float = 0.5  # CUDA context + loaded kernels with lazy module loading (torch >= 2.0)
+    fragmentation: float = 0.08  # caching-allocator reserved/allocated excess
+    nccl_gib: float = 0.25  # NCCL communicator buffers on multi-GPU jobs
+
+
+def _bytes(w: Workload) -> tuple[float, float, float, float, float]:
+    """(weight, grad, optimizer-state, master-weight, state dtype) bytes per trainable parameter."""
+    mixed = w.precision in ("bf16-mixed", "fp16-mixed")
+    if w.precision == "fp32":
+        wb, gb, sdt = 4.0, 4.0, 4.0
+    elif w.precision == "bf16-pure":
+        wb, gb, sdt = 2.0, 2.0, 2.0
+    elif w.framework == "torch":  # autocast: parameters and grads stay fp32
+        wb, gb, sdt = 4.0, 4.0, 4.0
+    else:  # DeepSpeed/Megatron mixed precision: 16-bit model copy, fp32 master copy inside the optimizer
+        wb, gb, sdt = 2.0, 2.0, 4.0
+    master = 4.0 if mixed and w.framework == "deepspeed" else 0.0
+    h, f = w.arch.hidden, w.arch.ffn
+    states = {
+        "adamw": 2 * sdt,
+        "adam": 2 * sdt,
+        "sgd": 0.0,
+        "sgd-momentum": sdt,
+        "adafactor": sdt * (1.0 / h + 1.0 / f),  # factored second moment: rows + columns per matrix
+        "adam-8bit": 2.0 + 2 * 4.0 / 2048,  # two uint8 states + fp32 absmax per 2048-element block
+    }[w.optimizer]
+    return wb, gb, states, master, sdt
+
+
+@cache
+def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute) -> float:
+    """Bytes saved for backward by one transformer block, per token (Korthikanti et al. 2022, generalised)."""
+    a = w.arch
+    h, f, heads, s = a.hidden, a.ffn, a.heads, w.seq_len
+    kvd = a.kv * a.head_dim
+    e = 4.0 if w.precision == "fp32" else 2.0  # matmul outputs / inputs
+    amp = w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed")
+    r = 4.0 if amp else e  # residual stream and norm inputs (fp32 under autocast)
+    rep = tp if sp else 1  # tensors outside TP regions are split only with sequence parallelism
+    drop = a.dropout > 0
+    lora = w.method != "full"
+    tg = set(w.lora_targets) if lora else {"q", "k", "v", "o", "mlp"}
+    lora_drop = e + 1 if (lora and w.lora_dropout) else 0.0  # dropped copy + mask of an adapter's input
+
+    # A norm keeps its input; an eager fp32-upcast norm keeps the fp32 copy and the normalised 16-bit value instead.
+    norm = (4.0 + e) * h / rep if (w.norm_upcast and not w.compile and e == 2.0) else r * h / rep
+    total = norm  # norm1
+    if tg & {"q", "k", "v"}:
+        total += e * h / rep + (lora_drop * h / rep if lora else 0)  # QKV input (norm1 output)
+    total += e * (h + 2 * (h if w.gqa_expand else kvd)) / tp  # q, k, v (k, v at full width if expanded)
+    if w.attention == "eager":
+        if recompute != "selective":
+            soft = 4.0 if amp else e  # softmax runs in fp32 under autocast
+            total += heads * s * (soft + ((1 + e) if drop else 0)) / tp
+        total += e * h / tp  # context (o_proj input)
+    else:
+        total += e * h / tp + 4.0 * heads / tp  # kernel output (also o_proj input) + log-sum-exp
+    if lora and "o" in tg:
+        total += lora_drop * h / tp
+    if drop:
+        total += h / rep  # residual dropout mask
+    total += norm  # norm2
+    if "mlp" in tg:
+        total += e * h / rep + (lora_drop * h / rep if lora else 0)  # FFN input
+    if a.activation == "swiglu":
+        # gate and up outputs; eager also keeps silu(gate) and the product (down-proj input)
+        kept = 2 if w.compile else (3 + (1 if "mlp" in tg else 0))
+    else:
+        kept = 1 if w.compile else (1 + (1 if "mlp" in tg else 0))
+    total += kept * e * f / tp
+    if drop:
+        total += h / rep  # MLP dropout mask
+    return total
+
+
+def _logit_bytes_per_token(w: Workload, tp: int) -> float:
+    """Output-layer logits and cross-entropy tensors alive at once, per token."""
+    a = w.arch
+    if a.head == "classification":
+        return 0.0
+    e = 4.0 if w.precision == "fp32" else 2.0
+    v = a.vocab / tp
+    if w.loss_chunks > 1:
+        # eager: every chunk's fp32 log-softmax output is saved; compiled: the fused loss saves only the 16-bit
+        # chunk (and a per-row log-sum-exp). The chunk's upcast and gradients are transient, one chunk at a time.
+        return v * ((e if w.compile else 4.0) + (e + 8.0) / w.loss_chunks)
+    # fp32 log-softmax output (saved) and, in backward, the gradients at both ends of log_softmax (a compiled loss
+    # fuses them into one kernel); plus the 16-bit logits where the loop keeps the model output alive
+    return v * ((e if w.hold_logits else 0.0) + (8.0 if w.compile else 12.0))
+
+
+def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated", overheads: Overheads = Overheads(),
+                    peak_stages_only: bool = False) -> MemoryEstimate:
+    """Per-stage peak bytes per rank; see the module docstring for the phases.
+
+    `peak_stages_only` computes only the first and last pipeline stages. With the default split (earlier
+    stages get the extra layers) every middle stage holds no more layers, no more in-flight micro-batches
+    and no embedding, so one of those two is the peak; the candidate search uses this to stay fast.
+    """
+    a = w.arch
+    pc = count_params(a)
+    scale = (w.exact_params / pc.total(a.layers)) if w.exact_params else 1.0
+    wb, gb, sb, mb_, sdt = _bytes(w)
+    tp, dp, pp = plan.tp, plan.dp, plan.pp
+    tokens = plan.micro_batch * w.seq_len
+    lora = w.method != "full"
+    opt_div = dp if plan.zero >= 1 else 1
+    grad_div = dp if plan.zero >= 2 else 1
+    weight_div = dp if plan.zero >= 3 else 1
+    per_layer_act = _layer_activation_bytes(w, tp, plan.sequence_parallel, plan.recompute)
+    r = 4.0 if (w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed")) else (4.0 if w.precision == "fp32" else 2.0)
+    rep = tp if plan.sequence_parallel else 1
+    layer_input = r * a.hidden / rep
+    mixed_ds = w.framework == "deepspeed" and w.precision in ("bf16-mixed", "fp16-mixed")
+    splits = plan.stage_layers(a.layers)
+
+    stages = []
+    for i, n_layers in enumerate(splits):
+        if peak_stages_only and plan.layer_split is None and 0 < i < pp - 1:
+            continue
+        first, last = i == 0, i == pp - 1
+        params = pc.per_layer * n_layers
+        if first:
+            params += pc.embedding
+        if last:
+            params += pc.final + pc.head + (pc.embedding if (pp > 1 and a.tied_embeddings and a.head != "classification") else 0)
+        params = int(params * scale / tp)
+        linear = pc.linear_per_layer * n_layers * scale / tp
+
+        if lora:
+            trainable = (lora_params_per_layer(a, w.lora_rank, w.lora_targets) * n_layers
+                         + (lora_head_params(a, w.lora_rank, w.lora_targets) if last else 0)) / tp
+            base_bytes = 4.0 if w.precision == "fp32" else 2.0
+            if w.method == "qlora":
+                frozen = linear * QLORA_BYTES_PER_PARAM + (params - linear) * base_bytes
+            else:
+                frozen = params * base_bytes
+            weights = frozen / weight_div + trainable * wb
+        else:
+            trainable = float(params)
+            weights = params * wb / weight_div
+        if plan.offload_params:
+            weights = 0.0
+        grads_all = trainable * gb / grad_div
+        optimizer = 0.0 if (plan.offload_optimizer or w.paged_optimizer) else trainable * (sb + mb_) / opt_div
+        if mixed_ds and plan.zero == 0:
+            optimizer += trainable * 4.0  # BF16/FP16 optimizer's fp32 gradient accumulation buffer
+
+        # Gradients that persist through the forward pass: DeepSpeed's buffers, accumulation, pipelines.
+        persistent = w.framework == "deepspeed" or plan.grad_accum > 1 or pp > 1 or not w.zero_grad_to_none
+        if w.optimizer_in_backward:
+            persistent, grads_all = False, 0.0
+        largest = pc.largest_matrix * scale / tp
+        head_grads = (a.vocab * a.hidden * scale / tp) * gb / grad_div if (last and not lora and a.head != "classification") else 0.0
+
+        # Buffers: communication buckets, gathered ZeRO-3 parameters, dequantised QLoRA weights.
+        bk = w.buckets
+        fb_buffers = 0.0
+        if plan.zero == 3:
+            layer_params = pc.per_layer * scale / tp
+            gathered = 2 * max(layer_params, largest)
+            if w.framework == "deepspeed":
+                gathered = min(gathered + bk.stage3_prefetch_bucket_size, bk.stage3_max_live_parameters)
+            fb_buffers += gathered * (2.0 if w.precision != "fp32" else 4.0)
+            fb_buffers += layer_params * gb  # one unit's unsharded gradients before reduce-scatter
+        if w.framework == "deepspeed" and dp > 1 and trainable > 0:
+            fb_buffers += min(bk.reduce_bucket_size, trainable) * gb * (2 if bk.overlap_comm else 1)
+        if w.method == "qlora":
+            fb_buffers += largest * 2.0
+        if w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed") and not lora:
+            fb_buffers += linear * 2.0  # autocast's 16-bit weight copies, saved for backward
+
+        step_buffers = 0.0
+        if not w.optimizer_in_backward and not plan.offload_optimizer:
+            local_states = trainable / opt_div
+            if mixed_ds and plan.zero >= 1:
+                step_buffers += local_states * 4.0  # fp32 gradient partition handed to the optimizer
+            if w.optimizer in ("adam", "adamw") and not w.fused_optimizer:
+                step_buffers += local_states * sdt  # foreach Adam: sqrt(v) temporary
+            else:
+                step_buffers += min(largest, local_states) * sdt
+            if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1:
+                step_buffers += min(bk.allgather_bucket_size, params) * wb
+
+        # Activations of the micro-batches in flight (1F1B keeps pp - stage of them on stage `stage`).
+        inflight = min(pp - i, max(plan.grad_accum, 1)) if pp > 1 else 1
+        if plan.recompute == "full":
+            kept = n_layers * layer_input * tokens * inflight
+            if w.activation_offload:
+                kept = min(2, n_layers) * layer_input * tokens
+            acts = kept + per_layer_act * tokens  # plus one block recomputed during its backward
+        else:
+            acts = n_layers * per_layer_act * tokens * inflight
+        work = 2 * max(a.ffn, a.hidden) * (4.0 if w.precision == "fp32" else 2.0) * tokens / tp  # gradient working set
+        acts += work
+        if first:
+            acts += layer_input * tokens * (1 + (a.dropout > 0))  # embedding output (+ dropout mask)
+        logits = 0.0
+        if last:
+            logits = _logit_bytes_per_token(w, tp) * tokens
+            acts += layer_input * tokens + 2.0 * a.hidden * tokens / tp  # final norm in/out
+
+        # The three moments of a step (module docstring); only the largest is kept.
+        const = weights + optimizer
+        start = const + (grads_all if persistent else head_grads) + acts + logits + fb_buffers
+        end_acts = work + layer_input * tokens
+        end = const + grads_all + end_acts + fb_buffers
+        step = const + grads_all + step_buffers
+        if start >= end and start >= step:
+            phase = "backward-start"
+            parts = dict(weights=weights, gradients=grads_all if persistent else head_grads, optimizer=optimizer,
+                         activations=acts, logits=logits, buffers=fb_buffers)
+        elif end >= step:
+            phase = "backward-end"
+            parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=end_acts, logits=0.0,
+                         buffers=fb_buffers)
+        else:
+            phase = "optimizer-step"
+            parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=0.0, logits=0.0,
+                         buffers=step_buffers)
+        allocated = max(start, end, step)
+        overhead = 0.0
+        if metric in ("reserved", "device"):
+            overhead += allocated * overheads.fragmentation
+        if metric == "device":
+            overhead += (overheads.context_gib + (overheads.nccl_gib if plan.world > 1 else 0.0)) * GiB
+        stages.append(StageMemory(stage=i, layers=n_layers, params=params, overhead=overhead, phase=phase, **parts))
+    return MemoryEstimate(plan=plan, metric=metric, stages=tuple(stages))

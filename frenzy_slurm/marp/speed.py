@@ -1,0 +1,94 @@
+"""Predicted step time of a plan on a GPU type: compute at a utilisation factor plus exposed communication.
+
+    compute   = flops_per_token * tokens_per_step / world / (peak_tflops * efficiency)
+    bubble    = compute * (pp - 1) / grad_accum                      (1F1B pipeline fill and drain)
+    dp_comm   = 2 (dp-1)/dp * grad_bytes / bw   (x1.5 for ZeRO-3)    (ring all-reduce / reduce-scatter+gather)
+    tp_comm   = 4 * layers/pp * grad_accum * 2 (tp-1)/tp * b*s*h*2 bytes / intra_bw
+    pp_comm   = 2 * (pp-1) * grad_accum * b*s*h*2 bytes / inter_bw
+    step      = compute + bubble + (1 - overlap) * dp_comm + tp_comm + pp_comm + offload
+
+flops_per_token = 6 N + 12 L h s for full training (Kaplan et al. / Megatron), 4 N + ... for LoRA (no
+weight gradients), plus one more forward (2 N + 4 L h s) with full recomputation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frenzy_slurm.gpus import GpuSpec
+from frenzy_slurm.marp.params import count_params
+from frenzy_slurm.marp.plan import ParallelPlan, Workload
+
+DP_OVERLAP = 0.5  # share of the gradient all-reduce hidden behind backward compute
+PCIE_GBS = 25.0  # host <-> device, for offloaded optimizer states
+CPU_ADAM_GBS = 20.0  # bytes of optimizer state a CPU Adam step streams per second
+
+
+@dataclass(frozen=True)
+class Links:
+    """Bandwidths between GPUs, GB/s per GPU."""
+
+    intra_node_gbs: float
+    inter_node_gbs: float = 25.0  # 200 Gb/s InfiniBand HDR
+    gpus_per_node: int = 8
+
+
+def flops_per_token(w: Workload, recompute: str = "none") -> float:
+    a = w.arch
+    n = w.exact_params or count_params(a).total(a.layers)
+    attn = 4.0 * a.layers * a.hidden * w.seq_len  # forward QK^T and AV, multiply-adds x 2
+    fwd = 2.0 * n + attn
+    bwd = 2.0 * fwd if w.method == "full" else (2.0 * n + 2.0 * attn)
+    extra = fwd if recompute == "full" else (attn if recompute == "selective" else 0.0)
+    return fwd + bwd + extra
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    """The GPU-independent work of one step under a plan; `seconds_on` prices it for a GPU type."""
+
+    flops_per_gpu: float
+    bubble_fraction: float
+    dp_bytes: float  # on the ring, per GPU (already x 2(dp-1)/dp, x1.5 for ZeRO-3)
+    tp_bytes: float
+    pp_bytes: float
+    offload_s: float
+    dp_span: int  # GPUs one data-parallel group spans (tp * dp)
+    world: int
+    precision: str
+
+    def seconds_on(self, gpu: GpuSpec, links: Links) -> float:
+        compute = self.flops_per_gpu / (gpu.peak_tflops(self.precision) * 1e12 * gpu.efficiency)
+        dp_bw = links.intra_node_gbs if self.dp_span <= links.gpus_per_node else links.inter_node_gbs
+        pp_bw = links.inter_node_gbs if self.world > links.gpus_per_node else links.intra_node_gbs
+        comm = (1.0 - DP_OVERLAP) * self.dp_bytes / (dp_bw * 1e9) + self.tp_bytes / (links.intra_node_gbs * 1e9)
+        comm += self.pp_bytes / (pp_bw * 1e9)
+        return compute * (1.0 + self.bubble_fraction) + comm + self.offload_s
+
+
+def plan_costs(w: Workload, plan: ParallelPlan, global_batch: int) -> PlanCosts:
+    a = w.arch
+    n = w.exact_params or count_params(a).total(a.layers)
+    tokens = global_batch * w.seq_len
+    grad_bytes = (n if w.method == "full" else n * 0.01) * (4.0 if w.precision == "fp32" else 2.0) / (plan.tp * plan.pp)
+    dp_bytes = 0.0
+    if plan.dp > 1:
+        dp_bytes = 2.0 * (plan.dp - 1) / plan.dp * grad_bytes * (1.5 if plan.zero == 3 else 1.0)
+    act_bytes = plan.micro_batch * w.seq_len * a.hidden * 2.0
+    tp_bytes = 4.0 * a.layers / plan.pp * plan.grad_accum * 2.0 * (plan.tp - 1) / plan.tp * act_bytes if plan.tp > 1 else 0.0
+    pp_bytes = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes
+    offload = 0.0
+    if plan.offload_optimizer:
+        local = n / plan.world
+        offload = local * 4.0 / (PCIE_GBS * 1e9) + local * 16.0 / (CPU_ADAM_GBS * 1e9)
+    return PlanCosts(
+        flops_per_gpu=flops_per_token(w, plan.recompute) * tokens / plan.world,
+        bubble_fraction=(plan.pp - 1) / max(plan.grad_accum, 1),
+        dp_bytes=dp_bytes, tp_bytes=tp_bytes, pp_bytes=pp_bytes, offload_s=offload,
+        dp_span=plan.dp * plan.tp, world=plan.world, precision=w.precision,
+    )
+
+
+def step_time(w: Workload, plan: ParallelPlan, gpu: GpuSpec, global_batch: int, links: Links) -> float:
+    """Seconds per optimizer step."""
+    return plan_costs(w, plan, global_batch).seconds_on(gpu, links)

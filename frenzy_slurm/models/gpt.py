@@ -1,0 +1,90 @@
+"""A GPT/Llama-style decoder built from an Architecture: the built-in trainer's model.
+
+Uses PyTorch's fused kernels (nn.RMSNorm/LayerNorm, scaled_dot_product_attention with native GQA),
+so its saved activations are the ones MARP models for framework="deepspeed".
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from frenzy_slurm.spec.arch import Architecture
+
+
+def _norm(a: Architecture) -> nn.Module:
+    return nn.RMSNorm(a.hidden, eps=1e-5) if a.norm == "rmsnorm" else nn.LayerNorm(a.hidden, bias=True)
+
+
+def _rope(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """Rotary embedding over the last dim of (batch, heads, seq, head_dim)."""
+    d, s = x.shape[-1], x.shape[-2]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, a: Architecture):
+        super().__init__()
+        self.a = a
+        qkv_bias = a.bias in ("qkv", "all")
+        kvd = a.kv * a.head_dim
+        self.norm1 = _norm(a)
+        self.q = nn.Linear(a.hidden, a.hidden, bias=qkv_bias)
+        self.k = nn.Linear(a.hidden, kvd, bias=qkv_bias)
+        self.v = nn.Linear(a.hidden, kvd, bias=qkv_bias)
+        self.o = nn.Linear(a.hidden, a.hidden, bias=a.bias == "all")
+        self.norm2 = _norm(a)
+        if a.activation == "swiglu":
+            self.gate = nn.Linear(a.hidden, a.ffn, bias=False)
+        self.up = nn.Linear(a.hidden, a.ffn, bias=a.bias == "all")
+        self.down = nn.Linear(a.ffn, a.hidden, bias=a.bias == "all")
+        self.drop = nn.Dropout(a.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.a
+        b, s, _ = x.shape
+        h = self.norm1(x)
+        q = self.q(h).view(b, s, a.heads, a.head_dim).transpose(1, 2)
+        k = self.k(h).view(b, s, a.kv, a.head_dim).transpose(1, 2)
+        v = self.v(h).view(b, s, a.kv, a.head_dim).transpose(1, 2)
+        if a.position == "rope":
+            q, k = _rope(q), _rope(k)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=a.dropout if self.training else 0.0,
+                                             enable_gqa=a.kv != a.heads)
+        x = x + self.drop(self.o(att.transpose(1, 2).reshape(b, s, a.hidden)))
+        h = self.norm2(x)
+        if a.activation == "swiglu":
+            m = F.silu(self.gate(h)) * self.up(h)
+        else:
+            m = F.gelu(self.up(h))
+        return x + self.drop(self.down(m))
+
+
+class GPT(nn.Module):
+    def __init__(self, a: Architecture):
+        super().__init__()
+        self.a = a
+        self.embed = nn.Embedding(a.vocab, a.hidden)
+        self.pos = nn.Embedding(a.max_positions, a.hidden) if a.position == "learned" else None
+        self.blocks = nn.ModuleList(Block(a) for _ in range(a.layers))
+        self.norm = _norm(a)
+        self.head = nn.Linear(a.hidden, a.vocab, bias=False)
+        if a.tied_embeddings:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.norm(x))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -1,0 +1,62 @@
+"""Stage 1: read and validate model.yaml into a JobSpec, and resolve its Architecture.
+
+    from frenzy_slurm.spec import load_job_spec, resolve_model
+    spec = load_job_spec(Path("examples/llama2-7b.yaml"))
+    model = resolve_model(spec, Path("examples"))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.spec.hf import architecture_from_hf_config
+from frenzy_slurm.spec.job import JobSpec, Training, parse_slurm_time
+from frenzy_slurm.spec.presets import presets
+from frenzy_slurm.yamlfile import load_model_file
+
+__all__ = [
+    "Architecture",
+    "JobSpec",
+    "ResolvedModel",
+    "Training",
+    "load_job_spec",
+    "parse_slurm_time",
+    "presets",
+    "resolve_model",
+]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """The architecture plus, where tracing was used, the exact parameter count."""
+
+    arch: Architecture
+    name: str
+    exact_params: int | None = None
+
+
+def load_job_spec(path: Path) -> JobSpec:
+    """Parse model.yaml; raises InputError naming file, line and field on any problem."""
+    return load_model_file(path, JobSpec)
+
+
+def resolve_model(spec: JobSpec, base_dir: Path, trace: bool = True) -> ResolvedModel:
+    """Turn the model source into an Architecture. Only `factory` imports torch."""
+    src = spec.model
+    if src.preset is not None:
+        return ResolvedModel(arch=presets()[src.preset].arch, name=src.preset)
+    if src.arch is not None:
+        return ResolvedModel(arch=src.arch, name=spec.name)
+    if src.hf_config is not None:
+        path = Path(src.hf_config)
+        path = path if path.is_absolute() else base_dir / path
+        return ResolvedModel(arch=architecture_from_hf_config(path), name=path.parent.name or spec.name)
+    assert src.factory is not None and src.factory_arch is not None
+    exact = None
+    if trace:
+        from frenzy_slurm.marp.trace import count_factory_parameters
+
+        exact = count_factory_parameters(src.factory, src.factory_kwargs)
+    return ResolvedModel(arch=src.factory_arch, name=src.factory, exact_params=exact)

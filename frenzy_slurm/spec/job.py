@@ -1,0 +1,209 @@
+"""The job spec (model.yaml): what to train, how, within which limits, and how to reach Slurm.
+
+Every field has a description; docs/model-yaml.md is the reference page.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from frenzy_slurm.spec.arch import Architecture
+
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit"]
+Checkpointing = Literal["none", "selective", "full", "auto"]
+Attention = Literal["flash", "sdpa", "eager"]
+Method = Literal["full", "lora", "qlora"]
+
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_slurm_time(value: str | int) -> int:
+    """Slurm time formats (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) to minutes, rounded up."""
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("time must be a positive number of minutes")
+        return value
+    m = _TIME_RE.match(value.strip())
+    if not m:
+        raise ValueError(f"'{value}' is not a Slurm time; use minutes, HH:MM:SS or D-HH:MM:SS")
+    days, a, b, c = m.groups()
+    if days is not None:  # D-H[:M[:S]]
+        seconds = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # H:M:S
+        seconds = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # M:S
+        seconds = int(a) * 60 + int(b)
+    else:
+        seconds = int(a) * 60
+    if seconds <= 0:
+        raise ValueError("time must be positive")
+    return -(-seconds // 60)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSource(_Strict):
+    """Exactly one way of saying which model to train."""
+
+    preset: str | None = Field(None, description="A built-in preset name, e.g. llama-2-7b (see `frenzy-slurm presets`).")
+    arch: Architecture | None = Field(None, description="An explicit architecture block.")
+    hf_config: str | None = Field(None, description="Path to a Hugging Face config.json (relative to model.yaml).")
+    factory: str | None = Field(None, description="`module:function` returning a torch.nn.Module; counted on the meta device.")
+    factory_kwargs: dict[str, object] = Field(default_factory=dict, description="Keyword arguments for `factory`.")
+    factory_arch: Architecture | None = Field(
+        None, description="With `factory`: the architecture numbers for activation memory (parameters come from tracing)."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "ModelSource":
+        given = [k for k in ("preset", "arch", "hf_config", "factory") if getattr(self, k) is not None]
+        if len(given) != 1:
+            what = ", ".join(given) if given else "none"
+            raise ValueError(f"give exactly one of preset, arch, hf_config, factory (got: {what})")
+        if self.preset is not None:
+            from frenzy_slurm.spec.presets import presets
+
+            if self.preset not in presets():
+                raise ValueError(f"unknown preset '{self.preset}'; known: {', '.join(sorted(presets()))}")
+        if self.factory is not None:
+            if not re.match(r"^[\w.]+:\w+$", self.factory):
+                raise ValueError(f"factory '{self.factory}' must look like 'package.module:function'")
+            if self.factory_arch is None:
+                raise ValueError("factory needs factory_arch (layers, hidden, heads, ...) for activation memory")
+        return self
+
+
+class LoraSpec(_Strict):
+    rank: int = Field(16, gt=0, description="LoRA rank r.")
+    targets: list[Literal["q", "k", "v", "o", "mlp", "head"]] = Field(
+        default_factory=lambda: ["q", "v"], description="Which weights get adapters."
+    )
+    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+
+
+class Training(_Strict):
+    seq_len: int = Field(gt=0, description="Tokens per sample.")
+    global_batch: int = Field(gt=0, description="Samples per optimizer step, over all data-parallel ranks.")
+    micro_batch: int | Literal["auto"] = Field("auto", description="Samples per GPU per forward pass, or auto (largest that fits).")
+    precision: Precision = Field(
+        "bf16-mixed",
+        description="fp32; bf16-mixed/fp16-mixed (16-bit compute, fp32 master weights and optimizer states: 16 B/param "
+        "with Adam); bf16-pure (weights, grads and optimizer states all bf16: 8 B/param with Adam).",
+    )
+    optimizer: Optimizer = Field("adamw", description="Optimizer; decides the optimizer-state bytes per parameter.")
+    activation_checkpointing: Checkpointing = Field(
+        "auto", description="none, selective (recompute attention core), full (keep layer inputs only), or auto."
+    )
+    attention: Attention = Field("flash", description="Attention kernel; flash/sdpa do not store the s x s score matrix.")
+    steps: int | None = Field(None, gt=0, description="Optimizer steps to run (give steps or tokens).")
+    tokens: int | None = Field(None, gt=0, description="Tokens to train on; steps = tokens / (global_batch * seq_len).")
+    method: Method = Field("full", description="full training, LoRA adapters, or QLoRA (4-bit frozen base).")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora/qlora.")
+    loss_chunks: int = Field(1, ge=1, description="Compute the output layer and cross-entropy in this many chunks.")
+    compile: bool = Field(False, description="torch.compile the model (fuses element-wise ops, saving activations).")
+    learning_rate: float = Field(3e-4, gt=0, description="Peak learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps before cosine decay.")
+
+    @field_validator("micro_batch")
+    @classmethod
+    def _positive_mb(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v <= 0:
+            raise ValueError("micro_batch must be a positive integer or 'auto'")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "Training":
+        if isinstance(self.micro_batch, int) and self.micro_batch > self.global_batch:
+            raise ValueError(
+                f"micro_batch({self.micro_batch}) > global_batch({self.global_batch}); "
+                "the micro-batch is per GPU, so it must not exceed the global batch"
+            )
+        if (self.steps is None) == (self.tokens is None):
+            raise ValueError("give exactly one of steps or tokens")
+        if self.precision == "fp16-mixed" and self.method == "qlora":
+            raise ValueError("qlora computes in bf16; use precision bf16-mixed or bf16-pure")
+        return self
+
+    @property
+    def total_steps(self) -> int:
+        if self.steps is not None:
+            return self.steps
+        assert self.tokens is not None
+        return max(1, -(-self.tokens // (self.global_batch * self.seq_len)))
+
+
+class Limits(_Strict):
+    max_gpus: int | None = Field(None, gt=0, description="Never use more GPUs than this.")
+    gpu_types: list[str] | None = Field(None, description="Only these GPU types (Slurm GRES type names or catalog names).")
+    time_limit: str | int | None = Field(None, description="Longest acceptable run time (Slurm time format).")
+    deadline: dt.datetime | None = Field(None, description="The job must be predicted to finish before this time.")
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            parse_slurm_time(v)
+        return v
+
+
+class SlurmOptions(_Strict):
+    account: str | None = Field(None, description="sbatch --account.")
+    qos: str | None = Field(None, description="sbatch --qos.")
+    time: str | int | None = Field(None, description="sbatch --time (Slurm time format); default: predicted run time + margin.")
+    constraint: str | None = Field(None, description="sbatch --constraint.")
+    exclusive: bool = Field(False, description="sbatch --exclusive.")
+    mail_type: str | None = Field(None, description="sbatch --mail-type.")
+    mail_user: str | None = Field(None, description="sbatch --mail-user.")
+    extra: list[str] = Field(default_factory=list, description="More sbatch flags, e.g. ['--reservation=big'].")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str | int | None) -> str | int | None:
+        if v is not None:
+            parse_slurm_time(v)
+        return v
+
+    @field_validator("extra")
+    @classmethod
+    def _flags(cls, v: list[str]) -> list[str]:
+        for flag in v:
+            if not flag.startswith("-") or "\n" in flag:
+                raise ValueError(f"'{flag}' is not an sbatch flag; each entry must start with '-', e.g. '--reservation=big'")
+        return v
+
+
+class Entry(_Strict):
+    trainer: Literal["builtin", "script"] = Field("builtin", description="The built-in trainer or your own script.")
+    script: str | None = Field(None, description="Path of your training script (trainer: script).")
+    args: list[str] = Field(default_factory=list, description="Arguments passed to the script.")
+    data: str | None = Field(None, description="Token file (flat array of token ids) for the built-in trainer; synthetic if unset.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables set in the job.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Entry":
+        if self.trainer == "script" and not self.script:
+            raise ValueError("trainer: script needs script: path/to/train.py")
+        if self.trainer == "builtin" and self.script:
+            raise ValueError("script is only used with trainer: script")
+        for key in self.env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"env name '{key}' is not a valid shell variable name")
+        return self
+
+
+class JobSpec(_Strict):
+    """The whole model.yaml."""
+
+    name: str = Field(description="Job name (Slurm job name and job directory).", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    model: ModelSource = Field(description="Which model to train.")
+    training: Training = Field(description="How to train it.")
+    limits: Limits = Field(default_factory=Limits, description="What the scheduler may use.")
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm pass-through options.")
+    entry: Entry = Field(default_factory=Entry, description="What runs in the job.")

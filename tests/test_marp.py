@@ -1,0 +1,172 @@
+"""MARP formulas against hand-computed values, and the properties any memory model must have."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from frenzy_slurm.gpus import catalog
+from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload, estimate_memory, parse_plan, search
+from frenzy_slurm.marp.memory import _layer_activation_bytes
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.spec import presets
+from frenzy_slurm.spec.arch import Architecture
+
+LLAMA7 = presets()["llama-2-7b"].arch
+GPT3ISH = Architecture(layers=24, hidden=2048, heads=16, ffn=8192, activation="gelu", vocab=50257, norm="layernorm",
+                       position="learned", bias="all", dropout=0.1, max_positions=2048)
+
+
+def test_korthikanti_activation_formula():
+    # GPT-3 style block, 16-bit, eager attention, dropout: s*b*h*(34 + 5*a*s/h) bytes per layer
+    s = 2048
+    w = Workload(arch=GPT3ISH, seq_len=s, attention="eager")
+    per_token = _layer_activation_bytes(w, tp=1, sp=False, recompute="none")
+    assert per_token == pytest.approx(GPT3ISH.hidden * (34 + 5 * GPT3ISH.heads * s / GPT3ISH.hidden))
+
+
+def test_korthikanti_tensor_parallel_formulas():
+    s, h, a, t = 2048, GPT3ISH.hidden, GPT3ISH.heads, 4
+    w = Workload(arch=GPT3ISH, seq_len=s, attention="eager")
+    assert _layer_activation_bytes(w, t, False, "none") == pytest.approx(h * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert _layer_activation_bytes(w, t, True, "none") == pytest.approx(h * (34 + 5 * a * s / h) / t)
+    # selective recomputation drops exactly the attention-score terms
+    assert _layer_activation_bytes(w, 1, False, "selective") == pytest.approx(34 * h)
+    # flash attention: no s x s terms, output + log-sum-exp instead of scores
+    wf = Workload(arch=GPT3ISH, seq_len=s, attention="flash")
+    assert _layer_activation_bytes(wf, 1, False, "none") == pytest.approx(34 * h + 4 * a)
+
+
+def test_bytes_per_parameter_by_precision():
+    base = dict(arch=LLAMA7, seq_len=1, framework="torch", fused_optimizer=True, optimizer="adamw")
+    n = 6_738_415_616
+    plan = ParallelPlan(micro_batch=1)
+
+    def states(precision):
+        st = estimate_memory(Workload(precision=precision, **base), plan, "allocated").stages[0]
+        return (st.weights + st.optimizer) / n
+
+    assert states("fp32") == pytest.approx(12.0)  # 4 weights + 8 Adam (grads counted separately)
+    assert states("bf16-pure") == pytest.approx(6.0)
+    ds = estimate_memory(Workload(arch=LLAMA7, seq_len=1, precision="bf16-mixed"), plan, "allocated").stages[0]
+    # DeepSpeed mixed precision: 2 (bf16 weights) + 4 master + 8 Adam + 4 fp32 grad accumulation
+    assert (ds.weights + ds.optimizer) / n == pytest.approx(18.0)
+    assert ds.gradients / n == pytest.approx(2.0)
+
+
+def test_zero_stages_shard_what_they_should():
+    w = Workload(arch=LLAMA7, seq_len=2048)
+    n = 6_738_415_616
+    st = {z: estimate_memory(w, ParallelPlan(dp=8, zero=z), "allocated").stages[0] for z in (1, 2, 3)}
+    assert st[1].optimizer / n == pytest.approx(12 / 8)
+    assert st[1].gradients / n == pytest.approx(2.0)
+    assert st[2].gradients / n == pytest.approx(2 / 8)
+    assert st[3].weights / n == pytest.approx(2 / 8)
+
+
+def _peak(w, **plan):
+    return estimate_memory(w, ParallelPlan(**plan), "device").peak
+
+
+@pytest.mark.parametrize("arch", [LLAMA7, GPT3ISH, presets()["llama-3.2-1b"].arch], ids=["llama7b", "gpt3ish", "llama1b"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
+def test_monotonic_properties(arch, precision):
+    w = Workload(arch=arch, seq_len=2048, precision=precision)
+    # more ZeRO sharding never costs memory at fixed micro-batch
+    z = [_peak(w, dp=8, zero=k, micro_batch=2) for k in (0, 1, 2, 3)]
+    assert z == sorted(z, reverse=True)
+    # more GPUs never costs memory at fixed micro-batch, for every sharding degree
+    for kind in ("dp", "tp", "pp"):
+        vals = []
+        for g in (1, 2, 4, 8):
+            kw = {kind: g, "micro_batch": 2}
+            if kind == "dp":
+                kw["zero"] = 3 if g > 1 else 0
+            if kind == "pp":
+                kw["grad_accum"] = 8
+            vals.append(_peak(w, **kw))
+        assert vals == sorted(vals, reverse=True), (kind, vals)
+    # never shrinks with sequence length or micro-batch; grows once activations set the peak (sharded states)
+    for plan in (dict(), dict(dp=8, zero=3)):
+        seqs = [_peak(Workload(arch=arch, seq_len=s, precision=precision), micro_batch=1, **plan) for s in (512, 1024, 2048, 4096, 8192)]
+        assert seqs == sorted(seqs)
+        mbs = [_peak(w, micro_batch=m, **plan) for m in (1, 2, 4, 8, 16)]
+        assert mbs == sorted(mbs)
+    assert seqs[0] < seqs[-1] and mbs[0] < mbs[-1]
+    # recomputation saves activation memory
+    assert _peak(w, micro_batch=4, recompute="full") < _peak(w, micro_batch=4)
+
+
+def test_pipeline_first_stage_holds_pp_microbatches():
+    w = Workload(arch=LLAMA7, seq_len=4096)
+    est = estimate_memory(w, ParallelPlan(pp=4, micro_batch=4, grad_accum=16), "allocated")
+    acts = [s.activations for s in est.stages]
+    assert acts[0] > acts[1] > acts[2]
+    assert est.stages[0].activations / est.stages[2].activations == pytest.approx(4 / 2, rel=0.05)
+    assert all(s.phase == "backward-start" for s in est.stages)
+    assert est.stages[-1].logits > 0 and est.stages[0].logits == 0
+
+
+def test_lora_and_qlora_reduce_memory():
+    full = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure")
+    lora = full.with_(method="lora")
+    qlora = full.with_(method="qlora")
+    p = dict(micro_batch=1)
+    assert _peak(qlora, **p) < _peak(lora, **p) < _peak(full, **p)
+    q = estimate_memory(qlora, ParallelPlan(), "allocated").stages[0]
+    assert q.weights / 6.74e9 == pytest.approx(0.6, abs=0.1)  # ~4 bits linear + bf16 embeddings
+
+
+def test_gqa_and_swiglu_change_activations():
+    mha = Architecture(layers=2, hidden=4096, heads=32, ffn=11008, vocab=32000)
+    gqa = mha.model_copy(update={"kv_heads": 8})
+    gelu = mha.model_copy(update={"activation": "gelu"})
+    w = dict(seq_len=1024)
+    assert _layer_activation_bytes(Workload(arch=gqa, **w), 1, False, "none") < _layer_activation_bytes(Workload(arch=mha, **w), 1, False, "none")
+    assert _layer_activation_bytes(Workload(arch=gelu, **w), 1, False, "none") < _layer_activation_bytes(Workload(arch=mha, **w), 1, False, "none")
+
+
+def test_metric_overheads_order():
+    w = Workload(arch=LLAMA7, seq_len=2048)
+    alloc, res, dev = (estimate_memory(w, ParallelPlan(dp=2, zero=1), m).peak for m in ("allocated", "reserved", "device"))
+    assert alloc < res < dev
+
+
+def test_parse_plan():
+    p = parse_plan("dp=4,tp=2,pp=1,zero=1,mb=2,ckpt=full,sp=1")
+    assert (p.dp, p.tp, p.zero, p.micro_batch, p.recompute, p.sequence_parallel) == (4, 2, 1, 2, "full", True)
+    for bad in ("dp=x", "foo=1", "zero=5", "offload=opt", "ckpt=some"):
+        with pytest.raises(InputError):
+            parse_plan(bad)
+
+
+def test_candidates_fit_and_order():
+    w = Workload(arch=LLAMA7, seq_len=4096)
+    opts = [GpuOption("a100", catalog()["A100-80GB"], 16), GpuOption("t4", catalog()["T4"], 8)]
+    cands = search(w, opts, global_batch=64, steps=10)
+    assert cands["a100"], "a 7B model fits 16 A100-80GB"
+    for c in cands["a100"]:
+        assert c.memory.peak <= opts[0].usable_bytes
+        assert c.plan.world == c.gpus
+    times = [c.step_time_s for c in cands["a100"]]
+    assert times == sorted(times)
+    # 8 T4 (15 GiB each) cannot hold 7B with Adam at 16 B/param: 108 GB of states alone is > 8 * 15 GiB
+    assert cands["t4"] == []
+
+
+def test_single_estimate_is_fast():
+    w = Workload(arch=LLAMA7, seq_len=4096)
+    plan = ParallelPlan(dp=8, tp=2, zero=1, micro_batch=2)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        estimate_memory(w, plan)
+    assert (time.perf_counter() - t0) / 200 < 0.005  # generous bound; benchmarks/marp_speed.py measures it
+
+
+@pytest.mark.parametrize("pp,ga,mb", [(2, 8, 1), (4, 3, 2), (8, 16, 1), (16, 32, 4)])
+def test_peak_stages_only_gives_same_peak(pp, ga, mb):
+    for arch in (LLAMA7, presets()["llama-2-70b"].arch, presets()["llama-3.2-1b"].arch):
+        w = Workload(arch=arch, seq_len=2048)
+        plan = ParallelPlan(dp=2, pp=pp, zero=1, micro_batch=mb, grad_accum=ga)
+        assert estimate_memory(w, plan, peak_stages_only=True).peak == estimate_memory(w, plan).peak
