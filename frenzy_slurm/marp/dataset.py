@@ -134,6 +134,9 @@ def interpret_row(row: MeasuredRow, context_by_source: dict[str, float] | None =
     else:
         raise RowError(f"precision '{raw['precision']}' is not recognised")
 
+    for col in ("optimizer", "activation_ckpt", "sharding_offload"):
+        if raw[col].strip().lower().startswith("unclear"):
+            raise RowError(f"{col} is not stated by the source ('{raw[col]}')")
     opt_text = raw["optimizer"].lower()
     optimizer = "adamw"
     if "8bit" in opt_text or "8-bit" in opt_text:
@@ -197,6 +200,7 @@ def interpret_row(row: MeasuredRow, context_by_source: dict[str, float] | None =
         optimizer_in_backward=in_bwd, activation_offload=act_offload, paged_optimizer=paged,
         norm_upcast=framework == "torch" and arch.norm == "rmsnorm", gqa_expand=framework == "torch" and arch.kv < arch.heads,
         zero_grad_to_none=not old_torch, hold_logits=framework == "torch",
+        nf4_saves_inputs="torchtune" not in source,  # torchtune quantises with torchao's NF4 tensor
     )
     try:
         plan = ParallelPlan(dp=dp, zero=zero, micro_batch=mb, grad_accum=ga, recompute=recompute,

@@ -110,14 +110,20 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
     rep = tp if sp else 1  # tensors outside TP regions are split only with sequence parallelism
     drop = a.dropout > 0
     lora = w.method != "full"
-    tg = set(w.lora_targets) if lora else {"q", "k", "v", "o", "mlp"}
-    lora_drop = e + 1 if (lora and w.lora_dropout) else 0.0  # dropped copy + mask of an adapter's input
+    adapters = set(w.lora_targets) if lora else set()
+    # Linear layers whose input is saved: trainable ones; under QLoRA all of them, since bitsandbytes'
+    # 4-bit matmul saves its input whenever the input needs a gradient, frozen weight or not.
+    tg = adapters if (w.method == "lora" or (w.method == "qlora" and not w.nf4_saves_inputs)) else {"q", "k", "v", "o", "mlp"}
+    drop_bytes = e + 1 if (lora and w.lora_dropout) else 0.0  # dropped copy + mask of an adapter's input
+
+    def lora_drop(names: set[str]) -> float:
+        return drop_bytes if adapters & names else 0.0
 
     # A norm keeps its input; an eager fp32-upcast norm keeps the fp32 copy and the normalised 16-bit value instead.
     norm = (4.0 + e) * h / rep if (w.norm_upcast and not w.compile and e == 2.0) else r * h / rep
     total = norm  # norm1
     if tg & {"q", "k", "v"}:
-        total += e * h / rep + (lora_drop * h / rep if lora else 0)  # QKV input (norm1 output)
+        total += (e + lora_drop({"q", "k", "v"})) * h / rep  # QKV input (norm1 output)
     total += e * (h + 2 * (h if w.gqa_expand else kvd)) / tp  # q, k, v (k, v at full width if expanded)
     if w.attention == "eager":
         if recompute != "selective":
@@ -126,13 +132,12 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
         total += e * h / tp  # context (o_proj input)
     else:
         total += e * h / tp + 4.0 * heads / tp  # kernel output (also o_proj input) + log-sum-exp
-    if lora and "o" in tg:
-        total += lora_drop * h / tp
+    total += lora_drop({"o"}) * h / tp
     if drop:
         total += h / rep  # residual dropout mask
     total += norm  # norm2
     if "mlp" in tg:
-        total += e * h / rep + (lora_drop * h / rep if lora else 0)  # FFN input
+        total += (e + lora_drop({"mlp"})) * h / rep  # FFN input
     if a.activation == "swiglu":
         # gate and up outputs; eager also keeps silu(gate) and the product (down-proj input)
         kept = 2 if w.compile else (3 + (1 if "mlp" in tg else 0))
