@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from .slurm_fixture import clean_queue, slurm_cluster  # noqa: F401  (fixtures)
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 DEV_DATA = ROOT.parent / "shared" / "data" / "memory_measurements_dev.csv"

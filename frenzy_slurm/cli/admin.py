@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import existing_file, print_json, reports_errors, table
+from frenzy_slurm.cli.common import cluster_options, existing_file, print_json, reports_errors, table
 from frenzy_slurm.cli.plan_view import candidate_json, candidate_rows, gpu_options, load, memory_json, memory_rows
 from frenzy_slurm.errors import InputError, NoFitError
 from frenzy_slurm.marp import estimate_memory, parse_plan, search, search_space_from_spec, workload_from_spec
@@ -21,7 +21,7 @@ from frenzy_slurm.marp.memory import GiB
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="frenzy-slurm")
 def main() -> None:
-    """frenzy-slurm admin and expert tools: memory estimates and model presets."""
+    """frenzy-slurm admin and expert tools: memory estimates, model presets, site files."""
 
 
 @main.command()
@@ -104,3 +104,67 @@ def spec_reference() -> None:
     from frenzy_slurm.spec.reference import render
 
     click.echo(render(), nl=False)
+
+
+@main.group()
+def site() -> None:
+    """Write and check the site file that describes each partition's GPUs."""
+
+
+@site.command("init")
+@cluster_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@reports_errors("frenzy-slurm site init")
+def site_init(backend: str, snapshot: Path | None, site: Path | None, output: Path | None, force: bool) -> None:
+    """Propose a site file from the live cluster's partitions and GRES types."""
+    from frenzy_slurm.cluster import open_backend
+    from frenzy_slurm.cluster.site_tools import propose_site
+
+    text, flagged = propose_site(open_backend(backend, snapshot).load())
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        if output.exists() and not force:
+            raise InputError(f"{output} exists; use --force to overwrite it.")
+        tmp = output.with_name(output.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(output)  # never leave a half-written site file
+        click.echo(f"wrote {output}", err=True)
+    for line in flagged:
+        click.echo(f"frenzy-slurm site init: check: {line}", err=True)
+
+
+@site.command("validate")
+@cluster_options
+@click.argument("site_file", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@reports_errors("frenzy-slurm site validate")
+def site_validate(backend: str, snapshot: Path | None, site: Path | None, site_file: Path | None) -> None:
+    """Check SITE_FILE (or --site) against the live cluster; exit 1 if they disagree."""
+    from frenzy_slurm.cluster import open_backend
+    from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.cluster.site_tools import find_site, validate_site
+
+    path = site_file or find_site(site)
+    if path is None:
+        raise InputError("no site file given: pass SITE_FILE or --site, or set FRENZY_SITE")
+    problems = validate_site(load_site(path), open_backend(backend, snapshot).load())
+    for p in problems:
+        click.echo(f"{path}: {p}")
+    if problems:
+        raise SystemExit(1)
+    click.echo(f"{path}: matches the cluster")
+
+
+@site.command("catalog")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def site_catalog(as_json: bool) -> None:
+    """List the built-in GPU catalog (names usable as `gpu:` in site files)."""
+    from frenzy_slurm.gpus import catalog
+
+    if as_json:
+        print_json({n: s.model_dump() for n, s in catalog().items()})
+        return
+    rows = [[n, f"{s.memory_gib:.1f}", f"{s.bf16:g}", f"{s.fp16:g}", f"{s.fp32:g}", f"{s.mem_bw_gbs:g}", f"{s.efficiency:g}"]
+            for n, s in catalog().items()]
+    click.echo(table(rows, ["gpu", "mem GiB", "bf16 TF", "fp16 TF", "fp32 TF", "mem GB/s", "efficiency"]))

@@ -1,24 +1,60 @@
 """`fsinfo`: the GPU view of the cluster, per partition and GPU type.
 
-    fsinfo [--site FILE] [--backend auto|cli|pyslurm|static] [--json]
+    fsinfo [--site FILE] [--backend auto|cli|pyslurm|static [--snapshot FILE]] [--json]
+
+`fsinfo --json > snap.json` writes a snapshot that `--backend static --snapshot snap.json` reads back.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import reports_errors
-from frenzy_slurm.errors import FrenzyError
+from frenzy_slurm.cli.common import cluster_options, reports_errors, table
+from frenzy_slurm.cluster import open_backend
+from frenzy_slurm.cluster.site_tools import maybe_load_site
+from frenzy_slurm.gpus import match_gpu
+
+
+def summarize(view, site) -> list[dict]:
+    rows = []
+    for pool in view.pools():
+        sp = site.pool(pool.partition, pool.gpu_type) if site else None
+        spec = sp.spec() if sp else match_gpu(pool.gpu_type)
+        rows.append({
+            "partition": pool.partition, "gpu_type": pool.gpu_type, "gpu": spec.name if spec else None,
+            "described": sp is not None, "nodes_up": pool.nodes_up, "nodes_down": pool.nodes_down,
+            "gpus_total": pool.gpus_total, "gpus_free": pool.gpus_free, "gpus_pending": pool.gpus_pending,
+            "gpu_memory_gib": spec.memory_gib if spec else None, "bf16_tflops": spec.bf16 if spec else None,
+        })
+    return rows
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--site", help="Site file describing partitions' GPUs.")
-@click.option("--backend", type=click.Choice(["auto", "cli", "pyslurm", "static"]), default="auto", show_default=True,
-              help="How to read the cluster.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@cluster_options
+@click.option("--json", "as_json", is_flag=True, help="Print the cluster view (a reusable snapshot) with a summary.")
 @click.version_option(__version__, prog_name="fsinfo")
 @reports_errors("fsinfo")
-def main(site: str | None, backend: str, as_json: bool) -> None:
-    """Per partition and GPU type: nodes up/down, GPUs total/free/pending, memory and peak TFLOP/s."""
-    raise FrenzyError("the cluster view is not available in this release.")
+def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) -> None:
+    """Per partition and GPU type: nodes up/down, GPUs total/free/pending, memory and peak bf16 TFLOP/s."""
+    view = open_backend(backend, snapshot).load()
+    site_cfg = maybe_load_site(site)
+    rows = summarize(view, site_cfg)
+    if as_json:
+        click.echo(json.dumps(view.model_dump() | {"summary": rows}, indent=1))
+        return
+    out = []
+    for r in rows:
+        gpu = (r["gpu"] or "?") + ("" if r["described"] or not site_cfg else " (not in site file)")
+        if not site_cfg and r["gpu"]:
+            gpu += "~"
+        out.append([r["partition"], r["gpu_type"], gpu, f"{r['nodes_up']}/{r['nodes_down']}",
+                    f"{r['gpus_total']}/{r['gpus_free']}/{r['gpus_pending']}",
+                    f"{r['gpu_memory_gib']:.0f}" if r["gpu_memory_gib"] else "?",
+                    f"{r['bf16_tflops']:.0f}" if r["bf16_tflops"] else "?"])
+    click.echo(table(out, ["PARTITION", "GRES", "GPU", "NODES(up/down)", "GPUS(tot/free/pend)", "MEM_GiB", "BF16_TF"]))
+    if not site_cfg:
+        click.echo("~ GPU model guessed from the GRES type; give --site FILE (frenzy-slurm site init writes one).")

@@ -1,0 +1,175 @@
+"""The orchestrator view: one typed snapshot of partitions, nodes (with GPUs) and jobs.
+
+It is also the file format of `fsinfo --json` and of the static backend, so it is a pydantic model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Node base states that take a node out of free capacity (Slurm's node_states plus flags we fold in).
+UNAVAILABLE_NODE_STATES = {"down", "drain", "drained", "draining", "fail", "failing", "future", "maint",
+                           "reserved", "unknown", "power_down", "powered_down", "powering_down", "not_responding",
+                           "reboot_requested", "reboot_issued", "inval"}
+
+# Every Slurm job state (slurm.h job_states and flags as squeue prints them) in one table.
+JOB_STATES = {
+    "PENDING": "pending", "RUNNING": "running", "SUSPENDED": "suspended", "COMPLETED": "completed",
+    "CANCELLED": "cancelled", "FAILED": "failed", "TIMEOUT": "timeout", "NODE_FAIL": "failed",
+    "PREEMPTED": "cancelled", "BOOT_FAIL": "failed", "DEADLINE": "timeout", "OUT_OF_MEMORY": "failed",
+    "COMPLETING": "running", "CONFIGURING": "pending", "REQUEUED": "pending", "REQUEUE_FED": "pending",
+    "REQUEUE_HOLD": "pending", "RESIZING": "running", "RESV_DEL_HOLD": "pending", "REVOKED": "cancelled",
+    "SIGNALING": "running", "SPECIAL_EXIT": "failed", "STAGE_OUT": "running", "STOPPED": "suspended",
+    "UPDATE_DB": "running", "POWER_UP_NODE": "pending", "LAUNCH_FAILED": "failed", "RECONFIG_FAIL": "failed",
+}
+ACTIVE_JOB_STATES = {"pending", "running", "suspended"}
+
+
+def job_phase(state: str) -> str:
+    """pending/running/suspended/completed/cancelled/failed/timeout, or unknown (never an error)."""
+    return JOB_STATES.get(state.upper().split()[0] if state else "", "unknown")
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Partition(_M):
+    name: str = Field(description="Partition name.")
+    state: str = Field("UP", description="UP, DOWN, DRAIN or INACTIVE.")
+    nodes: list[str] = Field(default_factory=list, description="Node names (expanded).")
+    is_default: bool = Field(False, description="The cluster's default partition.")
+    default_time_min: int | None = Field(None, description="DefaultTime in minutes.")
+    max_time_min: int | None = Field(None, description="MaxTime in minutes; null = unlimited.")
+    max_nodes: int | None = Field(None, description="MaxNodes per job; null = unlimited.")
+
+
+class Node(_M):
+    name: str = Field(description="Node name.")
+    partitions: list[str] = Field(default_factory=list, description="Partitions the node belongs to.")
+    state: str = Field(description="Base state, lower case (idle, mixed, allocated, down, drained, ...).")
+    flags: list[str] = Field(default_factory=list, description="State flags (DRAIN, RESERVED, ...), upper case.")
+    reason: str | None = Field(None, description="Why the node is down or drained.")
+    gpu_type: str | None = Field(None, description="GRES type of the node's GPUs (e.g. a100); null without GPUs.")
+    gpus_total: int = Field(0, ge=0, description="GPUs configured.")
+    gpus_used: int = Field(0, ge=0, description="GPUs allocated to jobs.")
+    cpus: int = Field(0, ge=0, description="CPUs configured.")
+    cpus_alloc: int = Field(0, ge=0, description="CPUs allocated.")
+    memory_mb: int = Field(0, ge=0, description="RealMemory, MB.")
+    memory_alloc_mb: int = Field(0, ge=0, description="Allocated memory, MB.")
+
+    @property
+    def available(self) -> bool:
+        """Schedulable now: not down, drained, reserved or otherwise out of service."""
+        bad = {f.lower() for f in self.flags} | {self.state.lower()}
+        return not (bad & UNAVAILABLE_NODE_STATES)
+
+    @property
+    def gpus_free(self) -> int:
+        return max(0, self.gpus_total - self.gpus_used) if self.available else 0
+
+
+class Job(_M):
+    job_id: int = Field(description="Slurm job id (for a hetjob component, its own id).")
+    het_job_id: int | None = Field(None, description="Leader id of a heterogeneous job; null otherwise.")
+    het_job_offset: int | None = Field(None, description="Component index within the heterogeneous job.")
+    name: str = Field("", description="Job name.")
+    user: str = Field("", description="Owner.")
+    state: str = Field(description="Slurm job state as reported (RUNNING, PENDING, ...).")
+    reason: str | None = Field(None, description="Pending reason.")
+    partition: str = Field("", description="Partition (component's).")
+    nodes: list[str] = Field(default_factory=list, description="Allocated nodes (expanded).")
+    node_count: int = Field(0, ge=0, description="Nodes requested or allocated.")
+    gpu_type: str | None = Field(None, description="Requested GPU type, if typed.")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per node requested.")
+    start_time: int | None = Field(None, description="Start (or expected start for pending jobs), epoch seconds.")
+    end_time: int | None = Field(None, description="End (or expected end), epoch seconds.")
+    time_limit_min: int | None = Field(None, description="Time limit in minutes.")
+    comment: str = Field("", description="Job comment.")
+
+    @property
+    def phase(self) -> str:
+        return job_phase(self.state)
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * max(self.node_count, 1)
+
+    @property
+    def display_id(self) -> str:
+        """`1234` or `1234+1` as squeue shows hetjob components."""
+        if self.het_job_id:
+            return f"{self.het_job_id}+{self.het_job_offset or 0}"
+        return str(self.job_id)
+
+
+class ClusterView(_M):
+    cluster: str = Field("", description="Cluster name.")
+    backend: str = Field(description="Where the view came from: cli, pyslurm or static.")
+    slurm_version: str | None = Field(None, description="Version of the Slurm tools/daemons.")
+    taken_at: float = Field(default_factory=time.time, description="When the view was read, epoch seconds.")
+    partitions: list[Partition] = Field(default_factory=list, description="Partitions.")
+    nodes: list[Node] = Field(default_factory=list, description="Nodes.")
+    jobs: list[Job] = Field(default_factory=list, description="Jobs known to the controller (incl. recently finished).")
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def partition(self, name: str) -> Partition | None:
+        return next((p for p in self.partitions if p.name == name), None)
+
+    def pools(self) -> list["GpuPool"]:
+        """GPU capacity per (partition, GPU type)."""
+        acc: dict[tuple[str, str], GpuPool] = {}
+        for n in self.nodes:
+            if not n.gpu_type:
+                continue
+            for p in n.partitions:
+                pool = acc.setdefault((p, n.gpu_type), GpuPool(p, n.gpu_type))
+                pool.add(n)
+        for j in self.jobs:
+            if j.phase == "pending" and j.gpus_per_node:
+                for pname in j.partition.split(","):
+                    for (p, t), pool in acc.items():
+                        if p == pname and (j.gpu_type in (None, t)):
+                            pool.gpus_pending += j.gpus
+                            break
+        return sorted(acc.values(), key=lambda p: (p.partition, p.gpu_type))
+
+
+@dataclass
+class GpuPool:
+    partition: str
+    gpu_type: str
+    nodes_up: int = 0
+    nodes_down: int = 0
+    gpus_total: int = 0
+    gpus_free: int = 0
+    gpus_pending: int = 0
+    gpus_per_node: int = 0
+
+    def add(self, n: Node) -> None:
+        if n.available:
+            self.nodes_up += 1
+        else:
+            self.nodes_down += 1
+        self.gpus_total += n.gpus_total
+        self.gpus_free += n.gpus_free
+        self.gpus_per_node = max(self.gpus_per_node, n.gpus_total)
+
+    def free_by_node(self, view: ClusterView) -> list[int]:
+        return [n.gpus_free for n in view.nodes if self.partition in n.partitions and n.gpu_type == self.gpu_type]
+
+
+def group_het_jobs(jobs: list[Job]) -> dict[int, list[Job]]:
+    """Jobs keyed by the id users see: a heterogeneous job's components under its leader's id."""
+    out: dict[int, list[Job]] = defaultdict(list)
+    for j in jobs:
+        out[j.het_job_id or j.job_id].append(j)
+    for comps in out.values():
+        comps.sort(key=lambda j: j.het_job_offset or 0)
+    return dict(out)

@@ -1,0 +1,135 @@
+"""Parsers for the strings Slurm prints: GRES, host lists, times, and `sbatch --test-only` answers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from frenzy_slurm.errors import FrenzyError, EXIT_SLURM_UNEXPECTED
+
+
+class SlurmUnexpected(FrenzyError):
+    """Slurm answered in a shape we do not understand."""
+
+    exit_code = EXIT_SLURM_UNEXPECTED
+
+
+_GRES_ITEM = re.compile(r"^(?:gres[:/])?gpu(?::(?P<type>[^:(,]+))?(?::(?P<count>\d+))?(?:\((?P<extra>[^)]*)\))?$")
+
+
+def split_gres(text: str | None) -> list[str]:
+    """Split a GRES list on commas that are not inside parentheses (IDX:0,2-3)."""
+    if not text or text in ("(null)", "N/A"):
+        return []
+    items, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        items.append(cur)
+    return [i.strip() for i in items if i.strip()]
+
+
+def parse_gpu_gres(text: str | None) -> tuple[str | None, int]:
+    """`gpu:a100:4`, `gpu:a100:3(IDX:0-2)`, `gres:gpu:a100:3`, `gres/gpu:v100=2`, `gpu:2` -> (type, count).
+
+    Non-GPU GRES are ignored; several GPU entries add up (the type is the first typed one).
+    """
+    gtype, total = None, 0
+    for item in split_gres(text):
+        item = item.replace("=", ":")
+        m = _GRES_ITEM.match(item)
+        if not m:
+            continue
+        t, count = m.group("type"), m.group("count")
+        if t is not None and t.isdigit() and count is None:  # gpu:2 (untyped)
+            t, count = None, t
+        gtype = gtype or t
+        total += int(count) if count is not None else 1
+    return gtype, total
+
+
+def expand_hostlist(text: str | None) -> list[str]:
+    """Slurm host list syntax: `a100-[1-2],t4-[1,3-4]`, `node[01-03]x`, plain names."""
+    if not text or text in ("(null)", "None", "N/A"):
+        return []
+    out: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
+        part = part.strip(",")
+        m = re.match(r"^(.*?)\[([^\]]+)\](.*)$", part)
+        if not m:
+            out.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for rng in ranges.split(","):
+            if "-" in rng:
+                lo, hi = rng.split("-", 1)
+                width = len(lo) if lo.startswith("0") else 0
+                for i in range(int(lo), int(hi) + 1):
+                    for tail in expand_hostlist(suffix) or [""]:
+                        out.append(f"{prefix}{str(i).zfill(width)}{tail}")
+            else:
+                for tail in expand_hostlist(suffix) or [""]:
+                    out.append(f"{prefix}{rng}{tail}")
+    return out
+
+
+def parse_time_minutes(text: str | int | None) -> int | None:
+    """`5:00` (M:S), `1:00:00`, `2-00:00:00`, `30` (minutes), UNLIMITED/INFINITE -> minutes or None."""
+    if text is None:
+        return None
+    if isinstance(text, int):
+        return text
+    t = text.strip()
+    if not t or t.upper() in ("UNLIMITED", "INFINITE", "NONE", "N/A", "(NULL)"):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m:
+        raise SlurmUnexpected(f"cannot read Slurm time '{text}'")
+    days, a, b, c = m.groups()
+    if days is not None:
+        secs = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:
+        secs = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:
+        secs = int(a) * 60 + int(b)
+    else:
+        secs = int(a) * 60
+    return -(-secs // 60)
+
+
+_TEST_ONLY = re.compile(
+    r"Job (?P<job>\d+) to start at (?P<when>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}) using (?P<cpus>\d+) processors? "
+    r"on (?:nodes? )?(?P<nodes>\S+)(?: in partition (?P<partition>\S+))?")
+
+
+def parse_test_only(stderr: str) -> tuple[float, list[str], str | None]:
+    """`sbatch --test-only` stderr -> (start epoch, nodes, partition). Times are local, without zone."""
+    m = _TEST_ONLY.search(stderr)
+    if not m:
+        raise SlurmUnexpected(f"sbatch --test-only gave no start estimate: {stderr.strip()[:300]}")
+    when = dt.datetime.strptime(m.group("when"), "%Y-%m-%dT%H:%M:%S").astimezone()  # local time zone
+    return when.timestamp(), expand_hostlist(m.group("nodes")), m.group("partition")
+
+
+def num(value: object) -> int | None:
+    """Slurm JSON numbers: plain ints (22.05) or {"set": bool, "infinite": bool, "number": n} (23.02+)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, dict):
+        if value.get("infinite") or not value.get("set", True):
+            return None
+        n = value.get("number")
+        return int(n) if n is not None else None
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None

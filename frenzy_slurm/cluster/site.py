@@ -1,0 +1,99 @@
+"""Site files: what each partition's GPUs are (site_configs/*.yaml), joined to the GPU catalog.
+
+A pool is one (partition, GRES type) pair; a partition with two GPU types has two pools.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.yamlfile import load_model_file
+
+# Per-GPU, one-direction bandwidth in GB/s (NVIDIA NVLink generations; PCIe x16 per generation).
+LINK_GBS: dict[str, float] = {
+    "nvlink1": 80.0, "nvlink2": 150.0, "nvlink3": 300.0, "nvlink4": 450.0, "nvlink5": 900.0,
+    "pcie3": 16.0, "pcie4": 32.0, "pcie5": 64.0,
+}
+IntraLink = Literal["nvlink1", "nvlink2", "nvlink3", "nvlink4", "nvlink5", "pcie3", "pcie4", "pcie5"]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuOverrides(_M):
+    """Any catalog value, replaced for this site (e.g. a power-capped part)."""
+
+    memory_gib: float | None = Field(None, gt=0, description="Device memory, GiB.")
+    fp32: float | None = Field(None, gt=0, description="Peak FP32 TFLOP/s.")
+    tf32: float | None = Field(None, gt=0, description="Peak TF32 TFLOP/s.")
+    bf16: float | None = Field(None, gt=0, description="Peak BF16 TFLOP/s.")
+    fp16: float | None = Field(None, gt=0, description="Peak FP16 TFLOP/s.")
+    mem_bw_gbs: float | None = Field(None, gt=0, description="Memory bandwidth, GB/s.")
+    efficiency: float | None = Field(None, gt=0, le=1, description="Training utilisation assumed for step time.")
+
+
+class SiteDefaults(_M):
+    inter_node_gbs: float = Field(25.0, gt=0, description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s).")
+    usable_fraction: float = Field(0.95, gt=0.5, le=1.0, description="Share of GPU memory plans may use.")
+
+
+class Pool(_M):
+    partition: str = Field(description="Slurm partition name.")
+    gres_type: str = Field(description="Slurm GRES type of the GPUs (gpu:TYPE:N in gres.conf).")
+    gpu: str = Field(description="GPU model from the catalog (`frenzy-slurm site catalog`), e.g. A100-80GB.")
+    gpus_per_node: int = Field(gt=0, description="GPUs per node.")
+    intra_node: IntraLink | float = Field(description="GPU-to-GPU link in a node: nvlink1-5, pcie3-5, or GB/s.")
+    inter_node_gbs: float | None = Field(None, gt=0, description="Network GB/s per GPU; default from `defaults`.")
+    usable_fraction: float | None = Field(None, gt=0.5, le=1.0, description="Default from `defaults`.")
+    overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")
+
+    @model_validator(mode="after")
+    def _known_gpu(self) -> "Pool":
+        if self.gpu not in catalog():
+            close = match_gpu(self.gpu)
+            hint = f" (did you mean {close.name}?)" if close else ""
+            raise ValueError(f"gpu '{self.gpu}' is not in the catalog{hint}; known: {', '.join(catalog())}")
+        return self
+
+    def spec(self) -> GpuSpec:
+        base = catalog()[self.gpu]
+        changes = {k: v for k, v in self.overrides.model_dump().items() if v is not None}
+        return base.model_copy(update=changes) if changes else base
+
+    @property
+    def intra_node_gbs(self) -> float:
+        return LINK_GBS[self.intra_node] if isinstance(self.intra_node, str) else float(self.intra_node)
+
+
+class SiteConfig(_M):
+    cluster: str = Field(description="Cluster name (informational; `site validate` compares it).")
+    defaults: SiteDefaults = Field(default_factory=SiteDefaults, description="Values every pool inherits.")
+    pools: list[Pool] = Field(min_length=1, description="One entry per (partition, GPU type).")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "SiteConfig":
+        seen = set()
+        for p in self.pools:
+            key = (p.partition, p.gres_type)
+            if key in seen:
+                raise ValueError(f"pool partition={p.partition} gres_type={p.gres_type} is listed twice")
+            seen.add(key)
+        return self
+
+    def pool(self, partition: str, gres_type: str) -> Pool | None:
+        return next((p for p in self.pools if p.partition == partition and p.gres_type == gres_type), None)
+
+    def inter_node_gbs(self, pool: Pool) -> float:
+        return pool.inter_node_gbs or self.defaults.inter_node_gbs
+
+    def usable_fraction(self, pool: Pool) -> float:
+        return pool.usable_fraction or self.defaults.usable_fraction
+
+
+def load_site(path: Path) -> SiteConfig:
+    return load_model_file(path, SiteConfig)

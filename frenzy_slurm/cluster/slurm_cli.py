@@ -1,0 +1,233 @@
+"""Cluster backend over the Slurm command-line tools: `sinfo --json`, `squeue --json`, `scontrol -o`.
+
+Version-specific behaviour is decided once, from `sinfo --version`, by the FEATURES table; the text
+formats (`sinfo -O ...:|`, `squeue -o ...|`) serve versions without JSON and can be forced for tests.
+Three commands per view, run in parallel: one per kind of data, never one per node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from frenzy_slurm.cluster.backend import ComponentRequest, StartEstimate
+from frenzy_slurm.cluster.model import ClusterView, Job, Node, Partition
+from frenzy_slurm.cluster.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_test_only,
+                                        parse_time_minutes)
+from frenzy_slurm.slurmrun import SlurmUnavailable, run
+
+
+@dataclass(frozen=True)
+class Features:
+    json: bool  # sinfo/squeue --json (21.08+)
+    numbers_are_objects: bool  # JSON numbers as {"set", "infinite", "number"} (23.02+)
+
+
+# (major, minor) from which each set of features applies; the last row at or below the version wins.
+FEATURES = [
+    ((0, 0), Features(json=False, numbers_are_objects=False)),
+    ((21, 8), Features(json=True, numbers_are_objects=False)),
+    ((23, 2), Features(json=True, numbers_are_objects=True)),
+]
+
+
+def features_for(version: tuple[int, int]) -> Features:
+    return [f for v, f in FEATURES if v <= version][-1]
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    m = re.search(r"(\d+)\.(\d+)", text)
+    if not m:
+        raise SlurmUnexpected(f"cannot read the Slurm version from '{text.strip()}'")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _state_parts(state: object) -> tuple[str, list[str]]:
+    """22.05: 'mixed' + state_flags; 23.02+: ['MIXED', 'DRAIN']; text: 'idle+drain', 'drained*'."""
+    if isinstance(state, list):
+        words = [str(s) for s in state]
+    else:
+        words = re.split(r"[+]", str(state))
+    base = words[0].lower().rstrip("*~#!%$@^-") if words else "unknown"
+    flags = [w.upper().rstrip("*~#!%$@^-") for w in words[1:]]
+    if str(state).endswith("*") or (words and words[0].endswith("*")):
+        flags.append("NOT_RESPONDING")
+    return base, flags
+
+
+def node_from_json(n: dict) -> Node:
+    base, flags = _state_parts(n.get("state", "unknown"))
+    flags += [str(f).upper() for f in n.get("state_flags", []) or []]
+    # PLANNED (backfill has planned a pending job here) is transient and absent from the text formats
+    flags = [f for f in flags if f != "PLANNED"]
+    if "DRAIN" in flags and base in ("idle", "mixed", "allocated"):
+        base = "drained" if base == "idle" else "draining"  # as sinfo's StateLong prints it
+    gtype, total = parse_gpu_gres(n.get("gres"))
+    _, used = parse_gpu_gres(n.get("gres_used"))
+    return Node(
+        name=n["name"], partitions=list(n.get("partitions") or []), state=base, flags=sorted(set(flags)),
+        reason=n.get("reason") or None, gpu_type=gtype, gpus_total=total, gpus_used=used,
+        cpus=num(n.get("cpus")) or 0, cpus_alloc=num(n.get("alloc_cpus")) or 0,
+        memory_mb=num(n.get("real_memory")) or 0, memory_alloc_mb=num(n.get("alloc_memory")) or 0,
+    )
+
+
+def job_from_json(j: dict) -> Job:
+    state = j.get("job_state", "UNKNOWN")
+    state = state[0] if isinstance(state, list) and state else str(state)
+    het = num(j.get("het_job_id")) or None
+    tres = j.get("tres_per_node") or ""
+    gtype, gpn = parse_gpu_gres(tres.replace("gres/", "gres:"))
+    limit = j.get("time_limit")
+    return Job(
+        job_id=num(j.get("job_id")) or 0, het_job_id=het, het_job_offset=num(j.get("het_job_offset")) if het else None,
+        name=j.get("name") or "", user=j.get("user_name") or "", state=state,
+        reason=None if j.get("state_reason") in (None, "", "None") else j["state_reason"],
+        partition=j.get("partition") or "", nodes=expand_hostlist(j.get("nodes")),
+        node_count=num(j.get("node_count")) or 0, gpu_type=gtype, gpus_per_node=gpn,
+        start_time=num(j.get("start_time")) or None, end_time=num(j.get("end_time")) or None,
+        time_limit_min=num(limit) if not isinstance(limit, str) else parse_time_minutes(limit),
+        comment=j.get("comment") or "",
+    )
+
+
+def partitions_from_scontrol(text: str) -> list[Partition]:
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        kv = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" not in kv:
+            raise SlurmUnexpected(f"scontrol show partition printed an unexpected line: {line[:200]}")
+        out.append(Partition(
+            name=kv["PartitionName"], state=kv.get("State", "UP"), nodes=expand_hostlist(kv.get("Nodes")),
+            is_default=kv.get("Default") == "YES", default_time_min=parse_time_minutes(kv.get("DefaultTime")),
+            max_time_min=parse_time_minutes(kv.get("MaxTime")),
+            max_nodes=None if kv.get("MaxNodes", "UNLIMITED") == "UNLIMITED" else int(kv["MaxNodes"]),
+        ))
+    return out
+
+
+SINFO_TEXT_FIELDS = "NodeList:|,Partition:|,StateLong:|,CPUsState:|,Memory:|,AllocMem:|,Gres:|,GresUsed:|,Reason:|"
+SQUEUE_TEXT_FORMAT = "%A|%i|%j|%u|%T|%r|%P|%N|%D|%b|%S|%e|%l|%k"
+
+
+def nodes_from_text(text: str) -> list[Node]:
+    nodes: dict[str, Node] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 9:
+            raise SlurmUnexpected(f"sinfo printed an unexpected line: {line[:200]}")
+        name, part, state, cpus_state, mem, alloc_mem, gres, gres_used, reason = f[:9]
+        part = part.rstrip("*")
+        if name in nodes:
+            nodes[name].partitions.append(part)
+            continue
+        base, flags = _state_parts(state)
+        if base in ("drained", "draining"):
+            flags.append("DRAIN")
+        alloc, _idle, _other, total = (int(x) for x in cpus_state.split("/"))
+        gtype, gtotal = parse_gpu_gres(gres)
+        _, gused = parse_gpu_gres(gres_used)
+        nodes[name] = Node(name=name, partitions=[part], state=base, flags=sorted(set(flags)),
+                           reason=None if reason in ("none", "(null)", "") else reason, gpu_type=gtype,
+                           gpus_total=gtotal, gpus_used=gused, cpus=total, cpus_alloc=alloc,
+                           memory_mb=int(mem.rstrip("+") or 0), memory_alloc_mb=int(alloc_mem or 0))
+    return list(nodes.values())
+
+
+def _epoch(text: str) -> int | None:
+    if not text or text in ("N/A", "Unknown", "(null)", "None"):
+        return None
+    return int(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
+
+
+def jobs_from_text(text: str) -> list[Job]:
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 14:
+            raise SlurmUnexpected(f"squeue printed an unexpected line: {line[:200]}")
+        own, shown, name, user, state, reason, part, nodes, count, gres, start, end, limit, comment = f[:14]
+        het = off = None
+        if "+" in shown:
+            leader, offset = shown.split("+", 1)
+            het, off = int(leader), int(offset)
+        gtype, gpn = parse_gpu_gres(gres.replace("gres/", "gres:"))
+        jobs.append(Job(job_id=int(own), het_job_id=het, het_job_offset=off, name=name, user=user, state=state,
+                        reason=None if reason in ("None", "(null)") else reason, partition=part,
+                        nodes=expand_hostlist(nodes), node_count=int(count or 0), gpu_type=gtype, gpus_per_node=gpn,
+                        start_time=_epoch(start), end_time=_epoch(end), time_limit_min=parse_time_minutes(limit),
+                        comment="" if comment == "(null)" else comment))
+    return jobs
+
+
+class SlurmCliBackend:
+    name = "cli"
+
+    def __init__(self, force_text: bool = False, timeout: float = 20.0):
+        self.force_text = force_text
+        self.timeout = timeout
+        self._features: Features | None = None
+        self.version: str | None = None
+
+    def features(self) -> Features:
+        if self._features is None:
+            conf = os.environ.get("SLURM_CONF")
+            if conf and not Path(conf).is_file():  # the tools would spend ~20 s on DNS SRV look-ups first
+                raise SlurmUnavailable(f"SLURM_CONF={conf} does not exist; point it at the cluster's slurm.conf.")
+            out = run(["sinfo", "--version"], timeout=self.timeout).stdout
+            self.version = out.strip().split()[-1] if out.strip() else None
+            self._features = features_for(parse_version(out))
+        return self._features
+
+    def load(self) -> ClusterView:
+        use_json = self.features().json and not self.force_text
+        if use_json:
+            cmds = {"nodes": ["sinfo", "--json"], "jobs": ["squeue", "--json", "--states=all"]}
+        else:
+            cmds = {"nodes": ["sinfo", "-N", "-h", "-O", SINFO_TEXT_FIELDS],
+                    "jobs": ["squeue", "-h", "--states=all", "-o", SQUEUE_TEXT_FORMAT]}
+        cmds["partitions"] = ["scontrol", "-o", "show", "partition"]
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = {k: pool.submit(run, argv, self.timeout) for k, argv in cmds.items()}
+            out = {k: f.result().stdout for k, f in futures.items()}
+        try:
+            if use_json:
+                nodes = [node_from_json(n) for n in json.loads(out["nodes"])["nodes"]]
+                jobs = [job_from_json(j) for j in json.loads(out["jobs"])["jobs"]]
+            else:
+                nodes, jobs = nodes_from_text(out["nodes"]), jobs_from_text(out["jobs"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise SlurmUnexpected(f"could not read Slurm's answer ({type(exc).__name__}: {exc}); "
+                                  f"Slurm {self.version}; try --backend static or report it") from None
+        partitions = partitions_from_scontrol(out["partitions"])
+        nodes.sort(key=lambda n: n.name)
+        jobs.sort(key=lambda j: j.job_id)
+        cluster = run(["scontrol", "-o", "show", "config"], timeout=self.timeout, check=False).stdout
+        m = re.search(r"^ClusterName\s*=\s*(\S+)", cluster, re.MULTILINE)
+        return ClusterView(cluster=m.group(1) if m else "", backend=self.name, slurm_version=self.version,
+                           partitions=partitions, nodes=nodes, jobs=jobs)
+
+    def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
+        argv = ["sbatch", "--test-only"]
+        for i, c in enumerate(components):
+            if i:
+                argv.append(":")
+            gres = f"gpu:{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else f"gpu:{c.gpus_per_node}"
+            argv += [f"--partition={c.partition}", f"--nodes={c.nodes}", f"--gres={gres}",
+                     f"--ntasks-per-node={c.gpus_per_node}", f"--cpus-per-task={c.cpus_per_gpu}",
+                     f"--mem-per-cpu={c.mem_per_gpu_mb}M", f"--time={c.time_min}"]
+        # the answer is on stderr; a refused request fails with the reason, which run() reports
+        res = run(argv, timeout=self.timeout, input_text="#!/bin/sh\ntrue\n")
+        start, nodes, _ = parse_test_only(res.stderr + res.stdout)
+        return StartEstimate(start=start, nodes=nodes, source="test-only")
