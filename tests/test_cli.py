@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from .conftest import DEV_DATA, EXAMPLES, ROOT, run_cli
 
@@ -52,23 +53,47 @@ def test_bad_plan(plan, needle):
     assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
 
 
-def test_fsbatch_dry_run_plans():
-    res = run_cli("fsbatch", str(EXAMPLES / "qwen2-1.5b-qlora.yaml"), "--dry-run", "--json")
+@pytest.fixture
+def offline_cluster(tmp_path):
+    """A synthetic cluster as a static snapshot plus its site file: fsbatch without Slurm."""
+    from frenzy_slurm.cluster.synthetic import synthetic, synthetic_site
+
+    pools = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]
+    snap, site = tmp_path / "snap.json", tmp_path / "site.yaml"
+    snap.write_text(synthetic(pools).model_dump_json())
+    site.write_text(yaml.safe_dump(synthetic_site(pools).model_dump(mode="json")))
+    return ["--backend", "static", "--snapshot", str(snap), "--site", str(site)]
+
+
+def test_fsbatch_dry_run_plans(offline_cluster, tmp_path):
+    res = run_cli("fsbatch", str(EXAMPLES / "qwen2-1.5b-qlora.yaml"), "--dry-run", "--json", *offline_cluster,
+                  "--job-dir", str(tmp_path / "job"))
     assert res.returncode == 0, res.stderr
-    chosen = json.loads(res.stdout)["chosen"]
-    assert chosen["gpu"] in ("T4", "V100-16GB", "V100-32GB")  # limits.gpu_types is respected
+    out = json.loads(res.stdout)
+    comps = out["decision"]["chosen"]["components"]
+    assert {c["gpu_model"] for c in comps} <= {"T4", "V100-32GB"}  # limits.gpu_types is respected
+    assert "#SBATCH --gres=gpu:" in out["script"]
+    assert not (tmp_path / "job").exists(), "--dry-run writes nothing"
 
 
-def test_fsbatch_dry_run_does_not_import_torch():
+def test_fsbatch_dry_run_does_not_import_torch(offline_cluster):
     import subprocess
     import sys
 
-    code = ("import sys; sys.argv=['fsbatch', %r, '--dry-run']\n"
+    code = ("import sys; sys.argv=['fsbatch', %r, '--dry-run', *%r]\n"
             "from frenzy_slurm.cli.fsbatch import main\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'heavy import'\n") % str(EXAMPLES / "llama2-7b.yaml")
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'heavy import'\n") % (
+        str(EXAMPLES / "llama2-7b.yaml"), offline_cluster)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
+
+
+def test_fsbatch_needs_site_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("FRENZY_SITE", raising=False)
+    env_free = run_cli("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--backend", "static", "--snapshot",
+                       str(tmp_path / "x.json"))
+    assert env_free.returncode == 2 and "no site file" in env_free.stderr
 
 
 def test_accuracy_benchmark_on_dev_set(tmp_path):

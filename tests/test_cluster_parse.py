@@ -112,8 +112,8 @@ def test_captured_text_equals_json():
     assert nodes_j == nodes_t
     jobs_j = sorted((job_from_json(j) for j in json.loads((DATA / "squeue-22.05.json").read_text())["jobs"]), key=lambda j: j.job_id)
     jobs_t = sorted(jobs_from_text((DATA / "squeue-text-22.05.txt").read_text()), key=lambda j: j.job_id)
-    assert [j.model_dump(exclude={"start_time", "end_time"}) for j in jobs_j] == \
-        [j.model_dump(exclude={"start_time", "end_time"}) for j in jobs_t]
+    skip = {"start_time", "end_time", "workdir"}  # the captured text predates the %Z column
+    assert [j.model_dump(exclude=skip) for j in jobs_j] == [j.model_dump(exclude=skip) for j in jobs_t]
 
 
 def test_new_style_json_shapes():

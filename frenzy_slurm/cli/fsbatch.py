@@ -1,57 +1,115 @@
 """`fsbatch`: plan and submit a training job without choosing GPUs.
 
-    fsbatch examples/llama2-7b.yaml --dry-run
+    fsbatch examples/tiny-cpu.yaml --site site_configs/devcluster.yaml [--dry-run] [--explain] [--json]
 
-This release plans: it validates model.yaml and ranks GPU types and counts by MARP's memory and
-step-time predictions. Submission to Slurm comes with the cluster view and HAS stages.
+Validates model.yaml, predicts memory per plan (MARP), reads the cluster, picks the allocation that
+finishes soonest (HAS), renders job.sbatch / ds_config.json / plan.json and submits with sbatch.
+sbatch-style flags (-A, -q, -t, -C, --exclusive, --mail-*, -J, -o, -e, --sbatch FLAG) override model.yaml.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import existing_file, print_json, reports_errors, table
-from frenzy_slurm.cli.plan_view import candidate_json, candidate_rows, gpu_options, load
-from frenzy_slurm.errors import FrenzyError, NoFitError
-from frenzy_slurm.marp import search, search_space_from_spec, workload_from_spec
+from frenzy_slurm.cli.common import cluster_options, existing_file, print_json, reports_errors, table
+from frenzy_slurm.cli.plan_view import hms, load
+from frenzy_slurm.errors import InputError
+
+
+def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
+    now = decision.decided_at
+
+    def row(mark: str, a, why: str) -> list[str]:
+        if a is None:
+            return [mark, "-", "-", "-", "-", "-", "-", why]
+        mem = " + ".join(f"{c.peak_gib:.1f}/{c.capacity_gib:.0f}" for c in a.components)
+        start = "now" if a.start_source == "now" else f"+{hms(a.start - now)} ({a.start_source})"
+        return [mark, a.label(), a.plan.short(), mem, start, hms(a.run_time_s), f"+{hms(a.completion - now)}", why]
+
+    rows = [row("*", decision.chosen, "chosen: earliest completion")]
+    for alt in decision.alternatives:
+        rows.append(row(" ", alt.allocation, f"{alt.description}: {alt.lost_because}" if alt.allocation is None
+                        else alt.lost_because))
+    header = ["", "allocation", "plan", "GiB/GPU used/usable", "start", "run time", "completion", "why"]
+    return header, rows
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model_yaml", type=existing_file)
-@click.option("--dry-run", is_flag=True, help="Plan and print the decision; submit nothing.")
-@click.option("--explain", is_flag=True, help="Show the alternatives considered and why the chosen one won.")
-@click.option("--gpu", "gpus", multiple=True, metavar="TYPE[:COUNT]", help="GPU types to plan for (default: every catalog GPU, 8 each).")
+@click.option("--dry-run", is_flag=True, help="Do everything but submit: print the script that would run.")
+@click.option("--explain", is_flag=True, help="Show the chosen allocation beside the best alternatives and why they lost.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@cluster_options
+@click.option("--job-dir", type=click.Path(file_okay=False, path_type=Path), help="Job directory (default: $FRENZY_JOBS_DIR or ./frenzy-jobs, /<name>-<hash>).")
+@click.option("--templates", type=click.Path(file_okay=False, path_type=Path), help="Directory of templates overriding the shipped ones.")
+@click.option("--force", is_flag=True, help="Submit even if this submission already has a job.")
+@click.option("-A", "--account", help="sbatch --account.")
+@click.option("-q", "--qos", help="sbatch --qos.")
+@click.option("-t", "--time", "time_", help="sbatch --time (default: predicted run time + 25% + 10 min).")
+@click.option("-C", "--constraint", help="sbatch --constraint.")
+@click.option("--exclusive", is_flag=True, default=None, help="sbatch --exclusive.")
+@click.option("--mail-type", help="sbatch --mail-type.")
+@click.option("--mail-user", help="sbatch --mail-user.")
+@click.option("-J", "--job-name", help="sbatch --job-name (default: model.yaml's name).")
+@click.option("-o", "--output", help="sbatch --output (default: JOBDIR/slurm-%j.out).")
+@click.option("-e", "--error", help="sbatch --error.")
+@click.option("--sbatch", "extra", multiple=True, metavar="FLAG", help="Any other sbatch flag, e.g. --sbatch=--reservation=big (repeatable).")
 @click.version_option(__version__, prog_name="fsbatch")
 @reports_errors("fsbatch")
-def main(model_yaml: Path, dry_run: bool, explain: bool, gpus: tuple[str, ...], as_json: bool) -> None:
-    """Plan (and later submit) the training job described by MODEL_YAML."""
+def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend: str, snapshot: Path | None,
+         site: Path | None, job_dir: Path | None, templates: Path | None, force: bool, account, qos, time_, constraint,
+         exclusive, mail_type, mail_user, job_name, output, error, extra) -> None:
+    """Plan the training job in MODEL_YAML and submit it to Slurm."""
+    from frenzy_slurm.cluster import open_backend
+    from frenzy_slurm.cluster.site_tools import maybe_load_site
+    from frenzy_slurm.has import decide
+    from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
+    from frenzy_slurm.render import SbatchOptions, render_job
+
     spec, model = load(model_yaml)
+    site_cfg = maybe_load_site(site)
+    if site_cfg is None:
+        raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")
+    cluster = open_backend(backend, snapshot)
+    view = cluster.load()
     w = workload_from_spec(spec, model)
-    limit = spec.limits.max_gpus
-    options = gpu_options(gpus, limit or 8)
-    if spec.limits.gpu_types:
-        options = [o for o in options if o.name in spec.limits.gpu_types or o.spec.name in spec.limits.gpu_types]
-    cands = search(w, options, spec.training.global_batch, spec.training.total_steps, limit, search_space_from_spec(spec))
-    ranked = sorted((c for items in cands.values() for c in items), key=lambda c: c.run_time_s)
-    if not ranked:
-        raise NoFitError(f"{model_yaml}: {spec.name} fits on no allowed GPU type within the limits. "
-                         "To fix: raise limits.max_gpus, allow more gpu_types, use LoRA/QLoRA or a shorter seq_len. "
-                         "See `frenzy-slurm memory` for the per-GPU estimate.")
-    best = ranked[0]
-    if as_json:
-        print_json({"job": spec.name, "chosen": {"gpu": best.gpu, "gpus": best.gpus, "plan": best.plan.short(),
-                                                   "peak_gib": best.peak_gib, "run_time_s": best.run_time_s},
-                    "candidates": candidate_json(cands)})
-    else:
-        click.echo(f"{spec.name}: {best.gpus} x {best.gpu}, plan {best.plan.short()}, "
-                   f"{best.peak_gib:.1f} of {best.capacity_gib:.1f} GiB per GPU, predicted run time "
-                   f"{best.run_time_s / 3600:.2f} h")
-        if explain:
-            header, rows = candidate_rows(cands, 3)
-            click.echo(table(rows, header))
+    decision = decide(spec, w, view, site_cfg, search_space_from_spec(spec),
+                      backend=None if cluster.name == "static" else cluster, now=time.time())
+    s = spec.slurm
+    options = SbatchOptions(
+        account=account or s.account, qos=qos or s.qos, time=time_ or s.time, constraint=constraint or s.constraint,
+        exclusive=s.exclusive if exclusive is None else exclusive, mail_type=mail_type or s.mail_type,
+        mail_user=mail_user or s.mail_user, output=output, error=error, job_name=job_name,
+        extra=[*s.extra, *extra])
+    req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates)
+    chosen = decision.chosen
+    summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, "
+               f"{' + '.join(f'{c.peak_gib:.1f}/{c.capacity_gib:.0f} GiB' for c in chosen.components)} per GPU, "
+               f"start {'now' if chosen.start_source == 'now' else hms(chosen.start - decision.decided_at) + ' from now'}, "
+               f"run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
+    result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,
+                    "decision": json.loads(decision.model_dump_json())}
     if not dry_run:
-        raise FrenzyError("submission to Slurm is not available in this release; rerun with --dry-run to plan only.")
+        from frenzy_slurm.submit import submit
+
+        done = submit(req, view, force=force)
+        result["job_id"] = done.job_id
+    if as_json:
+        if dry_run:
+            result["script"] = req.script
+        print_json(result)
+        return
+    click.echo(summary)
+    if explain:
+        header, rows = explain_rows(decision)
+        click.echo(table(rows, header))
+    if dry_run:
+        click.echo(f"--- {req.job_dir}/job.sbatch (not submitted) ---")
+        click.echo(req.script, nl=False)
+    else:
+        click.echo(f"Submitted batch job {result['job_id']} (job directory {req.job_dir})")

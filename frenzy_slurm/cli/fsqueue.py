@@ -1,24 +1,88 @@
-"""`fsqueue`: show frenzy-slurm jobs (components, GPU types, state, predicted remaining time).
+"""`fsqueue`: frenzy-slurm jobs, one line each (hetjob components as one job), or one job in detail.
 
-    fsqueue [JOBID] [-u USER] [--all] [--json]
+    fsqueue [-u USER | --all] [--json]
+    fsqueue JOBID [--json]
+
+One squeue query per invocation, cached for a few seconds.
 """
 
 from __future__ import annotations
 
+import getpass
+import os
+from pathlib import Path
+
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import reports_errors
-from frenzy_slurm.errors import FrenzyError
+from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors, table
+from frenzy_slurm.cli.plan_view import hms
+from frenzy_slurm.errors import InputError
+
+
+def _job_json(t) -> dict:
+    return {
+        "job_id": t.job_id, "name": t.name, "user": t.user, "state": t.state, "gpus": t.gpus_label,
+        "components": [{"job_id": c.job_id, "partition": c.partition, "gpu_type": c.gpu_type, "gpus": c.gpus,
+                        "nodes": c.nodes, "state": c.state} for c in t.components],
+        "elapsed_s": t.elapsed_s, "predicted_remaining_s": t.predicted_remaining_s,
+        "job_dir": str(t.job_dir) if t.job_dir else None,
+        "plan": t.plan.decision.chosen.plan.short() if t.plan else None,
+        "finished": t.finished, "metrics": t.metrics,
+    }
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("jobid", required=False)
+@click.argument("jobid", required=False, type=int)
 @click.option("-u", "--user", help="Show this user's jobs (default: yours).")
 @click.option("--all", "all_users", is_flag=True, help="Show every user's frenzy-slurm jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@cluster_options
 @click.version_option(__version__, prog_name="fsqueue")
 @reports_errors("fsqueue")
-def main(jobid: str | None, user: str | None, all_users: bool, as_json: bool) -> None:
-    """Track frenzy-slurm jobs: one line per job, or JOBID's plan, live state and measured metrics."""
-    raise FrenzyError("job tracking is not available in this release (it needs the Slurm submit/track stages).")
+def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot, site) -> None:
+    """Track frenzy-slurm jobs: state, GPUs per component, elapsed and predicted remaining time."""
+    from frenzy_slurm.cluster import open_backend
+    from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dir, load_view_cached
+
+    view = load_view_cached(open_backend(backend, snapshot))
+    who = None if (all_users or jobid is not None) else (user or getpass.getuser())
+    jobs = frenzy_jobs(view, who)
+    if jobid is None:
+        if as_json:
+            print_json([_job_json(t) for t in jobs])
+            return
+        rows = [[str(t.job_id), t.name, t.state, t.gpus_label, hms(t.elapsed_s) if t.elapsed_s is not None else "-",
+                 hms(t.predicted_remaining_s) if t.predicted_remaining_s is not None else "-",
+                 str(t.job_dir or "-")] for t in jobs]
+        click.echo(table(rows, ["JOBID", "NAME", "STATE", "GPUS", "ELAPSED", "REMAINING(pred)", "JOBDIR"]))
+        return
+    t = next((t for t in jobs if t.job_id == jobid or any(c.job_id == jobid for c in t.components)), None)
+    if t is None:
+        roots = [Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs")).absolute()]
+        job_dir = find_job_dir(jobid, roots)
+        if job_dir is None:
+            raise InputError(f"job {jobid} is not a frenzy-slurm job in the queue, and no job directory under "
+                             f"{', '.join(map(str, roots))} records it (set FRENZY_JOBS_DIR)")
+        t = from_job_dir(job_dir)
+    if as_json:
+        print_json(_job_json(t) | {"comparison": comparison(t)})
+        return
+    click.echo(f"job {t.job_id} {t.name}: {t.state}" + (f", exit code {t.finished['exit_code']}" if t.finished else ""))
+    if t.plan is not None:
+        a = t.plan.decision.chosen
+        click.echo(f"  plan: {a.kind} {a.label()} | {a.plan.short()} | predicted step {a.step_time_s:.3g} s, "
+                   f"run time {hms(a.run_time_s)}")
+    for c in t.components:
+        click.echo(f"  component {c.display_id}: {c.state} partition={c.partition} {c.gpus}x{c.gpu_type} "
+                   f"nodes={','.join(c.nodes) or '-'}" + (f" reason={c.reason}" if c.reason else ""))
+    if t.elapsed_s is not None:
+        click.echo(f"  elapsed {hms(t.elapsed_s)}, predicted remaining {hms(t.predicted_remaining_s or 0)}")
+    click.echo(f"  job directory: {t.job_dir or '-'}")
+    rows = comparison(t)
+    if rows:
+        out = [[r["gpu"], f"{r['predicted_peak_gib']:.3g}",
+                "-" if r["measured_peak_gib"] is None else f"{r['measured_peak_gib']:.3g}"] for r in rows]
+        click.echo(table(out, ["GPU / metric", "predicted", "measured"]))
+    for n in t.notes:
+        click.echo(f"  note: {n}")

@@ -90,6 +90,7 @@ class Job(_M):
     end_time: int | None = Field(None, description="End (or expected end), epoch seconds.")
     time_limit_min: int | None = Field(None, description="Time limit in minutes.")
     comment: str = Field("", description="Job comment.")
+    workdir: str | None = Field(None, description="Working directory (frenzy-slurm's job directory).")
 
     @property
     def phase(self) -> str:

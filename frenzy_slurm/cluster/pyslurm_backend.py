@@ -72,7 +72,7 @@ class PyslurmBackend:
                       partition=j.partition or "", nodes=expand_hostlist(j.allocated_nodes), node_count=j.num_nodes or 0,
                       gpu_type=gtype, gpus_per_node=gpn, start_time=j.start_time or None, end_time=j.end_time or None,
                       time_limit_min=j.time_limit if isinstance(j.time_limit, int) else parse_time_minutes(j.time_limit),
-                      comment=j.comment or "")
+                      comment=j.comment or "", workdir=getattr(j, "working_directory", None) or None)
             jobs.append(job)
             if job.phase == "running":
                 for n in job.nodes:

@@ -48,6 +48,7 @@ class Pool(_M):
     gpu: str = Field(description="GPU model from the catalog (`frenzy-slurm site catalog`), e.g. A100-80GB.")
     gpus_per_node: int = Field(gt=0, description="GPUs per node.")
     intra_node: IntraLink | float = Field(description="GPU-to-GPU link in a node: nvlink1-5, pcie3-5, or GB/s.")
+    cpus_per_gpu: int = Field(4, gt=0, description="CPUs requested per GPU (one task per GPU).")
     inter_node_gbs: float | None = Field(None, gt=0, description="Network GB/s per GPU; default from `defaults`.")
     usable_fraction: float | None = Field(None, gt=0.5, le=1.0, description="Default from `defaults`.")
     overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")

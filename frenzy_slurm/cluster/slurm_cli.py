@@ -92,7 +92,7 @@ def job_from_json(j: dict) -> Job:
         node_count=num(j.get("node_count")) or 0, gpu_type=gtype, gpus_per_node=gpn,
         start_time=num(j.get("start_time")) or None, end_time=num(j.get("end_time")) or None,
         time_limit_min=num(limit) if not isinstance(limit, str) else parse_time_minutes(limit),
-        comment=j.get("comment") or "",
+        comment=j.get("comment") or "", workdir=j.get("current_working_directory") or None,
     )
 
 
@@ -114,7 +114,7 @@ def partitions_from_scontrol(text: str) -> list[Partition]:
 
 
 SINFO_TEXT_FIELDS = "NodeList:|,Partition:|,StateLong:|,CPUsState:|,Memory:|,AllocMem:|,Gres:|,GresUsed:|,Reason:|"
-SQUEUE_TEXT_FORMAT = "%A|%i|%j|%u|%T|%r|%P|%N|%D|%b|%S|%e|%l|%k"
+SQUEUE_TEXT_FORMAT = "%A|%i|%j|%u|%T|%r|%P|%N|%D|%b|%S|%e|%l|%k|%Z"
 
 
 def nodes_from_text(text: str) -> list[Node]:
@@ -158,6 +158,7 @@ def jobs_from_text(text: str) -> list[Job]:
         if len(f) < 14:
             raise SlurmUnexpected(f"squeue printed an unexpected line: {line[:200]}")
         own, shown, name, user, state, reason, part, nodes, count, gres, start, end, limit, comment = f[:14]
+        workdir = f[14] if len(f) > 14 and f[14] not in ("", "(null)") else None
         het = off = None
         if "+" in shown:
             leader, offset = shown.split("+", 1)
@@ -167,7 +168,7 @@ def jobs_from_text(text: str) -> list[Job]:
                         reason=None if reason in ("None", "(null)") else reason, partition=part,
                         nodes=expand_hostlist(nodes), node_count=int(count or 0), gpu_type=gtype, gpus_per_node=gpn,
                         start_time=_epoch(start), end_time=_epoch(end), time_limit_min=parse_time_minutes(limit),
-                        comment="" if comment == "(null)" else comment))
+                        comment="" if comment == "(null)" else comment, workdir=workdir))
     return jobs
 
 

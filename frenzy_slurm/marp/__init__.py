@@ -40,4 +40,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel) -> Workload:
 def search_space_from_spec(spec: JobSpec) -> SearchSpace:
     t = spec.training
     recompute = ("none", "selective", "full") if t.activation_checkpointing == "auto" else (t.activation_checkpointing,)
-    return SearchSpace(micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else None, recompute=recompute)
+    # The built-in DeepSpeed runtime parallelises over data and pipeline stages; tensor parallelism needs a
+    # Megatron-style model, which only a user's own script can bring.
+    tp = (1, 2, 4, 8) if spec.entry.trainer == "script" else (1,)
+    return SearchSpace(micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else None, recompute=recompute,
+                       tp_degrees=tp)

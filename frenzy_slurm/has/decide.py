@@ -1,0 +1,318 @@
+"""HAS: choose the allocation that finishes the job soonest.
+
+completion = predicted start + predicted run time, over homogeneous candidates (MARP's fastest plan per
+GPU count on each pool) and heterogeneous pipelines over pools with free GPUs now. A heterogeneous
+allocation is chosen only when it is predicted to finish strictly sooner. Start: now where enough GPUs
+are free on enough nodes; else from running jobs' end times in the view; the leading candidates that
+cannot start now are re-estimated with Slurm's own `sbatch --test-only` when a live backend is given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from frenzy_slurm.cluster.backend import ClusterBackend, ComponentRequest
+from frenzy_slurm.cluster.model import ClusterView
+from frenzy_slurm.cluster.site import SiteConfig
+from frenzy_slurm.errors import NoFitError
+from frenzy_slurm.has import hetero
+from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision, PlanModel
+from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
+from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
+from frenzy_slurm.marp.memory import GiB
+from frenzy_slurm.marp.plan import Workload
+from frenzy_slurm.marp.speed import flops_per_token
+from frenzy_slurm.slurmrun import SlurmCommandError
+from frenzy_slurm.spec.job import JobSpec, parse_slurm_time
+
+MAX_STAGES_PER_POOL = 8
+DP_DEGREES = (1, 2, 4, 8)
+REFINE_WITH_TEST_ONLY = 3
+TIE_SECONDS = 60.0  # completions closer than this (or TIE_FRACTION of the time to completion) are equal
+TIE_FRACTION = 0.01
+
+
+@dataclass
+class Limits:
+    max_gpus: int | None
+    time_limit_s: float | None
+    deadline: float | None
+
+
+@dataclass
+class _Cand:
+    alloc: Allocation
+    pools: list[UsablePool] = field(default_factory=list)
+    layouts: list[tuple[int, int]] = field(default_factory=list)
+
+
+def requested_minutes(spec: JobSpec, run_time_s: float) -> int:
+    """sbatch --time: the user's, else the prediction with 25% + 10 minutes of margin."""
+    if spec.slurm.time is not None:
+        return parse_slurm_time(spec.slurm.time)
+    return int(-(-(run_time_s * 1.25 + 600) // 60))
+
+
+class ReleaseIndex:
+    """When each node frees GPUs: running jobs' ends per node, built once per decision."""
+
+    def __init__(self, view: ClusterView, now: float):
+        self.now = now
+        self.by_node: dict[str, list[tuple[float, int]]] = {}
+        for j in view.jobs:
+            if j.gpus_per_node and j.phase == "running":
+                for n in j.nodes:
+                    self.by_node.setdefault(n, []).append((max(now, float(j.end_time or now)), j.gpus_per_node))
+        for ends in self.by_node.values():
+            ends.sort()
+        self._cache: dict[tuple[str, int], list[float]] = {}
+        self.view = view
+
+    def ready_times(self, pool: UsablePool, per_node: int) -> list[float]:
+        """Sorted times at which each node of the pool has `per_node` GPUs free."""
+        key = (pool.name, per_node)
+        if key not in self._cache:
+            ready = []
+            for n in self.view.nodes:
+                if (pool.live.partition not in n.partitions or n.gpu_type != pool.live.gpu_type or not n.available
+                        or n.gpus_total < per_node):
+                    continue
+                free, t = n.gpus_free, self.now
+                for end, g in self.by_node.get(n.name, ()):
+                    if free >= per_node:
+                        break
+                    free, t = free + g, end
+                if free >= per_node:
+                    ready.append(t)
+            self._cache[key] = sorted(ready)
+        return self._cache[key]
+
+    def start(self, pool: UsablePool, nodes: int, per_node: int) -> float | None:
+        ready = self.ready_times(pool, per_node)
+        return ready[nodes - 1] if len(ready) >= nodes else None
+
+
+def _homogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], releases: ReleaseIndex, now: float,
+                 space: SearchSpace, steps: int) -> list[_Cand]:
+    cands = search(w, [p.option for p in pools], spec.training.global_batch, steps, spec.limits.max_gpus, space)
+    out = []
+    a = w.arch
+    for pool in pools:
+        for c in cands[pool.name]:
+            layout = node_layout(c.gpus, pool.site.gpus_per_node)
+            if layout is None or c.plan.tp > layout[1]:
+                continue
+            nodes, per_node = layout
+            if fits_free_now(pool, nodes, per_node):
+                start, source = now, "now"
+            else:
+                t = releases.start(pool, nodes, per_node)
+                if t is None:
+                    continue
+                start, source = t, "view"
+            comp = Component(partition=pool.live.partition, gpu_type=pool.live.gpu_type, gpu_model=pool.option.spec.name,
+                             nodes=nodes, gpus_per_node=per_node, cpus_per_task=pool.site.cpus_per_gpu,
+                             stages=list(range(c.plan.pp)),
+                             peak_gib=c.peak_gib, capacity_gib=c.capacity_gib)
+            alloc = Allocation(kind="homogeneous", components=[comp], plan=PlanModel.of(c.plan, a.layers),
+                               step_time_s=c.step_time_s, run_time_s=c.run_time_s, start=start, start_source=source)
+            out.append(_Cand(alloc, [pool], [layout]))
+    return out
+
+
+def _placeable_now(pool: UsablePool, gpus: int) -> tuple[int, int] | None:
+    layout = node_layout(gpus, pool.site.gpus_per_node)
+    if layout and fits_free_now(pool, *layout):
+        return layout
+    return None
+
+
+def _heterogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], now: float, space: SearchSpace,
+                   steps: int, beat: float) -> list[_Cand]:
+    """Two-pool pipelines on GPUs that are free now (the case where waiting for one type loses).
+
+    A pair is skipped when even a perfect split (all its free GPUs at full rate, no bubble, no communication)
+    could not finish before `beat`, the best homogeneous completion.
+    """
+    work = flops_per_token(w, "none") * spec.training.global_batch * w.seq_len * steps
+    free = [p for p in pools if p.free_by_node and p.free_by_node[0] > 0]
+    free.sort(key=lambda p: p.option.usable_bytes, reverse=True)  # more memory first: stage 0 holds most activations
+    gb = spec.training.global_batch
+    limit = spec.limits.max_gpus
+    # In a pipeline a smaller micro-batch only shrinks the bubble, so the smallest is the fastest; recomputation
+    # is tried only where the plan does not fit without it.
+    mb = space.micro_batch or 1
+    recomputes = [r for r in space.recompute if r != "selective"] or ["none"]
+    rates = {p.name: p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency for p in free}
+    out = []
+    for pa, pb in itertools.combinations(free, 2):
+        most = MAX_STAGES_PER_POOL * max(DP_DEGREES)  # GPUs per pool this search can use
+        if now + work / sum(min(sum(p.free_by_node), most) * rates[p.name] for p in (pa, pb)) >= beat:
+            continue
+        for dp in DP_DEGREES:
+            if gb % dp or (gb // dp) % mb:
+                continue
+            stages_a = max((n for n in range(1, MAX_STAGES_PER_POOL + 1) if _placeable_now(pa, n * dp)), default=0)
+            stages_b = max((n for n in range(1, MAX_STAGES_PER_POOL + 1) if _placeable_now(pb, n * dp)), default=0)
+            for nb in (n for n in range(1, stages_b + 1) if stages_a and _placeable_now(pb, n * dp)):
+                if limit and (stages_a + nb) * dp > limit:
+                    continue
+                ga = gb // (dp * mb)
+                ideal = work / (dp * (stages_a * rates[pa.name] + nb * rates[pb.name])) * (ga + stages_a + nb - 1) / ga
+                if now + ideal >= beat:
+                    continue  # even a perfect split of these GPUs cannot win
+                cand = _hetero_candidate(w, [(pa, stages_a), (pb, nb)], dp, mb, gb, recomputes, space, now, steps)
+                if cand is not None:
+                    out.append(cand)
+                    beat = min(beat, cand.alloc.completion)
+    return out
+
+
+def _hetero_candidate(w: Workload, placement: list[tuple[UsablePool, int]], dp: int, mb: int, gb: int,
+                      recomputes: list[str], space: SearchSpace, now: float, steps: int) -> _Cand | None:
+    groups = [hetero.StageGroup(p.name, n, p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency,
+                                p.option.usable_bytes, p.option.links.intra_node_gbs, p.option.links.inter_node_gbs,
+                                p.site.gpus_per_node)
+              for p, n in placement]
+    for rc in recomputes:  # the first recomputation setting that fits is the fastest
+        hp = hetero.build(w, groups, dp, mb, gb, rc, space.overheads)
+        if hp is None:
+            continue
+        peaks = hetero.stage_peaks_gib(hp)
+        comps, layouts, first = [], [], 0
+        for p, n in placement:
+            layout = _placeable_now(p, n * dp)
+            assert layout is not None
+            comps.append(Component(partition=p.live.partition, gpu_type=p.live.gpu_type, gpu_model=p.option.spec.name,
+                                   nodes=layout[0], gpus_per_node=layout[1], cpus_per_task=p.site.cpus_per_gpu,
+                                   stages=list(range(first, first + n)),
+                                   peak_gib=max(peaks[first:first + n]), capacity_gib=p.option.usable_bytes / GiB))
+            layouts.append(layout)
+            first += n
+        alloc = Allocation(kind="heterogeneous", components=comps, plan=PlanModel.of(hp.plan, w.arch.layers),
+                           step_time_s=hp.step_time_s, run_time_s=hp.step_time_s * steps, start=now, start_source="now")
+        return _Cand(alloc, [p for p, _ in placement], layouts)
+    return None
+
+
+def _violations(spec: JobSpec, c: _Cand, limits: Limits) -> str | None:
+    a = c.alloc
+    if limits.max_gpus and a.gpus > limits.max_gpus:
+        return f"uses {a.gpus} GPUs > limits.max_gpus({limits.max_gpus})"
+    if limits.time_limit_s and a.run_time_s > limits.time_limit_s:
+        return f"runs {a.run_time_s / 3600:.1f} h > limits.time_limit({limits.time_limit_s / 3600:.1f} h)"
+    if limits.deadline and a.completion > limits.deadline:
+        return f"finishes after limits.deadline"
+    want = requested_minutes(spec, a.run_time_s)
+    for pool in c.pools:
+        if pool.max_time_min is not None and want > pool.max_time_min:
+            return f"needs --time {want} min > MaxTime {pool.max_time_min} min of partition {pool.live.partition}"
+    return None
+
+
+def _refine(cands: list[_Cand], backend: ClusterBackend, spec: JobSpec) -> None:
+    """Slurm's own start estimate for the leading candidates that cannot start now."""
+    waiting = [c for c in cands if c.alloc.start_source != "now"][:REFINE_WITH_TEST_ONLY]
+    for c in waiting:
+        reqs = [ComponentRequest(partition=p.live.partition, gpu_type=p.live.gpu_type, nodes=n, gpus_per_node=g,
+                                 time_min=requested_minutes(spec, c.alloc.run_time_s), cpus_per_gpu=p.site.cpus_per_gpu)
+                for p, (n, g) in zip(c.pools, c.layouts)]
+        try:
+            est = backend.expected_start(reqs)
+        except (SlurmCommandError, NotImplementedError):
+            continue
+        c.alloc = c.alloc.model_copy(update={"start": max(est.start, c.alloc.start if c.alloc.start_source == "now" else 0),
+                                             "start_source": est.source})
+
+
+def _why_lost(best: Allocation, other: Allocation) -> str:
+    dt = other.completion - best.completion
+    if dt > 1:
+        parts = []
+        if other.start > best.start + 1:
+            parts.append(f"starts {(other.start - best.start) / 60:.0f} min later")
+        if other.run_time_s > best.run_time_s + 1:
+            parts.append(f"runs {(other.run_time_s - best.run_time_s) / 60:.0f} min longer")
+        return f"finishes {dt / 60:.0f} min later (" + ", ".join(parts or ["same"]) + ")"
+    if other.gpus > best.gpus:
+        return f"same completion with more GPUs ({other.gpus} vs {best.gpus})"
+    return "equal; the homogeneous/smaller allocation is preferred"
+
+
+def _no_fit_message(w: Workload, spec: JobSpec, pools: list[UsablePool], space: SearchSpace, steps: int,
+                    reasons: list[str]) -> str:
+    wide = [GpuOption(p.name, p.option.spec, 4096, p.option.gpus_per_node, p.option.usable_fraction)
+            for p in pools]
+    cands = search(w, wide, spec.training.global_batch, steps, 4096, space)
+    smallest = sorted((c for items in cands.values() for c in items), key=lambda c: (c.gpus, c.step_time_s))
+    msg = f"{spec.name} fits nowhere within its limits on this cluster."
+    if smallest:
+        s = smallest[0]
+        pool = next(p for p in pools if p.name == s.gpu)
+        msg += (f" The smallest allocation that would fit: {s.gpus} x {pool.option.spec.name} ({s.gpu}, plan "
+                f"{s.plan.short()}, {s.peak_gib:.1f} GiB per GPU); the pool has {pool.live.gpus_total} GPUs"
+                + (f" and limits.max_gpus is {spec.limits.max_gpus}." if spec.limits.max_gpus else "."))
+    elif pools:
+        msg += " No plan fits even 4096 GPUs of any type."
+    if reasons:
+        msg += " Left out: " + "; ".join(reasons) + "."
+    msg += " To fix: raise limits.max_gpus, allow more gpu_types, use LoRA/QLoRA or a shorter seq_len."
+    return msg
+
+
+def decide(spec: JobSpec, w: Workload, view: ClusterView, site: SiteConfig, space: SearchSpace,
+           backend: ClusterBackend | None = None, now: float | None = None, alternatives: int = 5) -> Decision:
+    t0 = time.perf_counter()
+    now = now if now is not None else view.taken_at
+    steps = spec.training.total_steps
+    lim = spec.limits
+    limits = Limits(lim.max_gpus, parse_slurm_time(lim.time_limit) * 60.0 if lim.time_limit else None,
+                    lim.deadline.timestamp() if lim.deadline else None)
+    pools, skipped = usable_pools(spec, view, site)
+    if not pools:
+        raise NoFitError(f"{spec.name}: no GPU pool can be used: " + "; ".join(skipped or ["the cluster has no GPUs"]))
+    releases = ReleaseIndex(view, now)
+    homogeneous = _homogeneous(w, spec, pools, releases, now, space, steps)
+    best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
+    beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now))  # a tie goes to the homogeneous allocation
+    cands = homogeneous + _heterogeneous(w, spec, pools, now, space, steps, beat)
+
+    def rank(items: list[_Cand]) -> list[_Cand]:
+        """Earliest completion; within a tolerance, homogeneous first, then fewer GPUs (ties are noise)."""
+        if not items:
+            return items
+        first = min(c.alloc.completion for c in items)
+        tol = max(TIE_SECONDS, TIE_FRACTION * (first - now))
+
+        def key(c: _Cand):
+            tied = c.alloc.completion <= first + tol
+            return (not tied, c.alloc.kind == "heterogeneous" if tied else False, c.alloc.gpus if tied else 0,
+                    c.alloc.completion)
+
+        return sorted(items, key=key)
+
+    cands = rank(cands)
+    if backend is not None and cands and cands[0].alloc.start_source != "now":
+        _refine(cands, backend, spec)
+        cands = rank(cands)
+    ok, rejected = [], []
+    for c in cands:
+        why = _violations(spec, c, limits)
+        (rejected if why else ok).append((c, why))
+    if not ok:
+        raise NoFitError(_no_fit_message(w, spec, pools, space, steps, skipped))
+    best = ok[0][0].alloc
+    alts, seen = [], {best.label() + best.plan.short()}
+    for c, _ in ok[1:]:
+        label = c.alloc.label()
+        if label in {a.description for a in alts} or len(alts) >= alternatives:
+            continue
+        alts.append(Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(best, c.alloc)))
+    for c, why in rejected[:2]:
+        alts.append(Alternative(allocation=c.alloc, description=c.alloc.label(), lost_because=why or ""))
+    for line in skipped:
+        alts.append(Alternative(description=line.split(":")[0], lost_because=line.split(":", 1)[1].strip()))
+    del seen
+    return Decision(chosen=best, alternatives=alts, decided_at=now, decision_ms=(time.perf_counter() - t0) * 1e3)

@@ -1,0 +1,151 @@
+"""Heterogeneous plans: a pipeline whose stages run on different GPU types.
+
+Stages get layers in proportion to their GPUs' effective speed (peak TFLOP/s x utilisation), the last
+stage counting the output layer as extra work; a stage whose predicted memory exceeds its GPU gives
+layers to the stage with the most room. Data parallelism is the same degree in every stage (DeepSpeed's
+pipeline grid), ZeRO at most 1 (DeepSpeed refuses ZeRO-2/3 with pipelines).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
+from frenzy_slurm.marp.plan import ParallelPlan, Workload
+from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token
+from frenzy_slurm.marp.params import count_params
+
+
+@dataclass(frozen=True)
+class StageGroup:
+    """Consecutive pipeline stages on one pool."""
+
+    pool: str
+    stages: int
+    rate: float  # effective FLOP/s per GPU
+    usable_bytes: float
+    intra_gbs: float
+    inter_gbs: float
+    gpus_per_node: int
+
+
+@dataclass(frozen=True)
+class HeteroPlan:
+    plan: ParallelPlan
+    groups: tuple[StageGroup, ...]
+    memory: MemoryEstimate
+    step_time_s: float
+
+    def stage_pool(self) -> list[int]:
+        out = []
+        for g_index, g in enumerate(self.groups):
+            out += [g_index] * g.stages
+        return out
+
+
+def split_layers(layers: int, rates: list[float], head_equiv: float) -> list[int] | None:
+    """Integer layers per stage proportional to rate; the last stage's output layer counts as work."""
+    n = len(rates)
+    if layers < n:
+        return None
+    total = sum(rates)
+    ideal = [(layers + head_equiv) * r / total for r in rates]
+    ideal[-1] = max(ideal[-1] - head_equiv, 0.0)
+    base = [max(1, int(x)) for x in ideal]
+    while sum(base) > layers:  # rounding up of tiny stages overshot
+        i = max(range(n), key=lambda k: base[k] - ideal[k] if base[k] > 1 else -1e9)
+        base[i] -= 1
+    rema = sorted(range(n), key=lambda k: ideal[k] - base[k], reverse=True)
+    for i in rema[: layers - sum(base)]:
+        base[i] += 1
+    return base
+
+
+def _fits(est: MemoryEstimate, caps: list[float]) -> list[float]:
+    """Headroom (bytes) per stage; negative where the stage does not fit."""
+    return [caps[i] - s.peak for i, s in enumerate(est.stages)]
+
+
+def _balanced(layers: int, rates: list[float], head_equiv: float, max_layers: list[int]) -> list[int] | None:
+    """Min-max stage time under per-stage layer caps: give each next layer to the stage that stays fastest."""
+    n = len(rates)
+    if sum(max_layers) < layers or min(max_layers) < 1:
+        return None
+    split = [1] * n
+    extra = [0.0] * (n - 1) + [head_equiv]
+    for _ in range(layers - n):
+        i = min((k for k in range(n) if split[k] < max_layers[k]), key=lambda k: (split[k] + 1 + extra[k]) / rates[k])
+        split[i] += 1
+    return split
+
+
+def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, global_batch: int, recompute: str,
+          overheads: Overheads = Overheads()) -> HeteroPlan | None:
+    """A memory-feasible heterogeneous pipeline plan with its predicted step time, or None.
+
+    Each stage's memory grows by a fixed amount per layer, so two estimates (at the speed-proportional
+    split and one layer more per stage) give every stage's layer cap; layers then go where they finish
+    soonest within the caps, and a final estimate checks the result.
+    """
+    pp = sum(g.stages for g in groups)
+    if global_batch % (dp * micro_batch):
+        return None
+    ga = global_batch // (dp * micro_batch)
+    rates, caps = [], []
+    for g in groups:
+        rates += [g.rate] * g.stages
+        caps += [g.usable_bytes] * g.stages
+    a = w.arch
+    head_equiv = a.vocab / (12.0 * a.hidden)  # output layer FLOPs relative to one block's
+    split = split_layers(a.layers, rates, head_equiv)
+    if split is None:
+        return None
+    plan = ParallelPlan(dp=dp, pp=pp, zero=1 if dp > 1 else 0, micro_batch=micro_batch, grad_accum=ga,
+                        recompute=recompute, layer_split=tuple(split))  # type: ignore[arg-type]
+    base = estimate_memory(w, plan, "device", overheads)
+    more = estimate_memory(w, replace(plan, layer_split=tuple(x + 1 for x in split)), "device", overheads)
+    max_layers = []
+    for i in range(pp):
+        slope = max(more.stages[i].peak - base.stages[i].peak, 1.0)
+        max_layers.append(split[i] + int((caps[i] - base.stages[i].peak) // slope))
+    balanced = _balanced(a.layers, rates, head_equiv, max_layers)
+    if balanced is None:
+        return None
+    plan = replace(plan, layer_split=tuple(balanced))
+    est = estimate_memory(w, plan, "device", overheads)
+    if min(_fits(est, caps)) < 0:
+        return None  # growth per layer was not linear here (another phase peaked): no split we can vouch for
+    return HeteroPlan(plan, tuple(groups), est, _step_time(w, plan, groups, rates, global_batch, head_equiv))
+
+
+def _step_time(w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates: list[float], global_batch: int,
+               head_equiv: float) -> float:
+    a = w.arch
+    per_token = flops_per_token(w, plan.recompute)
+    tokens_mb = plan.micro_batch * w.seq_len
+    units = a.layers + head_equiv
+    split = plan.stage_layers(a.layers)
+    stage_t = []
+    for i, layers in enumerate(split):
+        work = layers + (head_equiv if i == plan.pp - 1 else 0.0)
+        stage_t.append(per_token * work / units * tokens_mb / rates[i])
+    bottleneck = max(stage_t)
+    step = (plan.grad_accum + plan.pp - 1) * bottleneck
+    # gradient all-reduce inside each stage's data-parallel group, over the pool's own links
+    n = w.exact_params or count_params(a).total(a.layers)
+    grad_bytes_per_layer = n / a.layers * (4.0 if w.precision == "fp32" else 2.0)
+    comm = 0.0
+    if plan.dp > 1:
+        stage_index = 0
+        for g in groups:
+            bw = (g.intra_gbs if plan.dp <= g.gpus_per_node else g.inter_gbs) * 1e9
+            layers = max(split[stage_index: stage_index + g.stages])
+            comm = max(comm, 2.0 * (plan.dp - 1) / plan.dp * layers * grad_bytes_per_layer / bw)
+            stage_index += g.stages
+    act_bytes = tokens_mb * a.hidden * 2.0
+    p2p = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes / (min(g.inter_gbs for g in groups) * 1e9)
+    return step + (1.0 - DP_OVERLAP) * comm + p2p
+
+
+def stage_peaks_gib(hp: HeteroPlan) -> list[float]:
+    return [s.peak / GiB for s in hp.memory.stages]

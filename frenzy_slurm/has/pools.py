@@ -1,0 +1,71 @@
+"""The GPU pools a job may use: site file x live view x user limits -> MARP GpuOptions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frenzy_slurm.cluster.model import ClusterView, GpuPool
+from frenzy_slurm.cluster.site import Pool, SiteConfig
+from frenzy_slurm.marp.candidates import GpuOption
+from frenzy_slurm.spec.job import JobSpec
+
+
+@dataclass(frozen=True)
+class UsablePool:
+    live: GpuPool
+    site: Pool
+    option: GpuOption
+    free_by_node: tuple[int, ...]  # free GPUs of each available node, largest first
+    max_time_min: int | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.live.partition}/{self.live.gpu_type}"
+
+
+def usable_pools(spec: JobSpec, view: ClusterView, site: SiteConfig) -> tuple[list[UsablePool], list[str]]:
+    """Pools the job may use, and a line for each pool left out (and why)."""
+    allowed = {t.lower() for t in spec.limits.gpu_types} if spec.limits.gpu_types else None
+    limit = spec.limits.max_gpus
+    out, skipped = [], []
+    for live in view.pools():
+        sp = site.pool(live.partition, live.gpu_type)
+        where = f"{live.partition}/{live.gpu_type}"
+        if sp is None:
+            skipped.append(f"{where}: not described in the site file")
+            continue
+        spec_gpu = sp.spec()
+        if allowed is not None and not ({live.gpu_type.lower(), spec_gpu.name.lower(), live.partition.lower()} & allowed):
+            skipped.append(f"{where}: not in limits.gpu_types")
+            continue
+        part = view.partition(live.partition)
+        if part is not None and part.state.upper() != "UP":
+            skipped.append(f"{where}: partition is {part.state}")
+            continue
+        if live.nodes_up == 0:
+            skipped.append(f"{where}: no node is up")
+            continue
+        total_up = sum(n.gpus_total for n in view.nodes
+                       if live.partition in n.partitions and n.gpu_type == live.gpu_type and n.available)
+        option = GpuOption(name=where, spec=spec_gpu, max_gpus=min(total_up, limit or total_up),
+                           gpus_per_node=sp.gpus_per_node, usable_fraction=site.usable_fraction(sp),
+                           inter_node_gbs=site.inter_node_gbs(sp), intra_node_gbs=sp.intra_node_gbs)
+        free = tuple(sorted((n.gpus_free for n in view.nodes
+                             if live.partition in n.partitions and n.gpu_type == live.gpu_type and n.available),
+                            reverse=True))
+        out.append(UsablePool(live, sp, option, free, part.max_time_min if part else None))
+    return out, skipped
+
+
+def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int] | None:
+    """(nodes, GPUs per node) spreading `gpus` evenly over the fewest nodes, or None if impossible."""
+    nodes = -(-gpus // gpus_per_node)
+    while nodes <= gpus:
+        if gpus % nodes == 0 and gpus // nodes <= gpus_per_node:
+            return nodes, gpus // nodes
+        nodes += 1
+    return None
+
+
+def fits_free_now(pool: UsablePool, nodes: int, per_node: int) -> bool:
+    return sum(1 for f in pool.free_by_node if f >= per_node) >= nodes

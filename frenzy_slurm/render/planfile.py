@@ -1,0 +1,45 @@
+"""plan.json: the full decision and everything the job needs, for --explain, fsqueue, the runtime and audit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.has.model import Decision
+from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.spec.job import JobSpec
+from frenzy_slurm.yamlfile import format_validation_error
+
+
+class PlanFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    frenzy_version: str
+    submission: str = Field(description="Hash of the submission (spec + flags); also in the job comment.")
+    created_at: float
+    spec_path: str
+    spec: JobSpec
+    arch: Architecture
+    model_name: str
+    exact_params: int | None = None
+    decision: Decision
+    time_min: int
+    sbatch_argv: list[str]
+    command: list[str] = Field(description="What each task runs (after srun).")
+    predicted: dict[str, Any] = Field(default_factory=dict, description="Per GPU type: predicted peak GiB and step time.")
+
+
+def read_plan(path: Path) -> PlanFile:
+    try:
+        data = json.loads(path.read_text())
+        return PlanFile.model_validate(data)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read plan ({exc.strerror}).") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}.") from None
+    except ValidationError as exc:
+        raise InputError(format_validation_error(str(path), exc)) from None

@@ -1,0 +1,41 @@
+"""What each task of the rendered srun step runs.
+
+    python -m frenzy_slurm.runtime --job-dir DIR [--script train.py -- ARGS...]
+
+Sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from Slurm's variables and the device, then runs the
+built-in trainer, or execs the user's script with FRENZY_DS_CONFIG / FRENZY_PLAN / FRENZY_JOB_DIR set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from frenzy_slurm.runtime.dist import from_environ
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="frenzy_slurm.runtime", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--job-dir", type=Path, required=True)
+    ap.add_argument("--script", type=Path)
+    ap.add_argument("args", nargs=argparse.REMAINDER)
+    ns = ap.parse_args(argv)
+    dist = from_environ()
+    dist.export()
+    job_dir = ns.job_dir.resolve()
+    os.environ.update(FRENZY_JOB_DIR=str(job_dir), FRENZY_DS_CONFIG=str(job_dir / "ds_config.json"),
+                      FRENZY_PLAN=str(job_dir / "plan.json"))
+    if dist.gpu_index is not None:
+        os.environ["FRENZY_GPU"] = dist.gpu_index
+    if ns.script is not None:
+        args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+        os.execv(sys.executable, [sys.executable, str(ns.script), *args])
+    from frenzy_slurm.runtime.trainer import run_training
+
+    return run_training(job_dir, dist)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

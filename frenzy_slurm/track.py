@@ -1,0 +1,172 @@
+"""Stage 7, track: frenzy-slurm jobs as users see them, from one queue query (cached briefly).
+
+Jobs are recognised by their comment (`frenzy:<submission>`); hetjob components show as one job. The
+job directory (the job's working directory) gives the plan, and after the run `finished.json` and
+`metrics.json`. `sacct` is asked only for jobs that have left the queue (MinJobAge), and only if
+accounting answers; otherwise the job directory's own record is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from frenzy_slurm.cluster.backend import ClusterBackend
+from frenzy_slurm.cluster.model import ClusterView, Job, group_het_jobs
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.render.planfile import PlanFile, read_plan
+from frenzy_slurm.slurmrun import SlurmCommandError, SlurmUnavailable, run
+
+CACHE_SECONDS = 5.0
+
+
+def _cache_path() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "frenzy-slurm"
+    key = hashlib.sha256(os.environ.get("SLURM_CONF", "default").encode()).hexdigest()[:12]
+    return base / f"view-{key}.json"
+
+
+def load_view_cached(backend: ClusterBackend, max_age: float = CACHE_SECONDS) -> ClusterView:
+    """One query per invocation; repeated calls within a few seconds (watch loops) reuse the last answer."""
+    path = _cache_path()
+    try:
+        if time.time() - path.stat().st_mtime < max_age:
+            return ClusterView.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        pass
+    view = backend.load()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}")
+        tmp.write_text(view.model_dump_json())
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs the cache
+    return view
+
+
+@dataclass
+class TrackedJob:
+    job_id: int
+    name: str
+    user: str
+    state: str
+    components: list[Job]
+    job_dir: Path | None
+    plan: PlanFile | None = None
+    finished: dict | None = None
+    metrics: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpus_label(self) -> str:
+        return "+".join(f"{c.gpus}x{c.gpu_type or 'gpu'}" for c in self.components) or "-"
+
+    @property
+    def elapsed_s(self) -> float | None:
+        starts = [c.start_time for c in self.components if c.start_time]
+        if not starts or self.state in ("PENDING",):
+            return None
+        end = max((c.end_time or 0) for c in self.components) if self.state not in ("RUNNING", "SUSPENDED") else time.time()
+        return max(0.0, min(end, time.time()) - min(starts))
+
+    @property
+    def predicted_remaining_s(self) -> float | None:
+        if self.plan is None:
+            return None
+        total = self.plan.decision.chosen.run_time_s
+        return max(0.0, total - (self.elapsed_s or 0.0)) if self.state in ("RUNNING", "PENDING") else 0.0
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _attach_files(t: TrackedJob) -> None:
+    if t.job_dir is None:
+        return
+    if (t.job_dir / "plan.json").exists():
+        try:
+            t.plan = read_plan(t.job_dir / "plan.json")
+        except InputError as exc:
+            t.notes.append(str(exc))
+    t.finished = _read_json(t.job_dir / "finished.json")
+    t.metrics = _read_json(t.job_dir / "metrics.json")
+
+
+def frenzy_jobs(view: ClusterView, user: str | None = None) -> list[TrackedJob]:
+    out = []
+    for jid, comps in sorted(group_het_jobs(view.jobs).items()):
+        lead = comps[0]
+        if not lead.comment.startswith("frenzy:"):
+            continue
+        if user is not None and lead.user != user:
+            continue
+        t = TrackedJob(job_id=jid, name=lead.name, user=lead.user, state=lead.state, components=comps,
+                       job_dir=Path(lead.workdir) if lead.workdir else None)
+        _attach_files(t)
+        out.append(t)
+    return out
+
+
+def from_job_dir(job_dir: Path) -> TrackedJob:
+    """A job that has left the queue, from its directory (and sacct if accounting answers)."""
+    sub = _read_json(job_dir / "submission.json")
+    if sub is None:
+        raise InputError(f"{job_dir}: no submission.json; not a submitted frenzy-slurm job directory")
+    t = TrackedJob(job_id=int(sub["job_id"]), name=job_dir.name, user="", state="UNKNOWN", components=[],
+                   job_dir=job_dir)
+    _attach_files(t)
+    state = sacct_state(t.job_id)
+    if state:
+        t.state = state
+    elif t.finished is not None:
+        t.state = "COMPLETED" if t.finished.get("exit_code") == 0 else "FAILED"
+    return t
+
+
+def sacct_state(job_id: int) -> str | None:
+    try:
+        res = run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], timeout=15)
+    except (SlurmCommandError, SlurmUnavailable):
+        return None  # no accounting: the job directory is the record
+    states = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
+    return states[0] if states else None
+
+
+def find_job_dir(job_id: int, roots: list[Path]) -> Path | None:
+    """The job directory whose submission.json names `job_id`, under the usual jobs directories."""
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for sub in root.glob("*/submission.json"):
+            data = _read_json(sub)
+            if data and int(data.get("job_id", -1)) == job_id:
+                return sub.parent
+    return None
+
+
+def comparison(t: TrackedJob) -> list[dict]:
+    """Predicted versus measured peak memory per GPU type (and step time) once metrics.json exists."""
+    if t.plan is None or not t.metrics:
+        return []
+    rows = []
+    measured: dict[str, list[float]] = {}
+    for r in t.metrics.get("ranks", []):
+        if r.get("peak_gib") is not None:
+            measured.setdefault(r.get("gpu_type") or "cpu", []).append(float(r["peak_gib"]))
+    for c in t.plan.decision.chosen.components:
+        got = measured.get(c.gpu_type) or measured.get(c.gpu_model)
+        rows.append({"gpu": c.gpu_model, "gpu_type": c.gpu_type, "predicted_peak_gib": c.peak_gib,
+                     "measured_peak_gib": max(got) if got else None})
+    step = t.metrics.get("step_time_s")
+    rows.append({"gpu": "step time (s)", "gpu_type": "", "predicted_peak_gib": t.plan.decision.chosen.step_time_s,
+                 "measured_peak_gib": step})
+    return rows

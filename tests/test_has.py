@@ -1,0 +1,158 @@
+"""HAS on synthetic views: objective, heterogeneity only when sooner, limits, layer split, no-fit message."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+
+from frenzy_slurm.cluster.model import Job
+from frenzy_slurm.cluster.synthetic import LARGE, synthetic, synthetic_site
+from frenzy_slurm.errors import NoFitError
+from frenzy_slurm.has import decide
+from frenzy_slurm.has.hetero import StageGroup, build, split_layers
+from frenzy_slurm.has.pools import node_layout
+from frenzy_slurm.marp import Workload, search_space_from_spec, workload_from_spec
+from frenzy_slurm.spec import JobSpec, presets, resolve_model
+
+LOCAL = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]
+
+
+def make_spec(**over) -> JobSpec:
+    base = {"name": "t", "model": {"preset": "gpt2-medium"},
+            "training": {"seq_len": 1024, "global_batch": 64, "steps": 100, "precision": "bf16-mixed"}}
+    for key, value in over.items():
+        section, _, field = key.partition("__")
+        if field:
+            base.setdefault(section, {})[field] = value
+        else:
+            base[section] = value
+    return JobSpec.model_validate(base)
+
+
+def run(spec: JobSpec, view, site=None):
+    model = resolve_model(spec, ".")
+    return decide(spec, workload_from_spec(spec, model), view, site or synthetic_site(LOCAL), search_space_from_spec(spec),
+                  now=view.taken_at)
+
+
+def fill(view, partition: str, keep_free: dict[str, int] | None = None, minutes: int = 60):
+    """Hold every GPU of a partition (except keep_free[node]) with a running job ending in `minutes`."""
+    keep_free = keep_free or {}
+    jobs = list(view.jobs)
+    nodes = []
+    for n in view.nodes:
+        if partition in n.partitions:
+            used = n.gpus_total - keep_free.get(n.name, 0)
+            n = n.model_copy(update={"gpus_used": used, "state": "mixed" if used else "idle"})
+            jobs.append(Job(job_id=1000 + len(jobs), state="RUNNING", partition=partition, nodes=[n.name], node_count=1,
+                            gpu_type=n.gpu_type, gpus_per_node=used, start_time=int(view.taken_at - 60),
+                            end_time=int(view.taken_at + minutes * 60)))
+        nodes.append(n)
+    return view.model_copy(update={"nodes": nodes, "jobs": jobs})
+
+
+def test_node_layout():
+    assert node_layout(8, 4) == (2, 4)
+    assert node_layout(6, 4) == (2, 3)
+    assert node_layout(3, 8) == (1, 3)
+    assert node_layout(5, 4) == (5, 1)
+    assert node_layout(7, 4) == (7, 1)
+
+
+def test_layer_split_follows_speed():
+    assert split_layers(24, [1.0, 1.0], 0.0) == [12, 12]
+    s = split_layers(24, [3.0, 1.0], 0.0)
+    assert s == [18, 6]
+    s = split_layers(24, [1.0, 1.0], 2.0)  # the last stage also runs the output layer
+    assert s[0] > s[1] and sum(s) == 24
+
+
+def test_hetero_build_respects_memory():
+    w = Workload(arch=presets()["llama-2-7b"].arch, seq_len=2048, precision="bf16-mixed")
+    fast_small = StageGroup("a", 1, rate=300e12, usable_bytes=20 * 2**30, intra_gbs=300, inter_gbs=25, gpus_per_node=8)
+    slow_big = StageGroup("b", 3, rate=50e12, usable_bytes=76 * 2**30, intra_gbs=300, inter_gbs=25, gpus_per_node=8)
+    hp = build(w, [fast_small, slow_big], dp=1, micro_batch=1, global_batch=32, recompute="full")
+    assert hp is not None
+    caps = [20, 76, 76, 76]
+    for stage, cap in zip(hp.memory.stages, caps):
+        assert stage.peak <= cap * 2**30
+    # by speed stage 0 would take most layers; its 20 GiB cap limits it
+    assert hp.plan.layer_split[0] < 32 * 300 / (300 + 150)
+
+
+def test_homogeneous_when_a_type_is_free():
+    d = run(make_spec(), synthetic(LOCAL))
+    assert d.chosen.kind == "homogeneous" and d.chosen.start_source == "now"
+    assert d.chosen.components[0].gpu_model == "A100-40GB"
+
+
+def test_heterogeneous_only_when_sooner():
+    spec = make_spec(model={"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
+                     training={"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1})
+    view = fill(synthetic(LOCAL), "a100")
+    view = fill(view, "v100", {"v100-2": 2})
+    view = fill(view, "t4", {"t4-4": 2})
+    d = run(spec, view)
+    assert d.chosen.kind == "heterogeneous", d.chosen.label()
+    assert [c.partition for c in d.chosen.components] == ["v100", "t4"]
+    assert [c.gpus for c in d.chosen.components] == [2, 2]
+    assert sum(d.chosen.plan.layer_split) == 16 and d.chosen.plan.pp == 4
+    assert all(c.peak_gib <= c.capacity_gib for c in d.chosen.components)
+    # the same job when the GPUs free up soon: waiting for one type finishes first
+    soon = fill(fill(fill(synthetic(LOCAL), "a100", minutes=1), "v100", {"v100-2": 2}), "t4", {"t4-4": 2})
+    spec_long = spec.model_copy(update={"training": spec.training.model_copy(update={"steps": 2000})})
+    d2 = run(spec_long, soon)
+    assert d2.chosen.kind == "homogeneous", d2.chosen.label()
+    assert d2.chosen.start_source == "view" and d2.chosen.start == pytest.approx(soon.taken_at + 60)
+
+
+def test_waits_when_nothing_is_free():
+    view = fill(fill(fill(synthetic(LOCAL), "a100", minutes=30), "v100", minutes=60), "t4", minutes=90)
+    d = run(make_spec(), view)
+    assert d.chosen.start_source == "view"
+    assert d.chosen.start == pytest.approx(view.taken_at + 30 * 60)
+
+
+def test_limits():
+    view = synthetic(LOCAL)
+    d = run(make_spec(limits__max_gpus=2), view)
+    assert d.chosen.gpus <= 2
+    d = run(make_spec(limits__gpu_types=["t4"]), view)
+    assert {c.gpu_type for c in d.chosen.components} == {"t4"}
+    assert any("not in limits.gpu_types" in a.lost_because for a in d.alternatives)
+    with pytest.raises(NoFitError, match="fits nowhere"):
+        run(make_spec(limits__time_limit="00:01:00", training={"seq_len": 1024, "global_batch": 64, "steps": 100000}), view)
+    past = dt.datetime.fromtimestamp(view.taken_at - 10, tz=dt.timezone.utc)
+    with pytest.raises(NoFitError):
+        run(make_spec(limits__deadline=past.isoformat()), view)
+
+
+def test_partition_max_time():
+    view = synthetic(LOCAL)
+    parts = [p.model_copy(update={"max_time_min": 5}) if p.name == "a100" else p for p in view.partitions]
+    view = view.model_copy(update={"partitions": parts})
+    spec = make_spec(training={"seq_len": 1024, "global_batch": 64, "steps": 3000})
+    d = run(spec, view)
+    assert "a100" not in {c.partition for c in d.chosen.components}
+
+
+def test_no_fit_names_the_smallest_allocation():
+    spec = make_spec(model={"preset": "llama-2-13b"}, limits__max_gpus=4,
+                     training={"seq_len": 2048, "global_batch": 64, "steps": 10, "precision": "fp32"})
+    with pytest.raises(NoFitError) as err:
+        run(spec, synthetic(LOCAL))
+    msg = err.value.message
+    assert "smallest allocation that would fit" in msg and "To fix" in msg
+    smallest = int(msg.split("would fit: ")[1].split(" x ")[0])
+    assert smallest > 4
+
+
+def test_decision_time_large_cluster():
+    spec = make_spec()
+    view = synthetic(LARGE, busy=0.5, seed=3)
+    t0 = time.perf_counter()
+    d = run(spec, view, synthetic_site(LARGE))
+    assert time.perf_counter() - t0 < 2.0  # generous; benchmarks/has_decision.py measures it
+    assert d.decision_ms > 0 and d.chosen.gpus >= 1

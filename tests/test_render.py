@@ -1,0 +1,136 @@
+"""Rendering: golden scripts (FRENZY_UPDATE_GOLDEN=1 rewrites them), quoting of hostile values, overrides."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.render import SbatchOptions, render_job
+
+from .test_has import LOCAL, fill, make_spec, run
+from frenzy_slurm.cluster.synthetic import synthetic
+from frenzy_slurm.marp import workload_from_spec
+from frenzy_slurm.spec import resolve_model
+
+GOLDEN = Path(__file__).parent / "golden"
+JOB_DIR = Path("/scratch/jobs/demo-0001")
+
+
+def normalize(text: str) -> str:
+    text = re.sub(r"frenzy-slurm \S+ at \S+", "frenzy-slurm VERSION at TIME", text)
+    return text.replace(sys.executable, "PYTHON")
+
+
+def rendered(spec, view, options=None, **kw):
+    d = run(spec, view)
+    model = resolve_model(spec, ".")
+    return render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), d,
+                      options or SbatchOptions(), job_dir=JOB_DIR, **kw)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("FRENZY_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden {path}; run with FRENZY_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} changed; if intended, rerun with FRENZY_UPDATE_GOLDEN=1"
+
+
+def hetero_view():
+    return fill(fill(fill(synthetic(LOCAL), "a100"), "v100", {"v100-2": 2}), "t4", {"t4-4": 2})
+
+
+HETERO_SPEC = dict(model={"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
+                   training={"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1})
+
+
+def test_golden_homogeneous():
+    req = rendered(make_spec(slurm={"account": "proj1", "qos": "normal", "extra": ["--reservation=big"]}),
+                   synthetic(LOCAL))
+    assert req.kind == "homogeneous"
+    check_golden("homogeneous.sbatch", normalize(req.script))
+    check_golden("homogeneous.ds_config.json", req.files["ds_config.json"])
+
+
+def test_golden_heterogeneous():
+    req = rendered(make_spec(**HETERO_SPEC), hetero_view())
+    assert req.kind == "heterogeneous"
+    script = normalize(req.script)
+    check_golden("heterogeneous.sbatch", script)
+    assert script.count("#SBATCH hetjob") == 1
+    assert "srun --het-group=0,1 " in script
+    assert re.findall(r"#SBATCH --partition=(\S+)", script) == ["v100", "t4"]
+
+
+def test_ds_config_values():
+    req = rendered(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 10, "precision": "bf16-mixed",
+                                       "optimizer": "adamw", "micro_batch": 2}), synthetic(LOCAL))
+    ds = json.loads(req.files["ds_config.json"])
+    plan = req.plan.decision.chosen.plan
+    assert ds["train_batch_size"] == 64 == plan.micro_batch * plan.grad_accum * plan.dp
+    assert ds["train_micro_batch_size_per_gpu"] == 2
+    assert ds["zero_optimization"]["stage"] == plan.zero
+    assert ds["bf16"]["enabled"] is True and ds["fp16"]["enabled"] is False
+    assert ds["optimizer"]["type"] == "AdamW" and ds["optimizer"]["params"]["torch_adam"] is True
+    sgd = rendered(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 10, "optimizer": "sgd"}),
+                   synthetic(LOCAL))
+    assert "optimizer" not in json.loads(sgd.files["ds_config.json"])  # the runtime builds it
+
+
+HOSTILE = ["$(touch pwned-subst)", "`touch pwned-tick`", "a; touch pwned-semi", "two\nlines", "it's \"quoted\"",
+           "$HOME", "*", "--", "-rf /"]
+
+
+def test_hostile_values_stay_inert(tmp_path):
+    spec = make_spec(entry={"trainer": "script", "script": "train.py", "args": HOSTILE,
+                            "env": {"HOSTILE_A": HOSTILE[0], "HOSTILE_B": HOSTILE[3], "HOSTILE_C": HOSTILE[4]}})
+    req = rendered(spec, synthetic(LOCAL))
+    launch = req.script.split("set -uo pipefail", 1)[1]
+    # run the script's shell part with srun/scontrol replaced by recorders: what reaches argv must be verbatim
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "srun").write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
+                                 "json.dump({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items() "
+                                 "if k.startswith('HOSTILE')}}, open(os.environ['OUT'], 'w'))\n")
+    (bindir / "scontrol").write_text("#!/bin/sh\necho node1\n")
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text("#!/bin/bash\n" + launch.replace(str(JOB_DIR), str(tmp_path)))
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="42", SLURM_JOB_NODELIST="node1",
+               OUT=str(tmp_path / "out.json"))
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["argv"][-len(HOSTILE):] == HOSTILE
+    assert got["env"] == {"HOSTILE_A": HOSTILE[0], "HOSTILE_B": HOSTILE[3], "HOSTILE_C": HOSTILE[4]}
+    assert not list(tmp_path.glob("pwned*")), "a hostile value was executed"
+
+
+@pytest.mark.parametrize("options,needle", [
+    (SbatchOptions(account="a b"), "--account 'a b'"),
+    (SbatchOptions(qos="x;y"), "--qos 'x;y'"),
+    (SbatchOptions(extra=["--comment=x\n#SBATCH --uid=0"]), "must start with '-' and be on one line"),
+    (SbatchOptions(extra=["reservation=x"]), "must start with '-'"),
+    (SbatchOptions(output="/tmp/a b/%j.out"), "has spaces"),
+    (SbatchOptions(job_name="x$(id)"), "job name"),
+])
+def test_sbatch_options_validated(options, needle):
+    with pytest.raises(InputError, match=re.escape(needle)):
+        rendered(make_spec(), synthetic(LOCAL), options)
+
+
+def test_template_override_and_strict_undefined(tmp_path):
+    (tmp_path / "_header.j2").write_text("#!/bin/bash\n# site header for {{ name }}\n#SBATCH --job-name={{ name }}\n")
+    req = rendered(make_spec(), synthetic(LOCAL), template_dir=tmp_path)
+    assert req.script.startswith("#!/bin/bash\n# site header for t\n")
+    (tmp_path / "_header.j2").write_text("#SBATCH --x={{ no_such_value }}\n")
+    with pytest.raises(InputError, match="no_such_value"):
+        rendered(make_spec(), synthetic(LOCAL), template_dir=tmp_path)
