@@ -154,19 +154,24 @@ def find_job_dir(job_id: int, roots: list[Path]) -> Path | None:
 
 
 def comparison(t: TrackedJob) -> list[dict]:
-    """Predicted versus measured peak memory per GPU type (and step time) once metrics.json exists."""
+    """Predicted versus measured per GPU type (the largest rank of each), and step time, from metrics.json.
+
+    Memory is compared like for like: each rank's MARP prediction of the quantity it measured
+    (allocated bytes), as recorded by the runtime; step time against the plan's prediction for the GPU
+    type (on a CPU-emulated cluster the measured time is the CPU's).
+    """
     if t.plan is None or not t.metrics:
         return []
-    rows = []
-    measured: dict[str, list[float]] = {}
+    worst: dict[str, dict] = {}
     for r in t.metrics.get("ranks", []):
-        if r.get("peak_gib") is not None:
-            measured.setdefault(r.get("gpu_type") or "cpu", []).append(float(r["peak_gib"]))
-    for c in t.plan.decision.chosen.components:
-        got = measured.get(c.gpu_type) or measured.get(c.gpu_model)
-        rows.append({"gpu": c.gpu_model, "gpu_type": c.gpu_type, "predicted_peak_gib": c.peak_gib,
-                     "measured_peak_gib": max(got) if got else None})
-    step = t.metrics.get("step_time_s")
-    rows.append({"gpu": "step time (s)", "gpu_type": "", "predicted_peak_gib": t.plan.decision.chosen.step_time_s,
-                 "measured_peak_gib": step})
+        if r.get("peak_gib") is None:
+            continue
+        key = r.get("gpu_model") or r.get("gpu_type") or "?"
+        if key not in worst or r["peak_gib"] > worst[key]["peak_gib"]:
+            worst[key] = r
+    rows = [{"what": f"peak memory {gpu} ({r.get('metric', 'allocated')}, {r.get('device', '?')})",
+             "predicted": r.get("predicted_allocated_gib"), "measured": r["peak_gib"], "unit": "GiB"}
+            for gpu, r in worst.items()]
+    rows.append({"what": f"step time ({'cpu' if any(r.get('device') == 'cpu' for r in t.metrics.get('ranks', [])) else 'gpu'})",
+                 "predicted": t.plan.decision.chosen.step_time_s, "measured": t.metrics.get("step_time_s"), "unit": "s"})
     return rows

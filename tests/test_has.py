@@ -71,8 +71,10 @@ def test_layer_split_follows_speed():
 
 def test_hetero_build_respects_memory():
     w = Workload(arch=presets()["llama-2-7b"].arch, seq_len=2048, precision="bf16-mixed")
-    fast_small = StageGroup("a", 1, rate=300e12, usable_bytes=20 * 2**30, intra_gbs=300, inter_gbs=25, gpus_per_node=8)
-    slow_big = StageGroup("b", 3, rate=50e12, usable_bytes=76 * 2**30, intra_gbs=300, inter_gbs=25, gpus_per_node=8)
+    fast_small = StageGroup("a", 1, rate=300e12, usable_bytes=20 * 2**30, overhead_bytes=0.0, intra_gbs=300,
+                            inter_gbs=25, gpus_per_node=8)
+    slow_big = StageGroup("b", 3, rate=50e12, usable_bytes=76 * 2**30, overhead_bytes=0.0, intra_gbs=300,
+                          inter_gbs=25, gpus_per_node=8)
     hp = build(w, [fast_small, slow_big], dp=1, micro_batch=1, global_batch=32, recompute="full")
     assert hp is not None
     caps = [20, 76, 76, 76]

@@ -168,3 +168,48 @@ def site_catalog(as_json: bool) -> None:
     rows = [[n, f"{s.memory_gib:.1f}", f"{s.bf16:g}", f"{s.fp16:g}", f"{s.fp32:g}", f"{s.mem_bw_gbs:g}", f"{s.efficiency:g}"]
             for n, s in catalog().items()]
     click.echo(table(rows, ["gpu", "mem GiB", "bf16 TF", "fp16 TF", "fp32 TF", "mem GB/s", "efficiency"]))
+
+
+@main.command()
+@click.argument("job_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors("frenzy-slurm accuracy")
+def accuracy(job_dirs: tuple[Path, ...], as_json: bool) -> None:
+    """MARP's memory predictions against what finished jobs measured (metrics.json).
+
+    JOB_DIRS default to every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs).
+    """
+    import os
+
+    from frenzy_slurm.track import from_job_dir
+
+    dirs = list(job_dirs)
+    if not dirs:
+        root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
+        dirs = sorted(p.parent for p in root.glob("*/metrics.json"))
+    rows, accs = [], []
+    for d in dirs:
+        if not (d / "metrics.json").exists():
+            rows.append({"job_dir": str(d), "note": "no metrics.json (not finished, or not the built-in trainer)"})
+            continue
+        t = from_job_dir(d)
+        for r in (t.metrics or {}).get("ranks", []):
+            pred, meas = r.get("predicted_allocated_gib"), r.get("peak_gib")
+            acc = 1 - abs(pred - meas) / meas if pred and meas else None
+            if acc is not None:
+                accs.append(acc)
+            rows.append({"job_dir": str(d), "job_id": t.job_id, "rank": r.get("rank"), "gpu": r.get("gpu_model"),
+                         "device": r.get("device"), "predicted_gib": pred, "measured_gib": meas, "accuracy": acc})
+    summary = {"ranks": len(accs), "mean_accuracy": sum(accs) / len(accs) if accs else None,
+               "within_10pct": sum(a >= 0.9 for a in accs) / len(accs) if accs else None}
+    if as_json:
+        print_json({"rows": rows, "summary": summary})
+        return
+    out = [[Path(r["job_dir"]).name, str(r.get("job_id", "-")), str(r.get("rank", "-")), str(r.get("gpu") or "-"),
+            str(r.get("device") or "-"), f"{r['predicted_gib']:.4g}" if r.get("predicted_gib") else "-",
+            f"{r['measured_gib']:.4g}" if r.get("measured_gib") else "-",
+            f"{r['accuracy']:.1%}" if r.get("accuracy") is not None else r.get("note", "-")] for r in rows]
+    click.echo(table(out, ["job", "id", "rank", "gpu", "device", "pred GiB", "meas GiB", "accuracy"]))
+    if accs:
+        click.echo(f"{len(accs)} ranks: mean accuracy {summary['mean_accuracy']:.1%}, "
+                   f"{summary['within_10pct']:.0%} within 10%")

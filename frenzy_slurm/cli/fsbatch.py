@@ -17,7 +17,7 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, existing_file, print_json, reports_errors, table
-from frenzy_slurm.cli.plan_view import hms, load
+from frenzy_slurm.cli.plan_view import fmt_gib, hms, load
 from frenzy_slurm.errors import InputError
 
 
@@ -27,7 +27,7 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
     def row(mark: str, a, why: str) -> list[str]:
         if a is None:
             return [mark, "-", "-", "-", "-", "-", "-", why]
-        mem = " + ".join(f"{c.peak_gib:.1f}/{c.capacity_gib:.0f}" for c in a.components)
+        mem = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in a.components)
         start = "now" if a.start_source == "now" else f"+{hms(a.start - now)} ({a.start_source})"
         return [mark, a.label(), a.plan.short(), mem, start, hms(a.run_time_s), f"+{hms(a.completion - now)}", why]
 
@@ -35,7 +35,7 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
     for alt in decision.alternatives:
         rows.append(row(" ", alt.allocation, f"{alt.description}: {alt.lost_because}" if alt.allocation is None
                         else alt.lost_because))
-    header = ["", "allocation", "plan", "GiB/GPU used/usable", "start", "run time", "completion", "why"]
+    header = ["", "allocation", "plan", "memory/GPU used/usable", "start", "run time", "completion", "why"]
     return header, rows
 
 
@@ -89,7 +89,7 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates)
     chosen = decision.chosen
     summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, "
-               f"{' + '.join(f'{c.peak_gib:.1f}/{c.capacity_gib:.0f} GiB' for c in chosen.components)} per GPU, "
+               f"{' + '.join(f'{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}' for c in chosen.components)} per GPU, "
                f"start {'now' if chosen.start_source == 'now' else hms(chosen.start - decision.decided_at) + ' from now'}, "
                f"run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
     result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,

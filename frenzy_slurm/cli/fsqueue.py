@@ -16,7 +16,7 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors, table
-from frenzy_slurm.cli.plan_view import hms
+from frenzy_slurm.cli.plan_view import fmt_gib, hms
 from frenzy_slurm.errors import InputError
 
 
@@ -81,8 +81,14 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
     click.echo(f"  job directory: {t.job_dir or '-'}")
     rows = comparison(t)
     if rows:
-        out = [[r["gpu"], f"{r['predicted_peak_gib']:.3g}",
-                "-" if r["measured_peak_gib"] is None else f"{r['measured_peak_gib']:.3g}"] for r in rows]
-        click.echo(table(out, ["GPU / metric", "predicted", "measured"]))
+        def show(value, unit):
+            if value is None:
+                return "-"
+            return fmt_gib(value) if unit == "GiB" else f"{value:.3g} {unit}"
+
+        out = [[r["what"], show(r["predicted"], r["unit"]), show(r["measured"], r["unit"]),
+                f"{1 - abs(r['predicted'] - r['measured']) / r['measured']:.0%}" if r["predicted"] and r["measured"] else "-"]
+               for r in rows]
+        click.echo(table(out, ["predicted vs measured", "predicted", "measured", "accuracy"]))
     for n in t.notes:
         click.echo(f"  note: {n}")

@@ -51,14 +51,14 @@ def memory_json(est: MemoryEstimate) -> dict:
 
 
 def candidate_rows(cands: dict[str, list[Candidate]], top: int) -> tuple[list[str], list[list[str]]]:
-    header = ["gpu", "gpus", "plan", "peak GiB", "usable GiB", "step s", "run time"]
+    header = ["gpu", "gpus", "plan", "peak", "usable", "step s", "run time"]
     rows = []
     for gpu, items in cands.items():
         if not items:
             rows.append([gpu, "-", "does not fit", "-", "-", "-", "-"])
             continue
         for c in items[:top]:
-            rows.append([gpu, str(c.gpus), c.plan.short(), f"{c.peak_gib:.1f}", f"{c.capacity_gib:.1f}",
+            rows.append([gpu, str(c.gpus), c.plan.short(), fmt_gib(c.peak_gib), fmt_gib(c.capacity_gib),
                          f"{c.step_time_s:.2f}", hms(c.run_time_s)])
     return header, rows
 
@@ -75,3 +75,10 @@ def hms(seconds: float) -> str:
     h, s = divmod(s, 3600)
     m, s = divmod(s, 60)
     return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def fmt_gib(value: float) -> str:
+    """Binary size with 3 significant digits: `38G`, `5.84M` (MiB below 0.1 GiB, for tiny test models)."""
+    if value < 0.1:
+        return f"{value * 1024:.3g}M"
+    return f"{value:.3g}G"

@@ -21,7 +21,7 @@ from frenzy_slurm.has import hetero
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision, PlanModel
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
-from frenzy_slurm.marp.memory import GiB
+from frenzy_slurm.marp.memory import GiB, Overheads
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.marp.speed import flops_per_token
 from frenzy_slurm.slurmrun import SlurmCommandError
@@ -37,6 +37,7 @@ TIE_FRACTION = 0.01
 @dataclass
 class Limits:
     max_gpus: int | None
+    min_gpus: int | None
     time_limit_s: float | None
     deadline: float | None
 
@@ -172,12 +173,13 @@ def _heterogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], now: flo
 
 def _hetero_candidate(w: Workload, placement: list[tuple[UsablePool, int]], dp: int, mb: int, gb: int,
                       recomputes: list[str], space: SearchSpace, now: float, steps: int) -> _Cand | None:
+    world = sum(n for _, n in placement) * dp
     groups = [hetero.StageGroup(p.name, n, p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency,
-                                p.option.usable_bytes, p.option.links.intra_node_gbs, p.option.links.inter_node_gbs,
-                                p.site.gpus_per_node)
+                                p.option.usable_bytes - p.option.overhead_bytes(world), p.option.overhead_bytes(world),
+                                p.option.links.intra_node_gbs, p.option.links.inter_node_gbs, p.site.gpus_per_node)
               for p, n in placement]
     for rc in recomputes:  # the first recomputation setting that fits is the fastest
-        hp = hetero.build(w, groups, dp, mb, gb, rc, space.overheads)
+        hp = hetero.build(w, groups, dp, mb, gb, rc, Overheads(fragmentation=space.fragmentation))
         if hp is None:
             continue
         peaks = hetero.stage_peaks_gib(hp)
@@ -201,6 +203,8 @@ def _violations(spec: JobSpec, c: _Cand, limits: Limits) -> str | None:
     a = c.alloc
     if limits.max_gpus and a.gpus > limits.max_gpus:
         return f"uses {a.gpus} GPUs > limits.max_gpus({limits.max_gpus})"
+    if limits.min_gpus and a.gpus < limits.min_gpus:
+        return f"uses {a.gpus} GPUs < limits.min_gpus({limits.min_gpus})"
     if limits.time_limit_s and a.run_time_s > limits.time_limit_s:
         return f"runs {a.run_time_s / 3600:.1f} h > limits.time_limit({limits.time_limit_s / 3600:.1f} h)"
     if limits.deadline and a.completion > limits.deadline:
@@ -243,8 +247,8 @@ def _why_lost(best: Allocation, other: Allocation) -> str:
 
 def _no_fit_message(w: Workload, spec: JobSpec, pools: list[UsablePool], space: SearchSpace, steps: int,
                     reasons: list[str]) -> str:
-    wide = [GpuOption(p.name, p.option.spec, 4096, p.option.gpus_per_node, p.option.usable_fraction)
-            for p in pools]
+    wide = [GpuOption(p.name, p.option.spec, 4096, p.option.gpus_per_node, p.option.usable_fraction,
+                      overheads=p.option.overheads) for p in pools]
     cands = search(w, wide, spec.training.global_batch, steps, 4096, space)
     smallest = sorted((c for items in cands.values() for c in items), key=lambda c: (c.gpus, c.step_time_s))
     msg = f"{spec.name} fits nowhere within its limits on this cluster."
@@ -268,7 +272,7 @@ def decide(spec: JobSpec, w: Workload, view: ClusterView, site: SiteConfig, spac
     now = now if now is not None else view.taken_at
     steps = spec.training.total_steps
     lim = spec.limits
-    limits = Limits(lim.max_gpus, parse_slurm_time(lim.time_limit) * 60.0 if lim.time_limit else None,
+    limits = Limits(lim.max_gpus, lim.min_gpus, parse_slurm_time(lim.time_limit) * 60.0 if lim.time_limit else None,
                     lim.deadline.timestamp() if lim.deadline else None)
     pools, skipped = usable_pools(spec, view, site)
     if not pools:

@@ -23,7 +23,8 @@ class StageGroup:
     pool: str
     stages: int
     rate: float  # effective FLOP/s per GPU
-    usable_bytes: float
+    usable_bytes: float  # usable memory minus the GPU type's context/NCCL overhead
+    overhead_bytes: float
     intra_gbs: float
     inter_gbs: float
     gpus_per_node: int
@@ -81,6 +82,8 @@ def _balanced(layers: int, rates: list[float], head_equiv: float, max_layers: li
 
 def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, global_batch: int, recompute: str,
           overheads: Overheads = Overheads()) -> HeteroPlan | None:
+    # estimates are of reserved bytes (fragmentation from `overheads`); each group's usable_bytes already
+    # excludes its own context and NCCL overhead
     """A memory-feasible heterogeneous pipeline plan with its predicted step time, or None.
 
     Each stage's memory grows by a fixed amount per layer, so two estimates (at the speed-proportional
@@ -102,8 +105,8 @@ def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, glob
         return None
     plan = ParallelPlan(dp=dp, pp=pp, zero=1 if dp > 1 else 0, micro_batch=micro_batch, grad_accum=ga,
                         recompute=recompute, layer_split=tuple(split))  # type: ignore[arg-type]
-    base = estimate_memory(w, plan, "device", overheads)
-    more = estimate_memory(w, replace(plan, layer_split=tuple(x + 1 for x in split)), "device", overheads)
+    base = estimate_memory(w, plan, "reserved", overheads)
+    more = estimate_memory(w, replace(plan, layer_split=tuple(x + 1 for x in split)), "reserved", overheads)
     max_layers = []
     for i in range(pp):
         slope = max(more.stages[i].peak - base.stages[i].peak, 1.0)
@@ -112,7 +115,7 @@ def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, glob
     if balanced is None:
         return None
     plan = replace(plan, layer_split=tuple(balanced))
-    est = estimate_memory(w, plan, "device", overheads)
+    est = estimate_memory(w, plan, "reserved", overheads)
     if min(_fits(est, caps)) < 0:
         return None  # growth per layer was not linear here (another phase peaked): no split we can vouch for
     return HeteroPlan(plan, tuple(groups), est, _step_time(w, plan, groups, rates, global_batch, head_equiv))
@@ -148,4 +151,6 @@ def _step_time(w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates:
 
 
 def stage_peaks_gib(hp: HeteroPlan) -> list[float]:
-    return [s.peak / GiB for s in hp.memory.stages]
+    """Device memory per stage: reserved bytes plus the stage's GPU-type overhead."""
+    extra = [g.overhead_bytes for g in hp.groups for _ in range(g.stages)]
+    return [(s.peak + extra[i]) / GiB for i, s in enumerate(hp.memory.stages)]

@@ -25,6 +25,11 @@ class GpuOption:
     usable_fraction: float = 0.95  # headroom kept free on every GPU
     inter_node_gbs: float = 25.0
     intra_node_gbs: float | None = None  # default: the catalog's link bandwidth
+    overheads: Overheads = field(default_factory=Overheads)  # CUDA context / NCCL of this GPU type
+
+    def overhead_bytes(self, world: int) -> float:
+        """Device memory beyond the allocator's reserved bytes: context, and NCCL buffers when world > 1."""
+        return (self.overheads.context_gib + (self.overheads.nccl_gib if world > 1 else 0.0)) * GiB
 
     @property
     def usable_bytes(self) -> float:
@@ -40,14 +45,16 @@ class Candidate:
     gpu: str
     gpus: int
     plan: ParallelPlan
-    memory: MemoryEstimate
+    memory: MemoryEstimate  # reserved bytes (allocator view); the GPU type's overhead is added separately
     capacity_gib: float  # usable memory per GPU
     step_time_s: float
     steps: int
+    overhead_gib: float = 0.0
 
     @property
     def peak_gib(self) -> float:
-        return self.memory.peak_gib
+        """Device memory used per GPU (nvidia-smi view)."""
+        return self.memory.peak_gib + self.overhead_gib
 
     @property
     def run_time_s(self) -> float:
@@ -65,7 +72,7 @@ class SearchSpace:
     pp_degrees: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_micro_batch: int = 64
     gpu_counts: tuple[int, ...] | None = None  # default: powers of two and whole nodes
-    overheads: Overheads = field(default_factory=Overheads)
+    fragmentation: float = Overheads().fragmentation
 
 
 def _counts(opt: GpuOption, limit: int) -> list[int]:
@@ -116,7 +123,8 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
     """Per GPU type: the fastest fitting plan at each GPU count, ordered by step time (fastest first)."""
     space = space or SearchSpace()
     limit = max_gpus or max((o.max_gpus for o in options), default=0)
-    largest = max((o.usable_bytes for o in options), default=0.0)
+    largest = max((o.usable_bytes - o.overhead_bytes(1) for o in options), default=0.0)
+    frag = Overheads(fragmentation=space.fragmentation)
     memo: dict[ParallelPlan, MemoryEstimate] = {}
     out: dict[str, list[Candidate]] = {o.name: [] for o in options}
     worlds = sorted({c for o in options for c in _counts(o, limit)})
@@ -126,18 +134,19 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
         best: dict[str, Candidate] = {}
         for group in enumerate_plans(w, world, global_batch, space, gpn):
             for plan in group:  # memory grows with micro-batch: stop at the first that fits nowhere
-                est = memo.get(plan) or estimate_memory(w, plan, "device", space.overheads, peak_stages_only=True)
+                est = memo.get(plan) or estimate_memory(w, plan, "reserved", frag, peak_stages_only=True)
                 memo[plan] = est
                 if est.peak > largest:
                     break
                 costs = plan_costs(w, plan, global_batch)
                 for o in users:
-                    if est.peak > o.usable_bytes or plan.tp > o.gpus_per_node:
+                    extra = o.overhead_bytes(world)
+                    if est.peak + extra > o.usable_bytes or plan.tp > o.gpus_per_node:
                         continue
                     t = costs.seconds_on(o.spec, o.links)
                     cur = best.get(o.name)
                     if cur is None or t < cur.step_time_s:
-                        best[o.name] = Candidate(o.name, world, plan, est, o.usable_bytes / GiB, t, steps)
+                        best[o.name] = Candidate(o.name, world, plan, est, o.usable_bytes / GiB, t, steps, extra / GiB)
         for name, cand in best.items():
             out[name].append(cand)
     for name in out:

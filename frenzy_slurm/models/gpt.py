@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from frenzy_slurm.spec.arch import Architecture
@@ -66,9 +67,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, a: Architecture):
+    def __init__(self, a: Architecture, checkpoint: bool = False):
         super().__init__()
         self.a = a
+        self.checkpoint = checkpoint  # full activation recomputation, block by block
         self.embed = nn.Embedding(a.vocab, a.hidden)
         self.pos = nn.Embedding(a.max_positions, a.hidden) if a.position == "learned" else None
         self.blocks = nn.ModuleList(Block(a) for _ in range(a.layers))
@@ -82,7 +84,10 @@ class GPT(nn.Module):
         if self.pos is not None:
             x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         for blk in self.blocks:
-            x = blk(x)
+            if self.checkpoint and self.training:
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
         return self.head(self.norm(x))
 
 

@@ -110,6 +110,10 @@ class Training(_Strict):
     compile: bool = Field(False, description="torch.compile the model (fuses element-wise ops, saving activations).")
     learning_rate: float = Field(3e-4, gt=0, description="Peak learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps before cosine decay.")
+    checkpoint_interval: int | None = Field(
+        None, gt=0, description="Save a checkpoint every this many steps (always at the end and at the time-limit signal)."
+    )
+    seed: int = Field(1234, description="Seed for initialisation and synthetic data.")
 
     @field_validator("micro_batch")
     @classmethod
@@ -141,6 +145,7 @@ class Training(_Strict):
 
 class Limits(_Strict):
     max_gpus: int | None = Field(None, gt=0, description="Never use more GPUs than this.")
+    min_gpus: int | None = Field(None, gt=0, description="Use at least this many GPUs (e.g. to force data parallelism).")
     gpu_types: list[str] | None = Field(None, description="Only these GPU types (Slurm GRES type names or catalog names).")
     time_limit: str | int | None = Field(None, description="Longest acceptable run time (Slurm time format).")
     deadline: dt.datetime | None = Field(None, description="The job must be predicted to finish before this time.")
@@ -151,6 +156,12 @@ class Limits(_Strict):
         if v is not None:
             parse_slurm_time(v)
         return v
+
+    @model_validator(mode="after")
+    def _range(self) -> "Limits":
+        if self.min_gpus and self.max_gpus and self.min_gpus > self.max_gpus:
+            raise ValueError(f"min_gpus({self.min_gpus}) > max_gpus({self.max_gpus})")
+        return self
 
 
 class SlurmOptions(_Strict):
@@ -184,6 +195,7 @@ class Entry(_Strict):
     script: str | None = Field(None, description="Path of your training script (trainer: script).")
     args: list[str] = Field(default_factory=list, description="Arguments passed to the script.")
     data: str | None = Field(None, description="Token file (flat array of token ids) for the built-in trainer; synthetic if unset.")
+    data_dtype: Literal["uint16", "uint32", "int32", "int64"] = Field("uint16", description="Element type of the token file.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables set in the job.")
 
     @model_validator(mode="after")

@@ -1,0 +1,215 @@
+"""The built-in trainer: DeepSpeed over the plan HAS chose, with checkpoints, resume and metrics.json.
+
+Pipeline plans use a PipelineModule with HAS's exact layer split; ranks are laid out pipe-major
+(stage s holds ranks s*dp .. s*dp+dp-1), which is component order in the hetjob step. Data
+parallelism and ZeRO come from ds_config.json. On a CPU (no GPU in the task) DeepSpeed runs with
+DS_ACCELERATOR=cpu over gloo.
+
+Signals: SIGUSR2 (sent 300 s before the time limit) and SIGTERM (scancel, preemption) make the
+trainer save a checkpoint at the next step boundary; after USR2 rank 0 also requeues the job so it
+resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from frenzy_slurm.render.planfile import PlanFile, read_plan
+from frenzy_slurm.runtime.dist import DistEnv
+
+_stop: dict[str, str | None] = {"signal": None}
+
+
+def _on_signal(signum: int, _frame) -> None:
+    _stop["signal"] = signal.Signals(signum).name
+
+
+def _device(dist: DistEnv):
+    import torch
+
+    if torch.cuda.is_available() and dist.visible_gpus:
+        dev = torch.device("cuda", dist.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        return dev, "nccl"
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return torch.device("cpu"), "gloo"
+
+
+def _stage_of(rank: int, plan) -> int:
+    return rank // (plan.dp * plan.tp)
+
+
+def _component_of(stage: int, decision) -> dict:
+    for c in decision.chosen.components:
+        if stage in c.stages:
+            return {"gpu_type": c.gpu_type, "gpu_model": c.gpu_model, "partition": c.partition}
+    return {"gpu_type": None, "gpu_model": None, "partition": None}
+
+
+def _lr_lambda(warmup: int, total: int):
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def _client_optimizer(name: str, params, lr: float):
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr)
+    if name == "adam-8bit":
+        try:
+            import bitsandbytes as bnb  # type: ignore[import-not-found]
+        except ImportError:
+            raise SystemExit("optimizer adam-8bit needs bitsandbytes in the job's Python environment") from None
+        return bnb.optim.Adam8bit(params, lr=lr)
+    return None  # adam/adamw come from ds_config.json
+
+
+def _atomic_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def run_training(job_dir: Path, dist: DistEnv) -> int:
+    pf: PlanFile = read_plan(job_dir / "plan.json")
+    spec, arch = pf.spec, pf.arch
+    plan = pf.decision.chosen.plan
+    t = spec.training
+    device, backend = _device(dist)
+
+    import deepspeed
+    import torch
+
+    from frenzy_slurm.models.gpt import GPT, lm_loss
+    from frenzy_slurm.models.pipe import pipeline_module
+    from frenzy_slurm.runtime.data import Batches
+    from frenzy_slurm.runtime.memory import GiB, cpu_step_peak, gpu_peaks
+
+    signal.signal(signal.SIGUSR2, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    deepspeed.init_distributed(dist_backend=backend)
+    torch.manual_seed(t.seed)
+    ds_config = json.loads((job_dir / "ds_config.json").read_text())
+    recompute = plan.recompute == "full"
+    if plan.pp > 1:
+        from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+        model = pipeline_module(arch, plan.layer_split, recompute)
+        del PipeDataParallelTopology
+    else:
+        model = GPT(arch, checkpoint=recompute)
+    if t.precision == "bf16-pure":
+        model = model.to(torch.bfloat16)
+    params = [p for p in model.parameters() if p.requires_grad]
+    client_opt = _client_optimizer(t.optimizer, params, t.learning_rate)
+    # DeepSpeed steps the schedule at each optimizer step and saves it in checkpoints
+    schedule = _lr_lambda(t.warmup_steps, t.total_steps)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=params, optimizer=client_opt, config=ds_config,
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
+
+    ckpt_dir = job_dir / "checkpoints"
+    start_step = 0
+    if (ckpt_dir / "latest").exists():
+        _, client = engine.load_checkpoint(str(ckpt_dir))
+        start_step = int((client or {}).get("step", 0))
+    stage = _stage_of(dist.rank, plan)
+    dp_rank = (dist.rank % (plan.dp * plan.tp)) // plan.tp
+    data = Batches(arch.vocab, t.seq_len, plan.micro_batch, t.seed,
+                   Path(spec.entry.data) if spec.entry.data else None, spec.entry.data_dtype)
+    interval = t.checkpoint_interval or 1000
+    prior = {}
+    if dist.rank == 0 and (job_dir / "metrics.json").exists():
+        prior = json.loads((job_dir / "metrics.json").read_text())
+    losses = list(prior.get("loss", [])) if start_step else []
+    step_times: list[float] = []
+    peak: dict[str, float | None] = {}
+
+    def one_step(step: int) -> float:
+        if plan.pp > 1:
+            it = iter([data.get(step, dp_rank, m) for m in range(plan.grad_accum)])
+            loss = engine.train_batch(data_iter=it)
+            return float(loss.detach())
+        total = 0.0
+        for m in range(plan.grad_accum):
+            x, y = data.get(step, dp_rank, m)
+            loss = lm_loss(engine(x.to(device)), y.to(device))
+            engine.backward(loss)
+            engine.step()
+            total += float(loss.detach())
+        return total / plan.grad_accum
+
+    step = start_step
+    while step < t.total_steps:
+        t0 = time.perf_counter()
+        measure = step == start_step + 1 or (t.total_steps - start_step == 1)
+        if measure and device.type == "cpu":
+            peak_bytes, loss = cpu_step_peak(lambda: one_step(step))
+            peak = {"peak_gib": peak_bytes / GiB, "metric": "allocated (profiler)"}
+        else:
+            loss = one_step(step)
+        step_times.append(time.perf_counter() - t0)
+        step += 1
+        losses.append([step, loss])
+        if dist.rank == 0:
+            print(f"frenzy-slurm: step {step}/{t.total_steps} loss {loss:.4f} {step_times[-1]:.3f}s", flush=True)
+        stop = _stop["signal"]
+        if step % interval == 0 or step == t.total_steps or stop:
+            engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
+        if stop:
+            break
+    if device.type == "cuda":
+        peak = gpu_peaks(device) | {"metric": "allocated"}
+        peak["peak_gib"] = peak["peak_allocated_gib"]
+
+    record = {"rank": dist.rank, "host": socket.gethostname(), "stage": stage, "device": device.type,
+              **_component_of(stage, pf.decision), **peak,
+              "predicted_allocated_gib": _predicted_allocated(pf, stage)}
+    gathered = [None] * dist.world_size
+    torch.distributed.all_gather_object(gathered, record)
+    if dist.rank == 0:
+        tokens = t.global_batch * t.seq_len
+        med = statistics.median(step_times) if step_times else None
+        metrics = {
+            "job_id": os.environ.get("SLURM_JOB_ID"), "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            "resumed_from_step": start_step, "step": step, "total_steps": t.total_steps,
+            "step_times_s": step_times, "step_time_s": med, "tokens_per_s": tokens / med if med else None,
+            "loss": losses, "ranks": gathered, "stopped_by": _stop["signal"], "written_at": time.time(),
+        }
+        _atomic_json(job_dir / "metrics.json", metrics)
+        if _stop["signal"] == "SIGUSR2" and os.environ.get("SLURM_JOB_ID"):
+            jid = os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]
+            subprocess.run(["scontrol", "requeue", jid], check=False)
+    torch.distributed.barrier()
+    return 0
+
+
+def _predicted_allocated(pf: PlanFile, stage: int) -> float | None:
+    """MARP's allocated-memory prediction for this rank's stage, as the runtime actually runs it."""
+    from frenzy_slurm.marp.memory import GiB, estimate_memory
+    from frenzy_slurm.marp.plan import Workload
+
+    t = pf.spec.training
+    w = Workload(arch=pf.arch, seq_len=t.seq_len, precision=t.precision, optimizer=t.optimizer,
+                 attention="sdpa" if t.attention == "eager" else t.attention, method=t.method,
+                 loss_chunks=t.loss_chunks, compile=t.compile, framework="deepspeed", exact_params=pf.exact_params)
+    est = estimate_memory(w, pf.decision.chosen.plan.to_plan(), "allocated")
+    return est.stages[min(stage, len(est.stages) - 1)].peak / GiB
