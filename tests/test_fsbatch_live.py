@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from .conftest import ROOT, run_cli
-from .slurm_fixture import sh, wait_for
+from .slurm_fixture import occupy_gpus, sh, wait_for
 from .test_render import HOSTILE
 
 SITE = ROOT / "site_configs" / "devcluster.yaml"
@@ -81,12 +81,7 @@ def test_dry_run_submits_nothing_and_repeat_is_refused(jobs_dir, tmp_path):
 
 
 def test_heterogeneous_job_when_a100_is_busy(jobs_dir, tmp_path):
-    sh("sbatch", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "30", "--wrap", "sleep 300")
-    sh("sbatch", "-p", "v100", "-w", "v100-1", "--gres=gpu:v100:8", "-t", "30", "--wrap", "sleep 300")
-    sh("sbatch", "-p", "v100", "-w", "v100-2", "--gres=gpu:v100:6", "-t", "30", "--wrap", "sleep 300")
-    sh("sbatch", "-p", "t4", "-N", "3", "--gres=gpu:t4:4", "-t", "30", "--wrap", "sleep 300")
-    sh("sbatch", "-p", "t4", "-w", "t4-4", "--gres=gpu:t4:2", "-t", "30", "--wrap", "sleep 300")
-    wait_for(lambda: len(sh("squeue", "-h", "-t", "R", "-o", "%i").split()) == 5, what="fillers running")
+    occupy_gpus({"v100-2": 2, "t4-4": 2})  # a100 busy; two GPUs free in each other partition
     big = tmp_path / "big.yaml"
     big.write_text(yaml.safe_dump({
         "name": "big", "model": {"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},

@@ -25,6 +25,7 @@ JOB_DIR = Path("/scratch/jobs/demo-0001")
 
 def normalize(text: str) -> str:
     text = re.sub(r"frenzy-slurm \S+ at \S+", "frenzy-slurm VERSION at TIME", text)
+    text = re.sub(r"\b[0-9a-f]{16}\b", "SUBMISSION", text)  # the hash covers every spec field; tested elsewhere
     return text.replace(sys.executable, "PYTHON")
 
 
@@ -134,3 +135,14 @@ def test_template_override_and_strict_undefined(tmp_path):
     (tmp_path / "_header.j2").write_text("#SBATCH --x={{ no_such_value }}\n")
     with pytest.raises(InputError, match="no_such_value"):
         rendered(make_spec(), synthetic(LOCAL), template_dir=tmp_path)
+
+
+def test_submission_hash_identity():
+    from frenzy_slurm.render import submission_hash
+
+    spec = make_spec()
+    model = resolve_model(spec, ".")
+    same = submission_hash(spec, model, SbatchOptions())
+    assert same == submission_hash(make_spec(), model, SbatchOptions())
+    assert same != submission_hash(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 100}), model, SbatchOptions())
+    assert same != submission_hash(spec, model, SbatchOptions(account="other"))

@@ -51,6 +51,7 @@ BAD = [
     (GOOD + "slurm:\n  extra: ['reservation=x']\n", 9, "is not an sbatch flag"),
     (GOOD + "entry:\n  trainer: script\n", 8, "trainer: script needs script"),
     (GOOD + "entry:\n  env: {'1BAD': x}\n", 8, "not a valid shell variable name"),
+    (GOOD.replace("  steps: 10\n", "  steps: 10\n  method: lora\n"), 1, "needs entry.trainer: script"),
     (GOOD.replace("name: t", "name: 'a b'"), 1, "name"),
     (GOOD.replace("  preset: llama-2-7b\n", "  preset: llama-2-7b\n  hf_config: x.json\n"), 2, "exactly one of preset"),
     (GOOD.replace("  preset: llama-2-7b\n", "  factory: 'not a path'\n  factory_arch: {layers: 1, hidden: 8, heads: 1, ffn: 8, vocab: 8}\n"),

@@ -33,6 +33,7 @@ model:
   factory_kwargs: {layers: 2}
   factory_arch: {layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn: 172, vocab: 256, max_positions: 128}
 training: {seq_len: 64, global_batch: 4, steps: 1}
+entry: {trainer: script, script: train.py}
 """)
     model = resolve_model(load_job_spec(path), path.parent)
     assert model.exact_params == count_params(model.arch).total(2)

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from .conftest import EXAMPLES, ROOT, run_cli
-from .slurm_fixture import sh, wait_for
+from .slurm_fixture import occupy_gpus, sh, wait_for
 from .test_fsbatch_live import submit, wait_done
 
 pytest.importorskip("deepspeed", reason="training tests need the train extra (pip install -e '.[dev]')")
@@ -49,12 +49,7 @@ def metrics_of(out: dict) -> dict:
 
 
 def test_heterogeneous_pipeline_training(jobs_dir):
-    sh("sbatch", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "30", "--wrap", "sleep 600")
-    sh("sbatch", "-p", "v100", "-w", "v100-1", "--gres=gpu:v100:8", "-t", "30", "--wrap", "sleep 600")
-    sh("sbatch", "-p", "v100", "-w", "v100-2", "--gres=gpu:v100:7", "-t", "30", "--wrap", "sleep 600")
-    sh("sbatch", "-p", "t4", "-N", "3", "--gres=gpu:t4:4", "-t", "30", "--wrap", "sleep 600")
-    sh("sbatch", "-p", "t4", "-w", "t4-4", "--gres=gpu:t4:3", "-t", "30", "--wrap", "sleep 600")
-    wait_for(lambda: len(sh("squeue", "-h", "-t", "R", "-o", "%i").split()) == 5, what="fillers running")
+    occupy_gpus({"v100-2": 1, "t4-4": 1})  # a100 busy; one free GPU in v100 and one in t4
     out = submit(str(EXAMPLES / "tiny-cpu.yaml"), "--site", str(CPU_SITE))
     chosen = out["decision"]["chosen"]
     assert chosen["kind"] == "heterogeneous" and len(chosen["components"]) == 2

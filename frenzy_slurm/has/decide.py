@@ -297,26 +297,23 @@ def decide(spec: JobSpec, w: Workload, view: ClusterView, site: SiteConfig, spac
 
         return sorted(items, key=key)
 
-    cands = rank(cands)
-    if backend is not None and cands and cands[0].alloc.start_source != "now":
-        _refine(cands, backend, spec)
-        cands = rank(cands)
-    ok, rejected = [], []
-    for c in cands:
-        why = _violations(spec, c, limits)
-        (rejected if why else ok).append((c, why))
+    verdicts = [(c, _violations(spec, c, limits)) for c in cands]
+    ok = rank([c for c, why in verdicts if not why])
+    rejected = [(c, why) for c, why in verdicts if why]
+    if backend is not None and ok and ok[0].alloc.start_source != "now":
+        _refine(ok, backend, spec)
+        ok = rank(ok)
     if not ok:
         raise NoFitError(_no_fit_message(w, spec, pools, space, steps, skipped))
-    best = ok[0][0].alloc
-    alts, seen = [], {best.label() + best.plan.short()}
-    for c, _ in ok[1:]:
+    best = ok[0].alloc
+    alts: list[Alternative] = []
+    for c in ok[1:]:
         label = c.alloc.label()
         if label in {a.description for a in alts} or len(alts) >= alternatives:
             continue
         alts.append(Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(best, c.alloc)))
-    for c, why in rejected[:2]:
+    for c, why in sorted(rejected, key=lambda cw: cw[0].alloc.completion)[:2]:
         alts.append(Alternative(allocation=c.alloc, description=c.alloc.label(), lost_because=why or ""))
     for line in skipped:
         alts.append(Alternative(description=line.split(":")[0], lost_because=line.split(":", 1)[1].strip()))
-    del seen
     return Decision(chosen=best, alternatives=alts, decided_at=now, decision_ms=(time.perf_counter() - t0) * 1e3)

@@ -110,10 +110,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     ds_config = json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
     if plan.pp > 1:
-        from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
-
         model = pipeline_module(arch, plan.layer_split, recompute)
-        del PipeDataParallelTopology
     else:
         model = GPT(arch, checkpoint=recompute)
     if t.precision == "bf16-pure":

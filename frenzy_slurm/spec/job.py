@@ -219,3 +219,13 @@ class JobSpec(_Strict):
     limits: Limits = Field(default_factory=Limits, description="What the scheduler may use.")
     slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm pass-through options.")
     entry: Entry = Field(default_factory=Entry, description="What runs in the job.")
+
+    @model_validator(mode="after")
+    def _trainer_supports(self) -> "JobSpec":
+        if self.entry.trainer == "builtin" and self.training.method != "full":
+            raise ValueError(f"the built-in trainer trains all weights; training.method {self.training.method} needs "
+                             "entry.trainer: script (your LoRA code), or use method: full")
+        if self.entry.trainer == "builtin" and self.model.factory is not None:
+            raise ValueError("the built-in trainer builds its own model from the architecture; a model.factory "
+                             "needs entry.trainer: script")
+        return self

@@ -123,6 +123,13 @@ def parse_parsable(stdout: str) -> tuple[int, str | None]:
 
 
 def submit(req: JobRequest, view: ClusterView | None, force: bool = False) -> Submitted:
+    if "--script" in req.plan.command:
+        script = Path(req.plan.command[req.plan.command.index("--script") + 1])
+        if not script.is_file():
+            from frenzy_slurm.errors import InputError
+
+            raise InputError(f"{req.plan.spec_path}: entry.script {script} does not exist; fix the path (relative "
+                             "paths are taken from model.yaml's directory).")
     with _locked(req.job_dir.parent):
         why = existing_job(req, view)
         if why and not force:
