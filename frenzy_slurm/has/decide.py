@@ -138,6 +138,8 @@ def _heterogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], now: flo
     could not finish before `beat`, the best homogeneous completion.
     """
     work = flops_per_token(w, "none") * spec.training.global_batch * w.seq_len * steps
+    work_mb = flops_per_token(w, "none") * (space.micro_batch or 1) * w.seq_len  # one micro-batch, all layers
+    layer_mb = work_mb / (w.arch.layers + w.arch.vocab / (12.0 * w.arch.hidden))
     free = [p for p in pools if p.free_by_node and p.free_by_node[0] > 0]
     free.sort(key=lambda p: p.option.usable_bytes, reverse=True)  # more memory first: stage 0 holds most activations
     gb = spec.training.global_batch
@@ -161,7 +163,11 @@ def _heterogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], now: flo
                 if limit and (stages_a + nb) * dp > limit:
                     continue
                 ga = gb // (dp * mb)
-                ideal = work / (dp * (stages_a * rates[pa.name] + nb * rates[pb.name])) * (ga + stages_a + nb - 1) / ga
+                # per micro-batch, the slowest stage takes at least the average share of all stages' work,
+                # and at least one layer's work on the slower GPU type
+                share = work_mb / (stages_a * rates[pa.name] + nb * rates[pb.name])
+                one_layer = layer_mb / min(rates[pa.name], rates[pb.name])
+                ideal = steps * (ga + stages_a + nb - 1) * max(share, one_layer)
                 if now + ideal >= beat:
                     continue  # even a perfect split of these GPUs cannot win
                 cand = _hetero_candidate(w, [(pa, stages_a), (pb, nb)], dp, mb, gb, recomputes, space, now, steps)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
-from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token
+from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token, small_batch_penalty
 from frenzy_slurm.marp.params import count_params
 
 
@@ -131,7 +131,7 @@ def _step_time(w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates:
     stage_t = []
     for i, layers in enumerate(split):
         work = layers + (head_equiv if i == plan.pp - 1 else 0.0)
-        stage_t.append(per_token * work / units * tokens_mb / rates[i])
+        stage_t.append(per_token * work / units * tokens_mb / rates[i] * small_batch_penalty(tokens_mb))
     bottleneck = max(stage_t)
     step = (plan.grad_accum + plan.pp - 1) * bottleneck
     # gradient all-reduce inside each stage's data-parallel group, over the pool's own links

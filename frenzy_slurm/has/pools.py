@@ -70,4 +70,5 @@ def node_layout(gpus: int, gpus_per_node: int) -> tuple[int, int] | None:
 
 
 def fits_free_now(pool: UsablePool, nodes: int, per_node: int) -> bool:
-    return sum(1 for f in pool.free_by_node if f >= per_node) >= nodes
+    """At least `nodes` nodes have `per_node` free GPUs (free_by_node is sorted largest first)."""
+    return len(pool.free_by_node) >= nodes and pool.free_by_node[nodes - 1] >= per_node

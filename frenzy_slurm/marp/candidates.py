@@ -7,6 +7,7 @@ estimated once and compared against each type's usable memory; only step time is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from frenzy_slurm.gpus import GpuSpec
 from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
@@ -35,7 +36,7 @@ class GpuOption:
     def usable_bytes(self) -> float:
         return self.spec.memory_gib * self.usable_fraction * GiB
 
-    @property
+    @cached_property
     def links(self) -> Links:
         return Links(self.intra_node_gbs or self.spec.link_gbs, self.inter_node_gbs, self.gpus_per_node)
 
@@ -127,9 +128,10 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
     frag = Overheads(fragmentation=space.fragmentation)
     memo: dict[ParallelPlan, MemoryEstimate] = {}
     out: dict[str, list[Candidate]] = {o.name: [] for o in options}
-    worlds = sorted({c for o in options for c in _counts(o, limit)})
+    counts = {o.name: set(_counts(o, limit)) for o in options}
+    worlds = sorted(set().union(*counts.values())) if counts else []
     for world in worlds:
-        users = [o for o in options if world in _counts(o, limit)]
+        users = [o for o in options if world in counts[o.name]]
         gpn = max(o.gpus_per_node for o in users)
         best: dict[str, Candidate] = {}
         for group in enumerate_plans(w, world, global_batch, space, gpn):
