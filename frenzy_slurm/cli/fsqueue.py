@@ -45,9 +45,12 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
     from frenzy_slurm.cluster import open_backend
     from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dir, load_view_cached
 
-    view = load_view_cached(open_backend(backend, snapshot))
+    cluster = open_backend(backend, snapshot)
+    view = load_view_cached(cluster)
     who = None if (all_users or jobid is not None) else (user or getpass.getuser())
     jobs = frenzy_jobs(view, who)
+    if jobid is not None and not any(t.job_id == jobid or any(c.job_id == jobid for c in t.components) for t in jobs):
+        jobs = frenzy_jobs(load_view_cached(cluster, max_age=0), who)  # newer than the cached answer?
     if jobid is None:
         if as_json:
             print_json([_job_json(t) for t in jobs])
