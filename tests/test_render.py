@@ -146,3 +146,15 @@ def test_submission_hash_identity():
     assert same == submission_hash(make_spec(), model, SbatchOptions())
     assert same != submission_hash(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 100}), model, SbatchOptions())
     assert same != submission_hash(spec, model, SbatchOptions(account="other"))
+
+
+def test_templates_ship_as_package_data():
+    """Every template is a .j2 file that pyproject's package-data pattern puts into the wheel."""
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["frenzy_slurm"]
+    assert "templates/*.j2" in patterns
+    names = [p.name for p in (root / "templates").iterdir()]
+    assert names and all(n.endswith(".j2") for n in names)
+    assert (root / "frenzy_slurm" / "templates").resolve() == (root / "templates").resolve()
