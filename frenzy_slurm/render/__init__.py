@@ -83,8 +83,12 @@ class JobRequest:
 
 
 def submission_hash(spec: JobSpec, model: ResolvedModel, options: SbatchOptions) -> str:
-    """Same model.yaml content and flags -> same hash (the idempotency key)."""
-    payload = json.dumps({"spec": spec.model_dump(mode="json"), "arch": model.arch.model_dump(),
+    """Same model.yaml content and flags -> same hash (the idempotency key).
+
+    Only the fields the user set count (and the resolved architecture), so a frenzy-slurm upgrade that
+    adds spec fields with defaults still recognises an earlier submission of the same file.
+    """
+    payload = json.dumps({"spec": spec.model_dump(mode="json", exclude_unset=True), "arch": model.arch.model_dump(),
                           "options": options.__dict__}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
