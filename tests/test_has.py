@@ -151,10 +151,11 @@ def test_no_fit_names_the_smallest_allocation():
     assert smallest > 4
 
 
-def test_decision_time_large_cluster():
-    spec = make_spec()
+def test_large_cluster_decision():
+    """2,048 GPUs in 8 types, half busy (benchmarks/has_decision.py times this shape)."""
     view = synthetic(LARGE, busy=0.5, seed=3)
-    t0 = time.perf_counter()
-    d = run(spec, view, synthetic_site(LARGE))
-    assert time.perf_counter() - t0 < 2.0  # generous; benchmarks/has_decision.py measures it
-    assert d.decision_ms > 0 and d.chosen.gpus >= 1
+    d = run(make_spec(), view, synthetic_site(LARGE))
+    comp = d.chosen.components[0]
+    assert d.chosen.start_source == "now" and comp.peak_gib <= comp.capacity_gib
+    free = sum(n.gpus_free for n in view.nodes if comp.partition in n.partitions)
+    assert d.chosen.gpus <= free

@@ -162,9 +162,6 @@ class GpuPool:
         self.gpus_free += n.gpus_free
         self.gpus_per_node = max(self.gpus_per_node, n.gpus_total)
 
-    def free_by_node(self, view: ClusterView) -> list[int]:
-        return [n.gpus_free for n in view.nodes if self.partition in n.partitions and n.gpu_type == self.gpu_type]
-
 
 def group_het_jobs(jobs: list[Job]) -> dict[int, list[Job]]:
     """Jobs keyed by the id users see: a heterogeneous job's components under its leader's id."""

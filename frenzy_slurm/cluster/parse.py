@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from frenzy_slurm.errors import FrenzyError, EXIT_SLURM_UNEXPECTED
+from frenzy_slurm.errors import EXIT_SLURM_UNEXPECTED, FrenzyError
+from frenzy_slurm.spec.job import parse_slurm_time
 
 
 class SlurmUnexpected(FrenzyError):
@@ -82,27 +83,15 @@ def expand_hostlist(text: str | None) -> list[str]:
 
 
 def parse_time_minutes(text: str | int | None) -> int | None:
-    """`5:00` (M:S), `1:00:00`, `2-00:00:00`, `30` (minutes), UNLIMITED/INFINITE -> minutes or None."""
+    """A time Slurm printed (`5:00`, `1:00:00`, `2-00:00:00`, `30`) in minutes; UNLIMITED/INFINITE -> None."""
     if text is None:
         return None
-    if isinstance(text, int):
-        return text
-    t = text.strip()
-    if not t or t.upper() in ("UNLIMITED", "INFINITE", "NONE", "N/A", "(NULL)"):
+    if isinstance(text, str) and text.strip().upper() in ("", "UNLIMITED", "INFINITE", "NONE", "N/A", "(NULL)"):
         return None
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
-    if not m:
-        raise SlurmUnexpected(f"cannot read Slurm time '{text}'")
-    days, a, b, c = m.groups()
-    if days is not None:
-        secs = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    elif c is not None:
-        secs = int(a) * 3600 + int(b) * 60 + int(c)
-    elif b is not None:
-        secs = int(a) * 60 + int(b)
-    else:
-        secs = int(a) * 60
-    return -(-secs // 60)
+    try:
+        return parse_slurm_time(text, allow_zero=True)
+    except ValueError:
+        raise SlurmUnexpected(f"cannot read Slurm time '{text}'") from None
 
 
 _TEST_ONLY = re.compile(

@@ -117,14 +117,19 @@ SINFO_TEXT_FIELDS = "NodeList:|,Partition:|,StateLong:|,CPUsState:|,Memory:|,All
 SQUEUE_TEXT_FORMAT = "%A|%i|%j|%u|%T|%r|%P|%N|%D|%b|%S|%e|%l|%k|%Z"
 
 
+def _rows(text: str, fields: int, tool: str):
+    """The `|`-separated rows of a text format, each with at least `fields` fields."""
+    for line in text.splitlines():
+        if line.strip():
+            f = line.split("|")
+            if len(f) < fields:
+                raise SlurmUnexpected(f"{tool} printed an unexpected line: {line[:200]}")
+            yield f
+
+
 def nodes_from_text(text: str) -> list[Node]:
     nodes: dict[str, Node] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split("|")
-        if len(f) < 9:
-            raise SlurmUnexpected(f"sinfo printed an unexpected line: {line[:200]}")
+    for f in _rows(text, 9, "sinfo"):
         name, part, state, cpus_state, mem, alloc_mem, gres, gres_used, reason = f[:9]
         part = part.rstrip("*")
         if name in nodes:
@@ -151,12 +156,7 @@ def _epoch(text: str) -> int | None:
 
 def jobs_from_text(text: str) -> list[Job]:
     jobs = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        f = line.split("|")
-        if len(f) < 14:
-            raise SlurmUnexpected(f"squeue printed an unexpected line: {line[:200]}")
+    for f in _rows(text, 14, "squeue"):
         own, shown, name, user, state, reason, part, nodes, count, gres, start, end, limit, comment = f[:14]
         workdir = f[14] if len(f) > 14 and f[14] not in ("", "(null)") else None
         het = off = None

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from frenzy_slurm.cluster.backend import ComponentRequest, StartEstimate
 from frenzy_slurm.cluster.model import ClusterView
+from frenzy_slurm.cluster.releases import ReleaseIndex
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.yamlfile import format_validation_error
 
@@ -38,31 +39,12 @@ class StaticBackend:
         return self._view
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
-        """From the snapshot: now if the GPUs were free, else when enough running jobs were due to end."""
+        """From the snapshot: when enough nodes have the GPUs free, as running jobs end (all components together)."""
         view = self.load()
-        now = view.taken_at
-        latest = now
-        chosen: list[str] = []
+        releases = ReleaseIndex(view, view.taken_at)
+        latest, chosen = view.taken_at, []
         for c in components:
-            nodes = [n for n in view.nodes if c.partition in n.partitions and (c.gpu_type in (None, n.gpu_type))
-                     and n.available and n.gpus_total >= c.gpus_per_node]
-            free_now = [n for n in nodes if n.gpus_free >= c.gpus_per_node]
-            if len(free_now) >= c.nodes:
-                chosen += [n.name for n in free_now[: c.nodes]]
-                continue
-            # when does each node free enough GPUs? running jobs end at their end_time
-            ready = []
-            for n in nodes:
-                ends = sorted((j.end_time or now, j.gpus_per_node) for j in view.jobs
-                              if j.phase == "running" and n.name in j.nodes and j.gpus_per_node)
-                free, t = n.gpus_free if n.available else 0, now
-                for end, g in ends:
-                    if free >= c.gpus_per_node:
-                        break
-                    free, t = free + g, end
-                if free >= c.gpus_per_node:
-                    ready.append((t, n.name))
-            ready.sort()
+            ready = releases.ready(c.partition, c.gpu_type, c.gpus_per_node)
             if len(ready) < c.nodes:
                 raise InputError(f"snapshot {self.path}: partition {c.partition} never has {c.nodes} node(s) with "
                                  f"{c.gpus_per_node} free {c.gpu_type or 'GPU'}s")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from frenzy_slurm.cluster.backend import ClusterBackend, ComponentRequest
 from frenzy_slurm.cluster.model import ClusterView
+from frenzy_slurm.cluster.releases import ReleaseIndex
 from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
@@ -56,45 +57,6 @@ def requested_minutes(spec: JobSpec, run_time_s: float) -> int:
     return int(-(-(run_time_s * 1.25 + 600) // 60))
 
 
-class ReleaseIndex:
-    """When each node frees GPUs: running jobs' ends per node, built once per decision."""
-
-    def __init__(self, view: ClusterView, now: float):
-        self.now = now
-        self.by_node: dict[str, list[tuple[float, int]]] = {}
-        for j in view.jobs:
-            if j.gpus_per_node and j.phase == "running":
-                for n in j.nodes:
-                    self.by_node.setdefault(n, []).append((max(now, float(j.end_time or now)), j.gpus_per_node))
-        for ends in self.by_node.values():
-            ends.sort()
-        self._cache: dict[tuple[str, int], list[float]] = {}
-        self.view = view
-
-    def ready_times(self, pool: UsablePool, per_node: int) -> list[float]:
-        """Sorted times at which each node of the pool has `per_node` GPUs free."""
-        key = (pool.name, per_node)
-        if key not in self._cache:
-            ready = []
-            for n in self.view.nodes:
-                if (pool.live.partition not in n.partitions or n.gpu_type != pool.live.gpu_type or not n.available
-                        or n.gpus_total < per_node):
-                    continue
-                free, t = n.gpus_free, self.now
-                for end, g in self.by_node.get(n.name, ()):
-                    if free >= per_node:
-                        break
-                    free, t = free + g, end
-                if free >= per_node:
-                    ready.append(t)
-            self._cache[key] = sorted(ready)
-        return self._cache[key]
-
-    def start(self, pool: UsablePool, nodes: int, per_node: int) -> float | None:
-        ready = self.ready_times(pool, per_node)
-        return ready[nodes - 1] if len(ready) >= nodes else None
-
-
 def _homogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], releases: ReleaseIndex, now: float,
                  space: SearchSpace, steps: int) -> list[_Cand]:
     cands = search(w, [p.option for p in pools], spec.training.global_batch, steps, spec.limits.max_gpus, space)
@@ -109,7 +71,7 @@ def _homogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], releases: 
             if fits_free_now(pool, nodes, per_node):
                 start, source = now, "now"
             else:
-                t = releases.start(pool, nodes, per_node)
+                t = releases.start(pool.live.partition, pool.live.gpu_type, nodes, per_node)
                 if t is None:
                     continue
                 start, source = t, "view"

@@ -37,12 +37,6 @@ class HeteroPlan:
     memory: MemoryEstimate
     step_time_s: float
 
-    def stage_pool(self) -> list[int]:
-        out = []
-        for g_index, g in enumerate(self.groups):
-            out += [g_index] * g.stages
-        return out
-
 
 def split_layers(layers: int, rates: list[float], head_equiv: float) -> list[int] | None:
     """Integer layers per stage proportional to rate; the last stage's output layer counts as work."""

@@ -6,14 +6,14 @@
 
 from __future__ import annotations
 
-from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search, smallest_fit
+from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, StageMemory, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload, parse_plan
 from frenzy_slurm.spec import JobSpec, ResolvedModel
 
 __all__ = [
     "Candidate", "GiB", "GpuOption", "MemoryEstimate", "Overheads", "ParallelPlan", "SearchSpace", "StageMemory",
-    "Workload", "estimate_memory", "parse_plan", "search", "search_space_from_spec", "smallest_fit", "workload_from_spec",
+    "Workload", "estimate_memory", "parse_plan", "search", "search_space_from_spec", "workload_from_spec",
 ]
 
 

@@ -72,7 +72,6 @@ class SearchSpace:
     tp_degrees: tuple[int, ...] = (1, 2, 4, 8)
     pp_degrees: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_micro_batch: int = 64
-    gpu_counts: tuple[int, ...] | None = None  # default: powers of two and whole nodes
     fragmentation: float = Overheads().fragmentation
 
 
@@ -155,6 +154,3 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
         out[name].sort(key=lambda c: c.step_time_s)
     return out
 
-
-def smallest_fit(cands: list[Candidate]) -> Candidate | None:
-    return min(cands, key=lambda c: (c.gpus, c.step_time_s)) if cands else None

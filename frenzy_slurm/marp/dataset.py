@@ -46,7 +46,6 @@ class Interpreted:
     plan: ParallelPlan
     metric: Metric
     overheads: Overheads
-    params: int
 
 
 def read_measurements(path: Path) -> list[MeasuredRow]:
@@ -207,7 +206,7 @@ def interpret_row(row: MeasuredRow, context_by_source: dict[str, float] | None =
                             offload_optimizer=offload and zero >= 1, offload_params=offload and zero == 3)
     except ValueError as exc:
         raise RowError(f"parallel setup cannot be expressed: {exc}") from None
-    return Interpreted(workload, plan, metric, overheads, count_params(arch).total(arch.layers))
+    return Interpreted(workload, plan, metric, overheads)
 
 
 def contexts_from_notes(rows: list[MeasuredRow]) -> dict[str, float]:

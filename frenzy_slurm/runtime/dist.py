@@ -19,7 +19,6 @@ class DistEnv:
     local_rank: int
     master_addr: str
     master_port: int
-    het_group: int
     visible_gpus: tuple[str, ...]
 
     @property
@@ -43,5 +42,5 @@ def from_environ(env: dict[str, str] | None = None) -> DistEnv:
         rank, world, local = int(e.get("RANK", "0")), int(e.get("WORLD_SIZE", "1")), int(e.get("LOCAL_RANK", "0"))
     gpus = tuple(g for g in e.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip() not in ("", "NoDevFiles"))
     return DistEnv(rank=rank, world_size=world, local_rank=local, master_addr=e.get("MASTER_ADDR", "127.0.0.1"),
-                   master_port=int(e.get("MASTER_PORT", "29500")), het_group=int(e.get("SLURM_HET_GROUP", "0") or 0),
+                   master_port=int(e.get("MASTER_PORT", "29500")),
                    visible_gpus=gpus)

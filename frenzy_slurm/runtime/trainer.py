@@ -200,13 +200,13 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
 
 
 def _predicted_allocated(pf: PlanFile, stage: int) -> float | None:
-    """MARP's allocated-memory prediction for this rank's stage, as the runtime actually runs it."""
+    """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it (SDPA attention)."""
+    from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.marp.memory import GiB, estimate_memory
-    from frenzy_slurm.marp.plan import Workload
+    from frenzy_slurm.spec import ResolvedModel
 
-    t = pf.spec.training
-    w = Workload(arch=pf.arch, seq_len=t.seq_len, precision=t.precision, optimizer=t.optimizer,
-                 attention="sdpa" if t.attention == "eager" else t.attention, method=t.method,
-                 loss_chunks=t.loss_chunks, compile=t.compile, framework="deepspeed", exact_params=pf.exact_params)
+    w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params))
+    if w.attention == "eager":
+        w = w.with_(attention="sdpa")
     est = estimate_memory(w, pf.decision.chosen.plan.to_plan(), "allocated")
     return est.stages[min(stage, len(est.stages) - 1)].peak / GiB

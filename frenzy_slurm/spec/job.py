@@ -22,10 +22,10 @@ Method = Literal["full", "lora", "qlora"]
 _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
-def parse_slurm_time(value: str | int) -> int:
+def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
     """Slurm time formats (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) to minutes, rounded up."""
     if isinstance(value, int):
-        if value <= 0:
+        if value < 0 or (value == 0 and not allow_zero):
             raise ValueError("time must be a positive number of minutes")
         return value
     m = _TIME_RE.match(value.strip())
@@ -40,7 +40,7 @@ def parse_slurm_time(value: str | int) -> int:
         seconds = int(a) * 60 + int(b)
     else:
         seconds = int(a) * 60
-    if seconds <= 0:
+    if seconds == 0 and not allow_zero:
         raise ValueError("time must be positive")
     return -(-seconds // 60)
 
