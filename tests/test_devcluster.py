@@ -14,9 +14,13 @@ def test_up_is_idempotent_and_status(slurm_cluster):
     state = slurm_cluster.parent.parent
     env = dict(os.environ, FRENZY_DEVCLUSTER_DIR=str(state))
     pids = (state / "run" / "slurmctld.pid").read_text()
+    conf = slurm_cluster.read_text()
+    env.pop("FRENZY_DEVCLUSTER_PORT", None)  # a plain second `up` (default port) must not reconfigure a running cluster
     res = subprocess.run([str(DEVCLUSTER), "up"], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == f"export SLURM_CONF={slurm_cluster}"
     assert (state / "run" / "slurmctld.pid").read_text() == pids, "a second up must not restart daemons"
+    assert slurm_cluster.read_text() == conf, "a second up must keep the running cluster's configuration"
+    assert "SlurmctldPort=18817" in conf
     st = subprocess.run([str(DEVCLUSTER), "status"], capture_output=True, text=True, env=env, timeout=60)
     assert st.returncode == 0 and st.stdout.count("running pid") == 10  # munged, slurmctld, 8 slurmd
 
