@@ -12,7 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVCLUSTER = ROOT / "contrib" / "devcluster" / "devcluster"
-TEST_PORT = "18817"  # not the default (16817, slurmd 16917+), so a developer's own dev cluster keeps running
+# not the default (16817, slurmd 16917+), so a developer's own dev cluster keeps running; several test sessions
+# at once (developers working side by side) each set their own FRENZY_TEST_SLURM_PORT
+TEST_PORT = os.environ.get("FRENZY_TEST_SLURM_PORT", "18817")
 
 
 def _cannot_run_slurm() -> str | None:
