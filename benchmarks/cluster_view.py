@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from frenzy_slurm.cluster.slurm_cli import SlurmCliBackend  # noqa: E402
+from frenzy_slurm.slurm.cli import SlurmCliBackend  # noqa: E402
 
 
 def main() -> int:

@@ -2,8 +2,9 @@
 
 Jobs are recognised by their comment (`frenzy:<submission>`); hetjob components show as one job. The
 job directory (the job's working directory) gives the plan, and after the run `finished.json` and
-`metrics.json`. `sacct` is asked only for jobs that have left the queue (MinJobAge), and only if
-accounting answers; otherwise the job directory's own record is used.
+`metrics.json`. Slurm is asked through the backend only: one `jobs()` query per invocation (for one
+user, or for the ids asked about), and one `accounting()` query for all jobs that have left the queue
+(MinJobAge), if the site keeps accounting; otherwise the job directory's own record is used.
 """
 
 from __future__ import annotations
@@ -15,38 +16,40 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frenzy_slurm.cluster.backend import ClusterBackend
-from frenzy_slurm.cluster.model import ClusterView, Job, group_het_jobs
+from pydantic import TypeAdapter
+
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.render.planfile import PlanFile, read_plan
-from frenzy_slurm.slurmrun import SlurmCommandError, SlurmUnavailable, run
+from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, group_het_jobs
 
 CACHE_SECONDS = 5.0
+_JOBS = TypeAdapter(list[Job])
 
 
-def _cache_path() -> Path:
+def _cache_path(backend: SlurmBackend, key: str) -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "frenzy-slurm"
-    key = hashlib.sha256(os.environ.get("SLURM_CONF", "default").encode()).hexdigest()[:12]
-    return base / f"view-{key}.json"
+    # keyed by cluster, backend and question: a --backend cli call right after a pyslurm one asks Slurm again
+    digest = hashlib.sha256(f"{os.environ.get('SLURM_CONF', 'default')}|{backend.name}|{key}".encode()).hexdigest()[:16]
+    return base / f"jobs-{digest}.json"
 
 
-def load_view_cached(backend: ClusterBackend, max_age: float = CACHE_SECONDS) -> ClusterView:
-    """One query per invocation; repeated calls within a few seconds (watch loops) reuse the last answer."""
-    path = _cache_path()
+def query_jobs_cached(backend: SlurmBackend, user: str | None, max_age: float = CACHE_SECONDS) -> list[Job]:
+    """One queue query per invocation; repeated calls within a few seconds (watch loops) reuse the last answer."""
+    path = _cache_path(backend, f"user={user}")
     try:
         if time.time() - path.stat().st_mtime < max_age:
-            return ClusterView.model_validate_json(path.read_text())
+            return _JOBS.validate_json(path.read_text())
     except (OSError, ValueError):
         pass
-    view = backend.load()
+    jobs = backend.jobs(user=user)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_name(path.name + f".{os.getpid()}")
-        tmp.write_text(view.model_dump_json())
+        tmp.write_bytes(_JOBS.dump_json(jobs))
         tmp.replace(path)
     except OSError:
         pass  # a read-only home only costs the cache
-    return view
+    return jobs
 
 
 @dataclass
@@ -101,9 +104,9 @@ def _attach_files(t: TrackedJob) -> None:
     t.metrics = _read_json(t.job_dir / "metrics.json")
 
 
-def frenzy_jobs(view: ClusterView, user: str | None = None) -> list[TrackedJob]:
+def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
     out = []
-    for jid, comps in sorted(group_het_jobs(view.jobs).items()):
+    for jid, comps in sorted(group_het_jobs(jobs).items()):
         lead = comps[0]
         if not lead.comment.startswith("frenzy:"):
             continue
@@ -116,29 +119,31 @@ def frenzy_jobs(view: ClusterView, user: str | None = None) -> list[TrackedJob]:
     return out
 
 
-def from_job_dir(job_dir: Path) -> TrackedJob:
-    """A job that has left the queue, from its directory (and sacct if accounting answers)."""
+def submitted_job_id(job_dir: Path) -> int:
+    """The job id a job directory's submission.json records."""
     sub = _read_json(job_dir / "submission.json")
-    if sub is None:
-        raise InputError(f"{job_dir}: no submission.json; not a submitted frenzy-slurm job directory")
-    t = TrackedJob(job_id=int(sub["job_id"]), name=job_dir.name, user="", state="UNKNOWN", components=[],
-                   job_dir=job_dir)
-    _attach_files(t)
-    state = sacct_state(t.job_id)
-    if state:
-        t.state = state
-    elif t.finished is not None:
-        t.state = "COMPLETED" if t.finished.get("exit_code") == 0 else "FAILED"
-    return t
+    if sub is None or not str(sub.get("job_id", "")).isdigit():
+        raise InputError(f"{job_dir}: no readable submission.json; not a submitted frenzy-slurm job directory")
+    return int(sub["job_id"])
 
 
-def sacct_state(job_id: int) -> str | None:
-    try:
-        res = run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], timeout=15)
-    except (SlurmCommandError, SlurmUnavailable):
-        return None  # no accounting: the job directory is the record
-    states = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
-    return states[0] if states else None
+def from_job_dirs(job_dirs: list[Path], backend: SlurmBackend | None) -> list[TrackedJob]:
+    """Jobs that have left the queue, from their directories, with one accounting query for all of them."""
+    tracked = []
+    for d in job_dirs:
+        t = TrackedJob(job_id=submitted_job_id(d), name=d.name, user="", state="UNKNOWN", components=[], job_dir=d)
+        _attach_files(t)
+        tracked.append(t)
+    records: dict[int, AccountingRecord] | None = None
+    if backend is not None and tracked:
+        records = backend.accounting([t.job_id for t in tracked])
+    for t in tracked:
+        rec = (records or {}).get(t.job_id)
+        if rec is not None:
+            t.state = rec.state
+        elif t.finished is not None:  # no accounting: the job directory is the record
+            t.state = "COMPLETED" if t.finished.get("exit_code") == 0 else "FAILED"
+    return tracked
 
 
 def find_job_dir(job_id: int, roots: list[Path]) -> Path | None:

@@ -15,6 +15,13 @@ EXAMPLES = ROOT / "examples"
 DEV_DATA = ROOT.parent / "shared" / "data" / "memory_measurements_dev.csv"
 
 
+def pytest_collection_modifyitems(items):
+    """A test that uses the real local cluster is `live`, whoever wrote it: `-m "not live"` runs anywhere."""
+    for item in items:
+        if {"slurm_cluster", "clean_queue"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.live)
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m frenzy_slurm.cli <prog> ...` in a fresh interpreter (exit codes and stderr as users see them)."""
     prog, *rest = args

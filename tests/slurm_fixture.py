@@ -84,7 +84,7 @@ def clean_queue(slurm_cluster):
 
 def occupy_gpus(leave_free: dict[str, int]) -> None:
     """Hold every GPU of the cluster with sleeping jobs, except `leave_free[node]` GPUs on those nodes."""
-    from frenzy_slurm.cluster.slurm_cli import SlurmCliBackend
+    from frenzy_slurm.slurm.cli import SlurmCliBackend
 
     held = 0
     for node in SlurmCliBackend().load().nodes:

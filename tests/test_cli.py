@@ -123,7 +123,7 @@ def test_accuracy_benchmark_any_csv(tmp_path):
     import subprocess
     import sys
 
-    from frenzy_slurm.marp.dataset import REQUIRED_COLUMNS
+    from frenzy_slurm.eval.dataset import REQUIRED_COLUMNS
 
     path = tmp_path / "m.csv"
     with path.open("w", newline="") as fh:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.cluster import ComponentRequest, open_backend
-from frenzy_slurm.cluster.pyslurm_backend import try_import
-from frenzy_slurm.cluster.slurm_cli import SlurmCliBackend
-from frenzy_slurm.cluster.static import StaticBackend
+from frenzy_slurm.slurm import ComponentRequest, open_backend
+from frenzy_slurm.slurm.pyslurm_backend import try_import
+from frenzy_slurm.slurm.cli import SlurmCliBackend
+from frenzy_slurm.slurm.static import StaticBackend
 
 from .conftest import ROOT, run_cli
 from .slurm_fixture import sh, wait_for

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from frenzy_slurm.cluster.model import Job
+from frenzy_slurm.slurm.model import Job
 from frenzy_slurm.cluster.synthetic import LARGE, synthetic, synthetic_site
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import decide

@@ -1,4 +1,4 @@
-"""`frenzy-slurm`: admin and expert tools (memory estimates, presets; site config, simulation, calibration).
+"""`frenzy-slurm`: admin and expert tools (memory estimates, presets, the site file, prediction accuracy).
 
     frenzy-slurm memory examples/llama2-7b.yaml --gpu A100-80GB:16
     frenzy-slurm memory examples/llama2-7b.yaml --plan dp=8,zero=1,mb=2 --json
@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import cluster_options, existing_file, print_json, reports_errors, table
+from frenzy_slurm.cli.common import backend_options, cluster_options, existing_file, print_json, reports_errors, table
 from frenzy_slurm.cli.plan_view import candidate_json, candidate_rows, gpu_options, load, memory_json, memory_rows
 from frenzy_slurm.errors import InputError, NoFitError
 from frenzy_slurm.marp import estimate_memory, parse_plan, search, search_space_from_spec, workload_from_spec
@@ -112,13 +112,13 @@ def site() -> None:
 
 
 @site.command("init")
-@cluster_options
+@backend_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @reports_errors("frenzy-slurm site init")
-def site_init(backend: str, snapshot: Path | None, site: Path | None, output: Path | None, force: bool) -> None:
+def site_init(backend: str, snapshot: Path | None, output: Path | None, force: bool) -> None:
     """Propose a site file from the live cluster's partitions and GRES types."""
-    from frenzy_slurm.cluster import open_backend
+    from frenzy_slurm.slurm import open_backend
     from frenzy_slurm.cluster.site_tools import propose_site
 
     text, flagged = propose_site(open_backend(backend, snapshot).load())
@@ -141,7 +141,7 @@ def site_init(backend: str, snapshot: Path | None, site: Path | None, output: Pa
 @reports_errors("frenzy-slurm site validate")
 def site_validate(backend: str, snapshot: Path | None, site: Path | None, site_file: Path | None) -> None:
     """Check SITE_FILE (or --site) against the live cluster; exit 1 if they disagree."""
-    from frenzy_slurm.cluster import open_backend
+    from frenzy_slurm.slurm import open_backend
     from frenzy_slurm.cluster.site import load_site
     from frenzy_slurm.cluster.site_tools import find_site, validate_site
 
@@ -173,26 +173,34 @@ def site_catalog(as_json: bool) -> None:
 @main.command()
 @click.argument("job_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@backend_options
 @reports_errors("frenzy-slurm accuracy")
-def accuracy(job_dirs: tuple[Path, ...], as_json: bool) -> None:
+def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: Path | None) -> None:
     """MARP's memory predictions against what finished jobs measured (metrics.json).
 
-    JOB_DIRS default to every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs).
+    JOB_DIRS default to every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs). Job states come
+    from one accounting query for all of them (where the site keeps accounting).
     """
     import os
 
-    from frenzy_slurm.track import from_job_dir
+    from frenzy_slurm.slurm import SlurmUnavailable, open_backend
+    from frenzy_slurm.track import from_job_dirs
 
     dirs = list(job_dirs)
     if not dirs:
         root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
         dirs = sorted(p.parent for p in root.glob("*/metrics.json"))
     rows, accs = [], []
+    measured = [d for d in dirs if (d / "metrics.json").exists()]
     for d in dirs:
-        if not (d / "metrics.json").exists():
+        if d not in measured:
             rows.append({"job_dir": str(d), "note": "no metrics.json (not finished, or not the built-in trainer)"})
-            continue
-        t = from_job_dir(d)
+    try:
+        cluster = open_backend(backend, snapshot) if measured else None
+    except SlurmUnavailable:
+        cluster = None  # the job directories alone still answer
+    for t in from_job_dirs(measured, cluster):
+        d = t.job_dir
         for r in (t.metrics or {}).get("ranks", []):
             pred, meas = r.get("predicted_allocated_gib"), r.get("peak_gib")
             acc = 1 - abs(pred - meas) / meas if pred and meas else None

@@ -58,12 +58,19 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 existing_file = click.Path(exists=False, dir_okay=False, path_type=Path)
 
 
-def cluster_options(fn: F) -> F:
-    """--backend/--snapshot/--site, shared by every command that reads the cluster."""
-    fn = click.option("--site", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                      help="Site file describing partitions' GPUs (default: $FRENZY_SITE, /etc/frenzy-slurm/site.yaml).")(fn)
+def backend_options(fn: F) -> F:
+    """--backend/--snapshot: which Slurm backend a command talks to."""
+    from frenzy_slurm.slurm import BACKENDS
+
     fn = click.option("--snapshot", type=click.Path(dir_okay=False, path_type=Path), default=None,
                       help="ClusterView JSON for --backend static (as written by `fsinfo --json`).")(fn)
-    fn = click.option("--backend", type=click.Choice(["auto", "cli", "pyslurm", "static"]), default="auto",
-                      show_default=True, help="How to read the cluster: pyslurm if it matches Slurm, else the CLI tools.")(fn)
+    fn = click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto",
+                      show_default=True, help="How to reach Slurm: pyslurm if it matches Slurm, else the CLI tools.")(fn)
     return fn
+
+
+def cluster_options(fn: F) -> F:
+    """--backend/--snapshot/--site, shared by every command that plans against the cluster."""
+    fn = click.option("--site", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                      help="Site file describing partitions' GPUs (default: $FRENZY_SITE, /etc/frenzy-slurm/site.yaml).")(fn)
+    return backend_options(fn)

@@ -65,7 +65,7 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
          site: Path | None, job_dir: Path | None, templates: Path | None, force: bool, account, qos, time_, constraint,
          exclusive, mail_type, mail_user, job_name, output, error, extra) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
-    from frenzy_slurm.cluster import open_backend
+    from frenzy_slurm.slurm import open_backend
     from frenzy_slurm.cluster.site_tools import maybe_load_site
     from frenzy_slurm.has import decide
     from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
@@ -97,7 +97,7 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     if not dry_run:
         from frenzy_slurm.submit import submit
 
-        done = submit(req, view, force=force)
+        done = submit(req, cluster, force=force)
         result["job_id"] = done.job_id
     if as_json:
         if dry_run:

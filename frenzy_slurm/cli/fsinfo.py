@@ -14,7 +14,7 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, reports_errors, table
-from frenzy_slurm.cluster import open_backend
+from frenzy_slurm.slurm import open_backend
 from frenzy_slurm.cluster.site_tools import maybe_load_site
 from frenzy_slurm.gpus import match_gpu
 

@@ -3,7 +3,9 @@
     fsqueue [-u USER | --all] [--json]
     fsqueue JOBID [--json]
 
-One squeue query per invocation, cached for a few seconds.
+One job-state query per invocation (your jobs, or the one asked about), cached for a few seconds; no
+cluster view. A job that has left the queue is read from its job directory, with accounting if the site
+keeps it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors, table
+from frenzy_slurm.cli.common import backend_options, print_json, reports_errors, table
 from frenzy_slurm.cli.plan_view import fmt_gib, hms
 from frenzy_slurm.errors import InputError
 
@@ -37,20 +39,19 @@ def _job_json(t) -> dict:
 @click.option("-u", "--user", help="Show this user's jobs (default: yours).")
 @click.option("--all", "all_users", is_flag=True, help="Show every user's frenzy-slurm jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@cluster_options
+@backend_options
 @click.version_option(__version__, prog_name="fsqueue")
 @reports_errors("fsqueue")
-def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot, site) -> None:
+def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot) -> None:
     """Track frenzy-slurm jobs: state, GPUs per component, elapsed and predicted remaining time."""
-    from frenzy_slurm.cluster import open_backend
-    from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dir, load_view_cached
+    from frenzy_slurm.slurm import open_backend
+    from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dirs, query_jobs_cached
 
     cluster = open_backend(backend, snapshot)
-    view = load_view_cached(cluster)
-    who = None if (all_users or jobid is not None) else (user or getpass.getuser())
-    jobs = frenzy_jobs(view, who)
-    if jobid is not None and not any(t.job_id == jobid or any(c.job_id == jobid for c in t.components) for t in jobs):
-        jobs = frenzy_jobs(load_view_cached(cluster, max_age=0), who)  # newer than the cached answer?
+    if jobid is not None:
+        jobs = frenzy_jobs(cluster.jobs(job_ids=[jobid]))  # one query for this job (all its components)
+    else:
+        jobs = frenzy_jobs(query_jobs_cached(cluster, None if all_users else (user or getpass.getuser())))
     if jobid is None:
         if as_json:
             print_json([_job_json(t) for t in jobs])
@@ -67,7 +68,7 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
         if job_dir is None:
             raise InputError(f"job {jobid} is not a frenzy-slurm job in the queue, and no job directory under "
                              f"{', '.join(map(str, roots))} records it (set FRENZY_JOBS_DIR)")
-        t = from_job_dir(job_dir)
+        t = from_job_dirs([job_dir], cluster)[0]
     if as_json:
         print_json(_job_json(t) | {"comparison": comparison(t)})
         return

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.yamlfile import load_model_file
 
 # Per-GPU, one-direction bandwidth in GB/s (NVIDIA NVLink generations; PCIe x16 per generation).
@@ -37,13 +38,6 @@ class GpuOverrides(_M):
     efficiency: float | None = Field(None, gt=0, le=1, description="Training utilisation assumed for step time.")
 
 
-class MemoryOverheads(_M):
-    """Device memory outside PyTorch's allocator, per GPU (measure with NVML on a compute node)."""
-
-    context_gib: float = Field(0.5, ge=0, description="CUDA context and loaded kernels.")
-    nccl_gib: float = Field(0.25, ge=0, description="NCCL communicator buffers in multi-GPU jobs.")
-
-
 class SiteDefaults(_M):
     inter_node_gbs: float = Field(25.0, gt=0, description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s).")
     usable_fraction: float = Field(0.95, gt=0.5, le=1.0, description="Share of GPU memory plans may use.")
@@ -59,7 +53,8 @@ class Pool(_M):
     inter_node_gbs: float | None = Field(None, gt=0, description="Network GB/s per GPU; default from `defaults`.")
     usable_fraction: float | None = Field(None, gt=0.5, le=1.0, description="Default from `defaults`.")
     overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")
-    overheads: MemoryOverheads = Field(default_factory=MemoryOverheads, description="Memory outside the allocator.")
+    overheads: Overheads = Field(default_factory=Overheads, description="Memory outside the allocator (CUDA context, "
+                                 "NCCL, fragmentation) measured on this pool's nodes.")
 
     @model_validator(mode="after")
     def _known_gpu(self) -> "Pool":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from frenzy_slurm.cluster.model import ClusterView
+from frenzy_slurm.slurm.model import ClusterView
 from frenzy_slurm.cluster.site import SiteConfig, load_site
 from frenzy_slurm.gpus import match_gpu
 

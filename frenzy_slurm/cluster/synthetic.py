@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from frenzy_slurm.cluster.model import ClusterView, Job, Node, Partition
+from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.cluster.site import Pool, SiteConfig
 
 

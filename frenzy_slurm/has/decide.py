@@ -13,19 +13,19 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from frenzy_slurm.cluster.backend import ClusterBackend, ComponentRequest
-from frenzy_slurm.cluster.model import ClusterView
-from frenzy_slurm.cluster.releases import ReleaseIndex
+from frenzy_slurm.slurm.backend import SlurmBackend, ComponentRequest
+from frenzy_slurm.slurm.model import ClusterView
+from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
-from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision, PlanModel
+from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import GiB, Overheads
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.marp.speed import flops_per_token
-from frenzy_slurm.slurmrun import SlurmCommandError
+from frenzy_slurm.slurm.run import SlurmCommandError
 from frenzy_slurm.spec.job import JobSpec, parse_slurm_time
 
 MAX_STAGES_PER_POOL = 8
@@ -79,7 +79,7 @@ def _homogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], releases: 
                              nodes=nodes, gpus_per_node=per_node, cpus_per_task=pool.site.cpus_per_gpu,
                              stages=list(range(c.plan.pp)),
                              peak_gib=c.peak_gib, capacity_gib=c.capacity_gib)
-            alloc = Allocation(kind="homogeneous", components=[comp], plan=PlanModel.of(c.plan, a.layers),
+            alloc = Allocation(kind="homogeneous", components=[comp], plan=c.plan.resolved(a.layers),
                                step_time_s=c.step_time_s, run_time_s=c.run_time_s, start=start, start_source=source)
             out.append(_Cand(alloc, [pool], [layout]))
     return out
@@ -161,7 +161,7 @@ def _hetero_candidate(w: Workload, placement: list[tuple[UsablePool, int]], dp: 
                                    peak_gib=max(peaks[first:first + n]), capacity_gib=p.option.usable_bytes / GiB))
             layouts.append(layout)
             first += n
-        alloc = Allocation(kind="heterogeneous", components=comps, plan=PlanModel.of(hp.plan, w.arch.layers),
+        alloc = Allocation(kind="heterogeneous", components=comps, plan=hp.plan.resolved(w.arch.layers),
                            step_time_s=hp.step_time_s, run_time_s=hp.step_time_s * steps, start=now, start_source="now")
         return _Cand(alloc, [p for p, _ in placement], layouts)
     return None
@@ -184,7 +184,7 @@ def _violations(spec: JobSpec, c: _Cand, limits: Limits) -> str | None:
     return None
 
 
-def _refine(cands: list[_Cand], backend: ClusterBackend, spec: JobSpec) -> None:
+def _refine(cands: list[_Cand], backend: SlurmBackend, spec: JobSpec) -> None:
     """Slurm's own start estimate for the leading candidates that cannot start now."""
     waiting = [c for c in cands if c.alloc.start_source != "now"][:REFINE_WITH_TEST_ONLY]
     for c in waiting:
@@ -235,7 +235,7 @@ def _no_fit_message(w: Workload, spec: JobSpec, pools: list[UsablePool], space: 
 
 
 def decide(spec: JobSpec, w: Workload, view: ClusterView, site: SiteConfig, space: SearchSpace,
-           backend: ClusterBackend | None = None, now: float | None = None, alternatives: int = 5) -> Decision:
+           backend: SlurmBackend | None = None, now: float | None = None, alternatives: int = 5) -> Decision:
     t0 = time.perf_counter()
     now = now if now is not None else view.taken_at
     steps = spec.training.total_steps

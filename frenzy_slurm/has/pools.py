@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.cluster.model import ClusterView, GpuPool
+from frenzy_slurm.slurm.model import ClusterView, GpuPool
 from frenzy_slurm.cluster.site import Pool, SiteConfig
 from frenzy_slurm.marp.candidates import GpuOption
 from frenzy_slurm.marp.memory import Overheads

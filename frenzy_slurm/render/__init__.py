@@ -76,6 +76,7 @@ class JobRequest:
     files: dict[str, str]
     plan: PlanFile
     kind: str
+    name: str
 
     @property
     def script(self) -> str:
@@ -180,4 +181,4 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
         "plan.json": plan.model_dump_json(indent=2) + "\n",
         "model.yaml": yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False),
     }
-    return JobRequest(job_dir=job_dir, submission=submission, files=files, plan=plan, kind=alloc.kind)
+    return JobRequest(job_dir=job_dir, submission=submission, files=files, plan=plan, kind=alloc.kind, name=name)

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -193,10 +192,20 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         }
         _atomic_json(job_dir / "metrics.json", metrics)
         if _stop["signal"] == "SIGUSR2" and os.environ.get("SLURM_JOB_ID"):
-            jid = os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]
-            subprocess.run(["scontrol", "requeue", jid], check=False)
+            _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
     torch.distributed.barrier()
     return 0
+
+
+def _requeue(job_id: int) -> None:
+    """Back into the queue after the time-limit checkpoint; a failure is logged, the checkpoint is kept."""
+    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.slurm import open_backend
+
+    try:
+        open_backend("cli").requeue(job_id)
+    except FrenzyError as exc:
+        print(f"frenzy-slurm: could not requeue job {job_id}: {exc.message}", flush=True)
 
 
 def _predicted_allocated(pf: PlanFile, stage: int) -> float | None:
@@ -208,5 +217,5 @@ def _predicted_allocated(pf: PlanFile, stage: int) -> float | None:
     w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params))
     if w.attention == "eager":
         w = w.with_(attention="sdpa")
-    est = estimate_memory(w, pf.decision.chosen.plan.to_plan(), "allocated")
+    est = estimate_memory(w, pf.decision.chosen.plan, "allocated")
     return est.stages[min(stage, len(est.stages) - 1)].peak / GiB

@@ -3,12 +3,14 @@
 Idempotency: the submission hash is in the job comment (`frenzy:<hash>`) and the job directory records
 `submission.json`. A second `fsbatch` of the same model.yaml and flags is refused while either shows a
 job, unless --force. A lock file serialises concurrent fsbatch runs in the same jobs directory.
-Slurm's refusals are explained and recorded in `rejected.json`.
+Slurm's refusals are explained and recorded in `rejected.json`. Slurm is reached only through the
+backend (`frenzy_slurm.slurm`): one queue query for the duplicate check, one submission.
 """
 
 from __future__ import annotations
 
 import fcntl
+import getpass
 import json
 import os
 import shutil
@@ -17,10 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from frenzy_slurm.cluster.model import ClusterView
-from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_SLURM_REJECTED, FrenzyError
+from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_SLURM_REJECTED, FrenzyError, InputError
 from frenzy_slurm.render import JobRequest
-from frenzy_slurm.slurmrun import SlurmCommandError, run
+from frenzy_slurm.slurm import BatchJob, ComponentRequest, SlurmBackend, SlurmCommandError
 
 
 class AlreadySubmitted(FrenzyError):
@@ -97,8 +98,8 @@ def write_job_dir(req: JobRequest) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def existing_job(req: JobRequest, view: ClusterView | None) -> str | None:
-    """Why this submission already has a job, or None."""
+def existing_job(req: JobRequest, backend: SlurmBackend | None) -> str | None:
+    """Why this submission already has a job, or None (one queue query for the user's jobs)."""
     record = req.job_dir / "submission.json"
     if record.exists():
         try:
@@ -106,32 +107,30 @@ def existing_job(req: JobRequest, view: ClusterView | None) -> str | None:
         except (OSError, json.JSONDecodeError):
             job = "?"
         return f"job {job} was already submitted from {req.job_dir}"
-    if view is not None:
-        for j in view.jobs:
+    if backend is not None:
+        for j in backend.jobs(user=getpass.getuser()):
             if j.comment == f"frenzy:{req.submission}" and j.phase in ("pending", "running", "suspended"):
                 return f"job {j.het_job_id or j.job_id} with the same submission ({req.submission}) is {j.state}"
     return None
 
 
-def parse_parsable(stdout: str) -> tuple[int, str | None]:
-    """`sbatch --parsable` prints `jobid` or `jobid;cluster`."""
-    first = stdout.strip().splitlines()[-1] if stdout.strip() else ""
-    job, _, cluster = first.partition(";")
-    if not job.isdigit():
-        raise SlurmRejected(f"sbatch --parsable printed {stdout.strip()!r}, not a job id")
-    return int(job), cluster or None
+def batch_job(req: JobRequest) -> BatchJob:
+    """The request as the Slurm seam takes it: the script, and its components in structured form."""
+    alloc = req.plan.decision.chosen
+    comps = [ComponentRequest(partition=c.partition, gpu_type=c.gpu_type, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
+                              time_min=req.plan.time_min, cpus_per_gpu=c.cpus_per_task) for c in alloc.components]
+    return BatchJob(script=req.job_dir / "job.sbatch", workdir=req.job_dir, components=comps,
+                    name=req.name, comment=f"frenzy:{req.submission}")
 
 
-def submit(req: JobRequest, view: ClusterView | None, force: bool = False) -> Submitted:
+def submit(req: JobRequest, backend: SlurmBackend, force: bool = False) -> Submitted:
     if "--script" in req.plan.command:
         script = Path(req.plan.command[req.plan.command.index("--script") + 1])
         if not script.is_file():
-            from frenzy_slurm.errors import InputError
-
             raise InputError(f"{req.plan.spec_path}: entry.script {script} does not exist; fix the path (relative "
                              "paths are taken from model.yaml's directory).")
     with _locked(req.job_dir.parent):
-        why = existing_job(req, view)
+        why = existing_job(req, backend)
         if why and not force:
             raise AlreadySubmitted(f"{why}; not submitting it again. Use --force for another job, "
                                    f"or `fsqueue` to follow the existing one.")
@@ -139,17 +138,17 @@ def submit(req: JobRequest, view: ClusterView | None, force: bool = False) -> Su
             prior = req.job_dir / "submission.json"
             prior.rename(req.job_dir.with_name(req.job_dir.name + f".submission-{int(time.time())}.json"))
         write_job_dir(req)
-        argv = ["sbatch", "--parsable", str(req.job_dir / "job.sbatch")]
+        job = batch_job(req)
+        argv = ["sbatch", "--parsable", str(job.script)]
         try:
-            res = run(argv, timeout=60)
+            done = backend.submit(job)
         except SlurmCommandError as exc:
             why = explain(exc.stderr)
             _write_atomic(req.job_dir / "rejected.json", json.dumps(
                 {"argv": argv, "stderr": exc.stderr, "explanation": why, "at": time.time()}, indent=2) + "\n")
             raise SlurmRejected(f"Slurm refused the job: {exc.stderr.strip()}\n{why}.\n"
                                 f"The rendered files are in {req.job_dir} (rejected.json records this).") from None
-        job_id, cluster = parse_parsable(res.stdout)
         _write_atomic(req.job_dir / "submission.json", json.dumps(
-            {"job_id": job_id, "cluster": cluster, "submission": req.submission, "argv": argv,
-             "submitted_at": time.time()}, indent=2) + "\n")
-        return Submitted(job_id, cluster, req.job_dir)
+            {"job_id": done.job_id, "cluster": done.cluster, "submission": req.submission, "argv": done.argv or argv,
+             "backend": backend.name, "submitted_at": time.time()}, indent=2) + "\n")
+        return Submitted(done.job_id, done.cluster, req.job_dir)

@@ -1,5 +1,7 @@
 """The one helper that runs Slurm commands: argument lists, a timeout, and errors that say what happened.
 
+Used only inside the Slurm seam (`frenzy_slurm.slurm`).
+
 Never uses a shell. Outage messages from any Slurm tool become SlurmUnavailable (exit 4).
 """
 
@@ -20,6 +22,11 @@ class SlurmUnavailable(FrenzyError):
     """The controller cannot be reached or the Slurm commands are missing."""
 
     exit_code = EXIT_SLURM_UNAVAILABLE
+
+
+class SlurmTimeout(SlurmUnavailable):
+    """A command did not answer in time. It may still have acted (a submission can exist): callers that
+    change state look the result up before reporting a failure."""
 
 
 class SlurmCommandError(FrenzyError):
@@ -49,12 +56,20 @@ def run(argv: list[str], timeout: float = 30.0, check: bool = True, input_text: 
             f"'{argv[0]}' was not found: the Slurm client commands are not installed or not on PATH "
             "(install slurm-client, or `module load slurm`); plan without Slurm with --backend static.") from None
     except subprocess.TimeoutExpired:
-        raise SlurmUnavailable(f"'{' '.join(argv)}' did not answer within {timeout:.0f}s: slurmctld is overloaded or down.") from None
+        raise SlurmTimeout(f"'{' '.join(argv)}' did not answer within {timeout:.0f}s: slurmctld is overloaded or down.") from None
     res = Result(argv, proc.stdout, proc.stderr, proc.returncode)
-    if check and proc.returncode != 0:
-        low = proc.stderr.lower()
-        if any(k in low for k in _OUTAGE):
-            raise SlurmUnavailable(f"Slurm is unreachable: {proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else argv[0]} "
-                                   f"(from '{' '.join(argv)}'). Check that slurmctld runs (`scontrol ping`) and SLURM_CONF.")
-        raise SlurmCommandError(argv, proc.returncode, proc.stderr)
+    if check:
+        raise_for_status(res)
     return res
+
+
+def raise_for_status(res: Result) -> None:
+    """SlurmUnavailable for an outage, SlurmCommandError for any other failure, nothing on success."""
+    if res.returncode == 0:
+        return
+    low = res.stderr.lower()
+    if any(k in low for k in _OUTAGE):
+        first = res.stderr.strip().splitlines()[0] if res.stderr.strip() else res.argv[0]
+        raise SlurmUnavailable(f"Slurm is unreachable: {first} (from '{' '.join(res.argv)}'). "
+                               "Check that slurmctld runs (`scontrol ping`) and SLURM_CONF.")
+    raise SlurmCommandError(res.argv, res.returncode, res.stderr)

@@ -3,7 +3,8 @@
 Written to pyslurm 25.11's API as observed on a real cluster (shared/docs/pyslurm-25.11.md):
 node GPU allocation is empty without accounting, so it is derived from running jobs'
 `gres_per_node` and `allocated_nodes`; importing pyslurm without a Slurm configuration ends the
-process, so the configuration is checked first; heterogeneous jobs cannot be submitted through it.
+process, so the configuration is checked first; heterogeneous jobs cannot be submitted through it,
+so submission, cancellation, requeue, start estimates and accounting go through the CLI backend.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from frenzy_slurm.cluster.backend import ComponentRequest, StartEstimate
-from frenzy_slurm.cluster.model import ClusterView, Job, Node, Partition
-from frenzy_slurm.cluster.parse import expand_hostlist, parse_gpu_gres, parse_time_minutes
-from frenzy_slurm.slurmrun import SlurmUnavailable
+from typing import Iterable
+
+from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
+from frenzy_slurm.slurm.cli import SlurmCliBackend
+from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
+from frenzy_slurm.slurm.parse import expand_hostlist, parse_gpu_gres, parse_time_minutes
+from frenzy_slurm.slurm.run import SlurmUnavailable
 
 
 def slurm_config_present() -> bool:
@@ -52,6 +56,18 @@ class PyslurmBackend:
         if self.pyslurm is None:
             raise SlurmUnavailable("the pyslurm backend needs pyslurm matching the running Slurm (and a slurm.conf); "
                                    "use --backend cli")
+        self._cli = SlurmCliBackend()  # for what pyslurm cannot do (hetjob submission, --test-only, sacct)
+
+    @staticmethod
+    def _job(j) -> Job:
+        gtype, gpn = parse_gpu_gres(_gres_dict_to_str(j.gres_per_node))
+        het = j.heterogeneous_id
+        return Job(job_id=j.id, het_job_id=het, het_job_offset=(j.heterogeneous_offset or 0) if het else None,
+                   name=j.name or "", user=j.user_name or "", state=str(j.state), reason=j.state_reason or None,
+                   partition=j.partition or "", nodes=expand_hostlist(j.allocated_nodes), node_count=j.num_nodes or 0,
+                   gpu_type=gtype, gpus_per_node=gpn, start_time=j.start_time or None, end_time=j.end_time or None,
+                   time_limit_min=j.time_limit if isinstance(j.time_limit, int) else parse_time_minutes(j.time_limit),
+                   comment=j.comment or "", workdir=getattr(j, "working_directory", None) or None)
 
     def load(self) -> ClusterView:
         ps = self.pyslurm
@@ -65,18 +81,11 @@ class PyslurmBackend:
         jobs = []
         used: dict[str, int] = defaultdict(int)
         for j in jobs_raw.values():
-            gtype, gpn = parse_gpu_gres(_gres_dict_to_str(j.gres_per_node))
-            het = j.heterogeneous_id
-            job = Job(job_id=j.id, het_job_id=het, het_job_offset=(j.heterogeneous_offset or 0) if het else None,
-                      name=j.name or "", user=j.user_name or "", state=str(j.state), reason=j.state_reason or None,
-                      partition=j.partition or "", nodes=expand_hostlist(j.allocated_nodes), node_count=j.num_nodes or 0,
-                      gpu_type=gtype, gpus_per_node=gpn, start_time=j.start_time or None, end_time=j.end_time or None,
-                      time_limit_min=j.time_limit if isinstance(j.time_limit, int) else parse_time_minutes(j.time_limit),
-                      comment=j.comment or "", workdir=getattr(j, "working_directory", None) or None)
+            job = self._job(j)
             jobs.append(job)
             if job.phase == "running":
                 for n in job.nodes:
-                    used[n] += gpn
+                    used[n] += job.gpus_per_node
         nodes = []
         for n in nodes_raw.values():
             gtype, total = parse_gpu_gres(_gres_dict_to_str(n.configured_gres))
@@ -95,7 +104,33 @@ class PyslurmBackend:
         return ClusterView(backend=self.name, slurm_version=str(version), partitions=parts,
                            nodes=sorted(nodes, key=lambda n: n.name), jobs=sorted(jobs, key=lambda j: j.job_id))
 
-    def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
-        from frenzy_slurm.cluster.slurm_cli import SlurmCliBackend
+    def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
+        try:
+            raw = self.pyslurm.Jobs.load()
+        except Exception as exc:  # noqa: BLE001 - RPCError and friends
+            raise SlurmUnavailable(f"pyslurm could not reach slurmctld: {exc}") from None
+        wanted = set(job_ids) if job_ids is not None else None
+        out = []
+        for j in raw.values():
+            job = self._job(j)
+            if wanted is not None and job.job_id not in wanted and (job.het_job_id or 0) not in wanted:
+                continue
+            if user is not None and job.user != user:
+                continue
+            out.append(job)
+        return sorted(out, key=lambda j: j.job_id)
 
-        return SlurmCliBackend().expected_start(components)  # pyslurm has no test-only submission
+    def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
+        return self._cli.expected_start(components)  # pyslurm has no test-only submission
+
+    def submit(self, job: BatchJob) -> Submitted:
+        return self._cli.submit(job)  # pyslurm cannot submit hetjobs nor keep the script's own #SBATCH lines
+
+    def cancel(self, job_id: int) -> None:
+        self._cli.cancel(job_id)
+
+    def requeue(self, job_id: int) -> None:
+        self._cli.requeue(job_id)
+
+    def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
+        return self._cli.accounting(job_ids)

@@ -1,8 +1,9 @@
-"""Cluster backend over the Slurm command-line tools: `sinfo --json`, `squeue --json`, `scontrol -o`.
+"""Slurm backend over the command-line tools: `sinfo`, `squeue`, `scontrol`, `sbatch`, `scancel`, `sacct`.
 
 Version-specific behaviour is decided once, from `sinfo --version`, by the FEATURES table; the text
 formats (`sinfo -O ...:|`, `squeue -o ...|`) serve versions without JSON and can be forced for tests.
-Three commands per view, run in parallel: one per kind of data, never one per node.
+A view is one command per kind of data (nodes, jobs, partitions, run in parallel) plus the cluster
+name, never one per node; a job-state query is one `squeue`, accounting one `sacct` for many jobs.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from frenzy_slurm.cluster.backend import ComponentRequest, StartEstimate
-from frenzy_slurm.cluster.model import ClusterView, Job, Node, Partition
-from frenzy_slurm.cluster.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_test_only,
-                                        parse_time_minutes)
-from frenzy_slurm.slurmrun import SlurmUnavailable, run
+from typing import Iterable
+
+from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
+from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
+from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_parsable,
+                                      parse_test_only, parse_time_minutes)
+from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
 
 
 @dataclass(frozen=True)
@@ -191,13 +194,33 @@ class SlurmCliBackend:
             self._features = features_for(parse_version(out))
         return self._features
 
+    def _use_json(self) -> bool:
+        return self.features().json and not self.force_text
+
+    def _squeue_argv(self, extra: list[str]) -> list[str]:
+        if self._use_json():
+            return ["squeue", "--json", "--states=all", *extra]
+        return ["squeue", "-h", "--states=all", "-o", SQUEUE_TEXT_FORMAT, *extra]
+
+    def _parse_jobs(self, text: str) -> list[Job]:
+        try:
+            if self._use_json():
+                return [job_from_json(j) for j in json.loads(text)["jobs"]]
+            return jobs_from_text(text)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise self._unexpected(exc) from None
+
+    def _unexpected(self, exc: Exception) -> SlurmUnexpected:
+        return SlurmUnexpected(f"could not read Slurm's answer ({type(exc).__name__}: {exc}); "
+                               f"Slurm {self.version}; try --backend static or report it")
+
     def load(self) -> ClusterView:
-        use_json = self.features().json and not self.force_text
+        use_json = self._use_json()
         if use_json:
-            cmds = {"nodes": ["sinfo", "--json"], "jobs": ["squeue", "--json", "--states=all"]}
+            cmds = {"nodes": ["sinfo", "--json"]}
         else:
-            cmds = {"nodes": ["sinfo", "-N", "-h", "-O", SINFO_TEXT_FIELDS],
-                    "jobs": ["squeue", "-h", "--states=all", "-o", SQUEUE_TEXT_FORMAT]}
+            cmds = {"nodes": ["sinfo", "-N", "-h", "-O", SINFO_TEXT_FIELDS]}
+        cmds["jobs"] = self._squeue_argv([])
         cmds["partitions"] = ["scontrol", "-o", "show", "partition"]
         with ThreadPoolExecutor(max_workers=3) as pool:
             futures = {k: pool.submit(run, argv, self.timeout) for k, argv in cmds.items()}
@@ -205,12 +228,11 @@ class SlurmCliBackend:
         try:
             if use_json:
                 nodes = [node_from_json(n) for n in json.loads(out["nodes"])["nodes"]]
-                jobs = [job_from_json(j) for j in json.loads(out["jobs"])["jobs"]]
             else:
-                nodes, jobs = nodes_from_text(out["nodes"]), jobs_from_text(out["jobs"])
+                nodes = nodes_from_text(out["nodes"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise SlurmUnexpected(f"could not read Slurm's answer ({type(exc).__name__}: {exc}); "
-                                  f"Slurm {self.version}; try --backend static or report it") from None
+            raise self._unexpected(exc) from None
+        jobs = self._parse_jobs(out["jobs"])
         partitions = partitions_from_scontrol(out["partitions"])
         nodes.sort(key=lambda n: n.name)
         jobs.sort(key=lambda j: j.job_id)
@@ -232,3 +254,69 @@ class SlurmCliBackend:
         res = run(argv, timeout=self.timeout, input_text="#!/bin/sh\ntrue\n")
         start, nodes, _ = parse_test_only(res.stderr + res.stdout)
         return StartEstimate(start=start, nodes=nodes, source="test-only")
+
+    def submit(self, job: BatchJob) -> Submitted:
+        """`sbatch --parsable SCRIPT`: the script's own #SBATCH lines (components, comment, chdir) say it all."""
+        argv = ["sbatch", "--parsable", str(job.script)]
+        res = run(argv, timeout=60)
+        job_id, cluster = parse_parsable(res.stdout)
+        return Submitted(job_id=job_id, cluster=cluster, argv=argv)
+
+    def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
+        extra = []
+        ids = sorted(set(job_ids)) if job_ids is not None else None
+        if ids is not None:
+            if not ids:
+                return []
+            extra.append("--jobs=" + ",".join(map(str, ids)))
+        if user is not None:
+            extra.append(f"--user={user}")
+        res = run(self._squeue_argv(extra), timeout=self.timeout, check=False)
+        if res.returncode != 0 and ids is not None and "invalid job id" in res.stderr.lower():
+            return []  # none of them is known any more (they left the queue after MinJobAge)
+        raise_for_status(res)
+        found = self._parse_jobs(res.stdout)
+        if ids is None:
+            return found
+        wanted = set(ids)  # a hetjob asked for by its leader id brings all its components
+        return [j for j in found if j.job_id in wanted or (j.het_job_id or 0) in wanted]
+
+    def cancel(self, job_id: int) -> None:
+        run(["scancel", str(job_id)], timeout=self.timeout)
+
+    def requeue(self, job_id: int) -> None:
+        run(["scontrol", "requeue", str(job_id)], timeout=self.timeout)
+
+    def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
+        """One `sacct` for all the jobs; None where the site has no accounting (or it does not answer)."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        argv = ["sacct", "-n", "-X", "-P", "-j", ",".join(map(str, ids)),
+                "-o", "JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw"]
+        try:
+            res = run(argv, timeout=self.timeout)
+        except (SlurmCommandError, SlurmUnavailable):
+            return None  # accounting disabled or slurmdbd down: callers fall back to the job directory
+        return parse_sacct(res.stdout)
+
+
+def parse_sacct(text: str) -> dict[int, AccountingRecord]:
+    """`sacct -n -X -P -o JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw` rows, keyed by job id.
+
+    A heterogeneous job's components (JobID `123+0`, `123+1`) are also filed under the leader's id
+    (the first component's record), as users know the job by that id.
+    """
+    out: dict[int, AccountingRecord] = {}
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 7 or not f[0].strip().isdigit():
+            continue
+        state = f[2].split()[0] if f[2].strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
+        rec = AccountingRecord(job_id=int(f[0]), state=state, exit_code=f[3] or None, start=_epoch(f[4]),
+                               end=_epoch(f[5]), elapsed_s=int(f[6]) if f[6].isdigit() else None)
+        out[rec.job_id] = rec
+        leader, plus, offset = f[1].partition("+")
+        if plus and leader.isdigit() and offset.split(".")[0] == "0":
+            out.setdefault(int(leader), rec)
+    return out

@@ -5,7 +5,7 @@ Used by the static backend's start estimates and by HAS for candidates that cann
 
 from __future__ import annotations
 
-from frenzy_slurm.cluster.model import ClusterView
+from frenzy_slurm.slurm.model import ClusterView
 
 
 class ReleaseIndex:

@@ -108,6 +108,15 @@ def parse_test_only(stderr: str) -> tuple[float, list[str], str | None]:
     return when.timestamp(), expand_hostlist(m.group("nodes")), m.group("partition")
 
 
+def parse_parsable(stdout: str) -> tuple[int, str | None]:
+    """`sbatch --parsable` prints `jobid` or `jobid;cluster` (after any warnings)."""
+    first = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    job, _, cluster = first.partition(";")
+    if not job.strip().isdigit():
+        raise SlurmUnexpected(f"sbatch --parsable printed {stdout.strip()[:200]!r}, not a job id")
+    return int(job), cluster.strip() or None
+
+
 def num(value: object) -> int | None:
     """Slurm JSON numbers: plain ints (22.05) or {"set": bool, "infinite": bool, "number": n} (23.02+)."""
     if isinstance(value, bool):

@@ -7,14 +7,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from frenzy_slurm.cluster.backend import ComponentRequest, StartEstimate
-from frenzy_slurm.cluster.model import ClusterView
-from frenzy_slurm.cluster.releases import ReleaseIndex
+from typing import Iterable
+
+from frenzy_slurm.slurm.backend import ComponentRequest, ReadOnlyBackend, StartEstimate
+from frenzy_slurm.slurm.model import ClusterView, Job
+from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.yamlfile import format_validation_error
 
 
-class StaticBackend:
+class StaticBackend(ReadOnlyBackend):
     name = "static"
 
     def __init__(self, path: Path):
@@ -51,3 +53,10 @@ class StaticBackend:
             latest = max(latest, ready[c.nodes - 1][0])
             chosen += [name for _, name in ready[: c.nodes]]
         return StartEstimate(start=latest, nodes=chosen, source="snapshot")
+
+    def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
+        """The snapshot's jobs, as they were when it was taken."""
+        wanted = set(job_ids) if job_ids is not None else None
+        return [j for j in self.load().jobs
+                if (wanted is None or j.job_id in wanted or (j.het_job_id or 0) in wanted)
+                and (user is None or j.user == user)]

@@ -1,0 +1,51 @@
+"""The one seam to Slurm: every Slurm command and every pyslurm call of the package lives in this package.
+
+    from frenzy_slurm.slurm import open_backend
+    backend = open_backend("auto")        # pyslurm where it matches the running Slurm, else the CLI tools
+    view = backend.load()                 # partitions, nodes with GPUs, jobs
+    backend.jobs(user="alice")            # one batched queue query
+    backend.submit(BatchJob(...))         # sbatch --parsable (batch and heterogeneous jobs)
+
+Backends: `cli` (Slurm's command-line tools), `pyslurm` (reads through pyslurm; submits, cancels and
+queries accounting through the CLI backend), `static` (a saved view, reads only) and `fake.FakeSlurm`
+(in memory, for unit tests and simulation; never chosen by `open_backend`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentRequest, PoolKey, SlurmBackend,
+                                        StartEstimate, Submitted)
+from frenzy_slurm.slurm.model import ClusterView, GpuPool, Job, Node, Partition, group_het_jobs, job_phase
+from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
+
+__all__ = [
+    "AccountingRecord", "BACKENDS", "BatchJob", "ClusterView", "ComponentRequest", "GpuPool", "Job", "Node",
+    "Partition", "PoolKey", "SlurmBackend", "SlurmCommandError", "SlurmUnavailable", "StartEstimate", "Submitted",
+    "group_het_jobs", "job_phase", "open_backend",
+]
+
+BACKENDS = ("auto", "cli", "pyslurm", "static")
+
+
+def open_backend(name: str = "auto", snapshot: Path | None = None) -> SlurmBackend:
+    """auto: pyslurm where it imports and matches the running Slurm, else the CLI tools."""
+    if name not in BACKENDS:
+        raise InputError(f"--backend {name}: choose one of {', '.join(BACKENDS)}")
+    if name == "static":
+        if snapshot is None:
+            raise InputError("--backend static needs --snapshot FILE (write one with `fsinfo --json > FILE`)")
+        from frenzy_slurm.slurm.static import StaticBackend
+
+        return StaticBackend(snapshot)
+    if name in ("auto", "pyslurm"):
+        from frenzy_slurm.slurm.pyslurm_backend import PyslurmBackend, try_import
+
+        module = try_import()
+        if module is not None or name == "pyslurm":
+            return PyslurmBackend(module)
+    from frenzy_slurm.slurm.cli import SlurmCliBackend
+
+    return SlurmCliBackend()

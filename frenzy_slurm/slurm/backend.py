@@ -1,0 +1,136 @@
+"""The one interface to Slurm: every read, estimate, submission, query and cancellation goes through it.
+
+Implementations: `cli.SlurmCliBackend` (Slurm's command-line tools, any version), `pyslurm_backend`
+(reads through pyslurm; submits through the CLI backend, since pyslurm cannot express hetjobs),
+`static.StaticBackend` (a saved view; reads only) and `fake.FakeSlurm` (in memory, for unit tests and
+the simulator). Callers never run a Slurm command or import pyslurm themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, NamedTuple, Protocol
+
+from frenzy_slurm.slurm.model import ClusterView, Job
+
+
+class PoolKey(NamedTuple):
+    """A GPU pool: one partition's GPUs of one GRES type."""
+
+    partition: str
+    gres_type: str
+
+    def __str__(self) -> str:
+        return f"{self.partition}/{self.gres_type}"
+
+
+@dataclass(frozen=True)
+class ComponentRequest:
+    """One component of a (possibly heterogeneous) GPU request, as sbatch would get it."""
+
+    partition: str
+    gpu_type: str | None
+    nodes: int
+    gpus_per_node: int
+    time_min: int
+    cpus_per_gpu: int = 1
+    mem_per_gpu_mb: int = 500
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    start: float  # epoch seconds
+    nodes: list[str]
+    source: str  # "test-only", "snapshot", "fake", ...
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """What is handed to Slurm: the rendered script, and the same request in structured form.
+
+    The script is what real Slurm runs (`sbatch --parsable SCRIPT`, its own `#SBATCH` lines say
+    everything); `components`, `name` and `comment` repeat those lines for backends that cannot read
+    a script (the fake and the simulator), so what was planned is what runs there too.
+    """
+
+    script: Path
+    workdir: Path
+    components: list[ComponentRequest]
+    name: str = ""
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: int
+    cluster: str | None
+    argv: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One job's record in Slurm's accounting (sacct), for jobs that have left the queue."""
+
+    job_id: int
+    state: str
+    exit_code: str | None = None
+    start: int | None = None
+    end: int | None = None
+    elapsed_s: int | None = None
+
+
+class SlurmBackend(Protocol):
+    name: str
+
+    def load(self) -> ClusterView:
+        """One consistent snapshot of partitions, nodes and jobs."""
+        ...
+
+    def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
+        """When Slurm would start this request now (a hetjob if several components)."""
+        ...
+
+    def submit(self, job: BatchJob) -> Submitted:
+        """Submit a batch or heterogeneous job. Raises SlurmCommandError when Slurm refuses it."""
+        ...
+
+    def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
+        """The queue's jobs (all components of hetjobs), in one query: these ids, this user's, or all."""
+        ...
+
+    def cancel(self, job_id: int) -> None:
+        """Cancel a job (every component of a hetjob)."""
+        ...
+
+    def requeue(self, job_id: int) -> None:
+        """Put a running job back in the queue (its batch script runs again)."""
+        ...
+
+    def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
+        """sacct records of these jobs in one query; None where the site keeps no accounting."""
+        ...
+
+
+class ReadOnlyBackend:
+    """Mixin for backends that can only read (a saved snapshot): the rest says so plainly."""
+
+    name = "read-only"
+
+    def _refuse(self, what: str):
+        from frenzy_slurm.slurm.run import SlurmUnavailable
+
+        raise SlurmUnavailable(f"the {self.name} backend only reads a saved view; it cannot {what}. "
+                               "Use --backend cli (or auto) on a machine that reaches Slurm.")
+
+    def submit(self, job: BatchJob) -> Submitted:
+        self._refuse("submit jobs")
+
+    def cancel(self, job_id: int) -> None:
+        self._refuse("cancel jobs")
+
+    def requeue(self, job_id: int) -> None:
+        self._refuse("requeue jobs")
+
+    def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
+        return None

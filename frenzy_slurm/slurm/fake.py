@@ -1,0 +1,251 @@
+"""FakeSlurm: an in-memory Slurm behind the same interface, for unit tests (and as a base for simulation).
+
+It keeps partitions, nodes with typed GPUs, and jobs over a clock that only moves when told
+(`advance`). Scheduling is what matters to frenzy-slurm's callers: priority FIFO over whole requests,
+node-granular GPU allocation, all components of a heterogeneous job starting together, jobs ending at
+their run time (or their time limit), and start estimates computed the way `sbatch --test-only`
+answers (from running jobs' limits). It never replaces the live tests against real Slurm; it serves
+failures real Slurm cannot be made to produce on demand (an outage, a submission that times out after
+the job was created) and code that needs a Slurm without one (HAS's refinement, the simulator).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
+from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, job_phase
+from frenzy_slurm.slurm.run import SlurmCommandError, SlurmTimeout, SlurmUnavailable
+
+
+@dataclass
+class FakeJob:
+    """One submitted (het)job: its components and, once started, the nodes of each."""
+
+    job_id: int
+    components: list[ComponentRequest]
+    name: str
+    comment: str
+    user: str
+    workdir: str | None
+    submitted: float
+    run_s: float | None  # how long it runs once started; None: until its time limit
+    state: str = "PENDING"
+    start: float | None = None
+    end: float | None = None
+    nodes: list[list[str]] = field(default_factory=list)
+
+    @property
+    def limit_s(self) -> float:
+        return max(c.time_min for c in self.components) * 60.0
+
+
+class FakeSlurm:
+    """An in-memory cluster. Build it from a view (its nodes and partitions; its jobs are ignored)."""
+
+    name = "fake"
+
+    def __init__(self, view: ClusterView, now: float | None = None, user: str = "user", accounting: bool = True):
+        self.now = float(now if now is not None else view.taken_at)
+        self.cluster = view.cluster or "fake"
+        self.partitions = [p.model_copy() for p in view.partitions]
+        self.nodes = {n.name: n.model_copy(update={"gpus_used": 0}) for n in view.nodes}
+        self.user = user
+        self.accounting_enabled = accounting
+        self.fake_jobs: dict[int, FakeJob] = {}
+        self._next_id = 1000
+        self.down = False  # True: every call fails as an unreachable controller does
+        self.submit_times_out = False  # True: the job is created, but the caller sees a timeout
+        self.calls: list[str] = []  # which interface methods were called, in order (for tests)
+
+    # -- the clock ---------------------------------------------------------------------------------
+    def advance(self, seconds: float) -> None:
+        """Move the clock, ending and starting jobs at the right moments on the way."""
+        target = self.now + seconds
+        while True:
+            self._schedule()
+            ends = [j.start + self._duration(j) for j in self.fake_jobs.values() if j.state == "RUNNING"]
+            nxt = min((e for e in ends if e <= target), default=None)
+            if nxt is None:
+                break
+            self.now = max(self.now, nxt)
+            self._finish_due()
+        self.now = target
+        self._finish_due()
+        self._schedule()
+
+    def _duration(self, j: FakeJob) -> float:
+        return min(j.run_s, j.limit_s) if j.run_s is not None else j.limit_s
+
+    def _finish_due(self) -> None:
+        for j in self.fake_jobs.values():
+            if j.state == "RUNNING" and j.start is not None and j.start + self._duration(j) <= self.now:
+                j.state = "TIMEOUT" if j.run_s is None or j.run_s > j.limit_s else "COMPLETED"
+                j.end = j.start + self._duration(j)
+
+    # -- allocation --------------------------------------------------------------------------------
+    def _used(self) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for j in self.fake_jobs.values():
+            if j.state == "RUNNING":
+                for comp, names in zip(j.components, j.nodes):
+                    for n in names:
+                        used[n] = used.get(n, 0) + comp.gpus_per_node
+        return used
+
+    def _candidates(self, c: ComponentRequest) -> list[Node]:
+        part = self._partition(c.partition)
+        return [n for name in part.nodes if (n := self.nodes.get(name)) is not None and n.available
+                and (c.gpu_type is None or n.gpu_type == c.gpu_type) and n.gpus_total >= c.gpus_per_node]
+
+    def _place(self, comps: list[ComponentRequest], used: dict[str, int]) -> list[list[str]] | None:
+        taken: set[str] = set()
+        out = []
+        for c in comps:
+            free = [n.name for n in self._candidates(c)
+                    if n.name not in taken and n.gpus_total - used.get(n.name, 0) >= c.gpus_per_node]
+            if len(free) < c.nodes:
+                return None
+            out.append(free[: c.nodes])
+            taken.update(free[: c.nodes])
+        return out
+
+    def _schedule(self) -> None:
+        """Priority FIFO: pending jobs in submission order; the first that cannot start blocks the rest."""
+        used = self._used()
+        for j in sorted(self.fake_jobs.values(), key=lambda j: (j.submitted, j.job_id)):
+            if j.state != "PENDING":
+                continue
+            placed = self._place(j.components, used)
+            if placed is None:
+                break
+            j.state, j.start, j.nodes = "RUNNING", self.now, placed
+            for comp, names in zip(j.components, placed):
+                for n in names:
+                    used[n] = used.get(n, 0) + comp.gpus_per_node
+
+    def _partition(self, name: str) -> Partition:
+        part = next((p for p in self.partitions if p.name == name), None)
+        if part is None:
+            raise SlurmCommandError(["sbatch"], 1, "sbatch: error: invalid partition specified: " + name)
+        return part
+
+    def _check(self, comps: list[ComponentRequest]) -> None:
+        for c in comps:
+            part = self._partition(c.partition)
+            if part.max_time_min is not None and c.time_min > part.max_time_min:
+                raise SlurmCommandError(["sbatch"], 1, "sbatch: error: Requested time limit is invalid "
+                                                        "(missing or exceeds some limit)")
+            if len(self._candidates(c)) < c.nodes:
+                raise SlurmCommandError(["sbatch"], 1, "sbatch: error: Batch job submission failed: "
+                                                        "Requested node configuration is not available")
+
+    def _guard(self, what: str) -> None:
+        self.calls.append(what)
+        if self.down:
+            raise SlurmUnavailable("Slurm is unreachable: Unable to contact slurm controller (connect failure) "
+                                   "(from the fake backend).")
+
+    # -- the interface -----------------------------------------------------------------------------
+    def load(self) -> ClusterView:
+        self._guard("load")
+        used = self._used()
+        nodes = []
+        for n in self.nodes.values():
+            u = used.get(n.name, 0)
+            state = n.state if not n.available else ("allocated" if u >= n.gpus_total and u else "mixed" if u else "idle")
+            nodes.append(n.model_copy(update={"gpus_used": u, "state": state}))
+        return ClusterView(cluster=self.cluster, backend=self.name, slurm_version="fake", taken_at=self.now,
+                           partitions=[p.model_copy() for p in self.partitions], nodes=nodes,
+                           jobs=self._job_rows(self.fake_jobs.values()))
+
+    def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
+        """When the request would start if nothing else arrived: running jobs end at their limits (as
+        Slurm's own estimate assumes) and pending jobs ahead of it start first (FIFO)."""
+        self._guard("expected_start")
+        self._check(components)
+        probe = copy.deepcopy(self)
+        for j in probe.fake_jobs.values():
+            j.run_s = None
+        marker = FakeJob(job_id=-1, components=list(components), name="", comment="", user="", workdir=None,
+                         submitted=self.now, run_s=None)
+        probe.fake_jobs[-1] = marker
+        probe._schedule()
+        while marker.state == "PENDING":
+            ends = [j.start + j.limit_s for j in probe.fake_jobs.values() if j.state == "RUNNING" and j.start is not None]
+            if not ends:
+                raise SlurmCommandError(["sbatch", "--test-only"], 1, "sbatch: error: Job can never start here")
+            probe.advance(max(0.0, min(ends) - probe.now))
+        return StartEstimate(start=marker.start if marker.start is not None else self.now,
+                             nodes=[n for ns in marker.nodes for n in ns], source="fake")
+
+    def submit(self, job: BatchJob) -> Submitted:
+        self._guard("submit")
+        if not job.components:
+            raise SlurmCommandError(["sbatch"], 1, "sbatch: error: no resources requested")
+        self._check(job.components)
+        jid = self._next_id
+        self._next_id += len(job.components)  # as in Slurm, hetjob components take consecutive ids
+        self.fake_jobs[jid] = FakeJob(job_id=jid, components=list(job.components), name=job.name,
+                                      comment=job.comment, user=self.user, workdir=str(job.workdir),
+                                      submitted=self.now, run_s=None)
+        self._schedule()
+        if self.submit_times_out:
+            raise SlurmTimeout("'sbatch --parsable' did not answer within 60s: slurmctld is overloaded or down.")
+        return Submitted(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
+
+    def set_run_time(self, job_id: int, seconds: float) -> None:
+        """How long a job runs once started (default: until its time limit)."""
+        self.fake_jobs[job_id].run_s = seconds
+
+    def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
+        self._guard("jobs")
+        wanted = set(job_ids) if job_ids is not None else None
+        rows = self._job_rows(j for j in self.fake_jobs.values() if user is None or j.user == user)
+        return [r for r in rows if wanted is None or r.job_id in wanted or (r.het_job_id or 0) in wanted]
+
+    def cancel(self, job_id: int) -> None:
+        self._guard("cancel")
+        j = self.fake_jobs.get(job_id)
+        if j is None:
+            raise SlurmCommandError(["scancel", str(job_id)], 1, f"scancel: error: Invalid job id {job_id}")
+        if job_phase(j.state) in ("pending", "running"):
+            j.state, j.end = "CANCELLED", self.now
+        self._schedule()
+
+    def requeue(self, job_id: int) -> None:
+        self._guard("requeue")
+        j = self.fake_jobs[job_id]
+        j.state, j.start, j.nodes = "PENDING", None, []
+        self._schedule()
+
+    def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
+        self._guard("accounting")
+        if not self.accounting_enabled:
+            return None
+        out = {}
+        for i in job_ids:
+            j = self.fake_jobs.get(i)
+            if j is not None:
+                out[i] = AccountingRecord(job_id=i, state=j.state, exit_code="0:0" if j.state == "COMPLETED" else None,
+                                          start=int(j.start) if j.start else None, end=int(j.end) if j.end else None,
+                                          elapsed_s=int((j.end or self.now) - j.start) if j.start else None)
+        return out
+
+    def _job_rows(self, fake_jobs: Iterable[FakeJob]) -> list[Job]:
+        """Squeue's view: one row per component, hetjob components numbered from the leader's id."""
+        rows = []
+        for j in sorted(fake_jobs, key=lambda j: j.job_id):
+            het = j.job_id if len(j.components) > 1 else None
+            for k, c in enumerate(j.components):
+                names = j.nodes[k] if j.nodes else []
+                end = (j.end if j.end is not None else (j.start + j.limit_s if j.start is not None else None))
+                rows.append(Job(job_id=j.job_id + k, het_job_id=het,
+                                het_job_offset=k if het else None, name=j.name, user=j.user, state=j.state,
+                                partition=c.partition, nodes=names, node_count=c.nodes, gpu_type=c.gpu_type,
+                                gpus_per_node=c.gpus_per_node, start_time=int(j.start) if j.start is not None else None,
+                                end_time=int(end) if end is not None else None, time_limit_min=c.time_min,
+                                comment=j.comment, workdir=j.workdir))
+        return rows
