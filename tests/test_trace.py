@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch", reason="tracing needs torch (pip install -e '.[dev]')")
 
-from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory  # noqa: E402
+from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory, with_exact_params  # noqa: E402
 from frenzy_slurm.marp.params import count_params  # noqa: E402
 from frenzy_slurm.marp.trace import count_factory_parameters, fake_step_peak  # noqa: E402
 from frenzy_slurm.spec import load_job_spec, resolve_model  # noqa: E402
@@ -35,7 +35,8 @@ model:
 training: {seq_len: 64, global_batch: 4, steps: 1}
 entry: {trainer: script, script: train.py}
 """)
-    model = resolve_model(load_job_spec(path), path.parent)
+    spec = load_job_spec(path)
+    model = with_exact_params(spec, resolve_model(spec, path.parent))
     assert model.exact_params == count_params(model.arch).total(2)
 
 

@@ -48,9 +48,7 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
                 f"--plan: global_batch({gb}) is not a multiple of dp({plan.dp}) * mb({plan.micro_batch}); "
                 "change dp or mb so that they divide it")
         if plan.grad_accum == 1:
-            from dataclasses import replace
-
-            plan = replace(plan, grad_accum=gb // (plan.dp * plan.micro_batch))
+            plan = plan.with_(grad_accum=gb // (plan.dp * plan.micro_batch))
         if plan.tp > 1 and (w.arch.heads % plan.tp or w.arch.kv % plan.tp):
             raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
         if plan.pp > w.arch.layers:

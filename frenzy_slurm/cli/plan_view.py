@@ -6,14 +6,15 @@ from pathlib import Path
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
-from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate
+from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate, with_exact_params
 from frenzy_slurm.marp.memory import COMPONENTS
 from frenzy_slurm.spec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 
 
 def load(path: Path, trace: bool = True) -> tuple[JobSpec, ResolvedModel]:
     spec = load_job_spec(path)
-    return spec, resolve_model(spec, path.parent, trace=trace)
+    model = resolve_model(spec, path.parent)
+    return spec, (with_exact_params(spec, model) if trace else model)
 
 
 def gpu_options(specs: tuple[str, ...], default_count: int) -> list[GpuOption]:

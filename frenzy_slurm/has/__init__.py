@@ -4,6 +4,6 @@
 """
 
 from frenzy_slurm.has.decide import decide, requested_minutes
-from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision, PlanModel
+from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 
-__all__ = ["Allocation", "Alternative", "Component", "Decision", "PlanModel", "decide", "requested_minutes"]
+__all__ = ["Allocation", "Alternative", "Component", "Decision", "decide", "requested_minutes"]

@@ -8,7 +8,7 @@ pipeline grid), ZeRO at most 1 (DeepSpeed refuses ZeRO-2/3 with pipelines).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
@@ -100,7 +100,7 @@ def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, glob
     plan = ParallelPlan(dp=dp, pp=pp, zero=1 if dp > 1 else 0, micro_batch=micro_batch, grad_accum=ga,
                         recompute=recompute, layer_split=tuple(split))  # type: ignore[arg-type]
     base = estimate_memory(w, plan, "reserved", overheads)
-    more = estimate_memory(w, replace(plan, layer_split=tuple(x + 1 for x in split)), "reserved", overheads)
+    more = estimate_memory(w, plan.model_copy(update={"layer_split": tuple(x + 1 for x in split)}), "reserved", overheads)
     max_layers = []
     for i in range(pp):
         slope = max(more.stages[i].peak - base.stages[i].peak, 1.0)
@@ -108,7 +108,7 @@ def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, glob
     balanced = _balanced(a.layers, rates, head_equiv, max_layers)
     if balanced is None:
         return None
-    plan = replace(plan, layer_split=tuple(balanced))
+    plan = plan.model_copy(update={"layer_split": tuple(balanced)})
     est = estimate_memory(w, plan, "reserved", overheads)
     if min(_fits(est, caps)) < 0:
         return None  # growth per layer was not linear here (another phase peaked): no split we can vouch for

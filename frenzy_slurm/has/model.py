@@ -17,37 +17,6 @@ class _M(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class PlanModel(_M):
-    """ParallelPlan as stored in plan.json."""
-
-    dp: int
-    tp: int
-    pp: int
-    zero: int
-    micro_batch: int
-    grad_accum: int
-    sequence_parallel: bool
-    recompute: Literal["none", "selective", "full"]
-    offload_optimizer: bool
-    offload_params: bool
-    layer_split: list[int]
-
-    @classmethod
-    def of(cls, p: ParallelPlan, layers: int) -> "PlanModel":
-        return cls(dp=p.dp, tp=p.tp, pp=p.pp, zero=p.zero, micro_batch=p.micro_batch, grad_accum=p.grad_accum,
-                   sequence_parallel=p.sequence_parallel, recompute=p.recompute, offload_optimizer=p.offload_optimizer,
-                   offload_params=p.offload_params, layer_split=list(p.stage_layers(layers)))
-
-    def to_plan(self) -> ParallelPlan:
-        return ParallelPlan(dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero, micro_batch=self.micro_batch,
-                            grad_accum=self.grad_accum, sequence_parallel=self.sequence_parallel,
-                            recompute=self.recompute, offload_optimizer=self.offload_optimizer,
-                            offload_params=self.offload_params, layer_split=tuple(self.layer_split))
-
-    def short(self) -> str:
-        return self.to_plan().short()
-
-
 class Component(_M):
     """One Slurm (het)job component: GPUs of one type in one partition."""
 
@@ -69,7 +38,7 @@ class Component(_M):
 class Allocation(_M):
     kind: Literal["homogeneous", "heterogeneous"]
     components: list[Component]
-    plan: PlanModel
+    plan: ParallelPlan = Field(description="The parallel plan, its layer split written out (the runtime runs it).")
     step_time_s: float
     run_time_s: float
     start: float = Field(description="Predicted start, epoch seconds.")

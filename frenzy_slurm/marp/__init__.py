@@ -7,14 +7,27 @@
 from __future__ import annotations
 
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search
-from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, StageMemory, estimate_memory
+from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
+from frenzy_slurm.marp.overheads import GiB, Overheads
 from frenzy_slurm.marp.plan import ParallelPlan, Workload, parse_plan
 from frenzy_slurm.spec import JobSpec, ResolvedModel
 
 __all__ = [
     "Candidate", "GiB", "GpuOption", "MemoryEstimate", "Overheads", "ParallelPlan", "SearchSpace", "StageMemory",
-    "Workload", "estimate_memory", "parse_plan", "search", "search_space_from_spec", "workload_from_spec",
+    "Workload", "estimate_memory", "parse_plan", "search", "search_space_from_spec", "with_exact_params",
+    "workload_from_spec",
 ]
+
+
+def with_exact_params(spec: JobSpec, model: ResolvedModel) -> ResolvedModel:
+    """A factory model with its exact parameter count, traced on the meta device (imports torch);
+    any other model source is returned unchanged. The spec stage never imports the tracer."""
+    if spec.model.factory is None or model.exact_params is not None:
+        return model
+    from frenzy_slurm.marp.trace import count_factory_parameters
+
+    exact = count_factory_parameters(spec.model.factory, spec.model.factory_kwargs)
+    return ResolvedModel(arch=model.arch, name=model.name, exact_params=exact)
 
 
 def workload_from_spec(spec: JobSpec, model: ResolvedModel) -> Workload:

@@ -30,7 +30,7 @@ class GpuOption:
 
     def overhead_bytes(self, world: int) -> float:
         """Device memory beyond the allocator's reserved bytes: context, and NCCL buffers when world > 1."""
-        return (self.overheads.context_gib + (self.overheads.nccl_gib if world > 1 else 0.0)) * GiB
+        return self.overheads.device_bytes(world)
 
     @property
     def usable_bytes(self) -> float:

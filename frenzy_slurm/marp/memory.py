@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 
 from frenzy_slurm.marp.params import count_params, lora_head_params, lora_params_per_layer
+from frenzy_slurm.marp.overheads import GiB, Overheads
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
 
-GiB = float(1 << 30)
 QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 with double-quantised absmax (QLoRA paper, section 3)
 
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead")
@@ -63,15 +63,6 @@ class MemoryEstimate:
     @property
     def peak_gib(self) -> float:
         return self.peak / GiB
-
-
-@dataclass(frozen=True)
-class Overheads:
-    """What the framework and driver add on top of tensors, per metric."""
-
-    context_gib: float = 0.5  # CUDA context + loaded kernels with lazy module loading (torch >= 2.0)
-    fragmentation: float = 0.08  # caching-allocator reserved/allocated excess
-    nccl_gib: float = 0.25  # NCCL communicator buffers on multi-GPU jobs
 
 
 def _bytes(w: Workload) -> tuple[float, float, float, float, float]:
@@ -299,6 +290,6 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if metric in ("reserved", "device"):
             overhead += allocated * overheads.fragmentation
         if metric == "device":
-            overhead += (overheads.context_gib + (overheads.nccl_gib if plan.world > 1 else 0.0)) * GiB
+            overhead += overheads.device_bytes(plan.world)
         stages.append(StageMemory(stage=i, layers=n_layers, params=params, overhead=overhead, phase=phase, **parts))
     return MemoryEstimate(plan=plan, metric=metric, stages=tuple(stages))

@@ -1,4 +1,8 @@
-"""Parallel plans (how one job is laid over GPUs) and the MARP workload description."""
+"""Parallel plans (how one job is laid over GPUs) and the MARP workload description.
+
+`ParallelPlan` is the one plan type: MARP predicts for it, HAS chooses it, and `plan.json` stores it
+as-is (the in-job runtime reads it back from there), so it is a frozen pydantic model.
+"""
 
 from __future__ import annotations
 
@@ -6,47 +10,67 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.spec.arch import Architecture
 from frenzy_slurm.spec.job import Attention, Method, Optimizer, Precision
 
 Recompute = Literal["none", "selective", "full"]
-Framework = Literal["deepspeed", "torch"]
+Schedule = Literal["1f1b", "interleaved", "gpipe"]
+Framework = Literal["deepspeed", "torch", "megatron"]
 Metric = Literal["allocated", "reserved", "device"]
 
 
-@dataclass(frozen=True)
-class ParallelPlan:
-    """Degrees of parallelism and memory options for one job. world = dp * tp * pp."""
+class ParallelPlan(BaseModel):
+    """Degrees of parallelism and memory options for one job. world = dp * tp * pp * cp."""
 
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    zero: int = 0
-    micro_batch: int = 1
-    grad_accum: int = 1
-    sequence_parallel: bool = False
-    recompute: Recompute = "none"
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    layer_split: tuple[int, ...] | None = None  # layers per pipeline stage; None = as even as possible
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "grad_accum"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}({getattr(self, name)}) must be >= 1")
-        if self.zero not in (0, 1, 2, 3):
-            raise ValueError(f"zero({self.zero}) must be 0, 1, 2 or 3")
+    dp: int = Field(1, ge=1, description="Data-parallel degree (replicas, or the ZeRO/FSDP sharding world).")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (Megatron-style column/row split).")
+    pp: int = Field(1, ge=1, description="Pipeline stages.")
+    cp: int = Field(1, ge=1, description="Context-parallel degree: the sequence split across ranks (ring attention).")
+    zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, "
+                      "3 also weights (torch FSDP full sharding = 3, SHARD_GRAD_OP = 2).")
+    shard_group: int | None = Field(None, ge=1, description="Ranks one ZeRO/FSDP shard group spans when smaller "
+                                    "than dp (HSDP, MiCS); states are replicated across groups. None = dp.")
+    micro_batch: int = Field(1, ge=1, description="Sequences per rank per forward/backward.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step (pipeline micro-batches when pp > 1).")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism: norms/dropout split over tp.")
+    recompute: Recompute = Field("none", description="Activation checkpointing: none, selective (attention core "
+                                 "recomputed) or full (each block recomputed from its input).")
+    recompute_layers: int | None = Field(None, ge=0, description="With recompute=full: how many of a stage's "
+                                         "blocks are checkpointed (every-k / Megatron 'block'); None = all.")
+    offload_optimizer: bool = Field(False, description="Optimizer states (and fp32 master) kept in host memory.")
+    offload_params: bool = Field(False, description="ZeRO-3 parameters kept in host memory.")
+    schedule: Schedule = Field("1f1b", description="Pipeline schedule: 1f1b, interleaved (virtual stages) or gpipe.")
+    virtual_stages: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedule).")
+    layer_split: tuple[int, ...] | None = Field(None, description="Blocks per pipeline stage, in order; None = as "
+                                                "even as possible (earlier stages take the remainder).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ParallelPlan":
         if self.offload_params and self.zero != 3:
             raise ValueError("parameter offload needs zero=3")
         if self.offload_optimizer and self.zero == 0:
             raise ValueError("optimizer offload needs zero>=1")
         if self.layer_split is not None and len(self.layer_split) != self.pp:
             raise ValueError(f"layer_split has {len(self.layer_split)} stages but pp({self.pp})")
+        if self.shard_group is not None and self.dp % self.shard_group:
+            raise ValueError(f"shard_group({self.shard_group}) must divide dp({self.dp})")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise ValueError("virtual_stages > 1 needs schedule=interleaved")
+        return self
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard(self) -> int:
+        """Ranks that ZeRO/FSDP states are divided over."""
+        return self.shard_group or self.dp
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:
         if self.layer_split is not None:
@@ -54,8 +78,18 @@ class ParallelPlan:
         base, extra = divmod(layers, self.pp)
         return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
 
+    def resolved(self, layers: int) -> "ParallelPlan":
+        """This plan with its layer split written out, as plan.json stores it (the runtime needs the exact split)."""
+        return self.model_copy(update={"layer_split": self.stage_layers(layers)})
+
+    def with_(self, **changes: object) -> "ParallelPlan":
+        """A validated copy with some fields changed."""
+        return ParallelPlan.model_validate(self.model_dump() | changes)
+
     def short(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"zero={self.zero}", f"mb={self.micro_batch}"]
+        if self.cp > 1:
+            parts.insert(3, f"cp={self.cp}")
         if self.grad_accum > 1:
             parts.append(f"ga={self.grad_accum}")
         if self.recompute != "none":
@@ -67,15 +101,21 @@ class ParallelPlan:
         return ",".join(parts)
 
 
+def plan_error(exc: ValidationError) -> str:
+    """One line per problem, `field: message`, for CLI errors."""
+    return "; ".join(f"{e['loc'][0]}({e['input']}): {e['msg']}" if e["loc"] else e["msg"].removeprefix("Value error, ")
+                     for e in exc.errors())
+
+
 _PLAN_KEYS = {
-    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "zero": ("zero", int),
+    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int), "zero": ("zero", int),
     "mb": ("micro_batch", int), "ga": ("grad_accum", int), "ckpt": ("recompute", str),
     "sp": ("sequence_parallel", bool), "offload": ("offload", str),
 }
 
 
 def parse_plan(text: str) -> ParallelPlan:
-    """`dp=4,tp=2,pp=1,zero=1,mb=2[,ga=8][,ckpt=full][,sp=1][,offload=opt|opt+param]`."""
+    """`dp=4,tp=2,pp=1,zero=1,mb=2[,cp=2][,ga=8][,ckpt=full][,sp=1][,offload=opt|opt+param]`."""
     kwargs: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         m = re.fullmatch(r"(\w+)=([\w+]+)", item)
@@ -103,8 +143,8 @@ def parse_plan(text: str) -> ParallelPlan:
             kwargs[name] = value
     try:
         return ParallelPlan(**kwargs)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise InputError(f"--plan: {exc}") from None
+    except ValidationError as exc:
+        raise InputError(f"--plan: {plan_error(exc)}") from None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """The architecture plus, where tracing was used, the exact parameter count."""
+    """The architecture plus, where MARP traced a factory, the exact parameter count."""
 
     arch: Architecture
     name: str
@@ -42,8 +42,9 @@ def load_job_spec(path: Path) -> JobSpec:
     return load_model_file(path, JobSpec)
 
 
-def resolve_model(spec: JobSpec, base_dir: Path, trace: bool = True) -> ResolvedModel:
-    """Turn the model source into an Architecture. Only `factory` imports torch."""
+def resolve_model(spec: JobSpec, base_dir: Path) -> ResolvedModel:
+    """Turn the model source into an Architecture (no torch). A factory's exact parameter count is MARP's
+    business: `frenzy_slurm.marp.with_exact_params` traces it."""
     src = spec.model
     if src.preset is not None:
         return ResolvedModel(arch=presets()[src.preset].arch, name=src.preset)
@@ -54,9 +55,4 @@ def resolve_model(spec: JobSpec, base_dir: Path, trace: bool = True) -> Resolved
         path = path if path.is_absolute() else base_dir / path
         return ResolvedModel(arch=architecture_from_hf_config(path), name=path.parent.name or spec.name)
     assert src.factory is not None and src.factory_arch is not None
-    exact = None
-    if trace:
-        from frenzy_slurm.marp.trace import count_factory_parameters
-
-        exact = count_factory_parameters(src.factory, src.factory_kwargs)
-    return ResolvedModel(arch=src.factory_arch, name=src.factory, exact_params=exact)
+    return ResolvedModel(arch=src.factory_arch, name=src.factory)

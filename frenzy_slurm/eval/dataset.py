@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from frenzy_slurm.marp.memory import Overheads
+from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload
 from frenzy_slurm.spec.arch import Architecture
