@@ -24,6 +24,10 @@ class GpuSpec(BaseModel):
     mem_bw_gbs: float = Field(gt=0, description="Memory bandwidth, GB/s.")
     link_gbs: float = Field(gt=0, description="Per-GPU intra-node bandwidth (NVLink or PCIe), GB/s.")
     efficiency: float = Field(gt=0, le=1, description="Model-FLOPs utilisation assumed for training.")
+    # Fixed costs of a training step that do not scale with FLOPs (0 in the catalog; a site calibration
+    # or the site file sets them): they dominate small models' steps.
+    step_overhead_s: float = Field(0.0, ge=0, description="Fixed seconds per optimizer step.")
+    microbatch_overhead_s: float = Field(0.0, ge=0, description="Fixed seconds per micro-batch slot of a step.")
 
     def peak_tflops(self, precision: str) -> float:
         if precision in ("bf16-mixed", "bf16-pure"):

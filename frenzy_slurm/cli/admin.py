@@ -219,3 +219,13 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     if accs:
         click.echo(f"{len(accs)} ranks: mean accuracy {summary['mean_accuracy']:.1%}, "
                    f"{summary['within_10pct']:.0%} within 10%")
+
+
+def _register_calibration_commands() -> None:
+    """`frenzy-slurm calibrate` and `frenzy-slurm site detect` live in their own modules."""
+    from frenzy_slurm.cli.calibrate import calibrate
+
+    main.add_command(calibrate)
+
+
+_register_calibration_commands()

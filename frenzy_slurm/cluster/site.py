@@ -36,6 +36,9 @@ class GpuOverrides(_M):
     fp16: float | None = Field(None, gt=0, description="Peak FP16 TFLOP/s.")
     mem_bw_gbs: float | None = Field(None, gt=0, description="Memory bandwidth, GB/s.")
     efficiency: float | None = Field(None, gt=0, le=1, description="Training utilisation assumed for step time.")
+    step_overhead_s: float | None = Field(None, ge=0, description="Fixed seconds per optimizer step (usually "
+                                          "written by `frenzy-slurm calibrate`).")
+    microbatch_overhead_s: float | None = Field(None, ge=0, description="Fixed seconds per micro-batch slot.")
 
 
 class SiteDefaults(_M):

@@ -1,0 +1,79 @@
+"""Applying a calibration: one explicit step that turns the site file into the calibrated site file.
+
+fsbatch and `frenzy-slurm memory` call `calibrated_site()` after loading the site file; MARP and HAS
+then see calibrated GPU specs and nothing else changes: the step-time corrections become each pool's
+`overrides` (efficiency x factor, fixed per-step and per-micro-batch overheads), the memory factor
+of the job's framework mode shrinks (or grows) the share of each GPU that plans may fill, which is
+the same as multiplying every memory prediction by it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from frenzy_slurm.calibration.model import CalibrationFile, calibration_path, load_calibration
+from frenzy_slurm.cluster.site import SiteConfig
+
+MAX_USABLE_FRACTION = 0.99  # a memory factor below 1 never lets plans fill a GPU completely
+
+
+@dataclass
+class Applied:
+    """What a calibration changed for one job: shown by --explain, recorded in the job directory."""
+
+    path: str
+    created_at: float
+    jobs: int
+    memory_factor: float = 1.0
+    memory_mode: str = ""
+    pools: dict[str, dict] = field(default_factory=dict)  # "partition/gres" -> the correction applied
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "created_at": self.created_at, "jobs": self.jobs, "memory_mode": self.memory_mode,
+                "memory_factor": self.memory_factor, "pools": self.pools}
+
+
+def find_calibration(site: SiteConfig, site_path: Path | None, enabled: bool = True) -> tuple[CalibrationFile, Path] | None:
+    """The calibration beside the site file (or $FRENZY_CALIBRATION), checked; None if there is none."""
+    if not enabled or site_path is None:
+        return None
+    path = calibration_path(site_path)
+    if not path.exists():
+        return None
+    return load_calibration(path, site), path
+
+
+def calibrated_site(site: SiteConfig, cal: CalibrationFile, path: Path, precision: str, method: str
+                    ) -> tuple[SiteConfig, Applied]:
+    """The site file with this job's corrections applied, and a record of them."""
+    mode = f"{precision}/{method}"
+    mem = cal.memory_factor(mode)
+    applied = Applied(path=str(path), created_at=cal.created_at, jobs=len(cal.jobs), memory_mode=mode,
+                      memory_factor=mem.factor if mem else 1.0)
+    pools = []
+    for pool in site.pools:
+        base = pool.spec()
+        corr = cal.step_correction(base.name, precision)
+        update: dict = {}
+        if corr is not None:
+            eff = min(1.0, base.efficiency * corr.efficiency_factor)
+            update["overrides"] = pool.overrides.model_copy(update={
+                "efficiency": eff, "step_overhead_s": corr.step_overhead_s,
+                "microbatch_overhead_s": corr.microbatch_overhead_s})
+            applied.pools[f"{pool.partition}/{pool.gres_type}"] = {
+                "fit": corr.gpu, "efficiency": eff, "raw_efficiency": base.efficiency,
+                "step_overhead_s": corr.step_overhead_s, "microbatch_overhead_s": corr.microbatch_overhead_s,
+                "jobs": corr.jobs}
+        if mem is not None:
+            update["usable_fraction"] = min(MAX_USABLE_FRACTION, site.usable_fraction(pool) / mem.factor)
+        pools.append(pool.model_copy(update=update) if update else pool)
+    return site.model_copy(update={"pools": pools}), applied
+
+
+def record(job_dir_files: dict[str, str], applied: Applied | None, raw_step_s: float | None, step_s: float) -> None:
+    """calibration.json in the job directory: the calibration used and the raw and calibrated step time."""
+    data = {"calibration": applied.to_json() if applied else None, "raw_step_time_s": raw_step_s,
+            "step_time_s": step_s}
+    job_dir_files["calibration.json"] = json.dumps(data, indent=2) + "\n"

@@ -1,0 +1,139 @@
+"""The calibration file: per-site corrections fitted from measured jobs, stored beside the site file.
+
+`site.yaml` -> `site.calibration.yaml` (or `$FRENZY_CALIBRATION`). It records what it was fitted
+against (a fingerprint of the site file's pools) and until when it is valid; loading a calibration
+whose site file changed, that has expired, or that does not parse is an error, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from frenzy_slurm.cluster.site import SiteConfig
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.yamlfile import load_model_file
+
+SITE_WIDE = "*"  # the `gpu` of a step-time correction fitted over every GPU type of the site
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepTimeCorrection(_M):
+    """Step-time model corrections for one GPU model (or the whole site) and one precision.
+
+    predicted step = compute / (peak x efficiency x efficiency_factor) + communication
+                     + step_overhead_s + microbatch_overhead_s x (grad_accum + pp - 1)
+    """
+
+    gpu: str = Field(description="Catalog GPU model, or '*' for the site-wide fit used by GPU types without their own.")
+    precision: str = Field(description="Training precision of the jobs fitted (fp32, bf16-mixed, ...).")
+    efficiency_factor: float = Field(1.0, gt=0, description="Achieved/assumed FLOP-rate ratio; 1 = catalog efficiency.")
+    step_overhead_s: float = Field(0.0, ge=0, description="Fixed seconds per optimizer step (optimizer, collectives' "
+                                   "latency, framework bookkeeping).")
+    microbatch_overhead_s: float = Field(0.0, ge=0, description="Fixed seconds per micro-batch slot on the critical "
+                                         "path (per-op dispatch, pipeline send/recv latency).")
+    jobs: int = Field(ge=1, description="Jobs the fit rests on.")
+    raw_error: float = Field(description="Median |predicted - measured| / measured of those jobs before calibration.")
+    calibrated_error: float = Field(description="The same after calibration.")
+
+
+class MemoryCorrection(_M):
+    """A factor on MARP's predicted peak memory for one framework mode."""
+
+    mode: str = Field(description="Framework mode: '<precision>/<method>' (e.g. bf16-mixed/full, fp32/lora).")
+    factor: float = Field(gt=0, description="Measured / predicted peak; predictions are multiplied by it.")
+    jobs: int = Field(ge=1, description="Jobs the factor rests on.")
+    ranks: int = Field(ge=1, description="Rank measurements (one per GPU) the factor rests on.")
+
+
+class Limits(_M):
+    """The bounds a fit had to satisfy to be applied."""
+
+    min_jobs: int = Field(3, ge=1, description="Fewest measured jobs a correction may rest on.")
+    max_efficiency_factor: float = Field(4.0, ge=1, description="Efficiency may move by at most this factor either way.")
+    max_step_overhead_s: float = Field(30.0, gt=0, description="Largest fixed per-step overhead accepted, seconds.")
+    max_microbatch_overhead_s: float = Field(5.0, gt=0, description="Largest per-micro-batch overhead accepted, seconds.")
+    max_memory_factor: float = Field(1.5, ge=1, description="Memory predictions may move by at most this factor "
+                                     "either way.")
+
+
+class CalibrationFile(_M):
+    """What `frenzy-slurm calibrate` writes; MARP and HAS read it at every fsbatch."""
+
+    version: Literal[1] = Field(1, description="File format version.")
+    site_file: str = Field(description="The site file this was fitted against (informational).")
+    site_fingerprint: str = Field(description="Hash of that site file's pools; a changed site file makes this stale.")
+    created_at: float = Field(description="When it was fitted, epoch seconds.")
+    valid_until: float = Field(description="After this (epoch seconds) the file is stale: refit or remove it.")
+    frenzy_version: str = Field(description="frenzy-slurm version that fitted it.")
+    limits: Limits = Field(default_factory=Limits, description="Bounds the fit was held to.")
+    step_time: list[StepTimeCorrection] = Field(default_factory=list, description="Applied step-time corrections.")
+    memory: list[MemoryCorrection] = Field(default_factory=list, description="Applied memory corrections.")
+    jobs: list[str] = Field(default_factory=list, description="Job directories the fit used.")
+    not_applied: list[str] = Field(default_factory=list, description="Fits refused (too few jobs, out of bounds), "
+                                   "and why; kept for the admin, never applied.")
+
+    def step_correction(self, gpu: str, precision: str) -> StepTimeCorrection | None:
+        """This GPU model's own correction, else the site-wide one for the precision, else None."""
+        own = next((c for c in self.step_time if c.gpu == gpu and c.precision == precision), None)
+        return own or next((c for c in self.step_time if c.gpu == SITE_WIDE and c.precision == precision), None)
+
+    def memory_factor(self, mode: str) -> MemoryCorrection | None:
+        return next((m for m in self.memory if m.mode == mode), None)
+
+
+def site_fingerprint(site: SiteConfig) -> str:
+    """Hash of what predictions depend on in the site file (pools and defaults), not its comments."""
+    data = json.dumps(site.model_dump(mode="json", exclude={"cluster"}), sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def calibration_path(site_path: Path) -> Path:
+    """$FRENZY_CALIBRATION, else `<site stem>.calibration.yaml` beside the site file."""
+    env = os.environ.get("FRENZY_CALIBRATION")
+    if env:
+        return Path(env)
+    return site_path.with_name(site_path.stem + ".calibration.yaml")
+
+
+def load_calibration(path: Path, site: SiteConfig, now: float | None = None) -> CalibrationFile:
+    """Read and check a calibration file; stale or malformed is an InputError that says how to fix it."""
+    cal = load_model_file(path, CalibrationFile)
+    fix = (f"To fix: rerun `frenzy-slurm calibrate` (it rewrites {path}), or delete {path} to plan without "
+           "calibration.")
+    if cal.site_fingerprint != site_fingerprint(site):
+        raise InputError(f"{path}: stale calibration: it was fitted against a different version of the site file "
+                         f"({cal.site_file}, pools changed since). {fix}")
+    now = time.time() if now is None else now
+    if now > cal.valid_until:
+        days = (now - cal.valid_until) / 86400
+        raise InputError(f"{path}: stale calibration: valid_until passed {days:.0f} days ago "
+                         f"({time.strftime('%Y-%m-%d', time.gmtime(cal.valid_until))}). {fix}")
+    gpus = {p.gpu for p in site.pools} | {SITE_WIDE}
+    for i, c in enumerate(cal.step_time):
+        if c.gpu not in gpus:
+            raise InputError(f"{path}: step_time.{i}.gpu: '{c.gpu}' is no GPU of the site file "
+                             f"({', '.join(sorted(gpus - {SITE_WIDE}))}). {fix}")
+    return cal
+
+
+def write_calibration(path: Path, cal: CalibrationFile) -> None:
+    """Atomically, with a header saying where it came from."""
+    import yaml
+
+    head = (f"# Written by `frenzy-slurm calibrate` (frenzy-slurm {cal.frenzy_version}) from {len(cal.jobs)} job(s).\n"
+            "# MARP and HAS apply it at every fsbatch; `fsbatch --explain` shows raw and calibrated numbers.\n"
+            "# Rerun the command to refresh it; delete the file to plan without calibration.\n")
+    body = yaml.safe_dump(cal.model_dump(mode="json"), sort_keys=False, width=110)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(head + body)
+    tmp.replace(path)

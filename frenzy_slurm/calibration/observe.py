@@ -1,0 +1,123 @@
+"""Measured vs predicted, per finished job: what `frenzy-slurm calibrate` fits and `fsqueue JOBID` shows.
+
+A job directory holds plan.json (the decision) and, after the run, metrics.json: written by the
+built-in trainer, or by the NVML sampler beside a user's script (`frenzy_slurm.runtime.sampler`).
+The step time the model predicts is the steady state, so the measured figure leaves out the first
+step (graph warm-up, allocator growth, first collectives) and the step the trainer profiles for memory.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from frenzy_slurm.cluster.site import SiteConfig
+
+WARMUP_STEPS = 1
+
+
+def steady_step_time(step_times: list[float], profiled: list[int] | None = None) -> float | None:
+    """Median step time without warm-up and profiled steps (indices into `step_times`); None if no steps."""
+    if not step_times:
+        return None
+    skip = set(range(WARMUP_STEPS)) | set(profiled if profiled is not None else [1])
+    steady = [t for i, t in enumerate(step_times) if i not in skip]
+    return statistics.median(steady or step_times)
+
+
+def measured_step_time(metrics: dict) -> float | None:
+    """The steady step time of a metrics.json (older files without it: from its step list)."""
+    if metrics.get("steady_step_time_s") is not None:
+        return float(metrics["steady_step_time_s"])
+    return steady_step_time(list(metrics.get("step_times_s") or []), metrics.get("profiled_steps"))
+
+
+@dataclass
+class Observation:
+    """One finished job: what was predicted (raw, without calibration) and what it measured."""
+
+    job_dir: Path
+    job_id: str | None
+    kind: str  # homogeneous / heterogeneous
+    gpus: tuple[str, ...]  # catalog GPU model of each component
+    precision: str
+    mode: str  # framework mode for memory corrections: precision/method
+    slots: int  # micro-batch slots on the critical path per step: grad_accum + pp - 1
+    compute_s: float | None  # raw predicted compute seconds per step (catalog/site efficiency)
+    other_s: float | None  # raw predicted communication/offload seconds per step
+    measured_step_s: float | None
+    memory: list[tuple[float, float]] = field(default_factory=list)  # (predicted, measured) GiB per rank
+    note: str = ""
+
+    @property
+    def raw_step_s(self) -> float | None:
+        return None if self.compute_s is None or self.other_s is None else self.compute_s + self.other_s
+
+
+def raw_step_parts(w, chosen, global_batch: int, site: SiteConfig) -> tuple[float, float] | None:
+    """(compute, other) seconds of the chosen plan's step with the site file's GPU specs, no calibration.
+
+    The step-time model is linear in 1/efficiency, so two evaluations separate the compute part.
+    Only homogeneous plans (else None): a heterogeneous step is the slowest stage's, mixing GPU types.
+    """
+    from frenzy_slurm.marp.speed import Links, plan_costs
+
+    if len(chosen.components) != 1:
+        return None
+    c = chosen.components[0]
+    pool = site.pool(c.partition, c.gpu_type)
+    if pool is None:
+        return None
+    spec = pool.spec().model_copy(update={"step_overhead_s": 0.0, "microbatch_overhead_s": 0.0})
+    links = Links(pool.intra_node_gbs, site.inter_node_gbs(pool), pool.gpus_per_node)
+    costs = plan_costs(w, _plan_of(chosen), global_batch)
+    full = costs.seconds_on(spec, links)
+    half = costs.seconds_on(spec.model_copy(update={"efficiency": spec.efficiency / 2}), links)
+    compute = half - full
+    return compute, full - compute
+
+
+def _plan_of(chosen):
+    plan = chosen.plan
+    return plan.to_plan() if hasattr(plan, "to_plan") else plan  # plan.json before/after ParallelPlan was stored as-is
+
+
+def observe(job_dir: Path, site: SiteConfig) -> Observation | str:
+    """The job's observation, or why it cannot be used (one line)."""
+    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.render.planfile import read_plan
+
+    if not (job_dir / "metrics.json").exists():
+        return "no metrics.json (not finished, or ran without the trainer or the NVML sampler)"
+    try:
+        pf = read_plan(job_dir / "plan.json")
+        metrics = json.loads((job_dir / "metrics.json").read_text())
+    except (FrenzyError, OSError, json.JSONDecodeError) as exc:
+        return f"unreadable: {getattr(exc, 'message', exc)}"
+    chosen = pf.decision.chosen
+    plan = chosen.plan
+    t = pf.spec.training
+    from frenzy_slurm.marp import workload_from_spec
+    from frenzy_slurm.spec import ResolvedModel
+
+    w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params))
+    parts = raw_step_parts(w, chosen, t.global_batch, site)
+    memory = []
+    for r in metrics.get("ranks") or []:
+        pred = r.get("predicted_gib", r.get("predicted_allocated_gib"))
+        meas = r.get("peak_gib")
+        if pred and meas:
+            memory.append((float(pred), float(meas)))
+    return Observation(
+        job_dir=job_dir, job_id=metrics.get("job_id"), kind=chosen.kind,
+        gpus=tuple(c.gpu_model for c in chosen.components), precision=t.precision, mode=f"{t.precision}/{t.method}",
+        slots=plan.grad_accum + plan.pp - 1, compute_s=parts[0] if parts else None,
+        other_s=parts[1] if parts else None, measured_step_s=measured_step_time(metrics), memory=memory,
+        note="" if parts else "step time: heterogeneous or pool no longer in the site file (memory only)")
+
+
+def job_dirs_under(root: Path) -> list[Path]:
+    """Every job directory below `root` that has a plan.json (one level, as fsbatch lays them out)."""
+    return sorted(p.parent for p in root.glob("*/plan.json"))

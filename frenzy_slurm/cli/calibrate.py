@@ -1,0 +1,108 @@
+"""`frenzy-slurm calibrate`: fit per-site corrections from finished jobs and write them beside the site file.
+
+    frenzy-slurm calibrate --site /etc/frenzy-slurm/site.yaml [JOB_DIR...] [--min-jobs 3] [--dry-run]
+
+Reads plan.json + metrics.json of every job directory (default: all under $FRENZY_JOBS_DIR or
+./frenzy-jobs), fits step-time corrections per GPU model and precision and memory factors per
+framework mode, and writes `<site>.calibration.yaml`. Fits outside their bounds or on too few jobs
+are printed and recorded as not applied.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+
+from frenzy_slurm import __version__
+from frenzy_slurm.cli.common import print_json, reports_errors, table
+from frenzy_slurm.errors import InputError
+
+DEFAULT_VALID_DAYS = 90
+
+
+@click.command()
+@click.argument("job_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--site", type=click.Path(dir_okay=False, path_type=Path), help="Site file (default: $FRENZY_SITE, "
+              "/etc/frenzy-slurm/site.yaml).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Calibration file (default: $FRENZY_CALIBRATION, else <site>.calibration.yaml beside the site file).")
+@click.option("--min-jobs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Fewest jobs a correction may rest on.")
+@click.option("--max-efficiency-factor", type=click.FloatRange(min=1), default=4.0, show_default=True,
+              help="Largest move of a GPU's FLOP-rate efficiency, either way.")
+@click.option("--max-memory-factor", type=click.FloatRange(min=1), default=1.5, show_default=True,
+              help="Largest move of memory predictions, either way.")
+@click.option("--valid-days", type=click.IntRange(min=1), default=DEFAULT_VALID_DAYS, show_default=True,
+              help="After this many days the file is stale and fsbatch refuses it until it is refitted.")
+@click.option("--dry-run", is_flag=True, help="Fit and print; do not write the file.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@reports_errors("frenzy-slurm calibrate")
+def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None, min_jobs: int,
+              max_efficiency_factor: float, max_memory_factor: float, valid_days: int, dry_run: bool,
+              as_json: bool) -> None:
+    """Fit per-site corrections of MARP/HAS predictions from what finished jobs measured."""
+    from frenzy_slurm.calibration import (CalibrationFile, Limits, calibration_path, observe, site_fingerprint,
+                                          write_calibration)
+    from frenzy_slurm.calibration.fit import fit
+    from frenzy_slurm.calibration.observe import job_dirs_under
+    from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.cluster.site_tools import find_site
+
+    site_path = find_site(site)
+    if site_path is None:
+        raise InputError("no site file: pass --site FILE or set FRENZY_SITE; the calibration is written beside it.")
+    site_cfg = load_site(site_path)
+    dirs = list(job_dirs)
+    if not dirs:
+        root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
+        dirs = job_dirs_under(root)
+        if not dirs:
+            raise InputError(f"no job directories under {root}: pass JOB_DIR arguments or set FRENZY_JOBS_DIR.")
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        raise InputError("fitting needs numpy and scipy: pip install 'frenzy-slurm[calibrate]'.") from None
+    observations, skipped = [], []
+    for d in dirs:
+        got = observe(d, site_cfg)
+        if isinstance(got, str):
+            skipped.append(f"{d}: {got}")
+        else:
+            observations.append(got)
+            if got.note:
+                skipped.append(f"{d}: {got.note}")
+    limits = Limits(min_jobs=min_jobs, max_efficiency_factor=max_efficiency_factor, max_memory_factor=max_memory_factor)
+    steps, memory, notes = fit(observations, limits)
+    now = time.time()
+    cal = CalibrationFile(site_file=str(site_path), site_fingerprint=site_fingerprint(site_cfg), created_at=now,
+                          valid_until=now + valid_days * 86400, frenzy_version=__version__, limits=limits,
+                          step_time=steps, memory=memory, jobs=[str(o.job_dir) for o in observations],
+                          not_applied=notes)
+    path = output or calibration_path(site_path)
+    if not dry_run:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_calibration(path, cal)
+    if as_json:
+        print_json({"path": str(path), "written": not dry_run, "calibration": cal.model_dump(mode="json"),
+                    "skipped": skipped})
+        return
+    click.echo(f"{len(observations)} measured job(s) from {len(dirs)} director(ies); site file {site_path}")
+    if steps:
+        rows = [[c.gpu if c.gpu != "*" else "site-wide", c.precision, f"x{c.efficiency_factor:.3g}",
+                 f"{c.step_overhead_s:.4g}", f"{c.microbatch_overhead_s:.4g}", str(c.jobs), f"{c.raw_error:.1%}",
+                 f"{c.calibrated_error:.1%}"] for c in steps]
+        click.echo(table(rows, ["gpu", "precision", "efficiency", "s/step", "s/micro-batch", "jobs",
+                                "error before", "error after"]))
+    if memory:
+        click.echo(table([[m.mode, f"x{m.factor:.3f}", str(m.jobs), str(m.ranks)] for m in memory],
+                         ["memory mode", "factor", "jobs", "ranks"]))
+    for line in notes:
+        click.echo(f"not applied / note: {line}")
+    for line in skipped:
+        click.echo(f"skipped: {line}", err=True)
+    if not steps and not memory:
+        click.echo("no correction met its bounds and minimum job count; nothing is applied.")
+    click.echo(("would write " if dry_run else "wrote ") + str(path))
