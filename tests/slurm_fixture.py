@@ -84,13 +84,13 @@ def clean_queue(slurm_cluster):
 
 def occupy_gpus(leave_free: dict[str, int]) -> None:
     """Hold every GPU of the cluster with sleeping jobs, except `leave_free[node]` GPUs on those nodes."""
-    from frenzy_slurm.slurm.cli import SlurmCliBackend
+    from frenzy_slurm.slurm import open_backend
 
     held = 0
-    for node in SlurmCliBackend().load().nodes:
+    for node in open_backend("cli").load().nodes:
         count = node.gpus_total - leave_free.get(node.name, 0)
         if count > 0:
             sh("sbatch", "-p", node.partitions[0], "-w", node.name, f"--gres=gpu:{node.gpu_type}:{count}", "-t", "30",
-               "--wrap", "sleep 600")
+               "-o", "/dev/null", "--wrap", "sleep 600")
             held += 1
     wait_for(lambda: len(sh("squeue", "-h", "-t", "R", "-o", "%i").split()) == held, what="GPU holders running")

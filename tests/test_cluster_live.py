@@ -17,7 +17,7 @@ from frenzy_slurm.slurm.pyslurm_backend import try_import
 from frenzy_slurm.slurm.cli import SlurmCliBackend
 from frenzy_slurm.slurm.static import StaticBackend
 
-from .conftest import ROOT, run_cli
+from .helpers import ROOT, run_cli
 from .slurm_fixture import sh, wait_for
 
 SITE = ROOT / "site_configs" / "devcluster.yaml"
@@ -47,7 +47,7 @@ def test_layout_and_gpu_types(clean_queue):
 
 
 def test_free_gpus_follow_a_job(clean_queue):
-    jid = sh("sbatch", "--parsable", "-p", "a100", "--gres=gpu:a100:3", "-t", "5", "--wrap", "sleep 60")
+    jid = sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "--gres=gpu:a100:3", "-t", "5", "--wrap", "sleep 60")
     b = SlurmCliBackend()
     view = wait_for(lambda: (v := b.load()) and pool(v, "a100").gpus_free == 5 and v, what="3 GPUs taken")
     job = next(j for j in view.jobs if str(j.job_id) == jid)
@@ -66,10 +66,10 @@ def test_drained_node_leaves_free_capacity(clean_queue):
 
 
 def test_backends_agree(clean_queue, tmp_path):
-    sh("sbatch", "--parsable", "-p", "v100", "--gres=gpu:v100:5", "-t", "5", "--wrap", "sleep 60")
+    sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "v100", "--gres=gpu:v100:5", "-t", "5", "--wrap", "sleep 60")
     script = tmp_path / "het.sh"
     script.write_text("#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:2 -t 5\n#SBATCH hetjob\n#SBATCH -p t4 -N 2 --gres=gpu:t4:3\nsleep 60\n")
-    sh("sbatch", "--parsable", str(script))
+    sh("sbatch", "--parsable", "-o", "/dev/null", str(script))
     wait_for(lambda: len([j for j in SlurmCliBackend().load().jobs if j.phase == "running"]) == 3, what="3 running")
     views = {name: b.load() for name, b in backends(tmp_path).items()}
     ref = views["cli"].model_dump(exclude={"taken_at", "backend", "slurm_version", "cluster"})
@@ -89,7 +89,7 @@ def test_expected_start_now_and_later(clean_queue, tmp_path):
     now = time.time()
     est = b.expected_start([ComponentRequest("a100", "a100", 1, 4, 10)])
     assert est.start - now < 120 and len(est.nodes) == 1
-    sh("sbatch", "--parsable", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "7", "--wrap", "sleep 300")
+    sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "7", "--wrap", "sleep 300")
     wait_for(lambda: pool(b.load(), "a100").gpus_free == 0, what="a100 full")
     later = b.expected_start([ComponentRequest("a100", "a100", 1, 4, 10), ComponentRequest("t4", "t4", 2, 4, 10)])
     assert 5 * 60 < later.start - now < 9 * 60, "starts when the 7-minute job ends"
@@ -101,8 +101,8 @@ def test_expected_start_now_and_later(clean_queue, tmp_path):
 
 
 def test_fsinfo_output(clean_queue):
-    sh("sbatch", "--parsable", "-p", "a100", "--gres=gpu:a100:4", "-t", "5", "--wrap", "sleep 60")
-    sh("sbatch", "--parsable", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "5", "--wrap", "sleep 1")
+    sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "--gres=gpu:a100:4", "-t", "5", "--wrap", "sleep 60")
+    sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "5", "--wrap", "sleep 1")
     wait_for(lambda: pool(SlurmCliBackend().load(), "a100").gpus_free == 4, what="job running")
     res = run_cli("fsinfo", "--site", str(SITE))
     assert res.returncode == 0, res.stderr

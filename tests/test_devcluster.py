@@ -40,7 +40,7 @@ def test_hetjob_runs_across_partitions(clean_queue, tmp_path):
     script.write_text(f"#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:1 -t 2 -o {out}\n#SBATCH hetjob\n"
                       "#SBATCH -p v100 --gres=gpu:v100:1\n"
                       "echo size=$SLURM_HET_SIZE p0=$SLURM_JOB_PARTITION_HET_GROUP_0 p1=$SLURM_JOB_PARTITION_HET_GROUP_1\n")
-    sh("sbatch", "--parsable", str(script))
+    sh("sbatch", "--parsable", "-o", "/dev/null", str(script))
     wait_for(lambda: out.exists() and "size=" in out.read_text(), timeout=60, what="hetjob output")
     assert "size=2 p0=a100 p1=v100" in out.read_text()
 
@@ -55,7 +55,8 @@ def test_accounting_gives_sacct(tmp_path):
     try:
         assert res.returncode == 0, res.stderr
         senv = dict(env, SLURM_CONF=res.stdout.strip().split("=", 1)[1])
-        jid = subprocess.run(["sbatch", "--parsable", "-p", "t4", "--gres=gpu:t4:2", "-t", "1", "--wrap", "true"],
+        jid = subprocess.run(["sbatch", "--parsable", "-p", "t4", "--gres=gpu:t4:2", "-t", "1", "-o", str(tmp_path / "slurm-%j.out"),
+                              "--wrap", "true"],
                              capture_output=True, text=True, env=senv, check=True).stdout.strip()
 
         def accounted():

@@ -10,48 +10,12 @@ import pytest
 from frenzy_slurm.slurm.model import Job
 from frenzy_slurm.cluster.synthetic import LARGE, synthetic, synthetic_site
 from frenzy_slurm.errors import NoFitError
-from frenzy_slurm.has import decide
 from frenzy_slurm.has.hetero import StageGroup, build, split_layers
 from frenzy_slurm.has.pools import node_layout
 from frenzy_slurm.marp import Workload, search_space_from_spec, workload_from_spec
-from frenzy_slurm.spec import JobSpec, presets, resolve_model
+from frenzy_slurm.spec import presets, resolve_model
 
-LOCAL = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]
-
-
-def make_spec(**over) -> JobSpec:
-    base = {"name": "t", "model": {"preset": "gpt2-medium"},
-            "training": {"seq_len": 1024, "global_batch": 64, "steps": 100, "precision": "bf16-mixed"}}
-    for key, value in over.items():
-        section, _, field = key.partition("__")
-        if field:
-            base.setdefault(section, {})[field] = value
-        else:
-            base[section] = value
-    return JobSpec.model_validate(base)
-
-
-def run(spec: JobSpec, view, site=None):
-    model = resolve_model(spec, ".")
-    return decide(spec, workload_from_spec(spec, model), view, site or synthetic_site(LOCAL), search_space_from_spec(spec),
-                  now=view.taken_at)
-
-
-def fill(view, partition: str, keep_free: dict[str, int] | None = None, minutes: int = 60):
-    """Hold every GPU of a partition (except keep_free[node]) with a running job ending in `minutes`."""
-    keep_free = keep_free or {}
-    jobs = list(view.jobs)
-    nodes = []
-    for n in view.nodes:
-        if partition in n.partitions:
-            used = n.gpus_total - keep_free.get(n.name, 0)
-            n = n.model_copy(update={"gpus_used": used, "state": "mixed" if used else "idle"})
-            jobs.append(Job(job_id=1000 + len(jobs), state="RUNNING", partition=partition, nodes=[n.name], node_count=1,
-                            gpu_type=n.gpu_type, gpus_per_node=used, start_time=int(view.taken_at - 60),
-                            end_time=int(view.taken_at + minutes * 60)))
-        nodes.append(n)
-    return view.model_copy(update={"nodes": nodes, "jobs": jobs})
-
+from .helpers import LOCAL, fill, make_spec, plan
 
 def test_node_layout():
     assert node_layout(8, 4) == (2, 4)
@@ -85,7 +49,7 @@ def test_hetero_build_respects_memory():
 
 
 def test_homogeneous_when_a_type_is_free():
-    d = run(make_spec(), synthetic(LOCAL))
+    d = plan(make_spec(), synthetic(LOCAL))
     assert d.chosen.kind == "homogeneous" and d.chosen.start_source == "now"
     assert d.chosen.components[0].gpu_model == "A100-40GB"
 
@@ -96,7 +60,7 @@ def test_heterogeneous_only_when_sooner():
     view = fill(synthetic(LOCAL), "a100")
     view = fill(view, "v100", {"v100-2": 2})
     view = fill(view, "t4", {"t4-4": 2})
-    d = run(spec, view)
+    d = plan(spec, view)
     assert d.chosen.kind == "heterogeneous", d.chosen.label()
     assert [c.partition for c in d.chosen.components] == ["v100", "t4"]
     assert [c.gpus for c in d.chosen.components] == [2, 2]
@@ -105,30 +69,30 @@ def test_heterogeneous_only_when_sooner():
     # the same job when the GPUs free up soon: waiting for one type finishes first
     soon = fill(fill(fill(synthetic(LOCAL), "a100", minutes=1), "v100", {"v100-2": 2}), "t4", {"t4-4": 2})
     spec_long = spec.model_copy(update={"training": spec.training.model_copy(update={"steps": 2000})})
-    d2 = run(spec_long, soon)
+    d2 = plan(spec_long, soon)
     assert d2.chosen.kind == "homogeneous", d2.chosen.label()
     assert d2.chosen.start_source == "view" and d2.chosen.start == pytest.approx(soon.taken_at + 60)
 
 
 def test_waits_when_nothing_is_free():
     view = fill(fill(fill(synthetic(LOCAL), "a100", minutes=30), "v100", minutes=60), "t4", minutes=90)
-    d = run(make_spec(), view)
+    d = plan(make_spec(), view)
     assert d.chosen.start_source == "view"
     assert d.chosen.start == pytest.approx(view.taken_at + 30 * 60)
 
 
 def test_limits():
     view = synthetic(LOCAL)
-    d = run(make_spec(limits__max_gpus=2), view)
+    d = plan(make_spec(limits__max_gpus=2), view)
     assert d.chosen.gpus <= 2
-    d = run(make_spec(limits__gpu_types=["t4"]), view)
+    d = plan(make_spec(limits__gpu_types=["t4"]), view)
     assert {c.gpu_type for c in d.chosen.components} == {"t4"}
     assert any("not in limits.gpu_types" in a.lost_because for a in d.alternatives)
     with pytest.raises(NoFitError, match="fits nowhere"):
-        run(make_spec(limits__time_limit="00:01:00", training={"seq_len": 1024, "global_batch": 64, "steps": 100000}), view)
+        plan(make_spec(limits__time_limit="00:01:00", training={"seq_len": 1024, "global_batch": 64, "steps": 100000}), view)
     past = dt.datetime.fromtimestamp(view.taken_at - 10, tz=dt.timezone.utc)
     with pytest.raises(NoFitError):
-        run(make_spec(limits__deadline=past.isoformat()), view)
+        plan(make_spec(limits__deadline=past.isoformat()), view)
 
 
 def test_partition_max_time():
@@ -136,7 +100,7 @@ def test_partition_max_time():
     parts = [p.model_copy(update={"max_time_min": 5}) if p.name == "a100" else p for p in view.partitions]
     view = view.model_copy(update={"partitions": parts})
     spec = make_spec(training={"seq_len": 1024, "global_batch": 64, "steps": 3000})
-    d = run(spec, view)
+    d = plan(spec, view)
     assert "a100" not in {c.partition for c in d.chosen.components}
 
 
@@ -144,7 +108,7 @@ def test_no_fit_names_the_smallest_allocation():
     spec = make_spec(model={"preset": "llama-2-13b"}, limits__max_gpus=4,
                      training={"seq_len": 2048, "global_batch": 64, "steps": 10, "precision": "fp32"})
     with pytest.raises(NoFitError) as err:
-        run(spec, synthetic(LOCAL))
+        plan(spec, synthetic(LOCAL))
     msg = err.value.message
     assert "smallest allocation that would fit" in msg and "To fix" in msg
     smallest = int(msg.split("would fit: ")[1].split(" x ")[0])
@@ -154,8 +118,34 @@ def test_no_fit_names_the_smallest_allocation():
 def test_large_cluster_decision():
     """2,048 GPUs in 8 types, half busy (benchmarks/has_decision.py times this shape)."""
     view = synthetic(LARGE, busy=0.5, seed=3)
-    d = run(make_spec(), view, synthetic_site(LARGE))
+    d = plan(make_spec(), view, synthetic_site(LARGE))
     comp = d.chosen.components[0]
     assert d.chosen.start_source == "now" and comp.peak_gib <= comp.capacity_gib
     free = sum(n.gpus_free for n in view.nodes if comp.partition in n.partitions)
     assert d.chosen.gpus <= free
+
+
+def test_has_owns_the_time_limit():
+    """HAS returns the --time it chose; a requested --time above a partition's MaxTime rules that partition out."""
+    view = synthetic(LOCAL)
+    d = plan(make_spec(), view)
+    assert d.chosen.time_min == int(-(-(d.chosen.run_time_s * 1.25 + 600) // 60))
+    assert plan(make_spec(), view, time="2:00:00").chosen.time_min == 120
+    parts = [p.model_copy(update={"max_time_min": 60}) for p in view.partitions]
+    capped = view.model_copy(update={"partitions": parts})
+    assert plan(make_spec(), capped, time="59").chosen.time_min == 59
+    with pytest.raises(NoFitError, match="MaxTime 60 min"):
+        plan(make_spec(), capped, time="2:00:00")  # fsbatch -t above every partition's MaxTime
+
+
+def test_pools_are_keyed_by_partition_and_gres_type():
+    """Two partitions with the same GPU model are two pools, each with its own prediction."""
+    from frenzy_slurm.cluster.synthetic import synthetic_site
+    from frenzy_slurm.slurm import PoolKey
+
+    shape = [("a100", "A100-40GB", 2, 4), ("a100b", "A100-40GB", 1, 4)]
+    view = fill(synthetic(shape), "a100")
+    d = plan(make_spec(), view, synthetic_site(shape))
+    comp = d.chosen.components[0]
+    assert (comp.partition, comp.gpu_type) == ("a100b", "a100_40gb")
+    assert PoolKey("a100b", "a100_40gb") == ("a100b", "a100_40gb") and str(PoolKey("p", "g")) == "p/g"

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.render import SbatchOptions, render_job
+from frenzy_slurm.render import render_job
+from frenzy_slurm.spec.job import SlurmOptions
 
-from .test_has import LOCAL, fill, make_spec, run
+from .helpers import HOSTILE, LOCAL, fill, make_spec, plan
 from frenzy_slurm.cluster.synthetic import synthetic
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.spec import resolve_model
@@ -30,10 +31,10 @@ def normalize(text: str) -> str:
 
 
 def rendered(spec, view, options=None, **kw):
-    d = run(spec, view)
+    d = plan(spec, view)
     model = resolve_model(spec, ".")
     return render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), d,
-                      options or SbatchOptions(), job_dir=JOB_DIR, **kw)
+                      options or SlurmOptions(), job_dir=JOB_DIR, **kw)
 
 
 def check_golden(name: str, text: str) -> None:
@@ -85,8 +86,6 @@ def test_ds_config_values():
     assert "optimizer" not in json.loads(sgd.files["ds_config.json"])  # the runtime builds it
 
 
-HOSTILE = ["$(touch pwned-subst)", "`touch pwned-tick`", "a; touch pwned-semi", "two\nlines", "it's \"quoted\"",
-           "$HOME", "*", "--", "-rf /"]
 
 
 def test_hostile_values_stay_inert(tmp_path):
@@ -115,17 +114,24 @@ def test_hostile_values_stay_inert(tmp_path):
     assert not list(tmp_path.glob("pwned*")), "a hostile value was executed"
 
 
-@pytest.mark.parametrize("options,needle", [
-    (SbatchOptions(account="a b"), "--account 'a b'"),
-    (SbatchOptions(qos="x;y"), "--qos 'x;y'"),
-    (SbatchOptions(extra=["--comment=x\n#SBATCH --uid=0"]), "must start with '-' and be on one line"),
-    (SbatchOptions(extra=["reservation=x"]), "must start with '-'"),
-    (SbatchOptions(output="/tmp/a b/%j.out"), "has spaces"),
-    (SbatchOptions(job_name="x$(id)"), "job name"),
+@pytest.mark.parametrize("flags,needle", [
+    ({"account": "a b"}, "--account: 'a b' may use only"),
+    ({"qos": "x;y"}, "--qos: 'x;y' may use only"),
+    ({"extra": ["--comment=x\n#SBATCH --uid=0"]}, "is not an sbatch flag"),
+    ({"extra": ["reservation=x"]}, "must start with '-'"),
+    ({"output": "/tmp/a b/%j.out"}, "--output: '/tmp/a b/%j.out' has spaces"),
+    ({"job_name": "x$(id)"}, "--job-name: 'x$(id)' may use only"),
 ])
-def test_sbatch_options_validated(options, needle):
+def test_sbatch_options_validated(flags, needle):
+    """fsbatch's flags over model.yaml's slurm: block, checked before anything reaches a script."""
     with pytest.raises(InputError, match=re.escape(needle)):
-        rendered(make_spec(), synthetic(LOCAL), options)
+        SlurmOptions().overridden(**flags)
+
+
+def test_sbatch_flags_override_model_yaml():
+    merged = SlurmOptions(account="a", qos="q", extra=["--reservation=r"]).overridden(account="b", extra=["--x=1"])
+    assert (merged.account, merged.qos, merged.extra) == ("b", "q", ["--reservation=r", "--x=1"])
+    assert merged.flags() == ["--account=b", "--qos=q", "--reservation=r", "--x=1"]
 
 
 def test_template_override_and_strict_undefined(tmp_path):
@@ -142,10 +148,10 @@ def test_submission_hash_identity():
 
     spec = make_spec()
     model = resolve_model(spec, ".")
-    same = submission_hash(spec, model, SbatchOptions())
-    assert same == submission_hash(make_spec(), model, SbatchOptions())
-    assert same != submission_hash(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 100}), model, SbatchOptions())
-    assert same != submission_hash(spec, model, SbatchOptions(account="other"))
+    same = submission_hash(spec, model, SlurmOptions())
+    assert same == submission_hash(make_spec(), model, SlurmOptions())
+    assert same != submission_hash(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 100}), model, SlurmOptions())
+    assert same != submission_hash(spec, model, SlurmOptions(account="other"))
 
 
 def test_templates_ship_as_package_data():

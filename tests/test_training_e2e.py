@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import EXAMPLES, ROOT, run_cli
+from .helpers import EXAMPLES, ROOT, fsbatch_json, run_cli, wait_done
 from .slurm_fixture import occupy_gpus, sh, wait_for
-from .test_fsbatch_live import submit, wait_done
 
 pytest.importorskip("deepspeed", reason="training tests need the train extra (pip install -e '.[dev]')")
 
@@ -50,7 +49,7 @@ def metrics_of(out: dict) -> dict:
 
 def test_heterogeneous_pipeline_training(jobs_dir):
     occupy_gpus({"v100-2": 1, "t4-4": 1})  # a100 busy; one free GPU in v100 and one in t4
-    out = submit(str(EXAMPLES / "tiny-cpu.yaml"), "--site", str(CPU_SITE))
+    out = fsbatch_json(str(EXAMPLES / "tiny-cpu.yaml"), "--site", str(CPU_SITE))
     chosen = out["decision"]["chosen"]
     assert chosen["kind"] == "heterogeneous" and len(chosen["components"]) == 2
     assert {c["partition"] for c in chosen["components"]} == {"v100", "t4"}
@@ -74,7 +73,7 @@ def test_heterogeneous_pipeline_training(jobs_dir):
 
 def test_zero2_data_parallel_training(jobs_dir, tmp_path):
     spec = tiny(tmp_path, "zero2", limits__min_gpus=2)
-    out = submit(str(spec), "--site", str(SITE))
+    out = fsbatch_json(str(spec), "--site", str(SITE))
     plan = out["decision"]["chosen"]["plan"]
     assert (plan["dp"], plan["pp"], plan["zero"]) == (2, 1, 2)
     ds = json.loads((Path(out["job_dir"]) / "ds_config.json").read_text())
@@ -88,7 +87,7 @@ def test_zero2_data_parallel_training(jobs_dir, tmp_path):
 
 def test_requeued_job_resumes_from_checkpoint(jobs_dir, tmp_path):
     spec = tiny(tmp_path, "resume", training__steps=80, training__checkpoint_interval=5)
-    out = submit(str(spec), "--site", str(SITE))
+    out = fsbatch_json(str(spec), "--site", str(SITE))
     job = out["job_id"]
     ckpt = Path(out["job_dir"]) / "checkpoints"
     wait_for(lambda: (ckpt / "step10").exists(), timeout=240, interval=0.5, what="checkpoint step10")

@@ -67,25 +67,23 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
     from frenzy_slurm.slurm import open_backend
     from frenzy_slurm.cluster.site_tools import maybe_load_site
-    from frenzy_slurm.has import decide
+    from frenzy_slurm.has import Requirements, decide
     from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
-    from frenzy_slurm.render import SbatchOptions, render_job
+    from frenzy_slurm.render import render_job
 
     spec, model = load(model_yaml)
     site_cfg = maybe_load_site(site)
     if site_cfg is None:
         raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")
+    # fsbatch's flags override model.yaml's slurm: block; one options model for both
+    options = spec.slurm.overridden(account=account, qos=qos, time=time_, constraint=constraint, exclusive=exclusive,
+                                    mail_type=mail_type, mail_user=mail_user, output=output, error=error,
+                                    job_name=job_name, extra=list(extra))
     cluster = open_backend(backend, snapshot)
     view = cluster.load()
     w = workload_from_spec(spec, model)
-    decision = decide(spec, w, view, site_cfg, search_space_from_spec(spec),
+    decision = decide(Requirements.from_spec(spec, time=options.time), w, view, site_cfg, search_space_from_spec(spec),
                       backend=None if cluster.name == "static" else cluster, now=time.time())
-    s = spec.slurm
-    options = SbatchOptions(
-        account=account or s.account, qos=qos or s.qos, time=time_ or s.time, constraint=constraint or s.constraint,
-        exclusive=s.exclusive if exclusive is None else exclusive, mail_type=mail_type or s.mail_type,
-        mail_user=mail_user or s.mail_user, output=output, error=error, job_name=job_name,
-        extra=[*s.extra, *extra])
     req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates)
     chosen = decision.chosen
     summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, "

@@ -26,7 +26,7 @@ from frenzy_slurm.marp.memory import GiB, Overheads
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.marp.speed import flops_per_token
 from frenzy_slurm.slurm.run import SlurmCommandError
-from frenzy_slurm.spec.job import JobSpec, parse_slurm_time
+from frenzy_slurm.has.requirements import Requirements
 
 MAX_STAGES_PER_POOL = 8
 DP_DEGREES = (1, 2, 4, 8)
@@ -36,34 +36,20 @@ TIE_FRACTION = 0.01
 
 
 @dataclass
-class Limits:
-    max_gpus: int | None
-    min_gpus: int | None
-    time_limit_s: float | None
-    deadline: float | None
-
-
-@dataclass
 class _Cand:
     alloc: Allocation
     pools: list[UsablePool] = field(default_factory=list)
     layouts: list[tuple[int, int]] = field(default_factory=list)
 
 
-def requested_minutes(spec: JobSpec, run_time_s: float) -> int:
-    """sbatch --time: the user's, else the prediction with 25% + 10 minutes of margin."""
-    if spec.slurm.time is not None:
-        return parse_slurm_time(spec.slurm.time)
-    return int(-(-(run_time_s * 1.25 + 600) // 60))
-
-
-def _homogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], releases: ReleaseIndex, now: float,
-                 space: SearchSpace, steps: int) -> list[_Cand]:
-    cands = search(w, [p.option for p in pools], spec.training.global_batch, steps, spec.limits.max_gpus, space)
+def _homogeneous(w: Workload, req: Requirements, pools: list[UsablePool], releases: ReleaseIndex, now: float,
+                  space: SearchSpace) -> list[_Cand]:
+    steps = req.steps
+    cands = search(w, [p.option for p in pools], req.global_batch, steps, req.max_gpus, space)
     out = []
     a = w.arch
     for pool in pools:
-        for c in cands[pool.name]:
+        for c in cands[pool.key]:
             layout = node_layout(c.gpus, pool.site.gpus_per_node)
             if layout is None or c.plan.tp > layout[1]:
                 continue
@@ -80,7 +66,8 @@ def _homogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], releases: 
                              stages=list(range(c.plan.pp)),
                              peak_gib=c.peak_gib, capacity_gib=c.capacity_gib)
             alloc = Allocation(kind="homogeneous", components=[comp], plan=c.plan.resolved(a.layers),
-                               step_time_s=c.step_time_s, run_time_s=c.run_time_s, start=start, start_source=source)
+                               step_time_s=c.step_time_s, run_time_s=c.run_time_s, time_min=req.time_min(c.run_time_s),
+                               start=start, start_source=source)
             out.append(_Cand(alloc, [pool], [layout]))
     return out
 
@@ -92,29 +79,30 @@ def _placeable_now(pool: UsablePool, gpus: int) -> tuple[int, int] | None:
     return None
 
 
-def _heterogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], now: float, space: SearchSpace,
-                   steps: int, beat: float) -> list[_Cand]:
+def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], now: float, space: SearchSpace,
+                   beat: float) -> list[_Cand]:
     """Two-pool pipelines on GPUs that are free now (the case where waiting for one type loses).
 
     A pair is skipped when even a perfect split (all its free GPUs at full rate, no bubble, no communication)
     could not finish before `beat`, the best homogeneous completion.
     """
-    work = flops_per_token(w, "none") * spec.training.global_batch * w.seq_len * steps
+    steps = req.steps
+    work = flops_per_token(w, "none") * req.global_batch * w.seq_len * steps
     work_mb = flops_per_token(w, "none") * (space.micro_batch or 1) * w.seq_len  # one micro-batch, all layers
     layer_mb = work_mb / (w.arch.layers + w.arch.vocab / (12.0 * w.arch.hidden))
     free = [p for p in pools if p.free_by_node and p.free_by_node[0] > 0]
     free.sort(key=lambda p: p.option.usable_bytes, reverse=True)  # more memory first: stage 0 holds most activations
-    gb = spec.training.global_batch
-    limit = spec.limits.max_gpus
+    gb = req.global_batch
+    limit = req.max_gpus
     # In a pipeline a smaller micro-batch only shrinks the bubble, so the smallest is the fastest; recomputation
     # is tried only where the plan does not fit without it.
     mb = space.micro_batch or 1
     recomputes = [r for r in space.recompute if r != "selective"] or ["none"]
-    rates = {p.name: p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency for p in free}
+    rates = {p.key: p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency for p in free}
     out = []
     for pa, pb in itertools.combinations(free, 2):
         most = MAX_STAGES_PER_POOL * max(DP_DEGREES)  # GPUs per pool this search can use
-        if now + work / sum(min(sum(p.free_by_node), most) * rates[p.name] for p in (pa, pb)) >= beat:
+        if now + work / sum(min(sum(p.free_by_node), most) * rates[p.key] for p in (pa, pb)) >= beat:
             continue
         for dp in DP_DEGREES:
             if gb % dp or (gb // dp) % mb:
@@ -127,27 +115,27 @@ def _heterogeneous(w: Workload, spec: JobSpec, pools: list[UsablePool], now: flo
                 ga = gb // (dp * mb)
                 # per micro-batch, the slowest stage takes at least the average share of all stages' work,
                 # and at least one layer's work on the slower GPU type
-                share = work_mb / (stages_a * rates[pa.name] + nb * rates[pb.name])
-                one_layer = layer_mb / min(rates[pa.name], rates[pb.name])
+                share = work_mb / (stages_a * rates[pa.key] + nb * rates[pb.key])
+                one_layer = layer_mb / min(rates[pa.key], rates[pb.key])
                 ideal = steps * (ga + stages_a + nb - 1) * max(share, one_layer)
                 if now + ideal >= beat:
                     continue  # even a perfect split of these GPUs cannot win
-                cand = _hetero_candidate(w, [(pa, stages_a), (pb, nb)], dp, mb, gb, recomputes, space, now, steps)
+                cand = _hetero_candidate(w, req, [(pa, stages_a), (pb, nb)], dp, mb, recomputes, space, now)
                 if cand is not None:
                     out.append(cand)
                     beat = min(beat, cand.alloc.completion)
     return out
 
 
-def _hetero_candidate(w: Workload, placement: list[tuple[UsablePool, int]], dp: int, mb: int, gb: int,
-                      recomputes: list[str], space: SearchSpace, now: float, steps: int) -> _Cand | None:
+def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[UsablePool, int]], dp: int, mb: int,
+                      recomputes: list[str], space: SearchSpace, now: float) -> _Cand | None:
     world = sum(n for _, n in placement) * dp
-    groups = [hetero.StageGroup(p.name, n, p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency,
+    groups = [hetero.StageGroup(p.key, n, p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency,
                                 p.option.usable_bytes - p.option.overhead_bytes(world), p.option.overhead_bytes(world),
                                 p.option.links.intra_node_gbs, p.option.links.inter_node_gbs, p.site.gpus_per_node)
               for p, n in placement]
     for rc in recomputes:  # the first recomputation setting that fits is the fastest
-        hp = hetero.build(w, groups, dp, mb, gb, rc, Overheads(fragmentation=space.fragmentation))
+        hp = hetero.build(w, groups, dp, mb, req.global_batch, rc, Overheads(fragmentation=space.fragmentation))
         if hp is None:
             continue
         peaks = hetero.stage_peaks_gib(hp)
@@ -162,34 +150,34 @@ def _hetero_candidate(w: Workload, placement: list[tuple[UsablePool, int]], dp: 
             layouts.append(layout)
             first += n
         alloc = Allocation(kind="heterogeneous", components=comps, plan=hp.plan.resolved(w.arch.layers),
-                           step_time_s=hp.step_time_s, run_time_s=hp.step_time_s * steps, start=now, start_source="now")
+                           step_time_s=hp.step_time_s, run_time_s=hp.step_time_s * req.steps,
+                           time_min=req.time_min(hp.step_time_s * req.steps), start=now, start_source="now")
         return _Cand(alloc, [p for p, _ in placement], layouts)
     return None
 
 
-def _violations(spec: JobSpec, c: _Cand, limits: Limits) -> str | None:
+def _violations(req: Requirements, c: _Cand) -> str | None:
     a = c.alloc
-    if limits.max_gpus and a.gpus > limits.max_gpus:
-        return f"uses {a.gpus} GPUs > limits.max_gpus({limits.max_gpus})"
-    if limits.min_gpus and a.gpus < limits.min_gpus:
-        return f"uses {a.gpus} GPUs < limits.min_gpus({limits.min_gpus})"
-    if limits.time_limit_s and a.run_time_s > limits.time_limit_s:
-        return f"runs {a.run_time_s / 3600:.1f} h > limits.time_limit({limits.time_limit_s / 3600:.1f} h)"
-    if limits.deadline and a.completion > limits.deadline:
-        return f"finishes after limits.deadline"
-    want = requested_minutes(spec, a.run_time_s)
+    if req.max_gpus and a.gpus > req.max_gpus:
+        return f"uses {a.gpus} GPUs > limits.max_gpus({req.max_gpus})"
+    if req.min_gpus and a.gpus < req.min_gpus:
+        return f"uses {a.gpus} GPUs < limits.min_gpus({req.min_gpus})"
+    if req.time_limit_s and a.run_time_s > req.time_limit_s:
+        return f"runs {a.run_time_s / 3600:.1f} h > limits.time_limit({req.time_limit_s / 3600:.1f} h)"
+    if req.deadline and a.completion > req.deadline:
+        return "finishes after limits.deadline"
     for pool in c.pools:
-        if pool.max_time_min is not None and want > pool.max_time_min:
-            return f"needs --time {want} min > MaxTime {pool.max_time_min} min of partition {pool.live.partition}"
+        if pool.max_time_min is not None and a.time_min > pool.max_time_min:
+            return f"needs --time {a.time_min} min > MaxTime {pool.max_time_min} min of partition {pool.live.partition}"
     return None
 
 
-def _refine(cands: list[_Cand], backend: SlurmBackend, spec: JobSpec) -> None:
+def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
     """Slurm's own start estimate for the leading candidates that cannot start now."""
     waiting = [c for c in cands if c.alloc.start_source != "now"][:REFINE_WITH_TEST_ONLY]
     for c in waiting:
         reqs = [ComponentRequest(partition=p.live.partition, gpu_type=p.live.gpu_type, nodes=n, gpus_per_node=g,
-                                 time_min=requested_minutes(spec, c.alloc.run_time_s), cpus_per_gpu=p.site.cpus_per_gpu)
+                                 time_min=c.alloc.time_min, cpus_per_gpu=p.site.cpus_per_gpu)
                 for p, (n, g) in zip(c.pools, c.layouts)]
         try:
             est = backend.expected_start(reqs)
@@ -213,19 +201,19 @@ def _why_lost(best: Allocation, other: Allocation) -> str:
     return "equal; the homogeneous/smaller allocation is preferred"
 
 
-def _no_fit_message(w: Workload, spec: JobSpec, pools: list[UsablePool], space: SearchSpace, steps: int,
+def _no_fit_message(w: Workload, req: Requirements, pools: list[UsablePool], space: SearchSpace,
                     reasons: list[str]) -> str:
-    wide = [GpuOption(p.name, p.option.spec, 4096, p.option.gpus_per_node, p.option.usable_fraction,
+    wide = [GpuOption(p.key, p.option.spec, 4096, p.option.gpus_per_node, p.option.usable_fraction,
                       overheads=p.option.overheads) for p in pools]
-    cands = search(w, wide, spec.training.global_batch, steps, 4096, space)
+    cands = search(w, wide, req.global_batch, req.steps, 4096, space)
     smallest = sorted((c for items in cands.values() for c in items), key=lambda c: (c.gpus, c.step_time_s))
-    msg = f"{spec.name} fits nowhere within its limits on this cluster."
+    msg = f"{req.name} fits nowhere within its limits on this cluster."
     if smallest:
         s = smallest[0]
-        pool = next(p for p in pools if p.name == s.gpu)
+        pool = {p.key: p for p in pools}[s.gpu]
         msg += (f" The smallest allocation that would fit: {s.gpus} x {pool.option.spec.name} ({s.gpu}, plan "
                 f"{s.plan.short()}, {s.peak_gib:.1f} GiB per GPU); the pool has {pool.live.gpus_total} GPUs"
-                + (f" and limits.max_gpus is {spec.limits.max_gpus}." if spec.limits.max_gpus else "."))
+                + (f" and limits.max_gpus is {req.max_gpus}." if req.max_gpus else "."))
     elif pools:
         msg += " No plan fits even 4096 GPUs of any type."
     if reasons:
@@ -234,22 +222,18 @@ def _no_fit_message(w: Workload, spec: JobSpec, pools: list[UsablePool], space: 
     return msg
 
 
-def decide(spec: JobSpec, w: Workload, view: ClusterView, site: SiteConfig, space: SearchSpace,
+def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, space: SearchSpace,
            backend: SlurmBackend | None = None, now: float | None = None, alternatives: int = 5) -> Decision:
     t0 = time.perf_counter()
     now = now if now is not None else view.taken_at
-    steps = spec.training.total_steps
-    lim = spec.limits
-    limits = Limits(lim.max_gpus, lim.min_gpus, parse_slurm_time(lim.time_limit) * 60.0 if lim.time_limit else None,
-                    lim.deadline.timestamp() if lim.deadline else None)
-    pools, skipped = usable_pools(spec, view, site)
+    pools, skipped = usable_pools(req, view, site)
     if not pools:
-        raise NoFitError(f"{spec.name}: no GPU pool can be used: " + "; ".join(skipped or ["the cluster has no GPUs"]))
+        raise NoFitError(f"{req.name}: no GPU pool can be used: " + "; ".join(skipped or ["the cluster has no GPUs"]))
     releases = ReleaseIndex(view, now)
-    homogeneous = _homogeneous(w, spec, pools, releases, now, space, steps)
+    homogeneous = _homogeneous(w, req, pools, releases, now, space)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
     beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now))  # a tie goes to the homogeneous allocation
-    cands = homogeneous + _heterogeneous(w, spec, pools, now, space, steps, beat)
+    cands = homogeneous + _heterogeneous(w, req, pools, now, space, beat)
 
     def rank(items: list[_Cand]) -> list[_Cand]:
         """Earliest completion; within a tolerance, homogeneous first, then fewer GPUs (ties are noise)."""
@@ -265,14 +249,14 @@ def decide(spec: JobSpec, w: Workload, view: ClusterView, site: SiteConfig, spac
 
         return sorted(items, key=key)
 
-    verdicts = [(c, _violations(spec, c, limits)) for c in cands]
+    verdicts = [(c, _violations(req, c)) for c in cands]
     ok = rank([c for c, why in verdicts if not why])
     rejected = [(c, why) for c, why in verdicts if why]
     if backend is not None and ok and ok[0].alloc.start_source != "now":
-        _refine(ok, backend, spec)
+        _refine(ok, backend)
         ok = rank(ok)
     if not ok:
-        raise NoFitError(_no_fit_message(w, spec, pools, space, steps, skipped))
+        raise NoFitError(_no_fit_message(w, req, pools, space, skipped + [f"{c.alloc.label()}: {why}" for c, why in rejected[:3]]))
     best = ok[0].alloc
     alts: list[Alternative] = []
     for c in ok[1:]:

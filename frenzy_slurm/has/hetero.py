@@ -9,6 +9,7 @@ pipeline grid), ZeRO at most 1 (DeepSpeed refuses ZeRO-2/3 with pipelines).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Hashable
 
 from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
@@ -20,7 +21,7 @@ from frenzy_slurm.marp.params import count_params
 class StageGroup:
     """Consecutive pipeline stages on one pool."""
 
-    pool: str
+    pool: Hashable  # the pool key HAS gave it
     stages: int
     rate: float  # effective FLOP/s per GPU
     usable_bytes: float  # usable memory minus the GPU type's context/NCCL overhead

@@ -41,6 +41,7 @@ class Allocation(_M):
     plan: ParallelPlan = Field(description="The parallel plan, its layer split written out (the runtime runs it).")
     step_time_s: float
     run_time_s: float
+    time_min: int = Field(gt=0, description="sbatch --time HAS chose: the user's, else the prediction with margin.")
     start: float = Field(description="Predicted start, epoch seconds.")
     start_source: str = Field(description="now (GPUs free), view (running jobs' end times) or test-only (Slurm).")
 

@@ -8,7 +8,8 @@ from frenzy_slurm.slurm.model import ClusterView, GpuPool
 from frenzy_slurm.cluster.site import Pool, SiteConfig
 from frenzy_slurm.marp.candidates import GpuOption
 from frenzy_slurm.marp.memory import Overheads
-from frenzy_slurm.spec.job import JobSpec
+from frenzy_slurm.has.requirements import Requirements
+from frenzy_slurm.slurm.model import PoolKey
 
 
 @dataclass(frozen=True)
@@ -20,18 +21,18 @@ class UsablePool:
     max_time_min: int | None
 
     @property
-    def name(self) -> str:
-        return f"{self.live.partition}/{self.live.gpu_type}"
+    def key(self) -> PoolKey:
+        return self.live.key
 
 
-def usable_pools(spec: JobSpec, view: ClusterView, site: SiteConfig) -> tuple[list[UsablePool], list[str]]:
+def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tuple[list[UsablePool], list[str]]:
     """Pools the job may use, and a line for each pool left out (and why)."""
-    allowed = {t.lower() for t in spec.limits.gpu_types} if spec.limits.gpu_types else None
-    limit = spec.limits.max_gpus
+    allowed = set(req.gpu_types) if req.gpu_types else None
+    limit = req.max_gpus
     out, skipped = [], []
     for live in view.pools():
         sp = site.pool(live.partition, live.gpu_type)
-        where = f"{live.partition}/{live.gpu_type}"
+        where = str(live.key)
         if sp is None:
             skipped.append(f"{where}: not described in the site file")
             continue
@@ -48,7 +49,7 @@ def usable_pools(spec: JobSpec, view: ClusterView, site: SiteConfig) -> tuple[li
             continue
         total_up = sum(n.gpus_total for n in view.nodes
                        if live.partition in n.partitions and n.gpu_type == live.gpu_type and n.available)
-        option = GpuOption(name=where, spec=spec_gpu, max_gpus=min(total_up, limit or total_up),
+        option = GpuOption(name=live.key, spec=spec_gpu, max_gpus=min(total_up, limit or total_up),
                            gpus_per_node=sp.gpus_per_node, usable_fraction=site.usable_fraction(sp),
                            inter_node_gbs=site.inter_node_gbs(sp), intra_node_gbs=sp.intra_node_gbs,
                            overheads=Overheads(context_gib=sp.overheads.context_gib, nccl_gib=sp.overheads.nccl_gib))

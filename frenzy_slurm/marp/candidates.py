@@ -6,6 +6,7 @@ estimated once and compared against each type's usable memory; only step time is
 
 from __future__ import annotations
 
+from typing import Hashable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -19,7 +20,7 @@ from frenzy_slurm.marp.speed import Links, plan_costs
 class GpuOption:
     """A GPU type the job may use, and how many of it (cluster total within the user's limits)."""
 
-    name: str  # the site's name for it (Slurm GRES type)
+    name: Hashable  # the caller's key for it (HAS: the pool's PoolKey; `memory --gpu`: the catalog name)
     spec: GpuSpec
     max_gpus: int
     gpus_per_node: int = 8
@@ -43,7 +44,7 @@ class GpuOption:
 
 @dataclass(frozen=True)
 class Candidate:
-    gpu: str
+    gpu: Hashable  # the GpuOption name it was found for
     gpus: int
     plan: ParallelPlan
     memory: MemoryEstimate  # reserved bytes (allocator view); the GPU type's overhead is added separately
@@ -119,14 +120,14 @@ def enumerate_plans(w: Workload, world: int, global_batch: int, space: SearchSpa
 
 
 def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int, max_gpus: int | None = None,
-           space: SearchSpace | None = None) -> dict[str, list[Candidate]]:
+           space: SearchSpace | None = None) -> dict[Hashable, list[Candidate]]:
     """Per GPU type: the fastest fitting plan at each GPU count, ordered by step time (fastest first)."""
     space = space or SearchSpace()
     limit = max_gpus or max((o.max_gpus for o in options), default=0)
     largest = max((o.usable_bytes - o.overhead_bytes(1) for o in options), default=0.0)
     frag = Overheads(fragmentation=space.fragmentation)
     memo: dict[ParallelPlan, MemoryEstimate] = {}
-    out: dict[str, list[Candidate]] = {o.name: [] for o in options}
+    out: dict[Hashable, list[Candidate]] = {o.name: [] for o in options}
     counts = {o.name: set(_counts(o, limit)) for o in options}
     worlds = sorted(set().union(*counts.values())) if counts else []
     for world in worlds:

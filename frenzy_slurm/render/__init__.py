@@ -15,7 +15,7 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -25,46 +25,14 @@ import yaml
 from frenzy_slurm import __version__
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.has.model import Decision
-from frenzy_slurm.marp.plan import DeepSpeedBuckets, Workload
+from frenzy_slurm.marp.plan import Workload
+from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.planfile import PlanFile
 from frenzy_slurm.spec import JobSpec, ResolvedModel
+from frenzy_slurm.spec.job import SlurmOptions
 
 SIGNAL_SECONDS = 300  # USR2 this long before the time limit: the runtime checkpoints (NCCL owns USR1)
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,-]+$")  # #SBATCH lines are not shell-parsed: keep paths plain
-_SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,@+=:-]+$")
-
-
-@dataclass
-class SbatchOptions:
-    """sbatch options from model.yaml's `slurm:` block, overridden by fsbatch's own flags."""
-
-    account: str | None = None
-    qos: str | None = None
-    time: str | int | None = None
-    constraint: str | None = None
-    exclusive: bool = False
-    mail_type: str | None = None
-    mail_user: str | None = None
-    output: str | None = None
-    error: str | None = None
-    job_name: str | None = None
-    extra: list[str] = field(default_factory=list)
-
-    def flags(self) -> list[str]:
-        out = []
-        for name, value in (("account", self.account), ("qos", self.qos), ("constraint", self.constraint),
-                            ("mail-type", self.mail_type), ("mail-user", self.mail_user)):
-            if value is not None:
-                if not _SAFE_WORD.match(str(value)):
-                    raise InputError(f"--{name} '{value}': only letters, digits and _.,@+=:- are allowed")
-                out.append(f"--{name}={value}")
-        if self.exclusive:
-            out.append("--exclusive")
-        for flag in self.extra:
-            if not flag.startswith("-") or any(ch in flag for ch in "\n\r\0"):
-                raise InputError(f"sbatch flag {flag!r} must start with '-' and be on one line")
-            out.append(flag)
-        return out
 
 
 @dataclass
@@ -83,14 +51,14 @@ class JobRequest:
         return self.files["job.sbatch"]
 
 
-def submission_hash(spec: JobSpec, model: ResolvedModel, options: SbatchOptions) -> str:
+def submission_hash(spec: JobSpec, model: ResolvedModel, options: SlurmOptions) -> str:
     """Same model.yaml content and flags -> same hash (the idempotency key).
 
     Only the fields the user set count (and the resolved architecture), so a frenzy-slurm upgrade that
     adds spec fields with defaults still recognises an earlier submission of the same file.
     """
     payload = json.dumps({"spec": spec.model_dump(mode="json", exclude_unset=True), "arch": model.arch.model_dump(),
-                          "options": options.__dict__}, sort_keys=True, default=str)
+                          "options": options.model_dump(mode="json", exclude_defaults=True)}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -124,28 +92,17 @@ def runtime_command(spec: JobSpec, job_dir: Path, spec_dir: Path) -> list[str]:
 
 
 def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: Workload, decision: Decision,
-               options: SbatchOptions, job_dir: Path | None = None, template_dir: Path | None = None,
-               time_min: int | None = None) -> JobRequest:
-    from frenzy_slurm.has import requested_minutes
-
+               options: SlurmOptions, job_dir: Path | None = None, template_dir: Path | None = None) -> JobRequest:
+    """Render the job directory's files for HAS's decision; `options` are the merged sbatch options."""
     submission = submission_hash(spec, model, options)
     job_dir = (job_dir or default_job_dir(spec, submission)).absolute()
     if not _SAFE_PATH.match(str(job_dir)):
         raise InputError(f"job directory '{job_dir}' has spaces or shell characters; choose another --job-dir")
     alloc = decision.chosen
-    minutes = time_min or requested_minutes(spec, alloc.run_time_s)
-    if options.time is not None:
-        from frenzy_slurm.spec import parse_slurm_time
-
-        minutes = parse_slurm_time(options.time)
+    minutes = alloc.time_min  # HAS decided it (the user's --time, or the prediction with margin)
     output = options.output or str(job_dir / "slurm-%j.out")
     error = options.error or output
-    for what, value in (("--output", output), ("--error", error)):
-        if not _SAFE_PATH.match(value.replace("%", "")):
-            raise InputError(f"{what} '{value}' has spaces or shell characters")
     name = options.job_name or spec.name
-    if not _SAFE_WORD.match(name):
-        raise InputError(f"job name '{name}' may use only letters, digits and _.,@+=:-")
     components = [c.model_dump() for c in alloc.components]
     command = runtime_command(spec, job_dir, spec_path.parent)
     groups = ",".join(str(i) for i in range(len(components)))
@@ -160,16 +117,11 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
     template = "heterogeneous.sbatch.j2" if len(components) > 1 else "homogeneous.sbatch.j2"
     try:
         script = env.get_template(template).render(**ctx)
-        ds_text = env.get_template("ds_config.json.j2").render(
-            global_batch=spec.training.global_batch, plan=alloc.plan, steps_per_print=max(1, spec.training.total_steps // 20),
-            buckets=DeepSpeedBuckets(), precision=spec.training.precision, optimizer=spec.training.optimizer,
-            learning_rate=spec.training.learning_rate)
-        json.loads(ds_text)
     except jinja2.TemplateError as exc:
         raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"templates: ds_config.json.j2 does not render valid JSON ({exc.msg} at line {exc.lineno})") from None
-    predicted = {c.gpu_model: {"peak_gib": c.peak_gib, "capacity_gib": c.capacity_gib} for c in alloc.components}
+    # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
+    predicted = {f"{c.partition}/{c.gpu_type}": {"gpu_model": c.gpu_model, "peak_gib": c.peak_gib,
+                                                  "capacity_gib": c.capacity_gib} for c in alloc.components}
     plan = PlanFile(frenzy_version=__version__, submission=submission, created_at=time.time(),
                     spec_path=str(spec_path.absolute()), spec=spec, arch=model.arch, model_name=model.name,
                     exact_params=model.exact_params, decision=decision, time_min=minutes,
@@ -177,7 +129,7 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
                     predicted=predicted | {"step_time_s": alloc.step_time_s})
     files = {
         "job.sbatch": script,
-        "ds_config.json": json.dumps(json.loads(ds_text), indent=2) + "\n",
+        "ds_config.json": json.dumps(ds_config(spec, alloc.plan), indent=2) + "\n",
         "plan.json": plan.model_dump_json(indent=2) + "\n",
         "model.yaml": yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False),
     }

@@ -10,19 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple, Protocol
+from typing import Iterable, Protocol
 
-from frenzy_slurm.slurm.model import ClusterView, Job
+from frenzy_slurm.slurm.model import ClusterView, Job, PoolKey
 
-
-class PoolKey(NamedTuple):
-    """A GPU pool: one partition's GPUs of one GRES type."""
-
-    partition: str
-    gres_type: str
-
-    def __str__(self) -> str:
-        return f"{self.partition}/{self.gres_type}"
+__all__ = ["AccountingRecord", "BatchJob", "ComponentRequest", "PoolKey", "ReadOnlyBackend", "SlurmBackend",
+           "StartEstimate", "Submitted"]
 
 
 @dataclass(frozen=True)

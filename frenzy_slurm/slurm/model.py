@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +33,16 @@ ACTIVE_JOB_STATES = {"pending", "running", "suspended"}
 def job_phase(state: str) -> str:
     """pending/running/suspended/completed/cancelled/failed/timeout, or unknown (never an error)."""
     return JOB_STATES.get(state.upper().split()[0] if state else "", "unknown")
+
+
+class PoolKey(NamedTuple):
+    """A GPU pool: one partition's GPUs of one GRES type."""
+
+    partition: str
+    gres_type: str
+
+    def __str__(self) -> str:
+        return f"{self.partition}/{self.gres_type}"
 
 
 class _M(BaseModel):
@@ -152,6 +163,10 @@ class GpuPool:
     gpus_free: int = 0
     gpus_pending: int = 0
     gpus_per_node: int = 0
+
+    @property
+    def key(self) -> PoolKey:
+        return PoolKey(self.partition, self.gpu_type)
 
     def add(self, n: Node) -> None:
         if n.available:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from frenzy_slurm.errors import InputError
 from frenzy_slurm.spec.arch import Architecture
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
@@ -19,7 +21,27 @@ Checkpointing = Literal["none", "selective", "full", "auto"]
 Attention = Literal["flash", "sdpa", "eager"]
 Method = Literal["full", "lora", "qlora"]
 
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
+
+# The job script asks Slurm for USR2 this long before the time limit (--signal=USR2@300) so the runtime can
+# checkpoint and requeue; NCCL owns USR1. A job must also get through start-up (srun, imports, DeepSpeed
+# init, loading a checkpoint) before it can save one, so a shorter --time loses the whole run.
+SIGNAL_LEAD_S = 300
+STARTUP_S = 120
+MIN_TIME_MIN = -(-(SIGNAL_LEAD_S + STARTUP_S) // 60)
+
+
+def check_time_limit(minutes: int) -> int:
+    """A requested --time in minutes, or ValueError when it leaves no room to checkpoint before the limit."""
+    if minutes < MIN_TIME_MIN:
+        raise ValueError(
+            f"a time limit of {minutes} min is too short: Slurm signals the checkpoint {SIGNAL_LEAD_S} s before "
+            f"the limit and start-up takes up to {STARTUP_S} s, so the job would be stopped before it could save "
+            f"anything. Ask for at least {MIN_TIME_MIN} minutes")
+    return minutes
+
+
+_SLURM_INFINITE_MIN = 0xFFFFFFFF
 
 
 def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
@@ -27,6 +49,8 @@ def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
     if isinstance(value, int):
         if value < 0 or (value == 0 and not allow_zero):
             raise ValueError("time must be a positive number of minutes")
+        if value >= _SLURM_INFINITE_MIN:
+            raise ValueError(f"{value} minutes is longer than Slurm can represent; ask for a realistic time limit")
         return value
     m = _TIME_RE.match(value.strip())
     if not m:
@@ -42,7 +66,10 @@ def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
         seconds = int(a) * 60
     if seconds == 0 and not allow_zero:
         raise ValueError("time must be positive")
-    return -(-seconds // 60)
+    minutes = -(-seconds // 60)
+    if minutes >= _SLURM_INFINITE_MIN:  # Slurm stores minutes in 32 bits; all ones means INFINITE
+        raise ValueError(f"'{value}' is longer than Slurm can represent; ask for a realistic time limit")
+    return minutes
 
 
 class _Strict(BaseModel):
@@ -55,11 +82,23 @@ class ModelSource(_Strict):
     preset: str | None = Field(None, description="A built-in preset name, e.g. llama-2-7b (see `frenzy-slurm presets`).")
     arch: Architecture | None = Field(None, description="An explicit architecture block.")
     hf_config: str | None = Field(None, description="Path to a Hugging Face config.json (relative to model.yaml).")
-    factory: str | None = Field(None, description="`module:function` returning a torch.nn.Module; counted on the meta device.")
+    factory: str | None = Field(
+        None, description="`module:function` returning a torch.nn.Module. Run on the login node (meta device, exact "
+        "parameter count) only with `--trace-factory`; never a standard-library module.")
     factory_kwargs: dict[str, object] = Field(default_factory=dict, description="Keyword arguments for `factory`.")
     factory_arch: Architecture | None = Field(
         None, description="With `factory`: the architecture numbers for activation memory (parameters come from tracing)."
     )
+
+    @field_validator("factory")
+    @classmethod
+    def _not_stdlib(cls, v: str | None) -> str | None:
+        """A factory is code run on the login node (with --trace-factory): never os, subprocess, builtins..."""
+        top = (v or "").split(":", 1)[0].split(".", 1)[0]
+        if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+            raise ValueError(f"'{v}': '{top}' is Python's standard library, which builds no models; name a "
+                             "function of your own package, e.g. mypkg.models:build")
+        return v
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "ModelSource":
@@ -164,7 +203,13 @@ class Limits(_Strict):
         return self
 
 
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,@+=:-]+$")  # #SBATCH lines are not shell-parsed: keep values plain
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,%-]+$")
+
+
 class SlurmOptions(_Strict):
+    """sbatch options: model.yaml's `slurm:` block, and the same options as fsbatch flags (which override it)."""
+
     account: str | None = Field(None, description="sbatch --account.")
     qos: str | None = Field(None, description="sbatch --qos.")
     time: str | int | None = Field(None, description="sbatch --time (Slurm time format); default: predicted run time + margin.")
@@ -172,22 +217,64 @@ class SlurmOptions(_Strict):
     exclusive: bool = Field(False, description="sbatch --exclusive.")
     mail_type: str | None = Field(None, description="sbatch --mail-type.")
     mail_user: str | None = Field(None, description="sbatch --mail-user.")
+    job_name: str | None = Field(None, description="sbatch --job-name (default: the job's name).")
+    output: str | None = Field(None, description="sbatch --output (default: JOBDIR/slurm-%j.out).")
+    error: str | None = Field(None, description="sbatch --error (default: same as output).")
     extra: list[str] = Field(default_factory=list, description="More sbatch flags, e.g. ['--reservation=big'].")
 
     @field_validator("time")
     @classmethod
     def _time(cls, v: str | int | None) -> str | int | None:
         if v is not None:
-            parse_slurm_time(v)
+            check_time_limit(parse_slurm_time(v))
+        return v
+
+    @field_validator("account", "qos", "constraint", "mail_type", "mail_user", "job_name")
+    @classmethod
+    def _word(cls, v: str | None) -> str | None:
+        if v is not None and not _SAFE_WORD.match(v):
+            raise ValueError(f"'{v}' may use only letters, digits and _.,@+=:-")
+        return v
+
+    @field_validator("output", "error")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and not _SAFE_PATH.match(v):
+            raise ValueError(f"'{v}' has spaces, control or shell characters; use a plain path")
         return v
 
     @field_validator("extra")
     @classmethod
     def _flags(cls, v: list[str]) -> list[str]:
         for flag in v:
-            if not flag.startswith("-") or "\n" in flag:
+            if not flag.startswith("-") or any(ch in flag for ch in "\n\r\0"):
                 raise ValueError(f"'{flag}' is not an sbatch flag; each entry must start with '-', e.g. '--reservation=big'")
         return v
+
+    def overridden(self, **flags: object) -> "SlurmOptions":
+        """These options with fsbatch's flags on top (a flag left out, None, keeps model.yaml's value)."""
+        from pydantic import ValidationError
+
+        data = self.model_dump()
+        for key, value in flags.items():
+            if key == "extra":
+                data["extra"] = [*self.extra, *value]  # type: ignore[misc]
+            elif value is not None:
+                data[key] = value
+        try:
+            return SlurmOptions.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            raise InputError(f"--{field.replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}") from None
+
+    def flags(self) -> list[str]:
+        """The #SBATCH lines these options add (time, name and output are placed by the template)."""
+        out = [f"--{name.replace('_', '-')}={value}" for name in ("account", "qos", "constraint", "mail_type", "mail_user")
+               if (value := getattr(self, name)) is not None]
+        if self.exclusive:
+            out.append("--exclusive")
+        return out + list(self.extra)
 
 
 class Entry(_Strict):

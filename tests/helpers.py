@@ -1,0 +1,97 @@
+"""Helpers shared by the test modules (fixtures live in conftest.py and slurm_fixture.py).
+
+Test modules import from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+DEV_DATA = ROOT.parent / "shared" / "data" / "memory_measurements_dev.csv"
+
+# The cluster shape of the local dev cluster, as synthetic pools: (partition, catalog GPU, nodes, GPUs/node)
+LOCAL = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]
+
+# Strings a hostile user might pass; none may ever be executed by a shell
+HOSTILE = ["$(touch pwned-subst)", "`touch pwned-tick`", "a; touch pwned-semi", "two\nlines", "it's \"quoted\"",
+           "$HOME", "*", "--", "-rf /"]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m frenzy_slurm.cli <prog> ...` in a fresh interpreter (exit codes and stderr as users see them)."""
+    prog, *rest = args
+    module = {"fsbatch": "fsbatch", "fsqueue": "fsqueue", "fsinfo": "fsinfo", "frenzy-slurm": "admin"}[prog]
+    code = f"import sys; from frenzy_slurm.cli.{module} import main; sys.argv[0] = {prog!r}; main()"
+    return subprocess.run([sys.executable, "-c", code, *rest], capture_output=True, text=True, cwd=cwd or ROOT, timeout=300)
+
+
+def make_spec(**over):
+    """A small gpt2-medium JobSpec; `section__field=value` or `section={...}` override parts of it."""
+    from frenzy_slurm.spec import JobSpec
+
+    base = {"name": "t", "model": {"preset": "gpt2-medium"},
+            "training": {"seq_len": 1024, "global_batch": 64, "steps": 100, "precision": "bf16-mixed"}}
+    for key, value in over.items():
+        section, _, field = key.partition("__")
+        if field:
+            base.setdefault(section, {})[field] = value
+        else:
+            base[section] = value
+    return JobSpec.model_validate(base)
+
+
+def plan(spec, view, site=None, backend=None, time=None):
+    """HAS's decision for `spec` on `view` (the site defaults to the LOCAL shape)."""
+    from frenzy_slurm.has import Requirements, decide
+    from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
+    from frenzy_slurm.cluster.synthetic import synthetic_site
+    from frenzy_slurm.spec import resolve_model
+
+    model = resolve_model(spec, ".")
+    return decide(Requirements.from_spec(spec, time=time), workload_from_spec(spec, model), view,
+                  site or synthetic_site(LOCAL), search_space_from_spec(spec), backend=backend, now=view.taken_at)
+
+
+def fill(view, partition: str, keep_free: dict[str, int] | None = None, minutes: int = 60):
+    """Hold every GPU of a partition (except keep_free[node]) with a running job ending in `minutes`."""
+    from frenzy_slurm.slurm.model import Job
+
+    keep_free = keep_free or {}
+    jobs = list(view.jobs)
+    nodes = []
+    for n in view.nodes:
+        if partition in n.partitions:
+            used = n.gpus_total - keep_free.get(n.name, 0)
+            n = n.model_copy(update={"gpus_used": used, "state": "mixed" if used else "idle"})
+            jobs.append(Job(job_id=1000 + len(jobs), state="RUNNING", partition=partition, nodes=[n.name], node_count=1,
+                            gpu_type=n.gpu_type, gpus_per_node=used, start_time=int(view.taken_at - 60),
+                            end_time=int(view.taken_at + minutes * 60)))
+        nodes.append(n)
+    return view.model_copy(update={"nodes": nodes, "jobs": jobs})
+
+
+def fsbatch_json(*args: str) -> dict:
+    """fsbatch ARGS --json, which must succeed."""
+    res = run_cli("fsbatch", *args, "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def wait_done(job_id: int, timeout: float = 90) -> dict:
+    """fsqueue JOBID --json once the job has ended."""
+    from .slurm_fixture import wait_for
+
+    def done():
+        r = run_cli("fsqueue", str(job_id), "--json")
+        if r.returncode == 0:
+            data = json.loads(r.stdout)
+            if data["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+                return data
+        return None
+
+    return wait_for(done, timeout=timeout, interval=1.0, what=f"job {job_id} to finish")
