@@ -13,10 +13,69 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.inputfile import line_of, read_config_text
 
 M = TypeVar("M", bound=BaseModel)
 
 Loc = tuple[str | int, ...]
+
+
+# A real model.yaml or site file has tens to thousands of values; anchors and aliases that expand past
+# this are an "alias bomb" (a 1 KB file that grows to gigabytes once expanded and validated).
+MAX_NODES = 100_000
+MAX_DEPTH = 64
+
+
+def _check_size(root: yaml.Node, source: Path) -> None:
+    """Refuse documents whose aliases expand past MAX_NODES values or that nest past MAX_DEPTH.
+
+    Expanded sizes are computed once per distinct node (aliases share nodes), so this is linear in the
+    file however large the expansion would be.
+    """
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {id(root): 1}
+    order: list[yaml.Node] = []
+    stack, seen = [root], {id(root)}
+    while stack:  # iterative depth-first order: a deep document must not exhaust Python's stack here
+        node = stack.pop()
+        order.append(node)
+        d = depth[id(node)]
+        if d > MAX_DEPTH:
+            raise InputError(f"{source}:{node.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep; "
+                             "a configuration file never needs that. Flatten it.")
+        for child in _children(node):
+            depth[id(child)] = max(depth.get(id(child), 0), d + 1)
+            if id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    for node in reversed(order):  # children before parents (an alias cycle cannot occur: YAML forbids it)
+        total = 1 + sum(size.get(id(c), 1) for c in _children(node))
+        if total > MAX_NODES:
+            raise InputError(f"{source}:{node.start_mark.line + 1}: anchors and aliases here expand to more than "
+                             f"{MAX_NODES} values; write the values out or use fewer nested aliases.")
+        size[id(node)] = total
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _bad_scalar(loader: yaml.SafeLoader, root: yaml.Node) -> str:
+    """`:line` of the first scalar that fails to construct (the constructor does not say which one did)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                loader.construct_object(node)
+            except (ValueError, OverflowError, yaml.YAMLError):
+                return f":{node.start_mark.line + 1}"
+        stack.extend(reversed(_children(node)))
+    return ""
 
 
 def _line_index(node: yaml.Node, path: Loc, out: dict[Loc, int]) -> None:
@@ -32,22 +91,40 @@ def _line_index(node: yaml.Node, path: Loc, out: dict[Loc, int]) -> None:
 
 
 def read_yaml(path: Path) -> tuple[Any, dict[Loc, int]]:
-    """Parse a YAML file, returning the data and a field-path -> line map."""
+    """Parse a YAML file once, returning the data and a field-path -> line map.
+
+    The file must be a small regular UTF-8 file (see inputfile); its node tree is checked for alias
+    expansion and depth before anything walks or constructs it.
+    """
+    text = read_config_text(path, "YAML file")
+    loader = None
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read file ({exc.strerror}).") from None
-    try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text)
+        loader = yaml.SafeLoader(text)  # the reader already rejects non-printable characters here
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        _check_size(node, path)
+        data = loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
+        if mark is not None:
+            where = f":{mark.line + 1}"
+        elif isinstance(exc, yaml.reader.ReaderError):  # bad characters: the reader knows only an offset
+            where = f":{line_of(text, exc.position)}"
+        else:
+            where = ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise InputError(f"{path}{where}: not valid YAML: {problem}.") from None
+    except (ValueError, OverflowError) as exc:  # e.g. a date like 2026-13-45, or an integer of 5,000 digits
+        raise InputError(f"{path}{_bad_scalar(loader, node)}: a value cannot be read: {exc}. Quote it if it is meant "
+                         "as a string.") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to parse (more than {MAX_DEPTH} levels); flatten it.") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     lines: dict[Loc, int] = {}
-    if node is not None:
-        _line_index(node, (), lines)
+    _line_index(node, (), lines)
     return data, lines
 
 

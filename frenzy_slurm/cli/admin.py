@@ -34,11 +34,13 @@ def main() -> None:
 @click.option("--max-gpus", type=click.IntRange(min=1), default=64, show_default=True, help="Largest GPU count searched.")
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True, help="Candidates shown per GPU type.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--trace-factory", is_flag=True,
+              help="Import and call model.factory on this machine to count its parameters exactly (runs your code).")
 @reports_errors("frenzy-slurm memory")
 def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metric: str, max_gpus: int, top: int,
-           as_json: bool) -> None:
+           as_json: bool, trace_factory: bool) -> None:
     """Per-GPU peak training memory of MODEL_YAML: one plan's breakdown, or the candidates per GPU type."""
-    spec, model = load(model_yaml)
+    spec, model = load(model_yaml, trace=trace_factory)
     w = workload_from_spec(spec, model)
     if plan_text:
         plan = parse_plan(plan_text)

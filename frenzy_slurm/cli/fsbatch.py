@@ -17,7 +17,7 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, existing_file, print_json, reports_errors, table
-from frenzy_slurm.cli.plan_view import fmt_gib, hms, load
+from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms, load
 from frenzy_slurm.errors import InputError
 
 
@@ -47,6 +47,8 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
 @cluster_options
 @click.option("--job-dir", type=click.Path(file_okay=False, path_type=Path), help="Job directory (default: $FRENZY_JOBS_DIR or ./frenzy-jobs, /<name>-<hash>).")
 @click.option("--templates", type=click.Path(file_okay=False, path_type=Path), help="Directory of templates overriding the shipped ones.")
+@click.option("--trace-factory", is_flag=True,
+              help="Import and call model.factory on this machine to count its parameters exactly (runs your code).")
 @click.option("--force", is_flag=True, help="Submit even if this submission already has a job.")
 @click.option("-A", "--account", help="sbatch --account.")
 @click.option("-q", "--qos", help="sbatch --qos.")
@@ -62,7 +64,7 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
 @click.version_option(__version__, prog_name="fsbatch")
 @reports_errors("fsbatch")
 def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend: str, snapshot: Path | None,
-         site: Path | None, job_dir: Path | None, templates: Path | None, force: bool, account, qos, time_, constraint,
+         site: Path | None, job_dir: Path | None, templates: Path | None, trace_factory: bool, force: bool, account, qos, time_, constraint,
          exclusive, mail_type, mail_user, job_name, output, error, extra) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
     from frenzy_slurm.slurm import open_backend
@@ -71,7 +73,7 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
     from frenzy_slurm.render import render_job
 
-    spec, model = load(model_yaml)
+    spec, model = load(model_yaml, trace=trace_factory)
     site_cfg = maybe_load_site(site)
     if site_cfg is None:
         raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")
@@ -91,7 +93,8 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
                f"start {'now' if chosen.start_source == 'now' else hms(chosen.start - decision.decided_at) + ' from now'}, "
                f"run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
     result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,
-                    "decision": json.loads(decision.model_dump_json())}
+                    "decision": json.loads(decision.model_dump_json()),
+                    "user_code_ran": model.exact_params is not None}
     if not dry_run:
         from frenzy_slurm.submit import submit
 
@@ -106,6 +109,8 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     if explain:
         header, rows = explain_rows(decision)
         click.echo(table(rows, header))
+        if (note := factory_note(spec, model)) is not None:
+            click.echo(note)
     if dry_run:
         click.echo(f"--- {req.job_dir}/job.sbatch (not submitted) ---")
         click.echo(req.script, nl=False)

@@ -11,10 +11,23 @@ from frenzy_slurm.marp.memory import COMPONENTS
 from frenzy_slurm.spec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 
 
-def load(path: Path, trace: bool = True) -> tuple[JobSpec, ResolvedModel]:
+def load(path: Path, trace: bool = False) -> tuple[JobSpec, ResolvedModel]:
+    """model.yaml and its model. `trace` is the user's --trace-factory: consent to import and call
+    model.factory on this machine (docs/security.md); without it no user code runs."""
     spec = load_job_spec(path)
     model = resolve_model(spec, path.parent)
     return spec, (with_exact_params(spec, model) if trace else model)
+
+
+def factory_note(spec: JobSpec, model: ResolvedModel) -> str | None:
+    """Whether user code from model.factory ran on this machine (for --explain and --json); None without one."""
+    if spec.model.factory is None:
+        return None
+    if model.exact_params is not None:
+        return (f"user code ran: model.factory {spec.model.factory} was imported and called on this machine "
+                f"(--trace-factory); it has {model.exact_params:,} parameters")
+    return (f"model.factory {spec.model.factory} was not run: parameters come from factory_arch "
+            "(--trace-factory imports and calls it here for an exact count)")
 
 
 def gpu_options(specs: tuple[str, ...], default_count: int) -> list[GpuOption]:

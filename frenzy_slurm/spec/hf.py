@@ -8,8 +8,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.inputfile import read_config_text
 from frenzy_slurm.spec.arch import Architecture
-from frenzy_slurm.yamlfile import format_validation_error
 
 # Field names differ between model families (GPT-2 uses n_layer, n_embd, ...).
 _ALIASES = {
@@ -25,18 +25,28 @@ _GELU = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu"}
 
 
 def architecture_from_hf_config(path: Path) -> Architecture:
+    text = read_config_text(path, "Hugging Face config")
     try:
-        cfg = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read Hugging Face config ({exc.strerror}).") from None
+        cfg = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}.") from None
+    except (ValueError, RecursionError) as exc:  # e.g. integers of thousands of digits, or [[[[...]]]]
+        raise InputError(f"{path}: not a usable JSON config ({type(exc).__name__}: {str(exc)[:120]}).") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path}: a Hugging Face config.json is a JSON object, not {type(cfg).__name__}.")
     values: dict[str, object] = {}
+    source: dict[str, str] = {}  # our field -> the config's key, so errors name what the user sees in the file
     for field, names in _ALIASES.items():
         for name in names:
             if cfg.get(name) is not None:
                 values[field] = cfg[name]
+                source[field] = name
                 break
+    for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_positions"):
+        v = values.get(field)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise InputError(f"{path}: {source[field]}: {v!r} is not a whole number; a config.json states sizes as "
+                             "integers. Fix the file or describe the model with arch: in model.yaml.")
     model_type = str(cfg.get("model_type", ""))
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "silu")
     values["activation"] = "gelu" if act in _GELU else "swiglu"
@@ -51,9 +61,23 @@ def architecture_from_hf_config(path: Path) -> Architecture:
         values["bias"] = "qkv"
     if model_type == "bert":
         values["head"] = "mlm"
-    dropout = cfg.get("hidden_dropout_prob", cfg.get("resid_pdrop", cfg.get("attention_dropout", 0.0)))
+    key = next((k for k in ("hidden_dropout_prob", "resid_pdrop", "attention_dropout") if k in cfg), None)
+    dropout = cfg[key] if key else 0.0
+    if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))):
+        raise InputError(f"{path}: {key}: {dropout!r} is not a number between 0 and 1.")
     values["dropout"] = float(dropout or 0.0)
+    source["dropout"] = key or "dropout"
     try:
         return Architecture(**values)
     except ValidationError as exc:
-        raise InputError(format_validation_error(str(path), exc)) from None
+        problems = []
+        for err in exc.errors():  # name the config's own key (num_hidden_layers), not ours (layers)
+            loc = [str(p) for p in err["loc"]]
+            if loc and loc[0] in source:
+                loc[0] = source[loc[0]]
+            problems.append(f"{path}: {'.'.join(loc) or '(config)'}: {err['msg'].removeprefix('Value error, ')}")
+        missing = [f for f in ("layers", "hidden", "heads", "vocab") if f not in values]
+        if missing:
+            problems.append(f"{path}: the config has no key for {', '.join(missing)} (looked for "
+                            + "; ".join(f"{f}: {'/'.join(_ALIASES[f])}" for f in missing) + ")")
+        raise InputError("\n".join(problems)) from None
