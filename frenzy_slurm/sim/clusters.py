@@ -1,0 +1,128 @@
+"""Simulated clusters: a YAML file or the compact form `A100-80GB:2x8,V100-32GB:4x8,T4:6x4`.
+
+One partition per entry (nodes x GPUs per node of one catalog GPU model). From it come the nodes the
+simulated Slurm schedules on and the site file HAS and MARP read, so both see the same hardware.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from frenzy_slurm.cluster.site import IntraLink, Pool, SiteConfig
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.gpus import catalog, match_gpu
+from frenzy_slurm.yamlfile import load_model_file
+
+# Intra-node link a node of this GPU family usually has (SXM boards: NVLink; PCIe cards: the PCIe generation).
+_DEFAULT_LINK: dict[str, IntraLink] = {"V100": "nvlink2", "A100": "nvlink3", "H100": "nvlink4", "H200": "nvlink4",
+                                       "B200": "nvlink5"}
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SimPartition(_M):
+    name: str = Field(description="Partition name (also the node name prefix).", pattern=r"^[A-Za-z0-9_-]+$")
+    gpu: str = Field(description="Catalog GPU model (`frenzy-slurm site catalog`), e.g. A100-80GB.")
+    nodes: int = Field(gt=0, description="Nodes in the partition.")
+    gpus_per_node: int = Field(gt=0, description="GPUs per node.")
+    gres_type: str | None = Field(None, description="Slurm GRES type name; default: the GPU model in lower case.")
+    intra_node: IntraLink | None = Field(None, description="GPU-to-GPU link in a node; default by GPU family.")
+    max_time_min: int | None = Field(None, gt=0, description="Partition MaxTime in minutes; null = unlimited.")
+
+    @model_validator(mode="after")
+    def _known(self) -> "SimPartition":
+        if self.gpu not in catalog():
+            close = match_gpu(self.gpu)
+            hint = f" (did you mean {close.name}?)" if close else ""
+            raise ValueError(f"gpu '{self.gpu}' is not in the catalog{hint}; known: {', '.join(catalog())}")
+        return self
+
+    @property
+    def gres(self) -> str:
+        return self.gres_type or self.gpu.lower().replace("-", "_")
+
+    @property
+    def link(self) -> IntraLink:
+        return self.intra_node or _DEFAULT_LINK.get(self.gpu.split("-")[0], "pcie4")
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class SimCluster(_M):
+    """A cluster for the simulator."""
+
+    name: str = Field("sim", description="Cluster name.")
+    inter_node_gbs: float = Field(25.0, gt=0, description="Network bandwidth per GPU between nodes, GB/s.")
+    partitions: list[SimPartition] = Field(min_length=1, description="One entry per partition (one GPU model each).")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "SimCluster":
+        names = [p.name for p in self.partitions]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"partition names must be unique; repeated: {', '.join(sorted(dup))}")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.partitions)
+
+    def site(self) -> SiteConfig:
+        """The site file HAS and MARP read for this cluster."""
+        return SiteConfig(cluster=self.name, defaults={"inter_node_gbs": self.inter_node_gbs}, pools=[
+            Pool(partition=p.name, gres_type=p.gres, gpu=p.gpu, gpus_per_node=p.gpus_per_node, intra_node=p.link)
+            for p in self.partitions])
+
+    def describe(self) -> str:
+        return ", ".join(f"{p.name}: {p.nodes}x{p.gpus_per_node} {p.gpu}" for p in self.partitions)
+
+
+_COMPACT = re.compile(r"^(?P<gpu>[A-Za-z0-9_.-]+?):(?P<nodes>\d+)x(?P<gpn>\d+)$")
+
+
+def parse_compact(text: str) -> SimCluster:
+    """`A100-80GB:2x8,V100-32GB:4x8,T4:6x4`: GPU model : nodes x GPUs per node, one partition each."""
+    parts = []
+    for i, item in enumerate(filter(None, (s.strip() for s in text.split(",")))):
+        m = _COMPACT.match(item)
+        if not m:
+            raise InputError(f"--cluster: '{item}' is not GPU:NODESxGPUS (e.g. A100-80GB:2x8); "
+                             "or give a YAML file (see docs/simulation.md)")
+        gpu = m["gpu"]
+        if gpu not in catalog():
+            close = match_gpu(gpu)
+            if close is None:
+                raise InputError(f"--cluster: GPU '{gpu}' is not in the catalog; known: {', '.join(catalog())}")
+            gpu = close.name
+        name = re.sub(r"[^a-z0-9]+", "", gpu.lower())
+        base, k = name, 2
+        while name in {p.name for p in parts}:
+            name, k = f"{base}{k}", k + 1
+        parts.append(SimPartition(name=name, gpu=gpu, nodes=int(m["nodes"]), gpus_per_node=int(m["gpn"])))
+    if not parts:
+        raise InputError("--cluster: empty; give e.g. A100-80GB:2x8,V100-32GB:4x8,T4:6x4 or a YAML file")
+    return SimCluster(partitions=parts)
+
+
+def load_cluster(arg: str) -> SimCluster:
+    """A YAML file if `arg` names one, else the compact form."""
+    path = Path(arg)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise InputError(f"--cluster: {arg}: no such file")
+        return load_model_file(path, SimCluster)
+    return parse_compact(arg)
+
+
+# The standard clusters of the JCT benchmark: three GPU types at 64 GPUs, the same mix at 512, and the
+# 2,048-GPU, eight-type cluster of the HAS decision benchmark.
+SMALL = "A100-80GB:2x8,V100-32GB:4x8,T4:4x4"
+MEDIUM = "A100-80GB:16x8,V100-32GB:32x8,T4:32x4"
+LARGE = ("H100-SXM:32x8,A100-80GB:48x8,A100-40GB:48x8,L40S:48x4,A40:32x4,A10G:64x4,V100-32GB:32x8,T4:48x4")

@@ -1,0 +1,141 @@
+"""Metrics of a simulated run, the JSON and Markdown reports, and the plots (matplotlib, optional).
+
+JCT = completion - arrival of jobs that finished (OOM and time-limit resubmissions included);
+queueing delay = JCT minus the time the job's attempts ran; makespan = last completion - first
+arrival; GPU utilisation = GPU-seconds allocated / (GPUs x makespan), and the useful share (the
+attempts that completed). Decision overhead: per decision (HAS and the other per-job policies) or per
+round (ilp), wall milliseconds on this machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from frenzy_slurm.sim.runner import RunResult
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(r: RunResult) -> dict:
+    done = [x for x in r.records if x.state == "done"]
+    jct = [x.jct for x in done if x.jct is not None]
+    queue = [x.jct - x.run_s for x in done if x.jct is not None]
+    first = min((x.submit for x in r.records), default=0.0)
+    last = max((x.end for x in r.records if x.end is not None), default=first)
+    makespan = max(last - first, 1e-9)
+    busy = 0.0
+    for (t0, used), (t1, _) in zip(r.timeline, r.timeline[1:]):
+        busy += used * (t1 - t0)
+    return {
+        "policy": r.policy, "seed": r.seed, "gpus": r.gpus, "cluster": r.cluster, "load": r.load,
+        "jobs": len(r.records), "completed": len(done),
+        "unplaceable": sum(x.state == "unplaceable" for x in r.records),
+        "unfinished": sum(x.state in ("unfinished", "gave-up") for x in r.records),
+        "avg_jct_s": statistics.fmean(jct) if jct else float("nan"),
+        "p50_jct_s": _pct(jct, 0.5), "p95_jct_s": _pct(jct, 0.95), "p99_jct_s": _pct(jct, 0.99),
+        "avg_queue_s": statistics.fmean(queue) if queue else float("nan"),
+        "makespan_s": makespan,
+        "gpu_util": busy / (r.gpus * makespan),
+        "ooms": sum(x.ooms for x in r.records), "timeouts": sum(x.timeouts for x in r.records),
+        "heterogeneous_jobs": sum(x.kind == "heterogeneous" for x in done),
+        "decisions": len(r.decision_ms),
+        "decision_ms_median": _pct(r.decision_ms, 0.5), "decision_ms_p95": _pct(r.decision_ms, 0.95),
+        "sim_wall_s": r.sim_wall_s, **r.extra,
+    }
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """Mean and standard deviation over seeds, per (policy, cluster)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[(row["gpus"], row["policy"])].append(row)
+    out = []
+    for (gpus, policy), items in groups.items():
+        agg = {"policy": policy, "gpus": gpus, "seeds": len(items)}
+        for key in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "gpu_util", "ooms",
+                    "decision_ms_median", "decision_ms_p95", "completed", "heterogeneous_jobs"):
+            vals = [float(i[key]) for i in items]
+            agg[key] = statistics.fmean(vals)
+            agg[key + "_sd"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        out.append(agg)
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    """One line per (cluster size, policy): mean (and standard deviation over seeds where several)."""
+    multi = any(r.get("seeds", 1) > 1 for r in rows)
+
+    def cell(r: dict, key: str, scale: float = 1.0, fmt: str = "{:.2f}") -> str:
+        v = fmt.format(r[key] / scale)
+        if multi and key + "_sd" in r:
+            v += " ± " + fmt.format(r[key + "_sd"] / scale)
+        return v
+
+    head = ("| GPUs | policy | avg JCT h | p50 JCT h | p99 JCT h | queue h | makespan h | GPU util | OOMs | "
+            "hetero | decision ms p50 / p95 |")
+    lines = [head, "|" + "|".join(["---"] * 11) + "|"]
+    for r in sorted(rows, key=lambda r: (r["gpus"], r["avg_jct_s"])):
+        lines.append(f"| {r['gpus']} | {r['policy']} | {cell(r, 'avg_jct_s', 3600)} | {cell(r, 'p50_jct_s', 3600)} | "
+                     f"{cell(r, 'p99_jct_s', 3600)} | {cell(r, 'avg_queue_s', 3600)} | {cell(r, 'makespan_s', 3600)} | "
+                     f"{cell(r, 'gpu_util', 0.01, '{:.0f}')}% | {cell(r, 'ooms', 1, '{:.1f}')} | "
+                     f"{cell(r, 'heterogeneous_jobs', 1, '{:.1f}')} | "
+                     f"{r['decision_ms_median']:.1f} / {r['decision_ms_p95']:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
+    """JCT CDF per policy and GPUs allocated over time, one PNG each per cluster size."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from frenzy_slurm.errors import InputError
+
+        raise InputError("--plot needs matplotlib: pip install 'frenzy-slurm[sim]'") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for gpus in sorted({r.gpus for r in results}):
+        runs = [r for r in results if r.gpus == gpus]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in runs:
+            jct = sorted(x.jct / 3600 for x in r.records if x.jct is not None)
+            if jct:
+                ax.step(jct, [(i + 1) / len(r.records) for i in range(len(jct))], where="post",
+                        label=f"{r.policy} (seed {r.seed})")
+        ax.set_xscale("log")
+        ax.set_xlabel("job completion time (h, log scale)")
+        ax.set_ylabel("fraction of jobs")
+        ax.set_title(f"JCT CDF, {gpus} GPUs")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        path = out_dir / f"jct_cdf_{gpus}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in runs:
+            ts = [t / 3600 for t, _ in r.timeline]
+            ax.step(ts, [100.0 * u / r.gpus for _, u in r.timeline], where="post", label=f"{r.policy} (seed {r.seed})")
+        ax.set_xlabel("simulated time (h)")
+        ax.set_ylabel("GPUs allocated (%)")
+        ax.set_title(f"GPU utilisation, {gpus} GPUs")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        path = out_dir / f"utilisation_{gpus}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written

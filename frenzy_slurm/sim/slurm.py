@@ -1,0 +1,377 @@
+"""A simulated Slurm controller: the `SlurmBackend` interface over simulated time.
+
+What it models, after slurmctld with `sched/backfill` and `select/cons_tres`:
+- partitions of nodes with typed GPUs (GRES); jobs get whole GPUs on whole nodes (`--nodes N
+  --gres=gpu:TYPE:G` per node); a node may run several jobs while GPUs remain;
+- priority FIFO (priority/basic: earlier submission first), and backfill: pending jobs are walked in
+  priority order, each is placed at the earliest time its GPUs are free given the running jobs' *time
+  limits* (Slurm cannot know true run times) and the reservations of the jobs before it; a job whose
+  earliest time is now starts now. `reserve` says how many blocked jobs get a reservation: all of the
+  first `bf_max_job_test` (what Slurm's backfill does, its default) or 1 (EASY backfill);
+- heterogeneous jobs: every component placed at one common start time, started together;
+- time limits: a job still running at its limit ends TIMEOUT;
+- start estimates answered the way `sbatch --test-only` answers them: from running jobs' limits only
+  (Slurm's will-run test ignores pending jobs), or, with `estimates="backfill"`, after the queue's
+  reservations (what `squeue --start` shows).
+
+Why its own class and not `frenzy_slurm.slurm.fake.FakeSlurm`: the unit-test fake answers immediately
+and has no clock; the simulator needs simulated time, time limits versus true run times, backfill
+reservations and ends that the runner's ground truth decides. A job's true duration comes from the
+`outcome` callback when it starts (the runner knows the plan's true step time and memory).
+A heap was enough for the events; simpy's processes would add a dependency and hide the order in
+which Slurm's passes run.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from frenzy_slurm.sim.clusters import SimCluster
+from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
+from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
+
+FINAL_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED"}
+
+
+@dataclass
+class SimNode:
+    name: str
+    partition: str
+    gres: str
+    gpus: int
+    cpus: int
+    used: int = 0
+    up: bool = True
+
+
+@dataclass
+class SimJob:
+    job_id: int
+    components: list[ComponentRequest]
+    submit: float
+    name: str = ""
+    comment: str = ""
+    user: str = "sim"
+    state: str = "PENDING"
+    reason: str | None = "Priority"
+    start: float | None = None
+    end: float | None = None
+    planned_start: float | None = None  # backfill's reservation for a pending job
+    nodes: list[list[str]] = field(default_factory=list)  # per component, once started
+    ends_as: str = "COMPLETED"  # what the outcome says the job ends as, if it ends before its limit
+
+    @property
+    def limit_s(self) -> float:
+        return 60.0 * max(c.time_min for c in self.components)
+
+    @property
+    def gpus(self) -> int:
+        return sum(c.nodes * c.gpus_per_node for c in self.components)
+
+
+Outcome = Callable[[SimJob], tuple[float, str]]  # started job -> (seconds it runs, final state if < limit)
+
+
+class _Plan:
+    """Per-node busy intervals (start, end, GPUs) over which start times are searched."""
+
+    def __init__(self, nodes: dict[str, SimNode]):
+        self.nodes = nodes
+        self.busy: dict[str, list[tuple[float, float, int]]] = {n: [] for n in nodes}
+
+    def add(self, node: str, start: float, end: float, gpus: int) -> None:
+        self.busy[node].append((start, end, gpus))
+
+    def free(self, node: str, t0: float, t1: float) -> int:
+        """GPUs of `node` free during all of [t0, t1)."""
+        ivs = [iv for iv in self.busy[node] if iv[0] < t1 and iv[1] > t0]
+        if not ivs:
+            return self.nodes[node].gpus
+        points = [t0] + [s for s, _, _ in ivs if s > t0]
+        peak = max(sum(g for s, e, g in ivs if s <= p < e) for p in points)
+        return self.nodes[node].gpus - peak
+
+    def earliest(self, comps: list[ComponentRequest], candidates: list[list[str]], now: float,
+                 duration: float) -> tuple[float, list[list[str]]] | None:
+        """Earliest common start of all components and the nodes each gets (best fit), or None if never."""
+        times = {now}
+        for names in candidates:
+            for n in names:
+                times.update(e for _, e, _ in self.busy[n] if e > now)
+        for t in sorted(times):
+            taken: set[str] = set()
+            chosen: list[list[str]] = []
+            for c, names in zip(comps, candidates):
+                fits = []
+                for n in names:
+                    if n in taken:
+                        continue
+                    f = self.free(n, t, t + duration)
+                    if f >= c.gpus_per_node:
+                        fits.append((f, n))
+                if len(fits) < c.nodes:
+                    break
+                fits.sort()  # best fit: the fullest nodes that still fit (cons_tres packs jobs)
+                pick = [n for _, n in fits[: c.nodes]]
+                taken.update(pick)
+                chosen.append(pick)
+            else:
+                return t, chosen
+        return None
+
+
+class SimSlurm:
+    """The simulated controller; implements frenzy_slurm.slurm.backend.SlurmBackend."""
+
+    name = "sim"
+
+    def __init__(self, cluster: SimCluster, now: float = 0.0, reserve: int | None = None,
+                 bf_max_job_test: int = 500, estimates: str = "test-only", outcome: Outcome | None = None,
+                 on_end: Callable[[SimJob], None] | None = None, first_job_id: int = 1):
+        self.cluster = cluster
+        self.now = now
+        self.reserve = reserve  # None: every tested job gets a reservation (Slurm); 1: EASY
+        self.bf_max_job_test = bf_max_job_test
+        if estimates not in ("test-only", "backfill"):
+            raise ValueError(f"estimates must be test-only or backfill, not {estimates}")
+        self.estimates = estimates
+        self.outcome = outcome
+        self.on_end = on_end
+        self.nodes: dict[str, SimNode] = {}
+        self.by_pool: dict[tuple[str, str], list[str]] = {}
+        for p in cluster.partitions:
+            for i in range(1, p.nodes + 1):
+                name = f"{p.name}-{i}"
+                self.nodes[name] = SimNode(name, p.name, p.gres, p.gpus_per_node, 8 * p.gpus_per_node)
+                self.by_pool.setdefault((p.name, p.gres), []).append(name)
+        self.jobs_by_id: dict[int, SimJob] = {}
+        self._next_id = first_job_id
+        self._ends: dict[int, tuple[float, str]] = {}  # running job -> (end time, final state)
+        self.timeline: list[tuple[float, int]] = [(now, 0)]  # (time, GPUs allocated) after each change
+        self.schedule_s = 0.0  # wall time spent in scheduling passes
+        self._queue_plan: tuple[int, _Plan] | None = None
+
+    # ---- SlurmBackend -------------------------------------------------------------------------
+    def load(self) -> ClusterView:
+        parts = [Partition(name=p.name, nodes=[n for n in self.nodes if self.nodes[n].partition == p.name],
+                           default_time_min=60, max_time_min=p.max_time_min) for p in self.cluster.partitions]
+        nodes = [Node(name=n.name, partitions=[n.partition], state=self._node_state(n), gpu_type=n.gres,
+                      gpus_total=n.gpus, gpus_used=n.used, cpus=n.cpus, memory_mb=64000 * n.gpus)
+                 for n in self.nodes.values()]
+        return ClusterView(cluster=self.cluster.name, backend="sim", slurm_version="sim", taken_at=self.now,
+                           partitions=parts, nodes=nodes, jobs=self.jobs())
+
+    def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
+        candidates = [self._candidates(c) for c in components]
+        if any(len(c) < comp.nodes for c, comp in zip(candidates, components)):
+            from frenzy_slurm.slurm.run import SlurmCommandError
+
+            raise SlurmCommandError(["sbatch", "--test-only"], 1,
+                                    "sbatch: error: Requested node configuration is not available")
+        plan = self._estimate_plan()
+        duration = 60.0 * max(c.time_min for c in components)
+        found = plan.earliest(components, candidates, self.now, duration)
+        if found is None:
+            from frenzy_slurm.slurm.run import SlurmCommandError
+
+            raise SlurmCommandError(["sbatch", "--test-only"], 1, "sbatch: error: Job violates accounting/QOS policy")
+        t, nodes = found
+        return StartEstimate(start=t, nodes=[n for ns in nodes for n in ns], source=self.estimates)
+
+    def submit(self, job: BatchJob) -> Submitted:
+        for c in job.components:
+            pool = self._candidates(c)
+            if len(pool) < c.nodes:
+                from frenzy_slurm.slurm.run import SlurmCommandError
+
+                raise SlurmCommandError(["sbatch"], 1, "sbatch: error: Batch job submission failed: "
+                                        "Requested node configuration is not available")
+        jid = self._next_id
+        self._next_id += max(1, len(job.components))  # hetjob components take consecutive ids
+        self.jobs_by_id[jid] = SimJob(jid, list(job.components), self.now, name=job.name, comment=job.comment)
+        self.schedule()
+        return Submitted(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
+
+    def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
+        wanted = set(job_ids) if job_ids is not None else None
+        out = []
+        for j in self.jobs_by_id.values():
+            if j.state in FINAL_STATES or (wanted is not None and j.job_id not in wanted):
+                continue
+            if user is not None and j.user != user:
+                continue
+            het = len(j.components) > 1
+            for k, c in enumerate(j.components):
+                start = j.start if j.start is not None else j.planned_start
+                out.append(Job(job_id=j.job_id + k, het_job_id=j.job_id if het else None,
+                               het_job_offset=k if het else None, name=j.name, user=j.user, state=j.state,
+                               reason=j.reason, partition=c.partition, nodes=j.nodes[k] if j.nodes else [],
+                               node_count=c.nodes, gpu_type=c.gpu_type, gpus_per_node=c.gpus_per_node,
+                               start_time=int(start) if start is not None else None,
+                               end_time=int(start + j.limit_s) if start is not None else None,
+                               time_limit_min=c.time_min, comment=j.comment))
+        return out
+
+    def cancel(self, job_id: int) -> None:
+        j = self.jobs_by_id.get(job_id)
+        if j is None or j.state in FINAL_STATES:
+            return
+        if j.state == "RUNNING":
+            self._finish(j, "CANCELLED")
+        else:
+            j.state, j.end = "CANCELLED", self.now
+        self.schedule()
+
+    def requeue(self, job_id: int) -> None:
+        j = self.jobs_by_id.get(job_id)
+        if j is None or j.state != "RUNNING":
+            return
+        self._release(j)
+        j.state, j.start, j.nodes, j.reason = "PENDING", None, [], "BeginTime"
+        self.schedule()
+
+    def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
+        out = {}
+        for i in job_ids:
+            j = self.jobs_by_id.get(i)
+            if j is not None:
+                out[i] = AccountingRecord(job_id=i, state=j.state, start=int(j.start) if j.start is not None else None,
+                                          end=int(j.end) if j.end is not None else None,
+                                          elapsed_s=int(j.end - j.start) if j.end is not None and j.start is not None
+                                          else None)
+        return out
+
+    @property
+    def next_job_id(self) -> int:
+        """The id the next submission gets (the runner files its plan under it before submitting)."""
+        return self._next_id
+
+    # ---- the clock --------------------------------------------------------------------------------
+    def next_end(self) -> float | None:
+        return min((t for t, _ in self._ends.values()), default=None)
+
+    def advance(self, until: float) -> list[SimJob]:
+        """Run the clock to `until`: end the jobs due by then (each end frees GPUs and schedules again)."""
+        done = []
+        while True:
+            due = self.next_end()
+            if due is None or due > until:
+                break
+            self.now = max(self.now, due)
+            batch = sorted((jid for jid, (t, _) in self._ends.items() if t <= self.now))
+            for jid in batch:
+                j = self.jobs_by_id[jid]
+                self._finish(j, self._ends[jid][1])
+                done.append(j)
+            self.schedule()
+        self.now = max(self.now, until)
+        return done
+
+    # ---- scheduling -------------------------------------------------------------------------------
+    def schedule(self) -> list[SimJob]:
+        """One backfill pass: start what can start now without delaying a reservation of an earlier job."""
+        t0 = _time.perf_counter()
+        self._queue_plan = None
+        plan = self._running_plan()
+        started = []
+        reservations = 0
+        pending = sorted((j for j in self.jobs_by_id.values() if j.state == "PENDING"),
+                         key=lambda j: (j.submit, j.job_id))
+        for j in pending[: self.bf_max_job_test]:
+            cands = [self._candidates(c) for c in j.components]
+            found = plan.earliest(j.components, cands, self.now, j.limit_s)
+            if found is None:
+                j.reason, j.planned_start = "Resources", None
+                continue
+            t, nodes = found
+            if t <= self.now:
+                self._start(j, nodes)
+                for c, ns in zip(j.components, nodes):
+                    for n in ns:
+                        plan.add(n, self.now, self.now + j.limit_s, c.gpus_per_node)
+                started.append(j)
+            elif self.reserve is None or reservations < self.reserve:
+                for c, ns in zip(j.components, nodes):
+                    for n in ns:
+                        plan.add(n, t, t + j.limit_s, c.gpus_per_node)
+                reservations += 1
+                j.planned_start, j.reason = t, ("Priority" if reservations > 1 else "Resources")
+            else:
+                j.planned_start, j.reason = None, "Priority"
+        for j in pending[self.bf_max_job_test:]:
+            j.planned_start, j.reason = None, "Priority"
+        self.schedule_s += _time.perf_counter() - t0
+        return started
+
+    def _running_plan(self) -> _Plan:
+        plan = _Plan(self.nodes)
+        for j in self.jobs_by_id.values():
+            if j.state == "RUNNING":
+                assert j.start is not None
+                for c, ns in zip(j.components, j.nodes):
+                    for n in ns:
+                        plan.add(n, j.start, max(j.start + j.limit_s, self.now + 1.0), c.gpus_per_node)
+        return plan
+
+    def _estimate_plan(self) -> _Plan:
+        if self.estimates == "test-only":
+            return self._running_plan()
+        if self._queue_plan is None:
+            plan = self._running_plan()
+            for j in self.jobs_by_id.values():
+                if j.state == "PENDING" and j.planned_start is not None:
+                    cands = [self._candidates(c) for c in j.components]
+                    found = plan.earliest(j.components, cands, j.planned_start, j.limit_s)
+                    if found:
+                        for c, ns in zip(j.components, found[1]):
+                            for n in ns:
+                                plan.add(n, found[0], found[0] + j.limit_s, c.gpus_per_node)
+            self._queue_plan = (0, plan)
+        return self._queue_plan[1]
+
+    def _candidates(self, c: ComponentRequest) -> list[str]:
+        if c.gpu_type is None:
+            names = [n for (p, _), ns in self.by_pool.items() if p == c.partition for n in ns]
+        else:
+            names = self.by_pool.get((c.partition, c.gpu_type), [])
+        return [n for n in names if self.nodes[n].up and self.nodes[n].gpus >= c.gpus_per_node]
+
+    def _start(self, j: SimJob, nodes: list[list[str]]) -> None:
+        j.state, j.start, j.nodes, j.reason, j.planned_start = "RUNNING", self.now, nodes, None, None
+        for c, ns in zip(j.components, nodes):
+            for n in ns:
+                self.nodes[n].used += c.gpus_per_node
+        seconds, final = self.outcome(j) if self.outcome else (j.limit_s, "COMPLETED")
+        if seconds >= j.limit_s:
+            seconds, final = j.limit_s, "TIMEOUT"
+        j.ends_as = final
+        self._ends[j.job_id] = (self.now + max(seconds, 0.0), final)
+        self._record()
+
+    def _release(self, j: SimJob) -> None:
+        for c, ns in zip(j.components, j.nodes):
+            for n in ns:
+                self.nodes[n].used -= c.gpus_per_node
+        self._ends.pop(j.job_id, None)
+        self._record()
+
+    def _finish(self, j: SimJob, state: str) -> None:
+        self._release(j)
+        j.state, j.end = state, self.now
+        if self.on_end is not None:
+            self.on_end(j)
+
+    def _record(self) -> None:
+        used = sum(n.used for n in self.nodes.values())
+        if self.timeline and self.timeline[-1][0] == self.now:
+            self.timeline[-1] = (self.now, used)
+        else:
+            self.timeline.append((self.now, used))
+
+    @staticmethod
+    def _node_state(n: SimNode) -> str:
+        if not n.up:
+            return "down"
+        return "idle" if n.used == 0 else ("allocated" if n.used >= n.gpus else "mixed")
