@@ -10,7 +10,6 @@ user, or for the ids asked about), and one `accounting()` query for all jobs tha
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.records import read_json_or_none, write_atomic
 from frenzy_slurm.render.planfile import PlanFile, read_plan
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, group_het_jobs
 
@@ -44,9 +44,7 @@ def query_jobs_cached(backend: SlurmBackend, user: str | None, max_age: float = 
     jobs = backend.jobs(user=user)
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(path.name + f".{os.getpid()}")
-        tmp.write_bytes(_JOBS.dump_json(jobs))
-        tmp.replace(path)
+        write_atomic(path, _JOBS.dump_json(jobs))
     except OSError:
         pass  # a read-only home only costs the cache
     return jobs
@@ -85,13 +83,6 @@ class TrackedJob:
         return max(0.0, total - (self.elapsed_s or 0.0)) if self.state in ("RUNNING", "PENDING") else 0.0
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def _attach_files(t: TrackedJob) -> None:
     if t.job_dir is None:
         return
@@ -100,8 +91,8 @@ def _attach_files(t: TrackedJob) -> None:
             t.plan = read_plan(t.job_dir / "plan.json")
         except InputError as exc:
             t.notes.append(str(exc))
-    t.finished = _read_json(t.job_dir / "finished.json")
-    t.metrics = _read_json(t.job_dir / "metrics.json")
+    t.finished = read_json_or_none(t.job_dir / "finished.json")
+    t.metrics = read_json_or_none(t.job_dir / "metrics.json")
 
 
 def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
@@ -121,7 +112,7 @@ def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
 
 def submitted_job_id(job_dir: Path) -> int:
     """The job id a job directory's submission.json records."""
-    sub = _read_json(job_dir / "submission.json")
+    sub = read_json_or_none(job_dir / "submission.json")
     if sub is None or not str(sub.get("job_id", "")).isdigit():
         raise InputError(f"{job_dir}: no readable submission.json; not a submitted frenzy-slurm job directory")
     return int(sub["job_id"])
@@ -152,7 +143,7 @@ def find_job_dir(job_id: int, roots: list[Path]) -> Path | None:
         if not root.is_dir():
             continue
         for sub in root.glob("*/submission.json"):
-            data = _read_json(sub)
+            data = read_json_or_none(sub)
             if data and int(data.get("job_id", -1)) == job_id:
                 return sub.parent
     return None

@@ -127,9 +127,9 @@ def site_init(backend: str, snapshot: Path | None, output: Path | None, force: b
     else:
         if output.exists() and not force:
             raise InputError(f"{output} exists; use --force to overwrite it.")
-        tmp = output.with_name(output.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(output)  # never leave a half-written site file
+        from frenzy_slurm.records import write_atomic
+
+        write_atomic(output, text, mode=0o644)  # never leave a half-written site file; admins share it
         click.echo(f"wrote {output}", err=True)
     for line in flagged:
         click.echo(f"frenzy-slurm site init: check: {line}", err=True)

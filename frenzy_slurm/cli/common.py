@@ -40,19 +40,22 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
+def _numeric(cell: str) -> bool:
+    return cell.replace(".", "", 1).replace("%", "").replace("-", "", 1).isdigit()
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
-    """Left-aligned text columns, numbers right-aligned, like sinfo."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    """Text columns like sinfo's: numeric columns right-aligned, the rest left-aligned.
 
-    def fmt(r: list[str]) -> str:
-        cells = []
-        for i, c in enumerate(r):
-            c = str(c)
-            numeric = c.replace(".", "", 1).replace("%", "").replace("-", "", 1).isdigit()
-            cells.append(c.rjust(widths[i]) if numeric and r is not header else c.ljust(widths[i]))
-        return "  ".join(cells).rstrip()
+    tabulate does the layout; number parsing is off so values print exactly as the caller formatted them.
+    """
+    from tabulate import tabulate
 
-    return "\n".join([fmt(header), *(fmt(r) for r in rows)])
+    cols = list(zip(*rows)) if rows else [()] * len(header)
+    align = ["right" if col and all(_numeric(str(c)) for c in col) else "left" for col in cols]
+    text = tabulate([[str(c) for c in r] for r in rows], headers=header, tablefmt="plain", disable_numparse=True,
+                    colalign=align)
+    return "\n".join(line.rstrip() for line in text.splitlines())
 
 
 existing_file = click.Path(exists=False, dir_okay=False, path_type=Path)

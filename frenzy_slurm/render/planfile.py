@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.records import read_json
 from frenzy_slurm.has.model import Decision
 from frenzy_slurm.spec.arch import Architecture
 from frenzy_slurm.spec.job import JobSpec
@@ -34,12 +34,8 @@ class PlanFile(BaseModel):
 
 
 def read_plan(path: Path) -> PlanFile:
+    data = read_json(path, "plan")
     try:
-        data = json.loads(path.read_text())
         return PlanFile.model_validate(data)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read plan ({exc.strerror}).") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}.") from None
     except ValidationError as exc:
         raise InputError(format_validation_error(str(path), exc)) from None

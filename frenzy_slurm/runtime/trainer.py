@@ -15,20 +15,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import socket
 import statistics
 import time
 from pathlib import Path
 
+from frenzy_slurm.records import write_json
 from frenzy_slurm.render.planfile import PlanFile, read_plan
+from frenzy_slurm.runtime import checkpoints, signals
 from frenzy_slurm.runtime.dist import DistEnv
 
-_stop: dict[str, str | None] = {"signal": None}
-
-
-def _on_signal(signum: int, _frame) -> None:
-    _stop["signal"] = signal.Signals(signum).name
+_stop = signals.STOP  # set by runtime.signals' handler, installed before anything heavy is imported
 
 
 def _device(dist: DistEnv):
@@ -81,11 +78,6 @@ def _client_optimizer(name: str, params, lr: float):
     return None  # adam/adamw come from ds_config.json
 
 
-def _atomic_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-
 
 def run_training(job_dir: Path, dist: DistEnv) -> int:
     pf: PlanFile = read_plan(job_dir / "plan.json")
@@ -102,8 +94,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     from frenzy_slurm.runtime.data import Batches
     from frenzy_slurm.runtime.memory import GiB, cpu_step_peak, gpu_peaks
 
-    signal.signal(signal.SIGUSR2, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
     deepspeed.init_distributed(dist_backend=backend)
     torch.manual_seed(t.seed)
     ds_config = json.loads((job_dir / "ds_config.json").read_text())
@@ -169,7 +160,10 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
             print(f"frenzy-slurm: step {step}/{t.total_steps} loss {loss:.4f} {step_times[-1]:.3f}s", flush=True)
         stop = _stop["signal"]
         if step % interval == 0 or step == t.total_steps or stop:
-            engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
+            engine.save_checkpoint(str(ckpt_dir), tag=checkpoints.tag(step), client_state={"step": step})
+            torch.distributed.barrier()  # every rank's shards are written before rank 0 prunes older tags
+            if dist.rank == 0:
+                checkpoints.prune(ckpt_dir, t.keep_checkpoints)
         if stop:
             break
     if device.type == "cuda":
@@ -190,7 +184,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
             "step_times_s": step_times, "step_time_s": med, "tokens_per_s": tokens / med if med else None,
             "loss": losses, "ranks": gathered, "stopped_by": _stop["signal"], "written_at": time.time(),
         }
-        _atomic_json(job_dir / "metrics.json", metrics)
+        write_json(job_dir / "metrics.json", metrics)
         if _stop["signal"] == "SIGUSR2" and os.environ.get("SLURM_JOB_ID"):
             _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
     torch.distributed.barrier()

@@ -58,29 +58,19 @@ def parse_gpu_gres(text: str | None) -> tuple[str | None, int]:
 
 
 def expand_hostlist(text: str | None) -> list[str]:
-    """Slurm host list syntax: `a100-[1-2],t4-[1,3-4]`, `node[01-03]x`, plain names."""
+    """Slurm host list syntax (`a100-[1-2],t4-[1,3-4]`, `node[01-03]x`, plain names) as node names.
+
+    python-hostlist (LLNL/NSC's, the same syntax Slurm's own `scontrol show hostnames` expands) does
+    the expansion; Slurm's "no nodes" spellings give an empty list.
+    """
+    import hostlist
+
     if not text or text in ("(null)", "None", "N/A"):
         return []
-    out: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text):
-        part = part.strip(",")
-        m = re.match(r"^(.*?)\[([^\]]+)\](.*)$", part)
-        if not m:
-            out.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for rng in ranges.split(","):
-            if "-" in rng:
-                lo, hi = rng.split("-", 1)
-                width = len(lo) if lo.startswith("0") else 0
-                for i in range(int(lo), int(hi) + 1):
-                    for tail in expand_hostlist(suffix) or [""]:
-                        out.append(f"{prefix}{str(i).zfill(width)}{tail}")
-            else:
-                for tail in expand_hostlist(suffix) or [""]:
-                    out.append(f"{prefix}{rng}{tail}")
-    return out
-
+    try:
+        return hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist as exc:
+        raise SlurmUnexpected(f"cannot read Slurm's host list '{text[:200]}': {exc}") from None
 
 def parse_time_minutes(text: str | int | None) -> int | None:
     """A time Slurm printed (`5:00`, `1:00:00`, `2-00:00:00`, `30`) in minutes; UNLIMITED/INFINITE -> None."""

@@ -96,7 +96,7 @@ class PyslurmBackend:
                               gpus_total=total, gpus_used=min(total, used.get(n.name, 0)), cpus=n.total_cpus or 0,
                               cpus_alloc=n.allocated_cpus or 0, memory_mb=n.real_memory or 0,
                               memory_alloc_mb=n.allocated_memory or 0))
-        parts = [Partition(name=p.name, state=str(p.state), nodes=ps.utils.nodelist_from_range_str(p.nodes or ""),
+        parts = [Partition(name=p.name, state=str(p.state), nodes=expand_hostlist(p.nodes),
                            is_default=bool(p.is_default), default_time_min=p.default_time or None,
                            max_time_min=parse_time_minutes(str(p.max_time)) if p.max_time is not None else None,
                            max_nodes=p.max_nodes if isinstance(p.max_nodes, int) else None)

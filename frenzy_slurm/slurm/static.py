@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -13,6 +12,7 @@ from frenzy_slurm.slurm.backend import ComponentRequest, ReadOnlyBackend, StartE
 from frenzy_slurm.slurm.model import ClusterView, Job
 from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.records import read_json
 from frenzy_slurm.yamlfile import format_validation_error
 
 
@@ -25,12 +25,7 @@ class StaticBackend(ReadOnlyBackend):
 
     def load(self) -> ClusterView:
         if self._view is None:
-            try:
-                data = json.loads(self.path.read_text())
-            except OSError as exc:
-                raise InputError(f"{self.path}: cannot read snapshot ({exc.strerror}); write one with `fsinfo --json > FILE`.") from None
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{self.path}:{exc.lineno}: not valid JSON: {exc.msg}.") from None
+            data = read_json(self.path, "cluster snapshot (write one with `fsinfo --json > FILE`)")
             if isinstance(data, dict):
                 data.pop("summary", None)
             try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import getpass
-import json
 import os
 import shutil
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_SLURM_REJECTED, FrenzyError, InputError
+from frenzy_slurm.records import read_json_or_none, write_json
 from frenzy_slurm.render import JobRequest
 from frenzy_slurm.slurm import BatchJob, ComponentRequest, SlurmBackend, SlurmCommandError
 
@@ -71,12 +71,6 @@ def _locked(directory: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_job_dir(req: JobRequest) -> None:
     """All files appear at once: written to a sibling temporary directory, then renamed into place."""
     final = req.job_dir
@@ -102,10 +96,7 @@ def existing_job(req: JobRequest, backend: SlurmBackend | None) -> str | None:
     """Why this submission already has a job, or None (one queue query for the user's jobs)."""
     record = req.job_dir / "submission.json"
     if record.exists():
-        try:
-            job = json.loads(record.read_text()).get("job_id")
-        except (OSError, json.JSONDecodeError):
-            job = "?"
+        job = (read_json_or_none(record) or {}).get("job_id", "?")
         return f"job {job} was already submitted from {req.job_dir}"
     if backend is not None:
         for j in backend.jobs(user=getpass.getuser()):
@@ -144,11 +135,11 @@ def submit(req: JobRequest, backend: SlurmBackend, force: bool = False) -> Submi
             done = backend.submit(job)
         except SlurmCommandError as exc:
             why = explain(exc.stderr)
-            _write_atomic(req.job_dir / "rejected.json", json.dumps(
-                {"argv": argv, "stderr": exc.stderr, "explanation": why, "at": time.time()}, indent=2) + "\n")
+            write_json(req.job_dir / "rejected.json",
+                       {"argv": argv, "stderr": exc.stderr, "explanation": why, "at": time.time()})
             raise SlurmRejected(f"Slurm refused the job: {exc.stderr.strip()}\n{why}.\n"
                                 f"The rendered files are in {req.job_dir} (rejected.json records this).") from None
-        _write_atomic(req.job_dir / "submission.json", json.dumps(
-            {"job_id": done.job_id, "cluster": done.cluster, "submission": req.submission, "argv": done.argv or argv,
-             "backend": backend.name, "submitted_at": time.time()}, indent=2) + "\n")
+        write_json(req.job_dir / "submission.json",
+                   {"job_id": done.job_id, "cluster": done.cluster, "submission": req.submission,
+                    "argv": done.argv or argv, "backend": backend.name, "submitted_at": time.time()})
         return Submitted(done.job_id, done.cluster, req.job_dir)
