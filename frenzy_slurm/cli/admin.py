@@ -28,7 +28,10 @@ def main() -> None:
 @click.argument("model_yaml", type=existing_file)
 @click.option("--gpu", "gpus", multiple=True, metavar="TYPE[:COUNT]",
               help="GPU type from the catalog (repeatable), optionally with how many exist. Default: every catalog GPU.")
-@click.option("--plan", "plan_text", metavar="dp=..,tp=..,pp=..,zero=..,mb=..", help="Estimate one plan instead of searching.")
+@click.option("--plan", "plan_text", metavar="KEY=VALUE,...",
+              help="Estimate one plan instead of searching. Keys: dp, tp, pp, cp (degrees), zero (0-3), mb (micro-batch), "
+                   "ga (gradient accumulation; default: global batch / (dp x mb)), ckpt (none|selective|full), "
+                   "sp (sequence parallel: 1/0), offload (none|opt|opt+param); e.g. dp=8,zero=1,mb=2.")
 @click.option("--metric", type=click.Choice(["allocated", "reserved", "device"]), default="device", show_default=True,
               help="What to estimate: torch max_memory_allocated, the allocator's reserved peak, or nvidia-smi used.")
 @click.option("--max-gpus", type=click.IntRange(min=1), default=64, show_default=True, help="Largest GPU count searched.")
