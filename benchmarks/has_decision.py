@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.cluster.synthetic import LARGE, synthetic, synthetic_site  # noqa: E402
-from frenzy_slurm.has import decide  # noqa: E402
+from frenzy_slurm.has import Requirements, decide  # noqa: E402
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec  # noqa: E402
 from frenzy_slurm.spec import load_job_spec, resolve_model  # noqa: E402
 
@@ -42,12 +42,13 @@ def main() -> int:
             model = resolve_model(spec, ROOT / "examples")
             w = workload_from_spec(spec, model)
             space = search_space_from_spec(spec)
+            req = Requirements.from_spec(spec)
             for busy in (0.0, 0.7):
                 view = synthetic(pools, busy=busy, seed=1)
                 times, d = [], None
                 for _ in range(args.repeat):
                     t0 = time.perf_counter()
-                    d = decide(spec, w, view, site, space, backend=None, now=view.taken_at)
+                    d = decide(req, w, view, site, space, backend=None, now=view.taken_at)
                     times.append(time.perf_counter() - t0)
                 med = statistics.median(times) * 1e3
                 p95 = sorted(times)[int(0.95 * (len(times) - 1))] * 1e3
