@@ -234,3 +234,13 @@ def _register_calibration_commands() -> None:
 
 
 _register_calibration_commands()
+
+
+def _register_simulate_command() -> None:
+    """`frenzy-slurm simulate` lives in its own module (frenzy_slurm/cli/simulate.py)."""
+    from frenzy_slurm.cli.simulate import simulate
+
+    main.add_command(simulate)
+
+
+_register_simulate_command()

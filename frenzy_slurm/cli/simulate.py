@@ -1,0 +1,151 @@
+"""`frenzy-slurm simulate`: replay a workload through the simulated Slurm under several policies.
+
+    frenzy-slurm simulate philly:1:60 --cluster A100-80GB:2x8,V100-32GB:4x8,T4:4x4 --policy has,ilp,user-fixed
+    frenzy-slurm simulate my-workload.yaml --cluster cluster.yaml --policy all --json out.json --plot plots/
+
+WORKLOAD is a workload file (YAML or CSV, see docs/simulation.md) or `philly:SEED[:JOBS]` to sample one
+from the Philly trace (`--trace`, `$FRENZY_PHILLY_TRACE`, or the development checkout's
+../shared/data/traces/philly.csv). Needs the `sim` extra for `ilp` (scipy) and `--plot` (matplotlib).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from frenzy_slurm.cli.common import reports_errors
+from frenzy_slurm.errors import InputError
+
+DEV_TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "philly.csv"
+
+
+def trace_path(given: Path | None) -> Path:
+    if given is not None:
+        return given
+    env = os.environ.get("FRENZY_PHILLY_TRACE")
+    return Path(env) if env else DEV_TRACE
+
+
+def resolve_workload(arg: str, trace: Path | None):
+    """A workload file, or `philly:SEED[:JOBS]` sampled from the trace."""
+    from frenzy_slurm.sim.workload import load_workload, sample_philly
+
+    if arg.startswith("philly:"):
+        parts = arg.split(":")[1:]
+        try:
+            seed = int(parts[0])
+            jobs = int(parts[1]) if len(parts) > 1 else 40
+        except (ValueError, IndexError):
+            raise InputError(f"WORKLOAD {arg}: write philly:SEED or philly:SEED:JOBS (e.g. philly:1:60)") from None
+        if jobs < 1 or len(parts) > 2:
+            raise InputError(f"WORKLOAD {arg}: write philly:SEED or philly:SEED:JOBS with JOBS >= 1")
+        return sample_philly(trace_path(trace), seed, jobs), seed
+    path = Path(arg)
+    if not path.is_file():
+        raise InputError(f"WORKLOAD {arg}: no such file; give a workload file (.yaml/.csv) or philly:SEED[:JOBS]")
+    return load_workload(path), 0
+
+
+def _seeds(text: str | None, default: int) -> list[int]:
+    if text is None:
+        return [default]
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise InputError(f"--seed {text}: give integers, e.g. 1 or 1,2,3") from None
+
+
+@click.command("simulate")
+@click.argument("workload")
+@click.option("--cluster", "cluster_arg", required=True, metavar="FILE|GPU:NODESxGPUS,...",
+              help="Cluster YAML file, or the compact form A100-80GB:2x8,V100-32GB:4x8,T4:4x4.")
+@click.option("--policy", "policies", default="has,user-fixed", show_default=True, metavar="NAME[,NAME...]",
+              help="has, has-homogeneous, fastest-fit, ilp, user-fixed:fastest|largest|usual|biggest, "
+                   "user-fixed (all its variants) or all.")
+@click.option("--seed", "seed_text", metavar="N[,N...]", help="Seed(s) of the ground truth (default: the philly seed, else 0).")
+@click.option("--load", type=click.FloatRange(min=0.0, min_open=True), default=0.8, show_default=True,
+              help="Offered load: arrivals rescaled so the work is this share of the cluster's capacity.")
+@click.option("--as-is", "as_is", is_flag=True, help="Keep the workload's arrival times (ignore --load).")
+@click.option("--estimates", type=click.Choice(["test-only", "backfill"]), default="test-only", show_default=True,
+              help="How the simulated Slurm answers start estimates: like sbatch --test-only (running jobs "
+                   "only) or like squeue --start (after the queue's backfill reservations).")
+@click.option("--backfill", type=click.Choice(["slurm", "easy"]), default="slurm", show_default=True,
+              help="slurm: every pending job tested gets a reservation (sched/backfill); easy: only the first.")
+@click.option("--exact", is_flag=True, help="No prediction error: the truth is MARP's prediction.")
+@click.option("--ilp-round", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
+              help="Seconds between the ilp policy's rounds.")
+@click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Philly trace CSV for philly:SEED workloads.")
+@click.option("--save-workload", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the workload (as replayed, before load scaling) to this .yaml or .csv file.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write {\"runs\": [...], \"summary\": [...]} here ('-' for stdout).")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write JCT CDF and utilisation plots (PNG) to this directory.")
+@reports_errors("frenzy-slurm simulate")
+def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | None, load: float, as_is: bool,
+             estimates: str, backfill: str, exact: bool, ilp_round: float, trace: Path | None,
+             save_workload: Path | None, json_path: Path | None, plot_dir: Path | None) -> None:
+    """Replay WORKLOAD on a simulated Slurm cluster under each policy; print JCT, utilisation, overhead."""
+    from frenzy_slurm.sim.clusters import load_cluster
+    from frenzy_slurm.sim.metrics import aggregate, markdown, plot, summarize
+    from frenzy_slurm.sim.policies import expand_policies
+    from frenzy_slurm.sim.runner import Runner
+    from frenzy_slurm.sim.truth import ErrorModel
+    from frenzy_slurm.sim.workload import save_workload as write_workload
+
+    try:
+        names = expand_policies(policies)
+    except ValueError as exc:
+        raise InputError(f"--policy: {exc}") from None
+    if "ilp" in names:
+        try:
+            import scipy.optimize  # noqa: F401
+        except ImportError:
+            raise InputError("--policy ilp needs scipy: pip install 'frenzy-slurm[sim]'") from None
+    cluster = load_cluster(cluster_arg)
+    wl, wl_seed = resolve_workload(workload, trace)
+    if save_workload is not None:
+        write_workload(wl, save_workload)
+    seeds = _seeds(seed_text, wl_seed)
+    errors = ErrorModel.exact() if exact else ErrorModel()
+    results, rows = [], []
+    runs = [(s, n) for s in seeds for n in names]
+    bar = _progress(len(runs) * len(wl.jobs))
+    for seed, name in runs:
+        runner = Runner(wl, cluster, name, seed, errors=errors, load=None if as_is else load,
+                        reserve=1 if backfill == "easy" else None, estimates=estimates, ilp_round_s=ilp_round,
+                        progress=bar.update if bar else None)
+        r = runner.run()
+        results.append(r)
+        rows.append(summarize(r))
+    if bar:
+        bar.close()
+    summary = aggregate(rows)
+    click.echo(f"workload: {wl.source or workload} ({len(wl.jobs)} jobs); cluster: {cluster.describe()} "
+               f"({cluster.gpus} GPUs); load {'as-is' if as_is else load}; seeds {','.join(map(str, seeds))}")
+    click.echo(markdown(summary if len(seeds) > 1 else rows))
+    if json_path is not None:
+        text = json.dumps({"runs": rows, "summary": summary}, indent=2, default=str)
+        if str(json_path) == "-":
+            click.echo(text)
+        else:
+            json_path.write_text(text + "\n")
+    if plot_dir is not None:
+        for p in plot(results, plot_dir):
+            click.echo(f"wrote {p}")
+
+
+def _progress(total: int):
+    """A tqdm bar on stderr when it is a terminal and tqdm is installed; None otherwise."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="job", desc="simulating", file=sys.stderr, leave=False)
