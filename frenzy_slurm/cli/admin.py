@@ -229,8 +229,10 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
 def _register_calibration_commands() -> None:
     """`frenzy-slurm calibrate` and `frenzy-slurm site detect` live in their own modules."""
     from frenzy_slurm.cli.calibrate import calibrate
+    from frenzy_slurm.cli.site_detect import site_detect
 
     main.add_command(calibrate)
+    site.add_command(site_detect)
 
 
 _register_calibration_commands()

@@ -104,6 +104,13 @@ class SlurmBackend(Protocol):
         """sacct records of these jobs in one query; None where the site keeps no accounting."""
         ...
 
+    def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
+        """Run `argv` as one short job step on one node of `pool` holding `gpus` GPUs; its stdout.
+
+        For site tools (`frenzy-slurm site detect`): fails rather than queues when no node is free.
+        """
+        ...
+
 
 class ReadOnlyBackend:
     """Mixin for backends that can only read (a saved snapshot): the rest says so plainly."""
@@ -127,3 +134,6 @@ class ReadOnlyBackend:
 
     def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
         return None
+
+    def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
+        self._refuse("run job steps")

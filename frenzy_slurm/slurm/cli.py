@@ -18,7 +18,8 @@ from pathlib import Path
 
 from typing import Iterable
 
-from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
+from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentRequest, PoolKey, StartEstimate,
+                                        Submitted)
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_parsable,
                                       parse_test_only, parse_time_minutes)
@@ -299,6 +300,16 @@ class SlurmCliBackend:
         except (SlurmCommandError, SlurmUnavailable):
             return None  # accounting disabled or slurmdbd down: callers fall back to the job directory
         return parse_sacct(res.stdout)
+
+
+    def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
+        """`srun` on one node of the pool; --immediate so a busy pool fails fast instead of queueing."""
+        wait = max(5, int(timeout / 3))
+        gres = f"gpu:{pool.gres_type}:{gpus}" if pool.gres_type else f"gpu:{gpus}"
+        srun = ["srun", f"--partition={pool.partition}", "--nodes=1", "--ntasks=1", f"--gres={gres}",
+                f"--immediate={wait}", f"--time={max(1, int(-(-timeout // 60)))}", "--job-name=frenzy-site-probe",
+                "--quiet", *argv]
+        return run(srun, timeout=timeout).stdout
 
 
 def parse_sacct(text: str) -> dict[int, AccountingRecord]:

@@ -1,0 +1,159 @@
+"""`frenzy-slurm site detect`: turn NVML probe answers (one node per pool) into site-file pools.
+
+The probe (`frenzy_slurm.runtime.nvml_probe`) runs on a compute node through the Slurm seam; this
+module only interprets its JSON and merges the result into the site file. The merge keeps what the
+admin wrote: comments, `overrides`, `overheads`, `cpus_per_gpu`, bandwidths; it rewrites `gpu`,
+`gpus_per_node` and `intra_node` where NVML disagrees (reporting each change), and sets
+`overrides.memory_gib` only where NVML's total memory differs from the catalog and the admin has not
+set it. Pools without NVML keep their entry, or get one proposed from Slurm's GRES description.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.cluster.site_tools import _link_guess
+
+GIB = float(1 << 30)
+MEMORY_TOLERANCE = 0.03  # NVML total vs catalog: ECC and firmware reservations differ by a few percent
+
+
+@dataclass
+class Detected:
+    """One pool as detection sees it."""
+
+    partition: str
+    gres_type: str
+    gpus_per_node: int  # from NVML where it answered, else Slurm's GRES count
+    source: str  # "nvml" or "slurm"
+    host: str | None = None
+    product: str | None = None  # NVML's product name
+    gpu: GpuSpec | None = None  # catalog match
+    memory_gib: float | None = None  # NVML total memory per GPU
+    intra_node: str | None = None  # nvlinkN / pcieN
+    driver: str | None = None
+    cuda: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{self.partition}/{self.gres_type}"
+
+
+def _link(gpus: list[dict]) -> str | None:
+    """nvlinkN where every GPU of the node has an active NVLink to a peer or NVSwitch, else pcieN."""
+    if len(gpus) > 1 and all((g.get("nvlink") or {}).get("active_links") for g in gpus):
+        gen = min((g["nvlink"].get("generation") or 0) for g in gpus)
+        if gen:
+            return f"nvlink{min(gen, 5)}"
+    gens = [g.get("pcie_generation") for g in gpus if g.get("pcie_generation")]
+    if gens:
+        return f"pcie{max(3, min(5, min(gens)))}"
+    return None
+
+
+def interpret(partition: str, gres_type: str, slurm_gpus_per_node: int, answer: dict | None,
+              failure: str | None = None) -> Detected:
+    """A pool from one node's probe answer (None with `failure` when the probe step did not run)."""
+    det = Detected(partition, gres_type, slurm_gpus_per_node, "slurm")
+    if answer is None or not answer.get("nvml"):
+        why = failure or (answer or {}).get("error") or "no answer"
+        det.problems.append(f"no NVML on {(answer or {}).get('host', 'the probe node')}: {why}; "
+                            "the pool is described from Slurm's GRES only")
+        return det
+    gpus = answer.get("gpus") or []
+    det.source, det.host = "nvml", answer.get("host")
+    det.driver, det.cuda = answer.get("driver_version"), answer.get("cuda_version")
+    if not gpus:
+        det.problems.append(f"NVML on {det.host} sees no GPU (is CUDA_VISIBLE_DEVICES empty, or the GRES File= wrong?)")
+        return det
+    names = {g["name"] for g in gpus}
+    if len(names) > 1:
+        det.problems.append(f"{det.host} mixes GPU models {sorted(names)} under one GRES type; split them into "
+                            "GRES types in gres.conf")
+    det.product = gpus[0]["name"]
+    det.memory_gib = min(g["memory_total_bytes"] for g in gpus) / GIB
+    if len(gpus) != slurm_gpus_per_node:
+        det.problems.append(f"NVML sees {len(gpus)} GPU(s) on {det.host}, Slurm's GRES says {slurm_gpus_per_node}; "
+                            "using NVML's count (check gres.conf)")
+    det.gpus_per_node = len(gpus)
+    det.intra_node = _link(gpus)
+    det.gpu = match_gpu(f"{det.product} {round(det.memory_gib)}GB")
+    if det.gpu is None:
+        det.problems.append(f"'{det.product}' ({det.memory_gib:.1f} GiB) matches no catalog GPU; set gpu: by hand "
+                            "to the closest model and its peaks in overrides (frenzy-slurm site catalog)")
+    return det
+
+
+def _proposed_pool(det: Detected) -> dict[str, Any]:
+    gpu = det.gpu or match_gpu(det.gres_type)
+    pool: dict[str, Any] = {"partition": det.partition, "gres_type": det.gres_type,
+                            "gpu": gpu.name if gpu else "UNKNOWN", "gpus_per_node": det.gpus_per_node,
+                            "intra_node": det.intra_node or (_link_guess(gpu.name) if gpu else "pcie4")}
+    if det.memory_gib and gpu and abs(det.memory_gib - gpu.memory_gib) > MEMORY_TOLERANCE * gpu.memory_gib:
+        pool["overrides"] = {"memory_gib": round(det.memory_gib, 2)}
+    return pool
+
+
+def _note(det: Detected, today: str) -> str:
+    if det.source == "nvml":
+        return (f"detected {today} by NVML on {det.host}: {det.gpus_per_node} x {det.product}, "
+                f"{det.memory_gib:.1f} GiB, {det.intra_node or 'link unknown'}, driver {det.driver}, CUDA {det.cuda}")
+    return f"{today}: no NVML answer; from Slurm's GRES (gpu:{det.gres_type}:{det.gpus_per_node}); check gpu: and intra_node:"
+
+
+def merge_site(text: str | None, cluster: str, detected: list[Detected], today: str) -> tuple[str, list[str]]:
+    """The site file with the detected pools merged in (comments kept), and one line per change made."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    doc = yaml.load(text) if text else None
+    changes: list[str] = []
+    if doc is None:
+        doc = CommentedMap()
+        doc["cluster"] = cluster
+        doc["defaults"] = CommentedMap([("inter_node_gbs", 25), ("usable_fraction", 0.95)])
+        doc.yaml_set_comment_before_after_key("cluster", before="Site file written by `frenzy-slurm site detect`. "
+                                              "Check it, then run `frenzy-slurm site validate`.")
+        doc["pools"] = CommentedSeq()
+    pools = doc.setdefault("pools", CommentedSeq())
+    for det in detected:
+        entry = next((p for p in pools if p.get("partition") == det.partition and p.get("gres_type") == det.gres_type), None)
+        proposal = _proposed_pool(det)
+        if entry is None:
+            entry = CommentedMap(proposal)
+            pools.append(entry)
+            changes.append(f"{det.where}: added ({proposal['gpu']}, {proposal['gpus_per_node']} per node, "
+                           f"{proposal['intra_node']}; source {det.source})")
+        elif det.source == "nvml":
+            for key in ("gpu", "gpus_per_node", "intra_node"):
+                if key == "gpu" and det.gpu is None:
+                    continue
+                if key == "intra_node" and det.intra_node is None:
+                    continue
+                if entry.get(key) != proposal[key]:
+                    changes.append(f"{det.where}: {key} {entry.get(key)} -> {proposal[key]} (NVML on {det.host})")
+                    entry[key] = proposal[key]
+            mem = proposal.get("overrides", {}).get("memory_gib")
+            overrides = entry.get("overrides")
+            if mem is not None and not (overrides and "memory_gib" in overrides):
+                if overrides is None:
+                    entry["overrides"] = overrides = CommentedMap()
+                overrides["memory_gib"] = mem
+                changes.append(f"{det.where}: overrides.memory_gib = {mem} (NVML total; catalog says "
+                               f"{catalog()[proposal['gpu']].memory_gib:g})")
+        entry.yaml_add_eol_comment(_note(det, today), "partition")
+    out = io.StringIO()
+    yaml.dump(doc, out)
+    return out.getvalue(), changes
+
+
+def read_text(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
