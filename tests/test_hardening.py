@@ -261,3 +261,56 @@ def test_fsbatch_bad_time_flag_is_exit_2(offline, value, tmp_path):
     res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", *offline, "-t", value,
                "--job-dir", str(tmp_path / "job"))
     assert res.returncode == 2 and "Traceback" not in res.stderr and "--time" in res.stderr, res.stderr
+
+
+# --- generated files: control characters, the template sandbox, the job's tag ---------------------------
+
+def test_newline_in_model_yaml_path_is_refused(tmp_path, offline):
+    d = tmp_path / "evil\ntouch pwned\n#"
+    d.mkdir()
+    path = d / "model.yaml"
+    path.write_text(GOOD)
+    res = _run("fsbatch", str(path), "--dry-run", *offline, "--job-dir", str(tmp_path / "job"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "model.yaml path" in res.stderr and "control character '\\n'" in res.stderr
+
+
+def test_generated_script_quotes_the_model_yaml_path(tmp_path, offline):
+    d = tmp_path / "my models"
+    d.mkdir()
+    (d / "model.yaml").write_text(GOOD)
+    res = _run("fsbatch", str(d / "model.yaml"), "--dry-run", "--json", *offline, "--job-dir", str(tmp_path / "job"))
+    assert res.returncode == 0, res.stderr
+    script = json.loads(res.stdout)["script"]
+    assert f"fsbatch '{d / 'model.yaml'}' --force" in script
+    assert "-P -m frenzy_slurm.runtime" in script
+
+
+@pytest.mark.parametrize("payload", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+    "{% set x = components.append(1) %}",
+])
+def test_override_templates_render_in_the_sandbox(tmp_path, offline, payload):
+    tdir = tmp_path / "templates"
+    tdir.mkdir()
+    (tdir / "homogeneous.sbatch.j2").write_text("#!/bin/bash\n" + payload + "\n")
+    res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", *offline, "--job-dir", str(tmp_path / "job"),
+               "--templates", str(tdir))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "template" in res.stderr and "uid=" not in res.stdout
+
+
+@pytest.mark.parametrize("flag", ["--comment=mine", "--comm=mine", "--chdir=/tmp", "-p a100", "--time=1",
+                                  "--signal=USR1@10", "--no-requeue"])
+def test_flags_frenzy_sets_cannot_be_overridden(tmp_path, offline, flag):
+    res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", *offline, "--job-dir", str(tmp_path / "job"),
+               f"--sbatch={flag}")
+    assert res.returncode == 2 and "frenzy-slurm sets this itself" in res.stderr, res.stderr
+
+
+def test_other_flags_pass_through(tmp_path, offline):
+    res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--json", *offline, "--job-dir",
+               str(tmp_path / "job"), "--sbatch=--reservation=big", "--sbatch=--gres-flags=enforce-binding")
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --reservation=big" in json.loads(res.stdout)["script"]

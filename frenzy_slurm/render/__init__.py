@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 import jinja2
+import jinja2.sandbox
 import yaml
 
 from frenzy_slurm import __version__
@@ -29,9 +30,10 @@ from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.planfile import PlanFile
 from frenzy_slurm.spec import JobSpec, ResolvedModel
-from frenzy_slurm.spec.job import SlurmOptions
+from frenzy_slurm.spec.job import SIGNAL_LEAD_S, SlurmOptions
 
-SIGNAL_SECONDS = 300  # USR2 this long before the time limit: the runtime checkpoints (NCCL owns USR1)
+SIGNAL_SECONDS = SIGNAL_LEAD_S  # USR2 this long before the time limit: the runtime checkpoints (NCCL owns USR1)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a newline in a path would end a comment line and run as a command
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,-]+$")  # #SBATCH lines are not shell-parsed: keep paths plain
 
 
@@ -67,8 +69,21 @@ def default_job_dir(spec: JobSpec, submission: str) -> Path:
     return (base / f"{spec.name}-{submission[:8]}").absolute()
 
 
+def no_control_chars(what: str, value: str) -> str:
+    """Refuse a value with control characters (newline, tab, escape...) before it reaches a generated file."""
+    m = _CONTROL.search(value)
+    if m:
+        raise InputError(f"{what} {value!r} contains the control character {m.group()!r}; rename it (or move the "
+                         "file) to a path without control characters.")
+    return value
+
+
 def environment(template_dir: Path | None = None) -> jinja2.Environment:
-    """Jinja environment: the user's directory first (if any), then the shipped templates."""
+    """Jinja environment: the user's directory first (if any), then the shipped templates.
+
+    Templates may come from a user's or admin's directory, so they render in Jinja's immutable sandbox:
+    no attribute walks to Python internals (`''.__class__.__mro__`), no mutation of the context.
+    """
     loaders: list[jinja2.BaseLoader] = []
     override = template_dir or (Path(os.environ["FRENZY_TEMPLATES"]) if os.environ.get("FRENZY_TEMPLATES") else None)
     if override is not None:
@@ -76,17 +91,21 @@ def environment(template_dir: Path | None = None) -> jinja2.Environment:
             raise InputError(f"templates directory {override} does not exist")
         loaders.append(jinja2.FileSystemLoader(str(override)))
     loaders.append(jinja2.FileSystemLoader(str(resources.files("frenzy_slurm").joinpath("templates"))))
-    env = jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, autoescape=False)
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
     return env
 
 
 def runtime_command(spec: JobSpec, job_dir: Path, spec_dir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir)]
+    # -P: `python -m` would otherwise put the working directory (the job directory) first on sys.path,
+    # so a module planted there (frenzy_slurm/, torch.py) would run as the job's owner.
+    cmd = [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir)]
     if spec.entry.trainer == "script":
         script = Path(spec.entry.script or "")
         script = script if script.is_absolute() else (spec_dir / script).absolute()
+        no_control_chars("entry.script", str(script))
         cmd += ["--script", str(script), "--", *spec.entry.args]
     return cmd
 
@@ -104,6 +123,7 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
     error = options.error or output
     name = options.job_name or spec.name
     components = [c.model_dump() for c in alloc.components]
+    no_control_chars("model.yaml path", str(spec_path.absolute()))
     command = runtime_command(spec, job_dir, spec_path.parent)
     groups = ",".join(str(i) for i in range(len(components)))
     ctx = dict(
@@ -117,6 +137,9 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
     template = "heterogeneous.sbatch.j2" if len(components) > 1 else "homogeneous.sbatch.j2"
     try:
         script = env.get_template(template).render(**ctx)
+    except jinja2.sandbox.SecurityError as exc:
+        raise InputError(f"template {template}: refused by the template sandbox ({exc}); templates may only "
+                         "format the values they are given") from None
     except jinja2.TemplateError as exc:
         raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
     # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries

@@ -13,10 +13,15 @@ import os
 import sys
 from pathlib import Path
 
-from frenzy_slurm.runtime.dist import from_environ
+from frenzy_slurm.runtime import signals
+
+signals.install()  # first: an early USR2/TERM must be recorded, not kill the job (see runtime/signals.py)
+
+from frenzy_slurm.runtime.dist import from_environ  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    signals.install()  # also when main() is called directly
     ap = argparse.ArgumentParser(prog="frenzy_slurm.runtime", description=__doc__.split("\n\n")[0])
     ap.add_argument("--job-dir", type=Path, required=True)
     ap.add_argument("--script", type=Path)
@@ -31,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["FRENZY_GPU"] = dist.gpu_index
     if ns.script is not None:
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+        if signals.pending():  # tell the script a stop was already requested
+            os.environ["FRENZY_STOP_SIGNAL"] = signals.pending() or ""
+        signals.prepare_exec()
         os.execv(sys.executable, [sys.executable, str(ns.script), *args])
     from frenzy_slurm.runtime.trainer import run_training
 

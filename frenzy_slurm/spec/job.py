@@ -44,6 +44,32 @@ def check_time_limit(minutes: int) -> int:
 _SLURM_INFINITE_MIN = 0xFFFFFFFF
 
 
+# sbatch options the rendered script sets itself, and why a pass-through flag must not override them.
+# Long options may be abbreviated on sbatch's command line (getopt_long), so prefixes are refused too.
+_RESERVED_LONG = {
+    "--comment": "the job's tag frenzy:<submission>, by which fsqueue and the duplicate check find the job",
+    "--chdir": "the job directory", "--signal": "the checkpoint signal before the time limit",
+    "--requeue": "resume after a time-limit checkpoint or node failure", "--no-requeue": "resume after a checkpoint",
+    "--partition": "HAS's allocation", "--gres": "HAS's allocation", "--nodes": "HAS's allocation",
+    "--ntasks": "one task per GPU", "--ntasks-per-node": "one task per GPU", "--cpus-per-task": "the site file",
+    "--gpus": "HAS's allocation", "--gpus-per-node": "HAS's allocation", "--gpus-per-task": "HAS's allocation",
+    "--time": "use fsbatch -t, which is checked", "--job-name": "use fsbatch -J", "--output": "use fsbatch -o",
+    "--error": "use fsbatch -e", "--open-mode": "logs are appended across requeues",
+}
+_RESERVED_SHORT = {"-D": "--chdir", "-p": "--partition", "-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task",
+                   "-G": "--gpus", "-t": "--time", "-J": "--job-name", "-o": "--output", "-e": "--error"}
+
+
+def reserved_flag(flag: str) -> str | None:
+    """Why `flag` may not be passed through to sbatch, or None when it may."""
+    if flag.startswith("--"):
+        name = flag.split("=", 1)[0].split(" ", 1)[0]
+        hits = [long for long in _RESERVED_LONG if long == name or (len(name) >= 5 and long.startswith(name))]
+        return _RESERVED_LONG[hits[0]] if hits else None
+    long = _RESERVED_SHORT.get(flag[:2])
+    return _RESERVED_LONG[long] if long else None
+
+
 def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
     """Slurm time formats (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) to minutes, rounded up."""
     if isinstance(value, int):
@@ -152,6 +178,10 @@ class Training(_Strict):
     checkpoint_interval: int | None = Field(
         None, gt=0, description="Save a checkpoint every this many steps (always at the end and at the time-limit signal)."
     )
+    keep_checkpoints: int = Field(
+        3, ge=1, description="Checkpoints kept in JOBDIR/checkpoints; older step<N> ones are deleted after each save "
+        "(the latest is always kept)."
+    )
     seed: int = Field(1234, description="Seed for initialisation and synthetic data.")
 
     @field_validator("micro_batch")
@@ -247,8 +277,11 @@ class SlurmOptions(_Strict):
     @classmethod
     def _flags(cls, v: list[str]) -> list[str]:
         for flag in v:
-            if not flag.startswith("-") or any(ch in flag for ch in "\n\r\0"):
+            if not flag.startswith("-") or re.search(r"[\x00-\x1f\x7f]", flag):
                 raise ValueError(f"'{flag}' is not an sbatch flag; each entry must start with '-', e.g. '--reservation=big'")
+            why = reserved_flag(flag)
+            if why:
+                raise ValueError(f"'{flag}': frenzy-slurm sets this itself ({why})")
         return v
 
     def overridden(self, **flags: object) -> "SlurmOptions":
