@@ -61,6 +61,7 @@ class TrackedJob:
     plan: PlanFile | None = None
     finished: dict | None = None
     metrics: dict | None = None
+    calibration: dict | None = None  # calibration.json: the calibration fsbatch applied, raw and calibrated step
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -93,6 +94,7 @@ def _attach_files(t: TrackedJob) -> None:
             t.notes.append(str(exc))
     t.finished = read_json_or_none(t.job_dir / "finished.json")
     t.metrics = read_json_or_none(t.job_dir / "metrics.json")
+    t.calibration = read_json_or_none(t.job_dir / "calibration.json")
 
 
 def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
@@ -166,8 +168,10 @@ def comparison(t: TrackedJob) -> list[dict]:
         if key not in worst or r["peak_gib"] > worst[key]["peak_gib"]:
             worst[key] = r
     rows = [{"what": f"peak memory {gpu} ({r.get('metric', 'allocated')}, {r.get('device', '?')})",
-             "predicted": r.get("predicted_allocated_gib"), "measured": r["peak_gib"], "unit": "GiB"}
+             "predicted": r.get("predicted_allocated_gib", r.get("predicted_gib")), "measured": r["peak_gib"],
+             "unit": "GiB"}
             for gpu, r in worst.items()]
     rows.append({"what": f"step time ({'cpu' if any(r.get('device') == 'cpu' for r in t.metrics.get('ranks', [])) else 'gpu'})",
-                 "predicted": t.plan.decision.chosen.step_time_s, "measured": t.metrics.get("step_time_s"), "unit": "s"})
+                 "predicted": t.plan.decision.chosen.step_time_s, "measured": t.metrics.get("step_time_s"), "unit": "s",
+                 "raw_predicted": (t.calibration or {}).get("raw_step_time_s")})
     return rows

@@ -72,8 +72,45 @@ def calibrated_site(site: SiteConfig, cal: CalibrationFile, path: Path, precisio
     return site.model_copy(update={"pools": pools}), applied
 
 
-def record(job_dir_files: dict[str, str], applied: Applied | None, raw_step_s: float | None, step_s: float) -> None:
-    """calibration.json in the job directory: the calibration used and the raw and calibrated step time."""
-    data = {"calibration": applied.to_json() if applied else None, "raw_step_time_s": raw_step_s,
-            "step_time_s": step_s}
-    job_dir_files["calibration.json"] = json.dumps(data, indent=2) + "\n"
+def for_job(site: SiteConfig, site_path: Path | None, precision: str, method: str, enabled: bool = True
+            ) -> tuple[SiteConfig, Applied | None]:
+    """fsbatch's step: the site file as MARP and HAS should see it for this job, and what was applied."""
+    found = find_calibration(site, site_path, enabled)
+    if found is None:
+        return site, None
+    cal, path = found
+    return calibrated_site(site, cal, path, precision, method)
+
+
+def job_record(applied: Applied | None, raw_site: SiteConfig, w, decision, global_batch: int) -> dict:
+    """calibration.json of a job directory: the calibration used, and the chosen plan's raw and calibrated step."""
+    from frenzy_slurm.calibration.observe import raw_step_parts
+
+    chosen = decision.chosen
+    parts = raw_step_parts(w, chosen, global_batch, raw_site)
+    return {"calibration": applied.to_json() if applied else None,
+            "raw_step_time_s": sum(parts) if parts else None, "step_time_s": chosen.step_time_s}
+
+
+def explain_lines(record: dict) -> list[str]:
+    """What --explain prints about calibration: raw and calibrated numbers side by side."""
+    cal = record.get("calibration")
+    raw, step = record.get("raw_step_time_s"), record["step_time_s"]
+    if cal is None:
+        return [f"calibration: none (raw predictions; step {step:.4g} s). `frenzy-slurm calibrate` fits one "
+                "from finished jobs."]
+    import time
+
+    when = time.strftime("%Y-%m-%d", time.gmtime(cal["created_at"]))
+    raw_text = f"{raw:.4g} s" if raw is not None else "n/a (heterogeneous)"
+    lines = [f"calibration: {cal['path']} ({cal['jobs']} jobs, fitted {when}): step time raw {raw_text} -> "
+             f"calibrated {step:.4g} s"]
+    for pool, c in sorted(cal["pools"].items()):
+        src = "site-wide fit" if c["fit"] == "*" else f"{c['fit']} fit"
+        lines.append(f"  {pool}: efficiency {c['raw_efficiency']:.3g} -> {c['efficiency']:.3g}, "
+                     f"+{c['step_overhead_s']:.4g} s/step, +{c['microbatch_overhead_s']:.4g} s/micro-batch "
+                     f"({src}, {c['jobs']} jobs)")
+    if cal["memory_factor"] != 1.0:
+        lines.append(f"  memory {cal['memory_mode']}: predictions x{cal['memory_factor']:.3f} (usable share of each "
+                     "GPU divided by it)")
+    return lines

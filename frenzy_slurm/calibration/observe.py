@@ -28,9 +28,10 @@ def steady_step_time(step_times: list[float], profiled: list[int] | None = None)
 
 
 def measured_step_time(metrics: dict) -> float | None:
-    """The steady step time of a metrics.json (older files without it: from its step list)."""
-    if metrics.get("steady_step_time_s") is not None:
-        return float(metrics["steady_step_time_s"])
+    """The steady step time of a metrics.json: the trainer's own where it says which steps it profiled
+    (it then leaves them out), else from its list of step times."""
+    if "profiled_steps" in metrics and metrics.get("step_time_s") is not None:
+        return float(metrics["step_time_s"])
     return steady_step_time(list(metrics.get("step_times_s") or []), metrics.get("profiled_steps"))
 
 

@@ -50,6 +50,8 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
 @click.option("--trace-factory", is_flag=True,
               help="Import and call model.factory on this machine to count its parameters exactly (runs your code).")
 @click.option("--force", is_flag=True, help="Submit even if this submission already has a job.")
+@click.option("--no-calibration", is_flag=True,
+              help="Plan with raw predictions, ignoring the site's calibration file (frenzy-slurm calibrate).")
 @click.option("-A", "--account", help="sbatch --account.")
 @click.option("-q", "--qos", help="sbatch --qos.")
 @click.option("-t", "--time", "time_", help="sbatch --time (default: predicted run time + 25% + 10 min).")
@@ -64,11 +66,12 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
 @click.version_option(__version__, prog_name="fsbatch")
 @reports_errors("fsbatch")
 def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend: str, snapshot: Path | None,
-         site: Path | None, job_dir: Path | None, templates: Path | None, trace_factory: bool, force: bool, account, qos, time_, constraint,
+         site: Path | None, job_dir: Path | None, templates: Path | None, trace_factory: bool, force: bool, no_calibration: bool, account, qos, time_, constraint,
          exclusive, mail_type, mail_user, job_name, output, error, extra) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
     from frenzy_slurm.slurm import open_backend
-    from frenzy_slurm.cluster.site_tools import maybe_load_site
+    from frenzy_slurm.calibration import explain_lines, for_job, job_record
+    from frenzy_slurm.cluster.site_tools import find_site, maybe_load_site
     from frenzy_slurm.has import Requirements, decide
     from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
     from frenzy_slurm.render import render_job
@@ -84,9 +87,15 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     cluster = open_backend(backend, snapshot)
     view = cluster.load()
     w = workload_from_spec(spec, model)
+    # calibration: one explicit step; MARP and HAS then see the calibrated site file
+    raw_site = site_cfg
+    site_cfg, applied = for_job(site_cfg, find_site(site), spec.training.precision, spec.training.method,
+                                enabled=not no_calibration)
     decision = decide(Requirements.from_spec(spec, time=options.time), w, view, site_cfg, search_space_from_spec(spec),
                       backend=None if cluster.name == "static" else cluster, now=time.time())
     req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates)
+    calibration = job_record(applied, raw_site, w, decision, spec.training.global_batch)
+    req.files["calibration.json"] = json.dumps(calibration, indent=2) + "\n"  # fsqueue JOBID shows it
     chosen = decision.chosen
     summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, "
                f"{' + '.join(f'{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}' for c in chosen.components)} per GPU, "
@@ -94,7 +103,7 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
                f"run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
     result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,
                     "decision": json.loads(decision.model_dump_json()),
-                    "user_code_ran": model.exact_params is not None}
+                    "user_code_ran": model.exact_params is not None, "calibration": calibration}
     if not dry_run:
         from frenzy_slurm.submit import submit
 
@@ -109,6 +118,8 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     if explain:
         header, rows = explain_rows(decision)
         click.echo(table(rows, header))
+        for line in explain_lines(calibration):
+            click.echo(line)
         if (note := factory_note(spec, model)) is not None:
             click.echo(note)
     if dry_run:

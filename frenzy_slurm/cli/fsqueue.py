@@ -70,7 +70,7 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
                              f"{', '.join(map(str, roots))} records it (set FRENZY_JOBS_DIR)")
         t = from_job_dirs([job_dir], cluster)[0]
     if as_json:
-        print_json(_job_json(t) | {"comparison": comparison(t)})
+        print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
         return
     click.echo(f"job {t.job_id} {t.name}: {t.state}" + (f", exit code {t.finished['exit_code']}" if t.finished else ""))
     if t.plan is not None:
@@ -94,5 +94,10 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
                 f"{1 - abs(r['predicted'] - r['measured']) / r['measured']:.0%}" if r["predicted"] and r["measured"] else "-"]
                for r in rows]
         click.echo(table(out, ["predicted vs measured", "predicted", "measured", "accuracy"]))
+    if t.calibration is not None:
+        from frenzy_slurm.calibration import explain_lines
+
+        for line in explain_lines(t.calibration):
+            click.echo(f"  {line}")
     for n in t.notes:
         click.echo(f"  note: {n}")

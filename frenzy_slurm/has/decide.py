@@ -132,7 +132,8 @@ def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[Usab
     world = sum(n for _, n in placement) * dp
     groups = [hetero.StageGroup(p.key, n, p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency,
                                 p.option.usable_bytes - p.option.overhead_bytes(world), p.option.overhead_bytes(world),
-                                p.option.links.intra_node_gbs, p.option.links.inter_node_gbs, p.site.gpus_per_node)
+                                p.option.links.intra_node_gbs, p.option.links.inter_node_gbs, p.site.gpus_per_node,
+                                p.option.spec.step_overhead_s, p.option.spec.microbatch_overhead_s)
               for p, n in placement]
     for rc in recomputes:  # the first recomputation setting that fits is the fastest
         hp = hetero.build(w, groups, dp, mb, req.global_batch, rc, Overheads(fragmentation=space.fragmentation))

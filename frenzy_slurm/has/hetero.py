@@ -29,6 +29,8 @@ class StageGroup:
     intra_gbs: float
     inter_gbs: float
     gpus_per_node: int
+    step_overhead_s: float = 0.0  # the GPU spec's fixed costs per step and per micro-batch slot (calibration)
+    microbatch_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,10 @@ def _step_time(w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates:
             stage_index += g.stages
     act_bytes = tokens_mb * a.hidden * 2.0
     p2p = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes / (min(g.inter_gbs for g in groups) * 1e9)
-    return step + (1.0 - DP_OVERLAP) * comm + p2p
+    # fixed costs: the slowest group's set the pace (every stage waits for it each slot and each step)
+    fixed = max(g.step_overhead_s for g in groups) + max(g.microbatch_overhead_s for g in groups) * (
+        plan.grad_accum + plan.pp - 1)
+    return step + (1.0 - DP_OVERLAP) * comm + p2p + fixed
 
 
 def stage_peaks_gib(hp: HeteroPlan) -> list[float]:

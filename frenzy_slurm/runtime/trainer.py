@@ -16,7 +16,6 @@ import json
 import math
 import os
 import socket
-import statistics
 import time
 from pathlib import Path
 
@@ -177,11 +176,16 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     torch.distributed.all_gather_object(gathered, record)
     if dist.rank == 0:
         tokens = t.global_batch * t.seq_len
-        med = statistics.median(step_times) if step_times else None
+        # the steady state, which MARP predicts and calibration fits: without the warm-up step and the step
+        # profiled for memory
+        from frenzy_slurm.calibration.observe import steady_step_time
+
+        profiled = [0 if t.total_steps - start_step == 1 else 1]
+        med = steady_step_time(step_times, profiled)
         metrics = {
             "job_id": os.environ.get("SLURM_JOB_ID"), "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
             "resumed_from_step": start_step, "step": step, "total_steps": t.total_steps,
-            "step_times_s": step_times, "step_time_s": med, "tokens_per_s": tokens / med if med else None,
+            "step_times_s": step_times, "profiled_steps": profiled, "step_time_s": med, "tokens_per_s": tokens / med if med else None,
             "loss": losses, "ranks": gathered, "stopped_by": _stop["signal"], "written_at": time.time(),
         }
         write_json(job_dir / "metrics.json", metrics)
