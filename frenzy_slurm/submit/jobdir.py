@@ -1,0 +1,151 @@
+"""Job directories and the submission lock, made safe for shared file systems.
+
+A job directory holds the rendered script, `plan.json` (with `entry.env`, which can carry secrets),
+checkpoints and logs; the job runs with it as its working directory. So:
+
+- the jobs directory above it must belong to the user and be writable by no one else (otherwise another
+  user could plant or swap files in it); a directory writable by others, such as /tmp, is refused;
+- a job directory is created private (0700), its files 0600 (job.sbatch 0700), written through a
+  temporary file and a rename, so a symlink planted in place of a file is replaced, never followed;
+- a directory that an earlier job used (its records, checkpoints or logs) is never written into again
+  nor deleted: `fsbatch --force` plans the new job into a fresh sibling directory;
+- concurrent fsbatch runs of one submission serialise on a lock in the user's own private directory
+  (`$FRENZY_LOCK_DIR`, else `$XDG_CACHE_HOME/frenzy-slurm/locks`, else `~/.cache/frenzy-slurm/locks`),
+  whatever the job directory, opened with O_NOFOLLOW and checked to be the user's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.records import write_atomic
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+SCRIPT_MODE = 0o700
+# What a job (or Slurm for it) writes: a directory holding any of these belongs to a job that was submitted.
+_JOB_OUTPUT = ("submission.json", "started.json", "finished.json", "metrics.json", "checkpoints")
+
+
+def _owner_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return str(uid)
+
+
+def check_private_dir(path: Path, what: str) -> os.stat_result:
+    """`path` is a directory of this user that nobody else can write into, else InputError with the fix."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InputError(f"{what} {path}: cannot use it ({exc.strerror}).") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{what} {path} is not a directory.")
+    if st.st_uid != os.geteuid():
+        raise InputError(f"{what} {path} belongs to {_owner_name(st.st_uid)}, not to you; files written there could be "
+                         "read or replaced by its owner. Use a directory of your own (set FRENZY_JOBS_DIR or --job-dir).")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "everyone" if st.st_mode & stat.S_IWOTH else "its group"
+        raise InputError(f"{what} {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}): another user could "
+                         f"plant files that your job runs or reads. Use a private directory (FRENZY_JOBS_DIR or "
+                         f"--job-dir), or `chmod go-w {path}` if it is yours alone.")
+    return st
+
+
+def make_private_dir(path: Path, what: str) -> Path:
+    """Create `path` (and missing parents) with mode 0700 where it does not exist, then check it."""
+    try:
+        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{what} {path}: cannot create it ({exc.strerror}).") from None
+    check_private_dir(path, what)
+    return path
+
+
+def lock_dir() -> Path:
+    if os.environ.get("FRENZY_LOCK_DIR"):
+        return Path(os.environ["FRENZY_LOCK_DIR"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "frenzy-slurm" / "locks"
+
+
+@contextmanager
+def user_lock(key: str) -> Iterator[None]:
+    """An exclusive lock for one submission of this user, held across every job directory."""
+    directory = make_private_dir(lock_dir(), "lock directory")
+    path = directory / f"submit-{key}.lock"
+    try:
+        # O_NOFOLLOW: a symlink planted at the lock's path must not make us open (or create) another file
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError as exc:
+        raise InputError(f"lock file {path}: cannot open it ({exc.strerror}); remove it if it is not a plain "
+                         "file of yours.") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise InputError(f"lock file {path} is not a plain file of yours (owner {_owner_name(st.st_uid)}); "
+                             "remove it and run fsbatch again.")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def job_outputs(job_dir: Path) -> list[str]:
+    """The names in `job_dir` that a submitted job (or Slurm for it) wrote; empty for a fresh directory."""
+    try:
+        names = {p.name for p in job_dir.iterdir()}
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise InputError(f"job directory {job_dir}: cannot list it ({exc.strerror}).") from None
+    return sorted(n for n in names if n in _JOB_OUTPUT or (n.startswith("slurm-") and n.endswith(".out")))
+
+
+def next_free_dir(job_dir: Path) -> Path:
+    """`NAME.2`, `NAME.3`, ...: the first sibling of `job_dir` that does not exist yet (for --force)."""
+    n = 2
+    while True:
+        cand = job_dir.with_name(f"{job_dir.name}.{n}")
+        if not cand.exists() and not cand.is_symlink():
+            return cand
+        n += 1
+
+
+def create_job_dir(job_dir: Path) -> None:
+    """Create the job directory private, or reuse one that holds no job's files (a refused submission).
+
+    Its parent (the jobs directory) must be the user's and writable by nobody else.
+    """
+    make_private_dir(job_dir.parent, "jobs directory")
+    try:
+        os.mkdir(job_dir, DIR_MODE)
+    except FileExistsError:
+        if job_dir.is_symlink():
+            raise InputError(f"job directory {job_dir} is a symbolic link; remove it or choose another --job-dir.") from None
+        check_private_dir(job_dir, "job directory")
+        used = job_outputs(job_dir)
+        if used:
+            raise InputError(f"job directory {job_dir} holds an earlier job's files ({', '.join(used)}); frenzy-slurm "
+                             "never writes over them. Use --force (the new job gets a new directory) or another "
+                             "--job-dir.") from None
+    except OSError as exc:
+        raise InputError(f"job directory {job_dir}: cannot create it ({exc.strerror}).") from None
+
+
+def write_files(job_dir: Path, files: dict[str, str]) -> None:
+    """Each file private, written whole through a temporary file and a rename (never through a symlink)."""
+    for name, text in files.items():
+        write_atomic(job_dir / name, text, SCRIPT_MODE if name.endswith(".sbatch") else FILE_MODE)

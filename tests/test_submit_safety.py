@@ -1,0 +1,207 @@
+"""Issue 10, submission: job directories and locks safe on shared file systems, --force never deleting a
+job's files, one job per user and submission whatever the directory, and an sbatch timeout that created
+the job. Against FakeSlurm (a timeout after the job exists cannot be produced on demand by real Slurm)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from frenzy_slurm.cluster.synthetic import synthetic
+from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, EXIT_SLURM_UNAVAILABLE, FrenzyError
+from frenzy_slurm.marp import workload_from_spec
+from frenzy_slurm.render import render_job
+from frenzy_slurm.slurm.fake import FakeSlurm
+from frenzy_slurm.spec import resolve_model
+from frenzy_slurm.spec.job import SlurmOptions
+from frenzy_slurm.submit import submit
+from frenzy_slurm.submit.jobdir import next_free_dir
+
+from .helpers import LOCAL, make_spec, plan
+
+
+@pytest.fixture(autouse=True)
+def private_lock_dir(tmp_path, monkeypatch):
+    lock = tmp_path / "locks"
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(lock))
+    return lock
+
+
+@pytest.fixture
+def world():
+    view = synthetic(LOCAL)
+    spec = make_spec(entry={"env": {"WANDB_API_KEY": "secret-token"}})
+    decision = plan(spec, view)
+    return view, spec, decision
+
+
+def request(world, job_dir: Path):
+    view, spec, decision = world
+    model = resolve_model(spec, ".")
+    return render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), decision,
+                      SlurmOptions(), job_dir=job_dir)
+
+
+def fake(view) -> FakeSlurm:
+    return FakeSlurm(view, user=getpass.getuser())
+
+
+def _code(fn, *args, **kw) -> tuple[int, str]:
+    with pytest.raises(FrenzyError) as exc:
+        fn(*args, **kw)
+    return exc.value.exit_code, exc.value.message
+
+
+def test_job_directory_and_files_are_private(world, tmp_path):
+    jobs = tmp_path / "jobs"
+    req = request(world, jobs / "a")
+    submit(req, fake(world[0]))
+    assert stat.S_IMODE(os.stat(jobs).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(req.job_dir).st_mode) == 0o700
+    for p in req.job_dir.iterdir():
+        want = 0o700 if p.name == "job.sbatch" else 0o600
+        assert stat.S_IMODE(p.stat().st_mode) == want, p.name
+    assert "secret-token" in (req.job_dir / "job.sbatch").read_text()  # the secret is there, but only for its owner
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_jobs_directory_writable_by_others_is_refused(world, tmp_path, mode):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    code, msg = _code(submit, request(world, shared / "a"), fake(world[0]))
+    assert code == EXIT_BAD_INPUT and "writable by" in msg and "--job-dir" in msg
+
+
+def test_jobs_directory_of_another_user_is_refused(world, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir(mode=0o755)
+    os.chown(other, 4242, 4242) if os.geteuid() == 0 else pytest.skip("needs root to make a foreign directory")
+    code, msg = _code(submit, request(world, other / "a"), fake(world[0]))
+    assert code == EXIT_BAD_INPUT and "belongs to" in msg
+
+
+def test_symlinked_lock_is_not_followed(world, tmp_path, private_lock_dir):
+    req = request(world, tmp_path / "jobs" / "a")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    private_lock_dir.mkdir(mode=0o700)
+    (private_lock_dir / f"submit-{req.submission}.lock").symlink_to(victim)
+    code, msg = _code(submit, req, fake(world[0]))
+    assert code == EXIT_BAD_INPUT and "lock file" in msg
+    assert victim.read_text() == "precious"
+
+
+def test_lock_owned_by_another_user_is_an_input_error(world, tmp_path, private_lock_dir):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a foreign file")
+    req = request(world, tmp_path / "jobs" / "a")
+    private_lock_dir.mkdir(mode=0o700)
+    lock = private_lock_dir / f"submit-{req.submission}.lock"
+    lock.write_text("")
+    os.chown(lock, 4242, 4242)
+    code, msg = _code(submit, req, fake(world[0]))
+    assert code == EXIT_BAD_INPUT and "not a plain file of yours" in msg
+
+
+def test_symlinked_file_in_job_dir_is_replaced_not_followed(world, tmp_path):
+    req = request(world, tmp_path / "jobs" / "a")
+    req.job_dir.mkdir(parents=True, mode=0o700)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (req.job_dir / "plan.json").symlink_to(victim)
+    submit(req, fake(world[0]))
+    assert victim.read_text() == "precious"
+    assert not (req.job_dir / "plan.json").is_symlink()
+
+
+def test_force_never_touches_the_earlier_job(world, tmp_path):
+    from frenzy_slurm.submit.jobdir import job_outputs
+
+    slurm = fake(world[0])
+    first = request(world, tmp_path / "jobs" / "a")
+    done = submit(first, slurm)
+    ckpt = first.job_dir / "checkpoints" / "step10"
+    ckpt.mkdir(parents=True)
+    (first.job_dir / "metrics.json").write_text("{}")
+    before = sorted(p.name for p in first.job_dir.iterdir())
+    code, _ = _code(submit, request(world, first.job_dir), slurm)
+    assert code == EXIT_ALREADY_SUBMITTED
+    # what fsbatch --force does: a directory with a job's files gets a fresh sibling
+    assert job_outputs(first.job_dir)
+    again = request(world, next_free_dir(first.job_dir))
+    forced = submit(again, slurm, force=True)
+    assert forced.job_id != done.job_id and again.job_dir.name == "a.2"
+    assert sorted(p.name for p in first.job_dir.iterdir()) == before and ckpt.is_dir()
+    # and a forced submit straight into a used directory refuses rather than overwrite it
+    code, msg = _code(submit, request(world, first.job_dir), slurm, force=True)
+    assert code == EXIT_BAD_INPUT and "never writes over" in msg
+
+
+def test_one_job_per_submission_across_directories(world, tmp_path):
+    """Five concurrent fsbatch runs of one model.yaml from five directories: one job (it used to be five)."""
+    slurm = fake(world[0])
+    results: list[object] = []
+
+    def one(i: int) -> None:
+        try:
+            results.append(submit(request(world, tmp_path / f"dir{i}" / "job"), slurm))
+        except FrenzyError as exc:
+            results.append(exc)
+
+    for i in range(5):
+        (tmp_path / f"dir{i}").mkdir(mode=0o700)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(slurm.fake_jobs) == 1
+    refused = [r for r in results if isinstance(r, FrenzyError)]
+    assert len(refused) == 4 and all(r.exit_code == EXIT_ALREADY_SUBMITTED for r in refused)
+    assert all("job directory" in r.message for r in refused)
+
+
+def test_sbatch_timeout_finds_the_job_by_its_tag(world, tmp_path):
+    import json
+
+    slurm = fake(world[0])
+    slurm.submit_times_out = True  # the job is created, but sbatch's answer never arrives
+    req = request(world, tmp_path / "jobs" / "a")
+    done = submit(req, slurm, timeout_waits=(0.0,))
+    assert done.job_id in slurm.fake_jobs
+    record = json.loads((req.job_dir / "submission.json").read_text())
+    assert record["job_id"] == done.job_id and "timed out" in record["recovered"]
+
+
+def test_sbatch_timeout_without_a_job_says_what_to_do(world, tmp_path):
+    slurm = fake(world[0])
+    slurm.submit_times_out = True
+    req = request(world, tmp_path / "jobs" / "a")
+    orig = slurm.submit
+
+    def lost(job):  # the controller dropped it: nothing in the queue
+        try:
+            orig(job)
+        finally:
+            slurm.fake_jobs.clear()
+
+    slurm.submit = lost
+    code, msg = _code(submit, req, slurm, timeout_waits=(0.0,))
+    assert code == EXIT_SLURM_UNAVAILABLE and f"frenzy:{req.submission}" in msg and "again" in msg
+
+
+def test_rerun_after_a_lost_answer_records_the_job(world, tmp_path):
+    """The timeout outlasted the look-up; a later fsbatch finds the job by its tag and records it."""
+    slurm = fake(world[0])
+    req = request(world, tmp_path / "jobs" / "a")
+    done = submit(req, slurm)
+    (req.job_dir / "submission.json").unlink()  # as if the answer had been lost
+    code, msg = _code(submit, request(world, req.job_dir), slurm)
+    assert code == EXIT_ALREADY_SUBMITTED and str(done.job_id) in msg
+    assert (req.job_dir / "submission.json").exists()
