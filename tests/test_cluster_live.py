@@ -79,7 +79,7 @@ def test_backends_agree(clean_queue, tmp_path):
             assert [p for p in v.pools()] == [p for p in views["cli"].pools()]
             continue
         assert got == ref, f"{name} view differs from the CLI JSON view"
-    het = sorted((j for j in views["cli"].jobs if j.het_job_id), key=lambda j: j.het_job_offset)
+    het = sorted((j for j in views["cli"].jobs if j.het_job_id and j.phase == "running"), key=lambda j: j.het_job_offset)
     assert [j.display_id for j in het] == [f"{het[0].het_job_id}+0", f"{het[0].het_job_id}+1"]
     assert [(j.partition, j.gpus) for j in het] == [("a100", 2), ("t4", 6)]
 
@@ -177,3 +177,15 @@ def test_static_snapshot_errors(tmp_path):
     assert res.returncode == 2 and "nodes.0.state: required field is missing" in res.stderr
     res = run_cli("fsinfo", "--backend", "static")
     assert res.returncode == 2 and "needs --snapshot" in res.stderr
+
+
+def test_job_state_query_filters_by_user_and_id(clean_queue):
+    """One squeue per question; 22.05's `squeue --json` ignores --user/--jobs, so the backend filters too."""
+    jid = int(sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "t4", "--gres=gpu:t4:1", "-t", "2", "--wrap", "sleep 30"))
+    b = SlurmCliBackend()
+    assert [j.job_id for j in b.jobs(job_ids=[jid])] == [jid]
+    assert b.jobs(job_ids=[jid + 1000]) == []
+    assert jid in {j.job_id for j in b.jobs(user="root")}
+    assert b.jobs(user="daemon") == []
+    b.cancel(jid)
+    wait_for(lambda: b.jobs(job_ids=[jid])[0].phase == "cancelled", what="cancelled")

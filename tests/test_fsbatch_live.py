@@ -104,7 +104,9 @@ def test_slurm_rejection_is_explained(jobs_dir, tmp_path):
     assert "Slurm refused the job" in res.stderr and "reservation" in res.stderr.lower()
     assert "Traceback" not in res.stderr
     rejected = list(jobs_dir.glob("rej-*/rejected.json"))
-    assert rejected and "nosuch" in json.loads(rejected[0].read_text())["stderr"]
+    assert len(rejected) == 1
+    record = json.loads(rejected[0].read_text())
+    assert "reservation is invalid" in record["stderr"].lower() and record["explanation"]
     assert not list(jobs_dir.glob("rej-*/submission.json"))
 
 

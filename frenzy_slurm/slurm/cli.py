@@ -30,14 +30,23 @@ from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_fo
 class Features:
     json: bool  # sinfo/squeue --json (21.08+)
     numbers_are_objects: bool  # JSON numbers as {"set", "infinite", "number"} (23.02+)
+    nodes_json: tuple[str, ...] = ("sinfo", "--json")  # the command whose {"nodes": [...]} lists every node
 
 
+SCONTROL_NODES = ("scontrol", "--json", "show", "nodes")
 # (major, minor) from which each set of features applies; the last row at or below the version wins.
+# Rows from 22.05 on are facts read off the real answers recorded in tests/data/slurm-*/ (index.json says
+# which command gave each file); tests/test_slurm_versions.py checks every recorded version against this table.
 FEATURES = [
     ((0, 0), Features(json=False, numbers_are_objects=False)),
     ((21, 8), Features(json=True, numbers_are_objects=False)),
     ((23, 2), Features(json=True, numbers_are_objects=True)),
+    # sinfo --json answers {"sinfo": [...]} grouped by partition and state, without a node list; scontrol --json
+    # (absent in 22.05) lists nodes with gres, gres_used and state as a list of flags
+    ((23, 11), Features(json=True, numbers_are_objects=True, nodes_json=SCONTROL_NODES)),
 ]
+# times in text answers (squeue -o %S, sacct, sbatch --test-only) follow SLURM_TIME_FORMAT: ask for ISO
+TIME_ENV = {"SLURM_TIME_FORMAT": "standard"}
 
 
 def features_for(version: tuple[int, int]) -> Features:
@@ -81,12 +90,20 @@ def node_from_json(n: dict) -> Node:
     )
 
 
+def job_gpus(tres_per_node: str | None, tres_per_job: str | None, node_count: int) -> tuple[str | None, int]:
+    """GPU type and GPUs per node: `--gres` jobs fill tres_per_node, `--gpus` jobs tres_per_job (per job)."""
+    gtype, gpn = parse_gpu_gres((tres_per_node or "").replace("gres/", "gres:"))
+    if gpn == 0 and tres_per_job:
+        gtype, total = parse_gpu_gres(tres_per_job.replace("gres/", "gres:"))
+        gpn = -(-total // max(1, node_count))
+    return gtype, gpn
+
+
 def job_from_json(j: dict) -> Job:
     state = j.get("job_state", "UNKNOWN")
-    state = state[0] if isinstance(state, list) and state else str(state)
+    state = (state[0] if state else "UNKNOWN") if isinstance(state, list) else str(state)
     het = num(j.get("het_job_id")) or None
-    tres = j.get("tres_per_node") or ""
-    gtype, gpn = parse_gpu_gres(tres.replace("gres/", "gres:"))
+    gtype, gpn = job_gpus(j.get("tres_per_node"), j.get("tres_per_job"), num(j.get("node_count")) or 1)
     limit = j.get("time_limit")
     return Job(
         job_id=num(j.get("job_id")) or 0, het_job_id=het, het_job_offset=num(j.get("het_job_offset")) if het else None,
@@ -98,6 +115,25 @@ def job_from_json(j: dict) -> Job:
         time_limit_min=num(limit) if not isinstance(limit, str) else parse_time_minutes(limit),
         comment=j.get("comment") or "", workdir=j.get("current_working_directory") or None,
     )
+
+
+def json_list(text: str, key: str, argv: list[str]) -> list[dict]:
+    """The `key` list of a Slurm JSON answer. Slurm 22.05 answers a controller outage with exit 0, an
+    `errors` list and an empty list (tests/data/slurm-22.05/down-*.out): that is an outage, not an empty cluster."""
+    payload = json.loads(text)
+    items = payload[key]
+    errors = [e for e in payload.get("errors") or [] if isinstance(e, dict)]
+    if errors and not items:
+        what = "; ".join(str(e.get("description") or e.get("error") or e) for e in errors)
+        raise SlurmUnavailable(f"Slurm is unreachable: '{' '.join(argv)}' answered with errors ({what}) and no {key}. "
+                               "Check that slurmctld runs (`scontrol ping`) and SLURM_CONF.")
+    return items
+
+
+def cluster_name_from_config(text: str) -> str:
+    """`scontrol -o show config` -> ClusterName ('' when absent)."""
+    m = re.search(r"^ClusterName\s*=\s*(\S+)", text, re.MULTILINE)
+    return m.group(1) if m else ""
 
 
 def partitions_from_scontrol(text: str) -> list[Partition]:
@@ -167,7 +203,7 @@ def jobs_from_text(text: str) -> list[Job]:
         if "+" in shown:
             leader, offset = shown.split("+", 1)
             het, off = int(leader), int(offset)
-        gtype, gpn = parse_gpu_gres(gres.replace("gres/", "gres:"))
+        gtype, gpn = job_gpus(gres, None, int(count or 1))
         jobs.append(Job(job_id=int(own), het_job_id=het, het_job_offset=off, name=name, user=user, state=state,
                         reason=None if reason in ("None", "(null)") else reason, partition=part,
                         nodes=expand_hostlist(nodes), node_count=int(count or 0), gpu_type=gtype, gpus_per_node=gpn,
@@ -206,7 +242,7 @@ class SlurmCliBackend:
     def _parse_jobs(self, text: str) -> list[Job]:
         try:
             if self._use_json():
-                return [job_from_json(j) for j in json.loads(text)["jobs"]]
+                return [job_from_json(j) for j in json_list(text, "jobs", ["squeue", "--json"])]
             return jobs_from_text(text)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise self._unexpected(exc) from None
@@ -218,17 +254,18 @@ class SlurmCliBackend:
     def load(self) -> ClusterView:
         use_json = self._use_json()
         if use_json:
-            cmds = {"nodes": ["sinfo", "--json"]}
+            cmds = {"nodes": list(self.features().nodes_json)}
         else:
             cmds = {"nodes": ["sinfo", "-N", "-h", "-O", SINFO_TEXT_FIELDS]}
         cmds["jobs"] = self._squeue_argv([])
         cmds["partitions"] = ["scontrol", "-o", "show", "partition"]
         with ThreadPoolExecutor(max_workers=3) as pool:
-            futures = {k: pool.submit(run, argv, self.timeout) for k, argv in cmds.items()}
+            env = dict(os.environ, **TIME_ENV)
+            futures = {k: pool.submit(run, argv, self.timeout, env=env) for k, argv in cmds.items()}
             out = {k: f.result().stdout for k, f in futures.items()}
         try:
             if use_json:
-                nodes = [node_from_json(n) for n in json.loads(out["nodes"])["nodes"]]
+                nodes = [node_from_json(n) for n in json_list(out["nodes"], "nodes", cmds["nodes"])]
             else:
                 nodes = nodes_from_text(out["nodes"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -237,9 +274,8 @@ class SlurmCliBackend:
         partitions = partitions_from_scontrol(out["partitions"])
         nodes.sort(key=lambda n: n.name)
         jobs.sort(key=lambda j: j.job_id)
-        cluster = run(["scontrol", "-o", "show", "config"], timeout=self.timeout, check=False).stdout
-        m = re.search(r"^ClusterName\s*=\s*(\S+)", cluster, re.MULTILINE)
-        return ClusterView(cluster=m.group(1) if m else "", backend=self.name, slurm_version=self.version,
+        config = run(["scontrol", "-o", "show", "config"], timeout=self.timeout, check=False).stdout
+        return ClusterView(cluster=cluster_name_from_config(config), backend=self.name, slurm_version=self.version,
                            partitions=partitions, nodes=nodes, jobs=jobs)
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
@@ -252,7 +288,7 @@ class SlurmCliBackend:
                      f"--ntasks-per-node={c.gpus_per_node}", f"--cpus-per-task={c.cpus_per_gpu}",
                      f"--mem-per-cpu={c.mem_per_gpu_mb}M", f"--time={c.time_min}"]
         # the answer is on stderr; a refused request fails with the reason, which run() reports
-        res = run(argv, timeout=self.timeout, input_text="#!/bin/sh\ntrue\n")
+        res = run(argv, timeout=self.timeout, input_text="#!/bin/sh\ntrue\n", env=dict(os.environ, **TIME_ENV))
         start, nodes, _ = parse_test_only(res.stderr + res.stdout)
         return StartEstimate(start=start, nodes=nodes, source="test-only")
 
@@ -272,11 +308,14 @@ class SlurmCliBackend:
             extra.append("--jobs=" + ",".join(map(str, ids)))
         if user is not None:
             extra.append(f"--user={user}")
-        res = run(self._squeue_argv(extra), timeout=self.timeout, check=False)
+        res = run(self._squeue_argv(extra), timeout=self.timeout, check=False, env=dict(os.environ, **TIME_ENV))
         if res.returncode != 0 and ids is not None and "invalid job id" in res.stderr.lower():
             return []  # none of them is known any more (they left the queue after MinJobAge)
         raise_for_status(res)
         found = self._parse_jobs(res.stdout)
+        # filtered here too: 22.05's `squeue --json` ignores --user and --jobs and prints every job
+        if user is not None:
+            found = [j for j in found if j.user == user]
         if ids is None:
             return found
         wanted = set(ids)  # a hetjob asked for by its leader id brings all its components
@@ -296,7 +335,7 @@ class SlurmCliBackend:
         argv = ["sacct", "-n", "-X", "-P", "-j", ",".join(map(str, ids)),
                 "-o", "JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw"]
         try:
-            res = run(argv, timeout=self.timeout)
+            res = run(argv, timeout=self.timeout, env=dict(os.environ, **TIME_ENV))
         except (SlurmCommandError, SlurmUnavailable):
             return None  # accounting disabled or slurmdbd down: callers fall back to the job directory
         return parse_sacct(res.stdout)
