@@ -85,16 +85,57 @@ def _plan_of(chosen):
     return plan.to_plan() if hasattr(plan, "to_plan") else plan  # plan.json before/after ParallelPlan was stored as-is
 
 
-def observe(job_dir: Path, site: SiteConfig) -> Observation | str:
-    """The job's observation, or why it cannot be used (one line)."""
+def read_epilog_dir(directory: Path) -> dict[str, list[dict]]:
+    """The site epilog's records (contrib/slurm/epilog): job id -> one record per node."""
+    out: dict[str, list[dict]] = {}
+    for f in sorted(directory.glob("*.json")):
+        try:
+            rec = json.loads(f.read_text())
+            out.setdefault(str(rec["job_id"]), []).append(rec)
+        except (OSError, json.JSONDecodeError, KeyError):
+            continue
+    return out
+
+
+def _epilog_metrics(records: list[dict], components: list) -> dict:
+    """metrics.json-shaped ranks from epilog records: NVML's per-process peak per GPU vs MARP's device peak."""
+    from frenzy_slurm.gpus import match_gpu
+
+    ranks = []
+    for rec in records:
+        for g in rec.get("gpus", []):
+            spec = match_gpu(g.get("name", ""))
+            comp = next((c for c in components if spec and c.gpu_model == spec.name),
+                        components[0] if len(components) == 1 else None)
+            if g.get("max_process_memory_mib"):
+                ranks.append({"host": rec.get("host"), "gpu_model": comp.gpu_model if comp else g.get("name"),
+                              "peak_gib": g["max_process_memory_mib"] / 1024.0, "metric": "device (epilog)",
+                              "predicted_gib": comp.peak_gib if comp else None})
+    return {"source": "epilog", "ranks": ranks, "step_times_s": []}
+
+
+def _job_id_of(job_dir: Path) -> str | None:
+    try:
+        return str(json.loads((job_dir / "submission.json").read_text())["job_id"])
+    except (OSError, json.JSONDecodeError, KeyError):
+        return None
+
+
+def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | None = None) -> Observation | str:
+    """The job's observation, or why it cannot be used (one line). `epilog`: read_epilog_dir()'s records,
+    used for jobs whose directory has no metrics.json (a user's script without NVML in its Python)."""
     from frenzy_slurm.errors import FrenzyError
     from frenzy_slurm.render.planfile import read_plan
 
-    if not (job_dir / "metrics.json").exists():
-        return "no metrics.json (not finished, or ran without the trainer or the NVML sampler)"
+    records = (epilog or {}).get(_job_id_of(job_dir) or "", [])
+    if not (job_dir / "metrics.json").exists() and not records:
+        return "no metrics.json (not finished, or ran without the trainer or the NVML sampler) and no epilog record"
     try:
         pf = read_plan(job_dir / "plan.json")
-        metrics = json.loads((job_dir / "metrics.json").read_text())
+        if (job_dir / "metrics.json").exists():
+            metrics = json.loads((job_dir / "metrics.json").read_text())
+        else:
+            metrics = _epilog_metrics(records, pf.decision.chosen.components)
     except (FrenzyError, OSError, json.JSONDecodeError) as exc:
         return f"unreadable: {getattr(exc, 'message', exc)}"
     chosen = pf.decision.chosen

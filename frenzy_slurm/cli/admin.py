@@ -39,11 +39,17 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--trace-factory", is_flag=True,
               help="Import and call model.factory on this machine to count its parameters exactly (runs your code).")
+@click.option("--site", type=click.Path(dir_okay=False, path_type=Path),
+              help="Site file whose calibration (frenzy-slurm calibrate) to show beside the raw numbers "
+                   "(default: $FRENZY_SITE).")
 @reports_errors("frenzy-slurm memory")
 def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metric: str, max_gpus: int, top: int,
-           as_json: bool, trace_factory: bool) -> None:
+           as_json: bool, trace_factory: bool, site: Path | None) -> None:
     """Per-GPU peak training memory of MODEL_YAML: one plan's breakdown, or the candidates per GPU type."""
+    from frenzy_slurm.cli import calibrate as calib
+
     spec, model = load(model_yaml, trace=trace_factory)
+    found = calib.site_calibration(site)
     w = workload_from_spec(spec, model)
     if plan_text:
         plan = parse_plan(plan_text)
@@ -59,12 +65,15 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
         if plan.pp > w.arch.layers:
             raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
         est = estimate_memory(w, plan, metric)  # type: ignore[arg-type]
+        calibrated = calib.memory_plan_calibration(found, spec, est)
         if as_json:
-            print_json(memory_json(est))
+            print_json(memory_json(est) | ({"calibration": calibrated} if calibrated else {}))
             return
         header, rows = memory_rows(est)
         click.echo(f"{spec.name}: {model.name}, plan {plan.short()}, {metric} memory per GPU (GiB)")
         click.echo(table(rows, header))
+        if calibrated:
+            click.echo(calib.memory_plan_line(calibrated))
         for opt in gpu_options(gpus, max_gpus) if gpus else []:
             fits = "fits" if est.peak <= opt.usable_bytes else "does NOT fit"
             click.echo(f"{opt.name}: {est.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
@@ -78,6 +87,10 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
         header, rows = candidate_rows(cands, top)
         click.echo(f"{spec.name}: {model.name}; fastest plans per GPU type (device memory incl. overhead)")
         click.echo(table(rows, header))
+        both = calib.calibrated_search_rows(found, spec, w, options, max_gpus)
+        if both:
+            click.echo(f"raw and calibrated ({found[1]}):")
+            click.echo(table(both[1], both[0]))
     if not any(cands.values()):
         raise NoFitError(
             f"{spec.name} fits on none of the GPU types within {max_gpus} GPUs. To fix: allow more GPUs (--max-gpus), "

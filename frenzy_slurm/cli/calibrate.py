@@ -37,17 +37,19 @@ DEFAULT_VALID_DAYS = 90
               help="Largest move of memory predictions, either way.")
 @click.option("--valid-days", type=click.IntRange(min=1), default=DEFAULT_VALID_DAYS, show_default=True,
               help="After this many days the file is stale and fsbatch refuses it until it is refitted.")
+@click.option("--epilog-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="GPU peaks recorded by the site epilog (contrib/slurm/epilog), for jobs without metrics.json.")
 @click.option("--dry-run", is_flag=True, help="Fit and print; do not write the file.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors("frenzy-slurm calibrate")
 def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None, min_jobs: int,
-              max_efficiency_factor: float, max_memory_factor: float, valid_days: int, dry_run: bool,
-              as_json: bool) -> None:
+              max_efficiency_factor: float, max_memory_factor: float, valid_days: int, epilog_dir: Path | None,
+              dry_run: bool, as_json: bool) -> None:
     """Fit per-site corrections of MARP/HAS predictions from what finished jobs measured."""
     from frenzy_slurm.calibration import (CalibrationFile, Limits, calibration_path, observe, site_fingerprint,
                                           write_calibration)
     from frenzy_slurm.calibration.fit import fit
-    from frenzy_slurm.calibration.observe import job_dirs_under
+    from frenzy_slurm.calibration.observe import job_dirs_under, read_epilog_dir
     from frenzy_slurm.cluster.site import load_site
     from frenzy_slurm.cluster.site_tools import find_site
 
@@ -66,8 +68,9 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     except ImportError:
         raise InputError("fitting needs numpy and scipy: pip install 'frenzy-slurm[calibrate]'.") from None
     observations, skipped = [], []
+    epilog = read_epilog_dir(epilog_dir) if epilog_dir else None
     for d in dirs:
-        got = observe(d, site_cfg)
+        got = observe(d, site_cfg, epilog)
         if isinstance(got, str):
             skipped.append(f"{d}: {got}")
         else:
@@ -106,3 +109,67 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     if not steps and not memory:
         click.echo("no correction met its bounds and minimum job count; nothing is applied.")
     click.echo(("would write " if dry_run else "wrote ") + str(path))
+
+
+def site_calibration(site: Path | None):
+    """(calibration, path) beside the site file given or found ($FRENZY_SITE), or None; stale is an error."""
+    from frenzy_slurm.calibration import find_calibration
+    from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.cluster.site_tools import find_site
+
+    path = find_site(site)
+    if path is None or not path.exists():
+        return None
+    return find_calibration(load_site(path), path)
+
+
+def memory_plan_calibration(found, spec, est) -> dict | None:
+    """`frenzy-slurm memory --plan`: the breakdown's peak raw and with the site's memory factor."""
+    if found is None:
+        return None
+    cal, path = found
+    mode = f"{spec.training.precision}/{spec.training.method}"
+    corr = cal.memory_factor(mode)
+    factor = corr.factor if corr else 1.0
+    return {"path": str(path), "mode": mode, "factor": factor, "jobs": corr.jobs if corr else 0,
+            "raw_peak_gib": est.peak_gib, "calibrated_peak_gib": est.peak_gib * factor}
+
+
+def memory_plan_line(info: dict) -> str:
+    if info["jobs"] == 0:
+        return (f"calibration {info['path']}: no memory correction for {info['mode']}; "
+                f"peak {info['raw_peak_gib']:.4g} GiB (raw)")
+    return (f"calibration {info['path']}: memory {info['mode']} x{info['factor']:.3f} ({info['jobs']} jobs): peak raw "
+            f"{info['raw_peak_gib']:.4g} GiB -> calibrated {info['calibrated_peak_gib']:.4g} GiB")
+
+
+def calibrated_search_rows(found, spec, w, options, max_gpus: int) -> tuple[list[str], list[list[str]]] | None:
+    """`frenzy-slurm memory` candidates: per GPU type, the fastest plan's step time raw and calibrated."""
+    from dataclasses import replace
+
+    from frenzy_slurm.marp import search, search_space_from_spec
+
+    if found is None:
+        return None
+    cal, _ = found
+    t = spec.training
+    mem = cal.memory_factor(f"{t.precision}/{t.method}")
+    calibrated = []
+    for opt in options:
+        corr = cal.step_correction(opt.spec.name, t.precision)
+        spec_gpu = opt.spec
+        if corr is not None:
+            spec_gpu = spec_gpu.model_copy(update={
+                "efficiency": min(1.0, spec_gpu.efficiency * corr.efficiency_factor),
+                "step_overhead_s": corr.step_overhead_s, "microbatch_overhead_s": corr.microbatch_overhead_s})
+        calibrated.append(replace(opt, spec=spec_gpu,
+                                  usable_fraction=opt.usable_fraction / mem.factor if mem else opt.usable_fraction))
+    space = search_space_from_spec(spec)
+    raw = search(w, options, t.global_batch, t.total_steps, max_gpus, space)
+    cal_c = search(w, calibrated, t.global_batch, t.total_steps, max_gpus, space)
+    rows = []
+    for name in raw:
+        r, c = (raw[name] or [None])[0], (cal_c.get(name) or [None])[0]
+        rows.append([str(name), r.plan.short() if r else "-", f"{r.step_time_s:.4g}" if r else "-",
+                     c.plan.short() if c else "-", f"{c.step_time_s:.4g}" if c else "-"])
+    return ["gpu", "fastest plan (raw)", "raw step s", "fastest plan (calibrated)", "calibrated step s"], rows
