@@ -39,7 +39,7 @@ class IlpPolicy:
         self.round_s = round_s
         self.held: list[tuple[Attempt, float]] = []  # (attempt, when it arrived)
         self._cands: dict[int, dict] = {}
-        self.round_ms: list[float] = []
+        self.round_ms: list[float] = []  # wall time of each round that solved an integer program
         self.round_vars: list[int] = []
         self.unplaceable: list[Attempt] = []  # no candidate on any pool, even with the cluster empty
 
@@ -135,5 +135,6 @@ class IlpPolicy:
         self.held = [h for h in self.held if id(h[0]) not in gone]
         for a, _ in placed:
             self._cands.pop(id(a), None)
-        self.round_ms.append((time.perf_counter() - t0) * 1e3)
+        if options:  # a round with nothing to decide (no free GPUs fit any held job) is not a decision
+            self.round_ms.append((time.perf_counter() - t0) * 1e3)
         return placed
