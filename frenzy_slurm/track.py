@@ -20,7 +20,9 @@ from pydantic import TypeAdapter
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.records import read_json_or_none, write_atomic
 from frenzy_slurm.render.planfile import PlanFile, read_plan
+from frenzy_slurm.runtime.checkpoints import latest_step
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, group_het_jobs
+from frenzy_slurm.slurm.model import ACTIVE_JOB_STATES
 
 CACHE_SECONDS = 5.0
 _JOBS = TypeAdapter(list[Job])
@@ -62,7 +64,16 @@ class TrackedJob:
     finished: dict | None = None
     metrics: dict | None = None
     calibration: dict | None = None  # calibration.json: the calibration fsbatch applied, raw and calibrated step
+    started: dict | None = None  # started.json: the current run's start and restart count
+    last_checkpoint_step: int | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int | None:
+        """How often Slurm requeued the job (SLURM_RESTART_COUNT of its latest run), as the job directory knows."""
+        counts = [r.get("restart") for r in (self.started, self.finished, self.metrics) if r]
+        counts = [c for c in counts if isinstance(c, int)]
+        return max(counts) if counts else None
 
     @property
     def gpus_label(self) -> str:
@@ -95,6 +106,21 @@ def _attach_files(t: TrackedJob) -> None:
     t.finished = read_json_or_none(t.job_dir / "finished.json")
     t.metrics = read_json_or_none(t.job_dir / "metrics.json")
     t.calibration = read_json_or_none(t.job_dir / "calibration.json")
+    t.started = read_json_or_none(t.job_dir / "started.json")
+    t.last_checkpoint_step = latest_step(t.job_dir / "checkpoints")
+    run = (t.started or {}).get("restart")
+    if t.finished is not None and isinstance(run, int) and (t.finished.get("restart") or 0) < run:
+        t.notes.append(f"finished.json of an earlier run (restart {t.finished.get('restart', 0)}) ignored: "
+                       f"the job was requeued and is on restart {run}")
+        t.finished = None
+
+
+def _drop_stale_finished(t: TrackedJob) -> None:
+    """A job still in the queue (running, or pending after a requeue) has not finished, whatever a file says."""
+    if t.finished is not None and t.components and any(c.phase in ACTIVE_JOB_STATES for c in t.components):
+        t.notes.append(f"finished.json of an earlier run (restart {t.finished.get('restart', 0)}) ignored: "
+                       f"the job is {t.state} again")
+        t.finished = None
 
 
 def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
@@ -108,6 +134,7 @@ def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
         t = TrackedJob(job_id=jid, name=lead.name, user=lead.user, state=lead.state, components=comps,
                        job_dir=Path(lead.workdir) if lead.workdir else None)
         _attach_files(t)
+        _drop_stale_finished(t)
         out.append(t)
     return out
 

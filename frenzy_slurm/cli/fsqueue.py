@@ -30,7 +30,8 @@ def _job_json(t) -> dict:
         "elapsed_s": t.elapsed_s, "predicted_remaining_s": t.predicted_remaining_s,
         "job_dir": str(t.job_dir) if t.job_dir else None,
         "plan": t.plan.decision.chosen.plan.short() if t.plan else None,
-        "finished": t.finished, "metrics": t.metrics,
+        "finished": t.finished, "metrics": t.metrics, "restarts": t.restarts,
+        "last_checkpoint_step": t.last_checkpoint_step, "notes": t.notes,
     }
 
 
@@ -44,12 +45,16 @@ def _job_json(t) -> dict:
 @reports_errors("fsqueue")
 def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot) -> None:
     """Track frenzy-slurm jobs: state, GPUs per component, elapsed and predicted remaining time."""
-    from frenzy_slurm.slurm import open_backend
+    from frenzy_slurm.slurm import SlurmUnavailable, open_backend
     from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dirs, query_jobs_cached
 
     cluster = open_backend(backend, snapshot)
+    unreachable: SlurmUnavailable | None = None
     if jobid is not None:
-        jobs = frenzy_jobs(cluster.jobs(job_ids=[jobid]))  # one query for this job (all its components)
+        try:
+            jobs = frenzy_jobs(cluster.jobs(job_ids=[jobid]))  # one query for this job (all its components)
+        except SlurmUnavailable as exc:  # the job directory still knows the plan, progress and checkpoints
+            jobs, unreachable = [], exc
     else:
         jobs = frenzy_jobs(query_jobs_cached(cluster, None if all_users else (user or getpass.getuser())))
     if jobid is None:
@@ -66,9 +71,14 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
         roots = [Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs")).absolute()]
         job_dir = find_job_dir(jobid, roots)
         if job_dir is None:
+            if unreachable is not None:
+                raise unreachable
             raise InputError(f"job {jobid} is not a frenzy-slurm job in the queue, and no job directory under "
                              f"{', '.join(map(str, roots))} records it (set FRENZY_JOBS_DIR)")
-        t = from_job_dirs([job_dir], cluster)[0]
+        t = from_job_dirs([job_dir], None if unreachable else cluster)[0]
+        if unreachable is not None:
+            t.notes.insert(0, f"Slurm did not answer ({unreachable.message.split(': ', 1)[-1]}); shown is what "
+                              "the job directory records")
     if as_json:
         print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
         return
@@ -83,6 +93,15 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
     if t.elapsed_s is not None:
         click.echo(f"  elapsed {hms(t.elapsed_s)}, predicted remaining {hms(t.predicted_remaining_s or 0)}")
     click.echo(f"  job directory: {t.job_dir or '-'}")
+    progress = []
+    if t.metrics and t.metrics.get("step") is not None:
+        progress.append(f"step {t.metrics['step']}/{t.metrics.get('total_steps', '?')} (metrics.json)")
+    if t.last_checkpoint_step is not None:
+        progress.append(f"last checkpoint at step {t.last_checkpoint_step}")
+    if t.restarts is not None:
+        progress.append(f"restarts {t.restarts}")
+    if progress:
+        click.echo("  " + ", ".join(progress))
     rows = comparison(t)
     if rows:
         def show(value, unit):
