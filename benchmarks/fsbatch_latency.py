@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from frenzy_slurm.cluster.synthetic import synthetic  # noqa: E402
+from frenzy_slurm.sim.synthetic import synthetic  # noqa: E402
 
 LOCAL = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]
 

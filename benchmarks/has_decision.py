@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from frenzy_slurm.cluster.synthetic import LARGE, synthetic, synthetic_site  # noqa: E402
+from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site  # noqa: E402
 from frenzy_slurm.has import Requirements, decide  # noqa: E402
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec  # noqa: E402
 from frenzy_slurm.spec import load_job_spec, resolve_model  # noqa: E402

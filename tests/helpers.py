@@ -49,7 +49,7 @@ def plan(spec, view, site=None, backend=None, time=None):
     """HAS's decision for `spec` on `view` (the site defaults to the LOCAL shape)."""
     from frenzy_slurm.has import Requirements, decide
     from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
-    from frenzy_slurm.cluster.synthetic import synthetic_site
+    from frenzy_slurm.sim.synthetic import synthetic_site
     from frenzy_slurm.spec import resolve_model
 
     model = resolve_model(spec, ".")

@@ -56,7 +56,7 @@ def test_bad_plan(plan, needle):
 @pytest.fixture
 def offline_cluster(tmp_path):
     """A synthetic cluster as a static snapshot plus its site file: fsbatch without Slurm."""
-    from frenzy_slurm.cluster.synthetic import synthetic, synthetic_site
+    from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 
     pools = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]
     snap, site = tmp_path / "snap.json", tmp_path / "site.yaml"

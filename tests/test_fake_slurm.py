@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.cluster.synthetic import synthetic
+from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm import BatchJob, ComponentRequest, SlurmBackend, SlurmCommandError, SlurmUnavailable
 from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.slurm.run import SlurmTimeout

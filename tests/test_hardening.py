@@ -228,7 +228,7 @@ def offline(tmp_path_factory):
     """A synthetic cluster as a static snapshot plus its site file: fsbatch without Slurm."""
     import yaml
 
-    from frenzy_slurm.cluster.synthetic import synthetic, synthetic_site
+    from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 
     pools = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]
     d = tmp_path_factory.mktemp("offline")

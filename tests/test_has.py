@@ -8,7 +8,7 @@ import time
 import pytest
 
 from frenzy_slurm.slurm.model import Job
-from frenzy_slurm.cluster.synthetic import LARGE, synthetic, synthetic_site
+from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has.hetero import StageGroup, build, split_layers
 from frenzy_slurm.has.pools import node_layout
@@ -140,7 +140,7 @@ def test_has_owns_the_time_limit():
 
 def test_pools_are_keyed_by_partition_and_gres_type():
     """Two partitions with the same GPU model are two pools, each with its own prediction."""
-    from frenzy_slurm.cluster.synthetic import synthetic_site
+    from frenzy_slurm.sim.synthetic import synthetic_site
     from frenzy_slurm.slurm import PoolKey
 
     shape = [("a100", "A100-40GB", 2, 4), ("a100b", "A100-40GB", 1, 4)]

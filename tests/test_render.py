@@ -16,7 +16,7 @@ from frenzy_slurm.render import render_job
 from frenzy_slurm.spec.job import SlurmOptions
 
 from .helpers import HOSTILE, LOCAL, fill, make_spec, plan
-from frenzy_slurm.cluster.synthetic import synthetic
+from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.spec import resolve_model
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.cluster.synthetic import synthetic
+from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, EXIT_SLURM_UNAVAILABLE, FrenzyError
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.render import render_job

@@ -1,4 +1,7 @@
-"""Synthetic cluster views and site files, for the HAS benchmark, tests and simulation."""
+"""Synthetic static cluster views and site files, for the HAS decision benchmark and tests.
+
+A view at one instant, without a clock; `slurm.SimSlurm` is the simulated controller over time.
+"""
 
 from __future__ import annotations
 
