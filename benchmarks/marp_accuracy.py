@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from frenzy_slurm.eval.dataset import RowError, contexts_from_notes, interpret_row, read_measurements  # noqa: E402
+from frenzy_slurm.eval.dataset import RowError, interpret_row, read_measurements  # noqa: E402
 from frenzy_slurm.marp.memory import GiB, estimate_memory  # noqa: E402
 from frenzy_slurm.eval.reference import deepspeed_states, megatron_formula  # noqa: E402
 
@@ -58,7 +58,6 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     excluded = {x.strip() for x in args.exclude.split(",") if x.strip()}
-    contexts = contexts_from_notes(rows)
     results = []
     for row in rows:
         rec = {"row_id": row.row_id, "category": row.category, "confidence": row.confidence,
@@ -68,7 +67,7 @@ def main() -> int:
         try:
             if not math.isfinite(row.measured_gib) or row.measured_gib <= 0:
                 raise RowError("measured value is missing or not positive")
-            it = interpret_row(row, contexts)
+            it = interpret_row(row)
             est = estimate_memory(it.workload, it.plan, it.metric, it.overheads)
             rec["predicted_gib"] = est.peak_gib
             rec["accuracy"] = accuracy(est.peak_gib, row.measured_gib)

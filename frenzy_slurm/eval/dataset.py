@@ -3,6 +3,9 @@
 Each row of a measurements CSV (schema: shared/data/README.md) describes a run in
 free text. `interpret_row` turns it into (Workload, ParallelPlan, Metric) or a
 reason why it cannot, so the accuracy benchmark never drops a row silently.
+
+A row is read from its own settings columns only (eval/reading.py parses the phrasings): never from
+its source URL, location, notes or a year, so that a rule cannot be keyed to where a row came from.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pydantic import ValidationError
 
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import count_params
+from frenzy_slurm.eval import reading
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload
 from frenzy_slurm.spec.arch import Architecture
 
@@ -65,6 +69,11 @@ def read_measurements(path: Path) -> list[MeasuredRow]:
     return rows
 
 
+SETTING_COLUMNS = ("model", "precision", "optimizer", "parallelism", "sharding_offload", "activation_ckpt",
+                   "attention_impl", "compile", "other_settings", "grad_accum_or_global_batch", "metric_type",
+                   "micro_batch", "seq_len")
+
+
 def _first_int(text: str, what: str) -> int:
     m = re.search(r"\d+", text.replace(",", ""))
     if not m:
@@ -72,37 +81,66 @@ def _first_int(text: str, what: str) -> int:
     return int(m.group())
 
 
-def _seq_len(text: str) -> int:
+def _seq_len(text: str, stated: int | None) -> int:
     t = text.strip().lower()
-    if t.startswith("variable") or not t:
+    if t.startswith("variable") or (not t and stated is None):
         raise RowError(f"sequence length '{text}' is data-dependent and the longest sample is not stated")
     if t.startswith("<="):
         if "truncat" in t:  # truncation at the bound: the longest padded batch reaches it
             return _first_int(t, "seq_len")
         raise RowError(f"sequence length '{text[:40]}...' is padded to the longest sample, which is not stated")
+    if not re.search(r"\d", t) and stated is not None:
+        return stated
     return _first_int(t, "seq_len")
 
 
+# Architecture families by model name: the layer types their public implementations use.
+_FAMILIES = (
+    (r"\bt5\b|flan[- ]t5|\bbart\b|\bmt5\b|pegasus|encoder[- ]decoder", "encoder-decoder", {}),
+    (r"\bbert\b|roberta|electra|deberta|bert[- ]", "bert",
+     dict(norm="layernorm", position="learned", bias="all", dropout=0.1, max_positions=512)),
+    (r"gpt[- ]?2|distilgpt|nanogpt|\bopt[- ]\d|gpt[- ]neo\b", "gpt2",
+     dict(norm="layernorm", position="learned", bias="all", dropout=0.0, max_positions=1024, tied_embeddings=True)),
+    (r"phi[- ]?[12]|falcon|stablelm|gpt[- ]?neox|pythia|gpt[- ]?j", "neox", dict(norm="layernorm")),
+)
+
+
+def _family(raw: dict[str, str]) -> tuple[str, dict]:
+    text = (raw["model"] + " " + raw["other_settings"]).lower()
+    for pattern, name, fields in _FAMILIES:
+        if re.search(pattern, text):
+            return name, dict(fields)
+    return "llama", {}
+
+
 def _arch(raw: dict[str, str]) -> Architecture:
-    text = " ".join(raw[k] for k in ("model", "other_settings")).lower()
-    try:
-        base = dict(
-            layers=int(raw["layers"]), hidden=int(raw["hidden"]), heads=int(raw["heads"]),
-            kv_heads=int(raw["kv_heads"] or raw["heads"]), ffn=int(raw["ffn"]), vocab=int(raw["vocab"]),
-            tied_embeddings=raw["tied_emb"].strip().lower().startswith("yes"),
-        )
-    except ValueError as exc:
-        raise RowError(f"architecture columns are not numbers ({exc})") from None
-    if "bert" in text:
-        base.update(norm="layernorm", position="learned", bias="all", dropout=0.1, max_positions=512,
-                    head="classification" if "classification" in text else "mlm")
-    # The FFN's shape (gated with 3 matrices, or 2) is chosen by matching the published parameter count.
+    family, extra = _family(raw)
+    if family == "encoder-decoder":
+        raise RowError("encoder-decoder model (T5/BART family): the decoder's cross-attention over a separate encoder "
+                       "sequence is not modelled")
+    cells = {k: reading.annotated_int(raw[k]) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")}
+    missing = [k for k in ("layers", "hidden", "heads", "ffn", "vocab") if cells[k] is None]
+    if missing:
+        raise RowError(f"architecture columns {', '.join(missing)} are not numbers")
+    base = dict(layers=cells["layers"], hidden=cells["hidden"], heads=cells["heads"],
+                kv_heads=cells["kv_heads"] or cells["heads"], ffn=cells["ffn"], vocab=cells["vocab"],
+                tied_embeddings=raw["tied_emb"].strip().lower().startswith("yes"))
+    if family == "bert":
+        text = raw["model"].lower()
+        extra["head"] = "classification" if ("classification" in text or "sequenceclassification" in text) else "mlm"
+    if family == "gpt2":
+        extra["tied_embeddings"] = base["tied_embeddings"] or not raw["tied_emb"].strip().lower().startswith("no")
+    base.update(extra)
+    if family in ("bert", "gpt2"):
+        acts = ("gelu",)
+    else:  # the FFN's shape (gated with 3 matrices, or 2) is chosen by matching the published parameter count
+        acts = ("swiglu", "gelu")
     try:
         target = float(raw["params_B"]) * 1e9
     except ValueError:
         target = 0.0
     options = []
-    for act in ("swiglu", "gelu"):
+    for act in acts:
         try:
             arch = Architecture(**base, activation=act)
         except ValidationError as exc:
@@ -111,30 +149,120 @@ def _arch(raw: dict[str, str]) -> Architecture:
     return min(options, key=lambda o: o[0])[1]
 
 
-def interpret_row(row: MeasuredRow, context_by_source: dict[str, float] | None = None) -> Interpreted:
-    raw = row.raw
+def _settings(raw: dict[str, str]) -> str:
+    return " | ".join(raw.get(k, "") for k in SETTING_COLUMNS)
+
+
+def _zero_stage(text: str, sharded: bool) -> int:
+    m = re.search(r"zero[- _]?(?:stage)?[- _]?([0-3])\b", text)
+    if m:
+        return int(m.group(1))
+    if re.search(r"shard_grad_op|grad(?:ient)?s? and optimizer|zero2", text):
+        return 2
+    if re.search(r"distributed optimi[sz]er|optimizer state sharding|zero1", text):
+        return 1
+    return 3 if sharded else 0
+
+
+def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: int | None,
+          local_batch: int | None) -> tuple[ParallelPlan, bool]:
+    """The parallel plan the row states; returns (plan, activation offload)."""
+    text = " ".join(raw[k] for k in ("parallelism", "sharding_offload", "other_settings")).lower()
+    par = reading.parallelism(text)
+    if re.search(r"if devices\s*>\s*1", text) and gpus == 1:
+        par = reading.Parallelism(single=True)
+    tp, pp, cp = par.tp or 1, par.pp or 1, par.cp or 1
+    if par.device_map:
+        pp = gpus
+    sharded = bool(par.fsdp) or bool(re.search(r"fsdp|full[ _]shard|fully_shard|zero|hsdp|sharded", text)) and \
+        not re.search(r"no (?:fsdp|zero|shard)", text)
+    dp = par.fsdp or par.dp or max(1, gpus // (tp * pp * cp))
+    if par.single:
+        dp = tp = pp = cp = 1
+    world = dp * tp * pp * cp
+    if gpus and world != gpus:
+        raise RowError(f"parallel degrees dp={dp} tp={tp} pp={pp} cp={cp} multiply to {world}, not num_gpus={gpus}")
+    zero = _zero_stage(text, sharded) if dp > 1 or par.shard_group else 0
+    offload_text = raw["sharding_offload"].lower() + " " + raw["other_settings"].lower()
+    offload = bool(re.search(r"offload", offload_text)) and not re.search(
+        r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", offload_text)
+    offload_params = offload and zero == 3 and bool(re.search(r"param|fsdp cpu offload|cpu offload \(", offload_text))
+    local = local_batch or (mb if ga_stated is None else mb * ga_stated)
+    if local_batch and pp > 1:  # a local batch split into the pipeline's micro-batches
+        micro = par.microbatches or pp
+        mb, ga = max(1, local_batch // micro), micro
+    elif ga_stated is not None:
+        ga = ga_stated
+    elif gbs:
+        ga = max(1, gbs // (mb * dp))
+    else:
+        ga = par.microbatches or 1
+    del local
+    ac = raw["activation_ckpt"].lower()
+    try:
+        plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb, grad_accum=ga,
+                            sequence_parallel=par.sequence_parallel and tp > 1,
+                            recompute=_recompute(raw),
+                            offload_optimizer=offload and zero >= 1, offload_params=offload_params,
+                            shard_group=par.shard_group if par.shard_group and dp % par.shard_group == 0 else None,
+                            schedule=par.schedule or ("interleaved" if par.virtual_stages else "1f1b"),
+                            virtual_stages=par.virtual_stages or 1)
+    except ValidationError as exc:
+        raise RowError(f"parallel setup cannot be expressed: {exc.errors()[0]['msg']}") from None
+    act_offload = "offload" in ac and not re.search(r"\bno\b[^,;]{0,12}offload", ac)
+    return plan, act_offload
+
+
+def _recompute(raw: dict[str, str]) -> str:
+    ac = raw["activation_ckpt"].strip().lower()
+    if "selective" in ac or "attention only" in ac or "core attention" in ac:
+        return "selective"
+    said = reading.yes_no(ac)
+    if said is None:
+        if "default" in ac and "torchtune" in reading.frameworks(_settings(raw)):
+            return "full"  # torchtune's shipped configs set enable_activation_checkpointing: True
+        raise RowError(f"activation checkpointing is not stated ('{raw['activation_ckpt']}')")
+    return "full" if said else "none"
+
+
+def _lora(raw: dict[str, str], method: str, fws: set[str]) -> tuple[int, tuple[str, ...]]:
+    text = " ".join(raw[k] for k in ("other_settings", "optimizer", "parallelism", "model"))
+    rank, targets = reading.lora_setting(text)
+    named = reading.named_config_lora(text)
+    if named is None and "torchtune" in fws:
+        m = re.search(r"llama[- ]?(\d)(?:\.(\d))?[- ](\d+)b", raw["model"].lower())
+        if m:
+            key = f"llama{m.group(1)}_{m.group(2) or 0}/{m.group(3)}b_{'qlora' if method == 'qlora' else 'lora'}"
+            named = reading.TORCHTUNE_LORA.get(key) or reading.TORCHTUNE_LORA.get(key.replace("qlora", "lora"))
+    if named:
+        rank = rank or named[0]
+        targets = targets or named[1]
+    # PEFT's LoraConfig defaults (r=8, query and value projections) where nothing is stated
+    return rank or 8, targets or ("q", "v")
+
+
+def interpret_row(row: MeasuredRow) -> Interpreted:
+    raw = {k: (v or "") for k, v in row.raw.items()}
+    settings = _settings(raw)
+    fws = reading.frameworks(settings)
     cat = row.category.lower()
     method = "qlora" if "qlora" in cat else ("lora" if "lora" in cat else "full")
     arch = _arch(raw)
-    seq = _seq_len(raw["seq_len"])
-    mb = _first_int(raw["micro_batch"], "micro_batch")
+    stated = reading.batch(" ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch",
+                                                     "seq_len")))
+    seq = _seq_len(raw["seq_len"], stated.seq_len)
+    mb_text = raw["micro_batch"].lower()
+    local_batch = stated.local_batch if "local" in mb_text else None
+    mb = local_batch or _first_int(raw["micro_batch"], "micro_batch")
     gpus = _first_int(raw["num_gpus"], "num_gpus")
 
-    prec_text = raw["precision"].lower()
-    framework = "deepspeed" if "deepspeed" in " ".join(raw.values()).lower() else "torch"
-    if "pure" in prec_text or "true" in prec_text or "states bf16" in prec_text or prec_text.strip() == "bf16":
-        precision = "bf16-pure"
-    elif "fp16" in prec_text:
-        precision = "fp16-mixed"
-    elif "bf16" in prec_text:
-        precision = "bf16-mixed"
-    elif "fp32" in prec_text:
-        precision = "fp32"
-    else:
+    prec = reading.precision(raw["precision"] + " " + raw["other_settings"])
+    if prec.precision is None:
         raise RowError(f"precision '{raw['precision']}' is not recognised")
+    precision = prec.precision
 
-    for col in ("optimizer", "activation_ckpt", "sharding_offload"):
-        if raw[col].strip().lower().startswith("unclear"):
+    for col in ("optimizer", "sharding_offload"):
+        if raw[col].strip().lower().startswith(("unclear", "not stated", "unknown")):
             raise RowError(f"{col} is not stated by the source ('{raw[col]}')")
     opt_text = raw["optimizer"].lower()
     optimizer = "adamw"
@@ -147,34 +275,39 @@ def interpret_row(row: MeasuredRow, context_by_source: dict[str, float] | None =
     in_bwd = any(k in opt_text + raw["other_settings"].lower() for k in ("in bwd", "in_bwd", "into backward"))
     paged = "paged" in opt_text
 
-    shard = (raw["parallelism"] + " " + raw["sharding_offload"]).lower()
-    fsdp = "fsdp" in shard or "zero-3" in shard or "full shard" in shard
-    dp = gpus if (fsdp or "dp" in shard) else 1
-    zero = 3 if (fsdp and dp > 1) else 0
-    offload = "cpu offload" in shard or "offload (params" in shard
+    if "deepspeed" in fws:
+        framework = "deepspeed"
+    elif "megatron" in fws:
+        framework = "megatron"
+    else:
+        framework = "torch"
+    # The optimizer implementation: stated, else the framework's default. fused/per-tensor kernels keep one
+    # tensor's temporaries; torch's default foreach path on a GPU keeps a state-sized temporary at the step.
+    if re.search(r"foreach", opt_text):
+        fused = False
+    elif re.search(r"fused(?!\s*into)(?! in)|apex|adamw_torch_fused", opt_text) and not in_bwd:
+        fused = True
+    else:
+        # torchtune configs pass fused=True; Hugging Face Trainer defaults to adamw_torch_fused; DeepSpeed and
+        # Megatron use their fused Adam; plain torch and litgpt use torch's default (foreach on a GPU)
+        fused = bool(fws & {"torchtune", "transformers", "deepspeed", "megatron"})
+    version = reading.torch_version(settings)
+    zero_grad_to_none = version is None or version >= (2, 0)  # torch < 2.0 zeroed gradients in place
 
-    ac = raw["activation_ckpt"].lower()
-    recompute = "none" if ac.startswith("no") else "full"
-    act_offload = "offload" in ac
+    plan, act_offload = _plan(raw, gpus, mb, stated.grad_accum if stated.grad_accum is not None else (
+        int(raw["grad_accum_or_global_batch"]) if raw["grad_accum_or_global_batch"].strip().isdigit() else None),
+        stated.global_batch, local_batch)
+
+    every = re.search(r"every\s*(\d+)(?:\w*\s*)?(?:layers?|blocks?)?", raw["activation_ckpt"].lower())
+    if every and plan.recompute == "full":  # every k-th block checkpointed (torchtune ac_option, HF/FSDP wrap policies)
+        per_stage = max(plan.stage_layers(arch.layers))
+        plan = plan.with_(recompute_layers=per_stage // int(every.group(1)))
 
     other = raw["other_settings"].lower()
-    everything = " ".join(raw.values()).lower()
-    ga = 1
-    ga_text = raw.get("grad_accum_or_global_batch", "").strip().lower()
-    if ga_text.isdigit():
-        ga = int(ga_text)
-    elif re.match(r"(minibatch|gbs|global)", ga_text) and re.search(r"\d+", ga_text):
-        ga = max(1, _first_int(ga_text, "global batch") // (mb * dp))
-    rank_m = re.search(r"\br\s*=\s*(\d+)", other)
-    rank = int(rank_m.group(1)) if rank_m else 16
-    source = raw["source"].lower()
-    fused = "torchtune" in source or "huggingface" in source or "transformers" in source
-    litgpt = "litgpt" in source or "lit-gpt" in source
-    # torch < 2.0 (runs published before 2023) zeroed gradients in place instead of freeing them
-    old_torch = bool(re.search(r"\b20(1\d|2[0-2])\b", everything))
-    chunks = 8 if "chunked" in other else 1
-    if litgpt:  # litgpt's fine-tuning scripts compute the output layer in 128-token chunks
+    chunks = 8 if "chunked" in other else 1  # torchtune's CEWithChunkedOutputLoss: 8 chunks
+    if "litgpt" in fws:  # litgpt's fine-tuning scripts compute the output layer in 128-token chunks
         chunks = max(1, -(-seq // 128))
+    rank, targets = _lora(raw, method, fws) if method != "full" else (16, ("q", "v"))
 
     metric_text = raw["metric_type"].lower()
     metric: Metric
@@ -187,33 +320,17 @@ def interpret_row(row: MeasuredRow, context_by_source: dict[str, float] | None =
     else:
         raise RowError(f"metric '{raw['metric_type']}' is not one MARP predicts")
 
-    attention = "eager" if "eager" in raw["attention_impl"].lower() else "sdpa"
-    overheads = Overheads()
-    if context_by_source and raw["source"] in context_by_source:
-        overheads = Overheads(context_gib=context_by_source[raw["source"]])
-
+    attn = raw["attention_impl"].lower()
+    attention = "eager" if "eager" in attn else "sdpa"
+    hf_style = framework == "torch" and "torchtitan" not in fws
     workload = Workload(
         arch=arch, seq_len=seq, precision=precision, optimizer=optimizer, attention=attention, method=method,
-        lora_rank=rank, lora_targets=("q", "v"), loss_chunks=chunks,
-        compile=raw["compile"].strip().lower().startswith("yes"), framework=framework, fused_optimizer=fused,
+        lora_rank=rank, lora_targets=targets, loss_chunks=chunks, fp8=prec.fp8,
+        compile=reading.yes_no(raw["compile"]) is True, framework=framework, fused_optimizer=fused,
         optimizer_in_backward=in_bwd, activation_offload=act_offload, paged_optimizer=paged,
-        norm_upcast=framework == "torch" and arch.norm == "rmsnorm", gqa_expand=framework == "torch" and arch.kv < arch.heads,
-        zero_grad_to_none=not old_torch, hold_logits=framework == "torch",
-        nf4_saves_inputs="torchtune" not in source,  # torchtune quantises with torchao's NF4 tensor
+        norm_upcast=hf_style and arch.norm == "rmsnorm", gqa_expand=hf_style and arch.kv < arch.heads,
+        zero_grad_to_none=zero_grad_to_none, hold_logits=hf_style,
+        # torchtune quantises with torchao's NF4 tensor, which does not save the matmul input; bitsandbytes does
+        nf4_saves_inputs="torchtune" not in fws or "bitsandbytes" in settings.lower() or "bnb" in settings.lower(),
     )
-    try:
-        plan = ParallelPlan(dp=dp, zero=zero, micro_batch=mb, grad_accum=ga, recompute=recompute,
-                            offload_optimizer=offload and zero >= 1, offload_params=offload and zero == 3)
-    except ValueError as exc:
-        raise RowError(f"parallel setup cannot be expressed: {exc}") from None
-    return Interpreted(workload, plan, metric, overheads)
-
-
-def contexts_from_notes(rows: list[MeasuredRow]) -> dict[str, float]:
-    """CUDA-context sizes a source states ("Kernels alone: 'GPU memory occupied: 1343 MB'"), by source URL."""
-    found: dict[str, float] = {}
-    for row in rows:
-        m = re.search(r"kernels alone[^0-9]*(\d+)\s*MB", row.raw.get("notes", ""), re.IGNORECASE)
-        if m:
-            found[row.raw["source"]] = int(m.group(1)) / 1024  # nvidia-smi "MB" are MiB
-    return found
+    return Interpreted(workload, plan, metric, Overheads())

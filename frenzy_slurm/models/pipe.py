@@ -51,4 +51,7 @@ def pipeline_module(a: Architecture, layer_split: list[int], checkpoint: bool):
 
     layers = [EmbedPipe(a), *[Block(a) for _ in range(a.layers)], HeadPipe(a)]
     return ExplicitPipeline(layers=layers, num_stages=len(layer_split), loss_fn=lm_loss,
-                            activation_checkpoint_interval=1 if checkpoint else 0, partition_method="uniform")
+                            activation_checkpoint_interval=1 if checkpoint else 0, partition_method="uniform",
+                            # only blocks are recomputed: DeepSpeed's (reentrant) checkpoint of the embedding, whose
+                            # input is integer tokens, returns a tensor without grad_fn and backward fails
+                            checkpointable_layers=["Block"])

@@ -1,0 +1,365 @@
+"""Ground truth for MARP on the CPU: real torch/DeepSpeed training (gloo), peak allocated bytes per rank.
+
+    nice -n 10 python benchmarks/cpu_memory_grid.py [--out benchmarks/data/cpu_memory_grid.json] [--only NAME ...]
+
+Each grid point trains a small Llama-style or GPT-2-style model (frenzy_slurm.models, the built-in trainer's
+model) for three optimizer steps in 1-4 processes on the CPU and records, per rank, the peak of live
+tensor bytes during the third step (the first creates the optimizer states, the second is the first
+steady one). Live bytes come from the profiler's allocator events (`profile_memory=True`), recorded from
+before the model exists, so every free is matched to its allocation (a profiler started later cannot see
+frees of older blocks and over-counts). Gloo's own buffers are outside torch's allocator, as NCCL's are
+on a GPU.
+
+The result is a dataset: every point with the MARP inputs that describe it (architecture, workload
+options, the parallel plan) and the measured bytes per rank. tests/test_cpu_memory_grid.py predicts each
+point with MARP and requires 3% agreement; this script is the only thing that trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "benchmarks" / "data" / "cpu_memory_grid.json"
+
+LLAMA = dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn=344, activation="swiglu", vocab=512, max_positions=512)
+GPT2 = dict(layers=4, hidden=128, heads=4, kv_heads=4, ffn=512, activation="gelu", vocab=512, max_positions=512,
+            norm="layernorm", position="learned", bias="all", tied_embeddings=True)
+
+
+BUCKETS = dict(reduce_bucket_size=100_000, allgather_bucket_size=100_000, stage3_prefetch_bucket_size=50_000,
+               stage3_max_live_parameters=1_000_000_000)
+
+
+def _point(name: str, arch: dict, trainer: str, **kw: Any) -> dict:
+    p = dict(name=name, arch=arch, trainer=trainer, seq_len=128, micro_batch=2, grad_accum=1, precision="fp32",
+             zero=0, dp=1, tp=1, pp=1, recompute="none", lora_rank=0)
+    p.update(kw)
+    return p
+
+
+def grid() -> list[dict]:
+    pts = []
+    for z in (0, 1, 2, 3):
+        pts.append(_point(f"ds-llama-dp2-zero{z}", LLAMA, "deepspeed", dp=2, zero=z))
+    pts.append(_point("ds-gpt2-dp2-zero1", GPT2, "deepspeed", dp=2, zero=1))
+    pts.append(_point("ds-gpt2-dp2-zero3", GPT2, "deepspeed", dp=2, zero=3))
+    pts.append(_point("ds-llama-1gpu", LLAMA, "deepspeed"))
+    pts.append(_point("ds-llama-1gpu-mb4", LLAMA, "deepspeed", micro_batch=4))
+    pts.append(_point("ds-llama-1gpu-seq256", LLAMA, "deepspeed", seq_len=256))
+    pts.append(_point("ds-llama-1gpu-ga2", LLAMA, "deepspeed", grad_accum=2))
+    pts.append(_point("ds-llama-1gpu-full", LLAMA, "deepspeed", recompute="full", micro_batch=4))
+    pts.append(_point("ds-gpt2-1gpu", GPT2, "deepspeed"))
+    pts.append(_point("ds-gpt2-1gpu-full", GPT2, "deepspeed", recompute="full"))
+    pts.append(_point("ds-llama-dp2-zero2-bf16", LLAMA, "deepspeed", dp=2, zero=2, precision="bf16-mixed"))
+    pts.append(_point("ds-llama-dp2-zero1-bf16", LLAMA, "deepspeed", dp=2, zero=1, precision="bf16-mixed"))
+    for pp in (2, 4):
+        pts.append(_point(f"pipe-llama-pp{pp}", LLAMA, "pipeline", pp=pp, grad_accum=4))
+    pts.append(_point("pipe-gpt2-pp2", GPT2, "pipeline", pp=2, grad_accum=4))
+    pts.append(_point("pipe-llama-pp2-full", LLAMA, "pipeline", pp=2, grad_accum=4, recompute="full"))
+    pts.append(_point("pipe-llama-pp2-dp2", LLAMA, "pipeline", pp=2, dp=2, zero=1, grad_accum=2))
+    pts.append(_point("fsdp2-llama-dp2", LLAMA, "fsdp2", dp=2, zero=3))
+    pts.append(_point("fsdp2-gpt2-dp2", GPT2, "fsdp2", dp=2, zero=3))
+    pts.append(_point("fsdp2-llama-dp2-bf16", LLAMA, "fsdp2", dp=2, zero=3, precision="bf16-mixed"))
+    pts.append(_point("tp-llama-tp2", LLAMA, "tp", tp=2))
+    pts.append(_point("lora-llama-1gpu", LLAMA, "torch", lora_rank=8))
+    pts.append(_point("torch-llama-1gpu", LLAMA, "torch"))
+    pts.append(_point("torch-gpt2-1gpu-mb4", GPT2, "torch", micro_batch=4))
+    return pts
+
+
+# ---------------------------------------------------------------- measurement
+
+
+def _memory_timeline(prof) -> list[tuple[int, int]]:
+    """(time ns, running live bytes) after every CPU allocator event of the profile."""
+    evs = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                 if e.name() == "[memory]" and e.device_type().name == "CPU")
+    out, live = [], 0
+    for t, n in evs:
+        live += n
+        out.append((t, live))
+    return out
+
+
+def _window(prof, label: str) -> tuple[int, int]:
+    for e in prof.profiler.kineto_results.events():
+        if e.name() == label:
+            return e.start_ns(), e.end_ns()
+    raise RuntimeError(f"no profiler range {label}")
+
+
+def _lora(model, rank: int, targets: tuple[str, ...] = ("q", "v")):
+    import torch
+    from torch import nn
+
+    class LoraLinear(nn.Module):
+        """PEFT-style adapter: frozen base, dropout on the adapter's input, A then B (B starts at zero)."""
+
+        def __init__(self, base: nn.Linear):
+            super().__init__()
+            self.base = base
+            self.a = nn.Linear(base.in_features, rank, bias=False)
+            self.b = nn.Linear(rank, base.out_features, bias=False)
+            nn.init.zeros_(self.b.weight)
+            self.drop = nn.Dropout(0.05)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base(x) + self.b(self.a(self.drop(x))) * 2.0
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for blk in model.blocks:
+        for t in targets:
+            setattr(blk, t, LoraLinear(getattr(blk, t)))
+    return model
+
+
+def _tp_block_forward(blk, tp: int):
+    """The built-in Block's forward with this rank's share of the heads (Megatron column/row split)."""
+    import torch.nn.functional as F
+
+    from frenzy_slurm.models.gpt import _rope
+
+    a = blk.a
+    heads, kv = a.heads // tp, a.kv // tp
+
+    def forward(x):
+        b, s, _ = x.shape
+        h = blk.norm1(x)
+        q = blk.q(h).view(b, s, heads, a.head_dim).transpose(1, 2)
+        k = blk.k(h).view(b, s, kv, a.head_dim).transpose(1, 2)
+        v = blk.v(h).view(b, s, kv, a.head_dim).transpose(1, 2)
+        if a.position == "rope":
+            q, k = _rope(q), _rope(k)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+        x = x + blk.o(att.transpose(1, 2).reshape(b, s, heads * a.head_dim))
+        h = blk.norm2(x)
+        m = F.silu(blk.gate(h)) * blk.up(h) if a.activation == "swiglu" else F.gelu(blk.up(h))
+        return x + blk.down(m)
+
+    blk.forward = forward
+
+
+def _ds_config(p: dict) -> dict:
+    cfg = {
+        "train_micro_batch_size_per_gpu": p["micro_batch"],
+        "gradient_accumulation_steps": p["grad_accum"],
+        "train_batch_size": p["micro_batch"] * p["grad_accum"] * p["dp"],
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        # small buckets, so that they show next to the tiny model's tensors instead of hiding them (DeepSpeed
+        # allocates the whole reduce bucket whatever the model's size); no persistent small parameters
+        "zero_optimization": {"stage": p["zero"], **BUCKETS, "contiguous_gradients": True, "overlap_comm": False,
+                              "stage3_param_persistence_threshold": 0},
+        "bf16": {"enabled": p["precision"] == "bf16-mixed"},
+        "steps_per_print": 10**9,
+    }
+    return cfg
+
+
+def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_SIZE=str(world), DS_ACCELERATOR="cpu")
+    import logging
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    from frenzy_slurm.models.gpt import GPT, lm_loss
+    from frenzy_slurm.spec.arch import Architecture
+
+    arch = Architecture(**p["arch"])
+    mb, seq, ga = p["micro_batch"], p["seq_len"], p["grad_accum"]
+    checkpoint = p["recompute"] == "full"
+    gen = torch.Generator().manual_seed(rank)
+
+    def batch():
+        x = torch.randint(0, arch.vocab, (mb, seq), generator=gen)
+        return x, torch.roll(x, -1, 1)
+
+    steps = 3
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        trainer = p["trainer"]
+        if trainer in ("deepspeed", "pipeline"):
+            import deepspeed
+
+            logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+            deepspeed.init_distributed(dist_backend="gloo")
+            if trainer == "pipeline":
+                from frenzy_slurm.models.pipe import pipeline_module
+                from frenzy_slurm.marp.plan import ParallelPlan
+
+                split = list(ParallelPlan(pp=p["pp"]).stage_layers(arch.layers))
+                model = pipeline_module(arch, split, checkpoint)
+            else:
+                model = GPT(arch, checkpoint=checkpoint)
+            params = [q for q in model.parameters() if q.requires_grad]
+            engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=_ds_config(p))
+
+            def step() -> None:
+                if trainer == "pipeline":
+                    engine.train_batch(data_iter=iter([batch() for _ in range(ga)]))
+                    return
+                for _ in range(ga):
+                    x, y = batch()
+                    logits = engine(x)
+                    loss = lm_loss(logits, y)
+                    del logits
+                    engine.backward(loss)
+                    engine.step()
+        else:
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            model = GPT(arch, checkpoint=checkpoint)
+            if p["lora_rank"]:
+                model = _lora(model, p["lora_rank"])
+            if trainer == "fsdp2":
+                from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+                mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+                    if p["precision"] == "bf16-mixed" else MixedPrecisionPolicy()
+                for blk in model.blocks:
+                    fully_shard(blk, mp_policy=mp)
+                fully_shard(model, mp_policy=mp)
+            elif trainer == "tp":
+                from torch.distributed.device_mesh import init_device_mesh
+                from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+                mesh = init_device_mesh("cpu", (world,))
+                for blk in model.blocks:
+                    plan = {n: ColwiseParallel() for n in ("q", "k", "v", "up", "gate") if hasattr(blk, n)}
+                    plan |= {"o": RowwiseParallel(), "down": RowwiseParallel()}
+                    parallelize_module(blk, mesh, plan)
+                    _tp_block_forward(blk, world)
+            opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-3)
+
+            def step() -> None:
+                for _ in range(ga):
+                    x, y = batch()
+                    logits = model(x)
+                    loss = lm_loss(logits, y)
+                    del logits
+                    loss.backward()
+                    del loss
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+        for i in range(steps):
+            with record_function(f"grid-step-{i}"):
+                step()
+    timeline = _memory_timeline(prof)
+    t0, t1 = _window(prof, f"grid-step-{steps - 1}")
+    before = [v for t, v in timeline if t < t0]
+    during = [v for t, v in timeline if t0 <= t <= t1]
+    start = before[-1] if before else 0
+    if os.environ.get("GRID_DEBUG"):
+        evs = sorted((e.nbytes(), e.start_ns() >= t0) for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]")
+        print(f"rank {rank}: largest allocations (MiB, in step): {[(round(n / 2**20, 3), w) for n, w in evs[-8:]]}")
+        tpk, vpk = max(((t, v) for t, v in timeline if t0 <= t <= t1), key=lambda x: x[1])
+        ops = [e for e in prof.profiler.kineto_results.events()
+               if e.name() != "[memory]" and e.start_ns() <= tpk <= e.end_ns() and e.device_type().name == "CPU"]
+        print(f"rank {rank}: start {start / 2**20:.3f} MiB, peak {vpk / 2**20:.3f} MiB inside "
+              f"{[e.name() for e in sorted(ops, key=lambda e: e.start_ns())][-12:]}")
+    result = {"rank": rank, "start_bytes": start, "peak_bytes": max(during + [start])}
+    if trainer == "pipeline":
+        result["stage"] = engine.stage_id
+    elif trainer in ("deepspeed",):
+        result["stage"] = 0
+    else:
+        result["stage"] = 0
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_point(p: dict) -> list[dict]:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    world = p["dp"] * p["tp"] * p["pp"]
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_worker, args=(world, p, _free_port(), d), nprocs=world, start_method="spawn", join=True)
+        return sorted((json.loads(f.read_text()) for f in Path(d).glob("rank*.json")), key=lambda r: r["rank"])
+
+
+def marp_inputs(p: dict) -> dict:
+    """What MARP is told about this point (tests/test_cpu_memory_grid.py builds Workload and ParallelPlan from it)."""
+    trainer = p["trainer"]
+    workload = {
+        "seq_len": p["seq_len"], "precision": p["precision"], "optimizer": "adamw", "attention": "sdpa",
+        "method": "lora" if p["lora_rank"] else "full", "lora_rank": p["lora_rank"] or 16,
+        "lora_targets": ["q", "v"], "lora_dropout": True,
+        "framework": "deepspeed" if trainer in ("deepspeed", "pipeline") else "torch",
+        # on the CPU, torch's Adam defaults to its per-tensor loop: temporaries of one tensor at a time
+        "fused_optimizer": True,
+        "hold_logits": False,
+        "buckets": dict(BUCKETS, overlap_comm=False),
+    }
+    plan = {"dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "zero": p["zero"], "micro_batch": p["micro_batch"],
+            "grad_accum": p["grad_accum"], "recompute": p["recompute"]}
+    return {"arch": p["arch"], "workload": workload, "plan": plan}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="dataset to write (merged by point name)")
+    ap.add_argument("--only", nargs="*", default=None, help="point names (prefix match) to run")
+    ap.add_argument("--list", action="store_true", help="list the grid and exit")
+    ap.add_argument("--compare", action="store_true", help="print MARP's prediction next to every stored point; no training")
+    args = ap.parse_args()
+    if args.compare:
+        from frenzy_slurm.eval.grid import load_grid, predict
+
+        print(f"{'point':30} {'rank':>4} {'stage':>5} {'measured MiB':>12} {'MARP MiB':>9} {'error':>7}")
+        for point in load_grid(args.out):
+            for r in predict(point):
+                print(f"{r.point:30} {r.rank:4} {r.stage:5} {r.measured / 2**20:12.3f} {r.predicted / 2**20:9.3f} {r.error:7.1%}")
+        return 0
+    pts = grid()
+    if args.list:
+        for p in pts:
+            print(p["name"])
+        return 0
+    if args.only:
+        pts = [p for p in pts if any(p["name"].startswith(o) for o in args.only)]
+    data = json.loads(args.out.read_text()) if args.out.exists() else {"points": []}
+    by_name = {q["name"]: q for q in data["points"]}
+    import torch
+
+    for p in pts:
+        t0 = time.time()
+        try:
+            ranks = run_point(p)
+        except Exception as exc:  # noqa: BLE001 - one failing point is reported, the grid goes on
+            print(f"{p['name']}: FAILED {exc}", flush=True)
+            continue
+        by_name[p["name"]] = {"name": p["name"], "trainer": p["trainer"], **marp_inputs(p), "ranks": ranks}
+        print(f"{p['name']}: " + " ".join(f"r{r['rank']}/s{r['stage']} {r['peak_bytes'] / 2**20:.3f} MiB" for r in ranks)
+              + f" ({time.time() - t0:.0f} s)", flush=True)
+        data = {"torch": torch.__version__, "device": "cpu (gloo)", "command": "python benchmarks/cpu_memory_grid.py",
+                "points": sorted(by_name.values(), key=lambda q: q["name"])}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Reading the free-text settings of a published measurement, as a careful person would.
+
+Each function takes one or more cells of a measurements row and returns what they state, or None where
+they state nothing. Nothing here looks at the source URL, the notes column or a year: a row is read
+from its own settings (parallelism, batch, precision, optimizer, framework and configuration names).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# -------------------------------------------------------------------- numbers in cells
+
+
+def annotated_int(text: str) -> int | None:
+    """`50257 (padded 50304)` -> 50304; `32000 (padded)` -> 32000 rounded up to 128; `4,096` -> 4096.
+
+    A padded vocabulary is what the embedding holds, so the padded size wins. Megatron pads to a multiple
+    of 128 (make-vocab-size-divisible-by) when the size is not given.
+    """
+    t = text.replace(",", "").replace("_", "").strip().lower()
+    m = re.match(r"\s*(\d+(?:\.\d+)?)\s*([km])?\b", t)
+    if not m:
+        return None
+    value = float(m.group(1)) * {"k": 1e3, "m": 1e6, None: 1}[m.group(2)]
+    padded = re.search(r"pad\w*\s*(?:to\s*)?(\d+)", t)
+    if padded:
+        return int(padded.group(1))
+    if "pad" in t:
+        return -(-int(value) // 128) * 128
+    return int(value)
+
+
+# -------------------------------------------------------------------- parallelism
+
+_DEGREE_NAMES = {
+    "dp": "dp", "ddp": "dp", "data": "dp", "data parallel": "dp", "data-parallel": "dp",
+    "fsdp": "fsdp", "zero": "fsdp", "hsdp": "hsdp", "shard": "shard",
+    "tp": "tp", "tensor": "tp", "tensor parallel": "tp", "tensor-parallel": "tp", "mp": "tp", "model parallel": "tp",
+    "pp": "pp", "pipeline": "pp", "pipeline parallel": "pp", "pipeline-parallel": "pp", "stages": "pp",
+    "cp": "cp", "context": "cp", "context parallel": "cp", "context-parallel": "cp", "ring": "cp",
+    "sp": "sp", "sequence parallel": "sp", "ep": "ep", "expert": "ep", "expert parallel": "ep",
+    "vpp": "vpp", "virtual": "vpp", "virtual pipeline": "vpp", "virtual stages": "vpp",
+}
+_NAME = r"(dp|ddp|fsdp|hsdp|zero|tp|mp|pp|cp|sp|ep|vpp|data[- ]parallel|tensor[- ]parallel|pipeline[- ]parallel|" \
+        r"context[- ]parallel|sequence[- ]parallel|expert[- ]parallel|model parallel|virtual pipeline|" \
+        r"virtual stages|data|tensor|pipeline|context|expert|stages)"
+
+
+@dataclass
+class Parallelism:
+    dp: int | None = None
+    fsdp: int | None = None  # sharded data parallel degree (FSDP / ZeRO world)
+    shard_group: int | None = None  # HSDP: ranks in one shard group
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    sequence_parallel: bool = False
+    virtual_stages: int | None = None
+    schedule: str | None = None
+    device_map: bool = False  # naive model parallelism: layers spread over GPUs, one active at a time
+    single: bool = False
+    microbatches: int | None = None
+
+    def stated(self) -> bool:
+        return any(v for v in (self.dp, self.fsdp, self.tp, self.pp, self.cp, self.device_map, self.single))
+
+
+def parallelism(text: str) -> Parallelism:
+    """Degrees in any common phrasing: `DP=8`, `TP=8 x PP=8`, `FSDP=4, CP=2`, `FSDP 32 x TP 8`,
+    `tensor parallel 2`, `8-way tensor parallel`, `DP(FSDP)=8`, `3D (TP=2, PP=4, DP=8)`, `device_map="auto"`."""
+    t = text.lower().replace("×", "x")
+    out = Parallelism()
+    found: dict[str, int] = {}
+    # NAME = 8 / NAME 8 / NAME(alias)=8 / NAME: 8 / NAME of 8
+    for m in re.finditer(_NAME + r"\s*(?:\((\w+)\))?\s*(?:degree|size)?\s*(?:=|:|of|\s)\s*(\d+)(?![\d.]*\s*(?:gb|gib|b\b|%))", t):
+        name = _DEGREE_NAMES[m.group(1).replace("-", " ").strip()] if m.group(1) in _DEGREE_NAMES or \
+            m.group(1).replace("-", " ") in _DEGREE_NAMES else None
+        alias = m.group(2)
+        if name is None:
+            continue
+        if alias in ("fsdp", "zero", "zero3", "zero-3") or (name == "dp" and alias == "fsdp"):
+            name = "fsdp"
+        found.setdefault(name, int(m.group(3)))
+    # 8-way tensor parallel / 4 pipeline stages / 2 GPUs per shard group
+    for m in re.finditer(r"(\d+)[- ]?(?:way)?\s+(data|tensor|pipeline|context|sequence|expert|fsdp|model)[- ]?"
+                         r"(?:parallel\w*|stages?|shards?)", t):
+        name = _DEGREE_NAMES.get(m.group(2))
+        if name:
+            found.setdefault(name, int(m.group(1)))
+    m = re.search(r"(\d+)\s*(?:pipeline\s*)?stages", t)
+    if m:
+        found.setdefault("pp", int(m.group(1)))
+    m = re.search(r"shard(?:ing)?\s*group\s*(?:size)?\s*(?:=|:|of)?\s*(\d+)", t)
+    if m:
+        found["shard"] = int(m.group(1))
+    out.dp, out.tp, out.pp, out.cp = found.get("dp"), found.get("tp"), found.get("pp"), found.get("cp")
+    out.fsdp = found.get("fsdp")
+    if "hsdp" in found:
+        out.shard_group = found["hsdp"] if found["hsdp"] and "fsdp" in found else out.shard_group
+    out.shard_group = found.get("shard", out.shard_group)
+    out.virtual_stages = found.get("vpp")
+    out.sequence_parallel = bool(re.search(r"\bsp\b|sequence[- ]parallel", t)) and not re.search(
+        r"no(?:t)?\s+(?:sp|sequence[- ]parallel)", t)
+    if "interleav" in t:
+        out.schedule = "interleaved"
+    elif "gpipe" in t or "all-forward" in t:
+        out.schedule = "gpipe"
+    elif "1f1b" in t or "one-forward" in t:
+        out.schedule = "1f1b"
+    out.device_map = "device_map" in t or "naive model parallel" in t or "naive pipeline" in t
+    out.single = bool(re.search(r"single[- ](gpu|device)|\b1 gpu\b|devices\s*=\s*1\b", t)) and not found
+    m = re.search(r"(\d+)\s*micro[- ]?batch(?:es)?|micro[- ]?batch(?:es)?\s*(?:=|:)\s*(\d+)|num_microbatches\s*=\s*(\d+)|"
+                  r"\bm\s*=\s*(\d+)\s*micro", t)
+    if m:
+        out.microbatches = int(next(g for g in m.groups() if g))
+    return out
+
+
+# -------------------------------------------------------------------- batch
+
+
+@dataclass
+class Batch:
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    global_batch: int | None = None
+    local_batch: int | None = None  # per data-parallel rank per step, split into micro-batches
+    seq_len: int | None = None
+
+
+def batch(text: str) -> Batch:
+    """`GA 16`, `grad accum 16`, `gradient_accumulation_steps=16`, `GBS 512`, `global batch 512`,
+    `minibatch 128 (grad accumulation)`, `local batch 32 (split into PP microbatches)`, `max_length=512`."""
+    t = text.lower().replace(",", "")
+    out = Batch()
+    num = r"\s*(?:=|:|of)?\s*(\d+)"
+    m = re.search(r"\b(?:ga|grad(?:ient)?[ _-]?acc(?:um(?:ulation)?)?(?:[ _]steps)?)" + num, t)
+    if m:
+        out.grad_accum = int(m.group(1))
+    m = re.search(r"\b(?:gbs|global[ _-]?batch(?:[ _]size)?|mini[- ]?batch(?:[ _]size)?|effective batch(?: size)?)" + num, t)
+    if m:
+        out.global_batch = int(m.group(1))
+    m = re.search(r"\blocal[ _-]?batch(?:[ _]size)?" + num, t)
+    if m:
+        out.local_batch = int(m.group(1))
+    m = re.search(r"\b(?:mbs|micro[ _-]?batch(?:[ _]size)?|per[ _-]device[ _-]train[ _-]batch[ _-]size|batch[ _-]size)" + num, t)
+    if m:
+        out.micro_batch = int(m.group(1))
+    m = re.search(r"\b(?:max[_ ]length|max[_ ]seq(?:uence)?[_ ]len(?:gth)?|seq(?:uence)?[_ ]len(?:gth)?|block[_ ]size)" + num, t)
+    if m:
+        out.seq_len = int(m.group(1))
+    return out
+
+
+# -------------------------------------------------------------------- precision
+
+
+@dataclass
+class PrecisionReading:
+    precision: str | None  # fp32, bf16-mixed, fp16-mixed, bf16-pure
+    fp8: bool = False
+
+
+def _negated(t: str, word: str) -> bool:
+    return bool(re.search(r"\b(?:no|not|without|w/o|disabled?)\b[^,;.]{0,12}" + word, t))
+
+
+def precision(text: str) -> PrecisionReading:
+    """Pure 16-bit (`pure bf16`, `bf16-true`, `states in param dtype`, bare `bf16`), mixed (`bf16 mixed`,
+    `AMP`, `fp32 master`), fp32, and fp8 linears (`fp8`, `float8`, `transformer engine fp8`)."""
+    t = text.lower()
+    fp8 = bool(re.search(r"\bfp8\b|float8|e4m3", t)) and not _negated(t, "fp8")
+    pure = any(k in t for k in ("pure", "true", "states bf16", "states in bf16", "param dtype", "parameter dtype",
+                                "all bf16", "all-bf16", "bf16 states", "no master"))
+    mixed = any(k in t for k in ("mixed", "amp", "autocast", "master", "fp32 states", "fp32 optimizer"))
+    if "bf16" in t or "bfloat16" in t:
+        if mixed and not pure:
+            return PrecisionReading("bf16-mixed", fp8)
+        return PrecisionReading("bf16-pure" if pure or t.strip() in ("bf16", "bfloat16") else "bf16-mixed", fp8)
+    if "fp16" in t or "float16" in t or "half" in t:
+        return PrecisionReading("fp16-mixed", fp8)
+    if fp8:  # fp8 linears run inside bf16 mixed precision
+        return PrecisionReading("bf16-mixed", True)
+    if "fp32" in t or "float32" in t or "full precision" in t or "tf32" in t:
+        return PrecisionReading("fp32")
+    return PrecisionReading(None)
+
+
+def yes_no(text: str) -> bool | None:
+    """`yes ...` -> True, `no ...`/`none`/`off`/`false` -> False; `not stated`, `unclear`, `config default`, empty -> None."""
+    t = text.strip().lower()
+    if not t or re.match(r"(not stated|unclear|unknown|n/?a\b|\?|config default|default)", t):
+        return None
+    if re.match(r"(no\b|none|off\b|false|disabled|without)", t):
+        return False
+    if re.match(r"(yes|on\b|true|enabled|full|selective|every|per[- ]layer)", t):
+        return True
+    return None
+
+
+# -------------------------------------------------------------------- frameworks and their documented defaults
+
+FRAMEWORK_NAMES = {
+    "torchtune": "torchtune", "litgpt": "litgpt", "lit-gpt": "litgpt", "lightning": "litgpt",
+    "transformers": "transformers", "hf trainer": "transformers", "huggingface": "transformers", "trainer": "transformers",
+    "accelerate": "transformers", "peft": "transformers", "trl": "transformers", "axolotl": "transformers",
+    "llama-factory": "transformers", "unsloth": "transformers",
+    "deepspeed": "deepspeed", "megatron": "megatron", "nemo": "megatron", "torchtitan": "torchtitan",
+    "fsdp": "torch", "pytorch": "torch",
+}
+# model classes named in a row are the Hugging Face implementation
+_HF_CLASS = re.compile(r"\b\w+for(?:causallm|sequenceclassification|maskedlm|conditionalgeneration|tokenclassification)\b")
+
+
+def frameworks(settings: str) -> set[str]:
+    """Training frameworks a row's settings name (model classes such as `BertForSequenceClassification` name
+    Hugging Face transformers)."""
+    t = settings.lower()
+    found = {fw for name, fw in FRAMEWORK_NAMES.items() if re.search(r"(?<![\w-])" + re.escape(name) + r"(?![\w])", t)}
+    if _HF_CLASS.search(t) or "from_pretrained" in t:
+        found.add("transformers")
+    return found
+
+
+# LoRA defaults of named configurations, from the frameworks' shipped config files.
+# torchtune recipes/configs/*/<size>_lora*.yaml: lora_attn_modules, apply_lora_to_mlp, lora_rank.
+TORCHTUNE_LORA = {
+    "llama3_2/3b_lora": (64, ("q", "v", "o", "mlp")), "llama3_2/1b_lora": (64, ("q", "v", "o", "mlp")),
+    "llama3_1/8b_lora": (8, ("q", "v", "o", "mlp")), "llama3_1/8b_qlora": (8, ("q", "v", "o", "mlp")),
+    "llama3_1/70b_lora": (16, ("q", "k", "v", "o", "mlp")), "llama3_1/405b_qlora": (16, ("q", "k", "v", "o", "mlp")),
+}
+# litgpt config_hub/finetune/*/lora.yaml and qlora.yaml: lora_r 8 (32 for some), query and value only
+LITGPT_LORA = (8, ("q", "v"))
+
+
+def lora_setting(text: str) -> tuple[int | None, tuple[str, ...] | None]:
+    """Rank and target modules stated anywhere: `r=8`, `rank 16`, `lora_r: 64`, `on query+value`,
+    `q,k,v,o`, `all linear layers`, `attention and MLP`."""
+    t = text.lower()
+    rank = None
+    m = re.search(r"(?:lora[_ ]?r(?:ank)?|\br|\brank)\s*(?:=|:)?\s*(\d+)\b", t)
+    if m:
+        rank = int(m.group(1))
+    targets: list[str] = []
+    if re.search(r"all[- ]linear|all (?:linear )?layers|all projections", t):
+        targets = ["q", "k", "v", "o", "mlp"]
+    else:
+        names = {"q": r"\bq(?:_proj)?\b|query", "k": r"\bk(?:_proj)?\b|\bkey\b", "v": r"\bv(?:_proj)?\b|value",
+                 "o": r"\bo(?:_proj)?\b|output_proj|out_proj|\bprojection\b|\bdense\b", "mlp": r"mlp|ffn|feed[- ]forward|gate_proj|up_proj"}
+        for name, pat in names.items():
+            if re.search(pat, t):
+                targets.append(name)
+    return rank, (tuple(targets) if targets else None)
+
+
+def named_config_lora(text: str) -> tuple[int, tuple[str, ...]] | None:
+    """The documented LoRA defaults of a configuration the row names (torchtune recipe configs, litgpt config_hub)."""
+    t = text.lower().replace("-", "_")
+    for key, value in TORCHTUNE_LORA.items():
+        if key in t or key.split("/")[1] + "_single_device" in t and key.split("/")[0] in t:
+            return value
+    m = re.search(r"(\w+/\d+b_q?lora)", t)
+    if m and m.group(1) in TORCHTUNE_LORA:
+        return TORCHTUNE_LORA[m.group(1)]
+    if "config_hub" in t or re.search(r"\b\w+/q?lora\.yaml", t):
+        return LITGPT_LORA
+    return None
+
+
+def torch_version(text: str) -> tuple[int, int] | None:
+    """`torch 1.13`, `pytorch==2.1.0`, `PyTorch 2.4` -> (major, minor)."""
+    m = re.search(r"(?:torch|pytorch)\s*(?:==|=|v|version)?\s*(\d+)\.(\d+)", text.lower())
+    return (int(m.group(1)), int(m.group(2))) if m else None
