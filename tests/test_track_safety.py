@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.cluster.synthetic import synthetic
+from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.render import render_job
 from frenzy_slurm.slurm.fake import FakeSlurm
