@@ -97,3 +97,19 @@ def test_sampler_peaks_only_this_jobs_processes_and_merges_metrics(tmp_path):
                                                                                            "device (nvml)")
     (tmp_path / "metrics.json").write_text(json.dumps({"source": "trainer", "ranks": []}))
     assert merge_metrics(tmp_path) is None  # the built-in trainer's own metrics win
+
+
+def test_sampler_run_follows_the_watched_process_then_writes_metrics(tmp_path, monkeypatch):
+    import subprocess
+
+    from frenzy_slurm.runtime.nvml_sampler import run
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    proc = subprocess.Popen(["sleep", "0.6"])
+    fake = FakeNvml("pcie-4xa10.json", processes={2: [(proc.pid, 5 * int(GiB))]}, utilisation={2: 70})
+    assert run(tmp_path, proc.pid, 0.1, fake) == 0
+    proc.wait()
+    nodes = list(tmp_path.glob("nvml-*.json"))
+    assert len(nodes) == 1 and json.loads(nodes[0].read_text())["samples"] >= 3
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert [(r["gpu_index"], r["peak_gib"]) for r in m["ranks"]] == [(2, 5.0)]

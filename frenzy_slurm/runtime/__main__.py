@@ -38,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
         if signals.pending():  # tell the script a stop was already requested
             os.environ["FRENZY_STOP_SIGNAL"] = signals.pending() or ""
+        if dist.local_rank == 0 and os.environ.get("FRENZY_NVML_SAMPLER", "1") != "0":
+            # one per node: the script's GPU memory and utilisation -> nvml-<host>.json, metrics.json
+            from frenzy_slurm.runtime.nvml_sampler import start_beside
+
+            start_beside(job_dir)
         signals.prepare_exec()
         os.execv(sys.executable, [sys.executable, str(ns.script), *args])
     from frenzy_slurm.runtime.trainer import run_training

@@ -142,14 +142,17 @@ def merge_metrics(job_dir: Path) -> dict | None:
         return metrics
 
 
+class _Stopped(Exception):
+    pass
+
+
 def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited script its parent has not reaped yet)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def run(job_dir: Path, watch_pid: int, interval: float, nvml: Any) -> int:
@@ -159,16 +162,22 @@ def run(job_dir: Path, watch_pid: int, interval: float, nvml: Any) -> int:
     except Exception as exc:  # noqa: BLE001 - no driver: say so once, never disturb the job
         print(f"frenzy-slurm sampler: no NVML on {host} ({exc.__class__.__name__}); not sampling", file=sys.stderr)
         return 0
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    def _stop(*_):
+        raise _Stopped  # interrupts the sleep: the step's end leaves only KillWait seconds to write
+
+    signal.signal(signal.SIGTERM, _stop)
     out = job_dir / f"nvml-{host}.json"
     last_write = 0.0
-    while _alive(watch_pid) and not stop["now"]:
-        sampler.sample()
-        if time.time() - last_write > 5 * interval:
-            _atomic_json(out, sampler.report(host, interval))
-            last_write = time.time()
-        time.sleep(interval)
+    try:
+        while _alive(watch_pid):
+            sampler.sample()
+            if time.time() - last_write > 5 * interval:
+                _atomic_json(out, sampler.report(host, interval))
+                last_write = time.time()
+            time.sleep(interval)
+    except _Stopped:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _atomic_json(out, sampler.report(host, interval))
     try:
         nvml.nvmlShutdown()
