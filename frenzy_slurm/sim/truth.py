@@ -7,7 +7,7 @@ the prediction:
   given model and setup, not per plan); r_mem ~ Normal(mem_bias, mem_sd). The default is MARP's
   measured signed error on the dev set (docs/accuracy.md; see docs/simulation.md for the command).
   A plan whose true peak exceeds the GPU's physical memory fails with OOM after the start-up time;
-- step time: true = predicted x r_job x r_type, r_job ~ LogNormal(0, time_sd) per job and one
+- step time: true = predicted x r_job x r_type, r_job ~ time_bias x LogNormal(0, time_sd) per job and one
   r_type ~ LogNormal(0, type_sd) per GPU type and seed (the catalog's assumed utilisation is off for
   a whole GPU type at once). A heterogeneous pipeline runs at its slowest type's factor. There are no
   measured step times in the dev set, so these two are assumptions; docs/simulation.md shows how the
@@ -37,6 +37,7 @@ class ErrorModel(BaseModel):
 
     mem_bias: float = Field(DEV_SET_MEM_BIAS, gt=0, description="Mean of true/predicted peak memory.")
     mem_sd: float = Field(DEV_SET_MEM_SD, ge=0, description="Standard deviation of true/predicted peak memory.")
+    time_bias: float = Field(1.0, gt=0, description="Median of true/predicted step time (1: the model is unbiased).")
     time_sd: float = Field(0.10, ge=0, description="Log-normal sigma of true/predicted step time, per job.")
     type_sd: float = Field(0.10, ge=0, description="Log-normal sigma of true/predicted step time, per GPU type.")
     startup_s: float = Field(120.0, ge=0, description="Seconds from start to the first step (load, init); OOM comes then.")
@@ -67,7 +68,7 @@ class Truth:
             rng = random.Random(f"{self.seed}/job/{job_id}")
             m = self.model
             mem = max(0.3, rng.gauss(m.mem_bias, m.mem_sd))
-            t = math.exp(rng.gauss(0.0, m.time_sd))
+            t = m.time_bias * math.exp(rng.gauss(0.0, m.time_sd))
             self._jobs[job_id] = JobTruth(mem, t)
         return self._jobs[job_id]
 
