@@ -1,0 +1,96 @@
+"""`frenzy-slurm calibrate` and fsbatch with a calibration, offline (static snapshot): job directories as
+fsbatch renders them, with metrics.json as the trainer writes it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .helpers import EXAMPLES, run_cli
+
+
+@pytest.fixture
+def offline(tmp_path):
+    from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
+
+    pools = [("a100", "A100-40GB", 2, 4), ("t4", "T4", 2, 4)]
+    snap, site = tmp_path / "snap.json", tmp_path / "site.yaml"
+    snap.write_text(synthetic(pools).model_dump_json())
+    site.write_text(yaml.safe_dump(synthetic_site(pools).model_dump(mode="json")))
+    return snap, site
+
+
+def _job_dir(tmp_path: Path, snap: Path, site: Path, name: str, steady: float) -> Path:
+    """A finished job: fsbatch's rendered files plus the trainer's metrics.json."""
+    from frenzy_slurm.cli.plan_view import load
+    from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.has import Requirements, decide
+    from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
+    from frenzy_slurm.render import render_job
+    from frenzy_slurm.slurm import open_backend
+
+    spec_path = EXAMPLES / "tiny-cpu.yaml"
+    spec, model = load(spec_path)
+    w = workload_from_spec(spec, model)
+    view = open_backend("static", snap).load()
+    decision = decide(Requirements.from_spec(spec), w, view, load_site(site), search_space_from_spec(spec),
+                      now=time.time())
+    req = render_job(spec, spec_path, model, w, decision, spec.slurm.overridden(), tmp_path / name)
+    d = tmp_path / name
+    d.mkdir()
+    for fname, text in req.files.items():
+        (d / fname).write_text(text)
+    times = [3.0, 5.0] + [steady] * 4  # warm-up and profiled steps are slow
+    (d / "metrics.json").write_text(json.dumps({
+        "job_id": name, "step_times_s": times, "profiled_steps": [1], "step_time_s": steady,
+        "ranks": [{"rank": r, "peak_gib": 0.005, "predicted_allocated_gib": 0.004, "device": "cpu"} for r in (0, 1)]}))
+    return d
+
+
+def _dry(snap, site, *extra):
+    res = run_cli("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--json", "--backend", "static",
+                  "--snapshot", str(snap), "--site", str(site), *extra)
+    return res
+
+
+def test_calibrate_then_fsbatch_predicts_the_measured_step(tmp_path, offline):
+    snap, site = offline
+    dirs = [_job_dir(tmp_path, snap, site, f"run{i}", s) for i, s in enumerate((0.19, 0.2, 0.21))]
+    raw = json.loads(_dry(snap, site).stdout)["decision"]["chosen"]["step_time_s"]
+    assert raw < 0.001
+    res = run_cli("frenzy-slurm", "calibrate", "--site", str(site), *map(str, dirs))
+    assert res.returncode == 0, res.stderr
+    assert "error before" in res.stdout and (tmp_path / "site.calibration.yaml").exists()
+    out = json.loads(_dry(snap, site).stdout)
+    assert out["decision"]["chosen"]["step_time_s"] == pytest.approx(0.2, rel=0.05)
+    assert out["calibration"]["raw_step_time_s"] == pytest.approx(raw, rel=1e-6)
+    assert out["calibration"]["calibration"]["memory_factor"] == pytest.approx(1.25)
+    plain = json.loads(_dry(snap, site, "--no-calibration").stdout)
+    assert plain["decision"]["chosen"]["step_time_s"] == pytest.approx(raw) and plain["calibration"]["calibration"] is None
+    shown = _dry(snap, site, "--explain")
+    assert shown.returncode == 0
+
+
+def test_too_few_jobs_write_nothing_applied(tmp_path, offline):
+    snap, site = offline
+    dirs = [_job_dir(tmp_path, snap, site, f"run{i}", 0.2) for i in range(2)]
+    res = run_cli("frenzy-slurm", "calibrate", "--site", str(site), *map(str, dirs))
+    assert res.returncode == 0
+    assert "fewer than min_jobs(3); not applied" in res.stdout and "nothing is applied" in res.stdout
+    cal = yaml.safe_load((tmp_path / "site.calibration.yaml").read_text())
+    assert cal["step_time"] == [] and cal["memory"] == [] and cal["not_applied"]
+
+
+def test_stale_calibration_is_an_error_not_ignored(tmp_path, offline):
+    snap, site = offline
+    dirs = [_job_dir(tmp_path, snap, site, f"run{i}", 0.2) for i in range(3)]
+    assert run_cli("frenzy-slurm", "calibrate", "--site", str(site), *map(str, dirs)).returncode == 0
+    data = yaml.safe_load(site.read_text())
+    data["pools"][0]["gpus_per_node"] = 8  # the site changed after the fit
+    site.write_text(yaml.safe_dump(data))
+    res = _dry(snap, site)
+    assert res.returncode == 2 and "stale calibration" in res.stderr and "Traceback" not in res.stderr
