@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -15,6 +16,9 @@ from frenzy_slurm.cluster.site import IntraLink, Pool, SiteConfig
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import catalog, match_gpu
 from frenzy_slurm.yamlfile import load_model_file
+
+if TYPE_CHECKING:
+    from frenzy_slurm.slurm.model import ClusterView
 
 # Intra-node link a node of this GPU family usually has (SXM boards: NVLink; PCIe cards: the PCIe generation).
 _DEFAULT_LINK: dict[str, IntraLink] = {"V100": "nvlink2", "A100": "nvlink3", "H100": "nvlink4", "H200": "nvlink4",
@@ -79,6 +83,19 @@ class SimCluster(_M):
         return SiteConfig(cluster=self.name, defaults={"inter_node_gbs": self.inter_node_gbs}, pools=[
             Pool(partition=p.name, gres_type=p.gres, gpu=p.gpu, gpus_per_node=p.gpus_per_node, intra_node=p.link)
             for p in self.partitions])
+
+    @classmethod
+    def from_view(cls, view: "ClusterView", site: SiteConfig) -> "SimCluster":
+        """The same partitions, node counts and GPUs as a live cluster (one partition per GPU pool)."""
+        parts = []
+        for pool in view.pools():
+            sp = site.pool(pool.partition, pool.gpu_type)
+            if sp is None:
+                raise InputError(f"{pool.partition}/{pool.gpu_type} is not described in the site file {site.cluster}")
+            parts.append(SimPartition(name=pool.partition, gpu=sp.gpu, nodes=pool.nodes_up + pool.nodes_down,
+                                      gpus_per_node=pool.gpus_per_node, gres_type=pool.gpu_type,
+                                      intra_node=sp.intra_node if isinstance(sp.intra_node, str) else None))
+        return cls(name=view.cluster or site.cluster, inter_node_gbs=site.defaults.inter_node_gbs, partitions=parts)
 
     def describe(self) -> str:
         return ", ".join(f"{p.name}: {p.nodes}x{p.gpus_per_node} {p.gpu}" for p in self.partitions)

@@ -45,6 +45,8 @@ class JobRecord:
     label: str = ""
     kind: str = ""
     gpus: int = 0
+    components: list = field(default_factory=list)  # the last attempt's Slurm request (ComponentRequest)
+    last_run_s: float = 0.0  # how long the completed attempt ran
 
     @property
     def jct(self) -> float | None:
@@ -131,7 +133,7 @@ class Runner:
         if rec.first_start is None:
             rec.first_start = sj.start
         if sj.state == "COMPLETED":
-            rec.end, rec.state = sj.end, "done"
+            rec.end, rec.state, rec.last_run_s = sj.end, "done", sj.end - sj.start
             self._done()
             return
         if sj.state == "OUT_OF_MEMORY":
@@ -165,6 +167,7 @@ class Runner:
         rec = self.records[a.job.id]
         rec.attempts += 1
         rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
+        rec.components = [c.request for c in p.components]
         job = BatchJob(script=Path(f"sim-job-{a.job.id}/job.sbatch"), workdir=Path(f"sim-job-{a.job.id}"),
                        components=[c.request for c in p.components], name=f"sim-job-{a.job.id}",
                        comment=f"attempt {a.number}")
