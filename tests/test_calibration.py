@@ -131,3 +131,15 @@ def test_calibrated_overhead_enters_marp_step_time():
     cal = costs.seconds_on(gpu.model_copy(update={"step_overhead_s": 0.2, "microbatch_overhead_s": 0.01}),
                            Links(300, 12.5, 4))
     assert cal - raw == pytest.approx(0.2 + 0.01 * (4 + 2 - 1))
+
+
+def test_sacct_gpumem_parser():
+    from frenzy_slurm.slurm.cli import parse_gpumem
+
+    # sacct -n -P --noconvert -o JobID,TRESUsageInMax on Slurm 23.02+ with AccountingStorageTRES=gres/gpu
+    text = ("123|\n"
+            "123.batch|cpu=00:00:01,energy=0,fs/disk=5323,mem=4032K,pages=0,vmem=0\n"
+            "123.0|cpu=00:10:00,energy=0,fs/disk=9,gres/gpumem=40960M,gres/gpuutil=97,mem=8G,pages=3,vmem=0\n"
+            "124+1.0|cpu=00:01:00,gres/gpumem=21474836480,gres/gpuutil=50,mem=1G\n"
+            "125.0|cpu=00:01:00,energy=0,mem=1G\n")  # Slurm 22.05: no gpumem
+    assert parse_gpumem(text) == {123: 40.0, 124: 20.0}

@@ -121,14 +121,18 @@ def _job_id_of(job_dir: Path) -> str | None:
         return None
 
 
-def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | None = None) -> Observation | str:
-    """The job's observation, or why it cannot be used (one line). `epilog`: read_epilog_dir()'s records,
-    used for jobs whose directory has no metrics.json (a user's script without NVML in its Python)."""
+def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | None = None,
+            sacct_gib: dict[int, float] | None = None) -> Observation | str:
+    """The job's observation, or why it cannot be used (one line). For jobs whose directory records no
+    memory (a user's script without NVML in its Python): `epilog`, read_epilog_dir()'s records, and
+    `sacct_gib`, Slurm's own per-job GPU memory peaks (SlurmBackend.gpu_memory_peaks)."""
     from frenzy_slurm.errors import FrenzyError
     from frenzy_slurm.render.planfile import read_plan
 
-    records = (epilog or {}).get(_job_id_of(job_dir) or "", [])
-    if not (job_dir / "metrics.json").exists() and not records:
+    job_id = _job_id_of(job_dir)
+    records = (epilog or {}).get(job_id or "", [])
+    slurm_peak = (sacct_gib or {}).get(int(job_id)) if job_id and job_id.isdigit() else None
+    if not (job_dir / "metrics.json").exists() and not records and slurm_peak is None:
         return "no metrics.json (not finished, or ran without the trainer or the NVML sampler) and no epilog record"
     try:
         pf = read_plan(job_dir / "plan.json")
@@ -152,6 +156,8 @@ def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | Non
         meas = r.get("peak_gib")
         if pred and meas:
             memory.append((float(pred), float(meas)))
+    if not memory and slurm_peak:  # sacct's gres/gpumem: the busiest task's device memory
+        memory.append((max(c.peak_gib for c in chosen.components), slurm_peak))
     return Observation(
         job_dir=job_dir, job_id=metrics.get("job_id"), kind=chosen.kind,
         gpus=tuple(c.gpu_model for c in chosen.components), precision=t.precision, mode=f"{t.precision}/{t.method}",

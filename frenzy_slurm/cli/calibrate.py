@@ -23,6 +23,20 @@ from frenzy_slurm.errors import InputError
 DEFAULT_VALID_DAYS = 90
 
 
+def _sacct_peaks(dirs: list[Path]) -> dict[int, float] | None:
+    """Slurm's per-job GPU memory peaks for the job directories' jobs: one sacct query, None without Slurm."""
+    from frenzy_slurm.calibration.observe import _job_id_of
+    from frenzy_slurm.slurm import SlurmUnavailable, open_backend
+
+    ids = [int(j) for j in (_job_id_of(d) for d in dirs) if j and j.isdigit()]
+    if not ids:
+        return None
+    try:
+        return open_backend("cli").gpu_memory_peaks(ids)
+    except SlurmUnavailable:
+        return None
+
+
 @click.command()
 @click.argument("job_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--site", type=click.Path(dir_okay=False, path_type=Path), help="Site file (default: $FRENZY_SITE, "
@@ -39,12 +53,14 @@ DEFAULT_VALID_DAYS = 90
               help="After this many days the file is stale and fsbatch refuses it until it is refitted.")
 @click.option("--epilog-dir", type=click.Path(file_okay=False, path_type=Path),
               help="GPU peaks recorded by the site epilog (contrib/slurm/epilog), for jobs without metrics.json.")
+@click.option("--sacct/--no-sacct", "use_sacct", default=True, show_default=True,
+              help="Also ask Slurm's accounting for the jobs' GPU memory peaks (gres/gpumem, Slurm 23.02+).")
 @click.option("--dry-run", is_flag=True, help="Fit and print; do not write the file.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors("frenzy-slurm calibrate")
 def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None, min_jobs: int,
               max_efficiency_factor: float, max_memory_factor: float, valid_days: int, epilog_dir: Path | None,
-              dry_run: bool, as_json: bool) -> None:
+              use_sacct: bool, dry_run: bool, as_json: bool) -> None:
     """Fit per-site corrections of MARP/HAS predictions from what finished jobs measured."""
     from frenzy_slurm.calibration import (CalibrationFile, Limits, calibration_path, observe, site_fingerprint,
                                           write_calibration)
@@ -69,8 +85,9 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
         raise InputError("fitting needs numpy and scipy: pip install 'frenzy-slurm[calibrate]'.") from None
     observations, skipped = [], []
     epilog = read_epilog_dir(epilog_dir) if epilog_dir else None
+    sacct = _sacct_peaks(dirs) if use_sacct else None
     for d in dirs:
-        got = observe(d, site_cfg, epilog)
+        got = observe(d, site_cfg, epilog, sacct)
         if isinstance(got, str):
             skipped.append(f"{d}: {got}")
         else:

@@ -104,6 +104,12 @@ class SlurmBackend(Protocol):
         """sacct records of these jobs in one query; None where the site keeps no accounting."""
         ...
 
+    def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
+        """Per job, the most GPU memory (GiB) one task used, from Slurm's own GPU accounting (sacct
+        TRESUsageInMax gres/gpumem, Slurm 23.02+ with AccountingStorageTRES=gres/gpu); jobs without it are
+        left out. None where the site keeps no accounting."""
+        ...
+
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         """Run `argv` as one short job step on one node of `pool` holding `gpus` GPUs; its stdout.
 
@@ -137,3 +143,6 @@ class ReadOnlyBackend:
 
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         self._refuse("run job steps")
+
+    def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
+        return None

@@ -341,6 +341,18 @@ class SlurmCliBackend:
         return parse_sacct(res.stdout)
 
 
+    def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
+        """One `sacct` over the jobs' steps: the largest gres/gpumem in TRESUsageInMax per job."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        argv = ["sacct", "-n", "-P", "--noconvert", "-j", ",".join(map(str, ids)), "-o", "JobID,TRESUsageInMax"]
+        try:
+            res = run(argv, timeout=self.timeout)
+        except (SlurmCommandError, SlurmUnavailable):
+            return None  # accounting disabled or slurmdbd down
+        return parse_gpumem(res.stdout)
+
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         """`srun` on one node of the pool; --immediate so a busy pool fails fast instead of queueing."""
         wait = max(5, int(timeout / 3))
@@ -349,6 +361,27 @@ class SlurmCliBackend:
                 f"--immediate={wait}", f"--time={max(1, int(-(-timeout // 60)))}", "--job-name=frenzy-site-probe",
                 "--quiet", *argv]
         return run(srun, timeout=timeout).stdout
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+
+def parse_gpumem(text: str) -> dict[int, float]:
+    """`sacct -P --noconvert -o JobID,TRESUsageInMax` rows -> {job id: GiB}, the max over its steps and
+    hetjob components (JobID `123`, `123.0`, `123+1.batch`). gres/gpumem is bytes, or a number with a
+    K/M/G/T suffix where the site's sacct converts units; rows without it (Slurm < 23.02, no GPU
+    accounting, the allocation line) are skipped."""
+    out: dict[int, float] = {}
+    for line in text.splitlines():
+        job, _, tres = line.partition("|")
+        m = re.match(r"\s*(\d+)", job)
+        g = re.search(r"(?:^|,)gres/gpumem=([\d.]+)([KMGTP]?)", tres)
+        if not m or not g:
+            continue
+        gib = float(g.group(1)) * _UNITS[g.group(2)] / (1 << 30)
+        jid = int(m.group(1))
+        out[jid] = max(out.get(jid, 0.0), gib)
+    return out
 
 
 def parse_sacct(text: str) -> dict[int, AccountingRecord]:

@@ -135,5 +135,8 @@ class PyslurmBackend:
     def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
         return self._cli.accounting(job_ids)
 
+    def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
+        return self._cli.gpu_memory_peaks(job_ids)
+
     def run_step(self, pool, gpus: int, argv: list[str], timeout: float) -> str:
         return self._cli.run_step(pool, gpus, argv, timeout)  # job steps are srun's
