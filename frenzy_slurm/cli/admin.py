@@ -218,7 +218,7 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     for t in from_job_dirs(measured, cluster):
         d = t.job_dir
         for r in (t.metrics or {}).get("ranks", []):
-            pred, meas = r.get("predicted_allocated_gib"), r.get("peak_gib")
+            pred, meas = r.get("predicted_allocated_gib", r.get("predicted_gib")), r.get("peak_gib")  # trainer; NVML sampler
             acc = 1 - abs(pred - meas) / meas if pred and meas else None
             if acc is not None:
                 accs.append(acc)
