@@ -194,10 +194,14 @@ def comparison(t: TrackedJob) -> list[dict]:
         key = r.get("gpu_model") or r.get("gpu_type") or "?"
         if key not in worst or r["peak_gib"] > worst[key]["peak_gib"]:
             worst[key] = r
-    rows = [{"what": f"peak memory {gpu} ({r.get('metric', 'allocated')}, {r.get('device', '?')})",
-             "predicted": r.get("predicted_allocated_gib", r.get("predicted_gib")), "measured": r["peak_gib"],
-             "unit": "GiB"}
-            for gpu, r in worst.items()]
+    # a calibration's memory factor multiplied what HAS planned with; the runtime records MARP's raw figure
+    factor = ((t.calibration or {}).get("calibration") or {}).get("memory_factor", 1.0)
+    rows = []
+    for gpu, r in worst.items():
+        raw = r.get("predicted_allocated_gib", r.get("predicted_gib"))
+        rows.append({"what": f"peak memory {gpu} ({r.get('metric', 'allocated')}, {r.get('device', '?')})",
+                     "predicted": raw * factor if raw else raw, "measured": r["peak_gib"], "unit": "GiB",
+                     "raw_predicted": raw})
     rows.append({"what": f"step time ({'cpu' if any(r.get('device') == 'cpu' for r in t.metrics.get('ranks', [])) else 'gpu'})",
                  "predicted": t.plan.decision.chosen.step_time_s, "measured": t.metrics.get("step_time_s"), "unit": "s",
                  "raw_predicted": (t.calibration or {}).get("raw_step_time_s")})

@@ -109,10 +109,11 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
                 return "-"
             return fmt_gib(value) if unit == "GiB" else f"{value:.3g} {unit}"
 
-        out = [[r["what"], show(r["predicted"], r["unit"]), show(r["measured"], r["unit"]),
+        out = [[r["what"], show(r.get("raw_predicted"), r["unit"]), show(r["predicted"], r["unit"]),
+                show(r["measured"], r["unit"]),
                 f"{1 - abs(r['predicted'] - r['measured']) / r['measured']:.0%}" if r["predicted"] and r["measured"] else "-"]
                for r in rows]
-        click.echo(table(out, ["predicted vs measured", "predicted", "measured", "accuracy"]))
+        click.echo(table(out, ["predicted vs measured", "raw", "predicted", "measured", "accuracy"]))
     if t.calibration is not None:
         from frenzy_slurm.calibration import explain_lines
 
