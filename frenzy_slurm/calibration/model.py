@@ -81,6 +81,8 @@ class CalibrationFile(_M):
     jobs: list[str] = Field(default_factory=list, description="Job directories the fit used.")
     not_applied: list[str] = Field(default_factory=list, description="Fits refused (too few jobs, out of bounds), "
                                    "and why; kept for the admin, never applied.")
+    notes: list[str] = Field(default_factory=list, description="Terms the jobs could not tell apart, kept at "
+                             "their prior values.")
 
     def step_correction(self, gpu: str, precision: str) -> StepTimeCorrection | None:
         """This GPU model's own correction, else the site-wide one for the precision, else None."""

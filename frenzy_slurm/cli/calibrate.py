@@ -95,12 +95,14 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
             if got.note:
                 skipped.append(f"{d}: {got.note}")
     limits = Limits(min_jobs=min_jobs, max_efficiency_factor=max_efficiency_factor, max_memory_factor=max_memory_factor)
-    steps, memory, notes = fit(observations, limits)
+    steps, memory, findings = fit(observations, limits)
+    refused = [f for f in findings if "not applied" in f]
+    notes = [f for f in findings if "not applied" not in f]
     now = time.time()
     cal = CalibrationFile(site_file=str(site_path), site_fingerprint=site_fingerprint(site_cfg), created_at=now,
                           valid_until=now + valid_days * 86400, frenzy_version=__version__, limits=limits,
                           step_time=steps, memory=memory, jobs=[str(o.job_dir) for o in observations],
-                          not_applied=notes)
+                          not_applied=refused, notes=notes)
     path = output or calibration_path(site_path)
     if not dry_run:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,8 +121,10 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     if memory:
         click.echo(table([[m.mode, f"x{m.factor:.3f}", str(m.jobs), str(m.ranks)] for m in memory],
                          ["memory mode", "factor", "jobs", "ranks"]))
+    for line in refused:
+        click.echo(f"not applied: {line}")
     for line in notes:
-        click.echo(f"not applied / note: {line}")
+        click.echo(f"note: {line}")
     for line in skipped:
         click.echo(f"skipped: {line}", err=True)
     if not steps and not memory:
