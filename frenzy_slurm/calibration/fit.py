@@ -9,7 +9,8 @@ their own jobs):
 the critical path. A term is fitted only where the jobs tell it apart from the others: the FLOP-rate
 term where the jobs' predicted compute differs (and matters), the per-micro-batch term where their
 slot counts differ; otherwise it stays at its prior (factor 1, 0 s). The fit minimises relative
-error (scipy's bounded linear least squares), so a 0.1 s job counts as much as a 10 s one.
+error with scipy's bounded least squares under a soft-L1 loss, so a 0.1 s job counts as much as a 10 s
+one and a run slowed by a contended node does not drag the fit.
 
 Memory, per framework mode: the median over jobs of each job's median measured/predicted peak.
 
@@ -29,6 +30,8 @@ from frenzy_slurm.calibration.observe import Observation
 MIN_SPREAD = 1.5
 # and the FLOP-rate term only where predicted compute is at least this share of some job's measured step
 MIN_COMPUTE_SHARE = 0.05
+# relative residual beyond which a job's influence on the fit grows only like its square root
+ROBUST_SCALE = 0.1
 
 
 def _median_rel_error(pred: list[float], meas: list[float]) -> float:
@@ -38,7 +41,7 @@ def _median_rel_error(pred: list[float], meas: list[float]) -> float:
 def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, float, float]:
     """(k = 1/efficiency_factor, step overhead, micro-batch overhead) minimising relative squared error."""
     import numpy as np
-    from scipy.optimize import lsq_linear
+    from scipy.optimize import least_squares
 
     y = np.array([o.measured_step_s for o in obs])
     a = np.array([o.compute_s for o in obs])
@@ -53,8 +56,13 @@ def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, f
         cols.append(a)
         names.append("k")
     mat = np.stack(cols, axis=1) / y[:, None]
+    rhs = target / y
     lower = [0.0 if n != "k" else 1e-9 for n in names]
-    res = lsq_linear(mat, target / y, bounds=(lower, [np.inf] * len(names)))
+    # soft-L1 loss: a step measured while the node was contended (shared login/compute nodes, a noisy
+    # neighbour) weighs like its square root beyond ROBUST_SCALE relative error, not like its square
+    x0 = [max(float(np.median(target)), 1e-6) if n == "t" else (1.0 if n == "k" else 0.0) for n in names]
+    res = least_squares(lambda x: mat @ x - rhs, x0, bounds=(lower, [np.inf] * len(names)), loss="soft_l1",
+                        f_scale=ROBUST_SCALE)
     got = dict(zip(names, res.x))
     return float(got.get("k", 1.0)), float(got["t"]), float(got.get("m", 0.0))
 
