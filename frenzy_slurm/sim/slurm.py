@@ -75,14 +75,23 @@ Outcome = Callable[[SimJob], tuple[float, str]]  # started job -> (seconds it ru
 
 
 class _Plan:
-    """Per-node busy intervals (start, end, GPUs) over which start times are searched."""
+    """Per-node busy intervals (start, end, GPUs) over which start times are searched.
 
-    def __init__(self, nodes: dict[str, SimNode]):
+    For a request of g GPUs for d seconds, each node's *windows* are the time ranges in which a start
+    is possible (g GPUs free for all of [t, t + d)); they are computed once per node and request shape
+    and kept until the node's intervals change, so a pass over a long queue stays linear in the nodes.
+    """
+
+    def __init__(self, nodes: dict[str, SimNode], now: float):
         self.nodes = nodes
+        self.now = now
         self.busy: dict[str, list[tuple[float, float, int]]] = {n: [] for n in nodes}
+        self._windows: dict[tuple[str, int, float], list[tuple[float, float]]] = {}
 
     def add(self, node: str, start: float, end: float, gpus: int) -> None:
         self.busy[node].append((start, end, gpus))
+        for key in [k for k in self._windows if k[0] == node]:
+            del self._windows[key]
 
     def free(self, node: str, t0: float, t1: float) -> int:
         """GPUs of `node` free during all of [t0, t1)."""
@@ -93,28 +102,53 @@ class _Plan:
         peak = max(sum(g for s, e, g in ivs if s <= p < e) for p in points)
         return self.nodes[node].gpus - peak
 
+    def windows(self, node: str, gpus: int, duration: float) -> list[tuple[float, float]]:
+        """[(first, last)] start times at which `gpus` GPUs stay free for `duration` (last may be inf)."""
+        key = (node, gpus, duration)
+        if key in self._windows:
+            return self._windows[key]
+        cap = self.nodes[node].gpus - gpus
+        edges: dict[float, int] = {}
+        for s, e, g in self.busy[node]:
+            if e <= self.now:
+                continue
+            s = max(s, self.now)
+            edges[s] = edges.get(s, 0) + g
+            edges[e] = edges.get(e, 0) - g
+        out: list[tuple[float, float]] = []
+        used, open_at = 0, self.now
+        for t in sorted(edges):
+            was_ok = used <= cap
+            used += edges[t]
+            ok = used <= cap
+            if was_ok and not ok:  # a window closes at t
+                if t - duration >= open_at:
+                    out.append((open_at, t - duration))
+            elif ok and not was_ok:
+                open_at = t
+        if used <= cap:
+            out.append((open_at, float("inf")))
+        self._windows[key] = out
+        return out
+
     def earliest(self, comps: list[ComponentRequest], candidates: list[list[str]], now: float,
                  duration: float) -> tuple[float, list[list[str]]] | None:
         """Earliest common start of all components and the nodes each gets (best fit), or None if never."""
-        times = {now}
-        for names in candidates:
-            for n in names:
-                times.update(e for _, e, _ in self.busy[n] if e > now)
-        for t in sorted(times):
+        wins = [{n: self.windows(n, c.gpus_per_node, duration) for n in names}
+                for c, names in zip(comps, candidates)]
+        times = sorted({a for w in wins for ws in w.values() for a, _ in ws} | {now})
+        for t in times:
+            if t < now:
+                continue
             taken: set[str] = set()
             chosen: list[list[str]] = []
-            for c, names in zip(comps, candidates):
-                fits = []
-                for n in names:
-                    if n in taken:
-                        continue
-                    f = self.free(n, t, t + duration)
-                    if f >= c.gpus_per_node:
-                        fits.append((f, n))
+            for c, w in zip(comps, wins):
+                fits = [n for n, ws in w.items() if n not in taken and any(a <= t <= b for a, b in ws)]
                 if len(fits) < c.nodes:
                     break
-                fits.sort()  # best fit: the fullest nodes that still fit (cons_tres packs jobs)
-                pick = [n for _, n in fits[: c.nodes]]
+                # best fit: the fullest nodes that still fit (cons_tres packs jobs), then node order
+                fits.sort(key=lambda n: self.free(n, t, t + duration))
+                pick = fits[: c.nodes]
                 taken.update(pick)
                 chosen.append(pick)
             else:
@@ -306,7 +340,7 @@ class SimSlurm:
         return started
 
     def _running_plan(self) -> _Plan:
-        plan = _Plan(self.nodes)
+        plan = _Plan(self.nodes, self.now)
         for j in self.jobs_by_id.values():
             if j.state == "RUNNING":
                 assert j.start is not None
