@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,12 @@ DEVCLUSTER = ROOT / "contrib" / "devcluster" / "devcluster"
 # not the default (16817, slurmd 16917+), so a developer's own dev cluster keeps running; several test sessions
 # at once (developers working side by side) each set their own FRENZY_TEST_SLURM_PORT
 TEST_PORT = os.environ.get("FRENZY_TEST_SLURM_PORT", "18817")
+# The second live version: Slurm 25.11 built from ../shared/vendor/slurm (cached outside the repository by
+# contrib/devcluster/build-slurm; `./frenzy-dev test` builds it and pyslurm first), beside the 22.05 cluster on
+# its own ports: 300 above TEST_PORT (slurmctld, +2 slurmdbd, +100.. slurmd), clear of 22.05's slurmd ports
+BUILT_VERSION = "25.11"
+TEST_PORT_BUILT = os.environ.get("FRENZY_TEST_SLURM_PORT_2511", str(int(TEST_PORT) + 300))
+LIVE_VERSIONS = ["22.05", BUILT_VERSION]
 
 
 def _cannot_run_slurm() -> str | None:
@@ -48,6 +55,68 @@ def slurm_cluster(tmp_path_factory):
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old
+
+
+@dataclass(frozen=True)
+class LiveSlurm:
+    """One running test cluster: its version, slurm.conf and the PATH that puts its commands first."""
+
+    version: str
+    conf: Path
+    path: str
+
+
+def _built_slurm_reason() -> str | None:
+    """Why the 25.11 cluster cannot be built here (None if it can, or is in the cache)."""
+    vendor = Path(os.environ.get("FRENZY_SLURM_VENDOR", ROOT.parent / "shared" / "vendor" / "slurm"))
+    if not list(vendor.glob(f"slurm-{BUILT_VERSION}.*.tar.xz")):
+        return f"no Slurm {BUILT_VERSION} source in {vendor} (set FRENZY_SLURM_VENDOR)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_2511(tmp_path_factory) -> LiveSlurm:
+    """A Slurm 25.11 cluster with accounting (slurmdbd), started once per session; the environment is untouched
+    (the `live_slurm` fixture points SLURM_CONF and PATH at it per test)."""
+    reason = _cannot_run_slurm() or _built_slurm_reason()
+    if reason:
+        pytest.skip(reason)
+    state = tmp_path_factory.mktemp(f"devcluster-{BUILT_VERSION}")
+    env = dict(os.environ, FRENZY_DEVCLUSTER_DIR=str(state), FRENZY_DEVCLUSTER_PORT=TEST_PORT_BUILT)
+    # builds Slurm into the cache if it is not there yet (about 4-8 minutes), else starts in seconds
+    res = subprocess.run([str(DEVCLUSTER), "up", "--slurm", BUILT_VERSION], capture_output=True, text=True, env=env,
+                         timeout=2400)
+    if res.returncode != 0:
+        subprocess.run([str(DEVCLUSTER), "down"], capture_output=True, env=env, timeout=120)
+        pytest.fail(f"devcluster up --slurm {BUILT_VERSION} failed:\n{res.stderr}")
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    path = exports["PATH"].replace("$PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+    try:
+        yield LiveSlurm(BUILT_VERSION, Path(exports["SLURM_CONF"]), path)
+    finally:
+        subprocess.run([str(DEVCLUSTER), "down"], capture_output=True, env=env, timeout=120)
+
+
+@pytest.fixture(params=LIVE_VERSIONS)
+def live_slurm(request, monkeypatch) -> LiveSlurm:
+    """Each live Slurm version in turn, with SLURM_CONF and PATH pointing at it and an empty queue."""
+    if request.param == BUILT_VERSION:
+        live = request.getfixturevalue("slurm_cluster_2511")
+    else:
+        live = LiveSlurm("22.05", request.getfixturevalue("slurm_cluster"), os.environ.get("PATH", ""))
+    monkeypatch.setenv("SLURM_CONF", str(live.conf))
+    monkeypatch.setenv("PATH", live.path)
+    _empty_queue()
+    yield live
+    _empty_queue()
+
+
+def _empty_queue() -> None:
+    subprocess.run(["scancel", "--quiet", "-u", "root"], capture_output=True, timeout=60)
+    wait_for(lambda: not sh("squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"), what="an empty queue")
+    nodes = sh("sinfo", "-h", "-N", "-o", "%N").split()
+    subprocess.run(["scontrol", "update", f"NodeName={','.join(sorted(set(nodes)))}", "State=RESUME"],
+                   capture_output=True, timeout=60)
 
 
 def sh(*argv: str, check: bool = True) -> str:

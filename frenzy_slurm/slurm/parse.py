@@ -84,13 +84,22 @@ def parse_time_minutes(text: str | int | None) -> int | None:
         raise SlurmUnexpected(f"cannot read Slurm time '{text}'") from None
 
 
+# Every form recorded in tests/data/slurm-*/test-only-*.err (src/api/allocate.c in each release):
+#   22.05-24.11 single: "Job 7 to start at 2026-12-02T15:17:45 using 8 processors on nodes v100-1 in partition v100"
+#   25.05+ single:      "Job 7 to start at 2026-12-02T15:17:45[ on cluster NAME] a using 8 processors on nodes ..."
+#                       (a stray literal "a"; " on cluster NAME" when the answer names a cluster, e.g. with -M)
+#   heterogeneous:      "Job 7 to start at 2026-12-02T15:17:45 using 5 processors on a100-1,v100-1" (no partition)
 _TEST_ONLY = re.compile(
-    r"Job (?P<job>\d+) to start at (?P<when>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}) using (?P<cpus>\d+) processors? "
+    r"Job (?P<job>\d+) to start at (?P<when>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})"
+    r"(?: on cluster (?P<cluster>\S+))?(?: a)? using (?P<cpus>\d+) processors? "
     r"on (?:nodes? )?(?P<nodes>\S+)(?: in partition (?P<partition>\S+))?")
 
 
 def parse_test_only(stderr: str) -> tuple[float, list[str], str | None]:
-    """`sbatch --test-only` stderr -> (start epoch, nodes, partition). Times are local, without zone."""
+    """`sbatch --test-only` stderr -> (start epoch, nodes, partition). Times are local, without zone.
+
+    The time is printed in SLURM_TIME_FORMAT; the CLI backend runs sbatch with SLURM_TIME_FORMAT=standard.
+    """
     m = _TEST_ONLY.search(stderr)
     if not m:
         raise SlurmUnexpected(f"sbatch --test-only gave no start estimate: {stderr.strip()[:300]}")
