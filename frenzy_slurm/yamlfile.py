@@ -96,7 +96,7 @@ def read_yaml(path: Path) -> tuple[Any, dict[Loc, int]]:
     The file must be a small regular UTF-8 file (see inputfile); its node tree is checked for alias
     expansion and depth before anything walks or constructs it.
     """
-    text = read_config_text(path, "YAML file")
+    text = read_config_text(path, "file")
     loader = None
     try:
         loader = yaml.SafeLoader(text)  # the reader already rejects non-printable characters here

@@ -80,8 +80,8 @@ def test_deep_nesting_is_an_input_error(tmp_path, depth, needle):
 
 
 @pytest.mark.parametrize("raw,needle", [
-    (b"name: caf\xe9\n", ":1: the YAML file is not UTF-8"),
-    (b"name: x\nmodel:\n  preset: a\x00b\n", ":3: the YAML file contains a NUL byte"),
+    (b"name: caf\xe9\n", ":1: the file is not UTF-8"),
+    (b"name: x\nmodel:\n  preset: a\x00b\n", ":3: the file contains a NUL byte"),
     (b"name: x\nlimits:\n  deadline: 2026-13-45\n", ":3: a value cannot be read"),
     (b"name: x\ntraining:\n  seq_len: " + b"9" * 5000 + b"\n", ":3: a value cannot be read"),
     (b"name: x\x01\n", ":1: not valid YAML"),

@@ -11,20 +11,29 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+# Upper bounds far beyond any model trained (the largest have ~10^2 layers, widths of ~10^4-10^5 and vocabularies
+# of ~10^6): a value past them is a typo or an attack, and would make the plan search run for hours on the
+# login node (it factors layer counts and widths).
+_MAX_LAYERS = 10_000
+_MAX_WIDTH = 1 << 20
+_MAX_VOCAB = 1 << 26
+_MAX_TOKENS = 1 << 30
+
+
 class Architecture(BaseModel):
     """A decoder (GPT/Llama-style) or encoder (BERT-style) transformer."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    layers: int = Field(gt=0, description="Number of transformer blocks.")
-    hidden: int = Field(gt=0, description="Model (residual stream) width.")
-    heads: int = Field(gt=0, description="Attention (query) heads.")
+    layers: int = Field(gt=0, le=_MAX_LAYERS, description="Number of transformer blocks.")
+    hidden: int = Field(gt=0, le=_MAX_WIDTH, description="Model (residual stream) width.")
+    heads: int = Field(gt=0, le=_MAX_WIDTH, description="Attention (query) heads.")
     kv_heads: int | None = Field(None, gt=0, description="Key/value heads (GQA/MQA); defaults to `heads`.")
-    ffn: int = Field(gt=0, description="Feed-forward inner width.")
+    ffn: int = Field(gt=0, le=_MAX_WIDTH * 8, description="Feed-forward inner width.")
     activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation: GELU (2 matrices) or SwiGLU (3 matrices).")
-    vocab: int = Field(gt=0, description="Vocabulary size.")
+    vocab: int = Field(gt=0, le=_MAX_VOCAB, description="Vocabulary size.")
     tied_embeddings: bool = Field(False, description="Output layer shares the input embedding matrix.")
-    max_positions: int = Field(4096, gt=0, description="Longest sequence the model supports.")
+    max_positions: int = Field(4096, gt=0, le=_MAX_TOKENS, description="Longest sequence the model supports.")
     norm: Literal["rmsnorm", "layernorm"] = Field("rmsnorm", description="Normalisation layer type.")
     position: Literal["rope", "learned"] = Field("rope", description="Rotary (no parameters) or learned position embeddings.")
     bias: Literal["none", "qkv", "all"] = Field("none", description="Which linear layers carry a bias.")

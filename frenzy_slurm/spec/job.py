@@ -154,8 +154,8 @@ class LoraSpec(_Strict):
 
 
 class Training(_Strict):
-    seq_len: int = Field(gt=0, description="Tokens per sample.")
-    global_batch: int = Field(gt=0, description="Samples per optimizer step, over all data-parallel ranks.")
+    seq_len: int = Field(gt=0, le=1 << 30, description="Tokens per sample.")
+    global_batch: int = Field(gt=0, le=1 << 30, description="Samples per optimizer step, over all data-parallel ranks.")
     micro_batch: int | Literal["auto"] = Field("auto", description="Samples per GPU per forward pass, or auto (largest that fits).")
     precision: Precision = Field(
         "bf16-mixed",
@@ -167,8 +167,9 @@ class Training(_Strict):
         "auto", description="none, selective (recompute attention core), full (keep layer inputs only), or auto."
     )
     attention: Attention = Field("flash", description="Attention kernel; flash/sdpa do not store the s x s score matrix.")
-    steps: int | None = Field(None, gt=0, description="Optimizer steps to run (give steps or tokens).")
-    tokens: int | None = Field(None, gt=0, description="Tokens to train on; steps = tokens / (global_batch * seq_len).")
+    steps: int | None = Field(None, gt=0, le=10**12, description="Optimizer steps to run (give steps or tokens).")
+    tokens: int | None = Field(None, gt=0, le=10**18,
+                               description="Tokens to train on; steps = tokens / (global_batch * seq_len).")
     method: Method = Field("full", description="full training, LoRA adapters, or QLoRA (4-bit frozen base).")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora/qlora.")
     loss_chunks: int = Field(1, ge=1, description="Compute the output layer and cross-entropy in this many chunks.")
@@ -182,7 +183,7 @@ class Training(_Strict):
         3, ge=1, description="Checkpoints kept in JOBDIR/checkpoints; older step<N> ones are deleted after each save "
         "(the latest is always kept)."
     )
-    seed: int = Field(1234, description="Seed for initialisation and synthetic data.")
+    seed: int = Field(1234, ge=0, lt=1 << 32, description="Seed for initialisation and synthetic data (0 to 2^32-1).")
 
     @field_validator("micro_batch")
     @classmethod
