@@ -12,7 +12,7 @@ from frenzy_slurm.marp.trace import count_factory_parameters, fake_step_peak  # 
 from frenzy_slurm.spec import load_job_spec, resolve_model  # noqa: E402
 from frenzy_slurm.spec.arch import Architecture  # noqa: E402
 
-from .conftest import ROOT  # noqa: E402
+from .helpers import ROOT  # noqa: E402
 
 
 def test_meta_count_matches_analytic():
@@ -49,7 +49,9 @@ entry: {trainer: script, script: train.py}
 ], ids=["llama-small", "llama-longer", "gpt2-style"])
 def test_analytic_matches_fake_tensor_step(arch, seq, mb):
     traced = fake_step_peak(arch, seq, mb)["Total"]
-    w = Workload(arch=arch, seq_len=seq, precision="fp32", attention="sdpa", framework="torch", fused_optimizer=True)
+    # the built-in model on the CPU: composite RMSNorm, eager rotary embedding with per-block cos/sin
+    w = Workload(arch=arch, seq_len=seq, precision="fp32", attention="sdpa", framework="torch", fused_optimizer=True,
+                 norm_upcast=arch.norm == "rmsnorm", unfused_rope=True, rope_tables_per_layer=True)
     predicted = estimate_memory(w, ParallelPlan(micro_batch=mb), "allocated").peak
     # never more than 5% under the traced peak; over-prediction bounded too
     assert 0.95 <= predicted / traced <= 1.2, (predicted, traced)

@@ -33,10 +33,14 @@ def workload_of(point: dict) -> tuple[Workload, ParallelPlan]:
 
 
 def predict(point: dict) -> list[GridRank]:
+    """Per pipeline stage: the largest peak over its ranks (what every GPU of the stage must hold) and MARP's."""
     w, plan = workload_of(point)
     est = estimate_memory(w, plan, "allocated")
-    return [GridRank(point["name"], r["rank"], r["stage"], r["peak_bytes"], est.stages[r["stage"]].peak)
-            for r in point["ranks"]]
+    worst: dict[int, dict] = {}
+    for r in point["ranks"]:
+        if r["stage"] not in worst or r["peak_bytes"] > worst[r["stage"]]["peak_bytes"]:
+            worst[r["stage"]] = r
+    return [GridRank(point["name"], r["rank"], s, r["peak_bytes"], est.stages[s].peak) for s, r in sorted(worst.items())]
 
 
 def load_grid(path: Path) -> list[dict]:

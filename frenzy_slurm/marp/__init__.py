@@ -30,9 +30,11 @@ def with_exact_params(spec: JobSpec, model: ResolvedModel) -> ResolvedModel:
     return ResolvedModel(arch=model.arch, name=model.name, exact_params=exact)
 
 
-def workload_from_spec(spec: JobSpec, model: ResolvedModel) -> Workload:
-    """The MARP view of a job as frenzy-slurm's DeepSpeed runtime will run it."""
+def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda") -> Workload:
+    """The MARP view of a job as frenzy-slurm's DeepSpeed runtime will run it (`device`: cuda, or cpu for
+    the CPU runs of the built-in trainer, where RMSNorm is a composite of ops that keeps its normalised output)."""
     t = spec.training
+    builtin = spec.entry.trainer == "builtin"
     return Workload(
         arch=model.arch,
         seq_len=t.seq_len,
@@ -47,6 +49,9 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel) -> Workload:
         compile=t.compile,
         framework="deepspeed",
         exact_params=model.exact_params,
+        # the built-in model (frenzy_slurm.models.gpt) rotates q/k in eager ops and builds cos/sin per block
+        unfused_rope=builtin, rope_tables_per_layer=builtin,
+        norm_upcast=builtin and device == "cpu" and model.arch.norm == "rmsnorm",
     )
 
 

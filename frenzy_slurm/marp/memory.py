@@ -111,7 +111,9 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
         return drop_bytes if adapters & names else 0.0
 
     # A norm keeps its input; an eager fp32-upcast norm keeps the fp32 copy and the normalised 16-bit value instead.
-    norm = (4.0 + e) * h / rep if (w.norm_upcast and not w.compile and e == 2.0) else r * h / rep
+    # (A composite norm - CPU kernels, or an eager fp32 upcast - also keeps its normalised output for the weight's
+    # gradient: fp32 copy and normalised value; a fused kernel keeps only its input and per-row statistics.)
+    norm = (4.0 + e) * h / rep if (w.norm_upcast and not w.compile) else r * h / rep
     total = norm  # norm1
     if tg & {"q", "k", "v"}:
         total += (e + lora_drop({"q", "k", "v"})) * h / rep  # QKV input (norm1 output)
@@ -123,6 +125,10 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
         total += e * h / tp  # context (o_proj input)
     else:
         total += e * h / tp + 4.0 * heads / tp  # kernel output (also o_proj input) + log-sum-exp
+        if w.unfused_rope and a.position == "rope":
+            # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the
+            # transpose back to (tokens, hidden) copies it: o_proj saves that copy as well
+            total += e * h / tp
     total += lora_drop({"o"}) * h / tp
     if drop:
         total += h / rep  # residual dropout mask
@@ -179,6 +185,8 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
     rep = tp if plan.sequence_parallel else 1
     layer_input = r * a.hidden / rep
     mixed_ds = w.framework == "deepspeed" and w.precision in ("bf16-mixed", "fp16-mixed")
+    if w.framework == "deepspeed" and plan.zero >= 1:
+        mb_ = 4.0  # the ZeRO optimizer keeps its own fp32 partition of the weights, in fp32 training too
     splits = plan.stage_layers(a.layers)
 
     stages = []
@@ -214,7 +222,9 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             optimizer += trainable * 4.0  # BF16/FP16 optimizer's fp32 gradient accumulation buffer
 
         # Gradients that persist through the forward pass: DeepSpeed's buffers, accumulation, pipelines.
-        persistent = w.framework == "deepspeed" or plan.grad_accum > 1 or pp > 1 or not w.zero_grad_to_none
+        # (DeepSpeed and torch both free .grad after the step; ZeRO/BF16 optimizers' own fp32 buffers are counted
+        # with the optimizer.)
+        persistent = plan.grad_accum > 1 or pp > 1 or not w.zero_grad_to_none
         if w.optimizer_in_backward:
             persistent, grads_all = False, 0.0
         largest = pc.largest_matrix * scale / tp
@@ -230,8 +240,16 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
                 gathered = min(gathered + bk.stage3_prefetch_bucket_size, bk.stage3_max_live_parameters)
             fb_buffers += gathered * (2.0 if w.precision != "fp32" else 4.0)
             fb_buffers += layer_params * gb  # one unit's unsharded gradients before reduce-scatter
-        if w.framework == "deepspeed" and dp > 1 and trainable > 0:
-            fb_buffers += min(bk.reduce_bucket_size, trainable) * gb * (2 if bk.overlap_comm else 1)
+        # Gradient reduction buffers exist from the first gradient on (not yet during the loss's backward).
+        bucket = 0.0
+        if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1 and trainable > 0:
+            # contiguous_gradients: ZeRO-1/2 allocate the whole reduce bucket, whatever the model's size
+            bucket += bk.reduce_bucket_size * gb * (2 if bk.overlap_comm else 1)
+        flat = 0.0
+        if w.framework == "deepspeed" and plan.zero == 0 and trainable > 0:
+            flat = trainable * gb  # DeepSpeed flattens all gradients for the all-reduce after backward (even on 1 GPU)
+        if w.framework == "torch" and dp > 1 and plan.zero == 0 and trainable > 0:
+            fb_buffers += trainable * gb  # DDP's gradient buckets: a second copy of the gradients, kept for the run
         if w.method == "qlora":
             fb_buffers += largest * 2.0
         if w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed") and not lora:
@@ -258,29 +276,42 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             acts = kept + per_layer_act * tokens  # plus one block recomputed during its backward
         else:
             acts = n_layers * per_layer_act * tokens * inflight
-        work = 2 * max(a.ffn, a.hidden) * (4.0 if w.precision == "fp32" else 2.0) * tokens / tp  # gradient working set
-        acts += work
-        if first:
-            acts += layer_input * tokens * (1 + (a.dropout > 0))  # embedding output (+ dropout mask)
+        e_act = 4.0 if w.precision == "fp32" else 2.0
+        work = 2 * max(a.ffn, a.hidden) * e_act * tokens / tp  # gradient working set of one block's backward
+        if first and a.dropout > 0:
+            acts += tokens  # embedding dropout mask (the embedding's output is the first block's saved input)
+        if w.unfused_rope and a.position == "rope" and w.rope_tables_per_layer:
+            acts += n_layers * inflight * 2 * w.seq_len * a.head_dim * e_act  # cos/sin of q and k, built per block
         logits = 0.0
         if last:
             logits = _logit_bytes_per_token(w, tp) * tokens
-            acts += layer_input * tokens + 2.0 * a.hidden * tokens / tp  # final norm in/out
+            final_norm = (4.0 + e_act) if (w.norm_upcast and not w.compile) else r
+            acts += (final_norm * a.hidden / rep + e_act * a.hidden / tp) * tokens  # final norm's saved input, head input
 
         # The three moments of a step (module docstring); only the largest is kept.
         const = weights + optimizer
-        start = const + (grads_all if persistent else head_grads) + acts + logits + fb_buffers
-        end_acts = work + layer_input * tokens
-        end = const + grads_all + end_acts + fb_buffers
+        # backward-start is the larger of two instants: the loss's backward (logits and their gradients alive)
+        # and the last block's backward (logits freed, the head's gradients and the block's working set alive)
+        start_loss = const + (grads_all if persistent else 0.0) + acts + logits + fb_buffers
+        start_block = const + (grads_all if persistent else head_grads) + acts + work + fb_buffers + bucket
+        start = max(start_loss, start_block)
+        # the first block's backward: every other gradient exists, its own saved tensors are still alive
+        end_acts = work + per_layer_act * tokens
+        end = const + grads_all + max(end_acts + bucket, flat) + fb_buffers
         step = const + grads_all + step_buffers
         if start >= end and start >= step:
             phase = "backward-start"
-            parts = dict(weights=weights, gradients=grads_all if persistent else head_grads, optimizer=optimizer,
-                         activations=acts, logits=logits, buffers=fb_buffers)
+            if start_loss >= start_block:
+                parts = dict(weights=weights, gradients=grads_all if persistent else 0.0, optimizer=optimizer,
+                             activations=acts, logits=logits, buffers=fb_buffers)
+            else:
+                parts = dict(weights=weights, gradients=grads_all if persistent else head_grads, optimizer=optimizer,
+                             activations=acts + work, logits=0.0, buffers=fb_buffers + bucket)
         elif end >= step:
             phase = "backward-end"
-            parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=end_acts, logits=0.0,
-                         buffers=fb_buffers)
+            tail = end_acts + bucket >= flat
+            parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=end_acts if tail else 0.0,
+                         logits=0.0, buffers=fb_buffers + (bucket if tail else flat))
         else:
             phase = "optimizer-step"
             parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=0.0, logits=0.0,

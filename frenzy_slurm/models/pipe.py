@@ -37,7 +37,7 @@ def pipeline_module(a: Architecture, layer_split: list[int], checkpoint: bool):
 
     Tied embeddings are untied across stages (each end keeps its own matrix), as MARP counts them.
     """
-    from deepspeed.pipe import PipelineModule
+    from deepspeed.pipe import LayerSpec, PipelineModule
 
     parts = [0]
     for i, n in enumerate(layer_split):
@@ -49,7 +49,10 @@ def pipeline_module(a: Architecture, layer_split: list[int], checkpoint: bool):
             self.parts = parts
             self._set_bounds(start=parts[stage], stop=parts[stage + 1])
 
-    layers = [EmbedPipe(a), *[Block(a) for _ in range(a.layers)], HeadPipe(a)]
+    # LayerSpecs, not modules: DeepSpeed builds only this stage's layers. Built modules would all be created on
+    # every rank and stay referenced by the PipelineModule (its layer list), so each stage held the whole
+    # model's weights besides its own - the pipeline stages' gap to MARP (docs/accuracy.md).
+    layers = [LayerSpec(EmbedPipe, a), *[LayerSpec(Block, a) for _ in range(a.layers)], LayerSpec(HeadPipe, a)]
     return ExplicitPipeline(layers=layers, num_stages=len(layer_split), loss_fn=lm_loss,
                             activation_checkpoint_interval=1 if checkpoint else 0, partition_method="uniform",
                             # only blocks are recomputed: DeepSpeed's (reentrant) checkpoint of the embedding, whose

@@ -1,9 +1,11 @@
 """Measured peak memory of a training step, per rank.
 
 GPU: torch.cuda.max_memory_allocated / max_memory_reserved, and NVML's device memory used. CPU: the
-profiler's allocator events (profile_memory=True) give the running total during the step; the
-tensors alive before it (parameters, states, buffers) are its baseline. Process RSS is not used: it
-counts the interpreter, libraries and freed-but-cached pages.
+profiler's allocator events (profile_memory=True), each with its own timestamp, give the running total;
+the tensors alive when recording began are its baseline. Recording starts a step before the measured one
+(`CpuMemoryRecorder`): the profiler cannot see the free of a block allocated before it started, so a
+recorder started at the measured step itself counted the previous step's freed gradients and buffers as
+still alive. Process RSS is not used: it counts the interpreter, libraries and freed-but-cached pages.
 """
 
 from __future__ import annotations
@@ -31,21 +33,44 @@ def live_tensor_bytes() -> int:
     return total
 
 
-def cpu_step_peak(step: Callable[[], object]) -> tuple[float, object]:
-    """Run `step` under the profiler; return (peak bytes, step's result)."""
-    from torch.profiler import ProfilerActivity, profile
+class CpuMemoryRecorder:
+    """Allocator events from `start()` on; `peak_of(step)` runs one step and returns (peak live bytes, result)."""
 
-    baseline = live_tensor_bytes()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
-        result = step()
-    # allocations are attributed to the op that made them (self usage, so nested ops count once); frees
-    # outside an op are "[memory]" events with negative usage
-    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
-    running = peak = 0
-    for e in events:
-        running += e.self_cpu_memory_usage
-        peak = max(peak, running)
-    return baseline + peak, result
+    def __init__(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+        self._baseline = 0
+        self._label = 0
+
+    def start(self) -> "CpuMemoryRecorder":
+        self._baseline = live_tensor_bytes()
+        self._prof.__enter__()
+        return self
+
+    def close(self) -> None:
+        self._prof.__exit__(None, None, None)
+
+    def peak_of(self, step: Callable[[], object]) -> tuple[float, object]:
+        from torch.profiler import record_function
+
+        self._label += 1
+        label = f"frenzy-measured-step-{self._label}"
+        with record_function(label):
+            result = step()
+        self._prof.__exit__(None, None, None)
+        events = list(self._prof.profiler.kineto_results.events())
+        window = next(e for e in events if e.name() == label)
+        mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+        live = self._baseline
+        peak = None
+        for t, n in mem:
+            if t >= window.start_ns() and peak is None:
+                peak = live
+            live += n
+            if window.start_ns() <= t <= window.end_ns():
+                peak = max(peak or 0, live)
+        return float(peak if peak is not None else live), result
 
 
 def gpu_peaks(device: torch.device) -> dict[str, float | None]:

@@ -91,7 +91,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     from frenzy_slurm.models.gpt import GPT, lm_loss
     from frenzy_slurm.models.pipe import pipeline_module
     from frenzy_slurm.runtime.data import Batches
-    from frenzy_slurm.runtime.memory import GiB, cpu_step_peak, gpu_peaks
+    from frenzy_slurm.runtime.memory import CpuMemoryRecorder, GiB, gpu_peaks
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
     deepspeed.init_distributed(dist_backend=backend)
@@ -144,11 +144,13 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         return total / plan.grad_accum
 
     step = start_step
+    recorder = CpuMemoryRecorder().start() if device.type == "cpu" else None  # from a step before the measured one
     while step < t.total_steps:
         t0 = time.perf_counter()
         measure = step == start_step + 1 or (t.total_steps - start_step == 1)
-        if measure and device.type == "cpu":
-            peak_bytes, loss = cpu_step_peak(lambda: one_step(step))
+        if measure and recorder is not None:
+            peak_bytes, loss = recorder.peak_of(lambda: one_step(step))
+            recorder = None
             peak = {"peak_gib": peak_bytes / GiB, "metric": "allocated (profiler)"}
         else:
             loss = one_step(step)
@@ -165,13 +167,15 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
                 checkpoints.prune(ckpt_dir, t.keep_checkpoints)
         if stop:
             break
+    if recorder is not None:  # stopped before the measured step
+        recorder.close()
     if device.type == "cuda":
         peak = gpu_peaks(device) | {"metric": "allocated"}
         peak["peak_gib"] = peak["peak_allocated_gib"]
 
     record = {"rank": dist.rank, "host": socket.gethostname(), "stage": stage, "device": device.type,
               **_component_of(stage, pf.decision), **peak,
-              "predicted_allocated_gib": _predicted_allocated(pf, stage)}
+              "predicted_allocated_gib": _predicted_allocated(pf, stage, device.type)}
     gathered = [None] * dist.world_size
     torch.distributed.all_gather_object(gathered, record)
     if dist.rank == 0:
@@ -206,13 +210,14 @@ def _requeue(job_id: int) -> None:
         print(f"frenzy-slurm: could not requeue job {job_id}: {exc.message}", flush=True)
 
 
-def _predicted_allocated(pf: PlanFile, stage: int) -> float | None:
+def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> float | None:
     """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it (SDPA attention)."""
     from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.marp.memory import GiB, estimate_memory
     from frenzy_slurm.spec import ResolvedModel
 
-    w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params))
+    w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params),
+                           device)
     if w.attention == "eager":
         w = w.with_(attention="sdpa")
     est = estimate_memory(w, pf.decision.chosen.plan, "allocated")
