@@ -73,13 +73,20 @@ def _state_parts(state: object) -> tuple[str, list[str]]:
     return base, flags
 
 
-def node_from_json(n: dict) -> Node:
-    base, flags = _state_parts(n.get("state", "unknown"))
-    flags += [str(f).upper() for f in n.get("state_flags", []) or []]
+def node_state(state: object, extra_flags: list[str] | None = None) -> tuple[str, list[str]]:
+    """A node state as sinfo's StateLong names it, plus flags: 'IDLE+DRAIN' (pyslurm), ['IDLE', 'DRAIN']
+    (23.02+ JSON) and 'idle' with state_flags ['DRAIN'] (22.05 JSON) all become ('drained', ['DRAIN'])."""
+    base, flags = _state_parts(state)
+    flags += [str(f).upper() for f in extra_flags or []]
     # PLANNED (backfill has planned a pending job here) is transient and absent from the text formats
     flags = [f for f in flags if f != "PLANNED"]
     if "DRAIN" in flags and base in ("idle", "mixed", "allocated"):
         base = "drained" if base == "idle" else "draining"  # as sinfo's StateLong prints it
+    return base, flags
+
+
+def node_from_json(n: dict) -> Node:
+    base, flags = node_state(n.get("state", "unknown"), n.get("state_flags"))
     gtype, total = parse_gpu_gres(n.get("gres"))
     _, used = parse_gpu_gres(n.get("gres_used"))
     return Node(

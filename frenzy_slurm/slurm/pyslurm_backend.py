@@ -1,36 +1,117 @@
 """Cluster backend over pyslurm, used where `import pyslurm` works and matches the running Slurm.
 
 Written to pyslurm 25.11's API as observed on a real cluster (shared/docs/pyslurm-25.11.md):
-node GPU allocation is empty without accounting, so it is derived from running jobs'
-`gres_per_node` and `allocated_nodes`; importing pyslurm without a Slurm configuration ends the
-process, so the configuration is checked first; heterogeneous jobs cannot be submitted through it,
-so submission, cancellation, requeue, start estimates and accounting go through the CLI backend.
+- node GPU allocation (`Node.allocated_gres`) is filled only where accounting tracks GPU TRES
+  (`AccountingStorageTRES` names gres/gpu); there it is used, elsewhere it is derived from running jobs
+  (which misses jobs that asked with `--gpus`: their `gres_per_node` is empty);
+- `import pyslurm` ends the process on a missing or unusable slurm.conf and stalls about 10 s when the
+  controller is down, so it is first done in a child process (verdict cached per pyslurm version and
+  slurm.conf), only where the pyslurm release matches the running Slurm's (`sinfo --version`), and only
+  after `scontrol ping` (answers in milliseconds) says the controller is up;
+- heterogeneous jobs cannot be submitted through it, so submission, cancellation, requeue, start estimates
+  and accounting go through the CLI backend.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import subprocess
+import sys
 from collections import defaultdict
+from importlib import metadata
 from pathlib import Path
 
 from typing import Iterable
 
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
-from frenzy_slurm.slurm.cli import SlurmCliBackend
+from frenzy_slurm.slurm.cli import SlurmCliBackend, node_state, parse_version
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
-from frenzy_slurm.slurm.parse import expand_hostlist, parse_gpu_gres, parse_time_minutes
-from frenzy_slurm.slurm.run import SlurmUnavailable
+from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes
+from frenzy_slurm.slurm.run import SlurmUnavailable, run
+
+PROBE_TIMEOUT = 30.0
+
+
+def slurm_conf() -> Path | None:
+    conf = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    return conf if conf.is_file() else None
 
 
 def slurm_config_present() -> bool:
-    conf = os.environ.get("SLURM_CONF")
-    return Path(conf).is_file() if conf else Path("/etc/slurm/slurm.conf").is_file()
+    return slurm_conf() is not None
+
+
+def pyslurm_version() -> str | None:
+    """The installed pyslurm's version, read from its metadata (no import)."""
+    try:
+        return metadata.version("pyslurm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _probe_cache(key: str) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "frenzy-slurm"
+    return base / f"pyslurm-probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def probe_import(conf: Path, version: str) -> str | None:
+    """Import pyslurm in a child process: None if that works, else why not. The verdict is cached per
+    (pyslurm version, interpreter, slurm.conf path and modification time), so this costs one child process
+    once, not one per command."""
+    stat = conf.stat()
+    key = f"{version}|{sys.executable}|{conf.resolve()}|{stat.st_mtime_ns}|{stat.st_size}"
+    cache = _probe_cache(key)
+    try:
+        return json.loads(cache.read_text())["problem"]
+    except (OSError, ValueError, KeyError):
+        pass
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    try:
+        res = subprocess.run([sys.executable, "-c", "import pyslurm; print(pyslurm.__version__)"], capture_output=True,
+                             text=True, timeout=PROBE_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired:
+        return f"importing pyslurm did not finish within {PROBE_TIMEOUT:.0f}s"  # not cached: may be an outage
+    if res.returncode == 0:
+        problem = None
+    else:
+        lines = (res.stderr or res.stdout).strip().splitlines()
+        problem = f"importing pyslurm fails here ({lines[-1] if lines else f'exit {res.returncode}'})"
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cache.write_text(json.dumps({"key": key, "problem": problem}))
+    except OSError:
+        pass  # a read-only home costs one probe per command
+    return problem
+
+
+def pyslurm_problem() -> str | None:
+    """Why the pyslurm backend cannot be used here and now, or None if it can (then importing is safe)."""
+    version = pyslurm_version()
+    if version is None:
+        return "pyslurm is not installed (pip install pyslurm; it exists for Slurm 25.11 only)"
+    conf = slurm_conf()
+    if conf is None:
+        return "no slurm.conf (set SLURM_CONF); importing pyslurm without one would end the process"
+    try:
+        slurm = run(["sinfo", "--version"], timeout=15).stdout
+        running = parse_version(slurm)
+    except (SlurmUnavailable, SlurmUnexpected) as exc:
+        return f"the running Slurm's version is unknown ({exc})"
+    if parse_version(version) != running:
+        return (f"pyslurm {version} does not match the running Slurm {slurm.split()[-1]} "
+                "(pyslurm X.Y works only with Slurm X.Y)")
+    ping = run(["scontrol", "ping"], timeout=15, check=False)
+    if " is UP" not in ping.stdout:
+        return f"slurmctld does not answer (`scontrol ping`: {ping.stdout.strip().splitlines()[0] if ping.stdout.strip() else ping.stderr.strip()})"
+    return probe_import(conf, version)
 
 
 def try_import():
-    """The pyslurm module, or None (missing, no Slurm configuration, or a version mismatch)."""
-    if not slurm_config_present():
-        return None  # importing pyslurm here would end the process
+    """The pyslurm module, or None (missing, unusable configuration, controller down, or a version mismatch)."""
+    if pyslurm_problem() is not None:
+        return None
     try:
         import pyslurm  # type: ignore[import-not-found]
     except ImportError:
@@ -48,22 +129,41 @@ def _gres_dict_to_str(d: dict | None) -> str:
     return ",".join(f"{k.replace('gres/', '')}:{v}" for k, v in (d or {}).items())
 
 
+def _gpu_count(gres: dict | None) -> int:
+    """{'gpu': 2, 'gpu:a100': 2} (the untyped total and the typed counts) -> 2."""
+    gres = {k.replace("gres/", ""): v for k, v in (gres or {}).items()}
+    if "gpu" in gres:
+        return int(getattr(gres["gpu"], "count", gres["gpu"]) or 0)
+    return sum(int(getattr(v, "count", v) or 0) for k, v in gres.items() if k.startswith("gpu:"))
+
+
+def _gpu_type(gres: dict | None) -> str | None:
+    return next((k.split(":", 1)[1] for k in (gres or {}) if k.replace("gres/", "").startswith("gpu:")), None)
+
+
 class PyslurmBackend:
     name = "pyslurm"
 
     def __init__(self, module=None):
         self.pyslurm = module or try_import()
         if self.pyslurm is None:
-            raise SlurmUnavailable("the pyslurm backend needs pyslurm matching the running Slurm (and a slurm.conf); "
+            raise SlurmUnavailable(f"the pyslurm backend cannot be used: {pyslurm_problem() or 'pyslurm did not load'}; "
                                    "use --backend cli")
         self._cli = SlurmCliBackend()  # for what pyslurm cannot do (hetjob submission, --test-only, sacct)
 
     @staticmethod
     def _job(j) -> Job:
         gtype, gpn = parse_gpu_gres(_gres_dict_to_str(j.gres_per_node))
+        if gpn == 0:  # asked with --gpus: gres_per_node is empty; the job's TRES (with accounting) has the total
+            gpus = getattr(j, "gpus", None) or {}
+            total = _gpu_count(gpus)
+            if total:
+                gtype, gpn = _gpu_type(gpus), -(-total // max(1, j.num_nodes or 1))
         het = j.heterogeneous_id
+        reason = j.state_reason
         return Job(job_id=j.id, het_job_id=het, het_job_offset=(j.heterogeneous_offset or 0) if het else None,
-                   name=j.name or "", user=j.user_name or "", state=str(j.state), reason=j.state_reason or None,
+                   name=j.name or "", user=j.user_name or "", state=str(j.state or "UNKNOWN"),
+                   reason=None if reason in (None, "", "None") else reason,
                    partition=j.partition or "", nodes=expand_hostlist(j.allocated_nodes), node_count=j.num_nodes or 0,
                    gpu_type=gtype, gpus_per_node=gpn, start_time=j.start_time or None, end_time=j.end_time or None,
                    time_limit_min=j.time_limit if isinstance(j.time_limit, int) else parse_time_minutes(j.time_limit),
@@ -75,9 +175,11 @@ class PyslurmBackend:
             nodes_raw = ps.Nodes.load()
             parts_raw = ps.Partitions.load()
             jobs_raw = ps.Jobs.load()
-            version = ps.slurmctld.Config.load().version
+            config = ps.slurmctld.Config.load()
         except Exception as exc:  # noqa: BLE001 - RPCError and friends
             raise SlurmUnavailable(f"pyslurm could not reach slurmctld: {exc}") from None
+        # allocated_gres is reliable (and includes --gpus jobs) only where accounting tracks GPU TRES
+        gpu_tres = any(str(t).startswith("gres/gpu") for t in (config.accounting_storage_tres or []))
         jobs = []
         used: dict[str, int] = defaultdict(int)
         for j in jobs_raw.values():
@@ -89,11 +191,11 @@ class PyslurmBackend:
         nodes = []
         for n in nodes_raw.values():
             gtype, total = parse_gpu_gres(_gres_dict_to_str(n.configured_gres))
-            state = str(n.state).lower()
-            base, *flags = state.split("+")
+            base, flags = node_state(str(n.state or "unknown"))  # 'IDLE+DRAIN' -> drained, PLANNED dropped
+            gpus_used = _gpu_count(n.allocated_gres) if gpu_tres else used.get(n.name, 0)
             nodes.append(Node(name=n.name, partitions=list(n.partitions or []), state=base,
-                              flags=[f.upper() for f in flags], reason=n.reason or None, gpu_type=gtype,
-                              gpus_total=total, gpus_used=min(total, used.get(n.name, 0)), cpus=n.total_cpus or 0,
+                              flags=sorted(set(flags)), reason=n.reason or None, gpu_type=gtype,
+                              gpus_total=total, gpus_used=min(total, gpus_used), cpus=n.total_cpus or 0,
                               cpus_alloc=n.allocated_cpus or 0, memory_mb=n.real_memory or 0,
                               memory_alloc_mb=n.allocated_memory or 0))
         parts = [Partition(name=p.name, state=str(p.state), nodes=expand_hostlist(p.nodes),
@@ -101,7 +203,8 @@ class PyslurmBackend:
                            max_time_min=parse_time_minutes(str(p.max_time)) if p.max_time is not None else None,
                            max_nodes=p.max_nodes if isinstance(p.max_nodes, int) else None)
                  for p in parts_raw.values()]
-        return ClusterView(backend=self.name, slurm_version=str(version), partitions=parts,
+        return ClusterView(cluster=config.cluster_name or "", backend=self.name, slurm_version=str(config.version),
+                           partitions=parts,
                            nodes=sorted(nodes, key=lambda n: n.name), jobs=sorted(jobs, key=lambda j: j.job_id))
 
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
