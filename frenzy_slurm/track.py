@@ -21,7 +21,7 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.records import read_json_or_none, write_atomic
 from frenzy_slurm.render.planfile import PlanFile, read_plan
 from frenzy_slurm.runtime.checkpoints import latest_step
-from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, group_het_jobs
+from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.model import ACTIVE_JOB_STATES
 
 CACHE_SECONDS = 5.0
@@ -156,7 +156,11 @@ def from_job_dirs(job_dirs: list[Path], backend: SlurmBackend | None) -> list[Tr
         tracked.append(t)
     records: dict[int, AccountingRecord] | None = None
     if backend is not None and tracked:
-        records = backend.accounting([t.job_id for t in tracked])
+        try:
+            records = backend.accounting([t.job_id for t in tracked])
+        except SlurmUnavailable as exc:  # accounting down: the job directories still know what they know
+            for t in tracked:
+                t.notes.append(f"accounting did not answer ({exc.message.split(': ', 1)[-1]})")
     for t in tracked:
         rec = (records or {}).get(t.job_id)
         if rec is not None:

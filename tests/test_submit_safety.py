@@ -205,3 +205,20 @@ def test_rerun_after_a_lost_answer_records_the_job(world, tmp_path):
     code, msg = _code(submit, request(world, req.job_dir), slurm)
     assert code == EXIT_ALREADY_SUBMITTED and str(done.job_id) in msg
     assert (req.job_dir / "submission.json").exists()
+
+
+def test_site_may_make_job_directories_group_readable(world, tmp_path):
+    view, spec, decision = world
+    model = resolve_model(spec, ".")
+    req = render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), decision,
+                     SlurmOptions(), job_dir=tmp_path / "jobs" / "g", group_readable=True)
+    submit(req, fake(view), group_readable=True)
+    assert stat.S_IMODE(os.stat(req.job_dir).st_mode) == 0o750
+    assert stat.S_IMODE((req.job_dir / "plan.json").stat().st_mode) == 0o640
+    assert "umask 027" in req.script and "umask 077" in request(world, tmp_path / "x").script
+
+
+def test_site_file_field_defaults_to_private():
+    from frenzy_slurm.sim.synthetic import synthetic_site
+
+    assert synthetic_site(LOCAL).job_dirs_group_readable is False

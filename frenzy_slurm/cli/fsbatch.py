@@ -93,12 +93,14 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
                                 enabled=not no_calibration)
     decision = decide(Requirements.from_spec(spec, time=options.time), w, view, site_cfg, search_space_from_spec(spec),
                       backend=None if cluster.name == "static" else cluster, now=time.time())
-    req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates)
+    shared = site_cfg.job_dirs_group_readable  # the site may let the user's group read job directories
+    req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates, group_readable=shared)
     if force and not dry_run:
         from frenzy_slurm.submit.jobdir import job_outputs, next_free_dir
 
         if job_outputs(req.job_dir):  # an earlier job's directory is never reused: plan into a fresh one
-            req = render_job(spec, model_yaml, model, w, decision, options, next_free_dir(req.job_dir), templates)
+            req = render_job(spec, model_yaml, model, w, decision, options, next_free_dir(req.job_dir), templates,
+                             group_readable=shared)
     calibration = job_record(applied, raw_site, w, decision, spec.training.global_batch)
     req.files["calibration.json"] = json.dumps(calibration, indent=2) + "\n"  # fsqueue JOBID shows it
     chosen = decision.chosen
@@ -112,7 +114,7 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     if not dry_run:
         from frenzy_slurm.submit import submit
 
-        done = submit(req, cluster, force=force)
+        done = submit(req, cluster, force=force, group_readable=shared)
         result["job_id"] = done.job_id
     if as_json:
         if dry_run:

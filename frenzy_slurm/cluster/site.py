@@ -81,6 +81,9 @@ class SiteConfig(_M):
     cluster: str = Field(description="Cluster name (informational; `site validate` compares it).")
     defaults: SiteDefaults = Field(default_factory=SiteDefaults, description="Values every pool inherits.")
     pools: list[Pool] = Field(min_length=1, description="One entry per (partition, GPU type).")
+    job_dirs_group_readable: bool = Field(
+        False, description="Job directories and what jobs write there readable by the user's group (0750/0640, "
+        "umask 027) instead of private (0700/0600, umask 077); never writable by anyone but the user.")
 
     @model_validator(mode="after")
     def _unique(self) -> "SiteConfig":

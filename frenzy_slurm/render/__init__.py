@@ -111,7 +111,8 @@ def runtime_command(spec: JobSpec, job_dir: Path, spec_dir: Path) -> list[str]:
 
 
 def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: Workload, decision: Decision,
-               options: SlurmOptions, job_dir: Path | None = None, template_dir: Path | None = None) -> JobRequest:
+               options: SlurmOptions, job_dir: Path | None = None, template_dir: Path | None = None,
+               group_readable: bool = False) -> JobRequest:
     """Render the job directory's files for HAS's decision; `options` are the merged sbatch options."""
     submission = submission_hash(spec, model, options)
     job_dir = (job_dir or default_job_dir(spec, submission)).absolute()
@@ -131,6 +132,7 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
         summary=f"{alloc.label()} | {alloc.plan.short()} | predicted {alloc.run_time_s / 3600:.2f} h",
         job_dir=str(job_dir), spec_path=str(spec_path.absolute()), output=output, error=error, time_min=minutes,
         signal_seconds=SIGNAL_SECONDS, sbatch_flags=options.flags(), components=components, env=spec.entry.env,
+        umask="027" if group_readable else "077",
         command=command, srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
     )
     env = environment(template_dir)

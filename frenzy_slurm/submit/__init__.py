@@ -122,7 +122,7 @@ def batch_job(req: JobRequest) -> BatchJob:
 
 
 def submit(req: JobRequest, backend: SlurmBackend, force: bool = False,
-           timeout_waits: tuple[float, ...] = (2.0, 5.0, 10.0)) -> Submitted:
+           timeout_waits: tuple[float, ...] = (2.0, 5.0, 10.0), group_readable: bool = False) -> Submitted:
     """Submit once per submission and user: refuse a duplicate (any directory) unless `force`.
 
     With `force` the caller has planned into a fresh directory (`jobdir.next_free_dir`): nothing an
@@ -141,8 +141,8 @@ def submit(req: JobRequest, backend: SlurmBackend, force: bool = False,
         if why and not force:
             raise AlreadySubmitted(f"{why}; not submitting it again. Use --force for another job (in a new job "
                                    f"directory), or `fsqueue` to follow the existing one.")
-        jobdir.create_job_dir(req.job_dir)
-        jobdir.write_files(req.job_dir, req.files)
+        jobdir.create_job_dir(req.job_dir, group_readable)
+        jobdir.write_files(req.job_dir, req.files, group_readable)
         job = batch_job(req)
         argv = ["sbatch", "--parsable", str(job.script)]
         try:

@@ -29,6 +29,7 @@ from frenzy_slurm.records import write_atomic
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 SCRIPT_MODE = 0o700
+GROUP_READABLE = 0o050  # added to directories (r-x) where the site file says job_dirs_group_readable; 0o040 to files
 # What a job (or Slurm for it) writes: a directory holding any of these belongs to a job that was submitted.
 _JOB_OUTPUT = ("submission.json", "started.json", "finished.json", "metrics.json", "checkpoints")
 
@@ -124,7 +125,7 @@ def next_free_dir(job_dir: Path) -> Path:
         n += 1
 
 
-def create_job_dir(job_dir: Path) -> None:
+def create_job_dir(job_dir: Path, group_readable: bool = False) -> None:
     """Create the job directory private, or reuse one that holds no job's files (a refused submission).
 
     Its parent (the jobs directory) must be the user's and writable by nobody else.
@@ -132,6 +133,8 @@ def create_job_dir(job_dir: Path) -> None:
     make_private_dir(job_dir.parent, "jobs directory")
     try:
         os.mkdir(job_dir, DIR_MODE)
+        if group_readable:
+            os.chmod(job_dir, DIR_MODE | GROUP_READABLE)
     except FileExistsError:
         if job_dir.is_symlink():
             raise InputError(f"job directory {job_dir} is a symbolic link; remove it or choose another --job-dir.") from None
@@ -145,7 +148,10 @@ def create_job_dir(job_dir: Path) -> None:
         raise InputError(f"job directory {job_dir}: cannot create it ({exc.strerror}).") from None
 
 
-def write_files(job_dir: Path, files: dict[str, str]) -> None:
-    """Each file private, written whole through a temporary file and a rename (never through a symlink)."""
+def write_files(job_dir: Path, files: dict[str, str], group_readable: bool = False) -> None:
+    """Each file private (or group-readable), written whole through a temporary file and a rename (never
+    through a symlink)."""
+    extra = 0o040 if group_readable else 0
     for name, text in files.items():
-        write_atomic(job_dir / name, text, SCRIPT_MODE if name.endswith(".sbatch") else FILE_MODE)
+        mode = (SCRIPT_MODE | (GROUP_READABLE if group_readable else 0)) if name.endswith(".sbatch") else FILE_MODE | extra
+        write_atomic(job_dir / name, text, mode)
