@@ -94,8 +94,12 @@ class CalibrationFile(_M):
 
 
 def site_fingerprint(site: SiteConfig) -> str:
-    """Hash of what predictions depend on in the site file (pools and defaults), not its comments."""
-    data = json.dumps(site.model_dump(mode="json", exclude={"cluster"}), sort_keys=True)
+    """Hash of what the admin wrote in the site file (pools and defaults), not its comments or its name.
+
+    Only values set in the file count (exclude_unset): a new frenzy-slurm version adding a field with a
+    default must not make every site's calibration stale.
+    """
+    data = json.dumps(site.model_dump(mode="json", exclude={"cluster"}, exclude_unset=True), sort_keys=True)
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
