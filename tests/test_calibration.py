@@ -11,6 +11,7 @@ from frenzy_slurm.calibration import (SITE_WIDE, CalibrationFile, Limits, Observ
                                       load_calibration, site_fingerprint, steady_step_time, write_calibration)
 from frenzy_slurm.calibration.fit import fit, fit_step_time
 from frenzy_slurm.cluster.site import SiteConfig
+from frenzy_slurm import __version__
 from frenzy_slurm.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,7 @@ def test_memory_factor_bounded_and_per_mode():
 def _cal(s: SiteConfig, **kw) -> CalibrationFile:
     steps, memory, notes = fit([obs(0.2), obs(0.21), obs(0.19)], Limits())
     base = dict(site_file="site.yaml", site_fingerprint=site_fingerprint(s), created_at=time.time(),
-                valid_until=time.time() + 86400, frenzy_version="t", step_time=steps, memory=memory, not_applied=notes)
+                valid_until=time.time() + 86400, frenzy_version=__version__, step_time=steps, memory=memory, not_applied=notes)
     return CalibrationFile(**(base | kw))
 
 
@@ -110,6 +111,9 @@ def test_stale_or_bad_calibration_is_an_error(tmp_path):
         load_calibration(path, s)
     write_calibration(path, _cal(s, site_fingerprint="0" * 16))
     with pytest.raises(InputError, match="different version of the site file"):
+        load_calibration(path, s)
+    write_calibration(path, _cal(s, frenzy_version="0.0.1"))
+    with pytest.raises(InputError, match="fitted by frenzy-slurm 0.0.1"):
         load_calibration(path, s)
     path.write_text("version: 1\nsite_file: x\nbogus: 1\n")
     with pytest.raises(InputError, match="bogus"):

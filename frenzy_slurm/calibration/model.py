@@ -119,6 +119,12 @@ def load_calibration(path: Path, site: SiteConfig, now: float | None = None) -> 
     if cal.site_fingerprint != site_fingerprint(site):
         raise InputError(f"{path}: stale calibration: it was fitted against a different version of the site file "
                          f"({cal.site_file}, pools changed since). {fix}")
+    from frenzy_slurm import __version__
+
+    if cal.frenzy_version != __version__:
+        # corrections are relative to the step-time and memory models of the version that fitted them
+        raise InputError(f"{path}: stale calibration: fitted by frenzy-slurm {cal.frenzy_version}, this is "
+                         f"{__version__}, whose predictions it was not fitted to. {fix}")
     now = time.time() if now is None else now
     if now > cal.valid_until:
         days = (now - cal.valid_until) / 86400
