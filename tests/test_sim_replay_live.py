@@ -26,7 +26,7 @@ def test_replay_on_real_slurm_matches_the_simulator(clean_queue, tmp_path):
     result = simulate(load_workload(WORKLOAD), cluster, "has", seed=2, errors=ErrorModel.exact())
     jobs = replay_jobs(result, makespan_s=90.0)
     assert len(jobs) == 30
-    sim = simulate_replay(jobs, cluster)
+    sim = simulate_replay(jobs, cluster, sched_interval_s=1.0)  # contrib/devcluster: SchedulerParameters=bf_interval=1
     live = live_replay(jobs, backend, tmp_path / "replay", timeout_s=240.0)
     report = compare(sim, live)
     print(json.dumps({k: v for k, v in report.items() if k != "per_job"}, indent=2))

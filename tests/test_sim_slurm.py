@@ -155,3 +155,16 @@ def test_cluster_compact_form_and_errors():
         parse_compact("Z9000:2x8")
     with pytest.raises(InputError, match="no such file"):
         load_cluster("missing.yaml")
+
+
+def test_with_a_backfill_interval_freed_gpus_wait_for_the_next_pass():
+    r = Run(cluster(("p", 1, 4)), sched_interval_s=30.0)
+    first = r.submit(1.5, ("p", 1, 4, 10))  # ends at 90 s
+    second = r.submit(1, ("p", 1, 4, 10))
+    third = r.submit(1, ("p", 1, 4, 10))
+    assert r.job(first).start == 0  # a submission is tried at once
+    r.finish()
+    # the first pass strictly after the end (a job ending on a pass is still completing then, as observed
+    # on the devcluster: see docs/simulation.md)
+    assert r.job(second).start == 120.0
+    assert r.job(third).start == 210.0  # second ended at 180 s

@@ -66,7 +66,8 @@ def _seeds(text: str | None, default: int) -> list[int]:
 @click.option("--policy", "policies", default="has,user-fixed", show_default=True, metavar="NAME[,NAME...]",
               help="has, has-homogeneous, fastest-fit, ilp, user-fixed:fastest|largest|usual|biggest, "
                    "user-fixed (all its variants) or all.")
-@click.option("--seed", "seed_text", metavar="N[,N...]", help="Seed(s) of the ground truth (default: the philly seed, else 0).")
+@click.option("--seed", "seed_text", metavar="N[,N...]",
+              help="Seed(s) of the ground truth (default: the philly seed, else 0).")
 @click.option("--load", type=click.FloatRange(min=0.0, min_open=True), default=0.8, show_default=True,
               help="Offered load: arrivals rescaled so the work is this share of the cluster's capacity.")
 @click.option("--as-is", "as_is", is_flag=True, help="Keep the workload's arrival times (ignore --load).")
@@ -75,6 +76,9 @@ def _seeds(text: str | None, default: int) -> list[int]:
                    "only) or like squeue --start (after the queue's backfill reservations).")
 @click.option("--backfill", type=click.Choice(["slurm", "easy"]), default="slurm", show_default=True,
               help="slurm: every pending job tested gets a reservation (sched/backfill); easy: only the first.")
+@click.option("--bf-interval", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="Seconds between Slurm's backfill passes (its bf_interval, 30 by default on real sites); "
+                   "0: every job end schedules at once.")
 @click.option("--exact", is_flag=True, help="No prediction error: the truth is MARP's prediction.")
 @click.option("--ilp-round", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
               help="Seconds between the ilp policy's rounds.")
@@ -88,7 +92,8 @@ def _seeds(text: str | None, default: int) -> list[int]:
               help="Write JCT CDF and utilisation plots (PNG) to this directory.")
 @reports_errors("frenzy-slurm simulate")
 def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | None, load: float, as_is: bool,
-             estimates: str, backfill: str, exact: bool, ilp_round: float, trace: Path | None,
+             estimates: str, backfill: str, bf_interval: float, exact: bool, ilp_round: float,
+             trace: Path | None,
              save_workload: Path | None, json_path: Path | None, plot_dir: Path | None) -> None:
     """Replay WORKLOAD on a simulated Slurm cluster under each policy; print JCT, utilisation, overhead."""
     from frenzy_slurm.sim.clusters import load_cluster
@@ -119,7 +124,7 @@ def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | No
     for seed, name in runs:
         runner = Runner(wl, cluster, name, seed, errors=errors, load=None if as_is else load,
                         reserve=1 if backfill == "easy" else None, estimates=estimates, ilp_round_s=ilp_round,
-                        progress=bar.update if bar else None)
+                        progress=bar.update if bar else None, sched_interval_s=bf_interval)
         r = runner.run()
         results.append(r)
         rows.append(summarize(r))

@@ -52,7 +52,8 @@ class Context:
         if a.mem_correction <= 1.0:
             return self.site
         frac = self.site.defaults.usable_fraction / a.mem_correction
-        return self.site.model_copy(update={"defaults": self.site.defaults.model_copy(update={"usable_fraction": frac})})
+        defaults = self.site.defaults.model_copy(update={"usable_fraction": frac})
+        return self.site.model_copy(update={"defaults": defaults})
 
 
 class Policy(Protocol):

@@ -57,11 +57,14 @@ def replay_jobs(result: RunResult, makespan_s: float = 120.0, min_run_s: float =
     return sorted(out, key=lambda j: (j.submit_s, j.id))
 
 
-def simulate_replay(jobs: list[ReplayJob], cluster: SimCluster) -> dict[int, tuple[float, float]]:
-    """(start, end) of each replayed job in the simulated Slurm, seconds from the first submission."""
+def simulate_replay(jobs: list[ReplayJob], cluster: SimCluster, sched_interval_s: float = 0.0
+                    ) -> dict[int, tuple[float, float]]:
+    """(start, end) of each replayed job in the simulated Slurm, seconds from the first submission.
+    `sched_interval_s`: the cluster's backfill period (the devcluster's bf_interval is 1 s)."""
     runs: dict[int, float] = {}
     by_sim: dict[int, int] = {}
-    sim = SimSlurm(cluster, now=0.0, outcome=lambda j: (runs[by_sim[j.job_id]], "COMPLETED"))
+    sim = SimSlurm(cluster, now=0.0, outcome=lambda j: (runs[by_sim[j.job_id]], "COMPLETED"),
+                   sched_interval_s=sched_interval_s)
     for j in jobs:
         sim.advance(j.submit_s)
         by_sim[sim.next_job_id] = j.id

@@ -92,12 +92,12 @@ class Runner:
     def __init__(self, workload: WorkloadFile, cluster: SimCluster, policy: str, seed: int = 0,
                  errors: ErrorModel | None = None, load: float | None = 0.8, reserve: int | None = None,
                  estimates: str = "test-only", ilp_round_s: float = 60.0,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None, sched_interval_s: float = 0.0):
         self.workload, self.cluster, self.seed, self.load = workload, cluster, seed, load
         self.policy = make_policy(policy, ilp_round_s)
         self.truth = Truth(errors or ErrorModel(), seed)
         self.sim = SimSlurm(cluster, now=0.0, reserve=reserve, estimates=estimates, outcome=self._outcome,
-                            on_end=self._on_end)
+                            on_end=self._on_end, sched_interval_s=sched_interval_s)
         self.ctx = Context(self.sim, cluster.site())
         self.scale = time_scale(workload, cluster, load) if load else 1.0
         self.records = {j.id: JobRecord(j.id, j.submit_s * self.scale) for j in workload.jobs}

@@ -24,6 +24,7 @@ which Slurm's passes run.
 
 from __future__ import annotations
 
+import math
 import time as _time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -163,7 +164,8 @@ class SimSlurm:
 
     def __init__(self, cluster: SimCluster, now: float = 0.0, reserve: int | None = None,
                  bf_max_job_test: int = 500, estimates: str = "test-only", outcome: Outcome | None = None,
-                 on_end: Callable[[SimJob], None] | None = None, first_job_id: int = 1):
+                 on_end: Callable[[SimJob], None] | None = None, first_job_id: int = 1,
+                 sched_interval_s: float = 0.0):
         self.cluster = cluster
         self.now = now
         self.reserve = reserve  # None: every tested job gets a reservation (Slurm); 1: EASY
@@ -173,6 +175,10 @@ class SimSlurm:
         self.estimates = estimates
         self.outcome = outcome
         self.on_end = on_end
+        # 0: a job end triggers a scheduling pass at once; > 0: the next pass on this period's grid (Slurm's
+        # bf_interval; submissions are still tried at once, as the main scheduler does)
+        self.sched_interval_s = sched_interval_s
+        self._tick: float | None = None
         self.nodes: dict[str, SimNode] = {}
         self.by_pool: dict[tuple[str, str], list[str]] = {}
         for p in cluster.partitions:
@@ -284,7 +290,11 @@ class SimSlurm:
 
     # ---- the clock --------------------------------------------------------------------------------
     def next_end(self) -> float | None:
-        return min((t for t, _ in self._ends.values()), default=None)
+        """The next time something happens by itself: a job ends, or a deferred scheduling pass runs."""
+        ends = [t for t, _ in self._ends.values()]
+        if self._tick is not None:
+            ends.append(self._tick)
+        return min(ends, default=None)
 
     def advance(self, until: float) -> list[SimJob]:
         """Run the clock to `until`: end the jobs due by then (each end frees GPUs and schedules again)."""
@@ -299,7 +309,13 @@ class SimSlurm:
                 j = self.jobs_by_id[jid]
                 self._finish(j, self._ends[jid][1])
                 done.append(j)
-            self.schedule()
+            if self.sched_interval_s <= 0 or (self._tick is not None and self._tick <= self.now):
+                self._tick = None
+                self.schedule()
+            elif batch and self._tick is None:
+                # GPUs freed by an end are used by the next periodic pass (bf_interval), not at once
+                k = math.floor(self.now / self.sched_interval_s) + 1
+                self._tick = k * self.sched_interval_s
         self.now = max(self.now, until)
         return done
 

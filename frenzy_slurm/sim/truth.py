@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # measured / predicted peak over the dev set's high- and medium-confidence rows (37 rows; C03, B11 and the
 # low-confidence rows, whose sources doubt their own device counts, left out), from
-#   python benchmarks/marp_accuracy.py --data ../shared/data/memory_measurements_dev.csv --exclude C03,B11 --json out.json
+#   python benchmarks/marp_accuracy.py --data ../shared/data/memory_measurements_dev.csv --exclude C03,B11 \
+#       --json out.json
 # mean 1.037, standard deviation 0.121 (high confidence only: 1.024 and 0.061; all 46 rows: 1.081 and 0.360).
 DEV_SET_MEM_BIAS = 1.037
 DEV_SET_MEM_SD = 0.121
@@ -40,7 +41,8 @@ class ErrorModel(BaseModel):
     time_bias: float = Field(1.0, gt=0, description="Median of true/predicted step time (1: the model is unbiased).")
     time_sd: float = Field(0.10, ge=0, description="Log-normal sigma of true/predicted step time, per job.")
     type_sd: float = Field(0.10, ge=0, description="Log-normal sigma of true/predicted step time, per GPU type.")
-    startup_s: float = Field(120.0, ge=0, description="Seconds from start to the first step (load, init); OOM comes then.")
+    startup_s: float = Field(120.0, ge=0,
+                             description="Seconds from start to the first step (load, init); an OOM comes then.")
 
     @classmethod
     def exact(cls) -> "ErrorModel":
