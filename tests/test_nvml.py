@@ -113,3 +113,8 @@ def test_sampler_run_follows_the_watched_process_then_writes_metrics(tmp_path, m
     assert len(nodes) == 1 and json.loads(nodes[0].read_text())["samples"] >= 3
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert [(r["gpu_index"], r["peak_gib"]) for r in m["ranks"]] == [(2, 5.0)]
+
+
+def test_probe_dgx_h100_name_without_memory_technology():
+    det = interpret("h100", "h100", 8, probe(FakeNvml("dgx-h100.json")))
+    assert (det.gpu.name, det.intra_node, det.cuda, det.problems) == ("H100-SXM", "nvlink4", "12.4", [])

@@ -11,6 +11,7 @@ set it. Pools without NVML keep their entry, or get one proposed from Slurm's GR
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,12 @@ def _link(gpus: list[dict]) -> str | None:
     return None
 
 
+def _product_family(product: str) -> str:
+    """NVML product name without the memory technology, which the catalog does not name: NVML calls the
+    H100 SXM 'NVIDIA H100 80GB HBM3' (and the PCIe card 'NVIDIA H100 PCIe')."""
+    return re.sub(r"\bHBM\d*e?\b", " ", product, flags=re.IGNORECASE)
+
+
 def interpret(partition: str, gres_type: str, slurm_gpus_per_node: int, answer: dict | None,
               failure: str | None = None) -> Detected:
     """A pool from one node's probe answer (None with `failure` when the probe step did not run)."""
@@ -82,7 +89,7 @@ def interpret(partition: str, gres_type: str, slurm_gpus_per_node: int, answer: 
                             "using NVML's count (check gres.conf)")
     det.gpus_per_node = len(gpus)
     det.intra_node = _link(gpus)
-    det.gpu = match_gpu(f"{det.product} {round(det.memory_gib)}GB")
+    det.gpu = match_gpu(f"{_product_family(det.product)} {round(det.memory_gib)}GB")
     if det.gpu is None:
         det.problems.append(f"'{det.product}' ({det.memory_gib:.1f} GiB) matches no catalog GPU; set gpu: by hand "
                             "to the closest model and its peaks in overrides (frenzy-slurm site catalog)")
