@@ -147,3 +147,21 @@ def test_sacct_gpumem_parser():
             "124+1.0|cpu=00:01:00,gres/gpumem=21474836480,gres/gpuutil=50,mem=1G\n"
             "125.0|cpu=00:01:00,energy=0,mem=1G\n")  # Slurm 22.05: no gpumem
     assert parse_gpumem(text) == {123: 40.0, 124: 20.0}
+
+
+def test_heterogeneous_pipeline_pays_the_slowest_groups_fixed_overheads():
+    from frenzy_slurm.has import hetero
+    from frenzy_slurm.marp import workload_from_spec
+    from frenzy_slurm.spec import load_job_spec, resolve_model
+
+    spec = load_job_spec(ROOT / "examples" / "tiny-cpu.yaml")
+    w = workload_from_spec(spec, resolve_model(spec, ROOT / "examples"))
+
+    def groups(a=(0.0, 0.0), b=(0.0, 0.0)):
+        return [hetero.StageGroup("a", 1, 1e14, 1e9, 0.0, 300, 25, 4, *a),
+                hetero.StageGroup("b", 1, 5e13, 1e9, 0.0, 300, 25, 4, *b)]
+
+    raw = hetero.build(w, groups(), 1, 2, 8, "none")
+    cal = hetero.build(w, groups((0.2, 0.01), (0.5, 0.002)), 1, 2, 8, "none")
+    slots = raw.plan.grad_accum + raw.plan.pp - 1
+    assert cal.step_time_s - raw.step_time_s == pytest.approx(0.5 + 0.01 * slots)
