@@ -6,7 +6,8 @@ Each grid point trains a small Llama-style or GPT-2-style model (frenzy_slurm.mo
 model) for four optimizer steps in 1-4 processes on the CPU and records, per rank, the peak of live
 tensor bytes over the steady steps 2-4 (the first creates the optimizer states). Live bytes come from the profiler's allocator events (`profile_memory=True`), recorded from
 before the model exists, so every free is matched to its allocation (a profiler started later cannot see
-frees of older blocks and over-counts). Gloo's own buffers are outside torch's allocator, as NCCL's are
+frees of older blocks), and read as the allocator's own running total (frees done on gloo's threads are
+not reported as events, and summing event sizes would count those tensors as live). Gloo's own buffers are outside torch's allocator, as NCCL's are
 on a GPU.
 
 The result is a dataset: every point with the MARP inputs that describe it (architecture, workload
@@ -48,7 +49,9 @@ def _point(name: str, arch: dict, trainer: str, **kw: Any) -> dict:
 
 def grid() -> list[dict]:
     pts = []
-    for z in (0, 1, 2, 3):
+    # (ZeRO-0 across ranks is left out: DeepSpeed's CPU all-reduce keeps a flattened copy of all gradients on
+    # rank 0 between steps, a CPU-accelerator behaviour a GPU run does not have)
+    for z in (1, 2, 3):
         pts.append(_point(f"ds-llama-dp2-zero{z}", LLAMA, "deepspeed", dp=2, zero=z))
     pts.append(_point("ds-gpt2-dp2-zero1", GPT2, "deepspeed", dp=2, zero=1))
     pts.append(_point("ds-gpt2-dp2-zero3", GPT2, "deepspeed", dp=2, zero=3))
@@ -77,24 +80,6 @@ def grid() -> list[dict]:
 
 
 # ---------------------------------------------------------------- measurement
-
-
-def _memory_timeline(prof) -> list[tuple[int, int]]:
-    """(time ns, running live bytes) after every CPU allocator event of the profile."""
-    evs = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                 if e.name() == "[memory]" and e.device_type().name == "CPU")
-    out, live = [], 0
-    for t, n in evs:
-        live += n
-        out.append((t, live))
-    return out
-
-
-def _window(prof, label: str) -> tuple[int, int]:
-    for e in prof.profiler.kineto_results.events():
-        if e.name() == label:
-            return e.start_ns(), e.end_ns()
-    raise RuntimeError(f"no profiler range {label}")
 
 
 def _lora(model, rank: int, targets: tuple[str, ...] = ("q", "v")):
@@ -258,27 +243,20 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
         for i in range(steps):
             with record_function(f"grid-step-{i}"):
                 step()
-    timeline = _memory_timeline(prof)
-    # steps 1.. are steady (step 0 creates the optimizer states); gloo's asynchronous work moves frees by a few
-    # microseconds between runs, so the peak is the largest over the steady steps, the start the smallest
+    from frenzy_slurm.runtime.memory import trace_timeline
+
+    timeline, windows = trace_timeline(prof)
+    # steps 1.. are steady (step 0 creates the optimizer states): the peak is the largest over them, the start
+    # the smallest (the live bytes before a step)
     starts, peaks = [], []
     for i in range(1, steps):
-        a, b = _window(prof, f"grid-step-{i}")
-        before = [v for t, v in timeline if t < a]
+        a, b = windows[f"grid-step-{i}"]
+        before = [v for t, v, _ in timeline if t < a]
         starts.append(before[-1] if before else 0)
-        peaks.append(max([v for t, v in timeline if a <= t <= b] + [starts[-1]]))
-    t0, t1 = _window(prof, f"grid-step-{steps - 1}")
-    start = min(starts)
-    result = {"rank": rank, "start_bytes": start, "peak_bytes": max(peaks), "step_peaks": peaks}
+        peaks.append(max([v for t, v, _ in timeline if a <= t <= b] + [starts[-1]]))
+    result = {"rank": rank, "start_bytes": min(starts), "peak_bytes": max(peaks), "step_peaks": peaks}
     if os.environ.get("GRID_DEBUG"):
-        evs = sorted((e.nbytes(), e.start_ns() >= t0) for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]")
-        print(f"rank {rank}: largest allocations (MiB, in step): {[(round(n / 2**20, 3), w) for n, w in evs[-8:]]}")
-        tpk, vpk = max(((t, v) for t, v in timeline if t0 <= t <= t1), key=lambda x: x[1])
-        ops = [e for e in prof.profiler.kineto_results.events()
-               if e.name() != "[memory]" and e.start_ns() <= tpk <= e.end_ns() and e.device_type().name == "CPU"]
-        print(f"rank {rank}: start {start / 2**20:.3f} MiB, peak {vpk / 2**20:.3f} MiB inside "
-              f"{[e.name() for e in sorted(ops, key=lambda e: e.start_ns())][-12:]}")
+        print(f"rank {rank}: starts {[round(x / 2**20, 3) for x in starts]} peaks {[round(x / 2**20, 3) for x in peaks]} MiB")
     if trainer == "pipeline":
         result["stage"] = engine.stage_id
     elif trainer in ("deepspeed",):

@@ -42,12 +42,16 @@ def main() -> None:
 @click.option("--site", type=click.Path(dir_okay=False, path_type=Path),
               help="Site file whose calibration (frenzy-slurm calibrate) to show beside the raw numbers "
                    "(default: $FRENZY_SITE).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="With --plan: also draw the breakdown per stage into FILE (.png, .svg or .pdf; needs matplotlib).")
 @reports_errors("frenzy-slurm memory")
 def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metric: str, max_gpus: int, top: int,
-           as_json: bool, trace_factory: bool, site: Path | None) -> None:
+           as_json: bool, trace_factory: bool, site: Path | None, plot: Path | None) -> None:
     """Per-GPU peak training memory of MODEL_YAML: one plan's breakdown, or the candidates per GPU type."""
     from frenzy_slurm.cli import calibrate as calib
 
+    if plot and not plan_text:
+        raise InputError("--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png")
     spec, model = load(model_yaml, trace=trace_factory)
     found = calib.site_calibration(site)
     w = workload_from_spec(spec, model)
@@ -66,12 +70,22 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
             raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
         est = estimate_memory(w, plan, metric)  # type: ignore[arg-type]
         calibrated = calib.memory_plan_calibration(found, spec, est)
+        usable = min((o.usable_bytes for o in gpu_options(gpus, max_gpus)), default=None) if gpus else None
+        if plot:
+            from frenzy_slurm.cli.memory_picture import plot_breakdown
+
+            plot_breakdown(est, plot, f"{spec.name}: {model.name}, {plan.short()}", usable / GiB if usable else None)
         if as_json:
             print_json(memory_json(est) | ({"calibration": calibrated} if calibrated else {}))
             return
         header, rows = memory_rows(est)
         click.echo(f"{spec.name}: {model.name}, plan {plan.short()}, {metric} memory per GPU (GiB)")
         click.echo(table(rows, header))
+        from frenzy_slurm.cli.memory_picture import terminal_bars
+
+        click.echo(terminal_bars(est, usable_gib=usable / GiB if usable else None))
+        if plot:
+            click.echo(f"breakdown drawn in {plot}")
         if calibrated:
             click.echo(calib.memory_plan_line(calibrated))
         for opt in gpu_options(gpus, max_gpus) if gpus else []:

@@ -330,6 +330,9 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         optimizer_in_backward=in_bwd, activation_offload=act_offload, paged_optimizer=paged,
         norm_upcast=hf_style and arch.norm == "rmsnorm", gqa_expand=hf_style and arch.kv < arch.heads,
         zero_grad_to_none=zero_grad_to_none, hold_logits=hf_style,
+        # Hugging Face, litgpt and torchtune rotate q/k in eager ops (new head-major tensors: the attention output
+        # is copied on its way to o_proj); Megatron/Transformer Engine and torchtitan fuse or avoid the copy
+        unfused_rope=hf_style,
         # torchtune quantises with torchao's NF4 tensor, which does not save the matmul input; bitsandbytes does
         nf4_saves_inputs="torchtune" not in fws or "bitsandbytes" in settings.lower() or "bnb" in settings.lower(),
     )

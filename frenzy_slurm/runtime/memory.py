@@ -59,18 +59,39 @@ class CpuMemoryRecorder:
         with record_function(label):
             result = step()
         self._prof.__exit__(None, None, None)
-        events = list(self._prof.profiler.kineto_results.events())
-        window = next(e for e in events if e.name() == label)
-        mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-        live = self._baseline
-        peak = None
-        for t, n in mem:
-            if t >= window.start_ns() and peak is None:
-                peak = live
-            live += n
-            if window.start_ns() <= t <= window.end_ns():
-                peak = max(peak or 0, live)
-        return float(peak if peak is not None else live), result
+        timeline, windows = trace_timeline(self._prof)
+        a, b = windows[label]
+        before = [v for t, v in timeline if t < a]
+        first = timeline[0][1] - timeline[0][2] if timeline else 0  # allocator total before the first event
+        start = before[-1] if before else first
+        peak = max([v for t, v, _ in timeline if a <= t <= b] + [start])
+        return float(self._baseline + peak - first), result
+
+
+def trace_timeline(prof) -> tuple[list[tuple[float, int, int]], dict[str, tuple[float, float]]]:
+    """(time us, allocator's total allocated bytes, bytes of the event) for every CPU allocator event of a
+    finished profile, and the (start, end) of every named range.
+
+    The total is the allocator's own count, which includes frees done on threads the profiler does not
+    record (gloo's worker threads drop the last reference to communication tensors): summing the events'
+    sizes would miss those frees and count the tensors as live for the rest of the run.
+    """
+    import json
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        events = json.loads(open(path).read())["traceEvents"]
+    finally:
+        os.unlink(path)
+    mem = sorted((e["ts"], int(e["args"]["Total Allocated"]), int(e["args"]["Bytes"])) for e in events
+                 if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0)
+    windows = {e["name"]: (e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+               if e.get("ph") == "X" and e.get("cat") == "user_annotation"}
+    return mem, windows
 
 
 def gpu_peaks(device: torch.device) -> dict[str, float | None]:
