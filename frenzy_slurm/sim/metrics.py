@@ -48,6 +48,7 @@ def summarize(r: RunResult) -> dict:
         "ooms": sum(x.ooms for x in r.records), "timeouts": sum(x.timeouts for x in r.records),
         "heterogeneous_jobs": sum(x.kind == "heterogeneous" for x in done),
         "avg_gpus_per_job": statistics.fmean(x.gpus for x in done) if done else float("nan"),
+        "gpu_hours": sum(x.gpu_s for x in r.records) / 3600.0,
         "decisions": len(r.decision_ms),
         "decision_ms_median": _pct(r.decision_ms, 0.5), "decision_ms_p95": _pct(r.decision_ms, 0.95),
         "sim_wall_s": r.sim_wall_s, **r.extra,
