@@ -9,7 +9,6 @@ the same as multiplying every memory prediction by it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
