@@ -40,7 +40,7 @@ def test_hetjob_runs_across_partitions(clean_queue, tmp_path):
     script.write_text(f"#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:1 -t 2 -o {out}\n#SBATCH hetjob\n"
                       "#SBATCH -p v100 --gres=gpu:v100:1\n"
                       "echo size=$SLURM_HET_SIZE p0=$SLURM_JOB_PARTITION_HET_GROUP_0 p1=$SLURM_JOB_PARTITION_HET_GROUP_1\n")
-    sh("sbatch", "--parsable", "-o", "/dev/null", str(script))
+    sh("sbatch", "--parsable", str(script))  # the script names its own output file
     wait_for(lambda: out.exists() and "size=" in out.read_text(), timeout=60, what="hetjob output")
     assert "size=2 p0=a100 p1=v100" in out.read_text()
 

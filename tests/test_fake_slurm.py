@@ -26,10 +26,21 @@ def batch(*comps: tuple[str, int, int, int], comment: str = "frenzy:abc") -> Bat
                     components=[ComponentRequest(p, None, n, g, t) for p, n, g, t in comps])
 
 
+def interface_methods() -> list[str]:
+    return [n for n, v in vars(SlurmBackend).items() if callable(v) and not n.startswith("_")]
+
+
 def test_implements_the_interface():
-    backend: SlurmBackend = fake()  # a type checker checks the Protocol; here every method exists
-    for name in ("load", "expected_start", "submit", "jobs", "cancel", "requeue", "accounting"):
-        assert callable(getattr(backend, name))
+    """Every method of the SlurmBackend Protocol exists on the fake (and on every real backend)."""
+    from frenzy_slurm.slurm.cli import SlurmCliBackend
+    from frenzy_slurm.slurm.pyslurm_backend import PyslurmBackend
+    from frenzy_slurm.slurm.static import StaticBackend
+
+    names = interface_methods()
+    assert {"load", "expected_start", "submit", "jobs", "cancel", "requeue", "accounting"} <= set(names)
+    for cls in (FakeSlurm, SlurmCliBackend, PyslurmBackend, StaticBackend):
+        missing = [n for n in names if not callable(getattr(cls, n, None))]
+        assert not missing, f"{cls.__name__} lacks {missing}"
 
 
 def test_fifo_start_end_and_accounting():

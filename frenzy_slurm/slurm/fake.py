@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
-from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, job_phase
+from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey, job_phase
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmTimeout, SlurmUnavailable
 
 
@@ -59,6 +59,8 @@ class FakeSlurm:
         self.down = False  # True: every call fails as an unreachable controller does
         self.submit_times_out = False  # True: the job is created, but the caller sees a timeout
         self.calls: list[str] = []  # which interface methods were called, in order (for tests)
+        self.gpu_peaks_gib: dict[int, float] = {}  # what Slurm's GPU accounting would report, per job
+        self.step_output: dict[PoolKey, str] = {}  # what a job step on a pool prints (site detection)
 
     # -- the clock ---------------------------------------------------------------------------------
     def advance(self, seconds: float) -> None:
@@ -233,6 +235,21 @@ class FakeSlurm:
                                           start=int(j.start) if j.start else None, end=int(j.end) if j.end else None,
                                           elapsed_s=int((j.end or self.now) - j.start) if j.start else None)
         return out
+
+    def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
+        self._guard("gpu_memory_peaks")
+        if not self.accounting_enabled:
+            return None
+        return {i: self.gpu_peaks_gib[i] for i in job_ids if i in self.gpu_peaks_gib}
+
+    def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
+        """The canned output set for the pool; a pool without a free node fails as `srun --immediate` does."""
+        self._guard("run_step")
+        comp = ComponentRequest(pool.partition, pool.gres_type, 1, gpus, 1)
+        if self._place([comp], self._used()) is None:
+            raise SlurmCommandError(["srun", *argv], 1, "srun: error: Unable to allocate resources: "
+                                                         "Requested nodes are busy")
+        return self.step_output.get(pool, "")
 
     def _job_rows(self, fake_jobs: Iterable[FakeJob]) -> list[Job]:
         """Squeue's view: one row per component, hetjob components numbered from the leader's id."""
