@@ -66,17 +66,24 @@ class MemoryEstimate:
 
 
 def _bytes(w: Workload) -> tuple[float, float, float, float, float]:
-    """(weight, grad, optimizer-state, master-weight, state dtype) bytes per trainable parameter."""
+    """(weight, grad, optimizer-state, master-weight, state dtype) bytes per trainable parameter.
+
+    torch FSDP mixed precision has the same bytes as autocast: fp32 sharded parameters (they are the master),
+    fp32 sharded gradients (reduce_dtype), fp32 states; the 16-bit copies are the per-unit gathered buffers.
+    Megatron keeps 16-bit weights, an fp32 `main_grad` buffer and an fp32 master inside its optimizer.
+    """
     mixed = w.precision in ("bf16-mixed", "fp16-mixed")
     if w.precision == "fp32":
         wb, gb, sdt = 4.0, 4.0, 4.0
     elif w.precision == "bf16-pure":
         wb, gb, sdt = 2.0, 2.0, 2.0
-    elif w.framework == "torch":  # autocast: parameters and grads stay fp32
+    elif w.framework == "torch":  # autocast / FSDP mixed precision: parameters and grads stay fp32
         wb, gb, sdt = 4.0, 4.0, 4.0
-    else:  # DeepSpeed/Megatron mixed precision: 16-bit model copy, fp32 master copy inside the optimizer
+    elif w.framework == "megatron":
+        wb, gb, sdt = 2.0, 4.0, 4.0
+    else:  # DeepSpeed mixed precision: 16-bit model copy, fp32 master copy inside the optimizer
         wb, gb, sdt = 2.0, 2.0, 4.0
-    master = 4.0 if mixed and w.framework == "deepspeed" else 0.0
+    master = 4.0 if mixed and w.framework in ("deepspeed", "megatron") else 0.0
     h, f = w.arch.hidden, w.arch.ffn
     states = {
         "adamw": 2 * sdt,
@@ -89,14 +96,24 @@ def _bytes(w: Workload) -> tuple[float, float, float, float, float]:
     return wb, gb, states, master, sdt
 
 
+def _autocast(w: Workload, plan: ParallelPlan) -> bool:
+    """torch mixed precision by autocast (fp32 residual stream, 16-bit matmuls); FSDP's mixed-precision policy
+    (ZeRO-3 under torch) instead runs the whole block in 16-bit on the gathered 16-bit weights."""
+    return w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed") and plan.zero < 3
+
+
 @cache
-def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute) -> float:
-    """Bytes saved for backward by one transformer block, per token (Korthikanti et al. 2022, generalised)."""
+def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False,
+                            cp: int = 1) -> float:
+    """Bytes saved for backward by one transformer block, per token (Korthikanti et al. 2022, generalised).
+
+    With context parallelism each rank holds seq/cp tokens and attends over the whole sequence in blocks
+    (ring attention): per token the saved tensors are the same, the eager score matrix is s/cp wide."""
     a = w.arch
-    h, f, heads, s = a.hidden, a.ffn, a.heads, w.seq_len
+    h, f, heads, s = a.hidden, a.ffn, a.heads, w.seq_len // cp
     kvd = a.kv * a.head_dim
     e = 4.0 if w.precision == "fp32" else 2.0  # matmul outputs / inputs
-    amp = w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed")
+    li = 1.0 if w.fp8 else e  # float8 linears save their inputs as fp8 casts
     r = 4.0 if amp else e  # residual stream and norm inputs (fp32 under autocast)
     rep = tp if sp else 1  # tensors outside TP regions are split only with sequence parallelism
     drop = a.dropout > 0
@@ -116,16 +133,20 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
     norm = (4.0 + e) * h / rep if (w.norm_upcast and not w.compile) else r * h / rep
     total = norm  # norm1
     if tg & {"q", "k", "v"}:
-        total += (e + lora_drop({"q", "k", "v"})) * h / rep  # QKV input (norm1 output)
+        total += (li + lora_drop({"q", "k", "v"})) * h / rep  # QKV input (norm1 output)
     total += e * (h + 2 * (h if w.gqa_expand else kvd)) / tp  # q, k, v (k, v at full width if expanded)
     if w.attention == "eager":
         if recompute != "selective":
             soft = 4.0 if amp else e  # softmax runs in fp32 under autocast
+            if w.softmax_fp32 and not amp and e == 2.0:
+                soft = 4.0 + e  # softmax(..., dtype=float32).to(dtype): the fp32 output and its 16-bit copy
             total += heads * s * (soft + ((1 + e) if drop else 0)) / tp
-        total += e * h / tp  # context (o_proj input)
+        total += li * h / tp  # context (o_proj input)
     else:
         total += e * h / tp + 4.0 * heads / tp  # kernel output (also o_proj input) + log-sum-exp
-        if w.unfused_rope and a.position == "rope":
+        if w.fp8:
+            total += li * h / tp  # o_proj's fp8 copy of its input
+        elif w.unfused_rope and a.position == "rope":
             # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the
             # transpose back to (tokens, hidden) copies it: o_proj saves that copy as well
             total += e * h / tp
@@ -134,13 +155,13 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
         total += h / rep  # residual dropout mask
     total += norm  # norm2
     if "mlp" in tg:
-        total += (e + lora_drop({"mlp"})) * h / rep  # FFN input
+        total += (li + lora_drop({"mlp"})) * h / rep  # FFN input
+    down_in = li if "mlp" in tg else 0.0  # the product / activation output, saved by the down projection
     if a.activation == "swiglu":
         # gate and up outputs; eager also keeps silu(gate) and the product (down-proj input)
-        kept = 2 if w.compile else (3 + (1 if "mlp" in tg else 0))
+        total += (2 * e + (0.0 if w.compile else e + down_in)) * f / tp
     else:
-        kept = 1 if w.compile else (1 + (1 if "mlp" in tg else 0))
-    total += kept * e * f / tp
+        total += (e + (0.0 if w.compile else down_in)) * f / tp
     if drop:
         total += h / rep  # MLP dropout mask
     return total
@@ -158,8 +179,10 @@ def _logit_bytes_per_token(w: Workload, tp: int) -> float:
         # chunk (and a per-row log-sum-exp). The chunk's upcast and gradients are transient, one chunk at a time.
         return v * ((e if w.compile else 4.0) + (e + 8.0) / w.loss_chunks)
     # fp32 log-softmax output (saved) and, in backward, the gradients at both ends of log_softmax (a compiled loss
-    # fuses them into one kernel); plus the 16-bit logits where the loop keeps the model output alive
-    return v * ((e if w.hold_logits else 0.0) + (8.0 if w.compile else 12.0))
+    # fuses them into one kernel); plus the 16-bit logits where the loop keeps the model output alive. A 16-bit
+    # loss (no upcast) keeps the same three tensors at 2 bytes.
+    f32 = 4.0 if w.loss_fp32 else e
+    return v * ((e if w.hold_logits else 0.0) + (2 if w.compile else 3) * f32)
 
 
 def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated", overheads: Overheads = Overheads(),
@@ -174,14 +197,18 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
     pc = count_params(a)
     scale = (w.exact_params / pc.total(a.layers)) if w.exact_params else 1.0
     wb, gb, sb, mb_, sdt = _bytes(w)
-    tp, dp, pp = plan.tp, plan.dp, plan.pp
-    tokens = plan.micro_batch * w.seq_len
+    tp, dp, pp, cp = plan.tp, plan.dp, plan.pp, plan.cp
+    tokens = plan.micro_batch * w.seq_len // cp  # context parallelism: each rank holds seq/cp of every sequence
     lora = w.method != "full"
-    opt_div = dp if plan.zero >= 1 else 1
-    grad_div = dp if plan.zero >= 2 else 1
-    weight_div = dp if plan.zero >= 3 else 1
-    per_layer_act = _layer_activation_bytes(w, tp, plan.sequence_parallel, plan.recompute)
-    r = 4.0 if (w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed")) else (4.0 if w.precision == "fp32" else 2.0)
+    # ZeRO/FSDP shard over the data-parallel ranks (times cp: context-parallel ranks hold the same weights), or
+    # over one shard group of HSDP/MiCS, replicated across groups
+    shard = plan.shard_group or dp * cp
+    opt_div = shard if plan.zero >= 1 else 1
+    grad_div = shard if plan.zero >= 2 else 1
+    weight_div = shard if plan.zero >= 3 else 1
+    amp = _autocast(w, plan)
+    per_layer_act = _layer_activation_bytes(w, tp, plan.sequence_parallel, plan.recompute, amp, cp)
+    r = 4.0 if (amp or w.precision == "fp32") else 2.0
     rep = tp if plan.sequence_parallel else 1
     layer_input = r * a.hidden / rep
     mixed_ds = w.framework == "deepspeed" and w.precision in ("bf16-mixed", "fp16-mixed")
@@ -224,7 +251,8 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         # Gradients that persist through the forward pass: DeepSpeed's buffers, accumulation, pipelines.
         # (DeepSpeed and torch both free .grad after the step; ZeRO/BF16 optimizers' own fp32 buffers are counted
         # with the optimizer.)
-        persistent = plan.grad_accum > 1 or pp > 1 or not w.zero_grad_to_none
+        # Megatron's main_grad buffer is allocated once and kept.
+        persistent = plan.grad_accum > 1 or pp > 1 or not w.zero_grad_to_none or w.framework == "megatron"
         if w.optimizer_in_backward:
             persistent, grads_all = False, 0.0
         largest = pc.largest_matrix * scale / tp
@@ -238,9 +266,11 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             gathered = 2 * max(layer_params, largest)
             if w.framework == "deepspeed":
                 gathered = min(gathered + bk.stage3_prefetch_bucket_size, bk.stage3_max_live_parameters)
+            if not w.reshard_after_forward:  # FSDP reshard_after_forward=False / ZeRO++-style: the stage's
+                gathered = max(gathered, params)  # gathered weights stay from forward until backward
             fb_buffers += gathered * (2.0 if w.precision != "fp32" else 4.0)
             fb_buffers += layer_params * gb  # one unit's unsharded gradients before reduce-scatter
-        # Gradient reduction buffers exist from the first gradient on (not yet during the loss's backward).
+        # Gradient reduction buffers (allocated when backward starts).
         bucket = 0.0
         if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1 and trainable > 0:
             # contiguous_gradients: ZeRO-1/2 allocate the whole reduce bucket, whatever the model's size
@@ -252,8 +282,14 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             fb_buffers += trainable * gb  # DDP's gradient buckets: a second copy of the gradients, kept for the run
         if w.method == "qlora":
             fb_buffers += largest * 2.0
-        if w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed") and not lora:
-            fb_buffers += linear * 2.0  # autocast's 16-bit weight copies, saved for backward
+        if amp and not lora:
+            fb_buffers += linear * 2.0  # autocast's 16-bit weight copies, saved for backward (not under FSDP)
+        if w.fp8:
+            fb_buffers += (linear / weight_div) * 1.0 + largest * 1.0  # fp8 weight casts (+ one being made)
+        if cp > 1:
+            # ring attention: the K/V block being received and the one being sent (double buffer), 16-bit
+            kvd = a.kv * a.head_dim / tp
+            fb_buffers += 2 * 2 * kvd * tokens * (4.0 if w.precision == "fp32" else 2.0)
 
         step_buffers = 0.0
         if not w.optimizer_in_backward and not plan.offload_optimizer:
@@ -267,13 +303,28 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1:
                 step_buffers += min(bk.allgather_bucket_size, params) * wb
 
-        # Activations of the micro-batches in flight (1F1B keeps pp - stage of them on stage `stage`).
-        inflight = min(pp - i, max(plan.grad_accum, 1)) if pp > 1 else 1
+        # Activations of the micro-batches in flight: 1F1B keeps pp - stage of them on stage `stage`, GPipe all
+        # of them; interleaved 1F1B with v model chunks per rank keeps (pp - stage - 1) * 2 + (v - 1) * pp + 1
+        # chunk-micro-batches in warm-up (Megatron's schedule), each 1/v of the stage's layers.
+        ga = max(plan.grad_accum, 1)
+        if pp == 1:
+            inflight = 1.0
+        elif plan.schedule == "gpipe":
+            inflight = float(ga)
+        elif plan.schedule == "interleaved" and plan.virtual_stages > 1:
+            v = plan.virtual_stages
+            inflight = min(ga * v, (pp - i - 1) * 2 + (v - 1) * pp + 1) / v
+        else:
+            inflight = float(min(pp - i, ga))
         if plan.recompute == "full":
-            kept = n_layers * layer_input * tokens * inflight
-            if w.activation_offload:
+            # every checkpointed block keeps only its input; recompute_layers < all: the rest keep everything
+            ck = n_layers if plan.recompute_layers is None else min(plan.recompute_layers, n_layers)
+            kept = (ck * layer_input + (n_layers - ck) * per_layer_act) * tokens * inflight
+            if w.activation_offload:  # offloaded to host memory, with about two blocks' tensors in transfer
                 kept = min(2, n_layers) * layer_input * tokens
             acts = kept + per_layer_act * tokens  # plus one block recomputed during its backward
+        elif w.activation_offload:
+            acts = min(2, n_layers) * per_layer_act * tokens
         else:
             acts = n_layers * per_layer_act * tokens * inflight
         e_act = 4.0 if w.precision == "fp32" else 2.0
@@ -292,7 +343,7 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         const = weights + optimizer
         # backward-start is the larger of two instants: the loss's backward (logits and their gradients alive)
         # and the last block's backward (logits freed, the head's gradients and the block's working set alive)
-        start_loss = const + (grads_all if persistent else 0.0) + acts + logits + fb_buffers
+        start_loss = const + (grads_all if persistent else 0.0) + acts + logits + fb_buffers + bucket
         start_block = const + (grads_all if persistent else head_grads) + acts + work + fb_buffers + bucket
         start = max(start_loss, start_block)
         # the first block's backward: every other gradient exists, its own saved tensors are still alive
@@ -303,7 +354,7 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             phase = "backward-start"
             if start_loss >= start_block:
                 parts = dict(weights=weights, gradients=grads_all if persistent else 0.0, optimizer=optimizer,
-                             activations=acts, logits=logits, buffers=fb_buffers)
+                             activations=acts, logits=logits, buffers=fb_buffers + bucket)
             else:
                 parts = dict(weights=weights, gradients=grads_all if persistent else head_grads, optimizer=optimizer,
                              activations=acts + work, logits=0.0, buffers=fb_buffers + bucket)

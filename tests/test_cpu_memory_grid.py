@@ -1,0 +1,42 @@
+"""MARP against the CPU ground truth: real torch/DeepSpeed training on gloo (benchmarks/cpu_memory_grid.py).
+
+The grid's dataset (benchmarks/data/cpu_memory_grid.json) holds, per point, what MARP is told (architecture,
+workload options, parallel plan) and the measured peak live bytes per rank; this test only predicts. Every
+pipeline stage's worst rank must be within 3% of MARP's allocated-bytes prediction for that stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from frenzy_slurm.eval.grid import load_grid, predict
+
+DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "cpu_memory_grid.json"
+TOLERANCE = 0.03
+
+# Points MARP does not yet meet, each with the reason (docs/accuracy.md); strict, so a fix must remove them.
+KNOWN_GAPS: dict[str, str] = {}
+
+POINTS = load_grid(DATA) if DATA.exists() else []
+
+
+def test_grid_dataset_is_present_and_covers_the_modes():
+    assert POINTS, f"{DATA} is missing: run python benchmarks/cpu_memory_grid.py"
+    trainers = {p["trainer"] for p in POINTS}
+    assert {"deepspeed", "pipeline", "fsdp2", "tp", "torch"} <= trainers
+    assert {p["plan"]["zero"] for p in POINTS if p["trainer"] == "deepspeed"} >= {1, 2, 3}
+    assert any(p["plan"]["recompute"] == "full" for p in POINTS)
+    assert any(p["workload"]["method"] == "lora" for p in POINTS)
+    assert {p["plan"]["pp"] for p in POINTS} >= {2, 4}
+
+
+@pytest.mark.parametrize("point", POINTS, ids=[p["name"] for p in POINTS])
+def test_marp_within_3_percent(point):
+    if point["name"] in KNOWN_GAPS:
+        pytest.xfail(KNOWN_GAPS[point["name"]])
+    for r in predict(point):
+        assert abs(r.error) <= TOLERANCE, (
+            f"{r.point} stage {r.stage}: measured {r.measured / 2**20:.3f} MiB, MARP {r.predicted / 2**20:.3f} MiB "
+            f"({r.error:+.1%})")
