@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from frenzy_slurm.runtime.checkpoints import latest_step
+
 from .helpers import EXAMPLES, ROOT, fsbatch_json, run_cli, wait_done
 from .slurm_fixture import occupy_gpus, sh, wait_for
 
@@ -90,7 +92,8 @@ def test_requeued_job_resumes_from_checkpoint(jobs_dir, tmp_path):
     out = fsbatch_json(str(spec), "--site", str(SITE))
     job = out["job_id"]
     ckpt = Path(out["job_dir"]) / "checkpoints"
-    wait_for(lambda: (ckpt / "step10").exists(), timeout=240, interval=0.5, what="checkpoint step10")
+    # older checkpoints are pruned (keep_checkpoints), so wait for the latest, not for one tag
+    wait_for(lambda: (latest_step(ckpt) or 0) >= 10, timeout=240, interval=0.5, what="checkpoint step10")
     subprocess.run(["scontrol", "requeue", str(job)], check=True)
     # Slurm holds requeued jobs for a while (BeginTime); release it now
     wait_for(lambda: "PENDING" in sh("squeue", "-h", "-j", str(job), "-o", "%T", check=False), what="requeued")
@@ -101,3 +104,5 @@ def test_requeued_job_resumes_from_checkpoint(jobs_dir, tmp_path):
     assert m["restart"] >= 1 and m["resumed_from_step"] >= 10 and m["step"] == 80
     steps = [s for s, _ in m["loss"]]
     assert steps == list(range(1, 81)), "the step counter continues across the restart"
+    kept = sorted(int(p.name[4:]) for p in ckpt.glob("step*"))
+    assert kept == [70, 75, 80] and latest_step(ckpt) == 80, "the newest keep_checkpoints (3) are kept"
