@@ -98,6 +98,9 @@ class TrackedJob:
 def _attach_files(t: TrackedJob) -> None:
     if t.job_dir is None:
         return
+    if not os.access(t.job_dir, os.R_OK | os.X_OK):  # another user's job directory is private (0700)
+        t.notes.append(f"job directory {t.job_dir} is not readable by you")
+        return
     if (t.job_dir / "plan.json").exists():
         try:
             t.plan = read_plan(t.job_dir / "plan.json")

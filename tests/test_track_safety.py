@@ -100,3 +100,16 @@ def test_fsqueue_unknown_jobid_with_slurm_down_is_exit_4(tmp_path, slurm_down):
     res = subprocess.run([sys.executable, "-c", code, "999999", "--backend", "cli"], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=120)
     assert res.returncode == 4 and "Traceback" not in res.stderr and "unreachable" in res.stderr.lower()
+
+
+def test_unreadable_job_directory_of_another_user_is_a_note(tmp_path, monkeypatch):
+    """`fsqueue --all` lists other users' jobs; their job directories are private (0700) and must not crash it."""
+    from frenzy_slurm.slurm.model import Job
+    import frenzy_slurm.track as track
+
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o700)
+    monkeypatch.setattr(track.os, "access", lambda path, mode: Path(path) != d)
+    job = Job(job_id=7, state="RUNNING", comment="frenzy:abc", user="other", workdir=str(d), name="x")
+    t = frenzy_jobs([job])[0]
+    assert t.plan is None and any("not readable" in n for n in t.notes)
