@@ -222,3 +222,14 @@ def test_site_file_field_defaults_to_private():
     from frenzy_slurm.sim.synthetic import synthetic_site
 
     assert synthetic_site(LOCAL).job_dirs_group_readable is False
+
+
+def test_lock_directory_writable_by_others_is_refused(world, tmp_path, monkeypatch):
+    """The lock never lives in a shared directory such as /tmp (it used to sit beside a custom --job-dir)."""
+    shared = tmp_path / "sharedlocks"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(shared))
+    code, msg = _code(submit, request(world, tmp_path / "jobs" / "a"), fake(world[0]))
+    assert code == EXIT_BAD_INPUT and "lock directory" in msg and "FRENZY_LOCK_DIR" in msg
+    assert not list(shared.iterdir())

@@ -82,7 +82,11 @@ def lock_dir() -> Path:
 @contextmanager
 def user_lock(key: str) -> Iterator[None]:
     """An exclusive lock for one submission of this user, held across every job directory."""
-    directory = make_private_dir(lock_dir(), "lock directory")
+    try:
+        directory = make_private_dir(lock_dir(), "lock directory")
+    except InputError as exc:
+        raise InputError(f"{exc.message} Set FRENZY_LOCK_DIR to a private directory of yours (on a file system "
+                         "every login node sees).") from None
     path = directory / f"submit-{key}.lock"
     try:
         # O_NOFOLLOW: a symlink planted at the lock's path must not make us open (or create) another file
