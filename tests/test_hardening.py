@@ -256,6 +256,14 @@ def test_memory_trace_factory_wrong_kwargs_is_exit_2(write_yaml, user_package):
     assert user_package.exists(), "with --trace-factory the module is imported (and says so)"
 
 
+def test_memory_says_factory_was_not_run(write_yaml, user_package):
+    path = write_yaml(FACTORY_YAML.format(factory="usermodels:build", kwargs="{layers: 2}"))
+    res = _run("frenzy-slurm", "memory", str(path), "--plan", "dp=1",
+               env={"PYTHONPATH": f"{user_package.parent / 'pkg'}:{ROOT}"})
+    assert res.returncode == 0, res.stderr
+    assert "model.factory usermodels:build was not run" in res.stderr and not user_package.exists()
+
+
 @pytest.mark.parametrize("value", ["1", "abc", "0", "-3", "99999999999999999999999"])
 def test_fsbatch_bad_time_flag_is_exit_2(offline, value, tmp_path):
     res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", *offline, "-t", value,

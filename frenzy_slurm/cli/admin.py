@@ -12,7 +12,8 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import backend_options, cluster_options, existing_file, print_json, reports_errors, table
-from frenzy_slurm.cli.plan_view import candidate_json, candidate_rows, gpu_options, load, memory_json, memory_rows
+from frenzy_slurm.cli.plan_view import (candidate_json, candidate_rows, factory_note, gpu_options, load, memory_json,
+                                        memory_rows)
 from frenzy_slurm.errors import InputError, NoFitError
 from frenzy_slurm.marp import estimate_memory, parse_plan, search, search_space_from_spec, workload_from_spec
 from frenzy_slurm.marp.memory import GiB
@@ -53,6 +54,8 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
     if plot and not plan_text:
         raise InputError("--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png")
     spec, model = load(model_yaml, trace=trace_factory)
+    if (note := factory_note(spec, model)) is not None and not as_json:
+        click.echo(note, err=True)  # say whether user code ran on this machine (stderr: tables stay parseable)
     found = calib.site_calibration(site)
     w = workload_from_spec(spec, model)
     if plan_text:
