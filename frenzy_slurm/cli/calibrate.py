@@ -104,11 +104,12 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
                           step_time=steps, memory=memory, jobs=[str(o.job_dir) for o in observations],
                           not_applied=refused, notes=notes)
     path = output or calibration_path(site_path)
-    if not dry_run:
+    empty = not steps and not memory
+    if not dry_run and not empty:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_calibration(path, cal)
     if as_json:
-        print_json({"path": str(path), "written": not dry_run, "calibration": cal.model_dump(mode="json"),
+        print_json({"path": str(path), "written": not dry_run and not empty, "calibration": cal.model_dump(mode="json"),
                     "skipped": skipped})
         return
     click.echo(f"{len(observations)} measured job(s) from {len(dirs)} director(ies); site file {site_path}")
@@ -127,8 +128,10 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
         click.echo(f"note: {line}")
     for line in skipped:
         click.echo(f"skipped: {line}", err=True)
-    if not steps and not memory:
-        click.echo("no correction met its bounds and minimum job count; nothing is applied.")
+    if empty:
+        click.echo(f"no correction met its bounds and minimum job count; nothing is applied and {path} is not "
+                   "written" + (" (the calibration already there stays as it is)." if path.exists() else "."))
+        return
     click.echo(("would write " if dry_run else "wrote ") + str(path))
 
 
