@@ -95,6 +95,12 @@ class FakeNvml:
     def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
         return self.data["topology"][a][b]
 
+    def nvmlDeviceGetMigMode(self, h):
+        mig = self._dev(h).get("mig")
+        if mig is None:
+            raise NVMLError_NotSupported("Not Supported")
+        return [mig, mig]
+
     def nvmlDeviceGetUtilizationRates(self, h):
         return SimpleNamespace(gpu=self.utilisation.get(h, 0), memory=0)
 

@@ -50,6 +50,14 @@ def test_no_driver_is_reported_per_pool_and_slurm_describes_it():
     assert "no NVML answer" in text and changes == ["t4/t4: added (T4, 4 per node, pcie4; source slurm)"]
 
 
+def test_mig_is_reported():
+    data = json.loads((Path(__file__).parent / "data" / "nvml" / "dgx-a100-80gb.json").read_text())
+    data["devices"][0]["mig"] = 1
+    ans = probe(FakeNvml(data))
+    assert ans["gpus"][0]["mig_enabled"] and not ans["gpus"][1]["mig_enabled"]
+    assert any("MIG is enabled" in p for p in interpret("gpu", "a100", 8, ans).problems)
+
+
 def test_unknown_model_and_count_mismatch_are_reported():
     data = json.loads((Path(__file__).parent / "data" / "nvml" / "pcie-4xa10.json").read_text())
     for d in data["devices"]:

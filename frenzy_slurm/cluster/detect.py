@@ -78,6 +78,9 @@ def interpret(partition: str, gres_type: str, slurm_gpus_per_node: int, answer: 
     if not gpus:
         det.problems.append(f"NVML on {det.host} sees no GPU (is CUDA_VISIBLE_DEVICES empty, or the GRES File= wrong?)")
         return det
+    if any(g.get("mig_enabled") for g in gpus):
+        det.problems.append(f"MIG is enabled on {det.host}: frenzy-slurm plans whole GPUs; a MIG slice's memory and "
+                            "speed are not the product's (describe such GRES types by hand with overrides)")
     names = {g["name"] for g in gpus}
     if len(names) > 1:
         det.problems.append(f"{det.host} mixes GPU models {sorted(names)} under one GRES type; split them into "

@@ -22,7 +22,7 @@ NVML_CALLS = (
     "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName", "nvmlDeviceGetUUID",
     "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMaxPcieLinkGeneration",
     "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkVersion",
-    "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetMigMode",
 )
 MAX_LINKS = 18  # NVLink ports per GPU up to Blackwell (H100: 18, A100: 12, V100: 6)
 
@@ -70,6 +70,8 @@ def probe(nvml: Any) -> dict:
                 "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(h).total), "pci_bus_id": bus,
                 "pcie_generation": _try(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
                 "pcie_width": _try(nvml.nvmlDeviceGetMaxPcieLinkWidth, h),
+                # [current, pending]; NotSupported on GPUs without MIG
+                "mig_enabled": bool((_try(nvml.nvmlDeviceGetMigMode, h) or [0])[0]),
             })
         for i, h in enumerate(handles):
             links, versions, peers = 0, set(), set()
