@@ -40,6 +40,7 @@ class IlpPolicy:
         self.held: list[tuple[Attempt, float]] = []  # (attempt, when it arrived)
         self._cands: dict[int, dict] = {}
         self.round_ms: list[float] = []  # wall time of each round that solved an integer program
+        self.solve_ms: list[float] = []  # of which HiGHS alone (the rest: MARP searches for new jobs, the view)
         self.round_vars: list[int] = []
         self.unplaceable: list[Attempt] = []  # no candidate on any pool, even with the cluster empty
 
@@ -111,8 +112,10 @@ class IlpPolicy:
                 full_free = sum(1 for f in pool.free_by_node if f == pool.site.gpus_per_node)
                 if whole.any():
                     rows.append(whole), lo.append(0), hi.append(full_free)
+            t_solve = time.perf_counter()
             res = milp(c=-np.array(values), integrality=np.ones(n), bounds=Bounds(0, 1),
                        constraints=LinearConstraint(np.array(rows), lo, hi), options={"time_limit": 10.0})
+            self.solve_ms.append((time.perf_counter() - t_solve) * 1e3)
             chosen = [k for k in range(n) if res.x is not None and res.x[k] > 0.5]
             free_now = {p.key: list(p.free_by_node) for p in {id(o[1]): o[1] for o in options}.values()}
             for k in sorted(chosen, key=lambda k: -values[k]):

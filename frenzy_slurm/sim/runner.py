@@ -232,6 +232,9 @@ class Runner:
             self.decision_ms = list(self.policy.round_ms)
             extra["ilp_vars_median"] = sorted(self.policy.round_vars)[len(self.policy.round_vars) // 2] \
                 if self.policy.round_vars else 0
+            solve = sorted(self.policy.solve_ms)
+            extra["ilp_solve_ms_median"] = solve[len(solve) // 2] if solve else 0.0
+            extra["ilp_solve_ms_p95"] = solve[int(0.95 * (len(solve) - 1))] if solve else 0.0
         extra["schedule_s"] = self.sim.schedule_s
         return RunResult(self.policy.name, self.seed, self.cluster.gpus, self.cluster.describe(),
                          sorted(self.records.values(), key=lambda r: r.id), list(self.sim.timeline),
