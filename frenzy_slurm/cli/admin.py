@@ -181,7 +181,11 @@ def site_validate(backend: str, snapshot: Path | None, site: Path | None, site_f
     path = site_file or find_site(site)
     if path is None:
         raise InputError("no site file given: pass SITE_FILE or --site, or set FRENZY_SITE")
-    problems = validate_site(load_site(path), open_backend(backend, snapshot).load())
+    site_cfg = load_site(path)
+    problems = validate_site(site_cfg, open_backend(backend, snapshot).load())
+    from frenzy_slurm.cli.calibrate import calibration_status
+
+    problems += calibration_status(site_cfg, path)  # a stale calibration beside it would stop every fsbatch
     for p in problems:
         click.echo(f"{path}: {p}")
     if problems:

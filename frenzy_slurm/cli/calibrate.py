@@ -197,3 +197,17 @@ def calibrated_search_rows(found, spec, w, options, max_gpus: int) -> tuple[list
         rows.append([str(name), r.plan.short() if r else "-", f"{r.step_time_s:.4g}" if r else "-",
                      c.plan.short() if c else "-", f"{c.step_time_s:.4g}" if c else "-"])
     return ["gpu", "fastest plan (raw)", "raw step s", "fastest plan (calibrated)", "calibrated step s"], rows
+
+
+def calibration_status(site_cfg, site_path: Path) -> list[str]:
+    """`site validate`: the calibration beside the site file, if any, as fsbatch would load it (problems only)."""
+    from frenzy_slurm.calibration import calibration_path, load_calibration
+
+    path = calibration_path(site_path)
+    if not path.exists():
+        return []
+    try:
+        load_calibration(path, site_cfg)
+    except InputError as exc:
+        return [f"calibration: {exc.message}"]
+    return []
