@@ -1,0 +1,64 @@
+"""Issue 10 item 8 on the real local cluster: slurmctld is paused while sbatch runs, sbatch times out, the
+job appears once slurmctld resumes; fsbatch's submission finds it by its tag and records it (it used to
+report "Slurm unreachable" and write no submission.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+from pathlib import Path
+
+from frenzy_slurm.cluster.site import load_site
+from frenzy_slurm.marp import workload_from_spec
+from frenzy_slurm.render import render_job
+from frenzy_slurm.slurm import cli as slurm_cli
+from frenzy_slurm.slurm.cli import SlurmCliBackend
+from frenzy_slurm.spec import resolve_model
+from frenzy_slurm.spec.job import SlurmOptions
+from frenzy_slurm.submit import submit
+
+from .helpers import ROOT, make_spec, plan
+from .slurm_fixture import sh
+
+SITE = ROOT / "site_configs" / "devcluster.yaml"
+
+
+def _slurmctld_pid() -> int:
+    conf = Path(os.environ["SLURM_CONF"]).read_text()
+    pidfile = re.search(r"^SlurmctldPidFile=(\S+)", conf, re.M).group(1)
+    return int(Path(pidfile).read_text().split()[0])
+
+
+def test_sbatch_timeout_while_slurmctld_is_paused(clean_queue, tmp_path, monkeypatch):
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    spec = make_spec(training={"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+                     entry={"trainer": "script", "script": str(script)})
+    backend = SlurmCliBackend()
+    decision = plan(spec, backend.load(), site=load_site(SITE))
+    model = resolve_model(spec, ".")
+    req = render_job(spec, tmp_path / "model.yaml", model, workload_from_spec(spec, model), decision, SlurmOptions(),
+                     job_dir=tmp_path / "jobs" / "paused")
+    pid = _slurmctld_pid()
+    real_run = slurm_cli.run
+
+    def paused_sbatch(argv, timeout=30.0, **kw):
+        if argv[0] != "sbatch":
+            return real_run(argv, timeout=timeout, **kw)
+        os.kill(pid, signal.SIGSTOP)  # slurmctld stops answering just as sbatch sends the job
+        threading.Timer(6.0, os.kill, (pid, signal.SIGCONT)).start()
+        return real_run(argv, timeout=3.0, **kw)  # sbatch gives up long before slurmctld is back
+
+    monkeypatch.setattr(slurm_cli, "run", paused_sbatch)
+    try:
+        done = submit(req, backend, timeout_waits=(4.0, 5.0, 10.0))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    record = json.loads((req.job_dir / "submission.json").read_text())
+    assert record["job_id"] == done.job_id and "timed out" in record["recovered"]
+    shown = sh("squeue", "-h", "--states=all", "-j", str(done.job_id), "-o", "%i %k")
+    assert f"{done.job_id} frenzy:{req.submission}" in shown
