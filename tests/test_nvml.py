@@ -126,3 +126,22 @@ def test_sampler_run_follows_the_watched_process_then_writes_metrics(tmp_path, m
 def test_probe_dgx_h100_name_without_memory_technology():
     det = interpret("h100", "h100", 8, probe(FakeNvml("dgx-h100.json")))
     assert (det.gpu.name, det.intra_node, det.cuda, det.problems) == ("H100-SXM", "nvlink4", "12.4", [])
+
+
+def test_probe_pools_through_the_seam_with_a_busy_pool():
+    """The seam's run_step answers with the probe's JSON; a pool with no free node fails fast and says so."""
+    from frenzy_slurm.cluster.detect import probe_pools
+    from frenzy_slurm.sim.synthetic import synthetic
+    from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
+    from frenzy_slurm.slurm.fake import FakeSlurm
+    from frenzy_slurm.slurm.model import PoolKey
+
+    slurm = FakeSlurm(synthetic([("a100", "A100-80GB", 1, 8), ("t4", "T4", 1, 4)], now=0.0))
+    slurm.step_output[PoolKey("a100", "a100_80gb")] = "motd line\n" + json.dumps(probe(FakeNvml("dgx-a100-80gb.json")))
+    # the only t4 node is taken by a running job
+    slurm.submit(BatchJob(script=Path("/dev/null"), workdir=Path("/tmp"),
+                          components=[ComponentRequest("t4", "t4", 1, 4, 60)]))
+    found = {d.where: d for d in probe_pools(slurm, slurm.load(), "python3", 30)}
+    a100, t4 = found["a100/a100_80gb"], found["t4/t4"]
+    assert (a100.source, a100.gpu.name, a100.intra_node) == ("nvml", "A100-80GB", "nvlink3")
+    assert t4.source == "slurm" and "probe step failed" in t4.problems[0] and "busy" in t4.problems[0]

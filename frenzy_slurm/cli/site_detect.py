@@ -11,7 +11,6 @@ NVML are described from Slurm's own GRES, and say so.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -21,21 +20,6 @@ import click
 
 from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors
 from frenzy_slurm.errors import InputError
-
-PROBE_MODULE = "frenzy_slurm.runtime.nvml_probe"
-
-
-def _parse_answer(stdout: str) -> dict | None:
-    """The probe prints one JSON object; anything else on stdout (site banners, MOTD) is ignored."""
-    for line in reversed(stdout.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                return None
-    return None
-
 
 @click.command("detect")
 @cluster_options
@@ -52,9 +36,9 @@ def _parse_answer(stdout: str) -> dict | None:
 def site_detect(backend: str, snapshot: Path | None, site: Path | None, output: Path | None, dry_run: bool,
                 python: str, timeout: int, partitions: tuple[str, ...], as_json: bool) -> None:
     """Detect each pool's GPUs with NVML on a compute node and write or update the site file."""
-    from frenzy_slurm.cluster.detect import interpret, merge_site, read_text
+    from frenzy_slurm.cluster.detect import merge_site, probe_pools, read_text
     from frenzy_slurm.cluster.site_tools import find_site
-    from frenzy_slurm.slurm import SlurmCommandError, SlurmUnavailable, open_backend
+    from frenzy_slurm.slurm import open_backend
 
     try:
         import ruamel.yaml  # noqa: F401
@@ -70,17 +54,7 @@ def site_detect(backend: str, snapshot: Path | None, site: Path | None, output: 
     if not pools:
         raise InputError("no GPU pool to probe: no node has GPU GRES" + (f" in {', '.join(partitions)}" if partitions
                                                                          else "") + " (is GresTypes=gpu set?)")
-    detected = []
-    for pool in pools:
-        answer, failure = None, None
-        try:
-            out = cluster.run_step(pool.key, pool.gpus_per_node, [python, "-m", PROBE_MODULE], timeout)
-            answer = _parse_answer(out)
-            if answer is None:
-                failure = f"the probe printed no JSON (is frenzy-slurm installed for {python} on the nodes?)"
-        except (SlurmCommandError, SlurmUnavailable) as exc:
-            failure = f"probe step failed: {exc.message.strip().splitlines()[-1] if exc.message.strip() else exc}"
-        detected.append(interpret(pool.partition, pool.gpu_type, pool.gpus_per_node, answer, failure))
+    detected = probe_pools(cluster, view, python, timeout, partitions)
     text, changes = merge_site(read_text(path) if path else None, view.cluster or "unnamed", detected,
                                time.strftime("%Y-%m-%d"))
     if as_json:

@@ -165,5 +165,44 @@ def merge_site(text: str | None, cluster: str, detected: list[Detected], today: 
     return out.getvalue(), changes
 
 
+PROBE_MODULE = "frenzy_slurm.runtime.nvml_probe"
+
+
+def _parse_answer(stdout: str) -> dict | None:
+    """The probe prints one JSON object; anything else on stdout (site banners, MOTD) is ignored."""
+    import json
+
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def probe_pools(backend, view, python: str, timeout: float, partitions: tuple[str, ...] = ()) -> list[Detected]:
+    """One probe step per (partition, GRES type) of the view, through the Slurm seam; a pool whose step
+    fails (busy, refused, a read-only backend) is described from Slurm's GRES and says why."""
+    from frenzy_slurm.slurm import SlurmCommandError, SlurmUnavailable
+
+    detected = []
+    for pool in view.pools():
+        if partitions and pool.partition not in partitions:
+            continue
+        answer, failure = None, None
+        try:
+            out = backend.run_step(pool.key, pool.gpus_per_node, [python, "-m", PROBE_MODULE], timeout)
+            answer = _parse_answer(out)
+            if answer is None:
+                failure = f"the probe printed no JSON (is frenzy-slurm installed for {python} on the nodes?)"
+        except (SlurmCommandError, SlurmUnavailable) as exc:
+            lines = exc.message.strip().splitlines()
+            failure = f"probe step failed: {lines[-1] if lines else exc}"
+        detected.append(interpret(pool.partition, pool.gpu_type, pool.gpus_per_node, answer, failure))
+    return detected
+
+
 def read_text(path: Path) -> str | None:
     return path.read_text() if path.exists() else None
