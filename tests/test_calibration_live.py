@@ -74,3 +74,21 @@ def test_calibration_end_to_end_on_the_cpu_cluster(tmp_path, clean_queue, monkey
     assert abs(predicted - measured) / measured <= 0.25, (predicted, measured, m["step_times_s"])
     shown = run_cli("fsqueue", str(m["job_id"]))
     assert "calibration:" in shown.stdout and "calibrated" in shown.stdout
+
+
+def test_user_script_job_runs_the_sampler_which_says_there_is_no_nvml(tmp_path, clean_queue):
+    """The launcher starts the NVML sampler beside a user's script; on the CPU cluster it says so once per
+    node and leaves the job alone."""
+    spec = tmp_path / "script.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "sampled", "model": {"preset": "gpt2"},
+        "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+        "entry": {"trainer": "script", "script": str(Path(__file__).parent / "payloads" / "record.py")}}))
+    out = fsbatch_json(str(spec), "--site", str(ROOT / "site_configs" / "devcluster.yaml"),
+                       "--job-dir", str(tmp_path / "job"))
+    done = wait_done(out["job_id"], timeout=120)
+    assert done["state"] == "COMPLETED", done
+    log = (tmp_path / "job" / f"slurm-{out['job_id']}.out").read_text()
+    nodes = {c["nodes"] for c in out["decision"]["chosen"]["components"]}
+    assert log.count("frenzy-slurm sampler: no NVML on") == sum(nodes), log[-2000:]
+    assert not (tmp_path / "job" / "metrics.json").exists()  # nothing measured, nothing invented
