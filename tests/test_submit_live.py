@@ -62,3 +62,34 @@ def test_sbatch_timeout_while_slurmctld_is_paused(clean_queue, tmp_path, monkeyp
     assert record["job_id"] == done.job_id and "timed out" in record["recovered"]
     shown = sh("squeue", "-h", "--states=all", "-j", str(done.job_id), "-o", "%i %k")
     assert f"{done.job_id} frenzy:{req.submission}" in shown
+
+
+def test_concurrent_submissions_from_five_directories_give_one_job(clean_queue, tmp_path):
+    """The audit's case: one model.yaml submitted at once from five job directories gave five jobs."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "five", "model": {"preset": "gpt2"},
+        "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+        "entry": {"trainer": "script", "script": str(script)}}))
+    env = {**os.environ, "FRENZY_SITE": str(SITE), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    code = "import sys; from frenzy_slurm.cli.fsbatch import main; sys.argv[0] = 'fsbatch'; main()"
+    procs = []
+    for i in range(5):
+        d = tmp_path / f"dir{i}"
+        d.mkdir(mode=0o700)
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(spec), "--job-dir", str(d / "job"), "--json"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=d))
+    results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
+    codes = sorted(rc for rc, _, _ in results)
+    assert codes == [0, 7, 7, 7, 7], results
+    ok = next(json.loads(out) for rc, out, _ in results if rc == 0)
+    job_id, tag = ok["job_id"], f"frenzy:{ok['submission']}"
+    tagged = [line for line in sh("squeue", "-h", "--states=all", "-o", "%i %k").splitlines() if line.endswith(tag)]
+    assert len(tagged) == 1 and tagged[0].startswith(str(job_id))

@@ -233,3 +233,18 @@ def test_lock_directory_writable_by_others_is_refused(world, tmp_path, monkeypat
     code, msg = _code(submit, request(world, tmp_path / "jobs" / "a"), fake(world[0]))
     assert code == EXIT_BAD_INPUT and "lock directory" in msg and "FRENZY_LOCK_DIR" in msg
     assert not list(shared.iterdir())
+
+
+def test_duplicate_from_another_directory_after_the_job_left_the_queue(world, tmp_path):
+    """The queue forgets finished jobs; the user's registry does not (until the job directory is removed)."""
+    import shutil
+
+    slurm = fake(world[0])
+    first = request(world, tmp_path / "jobs" / "a")
+    done = submit(first, slurm)
+    slurm.fake_jobs.clear()  # finished and gone from the queue (MinJobAge)
+    code, msg = _code(submit, request(world, tmp_path / "other" / "b"), slurm)
+    assert code == EXIT_ALREADY_SUBMITTED and str(done.job_id) in msg and str(first.job_dir) in msg
+    shutil.rmtree(first.job_dir)  # the user cleans up: a fresh start is allowed
+    again = submit(request(world, tmp_path / "other" / "b"), slurm)
+    assert again.job_id != done.job_id

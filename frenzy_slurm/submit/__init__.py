@@ -69,12 +69,15 @@ def tagged_jobs(req: JobRequest, backend: SlurmBackend | None) -> list[Job]:
     return [j for j in backend.jobs(user=getpass.getuser()) if j.comment == tag]
 
 
-def existing_job(req: JobRequest, tagged: list[Job]) -> str | None:
-    """Why this submission already has a job, or None: its directory's record, or a live job with its tag."""
+def existing_job(req: JobRequest, tagged: list[Job], earlier: list[dict] | None = None) -> str | None:
+    """Why this submission already has a job, or None: its directory's record, the user's registry of this
+    submission's directories (`jobdir.registered`), or a live job with its tag in the queue."""
     record = req.job_dir / "submission.json"
     if record.exists():
         job = (read_json_or_none(record) or {}).get("job_id", "?")
         return f"job {job} was already submitted from {req.job_dir}"
+    for e in earlier or []:
+        return f"job {e['job_id']} with the same submission ({req.submission}) was already submitted from {e['job_dir']}"
     for j in tagged:
         if j.phase in ("pending", "running", "suspended"):
             where = f" (job directory {j.workdir})" if j.workdir else ""
@@ -86,6 +89,7 @@ def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], 
     write_json(req.job_dir / "submission.json",
                {"job_id": job_id, "cluster": cluster, "submission": req.submission, "argv": argv, "backend": backend,
                 "submitted_at": time.time(), **extra})
+    jobdir.register(req.submission, job_id, req.job_dir)
 
 
 def _adopt(req: JobRequest, tagged: list[Job], backend: SlurmBackend) -> None:
@@ -137,7 +141,7 @@ def submit(req: JobRequest, backend: SlurmBackend, force: bool = False,
     with jobdir.user_lock(req.submission):
         tagged = tagged_jobs(req, backend)
         _adopt(req, tagged, backend)
-        why = existing_job(req, tagged)
+        why = existing_job(req, tagged, jobdir.registered(req.submission))
         if why and not force:
             raise AlreadySubmitted(f"{why}; not submitting it again. Use --force for another job (in a new job "
                                    f"directory), or `fsqueue` to follow the existing one.")

@@ -11,7 +11,9 @@ checkpoints and logs; the job runs with it as its working directory. So:
   nor deleted: `fsbatch --force` plans the new job into a fresh sibling directory;
 - concurrent fsbatch runs of one submission serialise on a lock in the user's own private directory
   (`$FRENZY_LOCK_DIR`, else `$XDG_CACHE_HOME/frenzy-slurm/locks`, else `~/.cache/frenzy-slurm/locks`),
-  whatever the job directory, opened with O_NOFOLLOW and checked to be the user's.
+  whatever the job directory, opened with O_NOFOLLOW and checked to be the user's; beside it,
+  `submitted-<hash>.json` lists the directories this submission was submitted from, so a duplicate is
+  recognised from another directory even after its job has left the queue.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.records import write_atomic
+from frenzy_slurm.records import read_json_or_none, write_atomic, write_json
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -106,6 +108,34 @@ def user_lock(key: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _registry(key: str) -> Path:
+    return lock_dir() / f"submitted-{key}.json"
+
+
+def registered(key: str) -> list[dict]:
+    """Earlier submissions of `key` by this user whose job directory still records that job.
+
+    A directory the user has since deleted (or whose record names another job) no longer counts: removing
+    a job directory is how a user says "start this one afresh".
+    """
+    entries = read_json_or_none(_registry(key))
+    out = []
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or "job_dir" not in e:
+            continue
+        record = read_json_or_none(Path(str(e["job_dir"])) / "submission.json")
+        if isinstance(record, dict) and record.get("job_id") == e.get("job_id"):
+            out.append(e)
+    return out
+
+
+def register(key: str, job_id: int, job_dir: Path) -> None:
+    """Add a submission of `key` to the user's registry (call under `user_lock(key)`)."""
+    entries = [e for e in registered(key) if Path(str(e["job_dir"])) != job_dir]
+    entries.append({"job_id": job_id, "job_dir": str(job_dir)})
+    write_json(_registry(key), entries)
 
 
 def job_outputs(job_dir: Path) -> list[str]:
