@@ -93,3 +93,19 @@ def test_stale_calibration_is_an_error_not_ignored(tmp_path, offline):
     site.write_text(yaml.safe_dump(data))
     res = _dry(snap, site)
     assert res.returncode == 2 and "stale calibration" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_calibrate_takes_a_jobs_root_and_since(tmp_path, offline):
+    import os
+
+    snap, site = offline
+    root = tmp_path / "jobs"
+    root.mkdir()
+    dirs = [_job_dir(root, snap, site, f"run{i}", 0.2) for i in range(3)]
+    old = time.time() - 10 * 86400
+    os.utime(dirs[0] / "metrics.json", (old, old))
+    res = run_cli("frenzy-slurm", "calibrate", "--site", str(site), str(root), "--json", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert len(json.loads(res.stdout)["calibration"]["jobs"]) == 3
+    res = run_cli("frenzy-slurm", "calibrate", "--site", str(site), str(root), "--since", "7", "--dry-run")
+    assert res.returncode == 0 and "2 measured job(s)" in res.stdout and "fewer than min_jobs(3)" in res.stdout

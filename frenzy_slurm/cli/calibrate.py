@@ -55,13 +55,19 @@ def _sacct_peaks(dirs: list[Path]) -> dict[int, float] | None:
               help="GPU peaks recorded by the site epilog (contrib/slurm/epilog), for jobs without metrics.json.")
 @click.option("--sacct/--no-sacct", "use_sacct", default=True, show_default=True,
               help="Also ask Slurm's accounting for the jobs' GPU memory peaks (gres/gpumem, Slurm 23.02+).")
+@click.option("--since", "since_days", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Only jobs measured in the last DAYS days (e.g. after a driver or framework upgrade).")
 @click.option("--dry-run", is_flag=True, help="Fit and print; do not write the file.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors("frenzy-slurm calibrate")
 def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None, min_jobs: int,
               max_efficiency_factor: float, max_memory_factor: float, valid_days: int, epilog_dir: Path | None,
-              use_sacct: bool, dry_run: bool, as_json: bool) -> None:
-    """Fit per-site corrections of MARP/HAS predictions from what finished jobs measured."""
+              use_sacct: bool, since_days: float | None, dry_run: bool, as_json: bool) -> None:
+    """Fit per-site corrections of MARP/HAS predictions from what finished jobs measured.
+
+    JOB_DIRS are job directories, or directories holding them (a user's frenzy-jobs, or several users'
+    with a shell glob); default: every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs).
+    """
     from frenzy_slurm.calibration import (CalibrationFile, Limits, calibration_path, observe, site_fingerprint,
                                           write_calibration)
     from frenzy_slurm.calibration.fit import fit
@@ -73,12 +79,19 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     if site_path is None:
         raise InputError("no site file: pass --site FILE or set FRENZY_SITE; the calibration is written beside it.")
     site_cfg = load_site(site_path)
-    dirs = list(job_dirs)
-    if not dirs:
+    dirs = []
+    for d in job_dirs:  # a jobs root stands for the job directories in it
+        dirs += [d] if (d / "plan.json").exists() or not d.is_dir() else (job_dirs_under(d) or [d])
+    if not job_dirs:
         root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
         dirs = job_dirs_under(root)
         if not dirs:
             raise InputError(f"no job directories under {root}: pass JOB_DIR arguments or set FRENZY_JOBS_DIR.")
+    if since_days is not None:
+        cutoff = time.time() - since_days * 86400
+        dirs = [d for d in dirs if (d / "metrics.json").exists() and (d / "metrics.json").stat().st_mtime >= cutoff]
+        if not dirs:
+            raise InputError(f"no job measured in the last {since_days:g} days among the directories given.")
     try:
         import scipy  # noqa: F401
     except ImportError:
