@@ -49,7 +49,8 @@ def test_calibration_end_to_end_on_the_cpu_cluster(tmp_path, clean_queue, monkey
     spec = str(EXAMPLES / "tiny-cpu.yaml")
 
     def train(name: str) -> tuple[dict, dict]:
-        out = fsbatch_json(spec, "--site", str(site), "--job-dir", str(tmp_path / name))
+        # the same submission again, on purpose: --force (one job per user and submission otherwise)
+        out = fsbatch_json(spec, "--site", str(site), "--job-dir", str(tmp_path / name), "--force")
         done = wait_done(out["job_id"], timeout=300)
         assert done["state"] == "COMPLETED", done
         return out, json.loads((tmp_path / name / "metrics.json").read_text())
@@ -85,7 +86,7 @@ def test_user_script_job_runs_the_sampler_which_says_there_is_no_nvml(tmp_path, 
         "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
         "entry": {"trainer": "script", "script": str(Path(__file__).parent / "payloads" / "record.py")}}))
     out = fsbatch_json(str(spec), "--site", str(ROOT / "site_configs" / "devcluster.yaml"),
-                       "--job-dir", str(tmp_path / "job"))
+                       "--job-dir", str(tmp_path / "job"), "--force")  # an earlier session's run is a repeat
     done = wait_done(out["job_id"], timeout=120)
     assert done["state"] == "COMPLETED", done
     log = (tmp_path / "job" / f"slurm-{out['job_id']}.out").read_text()
