@@ -34,14 +34,15 @@ def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str) + "\n", mode)
 
 
+MAX_RECORD_BYTES = 256 << 20  # a 2,000-node snapshot or a long run's metrics.json are a few MB
+
+
 def read_json(path: Path, what: str = "file") -> Any:
     """A JSON file's content, or InputError naming the file, the line and what it should be."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read {what} ({exc.strerror}).") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: the {what} is not UTF-8 text.") from None
+    from frenzy_slurm.inputfile import read_config_text
+
+    # a regular file of bounded size: a snapshot named /dev/zero (or a FIFO) must not be read forever
+    text = read_config_text(path, what, MAX_RECORD_BYTES)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -322,3 +322,11 @@ def test_other_flags_pass_through(tmp_path, offline):
                str(tmp_path / "job"), "--sbatch=--reservation=big", "--sbatch=--gres-flags=enforce-binding")
     assert res.returncode == 0, res.stderr
     assert "#SBATCH --reservation=big" in json.loads(res.stdout)["script"]
+
+
+@pytest.mark.parametrize("which", ["--site", "--snapshot"])
+def test_device_as_site_file_or_snapshot_is_refused(offline, tmp_path, which):
+    args = list(offline)
+    args[args.index(which) + 1] = "/dev/zero"
+    res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", *args, "--job-dir", str(tmp_path / "job"))
+    assert res.returncode == 2 and "/dev/zero" in res.stderr and "not a regular file" in res.stderr, res.stderr
