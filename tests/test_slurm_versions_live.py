@@ -169,3 +169,25 @@ def test_hetjob_training_every_backend(live_slurm, jobs_dir, tmp_path):
         other = [b for b in backends(live_slurm) if b != backend]
         for b in other:  # the other backend follows the same job to the same end
             assert _fsqueue(job, b)["state"] == "COMPLETED"
+
+
+def test_controller_down_fails_fast_with_every_backend(live_slurm, tmp_path):
+    """A slurm.conf whose controller port nobody listens on. pyslurm's import would stall (or end the process);
+    the pyslurm backend asks `scontrol ping` first and refuses in well under a second of Slurm time."""
+    import re
+    import time
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=16999", live_slurm.conf.read_text()))
+    for extra in ("gres.conf", "cgroup.conf"):
+        if (live_slurm.conf.parent / extra).exists():
+            (tmp_path / extra).write_text((live_slurm.conf.parent / extra).read_text())
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    for backend in backends(live_slurm):
+        t0 = time.monotonic()
+        res = subprocess.run([str(Path(os.sys.executable).parent / "fsinfo"), "--backend", backend], capture_output=True,
+                             text=True, env=env, timeout=120)
+        took = time.monotonic() - t0
+        assert res.returncode == 4 and "Traceback" not in res.stderr, res.stderr
+        if backend == "pyslurm":
+            assert "slurmctld does not answer" in res.stderr and took < 8, (took, res.stderr)
