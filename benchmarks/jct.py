@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--load", type=float, default=0.8)
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
     ap.add_argument("--estimates", default="test-only", choices=["test-only", "backfill"])
+    ap.add_argument("--max-gpus", type=int, default=None, help="limits.max_gpus of every job")
     ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -55,7 +56,8 @@ def main() -> int:
             wl = sample_philly(trace_path(args.trace), seed, jobs)
             for name in policies:
                 t0 = time.perf_counter()
-                r = Runner(wl, cluster, name, seed, load=args.load, estimates=args.estimates).run()
+                r = Runner(wl, cluster, name, seed, load=args.load, estimates=args.estimates,
+                           max_gpus=args.max_gpus).run()
                 s = summarize(r)
                 rows.append(s)
                 results.append(r)

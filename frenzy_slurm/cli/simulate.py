@@ -79,6 +79,8 @@ def _seeds(text: str | None, default: int) -> list[int]:
 @click.option("--bf-interval", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
               help="Seconds between Slurm's backfill passes (its bf_interval, 30 by default on real sites); "
                    "0: every job end schedules at once.")
+@click.option("--max-gpus", type=click.IntRange(min=1), default=None,
+              help="limits.max_gpus in every job's model.yaml (every policy honours it).")
 @click.option("--exact", is_flag=True, help="No prediction error: the truth is MARP's prediction.")
 @click.option("--ilp-round", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
               help="Seconds between the ilp policy's rounds.")
@@ -92,7 +94,7 @@ def _seeds(text: str | None, default: int) -> list[int]:
               help="Write JCT CDF and utilisation plots (PNG) to this directory.")
 @reports_errors("frenzy-slurm simulate")
 def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | None, load: float, as_is: bool,
-             estimates: str, backfill: str, bf_interval: float, exact: bool, ilp_round: float,
+             estimates: str, backfill: str, bf_interval: float, max_gpus: int | None, exact: bool, ilp_round: float,
              trace: Path | None,
              save_workload: Path | None, json_path: Path | None, plot_dir: Path | None) -> None:
     """Replay WORKLOAD on a simulated Slurm cluster under each policy; print JCT, utilisation, overhead."""
@@ -124,7 +126,7 @@ def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | No
     for seed, name in runs:
         runner = Runner(wl, cluster, name, seed, errors=errors, load=None if as_is else load,
                         reserve=1 if backfill == "easy" else None, estimates=estimates, ilp_round_s=ilp_round,
-                        progress=bar.update if bar else None, sched_interval_s=bf_interval)
+                        progress=bar.update if bar else None, sched_interval_s=bf_interval, max_gpus=max_gpus)
         r = runner.run()
         results.append(r)
         rows.append(summarize(r))

@@ -33,10 +33,11 @@ class Attempt:
     last_gpus: int | None = None  # GPUs of the previous attempt (user-fixed doubles them after an OOM)
     last_pool: str | None = None
     tried_pools: list[str] = field(default_factory=list)
+    max_gpus: int | None = None  # limits.max_gpus of the job's model.yaml (simulate --max-gpus)
 
     @cached_property
     def spec(self):
-        return job_spec(self.job, steps=self.steps)
+        return job_spec(self.job, steps=self.steps, max_gpus=self.max_gpus)
 
     @cached_property
     def workload(self) -> Workload:

@@ -130,6 +130,9 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
         for r in runs:
             ts = [t / 3600 for t, _ in r.timeline]
             ax.step(ts, [100.0 * u / r.gpus for _, u in r.timeline], where="post", label=f"{r.policy} (seed {r.seed})")
+        ends = sorted(r.timeline[-1][0] / 3600 for r in runs if r.timeline)
+        if len(ends) > 2:  # one policy's long tail (a job left alone for days) would squash the others
+            ax.set_xlim(0, min(ends[-1], 2 * ends[len(ends) // 2]) * 1.02)
         ax.set_xlabel("simulated time (h)")
         ax.set_ylabel("GPUs allocated (%)")
         ax.set_title(f"GPU utilisation, {gpus} GPUs")

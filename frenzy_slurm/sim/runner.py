@@ -92,8 +92,10 @@ class Runner:
     def __init__(self, workload: WorkloadFile, cluster: SimCluster, policy: str, seed: int = 0,
                  errors: ErrorModel | None = None, load: float | None = 0.8, reserve: int | None = None,
                  estimates: str = "test-only", ilp_round_s: float = 60.0,
-                 progress: Callable[[int], None] | None = None, sched_interval_s: float = 0.0):
+                 progress: Callable[[int], None] | None = None, sched_interval_s: float = 0.0,
+                 max_gpus: int | None = None):
         self.workload, self.cluster, self.seed, self.load = workload, cluster, seed, load
+        self.max_gpus = max_gpus  # limits.max_gpus of every job (every policy honours it)
         self.policy = make_policy(policy, ilp_round_s)
         self.truth = Truth(errors or ErrorModel(), seed)
         self.sim = SimSlurm(cluster, now=0.0, reserve=reserve, estimates=estimates, outcome=self._outcome,
@@ -141,13 +143,13 @@ class Runner:
             worst = max(self.truth.peak_gib(a.job.id, c.predicted_peak_gib) / c.predicted_peak_gib
                         for c in p.components)
             nxt = Attempt(a.job, a.steps, a.number + 1, max(a.mem_correction, worst * 1.05), a.ooms + 1, a.timeouts,
-                          p.gpus, _pool_of(p), list(a.tried_pools))
+                          p.gpus, _pool_of(p), list(a.tried_pools), a.max_gpus)
         elif sj.state == "TIMEOUT":
             rec.timeouts += 1
             step = self._start_step.get(sj.job_id) or 1.0
             done = max(0, int((sj.end - sj.start - self.truth.model.startup_s) // step))
             nxt = Attempt(a.job, max(1, a.steps - done), a.number + 1, a.mem_correction, a.ooms, a.timeouts + 1,
-                          p.gpus, _pool_of(p), list(a.tried_pools))
+                          p.gpus, _pool_of(p), list(a.tried_pools), a.max_gpus)
         else:  # cancelled
             rec.state, rec.end = "unfinished", sj.end
             self._done()
@@ -207,7 +209,7 @@ class Runner:
     def run(self) -> RunResult:
         t0 = time.perf_counter()
         for j in self.workload.jobs:
-            self._push(j.submit_s * self.scale, "submit", Attempt(j, j.steps))
+            self._push(j.submit_s * self.scale, "submit", Attempt(j, j.steps, max_gpus=self.max_gpus))
         while True:
             t_ext = self.events[0][0] if self.events else float("inf")
             t_end = self.sim.next_end()
