@@ -27,6 +27,7 @@ from frenzy_slurm.sim.clusters import LARGE, MEDIUM, SMALL, parse_compact  # noq
 from frenzy_slurm.sim.metrics import aggregate, markdown, plot, summarize  # noqa: E402
 from frenzy_slurm.sim.policies import POLICY_NAMES  # noqa: E402
 from frenzy_slurm.sim.runner import Runner  # noqa: E402
+from frenzy_slurm.sim.truth import ErrorModel  # noqa: E402
 from frenzy_slurm.sim.workload import sample_philly  # noqa: E402
 
 CLUSTERS = {64: SMALL, 512: MEDIUM, 2048: LARGE}
@@ -42,6 +43,7 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
     ap.add_argument("--estimates", default="test-only", choices=["test-only", "backfill"])
     ap.add_argument("--max-gpus", type=int, default=None, help="limits.max_gpus of every job")
+    ap.add_argument("--exact", action="store_true", help="no prediction error (the truth is MARP's prediction)")
     ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -57,7 +59,7 @@ def main() -> int:
             for name in policies:
                 t0 = time.perf_counter()
                 r = Runner(wl, cluster, name, seed, load=args.load, estimates=args.estimates,
-                           max_gpus=args.max_gpus).run()
+                           max_gpus=args.max_gpus, errors=ErrorModel.exact() if args.exact else None).run()
                 s = summarize(r)
                 rows.append(s)
                 results.append(r)
