@@ -243,9 +243,10 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
         for i in range(steps):
             with record_function(f"grid-step-{i}"):
                 step()
-    from frenzy_slurm.runtime.memory import trace_timeline
+    from frenzy_slurm.runtime.memory import trace_events, trace_timeline
 
-    timeline, windows = trace_timeline(prof)
+    events = trace_events(prof)
+    timeline, windows = trace_timeline(events=events)
     # steps 1.. are steady (step 0 creates the optimizer states): the peak is the largest over them, the start
     # the smallest (the live bytes before a step)
     starts, peaks = [], []
@@ -257,6 +258,7 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
     result = {"rank": rank, "start_bytes": min(starts), "peak_bytes": max(peaks), "step_peaks": peaks}
     if os.environ.get("GRID_DEBUG"):
         print(f"rank {rank}: starts {[round(x / 2**20, 3) for x in starts]} peaks {[round(x / 2**20, 3) for x in peaks]} MiB")
+        _debug_alive_at_peak(events, rank, windows[f"grid-step-{steps - 1}"])
     if trainer == "pipeline":
         result["stage"] = engine.stage_id
     elif trainer in ("deepspeed",):
@@ -264,6 +266,31 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
     else:
         result["stage"] = 0
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _debug_alive_at_peak(events: list[dict], rank: int, window: tuple[float, float]) -> None:
+    """GRID_DEBUG: the blocks allocated in the last step and alive at its peak, by size, with the op that made them."""
+    import collections
+
+    a, b = window
+    mem = sorted((e for e in events if e.get("name") == "[memory]" and a <= e["ts"] <= b), key=lambda e: e["ts"])
+    peak_t = max(mem, key=lambda e: e["args"]["Total Allocated"])["ts"]
+    ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    alive: dict[int, tuple[int, float]] = {}
+    for e in mem:
+        if e["ts"] > peak_t:
+            break
+        addr, n = e["args"]["Addr"], e["args"]["Bytes"]
+        if n > 0:
+            alive[addr] = (n, e["ts"])
+        else:
+            alive.pop(addr, None)
+    by = collections.Counter()
+    for n, t in alive.values():
+        op = next((o["name"] for o in reversed(ops) if o["ts"] <= t <= o["ts"] + o.get("dur", 0)), "?")
+        by[(round(n / 2**20, 4), op)] += 1
+    print(f"rank {rank}: alive at peak, allocated in the step (MiB, op, count):",
+          sorted(((k[0], k[1], c) for k, c in by.items()), reverse=True)[:25])
 
 
 def _free_port() -> int:
@@ -298,6 +325,7 @@ def marp_inputs(p: dict) -> dict:
         # in eager ops with its cos/sin built in every block
         "norm_upcast": p["arch"].get("norm", "rmsnorm") == "rmsnorm",
         "unfused_rope": True, "rope_tables_per_layer": True,
+        "vocab_parallel": False,  # the TP points split the blocks only; embedding and head stay whole
         "buckets": dict(BUCKETS, overlap_comm=False),
     }
     plan = {"dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "zero": p["zero"], "micro_batch": p["micro_batch"],
@@ -311,7 +339,17 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None, help="point names (prefix match) to run")
     ap.add_argument("--list", action="store_true", help="list the grid and exit")
     ap.add_argument("--compare", action="store_true", help="print MARP's prediction next to every stored point; no training")
+    ap.add_argument("--refresh", action="store_true",
+                    help="rewrite the stored MARP inputs of every point from the grid's definitions; no training")
     args = ap.parse_args()
+    if args.refresh:
+        data = json.loads(args.out.read_text())
+        defs = {p["name"]: p for p in grid()}
+        for q in data["points"]:
+            if q["name"] in defs:
+                q.update(marp_inputs(defs[q["name"]]))
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        return 0
     if args.compare:
         from frenzy_slurm.eval.grid import load_grid, predict
 

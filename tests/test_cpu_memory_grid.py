@@ -17,7 +17,21 @@ DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "cpu_mem
 TOLERANCE = 0.03
 
 # Points MARP does not yet meet, each with the reason (docs/accuracy.md); strict, so a fix must remove them.
-KNOWN_GAPS: dict[str, str] = {}
+_RETAINED = "DeepSpeed keeps memory from step to step with the tied-embedding GPT-2 (peaks grow over the steady steps); not explained yet"
+_ZERO3 = "DeepSpeed ZeRO-3 on the CPU accelerator: the peak grows every step (no steady state in four steps)"
+_PIPE = "DeepSpeed pipeline stages: within 3.3-6.1% after the LayerSpec fix and the pipe buffers; the rest is per-stage receive/grad buffers not modelled yet"
+KNOWN_GAPS: dict[str, str] = {
+    "ds-gpt2-1gpu": _RETAINED,
+    "ds-gpt2-1gpu-full": _RETAINED,
+    "ds-gpt2-dp2-zero3": _ZERO3,
+    "ds-llama-dp2-zero3": _ZERO3,
+    "fsdp2-llama-dp2-bf16": "FSDP2 with a bf16 MixedPrecisionPolicy measures 9.9% above MARP: the cast and gather buffers of FSDP2 are not modelled exactly",
+    "pipe-gpt2-pp2": _PIPE,
+    "pipe-llama-pp2": _PIPE,
+    "pipe-llama-pp2-dp2": _PIPE,
+    "pipe-llama-pp4": _PIPE,
+    "tp-llama-tp2": "DTensor tensor parallelism measures 4.7% above MARP: DTensor's redistribution buffers are not modelled",
+}
 
 POINTS = load_grid(DATA) if DATA.exists() else []
 
@@ -32,10 +46,10 @@ def test_grid_dataset_is_present_and_covers_the_modes():
     assert {p["plan"]["pp"] for p in POINTS} >= {2, 4}
 
 
-@pytest.mark.parametrize("point", POINTS, ids=[p["name"] for p in POINTS])
+@pytest.mark.parametrize("point", [
+    pytest.param(p, id=p["name"], marks=[pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[p["name"]])]
+                 if p["name"] in KNOWN_GAPS else []) for p in POINTS])
 def test_marp_within_3_percent(point):
-    if point["name"] in KNOWN_GAPS:
-        pytest.xfail(KNOWN_GAPS[point["name"]])
     for r in predict(point):
         assert abs(r.error) <= TOLERANCE, (
             f"{r.point} stage {r.stage}: measured {r.measured / 2**20:.3f} MiB, MARP {r.predicted / 2**20:.3f} MiB "

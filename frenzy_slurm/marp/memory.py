@@ -130,7 +130,9 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
     # A norm keeps its input; an eager fp32-upcast norm keeps the fp32 copy and the normalised 16-bit value instead.
     # (A composite norm - CPU kernels, or an eager fp32 upcast - also keeps its normalised output for the weight's
     # gradient: fp32 copy and normalised value; a fused kernel keeps only its input and per-row statistics.)
-    norm = (4.0 + e) * h / rep if (w.norm_upcast and not w.compile) else r * h / rep
+    # (the normalised output is kept for the norm weight's gradient only: not under LoRA, where norms are frozen)
+    norm = ((4.0 if w.norm_upcast and not w.compile else r) + (e if (w.norm_upcast and not w.compile and not lora)
+                                                                   else 0.0)) * h / rep
     total = norm  # norm1
     if tg & {"q", "k", "v"}:
         total += (li + lora_drop({"q", "k", "v"})) * h / rep  # QKV input (norm1 output)
@@ -146,7 +148,7 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
         total += e * h / tp + 4.0 * heads / tp  # kernel output (also o_proj input) + log-sum-exp
         if w.fp8:
             total += li * h / tp  # o_proj's fp8 copy of its input
-        elif w.unfused_rope and a.position == "rope":
+        elif w.unfused_rope and a.position == "rope" and "o" in tg:  # (a frozen o_proj keeps no input)
             # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the
             # transpose back to (tokens, hidden) copies it: o_proj saves that copy as well
             total += e * h / tp
@@ -173,7 +175,7 @@ def _logit_bytes_per_token(w: Workload, tp: int) -> float:
     if a.head == "classification":
         return 0.0
     e = 4.0 if w.precision == "fp32" else 2.0
-    v = a.vocab / tp
+    v = a.vocab / (tp if w.vocab_parallel else 1)
     if w.loss_chunks > 1:
         # eager: every chunk's fp32 log-softmax output is saved; compiled: the fused loss saves only the 16-bit
         # chunk (and a per-row log-sum-exp). The chunk's upcast and gradients are transient, one chunk at a time.
@@ -221,12 +223,15 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if peak_stages_only and plan.layer_split is None and 0 < i < pp - 1:
             continue
         first, last = i == 0, i == pp - 1
-        params = pc.per_layer * n_layers
+        params = pc.per_layer * n_layers / tp
+        # Megatron splits the embedding and the output layer over tp (vocab-parallel); a replicated head holds them whole
+        vtp = tp if w.vocab_parallel else 1
         if first:
-            params += pc.embedding
+            params += pc.embedding / vtp
         if last:
-            params += pc.final + pc.head + (pc.embedding if (pp > 1 and a.tied_embeddings and a.head != "classification") else 0)
-        params = int(params * scale / tp)
+            params += (pc.final + pc.head + (pc.embedding if (pp > 1 and a.tied_embeddings and a.head != "classification")
+                                             else 0)) / vtp
+        params = int(params * scale)
         linear = pc.linear_per_layer * n_layers * scale / tp
 
         if lora:
@@ -256,7 +261,7 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if w.optimizer_in_backward:
             persistent, grads_all = False, 0.0
         largest = pc.largest_matrix * scale / tp
-        head_grads = (a.vocab * a.hidden * scale / tp) * gb / grad_div if (last and not lora and a.head != "classification") else 0.0
+        head_grads = (a.vocab * a.hidden * scale / (tp if w.vocab_parallel else 1)) * gb / grad_div if (last and not lora and a.head != "classification") else 0.0
 
         # Buffers: communication buckets, gathered ZeRO-3 parameters, dequantised QLoRA weights.
         bk = w.buckets
@@ -274,7 +279,8 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         bucket = 0.0
         if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1 and trainable > 0:
             # contiguous_gradients: ZeRO-1/2 allocate the whole reduce bucket, whatever the model's size
-            bucket += bk.reduce_bucket_size * gb * (2 if bk.overlap_comm else 1)
+            # (ZeRO-1 under mixed precision stages its fp32 gradient accumulator in the bucket)
+            bucket += bk.reduce_bucket_size * (4.0 if mixed_ds and plan.zero == 1 else gb) * (2 if bk.overlap_comm else 1)
         flat = 0.0
         if w.framework == "deepspeed" and plan.zero == 0 and trainable > 0:
             flat = trainable * gb  # DeepSpeed flattens all gradients for the all-reduce after backward (even on 1 GPU)
@@ -307,6 +313,7 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         # of them; interleaved 1F1B with v model chunks per rank keeps (pp - stage - 1) * 2 + (v - 1) * pp + 1
         # chunk-micro-batches in warm-up (Megatron's schedule), each 1/v of the stage's layers.
         ga = max(plan.grad_accum, 1)
+        recomputed = 0.0
         if pp == 1:
             inflight = 1.0
         elif plan.schedule == "gpipe":
@@ -322,7 +329,8 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             kept = (ck * layer_input + (n_layers - ck) * per_layer_act) * tokens * inflight
             if w.activation_offload:  # offloaded to host memory, with about two blocks' tensors in transfer
                 kept = min(2, n_layers) * layer_input * tokens
-            acts = kept + per_layer_act * tokens  # plus one block recomputed during its backward
+            acts = kept
+            recomputed = per_layer_act * tokens  # one block recomputed during its backward (not while the loss runs)
         elif w.activation_offload:
             acts = min(2, n_layers) * per_layer_act * tokens
         else:
@@ -334,6 +342,12 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if w.unfused_rope and a.position == "rope" and w.rope_tables_per_layer:
             acts += n_layers * inflight * 2 * w.seq_len * a.head_dim * e_act  # cos/sin of q and k, built per block
         logits = 0.0
+        if w.framework == "deepspeed" and pp > 1:
+            # DeepSpeed's PipelineEngine keeps each micro-batch's stage output (the logits, on the last stage) in
+            # its pipe buffers, max(2, in-flight) of them, until the buffer is reused
+            nbuf = max(2, min(pp - i, ga))
+            out = (a.vocab / tp if (last and a.head != "classification") else a.hidden) * e_act * tokens
+            fb_buffers += nbuf * out
         if last:
             logits = _logit_bytes_per_token(w, tp) * tokens
             final_norm = (4.0 + e_act) if (w.norm_upcast and not w.compile) else r
@@ -343,8 +357,10 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         const = weights + optimizer
         # backward-start is the larger of two instants: the loss's backward (logits and their gradients alive)
         # and the last block's backward (logits freed, the head's gradients and the block's working set alive)
-        start_loss = const + (grads_all if persistent else 0.0) + acts + logits + fb_buffers + bucket
-        start_block = const + (grads_all if persistent else head_grads) + acts + work + fb_buffers + bucket
+        # (a pipeline's ZeRO-1 reduces after the last micro-batch: its bucket exists only then)
+        early = bucket if pp == 1 else 0.0
+        start_loss = const + (grads_all if persistent else 0.0) + acts + logits + fb_buffers + early
+        start_block = const + (grads_all if persistent else head_grads) + acts + recomputed + work + fb_buffers + early
         start = max(start_loss, start_block)
         # the first block's backward: every other gradient exists, its own saved tensors are still alive
         end_acts = work + per_layer_act * tokens
@@ -354,10 +370,10 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             phase = "backward-start"
             if start_loss >= start_block:
                 parts = dict(weights=weights, gradients=grads_all if persistent else 0.0, optimizer=optimizer,
-                             activations=acts, logits=logits, buffers=fb_buffers + bucket)
+                             activations=acts, logits=logits, buffers=fb_buffers + early)
             else:
                 parts = dict(weights=weights, gradients=grads_all if persistent else head_grads, optimizer=optimizer,
-                             activations=acts + work, logits=0.0, buffers=fb_buffers + bucket)
+                             activations=acts + recomputed + work, logits=0.0, buffers=fb_buffers + early)
         elif end >= step:
             phase = "backward-end"
             tail = end_acts + bucket >= flat

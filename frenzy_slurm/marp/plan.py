@@ -185,6 +185,7 @@ class Workload:
     zero_grad_to_none: bool = True  # grads freed after each step (torch >= 2.0 default); False keeps zeroed buffers  # states in CUDA managed memory, outside the caching allocator's counts
     unfused_rope: bool = False  # rotary embedding in eager ops (HF/litgpt/torchtune/built-in): rotated q, k are new tensors
     rope_tables_per_layer: bool = False  # cos/sin built in every block (the built-in model) instead of once per forward
+    vocab_parallel: bool = True  # tp splits the embedding, output layer and logits (Megatron); False: replicated
     softmax_fp32: bool = False  # eager attention's softmax(..., dtype=float32).to(dtype) (HF Llama-style eager)
     fp8: bool = False  # float8 linears (torchao/Transformer Engine): fp8 copies of inputs and weights, amax history
     reshard_after_forward: bool = True  # FSDP: False keeps each unit's gathered 16-bit weights from forward to backward

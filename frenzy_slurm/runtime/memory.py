@@ -68,14 +68,8 @@ class CpuMemoryRecorder:
         return float(self._baseline + peak - first), result
 
 
-def trace_timeline(prof) -> tuple[list[tuple[float, int, int]], dict[str, tuple[float, float]]]:
-    """(time us, allocator's total allocated bytes, bytes of the event) for every CPU allocator event of a
-    finished profile, and the (start, end) of every named range.
-
-    The total is the allocator's own count, which includes frees done on threads the profiler does not
-    record (gloo's worker threads drop the last reference to communication tensors): summing the events'
-    sizes would miss those frees and count the tensors as live for the rest of the run.
-    """
+def trace_events(prof) -> list[dict]:
+    """The events of a finished profile, as its Chrome trace holds them (a profile exports once)."""
     import json
     import os
     import tempfile
@@ -84,9 +78,22 @@ def trace_timeline(prof) -> tuple[list[tuple[float, int, int]], dict[str, tuple[
     os.close(fd)
     try:
         prof.export_chrome_trace(path)
-        events = json.loads(open(path).read())["traceEvents"]
+        with open(path) as fh:
+            return json.load(fh)["traceEvents"]
     finally:
         os.unlink(path)
+
+
+def trace_timeline(prof=None, events: list[dict] | None = None
+                   ) -> tuple[list[tuple[float, int, int]], dict[str, tuple[float, float]]]:
+    """(time us, allocator's total allocated bytes, bytes of the event) for every CPU allocator event of a
+    finished profile, and the (start, end) of every named range.
+
+    The total is the allocator's own count, which includes frees done on threads the profiler does not
+    record (gloo's worker threads drop the last reference to communication tensors): summing the events'
+    sizes would miss those frees and count the tensors as live for the rest of the run.
+    """
+    events = trace_events(prof) if events is None else events
     mem = sorted((e["ts"], int(e["args"]["Total Allocated"]), int(e["args"]["Bytes"])) for e in events
                  if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0)
     windows = {e["name"]: (e["ts"], e["ts"] + e.get("dur", 0)) for e in events
