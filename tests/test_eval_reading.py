@@ -1,0 +1,125 @@
+"""Reading measurement rows as a careful person would (frenzy_slurm/eval/reading.py, eval/dataset.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from frenzy_slurm.eval import reading
+from frenzy_slurm.eval.dataset import MeasuredRow, RowError, interpret_row
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("DP=8", dict(dp=8)),
+    ("TP=8 x PP=8", dict(tp=8, pp=8)),
+    ("FSDP=4, CP=2", dict(fsdp=4, cp=2)),
+    ("FSDP 32 x TP 8", dict(fsdp=32, tp=8)),
+    ("tensor parallel 2", dict(tp=2)),
+    ("8-way tensor parallel", dict(tp=8)),
+    ("DP(FSDP)=8", dict(fsdp=8)),
+    ("3D (TP=2, PP=4, DP=8)", dict(dp=8, tp=2, pp=4)),
+    ("HSDP shard group 8, DP=32", dict(dp=32, shard_group=8)),
+    ("PP=4 interleaved VPP=2", dict(pp=4, virtual_stages=2, schedule="interleaved")),
+    ("PP=2 GPipe, 8 microbatches", dict(pp=2, schedule="gpipe", microbatches=8)),
+])
+def test_parallelism_phrasings(text, expected):
+    got = reading.parallelism(text)
+    for key, value in expected.items():
+        assert getattr(got, key) == value, (text, key, got)
+
+
+def test_device_map_and_single_gpu():
+    assert reading.parallelism('naive model parallel, device_map="auto"').device_map
+    assert reading.parallelism("single GPU (devices=1)").single
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("GA 16", dict(grad_accum=16)), ("gradient_accumulation_steps=4", dict(grad_accum=4)),
+    ("GBS 512", dict(global_batch=512)), ("minibatch 128 (grad accumulation)", dict(global_batch=128)),
+    ("local batch 32 (split into PP microbatches)", dict(local_batch=32)), ("max_length=512", dict(seq_len=512)),
+    ("per_device_train_batch_size=8", dict(micro_batch=8)),
+])
+def test_batch_phrasings(text, expected):
+    got = reading.batch(text)
+    for key, value in expected.items():
+        assert getattr(got, key) == value, (text, got)
+
+
+@pytest.mark.parametrize("text,precision,fp8", [
+    ("pure bf16 (params, grads, optimizer states bf16)", "bf16-pure", False),
+    ("bf16-true", "bf16-pure", False),
+    ("states in param dtype (bf16)", "bf16-pure", False),
+    ("bf16 mixed (fp32 master weights)", "bf16-mixed", False),
+    ("fp16 AMP", "fp16-mixed", False),
+    ("fp8 linears, bf16 mixed", "bf16-mixed", True),
+    ("no fp8; bf16 mixed", "bf16-mixed", False),
+    ("fp32", "fp32", False),
+    ("int3 magic", None, False),
+])
+def test_precision_phrasings(text, precision, fp8):
+    got = reading.precision(text)
+    assert (got.precision, got.fp8) == (precision, fp8)
+
+
+def test_yes_no_keeps_unknown_apart():
+    assert reading.yes_no("yes (full, per layer)") is True
+    assert reading.yes_no("no CPU offload") is False
+    assert reading.yes_no("not stated") is None and reading.yes_no("unclear") is None
+
+
+def test_annotated_architecture_cells():
+    assert reading.annotated_int("50257 (padded 50304)") == 50304
+    assert reading.annotated_int("32000 (padded)") == 32000
+    assert reading.annotated_int("50000 (padded)") == 50048
+    assert reading.annotated_int("128,256") == 128256
+
+
+def test_lora_settings_and_named_configs():
+    assert reading.lora_setting("LoRA r=8 on query+value") == (8, ("q", "v"))
+    assert reading.lora_setting("lora_r: 64, all linear layers") == (64, ("q", "k", "v", "o", "mlp"))
+    assert reading.named_config_lora("llama3_2/3B_lora_single_device defaults") == (64, ("q", "v", "o", "mlp"))
+    assert reading.named_config_lora("config_hub/finetune/llama-2-7b/lora.yaml") == (8, ("q", "v"))
+
+
+def test_frameworks_from_settings_not_sources():
+    assert reading.frameworks("bert-large (BertForSequenceClassification) | AdamW") == {"transformers"}
+    assert reading.frameworks("torchtune SDPA") == {"torchtune"}
+    from frenzy_slurm.eval.dataset import SETTING_COLUMNS
+
+    assert not {"source", "location", "notes", "confidence"} & set(SETTING_COLUMNS)
+
+
+ROW = dict(row_id="T1", category="full training", model="GPT-2 medium", params_B="0.355", layers="24", hidden="1024",
+           heads="16", kv_heads="16", ffn="4096", vocab="50257 (padded 50304)", tied_emb="yes", seq_len="1024",
+           micro_batch="4", grad_accum_or_global_batch="GBS 512", num_gpus="16", gpu="A100", precision="bf16 mixed",
+           optimizer="AdamW", parallelism="TP=2 x PP=2 x DP=4, 1F1B", sharding_offload="ZeRO-1, no CPU offload",
+           activation_ckpt="no", attention_impl="flash", compile="no", other_settings="Megatron-LM",
+           value_GiB="20", metric_type="max_allocated", source="https://example.org/a", confidence="high", notes="")
+
+
+def _row(**changes):
+    raw = ROW | changes
+    return MeasuredRow(raw["row_id"], raw["category"], raw["confidence"], raw["model"], float(raw["value_GiB"]), raw)
+
+
+def test_row_with_degrees_is_read_as_3d():
+    it = interpret_row(_row())
+    p, w = it.plan, it.workload
+    assert (p.dp, p.tp, p.pp, p.zero, p.micro_batch, p.grad_accum) == (4, 2, 2, 1, 4, 32)
+    assert not p.offload_optimizer  # "no CPU offload" is a negation
+    assert w.framework == "megatron" and w.arch.vocab == 50304 and w.arch.norm == "layernorm"
+    assert w.arch.position == "learned" and w.arch.tied_embeddings and w.arch.activation == "gelu"
+
+
+def test_source_url_does_not_change_the_reading():
+    a = interpret_row(_row())
+    b = interpret_row(_row(source="https://github.com/pytorch/torchtune/blob/main/README.md", notes="2022; kernels alone 1343 MB"))
+    assert a == b
+
+
+def test_rows_skipped_with_reasons():
+    with pytest.raises(RowError, match="multiply to"):
+        interpret_row(_row(parallelism="TP=8 x PP=8", num_gpus="16"))
+    with pytest.raises(RowError, match="encoder-decoder"):
+        interpret_row(_row(model="flan-t5-xl"))
+    with pytest.raises(RowError, match="not stated"):
+        interpret_row(_row(activation_ckpt="not stated"))
