@@ -231,8 +231,15 @@ TORCHTUNE_LORA = {
     "llama3_1/8b_lora": (8, ("q", "v", "o", "mlp")), "llama3_1/8b_qlora": (8, ("q", "v", "o", "mlp")),
     "llama3_1/70b_lora": (16, ("q", "k", "v", "o", "mlp")), "llama3_1/405b_qlora": (16, ("q", "k", "v", "o", "mlp")),
 }
-# litgpt config_hub/finetune/*/lora.yaml and qlora.yaml: lora_r 8 (32 for some), query and value only
-LITGPT_LORA = (8, ("q", "v"))
+# litgpt config_hub/finetune/<model>/lora.yaml (qlora.yaml sets the same adapters): lora_r and the lora_query/key/
+# value/projection/mlp/head switches, as the files in Lightning-AI/litgpt set them
+_ALL = ("q", "k", "v", "o", "mlp", "head")
+LITGPT_LORA = {
+    "tiny-llama": (32, _ALL), "phi-2": (8, _ALL), "gemma-2b": (8, _ALL),
+    "llama-2-7b": (32, ("q", "v")), "llama-3-8b": (32, ("q", "v")), "mistral-7b": (32, ("q", "v")),
+    "falcon-7b": (32, ("q", "v")),
+}
+LITGPT_DEFAULT_LORA = (8, ("q", "v"))  # litgpt's LoRA defaults (finetune/lora.py arguments)
 
 
 def lora_setting(text: str) -> tuple[int | None, tuple[str, ...] | None]:
@@ -264,8 +271,9 @@ def named_config_lora(text: str) -> tuple[int, tuple[str, ...]] | None:
     m = re.search(r"(\w+/\d+b_q?lora)", t)
     if m and m.group(1) in TORCHTUNE_LORA:
         return TORCHTUNE_LORA[m.group(1)]
-    if "config_hub" in t or re.search(r"\b\w+/q?lora\.yaml", t):
-        return LITGPT_LORA
+    m = re.search(r"(?:config_hub/finetune/)?([\w.\-]+)/q?lora\.yaml", text.lower())
+    if m:
+        return LITGPT_LORA.get(m.group(1), LITGPT_DEFAULT_LORA)
     return None
 
 
