@@ -61,7 +61,7 @@ class CpuMemoryRecorder:
         self._prof.__exit__(None, None, None)
         timeline, windows = trace_timeline(self._prof)
         a, b = windows[label]
-        before = [v for t, v in timeline if t < a]
+        before = [v for t, v, _ in timeline if t < a]
         first = timeline[0][1] - timeline[0][2] if timeline else 0  # allocator total before the first event
         start = before[-1] if before else first
         peak = max([v for t, v, _ in timeline if a <= t <= b] + [start])
