@@ -19,15 +19,13 @@ TOLERANCE = 0.03
 # Points MARP does not yet meet, each with the reason (docs/accuracy.md); strict, so a fix must remove them.
 _RETAINED = "DeepSpeed keeps memory from step to step with the tied-embedding GPT-2 (peaks grow over the steady steps); not explained yet"
 _ZERO3 = "DeepSpeed ZeRO-3 on the CPU accelerator: the peak grows every step (no steady state in four steps)"
-_PIPE = "DeepSpeed pipeline stages: within 3.3-6.1% after the LayerSpec fix and the pipe buffers; the rest is per-stage receive/grad buffers not modelled yet"
+_PIPE = "DeepSpeed pipeline last stages: 4.0-5.2% above MARP (the other stages are within 3%); a logits-side buffer of the last stage is not modelled yet"
 KNOWN_GAPS: dict[str, str] = {
     "ds-gpt2-1gpu": _RETAINED,
     "ds-gpt2-1gpu-full": _RETAINED,
     "ds-gpt2-dp2-zero3": _ZERO3,
     "ds-llama-dp2-zero3": _ZERO3,
     "fsdp2-llama-dp2-bf16": "FSDP2 with a bf16 MixedPrecisionPolicy measures 9.9% above MARP: the cast and gather buffers of FSDP2 are not modelled exactly",
-    "pipe-gpt2-pp2": _PIPE,
-    "pipe-llama-pp2": _PIPE,
     "pipe-llama-pp2-dp2": _PIPE,
     "pipe-llama-pp4": _PIPE,
     "tp-llama-tp2": "DTensor tensor parallelism measures 4.7% above MARP: DTensor's redistribution buffers are not modelled",

@@ -229,8 +229,9 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if first:
             params += pc.embedding / vtp
         if last:
-            params += (pc.final + pc.head + (pc.embedding if (pp > 1 and a.tied_embeddings and a.head != "classification")
-                                             else 0)) / vtp
+            # a tied head on another stage than the embedding is its own copy of the token embedding
+            tied_copy = a.vocab * a.hidden if (pp > 1 and a.tied_embeddings and a.head != "classification") else 0
+            params += (pc.final + pc.head + tied_copy) / vtp
         params = int(params * scale)
         linear = pc.linear_per_layer * n_layers * scale / tp
 
@@ -256,8 +257,11 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         # Gradients that persist through the forward pass: DeepSpeed's buffers, accumulation, pipelines.
         # (DeepSpeed and torch both free .grad after the step; ZeRO/BF16 optimizers' own fp32 buffers are counted
         # with the optimizer.)
-        # Megatron's main_grad buffer is allocated once and kept.
-        persistent = plan.grad_accum > 1 or pp > 1 or not w.zero_grad_to_none or w.framework == "megatron"
+        # Megatron's main_grad buffer is allocated once and kept. A pipeline stage peaks at its first backward
+        # with the most micro-batches in flight; its gradients exist then only if a forward follows a backward
+        # at that depth (grad_accum > pp - stage), since the previous step's were freed.
+        accumulating = plan.grad_accum > (pp - i if pp > 1 else 1)
+        persistent = accumulating or not w.zero_grad_to_none or w.framework == "megatron"
         if w.optimizer_in_backward:
             persistent, grads_all = False, 0.0
         largest = pc.largest_matrix * scale / tp
@@ -348,6 +352,8 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             nbuf = max(2, min(pp - i, ga))
             out = (a.vocab / tp if (last and a.head != "classification") else a.hidden) * e_act * tokens
             fb_buffers += nbuf * out
+            # and one more hidden-sized tensor per micro-batch in flight (the p2p copy of what is sent/received)
+            fb_buffers += inflight * a.hidden * e_act * tokens
         if last:
             logits = _logit_bytes_per_token(w, tp) * tokens
             final_norm = (4.0 + e_act) if (w.norm_upcast and not w.compile) else r
