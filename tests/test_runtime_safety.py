@@ -98,6 +98,7 @@ def test_keep_checkpoints_is_a_spec_field(write_yaml):
 
     text = (ROOT / "examples" / "tiny-cpu.yaml").read_text()
     assert load_job_spec(write_yaml(text)).training.keep_checkpoints == 3
-    assert load_job_spec(write_yaml(text.replace("  steps: 6\n", "  steps: 6\n  keep_checkpoints: 1\n"))).training.keep_checkpoints == 1
+    one = text.replace("  steps: 6\n", "  steps: 6\n  keep_checkpoints: 1\n")
+    assert load_job_spec(write_yaml(one)).training.keep_checkpoints == 1
     with pytest.raises(InputError, match="keep_checkpoints"):
         load_job_spec(write_yaml(text.replace("  steps: 6\n", "  steps: 6\n  keep_checkpoints: 0\n")))

@@ -103,7 +103,8 @@ def _adopt(req: JobRequest, tagged: list[Job], backend: SlurmBackend) -> None:
             return
 
 
-def find_after_timeout(req: JobRequest, backend: SlurmBackend, known: set[int], waits: tuple[float, ...] = (2.0, 5.0, 10.0)) -> Job | None:
+def find_after_timeout(req: JobRequest, backend: SlurmBackend, known: set[int],
+                       waits: tuple[float, ...] = (2.0, 5.0, 10.0)) -> Job | None:
     """After sbatch timed out, the job may exist all the same: look for a new job with this submission's tag."""
     for wait in waits:
         time.sleep(wait)

@@ -171,7 +171,8 @@ def create_job_dir(job_dir: Path, group_readable: bool = False) -> None:
             os.chmod(job_dir, DIR_MODE | GROUP_READABLE)
     except FileExistsError:
         if job_dir.is_symlink():
-            raise InputError(f"job directory {job_dir} is a symbolic link; remove it or choose another --job-dir.") from None
+            raise InputError(f"job directory {job_dir} is a symbolic link; remove it or choose another "
+                             "--job-dir.") from None
         check_private_dir(job_dir, "job directory")
         used = job_outputs(job_dir)
         if used:
@@ -185,7 +186,7 @@ def create_job_dir(job_dir: Path, group_readable: bool = False) -> None:
 def write_files(job_dir: Path, files: dict[str, str], group_readable: bool = False) -> None:
     """Each file private (or group-readable), written whole through a temporary file and a rename (never
     through a symlink)."""
-    extra = 0o040 if group_readable else 0
+    script_mode = SCRIPT_MODE | (GROUP_READABLE if group_readable else 0)
+    file_mode = FILE_MODE | (0o040 if group_readable else 0)
     for name, text in files.items():
-        mode = (SCRIPT_MODE | (GROUP_READABLE if group_readable else 0)) if name.endswith(".sbatch") else FILE_MODE | extra
-        write_atomic(job_dir / name, text, mode)
+        write_atomic(job_dir / name, text, script_mode if name.endswith(".sbatch") else file_mode)
