@@ -70,7 +70,10 @@ def test_job_directory_and_files_are_private(world, tmp_path):
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
-def test_jobs_directory_writable_by_others_is_refused(world, tmp_path, mode):
+def test_jobs_directory_writable_by_others_is_refused(world, tmp_path, mode, monkeypatch):
+    from frenzy_slurm.submit import jobdir
+
+    monkeypatch.setattr(jobdir, "_private_group", lambda gid: False)  # a shared project group
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(mode)
@@ -248,3 +251,16 @@ def test_duplicate_from_another_directory_after_the_job_left_the_queue(world, tm
     shutil.rmtree(first.job_dir)  # the user cleans up: a fresh start is allowed
     again = submit(request(world, tmp_path / "other" / "b"), slurm)
     assert again.job_id != done.job_id
+
+
+def test_group_writable_is_accepted_only_for_a_user_private_group(monkeypatch, tmp_path):
+    from frenzy_slurm.submit import jobdir
+
+    d = tmp_path / "jobs"
+    d.mkdir()
+    d.chmod(0o770)
+    monkeypatch.setattr(jobdir, "_private_group", lambda gid: True)
+    jobdir.check_private_dir(d, "jobs directory")  # umask 002 with a user-private group: fine
+    monkeypatch.setattr(jobdir, "_private_group", lambda gid: False)
+    with pytest.raises(FrenzyError, match="writable by its group"):
+        jobdir.check_private_dir(d, "jobs directory")

@@ -45,6 +45,20 @@ def _owner_name(uid: int) -> str:
         return str(uid)
 
 
+def _private_group(gid: int) -> bool:
+    """A user-private group (Debian's USERGROUPS: named after the user, no other members): its write bit
+    gives no one else access, as OpenSSH's StrictModes also accepts."""
+    try:
+        import grp
+        import pwd
+
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        group = grp.getgrgid(gid)
+    except (KeyError, ImportError):
+        return False
+    return group.gr_name == me and set(group.gr_mem) <= {me}
+
+
 def check_private_dir(path: Path, what: str) -> os.stat_result:
     """`path` is a directory of this user that nobody else can write into, else InputError with the fix."""
     try:
@@ -56,7 +70,7 @@ def check_private_dir(path: Path, what: str) -> os.stat_result:
     if st.st_uid != os.geteuid():
         raise InputError(f"{what} {path} belongs to {_owner_name(st.st_uid)}, not to you; files written there could be "
                          "read or replaced by its owner. Use a directory of your own (set FRENZY_JOBS_DIR or --job-dir).")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid)):
         who = "everyone" if st.st_mode & stat.S_IWOTH else "its group"
         raise InputError(f"{what} {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}): another user could "
                          f"plant files that your job runs or reads. Use a private directory (FRENZY_JOBS_DIR or "
