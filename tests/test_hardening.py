@@ -298,6 +298,9 @@ def test_generated_script_quotes_the_model_yaml_path(tmp_path, offline):
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",
     "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
     "{% set x = components.append(1) %}",
+    "{{ 'x' * 1000000000 }}",
+    "{{ 10 ** 100000000 }}",
+    "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
 ])
 def test_override_templates_render_in_the_sandbox(tmp_path, offline, payload):
     tdir = tmp_path / "templates"

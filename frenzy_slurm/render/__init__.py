@@ -78,6 +78,23 @@ def no_control_chars(what: str, value: str) -> str:
     return value
 
 
+class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """The immutable sandbox, also bounding `*` and `**`: `{{ 'x' * 10**9 }}` would fill the login node's memory
+    (the sandbox already bounds `range()`)."""
+
+    intercepted_binops = frozenset(["*", "**"])
+    MAX_OUTPUT = 1 << 20  # a job script is a few KB
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+            raise jinja2.sandbox.SecurityError(f"exponent {right} is too large for a template")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > self.MAX_OUTPUT:
+                    raise jinja2.sandbox.SecurityError("repetition larger than a job script needs")
+        return super().call_binop(context, operator, left, right)
+
+
 def environment(template_dir: Path | None = None) -> jinja2.Environment:
     """Jinja environment: the user's directory first (if any), then the shipped templates.
 
@@ -91,7 +108,7 @@ def environment(template_dir: Path | None = None) -> jinja2.Environment:
             raise InputError(f"templates directory {override} does not exist")
         loaders.append(jinja2.FileSystemLoader(str(override)))
     loaders.append(jinja2.FileSystemLoader(str(resources.files("frenzy_slurm").joinpath("templates"))))
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    env = _Sandbox(
         loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, autoescape=False)
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
@@ -144,6 +161,8 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
                          "format the values they are given") from None
     except jinja2.TemplateError as exc:
         raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
+    except RecursionError:
+        raise InputError(f"template {template}: recursion too deep (a macro or include that calls itself)") from None
     # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
     predicted = {f"{c.partition}/{c.gpu_type}": {"gpu_model": c.gpu_model, "peak_gib": c.peak_gib,
                                                   "capacity_gib": c.capacity_gib} for c in alloc.components}
