@@ -27,33 +27,41 @@ MAX_DEPTH = 64
 
 
 def _check_size(root: yaml.Node, source: Path) -> None:
-    """Refuse documents whose aliases expand past MAX_NODES values or that nest past MAX_DEPTH.
+    """Refuse documents whose aliases expand past MAX_NODES values, nest past MAX_DEPTH levels once expanded,
+    or refer to themselves (`&a [*a]`, which PyYAML composes into a cycle).
 
-    Expanded sizes are computed once per distinct node (aliases share nodes), so this is linear in the
-    file however large the expansion would be.
+    Sizes and depths are computed once per distinct node (aliases share nodes), children before parents,
+    so this is linear in the file however large the expansion would be, and iterative (no recursion).
     """
     size: dict[int, int] = {}
-    depth: dict[int, int] = {id(root): 1}
-    order: list[yaml.Node] = []
-    stack, seen = [root], {id(root)}
-    while stack:  # iterative depth-first order: a deep document must not exhaust Python's stack here
-        node = stack.pop()
-        order.append(node)
-        d = depth[id(node)]
-        if d > MAX_DEPTH:
-            raise InputError(f"{source}:{node.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep; "
-                             "a configuration file never needs that. Flatten it.")
+    height: dict[int, int] = {}
+    in_progress: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        key = id(node)
+        if expanded:  # every child is done: fold them into this node
+            in_progress.discard(key)
+            kids = _children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            height[key] = 1 + max((height[id(k)] for k in kids), default=0)
+            if size[key] > MAX_NODES:
+                raise InputError(f"{source}:{node.start_mark.line + 1}: anchors and aliases here expand to more "
+                                 f"than {MAX_NODES} values; write the values out or use fewer nested aliases.")
+            if height[key] > MAX_DEPTH:
+                raise InputError(f"{source}:{node.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep "
+                                 "(aliases expanded); a configuration file never needs that. Flatten it.")
+            continue
+        if key in size:
+            continue
+        in_progress.add(key)
+        stack.append((node, True))
         for child in _children(node):
-            depth[id(child)] = max(depth.get(id(child), 0), d + 1)
-            if id(child) not in seen:
-                seen.add(id(child))
-                stack.append(child)
-    for node in reversed(order):  # children before parents (an alias cycle cannot occur: YAML forbids it)
-        total = 1 + sum(size.get(id(c), 1) for c in _children(node))
-        if total > MAX_NODES:
-            raise InputError(f"{source}:{node.start_mark.line + 1}: anchors and aliases here expand to more than "
-                             f"{MAX_NODES} values; write the values out or use fewer nested aliases.")
-        size[id(node)] = total
+            if id(child) in in_progress:
+                raise InputError(f"{source}:{child.start_mark.line + 1}: an alias refers to the anchor it is inside "
+                                 "(a recursive structure); a configuration file cannot use one.")
+            if id(child) not in size:
+                stack.append((child, False))
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

@@ -65,6 +65,22 @@ def test_alias_bomb_is_refused_fast(tmp_path):
     assert f"{bomb}:" in msg and "aliases" in msg
 
 
+def test_recursive_alias_is_refused(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text("name: &a [*a]\n")  # PyYAML composes this into a cycle
+    assert "recursive structure" in _input_error(load_job_spec, path)
+
+
+def test_alias_bomb_reached_from_later_siblings_is_counted(tmp_path):
+    """Shared nodes are counted once per reference however the document orders them."""
+    text = "x0: &x0 [" + ", ".join(["lol"] * 50) + "]\n"
+    for i in range(1, 5):
+        text += f"y{i}: [&x{i} [{', '.join([f'*x{i - 1}'] * 50)}], *x{i}]\n"
+    path = tmp_path / "model.yaml"
+    path.write_text(text)
+    assert "expand to more than" in _input_error(load_job_spec, path)
+
+
 def test_moderate_aliases_still_work(tmp_path):
     """Anchors for repeated blocks are legitimate YAML; only expansion beyond the cap is refused."""
     path = tmp_path / "model.yaml"
