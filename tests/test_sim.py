@@ -118,3 +118,21 @@ def test_simulate_command_errors_are_one_line_with_exit_2(tmp_path):
     assert res.exit_code == 2 and "no such file" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(admin, ["simulate", str(WORKLOAD), "--cluster", "A100:2"])
     assert res.exit_code == 2 and "GPU:NODESxGPUS" in res.output
+
+
+def test_replay_jobs_are_scaled_and_scripted_like_the_simulation(wl, tmp_path):
+    from frenzy_slurm.sim.replay import ReplayJob, compare, replay_jobs, simulate_replay, write_script
+    from frenzy_slurm.slurm.backend import ComponentRequest
+
+    cluster = parse_compact(CLUSTER)
+    jobs = replay_jobs(simulate(wl, cluster, "has", seed=5, errors=ErrorModel.exact()), makespan_s=60.0)
+    assert len(jobs) == 12 and jobs[0].submit_s == 0
+    assert all(j.run_s >= 3.0 and all(c.time_min * 60 >= j.run_s for c in j.components) for j in jobs)
+    sim = simulate_replay(jobs, cluster)
+    assert max(e for _, e in sim.values()) == pytest.approx(60.0, rel=0.25)  # about the asked-for makespan
+    het = ReplayJob(7, 0.0, [ComponentRequest("a", "a100", 1, 4, 2), ComponentRequest("b", "v100", 2, 8, 2)], 5.0)
+    text = write_script(het, tmp_path).read_text()
+    assert text.count("#SBATCH hetjob") == 1 and "--gres=gpu:v100:8" in text and text.rstrip().endswith("sleep 5.00")
+    report = compare({1: (0.0, 5.0), 2: (5.0, 9.0)}, {1: (0.5, 5.5), 2: (7.0, 11.0)})
+    assert report["start_diff_median_s"] == pytest.approx(1.25) and report["start_diff_max_s"] == 2.0
+    assert report["start_diff_median_pct_of_makespan"] == pytest.approx(100 * 1.25 / 10.5)

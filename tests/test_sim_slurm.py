@@ -168,3 +168,10 @@ def test_with_a_backfill_interval_freed_gpus_wait_for_the_next_pass():
     # on the devcluster: see docs/simulation.md)
     assert r.job(second).start == 120.0
     assert r.job(third).start == 210.0  # second ended at 180 s
+
+
+def test_a_cluster_copied_from_a_view_has_the_same_partitions():
+    c = parse_compact("A100-80GB:2x8,T4:3x4")
+    copy = SimCluster.from_view(SimSlurm(c).load(), c.site())
+    assert [(p.name, p.gpu, p.nodes, p.gpus_per_node, p.gres) for p in copy.partitions] == \
+        [(p.name, p.gpu, p.nodes, p.gpus_per_node, p.gres) for p in c.partitions]
