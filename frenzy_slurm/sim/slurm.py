@@ -191,7 +191,7 @@ class SimSlurm:
         self._ends: dict[int, tuple[float, str]] = {}  # running job -> (end time, final state)
         self.timeline: list[tuple[float, int]] = [(now, 0)]  # (time, GPUs allocated) after each change
         self.schedule_s = 0.0  # wall time spent in scheduling passes
-        self._queue_plan: tuple[int, _Plan] | None = None
+        self._queue_plan: _Plan | None = None  # the queue's reservations, until the next pass
 
     # ---- SlurmBackend -------------------------------------------------------------------------
     def load(self) -> ClusterView:
@@ -378,8 +378,8 @@ class SimSlurm:
                         for c, ns in zip(j.components, found[1]):
                             for n in ns:
                                 plan.add(n, found[0], found[0] + j.limit_s, c.gpus_per_node)
-            self._queue_plan = (0, plan)
-        return self._queue_plan[1]
+            self._queue_plan = plan
+        return self._queue_plan
 
     def _candidates(self, c: ComponentRequest) -> list[str]:
         if c.gpu_type is None:
