@@ -60,6 +60,9 @@ def test_dry_run_submits_nothing_and_repeat_is_refused(jobs_dir, tmp_path):
     assert again.returncode == 7 and f"job {first['job_id']} was already submitted" in again.stderr
     forced = fsbatch_json(str(spec), "--force")
     assert forced["job_id"] != first["job_id"]
+    # --force never touches the earlier job's directory: the new job gets its own
+    assert forced["job_dir"] == first["job_dir"] + ".2" and forced["earlier_job_dir"] == first["job_dir"]
+    assert json.loads((Path(first["job_dir"]) / "submission.json").read_text())["job_id"] == first["job_id"]
 
 
 def test_heterogeneous_job_when_a100_is_busy(jobs_dir, tmp_path):

@@ -95,10 +95,12 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
                       backend=None if cluster.name == "static" else cluster, now=time.time())
     shared = site_cfg.job_dirs_group_readable  # the site may let the user's group read job directories
     req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates, group_readable=shared)
+    kept: Path | None = None
     if force and not dry_run:
         from frenzy_slurm.submit.jobdir import job_outputs, next_free_dir
 
         if job_outputs(req.job_dir):  # an earlier job's directory is never reused: plan into a fresh one
+            kept = req.job_dir
             req = render_job(spec, model_yaml, model, w, decision, options, next_free_dir(req.job_dir), templates,
                              group_readable=shared)
     calibration = job_record(applied, raw_site, w, decision, spec.training.global_batch)
@@ -111,6 +113,8 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,
                     "decision": json.loads(decision.model_dump_json()),
                     "user_code_ran": model.exact_params is not None, "calibration": calibration}
+    if kept is not None:
+        result["earlier_job_dir"] = str(kept)  # --force planned into a fresh directory; this one is untouched
     if not dry_run:
         from frenzy_slurm.submit import submit
 
@@ -134,3 +138,5 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
         click.echo(req.script, nl=False)
     else:
         click.echo(f"Submitted batch job {result['job_id']} (job directory {req.job_dir})")
+        if kept is not None:
+            click.echo(f"The earlier job's directory {kept} is kept as it was (--force never touches it).")
