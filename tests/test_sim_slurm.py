@@ -175,3 +175,16 @@ def test_a_cluster_copied_from_a_view_has_the_same_partitions():
     copy = SimCluster.from_view(SimSlurm(c).load(), c.site())
     assert [(p.name, p.gpu, p.nodes, p.gpus_per_node, p.gres) for p in copy.partitions] == \
         [(p.name, p.gpu, p.nodes, p.gpus_per_node, p.gres) for p in c.partitions]
+
+
+def test_cluster_yaml_file_and_its_errors(tmp_path):
+    good = tmp_path / "c.yaml"
+    good.write_text("name: lab\npartitions:\n  - {name: a100, gpu: A100-80GB, nodes: 2, gpus_per_node: 8}\n"
+                    "  - {name: t4, gpu: T4, nodes: 3, gpus_per_node: 4, gres_type: tesla_t4, max_time_min: 60}\n")
+    c = load_cluster(str(good))
+    assert c.gpus == 28 and c.partitions[1].gres == "tesla_t4"
+    assert SimSlurm(c).load().partition("t4").max_time_min == 60
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("partitions:\n  - {name: a100, gpu: A100-80GB, nodes: 0, gpus_per_node: 8}\n")
+    with pytest.raises(InputError, match=r"bad.yaml:2.*nodes"):
+        load_cluster(str(bad))
