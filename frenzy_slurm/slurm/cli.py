@@ -42,7 +42,8 @@ FEATURES = [
     ((21, 8), Features(json=True, numbers_are_objects=False)),
     ((23, 2), Features(json=True, numbers_are_objects=True)),
     # sinfo --json answers {"sinfo": [...]} grouped by partition and state, without a node list; scontrol --json
-    # (absent in 22.05) lists nodes with gres, gres_used and state as a list of flags
+    # (absent in 22.05) lists nodes with gres, gres_used and state as a list of flags. Recorded in 23.11, 24.11,
+    # 25.05, 25.11 and 26.05; 23.02 (not recorded here) keeps the row above
     ((23, 11), Features(json=True, numbers_are_objects=True, nodes_json=SCONTROL_NODES)),
 ]
 # times in text answers (squeue -o %S, sacct, sbatch --test-only) follow SLURM_TIME_FORMAT: ask for ISO
