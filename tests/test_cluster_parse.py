@@ -14,7 +14,7 @@ from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, par
 from frenzy_slurm.slurm.cli import (features_for, job_from_json, jobs_from_text, node_from_json,
                                             nodes_from_text, parse_version, partitions_from_scontrol)
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent / "data" / "slurm-22.05" / "earlier"  # hand-made 22.05 captures; all releases: test_slurm_versions.py
 
 
 @pytest.mark.parametrize("text,expected", [
