@@ -124,3 +124,9 @@ def test_rows_skipped_with_reasons():
         interpret_row(_row(model="flan-t5-xl"))
     with pytest.raises(RowError, match="not stated"):
         interpret_row(_row(activation_ckpt="not stated"))
+
+
+def test_gpu_counts_and_hybrid_shard():
+    it = interpret_row(_row(num_gpus="2 nodes x 8", parallelism="FSDP HYBRID_SHARD, DP=16", sharding_offload="none",
+                            other_settings="torch FSDP"))
+    assert (it.plan.dp, it.plan.zero, it.plan.shard_group) == (16, 3, 8)

@@ -81,6 +81,15 @@ def _first_int(text: str, what: str) -> int:
     return int(m.group())
 
 
+def _gpu_count(text: str) -> int:
+    """`8`, `16 (2 nodes)`, `2x8`, `2 nodes x 8 GPUs`, `4 nodes of 8` -> GPUs in all."""
+    t = text.lower().replace("×", "x").replace(",", "")
+    m = re.search(r"(\d+)\s*(?:nodes?)?\s*(?:x|\*|of)\s*(\d+)", t)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    return _first_int(t, "num_gpus")
+
+
 def _seq_len(text: str, stated: int | None) -> int:
     t = text.strip().lower()
     if t.startswith("variable") or (not t and stated is None):
@@ -183,6 +192,10 @@ def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: i
     if gpus and world != gpus:
         raise RowError(f"parallel degrees dp={dp} tp={tp} pp={pp} cp={cp} multiply to {world}, not num_gpus={gpus}")
     zero = _zero_stage(text, sharded) if dp > 1 or par.shard_group else 0
+    if par.shard_group is None and re.search(r"hybrid[_ ]shard|hsdp", text) and dp > 1:
+        # FSDP HYBRID_SHARD shards within a node and replicates across nodes
+        per_node = re.search(r"(\d+)\s*(?:gpus?)?\s*(?:per|/)\s*node", text + " " + raw["num_gpus"].lower())
+        par.shard_group = min(dp, int(per_node.group(1)) if per_node else 8)
     offload_text = raw["sharding_offload"].lower() + " " + raw["other_settings"].lower()
     offload = bool(re.search(r"offload", offload_text)) and not re.search(
         r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", offload_text)
@@ -254,7 +267,7 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     mb_text = raw["micro_batch"].lower()
     local_batch = stated.local_batch if "local" in mb_text else None
     mb = local_batch or _first_int(raw["micro_batch"], "micro_batch")
-    gpus = _first_int(raw["num_gpus"], "num_gpus")
+    gpus = _gpu_count(raw["num_gpus"])
 
     prec = reading.precision(raw["precision"] + " " + raw["other_settings"])
     if prec.precision is None:
