@@ -7,7 +7,7 @@ import pytest
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.spec import load_job_spec, parse_slurm_time, resolve_model
 
-from .conftest import EXAMPLES, run_cli
+from .helpers import EXAMPLES, run_cli
 
 GOOD = """\
 name: t
@@ -118,7 +118,7 @@ def test_slurm_time(text, minutes):
 def test_reference_doc_is_current():
     from frenzy_slurm.spec.reference import SECTIONS, render
 
-    from .conftest import ROOT
+    from .helpers import ROOT
 
     assert (ROOT / "docs" / "model-yaml.md").read_text() == render(), "run: frenzy-slurm spec-reference > docs/model-yaml.md"
     for _, model in SECTIONS:
