@@ -149,3 +149,61 @@ def test_pools_are_keyed_by_partition_and_gres_type():
     comp = d.chosen.components[0]
     assert (comp.partition, comp.gpu_type) == ("a100b", "a100_40gb")
     assert PoolKey("a100b", "a100_40gb") == ("a100b", "a100_40gb") and str(PoolKey("p", "g")) == "p/g"
+
+
+def _alloc(gpus: int, run_s: float, start: float = 0.0):
+    from frenzy_slurm.has.model import Allocation, Component
+    from frenzy_slurm.marp.plan import ParallelPlan
+
+    comp = Component(partition="p", gpu_type="g", gpu_model="A100-40GB", nodes=1, gpus_per_node=gpus, stages=[0],
+                     peak_gib=1.0, capacity_gib=40.0)
+    return Allocation(kind="homogeneous", components=[comp], plan=ParallelPlan(dp=gpus), step_time_s=1.0,
+                      run_time_s=run_s, time_min=60, start=start, start_source="now")
+
+
+def test_wider_only_while_each_gpu_is_worth_it():
+    """Each widening must turn every extra GPU into at least half a GPU of speed-up (waiting included)."""
+    from frenzy_slurm.has.decide import _Cand, _widest_worth_it
+
+    def pick(*allocs):
+        ordered = sorted((_Cand(a) for a in allocs), key=lambda c: c.alloc.completion)
+        return _widest_worth_it(ordered, now=0.0, tol=60.0).alloc.gpus
+
+    # 1 -> 2 GPUs: 1.9x (efficiency 0.9); 2 -> 8: only 1.5x for 4x the GPUs (efficiency 0.17)
+    assert pick(_alloc(1, 10_000), _alloc(2, 5_300), _alloc(8, 3_500)) == 2
+    # scaling well all the way: the widest
+    assert pick(_alloc(1, 10_000), _alloc(2, 5_200), _alloc(8, 1_400)) == 8
+    # the narrow allocation must wait 5 h, the wide one starts now: waiting counts
+    assert pick(_alloc(1, 3_600, start=18_000), _alloc(8, 2_000)) == 8
+
+
+def test_pending_jobs_are_ahead_in_the_queue():
+    """A pending job ahead takes the GPUs as they free up; only a job short enough backfills before it."""
+    from frenzy_slurm.slurm.releases import ReleaseIndex
+
+    view = fill(synthetic(LOCAL), "a100", minutes=30)  # both a100 nodes busy for 30 min
+    t0 = view.taken_at
+    waiting = Job(job_id=5000, state="PENDING", partition="a100", node_count=2, gpu_type="a100_40gb", gpus_per_node=4,
+                  time_limit_min=120)
+    queued = view.model_copy(update={"jobs": [*view.jobs, waiting]})
+    assert ReleaseIndex(view, t0).start("a100", None, 1, 4, 3600) == pytest.approx(t0 + 1800)
+    # the pending job holds both nodes from +30 min to +150 min: a new job starts after it
+    assert ReleaseIndex(queued, t0).start("a100", None, 1, 4, 3600) == pytest.approx(t0 + 1800 + 7200)
+    assert ReleaseIndex(queued, t0, queue=False).start("a100", None, 1, 4, 3600) == pytest.approx(t0 + 1800)
+    # on an idle partition a short job backfills in front of a pending job's later reservation
+    idle_wait = Job(job_id=5001, state="PENDING", partition="t4", node_count=4, gpu_type="t4", gpus_per_node=4,
+                    time_limit_min=60)
+    busy_t4 = fill(synthetic(LOCAL), "t4", {"t4-4": 4}, minutes=20)  # three t4 nodes busy for 20 min, one free
+    idx = ReleaseIndex(busy_t4.model_copy(update={"jobs": [*busy_t4.jobs, idle_wait]}), t0)
+    assert idx.start("t4", None, 1, 4, 600) == pytest.approx(t0)  # 10 min fits before the reservation at +20
+    assert idx.start("t4", None, 1, 4, 3600) == pytest.approx(t0 + 1200 + 3600)  # 1 h does not: after it
+
+
+def test_has_sees_the_queue():
+    view = fill(fill(fill(synthetic(LOCAL), "a100", minutes=30), "v100", minutes=60), "t4", minutes=90)
+    ahead = [Job(job_id=6000 + i, state="PENDING", partition="a100", node_count=2, gpu_type="a100_40gb",
+                 gpus_per_node=4, time_limit_min=240) for i in range(2)]
+    d = plan(make_spec(), view.model_copy(update={"jobs": [*view.jobs, *ahead]}))
+    # without the queue HAS would wait 30 min for the a100s (test_waits_when_nothing_is_free); two 4-hour jobs
+    # are ahead there, so another pool wins
+    assert d.chosen.components[0].partition != "a100"

@@ -33,6 +33,10 @@ DP_DEGREES = (1, 2, 4, 8)
 REFINE_WITH_TEST_ONLY = 3
 TIE_SECONDS = 60.0  # completions closer than this (or TIE_FRACTION of the time to completion) are equal
 TIE_FRACTION = 0.01
+# A wider allocation is taken only if each extra GPU buys at least this much of a GPU's worth of speed-up
+# (time to completion, waiting included): the GPUs one job takes for a small gain are what the jobs
+# behind it wait for. 0.5 is the usual parallel-efficiency floor of HPC allocation policies.
+MIN_MARGINAL_EFFICIENCY = 0.5
 
 
 @dataclass
@@ -54,13 +58,14 @@ def _homogeneous(w: Workload, req: Requirements, pools: list[UsablePool], releas
             if layout is None or c.plan.tp > layout[1]:
                 continue
             nodes, per_node = layout
-            if fits_free_now(pool, nodes, per_node):
+            if fits_free_now(pool, nodes, per_node) and not releases.has_reservations(*pool.key):
                 start, source = now, "now"
-            else:
-                t = releases.start(pool.live.partition, pool.live.gpu_type, nodes, per_node)
+            else:  # after running jobs end and the pending jobs ahead have had their turn
+                t = releases.start(pool.live.partition, pool.live.gpu_type, nodes, per_node,
+                                   req.time_min(c.run_time_s) * 60.0)
                 if t is None:
                     continue
-                start, source = t, "view"
+                start, source = (now, "now") if t <= now else (t, "view")
             comp = Component(partition=pool.live.partition, gpu_type=pool.live.gpu_type, gpu_model=pool.option.spec.name,
                              nodes=nodes, gpus_per_node=per_node, cpus_per_task=pool.site.cpus_per_gpu,
                              stages=list(range(c.plan.pp)),
@@ -79,7 +84,8 @@ def _placeable_now(pool: UsablePool, gpus: int) -> tuple[int, int] | None:
     return None
 
 
-def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], now: float, space: SearchSpace,
+def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], releases: ReleaseIndex, now: float,
+                   space: SearchSpace,
                    beat: float) -> list[_Cand]:
     """Two-pool pipelines on GPUs that are free now (the case where waiting for one type loses).
 
@@ -120,7 +126,7 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], now:
                 ideal = steps * (ga + stages_a + nb - 1) * max(share, one_layer)
                 if now + ideal >= beat:
                     continue  # even a perfect split of these GPUs cannot win
-                cand = _hetero_candidate(w, req, [(pa, stages_a), (pb, nb)], dp, mb, recomputes, space, now)
+                cand = _hetero_candidate(w, req, [(pa, stages_a), (pb, nb)], dp, mb, recomputes, space, releases, now)
                 if cand is not None:
                     out.append(cand)
                     beat = min(beat, cand.alloc.completion)
@@ -128,7 +134,7 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], now:
 
 
 def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[UsablePool, int]], dp: int, mb: int,
-                      recomputes: list[str], space: SearchSpace, now: float) -> _Cand | None:
+                      recomputes: list[str], space: SearchSpace, releases: ReleaseIndex, now: float) -> _Cand | None:
     world = sum(n for _, n in placement) * dp
     groups = [hetero.StageGroup(p.key, n, p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency,
                                 p.option.usable_bytes - p.option.overhead_bytes(world), p.option.overhead_bytes(world),
@@ -150,9 +156,13 @@ def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[Usab
                                    peak_gib=max(peaks[first:first + n]), capacity_gib=p.option.usable_bytes / GiB))
             layouts.append(layout)
             first += n
+        minutes = req.time_min(hp.step_time_s * req.steps)
+        for p, (nodes, per_node) in zip((p for p, _ in placement), layouts):
+            if releases.start(p.live.partition, p.live.gpu_type, nodes, per_node, minutes * 60.0) != now:
+                return None  # a pending job ahead holds these GPUs before this pipeline would end
         alloc = Allocation(kind="heterogeneous", components=comps, plan=hp.plan.resolved(w.arch.layers),
                            step_time_s=hp.step_time_s, run_time_s=hp.step_time_s * req.steps,
-                           time_min=req.time_min(hp.step_time_s * req.steps), start=now, start_source="now")
+                           time_min=minutes, start=now, start_source="now")
         return _Cand(alloc, [p for p, _ in placement], layouts)
     return None
 
@@ -188,8 +198,41 @@ def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
                                              "start_source": est.source})
 
 
-def _why_lost(best: Allocation, other: Allocation) -> str:
+def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:
+    """Speed-up per extra GPU of `wide` over `narrow`, in time to completion (waiting included): 1.0 is perfect."""
+    t_narrow, t_wide = narrow.completion - now, max(wide.completion - now, 1e-9)
+    extra = wide.gpus / narrow.gpus - 1
+    return (t_narrow / t_wide - 1) / extra if extra > 0 else float("inf")
+
+
+def _widest_worth_it(ordered: list[_Cand], now: float, tol: float) -> _Cand:
+    """From the fewest GPUs up, widen only while each step is worth its GPUs (MIN_MARGINAL_EFFICIENCY).
+
+    `ordered` is ranked by completion (ties: homogeneous, then fewer GPUs), so among allocations of one
+    size the first seen is the best. A narrower allocation that must wait is compared with its wait:
+    a wide one that starts now wins when the wait is long.
+    """
+    best_of_size: dict[int, _Cand] = {}
+    for c in ordered:
+        best_of_size.setdefault(c.alloc.gpus, c)
+    sizes = sorted(best_of_size)
+    cur = best_of_size[sizes[0]]
+    for g in sizes[1:]:
+        c = best_of_size[g]
+        if (c.alloc.completion < cur.alloc.completion - tol
+                and _marginal_efficiency(cur.alloc, c.alloc, now) >= MIN_MARGINAL_EFFICIENCY):
+            cur = c
+    return cur
+
+
+def _why_lost(best: Allocation, other: Allocation, now: float) -> str:
     dt = other.completion - best.completion
+    if dt < -1 and other.gpus > best.gpus:
+        eff = _marginal_efficiency(best, other, now)
+        if eff < MIN_MARGINAL_EFFICIENCY:
+            return (f"finishes {-dt / 60:.1f} min sooner with {other.gpus} GPUs instead of {best.gpus}: each extra GPU "
+                    f"adds {eff:.0%} of a GPU's speed, under the {MIN_MARGINAL_EFFICIENCY:.0%} a wider allocation needs")
+        return f"finishes only {-dt:.0f} s sooner with {other.gpus} GPUs instead of {best.gpus} (a tie: fewer GPUs win)"
     if dt > 1:
         parts = []
         if other.start > best.start + 1:
@@ -234,7 +277,7 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
     homogeneous = _homogeneous(w, req, pools, releases, now, space)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
     beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now))  # a tie goes to the homogeneous allocation
-    cands = homogeneous + _heterogeneous(w, req, pools, now, space, beat)
+    cands = homogeneous + _heterogeneous(w, req, pools, releases, now, space, beat)
 
     def rank(items: list[_Cand]) -> list[_Cand]:
         """Earliest completion; within a tolerance, homogeneous first, then fewer GPUs (ties are noise)."""
@@ -248,7 +291,9 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
             return (not tied, c.alloc.kind == "heterogeneous" if tied else False, c.alloc.gpus if tied else 0,
                     c.alloc.completion)
 
-        return sorted(items, key=key)
+        ordered = sorted(items, key=key)
+        choice = _widest_worth_it(ordered, now, tol)
+        return [choice] + [c for c in ordered if c is not choice]
 
     verdicts = [(c, _violations(req, c)) for c in cands]
     ok = rank([c for c, why in verdicts if not why])
@@ -264,7 +309,7 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
         label = c.alloc.label()
         if label in {a.description for a in alts} or len(alts) >= alternatives:
             continue
-        alts.append(Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(best, c.alloc)))
+        alts.append(Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(best, c.alloc, now)))
     for c, why in sorted(rejected, key=lambda cw: cw[0].alloc.completion)[:2]:
         alts.append(Alternative(allocation=c.alloc, description=c.alloc.label(), lost_because=why or ""))
     for line in skipped:

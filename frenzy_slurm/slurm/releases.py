@@ -1,46 +1,122 @@
-"""When GPUs free up: each node's running jobs' end times, turned into per-node ready times.
+"""When GPUs free up, queue included: per-node GPU timelines from running jobs and the pending queue.
 
-Used by the static backend's start estimates and by HAS for candidates that cannot start now.
+Running jobs free their GPUs at their end times. Pending jobs are ahead of any new submission: each is
+given, in queue order (job id, as FIFO priority), the earliest window of its time limit on nodes of its
+partition and GPU type, as Slurm's backfill scheduler plans them, and holds those GPUs for that
+window. A new request then starts at the earliest time that enough nodes have the GPUs free for its
+whole duration (so it may also start in a hole before a reservation, as backfill allows).
+
+Without pending jobs this reduces to "when running jobs end"; `sbatch --test-only` itself ignores the
+pending queue, which is why HAS's view-based estimate is kept when it is later than Slurm's.
+Used by HAS for every candidate and by the static backend's start estimates.
 """
 
 from __future__ import annotations
 
-from frenzy_slurm.slurm.model import ClusterView
+import bisect
+
+from frenzy_slurm.slurm.model import ClusterView, Node
+
+PENDING_DEFAULT_LIMIT_S = 3600.0  # a pending job without a time limit holds its GPUs this long in the plan
+
+
+class _Timeline:
+    """One node's free GPUs over time: free now, then changes (+ at an end, - at a reservation)."""
+
+    def __init__(self, free_now: int):
+        self.free_now = free_now
+        self.times: list[float] = []
+        self.deltas: list[int] = []
+
+    def add(self, t: float, delta: int) -> None:
+        i = bisect.bisect_right(self.times, t)
+        self.times.insert(i, t)
+        self.deltas.insert(i, delta)
+
+    def min_free(self, t0: float, t1: float) -> int:
+        """The fewest GPUs free at any moment of [t0, t1)."""
+        free = self.free_now
+        i = 0
+        while i < len(self.times) and self.times[i] <= t0:
+            free += self.deltas[i]
+            i += 1
+        low = free
+        while i < len(self.times) and self.times[i] < t1:
+            free += self.deltas[i]
+            low = min(low, free)
+            i += 1
+        return low
 
 
 class ReleaseIndex:
-    """Built once per view; answers "when do `nodes` nodes of this pool have `per_node` GPUs free"."""
+    """Built once per view; answers "when do `nodes` nodes of this pool have `per_node` GPUs free for `duration`"."""
 
-    def __init__(self, view: ClusterView, now: float):
+    def __init__(self, view: ClusterView, now: float, queue: bool = True):
         self.view, self.now = view, now
-        self.by_node: dict[str, list[tuple[float, int]]] = {}
+        self.nodes: dict[str, Node] = {n.name: n for n in view.nodes if n.available}
+        self.lines: dict[str, _Timeline] = {name: _Timeline(n.gpus_free) for name, n in self.nodes.items()}
         for j in view.jobs:
             if j.gpus_per_node and j.phase == "running":
-                for n in j.nodes:
-                    self.by_node.setdefault(n, []).append((max(now, float(j.end_time or now)), j.gpus_per_node))
-        for ends in self.by_node.values():
-            ends.sort()
-        self._cache: dict[tuple[str, str | None, int], list[tuple[float, str]]] = {}
+                for name in j.nodes:
+                    if name in self.lines:
+                        self.lines[name].add(max(now, float(j.end_time or now)), j.gpus_per_node)
+        self.queued = 0  # pending jobs given a reservation
+        self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the plan
+        self._cache: dict[tuple, tuple[float, list[str]] | None] = {}
+        if queue:
+            self._reserve_pending()
 
-    def ready(self, partition: str, gpu_type: str | None, per_node: int) -> list[tuple[float, str]]:
-        """(time, node) for every available node of the pool, sorted by when it has `per_node` GPUs free."""
-        key = (partition, gpu_type, per_node)
+    def _reserve_pending(self) -> None:
+        pending = sorted((j for j in self.view.jobs if j.phase == "pending" and j.gpus_per_node),
+                         key=lambda j: j.job_id)
+        for j in pending:
+            need = max(j.node_count, 1)
+            duration = float(j.time_limit_min) * 60 if j.time_limit_min else PENDING_DEFAULT_LIMIT_S
+            for partition in filter(None, j.partition.split(",")):  # the first partition that can hold it
+                found = self._earliest(partition, j.gpu_type, need, j.gpus_per_node, duration)
+                if found is not None:
+                    t, names = found
+                    for name in names:
+                        self.reserved.add(name)
+                        self.lines[name].add(t, -j.gpus_per_node)
+                        self.lines[name].add(t + duration, j.gpus_per_node)
+                    self.queued += 1
+                    break
+        self._cache.clear()
+
+    def _pool_nodes(self, partition: str, gpu_type: str | None, per_node: int) -> list[str]:
+        return [name for name, n in self.nodes.items() if partition in n.partitions
+                and gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node]
+
+    def _earliest(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
+                  duration: float) -> tuple[float, list[str]] | None:
+        names = self._pool_nodes(partition, gpu_type, per_node)
+        if len(names) < nodes:
+            return None
+        # a window can only open now or when some GPUs of the pool are freed
+        times = sorted({self.now, *(t for n in names for t, d in zip(self.lines[n].times, self.lines[n].deltas)
+                                   if d > 0 and t > self.now)})
+        for t in times:
+            fits = [n for n in names if self.lines[n].min_free(t, t + duration) >= per_node]
+            if len(fits) >= nodes:
+                return t, sorted(fits)[:nodes]
+        return None
+
+    def has_reservations(self, partition: str, gpu_type: str | None) -> bool:
+        """Whether pending jobs hold GPUs of this pool in the plan (free now is then not enough)."""
+        return bool(self.reserved.intersection(self._pool_nodes(partition, gpu_type, 1)))
+
+    def window(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
+               duration_s: float = 0.0) -> tuple[float, list[str]] | None:
+        """(start, node names) of the earliest window, or None if the pool never has that many nodes."""
+        if not self.reserved.intersection(self._pool_nodes(partition, gpu_type, per_node)):
+            duration_s = 0.0  # GPUs only ever free up there: the window's length does not matter
+        key = (partition, gpu_type, nodes, per_node, round(duration_s))
         if key not in self._cache:
-            out = []
-            for n in self.view.nodes:
-                if (partition not in n.partitions or gpu_type not in (None, n.gpu_type) or not n.available
-                        or n.gpus_total < per_node):
-                    continue
-                free, t = n.gpus_free, self.now
-                for end, g in self.by_node.get(n.name, ()):
-                    if free >= per_node:
-                        break
-                    free, t = free + g, end
-                if free >= per_node:
-                    out.append((t, n.name))
-            self._cache[key] = sorted(out)
+            self._cache[key] = self._earliest(partition, gpu_type, nodes, per_node, max(duration_s, 1.0))
         return self._cache[key]
 
-    def start(self, partition: str, gpu_type: str | None, nodes: int, per_node: int) -> float | None:
-        ready = self.ready(partition, gpu_type, per_node)
-        return ready[nodes - 1][0] if len(ready) >= nodes else None
+    def start(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
+              duration_s: float = 0.0) -> float | None:
+        found = self.window(partition, gpu_type, nodes, per_node, duration_s)
+        return found[0] if found else None

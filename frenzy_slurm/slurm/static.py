@@ -36,17 +36,18 @@ class StaticBackend(ReadOnlyBackend):
         return self._view
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
-        """From the snapshot: when enough nodes have the GPUs free, as running jobs end (all components together)."""
+        """From the snapshot: when enough nodes have the GPUs free for the request's time limit, after the
+        running jobs end and the pending jobs ahead of it have had their turn (all components together)."""
         view = self.load()
         releases = ReleaseIndex(view, view.taken_at)
         latest, chosen = view.taken_at, []
         for c in components:
-            ready = releases.ready(c.partition, c.gpu_type, c.gpus_per_node)
-            if len(ready) < c.nodes:
+            found = releases.window(c.partition, c.gpu_type, c.nodes, c.gpus_per_node, c.time_min * 60.0)
+            if found is None:
                 raise InputError(f"snapshot {self.path}: partition {c.partition} never has {c.nodes} node(s) with "
                                  f"{c.gpus_per_node} free {c.gpu_type or 'GPU'}s")
-            latest = max(latest, ready[c.nodes - 1][0])
-            chosen += [name for _, name in ready[: c.nodes]]
+            latest = max(latest, found[0])
+            chosen += found[1]
         return StartEstimate(start=latest, nodes=chosen, source="snapshot")
 
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
