@@ -240,7 +240,14 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
+        import gc
+
         for i in range(steps):
+            # GRID_GC=1 collects Python's cyclic garbage before every step (an experiment: it removes the
+            # step-to-step growth of the tied-embedding GPT-2 under DeepSpeed, but moves other ranks' frees;
+            # docs/accuracy.md). The stored dataset is measured without it, as training runs.
+            if os.environ.get("GRID_GC"):
+                gc.collect()
             with record_function(f"grid-step-{i}"):
                 step()
     from frenzy_slurm.runtime.memory import trace_events, trace_timeline
