@@ -348,5 +348,10 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         unfused_rope=hf_style,
         # torchtune quantises with torchao's NF4 tensor, which does not save the matmul input; bitsandbytes does
         nf4_saves_inputs="torchtune" not in fws or "bitsandbytes" in settings.lower() or "bnb" in settings.lower(),
+        # bitsandbytes' 4-bit layers as litgpt/Lightning ('bnb.nf4') and PEFT's BitsAndBytesConfig create them keep a
+        # plain fp32 absmax unless double quantisation is asked for ('nf4-dq', 'double quant'); torchao's NF4
+        # (torchtune) quantises its scalers
+        nf4_double_quant=bool(re.search(r"nf4[-_]dq|double[- _]quant", settings.lower()))
+        or not re.search(r"bnb|bitsandbytes", settings.lower()),
     )
     return Interpreted(workload, plan, metric, Overheads())

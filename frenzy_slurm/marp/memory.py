@@ -21,6 +21,7 @@ from frenzy_slurm.marp.overheads import GiB, Overheads
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
 
 QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 with double-quantised absmax (QLoRA paper, section 3)
+NF4_PLAIN_BYTES_PER_PARAM = 4.5 / 8  # NF4 with an fp32 absmax per 64-element block (no double quantisation)
 
 COMPONENTS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead")
 
@@ -240,7 +241,8 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
                          + (lora_head_params(a, w.lora_rank, w.lora_targets) if last else 0)) / tp
             base_bytes = 4.0 if w.precision == "fp32" else 2.0
             if w.method == "qlora":
-                frozen = linear * QLORA_BYTES_PER_PARAM + (params - linear) * base_bytes
+                nf4 = QLORA_BYTES_PER_PARAM if w.nf4_double_quant else NF4_PLAIN_BYTES_PER_PARAM
+                frozen = linear * nf4 + (params - linear) * base_bytes
             else:
                 frozen = params * base_bytes
             weights = frozen / weight_div + trainable * wb
