@@ -200,7 +200,6 @@ def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: i
     offload = bool(re.search(r"offload", offload_text)) and not re.search(
         r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", offload_text)
     offload_params = offload and zero == 3 and bool(re.search(r"param|fsdp cpu offload|cpu offload \(", offload_text))
-    local = local_batch or (mb if ga_stated is None else mb * ga_stated)
     if local_batch and pp > 1:  # a local batch split into the pipeline's micro-batches
         micro = par.microbatches or pp
         mb, ga = max(1, local_batch // micro), micro
@@ -210,7 +209,6 @@ def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: i
         ga = max(1, gbs // (mb * dp))
     else:
         ga = par.microbatches or 1
-    del local
     ac = raw["activation_ckpt"].lower()
     try:
         plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb, grad_accum=ga,
