@@ -365,8 +365,7 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         const = weights + optimizer
         # backward-start is the larger of two instants: the loss's backward (logits and their gradients alive)
         # and the last block's backward (logits freed, the head's gradients and the block's working set alive)
-        # (a pipeline's ZeRO-1 reduces after the last micro-batch: its bucket exists only then)
-        early = bucket if pp == 1 else 0.0
+        early = bucket
         start_loss = const + (grads_all if persistent else 0.0) + acts + logits + fb_buffers + early
         start_block = const + (grads_all if persistent else head_grads) + acts + recomputed + work + fb_buffers + early
         start = max(start_loss, start_block)
