@@ -53,6 +53,7 @@ def test_batch_phrasings(text, expected):
     ("fp8 linears, bf16 mixed", "bf16-mixed", True),
     ("no fp8; bf16 mixed", "bf16-mixed", False),
     ("fp32", "fp32", False),
+    ("AMP", "fp16-mixed", False),
     ("int3 magic", None, False),
 ])
 def test_precision_phrasings(text, precision, fp8):
@@ -130,3 +131,10 @@ def test_gpu_counts_and_hybrid_shard():
     it = interpret_row(_row(num_gpus="2 nodes x 8", parallelism="FSDP HYBRID_SHARD, DP=16", sharding_offload="none",
                             other_settings="torch FSDP"))
     assert (it.plan.dp, it.plan.zero, it.plan.shard_group) == (16, 3, 8)
+
+
+def test_optimizers_by_state_count():
+    assert interpret_row(_row(optimizer="Lion")).workload.optimizer == "sgd-momentum"
+    assert interpret_row(_row(optimizer="LAMB")).workload.optimizer == "adamw"
+    with pytest.raises(RowError, match="no state model"):
+        interpret_row(_row(optimizer="Shampoo"))

@@ -283,6 +283,10 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         optimizer = "adafactor"
     elif "sgd" in opt_text:
         optimizer = "sgd-momentum" if "momentum" in opt_text else "sgd"
+    elif re.search(r"\blion\b|adagrad|rmsprop", opt_text):
+        optimizer = "sgd-momentum"  # one state per parameter (Lion's momentum, Adagrad's sum, RMSprop's square avg)
+    elif not re.search(r"adam|lamb|\bdefault|\(config\)", opt_text) and opt_text.strip():
+        raise RowError(f"optimizer '{raw['optimizer']}' has no state model in MARP")
     in_bwd = any(k in opt_text + raw["other_settings"].lower() for k in ("in bwd", "in_bwd", "into backward"))
     paged = "paged" in opt_text
 

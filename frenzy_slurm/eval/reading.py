@@ -181,6 +181,8 @@ def precision(text: str) -> PrecisionReading:
         return PrecisionReading("bf16-pure" if pure or t.strip() in ("bf16", "bfloat16") else "bf16-mixed", fp8)
     if "fp16" in t or "float16" in t or "half" in t:
         return PrecisionReading("fp16-mixed", fp8)
+    if re.search(r"\bamp\b|autocast", t):  # torch.autocast / torch.cuda.amp without a dtype: float16
+        return PrecisionReading("fp16-mixed", fp8)
     if fp8:  # fp8 linears run inside bf16 mixed precision
         return PrecisionReading("bf16-mixed", True)
     if "fp32" in t or "float32" in t or "full precision" in t or "tf32" in t:
