@@ -127,3 +127,13 @@ def test_problem_order_without_importing(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
     assert "no slurm.conf" in pb.pyslurm_problem()
     assert pb.try_import() is None
+
+
+def test_track_cache_is_keyed_by_backend(tmp_path, monkeypatch):
+    """A --backend cli query right after a pyslurm one must ask Slurm again, not reuse the pyslurm answer."""
+    from frenzy_slurm import track
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cli_like, pyslurm_like = SimpleNamespace(name="cli"), SimpleNamespace(name="pyslurm")
+    assert track._cache_path(cli_like, "user=root") != track._cache_path(pyslurm_like, "user=root")
+    assert track._cache_path(cli_like, "user=root") == track._cache_path(SimpleNamespace(name="cli"), "user=root")
