@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from .slurm_fixture import DEVCLUSTER, sh, wait_for
+from .slurm_fixture import DEVCLUSTER, TEST_PORT, sh, wait_for
 
 
 def test_up_is_idempotent_and_status(slurm_cluster):
@@ -20,7 +20,7 @@ def test_up_is_idempotent_and_status(slurm_cluster):
     assert res.returncode == 0 and res.stdout.strip() == f"export SLURM_CONF={slurm_cluster}"
     assert (state / "run" / "slurmctld.pid").read_text() == pids, "a second up must not restart daemons"
     assert slurm_cluster.read_text() == conf, "a second up must keep the running cluster's configuration"
-    assert "SlurmctldPort=18817" in conf
+    assert f"SlurmctldPort={TEST_PORT}" in conf
     st = subprocess.run([str(DEVCLUSTER), "status"], capture_output=True, text=True, env=env, timeout=60)
     assert st.returncode == 0 and st.stdout.count("running pid") == 10  # munged, slurmctld, 8 slurmd
 
