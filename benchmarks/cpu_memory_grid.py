@@ -42,7 +42,7 @@ BUCKETS = dict(reduce_bucket_size=100_000, allgather_bucket_size=100_000, stage3
 
 def _point(name: str, arch: dict, trainer: str, **kw: Any) -> dict:
     p = dict(name=name, arch=arch, trainer=trainer, seq_len=128, micro_batch=2, grad_accum=1, precision="fp32",
-             zero=0, dp=1, tp=1, pp=1, recompute="none", lora_rank=0)
+             zero=0, dp=1, tp=1, pp=1, recompute="none", lora_rank=0, attention="sdpa")
     p.update(kw)
     return p
 
@@ -73,6 +73,8 @@ def grid() -> list[dict]:
     pts.append(_point("fsdp2-gpt2-dp2", GPT2, "fsdp2", dp=2, zero=3))
     pts.append(_point("fsdp2-llama-dp2-bf16", LLAMA, "fsdp2", dp=2, zero=3, precision="bf16-mixed"))
     pts.append(_point("tp-llama-tp2", LLAMA, "tp", tp=2))
+    pts.append(_point("ds-llama-1gpu-eager", LLAMA, "deepspeed", attention="eager"))
+    pts.append(_point("ds-llama-1gpu-selective", LLAMA, "deepspeed", attention="eager", recompute="selective"))
     pts.append(_point("lora-llama-1gpu", LLAMA, "torch", lora_rank=8))
     pts.append(_point("torch-llama-1gpu", LLAMA, "torch"))
     pts.append(_point("torch-gpt2-1gpu-mb4", GPT2, "torch", micro_batch=4))
@@ -134,6 +136,43 @@ def _tp_block_forward(blk, tp: int):
     blk.forward = forward
 
 
+def _eager_attention(blk, checkpoint_core: bool):
+    """The built-in Block with eager attention (scores, softmax, probs @ v); `checkpoint_core` recomputes that
+    core in backward (selective recomputation: only q, k, v are kept)."""
+    import torch
+    import torch.nn.functional as F
+    import torch.utils.checkpoint
+
+    from frenzy_slurm.models.gpt import _rope
+
+    a = blk.a
+    rep = a.heads // a.kv
+
+    def core(q, k, v):
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * (a.head_dim ** -0.5)
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        return probs @ v
+
+    def forward(x):
+        b, s, _ = x.shape
+        h = blk.norm1(x)
+        q = blk.q(h).view(b, s, a.heads, a.head_dim).transpose(1, 2)
+        k = blk.k(h).view(b, s, a.kv, a.head_dim).transpose(1, 2)
+        v = blk.v(h).view(b, s, a.kv, a.head_dim).transpose(1, 2)
+        if a.position == "rope":
+            q, k = _rope(q), _rope(k)
+        att = torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False) if checkpoint_core else core(q, k, v)
+        x = x + blk.o(att.transpose(1, 2).reshape(b, s, a.hidden))
+        h = blk.norm2(x)
+        m = F.silu(blk.gate(h)) * blk.up(h) if a.activation == "swiglu" else F.gelu(blk.up(h))
+        return x + blk.down(m)
+
+    blk.forward = forward
+
+
 def _ds_config(p: dict) -> dict:
     cfg = {
         "train_micro_batch_size_per_gpu": p["micro_batch"],
@@ -188,6 +227,9 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
                 model = pipeline_module(arch, split, checkpoint)
             else:
                 model = GPT(arch, checkpoint=checkpoint)
+                if p["attention"] == "eager":
+                    for blk in model.blocks:
+                        _eager_attention(blk, p["recompute"] == "selective")
             params = [q for q in model.parameters() if q.requires_grad]
             engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=_ds_config(p))
 
@@ -321,7 +363,7 @@ def marp_inputs(p: dict) -> dict:
     """What MARP is told about this point (tests/test_cpu_memory_grid.py builds Workload and ParallelPlan from it)."""
     trainer = p["trainer"]
     workload = {
-        "seq_len": p["seq_len"], "precision": p["precision"], "optimizer": "adamw", "attention": "sdpa",
+        "seq_len": p["seq_len"], "precision": p["precision"], "optimizer": "adamw", "attention": p["attention"],
         "method": "lora" if p["lora_rank"] else "full", "lora_rank": p["lora_rank"] or 16,
         "lora_targets": ["q", "v"], "lora_dropout": True,
         "framework": "deepspeed" if trainer in ("deepspeed", "pipeline") else "torch",
