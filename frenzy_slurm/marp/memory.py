@@ -394,6 +394,10 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         overhead = 0.0
         if metric in ("reserved", "device"):
             overhead += allocated * overheads.fragmentation
+            if phase == "backward-start" and not persistent and grads_all > head_grads:
+                # the caching allocator keeps the blocks of the gradients freed after the previous step; the
+                # forward's activations (other sizes, other segments) rarely fit them, so the reserved peak holds both
+                overhead += grads_all - parts["gradients"]
         if metric == "device":
             overhead += overheads.device_bytes(plan.world)
         stages.append(StageMemory(stage=i, layers=n_layers, params=params, overhead=overhead, phase=phase, **parts))
