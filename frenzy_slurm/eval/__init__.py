@@ -1,5 +1,6 @@
 """Evaluation of the prediction stages, kept out of them: reading published memory measurements
-(`dataset`) and the reference estimators MARP is compared against (`reference`).
+(`dataset`, with the free-text phrasings in `reading`), the reference estimators MARP is compared
+against (`reference`), and the CPU ground-truth grid's dataset and predictions (`grid`).
 
 Only the benchmarks and tests import this package; `fsbatch` never does.
 """
