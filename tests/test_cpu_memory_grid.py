@@ -19,15 +19,12 @@ TOLERANCE = 0.03
 # Points MARP does not yet meet, each with the reason (docs/accuracy.md); strict, so a fix must remove them.
 _RETAINED = "DeepSpeed keeps memory from step to step with the tied-embedding GPT-2 (peaks grow over the steady steps); not explained yet"
 _ZERO3 = "DeepSpeed ZeRO-3 on the CPU accelerator: the peak grows every step (no steady state in four steps)"
-_PIPE = ("DeepSpeed pipeline last stage: 4.0% above MARP; every last stage measures 0.39 MiB that MARP does not "
-         "model (within 3% for the 2-stage points), the other stages are within 1.5%")
 KNOWN_GAPS: dict[str, str] = {
     "ds-gpt2-1gpu": _RETAINED,
     "ds-gpt2-1gpu-full": _RETAINED,
     "ds-gpt2-dp2-zero3": _ZERO3,
     "ds-llama-dp2-zero3": _ZERO3,
     "fsdp2-llama-dp2-bf16": "FSDP2 with a bf16 policy on gloo: peaks grow from step to step (rank 1: 14.63, 14.63, 15.32 MiB); rank 0's first steady steps are 4% from MARP, the worst 9.9%",
-    "pipe-llama-pp4": _PIPE,
     "ds-llama-1gpu-selective": ("selective recomputation of eager attention measures 10% above MARP (and above no "
                                 "recomputation): MARP counts four score-sized tensors for the recomputed core of one "
                                 "layer; the measured working set is larger"),

@@ -359,8 +359,10 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             nbuf = max(2, min(pp - i, ga))
             out = (a.vocab / tp if (last and a.head != "classification") else a.hidden) * e_act * tokens
             fb_buffers += nbuf * out
-            # and one more hidden-sized tensor per micro-batch in flight (the p2p copy of what is sent/received)
-            fb_buffers += inflight * a.hidden * e_act * tokens
+            # and one more hidden-sized tensor per micro-batch in flight (the p2p copy of what is sent/received),
+            # plus the engine's persistent receive buffers: activations (all but the first stage) and
+            # gradients (all but the last)
+            fb_buffers += (inflight + (not first) + (not last)) * a.hidden * e_act * tokens
         if last:
             logits = _logit_bytes_per_token(w, tp) * tokens
             final_norm = (4.0 + e_act) if (w.norm_upcast and not w.compile) else r
