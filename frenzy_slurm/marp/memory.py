@@ -344,9 +344,9 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         e_act = 4.0 if w.precision == "fp32" else 2.0
         work = 2 * max(a.ffn, a.hidden) * e_act * tokens / tp  # gradient working set of one block's backward
         if w.attention == "eager":
-            # eager attention's backward holds score-sized gradients (probs', scores'); selective recomputation
-            # first rebuilds the layer's scores, scaled/masked scores and probabilities
-            units = 4 if plan.recompute == "selective" else 2
+            # eager attention's backward holds two score-sized gradients (probs', scores') beside the saved
+            # probabilities; selective recomputation rebuilds those probabilities first (one more)
+            units = 3 if plan.recompute == "selective" else 2
             work = max(work, units * a.heads * (w.seq_len // cp) * e_act * tokens / tp)
         if first and a.dropout > 0:
             acts += tokens  # embedding dropout mask (the embedding's output is the first block's saved input)
