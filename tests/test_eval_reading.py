@@ -138,3 +138,9 @@ def test_optimizers_by_state_count():
     assert interpret_row(_row(optimizer="LAMB")).workload.optimizer == "adamw"
     with pytest.raises(RowError, match="no state model"):
         interpret_row(_row(optimizer="Shampoo"))
+
+
+def test_named_config_global_batch():
+    assert reading.named_config_global_batch("see tiny-llama/full.yaml") == 32
+    assert reading.named_config_global_batch("config_hub/finetune/llama-2-7b/lora.yaml") == 8
+    assert reading.named_config_global_batch("my/own.yaml") is None

@@ -309,9 +309,11 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     version = reading.torch_version(settings)
     zero_grad_to_none = version is None or version >= (2, 0)  # torch < 2.0 zeroed gradients in place
 
+    named_gbs = reading.named_config_global_batch(" ".join(raw[k] for k in ("grad_accum_or_global_batch",
+                                                                         "other_settings")))
     plan, act_offload = _plan(raw, gpus, mb, stated.grad_accum if stated.grad_accum is not None else (
         int(raw["grad_accum_or_global_batch"]) if raw["grad_accum_or_global_batch"].strip().isdigit() else None),
-        stated.global_batch, local_batch)
+        stated.global_batch or named_gbs, local_batch)
 
     every = re.search(r"every\s*(\d+)(?:\w*\s*)?(?:layers?|blocks?)?", raw["activation_ckpt"].lower())
     if every and plan.recompute == "full":  # every k-th block checkpointed (torchtune ac_option, HF/FSDP wrap policies)

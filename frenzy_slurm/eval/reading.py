@@ -242,6 +242,18 @@ LITGPT_LORA = {
     "falcon-7b": (32, ("q", "v")),
 }
 LITGPT_DEFAULT_LORA = (8, ("q", "v"))  # litgpt's LoRA defaults (finetune/lora.py arguments)
+# train.global_batch_size of the same files (micro_batch_size is in the rows themselves)
+LITGPT_GLOBAL_BATCH = {
+    ("tiny-llama", "full"): 32, ("tiny-llama", "lora"): 8, ("phi-2", "lora"): 8, ("gemma-2b", "lora"): 6,
+    ("llama-2-7b", "lora"): 8, ("llama-2-7b", "qlora"): 8, ("llama-3-8b", "lora"): 8, ("mistral-7b", "lora"): 8,
+    ("falcon-7b", "lora"): 8,
+}
+
+
+def named_config_global_batch(text: str) -> int | None:
+    """The global batch a named litgpt config_hub file sets (`see tiny-llama/full.yaml`)."""
+    m = re.search(r"([\w.\-]+)/(full|q?lora)\.yaml", text.lower())
+    return LITGPT_GLOBAL_BATCH.get((m.group(1), m.group(2))) if m else None
 
 
 def lora_setting(text: str) -> tuple[int | None, tuple[str, ...] | None]:
