@@ -231,7 +231,7 @@ def frameworks(settings: str) -> set[str]:
 TORCHTUNE_LORA = {
     "llama3_2/3b_lora": (64, ("q", "v", "o", "mlp")), "llama3_2/1b_lora": (64, ("q", "v", "o", "mlp")),
     "llama3_1/8b_lora": (8, ("q", "v", "o", "mlp")), "llama3_1/8b_qlora": (8, ("q", "v", "o", "mlp")),
-    "llama3_1/70b_lora": (16, ("q", "k", "v", "o", "mlp")), "llama3_1/405b_qlora": (16, ("q", "k", "v", "o", "mlp")),
+    "llama3_1/70b_lora": (16, ("q", "v", "o", "mlp")), "llama3_1/405b_qlora": (16, ("q", "v", "o", "mlp")),
 }
 # litgpt config_hub/finetune/<model>/lora.yaml (qlora.yaml sets the same adapters): lora_r and the lora_query/key/
 # value/projection/mlp/head switches, as the files in Lightning-AI/litgpt set them
