@@ -77,6 +77,7 @@ def grid() -> list[dict]:
     pts.append(_point("ds-llama-1gpu-selective", LLAMA, "deepspeed", attention="eager", recompute="selective"))
     pts.append(_point("lora-llama-1gpu", LLAMA, "torch", lora_rank=8))
     pts.append(_point("torch-llama-1gpu", LLAMA, "torch"))
+    pts.append(_point("ddp-llama-dp2", LLAMA, "ddp", dp=2))
     pts.append(_point("torch-gpt2-1gpu-mb4", GPT2, "torch", micro_batch=4))
     return pts
 
@@ -259,6 +260,10 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
                 for blk in model.blocks:
                     fully_shard(blk, mp_policy=mp)
                 fully_shard(model, mp_policy=mp)
+            elif trainer == "ddp":
+                from torch.nn.parallel import DistributedDataParallel
+
+                model = DistributedDataParallel(model)
             elif trainer == "tp":
                 from torch.distributed.device_mesh import init_device_mesh
                 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
