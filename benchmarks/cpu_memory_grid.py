@@ -201,7 +201,7 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     from frenzy_slurm.models.gpt import GPT, lm_loss
-    from frenzy_slurm.spec.arch import Architecture
+    from frenzy_slurm.jobspec.arch import Architecture
 
     arch = Architecture(**p["arch"])
     mb, seq, ga = p["micro_batch"], p["seq_len"], p["grad_accum"]

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.gpus import catalog  # noqa: E402
 from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload, estimate_memory, search  # noqa: E402
-from frenzy_slurm.spec import presets  # noqa: E402
+from frenzy_slurm.jobspec import presets  # noqa: E402
 
 TYPES = ["V100-32GB", "T4", "A10G", "A40", "A100-40GB", "A100-80GB", "L40S", "H100-SXM"]
 

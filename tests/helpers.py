@@ -32,7 +32,7 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
 
 def make_spec(**over):
     """A small gpt2-medium JobSpec; `section__field=value` or `section={...}` override parts of it."""
-    from frenzy_slurm.spec import JobSpec
+    from frenzy_slurm.jobspec import JobSpec
 
     base = {"name": "t", "model": {"preset": "gpt2-medium"},
             "training": {"seq_len": 1024, "global_batch": 64, "steps": 100, "precision": "bf16-mixed"}}
@@ -50,7 +50,7 @@ def plan(spec, view, site=None, backend=None, time=None):
     from frenzy_slurm.has import Requirements, decide
     from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
     from frenzy_slurm.sim.synthetic import synthetic_site
-    from frenzy_slurm.spec import resolve_model
+    from frenzy_slurm.jobspec import resolve_model
 
     model = resolve_model(spec, ".")
     return decide(Requirements.from_spec(spec, time=time), workload_from_spec(spec, model), view,

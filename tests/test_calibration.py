@@ -124,7 +124,7 @@ def test_calibrated_overhead_enters_marp_step_time():
     from frenzy_slurm.marp.plan import ParallelPlan
     from frenzy_slurm.marp.speed import Links, plan_costs
     from frenzy_slurm.marp import workload_from_spec
-    from frenzy_slurm.spec import load_job_spec, resolve_model
+    from frenzy_slurm.jobspec import load_job_spec, resolve_model
 
     spec = load_job_spec(ROOT / "examples" / "tiny-cpu.yaml")
     w = workload_from_spec(spec, resolve_model(spec, ROOT / "examples"))
@@ -152,7 +152,7 @@ def test_sacct_gpumem_parser():
 def test_heterogeneous_pipeline_pays_the_slowest_groups_fixed_overheads():
     from frenzy_slurm.has import hetero
     from frenzy_slurm.marp import workload_from_spec
-    from frenzy_slurm.spec import load_job_spec, resolve_model
+    from frenzy_slurm.jobspec import load_job_spec, resolve_model
 
     spec = load_job_spec(ROOT / "examples" / "tiny-cpu.yaml")
     w = workload_from_spec(spec, resolve_model(spec, ROOT / "examples"))

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from frenzy_slurm.errors import EXIT_BAD_INPUT, InputError
-from frenzy_slurm.spec import load_job_spec, resolve_model
-from frenzy_slurm.spec.hf import architecture_from_hf_config
+from frenzy_slurm.jobspec import load_job_spec, resolve_model
+from frenzy_slurm.jobspec.hf import architecture_from_hf_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -223,7 +223,7 @@ def test_short_or_invalid_time_is_refused(write_yaml, value, needle):
 
 
 def test_time_at_the_minimum_is_accepted(write_yaml):
-    from frenzy_slurm.spec.job import MIN_TIME_MIN, SIGNAL_LEAD_S, STARTUP_S
+    from frenzy_slurm.jobspec.job import MIN_TIME_MIN, SIGNAL_LEAD_S, STARTUP_S
 
     assert MIN_TIME_MIN * 60 >= SIGNAL_LEAD_S + STARTUP_S
     assert load_job_spec(write_yaml(GOOD + f"slurm:\n  time: {MIN_TIME_MIN}\n")).slurm.time == MIN_TIME_MIN

@@ -13,7 +13,7 @@ from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has.hetero import StageGroup, build, split_layers
 from frenzy_slurm.has.pools import node_layout
 from frenzy_slurm.marp import Workload, search_space_from_spec, workload_from_spec
-from frenzy_slurm.spec import presets, resolve_model
+from frenzy_slurm.jobspec import presets, resolve_model
 
 from .helpers import LOCAL, fill, make_spec, plan
 

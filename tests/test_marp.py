@@ -8,8 +8,8 @@ from frenzy_slurm.gpus import catalog
 from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload, estimate_memory, parse_plan, search
 from frenzy_slurm.marp.memory import _layer_activation_bytes
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.spec import presets
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec import presets
+from frenzy_slurm.jobspec.arch import Architecture
 
 LLAMA7 = presets()["llama-2-7b"].arch
 GPT3ISH = Architecture(layers=24, hidden=2048, heads=16, ffn=8192, activation="gelu", vocab=50257, norm="layernorm",

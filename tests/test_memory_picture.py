@@ -6,7 +6,7 @@ import pytest
 
 from frenzy_slurm.cli.memory_picture import terminal_bars
 from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory
-from frenzy_slurm.spec import presets
+from frenzy_slurm.jobspec import presets
 
 from .helpers import EXAMPLES, run_cli
 

@@ -6,7 +6,7 @@ import pytest
 
 from frenzy_slurm.gpus import catalog, match_gpu
 from frenzy_slurm.marp.params import count_params
-from frenzy_slurm.spec import presets
+from frenzy_slurm.jobspec import presets
 
 
 @pytest.mark.parametrize("name", sorted(presets()))

@@ -13,12 +13,12 @@ import pytest
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.render import render_job
-from frenzy_slurm.spec.job import SlurmOptions
+from frenzy_slurm.jobspec.job import SlurmOptions
 
 from .helpers import HOSTILE, LOCAL, fill, make_spec, plan
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.marp import workload_from_spec
-from frenzy_slurm.spec import resolve_model
+from frenzy_slurm.jobspec import resolve_model
 
 GOLDEN = Path(__file__).parent / "golden"
 JOB_DIR = Path("/scratch/jobs/demo-0001")

@@ -57,7 +57,7 @@ def test_early_usr2_does_not_kill_a_user_script(tmp_path):
 def test_planted_module_in_job_dir_does_not_run(tmp_path):
     """The job runs with its working directory in the job directory; -P keeps that off sys.path."""
     from frenzy_slurm.render import runtime_command
-    from frenzy_slurm.spec import load_job_spec
+    from frenzy_slurm.jobspec import load_job_spec
 
     planted = tmp_path / "frenzy_slurm"
     planted.mkdir()
@@ -94,7 +94,7 @@ def test_prune_never_deletes_what_latest_names(tmp_path):
 
 def test_keep_checkpoints_is_a_spec_field(write_yaml):
     from frenzy_slurm.errors import InputError
-    from frenzy_slurm.spec import load_job_spec
+    from frenzy_slurm.jobspec import load_job_spec
 
     text = (ROOT / "examples" / "tiny-cpu.yaml").read_text()
     assert load_job_spec(write_yaml(text)).training.keep_checkpoints == 3

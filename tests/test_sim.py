@@ -17,7 +17,7 @@ from frenzy_slurm.sim import ErrorModel, load_workload, parse_compact, sample_ph
 from frenzy_slurm.sim.metrics import markdown, summarize
 from frenzy_slurm.sim.policies import expand_policies
 from frenzy_slurm.sim.workload import job_spec, reference_rate
-from frenzy_slurm.spec import resolve_model
+from frenzy_slurm.jobspec import resolve_model
 
 DATA = Path(__file__).parent / "data" / "sim"
 WORKLOAD = DATA / "philly-seed5-12.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.spec import load_job_spec, parse_slurm_time, resolve_model
+from frenzy_slurm.jobspec import load_job_spec, parse_slurm_time, resolve_model
 
 from .helpers import EXAMPLES, run_cli
 
@@ -98,7 +98,7 @@ def test_hf_config(write_yaml, tmp_path):
         ' "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu",'
         ' "max_position_embeddings": 8192, "tie_word_embeddings": false}')
     path = write_yaml(GOOD.replace("preset: llama-2-7b", "hf_config: config.json"))
-    from frenzy_slurm.spec import presets
+    from frenzy_slurm.jobspec import presets
 
     assert resolve_model(load_job_spec(path), tmp_path).arch == presets()["llama-3-8b"].arch
 
@@ -116,7 +116,7 @@ def test_slurm_time(text, minutes):
 
 
 def test_reference_doc_is_current():
-    from frenzy_slurm.spec.reference import SECTIONS, render
+    from frenzy_slurm.jobspec.reference import SECTIONS, render
 
     from .helpers import ROOT
 

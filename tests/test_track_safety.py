@@ -16,8 +16,8 @@ from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.render import render_job
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.spec import resolve_model
-from frenzy_slurm.spec.job import SlurmOptions
+from frenzy_slurm.jobspec import resolve_model
+from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.submit import submit
 from frenzy_slurm.track import frenzy_jobs
 

@@ -146,7 +146,7 @@ def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | Non
     plan = chosen.plan
     t = pf.spec.training
     from frenzy_slurm.marp import workload_from_spec
-    from frenzy_slurm.spec import ResolvedModel
+    from frenzy_slurm.jobspec import ResolvedModel
 
     w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params))
     parts = raw_step_parts(w, chosen, t.global_batch, site)

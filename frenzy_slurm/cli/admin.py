@@ -119,7 +119,7 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
 def presets(as_json: bool) -> None:
     """List the built-in model presets and their parameter counts."""
     from frenzy_slurm.marp.params import count_params
-    from frenzy_slurm.spec import presets as all_presets
+    from frenzy_slurm.jobspec import presets as all_presets
 
     items = all_presets()
     if as_json:
@@ -134,7 +134,7 @@ def presets(as_json: bool) -> None:
 @main.command("spec-reference")
 def spec_reference() -> None:
     """Print the model.yaml reference (Markdown) generated from the schema."""
-    from frenzy_slurm.spec.reference import render
+    from frenzy_slurm.jobspec.reference import render
 
     click.echo(render(), nl=False)
 

@@ -8,7 +8,7 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate, with_exact_params
 from frenzy_slurm.marp.memory import COMPONENTS
-from frenzy_slurm.spec import JobSpec, ResolvedModel, load_job_spec, resolve_model
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 
 
 def load(path: Path, trace: bool = False) -> tuple[JobSpec, ResolvedModel]:

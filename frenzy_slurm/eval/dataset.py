@@ -21,7 +21,7 @@ from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.eval import reading
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec.arch import Architecture
 
 REQUIRED_COLUMNS = (
     "row_id", "category", "model", "params_B", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_emb",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import DeepSpeedBuckets, ParallelPlan, Workload
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec.arch import Architecture
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from frenzy_slurm.slurm.model import ClusterView, GpuPool
 from frenzy_slurm.cluster.site import Pool, SiteConfig
 from frenzy_slurm.marp.candidates import GpuOption
-from frenzy_slurm.marp.memory import Overheads
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.slurm.model import PoolKey
 
@@ -52,7 +51,7 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
         option = GpuOption(name=live.key, spec=spec_gpu, max_gpus=min(total_up, limit or total_up),
                            gpus_per_node=sp.gpus_per_node, usable_fraction=site.usable_fraction(sp),
                            inter_node_gbs=site.inter_node_gbs(sp), intra_node_gbs=sp.intra_node_gbs,
-                           overheads=Overheads(context_gib=sp.overheads.context_gib, nccl_gib=sp.overheads.nccl_gib))
+                           overheads=sp.overheads)
         free = tuple(sorted((n.gpus_free for n in view.nodes
                              if live.partition in n.partitions and n.gpu_type == live.gpu_type and n.available),
                             reverse=True))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.spec.job import JobSpec, parse_slurm_time
+from frenzy_slurm.jobspec.job import JobSpec, parse_slurm_time
 
 # --time when the user gives none: the prediction with this margin (run time is a prediction)
 TIME_MARGIN = 1.25

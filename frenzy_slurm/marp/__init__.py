@@ -10,7 +10,7 @@ from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, sear
 from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
 from frenzy_slurm.marp.overheads import GiB, Overheads
 from frenzy_slurm.marp.plan import ParallelPlan, Workload, parse_plan
-from frenzy_slurm.spec import JobSpec, ResolvedModel
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 
 __all__ = [
     "Candidate", "GiB", "GpuOption", "MemoryEstimate", "Overheads", "ParallelPlan", "SearchSpace", "StageMemory",

@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.spec.arch import Architecture
-from frenzy_slurm.spec.job import Attention, Method, Optimizer, Precision
+from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.jobspec.job import Attention, Method, Optimizer, Precision
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe"]

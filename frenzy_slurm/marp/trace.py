@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec.arch import Architecture
 
 
 _STDLIB = frozenset(sys.stdlib_module_names) | frozenset(sys.builtin_module_names)

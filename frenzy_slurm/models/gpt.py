@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec.arch import Architecture
 
 
 def _norm(a: Architecture) -> nn.Module:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from frenzy_slurm.models.gpt import Block, _norm, lm_loss
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec.arch import Architecture
 
 
 class EmbedPipe(nn.Module):

@@ -29,8 +29,8 @@ from frenzy_slurm.has.model import Decision
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.planfile import PlanFile
-from frenzy_slurm.spec import JobSpec, ResolvedModel
-from frenzy_slurm.spec.job import SIGNAL_LEAD_S, SlurmOptions
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel
+from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
 
 SIGNAL_SECONDS = SIGNAL_LEAD_S  # USR2 this long before the time limit: the runtime checkpoints (NCCL owns USR1)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a newline in a path would end a comment line and run as a command

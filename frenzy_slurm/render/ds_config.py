@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from frenzy_slurm.marp.plan import DeepSpeedBuckets, ParallelPlan
-from frenzy_slurm.spec import JobSpec
+from frenzy_slurm.jobspec import JobSpec
 
 
 def ds_config(spec: JobSpec, plan: ParallelPlan, buckets: DeepSpeedBuckets | None = None) -> dict[str, Any]:

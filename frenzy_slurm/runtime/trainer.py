@@ -214,7 +214,7 @@ def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> floa
     """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it (SDPA attention)."""
     from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.marp.memory import GiB, estimate_memory
-    from frenzy_slurm.spec import ResolvedModel
+    from frenzy_slurm.jobspec import ResolvedModel
 
     w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params),
                            device)

@@ -16,8 +16,8 @@ from frenzy_slurm.marp.candidates import SearchSpace
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.sim.workload import WorkloadJob, job_spec
 from frenzy_slurm.slurm.backend import ComponentRequest
-from frenzy_slurm.spec import resolve_model
-from frenzy_slurm.spec.presets import presets
+from frenzy_slurm.jobspec import resolve_model
+from frenzy_slurm.jobspec.presets import presets
 
 
 @dataclass

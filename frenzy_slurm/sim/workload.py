@@ -160,13 +160,13 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
         choices = next(c for top, c in MODEL_BINS if hours < top)
         model, method = rng.choice(choices)
         precision = "fp16-mixed" if method != "qlora" and rng.random() < fp16_share else "bf16-mixed"
-        from frenzy_slurm.spec.presets import presets
+        from frenzy_slurm.jobspec.presets import presets
 
         max_pos = presets()[model].arch.max_positions or 2048
         seq = rng.choice([s for s in SEQ_LENS if s <= max_pos])
         spec = job_spec(WorkloadJob(id=i, submit_s=0, model=model, method=method, precision=precision, seq_len=seq,
                                     global_batch=32, steps=1))
-        from frenzy_slurm.spec import resolve_model
+        from frenzy_slurm.jobspec import resolve_model
 
         per_token = flops_per_token(workload_from_spec(spec, resolve_model(spec, Path("."))), "none")
         tokens = gpu_time * rate / per_token
@@ -182,7 +182,7 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
 def job_spec(job: WorkloadJob, steps: int | None = None, max_gpus: int | None = None,
              gpu_types: list[str] | None = None):
     """The model.yaml a user would write for this job (their own training script: any parallelism)."""
-    from frenzy_slurm.spec.job import JobSpec
+    from frenzy_slurm.jobspec.job import JobSpec
 
     return JobSpec.model_validate({
         "name": f"sim-job-{job.id}",

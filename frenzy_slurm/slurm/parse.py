@@ -6,7 +6,7 @@ import datetime as dt
 import re
 
 from frenzy_slurm.errors import EXIT_SLURM_UNEXPECTED, FrenzyError
-from frenzy_slurm.spec.job import parse_slurm_time
+from frenzy_slurm.jobspec.job import parse_slurm_time
 
 
 class SlurmUnexpected(FrenzyError):

@@ -7,8 +7,8 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from frenzy_slurm.spec.arch import Architecture
-from frenzy_slurm.spec.job import Entry, JobSpec, Limits, LoraSpec, ModelSource, SlurmOptions, Training
+from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.jobspec.job import Entry, JobSpec, Limits, LoraSpec, ModelSource, SlurmOptions, Training
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("top level", JobSpec), ("model", ModelSource), ("model.arch", Architecture), ("training", Training),
@@ -35,7 +35,7 @@ def render() -> str:
     out = [
         "# model.yaml reference",
         "",
-        "Generated from `frenzy_slurm/spec` by `frenzy-slurm spec-reference`; do not edit by hand.",
+        "Generated from `frenzy_slurm/jobspec` by `frenzy-slurm spec-reference`; do not edit by hand.",
         "Unknown keys are errors. See `examples/` for complete files.",
         "",
     ]

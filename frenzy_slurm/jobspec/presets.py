@@ -8,7 +8,7 @@ from importlib import resources
 
 import yaml
 
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec.arch import Architecture
 
 
 @dataclass(frozen=True)

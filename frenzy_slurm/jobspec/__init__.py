@@ -1,6 +1,6 @@
 """Stage 1: read and validate model.yaml into a JobSpec, and resolve its Architecture.
 
-    from frenzy_slurm.spec import load_job_spec, resolve_model
+    from frenzy_slurm.jobspec import load_job_spec, resolve_model
     spec = load_job_spec(Path("examples/llama2-7b.yaml"))
     model = resolve_model(spec, Path("examples"))
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from frenzy_slurm.spec.arch import Architecture
-from frenzy_slurm.spec.hf import architecture_from_hf_config
-from frenzy_slurm.spec.job import JobSpec, Training, parse_slurm_time
-from frenzy_slurm.spec.presets import presets
+from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.jobspec.hf import architecture_from_hf_config
+from frenzy_slurm.jobspec.job import JobSpec, Training, parse_slurm_time
+from frenzy_slurm.jobspec.presets import presets
 from frenzy_slurm.yamlfile import load_model_file
 
 __all__ = [

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import read_config_text
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec.arch import Architecture
 
 # Field names differ between model families (GPT-2 uses n_layer, n_embd, ...).
 _ALIASES = {

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.spec.arch import Architecture
+from frenzy_slurm.jobspec.arch import Architecture
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit"]
@@ -133,7 +133,7 @@ class ModelSource(_Strict):
             what = ", ".join(given) if given else "none"
             raise ValueError(f"give exactly one of preset, arch, hf_config, factory (got: {what})")
         if self.preset is not None:
-            from frenzy_slurm.spec.presets import presets
+            from frenzy_slurm.jobspec.presets import presets
 
             if self.preset not in presets():
                 raise ValueError(f"unknown preset '{self.preset}'; known: {', '.join(sorted(presets()))}")
