@@ -194,8 +194,9 @@ def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
             est = backend.expected_start(reqs)
         except (SlurmCommandError, NotImplementedError):
             continue
-        c.alloc = c.alloc.model_copy(update={"start": max(est.start, c.alloc.start if c.alloc.start_source == "now" else 0),
-                                             "start_source": est.source})
+        # the later estimate wins: --test-only ignores the pending queue, the view's does not
+        if est.start >= c.alloc.start:
+            c.alloc = c.alloc.model_copy(update={"start": est.start, "start_source": est.source})
 
 
 def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:
