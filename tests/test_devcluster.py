@@ -45,6 +45,7 @@ def test_hetjob_runs_across_partitions(clean_queue, tmp_path):
     assert "size=2 p0=a100 p1=v100" in out.read_text()
 
 
+@pytest.mark.live
 @pytest.mark.slow
 def test_accounting_gives_sacct(tmp_path):
     if os.geteuid() != 0:
