@@ -116,16 +116,8 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
                 ax.step(jct, [(i + 1) / len(r.records) for i in range(len(jct))], where="post",
                         label=f"{r.policy} (seed {r.seed})")
         ax.set_xscale("log")
-        ax.set_xlabel("job completion time (h, log scale)")
-        ax.set_ylabel("fraction of jobs")
-        ax.set_title(f"JCT CDF, {gpus} GPUs")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        path = out_dir / f"jct_cdf_{gpus}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, "job completion time (h, log scale)", "fraction of jobs",
+                               f"JCT CDF, {gpus} GPUs", out_dir / f"jct_cdf_{gpus}.png"))
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for r in runs:
             ts = [t / 3600 for t, _ in r.timeline]
@@ -133,14 +125,19 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
         ends = sorted(r.timeline[-1][0] / 3600 for r in runs if r.timeline)
         if len(ends) > 2:  # one policy's long tail (a job left alone for days) would squash the others
             ax.set_xlim(0, min(ends[-1], 2 * ends[len(ends) // 2]) * 1.02)
-        ax.set_xlabel("simulated time (h)")
-        ax.set_ylabel("GPUs allocated (%)")
-        ax.set_title(f"GPU utilisation, {gpus} GPUs")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        path = out_dir / f"utilisation_{gpus}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, "simulated time (h)", "GPUs allocated (%)",
+                               f"GPU utilisation, {gpus} GPUs", out_dir / f"utilisation_{gpus}.png"))
     return written
+
+
+def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """Label, grid, legend; write the PNG and free the figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
