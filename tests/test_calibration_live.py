@@ -70,8 +70,15 @@ def test_calibration_end_to_end_on_the_cpu_cluster(tmp_path, clean_queue, monkey
     dry = fsbatch_json(spec, "--site", str(site), "--dry-run", "--job-dir", str(tmp_path / "next"))
     predicted = dry["decision"]["chosen"]["step_time_s"]
     assert dry["calibration"]["raw_step_time_s"] == pytest.approx(raw, rel=1e-6)
-    _, m = train("next")
-    measured = m["step_time_s"]
+    # the check run must itself be one the machine measured like the calibration runs: a contended run
+    # (a CI stop showed one step at 0.77 s among steps of 0.07 s) is measured once more, then skipped
+    for name in ("next", "next-again"):
+        _, m = train(name)
+        measured = m["step_time_s"]
+        if max(steady + [measured]) <= 1.5 * min(steady + [measured]):
+            break
+    else:
+        pytest.skip(f"the machine is too contended for a 25% check: runs measured {steady + [measured]} s")
     assert abs(predicted - measured) / measured <= 0.25, (predicted, measured, m["step_times_s"])
     shown = run_cli("fsqueue", str(m["job_id"]))
     assert "calibration:" in shown.stdout and "calibrated" in shown.stdout
