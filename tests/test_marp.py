@@ -161,3 +161,31 @@ def test_peak_stages_only_gives_same_peak(pp, ga, mb):
         w = Workload(arch=arch, seq_len=2048)
         plan = ParallelPlan(dp=2, pp=pp, zero=1, micro_batch=mb, grad_accum=ga)
         assert estimate_memory(w, plan, peak_stages_only=True).peak == estimate_memory(w, plan).peak
+
+
+def test_qlora_dequantises_one_block_linear_not_the_embedding():
+    # bitsandbytes/torchao dequantise one 4-bit linear at a time; the 16-bit embedding is never dequantised
+    w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", method="qlora", framework="torch")
+    st = estimate_memory(w, ParallelPlan(), "allocated").stages[0]
+    assert st.phase == "backward-start"
+    # the largest block matrix, 16-bit: a fused q/k/v projection (h x 3h) is larger than the MLP's h x ffn here
+    assert st.buffers == pytest.approx(max(LLAMA7.hidden * LLAMA7.ffn, LLAMA7.hidden * 3 * LLAMA7.hidden) * 2.0)
+    assert st.buffers < LLAMA7.vocab * LLAMA7.hidden * 2.0
+
+
+def test_adapters_under_fsdp_gather_nf4_blocks_and_reduce_adapter_grads_only():
+    from frenzy_slurm.marp.memory import QLORA_BYTES_PER_PARAM
+    from frenzy_slurm.marp.params import count_params, lora_params_per_layer
+    arch = presets()["llama-2-70b"].arch
+    pc = count_params(arch)
+    plan = ParallelPlan(dp=8, zero=3, recompute="full")
+    base = dict(arch=arch, seq_len=2048, precision="bf16-pure", framework="torch", lora_targets=("q", "v"))
+    lora_grads = lora_params_per_layer(arch, 16, ("q", "v")) * 2.0
+    lora = estimate_memory(Workload(method="lora", **base), plan, "allocated").stages[0]
+    # two gathered 16-bit blocks (the block is larger than the embedding) plus one block's adapter gradients
+    assert lora.buffers == pytest.approx(2 * max(pc.per_layer, pc.largest_matrix) * 2.0 + lora_grads)
+    q = estimate_memory(Workload(method="qlora", **base), plan, "allocated").stages[0]
+    block_nf4 = (pc.linear_per_layer * QLORA_BYTES_PER_PARAM + (pc.per_layer - pc.linear_per_layer) * 2.0) / 2.0
+    gathered = 2 * max(block_nf4, pc.largest_matrix) * 2.0
+    assert q.buffers == pytest.approx(gathered + lora_grads + pc.largest_linear * 2.0)
+    assert q.buffers < lora.buffers

@@ -97,6 +97,11 @@ def _bytes(w: Workload) -> tuple[float, float, float, float, float]:
     return wb, gb, states, master, sdt
 
 
+def _nf4_bytes(w: Workload) -> float:
+    """Bytes per quantised weight of a QLoRA base: NF4 with double-quantised or plain fp32 absmax."""
+    return QLORA_BYTES_PER_PARAM if w.nf4_double_quant else NF4_PLAIN_BYTES_PER_PARAM
+
+
 def _autocast(w: Workload, plan: ParallelPlan) -> bool:
     """torch mixed precision by autocast (fp32 residual stream, 16-bit matmuls); FSDP's mixed-precision policy
     (ZeRO-3 under torch) instead runs the whole block in 16-bit on the gathered 16-bit weights."""
@@ -241,8 +246,7 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
                          + (lora_head_params(a, w.lora_rank, w.lora_targets) if last else 0)) / tp
             base_bytes = 4.0 if w.precision == "fp32" else 2.0
             if w.method == "qlora":
-                nf4 = QLORA_BYTES_PER_PARAM if w.nf4_double_quant else NF4_PLAIN_BYTES_PER_PARAM
-                frozen = linear * nf4 + (params - linear) * base_bytes
+                frozen = linear * _nf4_bytes(w) + (params - linear) * base_bytes
             else:
                 frozen = params * base_bytes
             weights = frozen / weight_div + trainable * wb
@@ -274,13 +278,21 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         fb_buffers = 0.0
         if plan.zero == 3:
             layer_params = pc.per_layer * scale / tp
-            gathered = 2 * max(layer_params, largest)
+            # QLoRA gathers its blocks in NF4 (torchao's NF4 tensor and bitsandbytes' 4-bit params all-gather their
+            # quantised storage): as 16-bit-equivalent elements, a block is far smaller than its parameter count
+            layer_gathered = layer_params
+            if w.method == "qlora":
+                lin = pc.linear_per_layer * scale / tp
+                layer_gathered = (lin * _nf4_bytes(w) + (layer_params - lin) * 2.0) / 2.0
+            gathered = 2 * max(layer_gathered, largest)
             if w.framework == "deepspeed":
                 gathered = min(gathered + bk.stage3_prefetch_bucket_size, bk.stage3_max_live_parameters)
             if not w.reshard_after_forward:  # FSDP reshard_after_forward=False / ZeRO++-style: the stage's
                 gathered = max(gathered, params)  # gathered weights stay from forward until backward
             fb_buffers += gathered * (2.0 if w.precision != "fp32" else 4.0)
-            fb_buffers += layer_params * gb  # one unit's unsharded gradients before reduce-scatter
+            # one unit's unsharded gradients before reduce-scatter: only its trainable (adapter) ones under LoRA
+            unit_trainable = (lora_params_per_layer(a, w.lora_rank, w.lora_targets) / tp) if lora else layer_params
+            fb_buffers += unit_trainable * gb
         # Gradient reduction buffers (allocated when backward starts).
         bucket = 0.0
         if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1 and trainable > 0:
@@ -293,7 +305,9 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if w.framework == "torch" and dp > 1 and plan.zero == 0 and trainable > 0:
             fb_buffers += trainable * gb  # DDP's gradient buckets: a second copy of the gradients, kept for the run
         if w.method == "qlora":
-            fb_buffers += largest * 2.0
+            # the 4-bit matmul dequantises one linear weight to 16 bits at a time (forward, and again in backward);
+            # the embedding and the output layer stay 16-bit and are never dequantised
+            fb_buffers += pc.largest_linear * scale / tp * 2.0
         if amp and not lora:
             fb_buffers += linear * 2.0  # autocast's 16-bit weight copies, saved for backward (not under FSDP)
         if w.fp8:

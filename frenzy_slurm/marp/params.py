@@ -18,6 +18,7 @@ class ParamCounts:
     final: int  # final norm + pooler / MLM transform
     head: int  # output projection; 0 when tied to the embedding
     largest_matrix: int  # elements of the biggest single weight (ZeRO-3 gathers at least this)
+    largest_linear: int  # elements of the biggest weight inside a block (QLoRA dequantises one such at a time)
 
     def total(self, layers: int) -> int:
         return self.embedding + self.per_layer * layers + self.final + self.head
@@ -49,6 +50,8 @@ def count_params(a: Architecture) -> ParamCounts:
         final=final,
         head=head,
         largest_matrix=max(a.vocab * h, h * f),
+        # a fused q/k/v projection (litgpt, GPT-2, NeoX) is one h x (h + 2 kv) matrix
+        largest_linear=max(h * f, h * (h + 2 * kvd)),
     )
 
 
