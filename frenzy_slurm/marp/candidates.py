@@ -13,7 +13,10 @@ from functools import cached_property
 from frenzy_slurm.gpus import GpuSpec
 from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
-from frenzy_slurm.marp.speed import Links, plan_costs
+from frenzy_slurm.marp.speed import Links, PlanPricer, seconds_floor
+
+
+FLOOR_MARGIN = 1e-9  # relative: a group is skipped only when its step-time floor is this much above the best
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,26 @@ def _counts(opt: GpuOption, limit: int) -> list[int]:
     return sorted(counts)
 
 
-def enumerate_plans(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int):
-    """Valid plans for `world` GPUs, grouped so each group's memory grows with micro-batch."""
+@dataclass(frozen=True)
+class PlanGroup:
+    """Valid plans for one GPU count that differ only in micro-batch (ascending); memory grows with it."""
+
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    recompute: Recompute
+    micro_batches: tuple[int, ...]
+    global_batch: int
+
+    def plan(self, mb: int) -> ParallelPlan:
+        return ParallelPlan(dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero, micro_batch=mb,
+                            grad_accum=self.global_batch // (self.dp * mb), recompute=self.recompute,
+                            sequence_parallel=self.tp > 1)
+
+
+def plan_groups(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int):
+    """The groups of valid plans for `world` GPUs, without building the plans."""
     a = w.arch
     for tp in space.tp_degrees:
         if tp > world or tp > gpus_per_node or a.heads % tp or a.kv % tp or world % tp:
@@ -108,50 +129,83 @@ def enumerate_plans(w: Workload, world: int, global_batch: int, space: SearchSpa
                     mbs = [space.micro_batch] if space.micro_batch else [
                         m for m in (1 << i for i in range(8)) if m <= space.max_micro_batch and (global_batch // dp) % m == 0
                     ]
-                    group = []
-                    for mb in mbs:
-                        if (global_batch // dp) % mb:
-                            continue
-                        ga = global_batch // (dp * mb)
-                        group.append(ParallelPlan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, grad_accum=ga,
-                                                  recompute=rc, sequence_parallel=tp > 1))
-                    if group:
-                        yield group
+                    mbs = tuple(mb for mb in mbs if not (global_batch // dp) % mb)
+                    if mbs:
+                        yield PlanGroup(dp, tp, pp, zero, rc, mbs, global_batch)
+
+
+def enumerate_plans(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int):
+    """Valid plans for `world` GPUs, grouped so each group's memory grows with micro-batch."""
+    for g in plan_groups(w, world, global_batch, space, gpus_per_node):
+        yield [g.plan(mb) for mb in g.micro_batches]
 
 
 def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int, max_gpus: int | None = None,
            space: SearchSpace | None = None) -> dict[Hashable, list[Candidate]]:
-    """Per GPU type: the fastest fitting plan at each GPU count, ordered by step time (fastest first)."""
+    """Per GPU type: the fastest fitting plan at each GPU count, ordered by step time (fastest first).
+
+    Within a group (plans that differ only in micro-batch, memory growing with it) the plans are taken in
+    order and the group ends at the first plan that fits on no GPU type. The result is that of estimating
+    every plan in that order, with less work: a plan's memory is estimated only when its step time beats
+    the best found so far on some type it could run on (the plans skipped before it are estimated then, in
+    order, so the group still ends where it would), and a group whose step-time floor (`seconds_floor`)
+    beats no type's best is skipped whole. Neither shortcut depends on the memory model;
+    tests/test_has_search_speed.py compares the result with the plain loop.
+    """
     space = space or SearchSpace()
     limit = max_gpus or max((o.max_gpus for o in options), default=0)
     largest = max((o.usable_bytes - o.overhead_bytes(1) for o in options), default=0.0)
     frag = Overheads(fragmentation=space.fragmentation)
-    memo: dict[ParallelPlan, MemoryEstimate] = {}
     out: dict[Hashable, list[Candidate]] = {o.name: [] for o in options}
     counts = {o.name: set(_counts(o, limit)) for o in options}
     worlds = sorted(set().union(*counts.values())) if counts else []
+    price = PlanPricer(w, global_batch)
+
+    def too_big(plan: ParallelPlan, estimates: dict[ParallelPlan, MemoryEstimate]) -> bool:
+        """Estimates `plan` into `estimates`; True if it fits on no GPU type, which ends its group."""
+        est = estimates[plan] = estimate_memory(w, plan, "reserved", frag, peak_stages_only=True)
+        return est.peak > largest
+
     for world in worlds:
-        users = [o for o in options if world in counts[o.name]]
-        gpn = max(o.gpus_per_node for o in users)
-        best: dict[str, Candidate] = {}
-        for group in enumerate_plans(w, world, global_batch, space, gpn):
-            for plan in group:  # memory grows with micro-batch: stop at the first that fits nowhere
-                est = memo.get(plan) or estimate_memory(w, plan, "reserved", frag, peak_stages_only=True)
-                memo[plan] = est
-                if est.peak > largest:
-                    break
-                costs = plan_costs(w, plan, global_batch)
-                for o in users:
-                    extra = o.overhead_bytes(world)
-                    if est.peak + extra > o.usable_bytes or plan.tp > o.gpus_per_node:
-                        continue
+        # (option, device overhead, usable bytes) of each type searched at this count, computed once
+        users = [(o, o.overhead_bytes(world), o.usable_bytes) for o in options if world in counts[o.name]]
+        gpn = max(o.gpus_per_node for o, _, _ in users)
+        best: dict[Hashable, Candidate] = {}
+        for g in plan_groups(w, world, global_batch, space, gpn):
+            runs = [(o, extra, usable) for o, extra, usable in users if g.tp <= o.gpus_per_node]
+            first, last = g.plan(g.micro_batches[0]), g.plan(g.micro_batches[-1])
+            if all(o.name in best for o, _, _ in runs):
+                # no plan of the group can be faster than its floor: skip it when that is no faster than the
+                # best found on every type (the margin covers rounding between the floor and seconds_on)
+                lo, hi = price.costs(first), price.costs(last)
+                if all(seconds_floor(lo, hi, o.spec, o.links) * (1.0 - FLOOR_MARGIN) >= best[o.name].step_time_s
+                       for o, _, _ in runs):
+                    continue
+            middle = [g.plan(mb) for mb in g.micro_batches[1:-1]]
+            group = [first, *middle, last] if len(g.micro_batches) > 1 else [first]
+            estimates: dict[ParallelPlan, MemoryEstimate] = {}
+            skipped: list[ParallelPlan] = []  # not estimated yet: no type could have taken them for speed
+            for plan in group:
+                costs = price.costs(plan)
+                faster = []
+                for o, extra, usable in runs:
                     t = costs.seconds_on(o.spec, o.links)
                     cur = best.get(o.name)
                     if cur is None or t < cur.step_time_s:
-                        best[o.name] = Candidate(o.name, world, plan, est, o.usable_bytes / GiB, t, steps, extra / GiB)
+                        faster.append((o, extra, usable, t))
+                if not faster:
+                    skipped.append(plan)
+                    continue
+                if any(too_big(p, estimates) for p in skipped) or too_big(plan, estimates):
+                    break  # memory grows with micro-batch: stop at the first that fits nowhere
+                skipped.clear()
+                est = estimates[plan]
+                for o, extra, usable, t in faster:
+                    if est.peak + extra > usable:
+                        continue
+                    best[o.name] = Candidate(o.name, world, plan, est, usable / GiB, t, steps, extra / GiB)
         for name, cand in best.items():
             out[name].append(cand)
     for name in out:
         out[name].sort(key=lambda c: c.step_time_s)
     return out
-

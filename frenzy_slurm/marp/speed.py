@@ -69,41 +69,80 @@ class PlanCosts:
 
     def seconds_on(self, gpu: GpuSpec, links: Links) -> float:
         compute = self.flops_per_gpu / (gpu.peak_tflops(self.precision) * 1e12 * gpu.efficiency)
+        fixed = gpu.step_overhead_s + gpu.microbatch_overhead_s * self.micro_slots
+        return compute * (1.0 + self.bubble_fraction) + self._comm_s(links) + self.offload_s + fixed
+
+    def _comm_s(self, links: Links) -> float:
         dp_bw = links.intra_node_gbs if self.dp_span <= links.gpus_per_node else links.inter_node_gbs
         pp_bw = links.inter_node_gbs if self.world > links.gpus_per_node else links.intra_node_gbs
         comm = (1.0 - DP_OVERLAP) * self.dp_bytes / (dp_bw * 1e9) + self.tp_bytes / (links.intra_node_gbs * 1e9)
         comm += self.pp_bytes / (pp_bw * 1e9)
-        fixed = gpu.step_overhead_s + gpu.microbatch_overhead_s * self.micro_slots
-        return compute * (1.0 + self.bubble_fraction) + comm + self.offload_s + fixed
+        return comm
+
+
+def seconds_floor(smallest: PlanCosts, largest: PlanCosts, gpu: GpuSpec, links: Links) -> float:
+    """A lower bound of `seconds_on` over plans that differ only in micro-batch (same dp, tp, pp, ZeRO,
+    recomputation), from the costs of the smallest and the largest micro-batch among them.
+
+    With the global batch fixed, compute shrinks as the micro-batch grows (small_batch_penalty), the bubble
+    fraction and micro-batch slots move with grad_accum, and every other term stays the same (tp and pp
+    bytes depend on grad_accum x micro_batch only): each term is taken at its own best end. It agrees with
+    `seconds_on` up to rounding (the candidate search allows for that)."""
+    rate = gpu.peak_tflops(largest.precision) * 1e12 * gpu.efficiency
+    compute = largest.flops_per_gpu / rate * (1.0 + min(smallest.bubble_fraction, largest.bubble_fraction))
+    comm = min(smallest._comm_s(links), largest._comm_s(links))
+    fixed = gpu.step_overhead_s + min(gpu.microbatch_overhead_s * smallest.micro_slots,
+                                      gpu.microbatch_overhead_s * largest.micro_slots)
+    return compute + comm + min(smallest.offload_s, largest.offload_s) + fixed
 
 
 def small_batch_penalty(tokens_per_micro_batch: float) -> float:
     return (tokens_per_micro_batch + HALF_RATE_TOKENS) / tokens_per_micro_batch
 
 
+class PlanPricer:
+    """`plan_costs` for many plans of one workload and global batch: the parameter count and FLOPs per token
+    (per recomputation setting) are computed once. The arithmetic is plan_costs', so the results are equal."""
+
+    def __init__(self, w: Workload, global_batch: int):
+        a = w.arch
+        self.w, self.global_batch = w, global_batch
+        self.n = w.exact_params or count_params(a).total(a.layers)
+        self._flops: dict[str, float] = {}
+
+    def flops_per_token(self, recompute: str) -> float:
+        if recompute not in self._flops:  # at most one entry per recomputation setting
+            self._flops[recompute] = flops_per_token(self.w, recompute)
+        return self._flops[recompute]
+
+    def costs(self, plan: ParallelPlan) -> PlanCosts:
+        w, global_batch, n = self.w, self.global_batch, self.n
+        a = w.arch
+        tokens = global_batch * w.seq_len
+        grad_bytes = (n if w.method == "full" else n * 0.01) * (4.0 if w.precision == "fp32" else 2.0) / (plan.tp * plan.pp)
+        dp_bytes = 0.0
+        if plan.dp > 1:
+            dp_bytes = 2.0 * (plan.dp - 1) / plan.dp * grad_bytes * (1.5 if plan.zero == 3 else 1.0)
+        act_bytes = plan.micro_batch * w.seq_len * a.hidden * 2.0
+        tp_bytes = 4.0 * a.layers / plan.pp * plan.grad_accum * 2.0 * (plan.tp - 1) / plan.tp * act_bytes if plan.tp > 1 else 0.0
+        pp_bytes = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes
+        offload = 0.0
+        world = plan.world
+        if plan.offload_optimizer:
+            local = n / world
+            offload = local * 4.0 / (PCIE_GBS * 1e9) + local * 16.0 / (CPU_ADAM_GBS * 1e9)
+        return PlanCosts(
+            flops_per_gpu=self.flops_per_token(plan.recompute) * tokens / world
+            * small_batch_penalty(plan.micro_batch * w.seq_len),
+            bubble_fraction=(plan.pp - 1) / max(plan.grad_accum, 1),
+            dp_bytes=dp_bytes, tp_bytes=tp_bytes, pp_bytes=pp_bytes, offload_s=offload,
+            dp_span=plan.dp * plan.tp, world=world, precision=w.precision,
+            micro_slots=plan.grad_accum + plan.pp - 1,
+        )
+
+
 def plan_costs(w: Workload, plan: ParallelPlan, global_batch: int) -> PlanCosts:
-    a = w.arch
-    n = w.exact_params or count_params(a).total(a.layers)
-    tokens = global_batch * w.seq_len
-    grad_bytes = (n if w.method == "full" else n * 0.01) * (4.0 if w.precision == "fp32" else 2.0) / (plan.tp * plan.pp)
-    dp_bytes = 0.0
-    if plan.dp > 1:
-        dp_bytes = 2.0 * (plan.dp - 1) / plan.dp * grad_bytes * (1.5 if plan.zero == 3 else 1.0)
-    act_bytes = plan.micro_batch * w.seq_len * a.hidden * 2.0
-    tp_bytes = 4.0 * a.layers / plan.pp * plan.grad_accum * 2.0 * (plan.tp - 1) / plan.tp * act_bytes if plan.tp > 1 else 0.0
-    pp_bytes = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes
-    offload = 0.0
-    if plan.offload_optimizer:
-        local = n / plan.world
-        offload = local * 4.0 / (PCIE_GBS * 1e9) + local * 16.0 / (CPU_ADAM_GBS * 1e9)
-    return PlanCosts(
-        flops_per_gpu=flops_per_token(w, plan.recompute) * tokens / plan.world
-        * small_batch_penalty(plan.micro_batch * w.seq_len),
-        bubble_fraction=(plan.pp - 1) / max(plan.grad_accum, 1),
-        dp_bytes=dp_bytes, tp_bytes=tp_bytes, pp_bytes=pp_bytes, offload_s=offload,
-        dp_span=plan.dp * plan.tp, world=plan.world, precision=w.precision,
-        micro_slots=plan.grad_accum + plan.pp - 1,
-    )
+    return PlanPricer(w, global_batch).costs(plan)
 
 
 def step_time(w: Workload, plan: ParallelPlan, gpu: GpuSpec, global_batch: int, links: Links) -> float:
