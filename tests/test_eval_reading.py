@@ -144,3 +144,22 @@ def test_named_config_global_batch():
     assert reading.named_config_global_batch("see tiny-llama/full.yaml") == 32
     assert reading.named_config_global_batch("config_hub/finetune/llama-2-7b/lora.yaml") == 8
     assert reading.named_config_global_batch("my/own.yaml") is None
+
+
+def test_cuda_context_by_stated_torch_version():
+    # lazy module loading from torch 1.13; an unstated version gets the larger, eager-loading context
+    from frenzy_slurm.marp.overheads import EAGER_LOADING_CONTEXT_GIB
+    assert interpret_row(_row()).overheads.context_gib == EAGER_LOADING_CONTEXT_GIB == 1.3
+    assert interpret_row(_row(other_settings="Megatron-LM, PyTorch 2.1")).overheads.context_gib == 0.5
+    assert interpret_row(_row(other_settings="Megatron-LM, torch 1.12")).overheads.context_gib == 1.3
+    # the notes and the source say nothing about the stack
+    assert interpret_row(_row(notes="kernels alone: 600 MB")).overheads.context_gib == 1.3
+
+
+def test_separate_projections_by_family_and_framework():
+    hf = dict(model="bert-large-uncased (BertForSequenceClassification)", layers="24", hidden="1024", heads="16",
+              kv_heads="16", ffn="4096", vocab="30522", tied_emb="yes", params_B="0.335", parallelism="single GPU",
+              num_gpus="1", other_settings="", sharding_offload="none", grad_accum_or_global_batch="1", seq_len="512")
+    assert not interpret_row(_row(**hf)).workload.fused_projections  # HF BERT: query, key, value linears
+    assert interpret_row(_row()).workload.fused_projections  # Megatron fuses q/k/v
+    assert interpret_row(_row(**hf | dict(other_settings="litgpt"))).workload.fused_projections

@@ -189,3 +189,30 @@ def test_adapters_under_fsdp_gather_nf4_blocks_and_reduce_adapter_grads_only():
     gathered = 2 * max(block_nf4, pc.largest_matrix) * 2.0
     assert q.buffers == pytest.approx(gathered + lora_grads + pc.largest_linear * 2.0)
     assert q.buffers < lora.buffers
+
+
+def test_reserved_fragments_per_step_bytes_not_long_lived_states():
+    from frenzy_slurm.marp import Overheads
+    ov = Overheads()
+    assert (ov.fragmentation, ov.step_fragmentation) == (0.02, 0.25)
+    w = Workload(arch=LLAMA7, seq_len=2048, framework="torch", precision="bf16-pure", fused_optimizer=True)
+    plan = ParallelPlan(micro_batch=1, grad_accum=2)  # gradients kept between micro-batches: long-lived
+    a, r = (estimate_memory(w, plan, m).stages[0] for m in ("allocated", "reserved"))
+    assert a.phase == r.phase == "backward-start"
+    long_lived = a.weights + a.optimizer + a.gradients
+    step = a.peak - long_lived
+    assert r.overhead == pytest.approx(0.02 * long_lived + 0.25 * step)
+    # nvidia-smi adds the context outside the allocator, nothing else on one GPU
+    d = estimate_memory(w, plan, "device", Overheads(context_gib=1.3)).stages[0]
+    assert d.overhead - r.overhead == pytest.approx(1.3 * (1 << 30))
+
+
+def test_autocast_casts_the_input_once_per_separate_projection():
+    # autocast caches casts of leaf tensors (weights) only: q, k, v and gate, up each save their own 16-bit copy
+    w = Workload(arch=LLAMA7, seq_len=1024, framework="torch", precision="bf16-mixed")
+    sep = _layer_activation_bytes(w, 1, False, "none", True)
+    fused = _layer_activation_bytes(w.with_(fused_projections=True), 1, False, "none", True)
+    assert sep - fused == pytest.approx((2 + 1) * 2.0 * LLAMA7.hidden)
+    # without autocast nothing is cast: the same either way
+    assert _layer_activation_bytes(w, 1, False, "none") == _layer_activation_bytes(
+        w.with_(fused_projections=True), 1, False, "none")

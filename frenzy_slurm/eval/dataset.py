@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from frenzy_slurm.marp.overheads import Overheads
+from frenzy_slurm.marp.overheads import Overheads, for_torch
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.eval import reading
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload
@@ -259,6 +259,7 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     cat = row.category.lower()
     method = "qlora" if "qlora" in cat else ("lora" if "lora" in cat else "full")
     arch = _arch(raw)
+    family = _family(raw)[0]
     stated = reading.batch(" ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch",
                                                      "seq_len")))
     seq = _seq_len(raw["seq_len"], stated.seq_len)
@@ -350,6 +351,9 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         # Hugging Face, litgpt and torchtune rotate q/k in eager ops (new head-major tensors: the attention output
         # is copied on its way to o_proj); Megatron/Transformer Engine and torchtitan fuse or avoid the copy
         unfused_rope=hf_style,
+        # Hugging Face's BERT/Llama-style blocks and torchtune keep q, k, v (and gate, up) as separate linears;
+        # litgpt, GPT-2, NeoX-style models and Megatron fuse them
+        fused_projections=not (family in ("bert", "llama") and "litgpt" not in fws and framework == "torch"),
         # torchtune quantises with torchao's NF4 tensor, which does not save the matmul input; bitsandbytes does
         nf4_saves_inputs="torchtune" not in fws or "bitsandbytes" in settings.lower() or "bnb" in settings.lower(),
         # bitsandbytes' 4-bit layers as litgpt/Lightning ('bnb.nf4') and PEFT's BitsAndBytesConfig create them keep a
@@ -358,4 +362,5 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         nf4_double_quant=bool(re.search(r"nf4[-_]dq|double[- _]quant", settings.lower()))
         or not re.search(r"bnb|bitsandbytes", settings.lower()),
     )
-    return Interpreted(workload, plan, metric, Overheads())
+    # the CUDA context by the stack the row states (lazy module loading from torch 1.13); unstated: the larger one
+    return Interpreted(workload, plan, metric, for_torch(version))

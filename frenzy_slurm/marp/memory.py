@@ -140,8 +140,11 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
     norm = ((4.0 if w.norm_upcast and not w.compile else r) + (e if (w.norm_upcast and not w.compile and not lora)
                                                                    else 0.0)) * h / rep
     total = norm  # norm1
+    # Under autocast each linear casts its fp32 input to 16 bits on its own (autocast caches only the casts of leaf
+    # tensors, the weights), so separate q/k/v projections save one copy each; a fused projection saves one.
+    casts_qkv = len(tg & {"q", "k", "v"}) if (amp and not w.fused_projections) else 1
     if tg & {"q", "k", "v"}:
-        total += (li + lora_drop({"q", "k", "v"})) * h / rep  # QKV input (norm1 output)
+        total += (casts_qkv * li + lora_drop({"q", "k", "v"})) * h / rep  # QKV input (norm1 output)
     total += e * (h + 2 * (h if w.gqa_expand else kvd)) / tp  # q, k, v (k, v at full width if expanded)
     if w.attention == "eager":
         if recompute != "selective":
@@ -163,7 +166,9 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
         total += h / rep  # residual dropout mask
     total += norm  # norm2
     if "mlp" in tg:
-        total += (li + lora_drop({"mlp"})) * h / rep  # FFN input
+        # (SwiGLU's gate and up projections each cast the input under autocast, unless fused)
+        casts_mlp = 2 if (amp and not w.fused_projections and a.activation == "swiglu") else 1
+        total += (casts_mlp * li + lora_drop({"mlp"})) * h / rep  # FFN input
     down_in = li if "mlp" in tg else 0.0  # the product / activation output, saved by the down projection
     if a.activation == "swiglu":
         # gate and up outputs; eager also keeps silu(gate) and the product (down-proj input)
@@ -414,7 +419,11 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         allocated = max(start, end, step)
         overhead = 0.0
         if metric in ("reserved", "device"):
-            overhead += allocated * overheads.fragmentation
+            # long-lived tensors are allocated once, in whole segments; what each step allocates and frees
+            # (activations, logits, per-step gradients and casts, temporaries) leaves the caching allocator holding
+            # blocks it cannot reuse for the next request's size
+            long_lived = parts["weights"] + parts["optimizer"] + (grads_all if persistent else 0.0)
+            overhead += long_lived * overheads.fragmentation + (allocated - long_lived) * overheads.step_fragmentation
             if phase == "backward-start" and not persistent and grads_all > head_grads:
                 # the caching allocator keeps the blocks of the gradients freed after the previous step; the
                 # forward's activations (other sizes, other segments) rarely fit them, so the reserved peak holds both
