@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.slurm.model import ClusterView, GpuPool
+from frenzy_slurm.slurm.model import ClusterView, GpuPool, Node
 from frenzy_slurm.cluster.site import Pool, SiteConfig
 from frenzy_slurm.marp.candidates import GpuOption
 from frenzy_slurm.has.requirements import Requirements
@@ -29,6 +29,11 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
     allowed = set(req.gpu_types) if req.gpu_types else None
     limit = req.max_gpus
     out, skipped = [], []
+    up: dict[tuple[str, str | None], list[Node]] = {}  # available nodes per (partition, GRES type), in view order
+    for n in view.nodes:
+        if n.available:
+            for p in dict.fromkeys(n.partitions):
+                up.setdefault((p, n.gpu_type), []).append(n)
     for live in view.pools():
         sp = site.pool(live.partition, live.gpu_type)
         where = str(live.key)
@@ -46,15 +51,13 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
         if live.nodes_up == 0:
             skipped.append(f"{where}: no node is up")
             continue
-        total_up = sum(n.gpus_total for n in view.nodes
-                       if live.partition in n.partitions and n.gpu_type == live.gpu_type and n.available)
+        nodes = up.get((live.partition, live.gpu_type), [])
+        total_up = sum(n.gpus_total for n in nodes)
         option = GpuOption(name=live.key, spec=spec_gpu, max_gpus=min(total_up, limit or total_up),
                            gpus_per_node=sp.gpus_per_node, usable_fraction=site.usable_fraction(sp),
                            inter_node_gbs=site.inter_node_gbs(sp), intra_node_gbs=sp.intra_node_gbs,
                            overheads=sp.overheads)
-        free = tuple(sorted((n.gpus_free for n in view.nodes
-                             if live.partition in n.partitions and n.gpu_type == live.gpu_type and n.available),
-                            reverse=True))
+        free = tuple(sorted((n.gpus_free for n in nodes), reverse=True))
         out.append(UsablePool(live, sp, option, free, part.max_time_min if part else None))
     return out, skipped
 

@@ -63,6 +63,7 @@ class ReleaseIndex:
         self.queued = 0  # pending jobs given a reservation
         self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the plan
         self._cache: dict[tuple, tuple[float, list[str]] | None] = {}
+        self._names: dict[tuple, list[str]] = {}  # _pool_nodes' answers (the nodes do not change)
         if queue:
             self._reserve_pending()
 
@@ -85,8 +86,11 @@ class ReleaseIndex:
         self._cache.clear()
 
     def _pool_nodes(self, partition: str, gpu_type: str | None, per_node: int) -> list[str]:
-        return [name for name, n in self.nodes.items() if partition in n.partitions
-                and gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node]
+        key = (partition, gpu_type, per_node)  # a few keys per pool: per_node is at most its GPUs per node
+        if key not in self._names:
+            self._names[key] = [name for name, n in self.nodes.items() if partition in n.partitions
+                                and gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node]
+        return self._names[key]
 
     def _earliest(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
                   duration: float) -> tuple[float, list[str]] | None:
