@@ -163,3 +163,16 @@ def test_separate_projections_by_family_and_framework():
     assert not interpret_row(_row(**hf)).workload.fused_projections  # HF BERT: query, key, value linears
     assert interpret_row(_row()).workload.fused_projections  # Megatron fuses q/k/v
     assert interpret_row(_row(**hf | dict(other_settings="litgpt"))).workload.fused_projections
+
+
+def test_devices_of_a_named_config_and_assumed_degrees():
+    assert reading.named_config_devices("4 (machine 4xA10G; devices per phi-2/full.yaml)") == 2
+    assert reading.named_config_devices("4 (4xA10G)") is None
+    fsdp = dict(parallelism="DP(FSDP) if devices>1", sharding_offload="litgpt FSDPStrategy (full shard) when devices>1",
+                other_settings="litgpt", grad_accum_or_global_batch="")
+    it = interpret_row(_row(num_gpus="4 (machine 4xA10G; devices per phi-2/full.yaml)", **fsdp))
+    assert (it.plan.dp, it.plan.zero) == (2, 3)
+    assert interpret_row(_row(num_gpus="4", **fsdp)).plan.dp == 4
+    with pytest.raises(RowError, match="assumption of the row"):
+        interpret_row(_row(num_gpus="4 (4xA10G)", parallelism="DP(FSDP)=4 (assumed)", other_settings="litgpt",
+                           sharding_offload="litgpt FSDP full shard"))

@@ -177,6 +177,9 @@ def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: i
           local_batch: int | None) -> tuple[ParallelPlan, bool]:
     """The parallel plan the row states; returns (plan, activation offload)."""
     text = " ".join(raw[k] for k in ("parallelism", "sharding_offload", "other_settings")).lower()
+    if re.search(r"\bassumed\b|\bguess(?:ed)?\b", raw["parallelism"].lower()):
+        # a degree the row marks as assumed is not one the source states; sharded states divide by it
+        raise RowError(f"parallelism '{raw['parallelism']}' is an assumption of the row, not stated by the source")
     par = reading.parallelism(text)
     if re.search(r"if devices\s*>\s*1", text) and gpus == 1:
         par = reading.Parallelism(single=True)
@@ -266,7 +269,8 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     mb_text = raw["micro_batch"].lower()
     local_batch = stated.local_batch if "local" in mb_text else None
     mb = local_batch or _first_int(raw["micro_batch"], "micro_batch")
-    gpus = _gpu_count(raw["num_gpus"])
+    # GPUs: the count stated, or the `devices` of the configuration file the row says it ran ("devices per X.yaml")
+    gpus = reading.named_config_devices(raw["num_gpus"]) or _gpu_count(raw["num_gpus"])
 
     prec = reading.precision(raw["precision"] + " " + raw["other_settings"])
     if prec.precision is None:

@@ -249,6 +249,16 @@ LITGPT_GLOBAL_BATCH = {
     ("falcon-7b", "lora"): 8,
 }
 
+# `devices` of the same files (config_hub/finetune/<model>/full.yaml): the GPUs a run of the file uses, whatever
+# the machine has (litgpt runs `devices` ranks; a 4-GPU machine running a 2-device file uses 2)
+LITGPT_DEVICES = {("phi-2", "full"): 2, ("stablelm-base-alpha-3b", "full"): 2, ("gemma-2b", "full"): 4}
+
+
+def named_config_devices(text: str) -> int | None:
+    """The device count a named litgpt config_hub file sets, where the row says its GPUs are `devices per` it."""
+    m = re.search(r"devices\s+(?:per|from|as in|of)\s+(?:config_hub/finetune/)?([\w.\-]+)/(full|q?lora)\.yaml", text.lower())
+    return LITGPT_DEVICES.get((m.group(1), m.group(2))) if m else None
+
 
 def named_config_global_batch(text: str) -> int | None:
     """The global batch a named litgpt config_hub file sets (`see tiny-llama/full.yaml`)."""
