@@ -97,6 +97,37 @@ class ReleaseIndex:
         names = self._pool_nodes(partition, gpu_type, per_node)
         if len(names) < nodes:
             return None
+        if not self.reserved.intersection(names):
+            return self._earliest_releases_only(names, nodes, per_node)
+        return self._earliest_scan(names, nodes, per_node, duration)
+
+    def _earliest_releases_only(self, names: list[str], nodes: int, per_node: int) -> tuple[float, list[str]] | None:
+        """`_earliest_scan`'s answer where no pending job holds GPUs on these nodes: GPUs then only free up,
+        so each node has `per_node` free from one moment on (now, or one of its release times) for any
+        duration, and the window opens when the `nodes`-th node is ready."""
+        ready: dict[str, float] = {}
+        for name in names:
+            line = self.lines[name]
+            free, i = line.free_now, 0
+            while i < len(line.times) and line.times[i] <= self.now:
+                free += line.deltas[i]
+                i += 1
+            if free >= per_node:
+                ready[name] = self.now
+                continue
+            while i < len(line.times):
+                free += line.deltas[i]
+                if free >= per_node:
+                    ready[name] = line.times[i]
+                    break
+                i += 1
+        if len(ready) < nodes:
+            return None
+        t = sorted(ready.values())[nodes - 1]
+        return t, sorted(name for name, at in ready.items() if at <= t)[:nodes]
+
+    def _earliest_scan(self, names: list[str], nodes: int, per_node: int,
+                       duration: float) -> tuple[float, list[str]] | None:
         # a window can only open now or when some GPUs of the pool are freed
         times = sorted({self.now, *(t for n in names for t, d in zip(self.lines[n].times, self.lines[n].deltas)
                                    if d > 0 and t > self.now)})
