@@ -105,6 +105,13 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], rele
     mb = space.micro_batch or 1
     recomputes = [r for r in space.recompute if r != "selective"] or ["none"]
     rates = {p.key: p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency for p in free}
+    layouts: dict[tuple, tuple[int, int] | None] = {}  # _placeable_now per (pool, GPUs): at most 8 x 8 per pool
+
+    def placeable(pool: UsablePool, gpus: int) -> tuple[int, int] | None:
+        if (pool.key, gpus) not in layouts:
+            layouts[pool.key, gpus] = _placeable_now(pool, gpus)
+        return layouts[pool.key, gpus]
+
     out = []
     for pa, pb in itertools.combinations(free, 2):
         most = MAX_STAGES_PER_POOL * max(DP_DEGREES)  # GPUs per pool this search can use
@@ -113,9 +120,9 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], rele
         for dp in DP_DEGREES:
             if gb % dp or (gb // dp) % mb:
                 continue
-            stages_a = max((n for n in range(1, MAX_STAGES_PER_POOL + 1) if _placeable_now(pa, n * dp)), default=0)
-            stages_b = max((n for n in range(1, MAX_STAGES_PER_POOL + 1) if _placeable_now(pb, n * dp)), default=0)
-            for nb in (n for n in range(1, stages_b + 1) if stages_a and _placeable_now(pb, n * dp)):
+            stages_a = max((n for n in range(1, MAX_STAGES_PER_POOL + 1) if placeable(pa, n * dp)), default=0)
+            stages_b = max((n for n in range(1, MAX_STAGES_PER_POOL + 1) if placeable(pb, n * dp)), default=0)
+            for nb in (n for n in range(1, stages_b + 1) if stages_a and placeable(pb, n * dp)):
                 if limit and (stages_a + nb) * dp > limit:
                     continue
                 ga = gb // (dp * mb)

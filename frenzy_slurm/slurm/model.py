@@ -76,8 +76,8 @@ class Node(_M):
     @property
     def available(self) -> bool:
         """Schedulable now: not down, drained, reserved or otherwise out of service."""
-        bad = {f.lower() for f in self.flags} | {self.state.lower()}
-        return not (bad & UNAVAILABLE_NODE_STATES)
+        return self.state.lower() not in UNAVAILABLE_NODE_STATES and not any(
+            f.lower() in UNAVAILABLE_NODE_STATES for f in self.flags)
 
     @property
     def gpus_free(self) -> int:
