@@ -13,7 +13,7 @@ from functools import cached_property
 from frenzy_slurm.gpus import GpuSpec
 from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
-from frenzy_slurm.marp.speed import Links, PlanPricer, seconds_floor
+from frenzy_slurm.marp.speed import Links, PlanCosts, PlanPricer, PlanShape, seconds_floor
 
 
 FLOOR_MARGIN = 1e-9  # relative: a group is skipped only when its step-time floor is this much above the best
@@ -105,6 +105,11 @@ class PlanGroup:
                             grad_accum=self.global_batch // (self.dp * mb), recompute=self.recompute,
                             sequence_parallel=self.tp > 1)
 
+    def shape(self, mb: int) -> PlanShape:
+        """What `PlanPricer.costs` reads of `plan(mb)`, without validating a ParallelPlan."""
+        return PlanShape(self.dp, self.tp, self.pp, self.zero, mb, self.global_batch // (self.dp * mb),
+                         self.recompute)
+
 
 def plan_groups(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int):
     """The groups of valid plans for `world` GPUs, without building the plans."""
@@ -173,20 +178,20 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
         best: dict[Hashable, Candidate] = {}
         for g in plan_groups(w, world, global_batch, space, gpn):
             runs = [(o, extra, usable) for o, extra, usable in users if g.tp <= o.gpus_per_node]
-            first, last = g.plan(g.micro_batches[0]), g.plan(g.micro_batches[-1])
+            known: dict[int, PlanCosts] = {}  # costs already priced, by position in the group
             if all(o.name in best for o, _, _ in runs):
                 # no plan of the group can be faster than its floor: skip it when that is no faster than the
                 # best found on every type (the margin covers rounding between the floor and seconds_on)
-                lo, hi = price.costs(first), price.costs(last)
+                lo = known[0] = price.costs(g.shape(g.micro_batches[0]))
+                hi = known[len(g.micro_batches) - 1] = price.costs(g.shape(g.micro_batches[-1]))
                 if all(seconds_floor(lo, hi, o.spec, o.links) * (1.0 - FLOOR_MARGIN) >= best[o.name].step_time_s
                        for o, _, _ in runs):
                     continue
-            middle = [g.plan(mb) for mb in g.micro_batches[1:-1]]
-            group = [first, *middle, last] if len(g.micro_batches) > 1 else [first]
+            group = [g.plan(mb) for mb in g.micro_batches]
             estimates: dict[ParallelPlan, MemoryEstimate] = {}
             skipped: list[ParallelPlan] = []  # not estimated yet: no type could have taken them for speed
-            for plan in group:
-                costs = price.costs(plan)
+            for i, plan in enumerate(group):
+                costs = known.get(i) or price.costs(plan)
                 faster = []
                 for o, extra, usable in runs:
                     t = costs.seconds_on(o.spec, o.links)

@@ -22,6 +22,7 @@ weight gradients), plus one more forward (2 N + 4 L h s) with full recomputation
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from frenzy_slurm.gpus import GpuSpec
 from frenzy_slurm.marp.params import count_params
@@ -100,6 +101,24 @@ def small_batch_penalty(tokens_per_micro_batch: float) -> float:
     return (tokens_per_micro_batch + HALF_RATE_TOKENS) / tokens_per_micro_batch
 
 
+class PlanShape(NamedTuple):
+    """The fields of a ParallelPlan that its costs depend on (the candidate search prices whole groups of
+    plans before it builds any)."""
+
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    micro_batch: int
+    grad_accum: int
+    recompute: str
+    offload_optimizer: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
 class PlanPricer:
     """`plan_costs` for many plans of one workload and global batch: the parameter count and FLOPs per token
     (per recomputation setting) are computed once. The arithmetic is plan_costs', so the results are equal."""
@@ -115,7 +134,7 @@ class PlanPricer:
             self._flops[recompute] = flops_per_token(self.w, recompute)
         return self._flops[recompute]
 
-    def costs(self, plan: ParallelPlan) -> PlanCosts:
+    def costs(self, plan: ParallelPlan | PlanShape) -> PlanCosts:
         w, global_batch, n = self.w, self.global_batch, self.n
         a = w.arch
         tokens = global_batch * w.seq_len
