@@ -176,3 +176,18 @@ def test_devices_of_a_named_config_and_assumed_degrees():
     with pytest.raises(RowError, match="assumption of the row"):
         interpret_row(_row(num_gpus="4 (4xA10G)", parallelism="DP(FSDP)=4 (assumed)", other_settings="litgpt",
                            sharding_offload="litgpt FSDP full shard"))
+
+
+def test_torchtune_recipe_behaviour():
+    tt = dict(model="Llama-3.2-3B", layers="28", hidden="3072", heads="24", kv_heads="8", ffn="8192", vocab="128256",
+              tied_emb="yes", params_B="3.21", parallelism="single GPU", num_gpus="1", sharding_offload="none",
+              grad_accum_or_global_batch="", seq_len="4096", micro_batch="2", precision="pure bf16", compile="yes",
+              attention_impl="torchtune SDPA", optimizer="torch AdamW", other_settings="packed")
+    w = interpret_row(_row(**tt)).workload
+    # recipes `del logits` before backward; rotary embedding before the transpose (no attention-output copy);
+    # compile_loss's compiled copy of a plain loss is discarded by the recipes
+    assert (w.hold_logits, w.unfused_rope, w.compile, w.compile_loss) == (False, False, True, False)
+    w = interpret_row(_row(**tt | dict(other_settings="packed; chunked CE"))).workload
+    assert (w.loss_chunks, w.compile_loss) == (8, True)
+    hf = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B (LlamaForCausalLM)"))).workload
+    assert (hf.hold_logits, hf.unfused_rope, hf.compile_loss) == (True, True, True)

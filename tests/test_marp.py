@@ -216,3 +216,22 @@ def test_autocast_casts_the_input_once_per_separate_projection():
     # without autocast nothing is cast: the same either way
     assert _layer_activation_bytes(w, 1, False, "none") == _layer_activation_bytes(
         w.with_(fused_projections=True), 1, False, "none")
+
+
+def test_compile_keeps_three_swiglu_tensors_and_both_gelu_tensors():
+    # measured on the CPU with inductor (torch 2.13): the partitioner keeps gate, up and the down projection's input
+    # and recomputes only silu(gate); a GELU MLP keeps the fc output and the GELU output either way
+    w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch")
+    eager = _layer_activation_bytes(w, 1, False, "none")
+    comp = _layer_activation_bytes(w.with_(compile=True), 1, False, "none")
+    assert eager - comp == pytest.approx(2.0 * LLAMA7.ffn)  # the silu output only
+    g = Workload(arch=GPT3ISH, seq_len=1024, precision="bf16-pure", framework="torch")
+    assert _layer_activation_bytes(g, 1, False, "none") == _layer_activation_bytes(g.with_(compile=True), 1, False, "none")
+
+
+def test_uncompiled_loss_beside_compiled_blocks():
+    from frenzy_slurm.marp.memory import _logit_bytes_per_token
+    w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch", compile=True)
+    v = LLAMA7.vocab
+    assert _logit_bytes_per_token(w, 1) == pytest.approx(2 * 4.0 * v)  # fused loss: saved fp32 input + its gradient
+    assert _logit_bytes_per_token(w.with_(compile_loss=False), 1) == pytest.approx(3 * 4.0 * v)

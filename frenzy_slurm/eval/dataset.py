@@ -351,10 +351,17 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         compile=reading.yes_no(raw["compile"]) is True, framework=framework, fused_optimizer=fused,
         optimizer_in_backward=in_bwd, activation_offload=act_offload, paged_optimizer=paged,
         norm_upcast=hf_style and arch.norm == "rmsnorm", gqa_expand=hf_style and arch.kv < arch.heads,
-        zero_grad_to_none=zero_grad_to_none, hold_logits=hf_style,
-        # Hugging Face, litgpt and torchtune rotate q/k in eager ops (new head-major tensors: the attention output
-        # is copied on its way to o_proj); Megatron/Transformer Engine and torchtitan fuse or avoid the copy
-        unfused_rope=hf_style,
+        # Hugging Face-style loops keep the model output (the logits) alive through backward; torchtune's recipes
+        # `del logits` once the loss is computed ("free logits otherwise it peaks backward memory")
+        zero_grad_to_none=zero_grad_to_none, hold_logits=hf_style and "torchtune" not in fws,
+        # Hugging Face and litgpt rotate q/k in eager ops after the transpose (new head-major tensors: the attention
+        # output is copied on its way to o_proj); torchtune rotates before it, in the sequence-major layout, so the
+        # kernel's output is sequence-major and the view needs no copy (measured on the CPU with a torchtune-style
+        # block); Megatron/Transformer Engine and torchtitan fuse or avoid the copy
+        unfused_rope=hf_style and "torchtune" not in fws,
+        # torchtune's compile_loss returns a compiled copy of a plain loss, which its recipes do not keep: only the
+        # chunked loss's per-chunk cross-entropy (patched in place) is compiled
+        compile_loss=not ("torchtune" in fws and chunks == 1),
         # Hugging Face's BERT/Llama-style blocks and torchtune keep q, k, v (and gate, up) as separate linears;
         # litgpt, GPT-2, NeoX-style models and Megatron fuse them
         fused_projections=not (family in ("bert", "llama") and "litgpt" not in fws and framework == "torch"),

@@ -170,11 +170,14 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
         casts_mlp = 2 if (amp and not w.fused_projections and a.activation == "swiglu") else 1
         total += (casts_mlp * li + lora_drop({"mlp"})) * h / rep  # FFN input
     down_in = li if "mlp" in tg else 0.0  # the product / activation output, saved by the down projection
+    # torch.compile's partitioner (measured on the CPU with inductor, torch 2.13) keeps the matmul outputs and the
+    # down projection's input and recomputes only silu(gate): 3 ffn-wide tensors for SwiGLU, 4 in eager; a GELU
+    # MLP keeps the fc output and the GELU output (the down projection's input) either way
     if a.activation == "swiglu":
-        # gate and up outputs; eager also keeps silu(gate) and the product (down-proj input)
-        total += (2 * e + (0.0 if w.compile else e + down_in)) * f / tp
+        # gate and up outputs and the product (down-proj input); eager also keeps silu(gate)
+        total += (2 * e + (0.0 if w.compile else e) + down_in) * f / tp
     else:
-        total += (e + (0.0 if w.compile else down_in)) * f / tp
+        total += (e + down_in) * f / tp
     if drop:
         total += h / rep  # MLP dropout mask
     return total
@@ -195,7 +198,7 @@ def _logit_bytes_per_token(w: Workload, tp: int) -> float:
     # fuses them into one kernel); plus the 16-bit logits where the loop keeps the model output alive. A 16-bit
     # loss (no upcast) keeps the same three tensors at 2 bytes.
     f32 = 4.0 if w.loss_fp32 else e
-    return v * ((e if w.hold_logits else 0.0) + (2 if w.compile else 3) * f32)
+    return v * ((e if w.hold_logits else 0.0) + (2 if (w.compile and w.compile_loss) else 3) * f32)
 
 
 def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated", overheads: Overheads = Overheads(),

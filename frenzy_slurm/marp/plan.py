@@ -173,6 +173,7 @@ class Workload:
     lora_dropout: bool = True
     loss_chunks: int = 1
     compile: bool = False
+    compile_loss: bool = True  # with compile: the loss is compiled too (False: the model's blocks only)
     framework: Framework = "deepspeed"  # torch = plain PyTorch/FSDP training loop (AMP keeps fp32 weights)
     fused_optimizer: bool = False  # False: foreach kernels (one optimizer-state-sized temporary at step)
     optimizer_in_backward: bool = False
