@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import subprocess
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def test_homogeneous_job_completes(jobs_dir, tmp_path):
     gpus = sum(c["nodes"] * c["gpus_per_node"] for c in out["decision"]["chosen"]["components"])
     assert len(ranks) == gpus and ranks[0]["world_size"] == gpus and ranks[0]["ds_config_exists"]
     assert {"job.sbatch", "ds_config.json", "plan.json", "model.yaml", "submission.json"} <= {p.name for p in job_dir.iterdir()}
+    # Slurm creates the output file before the script runs, with the umask sbatch was run under: private too
+    (out_file,) = job_dir.glob("slurm-*.out")
+    assert stat.S_IMODE(out_file.stat().st_mode) == 0o600
     listing = run_cli("fsqueue")
     assert listing.returncode == 0 and str(out["job_id"]) in listing.stdout and "COMPLETED" in listing.stdout
 

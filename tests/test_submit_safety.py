@@ -219,6 +219,24 @@ def test_site_may_make_job_directories_group_readable(world, tmp_path):
     assert stat.S_IMODE(os.stat(req.job_dir).st_mode) == 0o750
     assert stat.S_IMODE((req.job_dir / "plan.json").stat().st_mode) == 0o640
     assert "umask 027" in req.script and "umask 077" in request(world, tmp_path / "x").script
+    assert (req.umask, request(world, tmp_path / "x").umask) == (0o027, 0o077)  # what sbatch is run under
+
+
+def test_cli_backend_runs_sbatch_under_the_jobs_umask(tmp_path, monkeypatch):
+    """sbatch hands its own umask to the job, and Slurm creates the job's -o/-e files with it."""
+    from frenzy_slurm.slurm import BatchJob
+    from frenzy_slurm.slurm.cli import SlurmCliBackend
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    seen = tmp_path / "umask"
+    (bindir / "sbatch").write_text(f"#!/bin/sh\numask > {seen}\necho 4242\n")
+    (bindir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    for mask, want in ((0o077, "0077"), (0o027, "0027")):
+        done = SlurmCliBackend().submit(BatchJob(script=tmp_path / "job.sbatch", workdir=tmp_path, components=[],
+                                                 umask=mask))
+        assert done.job_id == 4242 and seen.read_text().strip() == want
 
 
 def test_site_file_field_defaults_to_private():

@@ -47,6 +47,7 @@ class JobRequest:
     plan: PlanFile
     kind: str
     name: str
+    umask: int = 0o077  # what the job creates: private, or group-readable (0o027) where the site says
 
     @property
     def script(self) -> str:
@@ -144,12 +145,13 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
     no_control_chars("model.yaml path", str(spec_path.absolute()))
     command = runtime_command(spec, job_dir, spec_path.parent)
     groups = ",".join(str(i) for i in range(len(components)))
+    umask = 0o027 if group_readable else 0o077
     ctx = dict(
         version=__version__, generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), name=name, submission=submission,
         summary=f"{alloc.label()} | {alloc.plan.short()} | predicted {alloc.run_time_s / 3600:.2f} h",
         job_dir=str(job_dir), spec_path=str(spec_path.absolute()), output=output, error=error, time_min=minutes,
         signal_seconds=SIGNAL_SECONDS, sbatch_flags=options.flags(), components=components, env=spec.entry.env,
-        umask="027" if group_readable else "077",
+        umask=f"{umask:03o}",
         command=command, srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
     )
     env = environment(template_dir)
@@ -177,4 +179,5 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
         "plan.json": plan.model_dump_json(indent=2) + "\n",
         "model.yaml": yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False),
     }
-    return JobRequest(job_dir=job_dir, submission=submission, files=files, plan=plan, kind=alloc.kind, name=name)
+    return JobRequest(job_dir=job_dir, submission=submission, files=files, plan=plan, kind=alloc.kind, name=name,
+                      umask=umask)

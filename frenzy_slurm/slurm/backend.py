@@ -52,6 +52,9 @@ class BatchJob:
     components: list[ComponentRequest]
     name: str = ""
     comment: str = ""
+    # the file-mode mask sbatch runs under: Slurm hands the submitter's umask to the job and creates the
+    # job's output files (-o/-e) with it, before the script's own `umask` line runs
+    umask: int = 0o077
 
 
 @dataclass(frozen=True)

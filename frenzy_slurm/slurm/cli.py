@@ -301,9 +301,10 @@ class SlurmCliBackend:
         return StartEstimate(start=start, nodes=nodes, source="test-only")
 
     def submit(self, job: BatchJob) -> Submitted:
-        """`sbatch --parsable SCRIPT`: the script's own #SBATCH lines (components, comment, chdir) say it all."""
+        """`sbatch --parsable SCRIPT`: the script's own #SBATCH lines (components, comment, chdir) say it all.
+        Run under the job's umask, so that Slurm creates the job's output files private too."""
         argv = ["sbatch", "--parsable", str(job.script)]
-        res = run(argv, timeout=60)
+        res = run(argv, timeout=60, umask=job.umask)
         job_id, cluster = parse_parsable(res.stdout)
         return Submitted(job_id=job_id, cluster=cluster, argv=argv)
 

@@ -46,11 +46,13 @@ class Result:
 
 
 def run(argv: list[str], timeout: float = 30.0, check: bool = True, input_text: str | None = None,
-        env: dict[str, str] | None = None) -> Result:
-    """Run a Slurm command; raise SlurmUnavailable on outages and SlurmCommandError on other failures."""
+        env: dict[str, str] | None = None, umask: int = -1) -> Result:
+    """Run a Slurm command; raise SlurmUnavailable on outages and SlurmCommandError on other failures.
+
+    `umask` (not -1) is set in the child only: sbatch passes it on to the job it creates."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input_text,
-                              env=env if env is not None else os.environ.copy())
+                              env=env if env is not None else os.environ.copy(), umask=umask)
     except FileNotFoundError:
         raise SlurmUnavailable(
             f"'{argv[0]}' was not found: the Slurm client commands are not installed or not on PATH "

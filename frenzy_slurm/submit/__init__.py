@@ -118,12 +118,13 @@ def find_after_timeout(req: JobRequest, backend: SlurmBackend, known: set[int],
 
 
 def batch_job(req: JobRequest) -> BatchJob:
-    """The request as the Slurm seam takes it: the script, and its components in structured form."""
+    """The request as the Slurm seam takes it: the script, its components in structured form, and the umask
+    of the files Slurm creates for it (as private as the job directory)."""
     alloc = req.plan.decision.chosen
     comps = [ComponentRequest(partition=c.partition, gpu_type=c.gpu_type, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
                               time_min=req.plan.time_min, cpus_per_gpu=c.cpus_per_task) for c in alloc.components]
     return BatchJob(script=req.job_dir / "job.sbatch", workdir=req.job_dir, components=comps,
-                    name=req.name, comment=f"frenzy:{req.submission}")
+                    name=req.name, comment=f"frenzy:{req.submission}", umask=req.umask)
 
 
 def submit(req: JobRequest, backend: SlurmBackend, force: bool = False,
