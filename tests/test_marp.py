@@ -235,3 +235,18 @@ def test_uncompiled_loss_beside_compiled_blocks():
     v = LLAMA7.vocab
     assert _logit_bytes_per_token(w, 1) == pytest.approx(2 * 4.0 * v)  # fused loss: saved fp32 input + its gradient
     assert _logit_bytes_per_token(w.with_(compile_loss=False), 1) == pytest.approx(3 * 4.0 * v)
+
+
+def test_autocast_eager_attention_backward_holds_fp32_score_gradients():
+    bert = Architecture(layers=4, hidden=1024, heads=16, ffn=4096, activation="gelu", vocab=30522, norm="layernorm",
+                        position="learned", bias="all", dropout=0.1, max_positions=512, head="classification")
+    s, mb = 512, 4
+    w = Workload(arch=bert, seq_len=s, framework="torch", precision="fp16-mixed", attention="eager")
+    st = estimate_memory(w, ParallelPlan(micro_batch=mb), "allocated").stages[0]
+    assert st.phase == "backward-start" and st.logits == 0
+    t, h = s * mb, bert.hidden
+    saved = bert.layers * _layer_activation_bytes(w, 1, False, "none", True) * t
+    extra = t * 1.0 + (4.0 * h + 2.0 * h) * t  # embedding dropout mask; final norm input (fp32) and head input
+    work = st.activations - saved - extra
+    # two score-sized gradients at 4 bytes (the softmax runs in fp32 under autocast), not 2
+    assert work == pytest.approx(2 * bert.heads * s * 4.0 * t)

@@ -369,7 +369,9 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             # eager attention's backward holds two score-sized gradients (probs', scores') beside the saved
             # probabilities; selective recomputation rebuilds those probabilities first (one more)
             units = 3 if plan.recompute == "selective" else 2
-            work = max(work, units * a.heads * (w.seq_len // cp) * e_act * tokens / tp)
+            # (under autocast the softmax and its backward run in fp32, as its saved output is)
+            score = 4.0 if amp else e_act
+            work = max(work, units * a.heads * (w.seq_len // cp) * score * tokens / tp)
         if first and a.dropout > 0:
             acts += tokens  # embedding dropout mask (the embedding's output is the first block's saved input)
         if w.unfused_rope and a.position == "rope" and w.rope_tables_per_layer:
