@@ -207,3 +207,34 @@ def test_release_windows_equal_the_scan(seed):
                         assert idx._earliest(partition, gres, nodes, per_node, duration) == want
                         checked += want is not None
     assert checked > 20
+
+
+@pytest.mark.parametrize("policy", ["has", "has-homogeneous", "ilp"])
+def test_simulation_is_the_same_with_the_plain_search(policy, monkeypatch):
+    """A whole simulated run (30 jobs, prediction errors, OOMs and resubmissions, a pending queue) places
+    every job the same way with the faster search and release windows as with the plain ones."""
+    from pathlib import Path
+
+    from frenzy_slurm.sim import ErrorModel, load_workload, parse_compact, simulate
+    from frenzy_slurm.sim import ilp, policies
+    from frenzy_slurm.slurm.releases import ReleaseIndex
+
+    wl = load_workload(Path(__file__).parent / "data" / "sim" / "philly-seed2-30.yaml")
+    cluster = parse_compact("A100-80GB:1x8,V100-32GB:2x8,T4:2x4")
+
+    def run():
+        r = simulate(wl, cluster, policy, seed=2, errors=ErrorModel())
+        return [dataclasses.asdict(rec) for rec in r.records], r.timeline
+
+    got = run()
+    for module in (decide_module, policies, ilp):
+        monkeypatch.setattr(module, "search", _reference_search)
+
+    def scan(self, partition, gpu_type, nodes, per_node, duration):
+        names = self._pool_nodes(partition, gpu_type, per_node)
+        return None if len(names) < nodes else self._earliest_scan(names, nodes, per_node, duration)
+
+    monkeypatch.setattr(ReleaseIndex, "_earliest", scan)
+    want = run()
+    assert got == want
+    assert all(rec["state"] == "done" for rec in got[0])
