@@ -166,9 +166,10 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
     worlds = sorted(set().union(*counts.values())) if counts else []
     price = PlanPricer(w, global_batch)
 
-    def too_big(plan: ParallelPlan, estimates: dict[ParallelPlan, MemoryEstimate]) -> bool:
-        """Estimates `plan` into `estimates`; True if it fits on no GPU type, which ends its group."""
-        est = estimates[plan] = estimate_memory(w, plan, "reserved", frag, peak_stages_only=True)
+    def too_big(g: PlanGroup, mb: int, estimates: dict[int, MemoryEstimate]) -> bool:
+        """Builds and estimates the group's plan at micro-batch `mb` into `estimates`; True if it fits on no
+        GPU type, which ends its group."""
+        est = estimates[mb] = estimate_memory(w, g.plan(mb), "reserved", frag, peak_stages_only=True)
         return est.peak > largest
 
     for world in worlds:
@@ -178,20 +179,20 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
         best: dict[Hashable, Candidate] = {}
         for g in plan_groups(w, world, global_batch, space, gpn):
             runs = [(o, extra, usable) for o, extra, usable in users if g.tp <= o.gpus_per_node]
-            known: dict[int, PlanCosts] = {}  # costs already priced, by position in the group
+            known: dict[int, PlanCosts] = {}  # costs already priced, by micro-batch
             if all(o.name in best for o, _, _ in runs):
                 # no plan of the group can be faster than its floor: skip it when that is no faster than the
                 # best found on every type (the margin covers rounding between the floor and seconds_on)
-                lo = known[0] = price.costs(g.shape(g.micro_batches[0]))
-                hi = known[len(g.micro_batches) - 1] = price.costs(g.shape(g.micro_batches[-1]))
+                lo = known[g.micro_batches[0]] = price.costs(g.shape(g.micro_batches[0]))
+                hi = known[g.micro_batches[-1]] = price.costs(g.shape(g.micro_batches[-1]))
                 if all(seconds_floor(lo, hi, o.spec, o.links) * (1.0 - FLOOR_MARGIN) >= best[o.name].step_time_s
                        for o, _, _ in runs):
                     continue
-            group = [g.plan(mb) for mb in g.micro_batches]
-            estimates: dict[ParallelPlan, MemoryEstimate] = {}
-            skipped: list[ParallelPlan] = []  # not estimated yet: no type could have taken them for speed
-            for i, plan in enumerate(group):
-                costs = known.get(i) or price.costs(plan)
+            # plans are priced from their shape and built (pydantic) only when their memory is estimated
+            estimates: dict[int, MemoryEstimate] = {}
+            skipped: list[int] = []  # micro-batches not estimated yet: no type could have taken them for speed
+            for mb in g.micro_batches:
+                costs = known.get(mb) or price.costs(g.shape(mb))
                 faster = []
                 for o, extra, usable in runs:
                     t = costs.seconds_on(o.spec, o.links)
@@ -199,16 +200,16 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
                     if cur is None or t < cur.step_time_s:
                         faster.append((o, extra, usable, t))
                 if not faster:
-                    skipped.append(plan)
+                    skipped.append(mb)
                     continue
-                if any(too_big(p, estimates) for p in skipped) or too_big(plan, estimates):
+                if any(too_big(g, m, estimates) for m in skipped) or too_big(g, mb, estimates):
                     break  # memory grows with micro-batch: stop at the first that fits nowhere
                 skipped.clear()
-                est = estimates[plan]
+                est = estimates[mb]
                 for o, extra, usable, t in faster:
                     if est.peak + extra > usable:
                         continue
-                    best[o.name] = Candidate(o.name, world, plan, est, usable / GiB, t, steps, extra / GiB)
+                    best[o.name] = Candidate(o.name, world, est.plan, est, usable / GiB, t, steps, extra / GiB)
         for name, cand in best.items():
             out[name].append(cand)
     for name in out:
