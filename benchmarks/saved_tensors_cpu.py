@@ -1,4 +1,4 @@
-"""Bytes a transformer block saves for backward, eager and under torch.compile, next to MARP's count.
+"""Bytes a transformer block saves for backward, and a chunked loss's peak, eager and compiled, next to MARP.
 
     python benchmarks/saved_tensors_cpu.py        # ~1-2 min on 2 cores (inductor compiles on the CPU)
 
@@ -6,7 +6,11 @@ Builds a torchtune-style Llama block (RMSNorm on an fp32 copy, separate q/k/v, r
 sequence-major layout before the transpose, GQA by expanding k/v, SDPA, SwiGLU) and a GELU MLP in bf16,
 runs forward and backward once eager and once compiled (inductor), and sums the distinct storages the
 autograd graph saves (saved-tensor hooks see AOTAutograd's saved tensors too), per token. MARP's
-`_layer_activation_bytes` for the same settings is printed beside it. docs/accuracy.md quotes the result.
+`_layer_activation_bytes` for the same settings is printed beside it. Then a chunked output layer and
+cross-entropy as torchtune runs them (8 chunks of bf16 logits, the per-chunk loss on an fp32 upcast, eager or
+compiled, the output weight frozen or trained): the peak of the allocator's running total over one step
+(the profiler's memory events, as the CPU grid measures), next to MARP's logits and head-gradient terms.
+docs/accuracy.md quotes the result.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
-from frenzy_slurm.marp.memory import _layer_activation_bytes  # noqa: E402
+from frenzy_slurm.marp.memory import _layer_activation_bytes, _logit_bytes_per_token  # noqa: E402
+from frenzy_slurm.runtime.memory import CpuMemoryRecorder  # noqa: E402
 from frenzy_slurm.marp.plan import Workload  # noqa: E402
 
 H, HEADS, KV, FFN, SEQ, BATCH = 256, 8, 2, 704, 256, 2
@@ -119,7 +124,47 @@ def main() -> int:
         marp = 2 * 2.0 * 4 * H + 2.0 * H
         print(f"{'GELU MLP, ' + ('compiled' if compiled else 'eager'):28} {meas:16.0f} {marp:8.0f} "
               f"{(marp - meas) / meas:+7.1%}")
+    chunked_loss_peaks()
     return 0
+
+
+def chunked_loss_peaks(tokens: int = 1536, hidden: int = 576, vocab: int = 16384, chunks: int = 8) -> None:
+    """Peak bytes of the output layer and loss over what was alive before, per token, in units of vocab."""
+    import gc
+
+    def ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels, reduction="sum")  # torchtune's compute_cross_entropy
+
+    arch = Architecture(layers=1, hidden=hidden, heads=HEADS, kv_heads=HEADS, ffn=FFN, vocab=vocab)
+    print(f"\n{'chunked loss (8 chunks)':28} {'measured B/tok/V':>16} {'MARP':>8} {'error':>7}")
+    for compiled in (False, True):
+        fn = torch.compile(ce) if compiled else ce
+        for trained in (False, True):
+            weight = torch.randn(vocab, hidden, dtype=DT, requires_grad=trained)
+            x = torch.randn(tokens, hidden, dtype=DT, requires_grad=True)
+            labels = torch.randint(0, vocab, (tokens,))
+
+            def step() -> None:
+                logits = [F.linear(c, weight) for c in (x * 1.0).chunk(chunks)]
+                loss = sum(fn(lg, lb) for lg, lb in zip(logits, labels.chunk(chunks)))
+                del logits  # as torchtune's recipes do before backward
+                loss.backward()
+                x.grad = weight.grad = None
+
+            step(), step()  # compile and warm up outside the measured step
+            gc.collect()
+            rec = CpuMemoryRecorder().start()
+            base = rec._baseline
+            peak, _ = rec.peak_of(step)
+            meas = (peak - base) / (tokens * vocab)
+            w = Workload(arch=arch, seq_len=tokens, precision="bf16-pure", framework="torch", compile=compiled,
+                         loss_chunks=chunks)
+            per_tok = _logit_bytes_per_token(w, 1)
+            head = vocab * hidden * 2.0 if trained else 0.0
+            marp = max(per_tok * tokens, 2.0 * vocab * (1 + 1 / chunks) * tokens + 2 * head) if trained else per_tok * tokens
+            marp = (marp + 2.0 * hidden * tokens) / (tokens * vocab)  # + the hidden states' gradient
+            name = f"{'compiled' if compiled else 'eager'}, head {'trained' if trained else 'frozen'}"
+            print(f"{name:28} {meas:16.3f} {marp:8.3f} {(marp - meas) / meas:+7.1%}")
 
 
 if __name__ == "__main__":

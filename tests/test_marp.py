@@ -250,3 +250,27 @@ def test_autocast_eager_attention_backward_holds_fp32_score_gradients():
     work = st.activations - saved - extra
     # two score-sized gradients at 4 bytes (the softmax runs in fp32 under autocast), not 2
     assert work == pytest.approx(2 * bert.heads * s * 4.0 * t)
+
+
+def test_chunked_loss_peaks_measured_on_the_cpu():
+    # benchmarks/saved_tensors_cpu.py: 8 chunks, bf16 logits, fp32 loss; eager 6.5 and compiled 2.26 bytes x vocab
+    # per token over what was alive before the output layer
+    from frenzy_slurm.marp.memory import _logit_bytes_per_token
+    w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch", loss_chunks=8)
+    v = LLAMA7.vocab
+    assert _logit_bytes_per_token(w, 1) == pytest.approx(6.5 * v)
+    assert _logit_bytes_per_token(w.with_(compile=True), 1) == pytest.approx(2.25 * v)
+
+
+def test_chunked_output_layer_sums_its_weight_gradient_beside_the_chunks():
+    arch = Architecture(layers=2, hidden=3072, heads=24, kv_heads=8, ffn=8192, vocab=128256)
+    w = Workload(arch=arch, seq_len=4096, precision="bf16-pure", framework="torch", loss_chunks=8, compile=True,
+                 fused_optimizer=True)
+    st = estimate_memory(w, ParallelPlan(micro_batch=2, recompute="full"), "allocated").stages[0]
+    t, head = 2 * 4096, arch.vocab * arch.hidden * 2.0
+    assert st.phase == "backward-start"
+    assert st.gradients == pytest.approx(2 * head)  # the summed gradient and the chunk's contribution
+    assert st.logits == pytest.approx(2.25 * arch.vocab * t)
+    # with accumulation the summed gradient is the kept one: one more contribution only
+    acc = estimate_memory(w, ParallelPlan(micro_batch=2, recompute="full", grad_accum=2), "allocated").stages[0]
+    assert acc.gradients - acc.weights == pytest.approx(head)  # kept gradients (= weights, bf16) plus one head
