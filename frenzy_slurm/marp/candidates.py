@@ -1,7 +1,9 @@
 """Candidate generation: for each GPU type, the plans that fit its memory, at each GPU count, fastest first.
 
-Memory does not depend on the GPU type (apart from the fixed device overhead), so every plan is
-estimated once and compared against each type's usable memory; only step time is per type.
+Memory does not depend on the GPU type (apart from the fixed device overhead), so a plan is estimated
+at most once and compared against each type's usable memory; only step time is per type. Step time is
+cheap and memory is not, so the search prices plans first and estimates only those that could win
+(`search`).
 """
 
 from __future__ import annotations
