@@ -191,3 +191,15 @@ def test_torchtune_recipe_behaviour():
     assert (w.loss_chunks, w.compile_loss) == (8, True)
     hf = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B (LlamaForCausalLM)"))).workload
     assert (hf.hold_logits, hf.unfused_rope, hf.compile_loss) == (True, True, True)
+
+
+def test_litgpt_keeps_an_untied_head_and_a_16_bit_loss():
+    lit = dict(model="gemma-2b", layers="18", hidden="2048", heads="8", kv_heads="1", ffn="16384", vocab="256000",
+               tied_emb="yes", params_B="2.51", parallelism="single GPU", num_gpus="1", sharding_offload="",
+               grad_accum_or_global_batch="", seq_len="512", micro_batch="2", precision="bf16-true",
+               attention_impl="SDPA (litgpt CausalSelfAttention)", compile="no", optimizer="AdamW",
+               other_settings="config_hub/finetune/gemma-2b/lora.yaml", category="LoRA")
+    w = interpret_row(_row(**lit)).workload
+    assert not w.arch.tied_embeddings and not w.loss_fp32 and w.loss_chunks == 4
+    hf = interpret_row(_row(**lit | dict(attention_impl="sdpa", other_settings="transformers Trainer"))).workload
+    assert hf.arch.tied_embeddings and hf.loss_fp32

@@ -274,3 +274,11 @@ def test_chunked_output_layer_sums_its_weight_gradient_beside_the_chunks():
     # with accumulation the summed gradient is the kept one: one more contribution only
     acc = estimate_memory(w, ParallelPlan(micro_batch=2, recompute="full", grad_accum=2), "allocated").stages[0]
     assert acc.gradients - acc.weights == pytest.approx(head)  # kept gradients (= weights, bf16) plus one head
+
+
+def test_chunked_16_bit_loss_held_logits():
+    # litgpt: the loop keeps the logit chunks, the loss runs on them in 16 bits (4 chunks)
+    from frenzy_slurm.marp.memory import _logit_bytes_per_token
+    w = Workload(arch=LLAMA7, seq_len=512, precision="bf16-pure", framework="torch", loss_chunks=4, loss_fp32=False,
+                 hold_logits=True)
+    assert _logit_bytes_per_token(w, 1) == pytest.approx((2 + 2 + (4 + 2) / 4) * LLAMA7.vocab)

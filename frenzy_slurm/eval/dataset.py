@@ -263,6 +263,10 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     method = "qlora" if "qlora" in cat else ("lora" if "lora" in cat else "full")
     arch = _arch(raw)
     family = _family(raw)[0]
+    if "litgpt" in fws and arch.tied_embeddings and arch.head == "lm":
+        # litgpt's GPT has its own lm_head beside wte and its fine-tuning scripts do not tie them: a tied checkpoint
+        # is loaded into two matrices
+        arch = arch.model_copy(update={"tied_embeddings": False})
     stated = reading.batch(" ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch",
                                                      "seq_len")))
     seq = _seq_len(raw["seq_len"], stated.seq_len)
@@ -348,6 +352,8 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     workload = Workload(
         arch=arch, seq_len=seq, precision=precision, optimizer=optimizer, attention=attention, method=method,
         lora_rank=rank, lora_targets=targets, loss_chunks=chunks, fp8=prec.fp8,
+        # litgpt's chunked_cross_entropy runs on the model's logits as they are: in 16 bits under bf16/16-true
+        loss_fp32=not ("litgpt" in fws and precision == "bf16-pure"),
         compile=reading.yes_no(raw["compile"]) is True, framework=framework, fused_optimizer=fused,
         optimizer_in_backward=in_bwd, activation_offload=act_offload, paged_optimizer=paged,
         norm_upcast=hf_style and arch.norm == "rmsnorm", gqa_expand=hf_style and arch.kv < arch.heads,
