@@ -207,3 +207,23 @@ def test_has_sees_the_queue():
     # without the queue HAS would wait 30 min for the a100s (test_waits_when_nothing_is_free); two 4-hour jobs
     # are ahead there, so another pool wins
     assert d.chosen.components[0].partition != "a100"
+
+
+def test_one_job_leaves_room_in_a_pool():
+    """A job that scales well gets at most the site's max_job_share of a pool, unless it needs (or asks for) more."""
+    from frenzy_slurm.sim.synthetic import synthetic_site
+
+    view = synthetic(LOCAL)  # a100: 2 nodes x 4 GPUs
+    training = {"seq_len": 1024, "global_batch": 64, "steps": 20000, "precision": "bf16-mixed"}
+    spec = make_spec(limits__gpu_types=["a100"], training=training)
+    d = plan(spec, view)
+    assert d.chosen.label() == "4xA100-40GB(a100)"
+    wide = next(a for a in d.alternatives if a.description == "8xA100-40GB(a100)")
+    assert wide.allocation.completion < d.chosen.completion and "at most 50% of a pool" in wide.lost_because
+    whole = synthetic_site(LOCAL).model_copy(update={"max_job_share": 1.0})
+    assert plan(spec, view, site=whole).chosen.gpus == 8
+    # asking for the whole pool, or needing it to fit, is honoured
+    assert plan(make_spec(limits__gpu_types=["a100"], limits__min_gpus=8, training=training), view).chosen.gpus == 8
+    big = make_spec(model={"preset": "llama-2-7b"}, limits__gpu_types=["a100"],
+                    training={"seq_len": 2048, "global_batch": 64, "steps": 10, "precision": "bf16-mixed"})
+    assert plan(big, view).chosen.gpus == 8

@@ -84,6 +84,10 @@ class SiteConfig(_M):
     job_dirs_group_readable: bool = Field(
         False, description="Job directories and what jobs write there readable by the user's group (0750/0640, "
         "umask 027) instead of private (0700/0600, umask 077); never writable by anyone but the user.")
+    max_job_share: float = Field(
+        0.5, gt=0, le=1, description="The most of one pool's GPUs HAS gives one job, unless it needs more to fit "
+        "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
+        "1.0 lets one job take a whole pool when that finishes it soonest.")
 
     @model_validator(mode="after")
     def _unique(self) -> "SiteConfig":

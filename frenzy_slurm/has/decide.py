@@ -5,6 +5,7 @@ GPU count on each pool) and heterogeneous pipelines over pools with free GPUs no
 allocation is chosen only when it is predicted to finish strictly sooner. Start: now where enough GPUs
 are free on enough nodes; else from running jobs' end times in the view; the leading candidates that
 cannot start now are re-estimated with Slurm's own `sbatch --test-only` when a live backend is given.
+A job gets at most the site's `max_job_share` of a pool unless it needs more (see `_leave_room`).
 """
 
 from __future__ import annotations
@@ -206,6 +207,42 @@ def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
             c.alloc = c.alloc.model_copy(update={"start": est.start, "start_source": est.source})
 
 
+def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tuple[_Cand, str]]]:
+    """Candidates within `share` of each pool they use; of a set of pools where none is, the fewest GPUs.
+
+    HAS sees the jobs queued now, not those that will arrive: a job that scales well would otherwise take a
+    whole pool for hours, and every job arriving meanwhile waits for its end (docs/simulation.md, "Width").
+    Returns the kept candidates and the dropped ones with the reason.
+    """
+    def over(c: _Cand) -> str | None:
+        for p, (n, g) in zip(c.pools, c.layouts):
+            if n * g > max(share * p.live.gpus_total, 1):
+                return (f"takes {n * g} of the {p.live.gpus_total} GPUs of {p.live.partition}; one job gets at most "
+                        f"{share:.0%} of a pool unless it needs more (site max_job_share)")
+        return None
+
+    smallest: dict[tuple, _Cand] = {}
+    for c in cands:
+        key = tuple(p.key for p in c.pools)
+        if key not in smallest or c.alloc.gpus < smallest[key].alloc.gpus:
+            smallest[key] = c
+    kept, dropped = [], []
+    needed = {id(c) for c in smallest.values()}
+    for c in cands:
+        why = over(c)
+        if why is None:
+            kept.append(c)
+        else:
+            dropped.append((c, why))
+    # a set of pools with no candidate within the share keeps its smallest (the job needs that many)
+    covered = {tuple(p.key for p in c.pools) for c in kept}
+    for c, _ in dropped:
+        if id(c) in needed and tuple(p.key for p in c.pools) not in covered:
+            kept.append(c)
+    kept_ids = {id(c) for c in kept}
+    return kept, [(c, why) for c, why in dropped if id(c) not in kept_ids]
+
+
 def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:
     """Speed-up per extra GPU of `wide` over `narrow`, in time to completion (waiting included): 1.0 is perfect."""
     t_narrow, t_wide = narrow.completion - now, max(wide.completion - now, 1e-9)
@@ -304,8 +341,9 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
         return [choice] + [c for c in ordered if c is not choice]
 
     verdicts = [(c, _violations(req, c)) for c in cands]
-    ok = rank([c for c, why in verdicts if not why])
-    rejected = [(c, why) for c, why in verdicts if why]
+    allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
+    ok = rank(allowed)
+    rejected = [(c, why) for c, why in verdicts if why] + too_wide
     if backend is not None and ok and ok[0].alloc.start_source != "now":
         _refine(ok, backend)
         ok = rank(ok)
