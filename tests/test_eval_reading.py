@@ -200,6 +200,6 @@ def test_litgpt_keeps_an_untied_head_and_a_16_bit_loss():
                attention_impl="SDPA (litgpt CausalSelfAttention)", compile="no", optimizer="AdamW",
                other_settings="config_hub/finetune/gemma-2b/lora.yaml", category="LoRA")
     w = interpret_row(_row(**lit)).workload
-    assert not w.arch.tied_embeddings and not w.loss_fp32 and w.loss_chunks == 4
+    assert not w.arch.tied_embeddings and not w.loss_fp32 and w.loss_chunks == 4 and w.qlora_quantized_head
     hf = interpret_row(_row(**lit | dict(attention_impl="sdpa", other_settings="transformers Trainer"))).workload
-    assert hf.arch.tied_embeddings and hf.loss_fp32
+    assert hf.arch.tied_embeddings and hf.loss_fp32 and not hf.qlora_quantized_head

@@ -282,3 +282,15 @@ def test_chunked_16_bit_loss_held_logits():
     w = Workload(arch=LLAMA7, seq_len=512, precision="bf16-pure", framework="torch", loss_chunks=4, loss_fp32=False,
                  hold_logits=True)
     assert _logit_bytes_per_token(w, 1) == pytest.approx((2 + 2 + (4 + 2) / 4) * LLAMA7.vocab)
+
+
+def test_qlora_with_a_quantised_output_layer():
+    from frenzy_slurm.marp.memory import NF4_PLAIN_BYTES_PER_PARAM
+    arch = Architecture(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256)
+    w = Workload(arch=arch, seq_len=512, precision="bf16-pure", framework="torch", method="qlora",
+                 nf4_double_quant=False)
+    plain, quant = (estimate_memory(x, ParallelPlan(), "allocated").stages[0]
+                    for x in (w, w.with_(qlora_quantized_head=True)))
+    head = arch.vocab * arch.hidden
+    assert plain.weights - quant.weights == pytest.approx(head * (2.0 - NF4_PLAIN_BYTES_PER_PARAM))
+    assert quant.buffers - plain.buffers == pytest.approx((head - 4096 * 14336) * 2.0)  # dequantised head, 16-bit

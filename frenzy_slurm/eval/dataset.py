@@ -354,6 +354,9 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         lora_rank=rank, lora_targets=targets, loss_chunks=chunks, fp8=prec.fp8,
         # litgpt's chunked_cross_entropy runs on the model's logits as they are: in 16 bits under bf16/16-true
         loss_fp32=not ("litgpt" in fws and precision == "bf16-pure"),
+        # litgpt's bitsandbytes plugin replaces every nn.Linear, the one inside lm_head's LoRALinear too; PEFT's
+        # BitsAndBytesConfig skips the output layer and torchtune quantises only the blocks' linears
+        qlora_quantized_head="litgpt" in fws,
         compile=reading.yes_no(raw["compile"]) is True, framework=framework, fused_optimizer=fused,
         optimizer_in_backward=in_bwd, activation_offload=act_offload, paged_optimizer=paged,
         norm_upcast=hf_style and arch.norm == "rmsnorm", gqa_expand=hf_style and arch.kv < arch.heads,

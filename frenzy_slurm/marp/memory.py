@@ -261,7 +261,9 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
                          + (lora_head_params(a, w.lora_rank, w.lora_targets) if last else 0)) / tp
             base_bytes = 4.0 if w.precision == "fp32" else 2.0
             if w.method == "qlora":
-                frozen = linear * _nf4_bytes(w) + (params - linear) * base_bytes
+                # (litgpt's plugin quantises every nn.Linear, the untied output layer too)
+                q_head = a.vocab * a.hidden * scale / vtp if (last and w.qlora_quantized_head and pc.head) else 0.0
+                frozen = (linear + q_head) * _nf4_bytes(w) + (params - linear - q_head) * base_bytes
             else:
                 frozen = params * base_bytes
             weights = frozen / weight_div + trainable * wb
@@ -321,8 +323,11 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             fb_buffers += trainable * gb  # DDP's gradient buckets: a second copy of the gradients, kept for the run
         if w.method == "qlora":
             # the 4-bit matmul dequantises one linear weight to 16 bits at a time (forward, and again in backward);
-            # the embedding and the output layer stay 16-bit and are never dequantised
-            fb_buffers += pc.largest_linear * scale / tp * 2.0
+            # the embedding, and the output layer unless it is quantised too, stay 16-bit and are never dequantised
+            deq = pc.largest_linear * scale / tp
+            if last and w.qlora_quantized_head and pc.head:
+                deq = max(deq, a.vocab * a.hidden * scale / (tp if w.vocab_parallel else 1))
+            fb_buffers += deq * 2.0
         if amp and not lora:
             fb_buffers += linear * 2.0  # autocast's 16-bit weight copies, saved for backward (not under FSDP)
         if w.fp8:
