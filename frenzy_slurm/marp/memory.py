@@ -14,7 +14,7 @@ The breakdown reported is the one of the peak moment, so its parts add up.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import lru_cache, cached_property
 
 from frenzy_slurm.marp.params import count_params, lora_head_params, lora_params_per_layer
 from frenzy_slurm.marp.overheads import GiB, Overheads
@@ -108,7 +108,7 @@ def _autocast(w: Workload, plan: ParallelPlan) -> bool:
     return w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed") and plan.zero < 3
 
 
-@cache
+@lru_cache(maxsize=4096)  # bounded: a long simulation sees many workloads
 def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False,
                             cp: int = 1) -> float:
     """Bytes saved for backward by one transformer block, per token (Korthikanti et al. 2022, generalised).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 
 from frenzy_slurm.jobspec.arch import Architecture
 
@@ -24,7 +24,7 @@ class ParamCounts:
         return self.embedding + self.per_layer * layers + self.final + self.head
 
 
-@cache
+@lru_cache(maxsize=4096)  # bounded: a long simulation or a service sees many architectures
 def count_params(a: Architecture) -> ParamCounts:
     h, f, kvd = a.hidden, a.ffn, a.kv * a.head_dim
     norm = 2 * h if a.norm == "layernorm" else h
