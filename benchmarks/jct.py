@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
     ap.add_argument("--estimates", default="test-only", choices=["test-only", "backfill"])
     ap.add_argument("--max-gpus", type=int, default=None, help="limits.max_gpus of every job")
+    ap.add_argument("--max-job-share", type=float, default=None,
+                    help="the site's max_job_share (the most of one pool HAS gives one job; default 0.5)")
     ap.add_argument("--exact", action="store_true", help="no prediction error (the truth is MARP's prediction)")
     ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--json", type=Path)
@@ -59,7 +61,7 @@ def main() -> int:
             for name in policies:
                 t0 = time.perf_counter()
                 r = Runner(wl, cluster, name, seed, load=args.load, estimates=args.estimates,
-                           max_gpus=args.max_gpus, errors=ErrorModel.exact() if args.exact else None).run()
+                           max_gpus=args.max_gpus, max_job_share=args.max_job_share, errors=ErrorModel.exact() if args.exact else None).run()
                 s = summarize(r)
                 rows.append(s)
                 results.append(r)

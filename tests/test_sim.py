@@ -136,3 +136,17 @@ def test_replay_jobs_are_scaled_and_scripted_like_the_simulation(wl, tmp_path):
     report = compare({1: (0.0, 5.0), 2: (5.0, 9.0)}, {1: (0.5, 5.5), 2: (7.0, 11.0)})
     assert report["start_diff_median_s"] == pytest.approx(1.25) and report["start_diff_max_s"] == 2.0
     assert report["start_diff_median_pct_of_makespan"] == pytest.approx(100 * 1.25 / 10.5)
+
+
+def test_max_job_share_reaches_has_in_the_simulation():
+    """The site's max_job_share as the simulator's site file: job 0 takes the whole A100 node only at 1.0."""
+    from frenzy_slurm.sim.runner import Runner
+
+    wl = load_workload(WORKLOAD)
+    cluster = parse_compact(CLUSTER)
+    first = {share: Runner(wl, cluster, "has", 1, errors=ErrorModel.exact(), max_job_share=share).run().records[0]
+             for share in (1.0, 0.5)}
+    assert (first[1.0].gpus, first[0.5].gpus) == (8, 4)
+    assert first[0.5].label == "4xA100-80GB(a10080gb)"
+    res = CliRunner().invoke(admin, ["simulate", str(WORKLOAD), "--cluster", CLUSTER, "--max-job-share", "1.5"])
+    assert res.exit_code == 2 and "--max-job-share" in res.output

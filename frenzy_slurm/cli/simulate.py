@@ -81,6 +81,8 @@ def _seeds(text: str | None, default: int) -> list[int]:
                    "0: every job end schedules at once.")
 @click.option("--max-gpus", type=click.IntRange(min=1), default=None,
               help="limits.max_gpus in every job's model.yaml (every policy honours it).")
+@click.option("--max-job-share", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None,
+              help="The site file's max_job_share: the most of one pool HAS gives one job (default 0.5).")
 @click.option("--exact", is_flag=True, help="No prediction error: the truth is MARP's prediction.")
 @click.option("--ilp-round", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
               help="Seconds between the ilp policy's rounds.")
@@ -94,7 +96,8 @@ def _seeds(text: str | None, default: int) -> list[int]:
               help="Write JCT CDF and utilisation plots (PNG) to this directory.")
 @reports_errors("frenzy-slurm simulate")
 def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | None, load: float, as_is: bool,
-             estimates: str, backfill: str, bf_interval: float, max_gpus: int | None, exact: bool, ilp_round: float,
+             estimates: str, backfill: str, bf_interval: float, max_gpus: int | None, max_job_share: float | None,
+             exact: bool, ilp_round: float,
              trace: Path | None,
              save_workload: Path | None, json_path: Path | None, plot_dir: Path | None) -> None:
     """Replay WORKLOAD on a simulated Slurm cluster under each policy; print JCT, utilisation, overhead."""
@@ -126,7 +129,8 @@ def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | No
     for seed, name in runs:
         runner = Runner(wl, cluster, name, seed, errors=errors, load=None if as_is else load,
                         reserve=1 if backfill == "easy" else None, estimates=estimates, ilp_round_s=ilp_round,
-                        progress=bar.update if bar else None, sched_interval_s=bf_interval, max_gpus=max_gpus)
+                        progress=bar.update if bar else None, sched_interval_s=bf_interval, max_gpus=max_gpus,
+                        max_job_share=max_job_share)
         r = runner.run()
         results.append(r)
         rows.append(summarize(r))

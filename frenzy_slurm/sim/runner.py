@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.gpus import catalog
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.sim.jobs import Attempt, Placement
@@ -93,14 +94,17 @@ class Runner:
                  errors: ErrorModel | None = None, load: float | None = 0.8, reserve: int | None = None,
                  estimates: str = "test-only", ilp_round_s: float = 60.0,
                  progress: Callable[[int], None] | None = None, sched_interval_s: float = 0.0,
-                 max_gpus: int | None = None):
+                 max_gpus: int | None = None, max_job_share: float | None = None):
         self.workload, self.cluster, self.seed, self.load = workload, cluster, seed, load
         self.max_gpus = max_gpus  # limits.max_gpus of every job (every policy honours it)
         self.policy = make_policy(policy, ilp_round_s)
         self.truth = Truth(errors or ErrorModel(), seed)
         self.sim = SimSlurm(cluster, now=0.0, reserve=reserve, estimates=estimates, outcome=self._outcome,
                             on_end=self._on_end, sched_interval_s=sched_interval_s)
-        self.ctx = Context(self.sim, cluster.site())
+        site = cluster.site()
+        if max_job_share is not None:  # the site file's setting (validated: 0 < share <= 1)
+            site = SiteConfig.model_validate({**site.model_dump(), "max_job_share": max_job_share})
+        self.ctx = Context(self.sim, site)
         self.scale = time_scale(workload, cluster, load) if load else 1.0
         self.records = {j.id: JobRecord(j.id, j.submit_s * self.scale) for j in workload.jobs}
         self.running: dict[int, tuple[Attempt, Placement]] = {}
