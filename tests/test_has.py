@@ -220,6 +220,7 @@ def test_one_job_leaves_room_in_a_pool():
     assert d.chosen.label() == "4xA100-40GB(a100)"
     wide = next(a for a in d.alternatives if a.description == "8xA100-40GB(a100)")
     assert wide.allocation.completion < d.chosen.completion and "at most 50% of a pool" in wide.lost_because
+    assert "takes 8 of the 8 GPUs of a100" in wide.lost_because
     whole = synthetic_site(LOCAL).model_copy(update={"max_job_share": 1.0})
     assert plan(spec, view, site=whole).chosen.gpus == 8
     # asking for the whole pool, or needing it to fit, is honoured

@@ -217,8 +217,8 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
     def over(c: _Cand) -> str | None:
         for p, (n, g) in zip(c.pools, c.layouts):
             if n * g > max(share * p.live.gpus_total, 1):
-                return (f"takes {n * g} of the {p.live.gpus_total} GPUs of {p.live.partition}; one job gets at most "
-                        f"{share:.0%} of a pool unless it needs more (site max_job_share)")
+                return (f"takes {n * g} of the {p.live.gpus_total} GPUs of {p.live.partition}, while fewer GPUs of "
+                        f"these pools hold the job: one job gets at most {share:.0%} of a pool (site max_job_share)")
         return None
 
     smallest: dict[tuple, _Cand] = {}
