@@ -46,7 +46,11 @@ def test_calibration_end_to_end_on_the_cpu_cluster(tmp_path, clean_queue, monkey
     # (XDG_CACHE_HOME stays: DeepSpeed's CPU op is compiled once into ~/.cache by `frenzy-dev` set-up)
     site = tmp_path / "site.yaml"
     site.write_text(CPU_SITE.read_text())
-    spec = str(EXAMPLES / "tiny-cpu.yaml")
+    # the tiny example with more steps: its median step is then steadier on this shared machine
+    tiny = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    tiny["training"]["steps"] = 24
+    spec = str(tmp_path / "tiny-cpu.yaml")
+    Path(spec).write_text(yaml.safe_dump(tiny))
 
     def train(name: str) -> tuple[dict, dict]:
         # the same submission again, on purpose: --force (one job per user and submission otherwise)
@@ -59,12 +63,23 @@ def test_calibration_end_to_end_on_the_cpu_cluster(tmp_path, clean_queue, monkey
     raw = first["decision"]["chosen"]["step_time_s"]
     assert raw < 0.01 * m["step_time_s"]  # uncalibrated: FLOPs alone predict ~0% of the step
     assert first["calibration"]["calibration"] is None
-    steady = [m["step_time_s"]] + [train(name)[1]["step_time_s"] for name in ("run2", "run3")]
-    if max(steady) > 1.5 * min(steady):
-        # the same job on the same nodes measured this differently: other work on this (2-core, shared)
-        # machine sets the step time, and no prediction can be checked to 25% against the next run
-        pytest.skip(f"the machine is too contended for a 25% check: identical runs measured {steady} s")
-    res = run_cli("frenzy-slurm", "calibrate", "--site", str(site), *(str(tmp_path / f"run{i}") for i in (1, 2, 3)))
+    # Three runs that the machine measured alike (within 1.5x) are the calibration set: on this shared 2-core
+    # machine other work can set the step time, and no prediction can be checked to 25% against such runs.
+    # Up to five runs are made to find three alike ones.
+    runs = [("run1", m["step_time_s"])]
+
+    def alike() -> list[tuple[str, float]] | None:
+        ranked = sorted(runs, key=lambda r: r[1])
+        return next((ranked[i:i + 3] for i in range(len(ranked) - 2) if ranked[i + 2][1] <= 1.5 * ranked[i][1]), None)
+
+    while alike() is None:
+        if len(runs) == 5:
+            pytest.skip(f"the machine is too contended for a 25% check: identical runs measured {[t for _, t in runs]} s")
+        name = f"run{len(runs) + 1}"
+        runs.append((name, train(name)[1]["step_time_s"]))
+    chosen = alike()
+    steady = [t for _, t in chosen]
+    res = run_cli("frenzy-slurm", "calibrate", "--site", str(site), *(str(tmp_path / name) for name, _ in chosen))
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "site.calibration.yaml").exists()
     dry = fsbatch_json(spec, "--site", str(site), "--dry-run", "--job-dir", str(tmp_path / "next"))
