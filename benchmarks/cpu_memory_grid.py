@@ -111,32 +111,6 @@ def _lora(model, rank: int, targets: tuple[str, ...] = ("q", "v")):
     return model
 
 
-def _tp_block_forward(blk, tp: int):
-    """The built-in Block's forward with this rank's share of the heads (Megatron column/row split)."""
-    import torch.nn.functional as F
-
-    from frenzy_slurm.models.gpt import _rope
-
-    a = blk.a
-    heads, kv = a.heads // tp, a.kv // tp
-
-    def forward(x):
-        b, s, _ = x.shape
-        h = blk.norm1(x)
-        q = blk.q(h).view(b, s, heads, a.head_dim).transpose(1, 2)
-        k = blk.k(h).view(b, s, kv, a.head_dim).transpose(1, 2)
-        v = blk.v(h).view(b, s, kv, a.head_dim).transpose(1, 2)
-        if a.position == "rope":
-            q, k = _rope(q), _rope(k)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
-        x = x + blk.o(att.transpose(1, 2).reshape(b, s, heads * a.head_dim))
-        h = blk.norm2(x)
-        m = F.silu(blk.gate(h)) * blk.up(h) if a.activation == "swiglu" else F.gelu(blk.up(h))
-        return x + blk.down(m)
-
-    blk.forward = forward
-
-
 def _eager_attention(blk, checkpoint_core: bool):
     """The built-in Block with eager attention (scores, softmax, probs @ v); `checkpoint_core` recomputes that
     core in backward (selective recomputation: only q, k, v are kept)."""
@@ -144,34 +118,19 @@ def _eager_attention(blk, checkpoint_core: bool):
     import torch.nn.functional as F
     import torch.utils.checkpoint
 
-    from frenzy_slurm.models.gpt import _rope
-
-    a = blk.a
-    rep = a.heads // a.kv
-
     def core(q, k, v):
+        rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         s = q.shape[-2]
-        scores = (q @ k.transpose(-2, -1)) * (a.head_dim ** -0.5)
+        scores = (q @ k.transpose(-2, -1)) * (blk.a.head_dim ** -0.5)
         mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
         probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         return probs @ v
 
-    def forward(x):
-        b, s, _ = x.shape
-        h = blk.norm1(x)
-        q = blk.q(h).view(b, s, a.heads, a.head_dim).transpose(1, 2)
-        k = blk.k(h).view(b, s, a.kv, a.head_dim).transpose(1, 2)
-        v = blk.v(h).view(b, s, a.kv, a.head_dim).transpose(1, 2)
-        if a.position == "rope":
-            q, k = _rope(q), _rope(k)
-        att = torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False) if checkpoint_core else core(q, k, v)
-        x = x + blk.o(att.transpose(1, 2).reshape(b, s, a.hidden))
-        h = blk.norm2(x)
-        m = F.silu(blk.gate(h)) * blk.up(h) if a.activation == "swiglu" else F.gelu(blk.up(h))
-        return x + blk.down(m)
+    def checkpointed(q, k, v):
+        return torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False)
 
-    blk.forward = forward
+    blk.attention = checkpointed if checkpoint_core else core
 
 
 def _ds_config(p: dict) -> dict:
@@ -273,7 +232,6 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
                     plan = {n: ColwiseParallel() for n in ("q", "k", "v", "up", "gate") if hasattr(blk, n)}
                     plan |= {"o": RowwiseParallel(), "down": RowwiseParallel()}
                     parallelize_module(blk, mesh, plan)
-                    _tp_block_forward(blk, world)
             opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-3)
 
             def step() -> None:

@@ -46,18 +46,24 @@ class Block(nn.Module):
         self.down = nn.Linear(a.ffn, a.hidden, bias=a.bias == "all")
         self.drop = nn.Dropout(a.dropout)
 
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over (batch, heads, seq, head_dim) (benchmarks/cpu_memory_grid.py swaps in eager)."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              dropout_p=self.a.dropout if self.training else 0.0,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.a
         b, s, _ = x.shape
         h = self.norm1(x)
-        q = self.q(h).view(b, s, a.heads, a.head_dim).transpose(1, 2)
-        k = self.k(h).view(b, s, a.kv, a.head_dim).transpose(1, 2)
-        v = self.v(h).view(b, s, a.kv, a.head_dim).transpose(1, 2)
+        # heads from the projections' width: under tensor parallelism each rank holds a share of them
+        q = self.q(h).view(b, s, -1, a.head_dim).transpose(1, 2)
+        k = self.k(h).view(b, s, -1, a.head_dim).transpose(1, 2)
+        v = self.v(h).view(b, s, -1, a.head_dim).transpose(1, 2)
         if a.position == "rope":
             q, k = _rope(q), _rope(k)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=a.dropout if self.training else 0.0,
-                                             enable_gqa=a.kv != a.heads)
-        x = x + self.drop(self.o(att.transpose(1, 2).reshape(b, s, a.hidden)))
+        att = self.attention(q, k, v)
+        x = x + self.drop(self.o(att.transpose(1, 2).reshape(b, s, -1)))
         h = self.norm2(x)
         if a.activation == "swiglu":
             m = F.silu(self.gate(h)) * self.up(h)
