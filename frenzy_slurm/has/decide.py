@@ -211,8 +211,8 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
     """Candidates within `share` of each pool they use; of a set of pools where none is, the fewest GPUs.
 
     HAS sees the jobs queued now, not those that will arrive: a job that scales well would otherwise take a
-    whole pool for hours, and every job arriving meanwhile waits for its end (docs/simulation.md, "Width").
-    Returns the kept candidates and the dropped ones with the reason.
+    whole pool for hours, and every job arriving meanwhile waits for its end (docs/simulation.md, "Room for
+    later jobs"). Returns the kept candidates and the dropped ones with the reason.
     """
     def over(c: _Cand) -> str | None:
         for p, (n, g) in zip(c.pools, c.layouts):
@@ -221,26 +221,21 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
                         f"these pools hold the job: one job gets at most {share:.0%} of a pool (site max_job_share)")
         return None
 
+    def pools_of(c: _Cand) -> tuple:
+        return tuple(p.key for p in c.pools)
+
+    why = {id(c): over(c) for c in cands}
+    kept = [c for c in cands if why[id(c)] is None]
+    covered = {pools_of(c) for c in kept}
+    # a set of pools with no candidate within the share keeps its smallest: the job needs that many
     smallest: dict[tuple, _Cand] = {}
     for c in cands:
-        key = tuple(p.key for p in c.pools)
-        if key not in smallest or c.alloc.gpus < smallest[key].alloc.gpus:
+        key = pools_of(c)
+        if key not in covered and (key not in smallest or c.alloc.gpus < smallest[key].alloc.gpus):
             smallest[key] = c
-    kept, dropped = [], []
-    needed = {id(c) for c in smallest.values()}
-    for c in cands:
-        why = over(c)
-        if why is None:
-            kept.append(c)
-        else:
-            dropped.append((c, why))
-    # a set of pools with no candidate within the share keeps its smallest (the job needs that many)
-    covered = {tuple(p.key for p in c.pools) for c in kept}
-    for c, _ in dropped:
-        if id(c) in needed and tuple(p.key for p in c.pools) not in covered:
-            kept.append(c)
+    kept += smallest.values()
     kept_ids = {id(c) for c in kept}
-    return kept, [(c, why) for c, why in dropped if id(c) not in kept_ids]
+    return kept, [(c, why[id(c)]) for c in cands if id(c) not in kept_ids]
 
 
 def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:

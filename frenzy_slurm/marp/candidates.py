@@ -141,12 +141,6 @@ def plan_groups(w: Workload, world: int, global_batch: int, space: SearchSpace, 
                         yield PlanGroup(dp, tp, pp, zero, rc, mbs, global_batch)
 
 
-def enumerate_plans(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int):
-    """Valid plans for `world` GPUs, grouped so each group's memory grows with micro-batch."""
-    for g in plan_groups(w, world, global_batch, space, gpus_per_node):
-        yield [g.plan(mb) for mb in g.micro_batches]
-
-
 def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int, max_gpus: int | None = None,
            space: SearchSpace | None = None) -> dict[Hashable, list[Candidate]]:
     """Per GPU type: the fastest fitting plan at each GPU count, ordered by step time (fastest first).

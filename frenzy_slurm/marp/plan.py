@@ -178,14 +178,14 @@ class Workload:
     fused_optimizer: bool = False  # False: foreach kernels (one optimizer-state-sized temporary at step)
     optimizer_in_backward: bool = False
     activation_offload: bool = False
-    paged_optimizer: bool = False
+    paged_optimizer: bool = False  # states in CUDA managed memory, outside the caching allocator's counts
     norm_upcast: bool = False  # norm computed on an fp32 copy of its input (HF/torchtune/litgpt RMSNorm, eager)
     gqa_expand: bool = False  # K/V repeated to all query heads before the attention kernel (HF repeat_kv)
     nf4_double_quant: bool = True  # QLoRA's double-quantised absmax (4.127 bits); False: plain NF4, 4.5 bits
     nf4_saves_inputs: bool = True  # bitsandbytes' 4-bit matmul saves its input (torchao's NF4 linear does not)
     qlora_quantized_head: bool = False  # QLoRA quantises the (untied) output layer too (litgpt's bitsandbytes plugin)
     hold_logits: bool = False  # the training loop keeps the 16-bit logits alive (HF-style model outputs)
-    zero_grad_to_none: bool = True  # grads freed after each step (torch >= 2.0 default); False keeps zeroed buffers  # states in CUDA managed memory, outside the caching allocator's counts
+    zero_grad_to_none: bool = True  # grads freed after each step (torch >= 2.0 default); False keeps zeroed buffers
     unfused_rope: bool = False  # rotary embedding in eager ops (HF/litgpt/torchtune/built-in): rotated q, k are new tensors
     rope_tables_per_layer: bool = False  # cos/sin built in every block (the built-in model) instead of once per forward
     vocab_parallel: bool = True  # tp splits the embedding, output layer and logits (Megatron); False: replicated
