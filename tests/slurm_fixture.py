@@ -145,6 +145,9 @@ def clean_queue(slurm_cluster):
         wait_for(lambda: not sh("squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"), what="an empty queue")
         nodes = sh("sinfo", "-h", "-N", "-o", "%N").split()
         subprocess.run(["scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME"], capture_output=True)
+        # every slurmd answering (sinfo marks a node that does not with '*', e.g. after slurmctld restarted)
+        wait_for(lambda: not any(s.endswith("*") for s in sh("sinfo", "-h", "-N", "-o", "%t").split()),
+                 timeout=60, what="every node responding")
 
     clean()
     yield slurm_cluster
