@@ -191,6 +191,13 @@ def test_torchtune_recipe_behaviour():
     assert (w.loss_chunks, w.compile_loss) == (8, True)
     hf = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B (LlamaForCausalLM)"))).workload
     assert (hf.hold_logits, hf.unfused_rope, hf.compile_loss) == (True, True, True)
+    # a row that ran a shipped config's defaults runs that file's loss and adapters: CEWithChunkedOutputLoss,
+    # lora_dropout 0.0; a row that states its loss, or does not say defaults, is read as it states
+    assert interpret_row(_row(**tt)).workload.lora_dropout
+    w = interpret_row(_row(**tt | dict(activation_ckpt="config default", other_settings=""))).workload
+    assert (w.loss_chunks, w.lora_dropout) == (8, False)
+    w = interpret_row(_row(**tt | dict(activation_ckpt="config default", other_settings="standard CE loss"))).workload
+    assert w.loss_chunks == 1
 
 
 def test_litgpt_keeps_an_untied_head_and_a_16_bit_loss():
@@ -201,5 +208,6 @@ def test_litgpt_keeps_an_untied_head_and_a_16_bit_loss():
                other_settings="config_hub/finetune/gemma-2b/lora.yaml", category="LoRA")
     w = interpret_row(_row(**lit)).workload
     assert not w.arch.tied_embeddings and not w.loss_fp32 and w.loss_chunks == 4 and w.qlora_quantized_head
+    assert w.keeps_previous_output  # its fit loops bind `logits = model(...)` until the next forward returns
     hf = interpret_row(_row(**lit | dict(attention_impl="sdpa", other_settings="transformers Trainer"))).workload
-    assert hf.arch.tied_embeddings and hf.loss_fp32 and not hf.qlora_quantized_head
+    assert hf.arch.tied_embeddings and hf.loss_fp32 and not hf.qlora_quantized_head and not hf.keeps_previous_output

@@ -294,3 +294,102 @@ def test_qlora_with_a_quantised_output_layer():
     head = arch.vocab * arch.hidden
     assert plain.weights - quant.weights == pytest.approx(head * (2.0 - NF4_PLAIN_BYTES_PER_PARAM))
     assert quant.buffers - plain.buffers == pytest.approx((head - 4096 * 14336) * 2.0)  # dequantised head, 16-bit
+
+
+def test_previous_output_and_its_ctx_held_4bit_inputs_outlive_the_step():
+    # litgpt keeps `logits` bound into the next iteration; bitsandbytes' 4-bit matmul (<= 0.44) stored its input on
+    # ctx, outside the saved tensors that backward releases: at the end of the next forward both outputs and every
+    # such input of the previous step are alive
+    arch = Architecture(layers=4, hidden=1024, heads=8, kv_heads=8, ffn=2816, vocab=8192)
+    w = Workload(arch=arch, seq_len=512, precision="bf16-pure", framework="torch", method="qlora",
+                 hold_logits=True, loss_chunks=4, loss_fp32=False)
+    plan = ParallelPlan(micro_batch=2)
+    plain, keep = (estimate_memory(x, plan, "allocated").stages[0] for x in (w, w.with_(keeps_previous_output=True)))
+    tokens = 2 * 512
+    assert keep.phase == "backward-start"
+    assert keep.activations - plain.activations == pytest.approx(4 * 2 * (3 * 1024 + 2816) * tokens)
+    assert keep.logits == pytest.approx(2 * 2 * 8192 * tokens)  # this step's 16-bit output and the previous one
+    # torchao's NF4 linear saves nothing of its input: only the previous logits stay, which the loss's own tensors
+    # outweigh here
+    nf4 = w.with_(nf4_saves_inputs=False)
+    assert (estimate_memory(nf4.with_(keeps_previous_output=True), plan, "allocated").peak
+            == estimate_memory(nf4, plan, "allocated").peak < keep.peak)
+
+
+def test_ctx_held_inputs_outlive_backward_while_the_output_is_bound():
+    """The mechanism behind `keeps_previous_output`, measured on the CPU with the allocator's own events."""
+    import torch
+
+    from frenzy_slurm.runtime.memory import CpuMemoryRecorder
+
+    h, f, v, layers, t = 64, 176, 512, 4, 256
+
+    class CtxHeld(torch.autograd.Function):  # bitsandbytes <= 0.44's MatMul4Bit: `ctx.tensors = (A, B)`
+        @staticmethod
+        def forward(ctx, x, wt):  # type: ignore[override]
+            ctx.tensors = (x, wt)
+            return x @ wt.t()
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[override]
+            return g @ ctx.tensors[1], None
+
+    class Saved(torch.autograd.Function):  # what backward releases: save_for_backward
+        @staticmethod
+        def forward(ctx, x, wt):  # type: ignore[override]
+            ctx.save_for_backward(x, wt)
+            return x @ wt.t()
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[override]
+            return g @ ctx.saved_tensors[1], None
+
+    def peak(fn: type, keep: bool) -> float:
+        torch.manual_seed(0)
+        ws = [(torch.randn(f, h), torch.randn(h, f)) for _ in range(layers)]
+        head, adapter, x = torch.randn(v, h), torch.zeros(h, requires_grad=True), torch.randn(t, h)
+        bound: dict = {}
+
+        def step() -> None:
+            y = x + adapter
+            for up, down in ws:
+                y = y + fn.apply(torch.relu(fn.apply(y, up)), down)
+            logits = fn.apply(y, head)
+            if keep:
+                bound["logits"] = logits  # the loop's variable, rebound by the next forward
+            logits.logsumexp(-1).mean().backward()
+
+        step()
+        step()
+        return CpuMemoryRecorder().start().peak_of(step)[0]
+
+    ctx_inputs = 4 * t * (layers * (h + f) + h)  # fp32: each block's two linear inputs, and the head's
+    assert peak(CtxHeld, True) - peak(CtxHeld, False) == pytest.approx(ctx_inputs + 4 * t * v, rel=0.01)
+    assert peak(Saved, True) - peak(Saved, False) == pytest.approx(4 * t * v, rel=0.01)  # the previous logits only
+
+
+def test_deepspeed_zero3_keeps_what_is_reused_soon_and_its_gradient_partition():
+    # DeepSpeed ZeRO-3 releases a module's gathered parameters only when their next use is more than
+    # stage3_max_reuse_distance elements away: the output layer and the last blocks stay gathered until backward
+    arch = Architecture(layers=8, hidden=2048, heads=16, kv_heads=16, ffn=5504, vocab=32000)
+    w = Workload(arch=arch, seq_len=1024, precision="bf16-mixed", framework="deepspeed")
+    plan = ParallelPlan(dp=8, zero=3, micro_batch=1)
+    from frenzy_slurm.marp.params import count_params
+    from frenzy_slurm.marp.plan import DeepSpeedBuckets
+    pc = count_params(arch)
+    head = pc.final + pc.head
+
+    def at(reuse: int):
+        buckets = DeepSpeedBuckets(stage3_prefetch_bucket_size=0, reduce_bucket_size=1000, stage3_max_reuse_distance=reuse)
+        return estimate_memory(w.with_(buckets=buckets), plan).stages[0]
+
+    near = at(0)
+    far = at(2 * (head + 3 * pc.per_layer))  # enough for the head and three blocks
+    assert far.buffers - near.buffers == pytest.approx((head + 3 * pc.per_layer - 2 * pc.largest_matrix) * 2)
+    # a model smaller than half the distance stays gathered whole, its embedding too
+    whole = at(10**12)
+    assert whole.buffers - near.buffers == pytest.approx((pc.total(arch.layers) - 2 * pc.largest_matrix) * 2)
+    # the gradient partition of every parameter is allocated once and kept (model dtype), beside the reduce bucket
+    assert near.gradients == pytest.approx(pc.total(arch.layers) / 8 * 2)
+    torch_fsdp = estimate_memory(w.with_(framework="torch"), plan).stages[0]
+    assert torch_fsdp.gradients == 0.0

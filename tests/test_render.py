@@ -164,3 +164,14 @@ def test_templates_ship_as_package_data():
     names = [p.name for p in (root / "templates").iterdir()]
     assert names and all(n.endswith(".j2") for n in names)
     assert (root / "frenzy_slurm" / "templates").resolve() == (root / "templates").resolve()
+
+
+def test_ds_config_zero3_states_what_marp_assumes():
+    from frenzy_slurm.marp.plan import DeepSpeedBuckets, ParallelPlan
+    from frenzy_slurm.render.ds_config import ds_config
+
+    spec = make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 10, "optimizer": "adamw"})
+    zero = ds_config(spec, ParallelPlan(dp=2, zero=3, micro_batch=2, grad_accum=16))["zero_optimization"]
+    b = DeepSpeedBuckets()
+    assert (zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"], zero["stage3_max_reuse_distance"]) \
+        == (b.stage3_prefetch_bucket_size, b.stage3_max_live_parameters, b.stage3_max_reuse_distance)

@@ -331,6 +331,13 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
 
     other = raw["other_settings"].lower()
     chunks = 8 if "chunked" in other else 1  # torchtune's CEWithChunkedOutputLoss: 8 chunks
+    # A torchtune row that says it ran a shipped config's defaults ("config default", "<config> defaults") runs
+    # what those files set where the row states nothing else: CEWithChunkedOutputLoss (every LLM config since
+    # v0.3) and lora_dropout 0.0 (an nn.Identity, no dropped copy of the adapters' input)
+    config_defaults = "torchtune" in fws and bool(re.search(
+        r"\bconfig(?:uration)? defaults?\b|[\w/.-]+_(?:device|lora|qlora|full)\w*\s+defaults?\b", settings.lower()))
+    if config_defaults and not re.search(r"cross[- _]?entropy|\bce\b|\bloss\b", other):
+        chunks = 8
     if "litgpt" in fws:  # litgpt's fine-tuning scripts compute the output layer in 128-token chunks
         chunks = max(1, -(-seq // 128))
     rank, targets = _lora(raw, method, fws) if method != "full" else (16, ("q", "v"))
@@ -353,6 +360,7 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         arch=arch, seq_len=seq, precision=precision, optimizer=optimizer, attention=attention, method=method,
         lora_rank=rank, lora_targets=targets, loss_chunks=chunks, fp8=prec.fp8,
         # litgpt's chunked_cross_entropy runs on the model's logits as they are: in 16 bits under bf16/16-true
+        lora_dropout=not config_defaults,
         loss_fp32=not ("litgpt" in fws and precision == "bf16-pure"),
         # litgpt's bitsandbytes plugin replaces every nn.Linear, the one inside lm_head's LoRALinear too; PEFT's
         # BitsAndBytesConfig skips the output layer and torchtune quantises only the blocks' linears
@@ -363,6 +371,8 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         # Hugging Face-style loops keep the model output (the logits) alive through backward; torchtune's recipes
         # `del logits` once the loss is computed ("free logits otherwise it peaks backward memory")
         zero_grad_to_none=zero_grad_to_none, hold_logits=hf_style and "torchtune" not in fws,
+        # litgpt's fit loops bind `logits = model(...)` and keep it until the next iteration's forward returns
+        keeps_previous_output="litgpt" in fws,
         # Hugging Face and litgpt rotate q/k in eager ops after the transpose (new head-major tensors: the attention
         # output is copied on its way to o_proj); torchtune rotates before it, in the sequence-major layout, so the
         # kernel's output is sequence-major and the view needs no copy (measured on the CPU with a torchtune-style

@@ -292,7 +292,7 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
 
         # Buffers: communication buckets, gathered ZeRO-3 parameters, dequantised QLoRA weights.
         bk = w.buckets
-        fb_buffers = 0.0
+        fb_buffers = unit_grads = 0.0
         if plan.zero == 3:
             layer_params = pc.per_layer * scale / tp
             # QLoRA gathers its blocks in NF4 (torchao's NF4 tensor and bitsandbytes' 4-bit params all-gather their
@@ -304,12 +304,37 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             gathered = 2 * max(layer_gathered, largest)
             if w.framework == "deepspeed":
                 gathered = min(gathered + bk.stage3_prefetch_bucket_size, bk.stage3_max_live_parameters)
+                # DeepSpeed releases a module's gathered parameters after its forward only if their next use lies
+                # more than stage3_max_reuse_distance parameter elements further along the trace: the output layer
+                # (used again at once by backward) and the last blocks, whose forward and backward uses are
+                # separated by 2 x the parameters after them, stay gathered until their backward
+                vtp3 = tp if w.vocab_parallel else 1
+                head_el = ((pc.final + (pc.head or (a.vocab * a.hidden if a.head != "classification" else 0)))
+                           * scale / vtp3) if last else 0.0
+                blocks_el = layer_gathered * n_layers
+                reuse = bk.stage3_max_reuse_distance
+                kept = head_el + min(blocks_el, max(0.0, reuse / 2 - head_el))
+                if first and 2 * (blocks_el + head_el) < reuse:  # a model this small stays gathered whole
+                    tied_head = last and a.tied_embeddings and a.head != "classification"  # (counted as the head)
+                    kept += (pc.embedding - (a.vocab * a.hidden if tied_head else 0)) * scale / vtp3
+                gathered = max(gathered, kept)
             if not w.reshard_after_forward:  # FSDP reshard_after_forward=False / ZeRO++-style: the stage's
                 gathered = max(gathered, params)  # gathered weights stay from forward until backward
             fb_buffers += gathered * (2.0 if w.precision != "fp32" else 4.0)
             # one unit's unsharded gradients before reduce-scatter: only its trainable (adapter) ones under LoRA
             unit_trainable = (lora_params_per_layer(a, w.lora_rank, w.lora_targets) / tp) if lora else layer_params
-            fb_buffers += unit_trainable * gb
+            if w.framework == "deepspeed":
+                unit_grads = unit_trainable * gb  # (from a block's backward on: none while the loss runs)
+            else:
+                # (FSDP2 measured on the CPU holds as much while the loss runs: kept where it was measured)
+                fb_buffers += unit_trainable * gb
+        resident = 0.0
+        if w.framework == "deepspeed" and plan.zero == 3 and trainable > 0:
+            # ZeRO-3's optimizer allocates once and keeps: the gradient partition of every parameter (in the
+            # gradient-accumulation dtype, the model's) and, with contiguous gradients, the reduce bucket
+            resident = bk.reduce_bucket_size * gb
+            if not w.optimizer_in_backward:
+                persistent = True
         # Gradient reduction buffers (allocated when backward starts).
         bucket = 0.0
         if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1 and trainable > 0:
@@ -415,42 +440,63 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             final_norm = (4.0 + e_act) if (w.norm_upcast and not w.compile) else r
             acts += (final_norm * a.hidden / rep + e_act * a.hidden / tp) * tokens  # final norm's saved input, head input
 
+        # The previous step's output, where the loop keeps it until the next forward returns: at the end of that
+        # forward both outputs are alive, and with them what the old graph's custom functions hold outside its
+        # saved tensors (bitsandbytes' 4-bit matmul stored its input on ctx: q/k/v, o_proj, MLP and down inputs)
+        out16 = e_act * a.vocab / (tp if w.vocab_parallel else 1) * tokens if (last and a.head != "classification") else 0.0
+        prev_logits = prev_inputs = 0.0
+        if w.keeps_previous_output:
+            prev_logits = out16
+            if w.method == "qlora" and w.nf4_saves_inputs:
+                prev_inputs = n_layers * inflight * e_act * (3 * a.hidden + a.ffn) / tp * tokens
+                if last and w.qlora_quantized_head and pc.head:
+                    prev_inputs += e_act * a.hidden / rep * tokens  # lm_head's input (the final norm's output)
+
         # The three moments of a step (module docstring); only the largest is kept.
-        const = weights + optimizer
+        const = weights + optimizer + resident
         # backward-start is the larger of two instants: the loss's backward (logits and their gradients alive)
         # and the last block's backward (logits freed, the head's gradients and the block's working set alive)
         early = bucket
         start_loss = const + (grads_all if persistent else 0.0) + loss_grads + acts + logits + fb_buffers + early
-        start_block = const + (grads_all if persistent else head_grads) + acts + recomputed + work + fb_buffers + early
-        start = max(start_loss, start_block)
+        start_block = (const + (grads_all if persistent else head_grads) + acts + recomputed + work + fb_buffers + unit_grads
+                       + early)
+        # (the end of the forward with the previous step's output still bound: this step's 16-bit output beside it)
+        start_fwd = 0.0
+        if prev_logits or prev_inputs:
+            start_fwd = const + (grads_all if persistent else 0.0) + acts + prev_inputs + out16 + prev_logits + fb_buffers
+        start = max(start_loss, start_block, start_fwd)
         # the first block's backward: every other gradient exists, its own saved tensors are still alive
         end_acts = work + per_layer_act * tokens
-        end = const + grads_all + max(end_acts + bucket, flat) + fb_buffers
+        end = const + grads_all + max(end_acts + bucket, flat) + fb_buffers + unit_grads
         step = const + grads_all + step_buffers
         if start >= end and start >= step:
             phase = "backward-start"
-            if start_loss >= start_block:
+            if start_fwd >= max(start_loss, start_block):
+                parts = dict(weights=weights, gradients=grads_all if persistent else 0.0, optimizer=optimizer,
+                             activations=acts + prev_inputs, logits=out16 + prev_logits, buffers=fb_buffers + resident)
+            elif start_loss >= start_block:
                 parts = dict(weights=weights, gradients=(grads_all if persistent else 0.0) + loss_grads, optimizer=optimizer,
-                             activations=acts, logits=logits, buffers=fb_buffers + early)
+                             activations=acts, logits=logits, buffers=fb_buffers + early + resident)
             else:
                 parts = dict(weights=weights, gradients=grads_all if persistent else head_grads, optimizer=optimizer,
-                             activations=acts + recomputed + work, logits=0.0, buffers=fb_buffers + early)
+                             activations=acts + recomputed + work, logits=0.0,
+                             buffers=fb_buffers + unit_grads + early + resident)
         elif end >= step:
             phase = "backward-end"
             tail = end_acts + bucket >= flat
             parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=end_acts if tail else 0.0,
-                         logits=0.0, buffers=fb_buffers + (bucket if tail else flat))
+                         logits=0.0, buffers=fb_buffers + unit_grads + resident + (bucket if tail else flat))
         else:
             phase = "optimizer-step"
             parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=0.0, logits=0.0,
-                         buffers=step_buffers)
+                         buffers=step_buffers + resident)
         allocated = max(start, end, step)
         overhead = 0.0
         if metric in ("reserved", "device"):
             # long-lived tensors are allocated once, in whole segments; what each step allocates and frees
             # (activations, logits, per-step gradients and casts, temporaries) leaves the caching allocator holding
             # blocks it cannot reuse for the next request's size
-            long_lived = parts["weights"] + parts["optimizer"] + (grads_all if persistent else 0.0)
+            long_lived = parts["weights"] + parts["optimizer"] + (grads_all if persistent else 0.0) + resident
             overhead += long_lived * overheads.fragmentation + (allocated - long_lived) * overheads.step_fragmentation
             if phase == "backward-start" and not persistent and grads_all > head_grads:
                 # the caching allocator keeps the blocks of the gradients freed after the previous step; the

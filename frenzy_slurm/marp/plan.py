@@ -156,6 +156,8 @@ class DeepSpeedBuckets:
     overlap_comm: bool = False
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_max_live_parameters: int = 1_000_000_000
+    # ZeRO-3 keeps a gathered parameter whose next use lies within this many parameter elements of the trace
+    stage3_max_reuse_distance: int = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,10 @@ class Workload:
     nf4_saves_inputs: bool = True  # bitsandbytes' 4-bit matmul saves its input (torchao's NF4 linear does not)
     qlora_quantized_head: bool = False  # QLoRA quantises the (untied) output layer too (litgpt's bitsandbytes plugin)
     hold_logits: bool = False  # the training loop keeps the 16-bit logits alive (HF-style model outputs)
+    # the loop keeps the previous step's output bound until the next forward returns (litgpt's `logits = model(...)`):
+    # its 16-bit logits and, through their autograd graph, what custom functions stored on their ctx (bitsandbytes'
+    # 4-bit matmul inputs) are alive at the end of the next forward
+    keeps_previous_output: bool = False
     zero_grad_to_none: bool = True  # grads freed after each step (torch >= 2.0 default); False keeps zeroed buffers
     unfused_rope: bool = False  # rotary embedding in eager ops (HF/litgpt/torchtune/built-in): rotated q, k are new tensors
     rope_tables_per_layer: bool = False  # cos/sin built in every block (the built-in model) instead of once per forward

@@ -25,6 +25,7 @@ def ds_config(spec: JobSpec, plan: ParallelPlan, buckets: DeepSpeedBuckets | Non
     if plan.zero == 3:
         zero["stage3_prefetch_bucket_size"] = b.stage3_prefetch_bucket_size
         zero["stage3_max_live_parameters"] = b.stage3_max_live_parameters
+        zero["stage3_max_reuse_distance"] = b.stage3_max_reuse_distance
     if plan.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if plan.offload_params:
