@@ -248,9 +248,10 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
         import gc
 
         for i in range(steps):
-            # GRID_GC=1 collects Python's cyclic garbage before every step (an experiment: it removes the
-            # step-to-step growth of the tied-embedding GPT-2 under DeepSpeed, but moves other ranks' frees;
-            # docs/accuracy.md). The stored dataset is measured without it, as training runs.
+            # GRID_GC=1 collects Python's cyclic garbage before every step (an experiment: it removed the
+            # step-to-step growth the single-process DeepSpeed points had while this harness copied the block's
+            # forward into closures, and moves other ranks' frees; docs/accuracy.md). The stored dataset is measured
+            # without it, as training runs.
             if os.environ.get("GRID_GC"):
                 gc.collect()
             with record_function(f"grid-step-{i}"):

@@ -17,19 +17,13 @@ DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "cpu_mem
 TOLERANCE = 0.03
 
 # Points MARP does not yet meet, each with the reason (docs/accuracy.md); strict, so a fix must remove them.
-_RETAINED = "DeepSpeed keeps memory from step to step with the tied-embedding GPT-2 (peaks grow over the steady steps); not explained yet"
 _ZERO3 = ("DeepSpeed ZeRO-3 on the CPU accelerator: what a step adds on top of the resting bytes matches MARP (Llama "
           "15.67 measured vs 15.66 MiB, GPT-2 13.31-13.57 vs 13.55), but the resting bytes grow every step (gathered "
           "parameters left over between steps: Llama 9.47 -> 11.15 MiB, GPT-2 11.09 -> 12.54, MARP 8.56 / 9.20)")
 KNOWN_GAPS: dict[str, str] = {
-    "ds-gpt2-1gpu": _RETAINED,
-    "ds-gpt2-1gpu-full": _RETAINED,
     "ds-gpt2-dp2-zero3": _ZERO3,
     "ds-llama-dp2-zero3": _ZERO3,
     "fsdp2-llama-dp2-bf16": "FSDP2 with a bf16 policy on gloo: peaks grow from step to step (rank 1: 14.63, 14.63, 15.32 MiB); rank 0's first steady steps are 4% from MARP, the worst 9.9%",
-    "ds-llama-1gpu-selective": ("the stored run's last step holds DeepSpeed's flattened gradient copy from the step "
-                                "before (3.27 MiB, the model's fp32 gradients; Python's cyclic garbage): 24.987 MiB; "
-                                "steps 2-3 peak at 21.717 MiB, 1% from MARP"),
     "tp-llama-tp2": "DTensor tensor parallelism on gloo: rank 1's peaks grow from step to step (14.62, 14.75, 15.00 MiB); rank 0 is steady at 14.63 MiB, 2.3% from MARP",
 }
 
