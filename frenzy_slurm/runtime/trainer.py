@@ -95,6 +95,10 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
     deepspeed.init_distributed(dist_backend=backend)
+    if backend == "gloo":  # DeepSpeed's CPU accelerator may have made a shared-memory segment per rank
+        from frenzy_slurm.runtime.shm import release_allreduce_segment
+
+        release_allreduce_segment(dist.rank)
     torch.manual_seed(t.seed)
     ds_config = json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
