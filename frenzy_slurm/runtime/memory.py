@@ -6,6 +6,12 @@ the tensors alive when recording began are its baseline. Recording starts a step
 (`CpuMemoryRecorder`): the profiler cannot see the free of a block allocated before it started, so a
 recorder started at the measured step itself counted the previous step's freed gradients and buffers as
 still alive. Process RSS is not used: it counts the interpreter, libraries and freed-but-cached pages.
+
+The CPU allocator updates the running total the profiler reports only for threads being profiled, so a
+block allocated here and freed on one of gloo's worker threads (the last reference to a collective's
+buffer is often dropped there) stayed in the total for good, and multi-process runs seemed to grow from
+step to step. `count_all_threads()` turns on c10's own accounting, which updates the total on every
+thread; the next event on this thread then reports it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,21 @@ from typing import Callable
 import torch
 
 GiB = float(1 << 30)
+
+
+def count_all_threads() -> bool:
+    """Make the CPU allocator's running total count allocations and frees on every thread (c10's
+    `caffe2_report_cpu_memory_usage` flag; its per-allocation log is at INFO, below c10's default level).
+    Returns False where this torch build does not export the flag (the total then misses other threads)."""
+    import ctypes
+    import os
+
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage").value = True
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def live_tensor_bytes() -> int:
@@ -44,6 +65,7 @@ class CpuMemoryRecorder:
         self._label = 0
 
     def start(self) -> "CpuMemoryRecorder":
+        count_all_threads()
         self._baseline = live_tensor_bytes()
         self._prof.__enter__()
         return self
