@@ -4,11 +4,14 @@
 
 Each grid point trains a small Llama-style or GPT-2-style model (frenzy_slurm.models, the built-in trainer's
 model) for four optimizer steps in 1-4 processes on the CPU and records, per rank, the peak of live
-tensor bytes over the steady steps 2-4 (the first creates the optimizer states). Live bytes come from the profiler's allocator events (`profile_memory=True`), recorded from
-before the model exists, so every free is matched to its allocation (a profiler started later cannot see
-frees of older blocks), and read as the allocator's own running total (frees done on gloo's threads are
-not reported as events, and summing event sizes would count those tensors as live). Gloo's own buffers are outside torch's allocator, as NCCL's are
-on a GPU.
+tensor bytes over the steady steps 2-4 (the first creates the optimizer states); a multi-process point
+runs three times and keeps each rank's median run (`--repeats`). Live bytes come from the profiler's
+allocator events (`profile_memory=True`), recorded from before the model exists, so every free is matched
+to its allocation (a profiler started later cannot see frees of older blocks), and read as the allocator's
+own running total, with c10's accounting on for every thread (`count_all_threads`): gloo drops the last
+reference to many collective buffers on its own threads, whose frees the profiler does not report as
+events and, without that accounting, never subtracts from the total either (multi-process points then
+seemed to grow from step to step). Gloo's own buffers are outside torch's allocator, as NCCL's are on a GPU.
 
 The result is a dataset: every point with the MARP inputs that describe it (architecture, workload
 options, the parallel plan) and the measured bytes per rank. tests/test_cpu_memory_grid.py predicts each
@@ -159,6 +162,9 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    from frenzy_slurm.runtime.memory import count_all_threads
+
+    count_all_threads()  # frees on gloo's threads reach the running total (frenzy_slurm/runtime/memory.py)
     from frenzy_slurm.models.gpt import GPT, lm_loss
     from frenzy_slurm.jobspec.arch import Architecture
 
@@ -179,6 +185,9 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
             logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
             deepspeed.init_distributed(dist_backend="gloo")
+            from frenzy_slurm.runtime.shm import release_allreduce_segment
+
+            release_allreduce_segment(rank)  # /dev/shm is RAM; DeepSpeed never unlinks it (runtime/shm.py)
             if trainer == "pipeline":
                 from frenzy_slurm.models.pipe import pipeline_module
                 from frenzy_slurm.marp.plan import ParallelPlan
@@ -312,7 +321,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_point(p: dict) -> list[dict]:
+def _run_once(p: dict) -> list[dict]:
     import tempfile
 
     import torch.multiprocessing as mp
@@ -321,6 +330,19 @@ def run_point(p: dict) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         mp.start_processes(_worker, args=(world, p, _free_port(), d), nprocs=world, start_method="spawn", join=True)
         return sorted((json.loads(f.read_text()) for f in Path(d).glob("rank*.json")), key=lambda r: r["rank"])
+
+
+def run_point(p: dict, repeats: int) -> list[dict]:
+    """Per rank, the median peak of `repeats` runs (every run's peak kept in `run_peaks`). A single process is
+    deterministic; across processes, which rank frees a communication buffer first depends on gloo's thread
+    timing, so one run in a few holds one more buffer on one rank: the median is the typical step."""
+    world = p["dp"] * p["tp"] * p["pp"]
+    runs = [_run_once(p) for _ in range(repeats if world > 1 else 1)]
+    ranks = []
+    for i in range(len(runs[0])):
+        median = sorted((run[i] for run in runs), key=lambda r: r["peak_bytes"])[(len(runs) - 1) // 2]
+        ranks.append(median | {"run_peaks": [run[i]["peak_bytes"] for run in runs]})
+    return ranks
 
 
 def marp_inputs(p: dict) -> dict:
@@ -352,6 +374,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None, help="point names (prefix match) to run")
     ap.add_argument("--list", action="store_true", help="list the grid and exit")
     ap.add_argument("--compare", action="store_true", help="print MARP's prediction next to every stored point; no training")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of each multi-process point; the median peak per rank is stored (default 3)")
     ap.add_argument("--refresh", action="store_true",
                     help="rewrite the stored MARP inputs of every point from the grid's definitions; no training")
     args = ap.parse_args()
@@ -385,7 +409,7 @@ def main() -> int:
     for p in pts:
         t0 = time.time()
         try:
-            ranks = run_point(p)
+            ranks = run_point(p, max(1, args.repeats))
         except Exception as exc:  # noqa: BLE001 - one failing point is reported, the grid goes on
             print(f"{p['name']}: FAILED {exc}", flush=True)
             continue

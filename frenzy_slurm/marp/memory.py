@@ -323,11 +323,7 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
             fb_buffers += gathered * (2.0 if w.precision != "fp32" else 4.0)
             # one unit's unsharded gradients before reduce-scatter: only its trainable (adapter) ones under LoRA
             unit_trainable = (lora_params_per_layer(a, w.lora_rank, w.lora_targets) / tp) if lora else layer_params
-            if w.framework == "deepspeed":
-                unit_grads = unit_trainable * gb  # (from a block's backward on: none while the loss runs)
-            else:
-                # (FSDP2 measured on the CPU holds as much while the loss runs: kept where it was measured)
-                fb_buffers += unit_trainable * gb
+            unit_grads = unit_trainable * gb  # (from a block's backward on: none while the loss runs)
         resident = 0.0
         if w.framework == "deepspeed" and plan.zero == 3 and trainable > 0:
             # ZeRO-3's optimizer allocates once and keeps: the gradient partition of every parameter (in the
