@@ -49,7 +49,11 @@ def test_layout_and_gpu_types(clean_queue):
 def test_free_gpus_follow_a_job(clean_queue):
     jid = sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "--gres=gpu:a100:3", "-t", "5", "--wrap", "sleep 60")
     b = SlurmCliBackend()
-    view = wait_for(lambda: (v := b.load()) and pool(v, "a100").gpus_free == 5 and v, what="3 GPUs taken")
+    # the view reads jobs and nodes with separate commands: a job starting between them is seen pending with its
+    # GPUs already taken (CI saw it once), so wait for a read that has both
+    view = wait_for(lambda: (v := b.load()) and pool(v, "a100").gpus_free == 5
+                    and any(str(j.job_id) == jid and j.phase == "running" for j in v.jobs) and v,
+                    what="3 GPUs taken by the running job")
     job = next(j for j in view.jobs if str(j.job_id) == jid)
     assert (job.phase, job.gpu_type, job.gpus_per_node, len(job.nodes)) == ("running", "a100", 3, 1)
     assert view.node(job.nodes[0]).gpus_used == 3
@@ -118,7 +122,8 @@ def test_expected_start_now_and_later(clean_queue, tmp_path):
 def test_fsinfo_output(clean_queue):
     sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "--gres=gpu:a100:4", "-t", "5", "--wrap", "sleep 60")
     sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "5", "--wrap", "sleep 1")
-    wait_for(lambda: pool(SlurmCliBackend().load(), "a100").gpus_free == 4, what="job running")
+    wait_for(lambda: (v := SlurmCliBackend().load()) and pool(v, "a100").gpus_free == 4
+             and [j.phase for j in v.jobs].count("running") == 1, what="job running")
     res = run_cli("fsinfo", "--site", str(SITE))
     assert res.returncode == 0, res.stderr
     line = next(l for l in res.stdout.splitlines() if l.startswith("a100"))
