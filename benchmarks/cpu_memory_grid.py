@@ -52,9 +52,7 @@ def _point(name: str, arch: dict, trainer: str, **kw: Any) -> dict:
 
 def grid() -> list[dict]:
     pts = []
-    # (ZeRO-0 across ranks is left out: DeepSpeed's CPU all-reduce keeps a flattened copy of all gradients on
-    # rank 0 between steps, a CPU-accelerator behaviour a GPU run does not have)
-    for z in (1, 2, 3):
+    for z in (0, 1, 2, 3):
         pts.append(_point(f"ds-llama-dp2-zero{z}", LLAMA, "deepspeed", dp=2, zero=z))
     pts.append(_point("ds-gpt2-dp2-zero1", GPT2, "deepspeed", dp=2, zero=1))
     pts.append(_point("ds-gpt2-dp2-zero3", GPT2, "deepspeed", dp=2, zero=3))
