@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from .slurm_fixture import clean_queue, slurm_cluster  # noqa: F401  (fixtures)
+from .users import other_user  # noqa: F401  (fixture)
 
 
 def pytest_collection_modifyitems(items):
