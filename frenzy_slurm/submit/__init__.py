@@ -147,7 +147,7 @@ def submit(req: JobRequest, backend: SlurmBackend, force: bool = False,
         if why and not force:
             raise AlreadySubmitted(f"{why}; not submitting it again. Use --force for another job (in a new job "
                                    f"directory), or `fsqueue` to follow the existing one.")
-        jobdir.create_job_dir(req.job_dir, group_readable)
+        jobdir.create_job_dir(req.job_dir, group_readable, submission=req.submission)
         jobdir.write_files(req.job_dir, req.files, group_readable)
         job = batch_job(req)
         argv = ["sbatch", "--parsable", str(job.script)]

@@ -5,6 +5,12 @@ checkpoints and logs; the job runs with it as its working directory. So:
 
 - the jobs directory above it must belong to the user and be writable by no one else (otherwise another
   user could plant or swap files in it); a directory writable by others, such as /tmp, is refused;
+- so must every directory above those (as OpenSSH's StrictModes checks them): each belongs to the user or
+  root and is writable by no one else, except a sticky directory of root's or the user's (/tmp, /scratch),
+  where no one can rename another's entries. Otherwise another user renames the job directory away while
+  the job waits and puts one of theirs, with a plan.json and a pickled checkpoint, in its place;
+- an existing directory is reused only if it holds nothing but this submission's rendered files (a
+  refused submission): `--job-dir .` must never overwrite the user's own model.yaml;
 - a job directory is created private (0700), its files 0600 (job.sbatch 0700), written through a
   temporary file and a rename, so a symlink planted in place of a file is replaced, never followed;
 - a directory that an earlier job used (its records, checkpoints or logs) is never written into again
@@ -34,6 +40,8 @@ SCRIPT_MODE = 0o700
 GROUP_READABLE = 0o050  # added to directories (r-x) where the site file says job_dirs_group_readable; 0o040 to files
 # What a job (or Slurm for it) writes: a directory holding any of these belongs to a job that was submitted.
 _JOB_OUTPUT = ("submission.json", "started.json", "finished.json", "metrics.json", "checkpoints")
+# What fsbatch itself writes before the job runs: the only names an existing directory may hold to be reused.
+_RENDERED = ("job.sbatch", "plan.json", "model.yaml", "ds_config.json", "calibration.json", "rejected.json")
 
 
 def _owner_name(uid: int) -> str:
@@ -59,8 +67,59 @@ def _private_group(gid: int) -> bool:
     return group.gr_name == me and set(group.gr_mem) <= {me}
 
 
+def _writable_by_others(st: os.stat_result) -> str | None:
+    """Who besides the owner may create, rename or delete entries in this directory ("everyone", "its group")."""
+    if st.st_mode & stat.S_IWOTH:
+        return "everyone"
+    if st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid):
+        return "its group"
+    return None
+
+
+def _unsafe_ancestor(path: Path, st: os.stat_result) -> str | None:
+    """Why the directory (or symbolic link) `path` above a private directory lets someone else swap what lies
+    below it, or None. A sticky directory of root's or the user's (/tmp) is fine: no one renames another's entry."""
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        return f"belongs to {_owner_name(st.st_uid)}"
+    if stat.S_ISLNK(st.st_mode):
+        return None  # a link cannot be changed, only replaced, and its directory is checked too
+    who = _writable_by_others(st)
+    if who and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _ancestors(path: Path) -> list[Path]:
+    """Every directory above `path`, as written (its links included) and as resolved, each once."""
+    lexical = Path(os.path.abspath(path))
+    out: list[Path] = [lexical] if lexical.is_symlink() else []  # a link named as the directory itself, too
+    for p in [*lexical.parents, *Path(os.path.realpath(lexical)).parents]:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def check_ancestors(path: Path, what: str) -> None:
+    """Every directory above `path` belongs to the user or root and nobody else can rename what it holds
+    (OpenSSH's StrictModes rule), else InputError naming the directory and the fix."""
+    for parent in _ancestors(path):
+        try:
+            st = os.lstat(parent)
+        except OSError as exc:
+            raise InputError(f"{what} {path}: cannot check {parent} above it ({exc.strerror}).") from None
+        why = _unsafe_ancestor(parent, st)
+        if why:
+            raise InputError(
+                f"{what} {path}: the directory {parent} above it {why}, so another user could rename the directories "
+                f"below it and put theirs in their place (with a plan.json or checkpoint your job would load). Use a "
+                f"location whose every directory is yours or root's and writable only by you, e.g. "
+                f"FRENZY_JOBS_DIR=$HOME/frenzy-jobs or --job-dir under it (or `chmod go-w {parent}` if it is yours).")
+
+
 def check_private_dir(path: Path, what: str) -> os.stat_result:
-    """`path` is a directory of this user that nobody else can write into, else InputError with the fix."""
+    """`path` is a directory of this user that nobody else can write into, and so is every directory above it
+    (`check_ancestors`), else InputError with the fix."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -70,11 +129,12 @@ def check_private_dir(path: Path, what: str) -> os.stat_result:
     if st.st_uid != os.geteuid():
         raise InputError(f"{what} {path} belongs to {_owner_name(st.st_uid)}, not to you; files written there could be "
                          "read or replaced by its owner. Use a directory of your own (set FRENZY_JOBS_DIR or --job-dir).")
-    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid)):
-        who = "everyone" if st.st_mode & stat.S_IWOTH else "its group"
+    who = _writable_by_others(st)
+    if who:
         raise InputError(f"{what} {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}): another user could "
                          f"plant files that your job runs or reads. Use a private directory (FRENZY_JOBS_DIR or "
                          f"--job-dir), or `chmod go-w {path}` if it is yours alone.")
+    check_ancestors(path, what)
     return st
 
 
@@ -173,10 +233,41 @@ def next_free_dir(job_dir: Path) -> Path:
         n += 1
 
 
-def create_job_dir(job_dir: Path, group_readable: bool = False) -> None:
-    """Create the job directory private, or reuse one that holds no job's files (a refused submission).
+def foreign_entries(job_dir: Path, submission: str) -> list[str]:
+    """The names in an existing directory that are not this submission's rendered files, sorted.
 
-    Its parent (the jobs directory) must be the user's and writable by nobody else.
+    A directory may be reused only for what fsbatch wrote there itself: the files `_RENDERED` names, of this
+    very submission (its plan.json says so), or links in their place (replaced, never followed). Anything
+    else (the user's own model.yaml in `--job-dir .`, another submission's plan) is the user's, and stays.
+    """
+    try:
+        entries = list(os.scandir(job_dir))
+    except OSError as exc:
+        raise InputError(f"job directory {job_dir}: cannot list it ({exc.strerror}).") from None
+    ours = _plan_submission(job_dir / "plan.json") == submission
+    foreign = []
+    for e in entries:
+        name = e.name
+        rendered = name in _RENDERED or any(name.startswith(f".{r}.") and name.endswith(".tmp") for r in _RENDERED)
+        if not rendered or (not ours and not e.is_symlink()):
+            foreign.append(name)
+    return sorted(foreign)
+
+
+def _plan_submission(path: Path) -> str | None:
+    """The submission a plan.json records, or None (absent, a link, not a plan fsbatch wrote)."""
+    if path.is_symlink():
+        return None
+    plan = read_json_or_none(path)
+    return plan.get("submission") if isinstance(plan, dict) else None
+
+
+def create_job_dir(job_dir: Path, group_readable: bool = False, *, submission: str) -> None:
+    """Create the job directory private, or reuse one that holds nothing but this submission's rendered files
+    (a refused submission, or an empty directory).
+
+    Its parent (the jobs directory) must be the user's and writable by nobody else, and so must every
+    directory above (`check_ancestors`).
     """
     make_private_dir(job_dir.parent, "jobs directory")
     try:
@@ -193,6 +284,13 @@ def create_job_dir(job_dir: Path, group_readable: bool = False) -> None:
             raise InputError(f"job directory {job_dir} holds an earlier job's files ({', '.join(used)}); frenzy-slurm "
                              "never writes over them. Use --force (the new job gets a new directory) or another "
                              "--job-dir.") from None
+        foreign = foreign_entries(job_dir, submission)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise InputError(f"job directory {job_dir} already holds files that are not this submission's ({shown}); "
+                             "frenzy-slurm writes job.sbatch, plan.json, model.yaml and ds_config.json there and never "
+                             "over your own files. Name a new directory with --job-dir (fsbatch creates it), or leave "
+                             "--job-dir out to use $FRENZY_JOBS_DIR or ./frenzy-jobs.") from None
     except OSError as exc:
         raise InputError(f"job directory {job_dir}: cannot create it ({exc.strerror}).") from None
 
