@@ -2,8 +2,9 @@
 
     python -m frenzy_slurm.runtime --job-dir DIR [--script train.py -- ARGS...]
 
-Sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from Slurm's variables and the device, then runs the
-built-in trainer, or execs the user's script with FRENZY_DS_CONFIG / FRENZY_PLAN / FRENZY_JOB_DIR set.
+Sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from Slurm's variables and the device, checks the job directory
+(runtime/trust.py: the directory and files fsbatch recorded, else the job stops before reading them), then
+runs the built-in trainer, or execs the user's script with FRENZY_DS_CONFIG / FRENZY_PLAN / FRENZY_JOB_DIR set.
 """
 
 from __future__ import annotations
@@ -21,6 +22,19 @@ from frenzy_slurm.runtime.dist import from_environ  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one task; a refusal (FrenzyError) is one message on stderr and its exit code, never a traceback."""
+    from frenzy_slurm.errors import FrenzyError
+
+    try:
+        return _run(argv)
+    except FrenzyError as exc:
+        print(f"frenzy-slurm: error: {exc.message}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+
+def _run(argv: list[str] | None) -> int:
+    from frenzy_slurm.runtime.trust import open_job_dir
+
     signals.install()  # also when main() is called directly
     ap = argparse.ArgumentParser(prog="frenzy_slurm.runtime", description=__doc__.split("\n\n")[0])
     ap.add_argument("--job-dir", type=Path, required=True)
@@ -29,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     dist = from_environ()
     dist.export()
-    job_dir = ns.job_dir.resolve()
+    trusted = open_job_dir(ns.job_dir)  # before anything there is read
+    job_dir = trusted.path
     os.environ.update(FRENZY_JOB_DIR=str(job_dir), FRENZY_DS_CONFIG=str(job_dir / "ds_config.json"),
                       FRENZY_PLAN=str(job_dir / "plan.json"))
     if dist.gpu_index is not None:
@@ -47,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(sys.executable, [sys.executable, str(ns.script), *args])
     from frenzy_slurm.runtime.trainer import run_training
 
-    return run_training(job_dir, dist)
+    return run_training(trusted.via_fd, dist)  # through the directory checked, whatever its path names later
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ DS_ACCELERATOR=cpu over gloo.
 Signals: SIGUSR2 (sent 300 s before the time limit) and SIGTERM (scancel, preemption) make the
 trainer save a checkpoint at the next step boundary; after USR2 rank 0 also requeues the job so it
 resumes from that checkpoint.
+
+`job_dir` is the directory runtime/trust.py opened and checked (named through its file descriptor). A
+checkpoint is loaded only when its files are the ones this job recorded after saving them
+(runtime/checkpoints.py's manifest): DeepSpeed's load unpickles them.
 """
 
 from __future__ import annotations
@@ -94,6 +98,11 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     from frenzy_slurm.runtime.memory import CpuMemoryRecorder, GiB, gpu_peaks
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
+    if backend == "gloo":
+        from frenzy_slurm.runtime.shm import claim_allreduce_segment, uses_shm_allreduce
+
+        if uses_shm_allreduce(dist.world_size):  # every rank names its own segment before the rendezvous
+            claim_allreduce_segment(dist.rank)
     deepspeed.init_distributed(dist_backend=backend)
     if backend == "gloo":  # DeepSpeed's CPU accelerator may have made a shared-memory segment per rank
         from frenzy_slurm.runtime.shm import release_allreduce_segment
@@ -118,8 +127,10 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
 
     ckpt_dir = job_dir / "checkpoints"
     start_step = 0
-    if (ckpt_dir / "latest").exists():
-        _, client = engine.load_checkpoint(str(ckpt_dir))
+    resume = _verified_resume_tag(ckpt_dir, dist)
+    if resume is not None:
+        _prefer_weights_only(engine)
+        _, client = engine.load_checkpoint(str(ckpt_dir), tag=resume)
         start_step = int((client or {}).get("step", 0))
     stage = _stage_of(dist.rank, plan)
     dp_rank = (dist.rank % (plan.dp * plan.tp)) // plan.tp
@@ -166,7 +177,8 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         stop = _stop["signal"]
         if step % interval == 0 or step == t.total_steps or stop:
             engine.save_checkpoint(str(ckpt_dir), tag=checkpoints.tag(step), client_state={"step": step})
-            torch.distributed.barrier()  # every rank's shards are written before rank 0 prunes older tags
+            torch.distributed.barrier()  # every rank's shards are written before they are digested
+            _record_checkpoint(ckpt_dir / checkpoints.tag(step), dist, pf.submission)
             if dist.rank == 0:
                 checkpoints.prune(ckpt_dir, t.keep_checkpoints)
         if stop:
@@ -201,6 +213,64 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
             _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
     torch.distributed.barrier()
     return 0
+
+
+def _record_checkpoint(tag_dir: Path, dist: DistEnv, submission: str) -> None:
+    """Digest the tag's files (each rank a share) and have rank 0 write the manifest a resume checks."""
+    import torch
+
+    share = checkpoints.digest_share(tag_dir, dist.rank, dist.world_size)
+    shares: list = [None] * dist.world_size
+    torch.distributed.all_gather_object(shares, share)
+    if dist.rank == 0:
+        checkpoints.write_manifest(tag_dir, {k: v for part in shares for k, v in part.items()}, submission)
+    torch.distributed.barrier()  # the manifest exists before anyone prunes or stops
+
+
+def _prefer_weights_only(engine) -> None:
+    """DeepSpeed loads checkpoints with torch.load(weights_only=False). Try weights_only=True first (tensors and
+    plain data: the built-in trainer's ZeRO-0 files are such); only a file of a tag whose digests were just
+    checked falls back to a full unpickle (ZeRO optimizer files carry DeepSpeed's own objects)."""
+    import pickle
+
+    import torch
+
+    full_load = engine.checkpoint_engine.load
+
+    def load(path: str, map_location=None):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError:
+            return full_load(path, map_location=map_location)
+
+    engine.checkpoint_engine.load = load
+
+
+def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv) -> str | None:
+    """The checkpoint tag to resume from, once every rank has checked its share of it against the manifest
+    this job wrote; None to start afresh. A tag that differs stops the job (FrenzyError, on every rank)."""
+    import torch
+
+    from frenzy_slurm.errors import InputError
+
+    tag, skipped = checkpoints.resume_tag(ckpt_dir)
+    if skipped and dist.rank == 0:
+        print(f"frenzy-slurm: not resuming from {', '.join(skipped)}: no manifest (a save cut short, or not "
+              "written by this job)", flush=True)
+    if tag is None:
+        return None
+    problems = checkpoints.check_share(ckpt_dir / tag, dist.rank, dist.world_size)
+    gathered: list = [None] * dist.world_size
+    torch.distributed.all_gather_object(gathered, problems)
+    found = [p for part in gathered for p in part]
+    if found:
+        shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        named = os.environ.get("FRENZY_JOB_DIR")  # the path the user knows, not /proc/self/fd/N
+        shown = shown.replace(str(ckpt_dir.parent), named) if named else shown
+        raise InputError(f"checkpoint checkpoints/{tag} is not what this job wrote ({shown}). Loading it would "
+                         "unpickle it (run code), so the job stops. Remove that directory to resume from an earlier "
+                         "checkpoint, or all of checkpoints/ to start afresh.")
+    return tag
 
 
 def _requeue(job_id: int) -> None:

@@ -25,6 +25,7 @@ checkpoints and logs; the job runs with it as its working directory. So:
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import stat
 from contextlib import contextmanager
@@ -295,10 +296,34 @@ def create_job_dir(job_dir: Path, group_readable: bool = False, *, submission: s
         raise InputError(f"job directory {job_dir}: cannot create it ({exc.strerror}).") from None
 
 
+# The line of job.sbatch (templates/_launch.j2) that records what the job may trust; `bind_identity` fills it in.
+_IDENTITY_LINE = "export FRENZY_JOB_DIR_INODE=unset FRENZY_PLAN_SHA256=unset FRENZY_DS_CONFIG_SHA256=unset\n"
+
+
+def bind_identity(script: str, inode: int, files: dict[str, str]) -> str:
+    """The job script with the job directory's inode and the digests of plan.json and ds_config.json recorded
+    (runtime/trust.py checks them in the job). A template without the line is left as it is."""
+    def sha(name: str) -> str:
+        return hashlib.sha256(files[name].encode()).hexdigest() if name in files else "unset"
+
+    line = (f"export FRENZY_JOB_DIR_INODE={inode} FRENZY_PLAN_SHA256={sha('plan.json')} "
+            f"FRENZY_DS_CONFIG_SHA256={sha('ds_config.json')}\n")
+    return script.replace(_IDENTITY_LINE, line, 1)
+
+
 def write_files(job_dir: Path, files: dict[str, str], group_readable: bool = False) -> None:
     """Each file private (or group-readable), written whole through a temporary file and a rename (never
-    through a symlink)."""
+    through a symlink). job.sbatch records (in `files` too) the directory's inode and the digests of what
+    the job will trust (`bind_identity`)."""
     script_mode = SCRIPT_MODE | (GROUP_READABLE if group_readable else 0)
     file_mode = FILE_MODE | (0o040 if group_readable else 0)
+    fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        inode = os.fstat(fd).st_ino
+    finally:
+        os.close(fd)
+    for name in files:
+        if name.endswith(".sbatch"):
+            files[name] = bind_identity(files[name], inode, files)
     for name, text in files.items():
         write_atomic(job_dir / name, text, script_mode if name.endswith(".sbatch") else file_mode)
