@@ -17,7 +17,12 @@ from frenzy_slurm.errors import InputError
 
 
 def write_atomic(path: Path, text: str | bytes, mode: int = 0o600) -> None:
-    """Write `path` by renaming a finished temporary file over it (same directory, so the rename is atomic)."""
+    """Write `path` by renaming a finished temporary file over it (same directory, so the rename is atomic).
+
+    The one writer of every file frenzy-slurm writes. The temporary name is random and created O_EXCL (a link
+    planted there is never followed, as `write_text` on a guessable `.name.tmp-PID` would), and the rename
+    replaces a link planted at `path` itself instead of writing through it.
+    """
     data = text.encode() if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL, mode 0600
     try:
@@ -53,5 +58,30 @@ def read_json_or_none(path: Path) -> Any:
     """An optional record (finished.json, metrics.json): its content, or None if absent or unreadable."""
     try:
         return read_json(path)
+    except InputError:
+        return None
+
+
+# A job directory's records (plan.json, metrics.json of a long run, submission.json) are at most a few MB.
+MAX_JOB_RECORD_BYTES = 64 << 20
+
+
+def read_job_record(path: Path, what: str = "job record", max_bytes: int = MAX_JOB_RECORD_BYTES) -> Any:
+    """A job directory's JSON record, read as fsqueue and calibrate read what a job left behind: a regular file
+    opened without following a link (O_NOFOLLOW) or waiting on a FIFO (O_NONBLOCK), of at most `max_bytes`;
+    InputError naming the file otherwise."""
+    from frenzy_slurm.inputfile import read_config_text
+
+    text = read_config_text(path, what, max_bytes, follow_symlinks=False)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: the {what} is not valid JSON: {exc.msg}.") from None
+
+
+def read_job_record_or_none(path: Path, max_bytes: int = MAX_JOB_RECORD_BYTES) -> Any:
+    """An optional job record: its content, or None if absent, not a regular file, too large or not JSON."""
+    try:
+        return read_job_record(path, max_bytes=max_bytes)
     except InputError:
         return None

@@ -9,23 +9,41 @@ user, or for the ids asked about), and one `accounting()` query for all jobs tha
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import os
+import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.records import read_json_or_none, write_atomic
-from frenzy_slurm.render.planfile import PlanFile, read_plan
-from frenzy_slurm.runtime.checkpoints import latest_step
+from frenzy_slurm.inputfile import read_config_text
+from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
+from frenzy_slurm.render.planfile import PlanFile
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.model import ACTIVE_JOB_STATES
 
 CACHE_SECONDS = 5.0
-_JOBS = TypeAdapter(list[Job])
+_STEP_TAG = re.compile(r"step(\d{1,18})")  # DeepSpeed's tag as the trainer names it (runtime.checkpoints.tag)
+MAX_CACHE_BYTES = 64 << 20  # a queue of tens of thousands of jobs
+
+
+class _QueueCache(BaseModel):
+    """The queue cache file: which question it answers, when it was written (its age is judged by this, not only
+    by the file's mtime), and Slurm's answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(description="The question: user=NAME or user=None.")
+    written_at: float = Field(description="When the answer was received, epoch seconds.")
+    jobs: list[Job] = Field(description="The queue's jobs, as the backend returned them.")
+
+
+_CACHE = TypeAdapter(_QueueCache)
 
 
 def _cache_path(backend: SlurmBackend, key: str) -> Path:
@@ -35,18 +53,58 @@ def _cache_path(backend: SlurmBackend, key: str) -> Path:
     return base / f"jobs-{digest}.json"
 
 
+def _cache_dir_ok(directory: Path) -> bool:
+    """The cache directory is ours and nobody else can write into it (else the cache is neither read nor written:
+    someone else could plant a queue we would show)."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _read_cache(path: Path, key: str, max_age: float) -> list[Job] | None:
+    """The cached answer if it is ours, private, for this question and younger than `max_age` by the time written
+    inside it (an mtime can be set to the future with `touch`; the content is checked as well), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
+                or st.st_size > MAX_CACHE_BYTES):
+            return None
+        raw = os.read(fd, MAX_CACHE_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        data = _CACHE.validate_json(raw)
+    except ValueError:
+        return None
+    age = time.time() - data.written_at
+    if data.key != key or not 0 <= age < max_age or not 0 <= time.time() - st.st_mtime < max_age + 1:
+        return None
+    return data.jobs
+
+
 def query_jobs_cached(backend: SlurmBackend, user: str | None, max_age: float = CACHE_SECONDS) -> list[Job]:
     """One queue query per invocation; repeated calls within a few seconds (watch loops) reuse the last answer."""
-    path = _cache_path(backend, f"user={user}")
-    try:
-        if time.time() - path.stat().st_mtime < max_age:
-            return _JOBS.validate_json(path.read_text())
-    except (OSError, ValueError):
-        pass
+    key = f"user={user}"
+    path = _cache_path(backend, key)
+    usable = _cache_dir_ok(path.parent)
+    cached = _read_cache(path, key, max_age) if usable else None
+    if cached is not None:
+        return cached
     jobs = backend.jobs(user=user)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_atomic(path, _JOBS.dump_json(jobs))
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            usable = _cache_dir_ok(path.parent)
+        if usable:
+            write_atomic(path, _CACHE.dump_json(_QueueCache(key=key, written_at=time.time(), jobs=jobs)))
     except OSError:
         pass  # a read-only home only costs the cache
     return jobs
@@ -95,22 +153,85 @@ class TrackedJob:
         return max(0.0, total - (self.elapsed_s or 0.0)) if self.state in ("RUNNING", "PENDING") else 0.0
 
 
+def my_user_name() -> str:
+    """The user running this command, by uid (USER/LOGNAME can say anything)."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (KeyError, ImportError):
+        return getpass.getuser()
+
+
+def _foreign_dir(t: TrackedJob) -> str | None:
+    """Why this job's directory is not read (another user's job, a directory not yours), or None.
+
+    fsqueue reads only the caller's own job directories: another user's job shows what Slurm reports, and
+    nothing in a directory someone else controls (a FIFO for `checkpoints/latest`, a link to /dev/zero) is
+    ever opened.
+    """
+    assert t.job_dir is not None
+    if t.user and t.user != my_user_name():
+        return (f"job directory {t.job_dir} is not readable by you: it is {t.user}'s job, and fsqueue reads only "
+                "your own job directories (shown is what Slurm reports)")
+    try:
+        st = os.lstat(t.job_dir)
+    except OSError as exc:
+        return f"job directory {t.job_dir} is not readable by you ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        what = "is not a directory" if not stat.S_ISDIR(st.st_mode) else f"belongs to uid {st.st_uid}, not to you"
+        return f"job directory {t.job_dir} {what}: not read (fsqueue reads only your own job directories)"
+    if not os.access(t.job_dir, os.R_OK | os.X_OK):
+        return f"job directory {t.job_dir} is not readable by you"
+    return None
+
+
+MAX_LATEST_BYTES = 4096  # `checkpoints/latest` holds one tag name
+
+
+def last_checkpoint(ckpt_dir: Path) -> int | None:
+    """The step of the checkpoint `latest` names (a bounded read of a regular file, no link), or None."""
+    try:
+        text = read_config_text(ckpt_dir / "latest", "checkpoint tag", MAX_LATEST_BYTES, follow_symlinks=False)
+    except InputError:
+        return None
+    m = _STEP_TAG.fullmatch(text.strip())
+    return int(m.group(1)) if m else None
+
+
+def _read_plan(path: Path) -> PlanFile:
+    from pydantic import ValidationError
+
+    from frenzy_slurm.yamlfile import format_validation_error
+
+    data = read_job_record(path, "plan")
+    try:
+        return PlanFile.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(format_validation_error(str(path), exc)) from None
+
+
 def _attach_files(t: TrackedJob) -> None:
     if t.job_dir is None:
         return
-    if not os.access(t.job_dir, os.R_OK | os.X_OK):  # another user's job directory is private (0700)
-        t.notes.append(f"job directory {t.job_dir} is not readable by you")
+    why = _foreign_dir(t)
+    if why is not None:
+        t.notes.append(why)
         return
-    if (t.job_dir / "plan.json").exists():
+    # every read bounded, of regular files only, never through a link: see read_job_record
+    if os.path.lexists(t.job_dir / "plan.json"):
         try:
-            t.plan = read_plan(t.job_dir / "plan.json")
+            t.plan = _read_plan(t.job_dir / "plan.json")
         except InputError as exc:
             t.notes.append(str(exc))
-    t.finished = read_json_or_none(t.job_dir / "finished.json")
-    t.metrics = read_json_or_none(t.job_dir / "metrics.json")
-    t.calibration = read_json_or_none(t.job_dir / "calibration.json")
-    t.started = read_json_or_none(t.job_dir / "started.json")
-    t.last_checkpoint_step = latest_step(t.job_dir / "checkpoints")
+    t.finished = read_job_record_or_none(t.job_dir / "finished.json")
+    t.metrics = read_job_record_or_none(t.job_dir / "metrics.json")
+    t.calibration = read_job_record_or_none(t.job_dir / "calibration.json")
+    t.started = read_job_record_or_none(t.job_dir / "started.json")
+    for name in ("finished", "metrics", "calibration", "started"):
+        if getattr(t, name) is not None and not isinstance(getattr(t, name), dict):
+            setattr(t, name, None)  # a record that is JSON but not an object is no record
+    t.last_checkpoint_step = last_checkpoint(t.job_dir / "checkpoints")
     run = (t.started or {}).get("restart")
     if t.finished is not None and isinstance(run, int) and (t.finished.get("restart") or 0) < run:
         t.notes.append(f"finished.json of an earlier run (restart {t.finished.get('restart', 0)}) ignored: "
@@ -144,8 +265,8 @@ def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
 
 def submitted_job_id(job_dir: Path) -> int:
     """The job id a job directory's submission.json records."""
-    sub = read_json_or_none(job_dir / "submission.json")
-    if sub is None or not str(sub.get("job_id", "")).isdigit():
+    sub = read_job_record_or_none(job_dir / "submission.json")
+    if not isinstance(sub, dict) or not str(sub.get("job_id", "")).isdigit():
         raise InputError(f"{job_dir}: no readable submission.json; not a submitted frenzy-slurm job directory")
     return int(sub["job_id"])
 
@@ -179,8 +300,8 @@ def find_job_dir(job_id: int, roots: list[Path]) -> Path | None:
         if not root.is_dir():
             continue
         for sub in root.glob("*/submission.json"):
-            data = read_json_or_none(sub)
-            if data and int(data.get("job_id", -1)) == job_id:
+            data = read_job_record_or_none(sub, max_bytes=1 << 16)  # a submission record is a few hundred bytes
+            if isinstance(data, dict) and str(data.get("job_id", "")) == str(job_id):
                 return sub.parent
     return None
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.records import write_atomic
 from frenzy_slurm.yamlfile import load_model_file
 
 SITE_WIDE = "*"  # the `gpu` of a step-time correction fitted over every GPU type of the site
@@ -113,6 +114,10 @@ def calibration_path(site_path: Path) -> Path:
 
 def load_calibration(path: Path, site: SiteConfig, now: float | None = None) -> CalibrationFile:
     """Read and check a calibration file; stale or malformed is an InputError that says how to fix it."""
+    from frenzy_slurm.inputfile import check_trusted
+
+    if os.path.lexists(path):
+        check_trusted(path, "calibration file", "its factors change every job's memory and step-time predictions")
     cal = load_model_file(path, CalibrationFile)
     fix = (f"To fix: rerun `frenzy-slurm calibrate` (it rewrites {path}), or delete {path} to plan without "
            "calibration.")
@@ -146,6 +151,6 @@ def write_calibration(path: Path, cal: CalibrationFile) -> None:
             "# MARP and HAS apply it at every fsbatch; `fsbatch --explain` shows raw and calibrated numbers.\n"
             "# Rerun the command to refresh it; delete the file to plan without calibration.\n")
     body = yaml.safe_dump(cal.model_dump(mode="json"), sort_keys=False, width=110)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(head + body)
-    tmp.replace(path)
+    # every user's fsbatch reads it: world-readable, written by the one private atomic writer (a link planted
+    # at the name, or at a temporary name, is replaced, never followed)
+    write_atomic(path, head + body, mode=0o644)

@@ -80,8 +80,14 @@ def plot_breakdown(est: MemoryEstimate, path: Path, title: str, usable_gib: floa
     ax.set_title(title, fontsize=10)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
+    import io
+
+    from frenzy_slurm.records import write_atomic
+
     try:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        image = io.BytesIO()  # the format from the suffix, as savefig(path) would; written never through a link
+        fig.savefig(image, dpi=120, bbox_inches="tight", format=Path(path).suffix.lstrip(".").lower() or None)
+        write_atomic(Path(path), image.getvalue(), mode=0o644)
     except (OSError, ValueError) as exc:
         raise InputError(f"--plot {path}: cannot write the image ({exc}); use a .png, .svg or .pdf path in a "
                          "writable directory") from None

@@ -145,7 +145,9 @@ def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | No
         if str(json_path) == "-":
             click.echo(text)
         else:
-            json_path.write_text(text + "\n")
+            from frenzy_slurm.records import write_atomic
+
+            write_atomic(json_path, text + "\n", mode=0o644)  # never through a planted link
     if plot_dir is not None:
         for p in plot(results, plot_dir):
             click.echo(f"wrote {p}")

@@ -76,19 +76,21 @@ def site_detect(backend: str, snapshot: Path | None, site: Path | None, output: 
             click.echo(text, nl=False)
         return
     assert path is not None
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(text)
     from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.records import write_atomic
 
+    # the candidate is written (O_EXCL temporary + rename, never through a planted link) beside the site file
+    # as `.detected`, checked, and only then renamed over the site file: a file that does not load never
+    # replaces a working one. Site files are read by every user's fsbatch: 0644.
+    candidate = path.with_name(path.name + ".detected")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(candidate, text, mode=0o644)
     try:
-        load_site(tmp)  # never leave a site file that does not load (an unmatched GPU is flagged above)
+        load_site(candidate)
     except Exception as exc:  # noqa: BLE001
-        bad = path.with_name(path.name + ".detected")
-        tmp.replace(bad)
         raise InputError(f"the detected site file does not validate yet ({getattr(exc, 'message', exc)}); it is in "
-                         f"{bad}: fix the flagged pools there and move it to {path}.") from None
-    tmp.replace(path)
+                         f"{candidate}: fix the flagged pools there and move it to {path}.") from None
+    os.replace(candidate, path)
     for c in changes:
         click.echo(f"changed: {c}", err=True)
     click.echo(f"wrote {path} ({len(changes)} change(s))", err=True)

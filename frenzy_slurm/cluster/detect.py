@@ -205,4 +205,7 @@ def probe_pools(backend, view, python: str, timeout: float, partitions: tuple[st
 
 
 def read_text(path: Path) -> str | None:
-    return path.read_text() if path.exists() else None
+    """The site file being updated (a bounded read of a regular file), or None where there is none yet."""
+    from frenzy_slurm.inputfile import read_config_text
+
+    return read_config_text(path, "site file") if path.exists() else None

@@ -5,6 +5,7 @@ A pool is one (partition, GRES type) pair; a partition with two GPU types has tw
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -110,4 +111,9 @@ class SiteConfig(_M):
 
 
 def load_site(path: Path) -> SiteConfig:
+    """The site file, refused unless it is yours or root's and no one else can write it (or its directory)."""
+    from frenzy_slurm.inputfile import check_trusted
+
+    if os.path.lexists(path):  # a missing file gets read_yaml's own message
+        check_trusted(path, "site file", "its pools, overheads and defaults decide every job's plan")
     return load_model_file(path, SiteConfig)

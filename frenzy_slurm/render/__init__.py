@@ -25,6 +25,7 @@ import yaml
 
 from frenzy_slurm import __version__
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.inputfile import check_trusted
 from frenzy_slurm.has.model import Decision
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render.ds_config import ds_config
@@ -96,6 +97,24 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+_TEMPLATE_RISK = "a template is shell that runs in your job"
+
+
+class _TrustedLoader(jinja2.FileSystemLoader):
+    """A user's or admin's template directory: each template (and include) is checked before it is read, as
+    the directory was: yours or root's, writable by no one else (a planted template runs in the job)."""
+
+    def get_source(self, environment: jinja2.Environment, template: str):
+        from jinja2.loaders import split_template_path
+
+        for base in self.searchpath:
+            candidate = Path(base).joinpath(*split_template_path(template))
+            if candidate.is_file():
+                check_trusted(candidate, "template", _TEMPLATE_RISK)
+                break
+        return super().get_source(environment, template)
+
+
 def environment(template_dir: Path | None = None) -> jinja2.Environment:
     """Jinja environment: the user's directory first (if any), then the shipped templates.
 
@@ -107,7 +126,8 @@ def environment(template_dir: Path | None = None) -> jinja2.Environment:
     if override is not None:
         if not override.is_dir():
             raise InputError(f"templates directory {override} does not exist")
-        loaders.append(jinja2.FileSystemLoader(str(override)))
+        check_trusted(override, "templates directory", _TEMPLATE_RISK)
+        loaders.append(_TrustedLoader(str(override)))
     loaders.append(jinja2.FileSystemLoader(str(resources.files("frenzy_slurm").joinpath("templates"))))
     env = _Sandbox(
         loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,

@@ -99,9 +99,9 @@ class Sampler:
 
 
 def _atomic_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    from frenzy_slurm.records import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=2) + "\n")  # O_EXCL temporary + rename: never through a link
 
 
 def merge_metrics(job_dir: Path) -> dict | None:
@@ -112,7 +112,9 @@ def merge_metrics(job_dir: Path) -> dict | None:
     from frenzy_slurm.gpus import match_gpu
 
     target = job_dir / "metrics.json"
-    with open(job_dir / ".metrics.lock", "w") as lock:
+    # O_NOFOLLOW, no O_TRUNC: a link planted at the lock's name is refused, never followed and truncated
+    fd = os.open(job_dir / ".metrics.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists() and json.loads(target.read_text()).get("source") != "nvml-sampler":
             return None

@@ -138,6 +138,12 @@ def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> P
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    import io
+
+    from frenzy_slurm.records import write_atomic
+
+    png = io.BytesIO()
+    fig.savefig(png, dpi=120, format="png")
+    write_atomic(path, png.getvalue(), mode=0o644)  # never through a planted link
     plt.close(fig)
     return path

@@ -103,13 +103,19 @@ def load_workload(path: Path) -> WorkloadFile:
 def save_workload(wl: WorkloadFile, path: Path) -> None:
     if path.suffix == ".csv":
         fields = list(WorkloadJob.model_fields)
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            for j in wl.jobs:
-                w.writerow(j.model_dump())
+        import io
+
+        f = io.StringIO(newline="")
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for j in wl.jobs:
+            w.writerow(j.model_dump())
+        text = f.getvalue()
     else:
-        path.write_text(yaml.safe_dump(wl.model_dump(mode="json"), sort_keys=False, width=120))
+        text = yaml.safe_dump(wl.model_dump(mode="json"), sort_keys=False, width=120)
+    from frenzy_slurm.records import write_atomic
+
+    write_atomic(path, text, mode=0o644)  # O_EXCL temporary + rename: never through a planted link
 
 
 def reference_rate(gpu: str = REFERENCE_GPU, precision: str = "bf16-mixed") -> float:
