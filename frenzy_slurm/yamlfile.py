@@ -72,6 +72,49 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_keys_and_numbers(loader: yaml.SafeLoader, root: yaml.Node, source: Path) -> None:
+    """Refuse a key written twice in one mapping (YAML keeps the last silently, so an edit to the first copy
+    would do nothing) and a float that is not finite (`.inf`, `.nan`, `1.0e999`: a learning rate of infinity
+    is stored as null in JSON and the job dies at its start; an infinite memory size breaks the planner).
+
+    Runs on the node tree before construction, so each refusal names file, line and field. _check_size has
+    bounded the tree (aliases expanded) and refused cycles, so walking it with paths is bounded too.
+    """
+    import math
+
+    stack: list[tuple[yaml.Node, Loc]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag == _FLOAT_TAG:
+                value = loader.construct_yaml_float(node)
+                if not math.isfinite(value):
+                    field = ".".join(str(p) for p in path) or "(top level)"
+                    raise InputError(f"{source}:{node.start_mark.line + 1}: {field}: {node.value} is not a finite "
+                                     "number; write a number (infinity and NaN are refused)")
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[object, int] = {}
+            for key, value in node.value:
+                if key.tag == _MERGE_TAG:  # `<<: *base`: later keys override merged ones, as intended
+                    stack.append((value, path))
+                    continue
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                if name is not None:
+                    if name in first:
+                        field = ".".join(str(p) for p in (*path, name))
+                        raise InputError(f"{source}:{key.start_mark.line + 1}: {field}: the key '{name}' is given "
+                                         f"twice (first on line {first[name]}); YAML would keep only the last one. "
+                                         "Remove one of them.")
+                    first[name] = key.start_mark.line + 1
+                stack.append((value, (*path, str(name))))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, (*path, i)) for i, item in enumerate(node.value))
+
+
 def _bad_scalar(loader: yaml.SafeLoader, root: yaml.Node) -> str:
     """`:line` of the first scalar that fails to construct (the constructor does not say which one did)."""
     stack = [root]
@@ -112,6 +155,7 @@ def read_yaml(path: Path) -> tuple[Any, dict[Loc, int]]:
         if node is None:
             return None, {}
         _check_size(node, path)
+        _check_keys_and_numbers(loader, node, path)
         data = loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

@@ -39,7 +39,8 @@ def main() -> None:
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True, help="Candidates shown per GPU type.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--trace-factory", is_flag=True,
-              help="Import and call model.factory on this machine to count its parameters exactly (runs your code).")
+              help="Import and call model.factory on this machine to count its parameters exactly. This RUNS ARBITRARY "
+                   "CODE (the module's and the function's) as you: only your own files, or the site's trusted_factories.")
 @click.option("--site", type=click.Path(dir_okay=False, path_type=Path),
               help="Site file whose calibration (frenzy-slurm calibrate) to show beside the raw numbers "
                    "(default: $FRENZY_SITE).")
@@ -53,7 +54,7 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
 
     if plot and not plan_text:
         raise InputError("--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png")
-    spec, model = load(model_yaml, trace=trace_factory)
+    spec, model = load(model_yaml, trace=trace_factory, site=site)
     if (note := factory_note(spec, model)) is not None and not as_json:
         click.echo(note, err=True)  # say whether user code ran on this machine (stderr: tables stay parseable)
     found = calib.site_calibration(site)

@@ -48,7 +48,8 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
 @click.option("--job-dir", type=click.Path(file_okay=False, path_type=Path), help="Job directory (default: $FRENZY_JOBS_DIR or ./frenzy-jobs, /<name>-<hash>).")
 @click.option("--templates", type=click.Path(file_okay=False, path_type=Path), help="Directory of templates overriding the shipped ones.")
 @click.option("--trace-factory", is_flag=True,
-              help="Import and call model.factory on this machine to count its parameters exactly (runs your code).")
+              help="Import and call model.factory on this machine to count its parameters exactly. This RUNS ARBITRARY "
+                   "CODE (the module's and the function's) as you: only your own files, or the site's trusted_factories.")
 @click.option("--force", is_flag=True, help="Submit even if this submission already has a job.")
 @click.option("--no-calibration", is_flag=True,
               help="Plan with raw predictions, ignoring the site's calibration file (frenzy-slurm calibrate).")
@@ -76,7 +77,7 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
     from frenzy_slurm.render import render_job
 
-    spec, model = load(model_yaml, trace=trace_factory)
+    spec, model = load(model_yaml, trace=trace_factory, site=site)
     site_cfg = maybe_load_site(site)
     if site_cfg is None:
         raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")

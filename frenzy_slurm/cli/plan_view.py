@@ -11,12 +11,18 @@ from frenzy_slurm.marp.memory import COMPONENTS
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 
 
-def load(path: Path, trace: bool = False) -> tuple[JobSpec, ResolvedModel]:
+def load(path: Path, trace: bool = False, site: Path | None = None) -> tuple[JobSpec, ResolvedModel]:
     """model.yaml and its model. `trace` is the user's --trace-factory: consent to import and call
-    model.factory on this machine (docs/security.md); without it no user code runs."""
+    model.factory on this machine (docs/security.md); without it no user code runs. With it, the factory
+    must be the user's own code or listed in the site file's (`site`, or $FRENZY_SITE) trusted_factories."""
     spec = load_job_spec(path)
     model = resolve_model(spec, path.parent)
-    return spec, (with_exact_params(spec, model) if trace else model)
+    if not trace or spec.model.factory is None:
+        return spec, model
+    from frenzy_slurm.cluster.site_tools import maybe_load_site
+
+    site_cfg = maybe_load_site(site)
+    return spec, with_exact_params(spec, model, tuple(site_cfg.trusted_factories) if site_cfg else ())
 
 
 def factory_note(spec: JobSpec, model: ResolvedModel) -> str | None:

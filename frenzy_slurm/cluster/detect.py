@@ -168,6 +168,13 @@ def merge_site(text: str | None, cluster: str, detected: list[Detected], today: 
 PROBE_MODULE = "frenzy_slurm.runtime.nvml_probe"
 
 
+def probe_argv(python: str) -> list[str]:
+    """The probe step's command. `site detect` is run by an admin, often as root: `-P` keeps the working
+    directory (and /tmp, where srun falls back when it does not exist on the node) off `sys.path`, so a
+    `pynvml.py` planted there is never imported as root. The step itself runs from `/` (see run_step)."""
+    return [python, "-P", "-m", PROBE_MODULE]
+
+
 def _parse_answer(stdout: str) -> dict | None:
     """The probe prints one JSON object; anything else on stdout (site banners, MOTD) is ignored."""
     import json
@@ -193,7 +200,7 @@ def probe_pools(backend, view, python: str, timeout: float, partitions: tuple[st
             continue
         answer, failure = None, None
         try:
-            out = backend.run_step(pool.key, pool.gpus_per_node, [python, "-m", PROBE_MODULE], timeout)
+            out = backend.run_step(pool.key, pool.gpus_per_node, probe_argv(python), timeout)
             answer = _parse_answer(out)
             if answer is None:
                 failure = f"the probe printed no JSON (is frenzy-slurm installed for {python} on the nodes?)"

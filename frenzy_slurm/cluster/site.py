@@ -6,10 +6,11 @@ A pool is one (partition, GRES type) pair; a partition with two GPU types has tw
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.marp.overheads import Overheads
@@ -24,26 +25,48 @@ IntraLink = Literal["nvlink1", "nvlink2", "nvlink3", "nvlink4", "nvlink5", "pcie
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # finite numbers only: an infinite memory or bandwidth would break the planner's arithmetic
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# Upper bounds far beyond any GPU or network (a B200 has 180 GiB, 2.25 PFLOP/s dense BF16 and 8 TB/s; NVLink 5
+# is 900 GB/s): a value past them is a typo (GB for MB), and would only make every plan look free.
+_MAX_GIB = 16_384.0
+_MAX_TFLOPS = 1e6
+_MAX_GBS = 1e6
+_MAX_S = 3600.0
+_MAX_GPUS_PER_NODE = 256
+_MAX_CPUS_PER_GPU = 1024
+# Slurm partition and GRES type names reach job.sbatch (`#SBATCH --partition=`, `--gres=gpu:TYPE:N`): plain
+# words, matched in full (a trailing newline would end the #SBATCH line)
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+@%-]{1,256}\Z")
+
+
+def _slurm_name(what: str, value: str) -> str:
+    """A partition or GRES type name as it may appear in an #SBATCH line."""
+    if not _SLURM_NAME.fullmatch(value):
+        raise ValueError(f"{what} {value!r} is not a Slurm name this tool can pass to sbatch: use letters, digits "
+                         "and _.+@%- only (as `sinfo` shows it)")
+    return value
 
 
 class GpuOverrides(_M):
     """Any catalog value, replaced for this site (e.g. a power-capped part)."""
 
-    memory_gib: float | None = Field(None, gt=0, description="Device memory, GiB.")
-    fp32: float | None = Field(None, gt=0, description="Peak FP32 TFLOP/s.")
-    tf32: float | None = Field(None, gt=0, description="Peak TF32 TFLOP/s.")
-    bf16: float | None = Field(None, gt=0, description="Peak BF16 TFLOP/s.")
-    fp16: float | None = Field(None, gt=0, description="Peak FP16 TFLOP/s.")
-    mem_bw_gbs: float | None = Field(None, gt=0, description="Memory bandwidth, GB/s.")
-    efficiency: float | None = Field(None, gt=0, le=1, description="Training utilisation assumed for step time.")
-    step_overhead_s: float | None = Field(None, ge=0, description="Fixed seconds per optimizer step (usually "
+    memory_gib: float | None = Field(None, gt=0, le=_MAX_GIB, description="Device memory, GiB.")
+    fp32: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak FP32 TFLOP/s.")
+    tf32: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak TF32 TFLOP/s.")
+    bf16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak BF16 TFLOP/s.")
+    fp16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak FP16 TFLOP/s.")
+    mem_bw_gbs: float | None = Field(None, gt=0, le=_MAX_GBS, description="Memory bandwidth, GB/s.")
+    efficiency: float | None = Field(None, ge=0.01, le=1, description="Training utilisation assumed for step time.")
+    step_overhead_s: float | None = Field(None, ge=0, le=_MAX_S, description="Fixed seconds per optimizer step (usually "
                                           "written by `frenzy-slurm calibrate`).")
-    microbatch_overhead_s: float | None = Field(None, ge=0, description="Fixed seconds per micro-batch slot.")
+    microbatch_overhead_s: float | None = Field(None, ge=0, le=_MAX_S, description="Fixed seconds per micro-batch slot.")
 
 
 class SiteDefaults(_M):
-    inter_node_gbs: float = Field(25.0, gt=0, description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s).")
+    inter_node_gbs: float = Field(25.0, gt=0, le=_MAX_GBS, description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s).")
     usable_fraction: float = Field(0.95, gt=0.5, le=1.0, description="Share of GPU memory plans may use.")
 
 
@@ -51,14 +74,28 @@ class Pool(_M):
     partition: str = Field(description="Slurm partition name.")
     gres_type: str = Field(description="Slurm GRES type of the GPUs (gpu:TYPE:N in gres.conf).")
     gpu: str = Field(description="GPU model from the catalog (`frenzy-slurm site catalog`), e.g. A100-80GB.")
-    gpus_per_node: int = Field(gt=0, description="GPUs per node.")
+    gpus_per_node: int = Field(gt=0, le=_MAX_GPUS_PER_NODE, description="GPUs per node.")
     intra_node: IntraLink | float = Field(description="GPU-to-GPU link in a node: nvlink1-5, pcie3-5, or GB/s.")
-    cpus_per_gpu: int = Field(4, gt=0, description="CPUs requested per GPU (one task per GPU).")
-    inter_node_gbs: float | None = Field(None, gt=0, description="Network GB/s per GPU; default from `defaults`.")
+    cpus_per_gpu: int = Field(4, gt=0, le=_MAX_CPUS_PER_GPU, description="CPUs requested per GPU (one task per GPU).")
+    inter_node_gbs: float | None = Field(None, gt=0, le=_MAX_GBS, description="Network GB/s per GPU; default from `defaults`.")
     usable_fraction: float | None = Field(None, gt=0.5, le=1.0, description="Default from `defaults`.")
     overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")
     overheads: Overheads = Field(default_factory=Overheads, description="Memory outside the allocator (CUDA context, "
                                  "NCCL, fragmentation) measured on this pool's nodes.")
+
+    @field_validator("partition", "gres_type")
+    @classmethod
+    def _names(cls, v: str, info) -> str:
+        return _slurm_name(info.field_name, v)
+
+    @field_validator("intra_node")
+    @classmethod
+    def _link_speed(cls, v: str | float) -> str | float:
+        """A GB/s figure must be a real link speed: 0 would divide the planner's transfer times by zero."""
+        if not isinstance(v, str) and not 0 < v <= _MAX_GBS:
+            raise ValueError(f"intra_node {v} GB/s is not a link speed; give GB/s between 0 and {_MAX_GBS:g} "
+                             "(exclusive of 0), or a link name: nvlink1-5, pcie3-5")
+        return v
 
     @model_validator(mode="after")
     def _known_gpu(self) -> "Pool":
@@ -89,6 +126,20 @@ class SiteConfig(_M):
         0.5, gt=0, le=1, description="The most of one pool's GPUs HAS gives one job, unless it needs more to fit "
         "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
         "1.0 lets one job take a whole pool when that finishes it soonest.")
+
+    trusted_factories: list[str] = Field(
+        default_factory=list, description="model.factory values `fsbatch --trace-factory` may import and call "
+        "although they are not the user's own files (installed packages): `pkg.module:function` exactly, or "
+        "`pkg` / `pkg.module` for every function in it. Default: none. Each one runs as the user on the login "
+        "node; list only model builders (never torch.hub, setuptools or anything that runs what it is given).")
+
+    @field_validator("trusted_factories")
+    @classmethod
+    def _factory_names(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?", entry, re.ASCII):
+                raise ValueError(f"{entry!r} is not a factory or module name; write pkg.module:function or pkg.module")
+        return v
 
     @model_validator(mode="after")
     def _unique(self) -> "SiteConfig":

@@ -38,8 +38,18 @@ class ResolvedModel:
 
 
 def load_job_spec(path: Path) -> JobSpec:
-    """Parse model.yaml; raises InputError naming file, line and field on any problem."""
-    return load_model_file(path, JobSpec)
+    """Parse model.yaml; raises InputError naming file, line and field on any problem.
+
+    Relative paths in it are relative to model.yaml's own directory (as `hf_config` and `entry.script` are):
+    `entry.data` is made absolute here, since the job runs in its job directory, where a relative path
+    would name a different file, or none.
+    """
+    spec = load_model_file(path, JobSpec)
+    data = spec.entry.data
+    if data is not None and not Path(data).is_absolute():
+        absolute = str((path.parent / data).absolute())
+        spec = spec.model_copy(update={"entry": spec.entry.model_copy(update={"data": absolute})})
+    return spec
 
 
 def resolve_model(spec: JobSpec, base_dir: Path) -> ResolvedModel:

@@ -23,7 +23,7 @@ _MAX_TOKENS = 1 << 30
 class Architecture(BaseModel):
     """A decoder (GPT/Llama-style) or encoder (BERT-style) transformer."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     layers: int = Field(gt=0, le=_MAX_LAYERS, description="Number of transformer blocks.")
     hidden: int = Field(gt=0, le=_MAX_WIDTH, description="Model (residual stream) width.")

@@ -21,7 +21,9 @@ Checkpointing = Literal["none", "selective", "full", "auto"]
 Attention = Literal["flash", "sdpa", "eager"]
 Method = Literal["full", "lora", "qlora"]
 
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
+# `\Z`, never `$`, ends every pattern here: Python's `$` also matches before a trailing newline, and a newline in
+# a value ends its #SBATCH line (sbatch then ignores every directive after it).
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z", re.ASCII)
 
 # The job script asks Slurm for USR2 this long before the time limit (--signal=USR2@300) so the runtime can
 # checkpoint and requeue; NCCL owns USR1. A job must also get through start-up (srun, imports, DeepSpeed
@@ -44,30 +46,12 @@ def check_time_limit(minutes: int) -> int:
 _SLURM_INFINITE_MIN = 0xFFFFFFFF
 
 
-# sbatch options the rendered script sets itself, and why a pass-through flag must not override them.
-# Long options may be abbreviated on sbatch's command line (getopt_long), so prefixes are refused too.
-_RESERVED_LONG = {
-    "--comment": "the job's tag frenzy:<submission>, by which fsqueue and the duplicate check find the job",
-    "--chdir": "the job directory", "--signal": "the checkpoint signal before the time limit",
-    "--requeue": "resume after a time-limit checkpoint or node failure", "--no-requeue": "resume after a checkpoint",
-    "--partition": "HAS's allocation", "--gres": "HAS's allocation", "--nodes": "HAS's allocation",
-    "--ntasks": "one task per GPU", "--ntasks-per-node": "one task per GPU", "--cpus-per-task": "the site file",
-    "--gpus": "HAS's allocation", "--gpus-per-node": "HAS's allocation", "--gpus-per-task": "HAS's allocation",
-    "--time": "use fsbatch -t, which is checked", "--job-name": "use fsbatch -J", "--output": "use fsbatch -o",
-    "--error": "use fsbatch -e", "--open-mode": "logs are appended across requeues",
-}
-_RESERVED_SHORT = {"-D": "--chdir", "-p": "--partition", "-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task",
-                   "-G": "--gpus", "-t": "--time", "-J": "--job-name", "-o": "--output", "-e": "--error"}
-
-
 def reserved_flag(flag: str) -> str | None:
-    """Why `flag` may not be passed through to sbatch, or None when it may."""
-    if flag.startswith("--"):
-        name = flag.split("=", 1)[0].split(" ", 1)[0]
-        hits = [long for long in _RESERVED_LONG if long == name or (len(name) >= 5 and long.startswith(name))]
-        return _RESERVED_LONG[hits[0]] if hits else None
-    long = _RESERVED_SHORT.get(flag[:2])
-    return _RESERVED_LONG[long] if long else None
+    """Why `flag` may not be passed through to sbatch, or None when it may (parsed as sbatch parses it:
+    short clusters, attached values, unique abbreviations; see jobspec/sbatch_flags.py)."""
+    from frenzy_slurm.jobspec.sbatch_flags import refuse_sbatch_flag
+
+    return refuse_sbatch_flag(flag)
 
 
 def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
@@ -78,7 +62,7 @@ def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
         if value >= _SLURM_INFINITE_MIN:
             raise ValueError(f"{value} minutes is longer than Slurm can represent; ask for a realistic time limit")
         return value
-    m = _TIME_RE.match(value.strip())
+    m = _TIME_RE.match(value.strip(" "))  # spaces only: a newline or tab is not part of a time
     if not m:
         raise ValueError(f"'{value}' is not a Slurm time; use minutes, HH:MM:SS or D-HH:MM:SS")
     days, a, b, c = m.groups()
@@ -99,7 +83,9 @@ def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: `learning_rate: "1e999"` (a string pydantic would read as inf) is refused, as
+    # .inf and .nan already are when the YAML is read; JSON would store them as null
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelSource(_Strict):
@@ -110,7 +96,9 @@ class ModelSource(_Strict):
     hf_config: str | None = Field(None, description="Path to a Hugging Face config.json (relative to model.yaml).")
     factory: str | None = Field(
         None, description="`module:function` returning a torch.nn.Module. Run on the login node (meta device, exact "
-        "parameter count) only with `--trace-factory`; never a standard-library module.")
+        "parameter count) only with `--trace-factory`, which runs that code as you: only a module of your own files "
+        "(yours, writable by no one else, not an installed package) or one the site file lists in "
+        "`trusted_factories`; never a standard-library module.")
     factory_kwargs: dict[str, object] = Field(default_factory=dict, description="Keyword arguments for `factory`.")
     factory_arch: Architecture | None = Field(
         None, description="With `factory`: the architecture numbers for activation memory (parameters come from tracing)."
@@ -138,7 +126,7 @@ class ModelSource(_Strict):
             if self.preset not in presets():
                 raise ValueError(f"unknown preset '{self.preset}'; known: {', '.join(sorted(presets()))}")
         if self.factory is not None:
-            if not re.match(r"^[\w.]+:\w+$", self.factory):
+            if not re.fullmatch(r"[\w.]+:\w+", self.factory, re.ASCII):
                 raise ValueError(f"factory '{self.factory}' must look like 'package.module:function'")
             if self.factory_arch is None:
                 raise ValueError("factory needs factory_arch (layers, hidden, heads, ...) for activation memory")
@@ -234,8 +222,8 @@ class Limits(_Strict):
         return self
 
 
-_SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,@+=:-]+$")  # #SBATCH lines are not shell-parsed: keep values plain
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,%-]+$")
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,@+=:-]+\Z")  # #SBATCH lines are not shell-parsed: keep values plain
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,%-]+\Z")
 
 
 class SlurmOptions(_Strict):
@@ -264,25 +252,25 @@ class SlurmOptions(_Strict):
     @classmethod
     def _word(cls, v: str | None) -> str | None:
         if v is not None and not _SAFE_WORD.match(v):
-            raise ValueError(f"'{v}' may use only letters, digits and _.,@+=:-")
+            raise ValueError(f"{v!r} may use only letters, digits and _.,@+=:-")
         return v
 
     @field_validator("output", "error")
     @classmethod
     def _path(cls, v: str | None) -> str | None:
         if v is not None and not _SAFE_PATH.match(v):
-            raise ValueError(f"'{v}' has spaces, control or shell characters; use a plain path")
+            raise ValueError(f"{v!r} has spaces, control or shell characters; use a plain path")
         return v
 
     @field_validator("extra")
     @classmethod
     def _flags(cls, v: list[str]) -> list[str]:
         for flag in v:
-            if not flag.startswith("-") or re.search(r"[\x00-\x1f\x7f]", flag):
-                raise ValueError(f"'{flag}' is not an sbatch flag; each entry must start with '-', e.g. '--reservation=big'")
+            if re.search(r"[\x00-\x1f\x7f]", flag):  # a newline would end the #SBATCH line and start another
+                raise ValueError(f"{flag!r} is not an sbatch flag: it holds a control character (newline, tab, ...)")
             why = reserved_flag(flag)
             if why:
-                raise ValueError(f"'{flag}': frenzy-slurm sets this itself ({why})")
+                raise ValueError(why)
         return v
 
     def overridden(self, **flags: object) -> "SlurmOptions":
@@ -300,7 +288,8 @@ class SlurmOptions(_Strict):
         except ValidationError as exc:
             err = exc.errors()[0]
             field = str(err["loc"][0]) if err["loc"] else "?"
-            raise InputError(f"--{field.replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}") from None
+            flag = "--sbatch" if field == "extra" else f"--{field.replace('_', '-')}"
+            raise InputError(f"{flag}: {err['msg'].removeprefix('Value error, ')}") from None
 
     def flags(self) -> list[str]:
         """The #SBATCH lines these options add (time, name and output are placed by the template)."""
@@ -315,7 +304,8 @@ class Entry(_Strict):
     trainer: Literal["builtin", "script"] = Field("builtin", description="The built-in trainer or your own script.")
     script: str | None = Field(None, description="Path of your training script (trainer: script).")
     args: list[str] = Field(default_factory=list, description="Arguments passed to the script.")
-    data: str | None = Field(None, description="Token file (flat array of token ids) for the built-in trainer; synthetic if unset.")
+    data: str | None = Field(None, description="Token file (flat array of token ids) for the built-in trainer, relative "
+                             "to model.yaml's directory; synthetic if unset.")
     data_dtype: Literal["uint16", "uint32", "int32", "int64"] = Field("uint16", description="Element type of the token file.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables set in the job.")
 
@@ -325,15 +315,21 @@ class Entry(_Strict):
             raise ValueError("trainer: script needs script: path/to/train.py")
         if self.trainer == "builtin" and self.script:
             raise ValueError("script is only used with trainer: script")
+        for what, path in (("script", self.script), ("data", self.data)):
+            if path is not None and re.search(r"[\x00-\x1f\x7f]", path):  # the script path reaches job.sbatch
+                raise ValueError(f"{what} {path!r} contains a control character (newline, tab, ...); rename the "
+                                 "file to a path without one")
         for key in self.env:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-                raise ValueError(f"env name '{key}' is not a valid shell variable name")
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"env name {key!r} is not a valid shell variable name (letters, digits and _)")
         return self
 
 
 class JobSpec(_Strict):
     """The whole model.yaml."""
 
+    # pydantic's `pattern` runs on the Rust regex crate, whose `$` is the end of the text (a trailing newline is
+    # refused: tests/test_audit2_inputs.py checks it)
     name: str = Field(description="Job name (Slurm job name and job directory).", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     model: ModelSource = Field(description="Which model to train.")
     training: Training = Field(description="How to train it.")

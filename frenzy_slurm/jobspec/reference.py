@@ -36,7 +36,9 @@ def render() -> str:
         "# model.yaml reference",
         "",
         "Generated from `frenzy_slurm/jobspec` by `frenzy-slurm spec-reference`; do not edit by hand.",
-        "Unknown keys are errors. See `examples/` for complete files.",
+        "Unknown keys are errors, and so is a key given twice in one block. Numbers must be finite (`.inf` and",
+        "`.nan` are refused). Relative paths are relative to model.yaml's directory. See `examples/` for complete",
+        "files.",
         "",
     ]
     for title, model in SECTIONS:

@@ -19,14 +19,15 @@ __all__ = [
 ]
 
 
-def with_exact_params(spec: JobSpec, model: ResolvedModel) -> ResolvedModel:
+def with_exact_params(spec: JobSpec, model: ResolvedModel, trusted: tuple[str, ...] = ()) -> ResolvedModel:
     """A factory model with its exact parameter count, traced on the meta device (imports torch);
-    any other model source is returned unchanged. The spec stage never imports the tracer."""
+    any other model source is returned unchanged. The spec stage never imports the tracer. `trusted` is the
+    site file's `trusted_factories` (factories allowed beside the user's own files)."""
     if spec.model.factory is None or model.exact_params is not None:
         return model
     from frenzy_slurm.marp.trace import count_factory_parameters
 
-    exact = count_factory_parameters(spec.model.factory, spec.model.factory_kwargs)
+    exact = count_factory_parameters(spec.model.factory, spec.model.factory_kwargs, trusted)
     return ResolvedModel(arch=model.arch, name=model.name, exact_params=exact)
 
 

@@ -35,7 +35,7 @@ from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
 
 SIGNAL_SECONDS = SIGNAL_LEAD_S  # USR2 this long before the time limit: the runtime checkpoints (NCCL owns USR1)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a newline in a path would end a comment line and run as a command
-_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,-]+$")  # #SBATCH lines are not shell-parsed: keep paths plain
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,-]+\Z")  # #SBATCH lines are not shell-parsed: keep paths plain
 
 
 @dataclass

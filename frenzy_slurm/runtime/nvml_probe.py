@@ -1,6 +1,9 @@
 """What NVML says about this node's GPUs: `frenzy-slurm site detect` runs this on one node per pool.
 
-    srun -p PART --gres=gpu:TYPE:1 ... python -m frenzy_slurm.runtime.nvml_probe    # prints one JSON object
+    srun --chdir=/ -p PART --gres=gpu:TYPE:1 ... python -P -m frenzy_slurm.runtime.nvml_probe    # one JSON object
+
+Always with -P, from /: an admin runs it as root, and without -P the working directory comes first on sys.path
+(a planted pynvml.py would run as root).
 
 Reads, through nvidia-ml-py: driver and CUDA driver versions, each visible GPU's product name, total
 memory, PCI bus id and PCIe generation/width, its active NVLinks (count, version, peers), and the
@@ -13,6 +16,7 @@ fake implements exactly those).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from typing import Any
@@ -114,6 +118,10 @@ def _norm_bus(bus: str) -> str:
 
 
 def main() -> int:
+    # A second guard beside `python -P` (site detect always passes it): never take pynvml from the working
+    # directory or an empty PYTHONPATH entry, even when someone starts the probe by hand with `python -m`.
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
     try:
         import pynvml
     except ImportError:

@@ -1,9 +1,9 @@
 """A light NVML sampler beside a user's training script: GPU memory and utilisation of this job.
 
-The launcher (`python -m frenzy_slurm.runtime --script ...`) starts one per node, on the task with
+The launcher (`python -P -m frenzy_slurm.runtime --script ...`) starts one per node, on the task with
 SLURM_LOCALID 0, before it execs the script:
 
-    python -m frenzy_slurm.runtime.nvml_sampler --job-dir DIR --watch-pid PID [--interval 2]
+    python -P -m frenzy_slurm.runtime.nvml_sampler --job-dir DIR --watch-pid PID [--interval 2]
 
 Every interval it reads, for each GPU NVML can open: device memory used, utilisation, and the memory
 of this job's own processes on it (nvmlDeviceGetComputeRunningProcesses, filtered to processes whose
@@ -193,9 +193,16 @@ def start_beside(job_dir: Path, interval: float = 2.0) -> None:
     """Start the sampler for this process (called by the launcher before it execs the user's script)."""
     import subprocess
 
-    subprocess.Popen([sys.executable, "-m", "frenzy_slurm.runtime.nvml_sampler", "--job-dir", str(job_dir),
-                      "--watch-pid", str(os.getpid()), "--interval", str(interval)],
-                     stdin=subprocess.DEVNULL, close_fds=True)
+    # -P and cwd="/": the job's working directory (and an empty PYTHONPATH entry, which means it) never
+    # reaches sys.path, so a pynvml.py or frenzy_slurm/ planted there is not imported (docs/security.md)
+    subprocess.Popen(sampler_argv(Path(job_dir).absolute(), os.getpid(), interval),
+                     stdin=subprocess.DEVNULL, close_fds=True, cwd="/")
+
+
+def sampler_argv(job_dir: Path, watch_pid: int, interval: float) -> list[str]:
+    """The sampler's command line: frenzy-slurm's own module, never one found in the working directory."""
+    return [sys.executable, "-P", "-m", "frenzy_slurm.runtime.nvml_sampler", "--job-dir", str(job_dir),
+            "--watch-pid", str(watch_pid), "--interval", str(interval)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch-pid", type=int, required=True)
     ap.add_argument("--interval", type=float, default=2.0)
     ns = ap.parse_args(argv)
+    # beside -P: an empty PYTHONPATH entry ('' is the working directory) must not supply pynvml either
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
     try:
         import pynvml
     except ImportError:

@@ -368,7 +368,7 @@ class SlurmCliBackend:
         gres = f"gpu:{pool.gres_type}:{gpus}" if pool.gres_type else f"gpu:{gpus}"
         srun = ["srun", f"--partition={pool.partition}", "--nodes=1", "--ntasks=1", f"--gres={gres}",
                 f"--immediate={wait}", f"--time={max(1, int(-(-timeout // 60)))}", "--job-name=frenzy-site-probe",
-                "--quiet", *argv]
+                "--chdir=/", "--quiet", *argv]  # from /: nothing of the caller's directory (or /tmp) is picked up
         return run(srun, timeout=timeout).stdout
 
 

@@ -69,8 +69,9 @@ def probe_import(conf: Path, version: str) -> str | None:
         pass
     env = dict(os.environ, SLURM_CONF=str(conf))
     try:
-        res = subprocess.run([sys.executable, "-c", "import pyslurm; print(pyslurm.__version__)"], capture_output=True,
-                             text=True, timeout=PROBE_TIMEOUT, env=env)
+        # -P: a pyslurm.py in the working directory is not imported (docs/security.md)
+        res = subprocess.run([sys.executable, "-P", "-c", "import pyslurm; print(pyslurm.__version__)"],
+                             capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
         return f"importing pyslurm did not finish within {PROBE_TIMEOUT:.0f}s"  # not cached: may be an outage
     if res.returncode == 0:
