@@ -24,6 +24,7 @@ import venv
 import zipfile
 from email.parser import Parser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,7 @@ INSTALL_TIMEOUT_S = 240
 RUN_TIMEOUT_S = 60
 
 
-def _run(argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run one command, failing the test with its output (not a bare CalledProcessError) when it fails."""
     res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
     assert res.returncode == 0, f"{' '.join(argv)} exited {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
@@ -48,14 +49,13 @@ def _run(argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess[s
 
 def _clean_env(bin_dir: Path) -> dict[str, str]:
     """The environment of a user who installed the wheel: its venv first on PATH, no checkout on any path."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FRENZY_", "PYTHON", "VIRTUAL_ENV", "SLURM_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRENZY_", "PYTHON", "VIRTUAL_ENV", "SLURM_"))}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
     return env
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`python -m build --wheel` of a clean copy of the sources (symlinks kept as links, as in git)."""
     pytest.importorskip("build", reason="the `build` package (dev extra) is not installed")
     src = tmp_path_factory.mktemp("src")
@@ -65,12 +65,15 @@ def wheel(tmp_path_factory) -> Path:
             shutil.copytree(path, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(path, src / name)
-    assert (src / "frenzy_slurm" / "templates").is_symlink(), "the copy keeps the templates link, as the checkout has it"
+    assert (src / "frenzy_slurm" / "templates").is_symlink(), "the copy keeps the templates link, as git has it"
     dist = tmp_path_factory.mktemp("dist")
     # --no-isolation: the dev venv's setuptools (it must satisfy build-system.requires: build checks) rather than
     # a download per run; the build itself is what a user's `python -m build --wheel` runs.
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)],
-         BUILD_TIMEOUT_S, cwd=src)
+    _run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)],
+        BUILD_TIMEOUT_S,
+        cwd=src,
+    )
     wheels = list(dist.glob("*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
@@ -91,7 +94,7 @@ def test_wheel_holds_the_templates_and_data_files_themselves(wheel):
                 assert zf.read(info) == f.read_bytes(), f"{info.filename} differs from {f}"
         meta = Parser().parsestr(zf.read(f"frenzy_slurm-{frenzy_slurm.__version__}.dist-info/METADATA").decode())
     assert meta["License-Expression"] == "Apache-2.0"
-    assert any(c.startswith("Programming Language :: Python :: 3.11") for c in meta.get_all("Classifier"))
+    assert any(c.startswith("Programming Language :: Python :: 3.11") for c in meta.get_all("Classifier", []))
 
 
 def _core_requirements(wheel: Path) -> list[str]:
@@ -99,7 +102,7 @@ def _core_requirements(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as zf:
         name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         meta = Parser().parsestr(zf.read(name).decode())
-    reqs = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
+    reqs = [r for r in meta.get_all("Requires-Dist", []) if "extra ==" not in r]
     assert reqs and not any(r.lower().startswith(("torch", "deepspeed")) for r in reqs), reqs
     return reqs
 
@@ -115,11 +118,21 @@ def test_installed_wheel_plans_a_job_outside_the_checkout(wheel, tmp_path):
     assert ROOT not in outside.parents
     # the wheel without dependencies, then the core ones it declares (pip resolves them from its index); no torch
     _run([py, "-m", "pip", "install", "--no-deps", "--no-input", str(wheel)], INSTALL_TIMEOUT_S, env=env, cwd=outside)
-    _run([py, "-m", "pip", "install", "--no-input", *_core_requirements(wheel)], INSTALL_TIMEOUT_S, env=env,
-         cwd=outside)
+    _run(
+        [py, "-m", "pip", "install", "--no-input", *_core_requirements(wheel)], INSTALL_TIMEOUT_S, env=env, cwd=outside
+    )
 
-    where = _run([py, "-c", "import importlib.util as u, frenzy_slurm; print(frenzy_slurm.__file__); "
-                            "print(u.find_spec('torch') is None)"], RUN_TIMEOUT_S, env=env, cwd=outside)
+    where = _run(
+        [
+            py,
+            "-c",
+            "import importlib.util as u, frenzy_slurm; print(frenzy_slurm.__file__); "
+            "print(u.find_spec('torch') is None)",
+        ],
+        RUN_TIMEOUT_S,
+        env=env,
+        cwd=outside,
+    )
     package_file, no_torch = where.stdout.split()
     assert Path(package_file).is_relative_to(env_dir), f"frenzy_slurm imported from {package_file}, not the venv"
     assert no_torch == "True", "torch came in with the core dependencies"
@@ -129,9 +142,24 @@ def test_installed_wheel_plans_a_job_outside_the_checkout(wheel, tmp_path):
     snap = tmp_path / "snap.json"
     snap.write_text(synthetic(LOCAL).model_dump_json())
     job_dir = outside / "jobs" / "j"
-    res = _run([str(bin_dir / "fsbatch"), str(EXAMPLES / "llama2-7b.yaml"), "--dry-run", "--backend", "static",
-                "--snapshot", str(snap), "--site", str(ROOT / "site_configs" / "devcluster.yaml"),
-                "--job-dir", str(job_dir)], RUN_TIMEOUT_S, env=env, cwd=outside)
+    res = _run(
+        [
+            str(bin_dir / "fsbatch"),
+            str(EXAMPLES / "llama2-7b.yaml"),
+            "--dry-run",
+            "--backend",
+            "static",
+            "--snapshot",
+            str(snap),
+            "--site",
+            str(ROOT / "site_configs" / "devcluster.yaml"),
+            "--job-dir",
+            str(job_dir),
+        ],
+        RUN_TIMEOUT_S,
+        env=env,
+        cwd=outside,
+    )
     out = res.stdout
     partitions = re.findall(r"^#SBATCH --partition=(\S+)$", out, re.M)
     gres = re.findall(r"^#SBATCH --gres=gpu:(\w+):(\d+)$", out, re.M)
