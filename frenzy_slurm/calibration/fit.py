@@ -12,7 +12,8 @@ slot counts differ; otherwise it stays at its prior (factor 1, 0 s). The fit min
 error with scipy's bounded least squares under a soft-L1 loss, so a 0.1 s job counts as much as a 10 s
 one and a run slowed by a contended node does not drag the fit.
 
-Memory, per framework mode: the median over jobs of each job's median measured/predicted peak.
+Memory, per framework mode: the median over jobs of each job's median measured/predicted peak, after
+leaving out jobs far from the others (median/MAD): a few fabricated or broken measurements cannot move it.
 
 A correction outside its bounds (limits) or resting on fewer than `min_jobs` jobs is reported in
 `not_applied`, never written as applied.
@@ -32,6 +33,23 @@ MIN_SPREAD = 1.5
 MIN_COMPUTE_SHARE = 0.05
 # relative residual beyond which a job's influence on the fit grows only like its square root
 ROBUST_SCALE = 0.1
+# memory: a job's measured/predicted more than this many robust deviations from the median is an outlier
+# (3.5, Iglewicz and Hoaglin's cut-off for the modified z-score), the deviation at least 2% of the median
+OUTLIER_MADS = 3.5
+MIN_SPREAD_REL = 0.02
+
+
+def reject_outliers(values: list[float]) -> tuple[list[int], list[int]]:
+    """(kept, rejected) indices: a value whose distance from the median exceeds OUTLIER_MADS robust standard
+    deviations (1.4826 x MAD, at least MIN_SPREAD_REL of the median: identical honest jobs give MAD 0) is
+    rejected. Needs three values; fewer are all kept (nothing to compare with)."""
+    if len(values) < 3:
+        return list(range(len(values))), []
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    scale = max(1.4826 * mad, MIN_SPREAD_REL * abs(med))
+    kept = [i for i, v in enumerate(values) if abs(v - med) <= OUTLIER_MADS * scale]
+    return kept, [i for i in range(len(values)) if i not in kept]
 
 
 def _median_rel_error(pred: list[float], meas: list[float]) -> float:
@@ -116,6 +134,15 @@ def fit_memory(obs: list[Observation], limits: Limits) -> tuple[list[MemoryCorre
             notes.append(f"memory {mode}: {len(group)} job(s), fewer than min_jobs({limits.min_jobs}); not applied")
             continue
         per_job = [statistics.median(meas / pred for pred, meas in o.memory) for o in group]
+        kept, outliers = reject_outliers(per_job)
+        for i in outliers:
+            notes.append(f"memory {mode}: {group[i].job_dir} measured/predicted x{per_job[i]:.3g}, far from the other "
+                         f"jobs' median x{statistics.median(per_job):.3g} (median/MAD test); left out")
+        group, per_job = [group[i] for i in kept], [per_job[i] for i in kept]
+        if len(group) < limits.min_jobs:
+            notes.append(f"memory {mode}: {len(group)} job(s) without outliers, fewer than "
+                         f"min_jobs({limits.min_jobs}); not applied")
+            continue
         factor = statistics.median(per_job)
         if not (1 / limits.max_memory_factor <= factor <= limits.max_memory_factor):
             notes.append(f"memory {mode}: measured/predicted is x{factor:.3g}, outside the bound "

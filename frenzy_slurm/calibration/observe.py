@@ -8,7 +8,7 @@ step (graph warm-up, allocator growth, first collectives) and the step the train
 
 from __future__ import annotations
 
-import json
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +16,7 @@ from pathlib import Path
 from frenzy_slurm.cluster.site import SiteConfig
 
 WARMUP_STEPS = 1
+MAX_EPILOG_BYTES = 1 << 20  # one node's epilog record: a few KB
 
 
 def steady_step_time(step_times: list[float], profiled: list[int] | None = None) -> float | None:
@@ -87,12 +88,15 @@ def _plan_of(chosen):
 
 def read_epilog_dir(directory: Path) -> dict[str, list[dict]]:
     """The site epilog's records (contrib/slurm/epilog): job id -> one record per node."""
+    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.records import read_job_record
+
     out: dict[str, list[dict]] = {}
     for f in sorted(directory.glob("*.json")):
         try:
-            rec = json.loads(f.read_text())
+            rec = read_job_record(f, "epilog record", MAX_EPILOG_BYTES)  # regular files, bounded, no links
             out.setdefault(str(rec["job_id"]), []).append(rec)
-        except (OSError, json.JSONDecodeError, KeyError):
+        except (InputError, KeyError, TypeError):
             continue
     return out
 
@@ -115,10 +119,9 @@ def _epilog_metrics(records: list[dict], components: list) -> dict:
 
 
 def _job_id_of(job_dir: Path) -> str | None:
-    try:
-        return str(json.loads((job_dir / "submission.json").read_text())["job_id"])
-    except (OSError, json.JSONDecodeError, KeyError):
-        return None
+    from frenzy_slurm.calibration.verify import submitted_job_id
+
+    return submitted_job_id(job_dir)
 
 
 def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | None = None,
@@ -127,20 +130,22 @@ def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | Non
     memory (a user's script without NVML in its Python): `epilog`, read_epilog_dir()'s records, and
     `sacct_gib`, Slurm's own per-job GPU memory peaks (SlurmBackend.gpu_memory_peaks)."""
     from frenzy_slurm.errors import FrenzyError
-    from frenzy_slurm.render.planfile import read_plan
+    from frenzy_slurm.records import read_job_record
 
     job_id = _job_id_of(job_dir)
     records = (epilog or {}).get(job_id or "", [])
     slurm_peak = (sacct_gib or {}).get(int(job_id)) if job_id and job_id.isdigit() else None
-    if not (job_dir / "metrics.json").exists() and not records and slurm_peak is None:
+    if not os.path.lexists(job_dir / "metrics.json") and not records and slurm_peak is None:
         return "no metrics.json (not finished, or ran without the trainer or the NVML sampler) and no epilog record"
     try:
-        pf = read_plan(job_dir / "plan.json")
-        if (job_dir / "metrics.json").exists():
-            metrics = json.loads((job_dir / "metrics.json").read_text())
+        pf = _read_plan(job_dir / "plan.json")
+        if os.path.lexists(job_dir / "metrics.json"):
+            metrics = read_job_record(job_dir / "metrics.json", "metrics")  # bounded, regular, no link
+            if not isinstance(metrics, dict):
+                return "unreadable: metrics.json is not a JSON object"
         else:
             metrics = _epilog_metrics(records, pf.decision.chosen.components)
-    except (FrenzyError, OSError, json.JSONDecodeError) as exc:
+    except (FrenzyError, OSError) as exc:
         return f"unreadable: {getattr(exc, 'message', exc)}"
     chosen = pf.decision.chosen
     plan = chosen.plan
@@ -150,20 +155,51 @@ def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | Non
 
     w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params))
     parts = raw_step_parts(w, chosen, t.global_batch, site)
-    memory = []
-    for r in metrics.get("ranks") or []:
-        pred = r.get("predicted_gib", r.get("predicted_allocated_gib"))
-        meas = r.get("peak_gib")
-        if pred and meas:
-            memory.append((float(pred), float(meas)))
+    try:
+        memory = _memory_pairs(metrics)
+        measured = measured_step_time(metrics)
+    except (TypeError, ValueError, AttributeError):  # a metrics.json of the wrong shape is no measurement
+        return "unreadable: metrics.json has values of the wrong type (numbers expected)"
     if not memory and slurm_peak:  # sacct's gres/gpumem: the busiest task's device memory
         memory.append((max(c.peak_gib for c in chosen.components), slurm_peak))
     return Observation(
         job_dir=job_dir, job_id=metrics.get("job_id"), kind=chosen.kind,
         gpus=tuple(c.gpu_model for c in chosen.components), precision=t.precision, mode=f"{t.precision}/{t.method}",
         slots=plan.grad_accum + plan.pp - 1, compute_s=parts[0] if parts else None,
-        other_s=parts[1] if parts else None, measured_step_s=measured_step_time(metrics), memory=memory,
+        other_s=parts[1] if parts else None, measured_step_s=measured, memory=memory,
         note="" if parts else "step time: heterogeneous or pool no longer in the site file (memory only)")
+
+
+def _memory_pairs(metrics: dict) -> list[tuple[float, float]]:
+    """(predicted, measured) GiB of each rank that recorded both, as positive finite numbers."""
+    import math
+
+    pairs = []
+    for r in metrics.get("ranks") or []:
+        pred = r.get("predicted_gib", r.get("predicted_allocated_gib"))
+        meas = r.get("peak_gib")
+        if pred and meas:
+            pair = (float(pred), float(meas))
+            if not all(math.isfinite(v) and v > 0 for v in pair):
+                raise ValueError("not a positive number")
+            pairs.append(pair)
+    return pairs
+
+
+def _read_plan(path: Path):
+    """plan.json as a job directory holds it: a bounded read of a regular file, not through a link."""
+    from pydantic import ValidationError
+
+    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.records import read_job_record
+    from frenzy_slurm.render.planfile import PlanFile
+    from frenzy_slurm.yamlfile import format_validation_error
+
+    data = read_job_record(path, "plan")
+    try:
+        return PlanFile.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(format_validation_error(str(path), exc)) from None
 
 
 def job_dirs_under(root: Path) -> list[Path]:

@@ -23,16 +23,22 @@ from frenzy_slurm.errors import InputError
 DEFAULT_VALID_DAYS = 90
 
 
-def _sacct_peaks(dirs: list[Path]) -> dict[int, float] | None:
-    """Slurm's per-job GPU memory peaks for the job directories' jobs: one sacct query, None without Slurm."""
-    from frenzy_slurm.calibration.observe import _job_id_of
-    from frenzy_slurm.slurm import SlurmUnavailable, open_backend
+def accounting_backend():
+    """The Slurm seam calibrate asks about jobs (accounting, GPU memory peaks): the CLI tools' sacct."""
+    from frenzy_slurm.slurm import open_backend
 
-    ids = [int(j) for j in (_job_id_of(d) for d in dirs) if j and j.isdigit()]
+    return open_backend("cli")
+
+
+def _sacct_peaks(backend, job_ids: list[str | None]) -> dict[int, float] | None:
+    """Slurm's per-job GPU memory peaks for the accepted jobs: one sacct query, None without Slurm."""
+    from frenzy_slurm.slurm import SlurmUnavailable
+
+    ids = [int(j) for j in job_ids if j and j.isdigit()]
     if not ids:
         return None
     try:
-        return open_backend("cli").gpu_memory_peaks(ids)
+        return backend.gpu_memory_peaks(ids)
     except SlurmUnavailable:
         return None
 
@@ -89,17 +95,22 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
             raise InputError(f"no job directories under {root}: pass JOB_DIR arguments or set FRENZY_JOBS_DIR.")
     if since_days is not None:
         cutoff = time.time() - since_days * 86400
-        dirs = [d for d in dirs if (d / "metrics.json").exists() and (d / "metrics.json").stat().st_mtime >= cutoff]
+        dirs = [d for d in dirs if os.path.lexists(d / "metrics.json") and os.lstat(d / "metrics.json").st_mtime >= cutoff]
         if not dirs:
             raise InputError(f"no job measured in the last {since_days:g} days among the directories given.")
     try:
         import scipy  # noqa: F401
     except ImportError:
         raise InputError("fitting needs numpy and scipy: pip install 'frenzy-slurm[calibrate]'.") from None
+    from frenzy_slurm.calibration.verify import verify_jobs
+
+    # a directory is evidence only if Slurm's accounting knows its job, run by the directory's owner
+    backend = accounting_backend()
+    verdict = verify_jobs(dirs, backend)
     observations, skipped = [], []
     epilog = read_epilog_dir(epilog_dir) if epilog_dir else None
-    sacct = _sacct_peaks(dirs) if use_sacct else None
-    for d in dirs:
+    sacct = _sacct_peaks(backend, [j for _, j, _ in verdict.accepted]) if use_sacct else None
+    for d in verdict.dirs:
         got = observe(d, site_cfg, epilog, sacct)
         if isinstance(got, str):
             skipped.append(f"{d}: {got}")
@@ -123,9 +134,15 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
         write_calibration(path, cal)
     if as_json:
         print_json({"path": str(path), "written": not dry_run and not empty, "calibration": cal.model_dump(mode="json"),
-                    "skipped": skipped})
+                    "skipped": skipped, "accounting": verdict.accounting,
+                    "accepted": [{"job_dir": str(d), "job_id": j, "why": why} for d, j, why in verdict.accepted],
+                    "rejected": [{"job_dir": str(d), "why": why} for d, why in verdict.rejected]})
         return
     click.echo(f"{len(observations)} measured job(s) from {len(dirs)} director(ies); site file {site_path}")
+    for d, _, why in verdict.accepted:
+        click.echo(f"accepted: {d}: {why}")
+    for d, why in verdict.rejected:
+        click.echo(f"rejected: {d}: {why}")
     if steps:
         rows = [[c.gpu if c.gpu != "*" else "site-wide", c.precision, f"x{c.efficiency_factor:.3g}",
                  f"{c.step_overhead_s:.4g}", f"{c.microbatch_overhead_s:.4g}", str(c.jobs), f"{c.raw_error:.1%}",

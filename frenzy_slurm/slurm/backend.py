@@ -74,6 +74,8 @@ class AccountingRecord:
     start: int | None = None
     end: int | None = None
     elapsed_s: int | None = None
+    user: str | None = None  # who ran it: calibrate accepts a job directory only of the job's own user
+    work_dir: str | None = None  # the job's working directory (frenzy-slurm's job directory)
 
 
 class SlurmBackend(Protocol):

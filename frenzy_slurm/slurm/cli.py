@@ -342,7 +342,7 @@ class SlurmCliBackend:
         if not ids:
             return {}
         argv = ["sacct", "-n", "-X", "-P", "-j", ",".join(map(str, ids)),
-                "-o", "JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw"]
+                "-o", "JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw,User,WorkDir"]
         try:
             res = run(argv, timeout=self.timeout, env=dict(os.environ, **TIME_ENV))
         except (SlurmCommandError, SlurmUnavailable):
@@ -394,7 +394,8 @@ def parse_gpumem(text: str) -> dict[int, float]:
 
 
 def parse_sacct(text: str) -> dict[int, AccountingRecord]:
-    """`sacct -n -X -P -o JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw` rows, keyed by job id.
+    """`sacct -n -X -P -o JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw,User,WorkDir` rows, keyed by job id
+    (User and WorkDir may be absent; WorkDir is last, so a `|` in a path stays in it).
 
     A heterogeneous job's components (JobID `123+0`, `123+1`) are also filed under the leader's id
     (the first component's record), as users know the job by that id.
@@ -406,7 +407,9 @@ def parse_sacct(text: str) -> dict[int, AccountingRecord]:
             continue
         state = f[2].split()[0] if f[2].strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
         rec = AccountingRecord(job_id=int(f[0]), state=state, exit_code=f[3] or None, start=_epoch(f[4]),
-                               end=_epoch(f[5]), elapsed_s=int(f[6]) if f[6].isdigit() else None)
+                               end=_epoch(f[5]), elapsed_s=int(f[6]) if f[6].isdigit() else None,
+                               user=(f[7].strip() or None) if len(f) > 7 else None,
+                               work_dir=("|".join(f[8:]) or None) if len(f) > 8 else None)
         out[rec.job_id] = rec
         leader, plus, offset = f[1].partition("+")
         if plus and leader.isdigit() and offset.split(".")[0] == "0":

@@ -233,7 +233,8 @@ class FakeSlurm:
             if j is not None:
                 out[i] = AccountingRecord(job_id=i, state=j.state, exit_code="0:0" if j.state == "COMPLETED" else None,
                                           start=int(j.start) if j.start else None, end=int(j.end) if j.end else None,
-                                          elapsed_s=int((j.end or self.now) - j.start) if j.start else None)
+                                          elapsed_s=int((j.end or self.now) - j.start) if j.start else None,
+                                          user=j.user, work_dir=str(j.workdir) if j.workdir else None)
         return out
 
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
