@@ -39,6 +39,15 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _force_turn(submission: str, force: bool):
+    """The lock that serialises `--force` runs of one submission (nothing for any other run)."""
+    from contextlib import nullcontext
+
+    from frenzy_slurm.submit.jobdir import user_lock
+
+    return user_lock(f"{submission}-force") if force else nullcontext()
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model_yaml", type=existing_file)
 @click.option("--dry-run", is_flag=True, help="Do everything but submit: print the script that would run.")
@@ -96,31 +105,34 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
                       backend=None if cluster.name == "static" else cluster, now=time.time())
     shared = site_cfg.job_dirs_group_readable  # the site may let the user's group read job directories
     req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates, group_readable=shared)
-    kept: Path | None = None
-    if force and not dry_run:
-        from frenzy_slurm.submit.jobdir import job_outputs, next_free_dir
+    # Concurrent --force runs of one submission take turns from choosing the directory to submitting, so each
+    # sees the directory the other took (both used to choose NAME.2, and the second was told to use --force).
+    with _force_turn(req.submission, force and not dry_run):
+        kept: Path | None = None
+        if force and not dry_run:
+            from frenzy_slurm.submit.jobdir import job_outputs, next_free_dir
 
-        if job_outputs(req.job_dir):  # an earlier job's directory is never reused: plan into a fresh one
-            kept = req.job_dir
-            req = render_job(spec, model_yaml, model, w, decision, options, next_free_dir(req.job_dir), templates,
-                             group_readable=shared)
-    calibration = job_record(applied, raw_site, w, decision, spec.training.global_batch)
-    req.files["calibration.json"] = json.dumps(calibration, indent=2) + "\n"  # fsqueue JOBID shows it
-    chosen = decision.chosen
-    summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, "
-               f"{' + '.join(f'{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}' for c in chosen.components)} per GPU, "
-               f"start {'now' if chosen.start_source == 'now' else hms(chosen.start - decision.decided_at) + ' from now'}, "
-               f"run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
-    result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,
-                    "decision": json.loads(decision.model_dump_json()),
-                    "user_code_ran": model.exact_params is not None, "calibration": calibration}
-    if kept is not None:
-        result["earlier_job_dir"] = str(kept)  # --force planned into a fresh directory; this one is untouched
-    if not dry_run:
-        from frenzy_slurm.submit import submit
+            if job_outputs(req.job_dir):  # an earlier job's directory is never reused: plan into a fresh one
+                kept = req.job_dir
+                req = render_job(spec, model_yaml, model, w, decision, options, next_free_dir(req.job_dir), templates,
+                                 group_readable=shared)
+        calibration = job_record(applied, raw_site, w, decision, spec.training.global_batch)
+        req.files["calibration.json"] = json.dumps(calibration, indent=2) + "\n"  # fsqueue JOBID shows it
+        chosen = decision.chosen
+        summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, "
+                   f"{' + '.join(f'{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}' for c in chosen.components)} per GPU, "
+                   f"start {'now' if chosen.start_source == 'now' else hms(chosen.start - decision.decided_at) + ' from now'}, "
+                   f"run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
+        result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,
+                        "decision": json.loads(decision.model_dump_json()),
+                        "user_code_ran": model.exact_params is not None, "calibration": calibration}
+        if kept is not None:
+            result["earlier_job_dir"] = str(kept)  # --force planned into a fresh directory; this one is untouched
+        if not dry_run:
+            from frenzy_slurm.submit import submit
 
-        done = submit(req, cluster, force=force, group_readable=shared)
-        result["job_id"] = done.job_id
+            done = submit(req, cluster, force=force, group_readable=shared)
+            result["job_id"] = done.job_id
     if as_json:
         if dry_run:
             result["script"] = req.script
