@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from frenzy_slurm.errors import EXIT_BAD_INPUT, FrenzyError
+from frenzy_slurm.jobspec import resolve_model
+from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.render import render_job
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.jobspec import resolve_model
-from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.submit import jobdir, submit
 
 from .helpers import LOCAL, make_spec, plan
@@ -407,7 +407,8 @@ def test_a_segment_planted_by_another_user_stops_the_job(shm_env, other_user):
     from .users import as_user
 
     planted = segment_path(0, shm_env)
-    code = f"import os; os.close(os.open({str(planted)!r}, os.O_CREAT | os.O_RDWR, 0o666)); os.chmod({str(planted)!r}, 0o666)"
+    code = (f"import os; os.close(os.open({str(planted)!r}, os.O_CREAT | os.O_RDWR, 0o666)); "
+            f"os.chmod({str(planted)!r}, 0o666)")
     res = as_user(other_user, [sys.executable, "-c", code], cwd=Path("/"))
     assert res.returncode == 0, res.stderr
     assert os.stat(planted).st_uid == other_user.uid

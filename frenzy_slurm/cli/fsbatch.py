@@ -119,9 +119,10 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
         calibration = job_record(applied, raw_site, w, decision, spec.training.global_batch)
         req.files["calibration.json"] = json.dumps(calibration, indent=2) + "\n"  # fsqueue JOBID shows it
         chosen = decision.chosen
-        summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, "
-                   f"{' + '.join(f'{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}' for c in chosen.components)} per GPU, "
-                   f"start {'now' if chosen.start_source == 'now' else hms(chosen.start - decision.decided_at) + ' from now'}, "
+        memory = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in chosen.components)
+        start = "now" if chosen.start_source == "now" else hms(chosen.start - decision.decided_at) + " from now"
+        summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, {memory} per GPU, "
+                   f"start {start}, "
                    f"run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
         result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,
                         "decision": json.loads(decision.model_dump_json()),

@@ -129,8 +129,8 @@ def check_share(tag_dir: Path, rank: int, world: int) -> list[str]:
 
 
 def resume_tag(ckpt_dir: Path) -> tuple[str | None, list[str]]:
-    """The checkpoint to resume from: the newest step tag with a manifest (complete: written after every rank saved), and the
-    newer tags passed over for lacking one (a save cut short between DeepSpeed's files and the manifest)."""
+    """The checkpoint to resume from: the newest step tag with a manifest (complete: written after every rank
+    saved), and the newer tags passed over for lacking one (a save cut short before its manifest)."""
     try:
         steps = sorted((int(m.group(1)), p) for p in ckpt_dir.iterdir()
                        if p.is_dir() and not p.is_symlink() and (m := _TAG.match(p.name)))
