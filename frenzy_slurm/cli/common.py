@@ -2,25 +2,61 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import os
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import click
 
-from frenzy_slurm.errors import FrenzyError
+from frenzy_slurm.errors import EXIT_FAILURE, FrenzyError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# What to do when a file cannot be written, by errno (the rest get the system's own words).
+_OS_FIXES = {
+    errno.ENOSPC: "the file system is full: free space there (or point FRENZY_JOBS_DIR / --job-dir elsewhere) "
+                  "and run the command again",
+    errno.EDQUOT: "your disk quota is exceeded there: free space (`quota -s` shows it) or use another directory, "
+                  "and run the command again",
+    errno.EROFS: "that file system is mounted read-only: use a writable directory (FRENZY_JOBS_DIR, --job-dir, "
+                 "XDG_CACHE_HOME) and run the command again",
+    errno.EACCES: "permission denied: check the owner and mode of the file and the directories above it",
+}
+
+
+def os_error_message(exc: OSError) -> str:
+    """An OSError as one line: the file, the system's words, and the fix where there is a usual one."""
+    where = f" {exc.filename}" if exc.filename else ""
+    fix = _OS_FIXES.get(exc.errno or 0)
+    return f"cannot read or write{where}: {exc.strerror or exc}" + (f"; {fix}." if fix else ".")
+
+
+def safe_output() -> None:
+    """Printing never fails on text another user put in Slurm (a job name with U+FFFD or odd characters):
+    characters the terminal's encoding lacks are replaced instead of raising UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):
+                pass  # a closed or detached stream
+
+
 def reports_errors(prog: str) -> Callable[[F], F]:
-    """Turn FrenzyError into `prog: error: ...` on stderr and its exit code."""
+    """Turn FrenzyError into `prog: error: ...` on stderr and its exit code; an OSError (disk full, quota,
+    read-only file system) into one message and exit 1, never a traceback."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
+            safe_output()
             try:
                 return fn(*args, **kwargs)
             except FrenzyError as exc:
@@ -30,6 +66,13 @@ def reports_errors(prog: str) -> Callable[[F], F]:
             except KeyboardInterrupt:
                 click.echo(f"{prog}: interrupted", err=True)
                 sys.exit(130)
+            except BrokenPipeError:  # `fsqueue | head`: the reader left; say nothing more
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                sys.exit(EXIT_FAILURE)
+            except OSError as exc:
+                click.echo(f"{prog}: error: {os_error_message(exc)}", err=True)
+                sys.exit(EXIT_FAILURE)
 
         return inner  # type: ignore[return-value]
 
@@ -44,17 +87,27 @@ def _numeric(cell: str) -> bool:
     return cell.replace(".", "", 1).replace("%", "").replace("-", "", 1).isdigit()
 
 
+def printable(text: str) -> str:
+    """One table cell as the terminal should see it: control and format characters (a newline, a tab, an
+    escape sequence in another user's job name) shown as `?`, so a cell is one line and cannot drive the
+    terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or unicodedata.category(c) == "Zs" else "?" for c in text)
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
     """Text columns like sinfo's: numeric columns right-aligned, the rest left-aligned.
 
     tabulate does the layout; number parsing is off so values print exactly as the caller formatted them.
+    Cells pass through `printable`.
     """
     from tabulate import tabulate
 
-    cols = list(zip(*rows)) if rows else [()] * len(header)
-    align = ["right" if col and all(_numeric(str(c)) for c in col) else "left" for col in cols]
-    text = tabulate([[str(c) for c in r] for r in rows], headers=header, tablefmt="plain", disable_numparse=True,
-                    colalign=align)
+    cells = [[printable(str(c)) for c in r] for r in rows]
+    cols = list(zip(*cells)) if cells else [()] * len(header)
+    align = ["right" if col and all(_numeric(c) for c in col) else "left" for col in cols]
+    text = tabulate(cells, headers=header, tablefmt="plain", disable_numparse=True, colalign=align)
     return "\n".join(line.rstrip() for line in text.splitlines())
 
 

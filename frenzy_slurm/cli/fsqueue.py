@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, print_json, reports_errors, table
+from frenzy_slurm.cli.common import backend_options, print_json, printable, reports_errors, table
 from frenzy_slurm.cli.plan_view import fmt_gib, hms
 from frenzy_slurm.errors import InputError
 
@@ -82,14 +82,14 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
     if as_json:
         print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
         return
-    click.echo(f"job {t.job_id} {t.name}: {t.state}" + (f", exit code {t.finished['exit_code']}" if t.finished else ""))
+    click.echo(f"job {t.job_id} {printable(t.name)}: {t.state}" + (f", exit code {t.finished['exit_code']}" if t.finished else ""))
     if t.plan is not None:
         a = t.plan.decision.chosen
         click.echo(f"  plan: {a.kind} {a.label()} | {a.plan.short()} | predicted step {a.step_time_s:.3g} s, "
                    f"run time {hms(a.run_time_s)}")
     for c in t.components:
         click.echo(f"  component {c.display_id}: {c.state} partition={c.partition} {c.gpus}x{c.gpu_type} "
-                   f"nodes={','.join(c.nodes) or '-'}" + (f" reason={c.reason}" if c.reason else ""))
+                   f"nodes={','.join(c.nodes) or '-'}" + (f" reason={printable(c.reason)}" if c.reason else ""))
     if t.elapsed_s is not None:
         click.echo(f"  elapsed {hms(t.elapsed_s)}, predicted remaining {hms(t.predicted_remaining_s or 0)}")
     click.echo(f"  job directory: {t.job_dir or '-'}")

@@ -22,7 +22,7 @@ from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentReq
                                         Submitted)
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_parsable,
-                                      parse_test_only, parse_time_minutes)
+                                      parse_test_only, parse_time_minutes, reading)
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
 
 
@@ -48,6 +48,11 @@ FEATURES = [
 ]
 # times in text answers (squeue -o %S, sacct, sbatch --test-only) follow SLURM_TIME_FORMAT: ask for ISO
 TIME_ENV = {"SLURM_TIME_FORMAT": "standard"}
+# Caps on answers that are small by nature (run.MAX_ANSWER_BYTES bounds the listings of nodes and jobs)
+SMALL_ANSWER = 1 << 20  # sinfo --version, sbatch --parsable and --test-only, scontrol ping
+CONFIG_ANSWER = 16 << 20  # scontrol show config / show partition
+# sbatch gives up by itself after slurm.conf's MessageTimeout (10 s by default) and retries a busy controller
+SUBMIT_TIMEOUT_S = 60.0
 
 
 def features_for(version: tuple[int, int]) -> Features:
@@ -55,9 +60,10 @@ def features_for(version: tuple[int, int]) -> Features:
 
 
 def parse_version(text: str) -> tuple[int, int]:
-    m = re.search(r"(\d+)\.(\d+)", text)
+    # (?<!\d): a match starts only where a run of digits starts, so a long run of digits costs linear time
+    m = re.search(r"(?<!\d)(\d+)\.(\d+)", text)
     if not m:
-        raise SlurmUnexpected(f"cannot read the Slurm version from '{text.strip()}'")
+        raise SlurmUnexpected(f"unexpected Slurm output: cannot read the Slurm version from '{text.strip()[:200]}'")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -126,11 +132,24 @@ def job_from_json(j: dict) -> Job:
 
 
 def json_list(text: str, key: str, argv: list[str]) -> list[dict]:
-    """The `key` list of a Slurm JSON answer. Slurm 22.05 answers a controller outage with exit 0, an
-    `errors` list and an empty list (tests/data/slurm-22.05/down-*.out): that is an outage, not an empty cluster."""
-    payload = json.loads(text)
-    items = payload[key]
-    errors = [e for e in payload.get("errors") or [] if isinstance(e, dict)]
+    """The `key` list of a Slurm JSON answer, every item an object. Slurm 22.05 answers a controller outage with
+    exit 0, an `errors` list and an empty list (tests/data/slurm-22.05/down-*.out): that is an outage, not an
+    empty cluster. Any other shape is SlurmUnexpected (exit 6).
+
+    strict=False: control characters (a tab or newline in a job name) are taken as they are inside strings."""
+    payload = json.loads(text, strict=False)
+    if not isinstance(payload, dict):
+        raise SlurmUnexpected(f"unexpected Slurm output: '{' '.join(argv)}' answered a JSON "
+                              f"{type(payload).__name__}, not an object with a \"{key}\" list")
+    items = payload.get(key)
+    errors = payload.get("errors")
+    errors = [e for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
+    if items is not None and (not isinstance(items, list) or not all(isinstance(i, dict) for i in items)):
+        bad = items if not isinstance(items, list) else next(i for i in items if not isinstance(i, dict))
+        raise SlurmUnexpected(f"unexpected Slurm output: '{' '.join(argv)}' answered a \"{key}\" list with "
+                              f"{type(bad).__name__} {str(bad)[:80]!r} where an object was expected")
+    if items is None and not errors:
+        raise SlurmUnexpected(f"unexpected Slurm output: '{' '.join(argv)}' answered JSON without a \"{key}\" list")
     if errors and not items:
         what = "; ".join(str(e.get("description") or e.get("error") or e) for e in errors)
         raise SlurmUnavailable(f"Slurm is unreachable: '{' '.join(argv)}' answered with errors ({what}) and no {key}. "
@@ -140,8 +159,25 @@ def json_list(text: str, key: str, argv: list[str]) -> list[dict]:
 
 def cluster_name_from_config(text: str) -> str:
     """`scontrol -o show config` -> ClusterName ('' when absent)."""
-    m = re.search(r"^ClusterName\s*=\s*(\S+)", text, re.MULTILINE)
-    return m.group(1) if m else ""
+    for line in text.splitlines():
+        key, eq, value = line.partition("=")
+        if eq and key.strip() == "ClusterName":
+            return value.strip().split()[0][:200] if value.strip() else ""
+    return ""
+
+
+_KEY = re.compile(r"\w+")
+
+
+def scontrol_fields(line: str) -> dict[str, str]:
+    """`Key=Value Key2=Value2 ...` of one `scontrol -o` line, in linear time (a regex such as `(\\w+)=(\\S*)`
+    backtracks quadratically over a long run of word characters: 150 s for a 4 MB line)."""
+    out: dict[str, str] = {}
+    for token in line.split():
+        key, eq, value = token.partition("=")
+        if eq and _KEY.fullmatch(key):
+            out[key] = value
+    return out
 
 
 def partitions_from_scontrol(text: str) -> list[Partition]:
@@ -149,7 +185,7 @@ def partitions_from_scontrol(text: str) -> list[Partition]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        kv = dict(re.findall(r"(\w+)=(\S*)", line))
+        kv = scontrol_fields(line)
         if "PartitionName" not in kv:
             raise SlurmUnexpected(f"scontrol show partition printed an unexpected line: {line[:200]}")
         out.append(Partition(
@@ -234,9 +270,10 @@ class SlurmCliBackend:
             conf = os.environ.get("SLURM_CONF")
             if conf and not Path(conf).is_file():  # the tools would spend ~20 s on DNS SRV look-ups first
                 raise SlurmUnavailable(f"SLURM_CONF={conf} does not exist; point it at the cluster's slurm.conf.")
-            out = run(["sinfo", "--version"], timeout=self.timeout).stdout
-            self.version = out.strip().split()[-1] if out.strip() else None
-            self._features = features_for(parse_version(out))
+            out = run(["sinfo", "--version"], timeout=self.timeout, max_bytes=SMALL_ANSWER).stdout
+            version = parse_version(out)
+            self.version = out.strip().split()[-1][:40] if out.strip() else None
+            self._features = features_for(version)
         return self._features
 
     def _use_json(self) -> bool:
@@ -248,16 +285,11 @@ class SlurmCliBackend:
         return ["squeue", "-h", "--states=all", "-o", SQUEUE_TEXT_FORMAT, *extra]
 
     def _parse_jobs(self, text: str) -> list[Job]:
-        try:
-            if self._use_json():
+        use_json = self._use_json()
+        with reading("squeue --json" if use_json else "squeue -o", self.version):
+            if use_json:
                 return [job_from_json(j) for j in json_list(text, "jobs", ["squeue", "--json"])]
             return jobs_from_text(text)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise self._unexpected(exc) from None
-
-    def _unexpected(self, exc: Exception) -> SlurmUnexpected:
-        return SlurmUnexpected(f"could not read Slurm's answer ({type(exc).__name__}: {exc}); "
-                               f"Slurm {self.version}; try --backend static or report it")
 
     def load(self) -> ClusterView:
         use_json = self._use_json()
@@ -269,22 +301,25 @@ class SlurmCliBackend:
         cmds["partitions"] = ["scontrol", "-o", "show", "partition"]
         with ThreadPoolExecutor(max_workers=3) as pool:
             env = dict(os.environ, **TIME_ENV)
-            futures = {k: pool.submit(run, argv, self.timeout, env=env) for k, argv in cmds.items()}
+            futures = {k: pool.submit(run, argv, self.timeout, env=env,
+                                      max_bytes=CONFIG_ANSWER if k == "partitions" else None)
+                       for k, argv in cmds.items()}
             out = {k: f.result().stdout for k, f in futures.items()}
-        try:
+        with reading(" ".join(cmds["nodes"]), self.version):
             if use_json:
                 nodes = [node_from_json(n) for n in json_list(out["nodes"], "nodes", cmds["nodes"])]
             else:
                 nodes = nodes_from_text(out["nodes"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise self._unexpected(exc) from None
         jobs = self._parse_jobs(out["jobs"])
-        partitions = partitions_from_scontrol(out["partitions"])
+        with reading("scontrol -o show partition", self.version):
+            partitions = partitions_from_scontrol(out["partitions"])
         nodes.sort(key=lambda n: n.name)
         jobs.sort(key=lambda j: j.job_id)
-        config = run(["scontrol", "-o", "show", "config"], timeout=self.timeout, check=False).stdout
-        return ClusterView(cluster=cluster_name_from_config(config), backend=self.name, slurm_version=self.version,
-                           partitions=partitions, nodes=nodes, jobs=jobs)
+        config = run(["scontrol", "-o", "show", "config"], timeout=self.timeout, check=False,
+                     max_bytes=CONFIG_ANSWER).stdout
+        with reading("scontrol -o show config", self.version):
+            return ClusterView(cluster=cluster_name_from_config(config), backend=self.name,
+                               slurm_version=self.version, partitions=partitions, nodes=nodes, jobs=jobs)
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
         argv = ["sbatch", "--test-only"]
@@ -297,15 +332,19 @@ class SlurmCliBackend:
                      f"--mem-per-cpu={c.mem_per_gpu_mb}M", f"--time={c.time_min}"]
         # the answer is on stderr; a refused request fails with the reason, which run() reports
         res = run(argv, timeout=self.timeout, input_text="#!/bin/sh\ntrue\n", env=dict(os.environ, **TIME_ENV))
-        start, nodes, _ = parse_test_only(res.stderr + res.stdout)
+        with reading("sbatch --test-only", self.version):
+            start, nodes, _ = parse_test_only(res.stderr + res.stdout)
         return StartEstimate(start=start, nodes=nodes, source="test-only")
 
     def submit(self, job: BatchJob) -> Submitted:
         """`sbatch --parsable SCRIPT`: the script's own #SBATCH lines (components, comment, chdir) say it all.
-        Run under the job's umask, so that Slurm creates the job's output files private too."""
+        Run under the job's umask, so that Slurm creates the job's output files private too, and in its own
+        process group, so that a Ctrl-C at the terminal reaches fsbatch (which finishes recording) and not
+        sbatch halfway through sending the job."""
         argv = ["sbatch", "--parsable", str(job.script)]
-        res = run(argv, timeout=60, umask=job.umask)
-        job_id, cluster = parse_parsable(res.stdout)
+        res = run(argv, timeout=SUBMIT_TIMEOUT_S, umask=job.umask, max_bytes=SMALL_ANSWER, own_process_group=True)
+        with reading("sbatch --parsable", self.version):
+            job_id, cluster = parse_parsable(res.stdout)
         return Submitted(job_id=job_id, cluster=cluster, argv=argv)
 
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
@@ -347,7 +386,8 @@ class SlurmCliBackend:
             res = run(argv, timeout=self.timeout, env=dict(os.environ, **TIME_ENV))
         except (SlurmCommandError, SlurmUnavailable):
             return None  # accounting disabled or slurmdbd down: callers fall back to the job directory
-        return parse_sacct(res.stdout)
+        with reading("sacct", self.version):
+            return parse_sacct(res.stdout)
 
 
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
@@ -360,7 +400,8 @@ class SlurmCliBackend:
             res = run(argv, timeout=self.timeout)
         except (SlurmCommandError, SlurmUnavailable):
             return None  # accounting disabled or slurmdbd down
-        return parse_gpumem(res.stdout)
+        with reading("sacct TRESUsageInMax", self.version):
+            return parse_gpumem(res.stdout)
 
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         """`srun` on one node of the pool; --immediate so a busy pool fails fast instead of queueing."""
@@ -383,8 +424,8 @@ def parse_gpumem(text: str) -> dict[int, float]:
     out: dict[int, float] = {}
     for line in text.splitlines():
         job, _, tres = line.partition("|")
-        m = re.match(r"\s*(\d+)", job)
-        g = re.search(r"(?:^|,)gres/gpumem=([\d.]+)([KMGTP]?)", tres)
+        m = re.match(r"\s*(\d+)", job, re.ASCII)
+        g = re.search(r"(?:^|,)gres/gpumem=(\d+(?:\.\d+)?)([KMGTP]?)(?:,|$)", tres, re.ASCII)
         if not m or not g:
             continue
         gib = float(g.group(1)) * _UNITS[g.group(2)] / (1 << 30)
@@ -403,15 +444,15 @@ def parse_sacct(text: str) -> dict[int, AccountingRecord]:
     out: dict[int, AccountingRecord] = {}
     for line in text.splitlines():
         f = line.split("|")
-        if len(f) < 7 or not f[0].strip().isdigit():
+        if len(f) < 7 or not (f[0].isascii() and f[0].strip().isdigit()):
             continue
         state = f[2].split()[0] if f[2].strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
         rec = AccountingRecord(job_id=int(f[0]), state=state, exit_code=f[3] or None, start=_epoch(f[4]),
-                               end=_epoch(f[5]), elapsed_s=int(f[6]) if f[6].isdigit() else None,
+                               end=_epoch(f[5]), elapsed_s=int(f[6]) if f[6].isascii() and f[6].isdigit() else None,
                                user=(f[7].strip() or None) if len(f) > 7 else None,
                                work_dir=("|".join(f[8:]) or None) if len(f) > 8 else None)
         out[rec.job_id] = rec
         leader, plus, offset = f[1].partition("+")
-        if plus and leader.isdigit() and offset.split(".")[0] == "0":
+        if plus and leader.isascii() and leader.isdigit() and offset.split(".")[0] == "0":
             out.setdefault(int(leader), rec)
     return out

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 # Node base states that take a node out of free capacity (Slurm's node_states plus flags we fold in).
 UNAVAILABLE_NODE_STATES = {"down", "drain", "drained", "draining", "fail", "failing", "future", "maint",
@@ -35,6 +35,28 @@ def job_phase(state: str) -> str:
     return JOB_STATES.get(state.upper().split()[0] if state else "", "unknown")
 
 
+def clean_text(value: object) -> object:
+    """Text that can always be printed and written as JSON: bytes decoded as UTF-8 and lone surrogates (from a
+    `surrogateescape` decoding, as pyslurm or a snapshot may hand over) replaced by U+FFFD. Names, comments and
+    directories of jobs come from any user of the cluster (`sbatch -J $'caf\\xe9'`); one of them must not
+    break the tools for everyone."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if not isinstance(value, str) or value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        try:
+            return value.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+        except UnicodeEncodeError:  # a surrogate no decoder made: replace it too
+            return value.encode("utf-8", errors="replace").decode("utf-8")
+
+
+Text = Annotated[str, BeforeValidator(clean_text)]
+
+
 class PoolKey(NamedTuple):
     """A GPU pool: one partition's GPUs of one GRES type."""
 
@@ -50,9 +72,9 @@ class _M(BaseModel):
 
 
 class Partition(_M):
-    name: str = Field(description="Partition name.")
-    state: str = Field("UP", description="UP, DOWN, DRAIN or INACTIVE.")
-    nodes: list[str] = Field(default_factory=list, description="Node names (expanded).")
+    name: Text = Field(description="Partition name.")
+    state: Text = Field("UP", description="UP, DOWN, DRAIN or INACTIVE.")
+    nodes: list[Text] = Field(default_factory=list, description="Node names (expanded).")
     is_default: bool = Field(False, description="The cluster's default partition.")
     default_time_min: int | None = Field(None, description="DefaultTime in minutes.")
     max_time_min: int | None = Field(None, description="MaxTime in minutes; null = unlimited.")
@@ -60,12 +82,12 @@ class Partition(_M):
 
 
 class Node(_M):
-    name: str = Field(description="Node name.")
-    partitions: list[str] = Field(default_factory=list, description="Partitions the node belongs to.")
-    state: str = Field(description="Base state, lower case (idle, mixed, allocated, down, drained, ...).")
-    flags: list[str] = Field(default_factory=list, description="State flags (DRAIN, RESERVED, ...), upper case.")
-    reason: str | None = Field(None, description="Why the node is down or drained.")
-    gpu_type: str | None = Field(None, description="GRES type of the node's GPUs (e.g. a100); null without GPUs.")
+    name: Text = Field(description="Node name.")
+    partitions: list[Text] = Field(default_factory=list, description="Partitions the node belongs to.")
+    state: Text = Field(description="Base state, lower case (idle, mixed, allocated, down, drained, ...).")
+    flags: list[Text] = Field(default_factory=list, description="State flags (DRAIN, RESERVED, ...), upper case.")
+    reason: Text | None = Field(None, description="Why the node is down or drained.")
+    gpu_type: Text | None = Field(None, description="GRES type of the node's GPUs (e.g. a100); null without GPUs.")
     gpus_total: int = Field(0, ge=0, description="GPUs configured.")
     gpus_used: int = Field(0, ge=0, description="GPUs allocated to jobs.")
     cpus: int = Field(0, ge=0, description="CPUs configured.")
@@ -88,20 +110,20 @@ class Job(_M):
     job_id: int = Field(description="Slurm job id (for a hetjob component, its own id).")
     het_job_id: int | None = Field(None, description="Leader id of a heterogeneous job; null otherwise.")
     het_job_offset: int | None = Field(None, description="Component index within the heterogeneous job.")
-    name: str = Field("", description="Job name.")
-    user: str = Field("", description="Owner.")
-    state: str = Field(description="Slurm job state as reported (RUNNING, PENDING, ...).")
-    reason: str | None = Field(None, description="Pending reason.")
-    partition: str = Field("", description="Partition (component's).")
-    nodes: list[str] = Field(default_factory=list, description="Allocated nodes (expanded).")
+    name: Text = Field("", description="Job name.")
+    user: Text = Field("", description="Owner.")
+    state: Text = Field(description="Slurm job state as reported (RUNNING, PENDING, ...).")
+    reason: Text | None = Field(None, description="Pending reason.")
+    partition: Text = Field("", description="Partition (component's).")
+    nodes: list[Text] = Field(default_factory=list, description="Allocated nodes (expanded).")
     node_count: int = Field(0, ge=0, description="Nodes requested or allocated.")
-    gpu_type: str | None = Field(None, description="Requested GPU type, if typed.")
+    gpu_type: Text | None = Field(None, description="Requested GPU type, if typed.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node requested.")
     start_time: int | None = Field(None, description="Start (or expected start for pending jobs), epoch seconds.")
     end_time: int | None = Field(None, description="End (or expected end), epoch seconds.")
     time_limit_min: int | None = Field(None, description="Time limit in minutes.")
-    comment: str = Field("", description="Job comment.")
-    workdir: str | None = Field(None, description="Working directory (frenzy-slurm's job directory).")
+    comment: Text = Field("", description="Job comment.")
+    workdir: Text | None = Field(None, description="Working directory (frenzy-slurm's job directory).")
 
     @property
     def phase(self) -> str:
@@ -120,9 +142,9 @@ class Job(_M):
 
 
 class ClusterView(_M):
-    cluster: str = Field("", description="Cluster name.")
-    backend: str = Field(description="Where the view came from: cli, pyslurm or static.")
-    slurm_version: str | None = Field(None, description="Version of the Slurm tools/daemons.")
+    cluster: Text = Field("", description="Cluster name.")
+    backend: Text = Field(description="Where the view came from: cli, pyslurm or static.")
+    slurm_version: Text | None = Field(None, description="Version of the Slurm tools/daemons.")
     taken_at: float = Field(default_factory=time.time, description="When the view was read, epoch seconds.")
     partitions: list[Partition] = Field(default_factory=list, description="Partitions.")
     nodes: list[Node] = Field(default_factory=list, description="Nodes.")

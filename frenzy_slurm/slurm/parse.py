@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from frenzy_slurm.errors import EXIT_SLURM_UNEXPECTED, FrenzyError
 from frenzy_slurm.jobspec.job import parse_slurm_time
@@ -15,6 +18,30 @@ class SlurmUnexpected(FrenzyError):
     exit_code = EXIT_SLURM_UNEXPECTED
 
 
+# What reading a malformed answer raises: bad numbers and dates (ValueError, OverflowError), wrong JSON shapes
+# (KeyError, TypeError, AttributeError, IndexError), JSON nested beyond Python's recursion limit (RecursionError)
+# and pydantic's ValidationError (a ValueError).
+_MALFORMED = (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError, OverflowError, UnicodeError)
+
+
+@contextmanager
+def reading(what: str, version: str | None = None) -> Iterator[None]:
+    """Turn any failure to read `what` (a Slurm answer) into SlurmUnexpected (exit 6): one message, no traceback."""
+    try:
+        yield
+    except SlurmUnexpected as exc:
+        if exc.message.startswith("unexpected Slurm output"):
+            raise
+        raise SlurmUnexpected(f"unexpected Slurm output from `{what}`: {exc.message}") from None
+    except _MALFORMED as exc:
+        detail = str(exc)
+        detail = detail if len(detail) <= 300 else detail[:300] + "..."
+        raise SlurmUnexpected(
+            f"unexpected Slurm output: could not read Slurm's answer to `{what}` ({type(exc).__name__}: {detail}); "
+            f"Slurm {version or '(version unknown)'}. Try --backend static, or report it with that command's "
+            "output.") from None
+
+
 _GRES_ITEM = re.compile(r"^(?:gres[:/])?gpu(?::(?P<type>[^:(,]+))?(?::(?P<count>\d+))?(?:\((?P<extra>[^)]*)\))?$")
 
 
@@ -22,6 +49,8 @@ def split_gres(text: str | None) -> list[str]:
     """Split a GRES list on commas that are not inside parentheses (IDX:0,2-3)."""
     if not text or text in ("(null)", "N/A"):
         return []
+    if "(" not in text:
+        return [i.strip() for i in text.split(",") if i.strip()]
     items, depth, cur = [], 0, ""
     for ch in text:
         if ch == "(":
@@ -81,7 +110,7 @@ def parse_time_minutes(text: str | int | None) -> int | None:
     try:
         return parse_slurm_time(text, allow_zero=True)
     except ValueError:
-        raise SlurmUnexpected(f"cannot read Slurm time '{text}'") from None
+        raise SlurmUnexpected(f"cannot read Slurm time '{str(text)[:100]}'") from None
 
 
 # Every form recorded in tests/data/slurm-*/test-only-*.err (src/api/allocate.c in each release):
@@ -111,7 +140,7 @@ def parse_parsable(stdout: str) -> tuple[int, str | None]:
     """`sbatch --parsable` prints `jobid` or `jobid;cluster` (after any warnings)."""
     first = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     job, _, cluster = first.partition(";")
-    if not job.strip().isdigit():
+    if not (job.strip().isascii() and job.strip().isdigit()):
         raise SlurmUnexpected(f"sbatch --parsable printed {stdout.strip()[:200]!r}, not a job id")
     return int(job), cluster.strip() or None
 
@@ -120,13 +149,14 @@ def num(value: object) -> int | None:
     """Slurm JSON numbers: plain ints (22.05) or {"set": bool, "infinite": bool, "number": n} (23.02+)."""
     if isinstance(value, bool):
         return int(value)
-    if isinstance(value, (int, float)):
-        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) else None
     if isinstance(value, dict):
         if value.get("infinite") or not value.get("set", True):
             return None
-        n = value.get("number")
-        return int(n) if n is not None else None
-    if isinstance(value, str) and value.isdigit():
+        return num(value.get("number")) if not isinstance(value.get("number"), dict) else None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     return None

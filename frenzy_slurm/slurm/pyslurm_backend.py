@@ -8,12 +8,16 @@ Written to pyslurm 25.11's API as observed on a real cluster (shared/docs/pyslur
   controller is down, so it is first done in a child process (verdict cached per pyslurm version and
   slurm.conf), only where the pyslurm release matches the running Slurm's (`sinfo --version`), and only
   after `scontrol ping` (answers in milliseconds) says the controller is up;
+- pyslurm decodes Slurm's strings as strict UTF-8 when an attribute is read: a job named with other bytes
+  (`sbatch -J $'caf\\xe9'`) raises UnicodeDecodeError; `_attr` reads such text with U+FFFD instead, and a
+  load that fails on it is read through the CLI backend (which decodes the same way), never an outage;
 - heterogeneous jobs cannot be submitted through it, so submission, cancellation, requeue, start estimates
   and accounting go through the CLI backend.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -28,7 +32,7 @@ from typing import Iterable
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
 from frenzy_slurm.slurm.cli import SlurmCliBackend, node_state, parse_version
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
-from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes
+from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes, reading
 from frenzy_slurm.slurm.run import SlurmUnavailable, run
 
 PROBE_TIMEOUT = 30.0
@@ -128,6 +132,16 @@ def try_import():
     return pyslurm
 
 
+def _attr(obj, name: str, default=None):
+    """An attribute of a pyslurm object; text that is not UTF-8 (pyslurm's strict decoding raises
+    UnicodeDecodeError, carrying the bytes) comes back decoded with U+FFFD for the invalid bytes."""
+    try:
+        value = getattr(obj, name, default)
+    except UnicodeDecodeError as exc:
+        return bytes(exc.object).decode("utf-8", errors="replace")
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+
+
 def _gres_dict_to_str(d: dict | None) -> str:
     return ",".join(f"{k.replace('gres/', '')}:{v}" for k, v in (d or {}).items())
 
@@ -156,21 +170,30 @@ class PyslurmBackend:
 
     @staticmethod
     def _job(j) -> Job:
-        gtype, gpn = parse_gpu_gres(_gres_dict_to_str(j.gres_per_node))
+        with reading("pyslurm.Jobs.load()"):
+            return PyslurmBackend._job_fields(j)
+
+    @staticmethod
+    def _job_fields(j) -> Job:
+        a = functools.partial(_attr, j)  # every text attribute may hold another user's bytes
+        gtype, gpn = parse_gpu_gres(_gres_dict_to_str(a("gres_per_node")))
+        nodes = a("num_nodes")
         if gpn == 0:  # asked with --gpus: gres_per_node is empty; the job's TRES (with accounting) has the total
-            gpus = getattr(j, "gpus", None) or {}
+            gpus = a("gpus") or {}
             total = _gpu_count(gpus)
             if total:
-                gtype, gpn = _gpu_type(gpus), -(-total // max(1, j.num_nodes or 1))
-        het = j.heterogeneous_id
-        reason = j.state_reason
-        return Job(job_id=j.id, het_job_id=het, het_job_offset=(j.heterogeneous_offset or 0) if het else None,
-                   name=j.name or "", user=j.user_name or "", state=str(j.state or "UNKNOWN"),
+                gtype, gpn = _gpu_type(gpus), -(-total // max(1, nodes or 1))
+        het = a("heterogeneous_id")
+        reason = a("state_reason")
+        limit = a("time_limit")
+        return Job(job_id=a("id"), het_job_id=het, het_job_offset=(a("heterogeneous_offset") or 0) if het else None,
+                   name=a("name") or "", user=a("user_name") or "", state=str(a("state") or "UNKNOWN"),
                    reason=None if reason in (None, "", "None") else reason,
-                   partition=j.partition or "", nodes=expand_hostlist(j.allocated_nodes), node_count=j.num_nodes or 0,
-                   gpu_type=gtype, gpus_per_node=gpn, start_time=j.start_time or None, end_time=j.end_time or None,
-                   time_limit_min=j.time_limit if isinstance(j.time_limit, int) else parse_time_minutes(j.time_limit),
-                   comment=j.comment or "", workdir=getattr(j, "working_directory", None) or None)
+                   partition=a("partition") or "", nodes=expand_hostlist(a("allocated_nodes")), node_count=nodes or 0,
+                   gpu_type=gtype, gpus_per_node=gpn, start_time=a("start_time") or None,
+                   end_time=a("end_time") or None,
+                   time_limit_min=limit if isinstance(limit, int) else parse_time_minutes(limit),
+                   comment=a("comment") or "", workdir=a("working_directory") or None)
 
     def load(self) -> ClusterView:
         ps = self.pyslurm
@@ -179,6 +202,8 @@ class PyslurmBackend:
             parts_raw = ps.Partitions.load()
             jobs_raw = ps.Jobs.load()
             config = ps.slurmctld.Config.load()
+        except UnicodeError:  # pyslurm decoded some text strictly while loading: the CLI tools read it all
+            return self._cli.load()
         except Exception as exc:  # noqa: BLE001 - RPCError and friends
             raise SlurmUnavailable(f"pyslurm could not reach slurmctld: {exc}") from None
         # allocated_gres is reliable (and includes --gpus jobs) only where accounting tracks GPU TRES
@@ -191,13 +216,19 @@ class PyslurmBackend:
             if job.phase == "running":
                 for n in job.nodes:
                     used[n] += job.gpus_per_node
+        with reading("pyslurm.Nodes.load()"):
+            return self._view(config, gpu_tres, jobs, used, nodes_raw, parts_raw)
+
+    def _view(self, config, gpu_tres: bool, jobs: list[Job], used: dict[str, int], nodes_raw,
+              parts_raw) -> ClusterView:
+        """The view of one pyslurm load: its nodes and partitions, with the jobs already read."""
         nodes = []
         for n in nodes_raw.values():
             gtype, total = parse_gpu_gres(_gres_dict_to_str(n.configured_gres))
             base, flags = node_state(str(n.state or "unknown"))  # 'IDLE+DRAIN' -> drained, PLANNED dropped
             gpus_used = _gpu_count(n.allocated_gres) if gpu_tres else used.get(n.name, 0)
             nodes.append(Node(name=n.name, partitions=list(n.partitions or []), state=base,
-                              flags=sorted(set(flags)), reason=n.reason or None, gpu_type=gtype,
+                              flags=sorted(set(flags)), reason=_attr(n, "reason") or None, gpu_type=gtype,
                               gpus_total=total, gpus_used=min(total, gpus_used), cpus=n.total_cpus or 0,
                               cpus_alloc=n.allocated_cpus or 0, memory_mb=n.real_memory or 0,
                               memory_alloc_mb=n.allocated_memory or 0))
@@ -213,6 +244,8 @@ class PyslurmBackend:
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
         try:
             raw = self.pyslurm.Jobs.load()
+        except UnicodeError:  # as in load(): the CLI tools read it all
+            return self._cli.jobs(job_ids=job_ids, user=user)
         except Exception as exc:  # noqa: BLE001 - RPCError and friends
             raise SlurmUnavailable(f"pyslurm could not reach slurmctld: {exc}") from None
         wanted = set(job_ids) if job_ids is not None else None

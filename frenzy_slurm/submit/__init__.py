@@ -5,7 +5,10 @@ Idempotency: the submission hash is in the job comment (`frenzy:<hash>`) and the
 job, from whichever directory, unless --force (which plans into a new job directory). A lock in the
 user's private directory serialises concurrent fsbatch runs of one submission (see jobdir.py for the
 job directory's safety: ownership, modes, no symlink following, nothing of an earlier job overwritten).
-When sbatch times out, the job is looked up in the queue by its tag and recorded if it exists.
+Whatever ends sbatch without a job id (our timeout, sbatch's own MessageTimeout, an error exit, an answer
+that is not a job id), the job is looked up in the queue by its tag and recorded if it exists. SIGINT,
+SIGTERM and SIGHUP wait while sbatch runs and its answer is recorded (a second one stops at once, saying
+which job may exist); a record that cannot be written (disk full) is reported with the job id.
 Slurm's refusals are explained and recorded in `rejected.json`. Slurm is reached only through the
 backend (`frenzy_slurm.slurm`): one queue query for the duplicate check, one submission.
 """
@@ -13,15 +16,21 @@ backend (`frenzy_slurm.slurm`): one queue query for the duplicate check, one sub
 from __future__ import annotations
 
 import getpass
+import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_SLURM_REJECTED, FrenzyError, InputError
+from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_FAILURE, EXIT_SLURM_REJECTED, FrenzyError, InputError
 from frenzy_slurm.records import read_json_or_none, write_json
 from frenzy_slurm.render import JobRequest
 from frenzy_slurm.slurm import BatchJob, ComponentRequest, Job, SlurmBackend, SlurmCommandError
-from frenzy_slurm.slurm.run import SlurmTimeout, SlurmUnavailable
+from frenzy_slurm.slurm.parse import SlurmUnexpected
+from frenzy_slurm.slurm.run import SlurmUnavailable
 from frenzy_slurm.submit import jobdir
 
 
@@ -31,6 +40,24 @@ class AlreadySubmitted(FrenzyError):
 
 class SlurmRejected(FrenzyError):
     exit_code = EXIT_SLURM_REJECTED
+
+
+class Unrecorded(FrenzyError):
+    """The job was submitted (its id is known) but its record could not be written (disk full, quota, a
+    read-only file system): the message names the job and what to do; a later fsbatch adopts it by its tag."""
+
+    exit_code = EXIT_FAILURE
+
+
+class Interrupted(FrenzyError):
+    """A SIGINT/SIGTERM/SIGHUP arrived during the submission; exit 128 + the signal's number, as a shell does."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 # Slurm's refusal messages, and what to do about each.
@@ -86,10 +113,21 @@ def existing_job(req: JobRequest, tagged: list[Job], earlier: list[dict] | None 
 
 
 def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], backend: str, **extra) -> None:
-    write_json(req.job_dir / "submission.json",
-               {"job_id": job_id, "cluster": cluster, "submission": req.submission, "argv": argv, "backend": backend,
-                "submitted_at": time.time(), **extra})
-    jobdir.register(req.submission, job_id, req.job_dir)
+    """submission.json in the job directory and the user's registry entry; an OSError (disk full, quota,
+    read-only) becomes Unrecorded, naming the job that exists and how a later fsbatch finds it."""
+    record = req.job_dir / "submission.json"
+    what = str(record)
+    try:
+        write_json(record, {"job_id": job_id, "cluster": cluster, "submission": req.submission, "argv": argv,
+                            "backend": backend, "submitted_at": time.time(), **extra})
+        what = f"the registry of your submissions ({jobdir.lock_dir()})"
+        jobdir.register(req.submission, job_id, req.job_dir)
+    except OSError as exc:
+        raise Unrecorded(
+            f"job {job_id} was submitted (tag frenzy:{req.submission}), but recording it in {what} failed: "
+            f"{exc.strerror or exc}.\nThe job exists and runs: `fsqueue {job_id}` follows it, `scancel {job_id}` "
+            "cancels it. Once there is space (or quota) again, running the same fsbatch finds the job by its "
+            "tag and records it instead of submitting again.") from None
 
 
 def _adopt(req: JobRequest, tagged: list[Job], backend: SlurmBackend) -> None:
@@ -105,13 +143,14 @@ def _adopt(req: JobRequest, tagged: list[Job], backend: SlurmBackend) -> None:
 
 def find_after_timeout(req: JobRequest, backend: SlurmBackend, known: set[int],
                        waits: tuple[float, ...] = (2.0, 5.0, 10.0)) -> Job | None:
-    """After sbatch timed out, the job may exist all the same: look for a new job with this submission's tag."""
+    """After sbatch ended without a job id, the job may exist all the same: look for a new job with this
+    submission's tag after each wait (a paused or busy controller answers late)."""
     for wait in waits:
         time.sleep(wait)
         try:
             found = [j for j in tagged_jobs(req, backend) if (j.het_job_id or j.job_id) not in known]
-        except SlurmUnavailable:
-            continue  # the controller is still not answering: wait longer
+        except (SlurmUnavailable, SlurmUnexpected):
+            continue  # the controller is still not answering (or answers garbage): wait longer
         if found:
             return min(found, key=lambda j: j.het_job_id or j.job_id)
     return None
@@ -150,24 +189,85 @@ def submit(req: JobRequest, backend: SlurmBackend, force: bool = False,
         jobdir.create_job_dir(req.job_dir, group_readable, submission=req.submission)
         jobdir.write_files(req.job_dir, req.files, group_readable)
         job = batch_job(req)
-        argv = ["sbatch", "--parsable", str(job.script)]
-        try:
-            done = backend.submit(job)
-        except SlurmCommandError as exc:
-            why = explain(exc.stderr)
-            write_json(req.job_dir / "rejected.json",
-                       {"argv": argv, "stderr": exc.stderr, "explanation": why, "at": time.time()})
-            raise SlurmRejected(f"Slurm refused the job: {exc.stderr.strip()}\n{why}.\n"
-                                f"The rendered files are in {req.job_dir} (rejected.json records this).") from None
-        except SlurmTimeout as exc:
-            found = find_after_timeout(req, backend, {j.het_job_id or j.job_id for j in tagged}, timeout_waits)
-            if found is None:
-                raise SlurmUnavailable(
-                    f"{exc.message} The job may still have been created: once Slurm answers, `fsqueue` shows it "
-                    f"(tag frenzy:{req.submission}), and running the same fsbatch again finds it instead of "
-                    "submitting twice.") from None
-            job_id = found.het_job_id or found.job_id
-            _record(req, job_id, None, argv, backend.name, recovered="sbatch timed out; found in the queue by its tag")
-            return Submitted(job_id, None, req.job_dir)
-        _record(req, done.job_id, done.cluster, done.argv or argv, backend.name)
-        return Submitted(done.job_id, done.cluster, req.job_dir)
+        known = {j.het_job_id or j.job_id for j in tagged}
+        with held_signals(req) as caught:
+            done = _sbatch_and_record(req, backend, job, known, timeout_waits)
+        if caught:
+            name = signal.Signals(caught[0]).name
+            raise Interrupted(f"stopped by {name} after job {done.job_id} was submitted and recorded in "
+                              f"{req.job_dir / 'submission.json'}; `scancel {done.job_id}` if it should not run.",
+                              caught[0])
+        return done
+
+
+def _sbatch_and_record(req: JobRequest, backend: SlurmBackend, job: BatchJob, known: set[int],
+                       timeout_waits: tuple[float, ...]) -> Submitted:
+    """sbatch, then the record. Whatever ends sbatch without a job id (our timeout, sbatch's own MessageTimeout
+    after a paused slurmctld, an error exit, an answer that is no job id), the queue is asked for a job with
+    this submission's tag before a failure is reported: the controller may have created it."""
+    argv = ["sbatch", "--parsable", str(job.script)]
+    try:
+        done = backend.submit(job)
+    except SlurmCommandError as exc:
+        # a refusal, as a rule; one look (no waiting) catches an error exit that came after the job was made
+        found = find_after_timeout(req, backend, known, (0.0,))
+        if found is not None:
+            return _recovered(req, found, argv, backend, f"sbatch failed (exit {exc.returncode})")
+        why = explain(exc.stderr)
+        write_json(req.job_dir / "rejected.json",
+                   {"argv": argv, "stderr": exc.stderr, "explanation": why, "at": time.time()})
+        raise SlurmRejected(f"Slurm refused the job: {exc.stderr.strip()[:2000]}\n{why}.\n"
+                            f"The rendered files are in {req.job_dir} (rejected.json records this).") from None
+    except (SlurmUnavailable, SlurmUnexpected) as exc:  # SlurmTimeout, sbatch's own timeout, a garbled answer
+        found = find_after_timeout(req, backend, known, timeout_waits)
+        if found is None:
+            raise type(exc)(
+                f"{exc.message} The job may still have been created: once Slurm answers, `fsqueue` shows it "
+                f"(tag frenzy:{req.submission}), and running the same fsbatch again finds it instead of "
+                "submitting twice.") from None
+        what = "sbatch timed out" if isinstance(exc, SlurmUnavailable) else "sbatch's answer was unreadable"
+        return _recovered(req, found, argv, backend, what)
+    _record(req, done.job_id, done.cluster, done.argv or argv, backend.name)
+    return Submitted(done.job_id, done.cluster, req.job_dir)
+
+
+def _recovered(req: JobRequest, found: Job, argv: list[str], backend: SlurmBackend, what: str) -> Submitted:
+    job_id = found.het_job_id or found.job_id
+    _record(req, job_id, None, argv, backend.name, recovered=f"{what}; found in the queue by its tag")
+    return Submitted(job_id, None, req.job_dir)
+
+
+@contextmanager
+def held_signals(req: JobRequest) -> Iterator[list[int]]:
+    """While sbatch runs and its answer is recorded, hold SIGINT, SIGTERM and SIGHUP: a job that exists must
+    be recorded (or named) before fsbatch exits. The first signal is noted (the caller stops once the record
+    is written); a second one stops at once, naming the tag by which the job, if it was created, is found.
+    Only the main thread can take signals; elsewhere nothing is held."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def hold(signum: int, _frame) -> None:
+        name = signal.Signals(signum).name
+        if caught:
+            restore()
+            raise Interrupted(
+                f"stopped by {name} while submitting: a job may have been created. `fsqueue` shows it (tag "
+                f"frenzy:{req.submission}), and running the same fsbatch again finds it by its tag and records it "
+                f"in {req.job_dir} instead of submitting twice.", signum)
+        caught.append(signum)
+        # os.write, not print: a handler may run while the interpreter is inside a write to stderr
+        os.write(2, f"fsbatch: {name} received: finishing the submission first (the job is recorded before "
+                    "exiting; send it again to stop at once)\n".encode())
+
+    previous = {s: signal.signal(s, hold) for s in HELD_SIGNALS}
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+    try:
+        yield caught
+    finally:
+        restore()
