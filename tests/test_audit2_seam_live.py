@@ -1,0 +1,144 @@
+"""Issue 19 on the real local cluster: a job named with non-UTF-8 bytes (item 3), sbatch's own timeout against a
+paused slurmctld (item 9) and a SIGTERM while sbatch runs (item 15). The unit tests of the same rules are in
+test_audit2_seam.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from frenzy_slurm.cluster.site import load_site
+from frenzy_slurm.jobspec import resolve_model
+from frenzy_slurm.jobspec.job import SlurmOptions
+from frenzy_slurm.marp import workload_from_spec
+from frenzy_slurm.render import render_job
+from frenzy_slurm.slurm import cli as slurm_cli
+from frenzy_slurm.slurm.cli import SlurmCliBackend
+from frenzy_slurm.submit import submit
+
+from .helpers import ROOT, make_spec, plan, run_cli
+from .slurm_fixture import sh, wait_for
+
+SITE = ROOT / "site_configs" / "devcluster.yaml"
+PAYLOAD = Path(__file__).parent / "payloads" / "record.py"
+TAG = "frenzy:00000000deadbeef"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, clean_queue):
+    monkeypatch.setenv("FRENZY_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("FRENZY_SITE", str(SITE))
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def spec_file(tmp_path: Path, name: str) -> Path:
+    data = {"name": name, "model": {"preset": "gpt2"},
+            "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+            "entry": {"trainer": "script", "script": str(PAYLOAD)}}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _sbatch_bytes(*args: bytes) -> int:
+    """sbatch with raw byte arguments (as a shell's $'...' passes them); the job id."""
+    res = subprocess.run([b"sbatch", b"--parsable", b"-p", b"t4", b"-t", b"10", b"-o", b"/dev/null", *args,
+                          b"--wrap", b"sleep 300"], capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return int(res.stdout.split(b";")[0])
+
+
+def test_non_utf8_job_names_break_no_reader(env):
+    """Another user's `sbatch -J $'caf\\xe9'` (and a name with a tab and an escape sequence) used to make every
+    fsqueue, fsinfo and fsbatch die with UnicodeDecodeError until the job left the queue."""
+    odd = _sbatch_bytes(b"-J", b"caf\xe9", f"--comment={TAG}".encode())
+    ctl = _sbatch_bytes(b"-J", b"a\tb\x1b[2J", b"--comment=frenzy:\xff\xfe")
+    wait_for(lambda: len(sh("squeue", "-h", "-o", "%i").split()) == 2, what="both jobs queued")
+    listed = {j.job_id: j for j in SlurmCliBackend().jobs()}
+    assert listed[odd].name == "caf\ufffd" and listed[odd].comment == TAG
+    text = {j.job_id: j for j in SlurmCliBackend(force_text=True).jobs()}  # squeue -o reads the same
+    assert text[odd].name == "caf\ufffd"
+    for argv in (["fsqueue", "--all"], ["fsqueue", "--all", "--json"], ["fsinfo"], ["fsinfo", "--json"],
+                 ["fsbatch", str(spec_file(env, "dry")), "--dry-run"]):
+        res = run_cli(*argv)
+        assert res.returncode == 0, (argv, res.stderr)
+        assert "\x1b" not in res.stdout and "Traceback" not in res.stderr
+    shown = run_cli("fsqueue", "--all", "--json")
+    names = {j["job_id"]: j["name"] for j in json.loads(shown.stdout)}
+    assert names[odd] == "caf\ufffd" and names[ctl].startswith("a")
+    assert str(odd) in run_cli("fsqueue", "--all").stdout
+
+
+def _slurmctld_pid() -> int:
+    conf = Path(os.environ["SLURM_CONF"]).read_text()
+    pidfile = re.search(r"^SlurmctldPidFile=(\S+)", conf, re.M).group(1)
+    return int(Path(pidfile).read_text().split()[0])
+
+
+def test_sbatch_own_timeout_with_slurmctld_paused_records_the_job(env, monkeypatch):
+    """slurmctld stops answering as sbatch sends the job; sbatch gives up by itself after MessageTimeout (10 s)
+    with "Socket timed out" (exit 1), before our own timeout: that used to be reported as "unreachable" (exit 4)
+    while the job was created."""
+    script = env / "train.py"
+    script.write_text("print('trained')\n")
+    spec = make_spec(training={"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+                     entry={"trainer": "script", "script": str(script)})
+    backend = SlurmCliBackend()
+    decision = plan(spec, backend.load(), site=load_site(SITE))
+    model = resolve_model(spec, ".")
+    req = render_job(spec, env / "model.yaml", model, workload_from_spec(spec, model), decision, SlurmOptions(),
+                     job_dir=env / "jobs" / "paused")
+    pid = _slurmctld_pid()
+    real_run = slurm_cli.run
+    ended: list[str] = []
+
+    def paused_sbatch(argv, *args, **kw):
+        if argv[0] != "sbatch":
+            return real_run(argv, *args, **kw)
+        os.kill(pid, signal.SIGSTOP)
+        threading.Timer(14.0, os.kill, (pid, signal.SIGCONT)).start()  # back after sbatch has given up
+        try:
+            return real_run(argv, *args, **kw)  # our 60 s timeout: sbatch's own 10 s ends it first
+        except Exception as exc:
+            ended.append(type(exc).__name__ + ": " + getattr(exc, "message", str(exc)))
+            raise
+
+    monkeypatch.setattr(slurm_cli, "run", paused_sbatch)
+    try:
+        done = submit(req, backend, timeout_waits=(8.0, 5.0, 10.0))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert ended and ended[0].startswith("SlurmUnavailable") and "SlurmTimeout" not in ended[0], ended
+    record = json.loads((req.job_dir / "submission.json").read_text())
+    assert record["job_id"] == done.job_id and "found in the queue by its tag" in record["recovered"]
+    assert f"{done.job_id} frenzy:{req.submission}" in sh("squeue", "-h", "--states=all", "-j", str(done.job_id),
+                                                          "-o", "%i %k")
+
+
+def test_sigterm_during_sbatch_records_the_job_first(env, monkeypatch):
+    """A SIGTERM that reaches fsbatch while sbatch runs used to end it at once: a job, and no record or word."""
+    real = shutil.which("sbatch")
+    bindir = env / "bin"
+    bindir.mkdir()
+    (bindir / "sbatch").write_text(f"#!/bin/sh\nkill -TERM $PPID\nsleep 1\nexec {real} \"$@\"\n")
+    (bindir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    res = run_cli("fsbatch", str(spec_file(env, "term")))
+    assert res.returncode == 128 + signal.SIGTERM, (res.returncode, res.stderr)
+    assert "SIGTERM received: finishing the submission first" in res.stderr
+    m = re.search(r"stopped by SIGTERM after job (\d+) was submitted and recorded in (\S+)", res.stderr)
+    assert m, res.stderr
+    job_id, record = int(m.group(1)), Path(m.group(2).rstrip(";"))
+    assert json.loads(record.read_text())["job_id"] == job_id
+    assert sh("squeue", "-h", "-j", str(job_id), "-o", "%k").startswith("frenzy:")
