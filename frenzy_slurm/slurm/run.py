@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from typing import IO
 
@@ -121,16 +120,14 @@ def run(argv: list[str], timeout: float = 30.0, check: bool = True, input_text: 
         threads.append(threading.Thread(target=_feed, args=(proc.stdin, input_text.encode()), daemon=True))
     for t in threads:
         t.start()
-    deadline = time.monotonic() + timeout
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
         raise SlurmTimeout(f"'{' '.join(argv)}' did not answer within {timeout:.0f}s: slurmctld is overloaded or down.") from None
-    finally:
-        for t in threads:  # the pipes close when the command exits (a command that forked may keep them open)
-            t.join(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+    for t in threads:  # the pipes close when the command exits (a child it left behind may hold them a while)
+        t.join(timeout=5.0)
     if over.is_set():
         raise SlurmUnexpected(f"unexpected Slurm output: '{' '.join(argv)}' printed more than {cap:,} bytes; "
                               "frenzy-slurm reads no larger answer. Check the Slurm commands on PATH (`which "
