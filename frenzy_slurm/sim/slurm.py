@@ -14,10 +14,12 @@ What it models, after slurmctld with `sched/backfill` and `select/cons_tres`:
   (Slurm's will-run test ignores pending jobs), or, with `estimates="backfill"`, after the queue's
   reservations (what `squeue --start` shows).
 
-Why its own class and not `frenzy_slurm.slurm.fake.FakeSlurm`: the unit-test fake answers immediately
-and has no clock; the simulator needs simulated time, time limits versus true run times, backfill
-reservations and ends that the runner's ground truth decides. A job's true duration comes from the
-`outcome` callback when it starts (the runner knows the plan's true step time and memory).
+Why its own class and not `frenzy_slurm.slurm.fake.FakeSlurm`: the unit-test fake schedules strict FIFO
+and its clock moves only when a test says; the simulator needs backfill reservations, time limits versus
+true run times, and ends that the runner's ground truth decides. Both ask the same engine when GPUs free
+up (`frenzy_slurm.slurm.releases.GpuPlan`); the simulator picks the fullest nodes that fit. A job's true
+duration comes from the `outcome` callback when it starts (the runner knows the plan's true step time and
+memory).
 A heap was enough for the events; simpy's processes would add a dependency and hide the order in
 which Slurm's passes run.
 """
@@ -31,7 +33,9 @@ from typing import Callable, Iterable
 
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
-from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
+from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey
+from frenzy_slurm.slurm.releases import GpuPlan
+from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 
 FINAL_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED"}
 
@@ -75,86 +79,9 @@ class SimJob:
 Outcome = Callable[[SimJob], tuple[float, str]]  # started job -> (seconds it runs, final state if < limit)
 
 
-class _Plan:
-    """Per-node busy intervals (start, end, GPUs) over which start times are searched.
-
-    For a request of g GPUs for d seconds, each node's *windows* are the time ranges in which a start
-    is possible (g GPUs free for all of [t, t + d)); they are computed once per node and request shape
-    and kept until the node's intervals change, so a pass over a long queue stays linear in the nodes.
-    """
-
-    def __init__(self, nodes: dict[str, SimNode], now: float):
-        self.nodes = nodes
-        self.now = now
-        self.busy: dict[str, list[tuple[float, float, int]]] = {n: [] for n in nodes}
-        self._windows: dict[tuple[str, int, float], list[tuple[float, float]]] = {}
-
-    def add(self, node: str, start: float, end: float, gpus: int) -> None:
-        self.busy[node].append((start, end, gpus))
-        for key in [k for k in self._windows if k[0] == node]:
-            del self._windows[key]
-
-    def free(self, node: str, t0: float, t1: float) -> int:
-        """GPUs of `node` free during all of [t0, t1)."""
-        ivs = [iv for iv in self.busy[node] if iv[0] < t1 and iv[1] > t0]
-        if not ivs:
-            return self.nodes[node].gpus
-        points = [t0] + [s for s, _, _ in ivs if s > t0]
-        peak = max(sum(g for s, e, g in ivs if s <= p < e) for p in points)
-        return self.nodes[node].gpus - peak
-
-    def windows(self, node: str, gpus: int, duration: float) -> list[tuple[float, float]]:
-        """[(first, last)] start times at which `gpus` GPUs stay free for `duration` (last may be inf)."""
-        key = (node, gpus, duration)
-        if key in self._windows:
-            return self._windows[key]
-        cap = self.nodes[node].gpus - gpus
-        edges: dict[float, int] = {}
-        for s, e, g in self.busy[node]:
-            if e <= self.now:
-                continue
-            s = max(s, self.now)
-            edges[s] = edges.get(s, 0) + g
-            edges[e] = edges.get(e, 0) - g
-        out: list[tuple[float, float]] = []
-        used, open_at = 0, self.now
-        for t in sorted(edges):
-            was_ok = used <= cap
-            used += edges[t]
-            ok = used <= cap
-            if was_ok and not ok:  # a window closes at t
-                if t - duration >= open_at:
-                    out.append((open_at, t - duration))
-            elif ok and not was_ok:
-                open_at = t
-        if used <= cap:
-            out.append((open_at, float("inf")))
-        self._windows[key] = out
-        return out
-
-    def earliest(self, comps: list[ComponentRequest], candidates: list[list[str]], now: float,
-                 duration: float) -> tuple[float, list[list[str]]] | None:
-        """Earliest common start of all components and the nodes each gets (best fit), or None if never."""
-        wins = [{n: self.windows(n, c.gpus_per_node, duration) for n in names}
-                for c, names in zip(comps, candidates)]
-        times = sorted({a for w in wins for ws in w.values() for a, _ in ws} | {now})
-        for t in times:
-            if t < now:
-                continue
-            taken: set[str] = set()
-            chosen: list[list[str]] = []
-            for c, w in zip(comps, wins):
-                fits = [n for n, ws in w.items() if n not in taken and any(a <= t <= b for a, b in ws)]
-                if len(fits) < c.nodes:
-                    break
-                # best fit: the fullest nodes that still fit (cons_tres packs jobs), then node order
-                fits.sort(key=lambda n: self.free(n, t, t + duration))
-                pick = fits[: c.nodes]
-                taken.update(pick)
-                chosen.append(pick)
-            else:
-                return t, chosen
-        return None
+def _shapes(components: list[ComponentRequest]) -> list[tuple[int, int]]:
+    """The components as the plan asks for them: (nodes, GPUs per node) each."""
+    return [(c.nodes, c.gpus_per_node) for c in components]
 
 
 class SimSlurm:
@@ -191,7 +118,7 @@ class SimSlurm:
         self._ends: dict[int, tuple[float, str]] = {}  # running job -> (end time, final state)
         self.timeline: list[tuple[float, int]] = [(now, 0)]  # (time, GPUs allocated) after each change
         self.schedule_s = 0.0  # wall time spent in scheduling passes
-        self._queue_plan: _Plan | None = None  # the queue's reservations, until the next pass
+        self._queue_plan: GpuPlan | None = None  # the queue's reservations, until the next pass
 
     # ---- SlurmBackend -------------------------------------------------------------------------
     def load(self) -> ClusterView:
@@ -206,16 +133,12 @@ class SimSlurm:
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
         candidates = [self._candidates(c) for c in components]
         if any(len(c) < comp.nodes for c, comp in zip(candidates, components)):
-            from frenzy_slurm.slurm.run import SlurmCommandError
-
             raise SlurmCommandError(["sbatch", "--test-only"], 1,
                                     "sbatch: error: Requested node configuration is not available")
         plan = self._estimate_plan()
         duration = 60.0 * max(c.time_min for c in components)
-        found = plan.earliest(components, candidates, self.now, duration)
+        found = plan.earliest(_shapes(components), candidates, self.now, duration)
         if found is None:
-            from frenzy_slurm.slurm.run import SlurmCommandError
-
             raise SlurmCommandError(["sbatch", "--test-only"], 1, "sbatch: error: Job violates accounting/QOS policy")
         t, nodes = found
         return StartEstimate(start=t, nodes=[n for ns in nodes for n in ns], source=self.estimates)
@@ -224,8 +147,6 @@ class SimSlurm:
         for c in job.components:
             pool = self._candidates(c)
             if len(pool) < c.nodes:
-                from frenzy_slurm.slurm.run import SlurmCommandError
-
                 raise SlurmCommandError(["sbatch"], 1, "sbatch: error: Batch job submission failed: "
                                         "Requested node configuration is not available")
         jid = self._next_id
@@ -283,6 +204,17 @@ class SimSlurm:
                                           else None)
         return out
 
+    def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
+        """None, as from a site without GPU accounting: the simulated jobs' memory is the runner's ground
+        truth, not something the controller measured."""
+        return None
+
+    def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
+        """Refused: a simulated node runs no programs."""
+        raise SlurmUnavailable(f"the {self.name} backend simulates a cluster; it cannot run job steps (asked for "
+                               f"{gpus} GPU(s) of partition {pool.partition}). Use --backend cli (or auto) on a "
+                               "machine that reaches Slurm.")
+
     @property
     def next_job_id(self) -> int:
         """The id the next submission gets (the runner files its plan under it before submitting)."""
@@ -331,7 +263,7 @@ class SimSlurm:
                          key=lambda j: (j.submit, j.job_id))
         for j in pending[: self.bf_max_job_test]:
             cands = [self._candidates(c) for c in j.components]
-            found = plan.earliest(j.components, cands, self.now, j.limit_s)
+            found = plan.earliest(_shapes(j.components), cands, self.now, j.limit_s)
             if found is None:
                 j.reason, j.planned_start = "Resources", None
                 continue
@@ -355,8 +287,8 @@ class SimSlurm:
         self.schedule_s += _time.perf_counter() - t0
         return started
 
-    def _running_plan(self) -> _Plan:
-        plan = _Plan(self.nodes, self.now)
+    def _running_plan(self) -> GpuPlan:
+        plan = GpuPlan({name: n.gpus for name, n in self.nodes.items()}, self.now)
         for j in self.jobs_by_id.values():
             if j.state == "RUNNING":
                 assert j.start is not None
@@ -365,7 +297,7 @@ class SimSlurm:
                         plan.add(n, j.start, max(j.start + j.limit_s, self.now + 1.0), c.gpus_per_node)
         return plan
 
-    def _estimate_plan(self) -> _Plan:
+    def _estimate_plan(self) -> GpuPlan:
         if self.estimates == "test-only":
             return self._running_plan()
         if self._queue_plan is None:
@@ -373,7 +305,7 @@ class SimSlurm:
             for j in self.jobs_by_id.values():
                 if j.state == "PENDING" and j.planned_start is not None:
                     cands = [self._candidates(c) for c in j.components]
-                    found = plan.earliest(j.components, cands, j.planned_start, j.limit_s)
+                    found = plan.earliest(_shapes(j.components), cands, j.planned_start, j.limit_s)
                     if found:
                         for c, ns in zip(j.components, found[1]):
                             for n in ns:
