@@ -120,7 +120,8 @@ def _empty_queue() -> None:
 
 
 def sh(*argv: str, check: bool = True) -> str:
-    res = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    # errors=replace: another test's job name may be any bytes (Slurm prints them raw), and stays listed MinJobAge
+    res = subprocess.run(list(argv), capture_output=True, text=True, errors="replace", timeout=60)
     if check and res.returncode != 0:
         raise AssertionError(f"{' '.join(argv)}: {res.stderr}")
     return res.stdout.strip()

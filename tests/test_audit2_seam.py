@@ -387,3 +387,15 @@ def test_os_errors_are_one_message_and_exit_1(code, fix):
     assert res.exit_code == EXIT_FAILURE and isinstance(res.exception, (SystemExit, type(None)))
     assert f"fsx: error: cannot read or write /jobs/x/plan.json: {os.strerror(code)}" in res.output
     assert fix in res.output and "Traceback" not in res.output
+
+
+def test_a_gres_type_with_a_newline_is_not_a_gpu_type():
+    """A GRES type reaches `#SBATCH --gres=gpu:TYPE:N`: one with whitespace in it (a hostile or broken answer)
+    is not read as a type (it would end the #SBATCH block), and `$` no longer accepts a trailing newline."""
+    from frenzy_slurm.slurm.parse import parse_gpu_gres
+
+    assert parse_gpu_gres("gpu:a100\n#SBATCH --wrap=x:4") == (None, 0)
+    assert parse_gpu_gres("gpu:a100:4\n") == ("a100", 4)  # split_gres strips the item: an honest trailing newline
+    assert parse_gpu_gres("gpu:a1 00:4") == (None, 0)
+    assert parse_gpu_gres("gpu:a100:3(IDX:0-2),gpu:v100:1") == ("a100", 4)
+

@@ -82,7 +82,7 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
     if as_json:
         print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
         return
-    click.echo(f"job {t.job_id} {printable(t.name)}: {t.state}" + (f", exit code {t.finished['exit_code']}" if t.finished else ""))
+    click.echo(f"job {t.job_id} {printable(t.name)}: {t.state}" + (f", exit code {t.finished.get('exit_code', '?')}" if t.finished else ""))
     if t.plan is not None:
         a = t.plan.decision.chosen
         click.echo(f"  plan: {a.kind} {a.label()} | {a.plan.short()} | predicted step {a.step_time_s:.3g} s, "

@@ -101,7 +101,7 @@ class SimCluster(_M):
         return ", ".join(f"{p.name}: {p.nodes}x{p.gpus_per_node} {p.gpu}" for p in self.partitions)
 
 
-_COMPACT = re.compile(r"^(?P<gpu>[A-Za-z0-9_.-]+?):(?P<nodes>\d+)x(?P<gpn>\d+)$")
+_COMPACT = re.compile(r"^(?P<gpu>[A-Za-z0-9_.-]+?):(?P<nodes>\d+)x(?P<gpn>\d+)\Z")
 
 
 def parse_compact(text: str) -> SimCluster:

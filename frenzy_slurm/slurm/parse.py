@@ -42,7 +42,9 @@ def reading(what: str, version: str | None = None) -> Iterator[None]:
             "output.") from None
 
 
-_GRES_ITEM = re.compile(r"^(?:gres[:/])?gpu(?::(?P<type>[^:(,]+))?(?::(?P<count>\d+))?(?:\((?P<extra>[^)]*)\))?$")
+# \Z, not $: `$` also matches before a final newline; a GRES type with whitespace in it (a newline from a
+# hostile answer) would reach `#SBATCH --gres=` (docs/security.md, "What goes into job.sbatch")
+_GRES_ITEM = re.compile(r"^(?:gres[:/])?gpu(?::(?P<type>[^:(,\s]+))?(?::(?P<count>\d+))?(?:\((?P<extra>[^)]*)\))?\Z")
 
 
 def split_gres(text: str | None) -> list[str]:
