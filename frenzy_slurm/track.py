@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import read_config_text
 from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
-from frenzy_slurm.render.planfile import PlanFile
+from frenzy_slurm.render.planfile import PlanFile, plan_from
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.model import ACTIVE_JOB_STATES
 
@@ -200,15 +200,7 @@ def last_checkpoint(ckpt_dir: Path) -> int | None:
 
 
 def _read_plan(path: Path) -> PlanFile:
-    from pydantic import ValidationError
-
-    from frenzy_slurm.yamlfile import format_validation_error
-
-    data = read_job_record(path, "plan")
-    try:
-        return PlanFile.model_validate(data)
-    except ValidationError as exc:
-        raise InputError(format_validation_error(str(path), exc)) from None
+    return plan_from(read_job_record(path, "plan"), path)
 
 
 def _attach_files(t: TrackedJob) -> None:

@@ -34,7 +34,11 @@ class PlanFile(BaseModel):
 
 
 def read_plan(path: Path) -> PlanFile:
-    data = read_json(path, "plan")
+    return plan_from(read_json(path, "plan"), path)
+
+
+def plan_from(data: Any, path: Path) -> PlanFile:
+    """plan.json's content, already read (by whichever bounded reader the caller trusts), as a PlanFile."""
     try:
         return PlanFile.model_validate(data)
     except ValidationError as exc:
