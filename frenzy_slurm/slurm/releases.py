@@ -204,14 +204,10 @@ class ReleaseIndex:
 
     def _earliest(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
                   duration: float) -> tuple[float, list[str]] | None:
+        """The plan's earliest window on the pool's nodes; the first nodes by name that fit then."""
         names = self._pool_nodes(partition, gpu_type, per_node)
         if len(names) < nodes:
             return None
-        return self._earliest_scan(names, nodes, per_node, duration)
-
-    def _earliest_scan(self, names: list[str], nodes: int, per_node: int,
-                       duration: float) -> tuple[float, list[str]] | None:
-        """The plan's earliest window on these nodes; the first nodes by name that fit then."""
         found = self.plan.earliest([(nodes, per_node)], [names], self.now, duration, pick="first")
         return None if found is None else (found[0], found[1][0])
 
