@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
-from frenzy_slurm.models.gpt import Block, _norm, lm_loss
 from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.models.gpt import Block, _norm, lm_loss
 
 
 class EmbedPipe(nn.Module):
@@ -32,7 +34,7 @@ class HeadPipe(nn.Module):
         return self.head(self.norm(x))
 
 
-def pipeline_module(a: Architecture, layer_split: list[int], checkpoint: bool):
+def pipeline_module(a: Architecture, layer_split: Sequence[int], checkpoint: bool) -> nn.Module:
     """Stage i runs layer_split[i] blocks; stage 0 also the embedding, the last stage the head and loss.
 
     Tied embeddings are untied across stages (each end keeps its own matrix), as MARP counts them.

@@ -136,7 +136,7 @@ def resume_tag(ckpt_dir: Path) -> tuple[str | None, list[str]]:
                        if p.is_dir() and not p.is_symlink() and (m := _TAG.match(p.name)))
     except OSError:
         return None, []
-    skipped = []
+    skipped: list[str] = []
     for _, path in reversed(steps):
         if read_manifest(path) is not None:
             return path.name, skipped

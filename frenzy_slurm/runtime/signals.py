@@ -10,12 +10,13 @@ trainer polls `pending()` after every step.
 from __future__ import annotations
 
 import signal
+from types import FrameType
 
 STOP: dict[str, str | None] = {"signal": None}
 CAUGHT = (signal.SIGUSR2, signal.SIGTERM)
 
 
-def _on_signal(signum: int, _frame) -> None:
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
     STOP["signal"] = signal.Signals(signum).name
 
 

@@ -21,17 +21,26 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.records import write_json
 from frenzy_slurm.render.planfile import PlanFile, read_plan
 from frenzy_slurm.runtime import checkpoints, signals
 from frenzy_slurm.runtime.dist import DistEnv
 
+if TYPE_CHECKING:  # torch is imported inside the functions: the job imports it only after the signal handlers
+    import torch
+
+    from frenzy_slurm.has.model import Decision
+    from frenzy_slurm.marp.plan import ParallelPlan
+
 _stop = signals.STOP  # set by runtime.signals' handler, installed before anything heavy is imported
 
 
-def _device(dist: DistEnv):
+def _device(dist: DistEnv) -> tuple[torch.device, str]:
     import torch
 
     if torch.cuda.is_available() and dist.visible_gpus:
@@ -42,18 +51,18 @@ def _device(dist: DistEnv):
     return torch.device("cpu"), "gloo"
 
 
-def _stage_of(rank: int, plan) -> int:
+def _stage_of(rank: int, plan: ParallelPlan) -> int:
     return rank // (plan.dp * plan.tp)
 
 
-def _component_of(stage: int, decision) -> dict:
+def _component_of(stage: int, decision: Decision) -> dict[str, str | None]:
     for c in decision.chosen.components:
         if stage in c.stages:
             return {"gpu_type": c.gpu_type, "gpu_model": c.gpu_model, "partition": c.partition}
     return {"gpu_type": None, "gpu_model": None, "partition": None}
 
 
-def _lr_lambda(warmup: int, total: int):
+def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     def f(step: int) -> float:
         if warmup and step < warmup:
             return (step + 1) / warmup
@@ -63,7 +72,7 @@ def _lr_lambda(warmup: int, total: int):
     return f
 
 
-def _client_optimizer(name: str, params, lr: float):
+def _client_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer | None:
     import torch
 
     if name == "sgd":
@@ -112,7 +121,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     ds_config = json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
     if plan.pp > 1:
-        model = pipeline_module(arch, plan.layer_split, recompute)
+        model = pipeline_module(arch, plan.stage_layers(arch.layers), recompute)  # plan.json's split, written out
     else:
         model = GPT(arch, checkpoint=recompute)
     if t.precision == "bf16-pure":
@@ -142,7 +151,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         prior = json.loads((job_dir / "metrics.json").read_text())
     losses = list(prior.get("loss", [])) if start_step else []
     step_times: list[float] = []
-    peak: dict[str, float | None] = {}
+    peak: dict[str, float | str | None] = {}
 
     def one_step(step: int) -> float:
         if plan.pp > 1:
@@ -164,7 +173,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         t0 = time.perf_counter()
         measure = step == start_step + 1 or (t.total_steps - start_step == 1)
         if measure and recorder is not None:
-            peak_bytes, loss = recorder.peak_of(lambda: one_step(step))
+            peak_bytes, loss = recorder.peak_of(partial(one_step, step))
             recorder = None
             peak = {"peak_gib": peak_bytes / GiB, "metric": "allocated (profiler)"}
         else:
@@ -227,7 +236,7 @@ def _record_checkpoint(tag_dir: Path, dist: DistEnv, submission: str) -> None:
     torch.distributed.barrier()  # the manifest exists before anyone prunes or stops
 
 
-def _prefer_weights_only(engine) -> None:
+def _prefer_weights_only(engine: Any) -> None:  # a DeepSpeed engine (DeepSpeed is untyped)
     """DeepSpeed loads checkpoints with torch.load(weights_only=False). Try weights_only=True first (tensors and
     plain data: the built-in trainer's ZeRO-0 files are such); only a file of a tag whose digests were just
     checked falls back to a full unpickle (ZeRO optimizer files carry DeepSpeed's own objects)."""
@@ -237,7 +246,7 @@ def _prefer_weights_only(engine) -> None:
 
     full_load = engine.checkpoint_engine.load
 
-    def load(path: str, map_location=None):
+    def load(path: str, map_location: Any = None) -> Any:
         try:
             return torch.load(path, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError:
@@ -286,9 +295,9 @@ def _requeue(job_id: int) -> None:
 
 def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> float | None:
     """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it (SDPA attention)."""
+    from frenzy_slurm.jobspec import ResolvedModel
     from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.marp.memory import GiB, estimate_memory
-    from frenzy_slurm.jobspec import ResolvedModel
 
     w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params),
                            device)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def sha256_at(dir_fd: int, name: str) -> str:
         os.close(fd)
 
 
-def _recorded(env: dict[str, str], key: str) -> str | None:
+def _recorded(env: Mapping[str, str], key: str) -> str | None:
     value = env.get(key, UNSET).strip()
     return None if value in ("", UNSET) else value
 
