@@ -9,6 +9,7 @@ from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate, with_exact_params
 from frenzy_slurm.marp.memory import COMPONENTS
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
+from frenzy_slurm.slurm.timefmt import format_slurm_time
 
 
 def load(path: Path, trace: bool = False, site: Path | None = None) -> tuple[JobSpec, ResolvedModel]:
@@ -89,12 +90,7 @@ def candidate_json(cands: dict[str, list[Candidate]]) -> dict:
             for gpu, items in cands.items()}
 
 
-def hms(seconds: float) -> str:
-    s = int(round(seconds))
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+hms = format_slurm_time  # the tables print durations as Slurm does: [D-]HH:MM:SS
 
 
 def fmt_gib(value: float) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.jobspec.job import JobSpec, parse_slurm_time
+from frenzy_slurm.jobspec.job import JobSpec
+from frenzy_slurm.slurm.timefmt import parse_slurm_time
 
 # --time when the user gives none: the prediction with this margin (run time is a prediction)
 TIME_MARGIN = 1.25

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.hf import architecture_from_hf_config
-from frenzy_slurm.jobspec.job import JobSpec, Training, parse_slurm_time
+from frenzy_slurm.jobspec.job import JobSpec, Training
 from frenzy_slurm.jobspec.presets import presets
+from frenzy_slurm.slurm.timefmt import parse_slurm_time
 from frenzy_slurm.yamlfile import load_model_file
 
 __all__ = [

@@ -14,16 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.slurm.timefmt import parse_slurm_time  # the seam owns Slurm's time format
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit"]
 Checkpointing = Literal["none", "selective", "full", "auto"]
 Attention = Literal["flash", "sdpa", "eager"]
 Method = Literal["full", "lora", "qlora"]
-
-# `\Z`, never `$`, ends every pattern here: Python's `$` also matches before a trailing newline, and a newline in
-# a value ends its #SBATCH line (sbatch then ignores every directive after it).
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z", re.ASCII)
 
 # The job script asks Slurm for USR2 this long before the time limit (--signal=USR2@300) so the runtime can
 # checkpoint and requeue; NCCL owns USR1. A job must also get through start-up (srun, imports, DeepSpeed
@@ -43,43 +40,12 @@ def check_time_limit(minutes: int) -> int:
     return minutes
 
 
-_SLURM_INFINITE_MIN = 0xFFFFFFFF
-
-
 def reserved_flag(flag: str) -> str | None:
     """Why `flag` may not be passed through to sbatch, or None when it may (parsed as sbatch parses it:
     short clusters, attached values, unique abbreviations; see jobspec/sbatch_flags.py)."""
     from frenzy_slurm.jobspec.sbatch_flags import refuse_sbatch_flag
 
     return refuse_sbatch_flag(flag)
-
-
-def parse_slurm_time(value: str | int, allow_zero: bool = False) -> int:
-    """Slurm time formats (`M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`) to minutes, rounded up."""
-    if isinstance(value, int):
-        if value < 0 or (value == 0 and not allow_zero):
-            raise ValueError("time must be a positive number of minutes")
-        if value >= _SLURM_INFINITE_MIN:
-            raise ValueError(f"{value} minutes is longer than Slurm can represent; ask for a realistic time limit")
-        return value
-    m = _TIME_RE.match(value.strip(" "))  # spaces only: a newline or tab is not part of a time
-    if not m:
-        raise ValueError(f"'{value}' is not a Slurm time; use minutes, HH:MM:SS or D-HH:MM:SS")
-    days, a, b, c = m.groups()
-    if days is not None:  # D-H[:M[:S]]
-        seconds = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    elif c is not None:  # H:M:S
-        seconds = int(a) * 3600 + int(b) * 60 + int(c)
-    elif b is not None:  # M:S
-        seconds = int(a) * 60 + int(b)
-    else:
-        seconds = int(a) * 60
-    if seconds == 0 and not allow_zero:
-        raise ValueError("time must be positive")
-    minutes = -(-seconds // 60)
-    if minutes >= _SLURM_INFINITE_MIN:  # Slurm stores minutes in 32 bits; all ones means INFINITE
-        raise ValueError(f"'{value}' is longer than Slurm can represent; ask for a realistic time limit")
-    return minutes
 
 
 class _Strict(BaseModel):
@@ -222,6 +188,8 @@ class Limits(_Strict):
         return self
 
 
+# `\Z`, never `$`, ends every pattern here: Python's `$` also matches before a trailing newline, and a newline in
+# a value ends its #SBATCH line (sbatch then ignores every directive after it).
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,@+=:-]+\Z")  # #SBATCH lines are not shell-parsed: keep values plain
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,%-]+\Z")
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from frenzy_slurm.errors import EXIT_SLURM_UNEXPECTED, FrenzyError
-from frenzy_slurm.jobspec.job import parse_slurm_time
+from frenzy_slurm.slurm.timefmt import parse_slurm_time
 
 
 class SlurmUnexpected(FrenzyError):

@@ -1,0 +1,76 @@
+"""Issue 17, section 3: names that say where things are (which module owns what, one definition of each)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import ROOT
+
+PKG = ROOT / "frenzy_slurm"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports (absolute names), at any depth of the file."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _modules_after_import(module: str) -> set[str]:
+    """The frenzy_slurm modules a fresh interpreter holds after importing `module`."""
+    code = f"import sys, {module}; print(' '.join(m for m in sys.modules if m.startswith('frenzy_slurm')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return set(out.stdout.split())
+
+
+# --- 1. Slurm's time format lives in the seam ---------------------------------------------------------------
+
+def test_time_format_module_imports_no_other_stage():
+    own = {m for m in _imports(PKG / "slurm" / "timefmt.py") if m.startswith("frenzy_slurm")}
+    assert own == set()
+
+
+def test_slurm_seam_does_not_import_the_user_spec():
+    for path in sorted((PKG / "slurm").glob("*.py")):
+        spec_imports = {m for m in _imports(path) if m.startswith("frenzy_slurm.jobspec")}
+        assert spec_imports == set(), f"{path.name} imports {spec_imports}"
+    assert not any(m.startswith("frenzy_slurm.jobspec") for m in _modules_after_import("frenzy_slurm.slurm.parse"))
+
+
+@pytest.mark.parametrize("text,minutes", [("30", 30), ("1:30", 2), ("2:00:00", 120), ("1-00", 1440),
+                                          ("1-2:30:00", 1590), (45, 45), ("0", 0)])
+def test_seam_parses_slurm_times(text, minutes):
+    from frenzy_slurm.slurm.timefmt import parse_slurm_time
+
+    assert parse_slurm_time(text, allow_zero=True) == minutes
+
+
+@pytest.mark.parametrize("seconds,text", [(0, "00:00:00"), (59.6, "00:01:00"), (3661, "01:01:01"),
+                                          (93784, "1-02:03:04")])
+def test_seam_formats_durations_as_slurm_does(seconds, text):
+    from frenzy_slurm.slurm.timefmt import format_slurm_time, parse_slurm_time
+
+    assert format_slurm_time(seconds) == text
+    assert parse_slurm_time(text, allow_zero=True) == -(-round(seconds) // 60)
+
+
+def test_spec_validates_time_with_the_seams_parser():
+    from frenzy_slurm.jobspec import job, parse_slurm_time
+    from frenzy_slurm.slurm import parse, timefmt
+
+    assert job.parse_slurm_time is timefmt.parse_slurm_time
+    assert parse_slurm_time is timefmt.parse_slurm_time
+    assert parse.parse_time_minutes("1-00:00:00") == 1440
+    with pytest.raises(ValueError, match="not a Slurm time"):
+        job.SlurmOptions(time="1:00\n")
+    with pytest.raises(ValueError, match="longer than Slurm can represent"):
+        job.Limits(time_limit=timefmt.SLURM_INFINITE_MIN)
