@@ -17,11 +17,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from frenzy_slurm.eval import reading
+from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.jobspec.job import Attention, Method, Optimizer
 from frenzy_slurm.marp.overheads import Overheads, for_torch
 from frenzy_slurm.marp.params import count_params
-from frenzy_slurm.eval import reading
-from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload
-from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.marp.plan import Framework, Metric, ParallelPlan, Recompute, Workload
 
 REQUIRED_COLUMNS = (
     "row_id", "category", "model", "params_B", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_emb",
@@ -104,7 +105,7 @@ def _seq_len(text: str, stated: int | None) -> int:
 
 
 # Architecture families by model name: the layer types their public implementations use.
-_FAMILIES = (
+_FAMILIES: tuple[tuple[str, str, dict[str, object]], ...] = (
     (r"\bt5\b|flan[- ]t5|\bbart\b|\bmt5\b|pegasus|encoder[- ]decoder", "encoder-decoder", {}),
     (r"\bbert\b|roberta|electra|deberta|bert[- ]", "bert",
      dict(norm="layernorm", position="learned", bias="all", dropout=0.1, max_positions=512)),
@@ -114,7 +115,7 @@ _FAMILIES = (
 )
 
 
-def _family(raw: dict[str, str]) -> tuple[str, dict]:
+def _family(raw: dict[str, str]) -> tuple[str, dict[str, object]]:
     text = (raw["model"] + " " + raw["other_settings"]).lower()
     for pattern, name, fields in _FAMILIES:
         if re.search(pattern, text):
@@ -131,7 +132,7 @@ def _arch(raw: dict[str, str]) -> Architecture:
     missing = [k for k in ("layers", "hidden", "heads", "ffn", "vocab") if cells[k] is None]
     if missing:
         raise RowError(f"architecture columns {', '.join(missing)} are not numbers")
-    base = dict(layers=cells["layers"], hidden=cells["hidden"], heads=cells["heads"],
+    base: dict[str, object] = dict(layers=cells["layers"], hidden=cells["hidden"], heads=cells["heads"],
                 kv_heads=cells["kv_heads"] or cells["heads"], ffn=cells["ffn"], vocab=cells["vocab"],
                 tied_embeddings=raw["tied_emb"].strip().lower().startswith("yes"))
     if family == "bert":
@@ -140,6 +141,7 @@ def _arch(raw: dict[str, str]) -> Architecture:
     if family == "gpt2":
         extra["tied_embeddings"] = base["tied_embeddings"] or not raw["tied_emb"].strip().lower().startswith("no")
     base.update(extra)
+    acts: tuple[str, ...]
     if family in ("bert", "gpt2"):
         acts = ("gelu",)
     else:  # the FFN's shape (gated with 3 matrices, or 2) is chosen by matching the published parameter count
@@ -151,7 +153,7 @@ def _arch(raw: dict[str, str]) -> Architecture:
     options = []
     for act in acts:
         try:
-            arch = Architecture(**base, activation=act)
+            arch = Architecture.model_validate({**base, "activation": act})  # the row's cells, validated
         except ValidationError as exc:
             raise RowError(f"architecture is inconsistent: {exc.errors()[0]['msg']}") from None
         options.append((abs(count_params(arch).total(arch.layers) - target), arch))
@@ -227,7 +229,7 @@ def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: i
     return plan, act_offload
 
 
-def _recompute(raw: dict[str, str]) -> str:
+def _recompute(raw: dict[str, str]) -> Recompute:
     ac = raw["activation_ckpt"].strip().lower()
     if "selective" in ac or "attention only" in ac or "core attention" in ac:
         return "selective"
@@ -260,7 +262,7 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     settings = _settings(raw)
     fws = reading.frameworks(settings)
     cat = row.category.lower()
-    method = "qlora" if "qlora" in cat else ("lora" if "lora" in cat else "full")
+    method: Method = "qlora" if "qlora" in cat else ("lora" if "lora" in cat else "full")
     arch = _arch(raw)
     family = _family(raw)[0]
     if "litgpt" in fws and arch.tied_embeddings and arch.head == "lm":
@@ -285,7 +287,7 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         if raw[col].strip().lower().startswith(("unclear", "not stated", "unknown")):
             raise RowError(f"{col} is not stated by the source ('{raw[col]}')")
     opt_text = raw["optimizer"].lower()
-    optimizer = "adamw"
+    optimizer: Optimizer = "adamw"
     if "8bit" in opt_text or "8-bit" in opt_text:
         optimizer = "adam-8bit"
     elif "adafactor" in opt_text:
@@ -299,6 +301,7 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     in_bwd = any(k in opt_text + raw["other_settings"].lower() for k in ("in bwd", "in_bwd", "into backward"))
     paged = "paged" in opt_text
 
+    framework: Framework
     if "deepspeed" in fws:
         framework = "deepspeed"
     elif "megatron" in fws:
@@ -354,7 +357,7 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         raise RowError(f"metric '{raw['metric_type']}' is not one MARP predicts")
 
     attn = raw["attention_impl"].lower()
-    attention = "eager" if "eager" in attn else "sdpa"
+    attention: Attention = "eager" if "eager" in attn else "sdpa"
     hf_style = framework == "torch" and "torchtitan" not in fws
     workload = Workload(
         arch=arch, seq_len=seq, precision=precision, optimizer=optimizer, attention=attention, method=method,

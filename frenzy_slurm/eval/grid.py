@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import DeepSpeedBuckets, ParallelPlan, Workload
-from frenzy_slurm.jobspec.arch import Architecture
 
 
 @dataclass(frozen=True)

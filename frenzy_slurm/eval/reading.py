@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from frenzy_slurm.jobspec.job import Precision
+from frenzy_slurm.marp.plan import Schedule
+
 # -------------------------------------------------------------------- numbers in cells
 
 
@@ -58,7 +61,7 @@ class Parallelism:
     cp: int | None = None
     sequence_parallel: bool = False
     virtual_stages: int | None = None
-    schedule: str | None = None
+    schedule: Schedule | None = None
     device_map: bool = False  # naive model parallelism: layers spread over GPUs, one active at a time
     single: bool = False
     microbatches: int | None = None
@@ -73,6 +76,7 @@ def parallelism(text: str) -> Parallelism:
     t = text.lower().replace("×", "x")
     out = Parallelism()
     found: dict[str, int] = {}
+    m: re.Match[str] | None  # each pattern's match in turn
     # NAME = 8 / NAME 8 / NAME(alias)=8 / NAME: 8 / NAME of 8
     for m in re.finditer(_NAME + r"\s*(?:\((\w+)\))?\s*(?:degree|size)?\s*(?:=|:|of|\s)\s*(\d+)(?![\d.]*\s*(?:gb|gib|b\b|%))", t):
         name = _DEGREE_NAMES[m.group(1).replace("-", " ").strip()] if m.group(1) in _DEGREE_NAMES or \
@@ -159,7 +163,7 @@ def batch(text: str) -> Batch:
 
 @dataclass
 class PrecisionReading:
-    precision: str | None  # fp32, bf16-mixed, fp16-mixed, bf16-pure
+    precision: Precision | None
     fp8: bool = False
 
 
