@@ -580,7 +580,7 @@ def test_job_files_of_someone_else_in_a_job_directory_are_refused(tmp_path, offl
 
 
 def test_memory_outliers_are_left_out_by_median_and_mad(tmp_path):
-    from frenzy_slurm.calibration import Limits
+    from frenzy_slurm.calibration import FitBounds
     from frenzy_slurm.calibration.fit import fit_memory, reject_outliers
     from frenzy_slurm.calibration.observe import Observation
 
@@ -591,7 +591,7 @@ def test_memory_outliers_are_left_out_by_median_and_mad(tmp_path):
 
     honest = [obs(f"run{i}", r) for i, r in enumerate((1.0, 1.01, 0.99, 1.02))]
     planted = [obs(f"fab{i}", 0.70) for i in range(2)]
-    (corr,), notes = fit_memory(honest + planted, Limits(min_jobs=3))
+    (corr,), notes = fit_memory(honest + planted, FitBounds(min_jobs=3))
     assert corr.factor == pytest.approx(1.005) and corr.jobs == 4
     assert sum("(median/MAD test); left out" in n for n in notes) == 2
     assert reject_outliers([1.0, 1.0, 1.0, 1.01]) == ([0, 1, 2, 3], [])  # honest noise under 2% stays

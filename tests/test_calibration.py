@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.calibration import (SITE_WIDE, CalibrationFile, Limits, Observation, calibrated_site,
+from frenzy_slurm.calibration import (SITE_WIDE, CalibrationFile, FitBounds, Observation, calibrated_site,
                                       load_calibration, site_fingerprint, steady_step_time, write_calibration)
 from frenzy_slurm.calibration.fit import fit, fit_step_time
 from frenzy_slurm.cluster.site import SiteConfig
@@ -38,7 +38,7 @@ def test_steady_step_time_drops_warmup_and_profiled_step():
 
 def test_fixed_overhead_dominates_tiny_steps():
     # the tiny CPU job: 0.16 ms of predicted FLOPs, ~0.2 s measured, same plan every time
-    corr, notes = fit_step_time([obs(0.19), obs(0.21), obs(0.20)], "A100-40GB", "fp32", Limits())
+    corr, notes = fit_step_time([obs(0.19), obs(0.21), obs(0.20)], "A100-40GB", "fp32", FitBounds())
     assert corr is not None
     assert corr.efficiency_factor == 1.0  # compute never varied: efficiency keeps its prior
     assert corr.microbatch_overhead_s == 0.0  # slots never varied: per-step only
@@ -51,7 +51,7 @@ def test_efficiency_and_microbatch_overhead_are_recovered_where_the_jobs_tell_th
     truth_k, t, m = 1 / 0.5, 0.05, 0.01  # half the assumed efficiency
     jobs = [obs(c * truth_k + 0.1 + t + m * s, compute=c, other=0.1, slots=s)
             for c, s in [(1.0, 1), (2.0, 4), (4.0, 8), (8.0, 2), (0.5, 16)]]
-    corr, _ = fit_step_time(jobs, "A100-40GB", "bf16-mixed", Limits())
+    corr, _ = fit_step_time(jobs, "A100-40GB", "bf16-mixed", FitBounds())
     assert corr.efficiency_factor == pytest.approx(0.5, rel=1e-3)
     assert corr.step_overhead_s == pytest.approx(t, abs=1e-3)
     assert corr.microbatch_overhead_s == pytest.approx(m, abs=1e-4)
@@ -59,20 +59,20 @@ def test_efficiency_and_microbatch_overhead_are_recovered_where_the_jobs_tell_th
 
 
 def test_too_few_jobs_and_out_of_bounds_are_reported_not_applied():
-    corr, notes = fit_step_time([obs(0.2), obs(0.2)], "A100-40GB", "fp32", Limits(min_jobs=3))
+    corr, notes = fit_step_time([obs(0.2), obs(0.2)], "A100-40GB", "fp32", FitBounds(min_jobs=3))
     assert corr is None and "fewer than min_jobs(3)" in notes[0]
     # compute varies and matters, but would need a 10x efficiency cut: refused, overhead-only fit instead
     jobs = [obs(c * 10, compute=c, slots=5) for c in (1.0, 2.0, 4.0)]
-    corr, notes = fit_step_time(jobs, "A100-40GB", "fp32", Limits(max_efficiency_factor=4))
+    corr, notes = fit_step_time(jobs, "A100-40GB", "fp32", FitBounds(max_efficiency_factor=4))
     assert corr is not None and corr.efficiency_factor == 1.0
     assert any("outside the bound" in n for n in notes)
-    corr, notes = fit_step_time([obs(100.0)] * 3, "A100-40GB", "fp32", Limits(max_step_overhead_s=30))
+    corr, notes = fit_step_time([obs(100.0)] * 3, "A100-40GB", "fp32", FitBounds(max_step_overhead_s=30))
     assert corr is None and "exceeds the bound" in notes[-1]
 
 
 def test_memory_factor_bounded_and_per_mode():
     steps, memory, notes = fit([obs(0.2, memory=[(1.0, 1.2)])] * 3 + [obs(0.2, precision="bf16-mixed",
-                                                                        memory=[(1.0, 3.0)])] * 3, Limits())
+                                                                        memory=[(1.0, 3.0)])] * 3, FitBounds())
     assert [(m.mode, round(m.factor, 3), m.jobs) for m in memory] == [("fp32/full", 1.2, 3)]
     assert any("bf16-mixed/full" in n and "outside the bound" in n for n in notes)
     assert {(s.gpu, s.precision) for s in steps} == {("A100-40GB", "fp32"), (SITE_WIDE, "fp32"),
@@ -80,7 +80,7 @@ def test_memory_factor_bounded_and_per_mode():
 
 
 def _cal(s: SiteConfig, **kw) -> CalibrationFile:
-    steps, memory, notes = fit([obs(0.2), obs(0.21), obs(0.19)], Limits())
+    steps, memory, notes = fit([obs(0.2), obs(0.21), obs(0.19)], FitBounds())
     base = dict(site_file="site.yaml", site_fingerprint=site_fingerprint(s), created_at=time.time(),
                 valid_until=time.time() + 86400, frenzy_version=__version__, step_time=steps, memory=memory, not_applied=notes)
     return CalibrationFile(**(base | kw))

@@ -74,3 +74,29 @@ def test_spec_validates_time_with_the_seams_parser():
         job.SlurmOptions(time="1:00\n")
     with pytest.raises(ValueError, match="longer than Slurm can represent"):
         job.Limits(time_limit=timefmt.SLURM_INFINITE_MIN)
+
+
+# --- 2. One class per name ------------------------------------------------------------------------------------
+
+def _classes_named(name: str) -> list[str]:
+    """Every module of the package that defines a class `name`."""
+    return sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                  if any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(ast.parse(p.read_text()))))
+
+
+def test_limits_is_only_model_yamls_section():
+    from frenzy_slurm.calibration import CalibrationFile, FitBounds
+
+    assert _classes_named("Limits") == ["jobspec/job.py"]
+    assert CalibrationFile.model_fields["limits"].annotation is FitBounds  # calibration.json's key is unchanged
+    assert FitBounds().min_jobs == 3
+
+
+def test_submitted_is_only_the_submit_stages_result():
+    from frenzy_slurm.slurm import SbatchAnswer
+    from frenzy_slurm.slurm.fake import FakeSlurm
+
+    assert _classes_named("Submitted") == ["submit/__init__.py"]
+    assert _classes_named("SbatchAnswer") == ["slurm/backend.py"]
+    assert SbatchAnswer.__dataclass_fields__.keys() == {"job_id", "cluster", "argv"}
+    assert FakeSlurm.submit.__annotations__["return"] in ("SbatchAnswer", SbatchAnswer)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from frenzy_slurm.calibration.model import SITE_WIDE, Limits, MemoryCorrection, StepTimeCorrection
+from frenzy_slurm.calibration.model import SITE_WIDE, FitBounds, MemoryCorrection, StepTimeCorrection
 from frenzy_slurm.calibration.observe import Observation
 
 # a term is identifiable when its column varies by more than this (max/min) across the jobs
@@ -52,8 +52,14 @@ def reject_outliers(values: list[float]) -> tuple[list[int], list[int]]:
     return kept, [i for i in range(len(values)) if i not in kept]
 
 
+def _known(value: float | None) -> float:
+    """A step-time field of an observation fit() passes on: it passes only those measured and predicted."""
+    assert value is not None, "fit_step_time needs observations with a measured and a predicted step time"
+    return value
+
+
 def _median_rel_error(pred: list[float], meas: list[float]) -> float:
-    return statistics.median(abs(p - m) / m for p, m in zip(pred, meas))
+    return statistics.median(abs(p - m) / m for p, m in zip(pred, meas, strict=True))
 
 
 def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, float, float]:
@@ -81,21 +87,21 @@ def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, f
     x0 = [max(float(np.median(target)), 1e-6) if n == "t" else (1.0 if n == "k" else 0.0) for n in names]
     res = least_squares(lambda x: mat @ x - rhs, x0, bounds=(lower, [np.inf] * len(names)), loss="soft_l1",
                         f_scale=ROBUST_SCALE)
-    got = dict(zip(names, res.x))
+    got = dict(zip(names, res.x, strict=True))
     return float(got.get("k", 1.0)), float(got["t"]), float(got.get("m", 0.0))
 
 
-def fit_step_time(obs: list[Observation], gpu: str, precision: str, limits: Limits
+def fit_step_time(obs: list[Observation], gpu: str, precision: str, limits: FitBounds
                   ) -> tuple[StepTimeCorrection | None, list[str]]:
     """One group's correction (or None) and the findings not applied."""
     where = f"step time {gpu if gpu != SITE_WIDE else 'site-wide'}/{precision}"
     if len(obs) < limits.min_jobs:
         return None, [f"{where}: {len(obs)} job(s), fewer than min_jobs({limits.min_jobs}); not applied"]
-    meas = [o.measured_step_s for o in obs]
-    comp = [o.compute_s for o in obs]
+    meas = [_known(o.measured_step_s) for o in obs]
+    comp = [_known(o.compute_s) for o in obs]
     slots = {o.slots for o in obs}
     free_m = len(slots) > 1
-    free_k = (max(comp) > MIN_SPREAD * min(comp) and max(c / m for c, m in zip(comp, meas)) >= MIN_COMPUTE_SHARE)
+    free_k = (max(comp) > MIN_SPREAD * min(comp) and max(c / m for c, m in zip(comp, meas, strict=True)) >= MIN_COMPUTE_SHARE)
     notes: list[str] = []
     k, t, m = _solve(obs, free_k, free_m)
     factor = 1.0 / k
@@ -115,15 +121,15 @@ def fit_step_time(obs: list[Observation], gpu: str, precision: str, limits: Limi
     if not free_k:
         notes.append(f"{where}: the jobs' predicted compute does not vary (or is negligible), so the FLOP-rate "
                      "efficiency keeps its catalog value")
-    raw = [o.raw_step_s for o in obs]
-    cal = [o.compute_s * k + o.other_s + t + m * o.slots for o in obs]
+    raw = [_known(o.raw_step_s) for o in obs]
+    cal = [c * k + _known(o.other_s) + t + m * o.slots for c, o in zip(comp, obs, strict=True)]
     corr = StepTimeCorrection(gpu=gpu, precision=precision, efficiency_factor=factor, step_overhead_s=t,
                               microbatch_overhead_s=m, jobs=len(obs), raw_error=_median_rel_error(raw, meas),
                               calibrated_error=_median_rel_error(cal, meas))
     return corr, notes
 
 
-def fit_memory(obs: list[Observation], limits: Limits) -> tuple[list[MemoryCorrection], list[str]]:
+def fit_memory(obs: list[Observation], limits: FitBounds) -> tuple[list[MemoryCorrection], list[str]]:
     by_mode: dict[str, list[Observation]] = defaultdict(list)
     for o in obs:
         if o.memory:
@@ -153,7 +159,8 @@ def fit_memory(obs: list[Observation], limits: Limits) -> tuple[list[MemoryCorre
     return out, notes
 
 
-def fit(observations: list[Observation], limits: Limits) -> tuple[list[StepTimeCorrection], list[MemoryCorrection], list[str]]:
+def fit(observations: list[Observation], limits: FitBounds
+        ) -> tuple[list[StepTimeCorrection], list[MemoryCorrection], list[str]]:
     """All corrections the observations support, and every finding that was not applied."""
     timed = [o for o in observations if o.measured_step_s and o.compute_s is not None]
     steps: list[StepTimeCorrection] = []

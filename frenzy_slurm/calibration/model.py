@@ -56,7 +56,7 @@ class MemoryCorrection(_M):
     ranks: int = Field(ge=1, description="Rank measurements (one per GPU) the factor rests on.")
 
 
-class Limits(_M):
+class FitBounds(_M):
     """The bounds a fit had to satisfy to be applied."""
 
     min_jobs: int = Field(3, ge=1, description="Fewest measured jobs a correction may rest on.")
@@ -76,7 +76,7 @@ class CalibrationFile(_M):
     created_at: float = Field(description="When it was fitted, epoch seconds.")
     valid_until: float = Field(description="After this (epoch seconds) the file is stale: refit or remove it.")
     frenzy_version: str = Field(description="frenzy-slurm version that fitted it.")
-    limits: Limits = Field(default_factory=Limits, description="Bounds the fit was held to.")
+    limits: FitBounds = Field(default_factory=FitBounds, description="Bounds the fit was held to.")
     step_time: list[StepTimeCorrection] = Field(default_factory=list, description="Applied step-time corrections.")
     memory: list[MemoryCorrection] = Field(default_factory=list, description="Applied memory corrections.")
     jobs: list[str] = Field(default_factory=list, description="Job directories the fit used.")

@@ -74,7 +74,7 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     JOB_DIRS are job directories, or directories holding them (a user's frenzy-jobs, or several users'
     with a shell glob); default: every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs).
     """
-    from frenzy_slurm.calibration import (CalibrationFile, Limits, calibration_path, observe, site_fingerprint,
+    from frenzy_slurm.calibration import (CalibrationFile, FitBounds, calibration_path, observe, site_fingerprint,
                                           write_calibration)
     from frenzy_slurm.calibration.fit import fit
     from frenzy_slurm.calibration.observe import job_dirs_under, read_epilog_dir
@@ -118,7 +118,8 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
             observations.append(got)
             if got.note:
                 skipped.append(f"{d}: {got.note}")
-    limits = Limits(min_jobs=min_jobs, max_efficiency_factor=max_efficiency_factor, max_memory_factor=max_memory_factor)
+    limits = FitBounds(min_jobs=min_jobs, max_efficiency_factor=max_efficiency_factor,
+                       max_memory_factor=max_memory_factor)
     steps, memory, findings = fit(observations, limits)
     refused = [f for f in findings if "not applied" in f]
     notes = [f for f in findings if "not applied" not in f]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from frenzy_slurm.sim.clusters import SimCluster
-from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
+from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey
 from frenzy_slurm.slurm.releases import GpuPlan
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
@@ -143,7 +143,7 @@ class SimSlurm:
         t, nodes = found
         return StartEstimate(start=t, nodes=[n for ns in nodes for n in ns], source=self.estimates)
 
-    def submit(self, job: BatchJob) -> Submitted:
+    def submit(self, job: BatchJob) -> SbatchAnswer:
         for c in job.components:
             pool = self._candidates(c)
             if len(pool) < c.nodes:
@@ -153,7 +153,7 @@ class SimSlurm:
         self._next_id += max(1, len(job.components))  # hetjob components take consecutive ids
         self.jobs_by_id[jid] = SimJob(jid, list(job.components), self.now, name=job.name, comment=job.comment)
         self.schedule()
-        return Submitted(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
+        return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
 
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
         wanted = set(job_ids) if job_ids is not None else None

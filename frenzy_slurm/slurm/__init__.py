@@ -16,14 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentRequest, PoolKey, SlurmBackend,
-                                        StartEstimate, Submitted)
+from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentRequest, PoolKey, SbatchAnswer,
+                                        SlurmBackend, StartEstimate)
 from frenzy_slurm.slurm.model import ClusterView, GpuPool, Job, Node, Partition, group_het_jobs, job_phase
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 
 __all__ = [
     "AccountingRecord", "BACKENDS", "BatchJob", "ClusterView", "ComponentRequest", "GpuPool", "Job", "Node",
-    "Partition", "PoolKey", "SlurmBackend", "SlurmCommandError", "SlurmUnavailable", "StartEstimate", "Submitted",
+    "Partition", "PoolKey", "SbatchAnswer", "SlurmBackend", "SlurmCommandError", "SlurmUnavailable", "StartEstimate",
     "group_het_jobs", "job_phase", "open_backend",
 ]
 

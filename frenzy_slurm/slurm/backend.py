@@ -15,8 +15,8 @@ from typing import Iterable, Protocol
 
 from frenzy_slurm.slurm.model import ClusterView, Job, PoolKey
 
-__all__ = ["AccountingRecord", "BatchJob", "ComponentRequest", "PoolKey", "ReadOnlyBackend", "SlurmBackend",
-           "StartEstimate", "Submitted"]
+__all__ = ["AccountingRecord", "BatchJob", "ComponentRequest", "PoolKey", "ReadOnlyBackend", "SbatchAnswer",
+           "SlurmBackend", "StartEstimate"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,10 @@ class BatchJob:
 
 
 @dataclass(frozen=True)
-class Submitted:
+class SbatchAnswer:
+    """What sbatch answered: the job id (and cluster, from `jobid;cluster`) and the argv that was run. The
+    submit stage's own result, with the job directory, is `frenzy_slurm.submit.Submitted`."""
+
     job_id: int
     cluster: str | None
     argv: list[str] = field(default_factory=list)
@@ -90,7 +93,7 @@ class SlurmBackend(Protocol):
         """When Slurm would start this request now (a hetjob if several components)."""
         ...
 
-    def submit(self, job: BatchJob) -> Submitted:
+    def submit(self, job: BatchJob) -> SbatchAnswer:
         """Submit a batch or heterogeneous job. Raises SlurmCommandError when Slurm refuses it."""
         ...
 
@@ -135,7 +138,7 @@ class ReadOnlyBackend:
         raise SlurmUnavailable(f"the {self.name} backend only reads a saved view; it cannot {what}. "
                                "Use --backend cli (or auto) on a machine that reaches Slurm.")
 
-    def submit(self, job: BatchJob) -> Submitted:
+    def submit(self, job: BatchJob) -> SbatchAnswer:
         self._refuse("submit jobs")
 
     def cancel(self, job_id: int) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from typing import Iterable
 
-from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentRequest, PoolKey, StartEstimate,
-                                        Submitted)
+from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentRequest, PoolKey, SbatchAnswer,
+                                        StartEstimate)
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_parsable,
                                       parse_test_only, parse_time_minutes, reading)
@@ -336,7 +336,7 @@ class SlurmCliBackend:
             start, nodes, _ = parse_test_only(res.stderr + res.stdout)
         return StartEstimate(start=start, nodes=nodes, source="test-only")
 
-    def submit(self, job: BatchJob) -> Submitted:
+    def submit(self, job: BatchJob) -> SbatchAnswer:
         """`sbatch --parsable SCRIPT`: the script's own #SBATCH lines (components, comment, chdir) say it all.
         Run under the job's umask, so that Slurm creates the job's output files private too, and in its own
         process group, so that a Ctrl-C at the terminal reaches fsbatch (which finishes recording) and not
@@ -345,7 +345,7 @@ class SlurmCliBackend:
         res = run(argv, timeout=SUBMIT_TIMEOUT_S, umask=job.umask, max_bytes=SMALL_ANSWER, own_process_group=True)
         with reading("sbatch --parsable", self.version):
             job_id, cluster = parse_parsable(res.stdout)
-        return Submitted(job_id=job_id, cluster=cluster, argv=argv)
+        return SbatchAnswer(job_id=job_id, cluster=cluster, argv=argv)
 
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
         extra = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
+from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey, job_phase
 from frenzy_slurm.slurm.releases import GpuPlan
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmTimeout, SlurmUnavailable
@@ -210,7 +210,7 @@ class FakeSlurm:
                     plan.add(n, not_before, not_before + limit_s, comp.gpus_per_node)
         return found
 
-    def submit(self, job: BatchJob) -> Submitted:
+    def submit(self, job: BatchJob) -> SbatchAnswer:
         self._guard("submit")
         if not job.components:
             raise SlurmCommandError(["sbatch"], 1, "sbatch: error: no resources requested")
@@ -223,7 +223,7 @@ class FakeSlurm:
         self._schedule()
         if self.submit_times_out:
             raise SlurmTimeout("'sbatch --parsable' did not answer within 60s: slurmctld is overloaded or down.")
-        return Submitted(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
+        return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
 
     def set_run_time(self, job_id: int, seconds: float) -> None:
         """How long a job runs once started (default: until its time limit)."""

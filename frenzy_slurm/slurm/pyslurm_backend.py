@@ -29,7 +29,7 @@ from pathlib import Path
 
 from typing import Iterable
 
-from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, StartEstimate, Submitted
+from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.cli import SlurmCliBackend, node_state, parse_version
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes, reading
@@ -262,7 +262,7 @@ class PyslurmBackend:
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
         return self._cli.expected_start(components)  # pyslurm has no test-only submission
 
-    def submit(self, job: BatchJob) -> Submitted:
+    def submit(self, job: BatchJob) -> SbatchAnswer:
         return self._cli.submit(job)  # pyslurm cannot submit hetjobs nor keep the script's own #SBATCH lines
 
     def cancel(self, job_id: int) -> None:
