@@ -100,3 +100,22 @@ def test_submitted_is_only_the_submit_stages_result():
     assert _classes_named("SbatchAnswer") == ["slurm/backend.py"]
     assert SbatchAnswer.__dataclass_fields__.keys() == {"job_id", "cluster", "argv"}
     assert FakeSlurm.submit.__annotations__["return"] in ("SbatchAnswer", SbatchAnswer)
+
+
+# --- 3. A file argument's type says what click checks --------------------------------------------------------
+
+def test_unchecked_file_says_click_does_not_check_existence():
+    from frenzy_slurm.cli import common
+
+    assert common.unchecked_file.exists is False and common.unchecked_file.dir_okay is False
+
+
+@pytest.mark.parametrize("argv", [("fsbatch", "--dry-run"), ("frenzy-slurm", "memory")])
+def test_missing_model_yaml_is_refused_by_the_projects_reader(argv, tmp_path):
+    from .helpers import run_cli
+
+    missing = tmp_path / "nope.yaml"
+    res = run_cli(*argv, str(missing))
+    assert res.returncode == 2
+    assert f"{missing}: cannot read file (No such file or directory)" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -11,7 +11,8 @@ from pathlib import Path
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, cluster_options, existing_file, print_json, reports_errors, table
+from frenzy_slurm.cli.common import (backend_options, cluster_options, print_json, reports_errors, table,
+                                     unchecked_file)
 from frenzy_slurm.cli.plan_view import (candidate_json, candidate_rows, factory_note, gpu_options, load, memory_json,
                                         memory_rows)
 from frenzy_slurm.errors import InputError, NoFitError
@@ -26,7 +27,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("model_yaml", type=existing_file)
+@click.argument("model_yaml", type=unchecked_file)
 @click.option("--gpu", "gpus", multiple=True, metavar="TYPE[:COUNT]",
               help="GPU type from the catalog (repeatable), optionally with how many exist. Default: every catalog GPU.")
 @click.option("--plan", "plan_text", metavar="KEY=VALUE,...",
