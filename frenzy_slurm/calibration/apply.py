@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frenzy_slurm.calibration.model import CalibrationFile, calibration_path, load_calibration
 from frenzy_slurm.cluster.site import SiteConfig
+
+if TYPE_CHECKING:
+    from frenzy_slurm.has.model import Decision
+    from frenzy_slurm.marp.plan import Workload
 
 MAX_USABLE_FRACTION = 0.99  # a memory factor below 1 never lets plans fill a GPU completely
 
@@ -81,7 +86,8 @@ def for_job(site: SiteConfig, site_path: Path | None, precision: str, method: st
     return calibrated_site(site, cal, path, precision, method)
 
 
-def job_record(applied: Applied | None, raw_site: SiteConfig, w, decision, global_batch: int) -> dict:
+def job_record(applied: Applied | None, raw_site: SiteConfig, w: Workload, decision: Decision, global_batch: int
+               ) -> dict:
     """calibration.json of a job directory: the calibration used, and the chosen plan's raw and calibrated step."""
     from frenzy_slurm.calibration.observe import raw_step_parts
 

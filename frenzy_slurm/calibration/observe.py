@@ -12,8 +12,14 @@ import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frenzy_slurm.cluster.site import SiteConfig
+
+if TYPE_CHECKING:
+    from frenzy_slurm.has.model import Allocation
+    from frenzy_slurm.marp.plan import Workload
+    from frenzy_slurm.render.planfile import PlanFile
 
 WARMUP_STEPS = 1
 MAX_EPILOG_BYTES = 1 << 20  # one node's epilog record: a few KB
@@ -58,7 +64,7 @@ class Observation:
         return None if self.compute_s is None or self.other_s is None else self.compute_s + self.other_s
 
 
-def raw_step_parts(w, chosen, global_batch: int, site: SiteConfig) -> tuple[float, float] | None:
+def raw_step_parts(w: Workload, chosen: Allocation, global_batch: int, site: SiteConfig) -> tuple[float, float] | None:
     """(compute, other) seconds of the chosen plan's step with the site file's GPU specs, no calibration.
 
     The step-time model is linear in 1/efficiency, so two evaluations separate the compute part.
@@ -150,8 +156,8 @@ def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | Non
     chosen = pf.decision.chosen
     plan = chosen.plan
     t = pf.spec.training
-    from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.jobspec import ResolvedModel
+    from frenzy_slurm.marp import workload_from_spec
 
     w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params))
     parts = raw_step_parts(w, chosen, t.global_batch, site)
@@ -186,7 +192,7 @@ def _memory_pairs(metrics: dict) -> list[tuple[float, float]]:
     return pairs
 
 
-def _read_plan(path: Path):
+def _read_plan(path: Path) -> PlanFile:
     """plan.json as a job directory holds it: a bounded read of a regular file, not through a link."""
     from pydantic import ValidationError
 

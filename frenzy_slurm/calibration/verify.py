@@ -22,10 +22,14 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import _group_private_to, _owner_name
 from frenzy_slurm.records import read_job_record
+
+if TYPE_CHECKING:
+    from frenzy_slurm.slurm.backend import AccountingRecord, SlurmBackend
 
 # what calibration reads from a job directory (metrics.json may be absent: epilog or sacct peaks instead)
 _JOB_FILES = ("plan.json", "submission.json", "metrics.json")
@@ -83,7 +87,7 @@ def submitted_job_id(d: Path) -> str | None:
     return job_id if job_id.isdigit() else None
 
 
-def _accounting(backend, ids: list[int]):
+def _accounting(backend: SlurmBackend | None, ids: list[int]) -> dict[int, AccountingRecord] | None:
     """Slurm's records of these jobs (one sacct), or None where the site keeps none or it does not answer."""
     from frenzy_slurm.slurm import SlurmUnavailable
 
@@ -95,7 +99,7 @@ def _accounting(backend, ids: list[int]):
         return None
 
 
-def verify_jobs(dirs: list[Path], backend) -> Verdict:
+def verify_jobs(dirs: list[Path], backend: SlurmBackend | None) -> Verdict:
     """Accept or reject each job directory as evidence for a calibration (see the module docstring)."""
     me = os.geteuid()
     verdict = Verdict()
