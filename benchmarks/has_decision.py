@@ -2,8 +2,8 @@
 
     python benchmarks/has_decision.py [--repeat 20] [--json OUT]
 
-Times `decide()` (pools, MARP candidates per pool, heterogeneous pipelines, ranking) from a ClusterView
-to a Decision, without Slurm calls. Goals (issue #4): a few ms on the local cluster, < 50 ms at 2,048 GPUs.
+Times the decision step `planning.decide_job` (pools, MARP candidates per pool, heterogeneous pipelines,
+ranking) from a ClusterView to a Decision, without Slurm calls. Goals (issue #4): a few ms on the local cluster, < 50 ms at 2,048 GPUs.
 Reference: Sia (SOSP'23) solves an integer program per round: median 96 ms, p95 426 ms on 64 GPUs.
 """
 
@@ -19,7 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site  # noqa: E402
-from frenzy_slurm.has import Requirements, decide  # noqa: E402
+from frenzy_slurm.has import Requirements  # noqa: E402
+from frenzy_slurm.planning import decide_job  # noqa: E402
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec  # noqa: E402
 from frenzy_slurm.jobspec import load_job_spec, resolve_model  # noqa: E402
 
@@ -48,7 +49,7 @@ def main() -> int:
                 times, d = [], None
                 for _ in range(args.repeat):
                     t0 = time.perf_counter()
-                    d = decide(req, w, view, site, space, backend=None, now=view.taken_at)
+                    d = decide_job(req, w, space, view, site, None, view.taken_at)
                     times.append(time.perf_counter() - t0)
                 med = statistics.median(times) * 1e3
                 p95 = sorted(times)[int(0.95 * (len(times) - 1))] * 1e3

@@ -57,6 +57,31 @@ def plan(spec, view, site=None, backend=None, time=None):
                   site or synthetic_site(LOCAL), search_space_from_spec(spec), backend=backend, now=view.taken_at)
 
 
+def snapshot(view):
+    """`--backend static` serving `view` from memory (HAS asks a snapshot for no start estimates)."""
+    from frenzy_slurm.slurm.static import StaticBackend
+
+    backend = StaticBackend(Path("<memory>"))
+    backend._view = view
+    return backend
+
+
+def planned(spec, view, job_dir=None, site=None, options=None, spec_path=Path("/home/u/model.yaml"), model=None,
+            **plan_options):
+    """planning.plan_job's request for `spec` on `view` (the site defaults to the LOCAL shape, without a file;
+    the decision's "now" is the view's time); `plan_options` are further PlanOptions fields (force, templates)."""
+    from frenzy_slurm.jobspec import resolve_model
+    from frenzy_slurm.jobspec.job import SlurmOptions
+    from frenzy_slurm.planning import JobFile, PlanOptions, SiteFile, plan_job
+    from frenzy_slurm.sim.synthetic import synthetic_site
+
+    if not isinstance(site, SiteFile):
+        site = SiteFile(site or synthetic_site(LOCAL))
+    job = JobFile(spec_path, spec, model or resolve_model(spec, "."))
+    opts = PlanOptions(slurm=options or SlurmOptions(), job_dir=job_dir, now=view.taken_at, **plan_options)
+    return plan_job(job, site, snapshot(view), opts)
+
+
 def fill(view, partition: str, keep_free: dict[str, int] | None = None, minutes: int = 60):
     """Hold every GPU of a partition (except keep_free[node]) with a running job ending in `minutes`."""
     from frenzy_slurm.slurm.model import Job

@@ -20,7 +20,7 @@ import yaml
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.slurm.model import ClusterView, Job
 
-from .helpers import EXAMPLES, LOCAL, ROOT, make_spec, plan, run_cli
+from .helpers import EXAMPLES, LOCAL, ROOT, make_spec, planned, run_cli
 from .users import as_user, other_user  # noqa: F401 (fixture)
 
 FSQUEUE = "import sys; from frenzy_slurm.cli.fsqueue import main; sys.argv[0] = 'fsqueue'; main()"
@@ -401,16 +401,9 @@ def test_calibration_file_owned_by_another_user_is_refused(tmp_path, other_user)
 
 
 def _render_with(template_dir: Path):
-    from frenzy_slurm.jobspec import resolve_model
-    from frenzy_slurm.jobspec.job import SlurmOptions
-    from frenzy_slurm.marp import workload_from_spec
-    from frenzy_slurm.render import render_job
     from frenzy_slurm.sim.synthetic import synthetic
 
-    spec = make_spec()
-    model = resolve_model(spec, ".")
-    return render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), plan(spec, synthetic(LOCAL)),
-                      SlurmOptions(), job_dir=Path("/home/u/frenzy-jobs/t-1"), template_dir=template_dir)
+    return planned(make_spec(), synthetic(LOCAL), Path("/home/u/frenzy-jobs/t-1"), templates=template_dir)
 
 
 def test_world_writable_templates_directory_is_refused(tmp_path, monkeypatch):

@@ -14,14 +14,11 @@ import pytest
 
 from frenzy_slurm.errors import EXIT_BAD_INPUT, FrenzyError
 from frenzy_slurm.jobspec import resolve_model
-from frenzy_slurm.jobspec.job import SlurmOptions
-from frenzy_slurm.marp import workload_from_spec
-from frenzy_slurm.render import render_job
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submit import jobdir, submit
 
-from .helpers import LOCAL, make_spec, plan
+from .helpers import LOCAL, make_spec, plan, planned
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
 
@@ -41,12 +38,11 @@ def world():
 
 
 def request(world, job_dir: Path, **spec_over):
-    view, spec, decision = world
+    """The request fsbatch would submit (planning.plan_job) into `job_dir`."""
+    view, spec, _ = world
     if spec_over:
         spec = make_spec(**spec_over)
-    model = resolve_model(spec, ".")
-    return render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), decision,
-                      SlurmOptions(), job_dir=job_dir)
+    return planned(spec, view, job_dir)
 
 
 def fake(view) -> FakeSlurm:
@@ -206,11 +202,15 @@ def written(world, job_dir: Path):
 def test_script_records_the_directory_and_the_plans_digest(world, tmp_path):
     import hashlib
 
-    req, env = written(world, tmp_path / "jobs" / "a")
+    req = request(world, tmp_path / "jobs" / "a")
+    done = submit(req, fake(world[0]))
+    env = _job_env((req.job_dir / "job.sbatch").read_text())
     assert env["FRENZY_JOB_DIR_INODE"] == str(os.stat(req.job_dir).st_ino)
     assert env["FRENZY_PLAN_SHA256"] == hashlib.sha256((req.job_dir / "plan.json").read_bytes()).hexdigest()
     assert env["FRENZY_DS_CONFIG_SHA256"] == hashlib.sha256((req.job_dir / "ds_config.json").read_bytes()).hexdigest()
-    assert req.script == (req.job_dir / "job.sbatch").read_text()  # what fsbatch reports is what was written
+    assert done.script == (req.job_dir / "job.sbatch").read_text()  # what submit reports is what was written
+    # ...which is the request's script with the directory's identity recorded, and nothing else changed
+    assert done.script == jobdir.bind_identity(req.script, os.stat(req.job_dir).st_ino, req.files)
 
 
 def test_job_refuses_a_directory_swapped_in_its_place(world, tmp_path):
@@ -256,22 +256,15 @@ def test_runtime_stops_with_one_message_before_reading_a_swapped_directory(world
 
 def _tiny_job(tmp_path: Path, steps: int, interval: int):
     """tiny-cpu rendered for one CPU rank and written as fsbatch writes it; its script's environment."""
-    from frenzy_slurm.has import Requirements, decide
     from frenzy_slurm.jobspec import load_job_spec
-    from frenzy_slurm.marp import search_space_from_spec
-    from frenzy_slurm.sim.synthetic import synthetic_site
 
     text = (ROOT / "examples" / "tiny-cpu.yaml").read_text().replace(
         "  steps: 6\n", f"  steps: {steps}\n  checkpoint_interval: {interval}\n")
-    (tmp_path / "tiny.yaml").write_text(text)
+    (tmp_path / "tiny.yaml").write_text(text + "limits:\n  max_gpus: 1\n")  # one CPU rank
     spec = load_job_spec(tmp_path / "tiny.yaml")
-    model = resolve_model(spec, tmp_path)
-    w = workload_from_spec(spec, model)
     view = synthetic(LOCAL)
-    req = Requirements.from_spec(spec)
-    req = Requirements(**{**req.__dict__, "max_gpus": 1})
-    decision = decide(req, w, view, synthetic_site(LOCAL), search_space_from_spec(spec), now=view.taken_at)
-    job = render_job(spec, tmp_path / "tiny.yaml", model, w, decision, SlurmOptions(), job_dir=tmp_path / "jobs" / "t")
+    job = planned(spec, view, tmp_path / "jobs" / "t", spec_path=tmp_path / "tiny.yaml",
+                  model=resolve_model(spec, tmp_path))
     submit(job, fake(view))
     return job.job_dir, _job_env((job.job_dir / "job.sbatch").read_text())
 

@@ -28,10 +28,6 @@ from frenzy_slurm.errors import (
     EXIT_SLURM_UNEXPECTED,
     FrenzyError,
 )
-from frenzy_slurm.jobspec import resolve_model
-from frenzy_slurm.jobspec.job import SlurmOptions
-from frenzy_slurm.marp import workload_from_spec
-from frenzy_slurm.render import render_job
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm import run as run_mod
 from frenzy_slurm.slurm.cli import SlurmCliBackend, json_list, parse_sacct, parse_version, partitions_from_scontrol
@@ -41,7 +37,7 @@ from frenzy_slurm.slurm.parse import SlurmUnexpected, num, parse_parsable
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, run
 from frenzy_slurm.submit import submit
 
-from .helpers import LOCAL, ROOT, make_spec, plan, run_cli
+from .helpers import LOCAL, ROOT, make_spec, plan, planned, run_cli
 
 DATA = ROOT / "tests" / "data" / "slurm-22.05"
 NAME = b"caf\xe9"  # Latin-1 bytes, as `sbatch -J $'caf\xe9'` stores them
@@ -265,10 +261,9 @@ def world():
 
 
 def request(world, job_dir: Path):
-    view, spec, decision = world
-    model = resolve_model(spec, ".")
-    return render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), decision,
-                      SlurmOptions(), job_dir=job_dir)
+    """The request fsbatch would submit (planning.plan_job) into `job_dir`."""
+    view, spec, _ = world
+    return planned(spec, view, job_dir)
 
 
 def _created_then(slurm: FakeSlurm, error: Exception, signals: int = 0):

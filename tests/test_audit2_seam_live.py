@@ -17,15 +17,11 @@ import pytest
 import yaml
 
 from frenzy_slurm.cluster.site import load_site
-from frenzy_slurm.jobspec import resolve_model
-from frenzy_slurm.jobspec.job import SlurmOptions
-from frenzy_slurm.marp import workload_from_spec
-from frenzy_slurm.render import render_job
 from frenzy_slurm.slurm import cli as slurm_cli
 from frenzy_slurm.slurm.cli import SlurmCliBackend
 from frenzy_slurm.submit import submit
 
-from .helpers import ROOT, make_spec, plan, run_cli
+from .helpers import ROOT, make_spec, planned, run_cli
 from .slurm_fixture import sh, wait_for
 
 SITE = ROOT / "site_configs" / "devcluster.yaml"
@@ -106,10 +102,7 @@ def test_sbatch_own_timeout_with_slurmctld_paused_records_the_job(env, monkeypat
     spec = make_spec(training={"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
                      entry={"trainer": "script", "script": str(script)})
     backend = SlurmCliBackend()
-    decision = plan(spec, backend.load(), site=load_site(SITE))
-    model = resolve_model(spec, ".")
-    req = render_job(spec, env / "model.yaml", model, workload_from_spec(spec, model), decision, SlurmOptions(),
-                     job_dir=env / "jobs" / "paused")
+    req = planned(spec, backend.load(), env / "jobs" / "paused", site=load_site(SITE), spec_path=env / "model.yaml")
     pid = _slurmctld_pid()
     real_run = slurm_cli.run
     ended: list[str] = []

@@ -26,20 +26,14 @@ def offline(tmp_path):
 
 def _job_dir(tmp_path: Path, snap: Path, site: Path, name: str, steady: float) -> Path:
     """A finished job: fsbatch's rendered files plus the trainer's metrics.json."""
-    from frenzy_slurm.cli.plan_view import load
     from frenzy_slurm.cluster.site import load_site
-    from frenzy_slurm.has import Requirements, decide
-    from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
-    from frenzy_slurm.render import render_job
+    from frenzy_slurm.planning import PlanOptions, SiteFile, load_job, plan_job
     from frenzy_slurm.slurm import open_backend
 
-    spec_path = EXAMPLES / "tiny-cpu.yaml"
-    spec, model = load(spec_path)
-    w = workload_from_spec(spec, model)
-    view = open_backend("static", snap).load()
-    decision = decide(Requirements.from_spec(spec), w, view, load_site(site), search_space_from_spec(spec),
-                      now=time.time())
-    req = render_job(spec, spec_path, model, w, decision, spec.slurm.overridden(), tmp_path / name)
+    job = load_job(EXAMPLES / "tiny-cpu.yaml")
+    # the site without its path: planned with raw predictions, as the jobs calibration learns from were
+    req = plan_job(job, SiteFile(load_site(site)), open_backend("static", snap),
+                   PlanOptions(slurm=job.spec.slurm.overridden(), job_dir=tmp_path / name))
     d = tmp_path / name
     d.mkdir()
     for fname, text in req.files.items():

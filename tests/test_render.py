@@ -12,12 +12,10 @@ from pathlib import Path
 import pytest
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.render import render_job
 from frenzy_slurm.jobspec.job import SlurmOptions
 
-from .helpers import HOSTILE, LOCAL, fill, make_spec, plan
+from .helpers import HOSTILE, LOCAL, fill, make_spec, planned
 from frenzy_slurm.sim.synthetic import synthetic
-from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.jobspec import resolve_model
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -30,11 +28,9 @@ def normalize(text: str) -> str:
     return text.replace(sys.executable, "PYTHON")
 
 
-def rendered(spec, view, options=None, **kw):
-    d = plan(spec, view)
-    model = resolve_model(spec, ".")
-    return render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), d,
-                      options or SlurmOptions(), job_dir=JOB_DIR, **kw)
+def rendered(spec, view, options=None, template_dir=None):
+    """The request fsbatch would submit (planning.plan_job), in JOB_DIR."""
+    return planned(spec, view, JOB_DIR, options=options, templates=template_dir)
 
 
 def check_golden(name: str, text: str) -> None:

@@ -12,15 +12,11 @@ import threading
 from pathlib import Path
 
 from frenzy_slurm.cluster.site import load_site
-from frenzy_slurm.marp import workload_from_spec
-from frenzy_slurm.render import render_job
 from frenzy_slurm.slurm import cli as slurm_cli
 from frenzy_slurm.slurm.cli import SlurmCliBackend
-from frenzy_slurm.jobspec import resolve_model
-from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.submit import submit
 
-from .helpers import ROOT, make_spec, plan
+from .helpers import ROOT, make_spec, planned
 from .slurm_fixture import sh
 
 SITE = ROOT / "site_configs" / "devcluster.yaml"
@@ -39,10 +35,8 @@ def test_sbatch_timeout_while_slurmctld_is_paused(clean_queue, tmp_path, monkeyp
     spec = make_spec(training={"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
                      entry={"trainer": "script", "script": str(script)})
     backend = SlurmCliBackend()
-    decision = plan(spec, backend.load(), site=load_site(SITE))
-    model = resolve_model(spec, ".")
-    req = render_job(spec, tmp_path / "model.yaml", model, workload_from_spec(spec, model), decision, SlurmOptions(),
-                     job_dir=tmp_path / "jobs" / "paused")
+    req = planned(spec, backend.load(), tmp_path / "jobs" / "paused", site=load_site(SITE),
+                  spec_path=tmp_path / "model.yaml")
     pid = _slurmctld_pid()
     real_run = slurm_cli.run
 

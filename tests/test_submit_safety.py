@@ -8,21 +8,18 @@ import getpass
 import os
 import stat
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.sim.synthetic import synthetic
+from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, EXIT_SLURM_UNAVAILABLE, FrenzyError
-from frenzy_slurm.marp import workload_from_spec
-from frenzy_slurm.render import render_job
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.jobspec import resolve_model
-from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.submit import submit
 from frenzy_slurm.submit.jobdir import next_free_dir
 
-from .helpers import LOCAL, make_spec, plan
+from .helpers import LOCAL, make_spec, plan, planned
 
 
 @pytest.fixture(autouse=True)
@@ -40,11 +37,10 @@ def world():
     return view, spec, decision
 
 
-def request(world, job_dir: Path):
-    view, spec, decision = world
-    model = resolve_model(spec, ".")
-    return render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), decision,
-                      SlurmOptions(), job_dir=job_dir)
+def request(world, job_dir: Path, **plan_options):
+    """The request fsbatch would submit (planning.plan_job) into `job_dir`."""
+    view, spec, _ = world
+    return planned(spec, view, job_dir, **plan_options)
 
 
 def fake(view) -> FakeSlurm:
@@ -137,12 +133,13 @@ def test_force_never_touches_the_earlier_job(world, tmp_path):
     assert code == EXIT_ALREADY_SUBMITTED
     # what fsbatch --force does: a directory with a job's files gets a fresh sibling
     assert job_outputs(first.job_dir)
-    again = request(world, next_free_dir(first.job_dir))
-    forced = submit(again, slurm, force=True)
+    again = request(world, first.job_dir, force=True)  # planned into the next free sibling
+    assert again.job_dir == next_free_dir(first.job_dir) and again.earlier_job_dir == first.job_dir
+    forced = submit(again, slurm)
     assert forced.job_id != done.job_id and again.job_dir.name == "a.2"
     assert sorted(p.name for p in first.job_dir.iterdir()) == before and ckpt.is_dir()
     # and a forced submit straight into a used directory refuses rather than overwrite it
-    code, msg = _code(submit, request(world, first.job_dir), slurm, force=True)
+    code, msg = _code(submit, replace(request(world, first.job_dir), force=True), slurm)
     assert code == EXIT_BAD_INPUT and "never writes over" in msg
 
 
@@ -211,11 +208,11 @@ def test_rerun_after_a_lost_answer_records_the_job(world, tmp_path):
 
 
 def test_site_may_make_job_directories_group_readable(world, tmp_path):
-    view, spec, decision = world
-    model = resolve_model(spec, ".")
-    req = render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), decision,
-                     SlurmOptions(), job_dir=tmp_path / "jobs" / "g", group_readable=True)
-    submit(req, fake(view), group_readable=True)
+    view, spec, _ = world
+    site = synthetic_site(LOCAL).model_copy(update={"job_dirs_group_readable": True})
+    req = planned(spec, view, tmp_path / "jobs" / "g", site=site)
+    assert req.group_readable
+    submit(req, fake(view))
     assert stat.S_IMODE(os.stat(req.job_dir).st_mode) == 0o750
     assert stat.S_IMODE((req.job_dir / "plan.json").stat().st_mode) == 0o640
     assert "umask 027" in req.script and "umask 077" in request(world, tmp_path / "x").script

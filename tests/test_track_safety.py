@@ -13,15 +13,11 @@ from pathlib import Path
 import pytest
 
 from frenzy_slurm.sim.synthetic import synthetic
-from frenzy_slurm.marp import workload_from_spec
-from frenzy_slurm.render import render_job
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.jobspec import resolve_model
-from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.submit import submit
 from frenzy_slurm.track import frenzy_jobs
 
-from .helpers import LOCAL, make_spec, plan
+from .helpers import LOCAL, make_spec, planned
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,9 +28,7 @@ def submitted(tmp_path, monkeypatch):
     monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
     view = synthetic(LOCAL)
     spec = make_spec()
-    model = resolve_model(spec, ".")
-    req = render_job(spec, Path("/home/u/model.yaml"), model, workload_from_spec(spec, model), plan(spec, view),
-                     SlurmOptions(), job_dir=tmp_path / "jobs" / "t-1")
+    req = planned(spec, view, tmp_path / "jobs" / "t-1")
     slurm = FakeSlurm(view, user=getpass.getuser())
     done = submit(req, slurm)
     d = req.job_dir

@@ -9,16 +9,13 @@ sbatch-style flags (-A, -q, -t, -C, --exclusive, --mail-*, -J, -o, -e, --sbatch 
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, existing_file, print_json, reports_errors, table
-from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms, load
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
 
 
 def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
@@ -37,6 +34,16 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
                         else alt.lost_because))
     header = ["", "allocation", "plan", "memory/GPU used/usable", "start", "run time", "completion", "why"]
     return header, rows
+
+
+def summary_line(req) -> str:
+    """One line: the chosen allocation, plan, memory per GPU, start and run time."""
+    decision = req.decision
+    chosen = decision.chosen
+    memory = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in chosen.components)
+    start = "now" if chosen.start_source == "now" else hms(chosen.start - decision.decided_at) + " from now"
+    return (f"{req.plan.spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, {memory} per GPU, "
+            f"start {start}, run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
 
 
 def _force_turn(submission: str, force: bool):
@@ -79,78 +86,49 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
          site: Path | None, job_dir: Path | None, templates: Path | None, trace_factory: bool, force: bool, no_calibration: bool, account, qos, time_, constraint,
          exclusive, mail_type, mail_user, job_name, output, error, extra) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
+    from frenzy_slurm.calibration import explain_lines
+    from frenzy_slurm.planning import PlanOptions, find_site_file, load_job, plan_job, submission_of, traced
     from frenzy_slurm.slurm import open_backend
-    from frenzy_slurm.calibration import explain_lines, for_job, job_record
-    from frenzy_slurm.cluster.site_tools import find_site, maybe_load_site
-    from frenzy_slurm.has import Requirements, decide
-    from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
-    from frenzy_slurm.render import render_job
 
-    spec, model = load(model_yaml, trace=trace_factory, site=site)
-    site_cfg = maybe_load_site(site)
-    if site_cfg is None:
-        raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")
+    job = load_job(model_yaml)
+    site_file = find_site_file(site)
+    if trace_factory:
+        job = traced(job, site_file)
+    spec = job.spec
     # fsbatch's flags override model.yaml's slurm: block; one options model for both
-    options = spec.slurm.overridden(account=account, qos=qos, time=time_, constraint=constraint, exclusive=exclusive,
-                                    mail_type=mail_type, mail_user=mail_user, output=output, error=error,
-                                    job_name=job_name, extra=list(extra))
+    slurm = spec.slurm.overridden(account=account, qos=qos, time=time_, constraint=constraint, exclusive=exclusive,
+                                  mail_type=mail_type, mail_user=mail_user, output=output, error=error,
+                                  job_name=job_name, extra=list(extra))
+    options = PlanOptions(slurm=slurm, job_dir=job_dir, templates=templates, calibration=not no_calibration,
+                          force=force)
     cluster = open_backend(backend, snapshot)
-    view = cluster.load()
-    w = workload_from_spec(spec, model)
-    # calibration: one explicit step; MARP and HAS then see the calibrated site file
-    raw_site = site_cfg
-    site_cfg, applied = for_job(site_cfg, find_site(site), spec.training.precision, spec.training.method,
-                                enabled=not no_calibration)
-    decision = decide(Requirements.from_spec(spec, time=options.time), w, view, site_cfg, search_space_from_spec(spec),
-                      backend=None if cluster.name == "static" else cluster, now=time.time())
-    shared = site_cfg.job_dirs_group_readable  # the site may let the user's group read job directories
-    req = render_job(spec, model_yaml, model, w, decision, options, job_dir, templates, group_readable=shared)
     # Concurrent --force runs of one submission take turns from choosing the directory to submitting, so each
     # sees the directory the other took (both used to choose NAME.2, and the second was told to use --force).
-    with _force_turn(req.submission, force and not dry_run):
-        kept: Path | None = None
-        if force and not dry_run:
-            from frenzy_slurm.submit.jobdir import job_outputs, next_free_dir
-
-            if job_outputs(req.job_dir):  # an earlier job's directory is never reused: plan into a fresh one
-                kept = req.job_dir
-                req = render_job(spec, model_yaml, model, w, decision, options, next_free_dir(req.job_dir), templates,
-                                 group_readable=shared)
-        calibration = job_record(applied, raw_site, w, decision, spec.training.global_batch)
-        req.files["calibration.json"] = json.dumps(calibration, indent=2) + "\n"  # fsqueue JOBID shows it
-        chosen = decision.chosen
-        memory = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in chosen.components)
-        start = "now" if chosen.start_source == "now" else hms(chosen.start - decision.decided_at) + " from now"
-        summary = (f"{spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, {memory} per GPU, "
-                   f"start {start}, "
-                   f"run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
-        result: dict = {"job": spec.name, "submission": req.submission, "job_dir": str(req.job_dir), "dry_run": dry_run,
-                        "decision": json.loads(decision.model_dump_json()),
-                        "user_code_ran": model.exact_params is not None, "calibration": calibration}
-        if kept is not None:
-            result["earlier_job_dir"] = str(kept)  # --force planned into a fresh directory; this one is untouched
+    with _force_turn(submission_of(job, options), force and not dry_run):
+        req = plan_job(job, site_file, cluster, options)
         if not dry_run:
             from frenzy_slurm.submit import submit
 
-            done = submit(req, cluster, force=force, group_readable=shared)
-            result["job_id"] = done.job_id
+            done = submit(req, cluster)
     if as_json:
-        if dry_run:
-            result["script"] = req.script
+        result = {**req.as_json(), "dry_run": dry_run}
+        if not dry_run:
+            del result["script"]  # the script was written to the job directory; --dry-run shows it
+            result["job_id"] = done.job_id
         print_json(result)
         return
-    click.echo(summary)
+    click.echo(summary_line(req))
     if explain:
-        header, rows = explain_rows(decision)
+        header, rows = explain_rows(req.decision)
         click.echo(table(rows, header))
-        for line in explain_lines(calibration):
+        for line in explain_lines(req.calibration):
             click.echo(line)
-        if (note := factory_note(spec, model)) is not None:
+        if (note := factory_note(spec, job.model)) is not None:
             click.echo(note)
     if dry_run:
         click.echo(f"--- {req.job_dir}/job.sbatch (not submitted) ---")
         click.echo(req.script, nl=False)
     else:
-        click.echo(f"Submitted batch job {result['job_id']} (job directory {req.job_dir})")
-        if kept is not None:
-            click.echo(f"The earlier job's directory {kept} is kept as it was (--force never touches it).")
+        click.echo(f"Submitted batch job {done.job_id} (job directory {req.job_dir})")
+        if req.earlier_job_dir is not None:
+            click.echo(f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it).")

@@ -2,8 +2,9 @@
 
 Templates live in `templates/` (shipped as package data) and may be overridden per file by a directory
 of the user's or admin's (`--templates DIR` or $FRENZY_TEMPLATES). Jinja runs with StrictUndefined, and
-every value that reaches a shell passes the `shquote` filter. `render_job` returns the JobRequest that
-both `--dry-run` prints and submission writes and submits: what you see is what runs.
+every value that reaches a shell passes the `shquote` filter. `render_job` returns the rendered files,
+which `frenzy_slurm.planning.plan_job` turns into the JobRequest that both `--dry-run` prints and
+submission writes and submits: what you see is what runs.
 """
 
 from __future__ import annotations
@@ -27,20 +28,20 @@ from frenzy_slurm import __version__
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import check_trusted
 from frenzy_slurm.has.model import Decision
-from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.planfile import PlanFile
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
+from frenzy_slurm.slurm.cli import sbatch_argv
 
 SIGNAL_SECONDS = SIGNAL_LEAD_S  # USR2 this long before the time limit: the runtime checkpoints (NCCL owns USR1)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a newline in a path would end a comment line and run as a command
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,-]+\Z")  # #SBATCH lines are not shell-parsed: keep paths plain
 
 
-@dataclass
-class JobRequest:
-    """Everything a submission consists of; --dry-run prints it, submission writes and submits it."""
+@dataclass(frozen=True)
+class Rendered:
+    """The job directory's files for one decision (planning.JobRequest adds what submitting needs)."""
 
     job_dir: Path
     submission: str
@@ -48,7 +49,7 @@ class JobRequest:
     plan: PlanFile
     kind: str
     name: str
-    umask: int = 0o077  # what the job creates: private, or group-readable (0o027) where the site says
+    entry_script: Path | None  # entry.script, absolute, for trainer: script
 
     @property
     def script(self) -> str:
@@ -136,22 +137,31 @@ def environment(template_dir: Path | None = None) -> jinja2.Environment:
     return env
 
 
-def runtime_command(spec: JobSpec, job_dir: Path, spec_dir: Path) -> list[str]:
+def entry_script(spec: JobSpec, spec_dir: Path) -> Path | None:
+    """entry.script as an absolute path (relative ones are taken from model.yaml's directory), for
+    trainer: script; None for the built-in trainer."""
+    if spec.entry.trainer != "script":
+        return None
+    script = Path(spec.entry.script or "")
+    script = script if script.is_absolute() else (spec_dir / script).absolute()
+    no_control_chars("entry.script", str(script))
+    return script
+
+
+def runtime_command(spec: JobSpec, job_dir: Path, script: Path | None) -> list[str]:
     # -P: `python -m` would otherwise put the working directory (the job directory) first on sys.path,
     # so a module planted there (frenzy_slurm/, torch.py) would run as the job's owner.
     cmd = [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir)]
-    if spec.entry.trainer == "script":
-        script = Path(spec.entry.script or "")
-        script = script if script.is_absolute() else (spec_dir / script).absolute()
-        no_control_chars("entry.script", str(script))
+    if script is not None:
         cmd += ["--script", str(script), "--", *spec.entry.args]
     return cmd
 
 
-def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: Workload, decision: Decision,
-               options: SlurmOptions, job_dir: Path | None = None, template_dir: Path | None = None,
-               group_readable: bool = False) -> JobRequest:
-    """Render the job directory's files for HAS's decision; `options` are the merged sbatch options."""
+def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, decision: Decision, options: SlurmOptions,
+               job_dir: Path | None = None, template_dir: Path | None = None, group_readable: bool = False,
+               calibration: dict | None = None) -> Rendered:
+    """Render the job directory's files for HAS's decision; `options` are the merged sbatch options,
+    `calibration` the job's calibration.json (planning.plan_job's `job_record`; none: no file)."""
     submission = submission_hash(spec, model, options)
     job_dir = (job_dir or default_job_dir(spec, submission)).absolute()
     if not _SAFE_PATH.match(str(job_dir)):
@@ -163,7 +173,8 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
     name = options.job_name or spec.name
     components = [c.model_dump() for c in alloc.components]
     no_control_chars("model.yaml path", str(spec_path.absolute()))
-    command = runtime_command(spec, job_dir, spec_path.parent)
+    script_path = entry_script(spec, spec_path.parent)
+    command = runtime_command(spec, job_dir, script_path)
     groups = ",".join(str(i) for i in range(len(components)))
     umask = 0o027 if group_readable else 0o077
     ctx = dict(
@@ -191,7 +202,7 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
     plan = PlanFile(frenzy_version=__version__, submission=submission, created_at=time.time(),
                     spec_path=str(spec_path.absolute()), spec=spec, arch=model.arch, model_name=model.name,
                     exact_params=model.exact_params, decision=decision, time_min=minutes,
-                    sbatch_argv=["sbatch", "--parsable", str(job_dir / "job.sbatch")], command=command,
+                    sbatch_argv=sbatch_argv(job_dir / "job.sbatch"), command=command,
                     predicted=predicted | {"step_time_s": alloc.step_time_s})
     files = {
         "job.sbatch": script,
@@ -199,5 +210,7 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, workload: W
         "plan.json": plan.model_dump_json(indent=2) + "\n",
         "model.yaml": yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False),
     }
-    return JobRequest(job_dir=job_dir, submission=submission, files=files, plan=plan, kind=alloc.kind, name=name,
-                      umask=umask)
+    if calibration is not None:
+        files["calibration.json"] = json.dumps(calibration, indent=2) + "\n"  # fsqueue JOBID shows it
+    return Rendered(job_dir=job_dir, submission=submission, files=files, plan=plan, kind=alloc.kind, name=name,
+                    entry_script=script_path)

@@ -11,7 +11,7 @@
   with most GPUs). The best of them is "best homogeneous".
 - `fastest-fit`: MARP picks the fastest GPU type on which the job fits, at the user's usual count (or
   the smallest that fits), with no regard to the queue.
-- `has-homogeneous`: HAS restricted to one GPU type (decide() per pool, earliest completion wins).
+- `has-homogeneous`: HAS restricted to one GPU type (planning.decide_job per pool, earliest completion wins).
 - `has`: full HAS (`frenzy_slurm.has.decide`), heterogeneous jobs allowed; it reads the simulated
   view and asks the simulated Slurm for start estimates, exactly as fsbatch does on a cluster.
 - `ilp`: Sia-style rounds (`frenzy_slurm.sim.ilp`).
@@ -27,7 +27,7 @@ from typing import Protocol
 from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.gpus import catalog
-from frenzy_slurm.has import decide
+from frenzy_slurm.planning import decide_job
 from frenzy_slurm.has.model import Allocation
 from frenzy_slurm.has.pools import UsablePool, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import search
@@ -99,7 +99,7 @@ class HasPolicy:
         req = a.requirements
         if self.heterogeneous:
             try:
-                d = decide(req, a.workload, view, site, a.space, backend=ctx.sim, now=ctx.sim.now)
+                d = decide_job(req, a.workload, a.space, view, site, ctx.sim, ctx.sim.now)
             except NoFitError:
                 return None
             return from_allocation(d.chosen)
@@ -107,7 +107,7 @@ class HasPolicy:
         for pool in view.pools():
             one = replace(req, gpu_types=(pool.gpu_type.lower(),))
             try:
-                d = decide(one, a.workload, view, site, a.space, backend=ctx.sim, now=ctx.sim.now, alternatives=0)
+                d = decide_job(one, a.workload, a.space, view, site, ctx.sim, ctx.sim.now, alternatives=0)
             except NoFitError:
                 continue
             c = d.chosen

@@ -26,6 +26,12 @@ from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, par
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
 
 
+def sbatch_argv(script: Path) -> list[str]:
+    """The one sbatch command line of a submission (plan.json records it, submission.json too):
+    `sbatch --parsable SCRIPT`, the script's own #SBATCH lines saying everything else."""
+    return ["sbatch", "--parsable", str(script)]
+
+
 @dataclass(frozen=True)
 class Features:
     json: bool  # sinfo/squeue --json (21.08+)
@@ -337,11 +343,11 @@ class SlurmCliBackend:
         return StartEstimate(start=start, nodes=nodes, source="test-only")
 
     def submit(self, job: BatchJob) -> SbatchAnswer:
-        """`sbatch --parsable SCRIPT`: the script's own #SBATCH lines (components, comment, chdir) say it all.
-        Run under the job's umask, so that Slurm creates the job's output files private too, and in its own
+        """`sbatch --parsable SCRIPT` (`sbatch_argv`): the script's own #SBATCH lines say it all. Run under
+        the job's umask, so that Slurm creates the job's output files private too, and in its own
         process group, so that a Ctrl-C at the terminal reaches fsbatch (which finishes recording) and not
         sbatch halfway through sending the job."""
-        argv = ["sbatch", "--parsable", str(job.script)]
+        argv = sbatch_argv(job.script)
         res = run(argv, timeout=SUBMIT_TIMEOUT_S, umask=job.umask, max_bytes=SMALL_ANSWER, own_process_group=True)
         with reading("sbatch --parsable", self.version):
             job_id, cluster = parse_parsable(res.stdout)

@@ -2,7 +2,8 @@
 
 Idempotency: the submission hash is in the job comment (`frenzy:<hash>`) and the job directory records
 `submission.json`. A second `fsbatch` of the same model.yaml and flags is refused while either shows a
-job, from whichever directory, unless --force (which plans into a new job directory). A lock in the
+job, from whichever directory, unless the request was planned with --force (`planning.plan_job` then
+chose a new job directory). `submit` takes only the JobRequest plan_job returns: what --dry-run printed. A lock in the
 user's private directory serialises concurrent fsbatch runs of one submission (see jobdir.py for the
 job directory's safety: ownership, modes, no symlink following, nothing of an earlier job overwritten).
 Whatever ends sbatch without a job id (our timeout, sbatch's own MessageTimeout, an error exit, an answer
@@ -22,16 +23,19 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_FAILURE, EXIT_SLURM_REJECTED, FrenzyError, InputError
 from frenzy_slurm.records import read_json_or_none, write_json
-from frenzy_slurm.render import JobRequest
 from frenzy_slurm.slurm import BatchJob, ComponentRequest, Job, SlurmBackend, SlurmCommandError
 from frenzy_slurm.slurm.parse import SlurmUnexpected
 from frenzy_slurm.slurm.run import SlurmUnavailable
 from frenzy_slurm.submit import jobdir
+
+if TYPE_CHECKING:  # planning imports jobdir; the runtime imports jobdir without planning's stages
+    from frenzy_slurm.planning import JobRequest
 
 
 class AlreadySubmitted(FrenzyError):
@@ -86,6 +90,7 @@ class Submitted:
     job_id: int
     cluster: str | None
     job_dir: Path
+    script: str = ""  # job.sbatch as written: the request's, with the job directory's identity recorded
 
 
 def tagged_jobs(req: JobRequest, backend: SlurmBackend | None) -> list[Job]:
@@ -166,32 +171,37 @@ def batch_job(req: JobRequest) -> BatchJob:
                     name=req.name, comment=f"frenzy:{req.submission}", umask=req.umask)
 
 
-def submit(req: JobRequest, backend: SlurmBackend, force: bool = False,
-           timeout_waits: tuple[float, ...] = (2.0, 5.0, 10.0), group_readable: bool = False) -> Submitted:
-    """Submit once per submission and user: refuse a duplicate (any directory) unless `force`.
+def submit(req: JobRequest, backend: SlurmBackend, *, timeout_waits: tuple[float, ...] = (2.0, 5.0, 10.0)
+           ) -> Submitted:
+    """Submit `req` (planning.plan_job's request, nothing else) once per submission and user: refuse a
+    duplicate (any directory) unless it was planned with --force.
 
-    With `force` the caller has planned into a fresh directory (`jobdir.next_free_dir`): nothing an
+    With `req.force`, plan_job has planned into a fresh directory (`jobdir.next_free_dir`): nothing an
     earlier job wrote is touched. A timeout from sbatch is answered by looking the job up by its tag.
     """
-    if "--script" in req.plan.command:
-        script = Path(req.plan.command[req.plan.command.index("--script") + 1])
-        if not script.is_file():
-            raise InputError(f"{req.plan.spec_path}: entry.script {script} does not exist; fix the path (relative "
-                             "paths are taken from model.yaml's directory).")
+    from frenzy_slurm.planning import JobRequest
+
+    if not isinstance(req, JobRequest):
+        raise TypeError(f"submit() takes the JobRequest of frenzy_slurm.planning.plan_job, not {type(req).__name__}")
+    script = req.entry_script
+    if script is not None and not script.is_file():
+        raise InputError(f"{req.plan.spec_path}: entry.script {script} does not exist; fix the path (relative "
+                         "paths are taken from model.yaml's directory).")
     jobdir.check_private_dir(jobdir.make_private_dir(req.job_dir.parent, "jobs directory"), "jobs directory")
     with jobdir.user_lock(req.submission):
         tagged = tagged_jobs(req, backend)
         _adopt(req, tagged, backend)
         why = existing_job(req, tagged, jobdir.registered(req.submission))
-        if why and not force:
+        if why and not req.force:
             raise AlreadySubmitted(f"{why}; not submitting it again. Use --force for another job (in a new job "
                                    f"directory), or `fsqueue` to follow the existing one.")
-        jobdir.create_job_dir(req.job_dir, group_readable, submission=req.submission)
-        jobdir.write_files(req.job_dir, req.files, group_readable)
+        jobdir.create_job_dir(req.job_dir, req.group_readable, submission=req.submission)
+        written = jobdir.write_files(req.job_dir, req.files, req.group_readable)
         job = batch_job(req)
         known = {j.het_job_id or j.job_id for j in tagged}
         with held_signals(req) as caught:
             done = _sbatch_and_record(req, backend, job, known, timeout_waits)
+        done = replace(done, script=written["job.sbatch"])
         if caught:
             name = signal.Signals(caught[0]).name
             raise Interrupted(f"stopped by {name} after job {done.job_id} was submitted and recorded in "
@@ -205,7 +215,7 @@ def _sbatch_and_record(req: JobRequest, backend: SlurmBackend, job: BatchJob, kn
     """sbatch, then the record. Whatever ends sbatch without a job id (our timeout, sbatch's own MessageTimeout
     after a paused slurmctld, an error exit, an answer that is no job id), the queue is asked for a job with
     this submission's tag before a failure is reported: the controller may have created it."""
-    argv = ["sbatch", "--parsable", str(job.script)]
+    argv = list(req.plan.sbatch_argv)  # what the backend runs (slurm.cli.sbatch_argv), as plan.json recorded it
     try:
         done = backend.submit(job)
     except SlurmCommandError as exc:

@@ -30,7 +30,7 @@ import os
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator, Mapping
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.records import read_json_or_none, write_atomic, write_json
@@ -300,7 +300,7 @@ def create_job_dir(job_dir: Path, group_readable: bool = False, *, submission: s
 _IDENTITY_LINE = "export FRENZY_JOB_DIR_INODE=unset FRENZY_PLAN_SHA256=unset FRENZY_DS_CONFIG_SHA256=unset\n"
 
 
-def bind_identity(script: str, inode: int, files: dict[str, str]) -> str:
+def bind_identity(script: str, inode: int, files: Mapping[str, str]) -> str:
     """The job script with the job directory's inode and the digests of plan.json and ds_config.json recorded
     (runtime/trust.py checks them in the job). A template without the line is left as it is."""
     def sha(name: str) -> str:
@@ -311,10 +311,10 @@ def bind_identity(script: str, inode: int, files: dict[str, str]) -> str:
     return script.replace(_IDENTITY_LINE, line, 1)
 
 
-def write_files(job_dir: Path, files: dict[str, str], group_readable: bool = False) -> None:
+def write_files(job_dir: Path, files: Mapping[str, str], group_readable: bool = False) -> dict[str, str]:
     """Each file private (or group-readable), written whole through a temporary file and a rename (never
-    through a symlink). job.sbatch records (in `files` too) the directory's inode and the digests of what
-    the job will trust (`bind_identity`)."""
+    through a symlink); the files as written. job.sbatch records the directory's inode and the digests of
+    what the job will trust (`bind_identity`)."""
     script_mode = SCRIPT_MODE | (GROUP_READABLE if group_readable else 0)
     file_mode = FILE_MODE | (0o040 if group_readable else 0)
     fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -322,8 +322,8 @@ def write_files(job_dir: Path, files: dict[str, str], group_readable: bool = Fal
         inode = os.fstat(fd).st_ino
     finally:
         os.close(fd)
-    for name in files:
-        if name.endswith(".sbatch"):
-            files[name] = bind_identity(files[name], inode, files)
-    for name, text in files.items():
+    written = {name: bind_identity(text, inode, files) if name.endswith(".sbatch") else text
+               for name, text in files.items()}
+    for name, text in written.items():
         write_atomic(job_dir / name, text, script_mode if name.endswith(".sbatch") else file_mode)
+    return written

@@ -1,0 +1,202 @@
+"""Planning one job: model.yaml, the site file and Slurm's view in, the frozen JobRequest out.
+
+    job = load_job(Path("model.yaml"))
+    req = plan_job(job, find_site_file(None), open_backend("auto"), PlanOptions(slurm=job.spec.slurm))
+    submit(req, backend)            # what `--dry-run` printed (req.as_json()) is what is submitted
+
+`plan_job` is the only chain of the stages, each a named step usable alone:
+`calibrate` (the site file as MARP and HAS see it for this job) -> `decide_job` (MARP and HAS: the
+decision; the simulator and benchmarks call this step, without rendering) -> `choose_job_dir` (where
+the job goes; under --force a fresh sibling of a directory an earlier job used, the same for --dry-run)
+-> `render_job` (the job directory's files, calibration.json among them). The CLI parses and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from frenzy_slurm.calibration import Applied, for_job, job_record
+from frenzy_slurm.cluster.site import SiteConfig, load_site
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.has import Decision, Requirements, decide
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
+from frenzy_slurm.jobspec.job import SlurmOptions
+from frenzy_slurm.marp import search_space_from_spec, with_exact_params, workload_from_spec
+from frenzy_slurm.marp.candidates import SearchSpace
+from frenzy_slurm.marp.plan import Workload
+from frenzy_slurm.render import Rendered, default_job_dir, render_job, submission_hash
+from frenzy_slurm.render.planfile import PlanFile
+from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
+from frenzy_slurm.slurm.model import ClusterView
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """A model.yaml as read: its path (relative paths in it are taken from its directory), the validated
+    spec, and the resolved model."""
+
+    path: Path
+    spec: JobSpec
+    model: ResolvedModel
+
+
+@dataclass(frozen=True)
+class SiteFile:
+    """The site file and where it was read from (its calibration lives beside it); `path` is None for a
+    site built in memory (tests, the simulator), which has no calibration."""
+
+    config: SiteConfig
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What fsbatch's flags add to model.yaml."""
+
+    slurm: SlurmOptions  # model.yaml's slurm: block with the sbatch-style flags on top
+    job_dir: Path | None = None  # --job-dir; default $FRENZY_JOBS_DIR or ./frenzy-jobs, /<name>-<hash>
+    templates: Path | None = None  # --templates
+    calibration: bool = True  # False: --no-calibration
+    force: bool = False  # --force: another job of this submission, in a fresh job directory
+    now: float | None = None  # the decision's "now" (default: the clock)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """Everything one submission consists of, final: `--dry-run` prints it, `submit` writes and submits it.
+
+    `files` cannot be changed; submit records the job directory's inode in the copy it writes."""
+
+    job_dir: Path
+    submission: str
+    files: Mapping[str, str]
+    plan: PlanFile
+    kind: str
+    name: str
+    entry_script: Path | None  # entry.script (absolute) for trainer: script, checked to exist before submitting
+    force: bool = False
+    earlier_job_dir: Path | None = None  # --force moved the job here from this directory, which stays untouched
+    group_readable: bool = False  # the site lets the user's group read job directories
+
+    @property
+    def script(self) -> str:
+        return self.files["job.sbatch"]
+
+    @property
+    def umask(self) -> int:
+        """What the job creates: private, or group-readable where the site says."""
+        return 0o027 if self.group_readable else 0o077
+
+    @property
+    def decision(self) -> Decision:
+        return self.plan.decision
+
+    @property
+    def calibration(self) -> dict | None:
+        text = self.files.get("calibration.json")
+        return json.loads(text) if text is not None else None
+
+    def as_json(self) -> dict[str, Any]:
+        """The request as `fsbatch --json` prints it (`--dry-run` adds nothing, submitting adds the job id)."""
+        out: dict[str, Any] = {
+            "job": self.plan.spec.name, "submission": self.submission, "job_dir": str(self.job_dir),
+            "decision": json.loads(self.decision.model_dump_json()),
+            "user_code_ran": self.plan.exact_params is not None, "calibration": self.calibration,
+            "sbatch_argv": list(self.plan.sbatch_argv), "script": self.script}
+        if self.earlier_job_dir is not None:
+            out["earlier_job_dir"] = str(self.earlier_job_dir)
+        return out
+
+
+def find_site_file(explicit: Path | None) -> SiteFile:
+    """--site, else $FRENZY_SITE, else /etc/frenzy-slurm/site.yaml, found once and read; none is refused."""
+    from frenzy_slurm.cluster.site_tools import find_site
+
+    path = find_site(explicit)
+    if path is None:
+        raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")
+    return SiteFile(load_site(path), path)
+
+
+def load_job(path: Path) -> JobFile:
+    """model.yaml and its model, without running any user code."""
+    spec = load_job_spec(path)
+    return JobFile(path, spec, resolve_model(spec, path.parent))
+
+
+def traced(job: JobFile, site: SiteFile | None) -> JobFile:
+    """The job with model.factory imported and called here to count its parameters exactly: the user's
+    --trace-factory, consent to run that code (docs/security.md). The factory must be the user's own code
+    or in the site file's trusted_factories."""
+    if job.spec.model.factory is None:
+        return job
+    trusted = tuple(site.config.trusted_factories) if site else ()
+    return JobFile(job.path, job.spec, with_exact_params(job.spec, job.model, trusted))
+
+
+def submission_of(job: JobFile, options: PlanOptions) -> str:
+    """The submission hash (the idempotency key) `plan_job` gives this job with these options."""
+    return submission_hash(job.spec, job.model, options.slurm)
+
+
+def calibrate(job: JobFile, site: SiteFile, options: PlanOptions) -> tuple[SiteConfig, Applied | None]:
+    """The site file as MARP and HAS see it for this job (calibrated unless --no-calibration), and what
+    was applied."""
+    return for_job(site.config, site.path, job.spec.training.precision, job.spec.training.method,
+                   enabled=options.calibration)
+
+
+def start_estimator(backend: SlurmBackend | None) -> SlurmBackend | None:
+    """The backend HAS may ask when Slurm would start a request: none for a saved snapshot (a read-only
+    backend), whose own estimate is the timeline HAS has already searched."""
+    return None if backend is None or isinstance(backend, ReadOnlyBackend) else backend
+
+
+def decide_job(requirements: Requirements, workload: Workload, space: SearchSpace, view: ClusterView,
+               site: SiteConfig, backend: SlurmBackend | None, now: float, alternatives: int = 5) -> Decision:
+    """The decision step: MARP's plans per pool and HAS's choice, start estimates from `backend` (if any).
+    The simulator and the benchmarks call this step alone (they render nothing)."""
+    return decide(requirements, workload, view, site, space, backend=backend, now=now, alternatives=alternatives)
+
+
+def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple[Path, Path | None]:
+    """The job directory, and the directory --force moved it from (or None). An earlier job's directory is
+    never reused: under --force (with or without --dry-run) the job goes to its first free sibling NAME.2..."""
+    from frenzy_slurm.submit.jobdir import job_outputs, next_free_dir  # submit imports this module
+
+    job_dir = (options.job_dir or default_job_dir(job.spec, submission)).absolute()
+    if options.force and job_outputs(job_dir):
+        return next_free_dir(job_dir), job_dir
+    return job_dir, None
+
+
+def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanOptions) -> JobRequest:
+    """The one planning path: the final request for `job` on the cluster `backend` shows."""
+    view = backend.load()
+    site_cfg, applied = calibrate(job, site, options)
+    workload = workload_from_spec(job.spec, job.model)
+    decision = decide_job(Requirements.from_spec(job.spec, time=options.slurm.time), workload,
+                          search_space_from_spec(job.spec), view, site_cfg, start_estimator(backend),
+                          options.now if options.now is not None else time.time())
+    submission = submission_of(job, options)
+    job_dir, earlier = choose_job_dir(job, submission, options)
+    calibration = job_record(applied, site.config, workload, decision, job.spec.training.global_batch)
+    shared = site_cfg.job_dirs_group_readable
+    rendered = render_job(job.spec, job.path, job.model, decision, options.slurm, job_dir, options.templates,
+                          group_readable=shared, calibration=calibration)
+    return request_of(rendered, force=options.force, earlier_job_dir=earlier, group_readable=shared)
+
+
+def request_of(rendered: Rendered, force: bool = False, earlier_job_dir: Path | None = None,
+               group_readable: bool = False) -> JobRequest:
+    """The frozen request of rendered files."""
+    return JobRequest(job_dir=rendered.job_dir, submission=rendered.submission,
+                      files=MappingProxyType(dict(rendered.files)), plan=rendered.plan, kind=rendered.kind,
+                      name=rendered.name, entry_script=rendered.entry_script, force=force,
+                      earlier_job_dir=earlier_job_dir, group_readable=group_readable)
