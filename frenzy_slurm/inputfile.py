@@ -20,7 +20,9 @@ MAX_CONFIG_BYTES = 1 << 20
 
 def line_of(data: bytes | str, offset: int) -> int:
     """1-based line number of a byte/char offset."""
-    return data[:offset].count(b"\n" if isinstance(data, bytes) else "\n") + 1
+    if isinstance(data, bytes):
+        return data[:offset].count(b"\n") + 1
+    return data[:offset].count("\n") + 1
 
 
 def read_config_text(path: Path, what: str = "file", max_bytes: int = MAX_CONFIG_BYTES,

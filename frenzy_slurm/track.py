@@ -129,8 +129,8 @@ class TrackedJob:
     @property
     def restarts(self) -> int | None:
         """How often Slurm requeued the job (SLURM_RESTART_COUNT of its latest run), as the job directory knows."""
-        counts = [r.get("restart") for r in (self.started, self.finished, self.metrics) if r]
-        counts = [c for c in counts if isinstance(c, int)]
+        recorded = [r.get("restart") for r in (self.started, self.finished, self.metrics) if r]
+        counts = [c for c in recorded if isinstance(c, int)]
         return max(counts) if counts else None
 
     @property

@@ -168,7 +168,8 @@ def read_yaml(path: Path) -> tuple[Any, dict[Loc, int]]:
         problem = getattr(exc, "problem", None) or str(exc)
         raise InputError(f"{path}{where}: not valid YAML: {problem}.") from None
     except (ValueError, OverflowError) as exc:  # e.g. a date like 2026-13-45, or an integer of 5,000 digits
-        raise InputError(f"{path}{_bad_scalar(loader, node)}: a value cannot be read: {exc}. Quote it if it is meant "
+        where = _bad_scalar(loader, node) if loader is not None and node is not None else ""  # both set by then
+        raise InputError(f"{path}{where}: a value cannot be read: {exc}. Quote it if it is meant "
                          "as a string.") from None
     except RecursionError:
         raise InputError(f"{path}: nested too deeply to parse (more than {MAX_DEPTH} levels); flatten it.") from None

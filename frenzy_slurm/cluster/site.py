@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.marp.overheads import Overheads
@@ -85,7 +85,8 @@ class Pool(_M):
 
     @field_validator("partition", "gres_type")
     @classmethod
-    def _names(cls, v: str, info) -> str:
+    def _names(cls, v: str, info: ValidationInfo) -> str:
+        assert info.field_name is not None  # a field validator is always told its field
         return _slurm_name(info.field_name, v)
 
     @field_validator("intra_node")
@@ -98,7 +99,7 @@ class Pool(_M):
         return v
 
     @model_validator(mode="after")
-    def _known_gpu(self) -> "Pool":
+    def _known_gpu(self) -> Pool:
         if self.gpu not in catalog():
             close = match_gpu(self.gpu)
             hint = f" (did you mean {close.name}?)" if close else ""
@@ -142,7 +143,7 @@ class SiteConfig(_M):
         return v
 
     @model_validator(mode="after")
-    def _unique(self) -> "SiteConfig":
+    def _unique(self) -> SiteConfig:
         seen = set()
         for p in self.pools:
             key = (p.partition, p.gres_type)

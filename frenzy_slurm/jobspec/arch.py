@@ -10,7 +10,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
 # Upper bounds far beyond any model trained (the largest have ~10^2 layers, widths of ~10^4-10^5 and vocabularies
 # of ~10^6): a value past them is a typo or an attack, and would make the plan search run for hours on the
 # login node (it factors layer counts and widths).
@@ -43,7 +42,7 @@ class Architecture(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check_shapes(self) -> "Architecture":
+    def _check_shapes(self) -> Architecture:
         if self.hidden % self.heads:
             raise ValueError(
                 f"heads({self.heads}) must divide hidden({self.hidden}); hidden/heads is the head size. "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -34,7 +35,7 @@ def architecture_from_hf_config(path: Path) -> Architecture:
         raise InputError(f"{path}: not a usable JSON config ({type(exc).__name__}: {str(exc)[:120]}).") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: a Hugging Face config.json is a JSON object, not {type(cfg).__name__}.")
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}  # config.json's values (parsed JSON), checked here and by Architecture
     source: dict[str, str] = {}  # our field -> the config's key, so errors name what the user sees in the file
     for field, names in _ALIASES.items():
         for name in names:

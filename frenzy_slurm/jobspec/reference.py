@@ -47,7 +47,8 @@ def render() -> str:
             if f.is_required():
                 default = "**required**"
             elif f.default_factory is not None:
-                default = f"`{f.default_factory()}`" if not isinstance(f.default_factory(), BaseModel) else "see below"
+                made = f.get_default(call_default_factory=True)  # the factory's value
+                default = f"`{made}`" if not isinstance(made, BaseModel) else "see below"
             elif f.default is PydanticUndefined or f.default is None:
                 default = "-"
             else:
