@@ -46,15 +46,16 @@ def make_spec(**over):
 
 
 def plan(spec, view, site=None, backend=None, time=None):
-    """HAS's decision for `spec` on `view` (the site defaults to the LOCAL shape)."""
-    from frenzy_slurm.has import Requirements, decide
-    from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
-    from frenzy_slurm.sim.synthetic import synthetic_site
+    """HAS's decision for `spec` on `view` (the site defaults to the LOCAL shape): plan_job's decision step."""
+    from frenzy_slurm.has import Requirements
     from frenzy_slurm.jobspec import resolve_model
+    from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
+    from frenzy_slurm.planning import decide_job
+    from frenzy_slurm.sim.synthetic import synthetic_site
 
     model = resolve_model(spec, ".")
-    return decide(Requirements.from_spec(spec, time=time), workload_from_spec(spec, model), view,
-                  site or synthetic_site(LOCAL), search_space_from_spec(spec), backend=backend, now=view.taken_at)
+    return decide_job(Requirements.from_spec(spec, time=time), workload_from_spec(spec, model),
+                      search_space_from_spec(spec), view, site or synthetic_site(LOCAL), backend, view.taken_at)
 
 
 def snapshot(view):
