@@ -23,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.gpus import match_gpu  # noqa: E402
 from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory  # noqa: E402
-from frenzy_slurm.marp.memory import GiB, Overheads  # noqa: E402
+from frenzy_slurm.marp.memory import Overheads  # noqa: E402
 from frenzy_slurm.marp.speed import Links, step_time  # noqa: E402
 from frenzy_slurm.jobspec import presets  # noqa: E402
 from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
+from frenzy_slurm.units import GiB  # noqa: E402
 
 LLAMA_1B = Architecture(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=32000, max_positions=4096)
 CASES = [(name, arch, seq, zero, mb)

@@ -7,6 +7,8 @@ import json
 import pytest
 import yaml
 
+from frenzy_slurm.units import GiB
+
 from .helpers import DEV_DATA, EXAMPLES, ROOT, run_cli
 
 
@@ -24,7 +26,7 @@ def test_memory_plan_breakdown_json():
     st = data["stages"][0]
     parts = sum(st[k] for k in ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "overhead"))
     assert st["peak"] == pytest.approx(parts)
-    assert st["weights"] == pytest.approx(6_738_415_616 * 2 / 2**30)  # bf16 copy, unsharded at ZeRO-1
+    assert st["weights"] == pytest.approx(6_738_415_616 * 2 / GiB)  # bf16 copy, unsharded at ZeRO-1
     assert data["plan"].startswith("dp=8,tp=1,pp=1,zero=1,mb=1,ga=32")
 
 

@@ -14,6 +14,7 @@ from frenzy_slurm.has.hetero import StageGroup, build, split_layers
 from frenzy_slurm.has.pools import node_layout
 from frenzy_slurm.marp import Workload, search_space_from_spec, workload_from_spec
 from frenzy_slurm.jobspec import presets, resolve_model
+from frenzy_slurm.units import GiB
 
 from .helpers import LOCAL, fill, make_spec, plan
 
@@ -35,15 +36,15 @@ def test_layer_split_follows_speed():
 
 def test_hetero_build_respects_memory():
     w = Workload(arch=presets()["llama-2-7b"].arch, seq_len=2048, precision="bf16-mixed")
-    fast_small = StageGroup("a", 1, rate=300e12, usable_bytes=20 * 2**30, overhead_bytes=0.0, intra_gbs=300,
+    fast_small = StageGroup("a", 1, rate=300e12, usable_bytes=20 * GiB, overhead_bytes=0.0, intra_gbs=300,
                             inter_gbs=25, gpus_per_node=8)
-    slow_big = StageGroup("b", 3, rate=50e12, usable_bytes=76 * 2**30, overhead_bytes=0.0, intra_gbs=300,
+    slow_big = StageGroup("b", 3, rate=50e12, usable_bytes=76 * GiB, overhead_bytes=0.0, intra_gbs=300,
                           inter_gbs=25, gpus_per_node=8)
     hp = build(w, [fast_small, slow_big], dp=1, micro_batch=1, global_batch=32, recompute="full")
     assert hp is not None
     caps = [20, 76, 76, 76]
     for stage, cap in zip(hp.memory.stages, caps):
-        assert stage.peak <= cap * 2**30
+        assert stage.peak <= cap * GiB
     # by speed stage 0 would take most layers; its 20 GiB cap limits it
     assert hp.plan.layer_split[0] < 32 * 300 / (300 + 150)
 

@@ -19,7 +19,8 @@ from frenzy_slurm.has.pools import usable_pools
 from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, _counts, search
-from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
+from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
+from frenzy_slurm.units import GiB
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 from frenzy_slurm.marp.speed import plan_costs
 from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site

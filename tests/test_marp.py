@@ -10,6 +10,7 @@ from frenzy_slurm.marp.memory import _layer_activation_bytes
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec import presets
 from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.units import GiB
 
 LLAMA7 = presets()["llama-2-7b"].arch
 GPT3ISH = Architecture(layers=24, hidden=2048, heads=16, ffn=8192, activation="gelu", vocab=50257, norm="layernorm",
@@ -204,7 +205,7 @@ def test_reserved_fragments_per_step_bytes_not_long_lived_states():
     assert r.overhead == pytest.approx(0.02 * long_lived + 0.25 * step)
     # nvidia-smi adds the context outside the allocator, nothing else on one GPU
     d = estimate_memory(w, plan, "device", Overheads(context_gib=1.3)).stages[0]
-    assert d.overhead - r.overhead == pytest.approx(1.3 * (1 << 30))
+    assert d.overhead - r.overhead == pytest.approx(1.3 * GiB)
 
 
 def test_autocast_casts_the_input_once_per_separate_projection():

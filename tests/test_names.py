@@ -119,3 +119,36 @@ def test_missing_model_yaml_is_refused_by_the_projects_reader(argv, tmp_path):
     assert res.returncode == 2
     assert f"{missing}: cannot read file (No such file or directory)" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+# --- 4. GiB is written once ---------------------------------------------------------------------------------
+
+def _gib_definitions(root: Path) -> list[str]:
+    """Where a module of `root` assigns a constant GiB (or GIB), or writes 2**30 as `1 << 30` / `2**30`
+    outside frenzy_slurm/units.py in a byte computation (divides by it or multiplies a size by it)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            if any(isinstance(t, ast.Name) and t.id in ("GiB", "GIB", "GIB_BYTES") for t in targets):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.Mult)):
+                for side in (node.left, node.right):
+                    if ast.unparse(side) in ("1 << 30", "2 ** 30", "1024 ** 3"):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} ({ast.unparse(node)})")
+    return found
+
+
+def test_gib_is_defined_once_in_units():
+    from frenzy_slurm.units import GiB
+
+    assert GiB == 1073741824.0
+    assert _gib_definitions(PKG) == ["frenzy_slurm/units.py:8"]
+    assert _gib_definitions(ROOT / "tests") == [] and _gib_definitions(ROOT / "benchmarks") == []
+
+
+def test_units_imports_nothing_and_the_sampler_stays_light():
+    assert _imports(PKG / "units.py") == set()
+    loaded = _modules_after_import("frenzy_slurm.runtime.nvml_sampler")
+    assert loaded == {"frenzy_slurm", "frenzy_slurm.runtime", "frenzy_slurm.runtime.nvml_sampler", "frenzy_slurm.units"}

@@ -12,9 +12,8 @@ from frenzy_slurm.cluster.detect import interpret, merge_site
 from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.runtime.nvml_probe import NVML_CALLS, probe
 from frenzy_slurm.runtime.nvml_sampler import SAMPLER_CALLS, Sampler, merge_metrics
+from frenzy_slurm.units import GiB
 from tests.nvml_fake import FakeNvml
-
-GiB = float(1 << 30)
 
 
 def test_fake_implements_every_call_the_code_uses():

@@ -17,7 +17,7 @@ from frenzy_slurm.cli.plan_view import (candidate_json, candidate_rows, factory_
                                         memory_rows)
 from frenzy_slurm.errors import InputError, NoFitError
 from frenzy_slurm.marp import estimate_memory, parse_plan, search, search_space_from_spec, workload_from_spec
-from frenzy_slurm.marp.memory import GiB
+from frenzy_slurm.units import GiB
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

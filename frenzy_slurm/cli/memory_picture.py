@@ -13,7 +13,7 @@ import click
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.marp.memory import COMPONENTS, MemoryEstimate
-from frenzy_slurm.marp.overheads import GiB
+from frenzy_slurm.units import GiB
 
 # one glyph and one colour per part, so the bar reads without colour too (pipes, logs)
 _GLYPH = {"weights": "█", "gradients": "▓", "optimizer": "▒", "activations": "░", "logits": "≡", "buffers": ":",

@@ -18,8 +18,8 @@ from typing import Any
 
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.cluster.site_tools import _link_guess
+from frenzy_slurm.units import GiB
 
-GIB = float(1 << 30)
 MEMORY_TOLERANCE = 0.03  # NVML total vs catalog: ECC and firmware reservations differ by a few percent
 
 
@@ -86,7 +86,7 @@ def interpret(partition: str, gres_type: str, slurm_gpus_per_node: int, answer: 
         det.problems.append(f"{det.host} mixes GPU models {sorted(names)} under one GRES type; split them into "
                             "GRES types in gres.conf")
     det.product = gpus[0]["name"]
-    det.memory_gib = min(g["memory_total_bytes"] for g in gpus) / GIB
+    det.memory_gib = min(g["memory_total_bytes"] for g in gpus) / GiB
     if len(gpus) != slurm_gpus_per_node:
         det.problems.append(f"NVML sees {len(gpus)} GPU(s) on {det.host}, Slurm's GRES says {slurm_gpus_per_node}; "
                             "using NVML's count (check gres.conf)")

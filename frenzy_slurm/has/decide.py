@@ -23,11 +23,12 @@ from frenzy_slurm.has import hetero
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
-from frenzy_slurm.marp.memory import GiB, Overheads
+from frenzy_slurm.marp.memory import Overheads
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.marp.speed import flops_per_token
 from frenzy_slurm.slurm.run import SlurmCommandError
 from frenzy_slurm.has.requirements import Requirements
+from frenzy_slurm.units import GiB
 
 MAX_STAGES_PER_POOL = 8
 DP_DEGREES = (1, 2, 4, 8)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable
 
-from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
+from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token, small_batch_penalty
 from frenzy_slurm.marp.params import count_params
+from frenzy_slurm.units import GiB
 
 
 @dataclass(frozen=True)

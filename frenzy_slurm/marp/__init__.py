@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
-from frenzy_slurm.marp.overheads import GiB, Overheads
+from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import ParallelPlan, Workload, parse_plan
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 
 __all__ = [
-    "Candidate", "GiB", "GpuOption", "MemoryEstimate", "Overheads", "ParallelPlan", "SearchSpace", "StageMemory",
+    "Candidate", "GpuOption", "MemoryEstimate", "Overheads", "ParallelPlan", "SearchSpace", "StageMemory",
     "Workload", "estimate_memory", "parse_plan", "search", "search_space_from_spec", "with_exact_params",
     "workload_from_spec",
 ]

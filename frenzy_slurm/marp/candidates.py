@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from frenzy_slurm.gpus import GpuSpec
-from frenzy_slurm.marp.memory import GiB, MemoryEstimate, Overheads, estimate_memory
+from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
 from frenzy_slurm.marp.speed import Links, PlanCosts, PlanPricer, PlanShape, seconds_floor
+from frenzy_slurm.units import GiB
 
 
 FLOOR_MARGIN = 1e-9  # relative: a group is skipped only when its step-time floor is this much above the best

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-GiB = float(1 << 30)
+from frenzy_slurm.units import GiB
 
 # The CUDA context when every kernel of the loaded libraries is loaded at initialisation: no lazy module loading
 # (torch before 1.13, which set CUDA_MODULE_LOADING=LAZY when unset, or CUDA before 11.7; CUDA >= 12.2 loads lazily

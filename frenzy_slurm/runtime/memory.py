@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-GiB = float(1 << 30)
+from frenzy_slurm.units import GiB
 
 
 def count_all_threads() -> bool:

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-GiB = float(1 << 30)
+from frenzy_slurm.units import GiB
+
 SAMPLER_CALLS = ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
                  "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
                  "nvmlDeviceGetComputeRunningProcesses")

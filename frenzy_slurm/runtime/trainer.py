@@ -104,7 +104,8 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     from frenzy_slurm.models.gpt import GPT, lm_loss
     from frenzy_slurm.models.pipe import pipeline_module
     from frenzy_slurm.runtime.data import Batches
-    from frenzy_slurm.runtime.memory import CpuMemoryRecorder, GiB, gpu_peaks
+    from frenzy_slurm.runtime.memory import CpuMemoryRecorder, gpu_peaks
+    from frenzy_slurm.units import GiB
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
     if backend == "gloo":
@@ -297,7 +298,8 @@ def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> floa
     """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it (SDPA attention)."""
     from frenzy_slurm.jobspec import ResolvedModel
     from frenzy_slurm.marp import workload_from_spec
-    from frenzy_slurm.marp.memory import GiB, estimate_memory
+    from frenzy_slurm.marp.memory import estimate_memory
+    from frenzy_slurm.units import GiB
 
     w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params),
                            device)

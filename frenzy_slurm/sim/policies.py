@@ -31,12 +31,13 @@ from frenzy_slurm.planning import decide_job
 from frenzy_slurm.has.model import Allocation
 from frenzy_slurm.has.pools import UsablePool, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import search
-from frenzy_slurm.marp.memory import GiB, Overheads, estimate_memory
+from frenzy_slurm.marp.memory import Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.marp.speed import plan_costs
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.slurm.backend import ComponentRequest
+from frenzy_slurm.units import GiB
 
 RULE_OF_THUMB_BYTES = {"full": 18.0, "lora": 2.4, "qlora": 0.66}
 USER_VARIANTS = ("fastest", "largest", "usual", "biggest")

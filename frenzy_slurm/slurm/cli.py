@@ -24,6 +24,7 @@ from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_parsable,
                                       parse_test_only, parse_time_minutes, reading)
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
+from frenzy_slurm.units import GiB
 
 
 def sbatch_argv(script: Path) -> list[str]:
@@ -434,7 +435,7 @@ def parse_gpumem(text: str) -> dict[int, float]:
         g = re.search(r"(?:^|,)gres/gpumem=(\d+(?:\.\d+)?)([KMGTP]?)(?:,|$)", tres, re.ASCII)
         if not m or not g:
             continue
-        gib = float(g.group(1)) * _UNITS[g.group(2)] / (1 << 30)
+        gib = float(g.group(1)) * _UNITS[g.group(2)] / GiB
         jid = int(m.group(1))
         out[jid] = max(out.get(jid, 0.0), gib)
     return out
