@@ -152,3 +152,38 @@ def test_units_imports_nothing_and_the_sampler_stays_light():
     assert _imports(PKG / "units.py") == set()
     loaded = _modules_after_import("frenzy_slurm.runtime.nvml_sampler")
     assert loaded == {"frenzy_slurm", "frenzy_slurm.runtime", "frenzy_slurm.runtime.nvml_sampler", "frenzy_slurm.units"}
+
+
+# --- 5. No import cycle in the simulator ----------------------------------------------------------------------
+
+def _cycles(package: str) -> list[list[str]]:
+    """Import cycles among `package`'s modules, counting imports at any depth (a lazy import is still a cycle
+    to the reader). Each cycle once, as the path that closes it."""
+    root = PKG.parent
+    graph = {}
+    for path in sorted((root / package.replace(".", "/")).glob("*.py")):
+        name = f"{package}.{path.stem}" if path.stem != "__init__" else package
+        graph[name] = {m for m in _imports(path) if m.startswith(package + ".") and m != name}
+    cycles, seen = [], set()
+
+    def walk(node: str, trail: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in trail:
+                cycle = trail[trail.index(nxt):]
+                if frozenset(cycle) not in seen:
+                    seen.add(frozenset(cycle))
+                    cycles.append([*cycle, nxt])
+            else:
+                walk(nxt, [*trail, nxt])
+
+    for start in graph:
+        walk(start, [start])
+    return cycles
+
+
+def test_simulator_modules_import_no_cycle():
+    assert _cycles("frenzy_slurm.sim") == []
+    from frenzy_slurm.sim import ilp, policies
+    from frenzy_slurm.sim.context import Context
+
+    assert ilp.Context is Context and policies.Context is Context

@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
 from frenzy_slurm.marp.overheads import Overheads
-from frenzy_slurm.marp.plan import ParallelPlan, Workload, parse_plan
-from frenzy_slurm.jobspec import JobSpec, ResolvedModel
+from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload, parse_plan
 
 __all__ = [
     "Candidate", "GpuOption", "MemoryEstimate", "Overheads", "ParallelPlan", "SearchSpace", "StageMemory",
@@ -58,7 +58,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
 
 def search_space_from_spec(spec: JobSpec) -> SearchSpace:
     t = spec.training
-    recompute = ("none", "selective", "full") if t.activation_checkpointing == "auto" else (t.activation_checkpointing,)
+    recompute: tuple[Recompute, ...] = (
+        ("none", "selective", "full") if t.activation_checkpointing == "auto" else (t.activation_checkpointing,))
     # The built-in DeepSpeed runtime parallelises over data and pipeline stages; tensor parallelism needs a
     # Megatron-style model, which only a user's own script can bring.
     tp = (1, 2, 4, 8) if spec.entry.trainer == "script" else (1,)

@@ -8,7 +8,7 @@ cheap and memory is not, so the search prices plans first and estimates only tho
 
 from __future__ import annotations
 
-from typing import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -17,7 +17,6 @@ from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
 from frenzy_slurm.marp.speed import Links, PlanCosts, PlanPricer, PlanShape, seconds_floor
 from frenzy_slurm.units import GiB
-
 
 FLOOR_MARGIN = 1e-9  # relative: a group is skipped only when its step-time floor is this much above the best
 
@@ -114,7 +113,8 @@ class PlanGroup:
                          self.recompute)
 
 
-def plan_groups(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int):
+def plan_groups(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int
+                ) -> Iterator[PlanGroup]:
     """The groups of valid plans for `world` GPUs, without building the plans."""
     a = w.arch
     for tp in space.tp_degrees:
@@ -134,10 +134,10 @@ def plan_groups(w: Workload, world: int, global_batch: int, space: SearchSpace, 
                 for rc in space.recompute:
                     if rc == "selective" and w.attention != "eager":
                         continue  # flash/sdpa already skip the score matrix: same as none
-                    mbs = [space.micro_batch] if space.micro_batch else [
+                    sizes = [space.micro_batch] if space.micro_batch else [
                         m for m in (1 << i for i in range(8)) if m <= space.max_micro_batch and (global_batch // dp) % m == 0
                     ]
-                    mbs = tuple(mb for mb in mbs if not (global_batch // dp) % mb)
+                    mbs = tuple(mb for mb in sizes if not (global_batch // dp) % mb)
                     if mbs:
                         yield PlanGroup(dp, tp, pp, zero, rc, mbs, global_batch)
 

@@ -14,10 +14,10 @@ The breakdown reported is the one of the peak moment, so its parts add up.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache, cached_property
+from functools import cached_property, lru_cache
 
-from frenzy_slurm.marp.params import count_params, lora_head_params, lora_params_per_layer
 from frenzy_slurm.marp.overheads import Overheads
+from frenzy_slurm.marp.params import count_params, lora_head_params, lora_params_per_layer
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
 from frenzy_slurm.units import GiB
 

@@ -50,7 +50,7 @@ class ParallelPlan(BaseModel):
                                                 "even as possible (earlier stages take the remainder).")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ParallelPlan":
+    def _consistent(self) -> ParallelPlan:
         if self.offload_params and self.zero != 3:
             raise ValueError("parameter offload needs zero=3")
         if self.offload_optimizer and self.zero == 0:
@@ -78,11 +78,11 @@ class ParallelPlan(BaseModel):
         base, extra = divmod(layers, self.pp)
         return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
 
-    def resolved(self, layers: int) -> "ParallelPlan":
+    def resolved(self, layers: int) -> ParallelPlan:
         """This plan with its layer split written out, as plan.json stores it (the runtime needs the exact split)."""
         return self.model_copy(update={"layer_split": self.stage_layers(layers)})
 
-    def with_(self, **changes: object) -> "ParallelPlan":
+    def with_(self, **changes: object) -> ParallelPlan:
         """A validated copy with some fields changed."""
         return ParallelPlan.model_validate(self.model_dump() | changes)
 
@@ -203,5 +203,5 @@ class Workload:
     exact_params: int | None = None  # from tracing: scales the analytic weights to the exact count
     buckets: DeepSpeedBuckets = field(default_factory=DeepSpeedBuckets)
 
-    def with_(self, **changes: object) -> "Workload":
+    def with_(self, **changes: object) -> Workload:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -22,12 +22,12 @@ import site
 import stat
 import sys
 import sysconfig
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
-
 
 _STDLIB = frozenset(sys.stdlib_module_names) | frozenset(sys.builtin_module_names)
 
@@ -132,7 +132,7 @@ def _refuse_unless_yours(factory: str, module_name: str, files: list[Path] | str
             "site's admins to list it under trusted_factories in the site file.")
 
 
-def load_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] = ()):
+def load_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] = ()) -> Callable[..., Any]:
     """Import the factory (this runs the module's top-level code) and check kwargs against its signature.
 
     Before anything is imported, every file the import would run must be the user's own (see _not_yours),
@@ -171,7 +171,7 @@ def load_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] = 
     return fn
 
 
-def _call_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] = ()):
+def _call_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] = ()) -> Any:  # the user's module
     fn = load_factory(factory, kwargs, allowed)
     try:
         return fn(**kwargs)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from frenzy_slurm.cluster.site import IntraLink, Pool, SiteConfig
+from frenzy_slurm.cluster.site import IntraLink, Pool, SiteConfig, SiteDefaults
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import catalog, match_gpu
 from frenzy_slurm.yamlfile import load_model_file
@@ -39,7 +39,7 @@ class SimPartition(_M):
     max_time_min: int | None = Field(None, gt=0, description="Partition MaxTime in minutes; null = unlimited.")
 
     @model_validator(mode="after")
-    def _known(self) -> "SimPartition":
+    def _known(self) -> SimPartition:
         if self.gpu not in catalog():
             close = match_gpu(self.gpu)
             hint = f" (did you mean {close.name}?)" if close else ""
@@ -67,7 +67,7 @@ class SimCluster(_M):
     partitions: list[SimPartition] = Field(min_length=1, description="One entry per partition (one GPU model each).")
 
     @model_validator(mode="after")
-    def _unique(self) -> "SimCluster":
+    def _unique(self) -> SimCluster:
         names = [p.name for p in self.partitions]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -80,14 +80,14 @@ class SimCluster(_M):
 
     def site(self) -> SiteConfig:
         """The site file HAS and MARP read for this cluster."""
-        return SiteConfig(cluster=self.name, defaults={"inter_node_gbs": self.inter_node_gbs}, pools=[
+        return SiteConfig(cluster=self.name, defaults=SiteDefaults(inter_node_gbs=self.inter_node_gbs), pools=[
             Pool(partition=p.name, gres_type=p.gres, gpu=p.gpu, gpus_per_node=p.gpus_per_node, intra_node=p.link)
             for p in self.partitions])
 
     @classmethod
-    def from_view(cls, view: "ClusterView", site: SiteConfig) -> "SimCluster":
+    def from_view(cls, view: ClusterView, site: SiteConfig) -> SimCluster:
         """The same partitions, node counts and GPUs as a live cluster (one partition per GPU pool)."""
-        parts = []
+        parts: list[SimPartition] = []
         for pool in view.pools():
             sp = site.pool(pool.partition, pool.gpu_type)
             if sp is None:
@@ -106,8 +106,8 @@ _COMPACT = re.compile(r"^(?P<gpu>[A-Za-z0-9_.-]+?):(?P<nodes>\d+)x(?P<gpn>\d+)\Z
 
 def parse_compact(text: str) -> SimCluster:
     """`A100-80GB:2x8,V100-32GB:4x8,T4:6x4`: GPU model : nodes x GPUs per node, one partition each."""
-    parts = []
-    for i, item in enumerate(filter(None, (s.strip() for s in text.split(",")))):
+    parts: list[SimPartition] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
         m = _COMPACT.match(item)
         if not m:
             raise InputError(f"--cluster: '{item}' is not GPU:NODESxGPUS (e.g. A100-80GB:2x8); "

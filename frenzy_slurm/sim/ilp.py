@@ -27,8 +27,8 @@ import time
 
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import Candidate, search
+from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
-from frenzy_slurm.sim.policies import Context
 from frenzy_slurm.slurm.backend import ComponentRequest
 
 

@@ -11,13 +11,13 @@ from functools import cached_property
 from pathlib import Path
 
 from frenzy_slurm.has.requirements import Requirements
+from frenzy_slurm.jobspec import resolve_model
+from frenzy_slurm.jobspec.presets import presets
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.marp.candidates import SearchSpace
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.sim.workload import WorkloadJob, job_spec
 from frenzy_slurm.slurm.backend import ComponentRequest
-from frenzy_slurm.jobspec import resolve_model
-from frenzy_slurm.jobspec.presets import presets
 
 
 @dataclass

@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from frenzy_slurm.sim.runner import RunResult
+
+if TYPE_CHECKING:  # matplotlib is optional (the sim extra), imported only to plot
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -33,7 +40,7 @@ def summarize(r: RunResult) -> dict:
     last = max((x.end for x in r.records if x.end is not None), default=first)
     makespan = max(last - first, 1e-9)
     busy = 0.0
-    for (t0, used), (t1, _) in zip(r.timeline, r.timeline[1:]):
+    for (t0, used), (t1, _) in pairwise(r.timeline):
         busy += used * (t1 - t0)
     return {
         "policy": r.policy, "seed": r.seed, "gpus": r.gpus, "cluster": r.cluster, "load": r.load,
@@ -130,7 +137,7 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
     return written
 
 
-def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+def _finish(plt: ModuleType, fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
     """Label, grid, legend; write the PNG and free the figure."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

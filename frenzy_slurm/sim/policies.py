@@ -21,10 +21,9 @@ MARP-based policies learn from an OOM: the next plan assumes the measured excess
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
-from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.gpus import catalog
 from frenzy_slurm.planning import decide_job
@@ -34,27 +33,13 @@ from frenzy_slurm.marp.candidates import search
 from frenzy_slurm.marp.memory import Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.marp.speed import plan_costs
+from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
-from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.slurm.backend import ComponentRequest
 from frenzy_slurm.units import GiB
 
 RULE_OF_THUMB_BYTES = {"full": 18.0, "lora": 2.4, "qlora": 0.66}
 USER_VARIANTS = ("fastest", "largest", "usual", "biggest")
-
-
-@dataclass
-class Context:
-    sim: SimSlurm
-    site: SiteConfig
-
-    def site_for(self, a: Attempt) -> SiteConfig:
-        """The site file with usable memory shrunk by what an OOM taught (plans then assume more memory)."""
-        if a.mem_correction <= 1.0:
-            return self.site
-        frac = self.site.defaults.usable_fraction / a.mem_correction
-        defaults = self.site.defaults.model_copy(update={"usable_fraction": frac})
-        return self.site.model_copy(update={"defaults": defaults})
 
 
 class Policy(Protocol):

@@ -42,7 +42,7 @@ def replay_jobs(result: RunResult, makespan_s: float = 120.0, min_run_s: float =
     if not done:
         return []
     first = min(r.submit for r in done)
-    span = max(r.end for r in done) - first
+    span = max(r.end for r in done if r.end is not None) - first  # a done job has ended
     f = makespan_s / span if span > 0 else 1.0
     out = []
     for r in done:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import math
 import time as _time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
@@ -132,7 +132,7 @@ class SimSlurm:
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
         candidates = [self._candidates(c) for c in components]
-        if any(len(c) < comp.nodes for c, comp in zip(candidates, components)):
+        if any(len(c) < comp.nodes for c, comp in zip(candidates, components, strict=True)):
             raise SlurmCommandError(["sbatch", "--test-only"], 1,
                                     "sbatch: error: Requested node configuration is not available")
         plan = self._estimate_plan()
@@ -270,12 +270,12 @@ class SimSlurm:
             t, nodes = found
             if t <= self.now:
                 self._start(j, nodes)
-                for c, ns in zip(j.components, nodes):
+                for c, ns in zip(j.components, nodes, strict=True):
                     for n in ns:
                         plan.add(n, self.now, self.now + j.limit_s, c.gpus_per_node)
                 started.append(j)
             elif self.reserve is None or reservations < self.reserve:
-                for c, ns in zip(j.components, nodes):
+                for c, ns in zip(j.components, nodes, strict=True):
                     for n in ns:
                         plan.add(n, t, t + j.limit_s, c.gpus_per_node)
                 reservations += 1
@@ -292,7 +292,7 @@ class SimSlurm:
         for j in self.jobs_by_id.values():
             if j.state == "RUNNING":
                 assert j.start is not None
-                for c, ns in zip(j.components, j.nodes):
+                for c, ns in zip(j.components, j.nodes, strict=True):
                     for n in ns:
                         plan.add(n, j.start, max(j.start + j.limit_s, self.now + 1.0), c.gpus_per_node)
         return plan
@@ -307,7 +307,7 @@ class SimSlurm:
                     cands = [self._candidates(c) for c in j.components]
                     found = plan.earliest(_shapes(j.components), cands, j.planned_start, j.limit_s)
                     if found:
-                        for c, ns in zip(j.components, found[1]):
+                        for c, ns in zip(j.components, found[1], strict=True):
                             for n in ns:
                                 plan.add(n, found[0], found[0] + j.limit_s, c.gpus_per_node)
             self._queue_plan = plan
@@ -322,7 +322,7 @@ class SimSlurm:
 
     def _start(self, j: SimJob, nodes: list[list[str]]) -> None:
         j.state, j.start, j.nodes, j.reason, j.planned_start = "RUNNING", self.now, nodes, None, None
-        for c, ns in zip(j.components, nodes):
+        for c, ns in zip(j.components, nodes, strict=True):
             for n in ns:
                 self.nodes[n].used += c.gpus_per_node
         seconds, final = self.outcome(j) if self.outcome else (j.limit_s, "COMPLETED")
@@ -333,7 +333,7 @@ class SimSlurm:
         self._record()
 
     def _release(self, j: SimJob) -> None:
-        for c, ns in zip(j.components, j.nodes):
+        for c, ns in zip(j.components, j.nodes, strict=True):
             for n in ns:
                 self.nodes[n].used -= c.gpus_per_node
         self._ends.pop(j.job_id, None)

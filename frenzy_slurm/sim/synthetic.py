@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
+from frenzy_slurm.cluster.site import IntraLink, Pool, SiteConfig
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
-from frenzy_slurm.cluster.site import Pool, SiteConfig
 
 
 def synthetic(pools: list[tuple[str, str, int, int]], busy: float = 0.0, seed: int = 0, now: float = 1.8e9,
@@ -36,7 +36,7 @@ def synthetic(pools: list[tuple[str, str, int, int]], busy: float = 0.0, seed: i
 
 
 def synthetic_site(pools: list[tuple[str, str, int, int]]) -> SiteConfig:
-    links = {"V100": "nvlink2", "A100": "nvlink3", "H100": "nvlink4", "H200": "nvlink4"}
+    links: dict[str, IntraLink] = {"V100": "nvlink2", "A100": "nvlink3", "H100": "nvlink4", "H200": "nvlink4"}
     return SiteConfig(cluster="synthetic", pools=[
         Pool(partition=p, gres_type=gpu.lower().replace("-", "_"), gpu=gpu, gpus_per_node=gpn,
              intra_node=links.get(gpu.split("-")[0], "pcie4"))

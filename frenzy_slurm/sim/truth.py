@@ -46,7 +46,7 @@ class ErrorModel(BaseModel):
                              description="Seconds from start to the first step (load, init); an OOM comes then.")
 
     @classmethod
-    def exact(cls) -> "ErrorModel":
+    def exact(cls) -> ErrorModel:
         """Predictions are the truth (for tests and for isolating the scheduler)."""
         return cls(mem_bias=1.0, mem_sd=0.0, time_sd=0.0, type_sd=0.0)
 

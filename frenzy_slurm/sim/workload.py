@@ -25,7 +25,7 @@ import functools
 import random
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,12 +34,15 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import catalog
 from frenzy_slurm.yamlfile import load_model_file
 
+if TYPE_CHECKING:
+    from frenzy_slurm.jobspec.job import JobSpec, Method, Precision
+
 REFERENCE_GPU = "A100-40GB"
 MIN_DURATION_S = 60.0
 MAX_GPU_HOURS = 1000.0
 
 # GPU-hours bins -> (preset, method) choices. Upper bounds exclusive.
-MODEL_BINS: list[tuple[float, list[tuple[str, str]]]] = [
+MODEL_BINS: list[tuple[float, list[tuple[str, Method]]]] = [
     (1.0, [("gpt2", "full"), ("gpt2-medium", "full"), ("qwen2-0.5b", "full"), ("llama-3.2-1b", "lora")]),
     (10.0, [("gpt2-xl", "full"), ("llama-3.2-1b", "full"), ("qwen2-1.5b", "full"), ("llama-2-7b", "lora"),
             ("mistral-7b", "qlora"), ("llama-3-8b", "lora")]),
@@ -165,7 +168,7 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
         hours = gpu_time / 3600
         choices = next(c for top, c in MODEL_BINS if hours < top)
         model, method = rng.choice(choices)
-        precision = "fp16-mixed" if method != "qlora" and rng.random() < fp16_share else "bf16-mixed"
+        precision: Precision = "fp16-mixed" if method != "qlora" and rng.random() < fp16_share else "bf16-mixed"
         from frenzy_slurm.jobspec.presets import presets
 
         max_pos = presets()[model].arch.max_positions or 2048
@@ -186,7 +189,7 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
 
 
 def job_spec(job: WorkloadJob, steps: int | None = None, max_gpus: int | None = None,
-             gpu_types: list[str] | None = None):
+             gpu_types: list[str] | None = None) -> JobSpec:
     """The model.yaml a user would write for this job (their own training script: any parallelism)."""
     from frenzy_slurm.jobspec.job import JobSpec
 
