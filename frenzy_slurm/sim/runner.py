@@ -1,0 +1,260 @@
+"""The simulation loop: arrivals, policy decisions, the simulated Slurm's clock, truth, resubmissions.
+
+    result = simulate(workload, cluster, "has", seed=1)
+
+Events come from a heap (arrivals, resubmissions, policy rounds) and from the simulated Slurm (job
+ends). At an arrival the policy decides (timed: that is the per-decision overhead) and submits through
+`SimSlurm.submit` with a BatchJob, as fsbatch submits through the Slurm backend. When a job starts,
+the truth decides how long it runs: OOM after the start-up time if its true peak exceeds the GPU,
+else start-up + true step time x steps, cut at the time limit (TIMEOUT: the runtime checkpoints at
+the time-limit signal, so the rest of the steps are resubmitted).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from frenzy_slurm.cluster.site import SiteConfig
+from frenzy_slurm.gpus import catalog
+from frenzy_slurm.sim.clusters import SimCluster
+from frenzy_slurm.sim.jobs import Attempt, Placement
+from frenzy_slurm.sim.context import Context
+from frenzy_slurm.sim.policies import make_policy
+from frenzy_slurm.sim.slurm import SimJob, SimSlurm
+from frenzy_slurm.sim.truth import ErrorModel, Truth
+from frenzy_slurm.sim.workload import WorkloadFile, reference_rate
+from frenzy_slurm.slurm.backend import BatchJob
+
+MAX_ATTEMPTS = 8
+
+
+@dataclass
+class JobRecord:
+    id: int
+    submit: float
+    end: float | None = None
+    first_start: float | None = None
+    state: str = "pending"  # done, unplaceable (fits nowhere), gave-up (too many failures), unfinished
+    attempts: int = 0
+    ooms: int = 0
+    timeouts: int = 0
+    run_s: float = 0.0  # time spent running, all attempts
+    gpu_s: float = 0.0  # GPU-seconds held, all attempts
+    label: str = ""
+    kind: str = ""
+    gpus: int = 0
+    components: list = field(default_factory=list)  # the last attempt's Slurm request (ComponentRequest)
+    last_run_s: float = 0.0  # how long the completed attempt ran
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.end is None or self.state != "done" else self.end - self.submit
+
+
+@dataclass
+class RunResult:
+    policy: str
+    seed: int
+    gpus: int
+    cluster: str
+    records: list[JobRecord]
+    timeline: list[tuple[float, int]]
+    decision_ms: list[float]
+    sim_wall_s: float
+    load: float | None
+    extra: dict = field(default_factory=dict)
+
+
+def time_scale(wl: WorkloadFile, cluster: SimCluster, load: float) -> float:
+    """Factor on arrival times that makes the offered load `load`: the workload's reference-GPU work
+    over the cluster's reference-equivalent capacity (each GPU at its rate for the jobs' precisions)
+    and the arrival span."""
+    span = max(j.submit_s for j in wl.jobs) - min(j.submit_s for j in wl.jobs)
+    if span <= 0 or load <= 0:
+        return 1.0
+    work = sum(j.trace_gpu_time_s for j in wl.jobs)  # reference GPU-seconds
+    ref = reference_rate(wl.reference_gpu)
+    weights: dict[str, float] = {}
+    for j in wl.jobs:
+        weights[j.precision] = weights.get(j.precision, 0.0) + j.trace_gpu_time_s
+    total_w = sum(weights.values()) or 1.0
+    cap = 0.0
+    for p in cluster.partitions:
+        spec = catalog()[p.gpu]
+        rate = sum(w / total_w * spec.peak_tflops(prec) * 1e12 * spec.efficiency for prec, w in weights.items())
+        cap += p.gpus * rate / ref
+    return work / (cap * load) / span
+
+
+class Runner:
+    def __init__(self, workload: WorkloadFile, cluster: SimCluster, policy: str, seed: int = 0,
+                 errors: ErrorModel | None = None, load: float | None = 0.8, reserve: int | None = None,
+                 estimates: str = "test-only", ilp_round_s: float = 60.0,
+                 progress: Callable[[int], None] | None = None, sched_interval_s: float = 0.0,
+                 max_gpus: int | None = None, max_job_share: float | None = None):
+        self.workload, self.cluster, self.seed, self.load = workload, cluster, seed, load
+        self.max_gpus = max_gpus  # limits.max_gpus of every job (every policy honours it)
+        self.policy = make_policy(policy, ilp_round_s)
+        self.truth = Truth(errors or ErrorModel(), seed)
+        self.sim = SimSlurm(cluster, now=0.0, reserve=reserve, estimates=estimates, outcome=self._outcome,
+                            on_end=self._on_end, sched_interval_s=sched_interval_s)
+        site = cluster.site()
+        if max_job_share is not None:  # the site file's setting (validated: 0 < share <= 1)
+            site = SiteConfig.model_validate({**site.model_dump(), "max_job_share": max_job_share})
+        self.ctx = Context(self.sim, site)
+        self.scale = time_scale(workload, cluster, load) if load else 1.0
+        self.records = {j.id: JobRecord(j.id, j.submit_s * self.scale) for j in workload.jobs}
+        self.running: dict[int, tuple[Attempt, Placement]] = {}
+        self.events: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self.decision_ms: list[float] = []
+        self.progress = progress
+        self._start_step: dict[int, float] = {}
+        self._round_queued = False
+
+    def _push(self, t: float, kind: str, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, kind, payload))
+
+    # ---- truth ------------------------------------------------------------------------------------
+    def _outcome(self, sj: SimJob) -> tuple[float, str]:
+        a, p = self.running[sj.job_id]
+        startup = self.truth.model.startup_s
+        for c in p.components:
+            if self.truth.peak_gib(a.job.id, c.predicted_peak_gib) > c.memory_gib:
+                return startup, "OUT_OF_MEMORY"
+        step = self.truth.step_time(a.job.id, p.step_time_s, [c.gpu_model for c in p.components])
+        self._start_step[sj.job_id] = step
+        return startup + step * a.steps, "COMPLETED"
+
+    def _on_end(self, sj: SimJob) -> None:
+        a, p = self.running.pop(sj.job_id)
+        rec = self.records[a.job.id]
+        assert sj.start is not None and sj.end is not None
+        rec.run_s += sj.end - sj.start
+        rec.gpu_s += (sj.end - sj.start) * p.gpus
+        if rec.first_start is None:
+            rec.first_start = sj.start
+        if sj.state == "COMPLETED":
+            rec.end, rec.state, rec.last_run_s = sj.end, "done", sj.end - sj.start
+            self._done()
+            return
+        if sj.state == "OUT_OF_MEMORY":
+            rec.ooms += 1
+            worst = max(self.truth.peak_gib(a.job.id, c.predicted_peak_gib) / c.predicted_peak_gib
+                        for c in p.components)
+            nxt = Attempt(a.job, a.steps, a.number + 1, max(a.mem_correction, worst * 1.05), a.ooms + 1, a.timeouts,
+                          p.gpus, _pool_of(p), list(a.tried_pools), a.max_gpus)
+        elif sj.state == "TIMEOUT":
+            rec.timeouts += 1
+            step = self._start_step.get(sj.job_id) or 1.0
+            done = max(0, int((sj.end - sj.start - self.truth.model.startup_s) // step))
+            nxt = Attempt(a.job, max(1, a.steps - done), a.number + 1, a.mem_correction, a.ooms, a.timeouts + 1,
+                          p.gpus, _pool_of(p), list(a.tried_pools), a.max_gpus)
+        else:  # cancelled
+            rec.state, rec.end = "unfinished", sj.end
+            self._done()
+            return
+        if nxt.number > MAX_ATTEMPTS:
+            rec.state, rec.end = "gave-up", sj.end
+            self._done()
+            return
+        self._push(self.sim.now, "submit", nxt)
+
+    def _done(self) -> None:
+        if self.progress:
+            self.progress(1)
+
+    # ---- decisions ---------------------------------------------------------------------------------
+    def _submit(self, a: Attempt, p: Placement) -> None:
+        rec = self.records[a.job.id]
+        rec.attempts += 1
+        rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
+        rec.components = [c.request for c in p.components]
+        job = BatchJob(script=Path(f"sim-job-{a.job.id}/job.sbatch"), workdir=Path(f"sim-job-{a.job.id}"),
+                       components=[c.request for c in p.components], name=f"sim-job-{a.job.id}",
+                       comment=f"attempt {a.number}")
+        # a job can start inside submit(), and its outcome needs the plan: register it under the id it will get
+        self.running[self.sim.next_job_id] = (a, p)
+        self.sim.submit(job)
+
+    def _arrive(self, a: Attempt) -> None:
+        t0 = time.perf_counter()
+        p = self.policy.place(a, self.ctx)
+        if self.policy.round_s is not None:
+            if not self._round_queued:
+                self._round_queued = True
+                self._push(self.sim.now + self.policy.round_s, "round", None)
+        else:
+            self.decision_ms.append((time.perf_counter() - t0) * 1e3)
+            if p is None:
+                rec = self.records[a.job.id]
+                rec.state, rec.end = "unplaceable", self.sim.now
+                self._done()
+                return
+            self._submit(a, p)
+
+    def _round(self) -> None:
+        self._round_queued = False
+        for a, p in self.policy.tick(self.ctx):
+            self._submit(a, p)
+        for a in getattr(self.policy, "unplaceable", []):
+            rec = self.records[a.job.id]
+            if rec.state == "pending":
+                rec.state, rec.end = "unplaceable", self.sim.now
+                self._done()
+        if getattr(self.policy, "held", None) and not self._round_queued:
+            self._round_queued = True
+            self._push(self.sim.now + (self.policy.round_s or 60.0), "round", None)
+
+    def run(self) -> RunResult:
+        t0 = time.perf_counter()
+        for j in self.workload.jobs:
+            self._push(j.submit_s * self.scale, "submit", Attempt(j, j.steps, max_gpus=self.max_gpus))
+        while True:
+            t_ext = self.events[0][0] if self.events else float("inf")
+            t_end = self.sim.next_end()
+            t_end = float("inf") if t_end is None else t_end
+            if t_ext == float("inf") and t_end == float("inf"):
+                break
+            if t_end <= t_ext:
+                self.sim.advance(t_end)
+                continue
+            self.sim.advance(t_ext)
+            while self.events and self.events[0][0] <= self.sim.now:
+                _, _, kind, payload = heapq.heappop(self.events)
+                if kind == "submit":
+                    self._arrive(payload)  # type: ignore[arg-type]
+                else:
+                    self._round()
+        for rec in self.records.values():
+            if rec.state == "pending":
+                rec.state = "unfinished"
+        from frenzy_slurm.sim.ilp import IlpPolicy  # imported where used, as make_policy does
+
+        extra: dict[str, float] = {}
+        if isinstance(self.policy, IlpPolicy):  # the one policy that times its rounds
+            self.decision_ms = list(self.policy.round_ms)
+            extra["ilp_vars_median"] = sorted(self.policy.round_vars)[len(self.policy.round_vars) // 2] \
+                if self.policy.round_vars else 0
+            solve = sorted(self.policy.solve_ms)
+            extra["ilp_solve_ms_median"] = solve[len(solve) // 2] if solve else 0.0
+            extra["ilp_solve_ms_p95"] = solve[int(0.95 * (len(solve) - 1))] if solve else 0.0
+        extra["schedule_s"] = self.sim.schedule_s
+        return RunResult(self.policy.name, self.seed, self.cluster.gpus, self.cluster.describe(),
+                         sorted(self.records.values(), key=lambda r: r.id), list(self.sim.timeline),
+                         self.decision_ms, time.perf_counter() - t0, self.load, extra)
+
+
+def _pool_of(p: Placement) -> str:
+    c = p.components[0].request
+    return f"{c.partition}/{c.gpu_type}"
+
+
+def simulate(workload: WorkloadFile, cluster: SimCluster, policy: str, seed: int = 0, **kw: Any) -> RunResult:
+    return Runner(workload, cluster, policy, seed, **kw).run()
