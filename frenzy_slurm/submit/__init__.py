@@ -3,8 +3,8 @@
 Idempotency: the submission hash is in the job comment (`frenzy:<hash>`) and the job directory records
 `submission.json`. A second `fsbatch` of the same model.yaml and flags is refused while either shows a
 job, from whichever directory, unless the request was planned with --force (`planning.plan_job` then
-chose a new job directory). `submit` takes only the JobRequest plan_job returns: what --dry-run printed. A lock in the
-user's private directory serialises concurrent fsbatch runs of one submission (see jobdir.py for the
+chose a new job directory). `submit` takes only the JobRequest plan_job returns: what --dry-run printed.
+A lock in the user's private directory serialises concurrent fsbatch runs of one submission (see jobdir.py for the
 job directory's safety: ownership, modes, no symlink following, nothing of an earlier job overwritten).
 Whatever ends sbatch without a job id (our timeout, sbatch's own MessageTimeout, an error exit, an answer
 that is not a job id), the job is looked up in the queue by its tag and recorded if it exists. SIGINT,
