@@ -16,8 +16,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentRequest, PoolKey, SbatchAnswer,
-                                        SlurmBackend, StartEstimate)
+from frenzy_slurm.slurm.backend import (
+    AccountingRecord,
+    BatchJob,
+    ComponentRequest,
+    PoolKey,
+    SbatchAnswer,
+    SlurmBackend,
+    StartEstimate,
+)
 from frenzy_slurm.slurm.model import ClusterView, GpuPool, Job, Node, Partition, group_het_jobs, job_phase
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 

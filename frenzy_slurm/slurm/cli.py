@@ -12,17 +12,30 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import Iterable
-
-from frenzy_slurm.slurm.backend import (AccountingRecord, BatchJob, ComponentRequest, PoolKey, SbatchAnswer,
-                                        StartEstimate)
+from frenzy_slurm.slurm.backend import (
+    AccountingRecord,
+    BatchJob,
+    ComponentRequest,
+    PoolKey,
+    SbatchAnswer,
+    StartEstimate,
+)
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
-from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_parsable,
-                                      parse_test_only, parse_time_minutes, reading)
+from frenzy_slurm.slurm.parse import (
+    SlurmUnexpected,
+    expand_hostlist,
+    num,
+    parse_gpu_gres,
+    parse_parsable,
+    parse_test_only,
+    parse_time_minutes,
+    reading,
+)
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
 from frenzy_slurm.units import GiB
 
@@ -161,6 +174,7 @@ def json_list(text: str, key: str, argv: list[str]) -> list[dict]:
         what = "; ".join(str(e.get("description") or e.get("error") or e) for e in errors)
         raise SlurmUnavailable(f"Slurm is unreachable: '{' '.join(argv)}' answered with errors ({what}) and no {key}. "
                                "Check that slurmctld runs (`scontrol ping`) and SLURM_CONF.")
+    assert items is not None  # no list and no errors, or errors and no list, raised above
     return items
 
 
@@ -208,7 +222,7 @@ SINFO_TEXT_FIELDS = "NodeList:|,Partition:|,StateLong:|,CPUsState:|,Memory:|,All
 SQUEUE_TEXT_FORMAT = "%A|%i|%j|%u|%T|%r|%P|%N|%D|%b|%S|%e|%l|%k|%Z"
 
 
-def _rows(text: str, fields: int, tool: str):
+def _rows(text: str, fields: int, tool: str) -> Iterator[list[str]]:
     """The `|`-separated rows of a text format, each with at least `fields` fields."""
     for line in text.splitlines():
         if line.strip():

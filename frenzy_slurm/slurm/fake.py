@@ -13,8 +13,8 @@ refinement).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey, job_phase
@@ -95,7 +95,7 @@ class FakeSlurm:
         used: dict[str, int] = {}
         for j in self.fake_jobs.values():
             if j.state == "RUNNING":
-                for comp, names in zip(j.components, j.nodes):
+                for comp, names in zip(j.components, j.nodes, strict=True):
                     for n in names:
                         used[n] = used.get(n, 0) + comp.gpus_per_node
         return used
@@ -127,7 +127,7 @@ class FakeSlurm:
             if placed is None:
                 break
             j.state, j.start, j.nodes = "RUNNING", self.now, placed
-            for comp, names in zip(j.components, placed):
+            for comp, names in zip(j.components, placed, strict=True):
                 for n in names:
                     used[n] = used.get(n, 0) + comp.gpus_per_node
 

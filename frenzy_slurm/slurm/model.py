@@ -156,7 +156,7 @@ class ClusterView(_M):
     def partition(self, name: str) -> Partition | None:
         return next((p for p in self.partitions if p.name == name), None)
 
-    def pools(self) -> list["GpuPool"]:
+    def pools(self) -> list[GpuPool]:
         """GPU capacity per (partition, GPU type)."""
         acc: dict[tuple[str, str], GpuPool] = {}
         for n in self.nodes:

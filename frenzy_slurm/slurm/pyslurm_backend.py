@@ -24,12 +24,19 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterable  # pyslurm is untyped: its objects are Any here
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-from typing import Iterable
-
-from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
+from frenzy_slurm.slurm.backend import (
+    AccountingRecord,
+    BatchJob,
+    ComponentRequest,
+    PoolKey,
+    SbatchAnswer,
+    StartEstimate,
+)
 from frenzy_slurm.slurm.cli import SlurmCliBackend, node_state, parse_version
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes, reading
@@ -115,12 +122,12 @@ def pyslurm_problem() -> str | None:
     return probe_import(conf, version)
 
 
-def try_import():
+def try_import() -> Any:
     """The pyslurm module, or None (missing, unusable configuration, controller down, or a version mismatch)."""
     if pyslurm_problem() is not None:
         return None
     try:
-        import pyslurm  # type: ignore[import-not-found]
+        import pyslurm
     except ImportError:
         return None
     try:
@@ -132,7 +139,7 @@ def try_import():
     return pyslurm
 
 
-def _attr(obj, name: str, default=None):
+def _attr(obj: Any, name: str, default: Any = None) -> Any:
     """An attribute of a pyslurm object; text that is not UTF-8 (pyslurm's strict decoding raises
     UnicodeDecodeError, carrying the bytes) comes back decoded with U+FFFD for the invalid bytes."""
     try:
@@ -169,12 +176,12 @@ class PyslurmBackend:
         self._cli = SlurmCliBackend()  # for what pyslurm cannot do (hetjob submission, --test-only, sacct)
 
     @staticmethod
-    def _job(j) -> Job:
+    def _job(j: Any) -> Job:
         with reading("pyslurm.Jobs.load()"):
             return PyslurmBackend._job_fields(j)
 
     @staticmethod
-    def _job_fields(j) -> Job:
+    def _job_fields(j: Any) -> Job:
         a = functools.partial(_attr, j)  # every text attribute may hold another user's bytes
         gtype, gpn = parse_gpu_gres(_gres_dict_to_str(a("gres_per_node")))
         nodes = a("num_nodes")
@@ -219,8 +226,8 @@ class PyslurmBackend:
         with reading("pyslurm.Nodes.load()"):
             return self._view(config, gpu_tres, jobs, used, nodes_raw, parts_raw)
 
-    def _view(self, config, gpu_tres: bool, jobs: list[Job], used: dict[str, int], nodes_raw,
-              parts_raw) -> ClusterView:
+    def _view(self, config: Any, gpu_tres: bool, jobs: list[Job], used: dict[str, int], nodes_raw: Any,
+              parts_raw: Any) -> ClusterView:
         """The view of one pyslurm load: its nodes and partitions, with the jobs already read."""
         nodes = []
         for n in nodes_raw.values():
@@ -277,5 +284,5 @@ class PyslurmBackend:
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
         return self._cli.gpu_memory_peaks(job_ids)
 
-    def run_step(self, pool, gpus: int, argv: list[str], timeout: float) -> str:
+    def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         return self._cli.run_step(pool, gpus, argv, timeout)  # job steps are srun's
