@@ -13,8 +13,21 @@ from .users import other_user  # noqa: F401  (fixture)
 def pytest_collection_modifyitems(items):
     """A test that uses the real local cluster is `live`, whoever wrote it: `-m "not live"` runs anywhere."""
     for item in items:
-        if {"slurm_cluster", "clean_queue"} & set(getattr(item, "fixturenames", ())):
+        if {"slurm_cluster", "clean_queue", "live_jobs_dir"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.live)
+
+
+@pytest.fixture
+def live_jobs_dir(tmp_path: Path, monkeypatch, clean_queue) -> Path:  # noqa: F811  (clean_queue is a fixture)
+    """A private jobs directory, lock directory and queue cache for one live test, and the dev cluster's site file."""
+    from .helpers import DEV_SITE
+
+    d = tmp_path / "jobs"
+    monkeypatch.setenv("FRENZY_JOBS_DIR", str(d))
+    monkeypatch.setenv("FRENZY_SITE", str(DEV_SITE))
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return d
 
 
 @pytest.fixture

@@ -22,6 +22,22 @@ HOSTILE = ["$(touch pwned-subst)", "`touch pwned-tick`", "a; touch pwned-semi", 
            "$HOME", "*", "--", "-rf /"]
 
 
+DEV_SITE = ROOT / "site_configs" / "devcluster.yaml"  # the local dev cluster's site file
+PAYLOAD = ROOT / "tests" / "payloads" / "record.py"  # a trivial `trainer: script` that records what it was given
+
+
+def payload_spec_file(directory: Path, name: str = "rec", **training) -> Path:
+    """A model.yaml (gpt2, 2 steps) whose job runs the recording payload instead of training; `training` overrides."""
+    import yaml
+
+    data = {"name": name, "model": {"preset": "gpt2"},
+            "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32", **training},
+            "entry": {"trainer": "script", "script": str(PAYLOAD)}}
+    p = directory / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m frenzy_slurm.cli <prog> ...` in a fresh interpreter (exit codes and stderr as users see them)."""
     prog, *rest = args

@@ -10,31 +10,19 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from .helpers import ROOT, fsbatch_json, wait_done
+from .helpers import DEV_SITE, ROOT, fsbatch_json, payload_spec_file, wait_done
 from .slurm_fixture import sh
 
-SITE = ROOT / "site_configs" / "devcluster.yaml"
-PAYLOAD = Path(__file__).parent / "payloads" / "record.py"
+SITE = DEV_SITE
 
 
 @pytest.fixture
-def jobs_dir(tmp_path, monkeypatch, clean_queue):
-    d = tmp_path / "jobs"
-    monkeypatch.setenv("FRENZY_JOBS_DIR", str(d))
-    monkeypatch.setenv("FRENZY_SITE", str(SITE))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return d
+def jobs_dir(live_jobs_dir):
+    return live_jobs_dir
 
 
-def spec_file(tmp_path: Path, name: str) -> Path:
-    data = {"name": name, "model": {"preset": "gpt2"},
-            "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
-            "entry": {"trainer": "script", "script": str(PAYLOAD)}}
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(yaml.safe_dump(data))
-    return p
+spec_file = payload_spec_file
 
 
 def _fsbatch(*args: str) -> subprocess.Popen:

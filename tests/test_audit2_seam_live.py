@@ -14,37 +14,25 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 
 from frenzy_slurm.cluster.site import load_site
 from frenzy_slurm.slurm import cli as slurm_cli
 from frenzy_slurm.slurm.cli import SlurmCliBackend
 from frenzy_slurm.submit import submit
 
-from .helpers import ROOT, make_spec, planned, run_cli
+from .helpers import DEV_SITE, make_spec, payload_spec_file, planned, run_cli
 from .slurm_fixture import sh, wait_for
 
-SITE = ROOT / "site_configs" / "devcluster.yaml"
-PAYLOAD = Path(__file__).parent / "payloads" / "record.py"
+SITE = DEV_SITE
 TAG = "frenzy:00000000deadbeef"
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch, clean_queue):
-    monkeypatch.setenv("FRENZY_JOBS_DIR", str(tmp_path / "jobs"))
-    monkeypatch.setenv("FRENZY_SITE", str(SITE))
-    monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return tmp_path
+def env(live_jobs_dir):
+    return live_jobs_dir.parent
 
 
-def spec_file(tmp_path: Path, name: str) -> Path:
-    data = {"name": name, "model": {"preset": "gpt2"},
-            "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
-            "entry": {"trainer": "script", "script": str(PAYLOAD)}}
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(yaml.safe_dump(data))
-    return p
+spec_file = payload_spec_file
 
 
 def _sbatch_bytes(*args: bytes) -> int:

@@ -11,29 +11,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .helpers import HOSTILE, ROOT, fsbatch_json, run_cli, wait_done
+from .helpers import DEV_SITE, HOSTILE, PAYLOAD, fsbatch_json, payload_spec_file, run_cli, wait_done
 from .slurm_fixture import occupy_gpus, sh, wait_for
 
-SITE = ROOT / "site_configs" / "devcluster.yaml"
-PAYLOAD = Path(__file__).parent / "payloads" / "record.py"
+SITE = DEV_SITE
 
 
 @pytest.fixture
-def jobs_dir(tmp_path, monkeypatch, clean_queue):
-    d = tmp_path / "jobs"
-    monkeypatch.setenv("FRENZY_JOBS_DIR", str(d))
-    monkeypatch.setenv("FRENZY_SITE", str(SITE))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return d
+def jobs_dir(live_jobs_dir):
+    return live_jobs_dir
 
 
-def spec_file(tmp_path: Path, name: str = "rec", **training) -> Path:
-    data = {"name": name, "model": {"preset": "gpt2"},
-            "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32", **training},
-            "entry": {"trainer": "script", "script": str(PAYLOAD)}}
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(yaml.safe_dump(data))
-    return p
+spec_file = payload_spec_file
 
 
 def test_homogeneous_job_completes(jobs_dir, tmp_path):
