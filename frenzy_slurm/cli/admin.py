@@ -7,14 +7,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import (backend_options, cluster_options, print_json, reports_errors, table,
-                                     unchecked_file)
-from frenzy_slurm.cli.plan_view import (candidate_json, candidate_rows, factory_note, gpu_options, load, memory_json,
-                                        memory_rows)
+from frenzy_slurm.cli.common import backend_options, cluster_options, print_json, reports_errors, table, unchecked_file
+from frenzy_slurm.cli.plan_view import (
+    candidate_json,
+    candidate_rows,
+    factory_note,
+    gpu_options,
+    load,
+    memory_json,
+    memory_rows,
+)
 from frenzy_slurm.errors import InputError, NoFitError
 from frenzy_slurm.marp import estimate_memory, parse_plan, search, search_space_from_spec, workload_from_spec
 from frenzy_slurm.units import GiB
@@ -107,7 +114,7 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
         click.echo(f"{spec.name}: {model.name}; fastest plans per GPU type (device memory incl. overhead)")
         click.echo(table(rows, header))
         both = calib.calibrated_search_rows(found, spec, w, options, max_gpus)
-        if both:
+        if both and found is not None:  # rows come only with a calibration
             click.echo(f"raw and calibrated ({found[1]}):")
             click.echo(table(both[1], both[0]))
     if not any(cands.values()):
@@ -120,8 +127,8 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def presets(as_json: bool) -> None:
     """List the built-in model presets and their parameter counts."""
-    from frenzy_slurm.marp.params import count_params
     from frenzy_slurm.jobspec import presets as all_presets
+    from frenzy_slurm.marp.params import count_params
 
     items = all_presets()
     if as_json:
@@ -153,8 +160,8 @@ def site() -> None:
 @reports_errors("frenzy-slurm site init")
 def site_init(backend: str, snapshot: Path | None, output: Path | None, force: bool) -> None:
     """Propose a site file from the live cluster's partitions and GRES types."""
-    from frenzy_slurm.slurm import open_backend
     from frenzy_slurm.cluster.site_tools import propose_site
+    from frenzy_slurm.slurm import open_backend
 
     text, flagged = propose_site(open_backend(backend, snapshot).load())
     if output is None:
@@ -176,9 +183,9 @@ def site_init(backend: str, snapshot: Path | None, output: Path | None, force: b
 @reports_errors("frenzy-slurm site validate")
 def site_validate(backend: str, snapshot: Path | None, site: Path | None, site_file: Path | None) -> None:
     """Check SITE_FILE (or --site) against the live cluster; exit 1 if they disagree."""
-    from frenzy_slurm.slurm import open_backend
     from frenzy_slurm.cluster.site import load_site
     from frenzy_slurm.cluster.site_tools import find_site, validate_site
+    from frenzy_slurm.slurm import open_backend
 
     path = site_file or find_site(site)
     if path is None:
@@ -229,7 +236,8 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     if not dirs:
         root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
         dirs = sorted(p.parent for p in root.glob("*/metrics.json"))
-    rows, accs = [], []
+    rows: list[dict[str, Any]] = []
+    accs: list[float] = []
     measured = [d for d in dirs if (d / "metrics.json").exists()]
     for d in dirs:
         if d not in measured:
@@ -239,13 +247,13 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     except SlurmUnavailable:
         cluster = None  # the job directories alone still answer
     for t in from_job_dirs(measured, cluster):
-        d = t.job_dir
+        where = t.job_dir
         for r in (t.metrics or {}).get("ranks", []):
             pred, meas = r.get("predicted_allocated_gib", r.get("predicted_gib")), r.get("peak_gib")  # trainer; NVML sampler
             acc = 1 - abs(pred - meas) / meas if pred and meas else None
             if acc is not None:
                 accs.append(acc)
-            rows.append({"job_dir": str(d), "job_id": t.job_id, "rank": r.get("rank"), "gpu": r.get("gpu_model"),
+            rows.append({"job_dir": str(where), "job_id": t.job_id, "rank": r.get("rank"), "gpu": r.get("gpu_model"),
                          "device": r.get("device"), "predicted_gib": pred, "measured_gib": meas, "accuracy": acc})
     summary = {"ranks": len(accs), "mean_accuracy": sum(accs) / len(accs) if accs else None,
                "within_10pct": sum(a >= 0.9 for a in accs) / len(accs) if accs else None}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,17 +21,26 @@ from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import print_json, reports_errors, table
 from frenzy_slurm.errors import InputError
 
+if TYPE_CHECKING:  # the command imports these when it runs
+    from frenzy_slurm.calibration import CalibrationFile
+    from frenzy_slurm.cluster.site import SiteConfig
+    from frenzy_slurm.jobspec import JobSpec
+    from frenzy_slurm.marp import GpuOption, MemoryEstimate, Workload
+    from frenzy_slurm.slurm import SlurmBackend
+
+    Found = tuple[CalibrationFile, Path] | None  # site_calibration(): a calibration and its path
+
 DEFAULT_VALID_DAYS = 90
 
 
-def accounting_backend():
+def accounting_backend() -> SlurmBackend:
     """The Slurm seam calibrate asks about jobs (accounting, GPU memory peaks): the CLI tools' sacct."""
     from frenzy_slurm.slurm import open_backend
 
     return open_backend("cli")
 
 
-def _sacct_peaks(backend, job_ids: list[str | None]) -> dict[int, float] | None:
+def _sacct_peaks(backend: SlurmBackend, job_ids: list[str | None]) -> dict[int, float] | None:
     """Slurm's per-job GPU memory peaks for the accepted jobs: one sacct query, None without Slurm."""
     from frenzy_slurm.slurm import SlurmUnavailable
 
@@ -74,8 +84,14 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     JOB_DIRS are job directories, or directories holding them (a user's frenzy-jobs, or several users'
     with a shell glob); default: every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs).
     """
-    from frenzy_slurm.calibration import (CalibrationFile, FitBounds, calibration_path, observe, site_fingerprint,
-                                          write_calibration)
+    from frenzy_slurm.calibration import (
+        CalibrationFile,
+        FitBounds,
+        calibration_path,
+        observe,
+        site_fingerprint,
+        write_calibration,
+    )
     from frenzy_slurm.calibration.fit import fit
     from frenzy_slurm.calibration.observe import job_dirs_under, read_epilog_dir
     from frenzy_slurm.cluster.site import load_site
@@ -166,7 +182,7 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     click.echo(("would write " if dry_run else "wrote ") + str(path))
 
 
-def site_calibration(site: Path | None):
+def site_calibration(site: Path | None) -> Found:
     """(calibration, path) beside the site file given or found ($FRENZY_SITE), or None; stale is an error."""
     from frenzy_slurm.calibration import find_calibration
     from frenzy_slurm.cluster.site import load_site
@@ -178,7 +194,7 @@ def site_calibration(site: Path | None):
     return find_calibration(load_site(path), path)
 
 
-def memory_plan_calibration(found, spec, est) -> dict | None:
+def memory_plan_calibration(found: Found, spec: JobSpec, est: MemoryEstimate) -> dict | None:
     """`frenzy-slurm memory --plan`: the breakdown's peak raw and with the site's memory factor."""
     if found is None:
         return None
@@ -198,7 +214,7 @@ def memory_plan_line(info: dict) -> str:
             f"{info['raw_peak_gib']:.4g} GiB -> calibrated {info['calibrated_peak_gib']:.4g} GiB")
 
 
-def calibrated_search_rows(found, spec, w, options, max_gpus: int) -> tuple[list[str], list[list[str]]] | None:
+def calibrated_search_rows(found: Found, spec: JobSpec, w: Workload, options: list[GpuOption], max_gpus: int) -> tuple[list[str], list[list[str]]] | None:
     """`frenzy-slurm memory` candidates: per GPU type, the fastest plan's step time raw and calibrated."""
     from dataclasses import replace
 
@@ -224,13 +240,14 @@ def calibrated_search_rows(found, spec, w, options, max_gpus: int) -> tuple[list
     cal_c = search(w, calibrated, t.global_batch, t.total_steps, max_gpus, space)
     rows = []
     for name in raw:
-        r, c = (raw[name] or [None])[0], (cal_c.get(name) or [None])[0]
+        r = raw[name][0] if raw[name] else None
+        c = cal_c[name][0] if cal_c.get(name) else None
         rows.append([str(name), r.plan.short() if r else "-", f"{r.step_time_s:.4g}" if r else "-",
                      c.plan.short() if c else "-", f"{c.step_time_s:.4g}" if c else "-"])
     return ["gpu", "fastest plan (raw)", "raw step s", "fastest plan (calibrated)", "calibrated step s"], rows
 
 
-def calibration_status(site_cfg, site_path: Path) -> list[str]:
+def calibration_status(site_cfg: SiteConfig, site_path: Path) -> list[str]:
     """`site validate`: the calibration beside the site file, if any, as fsbatch would load it (problems only)."""
     from frenzy_slurm.calibration import calibration_path, load_calibration
 

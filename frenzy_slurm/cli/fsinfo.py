@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, reports_errors, table
-from frenzy_slurm.slurm import open_backend
 from frenzy_slurm.cluster.site_tools import maybe_load_site
 from frenzy_slurm.gpus import match_gpu
+from frenzy_slurm.slurm import open_backend
+
+if TYPE_CHECKING:
+    from frenzy_slurm.cluster.site import SiteConfig
+    from frenzy_slurm.slurm.model import ClusterView
 
 
-def summarize(view, site) -> list[dict]:
+def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:
     rows = []
     for pool in view.pools():
         sp = site.pool(pool.partition, pool.gpu_type) if site else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import getpass
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -21,8 +22,11 @@ from frenzy_slurm.cli.common import backend_options, print_json, printable, repo
 from frenzy_slurm.cli.plan_view import fmt_gib, hms
 from frenzy_slurm.errors import InputError
 
+if TYPE_CHECKING:  # track is imported when a command runs
+    from frenzy_slurm.track import TrackedJob
 
-def _job_json(t) -> dict:
+
+def _job_json(t: TrackedJob) -> dict:
     return {
         "job_id": t.job_id, "name": t.name, "user": t.user, "state": t.state, "gpus": t.gpus_label,
         "components": [{"job_id": c.job_id, "partition": c.partition, "gpu_type": c.gpu_type, "gpus": c.gpus,
@@ -43,7 +47,8 @@ def _job_json(t) -> dict:
 @backend_options
 @click.version_option(__version__, prog_name="fsqueue")
 @reports_errors("fsqueue")
-def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot) -> None:
+def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot: Path | None
+         ) -> None:
     """Track frenzy-slurm jobs: state, GPUs per component, elapsed and predicted remaining time."""
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
     from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dirs, query_jobs_cached
@@ -102,9 +107,9 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
         progress.append(f"restarts {t.restarts}")
     if progress:
         click.echo("  " + ", ".join(progress))
-    rows = comparison(t)
-    if rows:
-        def show(value, unit):
+    compared = comparison(t)
+    if compared:
+        def show(value: float | None, unit: str) -> str:
             if value is None:
                 return "-"
             return fmt_gib(value) if unit == "GiB" else f"{value:.3g} {unit}"
@@ -112,7 +117,7 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
         out = [[r["what"], show(r.get("raw_predicted"), r["unit"]), show(r["predicted"], r["unit"]),
                 show(r["measured"], r["unit"]),
                 f"{1 - abs(r['predicted'] - r['measured']) / r['measured']:.0%}" if r["predicted"] and r["measured"] else "-"]
-               for r in rows]
+               for r in compared]
         click.echo(table(out, ["predicted vs measured", "raw", "predicted", "measured", "accuracy"]))
     if t.calibration is not None:
         from frenzy_slurm.calibration import explain_lines

@@ -70,7 +70,7 @@ def plot_breakdown(est: MemoryEstimate, path: Path, title: str, usable_gib: floa
     for c in COMPONENTS:
         vals = [getattr(s, c) / GiB for s in est.stages]
         ax.barh(labels, vals, left=left, color=_PLOT_COLOUR[c], label=c, height=0.6)
-        left = [a + b for a, b in zip(left, vals)]
+        left = [a + b for a, b in zip(left, vals, strict=True)]
     for y, s in enumerate(est.stages):
         ax.text(left[y], y, f" {s.peak / GiB:.2f} GiB", va="center", fontsize=8)
     if usable_gib:

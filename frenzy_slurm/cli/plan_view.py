@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate, with_exact_params
 from frenzy_slurm.marp.memory import COMPONENTS
-from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.slurm.timefmt import format_slurm_time
 
 
@@ -71,21 +72,21 @@ def memory_json(est: MemoryEstimate) -> dict:
     }
 
 
-def candidate_rows(cands: dict[str, list[Candidate]], top: int) -> tuple[list[str], list[list[str]]]:
+def candidate_rows(cands: dict[Hashable, list[Candidate]], top: int) -> tuple[list[str], list[list[str]]]:
     header = ["gpu", "gpus", "plan", "peak", "usable", "step s", "run time"]
     rows = []
     for gpu, items in cands.items():
         if not items:
-            rows.append([gpu, "-", "does not fit", "-", "-", "-", "-"])
+            rows.append([str(gpu), "-", "does not fit", "-", "-", "-", "-"])
             continue
         for c in items[:top]:
-            rows.append([gpu, str(c.gpus), c.plan.short(), fmt_gib(c.peak_gib), fmt_gib(c.capacity_gib),
+            rows.append([str(gpu), str(c.gpus), c.plan.short(), fmt_gib(c.peak_gib), fmt_gib(c.capacity_gib),
                          f"{c.step_time_s:.2f}", hms(c.run_time_s)])
     return header, rows
 
 
-def candidate_json(cands: dict[str, list[Candidate]]) -> dict:
-    return {gpu: [{"gpus": c.gpus, "plan": c.plan.short(), "peak_gib": c.peak_gib, "usable_gib": c.capacity_gib,
+def candidate_json(cands: dict[Hashable, list[Candidate]]) -> dict:
+    return {str(gpu): [{"gpus": c.gpus, "plan": c.plan.short(), "peak_gib": c.peak_gib, "usable_gib": c.capacity_gib,
                    "step_time_s": c.step_time_s, "run_time_s": c.run_time_s} for c in items]
             for gpu, items in cands.items()}
 

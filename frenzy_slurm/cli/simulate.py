@@ -14,11 +14,15 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from frenzy_slurm.cli.common import reports_errors
 from frenzy_slurm.errors import InputError
+
+if TYPE_CHECKING:
+    from frenzy_slurm.sim.workload import WorkloadFile
 
 DEV_TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces" / "philly.csv"
 
@@ -30,7 +34,7 @@ def trace_path(given: Path | None) -> Path:
     return Path(env) if env else DEV_TRACE
 
 
-def resolve_workload(arg: str, trace: Path | None):
+def resolve_workload(arg: str, trace: Path | None) -> tuple[WorkloadFile, int]:
     """A workload file, or `philly:SEED[:JOBS]` sampled from the trace."""
     from frenzy_slurm.sim.workload import load_workload, sample_philly
 
@@ -153,7 +157,7 @@ def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | No
             click.echo(f"wrote {p}")
 
 
-def _progress(total: int):
+def _progress(total: int) -> Any:  # a tqdm bar (tqdm is untyped and optional) or None
     """A tqdm bar on stderr when it is a terminal and tqdm is installed; None otherwise."""
     if not sys.stderr.isatty():
         return None

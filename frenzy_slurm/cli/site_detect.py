@@ -21,6 +21,7 @@ import click
 from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors
 from frenzy_slurm.errors import InputError
 
+
 @click.command("detect")
 @cluster_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
