@@ -1,4 +1,4 @@
-"""Units of memory the whole package shares: bytes per GiB, written once.
+"""Units the whole package shares, written once: bytes per GiB, FLOP/s per TFLOP/s.
 
 Binary units throughout, as torch, NVML and Slurm report memory (`--mem=4G` is 4 GiB to Slurm). This module
 imports nothing, so the in-job runtime, the login-node stages and the tools all use it without pulling in any
@@ -6,3 +6,4 @@ other part of the package (or torch).
 """
 
 GiB = float(1 << 30)  # bytes in a gibibyte (2**30); a float, since every use divides or scales a measurement
+TFLOPS = 1e12  # FLOP/s in one TFLOP/s (the GPU catalog's peak rates are in TFLOP/s)

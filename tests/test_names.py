@@ -187,3 +187,29 @@ def test_simulator_modules_import_no_cycle():
     from frenzy_slurm.sim.context import Context
 
     assert ilp.Context is Context and policies.Context is Context
+
+
+# --- 6. HAS's numbers have names ----------------------------------------------------------------------------
+
+def test_has_decide_uses_named_constants_only():
+    """Inside decide.py's functions only counting (0, 1, 2 pools), unit conversions (60 s, 3600 s, 1e3 ms) and
+    the commented division guard (1e-9) stay literal; every other number is a named, commented constant."""
+    import importlib
+
+    from frenzy_slurm.has import hetero
+    from frenzy_slurm.jobspec import presets
+
+    decide = importlib.import_module("frenzy_slurm.has.decide")  # the module; the package exports its function
+
+    literals = set()
+    for fn in ast.parse((PKG / "has" / "decide.py").read_text()).body:
+        if isinstance(fn, ast.FunctionDef):
+            literals |= {n.value for n in ast.walk(fn) if isinstance(n, ast.Constant)
+                         and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)}
+    assert literals <= {0, 1, 2, 60, 3600, 1e3, 1e-9}, literals
+    assert (decide.MAX_STAGES_PER_POOL, decide.DP_DEGREES, decide.REFINE_WITH_TEST_ONLY) == (8, (1, 2, 4, 8), 3)
+    assert (decide.TIE_SECONDS, decide.TIE_FRACTION, decide.MIN_MARGINAL_EFFICIENCY) == (60.0, 0.01, 0.5)
+    assert (decide.NO_FIT_PROBE_GPUS, decide.ALTERNATIVES_SHOWN, decide.REFUSED_ALTERNATIVES_SHOWN,
+            decide.NO_FIT_REASONS_SHOWN, decide.EXPLAIN_RESOLUTION_S) == (4096, 5, 2, 3, 1.0)
+    arch = presets()["llama-2-7b"].arch
+    assert hetero.head_in_blocks(arch) == arch.vocab / (12.0 * arch.hidden) == 32000 / (12.0 * 4096)

@@ -28,17 +28,43 @@ from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.marp.speed import flops_per_token
 from frenzy_slurm.slurm.run import SlurmCommandError
 from frenzy_slurm.has.requirements import Requirements
-from frenzy_slurm.units import GiB
+from frenzy_slurm.units import TFLOPS, GiB
 
+# The numbers HAS decides by. None is configurable; the ones marked "site-tunable policy" are choices a site could
+# reasonably make differently (they would belong in the site file if one ever needs to), the rest are bounds of
+# the search or of what is printed.
+
+# The heterogeneous search: at most this many pipeline stages on each of the two pools, at these data-parallel
+# degrees, so at most 8 x 8 = 64 GPUs per pool. A bound on the search's cost (a decision stays in milliseconds,
+# docs/has.md "Decision time"), set with the first HAS (5acce1b); wider jobs are left to homogeneous candidates.
 MAX_STAGES_PER_POOL = 8
 DP_DEGREES = (1, 2, 4, 8)
+# At most this many leading candidates that cannot start now are re-estimated with `sbatch --test-only`: each is
+# an RPC to slurmctld, which Slurm asks tools not to send in loops. Site-tunable policy (slurmctld load against
+# estimate quality); from the first HAS (5acce1b), documented in docs/has.md ("up to three").
 REFINE_WITH_TEST_ONLY = 3
-TIE_SECONDS = 60.0  # completions closer than this (or TIE_FRACTION of the time to completion) are equal
+# Completions within TIE_SECONDS, or TIE_FRACTION of the time to completion, are a tie, decided for homogeneous,
+# then fewer GPUs: closer than that is noise of the predictions, not a reason to take more GPUs or split a job
+# over GPU types (docs/has.md, step 5). Site-tunable policy; from the first HAS (5acce1b).
+TIE_SECONDS = 60.0
 TIE_FRACTION = 0.01
 # A wider allocation is taken only if each extra GPU buys at least this much of a GPU's worth of speed-up
 # (time to completion, waiting included): the GPUs one job takes for a small gain are what the jobs
-# behind it wait for. 0.5 is the usual parallel-efficiency floor of HPC allocation policies.
+# behind it wait for. 0.5 is the usual parallel-efficiency floor of HPC allocation policies; 1.0 while jobs
+# wait was measured worse (docs/has.md, step 5). Site-tunable policy; from cf5a83d (the simulator's findings).
 MIN_MARGINAL_EFFICIENCY = 0.5
+# The no-fit message searches every usable pool as if it had this many GPUs, to name the smallest allocation
+# that would fit. More GPUs than any cluster the project is run on; it bounds that search (from 5acce1b).
+NO_FIT_PROBE_GPUS = 4096
+# What a Decision lists: this many allowed alternatives by default (`alternatives=`; the simulator asks for
+# more), then this many refused ones (limits, max_job_share) with why; a no-fit message names the first few
+# refused candidates. Display choices (since 5acce1b; the no-fit reasons since 7511a6b), not policy.
+ALTERNATIVES_SHOWN = 5
+REFUSED_ALTERNATIVES_SHOWN = 2
+NO_FIT_REASONS_SHOWN = 3
+# `--explain` does not mention differences in start, run time or completion under a second: predictions are
+# in seconds, and less than that is rounding (cf5a83d).
+EXPLAIN_RESOLUTION_S = 1.0
 
 
 @dataclass
@@ -97,7 +123,7 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], rele
     steps = req.steps
     work = flops_per_token(w, "none") * req.global_batch * w.seq_len * steps
     work_mb = flops_per_token(w, "none") * (space.micro_batch or 1) * w.seq_len  # one micro-batch, all layers
-    layer_mb = work_mb / (w.arch.layers + w.arch.vocab / (12.0 * w.arch.hidden))
+    layer_mb = work_mb / (w.arch.layers + hetero.head_in_blocks(w.arch))
     free = [p for p in pools if p.free_by_node and p.free_by_node[0] > 0]
     free.sort(key=lambda p: p.option.usable_bytes, reverse=True)  # more memory first: stage 0 holds most activations
     gb = req.global_batch
@@ -106,8 +132,8 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], rele
     # is tried only where the plan does not fit without it.
     mb = space.micro_batch or 1
     recomputes = [r for r in space.recompute if r != "selective"] or ["none"]
-    rates = {p.key: p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency for p in free}
-    layouts: dict[tuple, tuple[int, int] | None] = {}  # _placeable_now per (pool, GPUs): at most 8 x 8 per pool
+    rates = {p.key: p.option.spec.peak_tflops(w.precision) * TFLOPS * p.option.spec.efficiency for p in free}
+    layouts: dict[tuple, tuple[int, int] | None] = {}  # _placeable_now per (pool, GPUs): bounded per pool, above
 
     def placeable(pool: UsablePool, gpus: int) -> tuple[int, int] | None:
         if (pool.key, gpus) not in layouts:
@@ -145,7 +171,7 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], rele
 def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[UsablePool, int]], dp: int, mb: int,
                       recomputes: list[str], space: SearchSpace, releases: ReleaseIndex, now: float) -> _Cand | None:
     world = sum(n for _, n in placement) * dp
-    groups = [hetero.StageGroup(p.key, n, p.option.spec.peak_tflops(w.precision) * 1e12 * p.option.spec.efficiency,
+    groups = [hetero.StageGroup(p.key, n, p.option.spec.peak_tflops(w.precision) * TFLOPS * p.option.spec.efficiency,
                                 p.option.usable_bytes - p.option.overhead_bytes(world), p.option.overhead_bytes(world),
                                 p.option.links.intra_node_gbs, p.option.links.inter_node_gbs, p.site.gpus_per_node,
                                 p.option.spec.step_overhead_s, p.option.spec.microbatch_overhead_s)
@@ -241,6 +267,7 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
 
 def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:
     """Speed-up per extra GPU of `wide` over `narrow`, in time to completion (waiting included): 1.0 is perfect."""
+    # a wide allocation completing at `now` (nothing to run) would divide by zero: count it as a nanosecond
     t_narrow, t_wide = narrow.completion - now, max(wide.completion - now, 1e-9)
     extra = wide.gpus / narrow.gpus - 1
     return (t_narrow / t_wide - 1) / extra if extra > 0 else float("inf")
@@ -268,17 +295,17 @@ def _widest_worth_it(ordered: list[_Cand], now: float, tol: float) -> _Cand:
 
 def _why_lost(best: Allocation, other: Allocation, now: float) -> str:
     dt = other.completion - best.completion
-    if dt < -1 and other.gpus > best.gpus:
+    if dt < -EXPLAIN_RESOLUTION_S and other.gpus > best.gpus:
         eff = _marginal_efficiency(best, other, now)
         if eff < MIN_MARGINAL_EFFICIENCY:
             return (f"finishes {-dt / 60:.1f} min sooner with {other.gpus} GPUs instead of {best.gpus}: each extra GPU "
                     f"adds {eff:.0%} of a GPU's speed, under the {MIN_MARGINAL_EFFICIENCY:.0%} a wider allocation needs")
         return f"finishes only {-dt:.0f} s sooner with {other.gpus} GPUs instead of {best.gpus} (a tie: fewer GPUs win)"
-    if dt > 1:
+    if dt > EXPLAIN_RESOLUTION_S:
         parts = []
-        if other.start > best.start + 1:
+        if other.start > best.start + EXPLAIN_RESOLUTION_S:
             parts.append(f"starts {(other.start - best.start) / 60:.0f} min later")
-        if other.run_time_s > best.run_time_s + 1:
+        if other.run_time_s > best.run_time_s + EXPLAIN_RESOLUTION_S:
             parts.append(f"runs {(other.run_time_s - best.run_time_s) / 60:.0f} min longer")
         return f"finishes {dt / 60:.0f} min later (" + ", ".join(parts or ["same"]) + ")"
     if other.gpus > best.gpus:
@@ -288,9 +315,9 @@ def _why_lost(best: Allocation, other: Allocation, now: float) -> str:
 
 def _no_fit_message(w: Workload, req: Requirements, pools: list[UsablePool], space: SearchSpace,
                     reasons: list[str]) -> str:
-    wide = [GpuOption(p.key, p.option.spec, 4096, p.option.gpus_per_node, p.option.usable_fraction,
+    wide = [GpuOption(p.key, p.option.spec, NO_FIT_PROBE_GPUS, p.option.gpus_per_node, p.option.usable_fraction,
                       overheads=p.option.overheads) for p in pools]
-    cands = search(w, wide, req.global_batch, req.steps, 4096, space)
+    cands = search(w, wide, req.global_batch, req.steps, NO_FIT_PROBE_GPUS, space)
     smallest = sorted((c for items in cands.values() for c in items), key=lambda c: (c.gpus, c.step_time_s))
     msg = f"{req.name} fits nowhere within its limits on this cluster."
     if smallest:
@@ -300,7 +327,7 @@ def _no_fit_message(w: Workload, req: Requirements, pools: list[UsablePool], spa
                 f"{s.plan.short()}, {s.peak_gib:.1f} GiB per GPU); the pool has {pool.live.gpus_total} GPUs"
                 + (f" and limits.max_gpus is {req.max_gpus}." if req.max_gpus else "."))
     elif pools:
-        msg += " No plan fits even 4096 GPUs of any type."
+        msg += f" No plan fits even {NO_FIT_PROBE_GPUS} GPUs of any type."
     if reasons:
         msg += " Left out: " + "; ".join(reasons) + "."
     msg += " To fix: raise limits.max_gpus, allow more gpu_types, use LoRA/QLoRA or a shorter seq_len."
@@ -308,7 +335,8 @@ def _no_fit_message(w: Workload, req: Requirements, pools: list[UsablePool], spa
 
 
 def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, space: SearchSpace,
-           backend: SlurmBackend | None = None, now: float | None = None, alternatives: int = 5) -> Decision:
+           backend: SlurmBackend | None = None, now: float | None = None,
+           alternatives: int = ALTERNATIVES_SHOWN) -> Decision:
     t0 = time.perf_counter()
     now = now if now is not None else view.taken_at
     pools, skipped = usable_pools(req, view, site)
@@ -344,7 +372,8 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
         _refine(ok, backend)
         ok = rank(ok)
     if not ok:
-        raise NoFitError(_no_fit_message(w, req, pools, space, skipped + [f"{c.alloc.label()}: {why}" for c, why in rejected[:3]]))
+        raise NoFitError(_no_fit_message(w, req, pools, space, skipped + [f"{c.alloc.label()}: {why}"
+                                              for c, why in rejected[:NO_FIT_REASONS_SHOWN]]))
     best = ok[0].alloc
     alts: list[Alternative] = []
     for c in ok[1:]:
@@ -352,7 +381,7 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
         if label in {a.description for a in alts} or len(alts) >= alternatives:
             continue
         alts.append(Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(best, c.alloc, now)))
-    for c, why in sorted(rejected, key=lambda cw: cw[0].alloc.completion)[:2]:
+    for c, why in sorted(rejected, key=lambda cw: cw[0].alloc.completion)[:REFUSED_ALTERNATIVES_SHOWN]:
         alts.append(Alternative(allocation=c.alloc, description=c.alloc.label(), lost_because=why or ""))
     for line in skipped:
         alts.append(Alternative(description=line.split(":")[0], lost_because=line.split(":", 1)[1].strip()))

@@ -9,13 +9,28 @@ pipeline grid), ZeRO at most 1 (DeepSpeed refuses ZeRO-2/3 with pipelines).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable
+from typing import TYPE_CHECKING, Hashable
 
 from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token, small_batch_penalty
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.units import GiB
+
+if TYPE_CHECKING:
+    from frenzy_slurm.jobspec.arch import Architecture
+
+# A transformer block holds about 12 h^2 weights (4 h^2 in attention, 8 h^2 in an MLP with ffn = 4h, the usual
+# approximation of Kaplan et al. 2020 and Megatron-LM's FLOP count) and the output layer vocab x h, so per token
+# the output layer does about vocab / (12 h) blocks' worth of matmul work. Used only to weigh the last stage's
+# extra work when layers are split (since the first HAS, 5acce1b) and in HAS's bound on a pipeline's best step
+# (since bb91799); MARP's step time counts parameters exactly.
+BLOCK_WEIGHTS_PER_HIDDEN_SQUARED = 12.0
+
+
+def head_in_blocks(arch: Architecture) -> float:
+    """The output layer's work per token, in transformer blocks (the last pipeline stage carries it)."""
+    return arch.vocab / (BLOCK_WEIGHTS_PER_HIDDEN_SQUARED * arch.hidden)
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,7 @@ def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, glob
         rates += [g.rate] * g.stages
         caps += [g.usable_bytes] * g.stages
     a = w.arch
-    head_equiv = a.vocab / (12.0 * a.hidden)  # output layer FLOPs relative to one block's
+    head_equiv = head_in_blocks(a)
     split = split_layers(a.layers, rates, head_equiv)
     if split is None:
         return None
