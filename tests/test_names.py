@@ -108,6 +108,7 @@ def test_unchecked_file_says_click_does_not_check_existence():
     from frenzy_slurm.cli import common
 
     assert common.unchecked_file.exists is False and common.unchecked_file.dir_okay is False
+    assert not hasattr(common, "existing_file")
 
 
 @pytest.mark.parametrize("argv", [("fsbatch", "--dry-run"), ("frenzy-slurm", "memory")])

@@ -114,7 +114,6 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 # A file argument click does not check (it may or may not exist): every user is a model.yaml, and the project's own
 # reader (yamlfile.load_model_file) refuses a missing or unreadable one with a message naming the file, exit 2.
 unchecked_file = click.Path(exists=False, dir_okay=False, path_type=Path)
-existing_file = unchecked_file  # the old, untrue name, until cli/fsbatch.py (engineer F's, in flight) moves over
 
 
 def backend_options(fn: F) -> F:

@@ -14,14 +14,14 @@ from pathlib import Path
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import cluster_options, existing_file, print_json, reports_errors, table
+from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors, table, unchecked_file
 from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
 
 
-def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
+def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:
     now = decision.decided_at
 
-    def row(mark: str, a, why: str) -> list[str]:
+    def row(mark: str, a: Allocation | None, why: str) -> list[str]:
         if a is None:
             return [mark, "-", "-", "-", "-", "-", "-", why]
         mem = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in a.components)
@@ -36,7 +36,7 @@ def explain_rows(decision) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def summary_line(req) -> str:
+def summary_line(req: JobRequest) -> str:
     """One line: the chosen allocation, plan, memory per GPU, start and run time."""
     decision = req.decision
     chosen = decision.chosen
@@ -46,7 +46,7 @@ def summary_line(req) -> str:
             f"start {start}, run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
 
 
-def _force_turn(submission: str, force: bool):
+def _force_turn(submission: str, force: bool) -> AbstractContextManager[object]:
     """The lock that serialises `--force` runs of one submission (nothing for any other run)."""
     from contextlib import nullcontext
 
@@ -56,7 +56,7 @@ def _force_turn(submission: str, force: bool):
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("model_yaml", type=existing_file)
+@click.argument("model_yaml", type=unchecked_file)
 @click.option("--dry-run", is_flag=True, help="Do everything but submit: print the script that would run.")
 @click.option("--explain", is_flag=True, help="Show the chosen allocation beside the best alternatives and why they lost.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -83,8 +83,10 @@ def _force_turn(submission: str, force: bool):
 @click.version_option(__version__, prog_name="fsbatch")
 @reports_errors("fsbatch")
 def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend: str, snapshot: Path | None,
-         site: Path | None, job_dir: Path | None, templates: Path | None, trace_factory: bool, force: bool, no_calibration: bool, account, qos, time_, constraint,
-         exclusive, mail_type, mail_user, job_name, output, error, extra) -> None:
+         site: Path | None, job_dir: Path | None, templates: Path | None, trace_factory: bool, force: bool,
+         no_calibration: bool, account: str | None, qos: str | None, time_: str | None, constraint: str | None,
+         exclusive: bool | None, mail_type: str | None, mail_user: str | None, job_name: str | None,
+         output: str | None, error: str | None, extra: tuple[str, ...]) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
     from frenzy_slurm.calibration import explain_lines
     from frenzy_slurm.planning import PlanOptions, find_site_file, load_job, plan_job, submission_of, traced
@@ -121,8 +123,9 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     if explain:
         header, rows = explain_rows(req.decision)
         click.echo(table(rows, header))
-        for line in explain_lines(req.calibration):
-            click.echo(line)
+        if (calibration := req.calibration) is not None:  # plan_job always records one
+            for line in explain_lines(calibration):
+                click.echo(line)
         if (note := factory_note(spec, job.model)) is not None:
             click.echo(note)
     if dry_run:
