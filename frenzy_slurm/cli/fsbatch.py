@@ -9,13 +9,19 @@ sbatch-style flags (-A, -q, -t, -C, --exclusive, --mail-*, -J, -o, -e, --sbatch 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors, table, unchecked_file
 from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
+
+if TYPE_CHECKING:  # planning is imported when the command runs
+    from frenzy_slurm.has.model import Allocation, Decision
+    from frenzy_slurm.planning import JobRequest
 
 
 def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:

@@ -8,13 +8,14 @@ pipeline grid), ZeRO at most 1 (DeepSpeed refuses ZeRO-2/3 with pipelines).
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Hashable
+from typing import TYPE_CHECKING
 
 from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
+from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token, small_batch_penalty
-from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.units import GiB
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ class Requirements:
     requested_time_min: int | None = None  # sbatch --time the user asked for; None: HAS chooses
 
     @classmethod
-    def from_spec(cls, spec: JobSpec, time: str | int | None = None) -> "Requirements":
+    def from_spec(cls, spec: JobSpec, time: str | int | None = None) -> Requirements:
         """From model.yaml, with `time` (fsbatch -t) overriding `slurm.time`."""
         lim = spec.limits
         want = time if time is not None else spec.slurm.time

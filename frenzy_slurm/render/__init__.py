@@ -16,6 +16,7 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -26,12 +27,12 @@ import yaml
 
 from frenzy_slurm import __version__
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import check_trusted
 from frenzy_slurm.has.model import Decision
-from frenzy_slurm.render.ds_config import ds_config
-from frenzy_slurm.render.planfile import PlanFile
+from frenzy_slurm.inputfile import check_trusted
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
+from frenzy_slurm.render.ds_config import ds_config
+from frenzy_slurm.render.planfile import PlanFile
 from frenzy_slurm.slurm.cli import sbatch_argv
 
 SIGNAL_SECONDS = SIGNAL_LEAD_S  # USR2 this long before the time limit: the runtime checkpoints (NCCL owns USR1)
@@ -105,7 +106,8 @@ class _TrustedLoader(jinja2.FileSystemLoader):
     """A user's or admin's template directory: each template (and include) is checked before it is read, as
     the directory was: yours or root's, writable by no one else (a planted template runs in the job)."""
 
-    def get_source(self, environment: jinja2.Environment, template: str):
+    def get_source(self, environment: jinja2.Environment, template: str
+                   ) -> tuple[str, str, Callable[[], bool]]:  # FileSystemLoader's own
         from jinja2.loaders import split_template_path
 
         for base in self.searchpath:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from frenzy_slurm.marp.plan import DeepSpeedBuckets, ParallelPlan
 from frenzy_slurm.jobspec import JobSpec
+from frenzy_slurm.marp.plan import DeepSpeedBuckets, ParallelPlan
 
 
 def ds_config(spec: JobSpec, plan: ParallelPlan, buckets: DeepSpeedBuckets | None = None) -> dict[str, Any]:

@@ -8,10 +8,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.records import read_json
 from frenzy_slurm.has.model import Decision
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import JobSpec
+from frenzy_slurm.records import read_json
 from frenzy_slurm.yamlfile import format_validation_error
 
 

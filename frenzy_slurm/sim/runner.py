@@ -22,8 +22,8 @@ from typing import Any
 from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.gpus import catalog
 from frenzy_slurm.sim.clusters import SimCluster
-from frenzy_slurm.sim.jobs import Attempt, Placement
 from frenzy_slurm.sim.context import Context
+from frenzy_slurm.sim.jobs import Attempt, Placement
 from frenzy_slurm.sim.policies import make_policy
 from frenzy_slurm.sim.slurm import SimJob, SimSlurm
 from frenzy_slurm.sim.truth import ErrorModel, Truth

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_FAILURE, EXIT_SLURM_REJECTED, FrenzyError, InputError
@@ -117,7 +118,7 @@ def existing_job(req: JobRequest, tagged: list[Job], earlier: list[dict] | None 
     return None
 
 
-def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], backend: str, **extra) -> None:
+def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], backend: str, **extra: str) -> None:
     """submission.json in the job directory and the user's registry entry; an OSError (disk full, quota,
     read-only) becomes Unrecorded, naming the job that exists and how a later fsbatch finds it."""
     record = req.job_dir / "submission.json"
@@ -258,7 +259,7 @@ def held_signals(req: JobRequest) -> Iterator[list[int]]:
         yield caught
         return
 
-    def hold(signum: int, _frame) -> None:
+    def hold(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if caught:
             restore()

@@ -28,9 +28,9 @@ import fcntl
 import hashlib
 import os
 import stat
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Iterator, Mapping
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.records import read_json_or_none, write_atomic, write_json
