@@ -1,4 +1,4 @@
-"""The one model of when GPUs free up (`slurm.releases.GpuPlan`), and its three users: the view's release
+"""The one model of when GPUs free up (`slurm.releases.GpuTimeline`), and its three users: the view's release
 index (HAS, the static backend), the fake backend's estimates and the simulated controller."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
-from frenzy_slurm.slurm.releases import GpuPlan, ReleaseIndex
+from frenzy_slurm.slurm.releases import GpuTimeline, ReleaseIndex
 from frenzy_slurm.slurm.run import SlurmUnavailable
 
 T0 = 1.8e9
@@ -21,36 +21,37 @@ INF = float("inf")
 
 
 def test_windows_are_the_start_times_that_keep_the_gpus_free_for_the_duration():
-    plan = GpuPlan({"n1": 8}, now=0.0)
-    plan.add("n1", 0.0, 100.0, 6)  # running: 2 free until 100
-    plan.add("n1", 300.0, 400.0, 8)  # reserved: none free in [300, 400)
-    assert plan.free("n1", 0.0, 50.0) == 2 and plan.free("n1", 100.0, 300.0) == 8 and plan.free("n1", 0, 500) == 0
-    assert plan.windows("n1", 2, 50.0) == [(0.0, 250.0), (400.0, INF)]
-    assert plan.windows("n1", 4, 50.0) == [(100.0, 250.0), (400.0, INF)]
-    assert plan.windows("n1", 4, 250.0) == [(400.0, INF)]  # the hole [100, 300) is too short
+    timeline = GpuTimeline({"n1": 8}, now=0.0)
+    timeline.add("n1", 0.0, 100.0, 6)  # running: 2 free until 100
+    timeline.add("n1", 300.0, 400.0, 8)  # reserved: none free in [300, 400)
+    assert timeline.free("n1", 0.0, 50.0) == 2 and timeline.free("n1", 100.0, 300.0) == 8
+    assert timeline.free("n1", 0, 500) == 0
+    assert timeline.windows("n1", 2, 50.0) == [(0.0, 250.0), (400.0, INF)]
+    assert timeline.windows("n1", 4, 50.0) == [(100.0, 250.0), (400.0, INF)]
+    assert timeline.windows("n1", 4, 250.0) == [(400.0, INF)]  # the hole [100, 300) is too short
 
 
 def test_earliest_picks_the_fullest_nodes_or_the_first_in_the_callers_order():
-    plan = GpuPlan({"a": 8, "b": 8, "c": 8}, now=0.0)
-    plan.add("b", 0.0, 1000.0, 4)  # b has 4 free, a and c 8
-    assert plan.earliest([(1, 4)], [["a", "b", "c"]], 0.0, 60.0) == (0.0, [["b"]])  # best fit: the fullest
-    assert plan.earliest([(1, 4)], [["a", "b", "c"]], 0.0, 60.0, pick="first") == (0.0, [["a"]])
-    assert plan.earliest([(2, 8)], [["c", "b", "a"]], 0.0, 60.0, pick="first") == (0.0, [["c", "a"]])
-    assert plan.earliest([(3, 8)], [["a", "b", "c"]], 0.0, 60.0) == (1000.0, [["a", "b", "c"]])
-    assert plan.earliest([(3, 8)], [["a", "b", "c"]], 2000.0, 60.0) == (2000.0, [["a", "b", "c"]])  # not before
-    assert plan.earliest([(4, 1)], [["a", "b", "c"]], 0.0, 60.0) is None  # never 4 nodes
+    timeline = GpuTimeline({"a": 8, "b": 8, "c": 8}, now=0.0)
+    timeline.add("b", 0.0, 1000.0, 4)  # b has 4 free, a and c 8
+    assert timeline.earliest([(1, 4)], [["a", "b", "c"]], 0.0, 60.0) == (0.0, [["b"]])  # best fit: the fullest
+    assert timeline.earliest([(1, 4)], [["a", "b", "c"]], 0.0, 60.0, pick="first") == (0.0, [["a"]])
+    assert timeline.earliest([(2, 8)], [["c", "b", "a"]], 0.0, 60.0, pick="first") == (0.0, [["c", "a"]])
+    assert timeline.earliest([(3, 8)], [["a", "b", "c"]], 0.0, 60.0) == (1000.0, [["a", "b", "c"]])
+    assert timeline.earliest([(3, 8)], [["a", "b", "c"]], 2000.0, 60.0) == (2000.0, [["a", "b", "c"]])  # not before
+    assert timeline.earliest([(4, 1)], [["a", "b", "c"]], 0.0, 60.0) is None  # never 4 nodes
 
 
 def test_a_hetjobs_components_start_together_on_different_nodes():
-    plan = GpuPlan({"a": 8, "b": 8, "t": 4}, now=0.0)
-    plan.add("a", 0.0, 500.0, 8)
-    plan.add("t", 0.0, 900.0, 4)
+    timeline = GpuTimeline({"a": 8, "b": 8, "t": 4}, now=0.0)
+    timeline.add("a", 0.0, 500.0, 8)
+    timeline.add("t", 0.0, 900.0, 4)
     # one a-or-b node of 8 and the t node of 4: the t node frees last, so both start at 900 (a and b equally
     # full then: the caller's order)
-    assert plan.earliest([(1, 8), (1, 4)], [["a", "b"], ["t"]], 0.0, 60.0) == (900.0, [["a"], ["t"]])
-    assert plan.earliest([(1, 8), (1, 4)], [["a", "b"], ["t"]], 0.0, 60.0, pick="first") == (900.0, [["a"], ["t"]])
+    assert timeline.earliest([(1, 8), (1, 4)], [["a", "b"], ["t"]], 0.0, 60.0) == (900.0, [["a"], ["t"]])
+    assert timeline.earliest([(1, 8), (1, 4)], [["a", "b"], ["t"]], 0.0, 60.0, pick="first") == (900.0, [["a"], ["t"]])
     # two 8-GPU components on the two nodes that can hold them: not before a frees at 500
-    assert plan.earliest([(1, 8), (1, 8)], [["a", "b"], ["a", "b"]], 0.0, 60.0, pick="first") == \
+    assert timeline.earliest([(1, 8), (1, 8)], [["a", "b"], ["a", "b"]], 0.0, 60.0, pick="first") == \
         (500.0, [["a"], ["b"]])
 
 
@@ -60,21 +61,21 @@ def test_earliest_is_the_first_moment_enough_nodes_have_the_gpus_free_throughout
     `per_node` GPUs free for all of [t, t + duration) (integer times: no rounding)."""
     rng = random.Random(seed)
     names = [f"n{i}" for i in range(rng.randint(1, 6))]
-    plan = GpuPlan({n: 8 for n in names}, now=100.0)
+    timeline = GpuTimeline({n: 8 for n in names}, now=100.0)
     for _ in range(rng.randint(0, 14)):
         s = float(rng.randrange(0, 2000, 50))
-        plan.add(rng.choice(names), s, s + rng.randrange(50, 1500, 50), rng.randint(1, 8))
+        timeline.add(rng.choice(names), s, s + rng.randrange(50, 1500, 50), rng.randint(1, 8))
     for _ in range(20):
         nodes, per_node = rng.randint(1, len(names)), rng.randint(1, 8)
         duration, not_before = float(rng.randrange(50, 1000, 50)), float(rng.randrange(0, 1500, 50))
-        moments = sorted({max(not_before, plan.now)} | {e for ivs in plan.busy.values() for _, e, _ in ivs
+        moments = sorted({max(not_before, timeline.now)} | {e for ivs in timeline.busy.values() for _, e, _ in ivs
                                                         if e > not_before})
         want = next((t for t in moments
-                     if sum(plan.free(n, t, t + duration) >= per_node for n in names) >= nodes), None)
-        got = plan.earliest([(nodes, per_node)], [names], not_before, duration, pick="first")
+                     if sum(timeline.free(n, t, t + duration) >= per_node for n in names) >= nodes), None)
+        got = timeline.earliest([(nodes, per_node)], [names], not_before, duration, pick="first")
         assert (got[0] if got else None) == want
         if got:
-            assert all(plan.free(n, got[0], got[0] + duration) >= per_node for n in got[1][0])
+            assert all(timeline.free(n, got[0], got[0] + duration) >= per_node for n in got[1][0])
 
 
 def _node(name: str, used: int) -> Node:
@@ -99,7 +100,7 @@ def test_a_reservation_ending_where_another_begins_leaves_the_gpus_between_them_
                              _job(3, "PENDING", 2, 60)])
     idx = ReleaseIndex(view, T0)
     assert idx.queued == 2 and idx.reserved == {"n1"}
-    assert idx.plan.busy["n1"] == [(T0, T0 + 3600, 3), (T0 + 3600, T0 + 7200, 7), (T0, T0 + 3600, 2)]
+    assert idx.timeline.busy["n1"] == [(T0, T0 + 3600, 3), (T0 + 3600, T0 + 7200, 7), (T0, T0 + 3600, 2)]
     assert idx.window("p", None, 1, 1, 7200) == (T0, ["n1"])
     assert idx.window("p", None, 1, 2, 7200) == (T0 + 7200, ["n1"])  # 2 GPUs: only after job 2
 
@@ -109,7 +110,7 @@ def test_gpus_the_view_counts_as_used_without_a_job_stay_used():
                        partitions=[Partition(name="p", nodes=["n1"], default_time_min=60)],
                        jobs=[_job(1, "RUNNING", 4, 60, ["n1"], end=T0 + 600)])  # 2 more used by no listed job
     idx = ReleaseIndex(view, T0)
-    assert idx.plan.capacity == {"n1": 6} and idx.start("p", None, 1, 6) == T0 + 600
+    assert idx.timeline.capacity == {"n1": 6} and idx.start("p", None, 1, 6) == T0 + 600
     assert idx.start("p", None, 1, 7) is None
 
 

@@ -17,7 +17,7 @@ What it models, after slurmctld with `sched/backfill` and `select/cons_tres`:
 Why its own class and not `frenzy_slurm.slurm.fake.FakeSlurm`: the unit-test fake schedules strict FIFO
 and its clock moves only when a test says; the simulator needs backfill reservations, time limits versus
 true run times, and ends that the runner's ground truth decides. Both ask the same engine when GPUs free
-up (`frenzy_slurm.slurm.releases.GpuPlan`); the simulator picks the fullest nodes that fit. A job's true
+up (`frenzy_slurm.slurm.releases.GpuTimeline`); the simulator picks the fullest nodes that fit. A job's true
 duration comes from the `outcome` callback when it starts (the runner knows the plan's true step time and
 memory).
 A heap was enough for the events; simpy's processes would add a dependency and hide the order in
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey
-from frenzy_slurm.slurm.releases import GpuPlan
+from frenzy_slurm.slurm.releases import GpuTimeline
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 
 FINAL_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED"}
@@ -118,7 +118,7 @@ class SimSlurm:
         self._ends: dict[int, tuple[float, str]] = {}  # running job -> (end time, final state)
         self.timeline: list[tuple[float, int]] = [(now, 0)]  # (time, GPUs allocated) after each change
         self.schedule_s = 0.0  # wall time spent in scheduling passes
-        self._queue_plan: GpuPlan | None = None  # the queue's reservations, until the next pass
+        self._queue_timeline: GpuTimeline | None = None  # the queue's reservations, until the next pass
 
     # ---- SlurmBackend -------------------------------------------------------------------------
     def load(self) -> ClusterView:
@@ -135,9 +135,9 @@ class SimSlurm:
         if any(len(c) < comp.nodes for c, comp in zip(candidates, components, strict=True)):
             raise SlurmCommandError(["sbatch", "--test-only"], 1,
                                     "sbatch: error: Requested node configuration is not available")
-        plan = self._estimate_plan()
+        timeline = self._estimate_timeline()
         duration = 60.0 * max(c.time_min for c in components)
-        found = plan.earliest(_shapes(components), candidates, self.now, duration)
+        found = timeline.earliest(_shapes(components), candidates, self.now, duration)
         if found is None:
             raise SlurmCommandError(["sbatch", "--test-only"], 1, "sbatch: error: Job violates accounting/QOS policy")
         t, nodes = found
@@ -217,7 +217,7 @@ class SimSlurm:
 
     @property
     def next_job_id(self) -> int:
-        """The id the next submission gets (the runner files its plan under it before submitting)."""
+        """The id the next submission gets (the runner files its timeline under it before submitting)."""
         return self._next_id
 
     # ---- the clock --------------------------------------------------------------------------------
@@ -255,15 +255,15 @@ class SimSlurm:
     def schedule(self) -> list[SimJob]:
         """One backfill pass: start what can start now without delaying a reservation of an earlier job."""
         t0 = _time.perf_counter()
-        self._queue_plan = None
-        plan = self._running_plan()
+        self._queue_timeline = None
+        timeline = self._running_timeline()
         started = []
         reservations = 0
         pending = sorted((j for j in self.jobs_by_id.values() if j.state == "PENDING"),
                          key=lambda j: (j.submit, j.job_id))
         for j in pending[: self.bf_max_job_test]:
             cands = [self._candidates(c) for c in j.components]
-            found = plan.earliest(_shapes(j.components), cands, self.now, j.limit_s)
+            found = timeline.earliest(_shapes(j.components), cands, self.now, j.limit_s)
             if found is None:
                 j.reason, j.planned_start = "Resources", None
                 continue
@@ -272,12 +272,12 @@ class SimSlurm:
                 self._start(j, nodes)
                 for c, ns in zip(j.components, nodes, strict=True):
                     for n in ns:
-                        plan.add(n, self.now, self.now + j.limit_s, c.gpus_per_node)
+                        timeline.add(n, self.now, self.now + j.limit_s, c.gpus_per_node)
                 started.append(j)
             elif self.reserve is None or reservations < self.reserve:
                 for c, ns in zip(j.components, nodes, strict=True):
                     for n in ns:
-                        plan.add(n, t, t + j.limit_s, c.gpus_per_node)
+                        timeline.add(n, t, t + j.limit_s, c.gpus_per_node)
                 reservations += 1
                 j.planned_start, j.reason = t, ("Priority" if reservations > 1 else "Resources")
             else:
@@ -287,31 +287,31 @@ class SimSlurm:
         self.schedule_s += _time.perf_counter() - t0
         return started
 
-    def _running_plan(self) -> GpuPlan:
-        plan = GpuPlan({name: n.gpus for name, n in self.nodes.items()}, self.now)
+    def _running_timeline(self) -> GpuTimeline:
+        timeline = GpuTimeline({name: n.gpus for name, n in self.nodes.items()}, self.now)
         for j in self.jobs_by_id.values():
             if j.state == "RUNNING":
                 assert j.start is not None
                 for c, ns in zip(j.components, j.nodes, strict=True):
                     for n in ns:
-                        plan.add(n, j.start, max(j.start + j.limit_s, self.now + 1.0), c.gpus_per_node)
-        return plan
+                        timeline.add(n, j.start, max(j.start + j.limit_s, self.now + 1.0), c.gpus_per_node)
+        return timeline
 
-    def _estimate_plan(self) -> GpuPlan:
+    def _estimate_timeline(self) -> GpuTimeline:
         if self.estimates == "test-only":
-            return self._running_plan()
-        if self._queue_plan is None:
-            plan = self._running_plan()
+            return self._running_timeline()
+        if self._queue_timeline is None:
+            timeline = self._running_timeline()
             for j in self.jobs_by_id.values():
                 if j.state == "PENDING" and j.planned_start is not None:
                     cands = [self._candidates(c) for c in j.components]
-                    found = plan.earliest(_shapes(j.components), cands, j.planned_start, j.limit_s)
+                    found = timeline.earliest(_shapes(j.components), cands, j.planned_start, j.limit_s)
                     if found:
                         for c, ns in zip(j.components, found[1], strict=True):
                             for n in ns:
-                                plan.add(n, found[0], found[0] + j.limit_s, c.gpus_per_node)
-            self._queue_plan = plan
-        return self._queue_plan
+                                timeline.add(n, found[0], found[0] + j.limit_s, c.gpus_per_node)
+            self._queue_timeline = timeline
+        return self._queue_timeline
 
     def _candidates(self, c: ComponentRequest) -> list[str]:
         if c.gpu_type is None:

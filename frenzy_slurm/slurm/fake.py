@@ -5,7 +5,7 @@ It keeps partitions, nodes with typed GPUs, and jobs over a clock that only move
 node-granular GPU allocation, all components of a heterogeneous job starting together, jobs ending at
 their run time (or their time limit), and start estimates computed the way `sbatch --test-only`
 answers (from running jobs' limits), planned on the one model of when GPUs free up
-(`releases.GpuPlan`, which the simulator and HAS's release index use too). It never replaces the live
+(`releases.GpuTimeline`, which the simulator and HAS's release index use too). It never replaces the live
 tests against real Slurm; it serves failures real Slurm cannot be made to produce on demand (an outage,
 a submission that times out after the job was created) and code that needs a Slurm without one (HAS's
 refinement).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey, job_phase
-from frenzy_slurm.slurm.releases import GpuPlan
+from frenzy_slurm.slurm.releases import GpuTimeline
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmTimeout, SlurmUnavailable
 
 
@@ -171,13 +171,13 @@ class FakeSlurm:
         Slurm's own estimate assumes) and pending jobs ahead of it start first (FIFO)."""
         self._guard("expected_start")
         self._check(components)
-        found = self._fifo_plan(components)
+        found = self._fifo_start(components)
         if found is None:
             raise SlurmCommandError(["sbatch", "--test-only"], 1, "sbatch: error: Job can never start here")
         start, nodes = found
         return StartEstimate(start=start, nodes=[n for ns in nodes for n in ns], source="fake")
 
-    def _fifo_plan(self, components: list[ComponentRequest]) -> tuple[float, list[list[str]]] | None:
+    def _fifo_start(self, components: list[ComponentRequest]) -> tuple[float, list[list[str]]] | None:
         """Where and when `components` start behind the queue, planned on the one GPU timeline engine.
 
         Running jobs hold their GPUs until their limits; each pending job, in submission order, starts no
@@ -186,12 +186,12 @@ class FakeSlurm:
         Every interval then starts no later than the next start, so "fits at that moment" and "fits for
         the whole limit" are the same question, and the answer is the one the clock would give.
         """
-        plan = GpuPlan({name: n.gpus_total for name, n in self.nodes.items()}, self.now)
+        timeline = GpuTimeline({name: n.gpus_total for name, n in self.nodes.items()}, self.now)
         for j in self.fake_jobs.values():
             if j.state == "RUNNING" and j.start is not None:
                 for comp, names in zip(j.components, j.nodes, strict=True):
                     for n in names:
-                        plan.add(n, j.start, j.start + j.limit_s, comp.gpus_per_node)
+                        timeline.add(n, j.start, j.start + j.limit_s, comp.gpus_per_node)
         # the request counts as submitted now, ahead of jobs submitted at this same moment
         queue = [j.components for j in sorted(self.fake_jobs.values(), key=lambda j: (j.submitted, j.job_id))
                  if j.state == "PENDING" and j.submitted < self.now]
@@ -199,7 +199,7 @@ class FakeSlurm:
         found = None
         for comps in [*queue, list(components)]:
             limit_s = max(c.time_min for c in comps) * 60.0
-            found = plan.earliest([(c.nodes, c.gpus_per_node) for c in comps],
+            found = timeline.earliest([(c.nodes, c.gpus_per_node) for c in comps],
                                   [[n.name for n in self._candidates(c)] for c in comps], not_before,
                                   max(limit_s, 1.0), pick="first")
             if found is None:
@@ -207,7 +207,7 @@ class FakeSlurm:
             not_before = found[0]
             for comp, names in zip(comps, found[1], strict=True):
                 for n in names:
-                    plan.add(n, not_before, not_before + limit_s, comp.gpus_per_node)
+                    timeline.add(n, not_before, not_before + limit_s, comp.gpus_per_node)
         return found
 
     def submit(self, job: BatchJob) -> SbatchAnswer:

@@ -1,6 +1,6 @@
 """When GPUs free up: the one model of per-node GPU use over time, and the view's queue planned on it.
 
-`GpuPlan` is the engine. Per node it keeps busy intervals `[start, end)` of some GPUs out of the node's
+`GpuTimeline` is the engine. Per node it keeps busy intervals `[start, end)` of some GPUs out of the node's
 capacity, and answers "when can these components (one, or a hetjob's several) start together, each node
 holding its GPUs for the whole duration, and on which nodes". A window can only open now or when GPUs
 free up, so that is where it looks; all components of a request share one start time. Every question
@@ -9,7 +9,7 @@ of the kind "which GPUs free up when" in the code is asked of it:
   the static backend's start estimates;
 - `slurm.fake.FakeSlurm.expected_start`: priority FIFO over the running jobs' time limits;
 - `sim.slurm.SimSlurm`: the simulated controller's backfill passes and start estimates.
-What differs between them is only what they put into the plan and how a component picks among the nodes
+What differs between them is only what they put into the timeline and how a component picks among the nodes
 that fit (`pick`): the fullest first, as Slurm's cons_tres packs jobs (the simulator), or the first in the
 caller's order (the fake: partition order; the index: node name).
 
@@ -29,14 +29,14 @@ from typing import Literal
 
 from frenzy_slurm.slurm.model import ClusterView, Node
 
-PENDING_DEFAULT_LIMIT_S = 3600.0  # a pending job without a time limit holds its GPUs this long in the plan
+PENDING_DEFAULT_LIMIT_S = 3600.0  # a pending job without a time limit holds its GPUs this long in the timeline
 
 Window = tuple[float, float]  # (first, last) start time of a window; last may be inf
 Shape = tuple[int, int]  # one component's (nodes, GPUs per node)
 Pick = Literal["best-fit", "first"]
 
 
-class GpuPlan:
+class GpuTimeline:
     """Per-node busy intervals (start, end, GPUs) over each node's capacity; start times are searched on them.
 
     For a request of g GPUs for d seconds, each node's *windows* are the ranges of start times at which g
@@ -45,7 +45,7 @@ class GpuPlan:
     """
 
     def __init__(self, capacity: Mapping[str, int], now: float):
-        self.capacity = dict(capacity)  # node -> GPUs the plan may hand out there
+        self.capacity = dict(capacity)  # node -> GPUs the timeline may hand out there
         self.now = now
         self.busy: dict[str, list[tuple[float, float, int]]] = {n: [] for n in self.capacity}
         self._windows: dict[str, dict[tuple[int, float], list[Window]]] = {}  # node -> (gpus, duration) -> windows
@@ -151,7 +151,7 @@ def _first_covered(wins: Mapping[str, list[Window]], nodes: int, not_before: flo
 class ReleaseIndex:
     """Built once per view; answers "when do `nodes` nodes of this pool have `per_node` GPUs free for `duration`".
 
-    The view's running jobs and pending queue, put into one `GpuPlan`. A node's capacity there is what it
+    The view's running jobs and pending queue, put into one `GpuTimeline`. A node's capacity there is what it
     has free now plus what its running jobs hold, so GPUs the view counts as used without a job to release
     them stay used.
     """
@@ -165,13 +165,14 @@ class ReleaseIndex:
                 for name in j.nodes:
                     if name in held:
                         held[name].append((max(now, float(j.end_time or now)), j.gpus_per_node))
-        self.plan = GpuPlan({name: n.gpus_free + sum(g for _, g in held[name]) for name, n in self.nodes.items()}, now)
+        self.timeline = GpuTimeline({name: n.gpus_free + sum(g for _, g in held[name])
+                                     for name, n in self.nodes.items()}, now)
         for name, releases in held.items():
             for end, gpus in releases:
                 if end > now:
-                    self.plan.add(name, now, end, gpus)
+                    self.timeline.add(name, now, end, gpus)
         self.queued = 0  # pending jobs given a reservation
-        self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the plan
+        self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the timeline
         self._cache: dict[tuple, tuple[float, list[str]] | None] = {}
         self._names: dict[tuple, list[str]] = {}  # _pool_nodes' answers (the nodes do not change)
         if queue:
@@ -189,7 +190,7 @@ class ReleaseIndex:
                     t, names = found
                     for name in names:
                         self.reserved.add(name)
-                        self.plan.add(name, t, t + duration, j.gpus_per_node)
+                        self.timeline.add(name, t, t + duration, j.gpus_per_node)
                     self.queued += 1
                     break
         self._cache.clear()
@@ -204,15 +205,15 @@ class ReleaseIndex:
 
     def _earliest(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
                   duration: float) -> tuple[float, list[str]] | None:
-        """The plan's earliest window on the pool's nodes; the first nodes by name that fit then."""
+        """The timeline's earliest window on the pool's nodes; the first nodes by name that fit then."""
         names = self._pool_nodes(partition, gpu_type, per_node)
         if len(names) < nodes:
             return None
-        found = self.plan.earliest([(nodes, per_node)], [names], self.now, duration, pick="first")
+        found = self.timeline.earliest([(nodes, per_node)], [names], self.now, duration, pick="first")
         return None if found is None else (found[0], found[1][0])
 
     def has_reservations(self, partition: str, gpu_type: str | None) -> bool:
-        """Whether pending jobs hold GPUs of this pool in the plan (free now is then not enough)."""
+        """Whether pending jobs hold GPUs of this pool in the timeline (free now is then not enough)."""
         return bool(self.reserved.intersection(self._pool_nodes(partition, gpu_type, 1)))
 
     def window(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
