@@ -163,8 +163,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
     from frenzy_slurm.runtime.memory import count_all_threads
 
     count_all_threads()  # frees on gloo's threads reach the running total (frenzy_slurm/runtime/memory.py)
-    from frenzy_slurm.models.gpt import GPT, lm_loss
     from frenzy_slurm.jobspec.arch import Architecture
+    from frenzy_slurm.models.gpt import GPT, lm_loss
 
     arch = Architecture(**p["arch"])
     mb, seq, ga = p["micro_batch"], p["seq_len"], p["grad_accum"]
@@ -187,8 +187,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
             release_allreduce_segment(rank)  # /dev/shm is RAM; DeepSpeed never unlinks it (runtime/shm.py)
             if trainer == "pipeline":
-                from frenzy_slurm.models.pipe import pipeline_module
                 from frenzy_slurm.marp.plan import ParallelPlan
+                from frenzy_slurm.models.pipe import pipeline_module
 
                 split = list(ParallelPlan(pp=p["pp"]).stage_layers(arch.layers))
                 model = pipeline_module(arch, split, checkpoint)

@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.gpus import match_gpu  # noqa: E402
+from frenzy_slurm.jobspec import presets  # noqa: E402
+from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
 from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory  # noqa: E402
 from frenzy_slurm.marp.memory import Overheads  # noqa: E402
 from frenzy_slurm.marp.speed import Links, step_time  # noqa: E402
-from frenzy_slurm.jobspec import presets  # noqa: E402
-from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
 from frenzy_slurm.units import GiB  # noqa: E402
 
 LLAMA_1B = Architecture(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=32000, max_positions=4096)
@@ -90,7 +90,7 @@ def main() -> int:
             model = GPT(arch)
             engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
             times = []
-            for step in range(args.steps):
+            for _ in range(args.steps):
                 x = torch.randint(0, arch.vocab, (mb, seq + 1), device=dev)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()

@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site  # noqa: E402
 from frenzy_slurm.has import Requirements  # noqa: E402
-from frenzy_slurm.planning import decide_job  # noqa: E402
-from frenzy_slurm.marp import search_space_from_spec, workload_from_spec  # noqa: E402
 from frenzy_slurm.jobspec import load_job_spec, resolve_model  # noqa: E402
+from frenzy_slurm.marp import search_space_from_spec, workload_from_spec  # noqa: E402
+from frenzy_slurm.planning import decide_job  # noqa: E402
+from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]

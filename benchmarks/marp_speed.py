@@ -12,13 +12,14 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.gpus import catalog  # noqa: E402
-from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload, estimate_memory, search  # noqa: E402
 from frenzy_slurm.jobspec import presets  # noqa: E402
+from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload, estimate_memory, search  # noqa: E402
 
 TYPES = ["V100-32GB", "T4", "A10G", "A40", "A100-40GB", "A100-80GB", "L40S", "H100-SXM"]
 
@@ -41,10 +42,10 @@ def main() -> int:
     print(f"{'case':40} {'median ms':>10} {'p95 ms':>8}")
     for model in ("llama-2-7b", "llama-3.1-70b"):
         w = Workload(arch=presets()[model].arch, seq_len=4096)
-        t = timed(lambda: estimate_memory(w, plan), 2000)
+        t = timed(partial(estimate_memory, w, plan), 2000)
         results[f"estimate/{model}"] = t
         opts = [GpuOption(n, catalog()[n], 256) for n in TYPES]
-        s = timed(lambda: search(w, opts, global_batch=512, steps=1000), 20)
+        s = timed(partial(search, w, opts, global_batch=512, steps=1000), 20)
         results[f"search-8-types/{model}"] = s
     summary = {}
     for name, t in results.items():

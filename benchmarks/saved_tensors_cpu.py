@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
 from frenzy_slurm.marp.memory import _layer_activation_bytes, _logit_bytes_per_token  # noqa: E402
-from frenzy_slurm.runtime.memory import CpuMemoryRecorder  # noqa: E402
 from frenzy_slurm.marp.plan import Workload  # noqa: E402
+from frenzy_slurm.runtime.memory import CpuMemoryRecorder  # noqa: E402
 
 H, HEADS, KV, FFN, SEQ, BATCH = 256, 8, 2, 704, 256, 2
 HD = H // HEADS
@@ -144,12 +144,13 @@ def chunked_loss_peaks(tokens: int = 1536, hidden: int = 576, vocab: int = 16384
             x = torch.randn(tokens, hidden, dtype=DT, requires_grad=True)
             labels = torch.randint(0, vocab, (tokens,))
 
+            # step() runs only in this iteration (ruff B023 would have it bind the loop's variables)
             def step() -> None:
-                logits = [F.linear(c, weight) for c in (x * 1.0).chunk(chunks)]
-                loss = sum(fn(lg, lb) for lg, lb in zip(logits, labels.chunk(chunks)))
+                logits = [F.linear(c, weight) for c in (x * 1.0).chunk(chunks)]  # noqa: B023
+                loss = sum(fn(lg, lb) for lg, lb in zip(logits, labels.chunk(chunks), strict=True))  # noqa: B023
                 del logits  # as torchtune's recipes do before backward
                 loss.backward()
-                x.grad = weight.grad = None
+                x.grad = weight.grad = None  # noqa: B023
 
             step(), step()  # compile and warm up outside the measured step
             gc.collect()

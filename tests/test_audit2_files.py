@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.slurm.model import ClusterView, Job
+from frenzy_slurm.slurm.model import Job
 
 from .helpers import EXAMPLES, LOCAL, ROOT, make_spec, planned, run_cli
 from .users import as_user, other_user  # noqa: F401 (fixture)
@@ -464,8 +464,8 @@ def _finished(d: Path, job_id: int, peak_gib: float = 0.005) -> Path:
 
 def _accounting(snap: Path, jobs: dict[int, tuple[str, Path | None]], enabled: bool = True):
     """A fake Slurm whose accounting knows these finished jobs: id -> (user, working directory)."""
-    from frenzy_slurm.slurm.fake import FakeJob, FakeSlurm
     from frenzy_slurm.slurm import open_backend
+    from frenzy_slurm.slurm.fake import FakeJob, FakeSlurm
 
     slurm = FakeSlurm(open_backend("static", snap).load(), user=_me(), accounting=enabled)
     for jid, (user, workdir) in jobs.items():

@@ -48,7 +48,7 @@ def test_calibrate_checks_job_directories_against_slurms_accounting(tmp_path, of
     ids = [_run_true(d) for d in real]
     foreign_id = _run_true(foreign)
     wait_for(lambda: _accounted([*ids, foreign_id]), timeout=120, what="the jobs in sacct as COMPLETED")
-    for d, jid in zip(real, ids):
+    for d, jid in zip(real, ids, strict=True):
         _finished(d, jid)
     _finished(foreign, foreign_id, peak_gib=0.0028)
     for p in [foreign, *foreign.iterdir()]:

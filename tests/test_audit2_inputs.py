@@ -293,9 +293,9 @@ def test_every_validator_pattern_ends_at_the_end_of_the_text():
     """No regex in the job spec or the renderer ends in a bare `$` (which also matches before a final newline)."""
     import re
 
-    from frenzy_slurm.jobspec import job
     from frenzy_slurm import render
     from frenzy_slurm.cluster import site
+    from frenzy_slurm.jobspec import job
 
     for module in (job, render, site):
         for name, value in vars(module).items():

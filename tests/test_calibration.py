@@ -7,11 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.calibration import (SITE_WIDE, CalibrationFile, FitBounds, Observation, calibrated_site,
-                                      load_calibration, site_fingerprint, steady_step_time, write_calibration)
+from frenzy_slurm import __version__
+from frenzy_slurm.calibration import (
+    SITE_WIDE,
+    CalibrationFile,
+    FitBounds,
+    Observation,
+    calibrated_site,
+    load_calibration,
+    site_fingerprint,
+    steady_step_time,
+    write_calibration,
+)
 from frenzy_slurm.calibration.fit import fit, fit_step_time
 from frenzy_slurm.cluster.site import SiteConfig
-from frenzy_slurm import __version__
 from frenzy_slurm.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,10 +130,10 @@ def test_stale_or_bad_calibration_is_an_error(tmp_path):
 
 
 def test_calibrated_overhead_enters_marp_step_time():
+    from frenzy_slurm.jobspec import load_job_spec, resolve_model
+    from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.marp.plan import ParallelPlan
     from frenzy_slurm.marp.speed import Links, plan_costs
-    from frenzy_slurm.marp import workload_from_spec
-    from frenzy_slurm.jobspec import load_job_spec, resolve_model
 
     spec = load_job_spec(ROOT / "examples" / "tiny-cpu.yaml")
     w = workload_from_spec(spec, resolve_model(spec, ROOT / "examples"))
@@ -151,8 +160,8 @@ def test_sacct_gpumem_parser():
 
 def test_heterogeneous_pipeline_pays_the_slowest_groups_fixed_overheads():
     from frenzy_slurm.has import hetero
-    from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.jobspec import load_job_spec, resolve_model
+    from frenzy_slurm.marp import workload_from_spec
 
     spec = load_job_spec(ROOT / "examples" / "tiny-cpu.yaml")
     w = workload_from_spec(spec, resolve_model(spec, ROOT / "examples"))

@@ -82,11 +82,11 @@ def test_fsbatch_dry_run_does_not_import_torch(offline_cluster):
     import subprocess
     import sys
 
-    code = ("import sys; sys.argv=['fsbatch', %r, '--dry-run', *%r]\n"
+    spec = str(EXAMPLES / "llama2-7b.yaml")
+    code = (f"import sys; sys.argv=['fsbatch', {spec!r}, '--dry-run', *{offline_cluster!r}]\n"
             "from frenzy_slurm.cli.fsbatch import main\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'heavy import'\n") % (
-        str(EXAMPLES / "llama2-7b.yaml"), offline_cluster)
+            "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'heavy import'\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from frenzy_slurm.slurm import ComponentRequest, open_backend
-from frenzy_slurm.slurm.pyslurm_backend import try_import
 from frenzy_slurm.slurm.cli import SlurmCliBackend
+from frenzy_slurm.slurm.pyslurm_backend import try_import
 from frenzy_slurm.slurm.static import StaticBackend
 
 from .helpers import ROOT, run_cli
@@ -126,7 +126,7 @@ def test_fsinfo_output(clean_queue):
              and [j.phase for j in v.jobs].count("running") == 1, what="job running")
     res = run_cli("fsinfo", "--site", str(SITE))
     assert res.returncode == 0, res.stderr
-    line = next(l for l in res.stdout.splitlines() if l.startswith("a100"))
+    line = next(x for x in res.stdout.splitlines() if x.startswith("a100"))
     assert "A100-40GB" in line and "8/4/8" in line.replace(" ", "") and "312" in line
     data = json.loads(run_cli("fsinfo", "--json", "--site", str(SITE)).stdout)
     a100 = next(r for r in data["summary"] if r["partition"] == "a100")

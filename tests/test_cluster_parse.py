@@ -8,11 +8,24 @@ from pathlib import Path
 
 import pytest
 
+from frenzy_slurm.slurm.cli import (
+    features_for,
+    job_from_json,
+    jobs_from_text,
+    node_from_json,
+    nodes_from_text,
+    parse_version,
+    partitions_from_scontrol,
+)
 from frenzy_slurm.slurm.model import ClusterView, job_phase
-from frenzy_slurm.slurm.parse import (SlurmUnexpected, expand_hostlist, num, parse_gpu_gres, parse_test_only,
-                                        parse_time_minutes)
-from frenzy_slurm.slurm.cli import (features_for, job_from_json, jobs_from_text, node_from_json,
-                                            nodes_from_text, parse_version, partitions_from_scontrol)
+from frenzy_slurm.slurm.parse import (
+    SlurmUnexpected,
+    expand_hostlist,
+    num,
+    parse_gpu_gres,
+    parse_test_only,
+    parse_time_minutes,
+)
 
 DATA = Path(__file__).parent / "data" / "slurm-22.05" / "earlier"  # hand-made 22.05 captures; all releases: test_slurm_versions.py
 

@@ -110,10 +110,11 @@ def test_explain_lists_alternatives(jobs_dir, tmp_path):
     res = run_cli("fsbatch", str(spec_file(tmp_path, "ex")), "--dry-run", "--explain")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert any(l.startswith("*") and "chosen" in l for l in lines)
-    table = [l for l in lines[lines.index(next(l for l in lines if "allocation" in l and "why" in l)):] if l[:1] in "* "]
+    assert any(line.startswith("*") and "chosen" in line for line in lines)
+    header = lines.index(next(line for line in lines if "allocation" in line and "why" in line))
+    table = [line for line in lines[header:] if line[:1] in "* "]
     # the chosen row and at least two alternatives, each with an allocation label such as 4xA100-40GB(a100)
-    assert len([l for l in table if re.search(r"\d+x[A-Z][A-Za-z0-9-]*\(", l)]) >= 3
+    assert len([row for row in table if re.search(r"\d+x[A-Z][A-Za-z0-9-]*\(", row)]) >= 3
 
 
 def test_fsqueue_user_filter_and_json(jobs_dir, tmp_path):

@@ -13,10 +13,9 @@ import pytest
 import yaml
 
 hypothesis = pytest.importorskip("hypothesis", reason="the fuzz test needs hypothesis (pip install -e '.[dev]')")
+from click.testing import CliRunner  # noqa: E402
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
-from click.testing import CliRunner  # noqa: E402
 
 from frenzy_slurm.cli.fsbatch import main as fsbatch  # noqa: E402
 from frenzy_slurm.errors import EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_OK  # noqa: E402

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
-import time
 
 import pytest
 
-from frenzy_slurm.slurm.model import Job
-from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has.hetero import StageGroup, build, split_layers
 from frenzy_slurm.has.pools import node_layout
-from frenzy_slurm.marp import Workload, search_space_from_spec, workload_from_spec
-from frenzy_slurm.jobspec import presets, resolve_model
+from frenzy_slurm.jobspec import presets
+from frenzy_slurm.marp import Workload
+from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site
+from frenzy_slurm.slurm.model import Job
 from frenzy_slurm.units import GiB
 
 from .helpers import LOCAL, fill, make_spec, plan
+
 
 def test_node_layout():
     assert node_layout(8, 4) == (2, 4)
@@ -43,7 +43,7 @@ def test_hetero_build_respects_memory():
     hp = build(w, [fast_small, slow_big], dp=1, micro_batch=1, global_batch=32, recompute="full")
     assert hp is not None
     caps = [20, 76, 76, 76]
-    for stage, cap in zip(hp.memory.stages, caps):
+    for stage, cap in zip(hp.memory.stages, caps, strict=True):
         assert stage.peak <= cap * GiB
     # by speed stage 0 would take most layers; its 20 GiB cap limits it
     assert hp.plan.layer_split[0] < 32 * 300 / (300 + 150)
@@ -91,7 +91,7 @@ def test_limits():
     assert any("not in limits.gpu_types" in a.lost_because for a in d.alternatives)
     with pytest.raises(NoFitError, match="fits nowhere"):
         plan(make_spec(limits__time_limit="00:01:00", training={"seq_len": 1024, "global_batch": 64, "steps": 100000}), view)
-    past = dt.datetime.fromtimestamp(view.taken_at - 10, tz=dt.timezone.utc)
+    past = dt.datetime.fromtimestamp(view.taken_at - 10, tz=dt.UTC)
     with pytest.raises(NoFitError):
         plan(make_spec(limits__deadline=past.isoformat()), view)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from frenzy_slurm.cli.memory_picture import terminal_bars
-from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory
 from frenzy_slurm.jobspec import presets
+from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory
 
 from .helpers import EXAMPLES, run_cli
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
+from frenzy_slurm.sim.synthetic import synthetic
 
 from .helpers import HOSTILE, LOCAL, fill, make_spec, planned
-from frenzy_slurm.sim.synthetic import synthetic
-from frenzy_slurm.jobspec import resolve_model
 
 GOLDEN = Path(__file__).parent / "golden"
 JOB_DIR = Path("/scratch/jobs/demo-0001")

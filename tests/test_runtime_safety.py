@@ -56,8 +56,8 @@ def test_early_usr2_does_not_kill_a_user_script(tmp_path):
 
 def test_planted_module_in_job_dir_does_not_run(tmp_path):
     """The job runs with its working directory in the job directory; -P keeps that off sys.path."""
-    from frenzy_slurm.render import runtime_command
     from frenzy_slurm.jobspec import load_job_spec
+    from frenzy_slurm.render import runtime_command
 
     planted = tmp_path / "frenzy_slurm"
     planted.mkdir()

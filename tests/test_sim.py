@@ -11,13 +11,13 @@ from click.testing import CliRunner
 from frenzy_slurm.cli.admin import main as admin
 from frenzy_slurm.cli.simulate import DEV_TRACE
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.marp.speed import flops_per_token
 from frenzy_slurm.sim import ErrorModel, load_workload, parse_compact, sample_philly, save_workload, simulate
 from frenzy_slurm.sim.metrics import markdown, summarize
 from frenzy_slurm.sim.policies import expand_policies
 from frenzy_slurm.sim.workload import job_spec, reference_rate
-from frenzy_slurm.jobspec import resolve_model
 
 DATA = Path(__file__).parent / "data" / "sim"
 WORKLOAD = DATA / "philly-seed5-12.yaml"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from frenzy_slurm.errors import InputError
 from frenzy_slurm.sim.clusters import SimCluster, SimPartition, load_cluster, parse_compact
 from frenzy_slurm.sim.slurm import SimSlurm
-from frenzy_slurm.errors import InputError
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.run import SlurmCommandError
 

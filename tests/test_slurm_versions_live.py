@@ -157,8 +157,8 @@ def test_hetjob_training_every_backend(live_slurm, jobs_dir, tmp_path):
         listed = run_cli("fsqueue", "--json", "--backend", backend)
         assert listed.returncode == 0 and job in [j["job_id"] for j in json.loads(listed.stdout)], listed.stdout
 
-        def done():
-            d = _fsqueue(job, backend)
+        def done():  # polled by wait_for right here, in this iteration
+            d = _fsqueue(job, backend)  # noqa: B023
             return d if d and d["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None
 
         final = wait_for(done, timeout=400, interval=2.0, what=f"job {job} ({backend}) to finish")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, EXIT_SLURM_UNAVAILABLE, FrenzyError
+from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submit import submit
 from frenzy_slurm.submit.jobdir import next_free_dir

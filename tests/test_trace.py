@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("torch", reason="tracing needs torch (pip install -e '.[dev]')")
 
+from frenzy_slurm.jobspec import load_job_spec, resolve_model  # noqa: E402
+from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
 from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory, with_exact_params  # noqa: E402
 from frenzy_slurm.marp.params import count_params  # noqa: E402
 from frenzy_slurm.marp.trace import count_factory_parameters, fake_step_peak  # noqa: E402
-from frenzy_slurm.jobspec import load_job_spec, resolve_model  # noqa: E402
-from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
 
 from .helpers import ROOT  # noqa: E402
 

@@ -1,7 +1,7 @@
 """A module factory for the tracing tests (model.factory: tests.tiny_factory:build)."""
 
-from frenzy_slurm.models.gpt import GPT
 from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.models.gpt import GPT
 
 
 def build(layers: int = 2):
