@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Hashable
+from collections.abc import Hashable
 
 import pytest
 
@@ -20,10 +20,10 @@ from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, _counts, search
 from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
-from frenzy_slurm.units import GiB
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 from frenzy_slurm.marp.speed import plan_costs
 from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site
+from frenzy_slurm.units import GiB
 from tests.helpers import LOCAL, fill, make_spec
 
 decide_module = importlib.import_module("frenzy_slurm.has.decide")  # the module (the package exports the function)
@@ -187,8 +187,7 @@ def test_simulation_is_the_same_with_the_plain_search(policy, monkeypatch):
     `slurm.releases.GpuTimeline`, checked against its definition in tests/test_release_engine.py.)"""
     from pathlib import Path
 
-    from frenzy_slurm.sim import ErrorModel, load_workload, parse_compact, simulate
-    from frenzy_slurm.sim import ilp, policies
+    from frenzy_slurm.sim import ErrorModel, ilp, load_workload, parse_compact, policies, simulate
 
     wl = load_workload(Path(__file__).parent / "data" / "sim" / "philly-seed2-30.yaml")
     cluster = parse_compact("A100-80GB:1x8,V100-32GB:2x8,T4:2x4")
