@@ -34,6 +34,7 @@ def _modules_after_import(module: str) -> set[str]:
 
 # --- 1. Slurm's time format lives in the seam ---------------------------------------------------------------
 
+
 def test_time_format_module_imports_no_other_stage():
     own = {m for m in _imports(PKG / "slurm" / "timefmt.py") if m.startswith("frenzy_slurm")}
     assert own == set()
@@ -46,16 +47,18 @@ def test_slurm_seam_does_not_import_the_user_spec():
     assert not any(m.startswith("frenzy_slurm.jobspec") for m in _modules_after_import("frenzy_slurm.slurm.parse"))
 
 
-@pytest.mark.parametrize("text,minutes", [("30", 30), ("1:30", 2), ("2:00:00", 120), ("1-00", 1440),
-                                          ("1-2:30:00", 1590), (45, 45), ("0", 0)])
+@pytest.mark.parametrize(
+    "text,minutes", [("30", 30), ("1:30", 2), ("2:00:00", 120), ("1-00", 1440), ("1-2:30:00", 1590), (45, 45), ("0", 0)]
+)
 def test_seam_parses_slurm_times(text, minutes):
     from frenzy_slurm.slurm.timefmt import parse_slurm_time
 
     assert parse_slurm_time(text, allow_zero=True) == minutes
 
 
-@pytest.mark.parametrize("seconds,text", [(0, "00:00:00"), (59.6, "00:01:00"), (3661, "01:01:01"),
-                                          (93784, "1-02:03:04")])
+@pytest.mark.parametrize(
+    "seconds,text", [(0, "00:00:00"), (59.6, "00:01:00"), (3661, "01:01:01"), (93784, "1-02:03:04")]
+)
 def test_seam_formats_durations_as_slurm_does(seconds, text):
     from frenzy_slurm.slurm.timefmt import format_slurm_time, parse_slurm_time
 
@@ -78,10 +81,14 @@ def test_spec_validates_time_with_the_seams_parser():
 
 # --- 2. One class per name ------------------------------------------------------------------------------------
 
+
 def _classes_named(name: str) -> list[str]:
     """Every module of the package that defines a class `name`."""
-    return sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
-                  if any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(ast.parse(p.read_text()))))
+    return sorted(
+        str(p.relative_to(PKG))
+        for p in PKG.rglob("*.py")
+        if any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(ast.parse(p.read_text())))
+    )
 
 
 def test_limits_is_only_model_yamls_section():
@@ -104,6 +111,7 @@ def test_submitted_is_only_the_submit_stages_result():
 
 # --- 3. A file argument's type says what click checks --------------------------------------------------------
 
+
 def test_unchecked_file_says_click_does_not_check_existence():
     from frenzy_slurm.cli import common
 
@@ -124,14 +132,20 @@ def test_missing_model_yaml_is_refused_by_the_projects_reader(argv, tmp_path):
 
 # --- 4. GiB is written once ---------------------------------------------------------------------------------
 
+
 def _gib_definitions(root: Path) -> list[str]:
     """Where a module of `root` assigns a constant GiB (or GIB), or writes 2**30 as `1 << 30` / `2**30`
     outside frenzy_slurm/units.py in a byte computation (divides by it or multiplies a size by it)."""
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
-                if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                else []
+            )
             if any(isinstance(t, ast.Name) and t.id in ("GiB", "GIB", "GIB_BYTES") for t in targets):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
             if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.Mult)):
@@ -157,6 +171,7 @@ def test_units_imports_nothing_and_the_sampler_stays_light():
 
 # --- 5. No import cycle in the simulator ----------------------------------------------------------------------
 
+
 def _cycles(package: str) -> list[list[str]]:
     """Import cycles among `package`'s modules, counting imports at any depth (a lazy import is still a cycle
     to the reader). Each cycle once, as the path that closes it."""
@@ -170,7 +185,7 @@ def _cycles(package: str) -> list[list[str]]:
     def walk(node: str, trail: list[str]) -> None:
         for nxt in sorted(graph.get(node, ())):
             if nxt in trail:
-                cycle = trail[trail.index(nxt):]
+                cycle = trail[trail.index(nxt) :]
                 if frozenset(cycle) not in seen:
                     seen.add(frozenset(cycle))
                     cycles.append([*cycle, nxt])
@@ -192,6 +207,7 @@ def test_simulator_modules_import_no_cycle():
 
 # --- 6. HAS's numbers have names ----------------------------------------------------------------------------
 
+
 def test_has_decide_uses_named_constants_only():
     """Inside decide.py's functions only counting (0, 1, 2 pools), unit conversions (60 s, 3600 s, 1e3 ms) and
     the commented division guard (1e-9) stay literal; every other number is a named, commented constant."""
@@ -205,12 +221,20 @@ def test_has_decide_uses_named_constants_only():
     literals = set()
     for fn in ast.parse((PKG / "has" / "decide.py").read_text()).body:
         if isinstance(fn, ast.FunctionDef):
-            literals |= {n.value for n in ast.walk(fn) if isinstance(n, ast.Constant)
-                         and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)}
+            literals |= {
+                n.value
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)
+            }
     assert literals <= {0, 1, 2, 60, 3600, 1e3, 1e-9}, literals
     assert (decide.MAX_STAGES_PER_POOL, decide.DP_DEGREES, decide.REFINE_WITH_TEST_ONLY) == (8, (1, 2, 4, 8), 3)
     assert (decide.TIE_SECONDS, decide.TIE_FRACTION, decide.MIN_MARGINAL_EFFICIENCY) == (60.0, 0.01, 0.5)
-    assert (decide.NO_FIT_PROBE_GPUS, decide.ALTERNATIVES_SHOWN, decide.REFUSED_ALTERNATIVES_SHOWN,
-            decide.NO_FIT_REASONS_SHOWN, decide.EXPLAIN_RESOLUTION_S) == (4096, 5, 2, 3, 1.0)
+    assert (
+        decide.NO_FIT_PROBE_GPUS,
+        decide.ALTERNATIVES_SHOWN,
+        decide.REFUSED_ALTERNATIVES_SHOWN,
+        decide.NO_FIT_REASONS_SHOWN,
+        decide.EXPLAIN_RESOLUTION_S,
+    ) == (4096, 5, 2, 3, 1.0)
     arch = presets()["llama-2-7b"].arch
     assert hetero.head_in_blocks(arch) == arch.vocab / (12.0 * arch.hidden) == 32000 / (12.0 * 4096)
