@@ -63,7 +63,7 @@ def test_planted_module_in_job_dir_does_not_run(tmp_path):
     planted.mkdir()
     (planted / "__init__.py").write_text("raise SystemExit('PLANTED CODE RAN')\n")
     spec = load_job_spec(ROOT / "examples" / "tiny-cpu.yaml")
-    cmd = runtime_command(spec, tmp_path, ROOT / "examples")
+    cmd = runtime_command(spec, tmp_path, None)  # the built-in trainer: no user script
     res = subprocess.run([*cmd, "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert "PLANTED" not in res.stderr + res.stdout and res.returncode == 0, res.stderr
 
