@@ -6,9 +6,25 @@
 Needs no torch; fitting needs numpy and scipy (`pip install 'frenzy-slurm[calibrate]'`).
 """
 
-from frenzy_slurm.calibration.apply import Applied, calibrated_site, explain_lines, find_calibration, for_job, job_record
-from frenzy_slurm.calibration.model import (SITE_WIDE, CalibrationFile, FitBounds, MemoryCorrection, StepTimeCorrection,
-                                            calibration_path, load_calibration, site_fingerprint, write_calibration)
+from frenzy_slurm.calibration.apply import (
+                                            Applied,
+                                            calibrated_site,
+                                            explain_lines,
+                                            find_calibration,
+                                            for_job,
+                                            job_record,
+)
+from frenzy_slurm.calibration.model import (
+                                            SITE_WIDE,
+                                            CalibrationFile,
+                                            FitBounds,
+                                            MemoryCorrection,
+                                            StepTimeCorrection,
+                                            calibration_path,
+                                            load_calibration,
+                                            site_fingerprint,
+                                            write_calibration,
+)
 from frenzy_slurm.calibration.observe import Observation, measured_step_time, observe, steady_step_time
 
 __all__ = [

@@ -8,8 +8,9 @@ import json
 import os
 import sys
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -105,7 +106,7 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     from tabulate import tabulate
 
     cells = [[printable(str(c)) for c in r] for r in rows]
-    cols = list(zip(*cells)) if cells else [()] * len(header)
+    cols = list(zip(*cells, strict=False)) if cells else [()] * len(header)  # a short row ends the columns read
     align = ["right" if col and all(_numeric(c) for c in col) else "left" for col in cols]
     text = tabulate(cells, headers=header, tablefmt="plain", disable_numparse=True, colalign=align)
     return "\n".join(line.rstrip() for line in text.splitlines())

@@ -14,11 +14,15 @@ import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.cluster.site_tools import _link_guess
+from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.units import GiB
+
+if TYPE_CHECKING:
+    from frenzy_slurm.slurm import SlurmBackend
+    from frenzy_slurm.slurm.model import ClusterView
 
 MEMORY_TOLERANCE = 0.03  # NVML total vs catalog: ECC and firmware reservations differ by a few percent
 
@@ -51,7 +55,7 @@ def _link(gpus: list[dict]) -> str | None:
         gen = min((g["nvlink"].get("generation") or 0) for g in gpus)
         if gen:
             return f"nvlink{min(gen, 5)}"
-    gens = [g.get("pcie_generation") for g in gpus if g.get("pcie_generation")]
+    gens: list[int] = [g["pcie_generation"] for g in gpus if g.get("pcie_generation")]
     if gens:
         return f"pcie{max(3, min(5, min(gens)))}"
     return None
@@ -189,7 +193,7 @@ def _parse_answer(stdout: str) -> dict | None:
     return None
 
 
-def probe_pools(backend, view, python: str, timeout: float, partitions: tuple[str, ...] = ()) -> list[Detected]:
+def probe_pools(backend: SlurmBackend, view: ClusterView, python: str, timeout: float, partitions: tuple[str, ...] = ()) -> list[Detected]:
     """One probe step per (partition, GRES type) of the view, through the Slurm seam; a pool whose step
     fails (busy, refused, a read-only backend) is described from Slurm's GRES and says why."""
     from frenzy_slurm.slurm import SlurmCommandError, SlurmUnavailable

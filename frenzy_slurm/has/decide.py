@@ -12,22 +12,23 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from frenzy_slurm.slurm.backend import SlurmBackend, ComponentRequest
-from frenzy_slurm.slurm.model import ClusterView
-from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
+from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import Overheads
-from frenzy_slurm.marp.plan import Workload
+from frenzy_slurm.marp.plan import Recompute, Workload
 from frenzy_slurm.marp.speed import flops_per_token
+from frenzy_slurm.slurm.backend import ComponentRequest, SlurmBackend
+from frenzy_slurm.slurm.model import ClusterView
+from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.slurm.run import SlurmCommandError
-from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.units import TFLOPS, GiB
 
 # The numbers HAS decides by. None is configurable; the ones marked "site-tunable policy" are choices a site could
@@ -169,7 +170,7 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], rele
 
 
 def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[UsablePool, int]], dp: int, mb: int,
-                      recomputes: list[str], space: SearchSpace, releases: ReleaseIndex, now: float) -> _Cand | None:
+                      recomputes: Sequence[Recompute], space: SearchSpace, releases: ReleaseIndex, now: float) -> _Cand | None:
     world = sum(n for _, n in placement) * dp
     groups = [hetero.StageGroup(p.key, n, p.option.spec.peak_tflops(w.precision) * TFLOPS * p.option.spec.efficiency,
                                 p.option.usable_bytes - p.option.overhead_bytes(world), p.option.overhead_bytes(world),
@@ -192,7 +193,7 @@ def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[Usab
             layouts.append(layout)
             first += n
         minutes = req.time_min(hp.step_time_s * req.steps)
-        for p, (nodes, per_node) in zip((p for p, _ in placement), layouts):
+        for p, (nodes, per_node) in zip((p for p, _ in placement), layouts, strict=True):
             if releases.start(p.live.partition, p.live.gpu_type, nodes, per_node, minutes * 60.0) != now:
                 return None  # a pending job ahead holds these GPUs before this pipeline would end
         alloc = Allocation(kind="heterogeneous", components=comps, plan=hp.plan.resolved(w.arch.layers),
@@ -224,7 +225,7 @@ def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
     for c in waiting:
         reqs = [ComponentRequest(partition=p.live.partition, gpu_type=p.live.gpu_type, nodes=n, gpus_per_node=g,
                                  time_min=c.alloc.time_min, cpus_per_gpu=p.site.cpus_per_gpu)
-                for p, (n, g) in zip(c.pools, c.layouts)]
+                for p, (n, g) in zip(c.pools, c.layouts, strict=True)]
         try:
             est = backend.expected_start(reqs)
         except (SlurmCommandError, NotImplementedError):
@@ -242,7 +243,7 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
     later jobs"). Returns the kept candidates and the dropped ones with the reason.
     """
     def over(c: _Cand) -> str | None:
-        for p, (n, g) in zip(c.pools, c.layouts):
+        for p, (n, g) in zip(c.pools, c.layouts, strict=True):
             if n * g > max(share * p.live.gpus_total, 1):
                 return (f"takes {n * g} of the {p.live.gpus_total} GPUs of {p.live.partition}, while fewer GPUs of "
                         f"these pools hold the job: one job gets at most {share:.0%} of a pool (site max_job_share)")
@@ -262,7 +263,7 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
             smallest[key] = c
     kept += smallest.values()
     kept_ids = {id(c) for c in kept}
-    return kept, [(c, why[id(c)]) for c in cands if id(c) not in kept_ids]
+    return kept, [(c, why[id(c)] or "") for c in cands if id(c) not in kept_ids]  # all with a reason: None is kept
 
 
 def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:
@@ -322,7 +323,8 @@ def _no_fit_message(w: Workload, req: Requirements, pools: list[UsablePool], spa
     msg = f"{req.name} fits nowhere within its limits on this cluster."
     if smallest:
         s = smallest[0]
-        pool = {p.key: p for p in pools}[s.gpu]
+        by_key: dict[Hashable, UsablePool] = {p.key: p for p in pools}
+        pool = by_key[s.gpu]
         msg += (f" The smallest allocation that would fit: {s.gpus} x {pool.option.spec.name} ({s.gpu}, plan "
                 f"{s.plan.short()}, {s.peak_gib:.1f} GiB per GPU); the pool has {pool.live.gpus_total} GPUs"
                 + (f" and limits.max_gpus is {req.max_gpus}." if req.max_gpus else "."))
@@ -355,7 +357,7 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
         first = min(c.alloc.completion for c in items)
         tol = max(TIE_SECONDS, TIE_FRACTION * (first - now))
 
-        def key(c: _Cand):
+        def key(c: _Cand) -> tuple[bool, bool, int, float]:
             tied = c.alloc.completion <= first + tol
             return (not tied, c.alloc.kind == "heterogeneous" if tied else False, c.alloc.gpus if tied else 0,
                     c.alloc.completion)
@@ -374,15 +376,15 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
     if not ok:
         raise NoFitError(_no_fit_message(w, req, pools, space, skipped + [f"{c.alloc.label()}: {why}"
                                               for c, why in rejected[:NO_FIT_REASONS_SHOWN]]))
-    best = ok[0].alloc
+    chosen = ok[0].alloc
     alts: list[Alternative] = []
     for c in ok[1:]:
         label = c.alloc.label()
         if label in {a.description for a in alts} or len(alts) >= alternatives:
             continue
-        alts.append(Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(best, c.alloc, now)))
+        alts.append(Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(chosen, c.alloc, now)))
     for c, why in sorted(rejected, key=lambda cw: cw[0].alloc.completion)[:REFUSED_ALTERNATIVES_SHOWN]:
         alts.append(Alternative(allocation=c.alloc, description=c.alloc.label(), lost_because=why or ""))
     for line in skipped:
         alts.append(Alternative(description=line.split(":")[0], lost_because=line.split(":", 1)[1].strip()))
-    return Decision(chosen=best, alternatives=alts, decided_at=now, decision_ms=(time.perf_counter() - t0) * 1e3)
+    return Decision(chosen=chosen, alternatives=alts, decided_at=now, decision_ms=(time.perf_counter() - t0) * 1e3)

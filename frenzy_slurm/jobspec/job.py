@@ -21,6 +21,7 @@ Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8
 Checkpointing = Literal["none", "selective", "full", "auto"]
 Attention = Literal["flash", "sdpa", "eager"]
 Method = Literal["full", "lora", "qlora"]
+LoraTarget = Literal["q", "k", "v", "o", "mlp", "head"]
 
 # The job script asks Slurm for USR2 this long before the time limit (--signal=USR2@300) so the runtime can
 # checkpoint and requeue; NCCL owns USR1. A job must also get through start-up (srun, imports, DeepSpeed
@@ -81,7 +82,7 @@ class ModelSource(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "ModelSource":
+    def _exactly_one(self) -> ModelSource:
         given = [k for k in ("preset", "arch", "hf_config", "factory") if getattr(self, k) is not None]
         if len(given) != 1:
             what = ", ".join(given) if given else "none"
@@ -99,10 +100,15 @@ class ModelSource(_Strict):
         return self
 
 
+def _query_and_value() -> list[LoraTarget]:
+    """LoRA's default targets: the attention's query and value projections (the LoRA paper's choice)."""
+    return ["q", "v"]
+
+
 class LoraSpec(_Strict):
     rank: int = Field(16, gt=0, description="LoRA rank r.")
-    targets: list[Literal["q", "k", "v", "o", "mlp", "head"]] = Field(
-        default_factory=lambda: ["q", "v"], description="Which weights get adapters."
+    targets: list[LoraTarget] = Field(
+        default_factory=_query_and_value, description="Which weights get adapters."
     )
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
 
@@ -147,7 +153,7 @@ class Training(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "Training":
+    def _check(self) -> Training:
         if isinstance(self.micro_batch, int) and self.micro_batch > self.global_batch:
             raise ValueError(
                 f"micro_batch({self.micro_batch}) > global_batch({self.global_batch}); "
@@ -182,7 +188,7 @@ class Limits(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _range(self) -> "Limits":
+    def _range(self) -> Limits:
         if self.min_gpus and self.max_gpus and self.min_gpus > self.max_gpus:
             raise ValueError(f"min_gpus({self.min_gpus}) > max_gpus({self.max_gpus})")
         return self
@@ -241,7 +247,7 @@ class SlurmOptions(_Strict):
                 raise ValueError(why)
         return v
 
-    def overridden(self, **flags: object) -> "SlurmOptions":
+    def overridden(self, **flags: object) -> SlurmOptions:
         """These options with fsbatch's flags on top (a flag left out, None, keeps model.yaml's value)."""
         from pydantic import ValidationError
 
@@ -278,7 +284,7 @@ class Entry(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables set in the job.")
 
     @model_validator(mode="after")
-    def _check(self) -> "Entry":
+    def _check(self) -> Entry:
         if self.trainer == "script" and not self.script:
             raise ValueError("trainer: script needs script: path/to/train.py")
         if self.trainer == "builtin" and self.script:
@@ -306,7 +312,7 @@ class JobSpec(_Strict):
     entry: Entry = Field(default_factory=Entry, description="What runs in the job.")
 
     @model_validator(mode="after")
-    def _trainer_supports(self) -> "JobSpec":
+    def _trainer_supports(self) -> JobSpec:
         if self.entry.trainer == "builtin" and self.training.method != "full":
             raise ValueError(f"the built-in trainer trains all weights; training.method {self.training.method} needs "
                              "entry.trainer: script (your LoRA code), or use method: full")

@@ -17,7 +17,7 @@ thread; the next event on this thread then reports it.
 from __future__ import annotations
 
 import gc
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -64,7 +64,7 @@ class CpuMemoryRecorder:
         self._baseline = 0
         self._label = 0
 
-    def start(self) -> "CpuMemoryRecorder":
+    def start(self) -> CpuMemoryRecorder:
         count_all_threads()
         self._baseline = live_tensor_bytes()
         self._prof.__enter__()
@@ -90,7 +90,7 @@ class CpuMemoryRecorder:
         return float(self._baseline + peak - first), result
 
 
-def trace_events(prof) -> list[dict]:
+def trace_events(prof: torch.profiler.profile) -> list[dict]:
     """The events of a finished profile, as its Chrome trace holds them (a profile exports once)."""
     import json
     import os
@@ -106,7 +106,7 @@ def trace_events(prof) -> list[dict]:
         os.unlink(path)
 
 
-def trace_timeline(prof=None, events: list[dict] | None = None
+def trace_timeline(prof: torch.profiler.profile | None = None, events: list[dict] | None = None
                    ) -> tuple[list[tuple[float, int, int]], dict[str, tuple[float, float]]]:
     """(time us, allocator's total allocated bytes, bytes of the event) for every CPU allocator event of a
     finished profile, and the (start, end) of every named range.
@@ -115,7 +115,9 @@ def trace_timeline(prof=None, events: list[dict] | None = None
     record (gloo's worker threads drop the last reference to communication tensors): summing the events'
     sizes would miss those frees and count the tensors as live for the rest of the run.
     """
-    events = trace_events(prof) if events is None else events
+    if events is None:
+        assert prof is not None, "trace_timeline needs a finished profile or its events"
+        events = trace_events(prof)
     mem = sorted((e["ts"], int(e["args"]["Total Allocated"]), int(e["args"]["Bytes"])) for e in events
                  if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0)
     windows = {e["name"]: (e["ts"], e["ts"] + e.get("dur", 0)) for e in events

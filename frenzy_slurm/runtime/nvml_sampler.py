@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def _job_of(pid: int) -> str | None:
 class Sampler:
     """Peaks per GPU over the samples taken so far."""
 
-    def __init__(self, nvml: Any, job_id: str | None, job_of=_job_of):
+    def __init__(self, nvml: Any, job_id: str | None, job_of: Callable[[int], str | None] = _job_of):
         self.nvml, self.job_id, self.job_of = nvml, job_id, job_of
         self.samples = 0
         self.devices: dict[int, dict] = {}

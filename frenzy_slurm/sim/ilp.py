@@ -80,10 +80,10 @@ class IlpPolicy:
             rate_min = 1.0 / smallest.step_time_s
             weight = 1.0 + (now - since) / 3600.0
             for pool in pools:
-                free = sum(pool.free_by_node)
+                free_gpus = sum(pool.free_by_node)
                 for c in cands.get(pool.option.name, []):
                     layout = node_layout(c.gpus, pool.site.gpus_per_node)
-                    if c.gpus > free or layout is None or not fits_free_now(pool, *layout):
+                    if c.gpus > free_gpus or layout is None or not fits_free_now(pool, *layout):
                         continue
                     options.append((i, pool, c, layout))
                     values.append(weight * math.sqrt((1.0 / c.step_time_s) / rate_min))
@@ -97,21 +97,27 @@ class IlpPolicy:
                     if j == i:
                         row[k] = 1
                 if row.any():
-                    rows.append(row), lo.append(0), hi.append(1)
+                    rows.append(row)
+                    lo.append(0)
+                    hi.append(1)
             by_pool: dict = {}
             for k, (_, pool, c, layout) in enumerate(options):
                 by_pool.setdefault(pool.key, (pool, []))[1].append((k, c, layout))
             for pool, items in by_pool.values():
                 gpus = np.zeros(n)
                 whole = np.zeros(n)
-                for k, c, (nodes, per_node) in items:
+                for k, c, (nodes, _per_node) in items:
                     gpus[k] = c.gpus
                     if nodes > 1:
                         whole[k] = nodes
-                rows.append(gpus), lo.append(0), hi.append(sum(pool.free_by_node))
+                rows.append(gpus)
+                lo.append(0)
+                hi.append(sum(pool.free_by_node))
                 full_free = sum(1 for f in pool.free_by_node if f == pool.site.gpus_per_node)
                 if whole.any():
-                    rows.append(whole), lo.append(0), hi.append(full_free)
+                    rows.append(whole)
+                    lo.append(0)
+                    hi.append(full_free)
             t_solve = time.perf_counter()
             res = milp(c=-np.array(values), integrality=np.ones(n), bounds=Bounds(0, 1),
                        constraints=LinearConstraint(np.array(rows), lo, hi), options={"time_limit": 10.0})

@@ -26,13 +26,13 @@ from typing import Protocol
 
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.gpus import catalog
-from frenzy_slurm.planning import decide_job
 from frenzy_slurm.has.model import Allocation
 from frenzy_slurm.has.pools import UsablePool, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import search
 from frenzy_slurm.marp.memory import Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.marp.speed import plan_costs
+from frenzy_slurm.planning import decide_job
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.slurm.backend import ComponentRequest
@@ -44,7 +44,11 @@ USER_VARIANTS = ("fastest", "largest", "usual", "biggest")
 
 class Policy(Protocol):
     name: str
-    round_s: float | None
+
+    @property
+    def round_s(self) -> float | None:
+        """Seconds between rounds of a round-based policy; None: it places each job when it arrives."""
+        ...
 
     def place(self, a: Attempt, ctx: Context) -> Placement | None:
         """A placement to submit now, or None to hold the job (round-based policies) or give up (no fit)."""

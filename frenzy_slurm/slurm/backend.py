@@ -9,9 +9,10 @@ against this protocol). Callers never run a Slurm command or import pyslurm them
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import NoReturn, Protocol
 
 from frenzy_slurm.slurm.model import ClusterView, Job, PoolKey
 
@@ -132,7 +133,7 @@ class ReadOnlyBackend:
 
     name = "read-only"
 
-    def _refuse(self, what: str):
+    def _refuse(self, what: str) -> NoReturn:
         from frenzy_slurm.slurm.run import SlurmUnavailable
 
         raise SlurmUnavailable(f"the {self.name} backend only reads a saved view; it cannot {what}. "
