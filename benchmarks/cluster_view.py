@@ -26,15 +26,22 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = {}
-    for name, factory in (("cli-json", lambda: SlurmCliBackend()), ("cli-text", lambda: SlurmCliBackend(force_text=True))):
+    for name, factory in (
+        ("cli-json", lambda: SlurmCliBackend()),
+        ("cli-text", lambda: SlurmCliBackend(force_text=True)),
+    ):
         times = []
         for _ in range(args.repeat):
             backend = factory()  # fresh: includes the version probe, as each command invocation does
             t0 = time.perf_counter()
             view = backend.load()
             times.append(time.perf_counter() - t0)
-        results[name] = {"median_s": statistics.median(times), "max_s": max(times), "nodes": len(view.nodes),
-                         "jobs": len(view.jobs)}
+        results[name] = {
+            "median_s": statistics.median(times),
+            "max_s": max(times),
+            "nodes": len(view.nodes),
+            "jobs": len(view.jobs),
+        }
     print(f"{'backend':10} {'median s':>9} {'max s':>7} {'nodes':>6} {'jobs':>5}")
     for name, r in results.items():
         print(f"{name:10} {r['median_s']:9.4f} {r['max_s']:7.4f} {r['nodes']:6} {r['jobs']:5}")

@@ -35,17 +35,47 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "data" / "cpu_memory_grid.json"
 
 LLAMA = dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn=344, activation="swiglu", vocab=512, max_positions=512)
-GPT2 = dict(layers=4, hidden=128, heads=4, kv_heads=4, ffn=512, activation="gelu", vocab=512, max_positions=512,
-            norm="layernorm", position="learned", bias="all", tied_embeddings=True)
+GPT2 = dict(
+    layers=4,
+    hidden=128,
+    heads=4,
+    kv_heads=4,
+    ffn=512,
+    activation="gelu",
+    vocab=512,
+    max_positions=512,
+    norm="layernorm",
+    position="learned",
+    bias="all",
+    tied_embeddings=True,
+)
 
 
-BUCKETS = dict(reduce_bucket_size=100_000, allgather_bucket_size=100_000, stage3_prefetch_bucket_size=50_000,
-               stage3_max_live_parameters=1_000_000_000)
+BUCKETS = dict(
+    reduce_bucket_size=100_000,
+    allgather_bucket_size=100_000,
+    stage3_prefetch_bucket_size=50_000,
+    stage3_max_live_parameters=1_000_000_000,
+)
 
 
 def _point(name: str, arch: dict, trainer: str, **kw: Any) -> dict:
-    p = dict(name=name, arch=arch, trainer=trainer, seq_len=128, micro_batch=2, grad_accum=1, precision="fp32",
-             zero=0, dp=1, tp=1, pp=1, recompute="none", lora_rank=0, attention="sdpa")
+    p = dict(
+        name=name,
+        arch=arch,
+        trainer=trainer,
+        seq_len=128,
+        micro_batch=2,
+        grad_accum=1,
+        precision="fp32",
+        zero=0,
+        dp=1,
+        tp=1,
+        pp=1,
+        recompute="none",
+        lora_rank=0,
+        attention="sdpa",
+    )
     p.update(kw)
     return p
 
@@ -123,7 +153,7 @@ def _eager_attention(blk, checkpoint_core: bool):
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         s = q.shape[-2]
-        scores = (q @ k.transpose(-2, -1)) * (blk.a.head_dim ** -0.5)
+        scores = (q @ k.transpose(-2, -1)) * (blk.a.head_dim**-0.5)
         mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
         probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         return probs @ v
@@ -142,8 +172,13 @@ def _ds_config(p: dict) -> dict:
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         # small buckets, so that they show next to the tiny model's tensors instead of hiding them (DeepSpeed
         # allocates the whole reduce bucket whatever the model's size); no persistent small parameters
-        "zero_optimization": {"stage": p["zero"], **BUCKETS, "contiguous_gradients": True, "overlap_comm": False,
-                              "stage3_param_persistence_threshold": 0},
+        "zero_optimization": {
+            "stage": p["zero"],
+            **BUCKETS,
+            "contiguous_gradients": True,
+            "overlap_comm": False,
+            "stage3_param_persistence_threshold": 0,
+        },
         "bf16": {"enabled": p["precision"] == "bf16-mixed"},
         "steps_per_print": 10**9,
     }
@@ -151,8 +186,15 @@ def _ds_config(p: dict) -> dict:
 
 
 def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_SIZE=str(world), DS_ACCELERATOR="cpu")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_SIZE=str(world),
+        DS_ACCELERATOR="cpu",
+    )
     import logging
 
     import torch
@@ -221,8 +263,11 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
             if trainer == "fsdp2":
                 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-                mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-                    if p["precision"] == "bf16-mixed" else MixedPrecisionPolicy()
+                mp = (
+                    MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                    if p["precision"] == "bf16-mixed"
+                    else MixedPrecisionPolicy()
+                )
                 for blk in model.blocks:
                     fully_shard(blk, mp_policy=mp)
                 fully_shard(model, mp_policy=mp)
@@ -277,7 +322,9 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
         peaks.append(max([v for t, v, _ in timeline if a <= t <= b] + [starts[-1]]))
     result = {"rank": rank, "start_bytes": min(starts), "peak_bytes": max(peaks), "step_peaks": peaks}
     if os.environ.get("GRID_DEBUG"):
-        print(f"rank {rank}: starts {[round(x / 2**20, 3) for x in starts]} peaks {[round(x / 2**20, 3) for x in peaks]} MiB")
+        print(
+            f"rank {rank}: starts {[round(x / 2**20, 3) for x in starts]} peaks {[round(x / 2**20, 3) for x in peaks]} MiB"
+        )
         _debug_alive_at_peak(events, rank, windows[f"grid-step-{steps - 1}"])
     if trainer == "pipeline":
         result["stage"] = engine.stage_id
@@ -309,8 +356,10 @@ def _debug_alive_at_peak(events: list[dict], rank: int, window: tuple[float, flo
     for n, t in alive.values():
         op = next((o["name"] for o in reversed(ops) if o["ts"] <= t <= o["ts"] + o.get("dur", 0)), "?")
         by[(round(n / 2**20, 4), op)] += 1
-    print(f"rank {rank}: alive at peak, allocated in the step (MiB, op, count):",
-          sorted(((k[0], k[1], c) for k, c in by.items()), reverse=True)[:25])
+    print(
+        f"rank {rank}: alive at peak, allocated in the step (MiB, op, count):",
+        sorted(((k[0], k[1], c) for k, c in by.items()), reverse=True)[:25],
+    )
 
 
 def _free_port() -> int:
@@ -347,9 +396,14 @@ def marp_inputs(p: dict) -> dict:
     """What MARP is told about this point (tests/test_cpu_memory_grid.py builds Workload and ParallelPlan from it)."""
     trainer = p["trainer"]
     workload = {
-        "seq_len": p["seq_len"], "precision": p["precision"], "optimizer": "adamw", "attention": p["attention"],
-        "method": "lora" if p["lora_rank"] else "full", "lora_rank": p["lora_rank"] or 16,
-        "lora_targets": ["q", "v"], "lora_dropout": True,
+        "seq_len": p["seq_len"],
+        "precision": p["precision"],
+        "optimizer": "adamw",
+        "attention": p["attention"],
+        "method": "lora" if p["lora_rank"] else "full",
+        "lora_rank": p["lora_rank"] or 16,
+        "lora_targets": ["q", "v"],
+        "lora_dropout": True,
         "framework": "deepspeed" if trainer in ("deepspeed", "pipeline") else "torch",
         # on the CPU, torch's Adam defaults to its per-tensor loop: temporaries of one tensor at a time
         "fused_optimizer": True,
@@ -357,12 +411,20 @@ def marp_inputs(p: dict) -> dict:
         # the built-in model on the CPU: RMSNorm is composite (keeps its normalised output), rotary embedding
         # in eager ops with its cos/sin built in every block
         "norm_upcast": p["arch"].get("norm", "rmsnorm") == "rmsnorm",
-        "unfused_rope": True, "rope_tables_per_layer": True,
+        "unfused_rope": True,
+        "rope_tables_per_layer": True,
         "vocab_parallel": False,  # the TP points split the blocks only; embedding and head stay whole
         "buckets": dict(BUCKETS, overlap_comm=False),
     }
-    plan = {"dp": p["dp"], "tp": p["tp"], "pp": p["pp"], "zero": p["zero"], "micro_batch": p["micro_batch"],
-            "grad_accum": p["grad_accum"], "recompute": p["recompute"]}
+    plan = {
+        "dp": p["dp"],
+        "tp": p["tp"],
+        "pp": p["pp"],
+        "zero": p["zero"],
+        "micro_batch": p["micro_batch"],
+        "grad_accum": p["grad_accum"],
+        "recompute": p["recompute"],
+    }
     return {"arch": p["arch"], "workload": workload, "plan": plan}
 
 
@@ -371,11 +433,20 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="dataset to write (merged by point name)")
     ap.add_argument("--only", nargs="*", default=None, help="point names (prefix match) to run")
     ap.add_argument("--list", action="store_true", help="list the grid and exit")
-    ap.add_argument("--compare", action="store_true", help="print MARP's prediction next to every stored point; no training")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="runs of each multi-process point; the median peak per rank is stored (default 3)")
-    ap.add_argument("--refresh", action="store_true",
-                    help="rewrite the stored MARP inputs of every point from the grid's definitions; no training")
+    ap.add_argument(
+        "--compare", action="store_true", help="print MARP's prediction next to every stored point; no training"
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each multi-process point; the median peak per rank is stored (default 3)",
+    )
+    ap.add_argument(
+        "--refresh",
+        action="store_true",
+        help="rewrite the stored MARP inputs of every point from the grid's definitions; no training",
+    )
     args = ap.parse_args()
     if args.refresh:
         data = json.loads(args.out.read_text())
@@ -391,7 +462,9 @@ def main() -> int:
         print(f"{'point':30} {'rank':>4} {'stage':>5} {'measured MiB':>12} {'MARP MiB':>9} {'error':>7}")
         for point in load_grid(args.out):
             for r in predict(point):
-                print(f"{r.point:30} {r.rank:4} {r.stage:5} {r.measured / 2**20:12.3f} {r.predicted / 2**20:9.3f} {r.error:7.1%}")
+                print(
+                    f"{r.point:30} {r.rank:4} {r.stage:5} {r.measured / 2**20:12.3f} {r.predicted / 2**20:9.3f} {r.error:7.1%}"
+                )
         return 0
     pts = grid()
     if args.list:
@@ -412,10 +485,18 @@ def main() -> int:
             print(f"{p['name']}: FAILED {exc}", flush=True)
             continue
         by_name[p["name"]] = {"name": p["name"], "trainer": p["trainer"], **marp_inputs(p), "ranks": ranks}
-        print(f"{p['name']}: " + " ".join(f"r{r['rank']}/s{r['stage']} {r['peak_bytes'] / 2**20:.3f} MiB" for r in ranks)
-              + f" ({time.time() - t0:.0f} s)", flush=True)
-        data = {"torch": torch.__version__, "device": "cpu (gloo)", "command": "python benchmarks/cpu_memory_grid.py",
-                "points": sorted(by_name.values(), key=lambda q: q["name"])}
+        print(
+            f"{p['name']}: "
+            + " ".join(f"r{r['rank']}/s{r['stage']} {r['peak_bytes'] / 2**20:.3f} MiB" for r in ranks)
+            + f" ({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+        data = {
+            "torch": torch.__version__,
+            "device": "cpu (gloo)",
+            "command": "python benchmarks/cpu_memory_grid.py",
+            "points": sorted(by_name.values(), key=lambda q: q["name"]),
+        }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1) + "\n")
     return 0

@@ -37,7 +37,9 @@ def main() -> int:
         snap = Path(tmp) / "snap.json"
         view = synthetic(LOCAL)
         # the dev cluster's GRES names, so the shipped site file matches
-        view = view.model_copy(update={"nodes": [n.model_copy(update={"gpu_type": n.partitions[0]}) for n in view.nodes]})
+        view = view.model_copy(
+            update={"nodes": [n.model_copy(update={"gpu_type": n.partitions[0]}) for n in view.nodes]}
+        )
         snap.write_text(view.model_dump_json())
         backend = [] if args.live else ["--backend", "static", "--snapshot", str(snap)]
         results = {}
@@ -46,8 +48,11 @@ def main() -> int:
             times = []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                res = subprocess.run([str(fsbatch), str(example), "--dry-run", "--site", str(site), *backend],
-                                     capture_output=True, text=True)
+                res = subprocess.run(
+                    [str(fsbatch), str(example), "--dry-run", "--site", str(site), *backend],
+                    capture_output=True,
+                    text=True,
+                )
                 times.append(time.perf_counter() - t0)
                 if res.returncode not in (0, 3):
                     print(res.stderr, file=sys.stderr)

@@ -30,9 +30,13 @@ from frenzy_slurm.marp.speed import Links, step_time  # noqa: E402
 from frenzy_slurm.units import GiB  # noqa: E402
 
 LLAMA_1B = Architecture(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=32000, max_positions=4096)
-CASES = [(name, arch, seq, zero, mb)
-         for name, arch in (("gpt2-medium", presets()["gpt2-medium"].arch), ("llama-1b", LLAMA_1B))
-         for seq in (512, 1024) for zero in (0, 2) for mb in (4,)]
+CASES = [
+    (name, arch, seq, zero, mb)
+    for name, arch in (("gpt2-medium", presets()["gpt2-medium"].arch), ("llama-1b", LLAMA_1B))
+    for seq in (512, 1024)
+    for zero in (0, 2)
+    for mb in (4,)
+]
 
 
 def main() -> int:
@@ -71,6 +75,7 @@ def main() -> int:
 
         context_gib = nvml_used() - torch.cuda.memory_reserved(dev) / GiB
     except Exception:  # noqa: BLE001 - pynvml.NVMLError or missing pynvml
+
         def nvml_used() -> float:
             return float("nan")
 
@@ -79,10 +84,20 @@ def main() -> int:
     print(header)
     for model_name, arch, seq, zero, mb in CASES:
         gb = mb
-        cfg = {"train_batch_size": gb, "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1,
-               "zero_optimization": {"stage": zero, "reduce_bucket_size": 200_000_000, "allgather_bucket_size": 200_000_000,
-                                     "overlap_comm": False, "contiguous_gradients": True},
-               "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
+        cfg = {
+            "train_batch_size": gb,
+            "train_micro_batch_size_per_gpu": mb,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {
+                "stage": zero,
+                "reduce_bucket_size": 200_000_000,
+                "allgather_bucket_size": 200_000_000,
+                "overlap_comm": False,
+                "contiguous_gradients": True,
+            },
+            "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        }
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
         engine = model = None
@@ -99,9 +114,12 @@ def main() -> int:
                 engine.step()
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
-            measured = {"allocated": torch.cuda.max_memory_allocated(dev) / GiB,
-                        "reserved": torch.cuda.max_memory_reserved(dev) / GiB, "nvml": nvml_used(),
-                        "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0]}
+            measured = {
+                "allocated": torch.cuda.max_memory_allocated(dev) / GiB,
+                "reserved": torch.cuda.max_memory_reserved(dev) / GiB,
+                "nvml": nvml_used(),
+                "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
+            }
             error = None
         except torch.cuda.OutOfMemoryError as exc:
             measured, error = {}, f"OOM: {exc}"[:200]
@@ -114,22 +132,33 @@ def main() -> int:
         ov = Overheads(context_gib=context_gib) if context_gib and context_gib > 0 else Overheads()
         pred = {m: estimate_memory(w, plan, m, ov).peak_gib for m in ("allocated", "reserved", "device")}
         pred_step = step_time(w, plan, spec, gb, Links(spec.link_gbs)) if spec else None
-        row = {"model": model_name, "seq_len": seq, "zero": zero, "micro_batch": mb, "measured": measured,
-               "predicted": pred | {"step_s": pred_step}, "error": error}
+        row = {
+            "model": model_name,
+            "seq_len": seq,
+            "zero": zero,
+            "micro_batch": mb,
+            "measured": measured,
+            "predicted": pred | {"step_s": pred_step},
+            "error": error,
+        }
         if measured:
             row["accuracy_allocated"] = 1 - abs(pred["allocated"] - measured["allocated"]) / measured["allocated"]
         rows.append(row)
         if error:
             print(f"{model_name:12} {seq:5} {zero:4} {mb:3} | {error}")
             continue
-        print(f"{model_name:12} {seq:5} {zero:4} {mb:3} | {measured['allocated']:6.2f} {pred['allocated']:6.2f} "
-              f"{row['accuracy_allocated']:6.1%} | {measured['reserved']:6.2f} {pred['reserved']:6.2f} | "
-              f"{measured['nvml']:6.2f} {pred['device']:6.2f} | {measured['step_s'] * 1e3:8.1f} "
-              f"{(pred_step or float('nan')) * 1e3:8.1f}")
+        print(
+            f"{model_name:12} {seq:5} {zero:4} {mb:3} | {measured['allocated']:6.2f} {pred['allocated']:6.2f} "
+            f"{row['accuracy_allocated']:6.1%} | {measured['reserved']:6.2f} {pred['reserved']:6.2f} | "
+            f"{measured['nvml']:6.2f} {pred['device']:6.2f} | {measured['step_s'] * 1e3:8.1f} "
+            f"{(pred_step or float('nan')) * 1e3:8.1f}"
+        )
     accs = [r["accuracy_allocated"] for r in rows if "accuracy_allocated" in r]
     if accs:
-        print(f"mean accuracy (allocated): {statistics.mean(accs):.1%} over {len(accs)} runs; "
-              f"CUDA context measured {context_gib if context_gib is not None else float('nan'):.2f} GiB")
+        print(
+            f"mean accuracy (allocated): {statistics.mean(accs):.1%} over {len(accs)} runs; "
+            f"CUDA context measured {context_gib if context_gib is not None else float('nan'):.2f} GiB"
+        )
     if args.json:
         args.json.write_text(json.dumps({"gpu": name, "context_gib": context_gib, "rows": rows}, indent=2))
     return 0

@@ -43,8 +43,12 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
     ap.add_argument("--estimates", default="test-only", choices=["test-only", "backfill"])
     ap.add_argument("--max-gpus", type=int, default=None, help="limits.max_gpus of every job")
-    ap.add_argument("--max-job-share", type=float, default=None,
-                    help="the site's max_job_share (the most of one pool HAS gives one job; default 0.5)")
+    ap.add_argument(
+        "--max-job-share",
+        type=float,
+        default=None,
+        help="the site's max_job_share (the most of one pool HAS gives one job; default 0.5)",
+    )
     ap.add_argument("--exact", action="store_true", help="no prediction error (the truth is MARP's prediction)")
     ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--json", type=Path)
@@ -60,14 +64,27 @@ def main() -> int:
             wl = sample_philly(trace_path(args.trace), seed, jobs)
             for name in policies:
                 t0 = time.perf_counter()
-                r = Runner(wl, cluster, name, seed, load=args.load, estimates=args.estimates,
-                           max_gpus=args.max_gpus, max_job_share=args.max_job_share, errors=ErrorModel.exact() if args.exact else None).run()
+                r = Runner(
+                    wl,
+                    cluster,
+                    name,
+                    seed,
+                    load=args.load,
+                    estimates=args.estimates,
+                    max_gpus=args.max_gpus,
+                    max_job_share=args.max_job_share,
+                    errors=ErrorModel.exact() if args.exact else None,
+                ).run()
                 s = summarize(r)
                 rows.append(s)
                 results.append(r)
-                print(f"# {size:5d} GPUs seed {seed} {name:20s} avg JCT {s['avg_jct_s'] / 3600:7.2f} h  "
-                      f"done {s['completed']}/{s['jobs']}  decision p50 {s['decision_ms_median']:.1f} ms  "
-                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+                print(
+                    f"# {size:5d} GPUs seed {seed} {name:20s} avg JCT {s['avg_jct_s'] / 3600:7.2f} h  "
+                    f"done {s['completed']}/{s['jobs']}  decision p50 {s['decision_ms_median']:.1f} ms  "
+                    f"({time.perf_counter() - t0:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     summary = aggregate(rows)
     print(markdown(summary))
     print()
@@ -94,19 +111,27 @@ def goals(rows: list[dict]) -> str:
         if users:
             best, jct = min(users.items(), key=lambda kv: kv[1])
             gain = 1 - has / jct
-            out.append(f"{size} GPUs: has avg JCT {has / 3600:.2f} h vs best user-fixed ({best}) {jct / 3600:.2f} h: "
-                       f"{gain:+.1%} ({'met' if gain >= 0.25 else 'NOT met'}: goal >= 25% below)")
+            out.append(
+                f"{size} GPUs: has avg JCT {has / 3600:.2f} h vs best user-fixed ({best}) {jct / 3600:.2f} h: "
+                f"{gain:+.1%} ({'met' if gain >= 0.25 else 'NOT met'}: goal >= 25% below)"
+            )
         if "ilp" in by:
             ilp = statistics.fmean(r["avg_jct_s"] for r in by["ilp"])
-            out.append(f"{size} GPUs: has vs ilp avg JCT {has / 3600:.2f} h vs {ilp / 3600:.2f} h "
-                       f"({'met' if has <= ilp else 'NOT met'}: goal has <= ilp)")
+            out.append(
+                f"{size} GPUs: has vs ilp avg JCT {has / 3600:.2f} h vs {ilp / 3600:.2f} h "
+                f"({'met' if has <= ilp else 'NOT met'}: goal has <= ilp)"
+            )
             h = statistics.median(r["decision_ms_median"] for r in by["has"])
             i = statistics.median(r["decision_ms_median"] for r in by["ilp"])
-            out.append(f"{size} GPUs: decision median has {h:.1f} ms vs ilp round {i:.1f} ms: {i / h:.1f}x "
-                       f"({'met' if i / h >= 30 else 'NOT met'}: goal >= 30x)")
+            out.append(
+                f"{size} GPUs: decision median has {h:.1f} ms vs ilp round {i:.1f} ms: {i / h:.1f}x "
+                f"({'met' if i / h >= 30 else 'NOT met'}: goal >= 30x)"
+            )
             solve = statistics.median(r.get("ilp_solve_ms_median", float("nan")) for r in by["ilp"])
-            out.append(f"{size} GPUs: ilp's HiGHS solve alone (no MARP search for new jobs) median {solve:.1f} ms; "
-                       f"has's decision takes {h / solve:.1f}x that")
+            out.append(
+                f"{size} GPUs: ilp's HiGHS solve alone (no MARP search for new jobs) median {solve:.1f} ms; "
+                f"has's decision takes {h / solve:.1f}x that"
+            )
     return "\n".join(out)
 
 

@@ -23,8 +23,11 @@ from frenzy_slurm.sim.runner import Runner  # noqa: E402
 from frenzy_slurm.sim.workload import sample_philly  # noqa: E402
 
 STANDARD = "A100-80GB:2x8,V100-32GB:4x8,T4:4x4"
-OTHERS = ("H100-80GB:1x8,A100-40GB:3x8,L4:6x4", "A100-80GB:4x8,V100-32GB:2x8,T4:2x4",
-          "A10G:4x4,A100-40GB:2x8,V100-16GB:2x8")
+OTHERS = (
+    "H100-80GB:1x8,A100-40GB:3x8,L4:6x4",
+    "A100-80GB:4x8,V100-32GB:2x8,T4:2x4",
+    "A10G:4x4,A100-40GB:2x8,V100-16GB:2x8",
+)
 
 
 def runs() -> list[tuple[str, int, int]]:

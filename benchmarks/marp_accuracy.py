@@ -61,10 +61,21 @@ def main() -> int:
     excluded = {x.strip() for x in args.exclude.split(",") if x.strip()}
     results = []
     for row in rows:
-        rec = {"row_id": row.row_id, "category": row.category, "confidence": row.confidence,
-               "measured_gib": row.measured_gib, "predicted_gib": None, "accuracy": None, "skipped_reason": None,
-               "deepspeed_states_gib": None, "deepspeed_states_accuracy": None,
-               "megatron_formula_gib": None, "megatron_formula_accuracy": None, "phase": None, "excluded": row.row_id in excluded}
+        rec = {
+            "row_id": row.row_id,
+            "category": row.category,
+            "confidence": row.confidence,
+            "measured_gib": row.measured_gib,
+            "predicted_gib": None,
+            "accuracy": None,
+            "skipped_reason": None,
+            "deepspeed_states_gib": None,
+            "deepspeed_states_accuracy": None,
+            "megatron_formula_gib": None,
+            "megatron_formula_accuracy": None,
+            "phase": None,
+            "excluded": row.row_id in excluded,
+        }
         try:
             if not math.isfinite(row.measured_gib) or row.measured_gib <= 0:
                 raise RowError("measured value is missing or not positive")
@@ -81,15 +92,21 @@ def main() -> int:
             rec["skipped_reason"] = str(exc)
         results.append(rec)
 
-    print(f"{'row':5} {'category':13} {'conf':6} {'meas':>7} {'MARP':>7} {'acc':>6} {'DS':>7} {'acc':>6} {'Mega':>7} {'acc':>6}  phase")
+    print(
+        f"{'row':5} {'category':13} {'conf':6} {'meas':>7} {'MARP':>7} {'acc':>6} {'DS':>7} {'acc':>6} {'Mega':>7} {'acc':>6}  phase"
+    )
     for r in results:
         if r["skipped_reason"]:
-            print(f"{r['row_id']:5} {r['category'][:13]:13} {r['confidence'][:6]:6} {r['measured_gib']:7.2f}  skipped: {r['skipped_reason']}")
+            print(
+                f"{r['row_id']:5} {r['category'][:13]:13} {r['confidence'][:6]:6} {r['measured_gib']:7.2f}  skipped: {r['skipped_reason']}"
+            )
             continue
         flag = "  (excluded)" if r["excluded"] else ""
-        print(f"{r['row_id']:5} {r['category'][:13]:13} {r['confidence'][:6]:6} {r['measured_gib']:7.2f} "
-              f"{r['predicted_gib']:7.2f} {r['accuracy']:6.1%} {r['deepspeed_states_gib']:7.2f} {r['deepspeed_states_accuracy']:6.1%} "
-              f"{r['megatron_formula_gib']:7.2f} {r['megatron_formula_accuracy']:6.1%}  {r['phase']}{flag}")
+        print(
+            f"{r['row_id']:5} {r['category'][:13]:13} {r['confidence'][:6]:6} {r['measured_gib']:7.2f} "
+            f"{r['predicted_gib']:7.2f} {r['accuracy']:6.1%} {r['deepspeed_states_gib']:7.2f} {r['deepspeed_states_accuracy']:6.1%} "
+            f"{r['megatron_formula_gib']:7.2f} {r['megatron_formula_accuracy']:6.1%}  {r['phase']}{flag}"
+        )
 
     scored = [r for r in results if not r["excluded"]]
     summary = {}
@@ -100,21 +117,37 @@ def main() -> int:
             "megatron_formula": summarize(scored, key, "megatron_formula_accuracy", "megatron_formula_gib"),
         }
     # a goal for every category (pretraining too): full training and fine-tuning 95%, adapters 90%
-    goals = {"full training": 0.95, "pretraining": 0.95, "full finetune": 0.95, "full fine-tune": 0.95,
-             "lora": 0.90, "qlora": 0.90}
+    goals = {
+        "full training": 0.95,
+        "pretraining": 0.95,
+        "full finetune": 0.95,
+        "full fine-tune": 0.95,
+        "lora": 0.90,
+        "qlora": 0.90,
+    }
     by_cat = summary["by_category"]["marp"]
     summary["category_targets"] = {
-        name: {"goal": goals.get(name.lower(), 0.90), "mean_accuracy": v["mean_accuracy"],
-               "met": v["mean_accuracy"] >= goals.get(name.lower(), 0.90)}
-        for name, v in by_cat.items() if name != "all"}
-    full = [r for r in scored if r["category"].lower() in ("full training", "pretraining", "full finetune", "full fine-tune")]
+        name: {
+            "goal": goals.get(name.lower(), 0.90),
+            "mean_accuracy": v["mean_accuracy"],
+            "met": v["mean_accuracy"] >= goals.get(name.lower(), 0.90),
+        }
+        for name, v in by_cat.items()
+        if name != "all"
+    }
+    full = [
+        r
+        for r in scored
+        if r["category"].lower() in ("full training", "pretraining", "full finetune", "full fine-tune")
+    ]
     adapters = [r for r in scored if "lora" in r["category"].lower()]
     high = [r for r in scored if r["confidence"] == "high" and r["accuracy"] is not None]
     summary["targets"] = {
         "full_mean_accuracy": summarize(full, "category").get("all", {}).get("mean_accuracy"),
         "lora_qlora_mean_accuracy": summarize(adapters, "category").get("all", {}).get("mean_accuracy"),
         "high_confidence_worst_under_prediction": min(
-            [(r["predicted_gib"] - r["measured_gib"]) / r["measured_gib"] for r in high] + [0.0]),
+            [(r["predicted_gib"] - r["measured_gib"]) / r["measured_gib"] for r in high] + [0.0]
+        ),
     }
     summary["skipped"] = {r["row_id"]: r["skipped_reason"] for r in results if r["skipped_reason"]}
     summary["excluded"] = sorted(excluded)
@@ -124,18 +157,27 @@ def main() -> int:
         print(f"by {key}: {'':14} {'rows':>4} {'MARP':>7} {'<=5%':>6} {'worst under':>11} {'DS':>7} {'Mega':>7}")
         m, d, g = (summary[f"by_{key}"][k] for k in ("marp", "deepspeed_states", "megatron_formula"))
         for name in m:
-            print(f"  {name[:24]:24} {m[name]['rows']:4} {m[name]['mean_accuracy']:7.1%} {m[name]['within_5pct']:6.0%} "
-                  f"{m[name]['worst_under_prediction']:11.1%} {d[name]['mean_accuracy']:7.1%} {g[name]['mean_accuracy']:7.1%}")
+            print(
+                f"  {name[:24]:24} {m[name]['rows']:4} {m[name]['mean_accuracy']:7.1%} {m[name]['within_5pct']:6.0%} "
+                f"{m[name]['worst_under_prediction']:11.1%} {d[name]['mean_accuracy']:7.1%} {g[name]['mean_accuracy']:7.1%}"
+            )
     t = summary["targets"]
 
     def pct(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.1%}"
 
-    print(f"\ntargets: full-training/fine-tune mean {pct(t['full_mean_accuracy'])} (goal >= 95%), "
-          f"LoRA/QLoRA mean {pct(t['lora_qlora_mean_accuracy'])} (goal >= 90%), "
-          f"worst high-confidence under-prediction {pct(t['high_confidence_worst_under_prediction'])} (goal >= -5%)")
-    print("per category: " + ", ".join(f"{n} {v['mean_accuracy']:.1%} (goal {v['goal']:.0%}: {'met' if v['met'] else 'NOT met'})"
-                                       for n, v in summary["category_targets"].items()))
+    print(
+        f"\ntargets: full-training/fine-tune mean {pct(t['full_mean_accuracy'])} (goal >= 95%), "
+        f"LoRA/QLoRA mean {pct(t['lora_qlora_mean_accuracy'])} (goal >= 90%), "
+        f"worst high-confidence under-prediction {pct(t['high_confidence_worst_under_prediction'])} (goal >= -5%)"
+    )
+    print(
+        "per category: "
+        + ", ".join(
+            f"{n} {v['mean_accuracy']:.1%} (goal {v['goal']:.0%}: {'met' if v['met'] else 'NOT met'})"
+            for n, v in summary["category_targets"].items()
+        )
+    )
     print(f"skipped {len(summary['skipped'])} rows; excluded from summary: {', '.join(summary['excluded']) or 'none'}")
     if args.json:
         args.json.write_text(json.dumps({"rows": results, "summary": summary}, indent=2))

@@ -50,8 +50,9 @@ def rope(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
     """torchtune's RotaryPositionalEmbeddings on [b, s, n_heads, head_dim]."""
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
     c = cache.view(1, xs.size(1), 1, xs.size(3), 2)
-    out = torch.stack([xs[..., 0] * c[..., 0] - xs[..., 1] * c[..., 1],
-                       xs[..., 1] * c[..., 0] + xs[..., 0] * c[..., 1]], -1)
+    out = torch.stack(
+        [xs[..., 0] * c[..., 0] - xs[..., 1] * c[..., 1], xs[..., 1] * c[..., 0] + xs[..., 0] * c[..., 1]], -1
+    )
     return out.flatten(3).type_as(x)
 
 
@@ -112,18 +113,31 @@ def main() -> int:
     arch = Architecture(layers=1, hidden=H, heads=HEADS, kv_heads=KV, ffn=FFN, vocab=1000)
     print(f"{'case':28} {'measured B/token':>16} {'MARP':>8} {'error':>7}")
     for compiled in (False, True):
-        w = Workload(arch=arch, seq_len=SEQ, precision="bf16-pure", attention="sdpa", framework="torch",
-                     compile=compiled, norm_upcast=True, gqa_expand=True, unfused_rope=False)
+        w = Workload(
+            arch=arch,
+            seq_len=SEQ,
+            precision="bf16-pure",
+            attention="sdpa",
+            framework="torch",
+            compile=compiled,
+            norm_upcast=True,
+            gqa_expand=True,
+            unfused_rope=False,
+        )
         meas, _ = saved_per_token(Block(), compiled)
         marp = _layer_activation_bytes(w, 1, False, "none")
-        print(f"{'torchtune block, ' + ('compiled' if compiled else 'eager'):28} {meas:16.0f} {marp:8.0f} "
-              f"{(marp - meas) / meas:+7.1%}")
+        print(
+            f"{'torchtune block, ' + ('compiled' if compiled else 'eager'):28} {meas:16.0f} {marp:8.0f} "
+            f"{(marp - meas) / meas:+7.1%}"
+        )
     for compiled in (False, True):
         meas, with_input = saved_per_token(GeluMLP(), compiled)
         # MARP's GELU MLP part: the fc output and the GELU output (2 bytes each, 4h wide) plus the input (2h)
         marp = 2 * 2.0 * 4 * H + 2.0 * H
-        print(f"{'GELU MLP, ' + ('compiled' if compiled else 'eager'):28} {meas:16.0f} {marp:8.0f} "
-              f"{(marp - meas) / meas:+7.1%}")
+        print(
+            f"{'GELU MLP, ' + ('compiled' if compiled else 'eager'):28} {meas:16.0f} {marp:8.0f} "
+            f"{(marp - meas) / meas:+7.1%}"
+        )
     chunked_loss_peaks()
     return 0
 
@@ -158,11 +172,21 @@ def chunked_loss_peaks(tokens: int = 1536, hidden: int = 576, vocab: int = 16384
             base = rec._baseline
             peak, _ = rec.peak_of(step)
             meas = (peak - base) / (tokens * vocab)
-            w = Workload(arch=arch, seq_len=tokens, precision="bf16-pure", framework="torch", compile=compiled,
-                         loss_chunks=chunks)
+            w = Workload(
+                arch=arch,
+                seq_len=tokens,
+                precision="bf16-pure",
+                framework="torch",
+                compile=compiled,
+                loss_chunks=chunks,
+            )
             per_tok = _logit_bytes_per_token(w, 1)
             head = vocab * hidden * 2.0 if trained else 0.0
-            marp = max(per_tok * tokens, 2.0 * vocab * (1 + 1 / chunks) * tokens + 2 * head) if trained else per_tok * tokens
+            marp = (
+                max(per_tok * tokens, 2.0 * vocab * (1 + 1 / chunks) * tokens + 2 * head)
+                if trained
+                else per_tok * tokens
+            )
             marp = (marp + 2.0 * hidden * tokens) / (tokens * vocab)  # + the hidden states' gradient
             name = f"{'compiled' if compiled else 'eager'}, head {'trained' if trained else 'frozen'}"
             print(f"{name:28} {meas:16.3f} {marp:8.3f} {(marp - meas) / meas:+7.1%}")

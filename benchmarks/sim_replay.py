@@ -35,8 +35,12 @@ def main() -> int:
     ap.add_argument("--policy", default="has")
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--makespan", type=float, default=90.0)
-    ap.add_argument("--bf-interval", type=float, default=1.0,
-                    help="the cluster's bf_interval (the devcluster's SchedulerParameters=bf_interval=1)")
+    ap.add_argument(
+        "--bf-interval",
+        type=float,
+        default=1.0,
+        help="the cluster's bf_interval (the devcluster's SchedulerParameters=bf_interval=1)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     backend = open_backend("cli")
@@ -52,13 +56,17 @@ def main() -> int:
     for row in report["per_job"]:
         j = by_id[row["id"]]
         req = " + ".join(f"{c.nodes}x{c.gpus_per_node} {c.partition} {c.time_min}min" for c in j.components)
-        print(f"{j.id:4d} {req:34} {j.run_s:6.1f} {j.submit_s:7.1f} {row['sim_start']:9.1f} {row['live_start']:10.1f} "
-              f"{row['live_start'] - row['sim_start']:+6.1f}")
-    print(f"{report['jobs']} jobs, real makespan {report['makespan_s']:.0f} s: start difference median "
-          f"{report['start_diff_median_s']:.1f} s "
-          f"({report['start_diff_median_pct_of_makespan']:.1f}% of the makespan), "
-          f"worst {report['start_diff_max_s']:.1f} s, mean {report['start_diff_mean_s']:+.1f} s; "
-          f"end difference median {report['end_diff_median_s']:.1f} s")
+        print(
+            f"{j.id:4d} {req:34} {j.run_s:6.1f} {j.submit_s:7.1f} {row['sim_start']:9.1f} {row['live_start']:10.1f} "
+            f"{row['live_start'] - row['sim_start']:+6.1f}"
+        )
+    print(
+        f"{report['jobs']} jobs, real makespan {report['makespan_s']:.0f} s: start difference median "
+        f"{report['start_diff_median_s']:.1f} s "
+        f"({report['start_diff_median_pct_of_makespan']:.1f}% of the makespan), "
+        f"worst {report['start_diff_max_s']:.1f} s, mean {report['start_diff_mean_s']:+.1f} s; "
+        f"end difference median {report['end_diff_median_s']:.1f} s"
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -25,8 +25,9 @@ def line_of(data: bytes | str, offset: int) -> int:
     return data[:offset].count("\n") + 1
 
 
-def read_config_text(path: Path, what: str = "file", max_bytes: int = MAX_CONFIG_BYTES,
-                     follow_symlinks: bool = True) -> str:
+def read_config_text(
+    path: Path, what: str = "file", max_bytes: int = MAX_CONFIG_BYTES, follow_symlinks: bool = True
+) -> str:
     """The text of a small regular file, or InputError (not regular, too big, not UTF-8, NUL bytes).
 
     `follow_symlinks=False` for files in directories frenzy-slurm did not choose (a job directory of
@@ -45,12 +46,21 @@ def read_config_text(path: Path, what: str = "file", max_bytes: int = MAX_CONFIG
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
-                    or stat.S_ISBLK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket or special file")
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(st.st_mode)
+                else "a device"
+                if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(st.st_mode)
+                else "a socket or special file"
+            )
             raise InputError(f"{path}: the {what} is {kind}, not a regular file; give the path of a real file.")
         if st.st_size > max_bytes:
-            raise InputError(f"{path}: the {what} is {st.st_size} bytes; more than the {max_bytes} allowed "
-                             "for a configuration file. Is it the right file?")
+            raise InputError(
+                f"{path}: the {what} is {st.st_size} bytes; more than the {max_bytes} allowed "
+                "for a configuration file. Is it the right file?"
+            )
         chunks, total = [], 0
         while True:  # read at most max_bytes + 1, whatever st_size said (files can grow while read)
             chunk = os.read(fd, min(1 << 16, max_bytes + 1 - total))
@@ -59,8 +69,10 @@ def read_config_text(path: Path, what: str = "file", max_bytes: int = MAX_CONFIG
             chunks.append(chunk)
             total += len(chunk)
             if total > max_bytes:
-                raise InputError(f"{path}: the {what} is larger than the {max_bytes} bytes allowed for a "
-                                 "configuration file. Is it the right file?")
+                raise InputError(
+                    f"{path}: the {what} is larger than the {max_bytes} bytes allowed for a "
+                    "configuration file. Is it the right file?"
+                )
     except OSError as exc:
         raise InputError(f"{path}: cannot read {what} ({exc.strerror}).") from None
     finally:
@@ -69,8 +81,10 @@ def read_config_text(path: Path, what: str = "file", max_bytes: int = MAX_CONFIG
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path}:{line_of(raw, exc.start)}: the {what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} "
-                         f"at offset {exc.start}); save it as UTF-8.") from None
+        raise InputError(
+            f"{path}:{line_of(raw, exc.start)}: the {what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} "
+            f"at offset {exc.start}); save it as UTF-8."
+        ) from None
     nul = text.find("\0")
     if nul >= 0:
         raise InputError(f"{path}:{line_of(text, nul)}: the {what} contains a NUL byte; it is not a text file.")
@@ -122,8 +136,11 @@ def check_trusted(path: Path, what: str, why: str) -> None:
         real = path.resolve(strict=True)
     except (OSError, RuntimeError) as exc:
         raise InputError(f"{what} {path}: cannot use it ({getattr(exc, 'strerror', None) or exc}).") from None
-    checks = [(real, what)] + [(d, f"the directory of {what} {path},") for d in dict.fromkeys(
-        [real.parent, path.absolute().parent]) if d != real]
+    checks = [(real, what)] + [
+        (d, f"the directory of {what} {path},")
+        for d in dict.fromkeys([real.parent, path.absolute().parent])
+        if d != real
+    ]
     for target, label in checks:
         try:
             st = os.stat(target)
@@ -134,7 +151,11 @@ def check_trusted(path: Path, what: str, why: str) -> None:
         problem = _trusted_problem(target, st)
         if problem is None:
             continue
-        fix = (f"`chmod go-w {target}` if it is yours, or keep the file in a directory only you (or root) can write"
-               if "writable" in problem else "a copy of your own (or root's) in a directory only you (or root) can write")
-        raise InputError(f"{label} {target} {problem}: another user could change it, and {why}. Refused. "
-                         f"To fix: {fix}.")
+        fix = (
+            f"`chmod go-w {target}` if it is yours, or keep the file in a directory only you (or root) can write"
+            if "writable" in problem
+            else "a copy of your own (or root's) in a directory only you (or root) can write"
+        )
+        raise InputError(
+            f"{label} {target} {problem}: another user could change it, and {why}. Refused. To fix: {fix}."
+        )

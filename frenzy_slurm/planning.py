@@ -105,10 +105,15 @@ class JobRequest:
     def as_json(self) -> dict[str, Any]:
         """The request as `fsbatch --json` prints it (`--dry-run` adds nothing, submitting adds the job id)."""
         out: dict[str, Any] = {
-            "job": self.plan.spec.name, "submission": self.submission, "job_dir": str(self.job_dir),
+            "job": self.plan.spec.name,
+            "submission": self.submission,
+            "job_dir": str(self.job_dir),
             "decision": json.loads(self.decision.model_dump_json()),
-            "user_code_ran": self.plan.exact_params is not None, "calibration": self.calibration,
-            "sbatch_argv": list(self.plan.sbatch_argv), "script": self.script}
+            "user_code_ran": self.plan.exact_params is not None,
+            "calibration": self.calibration,
+            "sbatch_argv": list(self.plan.sbatch_argv),
+            "script": self.script,
+        }
         if self.earlier_job_dir is not None:
             out["earlier_job_dir"] = str(self.earlier_job_dir)
         return out
@@ -148,8 +153,9 @@ def submission_of(job: JobFile, options: PlanOptions) -> str:
 def calibrate(job: JobFile, site: SiteFile, options: PlanOptions) -> tuple[SiteConfig, Applied | None]:
     """The site file as MARP and HAS see it for this job (calibrated unless --no-calibration), and what
     was applied."""
-    return for_job(site.config, site.path, job.spec.training.precision, job.spec.training.method,
-                   enabled=options.calibration)
+    return for_job(
+        site.config, site.path, job.spec.training.precision, job.spec.training.method, enabled=options.calibration
+    )
 
 
 def start_estimator(backend: SlurmBackend | None) -> SlurmBackend | None:
@@ -158,8 +164,16 @@ def start_estimator(backend: SlurmBackend | None) -> SlurmBackend | None:
     return None if backend is None or isinstance(backend, ReadOnlyBackend) else backend
 
 
-def decide_job(requirements: Requirements, workload: Workload, space: SearchSpace, view: ClusterView,
-               site: SiteConfig, backend: SlurmBackend | None, now: float, alternatives: int = 5) -> Decision:
+def decide_job(
+    requirements: Requirements,
+    workload: Workload,
+    space: SearchSpace,
+    view: ClusterView,
+    site: SiteConfig,
+    backend: SlurmBackend | None,
+    now: float,
+    alternatives: int = 5,
+) -> Decision:
     """The decision step: MARP's plans per pool and HAS's choice, start estimates from `backend` (if any).
     The simulator and the benchmarks call this step alone (they render nothing)."""
     return decide(requirements, workload, view, site, space, backend=backend, now=now, alternatives=alternatives)
@@ -181,22 +195,46 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     view = backend.load()
     site_cfg, applied = calibrate(job, site, options)
     workload = workload_from_spec(job.spec, job.model)
-    decision = decide_job(Requirements.from_spec(job.spec, time=options.slurm.time), workload,
-                          search_space_from_spec(job.spec), view, site_cfg, start_estimator(backend),
-                          options.now if options.now is not None else time.time())
+    decision = decide_job(
+        Requirements.from_spec(job.spec, time=options.slurm.time),
+        workload,
+        search_space_from_spec(job.spec),
+        view,
+        site_cfg,
+        start_estimator(backend),
+        options.now if options.now is not None else time.time(),
+    )
     submission = submission_of(job, options)
     job_dir, earlier = choose_job_dir(job, submission, options)
     calibration = job_record(applied, site.config, workload, decision, job.spec.training.global_batch)
     shared = site_cfg.job_dirs_group_readable
-    rendered = render_job(job.spec, job.path, job.model, decision, options.slurm, job_dir, options.templates,
-                          group_readable=shared, calibration=calibration)
+    rendered = render_job(
+        job.spec,
+        job.path,
+        job.model,
+        decision,
+        options.slurm,
+        job_dir,
+        options.templates,
+        group_readable=shared,
+        calibration=calibration,
+    )
     return request_of(rendered, force=options.force, earlier_job_dir=earlier, group_readable=shared)
 
 
-def request_of(rendered: Rendered, force: bool = False, earlier_job_dir: Path | None = None,
-               group_readable: bool = False) -> JobRequest:
+def request_of(
+    rendered: Rendered, force: bool = False, earlier_job_dir: Path | None = None, group_readable: bool = False
+) -> JobRequest:
     """The frozen request of rendered files."""
-    return JobRequest(job_dir=rendered.job_dir, submission=rendered.submission,
-                      files=MappingProxyType(dict(rendered.files)), plan=rendered.plan, kind=rendered.kind,
-                      name=rendered.name, entry_script=rendered.entry_script, force=force,
-                      earlier_job_dir=earlier_job_dir, group_readable=group_readable)
+    return JobRequest(
+        job_dir=rendered.job_dir,
+        submission=rendered.submission,
+        files=MappingProxyType(dict(rendered.files)),
+        plan=rendered.plan,
+        kind=rendered.kind,
+        name=rendered.name,
+        entry_script=rendered.entry_script,
+        force=force,
+        earlier_job_dir=earlier_job_dir,
+        group_readable=group_readable,
+    )

@@ -72,8 +72,12 @@ def _read_cache(path: Path, key: str, max_age: float) -> list[Job] | None:
         return None
     try:
         st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077
-                or st.st_size > MAX_CACHE_BYTES):
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.geteuid()
+            or st.st_mode & 0o077
+            or st.st_size > MAX_CACHE_BYTES
+        ):
             return None
         raw = os.read(fd, MAX_CACHE_BYTES + 1)
     except OSError:
@@ -142,7 +146,11 @@ class TrackedJob:
         starts = [c.start_time for c in self.components if c.start_time]
         if not starts or self.state in ("PENDING",):
             return None
-        end = max((c.end_time or 0) for c in self.components) if self.state not in ("RUNNING", "SUSPENDED") else time.time()
+        end = (
+            max((c.end_time or 0) for c in self.components)
+            if self.state not in ("RUNNING", "SUSPENDED")
+            else time.time()
+        )
         return max(0.0, min(end, time.time()) - min(starts))
 
     @property
@@ -172,8 +180,10 @@ def _foreign_dir(t: TrackedJob) -> str | None:
     """
     assert t.job_dir is not None
     if t.user and t.user != my_user_name():
-        return (f"job directory {t.job_dir} is not readable by you: it is {t.user}'s job, and fsqueue reads only "
-                "your own job directories (shown is what Slurm reports)")
+        return (
+            f"job directory {t.job_dir} is not readable by you: it is {t.user}'s job, and fsqueue reads only "
+            "your own job directories (shown is what Slurm reports)"
+        )
     try:
         st = os.lstat(t.job_dir)
     except OSError as exc:
@@ -226,16 +236,20 @@ def _attach_files(t: TrackedJob) -> None:
     t.last_checkpoint_step = last_checkpoint(t.job_dir / "checkpoints")
     run = (t.started or {}).get("restart")
     if t.finished is not None and isinstance(run, int) and (t.finished.get("restart") or 0) < run:
-        t.notes.append(f"finished.json of an earlier run (restart {t.finished.get('restart', 0)}) ignored: "
-                       f"the job was requeued and is on restart {run}")
+        t.notes.append(
+            f"finished.json of an earlier run (restart {t.finished.get('restart', 0)}) ignored: "
+            f"the job was requeued and is on restart {run}"
+        )
         t.finished = None
 
 
 def _drop_stale_finished(t: TrackedJob) -> None:
     """A job still in the queue (running, or pending after a requeue) has not finished, whatever a file says."""
     if t.finished is not None and t.components and any(c.phase in ACTIVE_JOB_STATES for c in t.components):
-        t.notes.append(f"finished.json of an earlier run (restart {t.finished.get('restart', 0)}) ignored: "
-                       f"the job is {t.state} again")
+        t.notes.append(
+            f"finished.json of an earlier run (restart {t.finished.get('restart', 0)}) ignored: "
+            f"the job is {t.state} again"
+        )
         t.finished = None
 
 
@@ -247,8 +261,14 @@ def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
             continue
         if user is not None and lead.user != user:
             continue
-        t = TrackedJob(job_id=jid, name=lead.name, user=lead.user, state=lead.state, components=comps,
-                       job_dir=Path(lead.workdir) if lead.workdir else None)
+        t = TrackedJob(
+            job_id=jid,
+            name=lead.name,
+            user=lead.user,
+            state=lead.state,
+            components=comps,
+            job_dir=Path(lead.workdir) if lead.workdir else None,
+        )
         _attach_files(t)
         _drop_stale_finished(t)
         out.append(t)
@@ -319,10 +339,22 @@ def comparison(t: TrackedJob) -> list[dict]:
     rows = []
     for gpu, r in worst.items():
         raw = r.get("predicted_allocated_gib", r.get("predicted_gib"))
-        rows.append({"what": f"peak memory {gpu} ({r.get('metric', 'allocated')}, {r.get('device', '?')})",
-                     "predicted": raw * factor if raw else raw, "measured": r["peak_gib"], "unit": "GiB",
-                     "raw_predicted": raw})
-    rows.append({"what": f"step time ({'cpu' if any(r.get('device') == 'cpu' for r in t.metrics.get('ranks', [])) else 'gpu'})",
-                 "predicted": t.plan.decision.chosen.step_time_s, "measured": t.metrics.get("step_time_s"), "unit": "s",
-                 "raw_predicted": (t.calibration or {}).get("raw_step_time_s")})
+        rows.append(
+            {
+                "what": f"peak memory {gpu} ({r.get('metric', 'allocated')}, {r.get('device', '?')})",
+                "predicted": raw * factor if raw else raw,
+                "measured": r["peak_gib"],
+                "unit": "GiB",
+                "raw_predicted": raw,
+            }
+        )
+    rows.append(
+        {
+            "what": f"step time ({'cpu' if any(r.get('device') == 'cpu' for r in t.metrics.get('ranks', [])) else 'gpu'})",
+            "predicted": t.plan.decision.chosen.step_time_s,
+            "measured": t.metrics.get("step_time_s"),
+            "unit": "s",
+            "raw_predicted": (t.calibration or {}).get("raw_step_time_s"),
+        }
+    )
     return rows

@@ -46,11 +46,15 @@ def _check_size(root: yaml.Node, source: Path) -> None:
             size[key] = 1 + sum(size[id(k)] for k in kids)
             height[key] = 1 + max((height[id(k)] for k in kids), default=0)
             if size[key] > MAX_NODES:
-                raise InputError(f"{source}:{node.start_mark.line + 1}: anchors and aliases here expand to more "
-                                 f"than {MAX_NODES} values; write the values out or use fewer nested aliases.")
+                raise InputError(
+                    f"{source}:{node.start_mark.line + 1}: anchors and aliases here expand to more "
+                    f"than {MAX_NODES} values; write the values out or use fewer nested aliases."
+                )
             if height[key] > MAX_DEPTH:
-                raise InputError(f"{source}:{node.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep "
-                                 "(aliases expanded); a configuration file never needs that. Flatten it.")
+                raise InputError(
+                    f"{source}:{node.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep "
+                    "(aliases expanded); a configuration file never needs that. Flatten it."
+                )
             continue
         if key in size:
             continue
@@ -58,8 +62,10 @@ def _check_size(root: yaml.Node, source: Path) -> None:
         stack.append((node, True))
         for child in _children(node):
             if id(child) in in_progress:
-                raise InputError(f"{source}:{child.start_mark.line + 1}: an alias refers to the anchor it is inside "
-                                 "(a recursive structure); a configuration file cannot use one.")
+                raise InputError(
+                    f"{source}:{child.start_mark.line + 1}: an alias refers to the anchor it is inside "
+                    "(a recursive structure); a configuration file cannot use one."
+                )
             if id(child) not in size:
                 stack.append((child, False))
 
@@ -94,8 +100,10 @@ def _check_keys_and_numbers(loader: yaml.SafeLoader, root: yaml.Node, source: Pa
                 value = loader.construct_yaml_float(node)
                 if not math.isfinite(value):
                     field = ".".join(str(p) for p in path) or "(top level)"
-                    raise InputError(f"{source}:{node.start_mark.line + 1}: {field}: {node.value} is not a finite "
-                                     "number; write a number (infinity and NaN are refused)")
+                    raise InputError(
+                        f"{source}:{node.start_mark.line + 1}: {field}: {node.value} is not a finite "
+                        "number; write a number (infinity and NaN are refused)"
+                    )
         elif isinstance(node, yaml.MappingNode):
             first: dict[object, int] = {}
             for key, value in node.value:
@@ -106,9 +114,11 @@ def _check_keys_and_numbers(loader: yaml.SafeLoader, root: yaml.Node, source: Pa
                 if name is not None:
                     if name in first:
                         field = ".".join(str(p) for p in (*path, name))
-                        raise InputError(f"{source}:{key.start_mark.line + 1}: {field}: the key '{name}' is given "
-                                         f"twice (first on line {first[name]}); YAML would keep only the last one. "
-                                         "Remove one of them.")
+                        raise InputError(
+                            f"{source}:{key.start_mark.line + 1}: {field}: the key '{name}' is given "
+                            f"twice (first on line {first[name]}); YAML would keep only the last one. "
+                            "Remove one of them."
+                        )
                     first[name] = key.start_mark.line + 1
                 stack.append((value, (*path, str(name))))
         elif isinstance(node, yaml.SequenceNode):
@@ -169,8 +179,9 @@ def read_yaml(path: Path) -> tuple[Any, dict[Loc, int]]:
         raise InputError(f"{path}{where}: not valid YAML: {problem}.") from None
     except (ValueError, OverflowError) as exc:  # e.g. a date like 2026-13-45, or an integer of 5,000 digits
         where = _bad_scalar(loader, node) if loader is not None and node is not None else ""  # both set by then
-        raise InputError(f"{path}{where}: a value cannot be read: {exc}. Quote it if it is meant "
-                         "as a string.") from None
+        raise InputError(
+            f"{path}{where}: a value cannot be read: {exc}. Quote it if it is meant as a string."
+        ) from None
     except RecursionError:
         raise InputError(f"{path}: nested too deeply to parse (more than {MAX_DEPTH} levels); flatten it.") from None
     finally:
@@ -200,7 +211,7 @@ def format_validation_error(source: str, exc: ValidationError, lines: dict[Loc, 
         elif err["type"] == "missing":
             msg = "required field is missing"
         elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         where = f"{source}:{line}" if line else source
         out.append(f"{where}: {field}: {msg}")
     return "\n".join(out)

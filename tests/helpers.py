@@ -18,8 +18,17 @@ DEV_DATA = ROOT.parent / "shared" / "data" / "memory_measurements_dev.csv"
 LOCAL = [("a100", "A100-40GB", 2, 4), ("v100", "V100-32GB", 2, 8), ("t4", "T4", 4, 4)]
 
 # Strings a hostile user might pass; none may ever be executed by a shell
-HOSTILE = ["$(touch pwned-subst)", "`touch pwned-tick`", "a; touch pwned-semi", "two\nlines", "it's \"quoted\"",
-           "$HOME", "*", "--", "-rf /"]
+HOSTILE = [
+    "$(touch pwned-subst)",
+    "`touch pwned-tick`",
+    "a; touch pwned-semi",
+    "two\nlines",
+    'it\'s "quoted"',
+    "$HOME",
+    "*",
+    "--",
+    "-rf /",
+]
 
 
 DEV_SITE = ROOT / "site_configs" / "devcluster.yaml"  # the local dev cluster's site file
@@ -30,9 +39,12 @@ def payload_spec_file(directory: Path, name: str = "rec", **training) -> Path:
     """A model.yaml (gpt2, 2 steps) whose job runs the recording payload instead of training; `training` overrides."""
     import yaml
 
-    data = {"name": name, "model": {"preset": "gpt2"},
-            "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32", **training},
-            "entry": {"trainer": "script", "script": str(PAYLOAD)}}
+    data = {
+        "name": name,
+        "model": {"preset": "gpt2"},
+        "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32", **training},
+        "entry": {"trainer": "script", "script": str(PAYLOAD)},
+    }
     p = directory / f"{name}.yaml"
     p.write_text(yaml.safe_dump(data))
     return p
@@ -43,15 +55,20 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
     prog, *rest = args
     module = {"fsbatch": "fsbatch", "fsqueue": "fsqueue", "fsinfo": "fsinfo", "frenzy-slurm": "admin"}[prog]
     code = f"import sys; from frenzy_slurm.cli.{module} import main; sys.argv[0] = {prog!r}; main()"
-    return subprocess.run([sys.executable, "-c", code, *rest], capture_output=True, text=True, cwd=cwd or ROOT, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *rest], capture_output=True, text=True, cwd=cwd or ROOT, timeout=300
+    )
 
 
 def make_spec(**over):
     """A small gpt2-medium JobSpec; `section__field=value` or `section={...}` override parts of it."""
     from frenzy_slurm.jobspec import JobSpec
 
-    base = {"name": "t", "model": {"preset": "gpt2-medium"},
-            "training": {"seq_len": 1024, "global_batch": 64, "steps": 100, "precision": "bf16-mixed"}}
+    base = {
+        "name": "t",
+        "model": {"preset": "gpt2-medium"},
+        "training": {"seq_len": 1024, "global_batch": 64, "steps": 100, "precision": "bf16-mixed"},
+    }
     for key, value in over.items():
         section, _, field = key.partition("__")
         if field:
@@ -70,8 +87,15 @@ def plan(spec, view, site=None, backend=None, time=None):
     from frenzy_slurm.sim.synthetic import synthetic_site
 
     model = resolve_model(spec, ".")
-    return decide_job(Requirements.from_spec(spec, time=time), workload_from_spec(spec, model),
-                      search_space_from_spec(spec), view, site or synthetic_site(LOCAL), backend, view.taken_at)
+    return decide_job(
+        Requirements.from_spec(spec, time=time),
+        workload_from_spec(spec, model),
+        search_space_from_spec(spec),
+        view,
+        site or synthetic_site(LOCAL),
+        backend,
+        view.taken_at,
+    )
 
 
 def snapshot(view):
@@ -83,8 +107,9 @@ def snapshot(view):
     return backend
 
 
-def planned(spec, view, job_dir=None, site=None, options=None, spec_path=Path("/home/u/model.yaml"), model=None,
-            **plan_options):
+def planned(
+    spec, view, job_dir=None, site=None, options=None, spec_path=Path("/home/u/model.yaml"), model=None, **plan_options
+):
     """planning.plan_job's request for `spec` on `view` (the site defaults to the LOCAL shape, without a file;
     the decision's "now" is the view's time); `plan_options` are further PlanOptions fields (force, templates)."""
     from frenzy_slurm.jobspec import resolve_model
@@ -110,9 +135,19 @@ def fill(view, partition: str, keep_free: dict[str, int] | None = None, minutes:
         if partition in n.partitions:
             used = n.gpus_total - keep_free.get(n.name, 0)
             n = n.model_copy(update={"gpus_used": used, "state": "mixed" if used else "idle"})
-            jobs.append(Job(job_id=1000 + len(jobs), state="RUNNING", partition=partition, nodes=[n.name], node_count=1,
-                            gpu_type=n.gpu_type, gpus_per_node=used, start_time=int(view.taken_at - 60),
-                            end_time=int(view.taken_at + minutes * 60)))
+            jobs.append(
+                Job(
+                    job_id=1000 + len(jobs),
+                    state="RUNNING",
+                    partition=partition,
+                    nodes=[n.name],
+                    node_count=1,
+                    gpu_type=n.gpu_type,
+                    gpus_per_node=used,
+                    start_time=int(view.taken_at - 60),
+                    end_time=int(view.taken_at + minutes * 60),
+                )
+            )
         nodes.append(n)
     return view.model_copy(update={"nodes": nodes, "jobs": jobs})
 

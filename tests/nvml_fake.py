@@ -26,8 +26,12 @@ class NVMLError_LibraryNotFound(NVMLError):
 
 
 class FakeNvml:
-    def __init__(self, fixture: str | dict, processes: dict[int, list[tuple[int, int]]] | None = None,
-                 utilisation: dict[int, int] | None = None):
+    def __init__(
+        self,
+        fixture: str | dict,
+        processes: dict[int, list[tuple[int, int]]] | None = None,
+        utilisation: dict[int, int] | None = None,
+    ):
         self.data = json.loads((DATA / fixture).read_text()) if isinstance(fixture, str) else fixture
         self.processes = processes or {}  # device index -> [(pid, bytes)]
         self.utilisation = utilisation or {}
@@ -36,7 +40,9 @@ class FakeNvml:
     def nvmlInit(self):
         err = self.data.get("init_error")
         if err:
-            raise {"NVMLError_LibraryNotFound": NVMLError_LibraryNotFound}.get(err, NVMLError)("NVML Shared Library Not Found")
+            raise {"NVMLError_LibraryNotFound": NVMLError_LibraryNotFound}.get(err, NVMLError)(
+                "NVML Shared Library Not Found"
+            )
         self.initialised = True
 
     def nvmlShutdown(self):

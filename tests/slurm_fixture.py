@@ -84,8 +84,9 @@ def slurm_cluster_2511(tmp_path_factory) -> LiveSlurm:
     state = tmp_path_factory.mktemp(f"devcluster-{BUILT_VERSION}")
     env = dict(os.environ, FRENZY_DEVCLUSTER_DIR=str(state), FRENZY_DEVCLUSTER_PORT=TEST_PORT_BUILT)
     # builds Slurm into the cache if it is not there yet (about 4-8 minutes), else starts in seconds
-    res = subprocess.run([str(DEVCLUSTER), "up", "--slurm", BUILT_VERSION], capture_output=True, text=True, env=env,
-                         timeout=2400)
+    res = subprocess.run(
+        [str(DEVCLUSTER), "up", "--slurm", BUILT_VERSION], capture_output=True, text=True, env=env, timeout=2400
+    )
     if res.returncode != 0:
         subprocess.run([str(DEVCLUSTER), "down"], capture_output=True, env=env, timeout=120)
         pytest.fail(f"devcluster up --slurm {BUILT_VERSION} failed:\n{res.stderr}")
@@ -115,8 +116,11 @@ def _empty_queue() -> None:
     subprocess.run(["scancel", "--quiet", "-u", "root"], capture_output=True, timeout=60)
     wait_for(lambda: not sh("squeue", "-h", "-t", "PD,R,CG,S", "-o", "%i"), what="an empty queue")
     nodes = sh("sinfo", "-h", "-N", "-o", "%N").split()
-    subprocess.run(["scontrol", "update", f"NodeName={','.join(sorted(set(nodes)))}", "State=RESUME"],
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["scontrol", "update", f"NodeName={','.join(sorted(set(nodes)))}", "State=RESUME"],
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def sh(*argv: str, check: bool = True) -> str:
@@ -147,8 +151,11 @@ def clean_queue(slurm_cluster):
         nodes = sh("sinfo", "-h", "-N", "-o", "%N").split()
         subprocess.run(["scontrol", "update", f"NodeName={','.join(nodes)}", "State=RESUME"], capture_output=True)
         # every slurmd answering (sinfo marks a node that does not with '*', e.g. after slurmctld restarted)
-        wait_for(lambda: not any(s.endswith("*") for s in sh("sinfo", "-h", "-N", "-o", "%t").split()),
-                 timeout=60, what="every node responding")
+        wait_for(
+            lambda: not any(s.endswith("*") for s in sh("sinfo", "-h", "-N", "-o", "%t").split()),
+            timeout=60,
+            what="every node responding",
+        )
 
     clean()
     yield slurm_cluster
@@ -163,7 +170,19 @@ def occupy_gpus(leave_free: dict[str, int]) -> None:
     for node in open_backend("cli").load().nodes:
         count = node.gpus_total - leave_free.get(node.name, 0)
         if count > 0:
-            sh("sbatch", "-p", node.partitions[0], "-w", node.name, f"--gres=gpu:{node.gpu_type}:{count}", "-t", "30",
-               "-o", "/dev/null", "--wrap", "sleep 600")
+            sh(
+                "sbatch",
+                "-p",
+                node.partitions[0],
+                "-w",
+                node.name,
+                f"--gres=gpu:{node.gpu_type}:{count}",
+                "-t",
+                "30",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 600",
+            )
             held += 1
     wait_for(lambda: len(sh("squeue", "-h", "-t", "R", "-o", "%i").split()) == held, what="GPU holders running")

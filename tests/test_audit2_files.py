@@ -43,13 +43,24 @@ def _snapshot(path: Path, jobs: list[Job]) -> Path:
 
 def _fsqueue(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "FRENZY_JOBS_DIR": str(tmp_path / "jobs")}
-    return subprocess.run([sys.executable, "-c", FSQUEUE, *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", FSQUEUE, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout
+    )
 
 
 def _job(job_id: int, user: str, workdir: Path) -> Job:
-    return Job(job_id=job_id, state="RUNNING", comment="frenzy:abc", user=user, workdir=str(workdir), name="x",
-               partition="a100", gpus_per_node=1, node_count=1, start_time=int(time.time()) - 60)
+    return Job(
+        job_id=job_id,
+        state="RUNNING",
+        comment="frenzy:abc",
+        user=user,
+        workdir=str(workdir),
+        name="x",
+        partition="a100",
+        gpus_per_node=1,
+        node_count=1,
+        start_time=int(time.time()) - 60,
+    )
 
 
 # ---------------------------------------------------------------- item 4: fsqueue reads job directories bounded
@@ -60,9 +71,16 @@ def test_fsqueue_all_does_not_open_another_users_job_directory(tmp_path, other_u
     /dev/zero: `fsqueue --all` by the victim (root here) returns at once and reads nothing of it."""
     trap = other_user.home / f"trap-{os.getpid()}"
     try:
-        res = as_user(other_user, ["sh", "-c", f"mkdir -p {trap}/checkpoints && mkfifo {trap}/checkpoints/latest "
-                                               f"{trap}/plan.json && ln -s /dev/zero {trap}/metrics.json && "
-                                               f"chmod 755 {trap} {trap}/checkpoints"])
+        res = as_user(
+            other_user,
+            [
+                "sh",
+                "-c",
+                f"mkdir -p {trap}/checkpoints && mkfifo {trap}/checkpoints/latest "
+                f"{trap}/plan.json && ln -s /dev/zero {trap}/metrics.json && "
+                f"chmod 755 {trap} {trap}/checkpoints",
+            ],
+        )
         assert res.returncode == 0, res.stderr
         snap = _snapshot(tmp_path / "snap.json", [_job(41, other_user.name, trap)])
         start = time.monotonic()
@@ -201,8 +219,11 @@ def test_cache_in_a_directory_others_can_write_is_neither_read_nor_written(cache
     path = _cache_path(backend, f"user={_me()}")
     path.parent.mkdir(parents=True)
     path.parent.chmod(0o777)
-    planted = {"key": f"user={_me()}", "written_at": time.time(),
-               "jobs": [Job(job_id=6, state="RUNNING", user=_me()).model_dump(mode="json")]}
+    planted = {
+        "key": f"user={_me()}",
+        "written_at": time.time(),
+        "jobs": [Job(job_id=6, state="RUNNING", user=_me()).model_dump(mode="json")],
+    }
     path.write_text(json.dumps(planted))
     path.chmod(0o600)
     assert query_jobs_cached(backend, _me()) == []
@@ -215,8 +236,15 @@ def test_cache_owned_by_another_user_is_not_read(cache_home, other_user):
     backend = _fake(_me())
     path = _cache_path(backend, f"user={_me()}")
     path.parent.mkdir(parents=True, mode=0o700)
-    path.write_text(json.dumps({"key": f"user={_me()}", "written_at": time.time(),
-                                "jobs": [Job(job_id=7, state="RUNNING", user=_me()).model_dump(mode="json")]}))
+    path.write_text(
+        json.dumps(
+            {
+                "key": f"user={_me()}",
+                "written_at": time.time(),
+                "jobs": [Job(job_id=7, state="RUNNING", user=_me()).model_dump(mode="json")],
+            }
+        )
+    )
     path.chmod(0o600)
     os.chown(path, other_user.uid, other_user.gid)
     assert query_jobs_cached(backend, _me()) == []
@@ -293,8 +321,9 @@ def test_no_write_text_left_in_the_package():
     offenders = []
     for p in (ROOT / "frenzy_slurm").rglob("*.py"):
         for i, line in enumerate(p.read_text().splitlines(), 1):
-            if re.search(r"\.write_text\(|\.write_bytes\(|(?<!fd)open\([^)]*[\"'][wa]b?\+?[\"']|\.savefig\((?!png|image)",
-                         line):
+            if re.search(
+                r"\.write_text\(|\.write_bytes\(|(?<!fd)open\([^)]*[\"'][wa]b?\+?[\"']|\.savefig\((?!png|image)", line
+            ):
                 offenders.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()}")
     assert offenders == []
 
@@ -333,8 +362,9 @@ def test_world_writable_site_file_is_refused_with_the_fix(tmp_path):
 def test_world_writable_site_file_is_exit_2_for_fsbatch(tmp_path):
     site = _site(tmp_path)
     site.chmod(0o646)
-    res = run_cli("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--site", str(site), "--job-dir",
-                  str(tmp_path / "job"))
+    res = run_cli(
+        "fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--site", str(site), "--job-dir", str(tmp_path / "job")
+    )
     assert res.returncode == 2 and "writable by everyone" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -374,8 +404,10 @@ def test_root_owned_site_file_is_trusted_by_other_users(tmp_path, other_user):
     try:
         top.chmod(0o755)
         site = _site(top)
-        code = ("import sys; from pathlib import Path; from frenzy_slurm.cluster.site import load_site; "
-                "print(len(load_site(Path(sys.argv[1])).pools))")
+        code = (
+            "import sys; from pathlib import Path; from frenzy_slurm.cluster.site import load_site; "
+            "print(len(load_site(Path(sys.argv[1])).pools))"
+        )
         res = as_user(other_user, [sys.executable, "-c", code, str(site)], cwd=Path("/"))
         assert res.returncode == 0 and res.stdout.strip() == str(len(LOCAL)), res.stderr
     finally:
@@ -391,9 +423,16 @@ def test_calibration_file_owned_by_another_user_is_refused(tmp_path, other_user)
     from frenzy_slurm import __version__
 
     cal_path = site.parent / "site.calibration.yaml"
-    write_calibration(cal_path, CalibrationFile(site_file=str(site), site_fingerprint=site_fingerprint(cfg),
-                                                created_at=time.time(), valid_until=time.time() + 86400,
-                                                frenzy_version=__version__))
+    write_calibration(
+        cal_path,
+        CalibrationFile(
+            site_file=str(site),
+            site_fingerprint=site_fingerprint(cfg),
+            created_at=time.time(),
+            valid_until=time.time() + 86400,
+            frenzy_version=__version__,
+        ),
+    )
     load_calibration(cal_path, cfg)
     os.chown(cal_path, other_user.uid, other_user.gid)
     with pytest.raises(InputError, match=f"calibration file {cal_path} belongs to {other_user.name}"):
@@ -419,11 +458,27 @@ def test_world_writable_templates_directory_is_refused(tmp_path, monkeypatch):
     with pytest.raises(InputError, match=r"template .*_header.j2 is writable by everyone"):
         _render_with(tdir)
     monkeypatch.setenv("FRENZY_TEMPLATES", str(tdir))  # the same from the environment, through the CLI: exit 2
-    res = subprocess.run([sys.executable, "-c", "import sys; from frenzy_slurm.cli.fsbatch import main; main()",
-                          str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--site", str(ROOT / "site_configs" /
-                                                                                        "devcluster-cpu.yaml"),
-                          "--backend", "static", "--snapshot", str(_cpu_snapshot(tmp_path)),
-                          "--job-dir", str(tmp_path / "job")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from frenzy_slurm.cli.fsbatch import main; main()",
+            str(EXAMPLES / "tiny-cpu.yaml"),
+            "--dry-run",
+            "--site",
+            str(ROOT / "site_configs" / "devcluster-cpu.yaml"),
+            "--backend",
+            "static",
+            "--snapshot",
+            str(_cpu_snapshot(tmp_path)),
+            "--job-dir",
+            str(tmp_path / "job"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert res.returncode == 2 and "_header.j2 is writable by everyone" in res.stderr, res.stderr
 
 
@@ -469,9 +524,19 @@ def _accounting(snap: Path, jobs: dict[int, tuple[str, Path | None]], enabled: b
 
     slurm = FakeSlurm(open_backend("static", snap).load(), user=_me(), accounting=enabled)
     for jid, (user, workdir) in jobs.items():
-        slurm.fake_jobs[jid] = FakeJob(job_id=jid, components=[], name="x", comment="frenzy:x", user=user,
-                                       workdir=str(workdir) if workdir else None, submitted=0, run_s=1,
-                                       state="COMPLETED", start=1, end=2)
+        slurm.fake_jobs[jid] = FakeJob(
+            job_id=jid,
+            components=[],
+            name="x",
+            comment="frenzy:x",
+            user=user,
+            workdir=str(workdir) if workdir else None,
+            submitted=0,
+            run_s=1,
+            state="COMPLETED",
+            start=1,
+            end=2,
+        )
     return slurm
 
 
@@ -495,7 +560,8 @@ def test_fabricated_job_directories_do_not_set_the_memory_factor(tmp_path, offli
     assert code == 0 and out["written"] is False and out["calibration"]["memory"] == []
     assert out["accounting"] is True and out["accepted"] == []
     assert [r["why"] for r in out["rejected"]] == [
-        f"job {90000 + i} is unknown to Slurm's accounting (it never ran here)" for i in range(3)]
+        f"job {90000 + i} is unknown to Slurm's accounting (it never ran here)" for i in range(3)
+    ]
     assert not (site.parent / "site.calibration.yaml").exists()
 
 
@@ -507,16 +573,26 @@ def test_only_jobs_accounting_knows_for_the_same_user_and_directory_count(tmp_pa
     moved = _finished(_job_dir(tmp_path, snap, site, "moved", 0.2), 201, peak_gib=0.0028)  # ran elsewhere
     twice = _job_dir(tmp_path, snap, site, "twice", 0.2)
     _finished(twice, 100, peak_gib=0.0028)  # a copy standing for run0's job again
-    backend = _accounting(snap, {100: (_me(), real[0]), 101: (_me(), real[1]), 102: (_me(), None),
-                                 200: ("alice", foreign), 201: (_me(), tmp_path / "elsewhere")})
+    backend = _accounting(
+        snap,
+        {
+            100: (_me(), real[0]),
+            101: (_me(), real[1]),
+            102: (_me(), None),
+            200: ("alice", foreign),
+            201: (_me(), tmp_path / "elsewhere"),
+        },
+    )
     code, out = _calibrate(monkeypatch, backend, site, [*real, fabricated, foreign, moved, twice])
     assert code == 0, out
     assert [a["job_id"] for a in out["accepted"]] == ["100", "101", "102"]
     why = {Path(r["job_dir"]).name: r["why"] for r in out["rejected"]}
-    assert why == {"fab": "job 555 is unknown to Slurm's accounting (it never ran here)",
-                   "alice": f"job 200 was run by alice, but the directory belongs to {_me()}",
-                   "moved": f"job 201 ran in {tmp_path / 'elsewhere'}, not in this directory",
-                   "twice": f"job 100 is already counted from {real[0]}"}
+    assert why == {
+        "fab": "job 555 is unknown to Slurm's accounting (it never ran here)",
+        "alice": f"job 200 was run by alice, but the directory belongs to {_me()}",
+        "moved": f"job 201 ran in {tmp_path / 'elsewhere'}, not in this directory",
+        "twice": f"job 100 is already counted from {real[0]}",
+    }
     (memory,) = out["calibration"]["memory"]
     assert memory["factor"] == pytest.approx(1.25) and memory["jobs"] == 3
     assert out["calibration"]["jobs"] == [str(d) for d in real]
@@ -531,8 +607,9 @@ def test_calibrate_text_report_says_what_was_accepted_and_why(tmp_path, offline,
     snap, site = offline
     real = [_finished(_job_dir(tmp_path, snap, site, f"run{i}", 0.2), 100 + i) for i in range(3)]
     fab = _finished(_job_dir(tmp_path, snap, site, "fab", 0.2), 555)
-    monkeypatch.setattr(cal_cli, "accounting_backend", lambda: _accounting(snap, {100 + i: (_me(), real[i])
-                                                                                  for i in range(3)}))
+    monkeypatch.setattr(
+        cal_cli, "accounting_backend", lambda: _accounting(snap, {100 + i: (_me(), real[i]) for i in range(3)})
+    )
     res = CliRunner().invoke(main, ["calibrate", "--site", str(site), "--dry-run", *map(str, [*real, fab])])
     assert res.exit_code == 0, res.output
     assert f"accepted: {real[0]}: job 100 of {_me()}, COMPLETED in Slurm's accounting" in res.stdout
@@ -542,8 +619,7 @@ def test_calibrate_text_report_says_what_was_accepted_and_why(tmp_path, offline,
 def test_without_accounting_only_your_own_job_directories_count(tmp_path, offline, monkeypatch, other_user):
     snap, site = offline
     mine = [_finished(_job_dir(tmp_path, snap, site, f"run{i}", 0.2), 100 + i) for i in range(3)]
-    theirs = [_finished(_job_dir(tmp_path, snap, site, f"fab{i}", 0.2), 90000 + i, peak_gib=0.0028)
-              for i in range(3)]
+    theirs = [_finished(_job_dir(tmp_path, snap, site, f"fab{i}", 0.2), 90000 + i, peak_gib=0.0028) for i in range(3)]
     for d in theirs:
         for p in [d, *d.iterdir()]:
             os.chown(p, other_user.uid, other_user.gid)
@@ -569,7 +645,8 @@ def test_job_files_of_someone_else_in_a_job_directory_are_refused(tmp_path, offl
     assert [r["why"] for r in out["rejected"]] == [
         f"metrics.json belongs to {other_user.name}, not to the directory's owner {_me()}",
         "is writable by others (mode 777): anyone could have written its records",
-        "metrics.json is not a regular file (a link, FIFO or device)"]
+        "metrics.json is not a regular file (a link, FIFO or device)",
+    ]
 
 
 def test_memory_outliers_are_left_out_by_median_and_mad(tmp_path):
@@ -578,9 +655,19 @@ def test_memory_outliers_are_left_out_by_median_and_mad(tmp_path):
     from frenzy_slurm.calibration.observe import Observation
 
     def obs(name: str, ratio: float) -> Observation:
-        return Observation(job_dir=tmp_path / name, job_id=None, kind="homogeneous", gpus=("A100-40GB",),
-                           precision="bf16-mixed", mode="bf16-mixed/full", slots=1, compute_s=None, other_s=None,
-                           measured_step_s=None, memory=[(10.0, 10.0 * ratio)])
+        return Observation(
+            job_dir=tmp_path / name,
+            job_id=None,
+            kind="homogeneous",
+            gpus=("A100-40GB",),
+            precision="bf16-mixed",
+            mode="bf16-mixed/full",
+            slots=1,
+            compute_s=None,
+            other_s=None,
+            measured_step_s=None,
+            memory=[(10.0, 10.0 * ratio)],
+        )
 
     honest = [obs(f"run{i}", r) for i, r in enumerate((1.0, 1.01, 0.99, 1.02))]
     planted = [obs(f"fab{i}", 0.70) for i in range(2)]

@@ -29,8 +29,20 @@ def accounting_cluster(slurm_cluster_2511, monkeypatch):
 
 def _run_true(workdir) -> int:
     """A real job that runs `true` in `workdir`; its id."""
-    out = sh("sbatch", "--parsable", "-p", sh("sinfo", "-h", "-o", "%R").split()[0], "-N1", "-t", "1",
-             f"--chdir={workdir}", "-o", "/dev/null", "--wrap", "true")
+    out = sh(
+        "sbatch",
+        "--parsable",
+        "-p",
+        sh("sinfo", "-h", "-o", "%R").split()[0],
+        "-N1",
+        "-t",
+        "1",
+        f"--chdir={workdir}",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "true",
+    )
     return int(out.split(";")[0])
 
 
@@ -40,8 +52,7 @@ def _accounted(ids: list[int]) -> bool:
     return all(states.get(str(i), "").startswith("COMPLETED") for i in ids)
 
 
-def test_calibrate_checks_job_directories_against_slurms_accounting(tmp_path, offline, accounting_cluster,
-                                                                    other_user):
+def test_calibrate_checks_job_directories_against_slurms_accounting(tmp_path, offline, accounting_cluster, other_user):
     snap, site = offline
     real = [_job_dir(tmp_path, snap, site, f"run{i}", 0.2) for i in range(3)]
     foreign = _job_dir(tmp_path, snap, site, "foreign", 0.2)  # a real job of root's, in a directory of fsaudit's
@@ -54,18 +65,28 @@ def test_calibrate_checks_job_directories_against_slurms_accounting(tmp_path, of
     for p in [foreign, *foreign.iterdir()]:
         os.chown(p, other_user.uid, other_user.gid)
     never = max(ids) + 100_000
-    fabricated = [_finished(_job_dir(tmp_path, snap, site, f"fab{i}", 0.2), never + i, peak_gib=0.0028)
-                  for i in range(3)]
-    res = run_cli("frenzy-slurm", "calibrate", "--site", str(site), "--json", "--dry-run",
-                  *map(str, [*real, foreign, *fabricated]))
+    fabricated = [
+        _finished(_job_dir(tmp_path, snap, site, f"fab{i}", 0.2), never + i, peak_gib=0.0028) for i in range(3)
+    ]
+    res = run_cli(
+        "frenzy-slurm",
+        "calibrate",
+        "--site",
+        str(site),
+        "--json",
+        "--dry-run",
+        *map(str, [*real, foreign, *fabricated]),
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["accounting"] is True
     assert [(a["job_id"], a["why"]) for a in out["accepted"]] == [
-        (str(j), f"job {j} of {_me()}, COMPLETED in Slurm's accounting") for j in ids]
+        (str(j), f"job {j} of {_me()}, COMPLETED in Slurm's accounting") for j in ids
+    ]
     assert [r["why"] for r in out["rejected"]] == [
         f"job {foreign_id} was run by {_me()}, but the directory belongs to {other_user.name}",
-        *(f"job {never + i} is unknown to Slurm's accounting (it never ran here)" for i in range(3))]
+        *(f"job {never + i} is unknown to Slurm's accounting (it never ran here)" for i in range(3)),
+    ]
     (memory,) = out["calibration"]["memory"]
     assert memory["factor"] == pytest.approx(1.25) and memory["jobs"] == 3
 

@@ -66,8 +66,14 @@ def test_site_detect_probe_does_not_import_a_planted_pynvml(tmp_path):
 def test_probe_drops_the_working_directory_even_when_started_without_P(tmp_path):
     marker = _plant(tmp_path / "cwd")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "frenzy_slurm.runtime.nvml_probe"], cwd=tmp_path / "cwd", env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "frenzy_slurm.runtime.nvml_probe"],
+        cwd=tmp_path / "cwd",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert not marker.exists()
 
@@ -150,8 +156,18 @@ def dry(offline: Path, *args: str, model: Path = TINY, site: Path | None = None,
 
     from frenzy_slurm.cli.fsbatch import main as fsbatch
 
-    argv = [str(model), "--dry-run", "--json", "--backend", "static", "--snapshot", str(offline / "snap.json"),
-            "--site", str(site or offline / "site.yaml"), *args]
+    argv = [
+        str(model),
+        "--dry-run",
+        "--json",
+        "--backend",
+        "static",
+        "--snapshot",
+        str(offline / "snap.json"),
+        "--site",
+        str(site or offline / "site.yaml"),
+        *args,
+    ]
     if "--job-dir" not in args:
         argv += ["--job-dir", str(offline / "job")]
     res = CliRunner().invoke(fsbatch, argv, env=env, catch_exceptions=True)
@@ -186,9 +202,18 @@ def assert_header_intact(script: str) -> None:
 # ---- item 8: no trailing newline (or \r) reaches job.sbatch ---------------------------------------------------
 
 BREAKERS = ["x\n", "x\r", "x\r\n", "x\n#SBATCH --uid=0", "\nx"]
-FLAG_NAMES = {"-J": "--job-name", "-A": "--account", "-q": "--qos", "-C": "--constraint", "-o": "--output",
-              "-e": "--error", "--mail-user": "--mail-user", "--mail-type": "--mail-type", "-t": "--time",
-              "--sbatch": "--sbatch"}
+FLAG_NAMES = {
+    "-J": "--job-name",
+    "-A": "--account",
+    "-q": "--qos",
+    "-C": "--constraint",
+    "-o": "--output",
+    "-e": "--error",
+    "--mail-user": "--mail-user",
+    "--mail-type": "--mail-type",
+    "-t": "--time",
+    "--sbatch": "--sbatch",
+}
 
 
 @pytest.mark.parametrize("value", BREAKERS, ids=repr)
@@ -209,9 +234,21 @@ def test_job_dir_with_a_newline_is_refused(offline, tmp_path, value):
     assert not _SAFE_PATH.match(str(tmp_path / value)), "render's path check accepts a newline"
 
 
-MODEL_FIELDS = [("name",), ("slurm", "account"), ("slurm", "qos"), ("slurm", "constraint"), ("slurm", "mail_type"),
-                ("slurm", "mail_user"), ("slurm", "job_name"), ("slurm", "output"), ("slurm", "error"),
-                ("slurm", "time"), ("slurm", "extra"), ("entry", "env-name"), ("entry", "script")]
+MODEL_FIELDS = [
+    ("name",),
+    ("slurm", "account"),
+    ("slurm", "qos"),
+    ("slurm", "constraint"),
+    ("slurm", "mail_type"),
+    ("slurm", "mail_user"),
+    ("slurm", "job_name"),
+    ("slurm", "output"),
+    ("slurm", "error"),
+    ("slurm", "time"),
+    ("slurm", "extra"),
+    ("entry", "env-name"),
+    ("entry", "script"),
+]
 
 
 def _model_with(field: tuple[str, ...], value: str) -> dict:
@@ -249,8 +286,12 @@ def test_model_yaml_strings_with_a_newline_are_refused(offline, tmp_path, field,
 def test_quoted_strings_with_a_newline_keep_the_sbatch_header(offline, tmp_path, value):
     """entry.env values and entry.args are shell-quoted after the header: a newline stays inside its quotes."""
     spec = yaml.safe_load(TINY.read_text())
-    spec["entry"] = {"trainer": "script", "script": "train.py", "args": ["--x", "a" + value],
-                     "env": {"TOKEN": "t" + value}}
+    spec["entry"] = {
+        "trainer": "script",
+        "script": "train.py",
+        "args": ["--x", "a" + value],
+        "env": {"TOKEN": "t" + value},
+    }
     model = tmp_path / "model.yaml"
     model.write_text(yaml.safe_dump(spec))
     (tmp_path / "train.py").write_text("")
@@ -285,8 +326,13 @@ def test_job_name_pattern_refuses_a_trailing_newline():
     assert re.match(pattern, "x\n"), "the pattern is only safe under the Rust engine"
     for bad in ("x\n", "x\r", "x\r\n"):
         with pytest.raises(ValidationError):
-            JobSpec.model_validate({"name": bad, "model": {"preset": "gpt2-medium"},
-                                    "training": {"seq_len": 8, "global_batch": 1, "steps": 1}})
+            JobSpec.model_validate(
+                {
+                    "name": bad,
+                    "model": {"preset": "gpt2-medium"},
+                    "training": {"seq_len": 8, "global_batch": 1, "steps": 1},
+                }
+            )
 
 
 def test_every_validator_pattern_ends_at_the_end_of_the_text():
@@ -300,7 +346,9 @@ def test_every_validator_pattern_ends_at_the_end_of_the_text():
     for module in (job, render, site):
         for name, value in vars(module).items():
             if isinstance(value, re.Pattern):
-                assert not value.match(_sample_for(value) + "\n"), f"{module.__name__}.{name} accepts a trailing newline"
+                assert not value.match(_sample_for(value) + "\n"), (
+                    f"{module.__name__}.{name} accepts a trailing newline"
+                )
 
 
 def _sample_for(pattern) -> str:
@@ -313,39 +361,74 @@ def _sample_for(pattern) -> str:
 
 # ---- item 13: --sbatch flags parsed as sbatch's getopt_long parses them ----------------------------------------
 
-@pytest.mark.parametrize("flag,reads_as", [
-    ("-vt1", "--time"), ("-t1", "--time"), ("-Dx", "--chdir"), ("-vvp", "--partition"), ("--ch=/", "--chdir"),
-    ("--ou=x", "--output"), ("--er=x", "--error"), ("--jo=x", "--job-name"), ("--si=USR1@1", "--signal"),
-    ("--op=truncate", "--open-mode"), ("--comm=x", "--comment"), ("--no-r", "--no-requeue"), ("--req", "--requeue"),
-    ("--gpus-per-n=2", "--gpus-per-node"), ("--ntasks-per-no=1", "--ntasks-per-node"), ("-W", "--wait"),
-    ("--reservation=big --chdir=/", "--chdir"), ("--spank-opt --output=x", "--output"), ("-Hc 4", "--cpus-per-task"),
-])
+
+@pytest.mark.parametrize(
+    "flag,reads_as",
+    [
+        ("-vt1", "--time"),
+        ("-t1", "--time"),
+        ("-Dx", "--chdir"),
+        ("-vvp", "--partition"),
+        ("--ch=/", "--chdir"),
+        ("--ou=x", "--output"),
+        ("--er=x", "--error"),
+        ("--jo=x", "--job-name"),
+        ("--si=USR1@1", "--signal"),
+        ("--op=truncate", "--open-mode"),
+        ("--comm=x", "--comment"),
+        ("--no-r", "--no-requeue"),
+        ("--req", "--requeue"),
+        ("--gpus-per-n=2", "--gpus-per-node"),
+        ("--ntasks-per-no=1", "--ntasks-per-node"),
+        ("-W", "--wait"),
+        ("--reservation=big --chdir=/", "--chdir"),
+        ("--spank-opt --output=x", "--output"),
+        ("-Hc 4", "--cpus-per-task"),
+    ],
+)
 def test_reserved_flags_are_refused_however_spelled(offline, flag, reads_as):
     code, out, _ = dry(offline, f"--sbatch={flag}")
     assert code == 2 and "frenzy-slurm sets this itself" in out, out
     assert reads_as in out, out
 
 
-@pytest.mark.parametrize("flag,needle", [
-    ("-A", "needs a value in the same flag"),  # sbatch would take the next line's --partition=... as the account
-    ("--mem", "needs a value in the same flag"),
-    ("-A hetjob", "hetjob separator"),
-    ("--ex=x", "cannot tell which option --ex abbreviates"),
-    ("-- -x", "'--' ends sbatch's options"),
-    ("--hold=yes", "takes no value"),
-    ("--constraint='a b'", "write the flag without quotes"),
-    ("--begin=now #later", "write the flag without quotes"),
-    ("-X", "-X is not an sbatch option"),
-    ("--mem 4G extra", "neither an sbatch flag nor a flag's value"),
-])
+@pytest.mark.parametrize(
+    "flag,needle",
+    [
+        ("-A", "needs a value in the same flag"),  # sbatch would take the next line's --partition=... as the account
+        ("--mem", "needs a value in the same flag"),
+        ("-A hetjob", "hetjob separator"),
+        ("--ex=x", "cannot tell which option --ex abbreviates"),
+        ("-- -x", "'--' ends sbatch's options"),
+        ("--hold=yes", "takes no value"),
+        ("--constraint='a b'", "write the flag without quotes"),
+        ("--begin=now #later", "write the flag without quotes"),
+        ("-X", "-X is not an sbatch option"),
+        ("--mem 4G extra", "neither an sbatch flag nor a flag's value"),
+    ],
+)
 def test_flags_sbatch_would_misread_are_refused(offline, flag, needle):
     code, out, _ = dry(offline, f"--sbatch={flag}")
     assert code == 2 and needle in out and "--sbatch" in out, out
 
 
-@pytest.mark.parametrize("flag", ["--reservation=big", "--gres-flags=enforce-binding", "--mem 4G", "-Afoo",
-                                  "--exclusive=user", "-k", "--hold", "--nice=5", "--x11=batch", "--mem-per-gpu=10G",
-                                  "--time-min=60", "--spank-plugin-opt=1"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--reservation=big",
+        "--gres-flags=enforce-binding",
+        "--mem 4G",
+        "-Afoo",
+        "--exclusive=user",
+        "-k",
+        "--hold",
+        "--nice=5",
+        "--x11=batch",
+        "--mem-per-gpu=10G",
+        "--time-min=60",
+        "--spank-plugin-opt=1",
+    ],
+)
 def test_other_flags_still_pass_through(offline, flag):
     code, out, script = dry(offline, f"--sbatch={flag}")
     assert code == 0, out
@@ -366,8 +449,10 @@ def test_option_table_matches_the_vendored_slurm_source():
         pytest.skip(f"no vendored Slurm source at {tarball}")
     with tarfile.open(tarball) as tar:
         src = tar.extractfile("slurm-25.11.7/src/common/slurm_opt.c").read().decode()
-    blocks = {m.group(1): dict(re.findall(r"\.(\w+)\s*=\s*([^,\n]+),", m.group(2)))
-              for m in re.finditer(r"static slurm_cli_opt_t (slurm_opt_\w+) = \{(.*?)\n\};", src, re.S)}
+    blocks = {
+        m.group(1): dict(re.findall(r"\.(\w+)\s*=\s*([^,\n]+),", m.group(2)))
+        for m in re.finditer(r"static slurm_cli_opt_t (slurm_opt_\w+) = \{(.*?)\n\};", src, re.S)
+    }
     listed = re.findall(r"&(slurm_opt_\w+)", re.search(r"common_options\[\] = \{(.*?)\};", src, re.S).group(1))
     kinds = {"no_argument": "no", "required_argument": "required", "optional_argument": "optional"}
     seen = 0
@@ -389,11 +474,17 @@ def test_option_table_matches_the_vendored_slurm_source():
 
 # ---- item 15: finite numbers, keys once, paths relative to model.yaml, bounded site values --------------------
 
-@pytest.mark.parametrize("text,where", [
-    ("  learning_rate: .inf\n", "training.learning_rate"), ("  learning_rate: -.Inf\n", "training.learning_rate"),
-    ("  learning_rate: .nan\n", "training.learning_rate"), ("  learning_rate: '1e999'\n", "training.learning_rate"),
-    ("  learning_rate: 1.0e+999\n", "training.learning_rate"),
-])
+
+@pytest.mark.parametrize(
+    "text,where",
+    [
+        ("  learning_rate: .inf\n", "training.learning_rate"),
+        ("  learning_rate: -.Inf\n", "training.learning_rate"),
+        ("  learning_rate: .nan\n", "training.learning_rate"),
+        ("  learning_rate: '1e999'\n", "training.learning_rate"),
+        ("  learning_rate: 1.0e+999\n", "training.learning_rate"),
+    ],
+)
 def test_non_finite_numbers_in_model_yaml_are_refused(offline, tmp_path, text, where):
     base = TINY.read_text()
     assert "  learning_rate: 0.003\n" in base
@@ -478,17 +569,23 @@ def test_relative_entry_data_is_relative_to_model_yaml(tmp_path, monkeypatch):
     assert load_job_spec(model).entry.data == str(absolute)
 
 
-@pytest.mark.parametrize("pool_field,value,needle", [
-    ("intra_node", 0, "is not a link speed"), ("intra_node", -5, "is not a link speed"),
-    ("intra_node", float("inf"), "not a finite number"), ("intra_node", float("nan"), "not a finite number"),
-    ("overrides", {"memory_gib": float("inf")}, "not a finite number"),
-    ("overrides", {"memory_gib": 1e300}, "less than or equal to 16384"),
-    ("overrides", {"bf16": float("inf")}, "not a finite number"),
-    ("overrides", {"efficiency": 1e-300}, "greater than or equal to 0.01"),
-    ("overrides", {"step_overhead_s": float("inf")}, "not a finite number"),
-    ("inter_node_gbs", float("inf"), "not a finite number"), ("gpus_per_node", 10**9, "less than or equal to 256"),
-    ("cpus_per_gpu", 10**9, "less than or equal to 1024"),
-])
+@pytest.mark.parametrize(
+    "pool_field,value,needle",
+    [
+        ("intra_node", 0, "is not a link speed"),
+        ("intra_node", -5, "is not a link speed"),
+        ("intra_node", float("inf"), "not a finite number"),
+        ("intra_node", float("nan"), "not a finite number"),
+        ("overrides", {"memory_gib": float("inf")}, "not a finite number"),
+        ("overrides", {"memory_gib": 1e300}, "less than or equal to 16384"),
+        ("overrides", {"bf16": float("inf")}, "not a finite number"),
+        ("overrides", {"efficiency": 1e-300}, "greater than or equal to 0.01"),
+        ("overrides", {"step_overhead_s": float("inf")}, "not a finite number"),
+        ("inter_node_gbs", float("inf"), "not a finite number"),
+        ("gpus_per_node", 10**9, "less than or equal to 256"),
+        ("cpus_per_gpu", 10**9, "less than or equal to 1024"),
+    ],
+)
 def test_site_values_out_of_range_are_refused(offline, tmp_path, pool_field, value, needle):
     site = yaml.safe_load((offline / "site.yaml").read_text())
     site["pools"][0][pool_field] = value
@@ -499,6 +596,7 @@ def test_site_values_out_of_range_are_refused(offline, tmp_path, pool_field, val
 
 
 # ---- item 17: --trace-factory runs only the user's own code or the site's trusted_factories -------------------
+
 
 def _module(directory: Path, name: str, body: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,7 @@ def _refusal(fn, *args, **kw) -> tuple[int, str]:
 
 # --- item 1: every directory above the jobs directory ------------------------------------------------------------
 
+
 def test_group_writable_directory_above_the_jobs_directory_is_refused(world, tmp_path, monkeypatch):
     """A shared project directory (group-writable, not sticky): its members could rename the job directory away."""
     monkeypatch.setattr(jobdir, "_private_group", lambda gid: False)  # a project group with other members
@@ -127,6 +128,7 @@ def test_resolved_path_is_checked_too(tmp_path, monkeypatch):
 
 # --- item 14: the lock directory's parents --------------------------------------------------------------------
 
+
 def test_lock_directory_under_a_shared_directory_is_refused(world, tmp_path, monkeypatch):
     """Removing the lock directory (and the registry beside it) used to allow a duplicate submission."""
     shared = tmp_path / "shared"
@@ -139,6 +141,7 @@ def test_lock_directory_under_a_shared_directory_is_refused(world, tmp_path, mon
 
 
 # --- item 10: an existing directory is reused only for this submission's own files ------------------------------
+
 
 def test_job_dir_dot_never_overwrites_the_users_files(world, tmp_path):
     """`fsbatch model.yaml --job-dir .` used to replace the user's model.yaml (and ds_config.json, job.sbatch)."""
@@ -245,26 +248,36 @@ def test_runtime_stops_with_one_message_before_reading_a_swapped_directory(world
 
     req, env = written(world, tmp_path / "jobs" / "a")
     (req.job_dir / "plan.json").write_text("{}")
-    res = subprocess.run([sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(req.job_dir)],
-                         capture_output=True, text=True, timeout=120, cwd=req.job_dir,
-                         env={**os.environ, **env, "PYTHONPATH": str(ROOT)})
+    res = subprocess.run(
+        [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(req.job_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=req.job_dir,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+    )
     assert res.returncode == EXIT_BAD_INPUT and "Traceback" not in res.stderr, res.stderr
     assert "plan.json is not the file fsbatch wrote" in res.stderr
 
 
 # --- item 1 in the trainer: only the job's own checkpoints are loaded ------------------------------------------
 
+
 def _tiny_job(tmp_path: Path, steps: int, interval: int):
     """tiny-cpu rendered for one CPU rank and written as fsbatch writes it; its script's environment."""
     from frenzy_slurm.jobspec import load_job_spec
 
-    text = (ROOT / "examples" / "tiny-cpu.yaml").read_text().replace(
-        "  steps: 6\n", f"  steps: {steps}\n  checkpoint_interval: {interval}\n")
+    text = (
+        (ROOT / "examples" / "tiny-cpu.yaml")
+        .read_text()
+        .replace("  steps: 6\n", f"  steps: {steps}\n  checkpoint_interval: {interval}\n")
+    )
     (tmp_path / "tiny.yaml").write_text(text + "limits:\n  max_gpus: 1\n")  # one CPU rank
     spec = load_job_spec(tmp_path / "tiny.yaml")
     view = synthetic(LOCAL)
-    job = planned(spec, view, tmp_path / "jobs" / "t", spec_path=tmp_path / "tiny.yaml",
-                  model=resolve_model(spec, tmp_path))
+    job = planned(
+        spec, view, tmp_path / "jobs" / "t", spec_path=tmp_path / "tiny.yaml", model=resolve_model(spec, tmp_path)
+    )
     submit(job, fake(view))
     return job.job_dir, _job_env((job.job_dir / "job.sbatch").read_text())
 
@@ -275,12 +288,27 @@ def _train(job_dir: Path, env: dict[str, str]):
 
     from frenzy_slurm.runtime.dist import free_port
 
-    run_env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+    run_env = {
+        **os.environ,
+        **env,
+        "PYTHONPATH": str(ROOT),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     for key in ("SLURM_PROCID", "SLURM_JOB_ID", "LOCAL_SIZE"):
         run_env.pop(key, None)
-    return subprocess.run([sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir)],
-                          capture_output=True, text=True, timeout=600, cwd=job_dir, env=run_env)
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=job_dir,
+        env=run_env,
+    )
 
 
 @pytest.mark.slow
@@ -308,8 +336,10 @@ def test_resume_loads_only_checkpoints_the_job_wrote(tmp_path):
     (ckpt / "step4" / victim).write_bytes(b"planted pickle")
     bad = _train(job_dir, env)
     assert bad.returncode == EXIT_BAD_INPUT and "Traceback" not in bad.stderr, bad.stderr[-3000:]
-    assert f"checkpoint checkpoints/step4 is not what this job wrote ({job_dir}/checkpoints/step4/{victim} " \
-           "differs from what this job wrote" in bad.stderr
+    assert (
+        f"checkpoint checkpoints/step4 is not what this job wrote ({job_dir}/checkpoints/step4/{victim} "
+        "differs from what this job wrote" in bad.stderr
+    )
     # so is a file added beside the job's own
     (ckpt / "step4" / victim).unlink()
     (ckpt / "step4" / "zz_extra_optim_states.pt").write_bytes(b"planted")
@@ -318,6 +348,7 @@ def test_resume_loads_only_checkpoints_the_job_wrote(tmp_path):
 
 
 # --- item 12: the rendezvous port ---------------------------------------------------------------------------------
+
 
 def test_script_picks_a_free_port_on_the_first_node(world, tmp_path):
     script = request(world, tmp_path / "jobs" / "a").script
@@ -354,12 +385,19 @@ def test_free_port_command_prints_one_port(tmp_path):
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-P", "-m", "frenzy_slurm.runtime.dist", "free-port"], capture_output=True,
-                         text=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    res = subprocess.run(
+        [sys.executable, "-P", "-m", "frenzy_slurm.runtime.dist", "free-port"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert res.returncode == 0 and 1024 < int(res.stdout) < 65536, res.stderr
 
 
 # --- item 11: DeepSpeed's shared-memory segments are the job's own --------------------------------------------------
+
 
 @pytest.fixture
 def shm_env():
@@ -400,28 +438,42 @@ def test_a_segment_planted_by_another_user_stops_the_job(shm_env, other_user):
     from .users import as_user
 
     planted = segment_path(0, shm_env)
-    code = (f"import os; os.close(os.open({str(planted)!r}, os.O_CREAT | os.O_RDWR, 0o666)); "
-            f"os.chmod({str(planted)!r}, 0o666)")
+    code = (
+        f"import os; os.close(os.open({str(planted)!r}, os.O_CREAT | os.O_RDWR, 0o666)); "
+        f"os.chmod({str(planted)!r}, 0o666)"
+    )
     res = as_user(other_user, [sys.executable, "-c", code], cwd=Path("/"))
     assert res.returncode == 0, res.stderr
     assert os.stat(planted).st_uid == other_user.uid
     with pytest.raises(FrenzyError) as exc:
         claim_allreduce_segment(0, shm_env)
-    assert f"{planted}, DeepSpeed's shared-memory buffer for rank 0, already exists and is not this job's " \
-           f"(owner uid {other_user.uid}, mode 666)" in exc.value.message
+    assert (
+        f"{planted}, DeepSpeed's shared-memory buffer for rank 0, already exists and is not this job's "
+        f"(owner uid {other_user.uid}, mode 666)" in exc.value.message
+    )
     assert os.stat(planted).st_uid == other_user.uid  # left to its owner (and the admins), never written
 
 
 def test_shm_is_used_only_where_local_size_says_so():
     from frenzy_slurm.runtime.shm import uses_shm_allreduce
 
-    assert uses_shm_allreduce(2, {"LOCAL_SIZE": "2"}) and not uses_shm_allreduce(2, {}) \
+    assert (
+        uses_shm_allreduce(2, {"LOCAL_SIZE": "2"})
+        and not uses_shm_allreduce(2, {})
         and not uses_shm_allreduce(4, {"LOCAL_SIZE": "2"})
+    )
 
 
 def _claiming_rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_SIZE=str(world), DS_ACCELERATOR="cpu")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_SIZE=str(world),
+        DS_ACCELERATOR="cpu",
+    )
     import deepspeed
     import torch
 

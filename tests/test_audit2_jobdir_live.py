@@ -27,8 +27,13 @@ spec_file = payload_spec_file
 
 def _fsbatch(*args: str) -> subprocess.Popen:
     code = "import sys; from frenzy_slurm.cli.fsbatch import main; sys.argv[0] = 'fsbatch'; main()"
-    return subprocess.Popen([sys.executable, "-c", code, *args, "--json"], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args, "--json"],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_concurrent_force_runs_each_submit_their_own_job(jobs_dir, tmp_path):

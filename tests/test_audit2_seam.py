@@ -54,9 +54,16 @@ def squeue_answer(job_name: bytes = NAME, extra: dict | None = None) -> bytes:
     """Slurm 22.05's recorded `squeue --json`, plus a job of this user named with raw bytes (as squeue prints
     them: Slurm does not re-encode names)."""
     payload = json.loads((DATA / "squeue.out").read_text())
-    job = dict(payload["jobs"][0], job_id=4242, job_state="PENDING", user_name=getpass.getuser(),
-               name="@@NAME@@", comment="frenzy:0123456789abcdef", current_working_directory="/nonexistent/jobdir",
-               **(extra or {}))
+    job = dict(
+        payload["jobs"][0],
+        job_id=4242,
+        job_state="PENDING",
+        user_name=getpass.getuser(),
+        name="@@NAME@@",
+        comment="frenzy:0123456789abcdef",
+        current_working_directory="/nonexistent/jobdir",
+        **(extra or {}),
+    )
     payload["jobs"].append(job)
     return json.dumps(payload).encode().replace(b"@@NAME@@", job_name)
 
@@ -75,24 +82,33 @@ def standin(tmp_path, monkeypatch):
     monkeypatch.setenv("FRENZY_JOBS_DIR", str(tmp_path / "jobs"))
 
     def make(squeue: bytes | None = None, partitions: bytes | None = None, nodes: bytes | None = None) -> Path:
-        answers = {"squeue": squeue if squeue is not None else (DATA / "squeue.out").read_bytes(),
-                   "partitions": partitions if partitions is not None else
-                   (DATA / "scontrol-partitions-text.out").read_bytes(),
-                   "nodes": nodes if nodes is not None else (DATA / "sinfo.out").read_bytes(),
-                   "config": (DATA / "scontrol-config-text.out").read_bytes()}
+        answers = {
+            "squeue": squeue if squeue is not None else (DATA / "squeue.out").read_bytes(),
+            "partitions": partitions
+            if partitions is not None
+            else (DATA / "scontrol-partitions-text.out").read_bytes(),
+            "nodes": nodes if nodes is not None else (DATA / "sinfo.out").read_bytes(),
+            "config": (DATA / "scontrol-config-text.out").read_bytes(),
+        }
         for key, data in answers.items():
             (tmp_path / f"{key}.answer").write_bytes(data)
-        _tool(bindir, "sinfo",
-              f"case \"$1\" in --version) echo 'slurm 22.05.8';; *) cat {tmp_path}/nodes.answer;; esac")
+        _tool(
+            bindir, "sinfo", f"case \"$1\" in --version) echo 'slurm 22.05.8';; *) cat {tmp_path}/nodes.answer;; esac"
+        )
         _tool(bindir, "squeue", f"cat {tmp_path}/squeue.answer")
-        _tool(bindir, "scontrol", f"case \"$*\" in *partition*) cat {tmp_path}/partitions.answer;; "
-                                  f"*config*) cat {tmp_path}/config.answer;; *) exit 1;; esac")
+        _tool(
+            bindir,
+            "scontrol",
+            f'case "$*" in *partition*) cat {tmp_path}/partitions.answer;; '
+            f"*config*) cat {tmp_path}/config.answer;; *) exit 1;; esac",
+        )
         return bindir
 
     return make
 
 
 # -- item 3: a job name that is not UTF-8 -------------------------------------------------------------------------
+
 
 def test_run_decodes_bytes_that_are_not_utf8(tmp_path):
     """It used to raise UnicodeDecodeError from inside subprocess.run (text=True, strict UTF-8)."""
@@ -150,9 +166,24 @@ def test_pyslurm_backend_reads_a_name_it_cannot_decode():
         def name(self):
             return NAME.decode("utf-8")  # raises UnicodeDecodeError, as pyslurm's to_unicode does
 
-    j = StrictJob(id=7, state="PENDING", state_reason="None", partition="t4", allocated_nodes=None, num_nodes=1,
-                  gres_per_node={}, gpus={}, heterogeneous_id=None, heterogeneous_offset=None, user_name="u",
-                  start_time=0, end_time=0, time_limit=30, comment="frenzy:x", working_directory=b"/tmp/\xe9")
+    j = StrictJob(
+        id=7,
+        state="PENDING",
+        state_reason="None",
+        partition="t4",
+        allocated_nodes=None,
+        num_nodes=1,
+        gres_per_node={},
+        gpus={},
+        heterogeneous_id=None,
+        heterogeneous_offset=None,
+        user_name="u",
+        start_time=0,
+        end_time=0,
+        time_limit=30,
+        comment="frenzy:x",
+        working_directory=b"/tmp/\xe9",
+    )
     job = pb.PyslurmBackend._job(j)
     assert (job.name, job.workdir, job.comment) == (SHOWN, "/tmp/\ufffd", "frenzy:x")
 
@@ -181,9 +212,20 @@ def test_table_cells_cannot_drive_the_terminal():
 
 # -- item 16: hostile Slurm answers -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("answer", [b'{"jobs": [1]}', b'{"jobs": ["x", {}]}', b'{"jobs": "abc"}', b'[1, 2]',
-                                    b'{"jobs": [{"job_id": {"number": [1]}, "name": 5}]}', b'{"nojobs": []}',
-                                    b"[" * 100_000, b'{"jobs": [{"job_id": 1e999, "time_limit": "1:x"}]}'])
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"jobs": [1]}',
+        b'{"jobs": ["x", {}]}',
+        b'{"jobs": "abc"}',
+        b"[1, 2]",
+        b'{"jobs": [{"job_id": {"number": [1]}, "name": 5}]}',
+        b'{"nojobs": []}',
+        b"[" * 100_000,
+        b'{"jobs": [{"job_id": 1e999, "time_limit": "1:x"}]}',
+    ],
+)
 def test_malformed_json_is_an_unexpected_answer(standin, answer):
     """A list item that is not an object used to give an AttributeError traceback; deep nesting a RecursionError."""
     standin(squeue=answer)
@@ -239,14 +281,20 @@ def test_answer_cap_also_bounds_stderr(tmp_path):
 
 
 def test_numbers_slurm_cannot_mean():
-    assert [num(x) for x in (float("nan"), float("inf"), "\u00b2", "12", {"set": True, "number": float("inf")})] == \
-        [None, None, None, 12, None]
+    assert [num(x) for x in (float("nan"), float("inf"), "\u00b2", "12", {"set": True, "number": float("inf")})] == [
+        None,
+        None,
+        None,
+        12,
+        None,
+    ]
     with pytest.raises(SlurmUnexpected):
         parse_parsable("\u00b2\n")  # isdigit() but not a number int() reads
     assert parse_sacct("\u00b2|1|RUNNING|0:0|||5\n") == {}
 
 
 # -- item 9: whatever ends sbatch, look the job up by its tag ------------------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 def private_lock_dir(tmp_path, monkeypatch):
@@ -281,14 +329,20 @@ def _created_then(slurm: FakeSlurm, error: Exception, signals: int = 0):
     slurm.submit = submit_
 
 
-@pytest.mark.parametrize("error", [
-    # sbatch's own MessageTimeout against a paused slurmctld: exit 1 with an outage message, not our timeout
-    SlurmUnavailable("Slurm is unreachable: sbatch: error: Batch job submission failed: Socket timed out on "
-                     "send/recv operation (from 'sbatch --parsable job.sbatch')."),
-    SlurmCommandError(["sbatch"], 1, "sbatch: error: Batch job submission failed: Unexpected message received"),
-    SlurmCommandError(["sbatch"], -2, ""),  # killed by a signal after sending the job
-    SlurmUnexpected("sbatch --parsable printed 'garbage', not a job id"),
-], ids=["sbatch-own-timeout", "error-exit", "killed", "garbled-answer"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        # sbatch's own MessageTimeout against a paused slurmctld: exit 1 with an outage message, not our timeout
+        SlurmUnavailable(
+            "Slurm is unreachable: sbatch: error: Batch job submission failed: Socket timed out on "
+            "send/recv operation (from 'sbatch --parsable job.sbatch')."
+        ),
+        SlurmCommandError(["sbatch"], 1, "sbatch: error: Batch job submission failed: Unexpected message received"),
+        SlurmCommandError(["sbatch"], -2, ""),  # killed by a signal after sending the job
+        SlurmUnexpected("sbatch --parsable printed 'garbage', not a job id"),
+    ],
+    ids=["sbatch-own-timeout", "error-exit", "killed", "garbled-answer"],
+)
 def test_sbatch_ending_without_a_job_id_still_records_the_job(world, tmp_path, error):
     slurm = FakeSlurm(world[0], user=getpass.getuser())
     _created_then(slurm, error)
@@ -310,6 +364,7 @@ def test_sbatch_own_timeout_without_a_job_says_it_may_appear(world, tmp_path):
 
 
 # -- item 15: a full disk and signals during sbatch ----------------------------------------------------------------
+
 
 def test_disk_full_after_sbatch_names_the_job_and_a_rerun_records_it(world, tmp_path, monkeypatch):
     import frenzy_slurm.submit as sub
@@ -369,8 +424,9 @@ def test_second_signal_stops_at_once_naming_the_tag(world, tmp_path):
     assert (req.job_dir / "submission.json").exists()
 
 
-@pytest.mark.parametrize("code,fix", [(errno.ENOSPC, "file system is full"), (errno.EDQUOT, "quota"),
-                                      (errno.EROFS, "read-only")])
+@pytest.mark.parametrize(
+    "code,fix", [(errno.ENOSPC, "file system is full"), (errno.EDQUOT, "quota"), (errno.EROFS, "read-only")]
+)
 def test_os_errors_are_one_message_and_exit_1(code, fix):
     from frenzy_slurm.cli.common import reports_errors
 
@@ -394,4 +450,3 @@ def test_a_gres_type_with_a_newline_is_not_a_gpu_type():
     assert parse_gpu_gres("gpu:a100:4\n") == ("a100", 4)  # split_gres strips the item: an honest trailing newline
     assert parse_gpu_gres("gpu:a1 00:4") == (None, 0)
     assert parse_gpu_gres("gpu:a100:3(IDX:0-2),gpu:v100:1") == ("a100", 4)
-

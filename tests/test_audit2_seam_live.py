@@ -37,8 +37,11 @@ spec_file = payload_spec_file
 
 def _sbatch_bytes(*args: bytes) -> int:
     """sbatch with raw byte arguments (as a shell's $'...' passes them); the job id."""
-    res = subprocess.run([b"sbatch", b"--parsable", b"-p", b"t4", b"-t", b"10", b"-o", b"/dev/null", *args,
-                          b"--wrap", b"sleep 300"], capture_output=True, timeout=60)
+    res = subprocess.run(
+        [b"sbatch", b"--parsable", b"-p", b"t4", b"-t", b"10", b"-o", b"/dev/null", *args, b"--wrap", b"sleep 300"],
+        capture_output=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     return int(res.stdout.split(b";")[0])
 
@@ -54,8 +57,11 @@ def test_non_utf8_job_names_break_no_reader(env):
         # the jobs stay listed for MinJobAge (300 s) after they end: renamed first, so that the later live tests
         # of this session (and their helpers, which decode strictly) see plain names
         for job in (odd, ctl):
-            subprocess.run(["scontrol", "update", f"JobId={job}", "JobName=renamed", "Comment=renamed"],
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                ["scontrol", "update", f"JobId={job}", "JobName=renamed", "Comment=renamed"],
+                capture_output=True,
+                timeout=60,
+            )
 
 
 def _check_readers(env: Path, odd: int, ctl: int) -> None:
@@ -64,8 +70,13 @@ def _check_readers(env: Path, odd: int, ctl: int) -> None:
     assert listed[odd].name == "caf\ufffd" and listed[odd].comment == TAG
     text = {j.job_id: j for j in SlurmCliBackend(force_text=True).jobs()}  # squeue -o reads the same
     assert text[odd].name == "caf\ufffd"
-    for argv in (["fsqueue", "--all"], ["fsqueue", "--all", "--json"], ["fsinfo"], ["fsinfo", "--json"],
-                 ["fsbatch", str(spec_file(env, "dry")), "--dry-run"]):
+    for argv in (
+        ["fsqueue", "--all"],
+        ["fsqueue", "--all", "--json"],
+        ["fsinfo"],
+        ["fsinfo", "--json"],
+        ["fsbatch", str(spec_file(env, "dry")), "--dry-run"],
+    ):
         res = run_cli(*argv)
         assert res.returncode == 0, (argv, res.stderr)
         assert "\x1b" not in res.stdout and "Traceback" not in res.stderr
@@ -87,8 +98,10 @@ def test_sbatch_own_timeout_with_slurmctld_paused_records_the_job(env, monkeypat
     while the job was created."""
     script = env / "train.py"
     script.write_text("print('trained')\n")
-    spec = make_spec(training={"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
-                     entry={"trainer": "script", "script": str(script)})
+    spec = make_spec(
+        training={"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+        entry={"trainer": "script", "script": str(script)},
+    )
     backend = SlurmCliBackend()
     req = planned(spec, backend.load(), env / "jobs" / "paused", site=load_site(SITE), spec_path=env / "model.yaml")
     pid = _slurmctld_pid()
@@ -114,8 +127,9 @@ def test_sbatch_own_timeout_with_slurmctld_paused_records_the_job(env, monkeypat
     assert ended and ended[0].startswith("SlurmUnavailable") and "SlurmTimeout" not in ended[0], ended
     record = json.loads((req.job_dir / "submission.json").read_text())
     assert record["job_id"] == done.job_id and "found in the queue by its tag" in record["recovered"]
-    assert f"{done.job_id} frenzy:{req.submission}" in sh("squeue", "-h", "--states=all", "-j", str(done.job_id),
-                                                          "-o", "%i %k")
+    assert f"{done.job_id} frenzy:{req.submission}" in sh(
+        "squeue", "-h", "--states=all", "-j", str(done.job_id), "-o", "%i %k"
+    )
 
 
 def test_sigterm_during_sbatch_records_the_job_first(env, monkeypatch):
@@ -123,7 +137,7 @@ def test_sigterm_during_sbatch_records_the_job_first(env, monkeypatch):
     real = shutil.which("sbatch")
     bindir = env / "bin"
     bindir.mkdir()
-    (bindir / "sbatch").write_text(f"#!/bin/sh\nkill -TERM $PPID\nsleep 1\nexec {real} \"$@\"\n")
+    (bindir / "sbatch").write_text(f'#!/bin/sh\nkill -TERM $PPID\nsleep 1\nexec {real} "$@"\n')
     (bindir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     res = run_cli("fsbatch", str(spec_file(env, "term")))

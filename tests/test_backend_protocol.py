@@ -31,8 +31,17 @@ def protocol_methods() -> list[str]:
 
 
 def test_the_protocol_is_what_the_backends_are_checked_against():
-    assert protocol_methods() == ["load", "expected_start", "submit", "jobs", "cancel", "requeue", "accounting",
-                                  "gpu_memory_peaks", "run_step"]
+    assert protocol_methods() == [
+        "load",
+        "expected_start",
+        "submit",
+        "jobs",
+        "cancel",
+        "requeue",
+        "accounting",
+        "gpu_memory_peaks",
+        "run_step",
+    ]
     assert SlurmBackend.__annotations__ == {"name": "str"}
 
 
@@ -82,10 +91,25 @@ def test_a_type_checker_accepts_every_backend_as_a_slurm_backend(tmp_path):
     (tmp_path / "check_backends.py").write_text(CHECK)
     # the package is read, not checked (--follow-imports=silent), and without the project's configuration
     # (--config-file=): only this module's assignments are judged
-    argv = [mypy, "--config-file=", "--follow-imports=silent", "--cache-dir", str(tmp_path / "cache"),
-            "--no-error-summary", "--hide-error-context", "--no-pretty", "check_backends.py"]
-    out = subprocess.run(argv, cwd=tmp_path, env={"MYPYPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, timeout=300)
+    argv = [
+        mypy,
+        "--config-file=",
+        "--follow-imports=silent",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--no-error-summary",
+        "--hide-error-context",
+        "--no-pretty",
+        "check_backends.py",
+    ]
+    out = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        env={"MYPYPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     errors = [line for line in out.stdout.splitlines() if ": error:" in line]
     assert errors and all(line.startswith("check_backends.py:20:") for line in errors), out.stdout + out.stderr
     assert 'Incompatible types in assignment (expression has type "Incomplete"' in errors[0]

@@ -32,22 +32,47 @@ def _job_dir(tmp_path: Path, snap: Path, site: Path, name: str, steady: float) -
 
     job = load_job(EXAMPLES / "tiny-cpu.yaml")
     # the site without its path: planned with raw predictions, as the jobs calibration learns from were
-    req = plan_job(job, SiteFile(load_site(site)), open_backend("static", snap),
-                   PlanOptions(slurm=job.spec.slurm.overridden(), job_dir=tmp_path / name))
+    req = plan_job(
+        job,
+        SiteFile(load_site(site)),
+        open_backend("static", snap),
+        PlanOptions(slurm=job.spec.slurm.overridden(), job_dir=tmp_path / name),
+    )
     d = tmp_path / name
     d.mkdir()
     for fname, text in req.files.items():
         (d / fname).write_text(text)
     times = [3.0, 5.0] + [steady] * 4  # warm-up and profiled steps are slow
-    (d / "metrics.json").write_text(json.dumps({
-        "job_id": name, "step_times_s": times, "profiled_steps": [1], "step_time_s": steady,
-        "ranks": [{"rank": r, "peak_gib": 0.005, "predicted_allocated_gib": 0.004, "device": "cpu"} for r in (0, 1)]}))
+    (d / "metrics.json").write_text(
+        json.dumps(
+            {
+                "job_id": name,
+                "step_times_s": times,
+                "profiled_steps": [1],
+                "step_time_s": steady,
+                "ranks": [
+                    {"rank": r, "peak_gib": 0.005, "predicted_allocated_gib": 0.004, "device": "cpu"} for r in (0, 1)
+                ],
+            }
+        )
+    )
     return d
 
 
 def _dry(snap, site, *extra):
-    res = run_cli("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--json", "--backend", "static",
-                  "--snapshot", str(snap), "--site", str(site), *extra)
+    res = run_cli(
+        "fsbatch",
+        str(EXAMPLES / "tiny-cpu.yaml"),
+        "--dry-run",
+        "--json",
+        "--backend",
+        "static",
+        "--snapshot",
+        str(snap),
+        "--site",
+        str(site),
+        *extra,
+    )
     return res
 
 
@@ -64,7 +89,9 @@ def test_calibrate_then_fsbatch_predicts_the_measured_step(tmp_path, offline):
     assert out["calibration"]["raw_step_time_s"] == pytest.approx(raw, rel=1e-6)
     assert out["calibration"]["calibration"]["memory_factor"] == pytest.approx(1.25)
     plain = json.loads(_dry(snap, site, "--no-calibration").stdout)
-    assert plain["decision"]["chosen"]["step_time_s"] == pytest.approx(raw) and plain["calibration"]["calibration"] is None
+    assert (
+        plain["decision"]["chosen"]["step_time_s"] == pytest.approx(raw) and plain["calibration"]["calibration"] is None
+    )
     shown = _dry(snap, site, "--explain")
     assert shown.returncode == 0
 

@@ -26,17 +26,46 @@ from frenzy_slurm.errors import InputError
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def obs(measured: float, compute: float = 1e-4, other: float = 0.0, slots: int = 5, gpu: str = "A100-40GB",
-        precision: str = "fp32", memory=((1.0, 1.1),)) -> Observation:
-    return Observation(job_dir=Path("/j"), job_id="1", kind="homogeneous", gpus=(gpu,), precision=precision,
-                       mode=f"{precision}/full", slots=slots, compute_s=compute, other_s=other,
-                       measured_step_s=measured, memory=list(memory))
+def obs(
+    measured: float,
+    compute: float = 1e-4,
+    other: float = 0.0,
+    slots: int = 5,
+    gpu: str = "A100-40GB",
+    precision: str = "fp32",
+    memory=((1.0, 1.1),),
+) -> Observation:
+    return Observation(
+        job_dir=Path("/j"),
+        job_id="1",
+        kind="homogeneous",
+        gpus=(gpu,),
+        precision=precision,
+        mode=f"{precision}/full",
+        slots=slots,
+        compute_s=compute,
+        other_s=other,
+        measured_step_s=measured,
+        memory=list(memory),
+    )
 
 
 def site() -> SiteConfig:
-    return SiteConfig.model_validate({"cluster": "c", "pools": [
-        {"partition": "a100", "gres_type": "a100", "gpu": "A100-40GB", "gpus_per_node": 4, "intra_node": "nvlink3"},
-        {"partition": "t4", "gres_type": "t4", "gpu": "T4", "gpus_per_node": 4, "intra_node": "pcie3"}]})
+    return SiteConfig.model_validate(
+        {
+            "cluster": "c",
+            "pools": [
+                {
+                    "partition": "a100",
+                    "gres_type": "a100",
+                    "gpu": "A100-40GB",
+                    "gpus_per_node": 4,
+                    "intra_node": "nvlink3",
+                },
+                {"partition": "t4", "gres_type": "t4", "gpu": "T4", "gpus_per_node": 4, "intra_node": "pcie3"},
+            ],
+        }
+    )
 
 
 def test_steady_step_time_drops_warmup_and_profiled_step():
@@ -58,8 +87,10 @@ def test_fixed_overhead_dominates_tiny_steps():
 
 def test_efficiency_and_microbatch_overhead_are_recovered_where_the_jobs_tell_them_apart():
     truth_k, t, m = 1 / 0.5, 0.05, 0.01  # half the assumed efficiency
-    jobs = [obs(c * truth_k + 0.1 + t + m * s, compute=c, other=0.1, slots=s)
-            for c, s in [(1.0, 1), (2.0, 4), (4.0, 8), (8.0, 2), (0.5, 16)]]
+    jobs = [
+        obs(c * truth_k + 0.1 + t + m * s, compute=c, other=0.1, slots=s)
+        for c, s in [(1.0, 1), (2.0, 4), (4.0, 8), (8.0, 2), (0.5, 16)]
+    ]
     corr, _ = fit_step_time(jobs, "A100-40GB", "bf16-mixed", FitBounds())
     assert corr.efficiency_factor == pytest.approx(0.5, rel=1e-3)
     assert corr.step_overhead_s == pytest.approx(t, abs=1e-3)
@@ -80,18 +111,31 @@ def test_too_few_jobs_and_out_of_bounds_are_reported_not_applied():
 
 
 def test_memory_factor_bounded_and_per_mode():
-    steps, memory, notes = fit([obs(0.2, memory=[(1.0, 1.2)])] * 3 + [obs(0.2, precision="bf16-mixed",
-                                                                        memory=[(1.0, 3.0)])] * 3, FitBounds())
+    steps, memory, notes = fit(
+        [obs(0.2, memory=[(1.0, 1.2)])] * 3 + [obs(0.2, precision="bf16-mixed", memory=[(1.0, 3.0)])] * 3, FitBounds()
+    )
     assert [(m.mode, round(m.factor, 3), m.jobs) for m in memory] == [("fp32/full", 1.2, 3)]
     assert any("bf16-mixed/full" in n and "outside the bound" in n for n in notes)
-    assert {(s.gpu, s.precision) for s in steps} == {("A100-40GB", "fp32"), (SITE_WIDE, "fp32"),
-                                                     ("A100-40GB", "bf16-mixed"), (SITE_WIDE, "bf16-mixed")}
+    assert {(s.gpu, s.precision) for s in steps} == {
+        ("A100-40GB", "fp32"),
+        (SITE_WIDE, "fp32"),
+        ("A100-40GB", "bf16-mixed"),
+        (SITE_WIDE, "bf16-mixed"),
+    }
 
 
 def _cal(s: SiteConfig, **kw) -> CalibrationFile:
     steps, memory, notes = fit([obs(0.2), obs(0.21), obs(0.19)], FitBounds())
-    base = dict(site_file="site.yaml", site_fingerprint=site_fingerprint(s), created_at=time.time(),
-                valid_until=time.time() + 86400, frenzy_version=__version__, step_time=steps, memory=memory, not_applied=notes)
+    base = dict(
+        site_file="site.yaml",
+        site_fingerprint=site_fingerprint(s),
+        created_at=time.time(),
+        valid_until=time.time() + 86400,
+        frenzy_version=__version__,
+        step_time=steps,
+        memory=memory,
+        not_applied=notes,
+    )
     return CalibrationFile(**(base | kw))
 
 
@@ -141,8 +185,9 @@ def test_calibrated_overhead_enters_marp_step_time():
     gpu = site().pool("a100", "a100").spec()
     costs = plan_costs(w, plan, 8)
     raw = costs.seconds_on(gpu, Links(300, 12.5, 4))
-    cal = costs.seconds_on(gpu.model_copy(update={"step_overhead_s": 0.2, "microbatch_overhead_s": 0.01}),
-                           Links(300, 12.5, 4))
+    cal = costs.seconds_on(
+        gpu.model_copy(update={"step_overhead_s": 0.2, "microbatch_overhead_s": 0.01}), Links(300, 12.5, 4)
+    )
     assert cal - raw == pytest.approx(0.2 + 0.01 * (4 + 2 - 1))
 
 
@@ -150,11 +195,13 @@ def test_sacct_gpumem_parser():
     from frenzy_slurm.slurm.cli import parse_gpumem
 
     # sacct -n -P --noconvert -o JobID,TRESUsageInMax on Slurm 23.02+ with AccountingStorageTRES=gres/gpu
-    text = ("123|\n"
-            "123.batch|cpu=00:00:01,energy=0,fs/disk=5323,mem=4032K,pages=0,vmem=0\n"
-            "123.0|cpu=00:10:00,energy=0,fs/disk=9,gres/gpumem=40960M,gres/gpuutil=97,mem=8G,pages=3,vmem=0\n"
-            "124+1.0|cpu=00:01:00,gres/gpumem=21474836480,gres/gpuutil=50,mem=1G\n"
-            "125.0|cpu=00:01:00,energy=0,mem=1G\n")  # Slurm 22.05: no gpumem
+    text = (
+        "123|\n"
+        "123.batch|cpu=00:00:01,energy=0,fs/disk=5323,mem=4032K,pages=0,vmem=0\n"
+        "123.0|cpu=00:10:00,energy=0,fs/disk=9,gres/gpumem=40960M,gres/gpuutil=97,mem=8G,pages=3,vmem=0\n"
+        "124+1.0|cpu=00:01:00,gres/gpumem=21474836480,gres/gpuutil=50,mem=1G\n"
+        "125.0|cpu=00:01:00,energy=0,mem=1G\n"
+    )  # Slurm 22.05: no gpumem
     assert parse_gpumem(text) == {123: 40.0, 124: 20.0}
 
 
@@ -167,8 +214,10 @@ def test_heterogeneous_pipeline_pays_the_slowest_groups_fixed_overheads():
     w = workload_from_spec(spec, resolve_model(spec, ROOT / "examples"))
 
     def groups(a=(0.0, 0.0), b=(0.0, 0.0)):
-        return [hetero.StageGroup("a", 1, 1e14, 1e9, 0.0, 300, 25, 4, *a),
-                hetero.StageGroup("b", 1, 5e13, 1e9, 0.0, 300, 25, 4, *b)]
+        return [
+            hetero.StageGroup("a", 1, 1e14, 1e9, 0.0, 300, 25, 4, *a),
+            hetero.StageGroup("b", 1, 5e13, 1e9, 0.0, 300, 25, 4, *b),
+        ]
 
     raw = hetero.build(w, groups(), 1, 2, 8, "none")
     cal = hetero.build(w, groups((0.2, 0.01), (0.5, 0.002)), 1, 2, 8, "none")

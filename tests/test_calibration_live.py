@@ -27,7 +27,10 @@ def test_site_detect_without_nvml_writes_the_site_file_from_slurm(tmp_path, clea
         assert f"{pool}: no NVML on" in res.stderr, res.stderr
     site = yaml.safe_load(out.read_text())
     assert {(p["partition"], p["gpu"], p["gpus_per_node"]) for p in site["pools"]} == {
-        ("a100", "A100-80GB", 4), ("v100", "V100-32GB", 8), ("t4", "T4", 4)}
+        ("a100", "A100-80GB", 4),
+        ("v100", "V100-32GB", 8),
+        ("t4", "T4", 4),
+    }
     check = run_cli("frenzy-slurm", "site", "validate", str(out))
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -70,11 +73,13 @@ def test_calibration_end_to_end_on_the_cpu_cluster(tmp_path, clean_queue, monkey
 
     def alike() -> list[tuple[str, float]] | None:
         ranked = sorted(runs, key=lambda r: r[1])
-        return next((ranked[i:i + 3] for i in range(len(ranked) - 2) if ranked[i + 2][1] <= 1.5 * ranked[i][1]), None)
+        return next((ranked[i : i + 3] for i in range(len(ranked) - 2) if ranked[i + 2][1] <= 1.5 * ranked[i][1]), None)
 
     while alike() is None:
         if len(runs) == 5:
-            pytest.skip(f"the machine is too contended for a 25% check: identical runs measured {[t for _, t in runs]} s")
+            pytest.skip(
+                f"the machine is too contended for a 25% check: identical runs measured {[t for _, t in runs]} s"
+            )
         name = f"run{len(runs) + 1}"
         runs.append((name, train(name)[1]["step_time_s"]))
     chosen = alike()
@@ -103,12 +108,24 @@ def test_user_script_job_runs_the_sampler_which_says_there_is_no_nvml(tmp_path, 
     """The launcher starts the NVML sampler beside a user's script; on the CPU cluster it says so once per
     node and leaves the job alone."""
     spec = tmp_path / "script.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "sampled", "model": {"preset": "gpt2"},
-        "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
-        "entry": {"trainer": "script", "script": str(Path(__file__).parent / "payloads" / "record.py")}}))
-    out = fsbatch_json(str(spec), "--site", str(ROOT / "site_configs" / "devcluster.yaml"),
-                       "--job-dir", str(tmp_path / "job"), "--force")  # an earlier session's run is a repeat
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "sampled",
+                "model": {"preset": "gpt2"},
+                "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+                "entry": {"trainer": "script", "script": str(Path(__file__).parent / "payloads" / "record.py")},
+            }
+        )
+    )
+    out = fsbatch_json(
+        str(spec),
+        "--site",
+        str(ROOT / "site_configs" / "devcluster.yaml"),
+        "--job-dir",
+        str(tmp_path / "job"),
+        "--force",
+    )  # an earlier session's run is a repeat
     done = wait_done(out["job_id"], timeout=120)
     assert done["state"] == "COMPLETED", done
     log = (tmp_path / "job" / f"slurm-{out['job_id']}.out").read_text()

@@ -31,13 +31,17 @@ def test_memory_plan_breakdown_json():
 
 
 def test_memory_table_and_fit_line():
-    res = run_cli("frenzy-slurm", "memory", str(EXAMPLES / "llama2-7b.yaml"), "--plan", "dp=2,zero=3,mb=1", "--gpu", "T4")
+    res = run_cli(
+        "frenzy-slurm", "memory", str(EXAMPLES / "llama2-7b.yaml"), "--plan", "dp=2,zero=3,mb=1", "--gpu", "T4"
+    )
     assert res.returncode == 0, res.stderr
     assert "weights" in res.stdout and "does NOT fit" in res.stdout
 
 
 def test_memory_candidates():
-    res = run_cli("frenzy-slurm", "memory", str(EXAMPLES / "llama2-7b.yaml"), "--gpu", "A100-80GB:16", "--gpu", "T4:4", "--json")
+    res = run_cli(
+        "frenzy-slurm", "memory", str(EXAMPLES / "llama2-7b.yaml"), "--gpu", "A100-80GB:16", "--gpu", "T4:4", "--json"
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["T4"] == []  # keyed by the GPU named, without the count
@@ -49,7 +53,9 @@ def test_no_fit_exit_code():
     assert res.returncode == 3 and "fits on none" in res.stderr
 
 
-@pytest.mark.parametrize("plan,needle", [("dp=3,mb=1", "not a multiple"), ("tp=3", "tp(3) must divide"), ("zero=9", "zero(9)")])
+@pytest.mark.parametrize(
+    "plan,needle", [("dp=3,mb=1", "not a multiple"), ("tp=3", "tp(3) must divide"), ("zero=9", "zero(9)")]
+)
 def test_bad_plan(plan, needle):
     res = run_cli("frenzy-slurm", "memory", str(EXAMPLES / "llama2-7b.yaml"), "--plan", plan)
     assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
@@ -68,8 +74,15 @@ def offline_cluster(tmp_path):
 
 
 def test_fsbatch_dry_run_plans(offline_cluster, tmp_path):
-    res = run_cli("fsbatch", str(EXAMPLES / "qwen2-1.5b-qlora.yaml"), "--dry-run", "--json", *offline_cluster,
-                  "--job-dir", str(tmp_path / "job"))
+    res = run_cli(
+        "fsbatch",
+        str(EXAMPLES / "qwen2-1.5b-qlora.yaml"),
+        "--dry-run",
+        "--json",
+        *offline_cluster,
+        "--job-dir",
+        str(tmp_path / "job"),
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     comps = out["decision"]["chosen"]["components"]
@@ -83,18 +96,27 @@ def test_fsbatch_dry_run_does_not_import_torch(offline_cluster):
     import sys
 
     spec = str(EXAMPLES / "llama2-7b.yaml")
-    code = (f"import sys; sys.argv=['fsbatch', {spec!r}, '--dry-run', *{offline_cluster!r}]\n"
-            "from frenzy_slurm.cli.fsbatch import main\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'heavy import'\n")
+    code = (
+        f"import sys; sys.argv=['fsbatch', {spec!r}, '--dry-run', *{offline_cluster!r}]\n"
+        "from frenzy_slurm.cli.fsbatch import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'heavy import'\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
 
 
 def test_fsbatch_needs_site_file(tmp_path, monkeypatch):
     monkeypatch.delenv("FRENZY_SITE", raising=False)
-    env_free = run_cli("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--backend", "static", "--snapshot",
-                       str(tmp_path / "x.json"))
+    env_free = run_cli(
+        "fsbatch",
+        str(EXAMPLES / "tiny-cpu.yaml"),
+        "--dry-run",
+        "--backend",
+        "static",
+        "--snapshot",
+        str(tmp_path / "x.json"),
+    )
     assert env_free.returncode == 2 and "no site file" in env_free.stderr
 
 
@@ -105,8 +127,12 @@ def test_accuracy_benchmark_on_dev_set(tmp_path):
     if not DEV_DATA.exists():
         pytest.skip(f"dev set not at {DEV_DATA}")
     out = tmp_path / "acc.json"
-    res = subprocess.run([sys.executable, "benchmarks/marp_accuracy.py", "--data", str(DEV_DATA), "--json", str(out)],
-                         capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "benchmarks/marp_accuracy.py", "--data", str(DEV_DATA), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
     rows = {r["row_id"]: r for r in data["rows"]}
@@ -131,15 +157,44 @@ def test_accuracy_benchmark_any_csv(tmp_path):
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=[*REQUIRED_COLUMNS, "notes", "grad_accum_or_global_batch"])
         w.writeheader()
-        base = dict(row_id="X1", category="full training", model="tiny", params_B="0.0", layers="2", hidden="64", heads="4",
-                    kv_heads="4", ffn="256", vocab="1000", tied_emb="no", seq_len="128", micro_batch="1", num_gpus="1",
-                    precision="fp32", optimizer="AdamW", parallelism="single GPU", sharding_offload="none",
-                    activation_ckpt="no", attention_impl="sdpa", compile="no", other_settings="", value_GiB="0.01",
-                    metric_type="max_allocated", source="test", confidence="high", notes="", grad_accum_or_global_batch="")
+        base = dict(
+            row_id="X1",
+            category="full training",
+            model="tiny",
+            params_B="0.0",
+            layers="2",
+            hidden="64",
+            heads="4",
+            kv_heads="4",
+            ffn="256",
+            vocab="1000",
+            tied_emb="no",
+            seq_len="128",
+            micro_batch="1",
+            num_gpus="1",
+            precision="fp32",
+            optimizer="AdamW",
+            parallelism="single GPU",
+            sharding_offload="none",
+            activation_ckpt="no",
+            attention_impl="sdpa",
+            compile="no",
+            other_settings="",
+            value_GiB="0.01",
+            metric_type="max_allocated",
+            source="test",
+            confidence="high",
+            notes="",
+            grad_accum_or_global_batch="",
+        )
         w.writerow(base)
         w.writerow(base | {"row_id": "X2", "precision": "int3 magic"})
-    res = subprocess.run([sys.executable, "benchmarks/marp_accuracy.py", "--data", str(path), "--json", str(tmp_path / "o.json")],
-                         capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "benchmarks/marp_accuracy.py", "--data", str(path), "--json", str(tmp_path / "o.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr
     rows = {r["row_id"]: r for r in json.loads((tmp_path / "o.json").read_text())["rows"]}
     assert rows["X1"]["predicted_gib"] > 0

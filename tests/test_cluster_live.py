@@ -43,17 +43,28 @@ def test_layout_and_gpu_types(clean_queue):
     view = SlurmCliBackend().load()
     assert view.cluster == "frenzydev" and view.slurm_version.startswith("22.05")
     assert {(p.partition, p.gpu_type, p.gpus_total, p.gpus_free) for p in view.pools()} == {
-        ("a100", "a100", 8, 8), ("v100", "v100", 16, 16), ("t4", "t4", 16, 16)}
+        ("a100", "a100", 8, 8),
+        ("v100", "v100", 16, 16),
+        ("t4", "t4", 16, 16),
+    }
 
 
 def test_free_gpus_follow_a_job(clean_queue):
-    jid = sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "--gres=gpu:a100:3", "-t", "5", "--wrap", "sleep 60")
+    jid = sh(
+        "sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "--gres=gpu:a100:3", "-t", "5", "--wrap", "sleep 60"
+    )
     b = SlurmCliBackend()
     # the view reads jobs and nodes with separate commands: a job starting between them is seen pending with its
     # GPUs already taken (CI saw it once), so wait for a read that has both
-    view = wait_for(lambda: (v := b.load()) and pool(v, "a100").gpus_free == 5
-                    and any(str(j.job_id) == jid and j.phase == "running" for j in v.jobs) and v,
-                    what="3 GPUs taken by the running job")
+    view = wait_for(
+        lambda: (
+            (v := b.load())
+            and pool(v, "a100").gpus_free == 5
+            and any(str(j.job_id) == jid and j.phase == "running" for j in v.jobs)
+            and v
+        ),
+        what="3 GPUs taken by the running job",
+    )
     job = next(j for j in view.jobs if str(j.job_id) == jid)
     assert (job.phase, job.gpu_type, job.gpus_per_node, len(job.nodes)) == ("running", "a100", 3, 1)
     assert view.node(job.nodes[0]).gpus_used == 3
@@ -72,7 +83,9 @@ def test_drained_node_leaves_free_capacity(clean_queue):
 def test_backends_agree(clean_queue, tmp_path):
     sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "v100", "--gres=gpu:v100:5", "-t", "5", "--wrap", "sleep 60")
     script = tmp_path / "het.sh"
-    script.write_text("#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:2 -t 5\n#SBATCH hetjob\n#SBATCH -p t4 -N 2 --gres=gpu:t4:3\nsleep 60\n")
+    script.write_text(
+        "#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:2 -t 5\n#SBATCH hetjob\n#SBATCH -p t4 -N 2 --gres=gpu:t4:3\nsleep 60\n"
+    )
     sh("sbatch", "--parsable", "-o", "/dev/null", str(script))
     wait_for(lambda: len([j for j in SlurmCliBackend().load().jobs if j.phase == "running"]) == 3, what="3 running")
 
@@ -98,7 +111,9 @@ def test_backends_agree(clean_queue, tmp_path):
             break
         time.sleep(2)
     assert why is None, why
-    het = sorted((j for j in views["cli"].jobs if j.het_job_id and j.phase == "running"), key=lambda j: j.het_job_offset)
+    het = sorted(
+        (j for j in views["cli"].jobs if j.het_job_id and j.phase == "running"), key=lambda j: j.het_job_offset
+    )
     assert [j.display_id for j in het] == [f"{het[0].het_job_id}+0", f"{het[0].het_job_id}+1"]
     assert [(j.partition, j.gpus) for j in het] == [("a100", 2), ("t4", 6)]
 
@@ -108,7 +123,21 @@ def test_expected_start_now_and_later(clean_queue, tmp_path):
     now = time.time()
     est = b.expected_start([ComponentRequest("a100", "a100", 1, 4, 10)])
     assert est.start - now < 120 and len(est.nodes) == 1
-    sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "7", "--wrap", "sleep 300")
+    sh(
+        "sbatch",
+        "--parsable",
+        "-o",
+        "/dev/null",
+        "-p",
+        "a100",
+        "-N",
+        "2",
+        "--gres=gpu:a100:4",
+        "-t",
+        "7",
+        "--wrap",
+        "sleep 300",
+    )
     wait_for(lambda: pool(b.load(), "a100").gpus_free == 0, what="a100 full")
     later = b.expected_start([ComponentRequest("a100", "a100", 1, 4, 10), ComponentRequest("t4", "t4", 2, 4, 10)])
     assert 5 * 60 < later.start - now < 9 * 60, "starts when the 7-minute job ends"
@@ -121,9 +150,29 @@ def test_expected_start_now_and_later(clean_queue, tmp_path):
 
 def test_fsinfo_output(clean_queue):
     sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "--gres=gpu:a100:4", "-t", "5", "--wrap", "sleep 60")
-    sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "a100", "-N", "2", "--gres=gpu:a100:4", "-t", "5", "--wrap", "sleep 1")
-    wait_for(lambda: (v := SlurmCliBackend().load()) and pool(v, "a100").gpus_free == 4
-             and [j.phase for j in v.jobs].count("running") == 1, what="job running")
+    sh(
+        "sbatch",
+        "--parsable",
+        "-o",
+        "/dev/null",
+        "-p",
+        "a100",
+        "-N",
+        "2",
+        "--gres=gpu:a100:4",
+        "-t",
+        "5",
+        "--wrap",
+        "sleep 1",
+    )
+    wait_for(
+        lambda: (
+            (v := SlurmCliBackend().load())
+            and pool(v, "a100").gpus_free == 4
+            and [j.phase for j in v.jobs].count("running") == 1
+        ),
+        what="job running",
+    )
     res = run_cli("fsinfo", "--site", str(SITE))
     assert res.returncode == 0, res.stderr
     line = next(x for x in res.stdout.splitlines() if x.startswith("a100"))
@@ -137,7 +186,9 @@ def test_site_validate_and_init(clean_queue, tmp_path):
     ok = run_cli("frenzy-slurm", "site", "validate", str(SITE))
     assert ok.returncode == 0 and "matches the cluster" in ok.stdout
     wrong = tmp_path / "wrong.yaml"
-    wrong.write_text(SITE.read_text().replace("gres_type: a100", "gres_type: a100x").replace("gpus_per_node: 8", "gpus_per_node: 4"))
+    wrong.write_text(
+        SITE.read_text().replace("gres_type: a100", "gres_type: a100x").replace("gpus_per_node: 8", "gpus_per_node: 4")
+    )
     bad = run_cli("frenzy-slurm", "site", "validate", str(wrong))
     assert bad.returncode == 1
     assert "no node of partition 'a100' has GRES gpu:a100x (found: gpu:a100)" in bad.stdout
@@ -162,8 +213,7 @@ def test_controller_down_is_reported(slurm_cluster, tmp_path):
 
 def test_commands_missing(tmp_path):
     env = dict(os.environ, PATH=str(tmp_path))
-    res = subprocess.run([str(BIN / "fsinfo")], capture_output=True, text=True,
-                         env=env, timeout=60)
+    res = subprocess.run([str(BIN / "fsinfo")], capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 4 and "'sinfo' was not found" in res.stderr
 
 
@@ -171,16 +221,18 @@ def test_unexpected_output(tmp_path, monkeypatch):
     """A Slurm that prints garbage: produced with stand-in tools on PATH (a real one never does this on demand)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    for tool, body in {"sinfo": "case \"$1\" in --version) echo 'slurm 22.05.8';; *) echo '{not json';; esac",
-                       "squeue": "echo '{\"jobs\": []}'", "scontrol": "echo 'PartitionName=p Nodes=n1'"}.items():
+    for tool, body in {
+        "sinfo": "case \"$1\" in --version) echo 'slurm 22.05.8';; *) echo '{not json';; esac",
+        "squeue": "echo '{\"jobs\": []}'",
+        "scontrol": "echo 'PartitionName=p Nodes=n1'",
+    }.items():
         f = bindir / tool
         f.write_text(f"#!/bin/sh\n{body}\n")
         f.chmod(0o755)
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\n")
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_CONF=str(conf))
-    res = subprocess.run([str(BIN / "fsinfo")], capture_output=True, text=True,
-                         env=env, timeout=60)
+    res = subprocess.run([str(BIN / "fsinfo")], capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 6 and "could not read Slurm's answer" in res.stderr
 
 
@@ -201,7 +253,9 @@ def test_static_snapshot_errors(tmp_path):
 
 def test_job_state_query_filters_by_user_and_id(clean_queue):
     """One squeue per question; 22.05's `squeue --json` ignores --user/--jobs, so the backend filters too."""
-    jid = int(sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "t4", "--gres=gpu:t4:1", "-t", "2", "--wrap", "sleep 30"))
+    jid = int(
+        sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "t4", "--gres=gpu:t4:1", "-t", "2", "--wrap", "sleep 30")
+    )
     b = SlurmCliBackend()
     assert [j.job_id for j in b.jobs(job_ids=[jid])] == [jid]
     assert b.jobs(job_ids=[jid + 1000]) == []

@@ -27,40 +27,61 @@ from frenzy_slurm.slurm.parse import (
     parse_time_minutes,
 )
 
-DATA = Path(__file__).parent / "data" / "slurm-22.05" / "earlier"  # hand-made 22.05 captures; all releases: test_slurm_versions.py
+DATA = (
+    Path(__file__).parent / "data" / "slurm-22.05" / "earlier"
+)  # hand-made 22.05 captures; all releases: test_slurm_versions.py
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("gpu:a100:4", ("a100", 4)),
-    ("gpu:a100:3(IDX:0-2)", ("a100", 3)),
-    ("gpu:a100:0(IDX:N/A)", ("a100", 0)),
-    ("gres:gpu:a100:3", ("a100", 3)),
-    ("gres/gpu:v100=2", ("v100", 2)),
-    ("gpu:2", (None, 2)),
-    ("gpu", (None, 1)),
-    ("gpu:h100:4(S:0-1),mps:100", ("h100", 4)),
-    ("gpu:a100:2(IDX:0,2),gpu:a100:1(IDX:3)", ("a100", 3)),
-    ("(null)", (None, 0)),
-    ("", (None, 0)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("gpu:a100:4", ("a100", 4)),
+        ("gpu:a100:3(IDX:0-2)", ("a100", 3)),
+        ("gpu:a100:0(IDX:N/A)", ("a100", 0)),
+        ("gres:gpu:a100:3", ("a100", 3)),
+        ("gres/gpu:v100=2", ("v100", 2)),
+        ("gpu:2", (None, 2)),
+        ("gpu", (None, 1)),
+        ("gpu:h100:4(S:0-1),mps:100", ("h100", 4)),
+        ("gpu:a100:2(IDX:0,2),gpu:a100:1(IDX:3)", ("a100", 3)),
+        ("(null)", (None, 0)),
+        ("", (None, 0)),
+    ],
+)
 def test_gres(text, expected):
     assert parse_gpu_gres(text) == expected
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("a100-[1-2]", ["a100-1", "a100-2"]),
-    ("a100-1,t4-[1-2]", ["a100-1", "t4-1", "t4-2"]),
-    ("node[01-03]", ["node01", "node02", "node03"]),
-    ("t4-[1,3-4]", ["t4-1", "t4-3", "t4-4"]),
-    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
-    ("", []), (None, []), ("(null)", []),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("a100-[1-2]", ["a100-1", "a100-2"]),
+        ("a100-1,t4-[1-2]", ["a100-1", "t4-1", "t4-2"]),
+        ("node[01-03]", ["node01", "node02", "node03"]),
+        ("t4-[1,3-4]", ["t4-1", "t4-3", "t4-4"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("", []),
+        (None, []),
+        ("(null)", []),
+    ],
+)
 def test_hostlist(text, expected):
     assert expand_hostlist(text) == expected
 
 
-@pytest.mark.parametrize("text,minutes", [("5:00", 5), ("10", 10), ("1:00:00", 60), ("2-00:00:00", 2880),
-                                          ("UNLIMITED", None), ("INFINITE", None), ("00:10:00", 10), ("0:30", 1)])
+@pytest.mark.parametrize(
+    "text,minutes",
+    [
+        ("5:00", 5),
+        ("10", 10),
+        ("1:00:00", 60),
+        ("2-00:00:00", 2880),
+        ("UNLIMITED", None),
+        ("INFINITE", None),
+        ("00:10:00", 10),
+        ("0:30", 1),
+    ],
+)
 def test_times(text, minutes):
     assert parse_time_minutes(text) == minutes
 
@@ -120,10 +141,14 @@ def test_captured_json_view():
 
 
 def test_captured_text_equals_json():
-    nodes_j = sorted((node_from_json(n) for n in json.loads((DATA / "sinfo-22.05.json").read_text())["nodes"]), key=lambda n: n.name)
+    nodes_j = sorted(
+        (node_from_json(n) for n in json.loads((DATA / "sinfo-22.05.json").read_text())["nodes"]), key=lambda n: n.name
+    )
     nodes_t = sorted(nodes_from_text((DATA / "sinfo-text-22.05.txt").read_text()), key=lambda n: n.name)
     assert nodes_j == nodes_t
-    jobs_j = sorted((job_from_json(j) for j in json.loads((DATA / "squeue-22.05.json").read_text())["jobs"]), key=lambda j: j.job_id)
+    jobs_j = sorted(
+        (job_from_json(j) for j in json.loads((DATA / "squeue-22.05.json").read_text())["jobs"]), key=lambda j: j.job_id
+    )
     jobs_t = sorted(jobs_from_text((DATA / "squeue-text-22.05.txt").read_text()), key=lambda j: j.job_id)
     skip = {"start_time", "end_time", "workdir"}  # the captured text predates the %Z column
     assert [j.model_dump(exclude=skip) for j in jobs_j] == [j.model_dump(exclude=skip) for j in jobs_t]
@@ -131,19 +156,50 @@ def test_captured_text_equals_json():
 
 def test_new_style_json_shapes():
     """Slurm 23.02+ JSON: state lists and number objects."""
-    n = node_from_json({"name": "g1", "state": ["IDLE", "DRAIN"], "partitions": ["p"], "gres": "gpu:h100:8",
-                        "gres_used": "gpu:h100:0(IDX:N/A)", "cpus": {"set": True, "infinite": False, "number": 64},
-                        "alloc_cpus": 0, "real_memory": 1000, "alloc_memory": 0})
+    n = node_from_json(
+        {
+            "name": "g1",
+            "state": ["IDLE", "DRAIN"],
+            "partitions": ["p"],
+            "gres": "gpu:h100:8",
+            "gres_used": "gpu:h100:0(IDX:N/A)",
+            "cpus": {"set": True, "infinite": False, "number": 64},
+            "alloc_cpus": 0,
+            "real_memory": 1000,
+            "alloc_memory": 0,
+        }
+    )
     assert n.state == "drained" and not n.available and n.cpus == 64
-    j = job_from_json({"job_id": 5, "job_state": ["RUNNING"], "het_job_id": {"set": True, "number": 5},
-                       "het_job_offset": {"set": True, "number": 0}, "tres_per_node": "gres/gpu:h100:4",
-                       "time_limit": {"set": True, "infinite": False, "number": 60}, "node_count": {"set": True, "number": 2},
-                       "start_time": {"set": True, "number": 1700000000}, "name": "x", "partition": "p", "nodes": "g[1-2]"})
+    j = job_from_json(
+        {
+            "job_id": 5,
+            "job_state": ["RUNNING"],
+            "het_job_id": {"set": True, "number": 5},
+            "het_job_offset": {"set": True, "number": 0},
+            "tres_per_node": "gres/gpu:h100:4",
+            "time_limit": {"set": True, "infinite": False, "number": 60},
+            "node_count": {"set": True, "number": 2},
+            "start_time": {"set": True, "number": 1700000000},
+            "name": "x",
+            "partition": "p",
+            "nodes": "g[1-2]",
+        }
+    )
     assert (j.phase, j.display_id, j.gpus_per_node, j.gpus, j.time_limit_min) == ("running", "5+0", 4, 8, 60)
 
 
-@pytest.mark.parametrize("state,phase", [("RUNNING", "running"), ("PENDING", "pending"), ("OUT_OF_MEMORY", "failed"),
-                                         ("COMPLETING", "running"), ("NODE_FAIL", "failed"), ("BRAND_NEW", "unknown"),
-                                         ("", "unknown"), ("CANCELLED by 0", "cancelled")])
+@pytest.mark.parametrize(
+    "state,phase",
+    [
+        ("RUNNING", "running"),
+        ("PENDING", "pending"),
+        ("OUT_OF_MEMORY", "failed"),
+        ("COMPLETING", "running"),
+        ("NODE_FAIL", "failed"),
+        ("BRAND_NEW", "unknown"),
+        ("", "unknown"),
+        ("CANCELLED by 0", "cancelled"),
+    ],
+)
 def test_job_state_table(state, phase):
     assert job_phase(state) == phase

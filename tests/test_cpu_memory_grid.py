@@ -36,7 +36,8 @@ def test_marp_within_3_percent(point):
     for r in predict(point):
         assert abs(r.error) <= TOLERANCE, (
             f"{r.point} stage {r.stage}: measured {r.measured / 2**20:.3f} MiB, MARP {r.predicted / 2**20:.3f} MiB "
-            f"({r.error:+.1%})")
+            f"({r.error:+.1%})"
+        )
 
 
 def test_frees_on_other_threads_reach_the_running_total():

@@ -27,8 +27,19 @@ def test_up_is_idempotent_and_status(slurm_cluster):
 
 def test_jobs_see_node_names_and_gpus(clean_queue, tmp_path):
     out = tmp_path / "out.txt"
-    jid = sh("sbatch", "--parsable", "-p", "t4", "--gres=gpu:t4:2", "-t", "2", "-o", str(out),
-             "--wrap", "echo host=$(hostname) gpus=$CUDA_VISIBLE_DEVICES")
+    jid = sh(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "t4",
+        "--gres=gpu:t4:2",
+        "-t",
+        "2",
+        "-o",
+        str(out),
+        "--wrap",
+        "echo host=$(hostname) gpus=$CUDA_VISIBLE_DEVICES",
+    )
     wait_for(lambda: out.exists() and "host=" in out.read_text(), what=f"job {jid} output")
     text = out.read_text()
     assert "host=t4-" in text and "gpus=0,1" in text
@@ -37,9 +48,11 @@ def test_jobs_see_node_names_and_gpus(clean_queue, tmp_path):
 def test_hetjob_runs_across_partitions(clean_queue, tmp_path):
     out = tmp_path / "het.txt"
     script = tmp_path / "het.sh"
-    script.write_text(f"#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:1 -t 2 -o {out}\n#SBATCH hetjob\n"
-                      "#SBATCH -p v100 --gres=gpu:v100:1\n"
-                      "echo size=$SLURM_HET_SIZE p0=$SLURM_JOB_PARTITION_HET_GROUP_0 p1=$SLURM_JOB_PARTITION_HET_GROUP_1\n")
+    script.write_text(
+        f"#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:1 -t 2 -o {out}\n#SBATCH hetjob\n"
+        "#SBATCH -p v100 --gres=gpu:v100:1\n"
+        "echo size=$SLURM_HET_SIZE p0=$SLURM_JOB_PARTITION_HET_GROUP_0 p1=$SLURM_JOB_PARTITION_HET_GROUP_1\n"
+    )
     sh("sbatch", "--parsable", str(script))  # the script names its own output file
     wait_for(lambda: out.exists() and "size=" in out.read_text(), timeout=60, what="hetjob output")
     assert "size=2 p0=a100 p1=v100" in out.read_text()
@@ -51,18 +64,40 @@ def test_accounting_gives_sacct(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root")
     env = dict(os.environ, FRENZY_DEVCLUSTER_DIR=str(tmp_path / "acct"), FRENZY_DEVCLUSTER_PORT="19817")
-    res = subprocess.run([str(DEVCLUSTER), "up", "--accounting", "--layout", "t4:1x2"], capture_output=True,
-                         text=True, env=env, timeout=900)
+    res = subprocess.run(
+        [str(DEVCLUSTER), "up", "--accounting", "--layout", "t4:1x2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     try:
         assert res.returncode == 0, res.stderr
         senv = dict(env, SLURM_CONF=res.stdout.strip().split("=", 1)[1])
-        jid = subprocess.run(["sbatch", "--parsable", "-p", "t4", "--gres=gpu:t4:2", "-t", "1", "-o", str(tmp_path / "slurm-%j.out"),
-                              "--wrap", "true"],
-                             capture_output=True, text=True, env=senv, check=True).stdout.strip()
+        jid = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "-p",
+                "t4",
+                "--gres=gpu:t4:2",
+                "-t",
+                "1",
+                "-o",
+                str(tmp_path / "slurm-%j.out"),
+                "--wrap",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            env=senv,
+            check=True,
+        ).stdout.strip()
 
         def accounted():
-            r = subprocess.run(["sacct", "-n", "-X", "-j", jid, "-o", "State,AllocTRES%80"], capture_output=True,
-                               text=True, env=senv)
+            r = subprocess.run(
+                ["sacct", "-n", "-X", "-j", jid, "-o", "State,AllocTRES%80"], capture_output=True, text=True, env=senv
+            )
             return "COMPLETED" in r.stdout and r.stdout
 
         assert "gres/gpu=2" in wait_for(accounted, timeout=60, what="sacct record")

@@ -30,15 +30,18 @@ def _run(tmp_path: Path, **env) -> subprocess.CompletedProcess:
 
 
 def test_epilog_records_frenzy_jobs_peaks(tmp_path):
-    res = _run(tmp_path, SLURM_JOB_ID="77", SLURM_JOB_GPUS="0,1", SLURM_JOB_COMMENT="frenzy:abc123",
-               SLURM_JOB_USER="alice")
+    res = _run(
+        tmp_path, SLURM_JOB_ID="77", SLURM_JOB_GPUS="0,1", SLURM_JOB_COMMENT="frenzy:abc123", SLURM_JOB_USER="alice"
+    )
     assert res.returncode == 0, res.stderr
     files = list((tmp_path / "spool").glob("77-*.json"))
     assert len(files) == 1
     rec = json.loads(files[0].read_text())
     assert rec["job_id"] == "77" and rec["comment"] == "frenzy:abc123"
     assert [(g["index"], g["max_process_memory_mib"], g["memory_total_mib"]) for g in rec["gpus"]] == [
-        (0, 29000, 81920), (1, 41000, 81920)]
+        (0, 29000, 81920),
+        (1, 41000, 81920),
+    ]
 
 
 def test_epilog_ignores_other_jobs_and_never_fails(tmp_path):
@@ -54,8 +57,18 @@ def test_calibrate_uses_epilog_records_for_jobs_without_metrics(tmp_path):
 
     _run(tmp_path, SLURM_JOB_ID="77", SLURM_JOB_GPUS="0,1", SLURM_JOB_COMMENT="frenzy:abc123")
     records = read_epilog_dir(tmp_path / "spool")["77"]
-    comp = Component(partition="gpu", gpu_type="a100", gpu_model="A100-80GB", nodes=1, gpus_per_node=2,
-                     stages=[0], peak_gib=40.0, capacity_gib=76.0)
+    comp = Component(
+        partition="gpu",
+        gpu_type="a100",
+        gpu_model="A100-80GB",
+        nodes=1,
+        gpus_per_node=2,
+        stages=[0],
+        peak_gib=40.0,
+        capacity_gib=76.0,
+    )
     m = _epilog_metrics(records, [comp])
     assert [(r["gpu_model"], round(r["peak_gib"], 3), r["predicted_gib"]) for r in m["ranks"]] == [
-        ("A100-80GB", 28.32, 40.0), ("A100-80GB", 40.039, 40.0)]
+        ("A100-80GB", 28.32, 40.0),
+        ("A100-80GB", 40.039, 40.0),
+    ]

@@ -8,19 +8,22 @@ from frenzy_slurm.eval import reading
 from frenzy_slurm.eval.dataset import MeasuredRow, RowError, interpret_row
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("DP=8", dict(dp=8)),
-    ("TP=8 x PP=8", dict(tp=8, pp=8)),
-    ("FSDP=4, CP=2", dict(fsdp=4, cp=2)),
-    ("FSDP 32 x TP 8", dict(fsdp=32, tp=8)),
-    ("tensor parallel 2", dict(tp=2)),
-    ("8-way tensor parallel", dict(tp=8)),
-    ("DP(FSDP)=8", dict(fsdp=8)),
-    ("3D (TP=2, PP=4, DP=8)", dict(dp=8, tp=2, pp=4)),
-    ("HSDP shard group 8, DP=32", dict(dp=32, shard_group=8)),
-    ("PP=4 interleaved VPP=2", dict(pp=4, virtual_stages=2, schedule="interleaved")),
-    ("PP=2 GPipe, 8 microbatches", dict(pp=2, schedule="gpipe", microbatches=8)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("DP=8", dict(dp=8)),
+        ("TP=8 x PP=8", dict(tp=8, pp=8)),
+        ("FSDP=4, CP=2", dict(fsdp=4, cp=2)),
+        ("FSDP 32 x TP 8", dict(fsdp=32, tp=8)),
+        ("tensor parallel 2", dict(tp=2)),
+        ("8-way tensor parallel", dict(tp=8)),
+        ("DP(FSDP)=8", dict(fsdp=8)),
+        ("3D (TP=2, PP=4, DP=8)", dict(dp=8, tp=2, pp=4)),
+        ("HSDP shard group 8, DP=32", dict(dp=32, shard_group=8)),
+        ("PP=4 interleaved VPP=2", dict(pp=4, virtual_stages=2, schedule="interleaved")),
+        ("PP=2 GPipe, 8 microbatches", dict(pp=2, schedule="gpipe", microbatches=8)),
+    ],
+)
 def test_parallelism_phrasings(text, expected):
     got = reading.parallelism(text)
     for key, value in expected.items():
@@ -32,30 +35,39 @@ def test_device_map_and_single_gpu():
     assert reading.parallelism("single GPU (devices=1)").single
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("GA 16", dict(grad_accum=16)), ("gradient_accumulation_steps=4", dict(grad_accum=4)),
-    ("GBS 512", dict(global_batch=512)), ("minibatch 128 (grad accumulation)", dict(global_batch=128)),
-    ("local batch 32 (split into PP microbatches)", dict(local_batch=32)), ("max_length=512", dict(seq_len=512)),
-    ("per_device_train_batch_size=8", dict(micro_batch=8)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("GA 16", dict(grad_accum=16)),
+        ("gradient_accumulation_steps=4", dict(grad_accum=4)),
+        ("GBS 512", dict(global_batch=512)),
+        ("minibatch 128 (grad accumulation)", dict(global_batch=128)),
+        ("local batch 32 (split into PP microbatches)", dict(local_batch=32)),
+        ("max_length=512", dict(seq_len=512)),
+        ("per_device_train_batch_size=8", dict(micro_batch=8)),
+    ],
+)
 def test_batch_phrasings(text, expected):
     got = reading.batch(text)
     for key, value in expected.items():
         assert getattr(got, key) == value, (text, got)
 
 
-@pytest.mark.parametrize("text,precision,fp8", [
-    ("pure bf16 (params, grads, optimizer states bf16)", "bf16-pure", False),
-    ("bf16-true", "bf16-pure", False),
-    ("states in param dtype (bf16)", "bf16-pure", False),
-    ("bf16 mixed (fp32 master weights)", "bf16-mixed", False),
-    ("fp16 AMP", "fp16-mixed", False),
-    ("fp8 linears, bf16 mixed", "bf16-mixed", True),
-    ("no fp8; bf16 mixed", "bf16-mixed", False),
-    ("fp32", "fp32", False),
-    ("AMP", "fp16-mixed", False),
-    ("int3 magic", None, False),
-])
+@pytest.mark.parametrize(
+    "text,precision,fp8",
+    [
+        ("pure bf16 (params, grads, optimizer states bf16)", "bf16-pure", False),
+        ("bf16-true", "bf16-pure", False),
+        ("states in param dtype (bf16)", "bf16-pure", False),
+        ("bf16 mixed (fp32 master weights)", "bf16-mixed", False),
+        ("fp16 AMP", "fp16-mixed", False),
+        ("fp8 linears, bf16 mixed", "bf16-mixed", True),
+        ("no fp8; bf16 mixed", "bf16-mixed", False),
+        ("fp32", "fp32", False),
+        ("AMP", "fp16-mixed", False),
+        ("int3 magic", None, False),
+    ],
+)
 def test_precision_phrasings(text, precision, fp8):
     got = reading.precision(text)
     assert (got.precision, got.fp8) == (precision, fp8)
@@ -90,12 +102,37 @@ def test_frameworks_from_settings_not_sources():
     assert not {"source", "location", "notes", "confidence"} & set(SETTING_COLUMNS)
 
 
-ROW = dict(row_id="T1", category="full training", model="GPT-2 medium", params_B="0.355", layers="24", hidden="1024",
-           heads="16", kv_heads="16", ffn="4096", vocab="50257 (padded 50304)", tied_emb="yes", seq_len="1024",
-           micro_batch="4", grad_accum_or_global_batch="GBS 512", num_gpus="16", gpu="A100", precision="bf16 mixed",
-           optimizer="AdamW", parallelism="TP=2 x PP=2 x DP=4, 1F1B", sharding_offload="ZeRO-1, no CPU offload",
-           activation_ckpt="no", attention_impl="flash", compile="no", other_settings="Megatron-LM",
-           value_GiB="20", metric_type="max_allocated", source="https://example.org/a", confidence="high", notes="")
+ROW = dict(
+    row_id="T1",
+    category="full training",
+    model="GPT-2 medium",
+    params_B="0.355",
+    layers="24",
+    hidden="1024",
+    heads="16",
+    kv_heads="16",
+    ffn="4096",
+    vocab="50257 (padded 50304)",
+    tied_emb="yes",
+    seq_len="1024",
+    micro_batch="4",
+    grad_accum_or_global_batch="GBS 512",
+    num_gpus="16",
+    gpu="A100",
+    precision="bf16 mixed",
+    optimizer="AdamW",
+    parallelism="TP=2 x PP=2 x DP=4, 1F1B",
+    sharding_offload="ZeRO-1, no CPU offload",
+    activation_ckpt="no",
+    attention_impl="flash",
+    compile="no",
+    other_settings="Megatron-LM",
+    value_GiB="20",
+    metric_type="max_allocated",
+    source="https://example.org/a",
+    confidence="high",
+    notes="",
+)
 
 
 def _row(**changes):
@@ -114,7 +151,9 @@ def test_row_with_degrees_is_read_as_3d():
 
 def test_source_url_does_not_change_the_reading():
     a = interpret_row(_row())
-    b = interpret_row(_row(source="https://github.com/pytorch/torchtune/blob/main/README.md", notes="2022; kernels alone 1343 MB"))
+    b = interpret_row(
+        _row(source="https://github.com/pytorch/torchtune/blob/main/README.md", notes="2022; kernels alone 1343 MB")
+    )
     assert a == b
 
 
@@ -128,8 +167,14 @@ def test_rows_skipped_with_reasons():
 
 
 def test_gpu_counts_and_hybrid_shard():
-    it = interpret_row(_row(num_gpus="2 nodes x 8", parallelism="FSDP HYBRID_SHARD, DP=16", sharding_offload="none",
-                            other_settings="torch FSDP"))
+    it = interpret_row(
+        _row(
+            num_gpus="2 nodes x 8",
+            parallelism="FSDP HYBRID_SHARD, DP=16",
+            sharding_offload="none",
+            other_settings="torch FSDP",
+        )
+    )
     assert (it.plan.dp, it.plan.zero, it.plan.shard_group) == (16, 3, 8)
 
 
@@ -149,6 +194,7 @@ def test_named_config_global_batch():
 def test_cuda_context_by_stated_torch_version():
     # lazy module loading from torch 1.13; an unstated version gets the larger, eager-loading context
     from frenzy_slurm.marp.overheads import EAGER_LOADING_CONTEXT_GIB
+
     assert interpret_row(_row()).overheads.context_gib == EAGER_LOADING_CONTEXT_GIB == 1.3
     assert interpret_row(_row(other_settings="Megatron-LM, PyTorch 2.1")).overheads.context_gib == 0.5
     assert interpret_row(_row(other_settings="Megatron-LM, torch 1.12")).overheads.context_gib == 1.3
@@ -157,9 +203,23 @@ def test_cuda_context_by_stated_torch_version():
 
 
 def test_separate_projections_by_family_and_framework():
-    hf = dict(model="bert-large-uncased (BertForSequenceClassification)", layers="24", hidden="1024", heads="16",
-              kv_heads="16", ffn="4096", vocab="30522", tied_emb="yes", params_B="0.335", parallelism="single GPU",
-              num_gpus="1", other_settings="", sharding_offload="none", grad_accum_or_global_batch="1", seq_len="512")
+    hf = dict(
+        model="bert-large-uncased (BertForSequenceClassification)",
+        layers="24",
+        hidden="1024",
+        heads="16",
+        kv_heads="16",
+        ffn="4096",
+        vocab="30522",
+        tied_emb="yes",
+        params_B="0.335",
+        parallelism="single GPU",
+        num_gpus="1",
+        other_settings="",
+        sharding_offload="none",
+        grad_accum_or_global_batch="1",
+        seq_len="512",
+    )
     assert not interpret_row(_row(**hf)).workload.fused_projections  # HF BERT: query, key, value linears
     assert interpret_row(_row()).workload.fused_projections  # Megatron fuses q/k/v
     assert interpret_row(_row(**hf | dict(other_settings="litgpt"))).workload.fused_projections
@@ -168,21 +228,49 @@ def test_separate_projections_by_family_and_framework():
 def test_devices_of_a_named_config_and_assumed_degrees():
     assert reading.named_config_devices("4 (machine 4xA10G; devices per phi-2/full.yaml)") == 2
     assert reading.named_config_devices("4 (4xA10G)") is None
-    fsdp = dict(parallelism="DP(FSDP) if devices>1", sharding_offload="litgpt FSDPStrategy (full shard) when devices>1",
-                other_settings="litgpt", grad_accum_or_global_batch="")
+    fsdp = dict(
+        parallelism="DP(FSDP) if devices>1",
+        sharding_offload="litgpt FSDPStrategy (full shard) when devices>1",
+        other_settings="litgpt",
+        grad_accum_or_global_batch="",
+    )
     it = interpret_row(_row(num_gpus="4 (machine 4xA10G; devices per phi-2/full.yaml)", **fsdp))
     assert (it.plan.dp, it.plan.zero) == (2, 3)
     assert interpret_row(_row(num_gpus="4", **fsdp)).plan.dp == 4
     with pytest.raises(RowError, match="assumption of the row"):
-        interpret_row(_row(num_gpus="4 (4xA10G)", parallelism="DP(FSDP)=4 (assumed)", other_settings="litgpt",
-                           sharding_offload="litgpt FSDP full shard"))
+        interpret_row(
+            _row(
+                num_gpus="4 (4xA10G)",
+                parallelism="DP(FSDP)=4 (assumed)",
+                other_settings="litgpt",
+                sharding_offload="litgpt FSDP full shard",
+            )
+        )
 
 
 def test_torchtune_recipe_behaviour():
-    tt = dict(model="Llama-3.2-3B", layers="28", hidden="3072", heads="24", kv_heads="8", ffn="8192", vocab="128256",
-              tied_emb="yes", params_B="3.21", parallelism="single GPU", num_gpus="1", sharding_offload="none",
-              grad_accum_or_global_batch="", seq_len="4096", micro_batch="2", precision="pure bf16", compile="yes",
-              attention_impl="torchtune SDPA", optimizer="torch AdamW", other_settings="packed")
+    tt = dict(
+        model="Llama-3.2-3B",
+        layers="28",
+        hidden="3072",
+        heads="24",
+        kv_heads="8",
+        ffn="8192",
+        vocab="128256",
+        tied_emb="yes",
+        params_B="3.21",
+        parallelism="single GPU",
+        num_gpus="1",
+        sharding_offload="none",
+        grad_accum_or_global_batch="",
+        seq_len="4096",
+        micro_batch="2",
+        precision="pure bf16",
+        compile="yes",
+        attention_impl="torchtune SDPA",
+        optimizer="torch AdamW",
+        other_settings="packed",
+    )
     w = interpret_row(_row(**tt)).workload
     # recipes `del logits` before backward; rotary embedding before the transpose (no attention-output copy);
     # compile_loss's compiled copy of a plain loss is discarded by the recipes
@@ -201,11 +289,29 @@ def test_torchtune_recipe_behaviour():
 
 
 def test_litgpt_keeps_an_untied_head_and_a_16_bit_loss():
-    lit = dict(model="gemma-2b", layers="18", hidden="2048", heads="8", kv_heads="1", ffn="16384", vocab="256000",
-               tied_emb="yes", params_B="2.51", parallelism="single GPU", num_gpus="1", sharding_offload="",
-               grad_accum_or_global_batch="", seq_len="512", micro_batch="2", precision="bf16-true",
-               attention_impl="SDPA (litgpt CausalSelfAttention)", compile="no", optimizer="AdamW",
-               other_settings="config_hub/finetune/gemma-2b/lora.yaml", category="LoRA")
+    lit = dict(
+        model="gemma-2b",
+        layers="18",
+        hidden="2048",
+        heads="8",
+        kv_heads="1",
+        ffn="16384",
+        vocab="256000",
+        tied_emb="yes",
+        params_B="2.51",
+        parallelism="single GPU",
+        num_gpus="1",
+        sharding_offload="",
+        grad_accum_or_global_batch="",
+        seq_len="512",
+        micro_batch="2",
+        precision="bf16-true",
+        attention_impl="SDPA (litgpt CausalSelfAttention)",
+        compile="no",
+        optimizer="AdamW",
+        other_settings="config_hub/finetune/gemma-2b/lora.yaml",
+        category="LoRA",
+    )
     w = interpret_row(_row(**lit)).workload
     assert not w.arch.tied_embeddings and not w.loss_fp32 and w.loss_chunks == 4 and w.qlora_quantized_head
     assert w.keeps_previous_output  # its fit loops bind `logits = model(...)` until the next forward returns

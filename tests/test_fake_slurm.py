@@ -22,8 +22,13 @@ def fake(**kw) -> FakeSlurm:
 
 def batch(*comps: tuple[str, int, int, int], comment: str = "frenzy:abc") -> BatchJob:
     """comps: (partition, nodes, GPUs per node, minutes)."""
-    return BatchJob(script=Path("/jobs/x/job.sbatch"), workdir=Path("/jobs/x"), name="x", comment=comment,
-                    components=[ComponentRequest(p, None, n, g, t) for p, n, g, t in comps])
+    return BatchJob(
+        script=Path("/jobs/x/job.sbatch"),
+        workdir=Path("/jobs/x"),
+        name="x",
+        comment=comment,
+        components=[ComponentRequest(p, None, n, g, t) for p, n, g, t in comps],
+    )
 
 
 def interface_methods() -> list[str]:
@@ -66,7 +71,9 @@ def test_hetjob_components_start_together_and_cancel_together():
     het = s.submit(batch(("a100", 1, 4, 10), ("v100", 1, 2, 10))).job_id
     rows = s.jobs([het])
     assert [(r.job_id, r.het_job_id, r.het_job_offset, r.state) for r in rows] == [
-        (het, het, 0, "PENDING"), (het + 1, het, 1, "PENDING")]  # a100 is free, but not v100: neither starts
+        (het, het, 0, "PENDING"),
+        (het + 1, het, 1, "PENDING"),
+    ]  # a100 is free, but not v100: neither starts
     s.advance(30 * 60)
     assert {r.state for r in s.jobs([het])} == {"RUNNING"}
     s.cancel(het)

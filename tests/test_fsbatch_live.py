@@ -34,7 +34,9 @@ def test_homogeneous_job_completes(jobs_dir, tmp_path):
     ranks = [json.loads(p.read_text()) for p in sorted(job_dir.glob("rank-*.json"))]
     gpus = sum(c["nodes"] * c["gpus_per_node"] for c in out["decision"]["chosen"]["components"])
     assert len(ranks) == gpus and ranks[0]["world_size"] == gpus and ranks[0]["ds_config_exists"]
-    assert {"job.sbatch", "ds_config.json", "plan.json", "model.yaml", "submission.json"} <= {p.name for p in job_dir.iterdir()}
+    assert {"job.sbatch", "ds_config.json", "plan.json", "model.yaml", "submission.json"} <= {
+        p.name for p in job_dir.iterdir()
+    }
     # Slurm creates the output file before the script runs, with the umask sbatch was run under: private too
     (out_file,) = job_dir.glob("slurm-*.out")
     assert stat.S_IMODE(out_file.stat().st_mode) == 0o600
@@ -61,10 +63,16 @@ def test_dry_run_submits_nothing_and_repeat_is_refused(jobs_dir, tmp_path):
 def test_heterogeneous_job_when_a100_is_busy(jobs_dir, tmp_path):
     occupy_gpus({"v100-2": 2, "t4-4": 2})  # a100 busy; two GPUs free in each other partition
     big = tmp_path / "big.yaml"
-    big.write_text(yaml.safe_dump({
-        "name": "big", "model": {"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
-        "training": {"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1},
-        "entry": {"trainer": "script", "script": str(PAYLOAD)}}))
+    big.write_text(
+        yaml.safe_dump(
+            {
+                "name": "big",
+                "model": {"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
+                "training": {"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1},
+                "entry": {"trainer": "script", "script": str(PAYLOAD)},
+            }
+        )
+    )
     out = fsbatch_json(str(big))
     chosen = out["decision"]["chosen"]
     assert chosen["kind"] == "heterogeneous"
@@ -76,7 +84,12 @@ def test_heterogeneous_job_when_a100_is_busy(jobs_dir, tmp_path):
     assert done["state"] == "COMPLETED" and [c["partition"] for c in done["components"]] == ["v100", "t4"]
     ranks = {r["rank"]: r for r in (json.loads(p.read_text()) for p in Path(out["job_dir"]).glob("rank-*.json"))}
     assert sorted(ranks) == [0, 1, 2, 3]
-    assert [ranks[i]["host"].split("-")[0] for i in range(4)] == ["v100", "v100", "t4", "t4"]  # stage order = rank order
+    assert [ranks[i]["host"].split("-")[0] for i in range(4)] == [
+        "v100",
+        "v100",
+        "t4",
+        "t4",
+    ]  # stage order = rank order
     assert len({r["master"] for r in ranks.values()}) == 1
 
 

@@ -26,21 +26,31 @@ GOOD = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
 POOLS = [("a100", "A100-40GB", 2, 4), ("t4", "T4", 2, 4)]
 SITE = synthetic_site(POOLS).model_dump(mode="json")
 DOCUMENTED = {EXIT_OK, EXIT_BAD_INPUT, EXIT_NO_FIT}  # what a dry run on a static cluster may answer
-SETTINGS = settings(max_examples=60, deadline=dt.timedelta(seconds=5), derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60,
+    deadline=dt.timedelta(seconds=5),
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 TIME_CAP_S = 5.0
 
 # Values a hostile (or careless) user might write anywhere: huge and negative numbers, NaN, control characters,
 # wrong types, nesting.
 scalars = st.one_of(
-    st.integers(min_value=-(10**30), max_value=10**30), st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([0, -1, 2**31 - 1, 2**32, 2**63, 10**20, 10**30]), st.booleans(), st.none(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, -1, 2**31 - 1, 2**32, 2**63, 10**20, 10**30]),
+    st.booleans(),
+    st.none(),
     st.text(alphabet=st.characters(max_codepoint=0x2FF), max_size=24),
     st.sampled_from(["", "auto", "0", "-1", "1e400", "1-00:00:00", "../../etc/passwd", "$(id)", "a\nb", "\x1b[2J"]),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                      max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=6,
+)
 
 
 def _paths(d: dict, prefix: tuple = ()) -> list[tuple]:
@@ -82,8 +92,17 @@ def fsbatch_dry(args: list[str]) -> tuple[int, str, float]:
 
 
 def _common(cluster: Path, site: Path) -> list[str]:
-    return ["--dry-run", "--backend", "static", "--snapshot", str(cluster / "snap.json"), "--site", str(site),
-            "--job-dir", str(cluster / "job")]
+    return [
+        "--dry-run",
+        "--backend",
+        "static",
+        "--snapshot",
+        str(cluster / "snap.json"),
+        "--site",
+        str(site),
+        "--job-dir",
+        str(cluster / "job"),
+    ]
 
 
 def _site(cluster: Path) -> Path:
@@ -138,10 +157,27 @@ FLAGS = ["-t", "-A", "-q", "-C", "-J", "-o", "-e", "--mail-type", "--mail-user",
 
 
 @SETTINGS
-@given(flag=st.sampled_from(FLAGS), value=st.one_of(
-    st.text(alphabet=st.characters(max_codepoint=0x2FF, blacklist_categories=("Cs",)), max_size=30),
-    st.sampled_from(["1", "0", "-5", "99999999999999999999", "--comment=x", "--chdir=/", "a\n#SBATCH --uid=0",
-                     "$(id)", "-", "--", "--time=1"])))
+@given(
+    flag=st.sampled_from(FLAGS),
+    value=st.one_of(
+        st.text(alphabet=st.characters(max_codepoint=0x2FF, blacklist_categories=("Cs",)), max_size=30),
+        st.sampled_from(
+            [
+                "1",
+                "0",
+                "-5",
+                "99999999999999999999",
+                "--comment=x",
+                "--chdir=/",
+                "a\n#SBATCH --uid=0",
+                "$(id)",
+                "-",
+                "--",
+                "--time=1",
+            ]
+        ),
+    ),
+)
 def test_fuzz_flags(cluster, flag, value):
     if "\x00" in value:  # a NUL cannot be in a command-line argument at all (execve refuses it)
         value = value.replace("\x00", "")
@@ -149,6 +185,16 @@ def test_fuzz_flags(cluster, flag, value):
     code, out, took = fsbatch_dry([str(ROOT / "examples" / "tiny-cpu.yaml"), *_common(cluster, _site(cluster)), *given])
     assert code in DOCUMENTED and took < TIME_CAP_S, out
     if code == EXIT_BAD_INPUT:
-        names = {"-t": "time", "-A": "account", "-q": "qos", "-C": "constraint", "-J": "job", "-o": "output",
-                 "-e": "error", "--mail-type": "mail", "--mail-user": "mail", "--sbatch": "'"}
+        names = {
+            "-t": "time",
+            "-A": "account",
+            "-q": "qos",
+            "-C": "constraint",
+            "-J": "job",
+            "-o": "output",
+            "-e": "error",
+            "--mail-type": "mail",
+            "--mail-user": "mail",
+            "--sbatch": "'",
+        }
         assert names[flag] in out.lower() or flag in out, (flag, value, out)

@@ -44,8 +44,13 @@ from frenzy_slurm.slurm.parse import (  # noqa: E402
 from frenzy_slurm.slurm.run import decode, run  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
-SETTINGS = settings(max_examples=30, deadline=dt.timedelta(seconds=3), derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=30,
+    deadline=dt.timedelta(seconds=3),
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 TIME_CAP_S = 3.0
 
 
@@ -71,33 +76,64 @@ def within_seam(fn, *args):
 
 def guarded(what: str, fn):
     """A parser as the backend calls it: inside `reading()` (the seam's one exception translator)."""
+
     def call(*args):
         with reading(what):
             return fn(*args)
+
     call.__name__ = getattr(fn, "__name__", what)
     return call
 
 
-TEXT_PARSERS = [("scontrol partition", partitions_from_scontrol), ("sinfo -O", nodes_from_text),
-                ("squeue -o", slurm_cli.jobs_from_text), ("sacct", parse_sacct), ("sacct gpumem", parse_gpumem),
-                ("sbatch --test-only", parse_test_only), ("sbatch --parsable", parse_parsable),
-                ("sinfo --version", parse_version), ("gres", parse_gpu_gres), ("hostlist", expand_hostlist),
-                ("scontrol config", cluster_name_from_config)]
+TEXT_PARSERS = [
+    ("scontrol partition", partitions_from_scontrol),
+    ("sinfo -O", nodes_from_text),
+    ("squeue -o", slurm_cli.jobs_from_text),
+    ("sacct", parse_sacct),
+    ("sacct gpumem", parse_gpumem),
+    ("sbatch --test-only", parse_test_only),
+    ("sbatch --parsable", parse_parsable),
+    ("sinfo --version", parse_version),
+    ("gres", parse_gpu_gres),
+    ("hostlist", expand_hostlist),
+    ("scontrol config", cluster_name_from_config),
+]
 
 # What a hostile or broken Slurm might put in a field: control characters, replacement characters, separators,
 # numbers of every kind, deep or odd JSON.
 hostile_text = st.one_of(
     st.text(max_size=40),
     st.text(alphabet=st.sampled_from(list("|=:,()[]+-*%0123456789 \t\n\x00\x1b\ufffd\u00b2a")), max_size=60),
-    st.sampled_from(["", "(null)", "N/A", "UNLIMITED", "INFINITE", "gpu:a100:4(IDX:0-3)", "n[1-99999999]",
-                     "a100-[1-2],t4-[1,3-4]", "1-00:00:00", "99999999999999999999", "Job 1 to start at 2026-13-45T99:"
-                     "99:99 using 1 processors on nodes a in partition p", "-1", "1e999", "\u00b2"]),
+    st.sampled_from(
+        [
+            "",
+            "(null)",
+            "N/A",
+            "UNLIMITED",
+            "INFINITE",
+            "gpu:a100:4(IDX:0-3)",
+            "n[1-99999999]",
+            "a100-[1-2],t4-[1,3-4]",
+            "1-00:00:00",
+            "99999999999999999999",
+            "Job 1 to start at 2026-13-45T99:99:99 using 1 processors on nodes a in partition p",
+            "-1",
+            "1e999",
+            "\u00b2",
+        ]
+    ),
 )
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-              st.floats(allow_nan=True, allow_infinity=True), hostile_text),
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        hostile_text,
+    ),
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(hostile_text, inner, max_size=4)),
-    max_leaves=10)
+    max_leaves=10,
+)
 
 
 @SETTINGS
@@ -120,9 +156,12 @@ def _recorded(version: str, name: str, key: str) -> dict:
     return json.loads((DATA / f"slurm-{version}" / name).read_text())
 
 
-RECORDED = [(v, n, k) for v in ("22.05", "25.11") for n, k in (("squeue.out", "jobs"), ("sinfo.out", "nodes"),
-                                                                ("scontrol-nodes.out", "nodes"))
-            if (DATA / f"slurm-{v}" / n).exists()]
+RECORDED = [
+    (v, n, k)
+    for v in ("22.05", "25.11")
+    for n, k in (("squeue.out", "jobs"), ("sinfo.out", "nodes"), ("scontrol-nodes.out", "nodes"))
+    if (DATA / f"slurm-{v}" / n).exists()
+]
 
 
 def _reader(version: str, key: str):
@@ -213,11 +252,22 @@ def squeue_prints(tmp_path, monkeypatch):
     return set_answer
 
 
-@settings(max_examples=15, deadline=dt.timedelta(seconds=5), derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(st.one_of(st.binary(max_size=300),
-                 st.builds(lambda junk: b'{"jobs": [{"job_id": 1, "name": "' + junk + b'", "job_state": "PENDING"}]}',
-                           st.binary(max_size=40))))
+@settings(
+    max_examples=15,
+    deadline=dt.timedelta(seconds=5),
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.builds(
+            lambda junk: b'{"jobs": [{"job_id": 1, "name": "' + junk + b'", "job_state": "PENDING"}]}',
+            st.binary(max_size=40),
+        ),
+    )
+)
 def test_random_bytes_from_a_real_command(squeue_prints, data):
     """Through run(): bytes from a real process (a stand-in squeue), then the backend's reader."""
     squeue_prints(data)

@@ -31,6 +31,7 @@ def _input_error(fn, *args) -> str:
 
 # --- files that are not small regular UTF-8 files -------------------------------------------------------
 
+
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
 def test_device_as_model_yaml_is_refused_at_once(device):
     t0 = time.monotonic()
@@ -95,13 +96,16 @@ def test_deep_nesting_is_an_input_error(tmp_path, depth, needle):
     assert needle in _input_error(load_job_spec, path)
 
 
-@pytest.mark.parametrize("raw,needle", [
-    (b"name: caf\xe9\n", ":1: the file is not UTF-8"),
-    (b"name: x\nmodel:\n  preset: a\x00b\n", ":3: the file contains a NUL byte"),
-    (b"name: x\nlimits:\n  deadline: 2026-13-45\n", ":3: a value cannot be read"),
-    (b"name: x\ntraining:\n  seq_len: " + b"9" * 5000 + b"\n", ":3: a value cannot be read"),
-    (b"name: x\x01\n", ":1: not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "raw,needle",
+    [
+        (b"name: caf\xe9\n", ":1: the file is not UTF-8"),
+        (b"name: x\nmodel:\n  preset: a\x00b\n", ":3: the file contains a NUL byte"),
+        (b"name: x\nlimits:\n  deadline: 2026-13-45\n", ":3: a value cannot be read"),
+        (b"name: x\ntraining:\n  seq_len: " + b"9" * 5000 + b"\n", ":3: a value cannot be read"),
+        (b"name: x\x01\n", ":1: not valid YAML"),
+    ],
+)
 def test_unreadable_values_name_file_and_line(tmp_path, raw, needle):
     path = tmp_path / "model.yaml"
     path.write_bytes(raw)
@@ -111,16 +115,22 @@ def test_unreadable_values_name_file_and_line(tmp_path, raw, needle):
 
 # --- Hugging Face config.json ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cfg,needle", [
-    ("[1, 2]", "is a JSON object, not list"),
-    ('{"num_hidden_layers": "abc", "hidden_size": 64}', "num_hidden_layers: 'abc' is not a whole number"),
-    ('{"num_hidden_layers": 2, "hidden_size": 64.5, "num_attention_heads": 4, "vocab_size": 8}', "hidden_size"),
-    ('{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 8, "resid_pdrop": "x"}',
-     "resid_pdrop: 'x' is not a number"),
-    ('{"hidden_size": 64}', "no key for layers, heads, vocab"),
-    ('{"n_layer": -1, "n_embd": 64, "n_head": 4, "vocab_size": 8}', "n_layer: Input should be greater than 0"),
-    ("[" * 100000 + "]" * 100000, "not a usable JSON config"),
-])
+
+@pytest.mark.parametrize(
+    "cfg,needle",
+    [
+        ("[1, 2]", "is a JSON object, not list"),
+        ('{"num_hidden_layers": "abc", "hidden_size": 64}', "num_hidden_layers: 'abc' is not a whole number"),
+        ('{"num_hidden_layers": 2, "hidden_size": 64.5, "num_attention_heads": 4, "vocab_size": 8}', "hidden_size"),
+        (
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 8, "resid_pdrop": "x"}',
+            "resid_pdrop: 'x' is not a number",
+        ),
+        ('{"hidden_size": 64}', "no key for layers, heads, vocab"),
+        ('{"n_layer": -1, "n_embd": 64, "n_head": 4, "vocab_size": 8}', "n_layer: Input should be greater than 0"),
+        ("[" * 100000 + "]" * 100000, "not a usable JSON config"),
+    ],
+)
 def test_bad_hf_config_is_an_input_error(tmp_path, cfg, needle):
     path = tmp_path / "config.json"
     path.write_text(cfg)
@@ -128,8 +138,11 @@ def test_bad_hf_config_is_an_input_error(tmp_path, cfg, needle):
 
 
 def test_hf_config_device_is_refused(write_yaml):
-    path = write_yaml(GOOD.replace("model:\n  arch:\n", "model:\n  hf_config: /dev/zero\n  x:\n").split("  x:")[0]
-                      + "training:" + GOOD.split("training:")[1])
+    path = write_yaml(
+        GOOD.replace("model:\n  arch:\n", "model:\n  hf_config: /dev/zero\n  x:\n").split("  x:")[0]
+        + "training:"
+        + GOOD.split("training:")[1]
+    )
     spec = load_job_spec(path)
     assert "not a regular file" in _input_error(resolve_model, spec, path.parent)
 
@@ -195,12 +208,15 @@ def test_factory_runs_with_opt_in_and_says_so(write_yaml, user_package):
     assert factory_note(spec, model).startswith("user code ran")
 
 
-@pytest.mark.parametrize("factory,kwargs,needle", [
-    ("usermodels:build", "{cmd: ls}", "model.factory_kwargs: got an unexpected keyword argument 'cmd'"),
-    ("usermodels:broken", "{}", "raised RuntimeError: no weights here"),
-    ("usermodels:build_system", "{}", "posix.build_system"),
-    ("usermodels:missing", "{}", "cannot import"),
-])
+@pytest.mark.parametrize(
+    "factory,kwargs,needle",
+    [
+        ("usermodels:build", "{cmd: ls}", "model.factory_kwargs: got an unexpected keyword argument 'cmd'"),
+        ("usermodels:broken", "{}", "raised RuntimeError: no weights here"),
+        ("usermodels:build_system", "{}", "posix.build_system"),
+        ("usermodels:missing", "{}", "cannot import"),
+    ],
+)
 def test_factory_problems_are_input_errors(write_yaml, user_package, factory, kwargs, needle):
     pytest.importorskip("torch")
     from frenzy_slurm.cli.plan_view import load
@@ -211,11 +227,19 @@ def test_factory_problems_are_input_errors(write_yaml, user_package, factory, kw
 
 # --- time limits shorter than the checkpoint signal -----------------------------------------------------
 
-@pytest.mark.parametrize("value,needle", [
-    ("1", "too short"), ("6", "too short"), ("0:30", "too short"), ("soon", "not a Slurm time"),
-    ("-5", "not a Slurm time"), ("1-99999999999999999999", "longer than Slurm can represent"),
-    ("٣٠", "not a Slurm time"),
-])
+
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        ("1", "too short"),
+        ("6", "too short"),
+        ("0:30", "too short"),
+        ("soon", "not a Slurm time"),
+        ("-5", "not a Slurm time"),
+        ("1-99999999999999999999", "longer than Slurm can represent"),
+        ("٣٠", "not a Slurm time"),
+    ],
+)
 def test_short_or_invalid_time_is_refused(write_yaml, value, needle):
     path = write_yaml(GOOD + f"slurm:\n  time: '{value}'\n")
     msg = _input_error(load_job_spec, path)
@@ -235,8 +259,14 @@ def _run(prog: str, *args: str, env: dict | None = None):
 
     module = {"fsbatch": "fsbatch", "fsqueue": "fsqueue", "frenzy-slurm": "admin"}[prog]
     code = f"import sys; from frenzy_slurm.cli.{module} import main; sys.argv[0] = {prog!r}; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -255,8 +285,16 @@ def offline(tmp_path_factory):
 
 def test_fsbatch_explain_says_factory_did_not_run(write_yaml, user_package, offline, tmp_path):
     path = write_yaml(FACTORY_YAML.format(factory="usermodels:build", kwargs="{layers: 2}"))
-    res = _run("fsbatch", str(path), "--dry-run", "--explain", *offline, "--job-dir", str(tmp_path / "job"),
-               env={"PYTHONPATH": f"{user_package.parent / 'pkg'}:{ROOT}"})
+    res = _run(
+        "fsbatch",
+        str(path),
+        "--dry-run",
+        "--explain",
+        *offline,
+        "--job-dir",
+        str(tmp_path / "job"),
+        env={"PYTHONPATH": f"{user_package.parent / 'pkg'}:{ROOT}"},
+    )
     assert res.returncode == 0, res.stderr
     assert "model.factory usermodels:build was not run" in res.stdout
     assert not user_package.exists()
@@ -265,8 +303,15 @@ def test_fsbatch_explain_says_factory_did_not_run(write_yaml, user_package, offl
 def test_memory_trace_factory_wrong_kwargs_is_exit_2(write_yaml, user_package):
     pytest.importorskip("torch")
     path = write_yaml(FACTORY_YAML.format(factory="usermodels:build", kwargs="{cmd: id}"))
-    res = _run("frenzy-slurm", "memory", str(path), "--plan", "dp=1", "--trace-factory",
-               env={"PYTHONPATH": f"{user_package.parent / 'pkg'}:{ROOT}"})
+    res = _run(
+        "frenzy-slurm",
+        "memory",
+        str(path),
+        "--plan",
+        "dp=1",
+        "--trace-factory",
+        env={"PYTHONPATH": f"{user_package.parent / 'pkg'}:{ROOT}"},
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "model.factory_kwargs: got an unexpected keyword argument 'cmd'" in res.stderr
     assert user_package.exists(), "with --trace-factory the module is imported (and says so)"
@@ -274,20 +319,35 @@ def test_memory_trace_factory_wrong_kwargs_is_exit_2(write_yaml, user_package):
 
 def test_memory_says_factory_was_not_run(write_yaml, user_package):
     path = write_yaml(FACTORY_YAML.format(factory="usermodels:build", kwargs="{layers: 2}"))
-    res = _run("frenzy-slurm", "memory", str(path), "--plan", "dp=1",
-               env={"PYTHONPATH": f"{user_package.parent / 'pkg'}:{ROOT}"})
+    res = _run(
+        "frenzy-slurm",
+        "memory",
+        str(path),
+        "--plan",
+        "dp=1",
+        env={"PYTHONPATH": f"{user_package.parent / 'pkg'}:{ROOT}"},
+    )
     assert res.returncode == 0, res.stderr
     assert "model.factory usermodels:build was not run" in res.stderr and not user_package.exists()
 
 
 @pytest.mark.parametrize("value", ["1", "abc", "0", "-3", "99999999999999999999999"])
 def test_fsbatch_bad_time_flag_is_exit_2(offline, value, tmp_path):
-    res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", *offline, "-t", value,
-               "--job-dir", str(tmp_path / "job"))
+    res = _run(
+        "fsbatch",
+        str(EXAMPLES / "tiny-cpu.yaml"),
+        "--dry-run",
+        *offline,
+        "-t",
+        value,
+        "--job-dir",
+        str(tmp_path / "job"),
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr and "--time" in res.stderr, res.stderr
 
 
 # --- generated files: control characters, the template sandbox, the job's tag ---------------------------
+
 
 def test_newline_in_model_yaml_path_is_refused(tmp_path, offline):
     d = tmp_path / "evil\ntouch pwned\n#"
@@ -310,35 +370,63 @@ def test_generated_script_quotes_the_model_yaml_path(tmp_path, offline):
     assert "-P -m frenzy_slurm.runtime" in script
 
 
-@pytest.mark.parametrize("payload", [
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
-    "{% set x = components.append(1) %}",
-    "{{ 'x' * 1000000000 }}",
-    "{{ 10 ** 100000000 }}",
-    "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+        "{% set x = components.append(1) %}",
+        "{{ 'x' * 1000000000 }}",
+        "{{ 10 ** 100000000 }}",
+        "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",
+    ],
+)
 def test_override_templates_render_in_the_sandbox(tmp_path, offline, payload):
     tdir = tmp_path / "templates"
     tdir.mkdir()
     (tdir / "homogeneous.sbatch.j2").write_text("#!/bin/bash\n" + payload + "\n")
-    res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", *offline, "--job-dir", str(tmp_path / "job"),
-               "--templates", str(tdir))
+    res = _run(
+        "fsbatch",
+        str(EXAMPLES / "tiny-cpu.yaml"),
+        "--dry-run",
+        *offline,
+        "--job-dir",
+        str(tmp_path / "job"),
+        "--templates",
+        str(tdir),
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert "template" in res.stderr and "uid=" not in res.stdout
 
 
-@pytest.mark.parametrize("flag", ["--comment=mine", "--comm=mine", "--chdir=/tmp", "-p a100", "--time=1",
-                                  "--signal=USR1@10", "--no-requeue"])
+@pytest.mark.parametrize(
+    "flag", ["--comment=mine", "--comm=mine", "--chdir=/tmp", "-p a100", "--time=1", "--signal=USR1@10", "--no-requeue"]
+)
 def test_flags_frenzy_sets_cannot_be_overridden(tmp_path, offline, flag):
-    res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", *offline, "--job-dir", str(tmp_path / "job"),
-               f"--sbatch={flag}")
+    res = _run(
+        "fsbatch",
+        str(EXAMPLES / "tiny-cpu.yaml"),
+        "--dry-run",
+        *offline,
+        "--job-dir",
+        str(tmp_path / "job"),
+        f"--sbatch={flag}",
+    )
     assert res.returncode == 2 and "frenzy-slurm sets this itself" in res.stderr, res.stderr
 
 
 def test_other_flags_pass_through(tmp_path, offline):
-    res = _run("fsbatch", str(EXAMPLES / "tiny-cpu.yaml"), "--dry-run", "--json", *offline, "--job-dir",
-               str(tmp_path / "job"), "--sbatch=--reservation=big", "--sbatch=--gres-flags=enforce-binding")
+    res = _run(
+        "fsbatch",
+        str(EXAMPLES / "tiny-cpu.yaml"),
+        "--dry-run",
+        "--json",
+        *offline,
+        "--job-dir",
+        str(tmp_path / "job"),
+        "--sbatch=--reservation=big",
+        "--sbatch=--gres-flags=enforce-binding",
+    )
     assert res.returncode == 0, res.stderr
     assert "#SBATCH --reservation=big" in json.loads(res.stdout)["script"]
 

@@ -36,10 +36,12 @@ def test_layer_split_follows_speed():
 
 def test_hetero_build_respects_memory():
     w = Workload(arch=presets()["llama-2-7b"].arch, seq_len=2048, precision="bf16-mixed")
-    fast_small = StageGroup("a", 1, rate=300e12, usable_bytes=20 * GiB, overhead_bytes=0.0, intra_gbs=300,
-                            inter_gbs=25, gpus_per_node=8)
-    slow_big = StageGroup("b", 3, rate=50e12, usable_bytes=76 * GiB, overhead_bytes=0.0, intra_gbs=300,
-                          inter_gbs=25, gpus_per_node=8)
+    fast_small = StageGroup(
+        "a", 1, rate=300e12, usable_bytes=20 * GiB, overhead_bytes=0.0, intra_gbs=300, inter_gbs=25, gpus_per_node=8
+    )
+    slow_big = StageGroup(
+        "b", 3, rate=50e12, usable_bytes=76 * GiB, overhead_bytes=0.0, intra_gbs=300, inter_gbs=25, gpus_per_node=8
+    )
     hp = build(w, [fast_small, slow_big], dp=1, micro_batch=1, global_batch=32, recompute="full")
     assert hp is not None
     caps = [20, 76, 76, 76]
@@ -56,8 +58,10 @@ def test_homogeneous_when_a_type_is_free():
 
 
 def test_heterogeneous_only_when_sooner():
-    spec = make_spec(model={"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
-                     training={"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1})
+    spec = make_spec(
+        model={"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
+        training={"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1},
+    )
     view = fill(synthetic(LOCAL), "a100")
     view = fill(view, "v100", {"v100-2": 2})
     view = fill(view, "t4", {"t4-4": 2})
@@ -90,7 +94,10 @@ def test_limits():
     assert {c.gpu_type for c in d.chosen.components} == {"t4"}
     assert any("not in limits.gpu_types" in a.lost_because for a in d.alternatives)
     with pytest.raises(NoFitError, match="fits nowhere"):
-        plan(make_spec(limits__time_limit="00:01:00", training={"seq_len": 1024, "global_batch": 64, "steps": 100000}), view)
+        plan(
+            make_spec(limits__time_limit="00:01:00", training={"seq_len": 1024, "global_batch": 64, "steps": 100000}),
+            view,
+        )
     past = dt.datetime.fromtimestamp(view.taken_at - 10, tz=dt.UTC)
     with pytest.raises(NoFitError):
         plan(make_spec(limits__deadline=past.isoformat()), view)
@@ -106,8 +113,11 @@ def test_partition_max_time():
 
 
 def test_no_fit_names_the_smallest_allocation():
-    spec = make_spec(model={"preset": "llama-2-13b"}, limits__max_gpus=4,
-                     training={"seq_len": 2048, "global_batch": 64, "steps": 10, "precision": "fp32"})
+    spec = make_spec(
+        model={"preset": "llama-2-13b"},
+        limits__max_gpus=4,
+        training={"seq_len": 2048, "global_batch": 64, "steps": 10, "precision": "fp32"},
+    )
     with pytest.raises(NoFitError) as err:
         plan(spec, synthetic(LOCAL))
     msg = err.value.message
@@ -156,10 +166,26 @@ def _alloc(gpus: int, run_s: float, start: float = 0.0):
     from frenzy_slurm.has.model import Allocation, Component
     from frenzy_slurm.marp.plan import ParallelPlan
 
-    comp = Component(partition="p", gpu_type="g", gpu_model="A100-40GB", nodes=1, gpus_per_node=gpus, stages=[0],
-                     peak_gib=1.0, capacity_gib=40.0)
-    return Allocation(kind="homogeneous", components=[comp], plan=ParallelPlan(dp=gpus), step_time_s=1.0,
-                      run_time_s=run_s, time_min=60, start=start, start_source="now")
+    comp = Component(
+        partition="p",
+        gpu_type="g",
+        gpu_model="A100-40GB",
+        nodes=1,
+        gpus_per_node=gpus,
+        stages=[0],
+        peak_gib=1.0,
+        capacity_gib=40.0,
+    )
+    return Allocation(
+        kind="homogeneous",
+        components=[comp],
+        plan=ParallelPlan(dp=gpus),
+        step_time_s=1.0,
+        run_time_s=run_s,
+        time_min=60,
+        start=start,
+        start_source="now",
+    )
 
 
 def test_wider_only_while_each_gpu_is_worth_it():
@@ -184,16 +210,24 @@ def test_pending_jobs_are_ahead_in_the_queue():
 
     view = fill(synthetic(LOCAL), "a100", minutes=30)  # both a100 nodes busy for 30 min
     t0 = view.taken_at
-    waiting = Job(job_id=5000, state="PENDING", partition="a100", node_count=2, gpu_type="a100_40gb", gpus_per_node=4,
-                  time_limit_min=120)
+    waiting = Job(
+        job_id=5000,
+        state="PENDING",
+        partition="a100",
+        node_count=2,
+        gpu_type="a100_40gb",
+        gpus_per_node=4,
+        time_limit_min=120,
+    )
     queued = view.model_copy(update={"jobs": [*view.jobs, waiting]})
     assert ReleaseIndex(view, t0).start("a100", None, 1, 4, 3600) == pytest.approx(t0 + 1800)
     # the pending job holds both nodes from +30 min to +150 min: a new job starts after it
     assert ReleaseIndex(queued, t0).start("a100", None, 1, 4, 3600) == pytest.approx(t0 + 1800 + 7200)
     assert ReleaseIndex(queued, t0, queue=False).start("a100", None, 1, 4, 3600) == pytest.approx(t0 + 1800)
     # on an idle partition a short job backfills in front of a pending job's later reservation
-    idle_wait = Job(job_id=5001, state="PENDING", partition="t4", node_count=4, gpu_type="t4", gpus_per_node=4,
-                    time_limit_min=60)
+    idle_wait = Job(
+        job_id=5001, state="PENDING", partition="t4", node_count=4, gpu_type="t4", gpus_per_node=4, time_limit_min=60
+    )
     busy_t4 = fill(synthetic(LOCAL), "t4", {"t4-4": 4}, minutes=20)  # three t4 nodes busy for 20 min, one free
     idx = ReleaseIndex(busy_t4.model_copy(update={"jobs": [*busy_t4.jobs, idle_wait]}), t0)
     assert idx.start("t4", None, 1, 4, 600) == pytest.approx(t0)  # 10 min fits before the reservation at +20
@@ -202,8 +236,18 @@ def test_pending_jobs_are_ahead_in_the_queue():
 
 def test_has_sees_the_queue():
     view = fill(fill(fill(synthetic(LOCAL), "a100", minutes=30), "v100", minutes=60), "t4", minutes=90)
-    ahead = [Job(job_id=6000 + i, state="PENDING", partition="a100", node_count=2, gpu_type="a100_40gb",
-                 gpus_per_node=4, time_limit_min=240) for i in range(2)]
+    ahead = [
+        Job(
+            job_id=6000 + i,
+            state="PENDING",
+            partition="a100",
+            node_count=2,
+            gpu_type="a100_40gb",
+            gpus_per_node=4,
+            time_limit_min=240,
+        )
+        for i in range(2)
+    ]
     d = plan(make_spec(), view.model_copy(update={"jobs": [*view.jobs, *ahead]}))
     # without the queue HAS would wait 30 min for the a100s (test_waits_when_nothing_is_free); two 4-hour jobs
     # are ahead there, so another pool wins
@@ -226,6 +270,9 @@ def test_one_job_leaves_room_in_a_pool():
     assert plan(spec, view, site=whole).chosen.gpus == 8
     # asking for the whole pool, or needing it to fit, is honoured
     assert plan(make_spec(limits__gpu_types=["a100"], limits__min_gpus=8, training=training), view).chosen.gpus == 8
-    big = make_spec(model={"preset": "llama-2-7b"}, limits__gpu_types=["a100"],
-                    training={"seq_len": 2048, "global_batch": 64, "steps": 10, "precision": "bf16-mixed"})
+    big = make_spec(
+        model={"preset": "llama-2-7b"},
+        limits__gpu_types=["a100"],
+        training={"seq_len": 2048, "global_batch": 64, "steps": 10, "precision": "bf16-mixed"},
+    )
     assert plan(big, view).chosen.gpus == 8

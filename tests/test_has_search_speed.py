@@ -49,22 +49,44 @@ def _reference_plans(w: Workload, world: int, global_batch: int, space: SearchSp
                 for rc in space.recompute:
                     if rc == "selective" and w.attention != "eager":
                         continue
-                    mbs = [space.micro_batch] if space.micro_batch else [
-                        m for m in (1 << i for i in range(8)) if m <= space.max_micro_batch and (global_batch // dp) % m == 0
-                    ]
+                    mbs = (
+                        [space.micro_batch]
+                        if space.micro_batch
+                        else [
+                            m
+                            for m in (1 << i for i in range(8))
+                            if m <= space.max_micro_batch and (global_batch // dp) % m == 0
+                        ]
+                    )
                     group = []
                     for mb in mbs:
                         if (global_batch // dp) % mb:
                             continue
                         ga = global_batch // (dp * mb)
-                        group.append(ParallelPlan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, grad_accum=ga,
-                                                  recompute=rc, sequence_parallel=tp > 1))
+                        group.append(
+                            ParallelPlan(
+                                dp=dp,
+                                tp=tp,
+                                pp=pp,
+                                zero=zero,
+                                micro_batch=mb,
+                                grad_accum=ga,
+                                recompute=rc,
+                                sequence_parallel=tp > 1,
+                            )
+                        )
                     if group:
                         yield group
 
 
-def _reference_search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
-                      max_gpus: int | None = None, space: SearchSpace | None = None) -> dict[Hashable, list[Candidate]]:
+def _reference_search(
+    w: Workload,
+    options: list[GpuOption],
+    global_batch: int,
+    steps: int,
+    max_gpus: int | None = None,
+    space: SearchSpace | None = None,
+) -> dict[Hashable, list[Candidate]]:
     space = space or SearchSpace()
     limit = max_gpus or max((o.max_gpus for o in options), default=0)
     largest = max((o.usable_bytes - o.overhead_bytes(1) for o in options), default=0.0)
@@ -105,10 +127,18 @@ SPECS = {
     "gpt2-medium-full-ckpt": dict(training__activation_checkpointing="full", training__global_batch=256),
     "gpt2-medium-script-tp": dict(entry={"trainer": "script", "script": "train.py"}),
     "llama2-7b": dict(model={"preset": "llama-2-7b"}, training__global_batch=128),
-    "llama3-8b-lora": dict(model={"preset": "llama-3-8b"}, training__method="lora", training__global_batch=32,
-                           entry={"trainer": "script", "script": "train.py"}),
-    "llama2-13b-qlora": dict(model={"preset": "llama-2-13b"}, training__method="qlora",
-                             training__global_batch=16, entry={"trainer": "script", "script": "train.py"}),
+    "llama3-8b-lora": dict(
+        model={"preset": "llama-3-8b"},
+        training__method="lora",
+        training__global_batch=32,
+        entry={"trainer": "script", "script": "train.py"},
+    ),
+    "llama2-13b-qlora": dict(
+        model={"preset": "llama-2-13b"},
+        training__method="qlora",
+        training__global_batch=16,
+        entry={"trainer": "script", "script": "train.py"},
+    ),
     "llama2-70b": dict(model={"preset": "llama-2-70b"}, training__global_batch=512, training__seq_len=2048),
     "tinyllama-fp32": dict(model={"preset": "tinyllama-1.1b"}, training__precision="fp32", training__global_batch=96),
 }
@@ -134,8 +164,11 @@ def test_search_equals_the_plain_loop(name, pools):
 
 
 @pytest.mark.parametrize("name", ["gpt2-medium", "llama2-7b", "llama3-8b-lora", "llama2-13b-qlora", "tinyllama-fp32"])
-@pytest.mark.parametrize("pools,busy", [(LOCAL, 0.0), (LOCAL, 0.7), (MEDIUM, 0.5), (LARGE, 0.0), (LARGE, 0.7)],
-                         ids=["local-idle", "local-busy", "512-half", "2048-idle", "2048-busy"])
+@pytest.mark.parametrize(
+    "pools,busy",
+    [(LOCAL, 0.0), (LOCAL, 0.7), (MEDIUM, 0.5), (LARGE, 0.0), (LARGE, 0.7)],
+    ids=["local-idle", "local-busy", "512-half", "2048-idle", "2048-busy"],
+)
 def test_decision_equals_the_plain_loop(name, pools, busy, monkeypatch):
     spec, w, space = _job(name)
     site = synthetic_site(pools)

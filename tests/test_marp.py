@@ -13,8 +13,19 @@ from frenzy_slurm.marp.memory import _layer_activation_bytes
 from frenzy_slurm.units import GiB
 
 LLAMA7 = presets()["llama-2-7b"].arch
-GPT3ISH = Architecture(layers=24, hidden=2048, heads=16, ffn=8192, activation="gelu", vocab=50257, norm="layernorm",
-                       position="learned", bias="all", dropout=0.1, max_positions=2048)
+GPT3ISH = Architecture(
+    layers=24,
+    hidden=2048,
+    heads=16,
+    ffn=8192,
+    activation="gelu",
+    vocab=50257,
+    norm="layernorm",
+    position="learned",
+    bias="all",
+    dropout=0.1,
+    max_positions=2048,
+)
 
 
 def test_korthikanti_activation_formula():
@@ -69,7 +80,9 @@ def _peak(w, **plan):
     return estimate_memory(w, ParallelPlan(**plan), "device").peak
 
 
-@pytest.mark.parametrize("arch", [LLAMA7, GPT3ISH, presets()["llama-3.2-1b"].arch], ids=["llama7b", "gpt3ish", "llama1b"])
+@pytest.mark.parametrize(
+    "arch", [LLAMA7, GPT3ISH, presets()["llama-3.2-1b"].arch], ids=["llama7b", "gpt3ish", "llama1b"]
+)
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
 def test_monotonic_properties(arch, precision):
     w = Workload(arch=arch, seq_len=2048, precision=precision)
@@ -80,7 +93,7 @@ def test_monotonic_properties(arch, precision):
     for kind in ("dp", "tp", "pp"):
         vals = []
         # (from 1 GPU to ZeRO the optimizer gains its fp32 partition and the buckets: dp starts at 2)
-        for g in ((2, 4, 8) if kind == "dp" else (1, 2, 4, 8)):
+        for g in (2, 4, 8) if kind == "dp" else (1, 2, 4, 8):
             kw = {kind: g, "micro_batch": 2}
             if kind == "dp":
                 kw["zero"] = 3 if g > 1 else 0
@@ -90,7 +103,10 @@ def test_monotonic_properties(arch, precision):
         assert vals == sorted(vals, reverse=True), (kind, vals)
     # never shrinks with sequence length or micro-batch; grows once activations set the peak (sharded states)
     for plan in (dict(), dict(dp=8, zero=3)):
-        seqs = [_peak(Workload(arch=arch, seq_len=s, precision=precision), micro_batch=1, **plan) for s in (512, 1024, 2048, 4096, 8192)]
+        seqs = [
+            _peak(Workload(arch=arch, seq_len=s, precision=precision), micro_batch=1, **plan)
+            for s in (512, 1024, 2048, 4096, 8192)
+        ]
         assert seqs == sorted(seqs)
         mbs = [_peak(w, micro_batch=m, **plan) for m in (1, 2, 4, 8, 16)]
         assert mbs == sorted(mbs)
@@ -124,13 +140,19 @@ def test_gqa_and_swiglu_change_activations():
     gqa = mha.model_copy(update={"kv_heads": 8})
     gelu = mha.model_copy(update={"activation": "gelu"})
     w = dict(seq_len=1024)
-    assert _layer_activation_bytes(Workload(arch=gqa, **w), 1, False, "none") < _layer_activation_bytes(Workload(arch=mha, **w), 1, False, "none")
-    assert _layer_activation_bytes(Workload(arch=gelu, **w), 1, False, "none") < _layer_activation_bytes(Workload(arch=mha, **w), 1, False, "none")
+    assert _layer_activation_bytes(Workload(arch=gqa, **w), 1, False, "none") < _layer_activation_bytes(
+        Workload(arch=mha, **w), 1, False, "none"
+    )
+    assert _layer_activation_bytes(Workload(arch=gelu, **w), 1, False, "none") < _layer_activation_bytes(
+        Workload(arch=mha, **w), 1, False, "none"
+    )
 
 
 def test_metric_overheads_order():
     w = Workload(arch=LLAMA7, seq_len=2048)
-    alloc, res, dev = (estimate_memory(w, ParallelPlan(dp=2, zero=1), m).peak for m in ("allocated", "reserved", "device"))
+    alloc, res, dev = (
+        estimate_memory(w, ParallelPlan(dp=2, zero=1), m).peak for m in ("allocated", "reserved", "device")
+    )
     assert alloc < res < dev
 
 
@@ -177,6 +199,7 @@ def test_qlora_dequantises_one_block_linear_not_the_embedding():
 def test_adapters_under_fsdp_gather_nf4_blocks_and_reduce_adapter_grads_only():
     from frenzy_slurm.marp.memory import QLORA_BYTES_PER_PARAM
     from frenzy_slurm.marp.params import count_params, lora_params_per_layer
+
     arch = presets()["llama-2-70b"].arch
     pc = count_params(arch)
     plan = ParallelPlan(dp=8, zero=3, recompute="full")
@@ -194,6 +217,7 @@ def test_adapters_under_fsdp_gather_nf4_blocks_and_reduce_adapter_grads_only():
 
 def test_reserved_fragments_per_step_bytes_not_long_lived_states():
     from frenzy_slurm.marp import Overheads
+
     ov = Overheads()
     assert (ov.fragmentation, ov.step_fragmentation) == (0.02, 0.25)
     w = Workload(arch=LLAMA7, seq_len=2048, framework="torch", precision="bf16-pure", fused_optimizer=True)
@@ -216,7 +240,8 @@ def test_autocast_casts_the_input_once_per_separate_projection():
     assert sep - fused == pytest.approx((2 + 1) * 2.0 * LLAMA7.hidden)
     # without autocast nothing is cast: the same either way
     assert _layer_activation_bytes(w, 1, False, "none") == _layer_activation_bytes(
-        w.with_(fused_projections=True), 1, False, "none")
+        w.with_(fused_projections=True), 1, False, "none"
+    )
 
 
 def test_compile_keeps_three_swiglu_tensors_and_both_gelu_tensors():
@@ -227,11 +252,14 @@ def test_compile_keeps_three_swiglu_tensors_and_both_gelu_tensors():
     comp = _layer_activation_bytes(w.with_(compile=True), 1, False, "none")
     assert eager - comp == pytest.approx(2.0 * LLAMA7.ffn)  # the silu output only
     g = Workload(arch=GPT3ISH, seq_len=1024, precision="bf16-pure", framework="torch")
-    assert _layer_activation_bytes(g, 1, False, "none") == _layer_activation_bytes(g.with_(compile=True), 1, False, "none")
+    assert _layer_activation_bytes(g, 1, False, "none") == _layer_activation_bytes(
+        g.with_(compile=True), 1, False, "none"
+    )
 
 
 def test_uncompiled_loss_beside_compiled_blocks():
     from frenzy_slurm.marp.memory import _logit_bytes_per_token
+
     w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch", compile=True)
     v = LLAMA7.vocab
     assert _logit_bytes_per_token(w, 1) == pytest.approx(2 * 4.0 * v)  # fused loss: saved fp32 input + its gradient
@@ -239,8 +267,20 @@ def test_uncompiled_loss_beside_compiled_blocks():
 
 
 def test_autocast_eager_attention_backward_holds_fp32_score_gradients():
-    bert = Architecture(layers=4, hidden=1024, heads=16, ffn=4096, activation="gelu", vocab=30522, norm="layernorm",
-                        position="learned", bias="all", dropout=0.1, max_positions=512, head="classification")
+    bert = Architecture(
+        layers=4,
+        hidden=1024,
+        heads=16,
+        ffn=4096,
+        activation="gelu",
+        vocab=30522,
+        norm="layernorm",
+        position="learned",
+        bias="all",
+        dropout=0.1,
+        max_positions=512,
+        head="classification",
+    )
     s, mb = 512, 4
     w = Workload(arch=bert, seq_len=s, framework="torch", precision="fp16-mixed", attention="eager")
     st = estimate_memory(w, ParallelPlan(micro_batch=mb), "allocated").stages[0]
@@ -257,6 +297,7 @@ def test_chunked_loss_peaks_measured_on_the_cpu():
     # benchmarks/saved_tensors_cpu.py: 8 chunks, bf16 logits, fp32 loss; eager 6.5 and compiled 2.26 bytes x vocab
     # per token over what was alive before the output layer
     from frenzy_slurm.marp.memory import _logit_bytes_per_token
+
     w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch", loss_chunks=8)
     v = LLAMA7.vocab
     assert _logit_bytes_per_token(w, 1) == pytest.approx(6.5 * v)
@@ -265,8 +306,15 @@ def test_chunked_loss_peaks_measured_on_the_cpu():
 
 def test_chunked_output_layer_sums_its_weight_gradient_beside_the_chunks():
     arch = Architecture(layers=2, hidden=3072, heads=24, kv_heads=8, ffn=8192, vocab=128256)
-    w = Workload(arch=arch, seq_len=4096, precision="bf16-pure", framework="torch", loss_chunks=8, compile=True,
-                 fused_optimizer=True)
+    w = Workload(
+        arch=arch,
+        seq_len=4096,
+        precision="bf16-pure",
+        framework="torch",
+        loss_chunks=8,
+        compile=True,
+        fused_optimizer=True,
+    )
     st = estimate_memory(w, ParallelPlan(micro_batch=2, recompute="full"), "allocated").stages[0]
     t, head = 2 * 4096, arch.vocab * arch.hidden * 2.0
     assert st.phase == "backward-start"
@@ -280,18 +328,29 @@ def test_chunked_output_layer_sums_its_weight_gradient_beside_the_chunks():
 def test_chunked_16_bit_loss_held_logits():
     # litgpt: the loop keeps the logit chunks, the loss runs on them in 16 bits (4 chunks)
     from frenzy_slurm.marp.memory import _logit_bytes_per_token
-    w = Workload(arch=LLAMA7, seq_len=512, precision="bf16-pure", framework="torch", loss_chunks=4, loss_fp32=False,
-                 hold_logits=True)
+
+    w = Workload(
+        arch=LLAMA7,
+        seq_len=512,
+        precision="bf16-pure",
+        framework="torch",
+        loss_chunks=4,
+        loss_fp32=False,
+        hold_logits=True,
+    )
     assert _logit_bytes_per_token(w, 1) == pytest.approx((2 + 2 + (4 + 2) / 4) * LLAMA7.vocab)
 
 
 def test_qlora_with_a_quantised_output_layer():
     from frenzy_slurm.marp.memory import NF4_PLAIN_BYTES_PER_PARAM
+
     arch = Architecture(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256)
-    w = Workload(arch=arch, seq_len=512, precision="bf16-pure", framework="torch", method="qlora",
-                 nf4_double_quant=False)
-    plain, quant = (estimate_memory(x, ParallelPlan(), "allocated").stages[0]
-                    for x in (w, w.with_(qlora_quantized_head=True)))
+    w = Workload(
+        arch=arch, seq_len=512, precision="bf16-pure", framework="torch", method="qlora", nf4_double_quant=False
+    )
+    plain, quant = (
+        estimate_memory(x, ParallelPlan(), "allocated").stages[0] for x in (w, w.with_(qlora_quantized_head=True))
+    )
     head = arch.vocab * arch.hidden
     assert plain.weights - quant.weights == pytest.approx(head * (2.0 - NF4_PLAIN_BYTES_PER_PARAM))
     assert quant.buffers - plain.buffers == pytest.approx((head - 4096 * 14336) * 2.0)  # dequantised head, 16-bit
@@ -302,8 +361,16 @@ def test_previous_output_and_its_ctx_held_4bit_inputs_outlive_the_step():
     # ctx, outside the saved tensors that backward releases: at the end of the next forward both outputs and every
     # such input of the previous step are alive
     arch = Architecture(layers=4, hidden=1024, heads=8, kv_heads=8, ffn=2816, vocab=8192)
-    w = Workload(arch=arch, seq_len=512, precision="bf16-pure", framework="torch", method="qlora",
-                 hold_logits=True, loss_chunks=4, loss_fp32=False)
+    w = Workload(
+        arch=arch,
+        seq_len=512,
+        precision="bf16-pure",
+        framework="torch",
+        method="qlora",
+        hold_logits=True,
+        loss_chunks=4,
+        loss_fp32=False,
+    )
     plan = ParallelPlan(micro_batch=2)
     plain, keep = (estimate_memory(x, plan, "allocated").stages[0] for x in (w, w.with_(keeps_previous_output=True)))
     tokens = 2 * 512
@@ -313,8 +380,11 @@ def test_previous_output_and_its_ctx_held_4bit_inputs_outlive_the_step():
     # torchao's NF4 linear saves nothing of its input: only the previous logits stay, which the loss's own tensors
     # outweigh here
     nf4 = w.with_(nf4_saves_inputs=False)
-    assert (estimate_memory(nf4.with_(keeps_previous_output=True), plan, "allocated").peak
-            == estimate_memory(nf4, plan, "allocated").peak < keep.peak)
+    assert (
+        estimate_memory(nf4.with_(keeps_previous_output=True), plan, "allocated").peak
+        == estimate_memory(nf4, plan, "allocated").peak
+        < keep.peak
+    )
 
 
 def test_ctx_held_inputs_outlive_backward_while_the_output_is_bound():
@@ -382,11 +452,14 @@ def test_deepspeed_zero3_keeps_what_is_reused_soon_and_its_gradient_partition():
     plan = ParallelPlan(dp=8, zero=3, micro_batch=1)
     from frenzy_slurm.marp.params import count_params
     from frenzy_slurm.marp.plan import DeepSpeedBuckets
+
     pc = count_params(arch)
     head = pc.final + pc.head
 
     def at(reuse: int):
-        buckets = DeepSpeedBuckets(stage3_prefetch_bucket_size=0, reduce_bucket_size=1000, stage3_max_reuse_distance=reuse)
+        buckets = DeepSpeedBuckets(
+            stage3_prefetch_bucket_size=0, reduce_bucket_size=1000, stage3_max_reuse_distance=reuse
+        )
         return estimate_memory(w.with_(buckets=buckets), plan).stages[0]
 
     near = at(0)

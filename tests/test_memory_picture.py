@@ -28,8 +28,17 @@ def test_bar_lengths_follow_the_peaks():
 def test_memory_plot_writes_an_image(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "mem.png"
-    res = run_cli("frenzy-slurm", "memory", str(EXAMPLES / "llama2-7b.yaml"), "--plan", "dp=8,zero=1,mb=2",
-                  "--gpu", "A100-80GB", "--plot", str(out))
+    res = run_cli(
+        "frenzy-slurm",
+        "memory",
+        str(EXAMPLES / "llama2-7b.yaml"),
+        "--plan",
+        "dp=8,zero=1,mb=2",
+        "--gpu",
+        "A100-80GB",
+        "--plot",
+        str(out),
+    )
     assert res.returncode == 0, res.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     assert "█" in res.stdout and "usable" in res.stdout

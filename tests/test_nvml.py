@@ -67,23 +67,34 @@ def test_unknown_model_and_count_mismatch_are_reported():
 
 
 def test_merge_keeps_comments_and_admin_overrides_and_reports_changes():
-    text = ("# our cluster\ncluster: c\npools:\n  - partition: gpu   # the big one\n    gres_type: a100\n"
-            "    gpu: A100-40GB\n    gpus_per_node: 4\n    intra_node: pcie4\n    cpus_per_gpu: 8   # site policy\n"
-            "    overrides: {bf16: 280}\n")
+    text = (
+        "# our cluster\ncluster: c\npools:\n  - partition: gpu   # the big one\n    gres_type: a100\n"
+        "    gpu: A100-40GB\n    gpus_per_node: 4\n    intra_node: pcie4\n    cpus_per_gpu: 8   # site policy\n"
+        "    overrides: {bf16: 280}\n"
+    )
     det = interpret("gpu", "a100", 8, probe(FakeNvml("dgx-a100-80gb.json")))
     out, changes = merge_site(text, "c", [det], "2026-12-02")
     assert "# our cluster" in out and "# site policy" in out
     site = SiteConfig.model_validate(yaml.safe_load(out))
     p = site.pools[0]
-    assert (p.gpu, p.gpus_per_node, p.intra_node, p.cpus_per_gpu, p.overrides.bf16) == ("A100-80GB", 8, "nvlink3", 8, 280)
-    assert sorted(changes) == ["gpu/a100: gpu A100-40GB -> A100-80GB (NVML on " + det.host + ")",
-                               "gpu/a100: gpus_per_node 4 -> 8 (NVML on " + det.host + ")",
-                               "gpu/a100: intra_node pcie4 -> nvlink3 (NVML on " + det.host + ")"]
+    assert (p.gpu, p.gpus_per_node, p.intra_node, p.cpus_per_gpu, p.overrides.bf16) == (
+        "A100-80GB",
+        8,
+        "nvlink3",
+        8,
+        280,
+    )
+    assert sorted(changes) == [
+        "gpu/a100: gpu A100-40GB -> A100-80GB (NVML on " + det.host + ")",
+        "gpu/a100: gpus_per_node 4 -> 8 (NVML on " + det.host + ")",
+        "gpu/a100: intra_node pcie4 -> nvlink3 (NVML on " + det.host + ")",
+    ]
 
 
 def test_sampler_peaks_only_this_jobs_processes_and_merges_metrics(tmp_path):
-    fake = FakeNvml("pcie-4xa10.json", processes={0: [(100, 6 * int(GiB))], 1: [(200, 3 * int(GiB))]},
-                    utilisation={0: 90, 1: 50})
+    fake = FakeNvml(
+        "pcie-4xa10.json", processes={0: [(100, 6 * int(GiB))], 1: [(200, 3 * int(GiB))]}, utilisation={0: 90, 1: 50}
+    )
     owner = {100: "42", 200: "7"}  # pid 200 belongs to another job
     s = Sampler(fake, "42", job_of=owner.get)
     s.sample()
@@ -94,13 +105,27 @@ def test_sampler_peaks_only_this_jobs_processes_and_merges_metrics(tmp_path):
     d = rep["devices"][0]
     assert (d["peak_process_gib"], d["peak_used_gib"], d["max_util_pct"], d["mean_util_pct"]) == (9.0, 9.0, 90, 90)
     (tmp_path / "nvml-node1.json").write_text(json.dumps(rep))
-    (tmp_path / "plan.json").write_text(json.dumps({"decision": {"chosen": {"components": [
-        {"gpu_model": "A10", "gpu_type": "a10", "partition": "inf", "peak_gib": 8.5}]}}}))
+    (tmp_path / "plan.json").write_text(
+        json.dumps(
+            {
+                "decision": {
+                    "chosen": {
+                        "components": [{"gpu_model": "A10", "gpu_type": "a10", "partition": "inf", "peak_gib": 8.5}]
+                    }
+                }
+            }
+        )
+    )
     m = merge_metrics(tmp_path)
     assert m["source"] == "nvml-sampler"
     r = m["ranks"][0]
-    assert (r["host"], r["gpu_model"], r["peak_gib"], r["predicted_gib"], r["metric"]) == ("node1", "A10", 9.0, 8.5,
-                                                                                           "device (nvml)")
+    assert (r["host"], r["gpu_model"], r["peak_gib"], r["predicted_gib"], r["metric"]) == (
+        "node1",
+        "A10",
+        9.0,
+        8.5,
+        "device (nvml)",
+    )
     (tmp_path / "metrics.json").write_text(json.dumps({"source": "trainer", "ranks": []}))
     assert merge_metrics(tmp_path) is None  # the built-in trainer's own metrics win
 
@@ -137,8 +162,9 @@ def test_probe_pools_through_the_seam_with_a_busy_pool():
     slurm = FakeSlurm(synthetic([("a100", "A100-80GB", 1, 8), ("t4", "T4", 1, 4)], now=0.0))
     slurm.step_output[PoolKey("a100", "a100_80gb")] = "motd line\n" + json.dumps(probe(FakeNvml("dgx-a100-80gb.json")))
     # the only t4 node is taken by a running job
-    slurm.submit(BatchJob(script=Path("/dev/null"), workdir=Path("/tmp"),
-                          components=[ComponentRequest("t4", "t4", 1, 4, 60)]))
+    slurm.submit(
+        BatchJob(script=Path("/dev/null"), workdir=Path("/tmp"), components=[ComponentRequest("t4", "t4", 1, 4, 60)])
+    )
     found = {d.where: d for d in probe_pools(slurm, slurm.load(), "python3", 30)}
     a100, t4 = found["a100/a100_80gb"], found["t4/t4"]
     assert (a100.source, a100.gpu.name, a100.intra_node) == ("nvml", "A100-80GB", "nvlink3")

@@ -72,14 +72,18 @@ def test_dry_run_prints_exactly_the_request_and_submit_gets_that_request(cluster
     done = fsbatch(site, "--job-dir", str(tmp_path / "jobs" / "j"))
     submitted = seen["planned"][-1]
     assert seen["submitted"] == [submitted]  # the very object plan_job returned
-    assert done == {**{k: v for k, v in submitted.as_json().items() if k != "script"}, "dry_run": False,
-                    "job_id": done["job_id"]}
+    assert done == {
+        **{k: v for k, v in submitted.as_json().items() if k != "script"},
+        "dry_run": False,
+        "job_id": done["job_id"],
+    }
     # the dry run showed what was then submitted: same directory, submission, command and choice
     for key in ("job_dir", "submission", "sbatch_argv", "calibration"):
         assert shown[key] == done[key]
     moments = ("start", "completion")  # "now" is each run's clock
-    assert ({k: v for k, v in shown["decision"]["chosen"].items() if k not in moments}
-            == {k: v for k, v in done["decision"]["chosen"].items() if k not in moments})
+    assert {k: v for k, v in shown["decision"]["chosen"].items() if k not in moments} == {
+        k: v for k, v in done["decision"]["chosen"].items() if k not in moments
+    }
 
 
 def test_dry_run_force_previews_the_directory_force_submits(cluster, tmp_path):
@@ -104,8 +108,9 @@ def test_submit_takes_only_a_job_request(tmp_path):
     spec = make_spec()
     req = planned(spec, view, tmp_path / "jobs" / "a")
     slurm = FakeSlurm(view, user=getpass.getuser())
-    rendered = render_job(spec, Path("/home/u/model.yaml"), resolve_model(spec, "."), req.decision, spec.slurm,
-                          tmp_path / "jobs" / "b")
+    rendered = render_job(
+        spec, Path("/home/u/model.yaml"), resolve_model(spec, "."), req.decision, spec.slurm, tmp_path / "jobs" / "b"
+    )
     with pytest.raises(TypeError, match="takes the JobRequest of frenzy_slurm.planning.plan_job, not Rendered"):
         submit(rendered, slurm)
     with pytest.raises(TypeError):
@@ -122,8 +127,11 @@ def test_request_is_final(tmp_path):
         req.files["calibration.json"] = "{}"  # type: ignore[index]
     assert list(req.files) == ["job.sbatch", "ds_config.json", "plan.json", "model.yaml", "calibration.json"]
     # one sbatch command line, recorded in plan.json as the backend runs it
-    assert req.plan.sbatch_argv == sbatch_argv(req.job_dir / "job.sbatch") == [
-        "sbatch", "--parsable", str(req.job_dir / "job.sbatch")]
+    assert (
+        req.plan.sbatch_argv
+        == sbatch_argv(req.job_dir / "job.sbatch")
+        == ["sbatch", "--parsable", str(req.job_dir / "job.sbatch")]
+    )
     written = submit(req, FakeSlurm(synthetic(LOCAL), user=getpass.getuser()))
     assert "FRENZY_JOB_DIR_INODE=unset" in req.script and "FRENZY_JOB_DIR_INODE=unset" not in written.script
 
@@ -140,8 +148,15 @@ def test_the_simulators_decision_is_plan_jobs_decision_step():
     spec = make_spec()
     req = planned(spec, view)
     site = synthetic_site(LOCAL)
-    alone = planning.decide_job(Requirements.from_spec(spec), workload_from_spec(spec, resolve_model(spec, ".")),
-                                search_space_from_spec(spec), view, site, None, view.taken_at)
+    alone = planning.decide_job(
+        Requirements.from_spec(spec),
+        workload_from_spec(spec, resolve_model(spec, ".")),
+        search_space_from_spec(spec),
+        view,
+        site,
+        None,
+        view.taken_at,
+    )
     assert alone.chosen == req.decision.chosen and alone.alternatives == req.decision.alternatives
 
 

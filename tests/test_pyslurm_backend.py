@@ -23,39 +23,80 @@ class Coll(dict):
 
 
 def node(name, state, gres, allocated=None, reason=None, partitions=None):
-    return SimpleNamespace(name=name, state=state, configured_gres=gres, allocated_gres=allocated or {},
-                           reason=reason, partitions=partitions or [name.split("-")[0]], total_cpus=16,
-                           allocated_cpus=1 if allocated else 0, real_memory=64000,
-                           allocated_memory=500 if allocated else 0)
+    return SimpleNamespace(
+        name=name,
+        state=state,
+        configured_gres=gres,
+        allocated_gres=allocated or {},
+        reason=reason,
+        partitions=partitions or [name.split("-")[0]],
+        total_cpus=16,
+        allocated_cpus=1 if allocated else 0,
+        real_memory=64000,
+        allocated_memory=500 if allocated else 0,
+    )
 
 
 def job(id, name, state, nodes, gres_per_node=None, gpus=None, reason="None", het=None, offset=None, partition="t4"):
-    return SimpleNamespace(id=id, name=name, state=state, state_reason=reason, partition=partition,
-                           allocated_nodes=nodes, num_nodes=1, gres_per_node=gres_per_node or {}, gpus=gpus or {},
-                           heterogeneous_id=het, heterogeneous_offset=offset, user_name="root", start_time=1,
-                           end_time=2, time_limit=30, comment="", working_directory="/tmp")
+    return SimpleNamespace(
+        id=id,
+        name=name,
+        state=state,
+        state_reason=reason,
+        partition=partition,
+        allocated_nodes=nodes,
+        num_nodes=1,
+        gres_per_node=gres_per_node or {},
+        gpus=gpus or {},
+        heterogeneous_id=het,
+        heterogeneous_offset=offset,
+        user_name="root",
+        start_time=1,
+        end_time=2,
+        time_limit=30,
+        comment="",
+        working_directory="/tmp",
+    )
 
 
 def fake_pyslurm(accounting_tres):
     gpu = SimpleNamespace  # pyslurm's GPU objects have .count and .type
-    nodes = Coll({
-        "t4-1": node("t4-1", "MIXED", {"gpu:t4": 4}, {"gpu": 2, "gpu:t4": 2}),
-        "t4-2": node("t4-2", "MIXED+PLANNED", {"gpu:t4": 4}, {"gpu": 1, "gpu:t4": 1}),
-        "t4-4": node("t4-4", "IDLE+DRAIN", {"gpu:t4": 4}, reason="maintenance"),
-    })
-    jobs = Coll({
-        1: job(1, "gpus", "RUNNING", "t4-1", gpus={"gpu": gpu(count=2), "gpu:t4": gpu(count=2, type="t4")}),
-        2: job(2, "gres", "RUNNING", "t4-2", gres_per_node={"gres/gpu:t4": 1}),
-        3: job(3, "waits", "PENDING", None, gres_per_node={"gres/gpu:t4": 4}, reason="Resources"),
-        4: job(4, "new", "SOMETHING_NEW", None),
-    })
-    parts = Coll({"t4": SimpleNamespace(name="t4", state="UP", nodes="t4-[1-2,4]", is_default=True, default_time=10,
-                                        max_time="UNLIMITED", max_nodes="UNLIMITED")})
+    nodes = Coll(
+        {
+            "t4-1": node("t4-1", "MIXED", {"gpu:t4": 4}, {"gpu": 2, "gpu:t4": 2}),
+            "t4-2": node("t4-2", "MIXED+PLANNED", {"gpu:t4": 4}, {"gpu": 1, "gpu:t4": 1}),
+            "t4-4": node("t4-4", "IDLE+DRAIN", {"gpu:t4": 4}, reason="maintenance"),
+        }
+    )
+    jobs = Coll(
+        {
+            1: job(1, "gpus", "RUNNING", "t4-1", gpus={"gpu": gpu(count=2), "gpu:t4": gpu(count=2, type="t4")}),
+            2: job(2, "gres", "RUNNING", "t4-2", gres_per_node={"gres/gpu:t4": 1}),
+            3: job(3, "waits", "PENDING", None, gres_per_node={"gres/gpu:t4": 4}, reason="Resources"),
+            4: job(4, "new", "SOMETHING_NEW", None),
+        }
+    )
+    parts = Coll(
+        {
+            "t4": SimpleNamespace(
+                name="t4",
+                state="UP",
+                nodes="t4-[1-2,4]",
+                is_default=True,
+                default_time=10,
+                max_time="UNLIMITED",
+                max_nodes="UNLIMITED",
+            )
+        }
+    )
     config = SimpleNamespace(version="25.11.7", cluster_name="frenzydev", accounting_storage_tres=accounting_tres)
     return SimpleNamespace(
-        __version__="25.11.2", Nodes=SimpleNamespace(load=lambda: nodes), Jobs=SimpleNamespace(load=lambda: jobs),
+        __version__="25.11.2",
+        Nodes=SimpleNamespace(load=lambda: nodes),
+        Jobs=SimpleNamespace(load=lambda: jobs),
         Partitions=SimpleNamespace(load=lambda: parts),
-        slurmctld=SimpleNamespace(Config=SimpleNamespace(load=lambda: config)))
+        slurmctld=SimpleNamespace(Config=SimpleNamespace(load=lambda: config)),
+    )
 
 
 @pytest.mark.parametrize("accounting", [True, False])
@@ -108,8 +149,10 @@ def test_problem_order_without_importing(tmp_path, monkeypatch):
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    answers = {"sinfo": Result(["sinfo"], "slurm 25.11.7\n", "", 0),
-               "scontrol": Result(["scontrol"], "Slurmctld(primary) at vm is DOWN\n", "", 1)}
+    answers = {
+        "sinfo": Result(["sinfo"], "slurm 25.11.7\n", "", 0),
+        "scontrol": Result(["scontrol"], "Slurmctld(primary) at vm is DOWN\n", "", 1),
+    }
     calls = []
 
     def fake_run(argv, timeout=30.0, check=True, input_text=None, env=None):

@@ -51,8 +51,10 @@ def test_a_hetjobs_components_start_together_on_different_nodes():
     assert timeline.earliest([(1, 8), (1, 4)], [["a", "b"], ["t"]], 0.0, 60.0) == (900.0, [["a"], ["t"]])
     assert timeline.earliest([(1, 8), (1, 4)], [["a", "b"], ["t"]], 0.0, 60.0, pick="first") == (900.0, [["a"], ["t"]])
     # two 8-GPU components on the two nodes that can hold them: not before a frees at 500
-    assert timeline.earliest([(1, 8), (1, 8)], [["a", "b"], ["a", "b"]], 0.0, 60.0, pick="first") == \
-        (500.0, [["a"], ["b"]])
+    assert timeline.earliest([(1, 8), (1, 8)], [["a", "b"], ["a", "b"]], 0.0, 60.0, pick="first") == (
+        500.0,
+        [["a"], ["b"]],
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -68,10 +70,12 @@ def test_earliest_is_the_first_moment_enough_nodes_have_the_gpus_free_throughout
     for _ in range(20):
         nodes, per_node = rng.randint(1, len(names)), rng.randint(1, 8)
         duration, not_before = float(rng.randrange(50, 1000, 50)), float(rng.randrange(0, 1500, 50))
-        moments = sorted({max(not_before, timeline.now)} | {e for ivs in timeline.busy.values() for _, e, _ in ivs
-                                                        if e > not_before})
-        want = next((t for t in moments
-                     if sum(timeline.free(n, t, t + duration) >= per_node for n in names) >= nodes), None)
+        moments = sorted(
+            {max(not_before, timeline.now)} | {e for ivs in timeline.busy.values() for _, e, _ in ivs if e > not_before}
+        )
+        want = next(
+            (t for t in moments if sum(timeline.free(n, t, t + duration) >= per_node for n in names) >= nodes), None
+        )
         got = timeline.earliest([(nodes, per_node)], [names], not_before, duration, pick="first")
         assert (got[0] if got else None) == want
         if got:
@@ -79,14 +83,31 @@ def test_earliest_is_the_first_moment_enough_nodes_have_the_gpus_free_throughout
 
 
 def _node(name: str, used: int) -> Node:
-    return Node(name=name, partitions=["p"], state="mixed" if used else "idle", gpu_type="a100", gpus_total=8,
-                gpus_used=used, cpus=64, memory_mb=512_000)
+    return Node(
+        name=name,
+        partitions=["p"],
+        state="mixed" if used else "idle",
+        gpu_type="a100",
+        gpus_total=8,
+        gpus_used=used,
+        cpus=64,
+        memory_mb=512_000,
+    )
 
 
 def _job(job_id: int, state: str, gpus: int, minutes: int, nodes: list[str] | None = None, end: float | None = None):
-    return Job(job_id=job_id, state=state, partition="p", nodes=nodes or [], node_count=1, gpu_type="a100",
-               gpus_per_node=gpus, time_limit_min=minutes, start_time=int(T0 - 60) if end else None,
-               end_time=int(end) if end else None)
+    return Job(
+        job_id=job_id,
+        state=state,
+        partition="p",
+        nodes=nodes or [],
+        node_count=1,
+        gpu_type="a100",
+        gpus_per_node=gpus,
+        time_limit_min=minutes,
+        start_time=int(T0 - 60) if end else None,
+        end_time=int(end) if end else None,
+    )
 
 
 def test_a_reservation_ending_where_another_begins_leaves_the_gpus_between_them_free():
@@ -94,10 +115,14 @@ def test_a_reservation_ending_where_another_begins_leaves_the_gpus_between_them_
     (2 GPUs, 1 h) in the hole before it. A new 1-GPU job of 2 h fits now: 3 GPUs are free before +1 h and 1
     after. The former per-node timeline applied job 2's start before job 3's end at +1 h and saw -1 free
     there, so it answered +1 h."""
-    view = ClusterView(cluster="c", backend="static", taken_at=T0, nodes=[_node("n1", 3)],
-                       partitions=[Partition(name="p", nodes=["n1"], default_time_min=60)],
-                       jobs=[_job(1, "RUNNING", 3, 61, ["n1"], end=T0 + 3600), _job(2, "PENDING", 7, 60),
-                             _job(3, "PENDING", 2, 60)])
+    view = ClusterView(
+        cluster="c",
+        backend="static",
+        taken_at=T0,
+        nodes=[_node("n1", 3)],
+        partitions=[Partition(name="p", nodes=["n1"], default_time_min=60)],
+        jobs=[_job(1, "RUNNING", 3, 61, ["n1"], end=T0 + 3600), _job(2, "PENDING", 7, 60), _job(3, "PENDING", 2, 60)],
+    )
     idx = ReleaseIndex(view, T0)
     assert idx.queued == 2 and idx.reserved == {"n1"}
     assert idx.timeline.busy["n1"] == [(T0, T0 + 3600, 3), (T0 + 3600, T0 + 7200, 7), (T0, T0 + 3600, 2)]
@@ -106,9 +131,14 @@ def test_a_reservation_ending_where_another_begins_leaves_the_gpus_between_them_
 
 
 def test_gpus_the_view_counts_as_used_without_a_job_stay_used():
-    view = ClusterView(cluster="c", backend="static", taken_at=T0, nodes=[_node("n1", 6)],
-                       partitions=[Partition(name="p", nodes=["n1"], default_time_min=60)],
-                       jobs=[_job(1, "RUNNING", 4, 60, ["n1"], end=T0 + 600)])  # 2 more used by no listed job
+    view = ClusterView(
+        cluster="c",
+        backend="static",
+        taken_at=T0,
+        nodes=[_node("n1", 6)],
+        partitions=[Partition(name="p", nodes=["n1"], default_time_min=60)],
+        jobs=[_job(1, "RUNNING", 4, 60, ["n1"], end=T0 + 600)],
+    )  # 2 more used by no listed job
     idx = ReleaseIndex(view, T0)
     assert idx.timeline.capacity == {"n1": 6} and idx.start("p", None, 1, 6) == T0 + 600
     assert idx.start("p", None, 1, 7) is None
@@ -122,8 +152,13 @@ def test_the_fake_estimates_fifo_on_the_engine():
     """Two nodes of 8. Running: 8 GPUs on n1 until +10 min (its limit; it would end sooner). Pending ahead: a
     16-GPU job, which waits for n1 and then holds both nodes for 30 min. A 4-GPU request starts after it (FIFO:
     no backfill into n2's free GPUs), on the first node of the partition."""
-    view = ClusterView(cluster="c", backend="static", taken_at=T0, nodes=[_node("n1", 0), _node("n2", 0)],
-                       partitions=[Partition(name="p", nodes=["n1", "n2"], default_time_min=60)])
+    view = ClusterView(
+        cluster="c",
+        backend="static",
+        taken_at=T0,
+        nodes=[_node("n1", 0), _node("n2", 0)],
+        partitions=[Partition(name="p", nodes=["n1", "n2"], default_time_min=60)],
+    )
     fake = FakeSlurm(view)
     run = fake.submit(BatchJob(script=Path("a"), workdir=Path("."), components=_request(8, 10))).job_id
     fake.set_run_time(run, 120)
@@ -145,16 +180,23 @@ def test_the_three_users_agree_where_their_rules_do():
     cluster = SimCluster(partitions=[SimPartition(name="p", gpu="A100-80GB", nodes=3, gpus_per_node=8)])
     sim = SimSlurm(cluster, now=0.0)
     for gpus, minutes in ((8, 30), (6, 90), (4, 60)):
-        sim.submit(BatchJob(script=Path("x"), workdir=Path("."), components=[
-            ComponentRequest("p", "a100_80gb", 1, gpus, minutes)]))
+        sim.submit(
+            BatchJob(
+                script=Path("x"), workdir=Path("."), components=[ComponentRequest("p", "a100_80gb", 1, gpus, minutes)]
+            )
+        )
     fake = FakeSlurm(sim.load(), now=0.0)
     for j in sorted(sim.jobs_by_id.values(), key=lambda j: j.job_id):
         fake.submit(BatchJob(script=Path("x"), workdir=Path("."), components=j.components))
     for nodes, gpus, minutes in ((1, 2, 10), (1, 4, 10), (1, 8, 10), (2, 8, 120), (3, 8, 10), (2, 4, 45)):
         req = [ComponentRequest("p", "a100_80gb", nodes, gpus, minutes)]
         from_sim, from_fake = sim.expected_start(req).start, fake.expected_start(req).start
-        assert from_sim == from_fake == ReleaseIndex(sim.load(), 0.0).start("p", None, nodes, gpus, minutes * 60.0) \
+        assert (
+            from_sim
+            == from_fake
+            == ReleaseIndex(sim.load(), 0.0).start("p", None, nodes, gpus, minutes * 60.0)
             == ReleaseIndex(fake.load(), 0.0).start("p", None, nodes, gpus, minutes * 60.0)
+        )
     assert fake.expected_start([ComponentRequest("p", None, 3, 8, 10)]).start == 90 * 60
 
 

@@ -45,13 +45,16 @@ def hetero_view():
     return fill(fill(fill(synthetic(LOCAL), "a100"), "v100", {"v100-2": 2}), "t4", {"t4-4": 2})
 
 
-HETERO_SPEC = dict(model={"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
-                   training={"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1})
+HETERO_SPEC = dict(
+    model={"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
+    training={"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1},
+)
 
 
 def test_golden_homogeneous():
-    req = rendered(make_spec(slurm={"account": "proj1", "qos": "normal", "extra": ["--reservation=big"]}),
-                   synthetic(LOCAL))
+    req = rendered(
+        make_spec(slurm={"account": "proj1", "qos": "normal", "extra": ["--reservation=big"]}), synthetic(LOCAL)
+    )
     assert req.kind == "homogeneous"
     check_golden("homogeneous.sbatch", normalize(req.script))
     check_golden("homogeneous.ds_config.json", req.files["ds_config.json"])
@@ -68,8 +71,19 @@ def test_golden_heterogeneous():
 
 
 def test_ds_config_values():
-    req = rendered(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 10, "precision": "bf16-mixed",
-                                       "optimizer": "adamw", "micro_batch": 2}), synthetic(LOCAL))
+    req = rendered(
+        make_spec(
+            training={
+                "seq_len": 512,
+                "global_batch": 64,
+                "steps": 10,
+                "precision": "bf16-mixed",
+                "optimizer": "adamw",
+                "micro_batch": 2,
+            }
+        ),
+        synthetic(LOCAL),
+    )
     ds = json.loads(req.files["ds_config.json"])
     plan = req.plan.decision.chosen.plan
     assert ds["train_batch_size"] == 64 == plan.micro_batch * plan.grad_accum * plan.dp
@@ -77,47 +91,62 @@ def test_ds_config_values():
     assert ds["zero_optimization"]["stage"] == plan.zero
     assert ds["bf16"]["enabled"] is True and ds["fp16"]["enabled"] is False
     assert ds["optimizer"]["type"] == "AdamW" and ds["optimizer"]["params"]["torch_adam"] is True
-    sgd = rendered(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 10, "optimizer": "sgd"}),
-                   synthetic(LOCAL))
+    sgd = rendered(
+        make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 10, "optimizer": "sgd"}), synthetic(LOCAL)
+    )
     assert "optimizer" not in json.loads(sgd.files["ds_config.json"])  # the runtime builds it
 
 
-
-
 def test_hostile_values_stay_inert(tmp_path):
-    spec = make_spec(entry={"trainer": "script", "script": "train.py", "args": HOSTILE,
-                            "env": {"HOSTILE_A": HOSTILE[0], "HOSTILE_B": HOSTILE[3], "HOSTILE_C": HOSTILE[4]}})
+    spec = make_spec(
+        entry={
+            "trainer": "script",
+            "script": "train.py",
+            "args": HOSTILE,
+            "env": {"HOSTILE_A": HOSTILE[0], "HOSTILE_B": HOSTILE[3], "HOSTILE_C": HOSTILE[4]},
+        }
+    )
     req = rendered(spec, synthetic(LOCAL))
     launch = req.script.split("set -uo pipefail", 1)[1]
     # run the script's shell part with srun/scontrol replaced by recorders: what reaches argv must be verbatim
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "srun").write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
-                                 "json.dump({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items() "
-                                 "if k.startswith('HOSTILE')}}, open(os.environ['OUT'], 'w'))\n")
+    (bindir / "srun").write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        "json.dump({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items() "
+        "if k.startswith('HOSTILE')}}, open(os.environ['OUT'], 'w'))\n"
+    )
     (bindir / "scontrol").write_text("#!/bin/sh\necho node1\n")
     for f in bindir.iterdir():
         f.chmod(0o755)
     script = tmp_path / "launch.sh"
     script.write_text("#!/bin/bash\n" + launch.replace(str(JOB_DIR), str(tmp_path)))
-    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="42", SLURM_JOB_NODELIST="node1",
-               OUT=str(tmp_path / "out.json"))
+    env = dict(
+        os.environ,
+        PATH=f"{bindir}:{os.environ['PATH']}",
+        SLURM_JOB_ID="42",
+        SLURM_JOB_NODELIST="node1",
+        OUT=str(tmp_path / "out.json"),
+    )
     res = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     got = json.loads((tmp_path / "out.json").read_text())
-    assert got["argv"][-len(HOSTILE):] == HOSTILE
+    assert got["argv"][-len(HOSTILE) :] == HOSTILE
     assert got["env"] == {"HOSTILE_A": HOSTILE[0], "HOSTILE_B": HOSTILE[3], "HOSTILE_C": HOSTILE[4]}
     assert not list(tmp_path.glob("pwned*")), "a hostile value was executed"
 
 
-@pytest.mark.parametrize("flags,needle", [
-    ({"account": "a b"}, "--account: 'a b' may use only"),
-    ({"qos": "x;y"}, "--qos: 'x;y' may use only"),
-    ({"extra": ["--comment=x\n#SBATCH --uid=0"]}, "is not an sbatch flag"),
-    ({"extra": ["reservation=x"]}, "must start with '-'"),
-    ({"output": "/tmp/a b/%j.out"}, "--output: '/tmp/a b/%j.out' has spaces"),
-    ({"job_name": "x$(id)"}, "--job-name: 'x$(id)' may use only"),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        ({"account": "a b"}, "--account: 'a b' may use only"),
+        ({"qos": "x;y"}, "--qos: 'x;y' may use only"),
+        ({"extra": ["--comment=x\n#SBATCH --uid=0"]}, "is not an sbatch flag"),
+        ({"extra": ["reservation=x"]}, "must start with '-'"),
+        ({"output": "/tmp/a b/%j.out"}, "--output: '/tmp/a b/%j.out' has spaces"),
+        ({"job_name": "x$(id)"}, "--job-name: 'x$(id)' may use only"),
+    ],
+)
 def test_sbatch_options_validated(flags, needle):
     """fsbatch's flags over model.yaml's slurm: block, checked before anything reaches a script."""
     with pytest.raises(InputError, match=re.escape(needle)):
@@ -146,7 +175,9 @@ def test_submission_hash_identity():
     model = resolve_model(spec, ".")
     same = submission_hash(spec, model, SlurmOptions())
     assert same == submission_hash(make_spec(), model, SlurmOptions())
-    assert same != submission_hash(make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 100}), model, SlurmOptions())
+    assert same != submission_hash(
+        make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 100}), model, SlurmOptions()
+    )
     assert same != submission_hash(spec, model, SlurmOptions(account="other"))
 
 
@@ -155,7 +186,9 @@ def test_templates_ship_as_package_data():
     import tomllib
 
     root = Path(__file__).resolve().parent.parent
-    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["frenzy_slurm"]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "frenzy_slurm"
+    ]
     assert "templates/*.j2" in patterns
     names = [p.name for p in (root / "templates").iterdir()]
     assert names and all(n.endswith(".j2") for n in names)
@@ -169,5 +202,8 @@ def test_ds_config_zero3_states_what_marp_assumes():
     spec = make_spec(training={"seq_len": 512, "global_batch": 64, "steps": 10, "optimizer": "adamw"})
     zero = ds_config(spec, ParallelPlan(dp=2, zero=3, micro_batch=2, grad_accum=16))["zero_optimization"]
     b = DeepSpeedBuckets()
-    assert (zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"], zero["stage3_max_reuse_distance"]) \
-        == (b.stage3_prefetch_bucket_size, b.stage3_max_live_parameters, b.stage3_max_reuse_distance)
+    assert (
+        zero["stage3_prefetch_bucket_size"],
+        zero["stage3_max_live_parameters"],
+        zero["stage3_max_reuse_distance"],
+    ) == (b.stage3_prefetch_bucket_size, b.stage3_max_live_parameters, b.stage3_max_reuse_distance)

@@ -18,9 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_handler_is_installed_before_torch_is_imported():
-    code = ("import signal, sys; import frenzy_slurm.runtime.__main__; "
-            "print(signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None), "
-            "signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None), 'torch' in sys.modules)")
+    code = (
+        "import signal, sys; import frenzy_slurm.runtime.__main__; "
+        "print(signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, None), "
+        "signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None), 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.stdout.split() == ["True", "True", "False"], out.stderr
 
@@ -36,9 +38,14 @@ def test_early_usr2_does_not_kill_a_user_script(tmp_path):
     """USR2 that arrives while the runtime starts the user's script is not fatal (it used to be: exit -12)."""
     script = tmp_path / "train.py"
     script.write_text("import os, time\ntime.sleep(1.5)\nprint('alive', os.environ.get('FRENZY_STOP_SIGNAL'))\n")
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(tmp_path),
-                             "--script", str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(tmp_path), "--script", str(script)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     bit = 1 << (signal.SIGUSR2 - 1)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and proc.poll() is None:

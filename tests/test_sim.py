@@ -49,8 +49,9 @@ def test_every_job_completes_under_has_and_the_baselines(wl):
 
 
 def test_memory_under_prediction_causes_ooms_that_the_policy_learns_from(wl):
-    r = simulate(wl, parse_compact(CLUSTER), "has", seed=5,
-                 errors=ErrorModel(mem_bias=1.6, mem_sd=0.0, time_sd=0.0, type_sd=0.0))
+    r = simulate(
+        wl, parse_compact(CLUSTER), "has", seed=5, errors=ErrorModel(mem_bias=1.6, mem_sd=0.0, time_sd=0.0, type_sd=0.0)
+    )
     s = summarize(r)
     assert s["ooms"] > 0 and s["completed"] == 12
     failed = [x for x in r.records if x.ooms]
@@ -59,8 +60,13 @@ def test_memory_under_prediction_causes_ooms_that_the_policy_learns_from(wl):
 
 
 def test_slower_than_predicted_jobs_hit_the_time_limit_and_resume(wl):
-    r = simulate(wl, parse_compact(CLUSTER), "has", seed=5,
-                 errors=ErrorModel(mem_bias=1.0, mem_sd=0.0, time_bias=4.0, time_sd=0.0, type_sd=0.0))
+    r = simulate(
+        wl,
+        parse_compact(CLUSTER),
+        "has",
+        seed=5,
+        errors=ErrorModel(mem_bias=1.0, mem_sd=0.0, time_bias=4.0, time_sd=0.0, type_sd=0.0),
+    )
     s = summarize(r)
     assert s["timeouts"] > 0 and s["completed"] == 12
 
@@ -86,29 +92,67 @@ def test_philly_sampling_is_seeded_and_matches_gpu_time():
         if j.steps < 20:
             continue
         spec = job_spec(j)
-        work = flops_per_token(workload_from_spec(spec, resolve_model(spec, Path("."))), "none") \
-            * j.global_batch * j.seq_len * j.steps
+        work = (
+            flops_per_token(workload_from_spec(spec, resolve_model(spec, Path("."))), "none")
+            * j.global_batch
+            * j.seq_len
+            * j.steps
+        )
         assert work == pytest.approx(j.trace_gpu_time_s * reference_rate(), rel=0.05)
 
 
 def test_policy_names():
-    assert expand_policies("has,user-fixed") == ["has", "user-fixed:fastest", "user-fixed:largest",
-                                                 "user-fixed:usual", "user-fixed:biggest"]
+    assert expand_policies("has,user-fixed") == [
+        "has",
+        "user-fixed:fastest",
+        "user-fixed:largest",
+        "user-fixed:usual",
+        "user-fixed:biggest",
+    ]
     with pytest.raises(ValueError, match="unknown policy"):
         expand_policies("has,sjf")
 
 
 def test_simulate_command_writes_json_runs(tmp_path):
     out = tmp_path / "o.json"
-    res = CliRunner().invoke(admin, ["simulate", str(WORKLOAD), "--cluster", CLUSTER, "--policy",
-                                     "has,user-fixed:largest", "--seed", "1,2", "--exact", "--json", str(out)])
+    res = CliRunner().invoke(
+        admin,
+        [
+            "simulate",
+            str(WORKLOAD),
+            "--cluster",
+            CLUSTER,
+            "--policy",
+            "has,user-fixed:largest",
+            "--seed",
+            "1,2",
+            "--exact",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     runs = json.loads(out.read_text())["runs"]
-    assert [(r["policy"], r["seed"]) for r in runs] == [("has", 1), ("user-fixed:largest", 1), ("has", 2),
-                                                        ("user-fixed:largest", 2)]
+    assert [(r["policy"], r["seed"]) for r in runs] == [
+        ("has", 1),
+        ("user-fixed:largest", 1),
+        ("has", 2),
+        ("user-fixed:largest", 2),
+    ]
     for r in runs:
-        for key in ("policy", "seed", "gpus", "jobs", "avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "ooms",
-                    "decision_ms_median", "decision_ms_p95"):
+        for key in (
+            "policy",
+            "seed",
+            "gpus",
+            "jobs",
+            "avg_jct_s",
+            "p50_jct_s",
+            "p99_jct_s",
+            "makespan_s",
+            "ooms",
+            "decision_ms_median",
+            "decision_ms_p95",
+        ):
             assert key in r
     assert "| 20 | has |" in res.output
 
@@ -144,8 +188,10 @@ def test_max_job_share_reaches_has_in_the_simulation():
 
     wl = load_workload(WORKLOAD)
     cluster = parse_compact(CLUSTER)
-    first = {share: Runner(wl, cluster, "has", 1, errors=ErrorModel.exact(), max_job_share=share).run().records[0]
-             for share in (1.0, 0.5)}
+    first = {
+        share: Runner(wl, cluster, "has", 1, errors=ErrorModel.exact(), max_job_share=share).run().records[0]
+        for share in (1.0, 0.5)
+    }
     assert (first[1.0].gpus, first[0.5].gpus) == (8, 4)
     assert first[0.5].label == "4xA100-80GB(a10080gb)"
     res = CliRunner().invoke(admin, ["simulate", str(WORKLOAD), "--cluster", CLUSTER, "--max-job-share", "1.5"])

@@ -31,8 +31,10 @@ class Run:
         """comps: (partition, nodes, GPUs per node, time limit in minutes)."""
         jid = self.sim.next_job_id
         self.runs[jid] = run_min * MIN
-        reqs = [ComponentRequest(partition=p, gpu_type="a100_80gb", nodes=n, gpus_per_node=g, time_min=t)
-                for p, n, g, t in comps]
+        reqs = [
+            ComponentRequest(partition=p, gpu_type="a100_80gb", nodes=n, gpus_per_node=g, time_min=t)
+            for p, n, g, t in comps
+        ]
         got = self.sim.submit(BatchJob(script=Path("x.sbatch"), workdir=Path("."), components=reqs, name=f"j{jid}"))
         assert got.job_id == jid
         return jid
@@ -173,14 +175,17 @@ def test_with_a_backfill_interval_freed_gpus_wait_for_the_next_pass():
 def test_a_cluster_copied_from_a_view_has_the_same_partitions():
     c = parse_compact("A100-80GB:2x8,T4:3x4")
     copy = SimCluster.from_view(SimSlurm(c).load(), c.site())
-    assert [(p.name, p.gpu, p.nodes, p.gpus_per_node, p.gres) for p in copy.partitions] == \
-        [(p.name, p.gpu, p.nodes, p.gpus_per_node, p.gres) for p in c.partitions]
+    assert [(p.name, p.gpu, p.nodes, p.gpus_per_node, p.gres) for p in copy.partitions] == [
+        (p.name, p.gpu, p.nodes, p.gpus_per_node, p.gres) for p in c.partitions
+    ]
 
 
 def test_cluster_yaml_file_and_its_errors(tmp_path):
     good = tmp_path / "c.yaml"
-    good.write_text("name: lab\npartitions:\n  - {name: a100, gpu: A100-80GB, nodes: 2, gpus_per_node: 8}\n"
-                    "  - {name: t4, gpu: T4, nodes: 3, gpus_per_node: 4, gres_type: tesla_t4, max_time_min: 60}\n")
+    good.write_text(
+        "name: lab\npartitions:\n  - {name: a100, gpu: A100-80GB, nodes: 2, gpus_per_node: 8}\n"
+        "  - {name: t4, gpu: T4, nodes: 3, gpus_per_node: 4, gres_type: tesla_t4, max_time_min: 60}\n"
+    )
     c = load_cluster(str(good))
     assert c.gpus == 28 and c.partitions[1].gres == "tesla_t4"
     assert SimSlurm(c).load().partition("t4").max_time_min == 60

@@ -25,8 +25,16 @@ VERSIONS = sorted(p.name.removeprefix("slurm-") for p in DATA.glob("slurm-*") if
 ALL_SIX = ["22.05", "23.11", "24.11", "25.05", "25.11", "26.05"]
 
 # the busy state record-outputs creates: node -> (GPUs in use, GPUs in total)
-GPU_USE = {"a100-1": (3, 4), "a100-2": (1, 4), "t4-1": (2, 4), "t4-2": (1, 4), "t4-3": (0, 4), "t4-4": (0, 4),
-           "v100-1": (8, 8), "v100-2": (8, 8)}
+GPU_USE = {
+    "a100-1": (3, 4),
+    "a100-2": (1, 4),
+    "t4-1": (2, 4),
+    "t4-2": (1, 4),
+    "t4-3": (0, 4),
+    "t4-4": (0, 4),
+    "v100-1": (8, 8),
+    "v100-2": (8, 8),
+}
 
 
 class Recording:
@@ -85,14 +93,18 @@ def test_feature_table_names_a_command_that_lists_the_nodes(rec):
     # and where the table moves to scontrol, sinfo --json really no longer lists nodes
     if feats.nodes_json != ("sinfo", "--json"):
         assert "nodes" not in json.loads(rec.out("sinfo")) or not json.loads(rec.out("sinfo"))["nodes"]
-    assert feats.numbers_are_objects == isinstance(json.loads(rec.out("squeue"))["jobs"][0]["job_id"], dict) or \
-        feats.numbers_are_objects == isinstance(json.loads(rec.out("squeue"))["jobs"][0]["start_time"], dict)
+    assert feats.numbers_are_objects == isinstance(
+        json.loads(rec.out("squeue"))["jobs"][0]["job_id"], dict
+    ) or feats.numbers_are_objects == isinstance(json.loads(rec.out("squeue"))["jobs"][0]["start_time"], dict)
 
 
 def _json_nodes(rec: Recording):
     feats = cli.features_for(cli.parse_version(rec.out("version")))
     name = _nodes_by_command(rec)[feats.nodes_json]
-    return {n.name: n for n in (cli.node_from_json(x) for x in cli.json_list(rec.out(name), "nodes", list(feats.nodes_json)))}
+    return {
+        n.name: n
+        for n in (cli.node_from_json(x) for x in cli.json_list(rec.out(name), "nodes", list(feats.nodes_json)))
+    }
 
 
 def test_nodes_json_gpu_use_states_and_drain(rec):
@@ -114,14 +126,25 @@ def test_nodes_text_agree_with_json(rec):
     assert text.keys() == js.keys()
     for name, n in js.items():
         t = text[name]
-        assert (t.state, t.gpu_type, t.gpus_total, t.gpus_used, t.cpus, t.cpus_alloc, t.memory_mb, t.reason) == \
-            (n.state, n.gpu_type, n.gpus_total, n.gpus_used, n.cpus, n.cpus_alloc, n.memory_mb, n.reason), name
+        assert (t.state, t.gpu_type, t.gpus_total, t.gpus_used, t.cpus, t.cpus_alloc, t.memory_mb, t.reason) == (
+            n.state,
+            n.gpu_type,
+            n.gpus_total,
+            n.gpus_used,
+            n.cpus,
+            n.cpus_alloc,
+            n.memory_mb,
+            n.reason,
+        ), name
         assert "DRAIN" in t.flags if name == "t4-4" else "DRAIN" not in t.flags
 
 
 def _jobs(rec: Recording, text: bool = False):
-    jobs = cli.jobs_from_text(rec.out("squeue-text")) if text else \
-        [cli.job_from_json(j) for j in cli.json_list(rec.out("squeue"), "jobs", ["squeue", "--json"])]
+    jobs = (
+        cli.jobs_from_text(rec.out("squeue-text"))
+        if text
+        else [cli.job_from_json(j) for j in cli.json_list(rec.out("squeue"), "jobs", ["squeue", "--json"])]
+    )
     return {j.job_id: j for j in jobs if j.job_id >= rec.first_job}
 
 
@@ -138,7 +161,13 @@ def test_jobs(rec, text):
         assert rec.argv("squeue-text")[-1] == cli.SQUEUE_TEXT_FORMAT
     jobs = _by_name(_jobs(rec, text))
     (gres,), (gpus,) = jobs["hold-gres"], jobs["hold-gpus"]
-    assert (gres.state, gres.partition, gres.gpu_type, gres.gpus_per_node, gres.nodes) == ("RUNNING", "v100", "v100", 8, ["v100-1"])
+    assert (gres.state, gres.partition, gres.gpu_type, gres.gpus_per_node, gres.nodes) == (
+        "RUNNING",
+        "v100",
+        "v100",
+        8,
+        ["v100-1"],
+    )
     # a --gpus job's GPUs are in tres_per_job, which JSON has and squeue's -o format cannot print (%b is per node);
     # node GPU use (gres_used) counts them either way
     gpus_of_gpus_job = (None, 0) if text else ("v100", 8)
@@ -164,10 +193,27 @@ def test_jobs_text_agree_with_json(rec):
         a, b = js[i], text[i]
         if b.gpus_per_node == 0 and a.name.endswith("gpus"):  # --gpus jobs: see test_jobs
             continue
-        assert (a.state, a.partition, a.gpu_type, a.gpus_per_node, a.nodes, a.het_job_id, a.het_job_offset,
-                a.start_time, a.time_limit_min) == \
-               (b.state, b.partition, b.gpu_type, b.gpus_per_node, b.nodes, b.het_job_id, b.het_job_offset,
-                b.start_time, b.time_limit_min), i
+        assert (
+            a.state,
+            a.partition,
+            a.gpu_type,
+            a.gpus_per_node,
+            a.nodes,
+            a.het_job_id,
+            a.het_job_offset,
+            a.start_time,
+            a.time_limit_min,
+        ) == (
+            b.state,
+            b.partition,
+            b.gpu_type,
+            b.gpus_per_node,
+            b.nodes,
+            b.het_job_id,
+            b.het_job_offset,
+            b.start_time,
+            b.time_limit_min,
+        ), i
 
 
 def test_partitions(rec):
@@ -182,9 +228,16 @@ def test_cluster_name(rec):
     assert cli.cluster_name_from_config(rec.out("scontrol-config-text")) == "frenzydev"
 
 
-@pytest.mark.parametrize("name, later, partition", [
-    ("test-only-now", False, "t4"), ("test-only-later", True, "v100"), ("test-only-cluster", False, "t4"),
-    ("test-only-het", True, None), ("test-only-het-now", False, None)])
+@pytest.mark.parametrize(
+    "name, later, partition",
+    [
+        ("test-only-now", False, "t4"),
+        ("test-only-later", True, "v100"),
+        ("test-only-cluster", False, "t4"),
+        ("test-only-het", True, None),
+        ("test-only-het-now", False, None),
+    ],
+)
 def test_test_only(rec, name, later, partition):
     assert rec.index["commands"][name]["rc"] == 0
     start, nodes, part = parse_test_only(rec.err(name))
@@ -194,8 +247,16 @@ def test_test_only(rec, name, later, partition):
     else:
         assert at - 180 < start < at + 60
     assert part == partition
-    assert nodes == {"test-only-now": ["t4-1"], "test-only-cluster": ["t4-1"], "test-only-later": ["v100-1"],
-                     "test-only-het": ["a100-1", "v100-1"], "test-only-het-now": ["a100-1", "t4-1"]}[name]
+    assert (
+        nodes
+        == {
+            "test-only-now": ["t4-1"],
+            "test-only-cluster": ["t4-1"],
+            "test-only-later": ["v100-1"],
+            "test-only-het": ["a100-1", "v100-1"],
+            "test-only-het-now": ["a100-1", "t4-1"],
+        }[name]
+    )
 
 
 def test_test_only_argv_is_the_backends(rec, monkeypatch):
@@ -206,8 +267,9 @@ def test_test_only_argv_is_the_backends(rec, monkeypatch):
         return Result(argv, "", rec.err("test-only-het"), 0)
 
     monkeypatch.setattr(cli, "run", fake_run)
-    est = cli.SlurmCliBackend().expected_start([ComponentRequest("a100", "a100", 1, 1, 10),
-                                                 ComponentRequest("v100", "v100", 1, 4, 10)])
+    est = cli.SlurmCliBackend().expected_start(
+        [ComponentRequest("a100", "a100", 1, 1, 10), ComponentRequest("v100", "v100", 1, 4, 10)]
+    )
     assert seen[0][0] == rec.argv("test-only-het") and seen[0][1]["SLURM_TIME_FORMAT"] == "standard"
     assert est.nodes == ["a100-1", "v100-1"]
 
@@ -233,10 +295,15 @@ def test_sacct(rec):
     assert "gres/gpu:v100=8" in rec.out("sacct-tres")
 
 
-@pytest.mark.parametrize("name, words", [
-    ("error-bad-partition", "invalid partition"), ("error-sbatch-bad-partition", "invalid partition"),
-    ("error-bad-gres", "requested node configuration is not available"),
-    ("error-too-many-gpus", "requested node configuration is not available")])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("error-bad-partition", "invalid partition"),
+        ("error-sbatch-bad-partition", "invalid partition"),
+        ("error-bad-gres", "requested node configuration is not available"),
+        ("error-too-many-gpus", "requested node configuration is not available"),
+    ],
+)
 def test_refusals_are_command_errors(rec, name, words):
     res = rec.result(name)
     assert res.returncode != 0

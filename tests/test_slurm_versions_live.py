@@ -54,8 +54,10 @@ def test_pyslurm_is_there_on_2511(live_slurm):
         assert backends(live_slurm) == ["cli"]
         return
     if pyslurm_backend.pyslurm_version() is None:
-        message = ("pyslurm is not installed in this environment: `contrib/devcluster/devcluster build --slurm 25.11 "
-                   "--pyslurm` (./frenzy-dev test runs it)")
+        message = (
+            "pyslurm is not installed in this environment: `contrib/devcluster/devcluster build --slurm 25.11 "
+            "--pyslurm` (./frenzy-dev test runs it)"
+        )
         if os.environ.get("FRENZY_REQUIRE_PYSLURM") == "1":
             pytest.fail(message)
         pytest.skip(message)
@@ -91,8 +93,10 @@ def test_views_agree_with_gres_gpus_and_het_jobs(live_slurm, tmp_path):
     sh("sbatch", "-o", str(out), "-p", "a100", "-w", "a100-1", "--gres=gpu:a100:3", "-t", "30", "--wrap", "sleep 600")
     sh("sbatch", "-o", str(out), "-p", "t4", "-w", "t4-1", "-N", "1", "--gpus=t4:2", "-t", "30", "--wrap", "sleep 600")
     het = tmp_path / "het.sh"
-    het.write_text(f"#!/bin/sh\n#SBATCH -t 30 -o {out} -p a100 -w a100-2 --gres=gpu:a100:1\n#SBATCH hetjob\n"
-                   "#SBATCH -p v100 -w v100-1 --gpus=v100:2 -N 1\nsleep 600\n")
+    het.write_text(
+        f"#!/bin/sh\n#SBATCH -t 30 -o {out} -p a100 -w a100-2 --gres=gpu:a100:1\n#SBATCH hetjob\n"
+        "#SBATCH -p v100 -w v100-1 --gpus=v100:2 -N 1\nsleep 600\n"
+    )
     sh("sbatch", str(het))
     sh("scontrol", "update", "NodeName=t4-4", "State=DRAIN", "Reason=maintenance")
     wait_for(lambda: len(sh("squeue", "-h", "-t", "R", "-o", "%i").split()) == 4, what="4 running job components")
@@ -101,20 +105,51 @@ def test_views_agree_with_gres_gpus_and_het_jobs(live_slurm, tmp_path):
     for backend, view in views.items():
         nodes = {n["name"]: n for n in view["nodes"]}
         assert {name: n["gpus_used"] for name, n in nodes.items() if n["gpus_used"]} == expected, backend
-        assert (nodes["t4-4"]["state"], nodes["t4-4"]["flags"], nodes["t4-4"]["reason"]) == \
-            ("drained", ["DRAIN"], "maintenance"), backend
+        assert (nodes["t4-4"]["state"], nodes["t4-4"]["flags"], nodes["t4-4"]["reason"]) == (
+            "drained",
+            ["DRAIN"],
+            "maintenance",
+        ), backend
         jobs = {j["job_id"]: j for j in view["jobs"] if j["state"] == "RUNNING"}
-        assert sorted((j["partition"], j["gpu_type"], j["gpus_per_node"]) for j in jobs.values()) == \
-            [("a100", "a100", 1), ("a100", "a100", 3), ("t4", "t4", 2), ("v100", "v100", 2)], backend
+        assert sorted((j["partition"], j["gpu_type"], j["gpus_per_node"]) for j in jobs.values()) == [
+            ("a100", "a100", 1),
+            ("a100", "a100", 3),
+            ("t4", "t4", 2),
+            ("v100", "v100", 2),
+        ], backend
     if len(views) == 2:
-        keep = ("name", "partitions", "state", "flags", "reason", "gpu_type", "gpus_total", "gpus_used", "cpus",
-                "cpus_alloc", "memory_mb", "memory_alloc_mb")
+        keep = (
+            "name",
+            "partitions",
+            "state",
+            "flags",
+            "reason",
+            "gpu_type",
+            "gpus_total",
+            "gpus_used",
+            "cpus",
+            "cpus_alloc",
+            "memory_mb",
+            "memory_alloc_mb",
+        )
         cli_nodes, py_nodes = ([{k: n[k] for k in keep} for n in v["nodes"]] for v in views.values())
         assert cli_nodes == py_nodes
-        jkeep = ("job_id", "het_job_id", "het_job_offset", "state", "reason", "partition", "nodes", "gpu_type",
-                 "gpus_per_node", "time_limit_min")
-        cli_jobs, py_jobs = ({j["job_id"]: {k: j[k] for k in jkeep} for j in v["jobs"] if j["state"] == "RUNNING"}
-                             for v in views.values())
+        jkeep = (
+            "job_id",
+            "het_job_id",
+            "het_job_offset",
+            "state",
+            "reason",
+            "partition",
+            "nodes",
+            "gpu_type",
+            "gpus_per_node",
+            "time_limit_min",
+        )
+        cli_jobs, py_jobs = (
+            {j["job_id"]: {k: j[k] for k in jkeep} for j in v["jobs"] if j["state"] == "RUNNING"}
+            for v in views.values()
+        )
         assert cli_jobs == py_jobs
         assert views["cli"]["summary"] == views["pyslurm"]["summary"]
 
@@ -124,8 +159,16 @@ def test_fsbatch_dry_run_every_backend(live_slurm, jobs_dir):
     occupy_gpus({"v100-1": 8, "v100-2": 8, "t4-1": 4, "t4-2": 4, "t4-3": 4, "t4-4": 4})
     chosen = {}
     for backend in backends(live_slurm):
-        res = run_cli("fsbatch", str(EXAMPLES / "llama2-7b.yaml"), "--site", str(SITE), "--dry-run", "--json",
-                      "--backend", backend)
+        res = run_cli(
+            "fsbatch",
+            str(EXAMPLES / "llama2-7b.yaml"),
+            "--site",
+            str(SITE),
+            "--dry-run",
+            "--json",
+            "--backend",
+            backend,
+        )
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)
         assert out.get("job_id") is None
@@ -185,8 +228,13 @@ def test_controller_down_fails_fast_with_every_backend(live_slurm, tmp_path):
     env = dict(os.environ, SLURM_CONF=str(conf))
     for backend in backends(live_slurm):
         t0 = time.monotonic()
-        res = subprocess.run([str(Path(os.sys.executable).parent / "fsinfo"), "--backend", backend], capture_output=True,
-                             text=True, env=env, timeout=120)
+        res = subprocess.run(
+            [str(Path(os.sys.executable).parent / "fsinfo"), "--backend", backend],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         took = time.monotonic() - t0
         assert res.returncode == 4 and "Traceback" not in res.stderr, res.stderr
         if backend == "pyslurm":

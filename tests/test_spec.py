@@ -40,12 +40,24 @@ BAD = [
     (GOOD.replace("seq_len: 2048", "seq_len: -1"), 5, "greater than 0"),
     (GOOD.replace("  steps: 10\n", "  steps: 10\n  micro_batch: 128\n"), 4, "micro_batch(128) > global_batch(64)"),
     (GOOD.replace("preset: llama-2-7b", "preset: llama-9"), 2, "unknown preset 'llama-9'"),
-    (GOOD.replace("  preset: llama-2-7b\n", "  arch: {layers: 2, hidden: 100, heads: 3, ffn: 10, vocab: 10}\n"), 3,
-     "heads(3) must divide hidden(100)"),
-    (GOOD.replace("  preset: llama-2-7b\n", "  arch: {layers: 2, hidden: 64, heads: 4, kv_heads: 3, ffn: 10, vocab: 10}\n"),
-     3, "kv_heads(3) must divide heads(4)"),
+    (
+        GOOD.replace("  preset: llama-2-7b\n", "  arch: {layers: 2, hidden: 100, heads: 3, ffn: 10, vocab: 10}\n"),
+        3,
+        "heads(3) must divide hidden(100)",
+    ),
+    (
+        GOOD.replace(
+            "  preset: llama-2-7b\n", "  arch: {layers: 2, hidden: 64, heads: 4, kv_heads: 3, ffn: 10, vocab: 10}\n"
+        ),
+        3,
+        "kv_heads(3) must divide heads(4)",
+    ),
     (GOOD.replace("  steps: 10\n", ""), 4, "give exactly one of steps or tokens"),
-    (GOOD.replace("  steps: 10\n", "  steps: 10\n  precision: bf16\n"), 8, "'fp32', 'bf16-mixed', 'fp16-mixed' or 'bf16-pure'"),
+    (
+        GOOD.replace("  steps: 10\n", "  steps: 10\n  precision: bf16\n"),
+        8,
+        "'fp32', 'bf16-mixed', 'fp16-mixed' or 'bf16-pure'",
+    ),
     (GOOD.replace("  steps: 10\n", "  steps: 10\n  optimizer: lion\n"), 8, "training.optimizer"),
     (GOOD + "slurm:\n  time: soon\n", 9, "not a Slurm time"),
     (GOOD + "slurm:\n  extra: ['reservation=x']\n", 9, "is not an sbatch flag"),
@@ -54,8 +66,14 @@ BAD = [
     (GOOD.replace("  steps: 10\n", "  steps: 10\n  method: lora\n"), 1, "needs entry.trainer: script"),
     (GOOD.replace("name: t", "name: 'a b'"), 1, "name"),
     (GOOD.replace("  preset: llama-2-7b\n", "  preset: llama-2-7b\n  hf_config: x.json\n"), 2, "exactly one of preset"),
-    (GOOD.replace("  preset: llama-2-7b\n", "  factory: 'not a path'\n  factory_arch: {layers: 1, hidden: 8, heads: 1, ffn: 8, vocab: 8}\n"),
-     2, "package.module:function"),
+    (
+        GOOD.replace(
+            "  preset: llama-2-7b\n",
+            "  factory: 'not a path'\n  factory_arch: {layers: 1, hidden: 8, heads: 1, ffn: 8, vocab: 8}\n",
+        ),
+        2,
+        "package.module:function",
+    ),
 ]
 
 
@@ -69,11 +87,14 @@ def test_bad_input_message(write_yaml, text, line, needle):
     assert needle in msg, msg
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("name: [unclosed\n", "not valid YAML"),
-    ("", "the file is empty"),
-    ("- a\n- b\n", "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("name: [unclosed\n", "not valid YAML"),
+        ("", "the file is empty"),
+        ("- a\n- b\n", "must be a mapping"),
+    ],
+)
 def test_unparseable_files(write_yaml, text, needle):
     with pytest.raises(InputError, match=needle):
         load_job_spec(write_yaml(text))
@@ -96,7 +117,8 @@ def test_hf_config(write_yaml, tmp_path):
     (tmp_path / "config.json").write_text(
         '{"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,'
         ' "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": "silu",'
-        ' "max_position_embeddings": 8192, "tie_word_embeddings": false}')
+        ' "max_position_embeddings": 8192, "tie_word_embeddings": false}'
+    )
     path = write_yaml(GOOD.replace("preset: llama-2-7b", "hf_config: config.json"))
     from frenzy_slurm.jobspec import presets
 
@@ -110,7 +132,9 @@ def test_hf_config_bad_json(write_yaml, tmp_path):
         resolve_model(load_job_spec(path), tmp_path)
 
 
-@pytest.mark.parametrize("text,minutes", [("30", 30), ("1:30", 2), ("2:00:00", 120), ("1-00", 1440), ("1-2:30:00", 1590), (45, 45)])
+@pytest.mark.parametrize(
+    "text,minutes", [("30", 30), ("1:30", 2), ("2:00:00", 120), ("1-00", 1440), ("1-2:30:00", 1590), (45, 45)]
+)
 def test_slurm_time(text, minutes):
     assert parse_slurm_time(text) == minutes
 
@@ -120,7 +144,9 @@ def test_reference_doc_is_current():
 
     from .helpers import ROOT
 
-    assert (ROOT / "docs" / "model-yaml.md").read_text() == render(), "run: frenzy-slurm spec-reference > docs/model-yaml.md"
+    assert (ROOT / "docs" / "model-yaml.md").read_text() == render(), (
+        "run: frenzy-slurm spec-reference > docs/model-yaml.md"
+    )
     for _, model in SECTIONS:
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no description"

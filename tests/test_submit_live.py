@@ -32,11 +32,14 @@ def test_sbatch_timeout_while_slurmctld_is_paused(clean_queue, tmp_path, monkeyp
     monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
     script = tmp_path / "train.py"
     script.write_text("print('trained')\n")
-    spec = make_spec(training={"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
-                     entry={"trainer": "script", "script": str(script)})
+    spec = make_spec(
+        training={"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+        entry={"trainer": "script", "script": str(script)},
+    )
     backend = SlurmCliBackend()
-    req = planned(spec, backend.load(), tmp_path / "jobs" / "paused", site=load_site(SITE),
-                  spec_path=tmp_path / "model.yaml")
+    req = planned(
+        spec, backend.load(), tmp_path / "jobs" / "paused", site=load_site(SITE), spec_path=tmp_path / "model.yaml"
+    )
     pid = _slurmctld_pid()
     real_run = slurm_cli.run
 
@@ -68,18 +71,32 @@ def test_concurrent_submissions_from_five_directories_give_one_job(clean_queue, 
     script = tmp_path / "train.py"
     script.write_text("print('trained')\n")
     spec = tmp_path / "model.yaml"
-    spec.write_text(yaml.safe_dump({
-        "name": "five", "model": {"preset": "gpt2"},
-        "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
-        "entry": {"trainer": "script", "script": str(script)}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "five",
+                "model": {"preset": "gpt2"},
+                "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+                "entry": {"trainer": "script", "script": str(script)},
+            }
+        )
+    )
     env = {**os.environ, "FRENZY_SITE": str(SITE), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     code = "import sys; from frenzy_slurm.cli.fsbatch import main; sys.argv[0] = 'fsbatch'; main()"
     procs = []
     for i in range(5):
         d = tmp_path / f"dir{i}"
         d.mkdir(mode=0o700)
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(spec), "--job-dir", str(d / "job"), "--json"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=d))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(spec), "--job-dir", str(d / "job"), "--json"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=d,
+            )
+        )
     results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]
     codes = sorted(rc for rc, _, _ in results)
     assert codes == [0, 7, 7, 7, 7], results

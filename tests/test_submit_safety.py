@@ -231,8 +231,9 @@ def test_cli_backend_runs_sbatch_under_the_jobs_umask(tmp_path, monkeypatch):
     (bindir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     for mask, want in ((0o077, "0077"), (0o027, "0027")):
-        done = SlurmCliBackend().submit(BatchJob(script=tmp_path / "job.sbatch", workdir=tmp_path, components=[],
-                                                 umask=mask))
+        done = SlurmCliBackend().submit(
+            BatchJob(script=tmp_path / "job.sbatch", workdir=tmp_path, components=[], umask=mask)
+        )
         assert done.job_id == 4242 and seen.read_text().strip() == want
 
 

@@ -41,17 +41,44 @@ entry: {trainer: script, script: train.py}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch,seq,mb", [
-    (Architecture(layers=4, hidden=256, heads=8, kv_heads=4, ffn=688, vocab=1024, max_positions=512), 128, 2),
-    (Architecture(layers=4, hidden=256, heads=8, kv_heads=4, ffn=688, vocab=1024, max_positions=512), 256, 4),
-    (Architecture(layers=2, hidden=128, heads=4, ffn=512, activation="gelu", vocab=512, norm="layernorm",
-                  position="learned", tied_embeddings=True, max_positions=256), 256, 4),
-], ids=["llama-small", "llama-longer", "gpt2-style"])
+@pytest.mark.parametrize(
+    "arch,seq,mb",
+    [
+        (Architecture(layers=4, hidden=256, heads=8, kv_heads=4, ffn=688, vocab=1024, max_positions=512), 128, 2),
+        (Architecture(layers=4, hidden=256, heads=8, kv_heads=4, ffn=688, vocab=1024, max_positions=512), 256, 4),
+        (
+            Architecture(
+                layers=2,
+                hidden=128,
+                heads=4,
+                ffn=512,
+                activation="gelu",
+                vocab=512,
+                norm="layernorm",
+                position="learned",
+                tied_embeddings=True,
+                max_positions=256,
+            ),
+            256,
+            4,
+        ),
+    ],
+    ids=["llama-small", "llama-longer", "gpt2-style"],
+)
 def test_analytic_matches_fake_tensor_step(arch, seq, mb):
     traced = fake_step_peak(arch, seq, mb)["Total"]
     # the built-in model on the CPU: composite RMSNorm, eager rotary embedding with per-block cos/sin
-    w = Workload(arch=arch, seq_len=seq, precision="fp32", attention="sdpa", framework="torch", fused_optimizer=True,
-                 norm_upcast=arch.norm == "rmsnorm", unfused_rope=True, rope_tables_per_layer=True)
+    w = Workload(
+        arch=arch,
+        seq_len=seq,
+        precision="fp32",
+        attention="sdpa",
+        framework="torch",
+        fused_optimizer=True,
+        norm_upcast=arch.norm == "rmsnorm",
+        unfused_rope=True,
+        rope_tables_per_layer=True,
+    )
     predicted = estimate_memory(w, ParallelPlan(micro_batch=mb), "allocated").peak
     # never more than 5% under the traced peak; over-prediction bounded too
     assert 0.95 <= predicted / traced <= 1.2, (predicted, traced)

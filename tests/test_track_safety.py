@@ -64,35 +64,61 @@ def slurm_down(tmp_path):
     bin_dir.mkdir()
     for tool in ("squeue", "sinfo", "sacct", "scontrol"):
         p = bin_dir / tool
-        p.write_text("#!/bin/sh\necho \"$0: error: Unable to contact slurm controller (connect failure)\" >&2\nexit 1\n")
+        p.write_text('#!/bin/sh\necho "$0: error: Unable to contact slurm controller (connect failure)" >&2\nexit 1\n')
         p.chmod(0o755)
     return bin_dir
 
 
 def test_fsqueue_jobid_with_slurm_down_shows_the_job_directory(submitted, slurm_down):
     _, done, d = submitted
-    env = {**os.environ, "PATH": f"{slurm_down}:{os.environ['PATH']}", "FRENZY_JOBS_DIR": str(d.parent),
-           "XDG_CACHE_HOME": str(d.parent.parent / "cache")}
+    env = {
+        **os.environ,
+        "PATH": f"{slurm_down}:{os.environ['PATH']}",
+        "FRENZY_JOBS_DIR": str(d.parent),
+        "XDG_CACHE_HOME": str(d.parent.parent / "cache"),
+    }
     code = "import sys; from frenzy_slurm.cli.fsqueue import main; sys.argv[0] = 'fsqueue'; main()"
-    res = subprocess.run([sys.executable, "-c", code, str(done.job_id), "--backend", "cli"], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(done.job_id), "--backend", "cli"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert f"job {done.job_id}" in out and "Slurm did not answer" in out
     assert "step 40/100" in out and "last checkpoint at step 40" in out and "restarts 1" in out
     assert "exit code" not in out  # the killed run's finished.json is stale
-    res = subprocess.run([sys.executable, "-c", code, str(done.job_id), "--backend", "cli", "--json"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(done.job_id), "--backend", "cli", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     data = json.loads(res.stdout)
     assert data["last_checkpoint_step"] == 40 and data["restarts"] == 1 and data["finished"] is None
 
 
 def test_fsqueue_unknown_jobid_with_slurm_down_is_exit_4(tmp_path, slurm_down):
-    env = {**os.environ, "PATH": f"{slurm_down}:{os.environ['PATH']}", "FRENZY_JOBS_DIR": str(tmp_path),
-           "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "PATH": f"{slurm_down}:{os.environ['PATH']}",
+        "FRENZY_JOBS_DIR": str(tmp_path),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
     code = "import sys; from frenzy_slurm.cli.fsqueue import main; sys.argv[0] = 'fsqueue'; main()"
-    res = subprocess.run([sys.executable, "-c", code, "999999", "--backend", "cli"], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code, "999999", "--backend", "cli"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert res.returncode == 4 and "Traceback" not in res.stderr and "unreachable" in res.stderr.lower()
 
 

@@ -34,8 +34,12 @@ def _ensure_user(name: str) -> LocalUser:
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name],
-                       check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            ["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         entry = pwd.getpwnam(name)
     return LocalUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
 
@@ -50,8 +54,15 @@ def other_user() -> LocalUser:
     return _ensure_user(OTHER_USER)
 
 
-def as_user(user: LocalUser, argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess[str]:
+def as_user(
+    user: LocalUser,
+    argv: list[str],
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run argv as `user` (setpriv: its uid, gid and groups, no capabilities), with HOME/USER/LOGNAME set to it."""
     full_env = dict(os.environ if env is None else env, HOME=str(user.home), USER=user.name, LOGNAME=user.name)
     cmd = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--inh-caps=-all", "--", *argv]

@@ -85,14 +85,16 @@ def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, f
     # soft-L1 loss: a step measured while the node was contended (shared login/compute nodes, a noisy
     # neighbour) weighs like its square root beyond ROBUST_SCALE relative error, not like its square
     x0 = [max(float(np.median(target)), 1e-6) if n == "t" else (1.0 if n == "k" else 0.0) for n in names]
-    res = least_squares(lambda x: mat @ x - rhs, x0, bounds=(lower, [np.inf] * len(names)), loss="soft_l1",
-                        f_scale=ROBUST_SCALE)
+    res = least_squares(
+        lambda x: mat @ x - rhs, x0, bounds=(lower, [np.inf] * len(names)), loss="soft_l1", f_scale=ROBUST_SCALE
+    )
     got = dict(zip(names, res.x, strict=True))
     return float(got.get("k", 1.0)), float(got["t"]), float(got.get("m", 0.0))
 
 
-def fit_step_time(obs: list[Observation], gpu: str, precision: str, limits: FitBounds
-                  ) -> tuple[StepTimeCorrection | None, list[str]]:
+def fit_step_time(
+    obs: list[Observation], gpu: str, precision: str, limits: FitBounds
+) -> tuple[StepTimeCorrection | None, list[str]]:
     """One group's correction (or None) and the findings not applied."""
     where = f"step time {gpu if gpu != SITE_WIDE else 'site-wide'}/{precision}"
     if len(obs) < limits.min_jobs:
@@ -101,31 +103,48 @@ def fit_step_time(obs: list[Observation], gpu: str, precision: str, limits: FitB
     comp = [_known(o.compute_s) for o in obs]
     slots = {o.slots for o in obs}
     free_m = len(slots) > 1
-    free_k = (max(comp) > MIN_SPREAD * min(comp) and max(c / m for c, m in zip(comp, meas, strict=True)) >= MIN_COMPUTE_SHARE)
+    free_k = (
+        max(comp) > MIN_SPREAD * min(comp) and max(c / m for c, m in zip(comp, meas, strict=True)) >= MIN_COMPUTE_SHARE
+    )
     notes: list[str] = []
     k, t, m = _solve(obs, free_k, free_m)
     factor = 1.0 / k
     if free_k and not (1 / limits.max_efficiency_factor <= factor <= limits.max_efficiency_factor):
-        notes.append(f"{where}: efficiency would move x{factor:.3g}, outside the bound x{1 / limits.max_efficiency_factor:.3g}"
-                     f"..x{limits.max_efficiency_factor:g}; not applied (check the site file's GPU model and peaks)")
+        notes.append(
+            f"{where}: efficiency would move x{factor:.3g}, outside the bound x{1 / limits.max_efficiency_factor:.3g}"
+            f"..x{limits.max_efficiency_factor:g}; not applied (check the site file's GPU model and peaks)"
+        )
         k, t, m = _solve(obs, False, free_m)
         factor = 1.0
     if t > limits.max_step_overhead_s or m > limits.max_microbatch_overhead_s:
-        notes.append(f"{where}: fixed overhead {t:.3g} s/step + {m:.3g} s/micro-batch exceeds the bound "
-                     f"({limits.max_step_overhead_s:g} s, {limits.max_microbatch_overhead_s:g} s); not applied "
-                     "(are the jobs waiting on I/O or data loading?)")
+        notes.append(
+            f"{where}: fixed overhead {t:.3g} s/step + {m:.3g} s/micro-batch exceeds the bound "
+            f"({limits.max_step_overhead_s:g} s, {limits.max_microbatch_overhead_s:g} s); not applied "
+            "(are the jobs waiting on I/O or data loading?)"
+        )
         return None, notes
     if not free_m and len(obs) > 1:
-        notes.append(f"{where}: every job ran {next(iter(slots))} micro-batch slot(s) per step, so the per-micro-batch "
-                     "overhead cannot be told apart from the per-step one; fitted as per-step only")
+        notes.append(
+            f"{where}: every job ran {next(iter(slots))} micro-batch slot(s) per step, so the per-micro-batch "
+            "overhead cannot be told apart from the per-step one; fitted as per-step only"
+        )
     if not free_k:
-        notes.append(f"{where}: the jobs' predicted compute does not vary (or is negligible), so the FLOP-rate "
-                     "efficiency keeps its catalog value")
+        notes.append(
+            f"{where}: the jobs' predicted compute does not vary (or is negligible), so the FLOP-rate "
+            "efficiency keeps its catalog value"
+        )
     raw = [_known(o.raw_step_s) for o in obs]
     cal = [c * k + _known(o.other_s) + t + m * o.slots for c, o in zip(comp, obs, strict=True)]
-    corr = StepTimeCorrection(gpu=gpu, precision=precision, efficiency_factor=factor, step_overhead_s=t,
-                              microbatch_overhead_s=m, jobs=len(obs), raw_error=_median_rel_error(raw, meas),
-                              calibrated_error=_median_rel_error(cal, meas))
+    corr = StepTimeCorrection(
+        gpu=gpu,
+        precision=precision,
+        efficiency_factor=factor,
+        step_overhead_s=t,
+        microbatch_overhead_s=m,
+        jobs=len(obs),
+        raw_error=_median_rel_error(raw, meas),
+        calibrated_error=_median_rel_error(cal, meas),
+    )
     return corr, notes
 
 
@@ -142,25 +161,32 @@ def fit_memory(obs: list[Observation], limits: FitBounds) -> tuple[list[MemoryCo
         per_job = [statistics.median(meas / pred for pred, meas in o.memory) for o in group]
         kept, outliers = reject_outliers(per_job)
         for i in outliers:
-            notes.append(f"memory {mode}: {group[i].job_dir} measured/predicted x{per_job[i]:.3g}, far from the other "
-                         f"jobs' median x{statistics.median(per_job):.3g} (median/MAD test); left out")
+            notes.append(
+                f"memory {mode}: {group[i].job_dir} measured/predicted x{per_job[i]:.3g}, far from the other "
+                f"jobs' median x{statistics.median(per_job):.3g} (median/MAD test); left out"
+            )
         group, per_job = [group[i] for i in kept], [per_job[i] for i in kept]
         if len(group) < limits.min_jobs:
-            notes.append(f"memory {mode}: {len(group)} job(s) without outliers, fewer than "
-                         f"min_jobs({limits.min_jobs}); not applied")
+            notes.append(
+                f"memory {mode}: {len(group)} job(s) without outliers, fewer than "
+                f"min_jobs({limits.min_jobs}); not applied"
+            )
             continue
         factor = statistics.median(per_job)
         if not (1 / limits.max_memory_factor <= factor <= limits.max_memory_factor):
-            notes.append(f"memory {mode}: measured/predicted is x{factor:.3g}, outside the bound "
-                         f"x{1 / limits.max_memory_factor:.3g}..x{limits.max_memory_factor:g}; not applied "
-                         "(check the metric compared and the site's overheads)")
+            notes.append(
+                f"memory {mode}: measured/predicted is x{factor:.3g}, outside the bound "
+                f"x{1 / limits.max_memory_factor:.3g}..x{limits.max_memory_factor:g}; not applied "
+                "(check the metric compared and the site's overheads)"
+            )
             continue
         out.append(MemoryCorrection(mode=mode, factor=factor, jobs=len(group), ranks=sum(len(o.memory) for o in group)))
     return out, notes
 
 
-def fit(observations: list[Observation], limits: FitBounds
-        ) -> tuple[list[StepTimeCorrection], list[MemoryCorrection], list[str]]:
+def fit(
+    observations: list[Observation], limits: FitBounds
+) -> tuple[list[StepTimeCorrection], list[MemoryCorrection], list[str]]:
     """All corrections the observations support, and every finding that was not applied."""
     timed = [o for o in observations if o.measured_step_s and o.compute_s is not None]
     steps: list[StepTimeCorrection] = []

@@ -38,10 +38,17 @@ class StepTimeCorrection(_M):
     gpu: str = Field(description="Catalog GPU model, or '*' for the site-wide fit used by GPU types without their own.")
     precision: str = Field(description="Training precision of the jobs fitted (fp32, bf16-mixed, ...).")
     efficiency_factor: float = Field(1.0, gt=0, description="Achieved/assumed FLOP-rate ratio; 1 = catalog efficiency.")
-    step_overhead_s: float = Field(0.0, ge=0, description="Fixed seconds per optimizer step (optimizer, collectives' "
-                                   "latency, framework bookkeeping).")
-    microbatch_overhead_s: float = Field(0.0, ge=0, description="Fixed seconds per micro-batch slot on the critical "
-                                         "path (per-op dispatch, pipeline send/recv latency).")
+    step_overhead_s: float = Field(
+        0.0,
+        ge=0,
+        description="Fixed seconds per optimizer step (optimizer, collectives' latency, framework bookkeeping).",
+    )
+    microbatch_overhead_s: float = Field(
+        0.0,
+        ge=0,
+        description="Fixed seconds per micro-batch slot on the critical "
+        "path (per-op dispatch, pipeline send/recv latency).",
+    )
     jobs: int = Field(ge=1, description="Jobs the fit rests on.")
     raw_error: float = Field(description="Median |predicted - measured| / measured of those jobs before calibration.")
     calibrated_error: float = Field(description="The same after calibration.")
@@ -60,11 +67,16 @@ class FitBounds(_M):
     """The bounds a fit had to satisfy to be applied."""
 
     min_jobs: int = Field(3, ge=1, description="Fewest measured jobs a correction may rest on.")
-    max_efficiency_factor: float = Field(4.0, ge=1, description="Efficiency may move by at most this factor either way.")
+    max_efficiency_factor: float = Field(
+        4.0, ge=1, description="Efficiency may move by at most this factor either way."
+    )
     max_step_overhead_s: float = Field(30.0, gt=0, description="Largest fixed per-step overhead accepted, seconds.")
-    max_microbatch_overhead_s: float = Field(5.0, gt=0, description="Largest per-micro-batch overhead accepted, seconds.")
-    max_memory_factor: float = Field(1.5, ge=1, description="Memory predictions may move by at most this factor "
-                                     "either way.")
+    max_microbatch_overhead_s: float = Field(
+        5.0, gt=0, description="Largest per-micro-batch overhead accepted, seconds."
+    )
+    max_memory_factor: float = Field(
+        1.5, ge=1, description="Memory predictions may move by at most this factor either way."
+    )
 
 
 class CalibrationFile(_M):
@@ -80,10 +92,13 @@ class CalibrationFile(_M):
     step_time: list[StepTimeCorrection] = Field(default_factory=list, description="Applied step-time corrections.")
     memory: list[MemoryCorrection] = Field(default_factory=list, description="Applied memory corrections.")
     jobs: list[str] = Field(default_factory=list, description="Job directories the fit used.")
-    not_applied: list[str] = Field(default_factory=list, description="Fits refused (too few jobs, out of bounds), "
-                                   "and why; kept for the admin, never applied.")
-    notes: list[str] = Field(default_factory=list, description="Terms the jobs could not tell apart, kept at "
-                             "their prior values.")
+    not_applied: list[str] = Field(
+        default_factory=list,
+        description="Fits refused (too few jobs, out of bounds), and why; kept for the admin, never applied.",
+    )
+    notes: list[str] = Field(
+        default_factory=list, description="Terms the jobs could not tell apart, kept at their prior values."
+    )
 
     def step_correction(self, gpu: str, precision: str) -> StepTimeCorrection | None:
         """This GPU model's own correction, else the site-wide one for the precision, else None."""
@@ -119,27 +134,34 @@ def load_calibration(path: Path, site: SiteConfig, now: float | None = None) -> 
     if os.path.lexists(path):
         check_trusted(path, "calibration file", "its factors change every job's memory and step-time predictions")
     cal = load_model_file(path, CalibrationFile)
-    fix = (f"To fix: rerun `frenzy-slurm calibrate` (it rewrites {path}), or delete {path} to plan without "
-           "calibration.")
+    fix = f"To fix: rerun `frenzy-slurm calibrate` (it rewrites {path}), or delete {path} to plan without calibration."
     if cal.site_fingerprint != site_fingerprint(site):
-        raise InputError(f"{path}: stale calibration: it was fitted against a different version of the site file "
-                         f"({cal.site_file}, pools changed since). {fix}")
+        raise InputError(
+            f"{path}: stale calibration: it was fitted against a different version of the site file "
+            f"({cal.site_file}, pools changed since). {fix}"
+        )
     from frenzy_slurm import __version__
 
     if cal.frenzy_version != __version__:
         # corrections are relative to the step-time and memory models of the version that fitted them
-        raise InputError(f"{path}: stale calibration: fitted by frenzy-slurm {cal.frenzy_version}, this is "
-                         f"{__version__}, whose predictions it was not fitted to. {fix}")
+        raise InputError(
+            f"{path}: stale calibration: fitted by frenzy-slurm {cal.frenzy_version}, this is "
+            f"{__version__}, whose predictions it was not fitted to. {fix}"
+        )
     now = time.time() if now is None else now
     if now > cal.valid_until:
         days = (now - cal.valid_until) / 86400
-        raise InputError(f"{path}: stale calibration: valid_until passed {days:.0f} days ago "
-                         f"({time.strftime('%Y-%m-%d', time.gmtime(cal.valid_until))}). {fix}")
+        raise InputError(
+            f"{path}: stale calibration: valid_until passed {days:.0f} days ago "
+            f"({time.strftime('%Y-%m-%d', time.gmtime(cal.valid_until))}). {fix}"
+        )
     gpus = {p.gpu for p in site.pools} | {SITE_WIDE}
     for i, c in enumerate(cal.step_time):
         if c.gpu not in gpus:
-            raise InputError(f"{path}: step_time.{i}.gpu: '{c.gpu}' is no GPU of the site file "
-                             f"({', '.join(sorted(gpus - {SITE_WIDE}))}). {fix}")
+            raise InputError(
+                f"{path}: step_time.{i}.gpu: '{c.gpu}' is no GPU of the site file "
+                f"({', '.join(sorted(gpus - {SITE_WIDE}))}). {fix}"
+            )
     return cal
 
 
@@ -147,9 +169,11 @@ def write_calibration(path: Path, cal: CalibrationFile) -> None:
     """Atomically, with a header saying where it came from."""
     import yaml
 
-    head = (f"# Written by `frenzy-slurm calibrate` (frenzy-slurm {cal.frenzy_version}) from {len(cal.jobs)} job(s).\n"
-            "# MARP and HAS apply it at every fsbatch; `fsbatch --explain` shows raw and calibrated numbers.\n"
-            "# Rerun the command to refresh it; delete the file to plan without calibration.\n")
+    head = (
+        f"# Written by `frenzy-slurm calibrate` (frenzy-slurm {cal.frenzy_version}) from {len(cal.jobs)} job(s).\n"
+        "# MARP and HAS apply it at every fsbatch; `fsbatch --explain` shows raw and calibrated numbers.\n"
+        "# Rerun the command to refresh it; delete the file to plan without calibration.\n"
+    )
     body = yaml.safe_dump(cal.model_dump(mode="json"), sort_keys=False, width=110)
     # every user's fsbatch reads it: world-readable, written by the one private atomic writer (a link planted
     # at the name, or at a temporary name, is replaced, never followed)

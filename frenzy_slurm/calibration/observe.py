@@ -115,12 +115,20 @@ def _epilog_metrics(records: list[dict], components: list) -> dict:
     for rec in records:
         for g in rec.get("gpus", []):
             spec = match_gpu(g.get("name", ""))
-            comp = next((c for c in components if spec and c.gpu_model == spec.name),
-                        components[0] if len(components) == 1 else None)
+            comp = next(
+                (c for c in components if spec and c.gpu_model == spec.name),
+                components[0] if len(components) == 1 else None,
+            )
             if g.get("max_process_memory_mib"):
-                ranks.append({"host": rec.get("host"), "gpu_model": comp.gpu_model if comp else g.get("name"),
-                              "peak_gib": g["max_process_memory_mib"] / 1024.0, "metric": "device (epilog)",
-                              "predicted_gib": comp.peak_gib if comp else None})
+                ranks.append(
+                    {
+                        "host": rec.get("host"),
+                        "gpu_model": comp.gpu_model if comp else g.get("name"),
+                        "peak_gib": g["max_process_memory_mib"] / 1024.0,
+                        "metric": "device (epilog)",
+                        "predicted_gib": comp.peak_gib if comp else None,
+                    }
+                )
     return {"source": "epilog", "ranks": ranks, "step_times_s": []}
 
 
@@ -130,8 +138,12 @@ def _job_id_of(job_dir: Path) -> str | None:
     return submitted_job_id(job_dir)
 
 
-def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | None = None,
-            sacct_gib: dict[int, float] | None = None) -> Observation | str:
+def observe(
+    job_dir: Path,
+    site: SiteConfig,
+    epilog: dict[str, list[dict]] | None = None,
+    sacct_gib: dict[int, float] | None = None,
+) -> Observation | str:
     """The job's observation, or why it cannot be used (one line). For jobs whose directory records no
     memory (a user's script without NVML in its Python): `epilog`, read_epilog_dir()'s records, and
     `sacct_gib`, Slurm's own per-job GPU memory peaks (SlurmBackend.gpu_memory_peaks)."""
@@ -169,11 +181,19 @@ def observe(job_dir: Path, site: SiteConfig, epilog: dict[str, list[dict]] | Non
     if not memory and slurm_peak:  # sacct's gres/gpumem: the busiest task's device memory
         memory.append((max(c.peak_gib for c in chosen.components), slurm_peak))
     return Observation(
-        job_dir=job_dir, job_id=metrics.get("job_id"), kind=chosen.kind,
-        gpus=tuple(c.gpu_model for c in chosen.components), precision=t.precision, mode=f"{t.precision}/{t.method}",
-        slots=plan.grad_accum + plan.pp - 1, compute_s=parts[0] if parts else None,
-        other_s=parts[1] if parts else None, measured_step_s=measured, memory=memory,
-        note="" if parts else "step time: heterogeneous or pool no longer in the site file (memory only)")
+        job_dir=job_dir,
+        job_id=metrics.get("job_id"),
+        kind=chosen.kind,
+        gpus=tuple(c.gpu_model for c in chosen.components),
+        precision=t.precision,
+        mode=f"{t.precision}/{t.method}",
+        slots=plan.grad_accum + plan.pp - 1,
+        compute_s=parts[0] if parts else None,
+        other_s=parts[1] if parts else None,
+        measured_step_s=measured,
+        memory=memory,
+        note="" if parts else "step time: heterogeneous or pool no longer in the site file (memory only)",
+    )
 
 
 def _memory_pairs(metrics: dict) -> list[tuple[float, float]]:

@@ -60,8 +60,9 @@ def _owned_dir(d: Path) -> tuple[int, str | None]:
     if not stat.S_ISDIR(st.st_mode):
         return st.st_uid, "is not a directory"
     if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _group_private_to(st.st_gid, st.st_uid)):
-        return st.st_uid, (f"is writable by others (mode {stat.S_IMODE(st.st_mode):o}): anyone could have written "
-                           "its records")
+        return st.st_uid, (
+            f"is writable by others (mode {stat.S_IMODE(st.st_mode):o}): anyone could have written its records"
+        )
     for name in _JOB_FILES:
         try:
             fst = os.lstat(d / name)
@@ -72,8 +73,9 @@ def _owned_dir(d: Path) -> tuple[int, str | None]:
         if not stat.S_ISREG(fst.st_mode):
             return st.st_uid, f"{name} is not a regular file (a link, FIFO or device)"
         if fst.st_uid != st.st_uid:
-            return st.st_uid, (f"{name} belongs to {_owner_name(fst.st_uid)}, not to the directory's owner "
-                               f"{_owner_name(st.st_uid)}")
+            return st.st_uid, (
+                f"{name} belongs to {_owner_name(fst.st_uid)}, not to the directory's owner {_owner_name(st.st_uid)}"
+            )
     return st.st_uid, None
 
 
@@ -123,8 +125,13 @@ def verify_jobs(dirs: list[Path], backend: SlurmBackend | None) -> Verdict:
             else:
                 unchecked = "Slurm's accounting did not answer (the site keeps none?)"
             if uid != me:
-                verdict.rejected.append((d, f"belongs to {owner}, and {unchecked}, so its job cannot be checked: "
-                                            "only your own job directories count unchecked"))
+                verdict.rejected.append(
+                    (
+                        d,
+                        f"belongs to {owner}, and {unchecked}, so its job cannot be checked: "
+                        "only your own job directories count unchecked",
+                    )
+                )
             else:
                 verdict.accepted.append((d, job_id, f"your own job directory; not checked against Slurm ({unchecked})"))
             continue
@@ -136,8 +143,9 @@ def verify_jobs(dirs: list[Path], backend: SlurmBackend | None) -> Verdict:
             verdict.rejected.append((d, f"job {job_id} is unknown to Slurm's accounting (it never ran here)"))
             continue
         if rec.user != owner:
-            verdict.rejected.append((d, f"job {job_id} was run by {rec.user or 'an unknown user'}, but the directory "
-                                        f"belongs to {owner}"))
+            verdict.rejected.append(
+                (d, f"job {job_id} was run by {rec.user or 'an unknown user'}, but the directory belongs to {owner}")
+            )
             continue
         if rec.work_dir and os.path.realpath(rec.work_dir) != os.path.realpath(d):
             verdict.rejected.append((d, f"job {job_id} ran in {rec.work_dir}, not in this directory"))

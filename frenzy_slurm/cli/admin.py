@@ -1,7 +1,7 @@
 """`frenzy-slurm`: admin and expert tools (memory estimates, presets, the site file, prediction accuracy).
 
-    frenzy-slurm memory examples/llama2-7b.yaml --gpu A100-80GB:16
-    frenzy-slurm memory examples/llama2-7b.yaml --plan dp=8,zero=1,mb=2 --json
+frenzy-slurm memory examples/llama2-7b.yaml --gpu A100-80GB:16
+frenzy-slurm memory examples/llama2-7b.yaml --plan dp=8,zero=1,mb=2 --json
 """
 
 from __future__ import annotations
@@ -35,33 +35,70 @@ def main() -> None:
 
 @main.command()
 @click.argument("model_yaml", type=unchecked_file)
-@click.option("--gpu", "gpus", multiple=True, metavar="TYPE[:COUNT]",
-              help="GPU type from the catalog (repeatable), optionally with how many exist. Default: every catalog GPU.")
-@click.option("--plan", "plan_text", metavar="KEY=VALUE,...",
-              help="Estimate one plan instead of searching. Keys: dp, tp, pp, cp (degrees), zero (0-3), mb (micro-batch), "
-                   "ga (gradient accumulation; default: global batch / (dp x mb)), ckpt (none|selective|full), "
-                   "sp (sequence parallel: 1/0), offload (none|opt|opt+param); e.g. dp=8,zero=1,mb=2.")
-@click.option("--metric", type=click.Choice(["allocated", "reserved", "device"]), default="device", show_default=True,
-              help="What to estimate: torch max_memory_allocated, the allocator's reserved peak, or nvidia-smi used.")
-@click.option("--max-gpus", type=click.IntRange(min=1), default=64, show_default=True, help="Largest GPU count searched.")
+@click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    metavar="TYPE[:COUNT]",
+    help="GPU type from the catalog (repeatable), optionally with how many exist. Default: every catalog GPU.",
+)
+@click.option(
+    "--plan",
+    "plan_text",
+    metavar="KEY=VALUE,...",
+    help="Estimate one plan instead of searching. Keys: dp, tp, pp, cp (degrees), zero (0-3), mb (micro-batch), "
+    "ga (gradient accumulation; default: global batch / (dp x mb)), ckpt (none|selective|full), "
+    "sp (sequence parallel: 1/0), offload (none|opt|opt+param); e.g. dp=8,zero=1,mb=2.",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["allocated", "reserved", "device"]),
+    default="device",
+    show_default=True,
+    help="What to estimate: torch max_memory_allocated, the allocator's reserved peak, or nvidia-smi used.",
+)
+@click.option(
+    "--max-gpus", type=click.IntRange(min=1), default=64, show_default=True, help="Largest GPU count searched."
+)
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True, help="Candidates shown per GPU type.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--trace-factory", is_flag=True,
-              help="Import and call model.factory on this machine to count its parameters exactly. This RUNS ARBITRARY "
-                   "CODE (the module's and the function's) as you: only your own files, or the site's trusted_factories.")
-@click.option("--site", type=click.Path(dir_okay=False, path_type=Path),
-              help="Site file whose calibration (frenzy-slurm calibrate) to show beside the raw numbers "
-                   "(default: $FRENZY_SITE).")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
-              help="With --plan: also draw the breakdown per stage into FILE (.png, .svg or .pdf; needs matplotlib).")
+@click.option(
+    "--trace-factory",
+    is_flag=True,
+    help="Import and call model.factory on this machine to count its parameters exactly. This RUNS ARBITRARY "
+    "CODE (the module's and the function's) as you: only your own files, or the site's trusted_factories.",
+)
+@click.option(
+    "--site",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Site file whose calibration (frenzy-slurm calibrate) to show beside the raw numbers (default: $FRENZY_SITE).",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="With --plan: also draw the breakdown per stage into FILE (.png, .svg or .pdf; needs matplotlib).",
+)
 @reports_errors("frenzy-slurm memory")
-def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metric: str, max_gpus: int, top: int,
-           as_json: bool, trace_factory: bool, site: Path | None, plot: Path | None) -> None:
+def memory(
+    model_yaml: Path,
+    gpus: tuple[str, ...],
+    plan_text: str | None,
+    metric: str,
+    max_gpus: int,
+    top: int,
+    as_json: bool,
+    trace_factory: bool,
+    site: Path | None,
+    plot: Path | None,
+) -> None:
     """Per-GPU peak training memory of MODEL_YAML: one plan's breakdown, or the candidates per GPU type."""
     from frenzy_slurm.cli import calibrate as calib
 
     if plot and not plan_text:
-        raise InputError("--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png")
+        raise InputError(
+            "--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png"
+        )
     spec, model = load(model_yaml, trace=trace_factory, site=site)
     if (note := factory_note(spec, model)) is not None and not as_json:
         click.echo(note, err=True)  # say whether user code ran on this machine (stderr: tables stay parseable)
@@ -73,7 +110,8 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
         if gb % (plan.dp * plan.micro_batch):
             raise InputError(
                 f"--plan: global_batch({gb}) is not a multiple of dp({plan.dp}) * mb({plan.micro_batch}); "
-                "change dp or mb so that they divide it")
+                "change dp or mb so that they divide it"
+            )
         if plan.grad_accum == 1:
             plan = plan.with_(grad_accum=gb // (plan.dp * plan.micro_batch))
         if plan.tp > 1 and (w.arch.heads % plan.tp or w.arch.kv % plan.tp):
@@ -105,8 +143,9 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
             click.echo(f"{opt.name}: {est.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
         return
     options = gpu_options(gpus, max_gpus)
-    cands = search(w, options, spec.training.global_batch, spec.training.total_steps, max_gpus,
-                   search_space_from_spec(spec))
+    cands = search(
+        w, options, spec.training.global_batch, spec.training.total_steps, max_gpus, search_space_from_spec(spec)
+    )
     if as_json:
         print_json(candidate_json(cands))
     else:
@@ -120,7 +159,8 @@ def memory(model_yaml: Path, gpus: tuple[str, ...], plan_text: str | None, metri
     if not any(cands.values()):
         raise NoFitError(
             f"{spec.name} fits on none of the GPU types within {max_gpus} GPUs. To fix: allow more GPUs (--max-gpus), "
-            "ZeRO-3/offload, a shorter seq_len, or LoRA.")
+            "ZeRO-3/offload, a shorter seq_len, or LoRA."
+        )
 
 
 @main.command()
@@ -132,11 +172,25 @@ def presets(as_json: bool) -> None:
 
     items = all_presets()
     if as_json:
-        print_json({n: {"source": p.source, "params": count_params(p.arch).total(p.arch.layers), **p.arch.model_dump()}
-                    for n, p in items.items()})
+        print_json(
+            {
+                n: {"source": p.source, "params": count_params(p.arch).total(p.arch.layers), **p.arch.model_dump()}
+                for n, p in items.items()
+            }
+        )
         return
-    rows = [[n, f"{count_params(p.arch).total(p.arch.layers) / 1e9:.3f}B", str(p.arch.layers), str(p.arch.hidden),
-             f"{p.arch.heads}/{p.arch.kv}", str(p.arch.vocab), p.source] for n, p in items.items()]
+    rows = [
+        [
+            n,
+            f"{count_params(p.arch).total(p.arch.layers) / 1e9:.3f}B",
+            str(p.arch.layers),
+            str(p.arch.hidden),
+            f"{p.arch.heads}/{p.arch.kv}",
+            str(p.arch.vocab),
+            p.source,
+        ]
+        for n, p in items.items()
+    ]
     click.echo(table(rows, ["preset", "params", "layers", "hidden", "heads/kv", "vocab", "source"]))
 
 
@@ -211,8 +265,18 @@ def site_catalog(as_json: bool) -> None:
     if as_json:
         print_json({n: s.model_dump() for n, s in catalog().items()})
         return
-    rows = [[n, f"{s.memory_gib:.1f}", f"{s.bf16:g}", f"{s.fp16:g}", f"{s.fp32:g}", f"{s.mem_bw_gbs:g}", f"{s.efficiency:g}"]
-            for n, s in catalog().items()]
+    rows = [
+        [
+            n,
+            f"{s.memory_gib:.1f}",
+            f"{s.bf16:g}",
+            f"{s.fp16:g}",
+            f"{s.fp32:g}",
+            f"{s.mem_bw_gbs:g}",
+            f"{s.efficiency:g}",
+        ]
+        for n, s in catalog().items()
+    ]
     click.echo(table(rows, ["gpu", "mem GiB", "bf16 TF", "fp16 TF", "fp32 TF", "mem GB/s", "efficiency"]))
 
 
@@ -249,25 +313,51 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     for t in from_job_dirs(measured, cluster):
         where = t.job_dir
         for r in (t.metrics or {}).get("ranks", []):
-            pred, meas = r.get("predicted_allocated_gib", r.get("predicted_gib")), r.get("peak_gib")  # trainer; NVML sampler
+            pred, meas = (
+                r.get("predicted_allocated_gib", r.get("predicted_gib")),
+                r.get("peak_gib"),
+            )  # trainer; NVML sampler
             acc = 1 - abs(pred - meas) / meas if pred and meas else None
             if acc is not None:
                 accs.append(acc)
-            rows.append({"job_dir": str(where), "job_id": t.job_id, "rank": r.get("rank"), "gpu": r.get("gpu_model"),
-                         "device": r.get("device"), "predicted_gib": pred, "measured_gib": meas, "accuracy": acc})
-    summary = {"ranks": len(accs), "mean_accuracy": sum(accs) / len(accs) if accs else None,
-               "within_10pct": sum(a >= 0.9 for a in accs) / len(accs) if accs else None}
+            rows.append(
+                {
+                    "job_dir": str(where),
+                    "job_id": t.job_id,
+                    "rank": r.get("rank"),
+                    "gpu": r.get("gpu_model"),
+                    "device": r.get("device"),
+                    "predicted_gib": pred,
+                    "measured_gib": meas,
+                    "accuracy": acc,
+                }
+            )
+    summary = {
+        "ranks": len(accs),
+        "mean_accuracy": sum(accs) / len(accs) if accs else None,
+        "within_10pct": sum(a >= 0.9 for a in accs) / len(accs) if accs else None,
+    }
     if as_json:
         print_json({"rows": rows, "summary": summary})
         return
-    out = [[Path(r["job_dir"]).name, str(r.get("job_id", "-")), str(r.get("rank", "-")), str(r.get("gpu") or "-"),
-            str(r.get("device") or "-"), f"{r['predicted_gib']:.4g}" if r.get("predicted_gib") else "-",
+    out = [
+        [
+            Path(r["job_dir"]).name,
+            str(r.get("job_id", "-")),
+            str(r.get("rank", "-")),
+            str(r.get("gpu") or "-"),
+            str(r.get("device") or "-"),
+            f"{r['predicted_gib']:.4g}" if r.get("predicted_gib") else "-",
             f"{r['measured_gib']:.4g}" if r.get("measured_gib") else "-",
-            f"{r['accuracy']:.1%}" if r.get("accuracy") is not None else r.get("note", "-")] for r in rows]
+            f"{r['accuracy']:.1%}" if r.get("accuracy") is not None else r.get("note", "-"),
+        ]
+        for r in rows
+    ]
     click.echo(table(out, ["job", "id", "rank", "gpu", "device", "pred GiB", "meas GiB", "accuracy"]))
     if accs:
-        click.echo(f"{len(accs)} ranks: mean accuracy {summary['mean_accuracy']:.1%}, "
-                   f"{summary['within_10pct']:.0%} within 10%")
+        click.echo(
+            f"{len(accs)} ranks: mean accuracy {summary['mean_accuracy']:.1%}, {summary['within_10pct']:.0%} within 10%"
+        )
 
 
 def _register_calibration_commands() -> None:

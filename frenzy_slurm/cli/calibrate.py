@@ -55,30 +55,77 @@ def _sacct_peaks(backend: SlurmBackend, job_ids: list[str | None]) -> dict[int, 
 
 @click.command()
 @click.argument("job_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--site", type=click.Path(dir_okay=False, path_type=Path), help="Site file (default: $FRENZY_SITE, "
-              "/etc/frenzy-slurm/site.yaml).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Calibration file (default: $FRENZY_CALIBRATION, else <site>.calibration.yaml beside the site file).")
-@click.option("--min-jobs", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Fewest jobs a correction may rest on.")
-@click.option("--max-efficiency-factor", type=click.FloatRange(min=1), default=4.0, show_default=True,
-              help="Largest move of a GPU's FLOP-rate efficiency, either way.")
-@click.option("--max-memory-factor", type=click.FloatRange(min=1), default=1.5, show_default=True,
-              help="Largest move of memory predictions, either way.")
-@click.option("--valid-days", type=click.IntRange(min=1), default=DEFAULT_VALID_DAYS, show_default=True,
-              help="After this many days the file is stale and fsbatch refuses it until it is refitted.")
-@click.option("--epilog-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="GPU peaks recorded by the site epilog (contrib/slurm/epilog), for jobs without metrics.json.")
-@click.option("--sacct/--no-sacct", "use_sacct", default=True, show_default=True,
-              help="Also ask Slurm's accounting for the jobs' GPU memory peaks (gres/gpumem, Slurm 23.02+).")
-@click.option("--since", "since_days", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Only jobs measured in the last DAYS days (e.g. after a driver or framework upgrade).")
+@click.option(
+    "--site",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Site file (default: $FRENZY_SITE, /etc/frenzy-slurm/site.yaml).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Calibration file (default: $FRENZY_CALIBRATION, else <site>.calibration.yaml beside the site file).",
+)
+@click.option(
+    "--min-jobs", type=click.IntRange(min=1), default=3, show_default=True, help="Fewest jobs a correction may rest on."
+)
+@click.option(
+    "--max-efficiency-factor",
+    type=click.FloatRange(min=1),
+    default=4.0,
+    show_default=True,
+    help="Largest move of a GPU's FLOP-rate efficiency, either way.",
+)
+@click.option(
+    "--max-memory-factor",
+    type=click.FloatRange(min=1),
+    default=1.5,
+    show_default=True,
+    help="Largest move of memory predictions, either way.",
+)
+@click.option(
+    "--valid-days",
+    type=click.IntRange(min=1),
+    default=DEFAULT_VALID_DAYS,
+    show_default=True,
+    help="After this many days the file is stale and fsbatch refuses it until it is refitted.",
+)
+@click.option(
+    "--epilog-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="GPU peaks recorded by the site epilog (contrib/slurm/epilog), for jobs without metrics.json.",
+)
+@click.option(
+    "--sacct/--no-sacct",
+    "use_sacct",
+    default=True,
+    show_default=True,
+    help="Also ask Slurm's accounting for the jobs' GPU memory peaks (gres/gpumem, Slurm 23.02+).",
+)
+@click.option(
+    "--since",
+    "since_days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Only jobs measured in the last DAYS days (e.g. after a driver or framework upgrade).",
+)
 @click.option("--dry-run", is_flag=True, help="Fit and print; do not write the file.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @reports_errors("frenzy-slurm calibrate")
-def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None, min_jobs: int,
-              max_efficiency_factor: float, max_memory_factor: float, valid_days: int, epilog_dir: Path | None,
-              use_sacct: bool, since_days: float | None, dry_run: bool, as_json: bool) -> None:
+def calibrate(
+    job_dirs: tuple[Path, ...],
+    site: Path | None,
+    output: Path | None,
+    min_jobs: int,
+    max_efficiency_factor: float,
+    max_memory_factor: float,
+    valid_days: int,
+    epilog_dir: Path | None,
+    use_sacct: bool,
+    since_days: float | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
     """Fit per-site corrections of MARP/HAS predictions from what finished jobs measured.
 
     JOB_DIRS are job directories, or directories holding them (a user's frenzy-jobs, or several users'
@@ -111,7 +158,9 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
             raise InputError(f"no job directories under {root}: pass JOB_DIR arguments or set FRENZY_JOBS_DIR.")
     if since_days is not None:
         cutoff = time.time() - since_days * 86400
-        dirs = [d for d in dirs if os.path.lexists(d / "metrics.json") and os.lstat(d / "metrics.json").st_mtime >= cutoff]
+        dirs = [
+            d for d in dirs if os.path.lexists(d / "metrics.json") and os.lstat(d / "metrics.json").st_mtime >= cutoff
+        ]
         if not dirs:
             raise InputError(f"no job measured in the last {since_days:g} days among the directories given.")
     try:
@@ -134,26 +183,43 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
             observations.append(got)
             if got.note:
                 skipped.append(f"{d}: {got.note}")
-    limits = FitBounds(min_jobs=min_jobs, max_efficiency_factor=max_efficiency_factor,
-                       max_memory_factor=max_memory_factor)
+    limits = FitBounds(
+        min_jobs=min_jobs, max_efficiency_factor=max_efficiency_factor, max_memory_factor=max_memory_factor
+    )
     steps, memory, findings = fit(observations, limits)
     refused = [f for f in findings if "not applied" in f]
     notes = [f for f in findings if "not applied" not in f]
     now = time.time()
-    cal = CalibrationFile(site_file=str(site_path), site_fingerprint=site_fingerprint(site_cfg), created_at=now,
-                          valid_until=now + valid_days * 86400, frenzy_version=__version__, limits=limits,
-                          step_time=steps, memory=memory, jobs=[str(o.job_dir) for o in observations],
-                          not_applied=refused, notes=notes)
+    cal = CalibrationFile(
+        site_file=str(site_path),
+        site_fingerprint=site_fingerprint(site_cfg),
+        created_at=now,
+        valid_until=now + valid_days * 86400,
+        frenzy_version=__version__,
+        limits=limits,
+        step_time=steps,
+        memory=memory,
+        jobs=[str(o.job_dir) for o in observations],
+        not_applied=refused,
+        notes=notes,
+    )
     path = output or calibration_path(site_path)
     empty = not steps and not memory
     if not dry_run and not empty:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_calibration(path, cal)
     if as_json:
-        print_json({"path": str(path), "written": not dry_run and not empty, "calibration": cal.model_dump(mode="json"),
-                    "skipped": skipped, "accounting": verdict.accounting,
-                    "accepted": [{"job_dir": str(d), "job_id": j, "why": why} for d, j, why in verdict.accepted],
-                    "rejected": [{"job_dir": str(d), "why": why} for d, why in verdict.rejected]})
+        print_json(
+            {
+                "path": str(path),
+                "written": not dry_run and not empty,
+                "calibration": cal.model_dump(mode="json"),
+                "skipped": skipped,
+                "accounting": verdict.accounting,
+                "accepted": [{"job_dir": str(d), "job_id": j, "why": why} for d, j, why in verdict.accepted],
+                "rejected": [{"job_dir": str(d), "why": why} for d, why in verdict.rejected],
+            }
+        )
         return
     click.echo(f"{len(observations)} measured job(s) from {len(dirs)} director(ies); site file {site_path}")
     for d, _, why in verdict.accepted:
@@ -161,14 +227,32 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     for d, why in verdict.rejected:
         click.echo(f"rejected: {d}: {why}")
     if steps:
-        rows = [[c.gpu if c.gpu != "*" else "site-wide", c.precision, f"x{c.efficiency_factor:.3g}",
-                 f"{c.step_overhead_s:.4g}", f"{c.microbatch_overhead_s:.4g}", str(c.jobs), f"{c.raw_error:.1%}",
-                 f"{c.calibrated_error:.1%}"] for c in steps]
-        click.echo(table(rows, ["gpu", "precision", "efficiency", "s/step", "s/micro-batch", "jobs",
-                                "error before", "error after"]))
+        rows = [
+            [
+                c.gpu if c.gpu != "*" else "site-wide",
+                c.precision,
+                f"x{c.efficiency_factor:.3g}",
+                f"{c.step_overhead_s:.4g}",
+                f"{c.microbatch_overhead_s:.4g}",
+                str(c.jobs),
+                f"{c.raw_error:.1%}",
+                f"{c.calibrated_error:.1%}",
+            ]
+            for c in steps
+        ]
+        click.echo(
+            table(
+                rows,
+                ["gpu", "precision", "efficiency", "s/step", "s/micro-batch", "jobs", "error before", "error after"],
+            )
+        )
     if memory:
-        click.echo(table([[m.mode, f"x{m.factor:.3f}", str(m.jobs), str(m.ranks)] for m in memory],
-                         ["memory mode", "factor", "jobs", "ranks"]))
+        click.echo(
+            table(
+                [[m.mode, f"x{m.factor:.3f}", str(m.jobs), str(m.ranks)] for m in memory],
+                ["memory mode", "factor", "jobs", "ranks"],
+            )
+        )
     for line in refused:
         click.echo(f"not applied: {line}")
     for line in notes:
@@ -176,8 +260,10 @@ def calibrate(job_dirs: tuple[Path, ...], site: Path | None, output: Path | None
     for line in skipped:
         click.echo(f"skipped: {line}", err=True)
     if empty:
-        click.echo(f"no correction met its bounds and minimum job count; nothing is applied and {path} is not "
-                   "written" + (" (the calibration already there stays as it is)." if path.exists() else "."))
+        click.echo(
+            f"no correction met its bounds and minimum job count; nothing is applied and {path} is not "
+            "written" + (" (the calibration already there stays as it is)." if path.exists() else ".")
+        )
         return
     click.echo(("would write " if dry_run else "wrote ") + str(path))
 
@@ -202,19 +288,31 @@ def memory_plan_calibration(found: Found, spec: JobSpec, est: MemoryEstimate) ->
     mode = f"{spec.training.precision}/{spec.training.method}"
     corr = cal.memory_factor(mode)
     factor = corr.factor if corr else 1.0
-    return {"path": str(path), "mode": mode, "factor": factor, "jobs": corr.jobs if corr else 0,
-            "raw_peak_gib": est.peak_gib, "calibrated_peak_gib": est.peak_gib * factor}
+    return {
+        "path": str(path),
+        "mode": mode,
+        "factor": factor,
+        "jobs": corr.jobs if corr else 0,
+        "raw_peak_gib": est.peak_gib,
+        "calibrated_peak_gib": est.peak_gib * factor,
+    }
 
 
 def memory_plan_line(info: dict) -> str:
     if info["jobs"] == 0:
-        return (f"calibration {info['path']}: no memory correction for {info['mode']}; "
-                f"peak {info['raw_peak_gib']:.4g} GiB (raw)")
-    return (f"calibration {info['path']}: memory {info['mode']} x{info['factor']:.3f} ({info['jobs']} jobs): peak raw "
-            f"{info['raw_peak_gib']:.4g} GiB -> calibrated {info['calibrated_peak_gib']:.4g} GiB")
+        return (
+            f"calibration {info['path']}: no memory correction for {info['mode']}; "
+            f"peak {info['raw_peak_gib']:.4g} GiB (raw)"
+        )
+    return (
+        f"calibration {info['path']}: memory {info['mode']} x{info['factor']:.3f} ({info['jobs']} jobs): peak raw "
+        f"{info['raw_peak_gib']:.4g} GiB -> calibrated {info['calibrated_peak_gib']:.4g} GiB"
+    )
 
 
-def calibrated_search_rows(found: Found, spec: JobSpec, w: Workload, options: list[GpuOption], max_gpus: int) -> tuple[list[str], list[list[str]]] | None:
+def calibrated_search_rows(
+    found: Found, spec: JobSpec, w: Workload, options: list[GpuOption], max_gpus: int
+) -> tuple[list[str], list[list[str]]] | None:
     """`frenzy-slurm memory` candidates: per GPU type, the fastest plan's step time raw and calibrated."""
     from dataclasses import replace
 
@@ -230,11 +328,18 @@ def calibrated_search_rows(found: Found, spec: JobSpec, w: Workload, options: li
         corr = cal.step_correction(opt.spec.name, t.precision)
         spec_gpu = opt.spec
         if corr is not None:
-            spec_gpu = spec_gpu.model_copy(update={
-                "efficiency": min(1.0, spec_gpu.efficiency * corr.efficiency_factor),
-                "step_overhead_s": corr.step_overhead_s, "microbatch_overhead_s": corr.microbatch_overhead_s})
-        calibrated.append(replace(opt, spec=spec_gpu,
-                                  usable_fraction=opt.usable_fraction / mem.factor if mem else opt.usable_fraction))
+            spec_gpu = spec_gpu.model_copy(
+                update={
+                    "efficiency": min(1.0, spec_gpu.efficiency * corr.efficiency_factor),
+                    "step_overhead_s": corr.step_overhead_s,
+                    "microbatch_overhead_s": corr.microbatch_overhead_s,
+                }
+            )
+        calibrated.append(
+            replace(
+                opt, spec=spec_gpu, usable_fraction=opt.usable_fraction / mem.factor if mem else opt.usable_fraction
+            )
+        )
     space = search_space_from_spec(spec)
     raw = search(w, options, t.global_batch, t.total_steps, max_gpus, space)
     cal_c = search(w, calibrated, t.global_batch, t.total_steps, max_gpus, space)
@@ -242,8 +347,15 @@ def calibrated_search_rows(found: Found, spec: JobSpec, w: Workload, options: li
     for name in raw:
         r = raw[name][0] if raw[name] else None
         c = cal_c[name][0] if cal_c.get(name) else None
-        rows.append([str(name), r.plan.short() if r else "-", f"{r.step_time_s:.4g}" if r else "-",
-                     c.plan.short() if c else "-", f"{c.step_time_s:.4g}" if c else "-"])
+        rows.append(
+            [
+                str(name),
+                r.plan.short() if r else "-",
+                f"{r.step_time_s:.4g}" if r else "-",
+                c.plan.short() if c else "-",
+                f"{c.step_time_s:.4g}" if c else "-",
+            ]
+        )
     return ["gpu", "fastest plan (raw)", "raw step s", "fastest plan (calibrated)", "calibrated step s"], rows
 
 

@@ -22,11 +22,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 # What to do when a file cannot be written, by errno (the rest get the system's own words).
 _OS_FIXES = {
     errno.ENOSPC: "the file system is full: free space there (or point FRENZY_JOBS_DIR / --job-dir elsewhere) "
-                  "and run the command again",
+    "and run the command again",
     errno.EDQUOT: "your disk quota is exceeded there: free space (`quota -s` shows it) or use another directory, "
-                  "and run the command again",
+    "and run the command again",
     errno.EROFS: "that file system is mounted read-only: use a writable directory (FRENZY_JOBS_DIR, --job-dir, "
-                 "XDG_CACHE_HOME) and run the command again",
+    "XDG_CACHE_HOME) and run the command again",
     errno.EACCES: "permission denied: check the owner and mode of the file and the directories above it",
 }
 
@@ -121,15 +121,28 @@ def backend_options(fn: F) -> F:
     """--backend/--snapshot: which Slurm backend a command talks to."""
     from frenzy_slurm.slurm import BACKENDS
 
-    fn = click.option("--snapshot", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                      help="ClusterView JSON for --backend static (as written by `fsinfo --json`).")(fn)
-    fn = click.option("--backend", type=click.Choice(list(BACKENDS)), default="auto",
-                      show_default=True, help="How to reach Slurm: pyslurm if it matches Slurm, else the CLI tools.")(fn)
+    fn = click.option(
+        "--snapshot",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="ClusterView JSON for --backend static (as written by `fsinfo --json`).",
+    )(fn)
+    fn = click.option(
+        "--backend",
+        type=click.Choice(list(BACKENDS)),
+        default="auto",
+        show_default=True,
+        help="How to reach Slurm: pyslurm if it matches Slurm, else the CLI tools.",
+    )(fn)
     return fn
 
 
 def cluster_options(fn: F) -> F:
     """--backend/--snapshot/--site, shared by every command that plans against the cluster."""
-    fn = click.option("--site", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                      help="Site file describing partitions' GPUs (default: $FRENZY_SITE, /etc/frenzy-slurm/site.yaml).")(fn)
+    fn = click.option(
+        "--site",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Site file describing partitions' GPUs (default: $FRENZY_SITE, /etc/frenzy-slurm/site.yaml).",
+    )(fn)
     return backend_options(fn)

@@ -36,8 +36,13 @@ def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:
 
     rows = [row("*", decision.chosen, "chosen: earliest completion")]
     for alt in decision.alternatives:
-        rows.append(row(" ", alt.allocation, f"{alt.description}: {alt.lost_because}" if alt.allocation is None
-                        else alt.lost_because))
+        rows.append(
+            row(
+                " ",
+                alt.allocation,
+                f"{alt.description}: {alt.lost_because}" if alt.allocation is None else alt.lost_because,
+            )
+        )
     header = ["", "allocation", "plan", "memory/GPU used/usable", "start", "run time", "completion", "why"]
     return header, rows
 
@@ -48,8 +53,10 @@ def summary_line(req: JobRequest) -> str:
     chosen = decision.chosen
     memory = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in chosen.components)
     start = "now" if chosen.start_source == "now" else hms(chosen.start - decision.decided_at) + " from now"
-    return (f"{req.plan.spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, {memory} per GPU, "
-            f"start {start}, run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)")
+    return (
+        f"{req.plan.spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, {memory} per GPU, "
+        f"start {start}, run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)"
+    )
 
 
 def _force_turn(submission: str, force: bool) -> AbstractContextManager[object]:
@@ -64,17 +71,33 @@ def _force_turn(submission: str, force: bool) -> AbstractContextManager[object]:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model_yaml", type=unchecked_file)
 @click.option("--dry-run", is_flag=True, help="Do everything but submit: print the script that would run.")
-@click.option("--explain", is_flag=True, help="Show the chosen allocation beside the best alternatives and why they lost.")
+@click.option(
+    "--explain", is_flag=True, help="Show the chosen allocation beside the best alternatives and why they lost."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @cluster_options
-@click.option("--job-dir", type=click.Path(file_okay=False, path_type=Path), help="Job directory (default: $FRENZY_JOBS_DIR or ./frenzy-jobs, /<name>-<hash>).")
-@click.option("--templates", type=click.Path(file_okay=False, path_type=Path), help="Directory of templates overriding the shipped ones.")
-@click.option("--trace-factory", is_flag=True,
-              help="Import and call model.factory on this machine to count its parameters exactly. This RUNS ARBITRARY "
-                   "CODE (the module's and the function's) as you: only your own files, or the site's trusted_factories.")
+@click.option(
+    "--job-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Job directory (default: $FRENZY_JOBS_DIR or ./frenzy-jobs, /<name>-<hash>).",
+)
+@click.option(
+    "--templates",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory of templates overriding the shipped ones.",
+)
+@click.option(
+    "--trace-factory",
+    is_flag=True,
+    help="Import and call model.factory on this machine to count its parameters exactly. This RUNS ARBITRARY "
+    "CODE (the module's and the function's) as you: only your own files, or the site's trusted_factories.",
+)
 @click.option("--force", is_flag=True, help="Submit even if this submission already has a job.")
-@click.option("--no-calibration", is_flag=True,
-              help="Plan with raw predictions, ignoring the site's calibration file (frenzy-slurm calibrate).")
+@click.option(
+    "--no-calibration",
+    is_flag=True,
+    help="Plan with raw predictions, ignoring the site's calibration file (frenzy-slurm calibrate).",
+)
 @click.option("-A", "--account", help="sbatch --account.")
 @click.option("-q", "--qos", help="sbatch --qos.")
 @click.option("-t", "--time", "time_", help="sbatch --time (default: predicted run time + 25% + 10 min).")
@@ -85,14 +108,40 @@ def _force_turn(submission: str, force: bool) -> AbstractContextManager[object]:
 @click.option("-J", "--job-name", help="sbatch --job-name (default: model.yaml's name).")
 @click.option("-o", "--output", help="sbatch --output (default: JOBDIR/slurm-%j.out).")
 @click.option("-e", "--error", help="sbatch --error.")
-@click.option("--sbatch", "extra", multiple=True, metavar="FLAG", help="Any other sbatch flag, e.g. --sbatch=--reservation=big (repeatable).")
+@click.option(
+    "--sbatch",
+    "extra",
+    multiple=True,
+    metavar="FLAG",
+    help="Any other sbatch flag, e.g. --sbatch=--reservation=big (repeatable).",
+)
 @click.version_option(__version__, prog_name="fsbatch")
 @reports_errors("fsbatch")
-def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend: str, snapshot: Path | None,
-         site: Path | None, job_dir: Path | None, templates: Path | None, trace_factory: bool, force: bool,
-         no_calibration: bool, account: str | None, qos: str | None, time_: str | None, constraint: str | None,
-         exclusive: bool | None, mail_type: str | None, mail_user: str | None, job_name: str | None,
-         output: str | None, error: str | None, extra: tuple[str, ...]) -> None:
+def main(
+    model_yaml: Path,
+    dry_run: bool,
+    explain: bool,
+    as_json: bool,
+    backend: str,
+    snapshot: Path | None,
+    site: Path | None,
+    job_dir: Path | None,
+    templates: Path | None,
+    trace_factory: bool,
+    force: bool,
+    no_calibration: bool,
+    account: str | None,
+    qos: str | None,
+    time_: str | None,
+    constraint: str | None,
+    exclusive: bool | None,
+    mail_type: str | None,
+    mail_user: str | None,
+    job_name: str | None,
+    output: str | None,
+    error: str | None,
+    extra: tuple[str, ...],
+) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
     from frenzy_slurm.calibration import explain_lines
     from frenzy_slurm.planning import PlanOptions, find_site_file, load_job, plan_job, submission_of, traced
@@ -104,11 +153,22 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
         job = traced(job, site_file)
     spec = job.spec
     # fsbatch's flags override model.yaml's slurm: block; one options model for both
-    slurm = spec.slurm.overridden(account=account, qos=qos, time=time_, constraint=constraint, exclusive=exclusive,
-                                  mail_type=mail_type, mail_user=mail_user, output=output, error=error,
-                                  job_name=job_name, extra=list(extra))
-    options = PlanOptions(slurm=slurm, job_dir=job_dir, templates=templates, calibration=not no_calibration,
-                          force=force)
+    slurm = spec.slurm.overridden(
+        account=account,
+        qos=qos,
+        time=time_,
+        constraint=constraint,
+        exclusive=exclusive,
+        mail_type=mail_type,
+        mail_user=mail_user,
+        output=output,
+        error=error,
+        job_name=job_name,
+        extra=list(extra),
+    )
+    options = PlanOptions(
+        slurm=slurm, job_dir=job_dir, templates=templates, calibration=not no_calibration, force=force
+    )
     cluster = open_backend(backend, snapshot)
     # Concurrent --force runs of one submission take turns from choosing the directory to submitting, so each
     # sees the directory the other took (both used to choose NAME.2, and the second was told to use --force).
@@ -140,4 +200,6 @@ def main(model_yaml: Path, dry_run: bool, explain: bool, as_json: bool, backend:
     else:
         click.echo(f"Submitted batch job {done.job_id} (job directory {req.job_dir})")
         if req.earlier_job_dir is not None:
-            click.echo(f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it).")
+            click.echo(
+                f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it)."
+            )

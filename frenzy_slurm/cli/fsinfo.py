@@ -29,12 +29,21 @@ def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:
     for pool in view.pools():
         sp = site.pool(pool.partition, pool.gpu_type) if site else None
         spec = sp.spec() if sp else match_gpu(pool.gpu_type)
-        rows.append({
-            "partition": pool.partition, "gpu_type": pool.gpu_type, "gpu": spec.name if spec else None,
-            "described": sp is not None, "nodes_up": pool.nodes_up, "nodes_down": pool.nodes_down,
-            "gpus_total": pool.gpus_total, "gpus_free": pool.gpus_free, "gpus_pending": pool.gpus_pending,
-            "gpu_memory_gib": spec.memory_gib if spec else None, "bf16_tflops": spec.bf16 if spec else None,
-        })
+        rows.append(
+            {
+                "partition": pool.partition,
+                "gpu_type": pool.gpu_type,
+                "gpu": spec.name if spec else None,
+                "described": sp is not None,
+                "nodes_up": pool.nodes_up,
+                "nodes_down": pool.nodes_down,
+                "gpus_total": pool.gpus_total,
+                "gpus_free": pool.gpus_free,
+                "gpus_pending": pool.gpus_pending,
+                "gpu_memory_gib": spec.memory_gib if spec else None,
+                "bf16_tflops": spec.bf16 if spec else None,
+            }
+        )
     return rows
 
 
@@ -56,10 +65,17 @@ def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) 
         gpu = (r["gpu"] or "?") + ("" if r["described"] or not site_cfg else " (not in site file)")
         if not site_cfg and r["gpu"]:
             gpu += "~"
-        out.append([r["partition"], r["gpu_type"], gpu, f"{r['nodes_up']}/{r['nodes_down']}",
-                    f"{r['gpus_total']}/{r['gpus_free']}/{r['gpus_pending']}",
-                    f"{r['gpu_memory_gib']:.0f}" if r["gpu_memory_gib"] else "?",
-                    f"{r['bf16_tflops']:.0f}" if r["bf16_tflops"] else "?"])
+        out.append(
+            [
+                r["partition"],
+                r["gpu_type"],
+                gpu,
+                f"{r['nodes_up']}/{r['nodes_down']}",
+                f"{r['gpus_total']}/{r['gpus_free']}/{r['gpus_pending']}",
+                f"{r['gpu_memory_gib']:.0f}" if r["gpu_memory_gib"] else "?",
+                f"{r['bf16_tflops']:.0f}" if r["bf16_tflops"] else "?",
+            ]
+        )
     click.echo(table(out, ["PARTITION", "GRES", "GPU", "NODES(up/down)", "GPUS(tot/free/pend)", "MEM_GiB", "BF16_TF"]))
     if not site_cfg:
         click.echo("~ GPU model guessed from the GRES type; give --site FILE (frenzy-slurm site init writes one).")

@@ -28,14 +28,31 @@ if TYPE_CHECKING:  # track is imported when a command runs
 
 def _job_json(t: TrackedJob) -> dict:
     return {
-        "job_id": t.job_id, "name": t.name, "user": t.user, "state": t.state, "gpus": t.gpus_label,
-        "components": [{"job_id": c.job_id, "partition": c.partition, "gpu_type": c.gpu_type, "gpus": c.gpus,
-                        "nodes": c.nodes, "state": c.state} for c in t.components],
-        "elapsed_s": t.elapsed_s, "predicted_remaining_s": t.predicted_remaining_s,
+        "job_id": t.job_id,
+        "name": t.name,
+        "user": t.user,
+        "state": t.state,
+        "gpus": t.gpus_label,
+        "components": [
+            {
+                "job_id": c.job_id,
+                "partition": c.partition,
+                "gpu_type": c.gpu_type,
+                "gpus": c.gpus,
+                "nodes": c.nodes,
+                "state": c.state,
+            }
+            for c in t.components
+        ],
+        "elapsed_s": t.elapsed_s,
+        "predicted_remaining_s": t.predicted_remaining_s,
         "job_dir": str(t.job_dir) if t.job_dir else None,
         "plan": t.plan.decision.chosen.plan.short() if t.plan else None,
-        "finished": t.finished, "metrics": t.metrics, "restarts": t.restarts,
-        "last_checkpoint_step": t.last_checkpoint_step, "notes": t.notes,
+        "finished": t.finished,
+        "metrics": t.metrics,
+        "restarts": t.restarts,
+        "last_checkpoint_step": t.last_checkpoint_step,
+        "notes": t.notes,
     }
 
 
@@ -47,8 +64,9 @@ def _job_json(t: TrackedJob) -> dict:
 @backend_options
 @click.version_option(__version__, prog_name="fsqueue")
 @reports_errors("fsqueue")
-def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot: Path | None
-         ) -> None:
+def main(
+    jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot: Path | None
+) -> None:
     """Track frenzy-slurm jobs: state, GPUs per component, elapsed and predicted remaining time."""
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
     from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dirs, query_jobs_cached
@@ -66,9 +84,18 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
         if as_json:
             print_json([_job_json(t) for t in jobs])
             return
-        rows = [[str(t.job_id), t.name, t.state, t.gpus_label, hms(t.elapsed_s) if t.elapsed_s is not None else "-",
-                 hms(t.predicted_remaining_s) if t.predicted_remaining_s is not None else "-",
-                 str(t.job_dir or "-")] for t in jobs]
+        rows = [
+            [
+                str(t.job_id),
+                t.name,
+                t.state,
+                t.gpus_label,
+                hms(t.elapsed_s) if t.elapsed_s is not None else "-",
+                hms(t.predicted_remaining_s) if t.predicted_remaining_s is not None else "-",
+                str(t.job_dir or "-"),
+            ]
+            for t in jobs
+        ]
         click.echo(table(rows, ["JOBID", "NAME", "STATE", "GPUS", "ELAPSED", "REMAINING(pred)", "JOBDIR"]))
         return
     t = next((t for t in jobs if t.job_id == jobid or any(c.job_id == jobid for c in t.components)), None)
@@ -78,23 +105,35 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
         if job_dir is None:
             if unreachable is not None:
                 raise unreachable
-            raise InputError(f"job {jobid} is not a frenzy-slurm job in the queue, and no job directory under "
-                             f"{', '.join(map(str, roots))} records it (set FRENZY_JOBS_DIR)")
+            raise InputError(
+                f"job {jobid} is not a frenzy-slurm job in the queue, and no job directory under "
+                f"{', '.join(map(str, roots))} records it (set FRENZY_JOBS_DIR)"
+            )
         t = from_job_dirs([job_dir], None if unreachable else cluster)[0]
         if unreachable is not None:
-            t.notes.insert(0, f"Slurm did not answer ({unreachable.message.split(': ', 1)[-1]}); shown is what "
-                              "the job directory records")
+            t.notes.insert(
+                0,
+                f"Slurm did not answer ({unreachable.message.split(': ', 1)[-1]}); shown is what "
+                "the job directory records",
+            )
     if as_json:
         print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
         return
-    click.echo(f"job {t.job_id} {printable(t.name)}: {t.state}" + (f", exit code {t.finished.get('exit_code', '?')}" if t.finished else ""))
+    click.echo(
+        f"job {t.job_id} {printable(t.name)}: {t.state}"
+        + (f", exit code {t.finished.get('exit_code', '?')}" if t.finished else "")
+    )
     if t.plan is not None:
         a = t.plan.decision.chosen
-        click.echo(f"  plan: {a.kind} {a.label()} | {a.plan.short()} | predicted step {a.step_time_s:.3g} s, "
-                   f"run time {hms(a.run_time_s)}")
+        click.echo(
+            f"  plan: {a.kind} {a.label()} | {a.plan.short()} | predicted step {a.step_time_s:.3g} s, "
+            f"run time {hms(a.run_time_s)}"
+        )
     for c in t.components:
-        click.echo(f"  component {c.display_id}: {c.state} partition={c.partition} {c.gpus}x{c.gpu_type} "
-                   f"nodes={','.join(c.nodes) or '-'}" + (f" reason={printable(c.reason)}" if c.reason else ""))
+        click.echo(
+            f"  component {c.display_id}: {c.state} partition={c.partition} {c.gpus}x{c.gpu_type} "
+            f"nodes={','.join(c.nodes) or '-'}" + (f" reason={printable(c.reason)}" if c.reason else "")
+        )
     if t.elapsed_s is not None:
         click.echo(f"  elapsed {hms(t.elapsed_s)}, predicted remaining {hms(t.predicted_remaining_s or 0)}")
     click.echo(f"  job directory: {t.job_dir or '-'}")
@@ -109,15 +148,24 @@ def main(jobid: int | None, user: str | None, all_users: bool, as_json: bool, ba
         click.echo("  " + ", ".join(progress))
     compared = comparison(t)
     if compared:
+
         def show(value: float | None, unit: str) -> str:
             if value is None:
                 return "-"
             return fmt_gib(value) if unit == "GiB" else f"{value:.3g} {unit}"
 
-        out = [[r["what"], show(r.get("raw_predicted"), r["unit"]), show(r["predicted"], r["unit"]),
+        out = [
+            [
+                r["what"],
+                show(r.get("raw_predicted"), r["unit"]),
+                show(r["predicted"], r["unit"]),
                 show(r["measured"], r["unit"]),
-                f"{1 - abs(r['predicted'] - r['measured']) / r['measured']:.0%}" if r["predicted"] and r["measured"] else "-"]
-               for r in compared]
+                f"{1 - abs(r['predicted'] - r['measured']) / r['measured']:.0%}"
+                if r["predicted"] and r["measured"]
+                else "-",
+            ]
+            for r in compared
+        ]
         click.echo(table(out, ["predicted vs measured", "raw", "predicted", "measured", "accuracy"]))
     if t.calibration is not None:
         from frenzy_slurm.calibration import explain_lines

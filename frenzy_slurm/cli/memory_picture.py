@@ -16,12 +16,33 @@ from frenzy_slurm.marp.memory import COMPONENTS, MemoryEstimate
 from frenzy_slurm.units import GiB
 
 # one glyph and one colour per part, so the bar reads without colour too (pipes, logs)
-_GLYPH = {"weights": "█", "gradients": "▓", "optimizer": "▒", "activations": "░", "logits": "≡", "buffers": ":",
-          "overhead": "·"}
-_TERM_COLOUR = {"weights": "blue", "gradients": "magenta", "optimizer": "yellow", "activations": "green",
-                "logits": "cyan", "buffers": "red", "overhead": "white"}
-_PLOT_COLOUR = {"weights": "#4c72b0", "gradients": "#8172b2", "optimizer": "#ccb974", "activations": "#55a868",
-                "logits": "#64b5cd", "buffers": "#c44e52", "overhead": "#8c8c8c"}
+_GLYPH = {
+    "weights": "█",
+    "gradients": "▓",
+    "optimizer": "▒",
+    "activations": "░",
+    "logits": "≡",
+    "buffers": ":",
+    "overhead": "·",
+}
+_TERM_COLOUR = {
+    "weights": "blue",
+    "gradients": "magenta",
+    "optimizer": "yellow",
+    "activations": "green",
+    "logits": "cyan",
+    "buffers": "red",
+    "overhead": "white",
+}
+_PLOT_COLOUR = {
+    "weights": "#4c72b0",
+    "gradients": "#8172b2",
+    "optimizer": "#ccb974",
+    "activations": "#55a868",
+    "logits": "#64b5cd",
+    "buffers": "#c44e52",
+    "overhead": "#8c8c8c",
+}
 
 
 def terminal_bars(est: MemoryEstimate, width: int = 60, usable_gib: float | None = None, colour: bool = True) -> str:
@@ -49,8 +70,9 @@ def terminal_bars(est: MemoryEstimate, width: int = 60, usable_gib: float | None
         else:
             mark = " " * max(pad, 0)
         lines.append(f"stage {s.stage:<2} {''.join(cells)}{mark} {s.peak / GiB:7.2f} GiB ({s.phase})")
-    legend = "  ".join((click.style(_GLYPH[c], fg=_TERM_COLOUR[c]) if colour else _GLYPH[c]) + f" {c}"
-                       for c in COMPONENTS)
+    legend = "  ".join(
+        (click.style(_GLYPH[c], fg=_TERM_COLOUR[c]) if colour else _GLYPH[c]) + f" {c}" for c in COMPONENTS
+    )
     lines.append(legend + (f"  | usable {usable_gib:.1f} GiB" if usable_gib else ""))
     return "\n".join(lines)
 
@@ -89,7 +111,8 @@ def plot_breakdown(est: MemoryEstimate, path: Path, title: str, usable_gib: floa
         fig.savefig(image, dpi=120, bbox_inches="tight", format=Path(path).suffix.lstrip(".").lower() or None)
         write_atomic(Path(path), image.getvalue(), mode=0o644)
     except (OSError, ValueError) as exc:
-        raise InputError(f"--plot {path}: cannot write the image ({exc}); use a .png, .svg or .pdf path in a "
-                         "writable directory") from None
+        raise InputError(
+            f"--plot {path}: cannot write the image ({exc}); use a .png, .svg or .pdf path in a writable directory"
+        ) from None
     finally:
         plt.close(fig)

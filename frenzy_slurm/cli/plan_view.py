@@ -32,10 +32,14 @@ def factory_note(spec: JobSpec, model: ResolvedModel) -> str | None:
     if spec.model.factory is None:
         return None
     if model.exact_params is not None:
-        return (f"user code ran: model.factory {spec.model.factory} was imported and called on this machine "
-                f"(--trace-factory); it has {model.exact_params:,} parameters")
-    return (f"model.factory {spec.model.factory} was not run: parameters come from factory_arch "
-            "(--trace-factory imports and calls it here for an exact count)")
+        return (
+            f"user code ran: model.factory {spec.model.factory} was imported and called on this machine "
+            f"(--trace-factory); it has {model.exact_params:,} parameters"
+        )
+    return (
+        f"model.factory {spec.model.factory} was not run: parameters come from factory_arch "
+        "(--trace-factory imports and calls it here for an exact count)"
+    )
 
 
 def gpu_options(specs: tuple[str, ...], default_count: int) -> list[GpuOption]:
@@ -59,16 +63,27 @@ def memory_rows(est: MemoryEstimate) -> tuple[list[str], list[list[str]]]:
     rows = []
     for s in est.stages:
         g = s.gib()
-        rows.append([str(s.stage), str(s.layers), f"{s.params / 1e6:.1f}", *(f"{g[c]:.2f}" for c in COMPONENTS),
-                     f"{g['peak']:.2f}", s.phase])
+        rows.append(
+            [
+                str(s.stage),
+                str(s.layers),
+                f"{s.params / 1e6:.1f}",
+                *(f"{g[c]:.2f}" for c in COMPONENTS),
+                f"{g['peak']:.2f}",
+                s.phase,
+            ]
+        )
     return header, rows
 
 
 def memory_json(est: MemoryEstimate) -> dict:
     return {
-        "plan": est.plan.short(), "metric": est.metric, "peak_gib": est.peak_gib,
-        "stages": [{"stage": s.stage, "layers": s.layers, "params": s.params, "phase": s.phase, **s.gib()}
-                   for s in est.stages],
+        "plan": est.plan.short(),
+        "metric": est.metric,
+        "peak_gib": est.peak_gib,
+        "stages": [
+            {"stage": s.stage, "layers": s.layers, "params": s.params, "phase": s.phase, **s.gib()} for s in est.stages
+        ],
     }
 
 
@@ -80,15 +95,35 @@ def candidate_rows(cands: dict[Hashable, list[Candidate]], top: int) -> tuple[li
             rows.append([str(gpu), "-", "does not fit", "-", "-", "-", "-"])
             continue
         for c in items[:top]:
-            rows.append([str(gpu), str(c.gpus), c.plan.short(), fmt_gib(c.peak_gib), fmt_gib(c.capacity_gib),
-                         f"{c.step_time_s:.2f}", hms(c.run_time_s)])
+            rows.append(
+                [
+                    str(gpu),
+                    str(c.gpus),
+                    c.plan.short(),
+                    fmt_gib(c.peak_gib),
+                    fmt_gib(c.capacity_gib),
+                    f"{c.step_time_s:.2f}",
+                    hms(c.run_time_s),
+                ]
+            )
     return header, rows
 
 
 def candidate_json(cands: dict[Hashable, list[Candidate]]) -> dict:
-    return {str(gpu): [{"gpus": c.gpus, "plan": c.plan.short(), "peak_gib": c.peak_gib, "usable_gib": c.capacity_gib,
-                   "step_time_s": c.step_time_s, "run_time_s": c.run_time_s} for c in items]
-            for gpu, items in cands.items()}
+    return {
+        str(gpu): [
+            {
+                "gpus": c.gpus,
+                "plan": c.plan.short(),
+                "peak_gib": c.peak_gib,
+                "usable_gib": c.capacity_gib,
+                "step_time_s": c.step_time_s,
+                "run_time_s": c.run_time_s,
+            }
+            for c in items
+        ]
+        for gpu, items in cands.items()
+    }
 
 
 hms = format_slurm_time  # the tables print durations as Slurm does: [D-]HH:MM:SS

@@ -65,45 +65,122 @@ def _seeds(text: str | None, default: int) -> list[int]:
 
 @click.command("simulate")
 @click.argument("workload")
-@click.option("--cluster", "cluster_arg", required=True, metavar="FILE|GPU:NODESxGPUS,...",
-              help="Cluster YAML file, or the compact form A100-80GB:2x8,V100-32GB:4x8,T4:4x4.")
-@click.option("--policy", "policies", default="has,user-fixed", show_default=True, metavar="NAME[,NAME...]",
-              help="has, has-homogeneous, fastest-fit, ilp, user-fixed:fastest|largest|usual|biggest, "
-                   "user-fixed (all its variants) or all.")
-@click.option("--seed", "seed_text", metavar="N[,N...]",
-              help="Seed(s) of the ground truth (default: the philly seed, else 0).")
-@click.option("--load", type=click.FloatRange(min=0.0, min_open=True), default=0.8, show_default=True,
-              help="Offered load: arrivals rescaled so the work is this share of the cluster's capacity.")
+@click.option(
+    "--cluster",
+    "cluster_arg",
+    required=True,
+    metavar="FILE|GPU:NODESxGPUS,...",
+    help="Cluster YAML file, or the compact form A100-80GB:2x8,V100-32GB:4x8,T4:4x4.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    default="has,user-fixed",
+    show_default=True,
+    metavar="NAME[,NAME...]",
+    help="has, has-homogeneous, fastest-fit, ilp, user-fixed:fastest|largest|usual|biggest, "
+    "user-fixed (all its variants) or all.",
+)
+@click.option(
+    "--seed", "seed_text", metavar="N[,N...]", help="Seed(s) of the ground truth (default: the philly seed, else 0)."
+)
+@click.option(
+    "--load",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=0.8,
+    show_default=True,
+    help="Offered load: arrivals rescaled so the work is this share of the cluster's capacity.",
+)
 @click.option("--as-is", "as_is", is_flag=True, help="Keep the workload's arrival times (ignore --load).")
-@click.option("--estimates", type=click.Choice(["test-only", "backfill"]), default="test-only", show_default=True,
-              help="How the simulated Slurm answers start estimates: like sbatch --test-only (running jobs "
-                   "only) or like squeue --start (after the queue's backfill reservations).")
-@click.option("--backfill", type=click.Choice(["slurm", "easy"]), default="slurm", show_default=True,
-              help="slurm: every pending job tested gets a reservation (sched/backfill); easy: only the first.")
-@click.option("--bf-interval", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-              help="Seconds between Slurm's backfill passes (its bf_interval, 30 by default on real sites); "
-                   "0: every job end schedules at once.")
-@click.option("--max-gpus", type=click.IntRange(min=1), default=None,
-              help="limits.max_gpus in every job's model.yaml (every policy honours it).")
-@click.option("--max-job-share", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None,
-              help="The site file's max_job_share: the most of one pool HAS gives one job (default 0.5).")
+@click.option(
+    "--estimates",
+    type=click.Choice(["test-only", "backfill"]),
+    default="test-only",
+    show_default=True,
+    help="How the simulated Slurm answers start estimates: like sbatch --test-only (running jobs "
+    "only) or like squeue --start (after the queue's backfill reservations).",
+)
+@click.option(
+    "--backfill",
+    type=click.Choice(["slurm", "easy"]),
+    default="slurm",
+    show_default=True,
+    help="slurm: every pending job tested gets a reservation (sched/backfill); easy: only the first.",
+)
+@click.option(
+    "--bf-interval",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="Seconds between Slurm's backfill passes (its bf_interval, 30 by default on real sites); "
+    "0: every job end schedules at once.",
+)
+@click.option(
+    "--max-gpus",
+    type=click.IntRange(min=1),
+    default=None,
+    help="limits.max_gpus in every job's model.yaml (every policy honours it).",
+)
+@click.option(
+    "--max-job-share",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=None,
+    help="The site file's max_job_share: the most of one pool HAS gives one job (default 0.5).",
+)
 @click.option("--exact", is_flag=True, help="No prediction error: the truth is MARP's prediction.")
-@click.option("--ilp-round", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
-              help="Seconds between the ilp policy's rounds.")
-@click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Philly trace CSV for philly:SEED workloads.")
-@click.option("--save-workload", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the workload (as replayed, before load scaling) to this .yaml or .csv file.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write {\"runs\": [...], \"summary\": [...]} here ('-' for stdout).")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write JCT CDF and utilisation plots (PNG) to this directory.")
+@click.option(
+    "--ilp-round",
+    type=click.FloatRange(min=1.0),
+    default=60.0,
+    show_default=True,
+    help="Seconds between the ilp policy's rounds.",
+)
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Philly trace CSV for philly:SEED workloads.",
+)
+@click.option(
+    "--save-workload",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the workload (as replayed, before load scaling) to this .yaml or .csv file.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help='Write {"runs": [...], "summary": [...]} here (\'-\' for stdout).',
+)
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write JCT CDF and utilisation plots (PNG) to this directory.",
+)
 @reports_errors("frenzy-slurm simulate")
-def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | None, load: float, as_is: bool,
-             estimates: str, backfill: str, bf_interval: float, max_gpus: int | None, max_job_share: float | None,
-             exact: bool, ilp_round: float,
-             trace: Path | None,
-             save_workload: Path | None, json_path: Path | None, plot_dir: Path | None) -> None:
+def simulate(
+    workload: str,
+    cluster_arg: str,
+    policies: str,
+    seed_text: str | None,
+    load: float,
+    as_is: bool,
+    estimates: str,
+    backfill: str,
+    bf_interval: float,
+    max_gpus: int | None,
+    max_job_share: float | None,
+    exact: bool,
+    ilp_round: float,
+    trace: Path | None,
+    save_workload: Path | None,
+    json_path: Path | None,
+    plot_dir: Path | None,
+) -> None:
     """Replay WORKLOAD on a simulated Slurm cluster under each policy; print JCT, utilisation, overhead."""
     from frenzy_slurm.sim.clusters import load_cluster
     from frenzy_slurm.sim.metrics import aggregate, markdown, plot, summarize
@@ -131,18 +208,31 @@ def simulate(workload: str, cluster_arg: str, policies: str, seed_text: str | No
     runs = [(s, n) for s in seeds for n in names]
     bar = _progress(len(runs) * len(wl.jobs))
     for seed, name in runs:
-        runner = Runner(wl, cluster, name, seed, errors=errors, load=None if as_is else load,
-                        reserve=1 if backfill == "easy" else None, estimates=estimates, ilp_round_s=ilp_round,
-                        progress=bar.update if bar else None, sched_interval_s=bf_interval, max_gpus=max_gpus,
-                        max_job_share=max_job_share)
+        runner = Runner(
+            wl,
+            cluster,
+            name,
+            seed,
+            errors=errors,
+            load=None if as_is else load,
+            reserve=1 if backfill == "easy" else None,
+            estimates=estimates,
+            ilp_round_s=ilp_round,
+            progress=bar.update if bar else None,
+            sched_interval_s=bf_interval,
+            max_gpus=max_gpus,
+            max_job_share=max_job_share,
+        )
         r = runner.run()
         results.append(r)
         rows.append(summarize(r))
     if bar:
         bar.close()
     summary = aggregate(rows)
-    click.echo(f"workload: {wl.source or workload} ({len(wl.jobs)} jobs); cluster: {cluster.describe()} "
-               f"({cluster.gpus} GPUs); load {'as-is' if as_is else load}; seeds {','.join(map(str, seeds))}")
+    click.echo(
+        f"workload: {wl.source or workload} ({len(wl.jobs)} jobs); cluster: {cluster.describe()} "
+        f"({cluster.gpus} GPUs); load {'as-is' if as_is else load}; seeds {','.join(map(str, seeds))}"
+    )
     click.echo(markdown(summary if len(seeds) > 1 else rows))
     if json_path is not None:
         text = json.dumps({"runs": rows, "summary": summary}, indent=2, default=str)

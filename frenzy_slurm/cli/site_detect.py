@@ -24,18 +24,41 @@ from frenzy_slurm.errors import InputError
 
 @click.command("detect")
 @cluster_options
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Site file to write or update (default: --site / $FRENZY_SITE / /etc/frenzy-slurm/site.yaml).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Site file to write or update (default: --site / $FRENZY_SITE / /etc/frenzy-slurm/site.yaml).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the resulting site file instead of writing it.")
-@click.option("--python", "python", default=sys.executable, show_default=True,
-              help="Python on the compute nodes that has frenzy-slurm and nvidia-ml-py.")
-@click.option("--timeout", type=click.IntRange(min=10), default=120, show_default=True,
-              help="Seconds one probe step may take, waiting for a free node included.")
+@click.option(
+    "--python",
+    "python",
+    default=sys.executable,
+    show_default=True,
+    help="Python on the compute nodes that has frenzy-slurm and nvidia-ml-py.",
+)
+@click.option(
+    "--timeout",
+    type=click.IntRange(min=10),
+    default=120,
+    show_default=True,
+    help="Seconds one probe step may take, waiting for a free node included.",
+)
 @click.option("--partition", "partitions", multiple=True, help="Probe only these partitions (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report (and the file text).")
 @reports_errors("frenzy-slurm site detect")
-def site_detect(backend: str, snapshot: Path | None, site: Path | None, output: Path | None, dry_run: bool,
-                python: str, timeout: int, partitions: tuple[str, ...], as_json: bool) -> None:
+def site_detect(
+    backend: str,
+    snapshot: Path | None,
+    site: Path | None,
+    output: Path | None,
+    dry_run: bool,
+    python: str,
+    timeout: int,
+    partitions: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Detect each pool's GPUs with NVML on a compute node and write or update the site file."""
     from frenzy_slurm.cluster.detect import merge_site, probe_pools, read_text
     from frenzy_slurm.cluster.site_tools import find_site
@@ -44,8 +67,9 @@ def site_detect(backend: str, snapshot: Path | None, site: Path | None, output: 
     try:
         import ruamel.yaml  # noqa: F401
     except ImportError:
-        raise InputError("site detect edits the site file keeping its comments with ruamel.yaml: "
-                         "pip install 'frenzy-slurm[admin]'.") from None
+        raise InputError(
+            "site detect edits the site file keeping its comments with ruamel.yaml: pip install 'frenzy-slurm[admin]'."
+        ) from None
     path = output or find_site(site)
     if path is None and not dry_run:
         raise InputError("no site file to write: pass -o FILE (or --site FILE), or --dry-run to print it.")
@@ -53,21 +77,47 @@ def site_detect(backend: str, snapshot: Path | None, site: Path | None, output: 
     view = cluster.load()
     pools = [p for p in view.pools() if not partitions or p.partition in partitions]
     if not pools:
-        raise InputError("no GPU pool to probe: no node has GPU GRES" + (f" in {', '.join(partitions)}" if partitions
-                                                                         else "") + " (is GresTypes=gpu set?)")
+        raise InputError(
+            "no GPU pool to probe: no node has GPU GRES"
+            + (f" in {', '.join(partitions)}" if partitions else "")
+            + " (is GresTypes=gpu set?)"
+        )
     detected = probe_pools(cluster, view, python, timeout, partitions)
-    text, changes = merge_site(read_text(path) if path else None, view.cluster or "unnamed", detected,
-                               time.strftime("%Y-%m-%d"))
+    text, changes = merge_site(
+        read_text(path) if path else None, view.cluster or "unnamed", detected, time.strftime("%Y-%m-%d")
+    )
     if as_json:
-        print_json({"site_file": str(path) if path else None, "written": not dry_run, "changes": changes,
-                    "pools": [{"pool": d.where, "source": d.source, "host": d.host, "product": d.product,
-                               "gpu": d.gpu.name if d.gpu else None, "memory_gib": d.memory_gib,
-                               "gpus_per_node": d.gpus_per_node, "intra_node": d.intra_node, "driver": d.driver,
-                               "cuda": d.cuda, "problems": d.problems} for d in detected],
-                    "text": text})
+        print_json(
+            {
+                "site_file": str(path) if path else None,
+                "written": not dry_run,
+                "changes": changes,
+                "pools": [
+                    {
+                        "pool": d.where,
+                        "source": d.source,
+                        "host": d.host,
+                        "product": d.product,
+                        "gpu": d.gpu.name if d.gpu else None,
+                        "memory_gib": d.memory_gib,
+                        "gpus_per_node": d.gpus_per_node,
+                        "intra_node": d.intra_node,
+                        "driver": d.driver,
+                        "cuda": d.cuda,
+                        "problems": d.problems,
+                    }
+                    for d in detected
+                ],
+                "text": text,
+            }
+        )
     for d in detected:
-        what = (f"{d.gpus_per_node} x {d.product} -> {d.gpu.name if d.gpu else 'NO CATALOG MATCH'}, {d.intra_node}, "
-                f"driver {d.driver}, CUDA {d.cuda}" if d.source == "nvml" else "described from Slurm's GRES")
+        what = (
+            f"{d.gpus_per_node} x {d.product} -> {d.gpu.name if d.gpu else 'NO CATALOG MATCH'}, {d.intra_node}, "
+            f"driver {d.driver}, CUDA {d.cuda}"
+            if d.source == "nvml"
+            else "described from Slurm's GRES"
+        )
         if not as_json:
             click.echo(f"{d.where}: {what}")
         for p in d.problems:
@@ -89,8 +139,10 @@ def site_detect(backend: str, snapshot: Path | None, site: Path | None, output: 
     try:
         load_site(candidate)
     except Exception as exc:  # noqa: BLE001
-        raise InputError(f"the detected site file does not validate yet ({getattr(exc, 'message', exc)}); it is in "
-                         f"{candidate}: fix the flagged pools there and move it to {path}.") from None
+        raise InputError(
+            f"the detected site file does not validate yet ({getattr(exc, 'message', exc)}); it is in "
+            f"{candidate}: fix the flagged pools there and move it to {path}."
+        ) from None
     os.replace(candidate, path)
     for c in changes:
         click.echo(f"changed: {c}", err=True)

@@ -67,14 +67,17 @@ def _product_family(product: str) -> str:
     return re.sub(r"\bHBM\d*e?\b", " ", product, flags=re.IGNORECASE)
 
 
-def interpret(partition: str, gres_type: str, slurm_gpus_per_node: int, answer: dict | None,
-              failure: str | None = None) -> Detected:
+def interpret(
+    partition: str, gres_type: str, slurm_gpus_per_node: int, answer: dict | None, failure: str | None = None
+) -> Detected:
     """A pool from one node's probe answer (None with `failure` when the probe step did not run)."""
     det = Detected(partition, gres_type, slurm_gpus_per_node, "slurm")
     if answer is None or not answer.get("nvml"):
         why = failure or (answer or {}).get("error") or "no answer"
-        det.problems.append(f"no NVML on {(answer or {}).get('host', 'the probe node')}: {why}; "
-                            "the pool is described from Slurm's GRES only")
+        det.problems.append(
+            f"no NVML on {(answer or {}).get('host', 'the probe node')}: {why}; "
+            "the pool is described from Slurm's GRES only"
+        )
         return det
     gpus = answer.get("gpus") or []
     det.source, det.host = "nvml", answer.get("host")
@@ -83,31 +86,42 @@ def interpret(partition: str, gres_type: str, slurm_gpus_per_node: int, answer: 
         det.problems.append(f"NVML on {det.host} sees no GPU (is CUDA_VISIBLE_DEVICES empty, or the GRES File= wrong?)")
         return det
     if any(g.get("mig_enabled") for g in gpus):
-        det.problems.append(f"MIG is enabled on {det.host}: frenzy-slurm plans whole GPUs; a MIG slice's memory and "
-                            "speed are not the product's (describe such GRES types by hand with overrides)")
+        det.problems.append(
+            f"MIG is enabled on {det.host}: frenzy-slurm plans whole GPUs; a MIG slice's memory and "
+            "speed are not the product's (describe such GRES types by hand with overrides)"
+        )
     names = {g["name"] for g in gpus}
     if len(names) > 1:
-        det.problems.append(f"{det.host} mixes GPU models {sorted(names)} under one GRES type; split them into "
-                            "GRES types in gres.conf")
+        det.problems.append(
+            f"{det.host} mixes GPU models {sorted(names)} under one GRES type; split them into GRES types in gres.conf"
+        )
     det.product = gpus[0]["name"]
     det.memory_gib = min(g["memory_total_bytes"] for g in gpus) / GiB
     if len(gpus) != slurm_gpus_per_node:
-        det.problems.append(f"NVML sees {len(gpus)} GPU(s) on {det.host}, Slurm's GRES says {slurm_gpus_per_node}; "
-                            "using NVML's count (check gres.conf)")
+        det.problems.append(
+            f"NVML sees {len(gpus)} GPU(s) on {det.host}, Slurm's GRES says {slurm_gpus_per_node}; "
+            "using NVML's count (check gres.conf)"
+        )
     det.gpus_per_node = len(gpus)
     det.intra_node = _link(gpus)
     det.gpu = match_gpu(f"{_product_family(det.product)} {round(det.memory_gib)}GB")
     if det.gpu is None:
-        det.problems.append(f"'{det.product}' ({det.memory_gib:.1f} GiB) matches no catalog GPU; set gpu: by hand "
-                            "to the closest model and its peaks in overrides (frenzy-slurm site catalog)")
+        det.problems.append(
+            f"'{det.product}' ({det.memory_gib:.1f} GiB) matches no catalog GPU; set gpu: by hand "
+            "to the closest model and its peaks in overrides (frenzy-slurm site catalog)"
+        )
     return det
 
 
 def _proposed_pool(det: Detected) -> dict[str, Any]:
     gpu = det.gpu or match_gpu(det.gres_type)
-    pool: dict[str, Any] = {"partition": det.partition, "gres_type": det.gres_type,
-                            "gpu": gpu.name if gpu else "UNKNOWN", "gpus_per_node": det.gpus_per_node,
-                            "intra_node": det.intra_node or (_link_guess(gpu.name) if gpu else "pcie4")}
+    pool: dict[str, Any] = {
+        "partition": det.partition,
+        "gres_type": det.gres_type,
+        "gpu": gpu.name if gpu else "UNKNOWN",
+        "gpus_per_node": det.gpus_per_node,
+        "intra_node": det.intra_node or (_link_guess(gpu.name) if gpu else "pcie4"),
+    }
     if det.memory_gib and gpu and abs(det.memory_gib - gpu.memory_gib) > MEMORY_TOLERANCE * gpu.memory_gib:
         pool["overrides"] = {"memory_gib": round(det.memory_gib, 2)}
     return pool
@@ -115,8 +129,10 @@ def _proposed_pool(det: Detected) -> dict[str, Any]:
 
 def _note(det: Detected, today: str) -> str:
     if det.source == "nvml":
-        return (f"detected {today} by NVML on {det.host}: {det.gpus_per_node} x {det.product}, "
-                f"{det.memory_gib:.1f} GiB, {det.intra_node or 'link unknown'}, driver {det.driver}, CUDA {det.cuda}")
+        return (
+            f"detected {today} by NVML on {det.host}: {det.gpus_per_node} x {det.product}, "
+            f"{det.memory_gib:.1f} GiB, {det.intra_node or 'link unknown'}, driver {det.driver}, CUDA {det.cuda}"
+        )
     return f"{today}: no NVML answer; from Slurm's GRES (gpu:{det.gres_type}:{det.gpus_per_node}); check gpu: and intra_node:"
 
 
@@ -134,18 +150,24 @@ def merge_site(text: str | None, cluster: str, detected: list[Detected], today: 
         doc = CommentedMap()
         doc["cluster"] = cluster
         doc["defaults"] = CommentedMap([("inter_node_gbs", 25), ("usable_fraction", 0.95)])
-        doc.yaml_set_comment_before_after_key("cluster", before="Site file written by `frenzy-slurm site detect`. "
-                                              "Check it, then run `frenzy-slurm site validate`.")
+        doc.yaml_set_comment_before_after_key(
+            "cluster",
+            before="Site file written by `frenzy-slurm site detect`. Check it, then run `frenzy-slurm site validate`.",
+        )
         doc["pools"] = CommentedSeq()
     pools = doc.setdefault("pools", CommentedSeq())
     for det in detected:
-        entry = next((p for p in pools if p.get("partition") == det.partition and p.get("gres_type") == det.gres_type), None)
+        entry = next(
+            (p for p in pools if p.get("partition") == det.partition and p.get("gres_type") == det.gres_type), None
+        )
         proposal = _proposed_pool(det)
         if entry is None:
             entry = CommentedMap(proposal)
             pools.append(entry)
-            changes.append(f"{det.where}: added ({proposal['gpu']}, {proposal['gpus_per_node']} per node, "
-                           f"{proposal['intra_node']}; source {det.source})")
+            changes.append(
+                f"{det.where}: added ({proposal['gpu']}, {proposal['gpus_per_node']} per node, "
+                f"{proposal['intra_node']}; source {det.source})"
+            )
         elif det.source == "nvml":
             for key in ("gpu", "gpus_per_node", "intra_node"):
                 if key == "gpu" and det.gpu is None:
@@ -161,8 +183,10 @@ def merge_site(text: str | None, cluster: str, detected: list[Detected], today: 
                 if overrides is None:
                     entry["overrides"] = overrides = CommentedMap()
                 overrides["memory_gib"] = mem
-                changes.append(f"{det.where}: overrides.memory_gib = {mem} (NVML total; catalog says "
-                               f"{catalog()[proposal['gpu']].memory_gib:g})")
+                changes.append(
+                    f"{det.where}: overrides.memory_gib = {mem} (NVML total; catalog says "
+                    f"{catalog()[proposal['gpu']].memory_gib:g})"
+                )
         entry.yaml_add_eol_comment(_note(det, today), "partition")
     out = io.StringIO()
     yaml.dump(doc, out)
@@ -193,7 +217,9 @@ def _parse_answer(stdout: str) -> dict | None:
     return None
 
 
-def probe_pools(backend: SlurmBackend, view: ClusterView, python: str, timeout: float, partitions: tuple[str, ...] = ()) -> list[Detected]:
+def probe_pools(
+    backend: SlurmBackend, view: ClusterView, python: str, timeout: float, partitions: tuple[str, ...] = ()
+) -> list[Detected]:
     """One probe step per (partition, GRES type) of the view, through the Slurm seam; a pool whose step
     fails (busy, refused, a read-only backend) is described from Slurm's GRES and says why."""
     from frenzy_slurm.slurm import SlurmCommandError, SlurmUnavailable

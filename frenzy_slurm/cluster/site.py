@@ -18,8 +18,14 @@ from frenzy_slurm.yamlfile import load_model_file
 
 # Per-GPU, one-direction bandwidth in GB/s (NVIDIA NVLink generations; PCIe x16 per generation).
 LINK_GBS: dict[str, float] = {
-    "nvlink1": 80.0, "nvlink2": 150.0, "nvlink3": 300.0, "nvlink4": 450.0, "nvlink5": 900.0,
-    "pcie3": 16.0, "pcie4": 32.0, "pcie5": 64.0,
+    "nvlink1": 80.0,
+    "nvlink2": 150.0,
+    "nvlink3": 300.0,
+    "nvlink4": 450.0,
+    "nvlink5": 900.0,
+    "pcie3": 16.0,
+    "pcie4": 32.0,
+    "pcie5": 64.0,
 }
 IntraLink = Literal["nvlink1", "nvlink2", "nvlink3", "nvlink4", "nvlink5", "pcie3", "pcie4", "pcie5"]
 
@@ -45,8 +51,10 @@ _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+@%-]{1,256}\Z")
 def _slurm_name(what: str, value: str) -> str:
     """A partition or GRES type name as it may appear in an #SBATCH line."""
     if not _SLURM_NAME.fullmatch(value):
-        raise ValueError(f"{what} {value!r} is not a Slurm name this tool can pass to sbatch: use letters, digits "
-                         "and _.+@%- only (as `sinfo` shows it)")
+        raise ValueError(
+            f"{what} {value!r} is not a Slurm name this tool can pass to sbatch: use letters, digits "
+            "and _.+@%- only (as `sinfo` shows it)"
+        )
     return value
 
 
@@ -60,13 +68,21 @@ class GpuOverrides(_M):
     fp16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak FP16 TFLOP/s.")
     mem_bw_gbs: float | None = Field(None, gt=0, le=_MAX_GBS, description="Memory bandwidth, GB/s.")
     efficiency: float | None = Field(None, ge=0.01, le=1, description="Training utilisation assumed for step time.")
-    step_overhead_s: float | None = Field(None, ge=0, le=_MAX_S, description="Fixed seconds per optimizer step (usually "
-                                          "written by `frenzy-slurm calibrate`).")
-    microbatch_overhead_s: float | None = Field(None, ge=0, le=_MAX_S, description="Fixed seconds per micro-batch slot.")
+    step_overhead_s: float | None = Field(
+        None,
+        ge=0,
+        le=_MAX_S,
+        description="Fixed seconds per optimizer step (usually written by `frenzy-slurm calibrate`).",
+    )
+    microbatch_overhead_s: float | None = Field(
+        None, ge=0, le=_MAX_S, description="Fixed seconds per micro-batch slot."
+    )
 
 
 class SiteDefaults(_M):
-    inter_node_gbs: float = Field(25.0, gt=0, le=_MAX_GBS, description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s).")
+    inter_node_gbs: float = Field(
+        25.0, gt=0, le=_MAX_GBS, description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s)."
+    )
     usable_fraction: float = Field(0.95, gt=0.5, le=1.0, description="Share of GPU memory plans may use.")
 
 
@@ -77,11 +93,15 @@ class Pool(_M):
     gpus_per_node: int = Field(gt=0, le=_MAX_GPUS_PER_NODE, description="GPUs per node.")
     intra_node: IntraLink | float = Field(description="GPU-to-GPU link in a node: nvlink1-5, pcie3-5, or GB/s.")
     cpus_per_gpu: int = Field(4, gt=0, le=_MAX_CPUS_PER_GPU, description="CPUs requested per GPU (one task per GPU).")
-    inter_node_gbs: float | None = Field(None, gt=0, le=_MAX_GBS, description="Network GB/s per GPU; default from `defaults`.")
+    inter_node_gbs: float | None = Field(
+        None, gt=0, le=_MAX_GBS, description="Network GB/s per GPU; default from `defaults`."
+    )
     usable_fraction: float | None = Field(None, gt=0.5, le=1.0, description="Default from `defaults`.")
     overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")
-    overheads: Overheads = Field(default_factory=Overheads, description="Memory outside the allocator (CUDA context, "
-                                 "NCCL, fragmentation) measured on this pool's nodes.")
+    overheads: Overheads = Field(
+        default_factory=Overheads,
+        description="Memory outside the allocator (CUDA context, NCCL, fragmentation) measured on this pool's nodes.",
+    )
 
     @field_validator("partition", "gres_type")
     @classmethod
@@ -94,8 +114,10 @@ class Pool(_M):
     def _link_speed(cls, v: str | float) -> str | float:
         """A GB/s figure must be a real link speed: 0 would divide the planner's transfer times by zero."""
         if not isinstance(v, str) and not 0 < v <= _MAX_GBS:
-            raise ValueError(f"intra_node {v} GB/s is not a link speed; give GB/s between 0 and {_MAX_GBS:g} "
-                             "(exclusive of 0), or a link name: nvlink1-5, pcie3-5")
+            raise ValueError(
+                f"intra_node {v} GB/s is not a link speed; give GB/s between 0 and {_MAX_GBS:g} "
+                "(exclusive of 0), or a link name: nvlink1-5, pcie3-5"
+            )
         return v
 
     @model_validator(mode="after")
@@ -121,18 +143,26 @@ class SiteConfig(_M):
     defaults: SiteDefaults = Field(default_factory=SiteDefaults, description="Values every pool inherits.")
     pools: list[Pool] = Field(min_length=1, description="One entry per (partition, GPU type).")
     job_dirs_group_readable: bool = Field(
-        False, description="Job directories and what jobs write there readable by the user's group (0750/0640, "
-        "umask 027) instead of private (0700/0600, umask 077); never writable by anyone but the user.")
+        False,
+        description="Job directories and what jobs write there readable by the user's group (0750/0640, "
+        "umask 027) instead of private (0700/0600, umask 077); never writable by anyone but the user.",
+    )
     max_job_share: float = Field(
-        0.5, gt=0, le=1, description="The most of one pool's GPUs HAS gives one job, unless it needs more to fit "
+        0.5,
+        gt=0,
+        le=1,
+        description="The most of one pool's GPUs HAS gives one job, unless it needs more to fit "
         "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
-        "1.0 lets one job take a whole pool when that finishes it soonest.")
+        "1.0 lets one job take a whole pool when that finishes it soonest.",
+    )
 
     trusted_factories: list[str] = Field(
-        default_factory=list, description="model.factory values `fsbatch --trace-factory` may import and call "
+        default_factory=list,
+        description="model.factory values `fsbatch --trace-factory` may import and call "
         "although they are not the user's own files (installed packages): `pkg.module:function` exactly, or "
         "`pkg` / `pkg.module` for every function in it. Default: none. Each one runs as the user on the login "
-        "node; list only model builders (never torch.hub, setuptools or anything that runs what it is given).")
+        "node; list only model builders (never torch.hub, setuptools or anything that runs what it is given).",
+    )
 
     @field_validator("trusted_factories")
     @classmethod

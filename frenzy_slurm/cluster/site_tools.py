@@ -76,18 +76,24 @@ def validate_site(site: SiteConfig, view: ClusterView) -> list[str]:
     for pool in site.pools:
         where = f"pool {pool.partition}/{pool.gres_type}"
         if pool.partition not in partitions:
-            problems.append(f"{where}: partition '{pool.partition}' does not exist (Slurm has: {', '.join(sorted(partitions))})")
+            problems.append(
+                f"{where}: partition '{pool.partition}' does not exist (Slurm has: {', '.join(sorted(partitions))})"
+            )
             continue
         lp = live.get((pool.partition, pool.gres_type))
         if lp is None:
             types = sorted({t for (p, t) in live if p == pool.partition})
-            problems.append(f"{where}: no node of partition '{pool.partition}' has GRES gpu:{pool.gres_type} "
-                            f"(found: {', '.join('gpu:' + t for t in types) or 'no GPUs'})")
+            problems.append(
+                f"{where}: no node of partition '{pool.partition}' has GRES gpu:{pool.gres_type} "
+                f"(found: {', '.join('gpu:' + t for t in types) or 'no GPUs'})"
+            )
             continue
         if lp.gpus_per_node != pool.gpus_per_node:
             problems.append(f"{where}: gpus_per_node is {pool.gpus_per_node}, Slurm's nodes have {lp.gpus_per_node}")
-    for (part, gtype) in live:
+    for part, gtype in live:
         if site.pool(part, gtype) is None:
-            problems.append(f"partition {part} has gpu:{gtype} GPUs that the site file does not describe; "
-                            "frenzy-slurm will not use them")
+            problems.append(
+                f"partition {part} has gpu:{gtype} GPUs that the site file does not describe; "
+                "frenzy-slurm will not use them"
+            )
     return problems

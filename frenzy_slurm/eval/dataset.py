@@ -25,9 +25,32 @@ from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import Framework, Metric, ParallelPlan, Recompute, Workload
 
 REQUIRED_COLUMNS = (
-    "row_id", "category", "model", "params_B", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_emb",
-    "seq_len", "micro_batch", "num_gpus", "precision", "optimizer", "parallelism", "sharding_offload",
-    "activation_ckpt", "attention_impl", "compile", "other_settings", "value_GiB", "metric_type", "source", "confidence",
+    "row_id",
+    "category",
+    "model",
+    "params_B",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "ffn",
+    "vocab",
+    "tied_emb",
+    "seq_len",
+    "micro_batch",
+    "num_gpus",
+    "precision",
+    "optimizer",
+    "parallelism",
+    "sharding_offload",
+    "activation_ckpt",
+    "attention_impl",
+    "compile",
+    "other_settings",
+    "value_GiB",
+    "metric_type",
+    "source",
+    "confidence",
 )
 
 
@@ -65,14 +88,34 @@ def read_measurements(path: Path) -> list[MeasuredRow]:
                 measured = float(raw["value_GiB"])
             except ValueError:
                 measured = float("nan")
-            rows.append(MeasuredRow(raw["row_id"], raw["category"].strip(), raw["confidence"].strip().lower(),
-                                    raw["model"], measured, raw))
+            rows.append(
+                MeasuredRow(
+                    raw["row_id"],
+                    raw["category"].strip(),
+                    raw["confidence"].strip().lower(),
+                    raw["model"],
+                    measured,
+                    raw,
+                )
+            )
     return rows
 
 
-SETTING_COLUMNS = ("model", "precision", "optimizer", "parallelism", "sharding_offload", "activation_ckpt",
-                   "attention_impl", "compile", "other_settings", "grad_accum_or_global_batch", "metric_type",
-                   "micro_batch", "seq_len")
+SETTING_COLUMNS = (
+    "model",
+    "precision",
+    "optimizer",
+    "parallelism",
+    "sharding_offload",
+    "activation_ckpt",
+    "attention_impl",
+    "compile",
+    "other_settings",
+    "grad_accum_or_global_batch",
+    "metric_type",
+    "micro_batch",
+    "seq_len",
+)
 
 
 def _first_int(text: str, what: str) -> int:
@@ -107,10 +150,16 @@ def _seq_len(text: str, stated: int | None) -> int:
 # Architecture families by model name: the layer types their public implementations use.
 _FAMILIES: tuple[tuple[str, str, dict[str, object]], ...] = (
     (r"\bt5\b|flan[- ]t5|\bbart\b|\bmt5\b|pegasus|encoder[- ]decoder", "encoder-decoder", {}),
-    (r"\bbert\b|roberta|electra|deberta|bert[- ]", "bert",
-     dict(norm="layernorm", position="learned", bias="all", dropout=0.1, max_positions=512)),
-    (r"gpt[- ]?2|distilgpt|nanogpt|\bopt[- ]\d|gpt[- ]neo\b", "gpt2",
-     dict(norm="layernorm", position="learned", bias="all", dropout=0.0, max_positions=1024, tied_embeddings=True)),
+    (
+        r"\bbert\b|roberta|electra|deberta|bert[- ]",
+        "bert",
+        dict(norm="layernorm", position="learned", bias="all", dropout=0.1, max_positions=512),
+    ),
+    (
+        r"gpt[- ]?2|distilgpt|nanogpt|\bopt[- ]\d|gpt[- ]neo\b",
+        "gpt2",
+        dict(norm="layernorm", position="learned", bias="all", dropout=0.0, max_positions=1024, tied_embeddings=True),
+    ),
     (r"phi[- ]?[12]|falcon|stablelm|gpt[- ]?neox|pythia|gpt[- ]?j", "neox", dict(norm="layernorm")),
 )
 
@@ -126,15 +175,23 @@ def _family(raw: dict[str, str]) -> tuple[str, dict[str, object]]:
 def _arch(raw: dict[str, str]) -> Architecture:
     family, extra = _family(raw)
     if family == "encoder-decoder":
-        raise RowError("encoder-decoder model (T5/BART family): the decoder's cross-attention over a separate encoder "
-                       "sequence is not modelled")
+        raise RowError(
+            "encoder-decoder model (T5/BART family): the decoder's cross-attention over a separate encoder "
+            "sequence is not modelled"
+        )
     cells = {k: reading.annotated_int(raw[k]) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")}
     missing = [k for k in ("layers", "hidden", "heads", "ffn", "vocab") if cells[k] is None]
     if missing:
         raise RowError(f"architecture columns {', '.join(missing)} are not numbers")
-    base: dict[str, object] = dict(layers=cells["layers"], hidden=cells["hidden"], heads=cells["heads"],
-                kv_heads=cells["kv_heads"] or cells["heads"], ffn=cells["ffn"], vocab=cells["vocab"],
-                tied_embeddings=raw["tied_emb"].strip().lower().startswith("yes"))
+    base: dict[str, object] = dict(
+        layers=cells["layers"],
+        hidden=cells["hidden"],
+        heads=cells["heads"],
+        kv_heads=cells["kv_heads"] or cells["heads"],
+        ffn=cells["ffn"],
+        vocab=cells["vocab"],
+        tied_embeddings=raw["tied_emb"].strip().lower().startswith("yes"),
+    )
     if family == "bert":
         text = raw["model"].lower()
         extra["head"] = "classification" if ("classification" in text or "sequenceclassification" in text) else "mlm"
@@ -175,8 +232,9 @@ def _zero_stage(text: str, sharded: bool) -> int:
     return 3 if sharded else 0
 
 
-def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: int | None,
-          local_batch: int | None) -> tuple[ParallelPlan, bool]:
+def _plan(
+    raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: int | None, local_batch: int | None
+) -> tuple[ParallelPlan, bool]:
     """The parallel plan the row states; returns (plan, activation offload)."""
     text = " ".join(raw[k] for k in ("parallelism", "sharding_offload", "other_settings")).lower()
     if re.search(r"\bassumed\b|\bguess(?:ed)?\b", raw["parallelism"].lower()):
@@ -188,8 +246,11 @@ def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: i
     tp, pp, cp = par.tp or 1, par.pp or 1, par.cp or 1
     if par.device_map:
         pp = gpus
-    sharded = bool(par.fsdp) or bool(re.search(r"fsdp|full[ _]shard|fully_shard|zero|hsdp|sharded", text)) and \
-        not re.search(r"no (?:fsdp|zero|shard)", text)
+    sharded = (
+        bool(par.fsdp)
+        or bool(re.search(r"fsdp|full[ _]shard|fully_shard|zero|hsdp|sharded", text))
+        and not re.search(r"no (?:fsdp|zero|shard)", text)
+    )
     dp = par.fsdp or par.dp or max(1, gpus // (tp * pp * cp))
     if par.single:
         dp = tp = pp = cp = 1
@@ -203,7 +264,8 @@ def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: i
         par.shard_group = min(dp, int(per_node.group(1)) if per_node else 8)
     offload_text = raw["sharding_offload"].lower() + " " + raw["other_settings"].lower()
     offload = bool(re.search(r"offload", offload_text)) and not re.search(
-        r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", offload_text)
+        r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", offload_text
+    )
     offload_params = offload and zero == 3 and bool(re.search(r"param|fsdp cpu offload|cpu offload \(", offload_text))
     if local_batch and pp > 1:  # a local batch split into the pipeline's micro-batches
         micro = par.microbatches or pp
@@ -216,13 +278,22 @@ def _plan(raw: dict[str, str], gpus: int, mb: int, ga_stated: int | None, gbs: i
         ga = par.microbatches or 1
     ac = raw["activation_ckpt"].lower()
     try:
-        plan = ParallelPlan(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb, grad_accum=ga,
-                            sequence_parallel=par.sequence_parallel and tp > 1,
-                            recompute=_recompute(raw),
-                            offload_optimizer=offload and zero >= 1, offload_params=offload_params,
-                            shard_group=par.shard_group if par.shard_group and dp % par.shard_group == 0 else None,
-                            schedule=par.schedule or ("interleaved" if par.virtual_stages else "1f1b"),
-                            virtual_stages=par.virtual_stages or 1)
+        plan = ParallelPlan(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            zero=zero,
+            micro_batch=mb,
+            grad_accum=ga,
+            sequence_parallel=par.sequence_parallel and tp > 1,
+            recompute=_recompute(raw),
+            offload_optimizer=offload and zero >= 1,
+            offload_params=offload_params,
+            shard_group=par.shard_group if par.shard_group and dp % par.shard_group == 0 else None,
+            schedule=par.schedule or ("interleaved" if par.virtual_stages else "1f1b"),
+            virtual_stages=par.virtual_stages or 1,
+        )
     except ValidationError as exc:
         raise RowError(f"parallel setup cannot be expressed: {exc.errors()[0]['msg']}") from None
     act_offload = "offload" in ac and not re.search(r"\bno\b[^,;]{0,12}offload", ac)
@@ -269,8 +340,9 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         # litgpt's GPT has its own lm_head beside wte and its fine-tuning scripts do not tie them: a tied checkpoint
         # is loaded into two matrices
         arch = arch.model_copy(update={"tied_embeddings": False})
-    stated = reading.batch(" ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch",
-                                                     "seq_len")))
+    stated = reading.batch(
+        " ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch", "seq_len"))
+    )
     seq = _seq_len(raw["seq_len"], stated.seq_len)
     mb_text = raw["micro_batch"].lower()
     local_batch = stated.local_batch if "local" in mb_text else None
@@ -321,11 +393,19 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     version = reading.torch_version(settings)
     zero_grad_to_none = version is None or version >= (2, 0)  # torch < 2.0 zeroed gradients in place
 
-    named_gbs = reading.named_config_global_batch(" ".join(raw[k] for k in ("grad_accum_or_global_batch",
-                                                                         "other_settings")))
-    plan, act_offload = _plan(raw, gpus, mb, stated.grad_accum if stated.grad_accum is not None else (
-        int(raw["grad_accum_or_global_batch"]) if raw["grad_accum_or_global_batch"].strip().isdigit() else None),
-        stated.global_batch or named_gbs, local_batch)
+    named_gbs = reading.named_config_global_batch(
+        " ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings"))
+    )
+    plan, act_offload = _plan(
+        raw,
+        gpus,
+        mb,
+        stated.grad_accum
+        if stated.grad_accum is not None
+        else (int(raw["grad_accum_or_global_batch"]) if raw["grad_accum_or_global_batch"].strip().isdigit() else None),
+        stated.global_batch or named_gbs,
+        local_batch,
+    )
 
     every = re.search(r"every\s*(\d+)(?:\w*\s*)?(?:layers?|blocks?)?", raw["activation_ckpt"].lower())
     if every and plan.recompute == "full":  # every k-th block checkpointed (torchtune ac_option, HF/FSDP wrap policies)
@@ -337,8 +417,11 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     # A torchtune row that says it ran a shipped config's defaults ("config default", "<config> defaults") runs
     # what those files set where the row states nothing else: CEWithChunkedOutputLoss (every LLM config since
     # v0.3) and lora_dropout 0.0 (an nn.Identity, no dropped copy of the adapters' input)
-    config_defaults = "torchtune" in fws and bool(re.search(
-        r"\bconfig(?:uration)? defaults?\b|[\w/.-]+_(?:device|lora|qlora|full)\w*\s+defaults?\b", settings.lower()))
+    config_defaults = "torchtune" in fws and bool(
+        re.search(
+            r"\bconfig(?:uration)? defaults?\b|[\w/.-]+_(?:device|lora|qlora|full)\w*\s+defaults?\b", settings.lower()
+        )
+    )
     if config_defaults and not re.search(r"cross[- _]?entropy|\bce\b|\bloss\b", other):
         chunks = 8
     if "litgpt" in fws:  # litgpt's fine-tuning scripts compute the output layer in 128-token chunks
@@ -360,20 +443,34 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     attention: Attention = "eager" if "eager" in attn else "sdpa"
     hf_style = framework == "torch" and "torchtitan" not in fws
     workload = Workload(
-        arch=arch, seq_len=seq, precision=precision, optimizer=optimizer, attention=attention, method=method,
-        lora_rank=rank, lora_targets=targets, loss_chunks=chunks, fp8=prec.fp8,
+        arch=arch,
+        seq_len=seq,
+        precision=precision,
+        optimizer=optimizer,
+        attention=attention,
+        method=method,
+        lora_rank=rank,
+        lora_targets=targets,
+        loss_chunks=chunks,
+        fp8=prec.fp8,
         # litgpt's chunked_cross_entropy runs on the model's logits as they are: in 16 bits under bf16/16-true
         lora_dropout=not config_defaults,
         loss_fp32=not ("litgpt" in fws and precision == "bf16-pure"),
         # litgpt's bitsandbytes plugin replaces every nn.Linear, the one inside lm_head's LoRALinear too; PEFT's
         # BitsAndBytesConfig skips the output layer and torchtune quantises only the blocks' linears
         qlora_quantized_head="litgpt" in fws,
-        compile=reading.yes_no(raw["compile"]) is True, framework=framework, fused_optimizer=fused,
-        optimizer_in_backward=in_bwd, activation_offload=act_offload, paged_optimizer=paged,
-        norm_upcast=hf_style and arch.norm == "rmsnorm", gqa_expand=hf_style and arch.kv < arch.heads,
+        compile=reading.yes_no(raw["compile"]) is True,
+        framework=framework,
+        fused_optimizer=fused,
+        optimizer_in_backward=in_bwd,
+        activation_offload=act_offload,
+        paged_optimizer=paged,
+        norm_upcast=hf_style and arch.norm == "rmsnorm",
+        gqa_expand=hf_style and arch.kv < arch.heads,
         # Hugging Face-style loops keep the model output (the logits) alive through backward; torchtune's recipes
         # `del logits` once the loss is computed ("free logits otherwise it peaks backward memory")
-        zero_grad_to_none=zero_grad_to_none, hold_logits=hf_style and "torchtune" not in fws,
+        zero_grad_to_none=zero_grad_to_none,
+        hold_logits=hf_style and "torchtune" not in fws,
         # litgpt's fit loops bind `logits = model(...)` and keep it until the next iteration's forward returns
         keeps_previous_output="litgpt" in fws,
         # Hugging Face and litgpt rotate q/k in eager ops after the transpose (new head-major tensors: the attention

@@ -40,7 +40,9 @@ def predict(point: dict) -> list[GridRank]:
     for r in point["ranks"]:
         if r["stage"] not in worst or r["peak_bytes"] > worst[r["stage"]]["peak_bytes"]:
             worst[r["stage"]] = r
-    return [GridRank(point["name"], r["rank"], s, r["peak_bytes"], est.stages[s].peak) for s, r in sorted(worst.items())]
+    return [
+        GridRank(point["name"], r["rank"], s, r["peak_bytes"], est.stages[s].peak) for s, r in sorted(worst.items())
+    ]
 
 
 def load_grid(path: Path) -> list[dict]:

@@ -38,17 +38,46 @@ def annotated_int(text: str) -> int | None:
 # -------------------------------------------------------------------- parallelism
 
 _DEGREE_NAMES = {
-    "dp": "dp", "ddp": "dp", "data": "dp", "data parallel": "dp", "data-parallel": "dp",
-    "fsdp": "fsdp", "zero": "fsdp", "hsdp": "hsdp", "shard": "shard",
-    "tp": "tp", "tensor": "tp", "tensor parallel": "tp", "tensor-parallel": "tp", "mp": "tp", "model parallel": "tp",
-    "pp": "pp", "pipeline": "pp", "pipeline parallel": "pp", "pipeline-parallel": "pp", "stages": "pp",
-    "cp": "cp", "context": "cp", "context parallel": "cp", "context-parallel": "cp", "ring": "cp",
-    "sp": "sp", "sequence parallel": "sp", "ep": "ep", "expert": "ep", "expert parallel": "ep",
-    "vpp": "vpp", "virtual": "vpp", "virtual pipeline": "vpp", "virtual stages": "vpp",
+    "dp": "dp",
+    "ddp": "dp",
+    "data": "dp",
+    "data parallel": "dp",
+    "data-parallel": "dp",
+    "fsdp": "fsdp",
+    "zero": "fsdp",
+    "hsdp": "hsdp",
+    "shard": "shard",
+    "tp": "tp",
+    "tensor": "tp",
+    "tensor parallel": "tp",
+    "tensor-parallel": "tp",
+    "mp": "tp",
+    "model parallel": "tp",
+    "pp": "pp",
+    "pipeline": "pp",
+    "pipeline parallel": "pp",
+    "pipeline-parallel": "pp",
+    "stages": "pp",
+    "cp": "cp",
+    "context": "cp",
+    "context parallel": "cp",
+    "context-parallel": "cp",
+    "ring": "cp",
+    "sp": "sp",
+    "sequence parallel": "sp",
+    "ep": "ep",
+    "expert": "ep",
+    "expert parallel": "ep",
+    "vpp": "vpp",
+    "virtual": "vpp",
+    "virtual pipeline": "vpp",
+    "virtual stages": "vpp",
 }
-_NAME = r"(dp|ddp|fsdp|hsdp|zero|tp|mp|pp|cp|sp|ep|vpp|data[- ]parallel|tensor[- ]parallel|pipeline[- ]parallel|" \
-        r"context[- ]parallel|sequence[- ]parallel|expert[- ]parallel|model parallel|virtual pipeline|" \
-        r"virtual stages|data|tensor|pipeline|context|expert|stages)"
+_NAME = (
+    r"(dp|ddp|fsdp|hsdp|zero|tp|mp|pp|cp|sp|ep|vpp|data[- ]parallel|tensor[- ]parallel|pipeline[- ]parallel|"
+    r"context[- ]parallel|sequence[- ]parallel|expert[- ]parallel|model parallel|virtual pipeline|"
+    r"virtual stages|data|tensor|pipeline|context|expert|stages)"
+)
 
 
 @dataclass
@@ -78,9 +107,14 @@ def parallelism(text: str) -> Parallelism:
     found: dict[str, int] = {}
     m: re.Match[str] | None  # each pattern's match in turn
     # NAME = 8 / NAME 8 / NAME(alias)=8 / NAME: 8 / NAME of 8
-    for m in re.finditer(_NAME + r"\s*(?:\((\w+)\))?\s*(?:degree|size)?\s*(?:=|:|of|\s)\s*(\d+)(?![\d.]*\s*(?:gb|gib|b\b|%))", t):
-        name = _DEGREE_NAMES[m.group(1).replace("-", " ").strip()] if m.group(1) in _DEGREE_NAMES or \
-            m.group(1).replace("-", " ") in _DEGREE_NAMES else None
+    for m in re.finditer(
+        _NAME + r"\s*(?:\((\w+)\))?\s*(?:degree|size)?\s*(?:=|:|of|\s)\s*(\d+)(?![\d.]*\s*(?:gb|gib|b\b|%))", t
+    ):
+        name = (
+            _DEGREE_NAMES[m.group(1).replace("-", " ").strip()]
+            if m.group(1) in _DEGREE_NAMES or m.group(1).replace("-", " ") in _DEGREE_NAMES
+            else None
+        )
         alias = m.group(2)
         if name is None:
             continue
@@ -88,8 +122,11 @@ def parallelism(text: str) -> Parallelism:
             name = "fsdp"
         found.setdefault(name, int(m.group(3)))
     # 8-way tensor parallel / 4 pipeline stages / 2 GPUs per shard group
-    for m in re.finditer(r"(\d+)[- ]?(?:way)?\s+(data|tensor|pipeline|context|sequence|expert|fsdp|model)[- ]?"
-                         r"(?:parallel\w*|stages?|shards?)", t):
+    for m in re.finditer(
+        r"(\d+)[- ]?(?:way)?\s+(data|tensor|pipeline|context|sequence|expert|fsdp|model)[- ]?"
+        r"(?:parallel\w*|stages?|shards?)",
+        t,
+    ):
         name = _DEGREE_NAMES.get(m.group(2))
         if name:
             found.setdefault(name, int(m.group(1)))
@@ -106,7 +143,8 @@ def parallelism(text: str) -> Parallelism:
     out.shard_group = found.get("shard", out.shard_group)
     out.virtual_stages = found.get("vpp")
     out.sequence_parallel = bool(re.search(r"\bsp\b|sequence[- ]parallel", t)) and not re.search(
-        r"no(?:t)?\s+(?:sp|sequence[- ]parallel)", t)
+        r"no(?:t)?\s+(?:sp|sequence[- ]parallel)", t
+    )
     if "interleav" in t:
         out.schedule = "interleaved"
     elif "gpipe" in t or "all-forward" in t:
@@ -115,8 +153,11 @@ def parallelism(text: str) -> Parallelism:
         out.schedule = "1f1b"
     out.device_map = "device_map" in t or "naive model parallel" in t or "naive pipeline" in t
     out.single = bool(re.search(r"single[- ](gpu|device)|\b1 gpu\b|devices\s*=\s*1\b", t)) and not found
-    m = re.search(r"(\d+)\s*micro[- ]?batch(?:es)?|micro[- ]?batch(?:es)?\s*(?:=|:)\s*(\d+)|num_microbatches\s*=\s*(\d+)|"
-                  r"\bm\s*=\s*(\d+)\s*micro", t)
+    m = re.search(
+        r"(\d+)\s*micro[- ]?batch(?:es)?|micro[- ]?batch(?:es)?\s*(?:=|:)\s*(\d+)|num_microbatches\s*=\s*(\d+)|"
+        r"\bm\s*=\s*(\d+)\s*micro",
+        t,
+    )
     if m:
         out.microbatches = int(next(g for g in m.groups() if g))
     return out
@@ -143,16 +184,22 @@ def batch(text: str) -> Batch:
     m = re.search(r"\b(?:ga|grad(?:ient)?[ _-]?acc(?:um(?:ulation)?)?(?:[ _]steps)?)" + num, t)
     if m:
         out.grad_accum = int(m.group(1))
-    m = re.search(r"\b(?:gbs|global[ _-]?batch(?:[ _]size)?|mini[- ]?batch(?:[ _]size)?|effective batch(?: size)?)" + num, t)
+    m = re.search(
+        r"\b(?:gbs|global[ _-]?batch(?:[ _]size)?|mini[- ]?batch(?:[ _]size)?|effective batch(?: size)?)" + num, t
+    )
     if m:
         out.global_batch = int(m.group(1))
     m = re.search(r"\blocal[ _-]?batch(?:[ _]size)?" + num, t)
     if m:
         out.local_batch = int(m.group(1))
-    m = re.search(r"\b(?:mbs|micro[ _-]?batch(?:[ _]size)?|per[ _-]device[ _-]train[ _-]batch[ _-]size|batch[ _-]size)" + num, t)
+    m = re.search(
+        r"\b(?:mbs|micro[ _-]?batch(?:[ _]size)?|per[ _-]device[ _-]train[ _-]batch[ _-]size|batch[ _-]size)" + num, t
+    )
     if m:
         out.micro_batch = int(m.group(1))
-    m = re.search(r"\b(?:max[_ ]length|max[_ ]seq(?:uence)?[_ ]len(?:gth)?|seq(?:uence)?[_ ]len(?:gth)?|block[_ ]size)" + num, t)
+    m = re.search(
+        r"\b(?:max[_ ]length|max[_ ]seq(?:uence)?[_ ]len(?:gth)?|seq(?:uence)?[_ ]len(?:gth)?|block[_ ]size)" + num, t
+    )
     if m:
         out.seq_len = int(m.group(1))
     return out
@@ -176,8 +223,21 @@ def precision(text: str) -> PrecisionReading:
     `AMP`, `fp32 master`), fp32, and fp8 linears (`fp8`, `float8`, `transformer engine fp8`)."""
     t = text.lower()
     fp8 = bool(re.search(r"\bfp8\b|float8|e4m3", t)) and not _negated(t, "fp8")
-    pure = any(k in t for k in ("pure", "true", "states bf16", "states in bf16", "param dtype", "parameter dtype",
-                                "all bf16", "all-bf16", "bf16 states", "no master"))
+    pure = any(
+        k in t
+        for k in (
+            "pure",
+            "true",
+            "states bf16",
+            "states in bf16",
+            "param dtype",
+            "parameter dtype",
+            "all bf16",
+            "all-bf16",
+            "bf16 states",
+            "no master",
+        )
+    )
     mixed = any(k in t for k in ("mixed", "amp", "autocast", "master", "fp32 states", "fp32 optimizer"))
     if "bf16" in t or "bfloat16" in t:
         if mixed and not pure:
@@ -209,15 +269,31 @@ def yes_no(text: str) -> bool | None:
 # -------------------------------------------------------------------- frameworks and their documented defaults
 
 FRAMEWORK_NAMES = {
-    "torchtune": "torchtune", "litgpt": "litgpt", "lit-gpt": "litgpt", "lightning": "litgpt",
-    "transformers": "transformers", "hf trainer": "transformers", "huggingface": "transformers", "trainer": "transformers",
-    "accelerate": "transformers", "peft": "transformers", "trl": "transformers", "axolotl": "transformers",
-    "llama-factory": "transformers", "unsloth": "transformers",
-    "deepspeed": "deepspeed", "megatron": "megatron", "nemo": "megatron", "torchtitan": "torchtitan",
-    "fsdp": "torch", "pytorch": "torch",
+    "torchtune": "torchtune",
+    "litgpt": "litgpt",
+    "lit-gpt": "litgpt",
+    "lightning": "litgpt",
+    "transformers": "transformers",
+    "hf trainer": "transformers",
+    "huggingface": "transformers",
+    "trainer": "transformers",
+    "accelerate": "transformers",
+    "peft": "transformers",
+    "trl": "transformers",
+    "axolotl": "transformers",
+    "llama-factory": "transformers",
+    "unsloth": "transformers",
+    "deepspeed": "deepspeed",
+    "megatron": "megatron",
+    "nemo": "megatron",
+    "torchtitan": "torchtitan",
+    "fsdp": "torch",
+    "pytorch": "torch",
 }
 # model classes named in a row are the Hugging Face implementation
-_HF_CLASS = re.compile(r"\b\w+for(?:causallm|sequenceclassification|maskedlm|conditionalgeneration|tokenclassification)\b")
+_HF_CLASS = re.compile(
+    r"\b\w+for(?:causallm|sequenceclassification|maskedlm|conditionalgeneration|tokenclassification)\b"
+)
 
 
 def frameworks(settings: str) -> set[str]:
@@ -233,23 +309,36 @@ def frameworks(settings: str) -> set[str]:
 # LoRA defaults of named configurations, from the frameworks' shipped config files.
 # torchtune recipes/configs/*/<size>_lora*.yaml: lora_attn_modules, apply_lora_to_mlp, lora_rank.
 TORCHTUNE_LORA = {
-    "llama3_2/3b_lora": (64, ("q", "v", "o", "mlp")), "llama3_2/1b_lora": (64, ("q", "v", "o", "mlp")),
-    "llama3_1/8b_lora": (8, ("q", "v", "o", "mlp")), "llama3_1/8b_qlora": (8, ("q", "v", "o", "mlp")),
-    "llama3_1/70b_lora": (16, ("q", "v", "o", "mlp")), "llama3_1/405b_qlora": (16, ("q", "v", "o", "mlp")),
+    "llama3_2/3b_lora": (64, ("q", "v", "o", "mlp")),
+    "llama3_2/1b_lora": (64, ("q", "v", "o", "mlp")),
+    "llama3_1/8b_lora": (8, ("q", "v", "o", "mlp")),
+    "llama3_1/8b_qlora": (8, ("q", "v", "o", "mlp")),
+    "llama3_1/70b_lora": (16, ("q", "v", "o", "mlp")),
+    "llama3_1/405b_qlora": (16, ("q", "v", "o", "mlp")),
 }
 # litgpt config_hub/finetune/<model>/lora.yaml (qlora.yaml sets the same adapters): lora_r and the lora_query/key/
 # value/projection/mlp/head switches, as the files in Lightning-AI/litgpt set them
 _ALL = ("q", "k", "v", "o", "mlp", "head")
 LITGPT_LORA = {
-    "tiny-llama": (32, _ALL), "phi-2": (8, _ALL), "gemma-2b": (8, _ALL),
-    "llama-2-7b": (32, ("q", "v")), "llama-3-8b": (32, ("q", "v")), "mistral-7b": (32, ("q", "v")),
+    "tiny-llama": (32, _ALL),
+    "phi-2": (8, _ALL),
+    "gemma-2b": (8, _ALL),
+    "llama-2-7b": (32, ("q", "v")),
+    "llama-3-8b": (32, ("q", "v")),
+    "mistral-7b": (32, ("q", "v")),
     "falcon-7b": (32, ("q", "v")),
 }
 LITGPT_DEFAULT_LORA = (8, ("q", "v"))  # litgpt's LoRA defaults (finetune/lora.py arguments)
 # train.global_batch_size of the same files (micro_batch_size is in the rows themselves)
 LITGPT_GLOBAL_BATCH = {
-    ("tiny-llama", "full"): 32, ("tiny-llama", "lora"): 8, ("phi-2", "lora"): 8, ("gemma-2b", "lora"): 6,
-    ("llama-2-7b", "lora"): 8, ("llama-2-7b", "qlora"): 8, ("llama-3-8b", "lora"): 8, ("mistral-7b", "lora"): 8,
+    ("tiny-llama", "full"): 32,
+    ("tiny-llama", "lora"): 8,
+    ("phi-2", "lora"): 8,
+    ("gemma-2b", "lora"): 6,
+    ("llama-2-7b", "lora"): 8,
+    ("llama-2-7b", "qlora"): 8,
+    ("llama-3-8b", "lora"): 8,
+    ("mistral-7b", "lora"): 8,
     ("falcon-7b", "lora"): 8,
 }
 
@@ -260,7 +349,9 @@ LITGPT_DEVICES = {("phi-2", "full"): 2, ("stablelm-base-alpha-3b", "full"): 2, (
 
 def named_config_devices(text: str) -> int | None:
     """The device count a named litgpt config_hub file sets, where the row says its GPUs are `devices per` it."""
-    m = re.search(r"devices\s+(?:per|from|as in|of)\s+(?:config_hub/finetune/)?([\w.\-]+)/(full|q?lora)\.yaml", text.lower())
+    m = re.search(
+        r"devices\s+(?:per|from|as in|of)\s+(?:config_hub/finetune/)?([\w.\-]+)/(full|q?lora)\.yaml", text.lower()
+    )
     return LITGPT_DEVICES.get((m.group(1), m.group(2))) if m else None
 
 
@@ -282,8 +373,13 @@ def lora_setting(text: str) -> tuple[int | None, tuple[str, ...] | None]:
     if re.search(r"all[- ]linear|all (?:linear )?layers|all projections", t):
         targets = ["q", "k", "v", "o", "mlp"]
     else:
-        names = {"q": r"\bq(?:_proj)?\b|query", "k": r"\bk(?:_proj)?\b|\bkey\b", "v": r"\bv(?:_proj)?\b|value",
-                 "o": r"\bo(?:_proj)?\b|output_proj|out_proj|\bprojection\b|\bdense\b", "mlp": r"mlp|ffn|feed[- ]forward|gate_proj|up_proj"}
+        names = {
+            "q": r"\bq(?:_proj)?\b|query",
+            "k": r"\bk(?:_proj)?\b|\bkey\b",
+            "v": r"\bv(?:_proj)?\b|value",
+            "o": r"\bo(?:_proj)?\b|output_proj|out_proj|\bprojection\b|\bdense\b",
+            "mlp": r"mlp|ffn|feed[- ]forward|gate_proj|up_proj",
+        }
         for name, pat in names.items():
             if re.search(pat, t):
                 targets.append(name)

@@ -1,7 +1,7 @@
 """Stage 4, HAS: heterogeneity-aware scheduling of one job onto the live cluster.
 
-    decision = decide(Requirements.from_spec(spec, time=cli_time), workload, view, site,
-                      search_space_from_spec(spec), backend)
+decision = decide(Requirements.from_spec(spec, time=cli_time), workload, view, site,
+                  search_space_from_spec(spec), backend)
 """
 
 from frenzy_slurm.has.decide import decide

@@ -75,8 +75,9 @@ class _Cand:
     layouts: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _homogeneous(w: Workload, req: Requirements, pools: list[UsablePool], releases: ReleaseIndex, now: float,
-                  space: SearchSpace) -> list[_Cand]:
+def _homogeneous(
+    w: Workload, req: Requirements, pools: list[UsablePool], releases: ReleaseIndex, now: float, space: SearchSpace
+) -> list[_Cand]:
     steps = req.steps
     cands = search(w, [p.option for p in pools], req.global_batch, steps, req.max_gpus, space)
     out = []
@@ -90,18 +91,33 @@ def _homogeneous(w: Workload, req: Requirements, pools: list[UsablePool], releas
             if fits_free_now(pool, nodes, per_node) and not releases.has_reservations(*pool.key):
                 start, source = now, "now"
             else:  # after running jobs end and the pending jobs ahead have had their turn
-                t = releases.start(pool.live.partition, pool.live.gpu_type, nodes, per_node,
-                                   req.time_min(c.run_time_s) * 60.0)
+                t = releases.start(
+                    pool.live.partition, pool.live.gpu_type, nodes, per_node, req.time_min(c.run_time_s) * 60.0
+                )
                 if t is None:
                     continue
                 start, source = (now, "now") if t <= now else (t, "view")
-            comp = Component(partition=pool.live.partition, gpu_type=pool.live.gpu_type, gpu_model=pool.option.spec.name,
-                             nodes=nodes, gpus_per_node=per_node, cpus_per_task=pool.site.cpus_per_gpu,
-                             stages=list(range(c.plan.pp)),
-                             peak_gib=c.peak_gib, capacity_gib=c.capacity_gib)
-            alloc = Allocation(kind="homogeneous", components=[comp], plan=c.plan.resolved(a.layers),
-                               step_time_s=c.step_time_s, run_time_s=c.run_time_s, time_min=req.time_min(c.run_time_s),
-                               start=start, start_source=source)
+            comp = Component(
+                partition=pool.live.partition,
+                gpu_type=pool.live.gpu_type,
+                gpu_model=pool.option.spec.name,
+                nodes=nodes,
+                gpus_per_node=per_node,
+                cpus_per_task=pool.site.cpus_per_gpu,
+                stages=list(range(c.plan.pp)),
+                peak_gib=c.peak_gib,
+                capacity_gib=c.capacity_gib,
+            )
+            alloc = Allocation(
+                kind="homogeneous",
+                components=[comp],
+                plan=c.plan.resolved(a.layers),
+                step_time_s=c.step_time_s,
+                run_time_s=c.run_time_s,
+                time_min=req.time_min(c.run_time_s),
+                start=start,
+                start_source=source,
+            )
             out.append(_Cand(alloc, [pool], [layout]))
     return out
 
@@ -113,9 +129,15 @@ def _placeable_now(pool: UsablePool, gpus: int) -> tuple[int, int] | None:
     return None
 
 
-def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], releases: ReleaseIndex, now: float,
-                   space: SearchSpace,
-                   beat: float) -> list[_Cand]:
+def _heterogeneous(
+    w: Workload,
+    req: Requirements,
+    pools: list[UsablePool],
+    releases: ReleaseIndex,
+    now: float,
+    space: SearchSpace,
+    beat: float,
+) -> list[_Cand]:
     """Two-pool pipelines on GPUs that are free now (the case where waiting for one type loses).
 
     A pair is skipped when even a perfect split (all its free GPUs at full rate, no bubble, no communication)
@@ -169,14 +191,33 @@ def _heterogeneous(w: Workload, req: Requirements, pools: list[UsablePool], rele
     return out
 
 
-def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[UsablePool, int]], dp: int, mb: int,
-                      recomputes: Sequence[Recompute], space: SearchSpace, releases: ReleaseIndex, now: float) -> _Cand | None:
+def _hetero_candidate(
+    w: Workload,
+    req: Requirements,
+    placement: list[tuple[UsablePool, int]],
+    dp: int,
+    mb: int,
+    recomputes: Sequence[Recompute],
+    space: SearchSpace,
+    releases: ReleaseIndex,
+    now: float,
+) -> _Cand | None:
     world = sum(n for _, n in placement) * dp
-    groups = [hetero.StageGroup(p.key, n, p.option.spec.peak_tflops(w.precision) * TFLOPS * p.option.spec.efficiency,
-                                p.option.usable_bytes - p.option.overhead_bytes(world), p.option.overhead_bytes(world),
-                                p.option.links.intra_node_gbs, p.option.links.inter_node_gbs, p.site.gpus_per_node,
-                                p.option.spec.step_overhead_s, p.option.spec.microbatch_overhead_s)
-              for p, n in placement]
+    groups = [
+        hetero.StageGroup(
+            p.key,
+            n,
+            p.option.spec.peak_tflops(w.precision) * TFLOPS * p.option.spec.efficiency,
+            p.option.usable_bytes - p.option.overhead_bytes(world),
+            p.option.overhead_bytes(world),
+            p.option.links.intra_node_gbs,
+            p.option.links.inter_node_gbs,
+            p.site.gpus_per_node,
+            p.option.spec.step_overhead_s,
+            p.option.spec.microbatch_overhead_s,
+        )
+        for p, n in placement
+    ]
     for rc in recomputes:  # the first recomputation setting that fits is the fastest
         hp = hetero.build(w, groups, dp, mb, req.global_batch, rc, Overheads(fragmentation=space.fragmentation))
         if hp is None:
@@ -186,19 +227,35 @@ def _hetero_candidate(w: Workload, req: Requirements, placement: list[tuple[Usab
         for p, n in placement:
             layout = _placeable_now(p, n * dp)
             assert layout is not None
-            comps.append(Component(partition=p.live.partition, gpu_type=p.live.gpu_type, gpu_model=p.option.spec.name,
-                                   nodes=layout[0], gpus_per_node=layout[1], cpus_per_task=p.site.cpus_per_gpu,
-                                   stages=list(range(first, first + n)),
-                                   peak_gib=max(peaks[first:first + n]), capacity_gib=p.option.usable_bytes / GiB))
+            comps.append(
+                Component(
+                    partition=p.live.partition,
+                    gpu_type=p.live.gpu_type,
+                    gpu_model=p.option.spec.name,
+                    nodes=layout[0],
+                    gpus_per_node=layout[1],
+                    cpus_per_task=p.site.cpus_per_gpu,
+                    stages=list(range(first, first + n)),
+                    peak_gib=max(peaks[first : first + n]),
+                    capacity_gib=p.option.usable_bytes / GiB,
+                )
+            )
             layouts.append(layout)
             first += n
         minutes = req.time_min(hp.step_time_s * req.steps)
         for p, (nodes, per_node) in zip((p for p, _ in placement), layouts, strict=True):
             if releases.start(p.live.partition, p.live.gpu_type, nodes, per_node, minutes * 60.0) != now:
                 return None  # a pending job ahead holds these GPUs before this pipeline would end
-        alloc = Allocation(kind="heterogeneous", components=comps, plan=hp.plan.resolved(w.arch.layers),
-                           step_time_s=hp.step_time_s, run_time_s=hp.step_time_s * req.steps,
-                           time_min=minutes, start=now, start_source="now")
+        alloc = Allocation(
+            kind="heterogeneous",
+            components=comps,
+            plan=hp.plan.resolved(w.arch.layers),
+            step_time_s=hp.step_time_s,
+            run_time_s=hp.step_time_s * req.steps,
+            time_min=minutes,
+            start=now,
+            start_source="now",
+        )
         return _Cand(alloc, [p for p, _ in placement], layouts)
     return None
 
@@ -223,9 +280,17 @@ def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
     """Slurm's own start estimate for the leading candidates that cannot start now."""
     waiting = [c for c in cands if c.alloc.start_source != "now"][:REFINE_WITH_TEST_ONLY]
     for c in waiting:
-        reqs = [ComponentRequest(partition=p.live.partition, gpu_type=p.live.gpu_type, nodes=n, gpus_per_node=g,
-                                 time_min=c.alloc.time_min, cpus_per_gpu=p.site.cpus_per_gpu)
-                for p, (n, g) in zip(c.pools, c.layouts, strict=True)]
+        reqs = [
+            ComponentRequest(
+                partition=p.live.partition,
+                gpu_type=p.live.gpu_type,
+                nodes=n,
+                gpus_per_node=g,
+                time_min=c.alloc.time_min,
+                cpus_per_gpu=p.site.cpus_per_gpu,
+            )
+            for p, (n, g) in zip(c.pools, c.layouts, strict=True)
+        ]
         try:
             est = backend.expected_start(reqs)
         except (SlurmCommandError, NotImplementedError):
@@ -242,11 +307,14 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
     whole pool for hours, and every job arriving meanwhile waits for its end (docs/simulation.md, "Room for
     later jobs"). Returns the kept candidates and the dropped ones with the reason.
     """
+
     def over(c: _Cand) -> str | None:
         for p, (n, g) in zip(c.pools, c.layouts, strict=True):
             if n * g > max(share * p.live.gpus_total, 1):
-                return (f"takes {n * g} of the {p.live.gpus_total} GPUs of {p.live.partition}, while fewer GPUs of "
-                        f"these pools hold the job: one job gets at most {share:.0%} of a pool (site max_job_share)")
+                return (
+                    f"takes {n * g} of the {p.live.gpus_total} GPUs of {p.live.partition}, while fewer GPUs of "
+                    f"these pools hold the job: one job gets at most {share:.0%} of a pool (site max_job_share)"
+                )
         return None
 
     def pools_of(c: _Cand) -> tuple:
@@ -288,8 +356,10 @@ def _widest_worth_it(ordered: list[_Cand], now: float, tol: float) -> _Cand:
     cur = best_of_size[sizes[0]]
     for g in sizes[1:]:
         c = best_of_size[g]
-        if (c.alloc.completion < cur.alloc.completion - tol
-                and _marginal_efficiency(cur.alloc, c.alloc, now) >= MIN_MARGINAL_EFFICIENCY):
+        if (
+            c.alloc.completion < cur.alloc.completion - tol
+            and _marginal_efficiency(cur.alloc, c.alloc, now) >= MIN_MARGINAL_EFFICIENCY
+        ):
             cur = c
     return cur
 
@@ -299,8 +369,10 @@ def _why_lost(best: Allocation, other: Allocation, now: float) -> str:
     if dt < -EXPLAIN_RESOLUTION_S and other.gpus > best.gpus:
         eff = _marginal_efficiency(best, other, now)
         if eff < MIN_MARGINAL_EFFICIENCY:
-            return (f"finishes {-dt / 60:.1f} min sooner with {other.gpus} GPUs instead of {best.gpus}: each extra GPU "
-                    f"adds {eff:.0%} of a GPU's speed, under the {MIN_MARGINAL_EFFICIENCY:.0%} a wider allocation needs")
+            return (
+                f"finishes {-dt / 60:.1f} min sooner with {other.gpus} GPUs instead of {best.gpus}: each extra GPU "
+                f"adds {eff:.0%} of a GPU's speed, under the {MIN_MARGINAL_EFFICIENCY:.0%} a wider allocation needs"
+            )
         return f"finishes only {-dt:.0f} s sooner with {other.gpus} GPUs instead of {best.gpus} (a tie: fewer GPUs win)"
     if dt > EXPLAIN_RESOLUTION_S:
         parts = []
@@ -314,10 +386,20 @@ def _why_lost(best: Allocation, other: Allocation, now: float) -> str:
     return "equal; the homogeneous/smaller allocation is preferred"
 
 
-def _no_fit_message(w: Workload, req: Requirements, pools: list[UsablePool], space: SearchSpace,
-                    reasons: list[str]) -> str:
-    wide = [GpuOption(p.key, p.option.spec, NO_FIT_PROBE_GPUS, p.option.gpus_per_node, p.option.usable_fraction,
-                      overheads=p.option.overheads) for p in pools]
+def _no_fit_message(
+    w: Workload, req: Requirements, pools: list[UsablePool], space: SearchSpace, reasons: list[str]
+) -> str:
+    wide = [
+        GpuOption(
+            p.key,
+            p.option.spec,
+            NO_FIT_PROBE_GPUS,
+            p.option.gpus_per_node,
+            p.option.usable_fraction,
+            overheads=p.option.overheads,
+        )
+        for p in pools
+    ]
     cands = search(w, wide, req.global_batch, req.steps, NO_FIT_PROBE_GPUS, space)
     smallest = sorted((c for items in cands.values() for c in items), key=lambda c: (c.gpus, c.step_time_s))
     msg = f"{req.name} fits nowhere within its limits on this cluster."
@@ -325,9 +407,11 @@ def _no_fit_message(w: Workload, req: Requirements, pools: list[UsablePool], spa
         s = smallest[0]
         by_key: dict[Hashable, UsablePool] = {p.key: p for p in pools}
         pool = by_key[s.gpu]
-        msg += (f" The smallest allocation that would fit: {s.gpus} x {pool.option.spec.name} ({s.gpu}, plan "
-                f"{s.plan.short()}, {s.peak_gib:.1f} GiB per GPU); the pool has {pool.live.gpus_total} GPUs"
-                + (f" and limits.max_gpus is {req.max_gpus}." if req.max_gpus else "."))
+        msg += (
+            f" The smallest allocation that would fit: {s.gpus} x {pool.option.spec.name} ({s.gpu}, plan "
+            f"{s.plan.short()}, {s.peak_gib:.1f} GiB per GPU); the pool has {pool.live.gpus_total} GPUs"
+            + (f" and limits.max_gpus is {req.max_gpus}." if req.max_gpus else ".")
+        )
     elif pools:
         msg += f" No plan fits even {NO_FIT_PROBE_GPUS} GPUs of any type."
     if reasons:
@@ -336,9 +420,16 @@ def _no_fit_message(w: Workload, req: Requirements, pools: list[UsablePool], spa
     return msg
 
 
-def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, space: SearchSpace,
-           backend: SlurmBackend | None = None, now: float | None = None,
-           alternatives: int = ALTERNATIVES_SHOWN) -> Decision:
+def decide(
+    req: Requirements,
+    w: Workload,
+    view: ClusterView,
+    site: SiteConfig,
+    space: SearchSpace,
+    backend: SlurmBackend | None = None,
+    now: float | None = None,
+    alternatives: int = ALTERNATIVES_SHOWN,
+) -> Decision:
     t0 = time.perf_counter()
     now = now if now is not None else view.taken_at
     pools, skipped = usable_pools(req, view, site)
@@ -359,8 +450,12 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
 
         def key(c: _Cand) -> tuple[bool, bool, int, float]:
             tied = c.alloc.completion <= first + tol
-            return (not tied, c.alloc.kind == "heterogeneous" if tied else False, c.alloc.gpus if tied else 0,
-                    c.alloc.completion)
+            return (
+                not tied,
+                c.alloc.kind == "heterogeneous" if tied else False,
+                c.alloc.gpus if tied else 0,
+                c.alloc.completion,
+            )
 
         ordered = sorted(items, key=key)
         choice = _widest_worth_it(ordered, now, tol)
@@ -374,8 +469,15 @@ def decide(req: Requirements, w: Workload, view: ClusterView, site: SiteConfig, 
         _refine(ok, backend)
         ok = rank(ok)
     if not ok:
-        raise NoFitError(_no_fit_message(w, req, pools, space, skipped + [f"{c.alloc.label()}: {why}"
-                                              for c, why in rejected[:NO_FIT_REASONS_SHOWN]]))
+        raise NoFitError(
+            _no_fit_message(
+                w,
+                req,
+                pools,
+                space,
+                skipped + [f"{c.alloc.label()}: {why}" for c, why in rejected[:NO_FIT_REASONS_SHOWN]],
+            )
+        )
     chosen = ok[0].alloc
     alts: list[Alternative] = []
     for c in ok[1:]:

@@ -94,8 +94,15 @@ def _balanced(layers: int, rates: list[float], head_equiv: float, max_layers: li
     return split
 
 
-def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, global_batch: int, recompute: str,
-          overheads: Overheads = Overheads()) -> HeteroPlan | None:
+def build(
+    w: Workload,
+    groups: list[StageGroup],
+    dp: int,
+    micro_batch: int,
+    global_batch: int,
+    recompute: str,
+    overheads: Overheads = Overheads(),
+) -> HeteroPlan | None:
     # estimates are of reserved bytes (fragmentation from `overheads`); each group's usable_bytes already
     # excludes its own context and NCCL overhead
     """A memory-feasible heterogeneous pipeline plan with its predicted step time, or None.
@@ -117,10 +124,19 @@ def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, glob
     split = split_layers(a.layers, rates, head_equiv)
     if split is None:
         return None
-    plan = ParallelPlan(dp=dp, pp=pp, zero=1 if dp > 1 else 0, micro_batch=micro_batch, grad_accum=ga,
-                        recompute=recompute, layer_split=tuple(split))  # type: ignore[arg-type]
+    plan = ParallelPlan(
+        dp=dp,
+        pp=pp,
+        zero=1 if dp > 1 else 0,
+        micro_batch=micro_batch,
+        grad_accum=ga,
+        recompute=recompute,
+        layer_split=tuple(split),
+    )  # type: ignore[arg-type]
     base = estimate_memory(w, plan, "reserved", overheads)
-    more = estimate_memory(w, plan.model_copy(update={"layer_split": tuple(x + 1 for x in split)}), "reserved", overheads)
+    more = estimate_memory(
+        w, plan.model_copy(update={"layer_split": tuple(x + 1 for x in split)}), "reserved", overheads
+    )
     max_layers = []
     for i in range(pp):
         slope = max(more.stages[i].peak - base.stages[i].peak, 1.0)
@@ -135,8 +151,9 @@ def build(w: Workload, groups: list[StageGroup], dp: int, micro_batch: int, glob
     return HeteroPlan(plan, tuple(groups), est, _step_time(w, plan, groups, rates, global_batch, head_equiv))
 
 
-def _step_time(w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates: list[float], global_batch: int,
-               head_equiv: float) -> float:
+def _step_time(
+    w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates: list[float], global_batch: int, head_equiv: float
+) -> float:
     a = w.arch
     per_token = flops_per_token(w, plan.recompute)
     tokens_mb = plan.micro_batch * w.seq_len
@@ -156,14 +173,15 @@ def _step_time(w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates:
         stage_index = 0
         for g in groups:
             bw = (g.intra_gbs if plan.dp <= g.gpus_per_node else g.inter_gbs) * 1e9
-            layers = max(split[stage_index: stage_index + g.stages])
+            layers = max(split[stage_index : stage_index + g.stages])
             comm = max(comm, 2.0 * (plan.dp - 1) / plan.dp * layers * grad_bytes_per_layer / bw)
             stage_index += g.stages
     act_bytes = tokens_mb * a.hidden * 2.0
     p2p = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes / (min(g.inter_gbs for g in groups) * 1e9)
     # fixed costs: the slowest group's set the pace (every stage waits for it each slot and each step)
     fixed = max(g.step_overhead_s for g in groups) + max(g.microbatch_overhead_s for g in groups) * (
-        plan.grad_accum + plan.pp - 1)
+        plan.grad_accum + plan.pp - 1
+    )
     return step + (1.0 - DP_OVERLAP) * comm + p2p + fixed
 
 

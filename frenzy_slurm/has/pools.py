@@ -40,7 +40,9 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
             skipped.append(f"{where}: not described in the site file")
             continue
         spec_gpu = sp.spec()
-        if allowed is not None and not ({live.gpu_type.lower(), spec_gpu.name.lower(), live.partition.lower()} & allowed):
+        if allowed is not None and not (
+            {live.gpu_type.lower(), spec_gpu.name.lower(), live.partition.lower()} & allowed
+        ):
             skipped.append(f"{where}: not in limits.gpu_types")
             continue
         part = view.partition(live.partition)
@@ -52,10 +54,16 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
             continue
         nodes = up.get((live.partition, live.gpu_type), [])
         total_up = sum(n.gpus_total for n in nodes)
-        option = GpuOption(name=live.key, spec=spec_gpu, max_gpus=min(total_up, limit or total_up),
-                           gpus_per_node=sp.gpus_per_node, usable_fraction=site.usable_fraction(sp),
-                           inter_node_gbs=site.inter_node_gbs(sp), intra_node_gbs=sp.intra_node_gbs,
-                           overheads=sp.overheads)
+        option = GpuOption(
+            name=live.key,
+            spec=spec_gpu,
+            max_gpus=min(total_up, limit or total_up),
+            gpus_per_node=sp.gpus_per_node,
+            usable_fraction=site.usable_fraction(sp),
+            inter_node_gbs=site.inter_node_gbs(sp),
+            intra_node_gbs=sp.intra_node_gbs,
+            overheads=sp.overheads,
+        )
         free = tuple(sorted((n.gpus_free for n in nodes), reverse=True))
         out.append(UsablePool(live, sp, option, free, part.max_time_min if part else None))
     return out, skipped

@@ -36,8 +36,11 @@ class Requirements:
         lim = spec.limits
         want = time if time is not None else spec.slurm.time
         return cls(
-            name=spec.name, global_batch=spec.training.global_batch, steps=spec.training.total_steps,
-            max_gpus=lim.max_gpus, min_gpus=lim.min_gpus,
+            name=spec.name,
+            global_batch=spec.training.global_batch,
+            steps=spec.training.total_steps,
+            max_gpus=lim.max_gpus,
+            min_gpus=lim.min_gpus,
             gpu_types=tuple(t.lower() for t in lim.gpu_types) if lim.gpu_types else None,
             time_limit_s=parse_slurm_time(lim.time_limit) * 60.0 if lim.time_limit else None,
             deadline=lim.deadline.timestamp() if lim.deadline else None,

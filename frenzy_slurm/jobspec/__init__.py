@@ -1,8 +1,8 @@
 """Stage 1: read and validate model.yaml into a JobSpec, and resolve its Architecture.
 
-    from frenzy_slurm.jobspec import load_job_spec, resolve_model
-    spec = load_job_spec(Path("examples/llama2-7b.yaml"))
-    model = resolve_model(spec, Path("examples"))
+from frenzy_slurm.jobspec import load_job_spec, resolve_model
+spec = load_job_spec(Path("examples/llama2-7b.yaml"))
+model = resolve_model(spec, Path("examples"))
 """
 
 from __future__ import annotations

@@ -29,16 +29,23 @@ class Architecture(BaseModel):
     heads: int = Field(gt=0, le=_MAX_WIDTH, description="Attention (query) heads.")
     kv_heads: int | None = Field(None, gt=0, description="Key/value heads (GQA/MQA); defaults to `heads`.")
     ffn: int = Field(gt=0, le=_MAX_WIDTH * 8, description="Feed-forward inner width.")
-    activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation: GELU (2 matrices) or SwiGLU (3 matrices).")
+    activation: Literal["gelu", "swiglu"] = Field(
+        "swiglu", description="FFN activation: GELU (2 matrices) or SwiGLU (3 matrices)."
+    )
     vocab: int = Field(gt=0, le=_MAX_VOCAB, description="Vocabulary size.")
     tied_embeddings: bool = Field(False, description="Output layer shares the input embedding matrix.")
     max_positions: int = Field(4096, gt=0, le=_MAX_TOKENS, description="Longest sequence the model supports.")
     norm: Literal["rmsnorm", "layernorm"] = Field("rmsnorm", description="Normalisation layer type.")
-    position: Literal["rope", "learned"] = Field("rope", description="Rotary (no parameters) or learned position embeddings.")
+    position: Literal["rope", "learned"] = Field(
+        "rope", description="Rotary (no parameters) or learned position embeddings."
+    )
     bias: Literal["none", "qkv", "all"] = Field("none", description="Which linear layers carry a bias.")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability (adds 1-byte masks to saved activations).")
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Dropout probability (adds 1-byte masks to saved activations)."
+    )
     head: Literal["lm", "mlm", "classification"] = Field(
-        "lm", description="Output head: causal LM logits, BERT masked-LM head, or a pooled classifier (no vocabulary logits)."
+        "lm",
+        description="Output head: causal LM logits, BERT masked-LM head, or a pooled classifier (no vocabulary logits).",
     )
 
     @model_validator(mode="after")

@@ -46,8 +46,10 @@ def architecture_from_hf_config(path: Path) -> Architecture:
     for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_positions"):
         v = values.get(field)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise InputError(f"{path}: {source[field]}: {v!r} is not a whole number; a config.json states sizes as "
-                             "integers. Fix the file or describe the model with arch: in model.yaml.")
+            raise InputError(
+                f"{path}: {source[field]}: {v!r} is not a whole number; a config.json states sizes as "
+                "integers. Fix the file or describe the model with arch: in model.yaml."
+            )
     model_type = str(cfg.get("model_type", ""))
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "silu")
     values["activation"] = "gelu" if act in _GELU else "swiglu"
@@ -79,6 +81,9 @@ def architecture_from_hf_config(path: Path) -> Architecture:
             problems.append(f"{path}: {'.'.join(loc) or '(config)'}: {err['msg'].removeprefix('Value error, ')}")
         missing = [f for f in ("layers", "hidden", "heads", "vocab") if f not in values]
         if missing:
-            problems.append(f"{path}: the config has no key for {', '.join(missing)} (looked for "
-                            + "; ".join(f"{f}: {'/'.join(_ALIASES[f])}" for f in missing) + ")")
+            problems.append(
+                f"{path}: the config has no key for {', '.join(missing)} (looked for "
+                + "; ".join(f"{f}: {'/'.join(_ALIASES[f])}" for f in missing)
+                + ")"
+            )
         raise InputError("\n".join(problems)) from None

@@ -37,7 +37,8 @@ def check_time_limit(minutes: int) -> int:
         raise ValueError(
             f"a time limit of {minutes} min is too short: Slurm signals the checkpoint {SIGNAL_LEAD_S} s before "
             f"the limit and start-up takes up to {STARTUP_S} s, so the job would be stopped before it could save "
-            f"anything. Ask for at least {MIN_TIME_MIN} minutes")
+            f"anything. Ask for at least {MIN_TIME_MIN} minutes"
+        )
     return minutes
 
 
@@ -58,17 +59,22 @@ class _Strict(BaseModel):
 class ModelSource(_Strict):
     """Exactly one way of saying which model to train."""
 
-    preset: str | None = Field(None, description="A built-in preset name, e.g. llama-2-7b (see `frenzy-slurm presets`).")
+    preset: str | None = Field(
+        None, description="A built-in preset name, e.g. llama-2-7b (see `frenzy-slurm presets`)."
+    )
     arch: Architecture | None = Field(None, description="An explicit architecture block.")
     hf_config: str | None = Field(None, description="Path to a Hugging Face config.json (relative to model.yaml).")
     factory: str | None = Field(
-        None, description="`module:function` returning a torch.nn.Module. Run on the login node (meta device, exact "
+        None,
+        description="`module:function` returning a torch.nn.Module. Run on the login node (meta device, exact "
         "parameter count) only with `--trace-factory`, which runs that code as you: only a module of your own files "
         "(yours, writable by no one else, not an installed package) or one the site file lists in "
-        "`trusted_factories`; never a standard-library module.")
+        "`trusted_factories`; never a standard-library module.",
+    )
     factory_kwargs: dict[str, object] = Field(default_factory=dict, description="Keyword arguments for `factory`.")
     factory_arch: Architecture | None = Field(
-        None, description="With `factory`: the architecture numbers for activation memory (parameters come from tracing)."
+        None,
+        description="With `factory`: the architecture numbers for activation memory (parameters come from tracing).",
     )
 
     @field_validator("factory")
@@ -77,8 +83,10 @@ class ModelSource(_Strict):
         """A factory is code run on the login node (with --trace-factory): never os, subprocess, builtins..."""
         top = (v or "").split(":", 1)[0].split(".", 1)[0]
         if top in sys.stdlib_module_names or top in sys.builtin_module_names:
-            raise ValueError(f"'{v}': '{top}' is Python's standard library, which builds no models; name a "
-                             "function of your own package, e.g. mypkg.models:build")
+            raise ValueError(
+                f"'{v}': '{top}' is Python's standard library, which builds no models; name a "
+                "function of your own package, e.g. mypkg.models:build"
+            )
         return v
 
     @model_validator(mode="after")
@@ -107,16 +115,16 @@ def _query_and_value() -> list[LoraTarget]:
 
 class LoraSpec(_Strict):
     rank: int = Field(16, gt=0, description="LoRA rank r.")
-    targets: list[LoraTarget] = Field(
-        default_factory=_query_and_value, description="Which weights get adapters."
-    )
+    targets: list[LoraTarget] = Field(default_factory=_query_and_value, description="Which weights get adapters.")
     dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
 
 
 class Training(_Strict):
     seq_len: int = Field(gt=0, le=1 << 30, description="Tokens per sample.")
     global_batch: int = Field(gt=0, le=1 << 30, description="Samples per optimizer step, over all data-parallel ranks.")
-    micro_batch: int | Literal["auto"] = Field("auto", description="Samples per GPU per forward pass, or auto (largest that fits).")
+    micro_batch: int | Literal["auto"] = Field(
+        "auto", description="Samples per GPU per forward pass, or auto (largest that fits)."
+    )
     precision: Precision = Field(
         "bf16-mixed",
         description="fp32; bf16-mixed/fp16-mixed (16-bit compute, fp32 master weights and optimizer states: 16 B/param "
@@ -126,10 +134,13 @@ class Training(_Strict):
     activation_checkpointing: Checkpointing = Field(
         "auto", description="none, selective (recompute attention core), full (keep layer inputs only), or auto."
     )
-    attention: Attention = Field("flash", description="Attention kernel; flash/sdpa do not store the s x s score matrix.")
+    attention: Attention = Field(
+        "flash", description="Attention kernel; flash/sdpa do not store the s x s score matrix."
+    )
     steps: int | None = Field(None, gt=0, le=10**12, description="Optimizer steps to run (give steps or tokens).")
-    tokens: int | None = Field(None, gt=0, le=10**18,
-                               description="Tokens to train on; steps = tokens / (global_batch * seq_len).")
+    tokens: int | None = Field(
+        None, gt=0, le=10**18, description="Tokens to train on; steps = tokens / (global_batch * seq_len)."
+    )
     method: Method = Field("full", description="full training, LoRA adapters, or QLoRA (4-bit frozen base).")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora/qlora.")
     loss_chunks: int = Field(1, ge=1, description="Compute the output layer and cross-entropy in this many chunks.")
@@ -137,11 +148,15 @@ class Training(_Strict):
     learning_rate: float = Field(3e-4, gt=0, description="Peak learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps before cosine decay.")
     checkpoint_interval: int | None = Field(
-        None, gt=0, description="Save a checkpoint every this many steps (always at the end and at the time-limit signal)."
+        None,
+        gt=0,
+        description="Save a checkpoint every this many steps (always at the end and at the time-limit signal).",
     )
     keep_checkpoints: int = Field(
-        3, ge=1, description="Checkpoints kept in JOBDIR/checkpoints; older step<N> ones are deleted after each save "
-        "(the latest is always kept)."
+        3,
+        ge=1,
+        description="Checkpoints kept in JOBDIR/checkpoints; older step<N> ones are deleted after each save "
+        "(the latest is always kept).",
     )
     seed: int = Field(1234, ge=0, lt=1 << 32, description="Seed for initialisation and synthetic data (0 to 2^32-1).")
 
@@ -175,8 +190,12 @@ class Training(_Strict):
 
 class Limits(_Strict):
     max_gpus: int | None = Field(None, gt=0, description="Never use more GPUs than this.")
-    min_gpus: int | None = Field(None, gt=0, description="Use at least this many GPUs (e.g. to force data parallelism).")
-    gpu_types: list[str] | None = Field(None, description="Only these GPU types (Slurm GRES type names or catalog names).")
+    min_gpus: int | None = Field(
+        None, gt=0, description="Use at least this many GPUs (e.g. to force data parallelism)."
+    )
+    gpu_types: list[str] | None = Field(
+        None, description="Only these GPU types (Slurm GRES type names or catalog names)."
+    )
     time_limit: str | int | None = Field(None, description="Longest acceptable run time (Slurm time format).")
     deadline: dt.datetime | None = Field(None, description="The job must be predicted to finish before this time.")
 
@@ -205,7 +224,9 @@ class SlurmOptions(_Strict):
 
     account: str | None = Field(None, description="sbatch --account.")
     qos: str | None = Field(None, description="sbatch --qos.")
-    time: str | int | None = Field(None, description="sbatch --time (Slurm time format); default: predicted run time + margin.")
+    time: str | int | None = Field(
+        None, description="sbatch --time (Slurm time format); default: predicted run time + margin."
+    )
     constraint: str | None = Field(None, description="sbatch --constraint.")
     exclusive: bool = Field(False, description="sbatch --exclusive.")
     mail_type: str | None = Field(None, description="sbatch --mail-type.")
@@ -267,8 +288,11 @@ class SlurmOptions(_Strict):
 
     def flags(self) -> list[str]:
         """The #SBATCH lines these options add (time, name and output are placed by the template)."""
-        out = [f"--{name.replace('_', '-')}={value}" for name in ("account", "qos", "constraint", "mail_type", "mail_user")
-               if (value := getattr(self, name)) is not None]
+        out = [
+            f"--{name.replace('_', '-')}={value}"
+            for name in ("account", "qos", "constraint", "mail_type", "mail_user")
+            if (value := getattr(self, name)) is not None
+        ]
         if self.exclusive:
             out.append("--exclusive")
         return out + list(self.extra)
@@ -278,9 +302,14 @@ class Entry(_Strict):
     trainer: Literal["builtin", "script"] = Field("builtin", description="The built-in trainer or your own script.")
     script: str | None = Field(None, description="Path of your training script (trainer: script).")
     args: list[str] = Field(default_factory=list, description="Arguments passed to the script.")
-    data: str | None = Field(None, description="Token file (flat array of token ids) for the built-in trainer, relative "
-                             "to model.yaml's directory; synthetic if unset.")
-    data_dtype: Literal["uint16", "uint32", "int32", "int64"] = Field("uint16", description="Element type of the token file.")
+    data: str | None = Field(
+        None,
+        description="Token file (flat array of token ids) for the built-in trainer, relative "
+        "to model.yaml's directory; synthetic if unset.",
+    )
+    data_dtype: Literal["uint16", "uint32", "int32", "int64"] = Field(
+        "uint16", description="Element type of the token file."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables set in the job.")
 
     @model_validator(mode="after")
@@ -291,8 +320,10 @@ class Entry(_Strict):
             raise ValueError("script is only used with trainer: script")
         for what, path in (("script", self.script), ("data", self.data)):
             if path is not None and re.search(r"[\x00-\x1f\x7f]", path):  # the script path reaches job.sbatch
-                raise ValueError(f"{what} {path!r} contains a control character (newline, tab, ...); rename the "
-                                 "file to a path without one")
+                raise ValueError(
+                    f"{what} {path!r} contains a control character (newline, tab, ...); rename the "
+                    "file to a path without one"
+                )
         for key in self.env:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"env name {key!r} is not a valid shell variable name (letters, digits and _)")
@@ -304,7 +335,9 @@ class JobSpec(_Strict):
 
     # pydantic's `pattern` runs on the Rust regex crate, whose `$` is the end of the text (a trailing newline is
     # refused: tests/test_audit2_inputs.py checks it)
-    name: str = Field(description="Job name (Slurm job name and job directory).", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    name: str = Field(
+        description="Job name (Slurm job name and job directory).", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+    )
     model: ModelSource = Field(description="Which model to train.")
     training: Training = Field(description="How to train it.")
     limits: Limits = Field(default_factory=Limits, description="What the scheduler may use.")
@@ -314,9 +347,13 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _trainer_supports(self) -> JobSpec:
         if self.entry.trainer == "builtin" and self.training.method != "full":
-            raise ValueError(f"the built-in trainer trains all weights; training.method {self.training.method} needs "
-                             "entry.trainer: script (your LoRA code), or use method: full")
+            raise ValueError(
+                f"the built-in trainer trains all weights; training.method {self.training.method} needs "
+                "entry.trainer: script (your LoRA code), or use method: full"
+            )
         if self.entry.trainer == "builtin" and self.model.factory is not None:
-            raise ValueError("the built-in trainer builds its own model from the architecture; a model.factory "
-                             "needs entry.trainer: script")
+            raise ValueError(
+                "the built-in trainer builds its own model from the architecture; a model.factory "
+                "needs entry.trainer: script"
+            )
         return self

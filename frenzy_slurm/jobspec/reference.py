@@ -11,8 +11,14 @@ from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Entry, JobSpec, Limits, LoraSpec, ModelSource, SlurmOptions, Training
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
-    ("top level", JobSpec), ("model", ModelSource), ("model.arch", Architecture), ("training", Training),
-    ("training.lora", LoraSpec), ("limits", Limits), ("slurm", SlurmOptions), ("entry", Entry),
+    ("top level", JobSpec),
+    ("model", ModelSource),
+    ("model.arch", Architecture),
+    ("training", Training),
+    ("training.lora", LoraSpec),
+    ("limits", Limits),
+    ("slurm", SlurmOptions),
+    ("entry", Entry),
 ]
 
 

@@ -22,60 +22,195 @@ ArgKind = Literal["no", "required", "optional"]
 
 # long option -> whether it takes an argument (getopt's no_argument / required_argument / optional_argument)
 SBATCH_LONG_OPTIONS: dict[str, ArgKind] = {
-    "account": "required", "acctg-freq": "required", "array": "required", "autocomplete": "required",
-    "batch": "required", "bb": "required", "bbf": "required", "begin": "required", "chdir": "required",
-    "cluster": "required", "cluster-constraint": "required", "clusters": "required", "comment": "required",
-    "consolidate-segments": "no", "constraint": "required", "container": "required", "container-id": "required",
-    "container-type": "required", "context": "required", "contiguous": "no", "core-spec": "required",
-    "cores-per-socket": "required", "cpu-freq": "required", "cpus-per-gpu": "required",
-    "cpus-per-task": "required", "deadline": "required", "delay-boot": "required", "dependency": "required",
-    "distribution": "required", "error": "required", "exclude": "required", "exclusive": "optional",
-    "export": "required", "export-file": "required", "external": "no", "extra": "required",
-    "extra-node-info": "required", "get-user-env": "optional", "gid": "required", "gpu-bind": "required",
-    "gpu-freq": "required", "gpus": "required", "gpus-per-node": "required", "gpus-per-socket": "required",
-    "gpus-per-task": "required", "gres": "required", "gres-flags": "required", "help": "no", "hint": "required",
-    "hold": "no", "ignore-pbs": "no", "input": "required", "job-name": "required",
-    "kill-on-invalid-dep": "required", "licenses": "required", "mail-type": "required", "mail-user": "required",
-    "mcs-label": "required", "mem": "required", "mem-bind": "required", "mem-per-cpu": "required",
-    "mem-per-gpu": "required", "mem-update": "required", "mincpus": "required", "network": "required",
-    "nice": "optional", "no-kill": "optional", "no-requeue": "no", "nodefile": "required", "nodelist": "required",
-    "nodes": "required", "ntasks": "required", "ntasks-per-core": "required", "ntasks-per-gpu": "required",
-    "ntasks-per-node": "required", "ntasks-per-socket": "required", "ntasks-per-tres": "required",
-    "oom-kill-step": "optional", "open-mode": "required", "output": "required", "overcommit": "no",
-    "oversubscribe": "no", "parsable": "no", "partition": "required", "power": "required", "prefer": "required",
-    "priority": "required", "profile": "required", "propagate": "optional", "qos": "required", "quiet": "no",
-    "reboot": "no", "requeue": "optional", "reservation": "required", "resources": "required",
-    "resv-ports": "optional", "segment": "required", "signal": "required", "sockets-per-node": "required",
-    "spread-job": "no", "spread-segments": "no", "stepmgr": "no", "switches": "required",
-    "tasks-per-node": "required", "test-only": "no", "thread-spec": "required", "threads-per-core": "required",
-    "time": "required", "time-min": "required", "tmp": "required", "tres-bind": "required",
-    "tres-per-task": "required", "uid": "required", "usage": "no", "use-min-nodes": "no", "verbose": "no",
-    "version": "no", "wait": "no", "wait-all-nodes": "required", "wckey": "required", "wrap": "required",
+    "account": "required",
+    "acctg-freq": "required",
+    "array": "required",
+    "autocomplete": "required",
+    "batch": "required",
+    "bb": "required",
+    "bbf": "required",
+    "begin": "required",
+    "chdir": "required",
+    "cluster": "required",
+    "cluster-constraint": "required",
+    "clusters": "required",
+    "comment": "required",
+    "consolidate-segments": "no",
+    "constraint": "required",
+    "container": "required",
+    "container-id": "required",
+    "container-type": "required",
+    "context": "required",
+    "contiguous": "no",
+    "core-spec": "required",
+    "cores-per-socket": "required",
+    "cpu-freq": "required",
+    "cpus-per-gpu": "required",
+    "cpus-per-task": "required",
+    "deadline": "required",
+    "delay-boot": "required",
+    "dependency": "required",
+    "distribution": "required",
+    "error": "required",
+    "exclude": "required",
+    "exclusive": "optional",
+    "export": "required",
+    "export-file": "required",
+    "external": "no",
+    "extra": "required",
+    "extra-node-info": "required",
+    "get-user-env": "optional",
+    "gid": "required",
+    "gpu-bind": "required",
+    "gpu-freq": "required",
+    "gpus": "required",
+    "gpus-per-node": "required",
+    "gpus-per-socket": "required",
+    "gpus-per-task": "required",
+    "gres": "required",
+    "gres-flags": "required",
+    "help": "no",
+    "hint": "required",
+    "hold": "no",
+    "ignore-pbs": "no",
+    "input": "required",
+    "job-name": "required",
+    "kill-on-invalid-dep": "required",
+    "licenses": "required",
+    "mail-type": "required",
+    "mail-user": "required",
+    "mcs-label": "required",
+    "mem": "required",
+    "mem-bind": "required",
+    "mem-per-cpu": "required",
+    "mem-per-gpu": "required",
+    "mem-update": "required",
+    "mincpus": "required",
+    "network": "required",
+    "nice": "optional",
+    "no-kill": "optional",
+    "no-requeue": "no",
+    "nodefile": "required",
+    "nodelist": "required",
+    "nodes": "required",
+    "ntasks": "required",
+    "ntasks-per-core": "required",
+    "ntasks-per-gpu": "required",
+    "ntasks-per-node": "required",
+    "ntasks-per-socket": "required",
+    "ntasks-per-tres": "required",
+    "oom-kill-step": "optional",
+    "open-mode": "required",
+    "output": "required",
+    "overcommit": "no",
+    "oversubscribe": "no",
+    "parsable": "no",
+    "partition": "required",
+    "power": "required",
+    "prefer": "required",
+    "priority": "required",
+    "profile": "required",
+    "propagate": "optional",
+    "qos": "required",
+    "quiet": "no",
+    "reboot": "no",
+    "requeue": "optional",
+    "reservation": "required",
+    "resources": "required",
+    "resv-ports": "optional",
+    "segment": "required",
+    "signal": "required",
+    "sockets-per-node": "required",
+    "spread-job": "no",
+    "spread-segments": "no",
+    "stepmgr": "no",
+    "switches": "required",
+    "tasks-per-node": "required",
+    "test-only": "no",
+    "thread-spec": "required",
+    "threads-per-core": "required",
+    "time": "required",
+    "time-min": "required",
+    "tmp": "required",
+    "tres-bind": "required",
+    "tres-per-task": "required",
+    "uid": "required",
+    "usage": "no",
+    "use-min-nodes": "no",
+    "verbose": "no",
+    "version": "no",
+    "wait": "no",
+    "wait-all-nodes": "required",
+    "wckey": "required",
+    "wrap": "required",
 }
 
 # short option -> its long option (the `val` of the entry; those below LONG_OPT_ENUM_START are letters)
 SBATCH_SHORT_OPTIONS: dict[str, str] = {
-    "A": "account", "B": "extra-node-info", "C": "constraint", "D": "chdir", "F": "nodefile", "G": "gpus",
-    "H": "hold", "J": "job-name", "L": "licenses", "M": "clusters", "N": "nodes", "O": "overcommit", "Q": "quiet",
-    "S": "core-spec", "V": "version", "W": "wait", "a": "array", "b": "begin", "c": "cpus-per-task",
-    "d": "dependency", "e": "error", "h": "help", "i": "input", "k": "no-kill", "m": "distribution", "n": "ntasks",
-    "o": "output", "p": "partition", "q": "qos", "s": "oversubscribe", "t": "time", "v": "verbose",
-    "w": "nodelist", "x": "exclude",
+    "A": "account",
+    "B": "extra-node-info",
+    "C": "constraint",
+    "D": "chdir",
+    "F": "nodefile",
+    "G": "gpus",
+    "H": "hold",
+    "J": "job-name",
+    "L": "licenses",
+    "M": "clusters",
+    "N": "nodes",
+    "O": "overcommit",
+    "Q": "quiet",
+    "S": "core-spec",
+    "V": "version",
+    "W": "wait",
+    "a": "array",
+    "b": "begin",
+    "c": "cpus-per-task",
+    "d": "dependency",
+    "e": "error",
+    "h": "help",
+    "i": "input",
+    "k": "no-kill",
+    "m": "distribution",
+    "n": "ntasks",
+    "o": "output",
+    "p": "partition",
+    "q": "qos",
+    "s": "oversubscribe",
+    "t": "time",
+    "v": "verbose",
+    "w": "nodelist",
+    "x": "exclude",
 }
 
 # What the rendered script sets itself, and why a pass-through flag must not override it.
 RESERVED: dict[str, str] = {
     "comment": "the job's tag frenzy:<submission>, by which fsqueue and the duplicate check find the job",
-    "chdir": "the job directory", "signal": "the checkpoint signal before the time limit",
-    "requeue": "resume after a time-limit checkpoint or node failure", "no-requeue": "resume after a checkpoint",
-    "partition": "HAS's allocation", "gres": "HAS's allocation", "nodes": "HAS's allocation",
-    "ntasks": "one task per GPU", "ntasks-per-node": "one task per GPU", "ntasks-per-gpu": "one task per GPU",
-    "cpus-per-task": "the site file", "gpus": "HAS's allocation", "gpus-per-node": "HAS's allocation",
-    "gpus-per-task": "HAS's allocation", "gpus-per-socket": "HAS's allocation", "tres-per-task": "HAS's allocation",
-    "time": "use fsbatch -t, which is checked", "job-name": "use fsbatch -J", "output": "use fsbatch -o",
-    "error": "use fsbatch -e", "open-mode": "logs are appended across requeues",
-    "wrap": "the job script is frenzy-slurm's", "wait": "fsbatch submits and returns; follow the job with fsqueue",
-    "test-only": "fsbatch --dry-run plans without submitting", "parsable": "fsbatch reads sbatch's answer itself",
+    "chdir": "the job directory",
+    "signal": "the checkpoint signal before the time limit",
+    "requeue": "resume after a time-limit checkpoint or node failure",
+    "no-requeue": "resume after a checkpoint",
+    "partition": "HAS's allocation",
+    "gres": "HAS's allocation",
+    "nodes": "HAS's allocation",
+    "ntasks": "one task per GPU",
+    "ntasks-per-node": "one task per GPU",
+    "ntasks-per-gpu": "one task per GPU",
+    "cpus-per-task": "the site file",
+    "gpus": "HAS's allocation",
+    "gpus-per-node": "HAS's allocation",
+    "gpus-per-task": "HAS's allocation",
+    "gpus-per-socket": "HAS's allocation",
+    "tres-per-task": "HAS's allocation",
+    "time": "use fsbatch -t, which is checked",
+    "job-name": "use fsbatch -J",
+    "output": "use fsbatch -o",
+    "error": "use fsbatch -e",
+    "open-mode": "logs are appended across requeues",
+    "wrap": "the job script is frenzy-slurm's",
+    "wait": "fsbatch submits and returns; follow the job with fsqueue",
+    "test-only": "fsbatch --dry-run plans without submitting",
+    "parsable": "fsbatch reads sbatch's answer itself",
 }
 _SBATCH_SPECIAL = "\"'\\#"  # quotes group words, a backslash escapes, '#' starts a comment in an #SBATCH line
 _SEPARATORS = ("hetjob", "packjob")  # a word sbatch blanks out (a hetjob separator): the next line's word moves up
@@ -111,8 +246,10 @@ def refuse_sbatch_flag(flag: str) -> str | None:
         return f"'{flag}' is not an sbatch flag; each entry must start with '-', e.g. '--reservation=big'"
     bad = next((c for c in flag if c in _SBATCH_SPECIAL), None)
     if bad is not None:
-        return (f"'{flag}': sbatch reads {bad!r} specially in an #SBATCH line (quotes, escapes, comments), so it "
-                "would not get what you wrote; write the flag without quotes, backslashes or '#'")
+        return (
+            f"'{flag}': sbatch reads {bad!r} specially in an #SBATCH line (quotes, escapes, comments), so it "
+            "would not get what you wrote; write the flag without quotes, backslashes or '#'"
+        )
     words = flag.split()
     i = 0
     while i < len(words):
@@ -127,8 +264,11 @@ def refuse_sbatch_flag(flag: str) -> str | None:
             if why:
                 return why
             if len(candidates) > 1:
-                return (f"'{flag}': sbatch cannot tell which option --{name} abbreviates ("
-                        + ", ".join(f"--{c}" for c in candidates[:6]) + "); write the option in full")
+                return (
+                    f"'{flag}': sbatch cannot tell which option --{name} abbreviates ("
+                    + ", ".join(f"--{c}" for c in candidates[:6])
+                    + "); write the option in full"
+                )
             if not candidates:  # not sbatch's own (a SPANK plugin's?): it passes, a plain word after it as its value
                 if not eq and i < len(words) and not words[i].startswith("-"):
                     if (why := _bad_value(flag, words[i])) is not None:
@@ -140,8 +280,10 @@ def refuse_sbatch_flag(flag: str) -> str | None:
                 return f"'{flag}': --{candidates[0]} takes no value"
             if not eq and kind == "required":
                 if i >= len(words):
-                    return (f"'{flag}': --{candidates[0]} needs a value in the same flag (--{candidates[0]}=VALUE); "
-                            "sbatch would take the next #SBATCH line's first word as its value")
+                    return (
+                        f"'{flag}': --{candidates[0]} needs a value in the same flag (--{candidates[0]}=VALUE); "
+                        "sbatch would take the next #SBATCH line's first word as its value"
+                    )
                 if (why := _bad_value(flag, words[i])) is not None:
                     return why
                 i += 1  # the value, whatever it looks like (getopt takes the next word as it is)
@@ -151,8 +293,10 @@ def refuse_sbatch_flag(flag: str) -> str | None:
         if not word.startswith("-"):
             if (why := _bad_value(flag, word)) is not None:
                 return why
-            return (f"'{flag}': '{word}' is neither an sbatch flag nor a flag's value; sbatch stops reading "
-                    "options there and refuses the script")
+            return (
+                f"'{flag}': '{word}' is neither an sbatch flag nor a flag's value; sbatch stops reading "
+                "options there and refuses the script"
+            )
         for k, letter in enumerate(word[1:], start=2):
             long = SBATCH_SHORT_OPTIONS.get(letter)
             if long is None:
@@ -166,8 +310,10 @@ def refuse_sbatch_flag(flag: str) -> str | None:
             if word[k:] or kind == "optional":
                 break  # the rest of the word is the value (an optional value is only ever attached)
             if i >= len(words):
-                return (f"'{flag}': -{letter} needs a value in the same flag (-{letter} VALUE); sbatch would take "
-                        "the next #SBATCH line's first word as its value")
+                return (
+                    f"'{flag}': -{letter} needs a value in the same flag (-{letter} VALUE); sbatch would take "
+                    "the next #SBATCH line's first word as its value"
+                )
             if (why := _bad_value(flag, words[i])) is not None:
                 return why
             i += 1

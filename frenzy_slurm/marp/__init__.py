@@ -1,7 +1,7 @@
 """Stage 2, MARP: per-GPU peak training memory for parallel plans, and GPU-type candidates.
 
-    from frenzy_slurm.marp import workload_from_spec, estimate_memory, ParallelPlan
-    est = estimate_memory(workload_from_spec(spec, model), ParallelPlan(dp=4, zero=1, micro_batch=2))
+from frenzy_slurm.marp import workload_from_spec, estimate_memory, ParallelPlan
+est = estimate_memory(workload_from_spec(spec, model), ParallelPlan(dp=4, zero=1, micro_batch=2))
 """
 
 from __future__ import annotations
@@ -13,8 +13,19 @@ from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload, parse_plan
 
 __all__ = [
-    "Candidate", "GpuOption", "MemoryEstimate", "Overheads", "ParallelPlan", "SearchSpace", "StageMemory",
-    "Workload", "estimate_memory", "parse_plan", "search", "search_space_from_spec", "with_exact_params",
+    "Candidate",
+    "GpuOption",
+    "MemoryEstimate",
+    "Overheads",
+    "ParallelPlan",
+    "SearchSpace",
+    "StageMemory",
+    "Workload",
+    "estimate_memory",
+    "parse_plan",
+    "search",
+    "search_space_from_spec",
+    "with_exact_params",
     "workload_from_spec",
 ]
 
@@ -51,7 +62,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         framework="deepspeed",
         exact_params=model.exact_params,
         # the built-in model (frenzy_slurm.models.gpt) rotates q/k in eager ops and builds cos/sin per block
-        unfused_rope=builtin, rope_tables_per_layer=builtin,
+        unfused_rope=builtin,
+        rope_tables_per_layer=builtin,
         norm_upcast=builtin and device == "cpu" and model.arch.norm == "rmsnorm",
     )
 
@@ -59,9 +71,11 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
 def search_space_from_spec(spec: JobSpec) -> SearchSpace:
     t = spec.training
     recompute: tuple[Recompute, ...] = (
-        ("none", "selective", "full") if t.activation_checkpointing == "auto" else (t.activation_checkpointing,))
+        ("none", "selective", "full") if t.activation_checkpointing == "auto" else (t.activation_checkpointing,)
+    )
     # The built-in DeepSpeed runtime parallelises over data and pipeline stages; tensor parallelism needs a
     # Megatron-style model, which only a user's own script can bring.
     tp = (1, 2, 4, 8) if spec.entry.trainer == "script" else (1,)
-    return SearchSpace(micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else None, recompute=recompute,
-                       tp_degrees=tp)
+    return SearchSpace(
+        micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else None, recompute=recompute, tp_degrees=tp
+    )

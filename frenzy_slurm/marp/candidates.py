@@ -103,18 +103,25 @@ class PlanGroup:
     global_batch: int
 
     def plan(self, mb: int) -> ParallelPlan:
-        return ParallelPlan(dp=self.dp, tp=self.tp, pp=self.pp, zero=self.zero, micro_batch=mb,
-                            grad_accum=self.global_batch // (self.dp * mb), recompute=self.recompute,
-                            sequence_parallel=self.tp > 1)
+        return ParallelPlan(
+            dp=self.dp,
+            tp=self.tp,
+            pp=self.pp,
+            zero=self.zero,
+            micro_batch=mb,
+            grad_accum=self.global_batch // (self.dp * mb),
+            recompute=self.recompute,
+            sequence_parallel=self.tp > 1,
+        )
 
     def shape(self, mb: int) -> PlanShape:
         """What `PlanPricer.costs` reads of `plan(mb)`, without validating a ParallelPlan."""
-        return PlanShape(self.dp, self.tp, self.pp, self.zero, mb, self.global_batch // (self.dp * mb),
-                         self.recompute)
+        return PlanShape(self.dp, self.tp, self.pp, self.zero, mb, self.global_batch // (self.dp * mb), self.recompute)
 
 
-def plan_groups(w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int
-                ) -> Iterator[PlanGroup]:
+def plan_groups(
+    w: Workload, world: int, global_batch: int, space: SearchSpace, gpus_per_node: int
+) -> Iterator[PlanGroup]:
     """The groups of valid plans for `world` GPUs, without building the plans."""
     a = w.arch
     for tp in space.tp_degrees:
@@ -134,16 +141,28 @@ def plan_groups(w: Workload, world: int, global_batch: int, space: SearchSpace, 
                 for rc in space.recompute:
                     if rc == "selective" and w.attention != "eager":
                         continue  # flash/sdpa already skip the score matrix: same as none
-                    sizes = [space.micro_batch] if space.micro_batch else [
-                        m for m in (1 << i for i in range(8)) if m <= space.max_micro_batch and (global_batch // dp) % m == 0
-                    ]
+                    sizes = (
+                        [space.micro_batch]
+                        if space.micro_batch
+                        else [
+                            m
+                            for m in (1 << i for i in range(8))
+                            if m <= space.max_micro_batch and (global_batch // dp) % m == 0
+                        ]
+                    )
                     mbs = tuple(mb for mb in sizes if not (global_batch // dp) % mb)
                     if mbs:
                         yield PlanGroup(dp, tp, pp, zero, rc, mbs, global_batch)
 
 
-def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int, max_gpus: int | None = None,
-           space: SearchSpace | None = None) -> dict[Hashable, list[Candidate]]:
+def search(
+    w: Workload,
+    options: list[GpuOption],
+    global_batch: int,
+    steps: int,
+    max_gpus: int | None = None,
+    space: SearchSpace | None = None,
+) -> dict[Hashable, list[Candidate]]:
     """Per GPU type: the fastest fitting plan at each GPU count, ordered by step time (fastest first).
 
     Within a group (plans that differ only in micro-batch, memory growing with it) the plans are taken in
@@ -182,8 +201,10 @@ def search(w: Workload, options: list[GpuOption], global_batch: int, steps: int,
                 # best found on every type (the margin covers rounding between the floor and seconds_on)
                 lo = known[g.micro_batches[0]] = price.costs(g.shape(g.micro_batches[0]))
                 hi = known[g.micro_batches[-1]] = price.costs(g.shape(g.micro_batches[-1]))
-                if all(seconds_floor(lo, hi, o.spec, o.links) * (1.0 - FLOOR_MARGIN) >= best[o.name].step_time_s
-                       for o, _, _ in runs):
+                if all(
+                    seconds_floor(lo, hi, o.spec, o.links) * (1.0 - FLOOR_MARGIN) >= best[o.name].step_time_s
+                    for o, _, _ in runs
+                ):
                     continue
             # plans are priced from their shape and built (pydantic) only when their memory is estimated
             estimates: dict[int, MemoryEstimate] = {}

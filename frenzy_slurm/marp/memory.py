@@ -45,7 +45,15 @@ class StageMemory:
 
     @cached_property
     def peak(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.buffers + self.overhead
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.logits
+            + self.buffers
+            + self.overhead
+        )
 
     def gib(self) -> dict[str, float]:
         return {c: getattr(self, c) / GiB for c in COMPONENTS} | {"peak": self.peak / GiB}
@@ -110,8 +118,9 @@ def _autocast(w: Workload, plan: ParallelPlan) -> bool:
 
 
 @lru_cache(maxsize=4096)  # bounded: a long simulation sees many workloads
-def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False,
-                            cp: int = 1) -> float:
+def _layer_activation_bytes(
+    w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False, cp: int = 1
+) -> float:
     """Bytes saved for backward by one transformer block, per token (Korthikanti et al. 2022, generalised).
 
     With context parallelism each rank holds seq/cp tokens and attends over the whole sequence in blocks
@@ -128,7 +137,11 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
     adapters = set(w.lora_targets) if lora else set()
     # Linear layers whose input is saved: trainable ones; under QLoRA all of them, since bitsandbytes'
     # 4-bit matmul saves its input whenever the input needs a gradient, frozen weight or not.
-    tg = adapters if (w.method == "lora" or (w.method == "qlora" and not w.nf4_saves_inputs)) else {"q", "k", "v", "o", "mlp"}
+    tg = (
+        adapters
+        if (w.method == "lora" or (w.method == "qlora" and not w.nf4_saves_inputs))
+        else {"q", "k", "v", "o", "mlp"}
+    )
     drop_bytes = e + 1 if (lora and w.lora_dropout) else 0.0  # dropped copy + mask of an adapter's input
 
     def lora_drop(names: set[str]) -> float:
@@ -138,8 +151,14 @@ def _layer_activation_bytes(w: Workload, tp: int, sp: bool, recompute: Recompute
     # (A composite norm - CPU kernels, or an eager fp32 upcast - also keeps its normalised output for the weight's
     # gradient: fp32 copy and normalised value; a fused kernel keeps only its input and per-row statistics.)
     # (the normalised output is kept for the norm weight's gradient only: not under LoRA, where norms are frozen)
-    norm = ((4.0 if w.norm_upcast and not w.compile else r) + (e if (w.norm_upcast and not w.compile and not lora)
-                                                                   else 0.0)) * h / rep
+    norm = (
+        (
+            (4.0 if w.norm_upcast and not w.compile else r)
+            + (e if (w.norm_upcast and not w.compile and not lora) else 0.0)
+        )
+        * h
+        / rep
+    )
     total = norm  # norm1
     # Under autocast each linear casts its fp32 input to 16 bits on its own (autocast caches only the casts of leaf
     # tensors, the weights), so separate q/k/v projections save one copy each; a fused projection saves one.
@@ -209,8 +228,13 @@ def _logit_bytes_per_token(w: Workload, tp: int) -> float:
     return v * ((e if w.hold_logits else 0.0) + (2 if (w.compile and w.compile_loss) else 3) * f32)
 
 
-def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated", overheads: Overheads = Overheads(),
-                    peak_stages_only: bool = False) -> MemoryEstimate:
+def estimate_memory(
+    w: Workload,
+    plan: ParallelPlan,
+    metric: Metric = "allocated",
+    overheads: Overheads = Overheads(),
+    peak_stages_only: bool = False,
+) -> MemoryEstimate:
     """Per-stage peak bytes per rank; see the module docstring for the phases.
 
     `peak_stages_only` computes only the first and last pipeline stages. With the default split (earlier
@@ -258,8 +282,10 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         linear = pc.linear_per_layer * n_layers * scale / tp
 
         if lora:
-            trainable = (lora_params_per_layer(a, w.lora_rank, w.lora_targets) * n_layers
-                         + (lora_head_params(a, w.lora_rank, w.lora_targets) if last else 0)) / tp
+            trainable = (
+                lora_params_per_layer(a, w.lora_rank, w.lora_targets) * n_layers
+                + (lora_head_params(a, w.lora_rank, w.lora_targets) if last else 0)
+            ) / tp
             base_bytes = 4.0 if w.precision == "fp32" else 2.0
             if w.method == "qlora":
                 # (litgpt's plugin quantises every nn.Linear, the untied output layer too)
@@ -289,7 +315,11 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if w.optimizer_in_backward:
             persistent, grads_all = False, 0.0
         largest = pc.largest_matrix * scale / tp
-        head_grads = (a.vocab * a.hidden * scale / (tp if w.vocab_parallel else 1)) * gb / grad_div if (last and not lora and a.head != "classification") else 0.0
+        head_grads = (
+            (a.vocab * a.hidden * scale / (tp if w.vocab_parallel else 1)) * gb / grad_div
+            if (last and not lora and a.head != "classification")
+            else 0.0
+        )
 
         # Buffers: communication buckets, gathered ZeRO-3 parameters, dequantised QLoRA weights.
         bk = w.buckets
@@ -310,8 +340,11 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
                 # (used again at once by backward) and the last blocks, whose forward and backward uses are
                 # separated by 2 x the parameters after them, stay gathered until their backward
                 vtp3 = tp if w.vocab_parallel else 1
-                head_el = ((pc.final + (pc.head or (a.vocab * a.hidden if a.head != "classification" else 0)))
-                           * scale / vtp3) if last else 0.0
+                head_el = (
+                    ((pc.final + (pc.head or (a.vocab * a.hidden if a.head != "classification" else 0))) * scale / vtp3)
+                    if last
+                    else 0.0
+                )
                 blocks_el = layer_gathered * n_layers
                 reuse = bk.stage3_max_reuse_distance
                 kept = head_el + min(blocks_el, max(0.0, reuse / 2 - head_el))
@@ -337,7 +370,9 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1 and trainable > 0:
             # contiguous_gradients: ZeRO-1/2 allocate the whole reduce bucket, whatever the model's size
             # (ZeRO-1 under mixed precision stages its fp32 gradient accumulator in the bucket)
-            bucket += bk.reduce_bucket_size * (4.0 if mixed_ds and plan.zero == 1 else gb) * (2 if bk.overlap_comm else 1)
+            bucket += (
+                bk.reduce_bucket_size * (4.0 if mixed_ds and plan.zero == 1 else gb) * (2 if bk.overlap_comm else 1)
+            )
         flat = 0.0
         if w.framework == "deepspeed" and plan.zero == 0 and trainable > 0:
             flat = trainable * gb  # DeepSpeed flattens all gradients for the all-reduce after backward (even on 1 GPU)
@@ -435,12 +470,16 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
                     loss_grads = k * head_grads
                     logits = chunk_phase - loss_grads
             final_norm = (4.0 + e_act) if (w.norm_upcast and not w.compile) else r
-            acts += (final_norm * a.hidden / rep + e_act * a.hidden / tp) * tokens  # final norm's saved input, head input
+            acts += (
+                final_norm * a.hidden / rep + e_act * a.hidden / tp
+            ) * tokens  # final norm's saved input, head input
 
         # The previous step's output, where the loop keeps it until the next forward returns: at the end of that
         # forward both outputs are alive, and with them what the old graph's custom functions hold outside its
         # saved tensors (bitsandbytes' 4-bit matmul stored its input on ctx: q/k/v, o_proj, MLP and down inputs)
-        out16 = e_act * a.vocab / (tp if w.vocab_parallel else 1) * tokens if (last and a.head != "classification") else 0.0
+        out16 = (
+            e_act * a.vocab / (tp if w.vocab_parallel else 1) * tokens if (last and a.head != "classification") else 0.0
+        )
         prev_logits = prev_inputs = 0.0
         if w.keeps_previous_output:
             prev_logits = out16
@@ -455,12 +494,22 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         # and the last block's backward (logits freed, the head's gradients and the block's working set alive)
         early = bucket
         start_loss = const + (grads_all if persistent else 0.0) + loss_grads + acts + logits + fb_buffers + early
-        start_block = (const + (grads_all if persistent else head_grads) + acts + recomputed + work + fb_buffers + unit_grads
-                       + early)
+        start_block = (
+            const
+            + (grads_all if persistent else head_grads)
+            + acts
+            + recomputed
+            + work
+            + fb_buffers
+            + unit_grads
+            + early
+        )
         # (the end of the forward with the previous step's output still bound: this step's 16-bit output beside it)
         start_fwd = 0.0
         if prev_logits or prev_inputs:
-            start_fwd = const + (grads_all if persistent else 0.0) + acts + prev_inputs + out16 + prev_logits + fb_buffers
+            start_fwd = (
+                const + (grads_all if persistent else 0.0) + acts + prev_inputs + out16 + prev_logits + fb_buffers
+            )
         start = max(start_loss, start_block, start_fwd)
         # the first block's backward: every other gradient exists, its own saved tensors are still alive
         end_acts = work + per_layer_act * tokens
@@ -469,24 +518,53 @@ def estimate_memory(w: Workload, plan: ParallelPlan, metric: Metric = "allocated
         if start >= end and start >= step:
             phase = "backward-start"
             if start_fwd >= max(start_loss, start_block):
-                parts = dict(weights=weights, gradients=grads_all if persistent else 0.0, optimizer=optimizer,
-                             activations=acts + prev_inputs, logits=out16 + prev_logits, buffers=fb_buffers + resident)
+                parts = dict(
+                    weights=weights,
+                    gradients=grads_all if persistent else 0.0,
+                    optimizer=optimizer,
+                    activations=acts + prev_inputs,
+                    logits=out16 + prev_logits,
+                    buffers=fb_buffers + resident,
+                )
             elif start_loss >= start_block:
-                parts = dict(weights=weights, gradients=(grads_all if persistent else 0.0) + loss_grads, optimizer=optimizer,
-                             activations=acts, logits=logits, buffers=fb_buffers + early + resident)
+                parts = dict(
+                    weights=weights,
+                    gradients=(grads_all if persistent else 0.0) + loss_grads,
+                    optimizer=optimizer,
+                    activations=acts,
+                    logits=logits,
+                    buffers=fb_buffers + early + resident,
+                )
             else:
-                parts = dict(weights=weights, gradients=grads_all if persistent else head_grads, optimizer=optimizer,
-                             activations=acts + recomputed + work, logits=0.0,
-                             buffers=fb_buffers + unit_grads + early + resident)
+                parts = dict(
+                    weights=weights,
+                    gradients=grads_all if persistent else head_grads,
+                    optimizer=optimizer,
+                    activations=acts + recomputed + work,
+                    logits=0.0,
+                    buffers=fb_buffers + unit_grads + early + resident,
+                )
         elif end >= step:
             phase = "backward-end"
             tail = end_acts + bucket >= flat
-            parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=end_acts if tail else 0.0,
-                         logits=0.0, buffers=fb_buffers + unit_grads + resident + (bucket if tail else flat))
+            parts = dict(
+                weights=weights,
+                gradients=grads_all,
+                optimizer=optimizer,
+                activations=end_acts if tail else 0.0,
+                logits=0.0,
+                buffers=fb_buffers + unit_grads + resident + (bucket if tail else flat),
+            )
         else:
             phase = "optimizer-step"
-            parts = dict(weights=weights, gradients=grads_all, optimizer=optimizer, activations=0.0, logits=0.0,
-                         buffers=step_buffers + resident)
+            parts = dict(
+                weights=weights,
+                gradients=grads_all,
+                optimizer=optimizer,
+                activations=0.0,
+                logits=0.0,
+                buffers=step_buffers + resident,
+            )
         allocated = max(start, end, step)
         overhead = 0.0
         if metric in ("reserved", "device"):

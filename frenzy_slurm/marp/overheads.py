@@ -21,15 +21,29 @@ class Overheads(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    context_gib: float = Field(0.5, ge=0, description="CUDA context and loaded kernels, GiB (lazy module loading, "
-                               "torch >= 2.0; measure with nvidia-smi on an idle process that touched the GPU).")
+    context_gib: float = Field(
+        0.5,
+        ge=0,
+        description="CUDA context and loaded kernels, GiB (lazy module loading, "
+        "torch >= 2.0; measure with nvidia-smi on an idle process that touched the GPU).",
+    )
     nccl_gib: float = Field(0.25, ge=0, description="NCCL communicator buffers, GiB, on multi-GPU jobs.")
-    fragmentation: float = Field(0.02, ge=0, le=1, description="Caching allocator's reserved/allocated excess over "
-                                 "long-lived tensors (weights, optimizer states, kept gradients), as a fraction of "
-                                 "their bytes: they are allocated once, in whole segments.")
-    step_fragmentation: float = Field(0.25, ge=0, le=1, description="Caching allocator's reserved/allocated excess "
-                                      "over what each step allocates and frees (activations, logits, per-step "
-                                      "gradients, casts and temporaries), as a fraction of those bytes at the peak.")
+    fragmentation: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Caching allocator's reserved/allocated excess over "
+        "long-lived tensors (weights, optimizer states, kept gradients), as a fraction of "
+        "their bytes: they are allocated once, in whole segments.",
+    )
+    step_fragmentation: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Caching allocator's reserved/allocated excess "
+        "over what each step allocates and frees (activations, logits, per-step "
+        "gradients, casts and temporaries), as a fraction of those bytes at the peak.",
+    )
 
     def device_bytes(self, world: int) -> float:
         """Bytes outside the caching allocator on one GPU of a job with `world` ranks."""

@@ -31,23 +31,44 @@ class ParallelPlan(BaseModel):
     tp: int = Field(1, ge=1, description="Tensor-parallel degree (Megatron-style column/row split).")
     pp: int = Field(1, ge=1, description="Pipeline stages.")
     cp: int = Field(1, ge=1, description="Context-parallel degree: the sequence split across ranks (ring attention).")
-    zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 shards optimizer states, 2 also gradients, "
-                      "3 also weights (torch FSDP full sharding = 3, SHARD_GRAD_OP = 2).")
-    shard_group: int | None = Field(None, ge=1, description="Ranks one ZeRO/FSDP shard group spans when smaller "
-                                    "than dp (HSDP, MiCS); states are replicated across groups. None = dp.")
+    zero: int = Field(
+        0,
+        ge=0,
+        le=3,
+        description="ZeRO stage: 1 shards optimizer states, 2 also gradients, "
+        "3 also weights (torch FSDP full sharding = 3, SHARD_GRAD_OP = 2).",
+    )
+    shard_group: int | None = Field(
+        None,
+        ge=1,
+        description="Ranks one ZeRO/FSDP shard group spans when smaller "
+        "than dp (HSDP, MiCS); states are replicated across groups. None = dp.",
+    )
     micro_batch: int = Field(1, ge=1, description="Sequences per rank per forward/backward.")
-    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step (pipeline micro-batches when pp > 1).")
+    grad_accum: int = Field(
+        1, ge=1, description="Micro-batches per optimizer step (pipeline micro-batches when pp > 1)."
+    )
     sequence_parallel: bool = Field(False, description="Megatron sequence parallelism: norms/dropout split over tp.")
-    recompute: Recompute = Field("none", description="Activation checkpointing: none, selective (attention core "
-                                 "recomputed) or full (each block recomputed from its input).")
-    recompute_layers: int | None = Field(None, ge=0, description="With recompute=full: how many of a stage's "
-                                         "blocks are checkpointed (every-k / Megatron 'block'); None = all.")
+    recompute: Recompute = Field(
+        "none",
+        description="Activation checkpointing: none, selective (attention core "
+        "recomputed) or full (each block recomputed from its input).",
+    )
+    recompute_layers: int | None = Field(
+        None,
+        ge=0,
+        description="With recompute=full: how many of a stage's "
+        "blocks are checkpointed (every-k / Megatron 'block'); None = all.",
+    )
     offload_optimizer: bool = Field(False, description="Optimizer states (and fp32 master) kept in host memory.")
     offload_params: bool = Field(False, description="ZeRO-3 parameters kept in host memory.")
     schedule: Schedule = Field("1f1b", description="Pipeline schedule: 1f1b, interleaved (virtual stages) or gpipe.")
     virtual_stages: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedule).")
-    layer_split: tuple[int, ...] | None = Field(None, description="Blocks per pipeline stage, in order; None = as "
-                                                "even as possible (earlier stages take the remainder).")
+    layer_split: tuple[int, ...] | None = Field(
+        None,
+        description="Blocks per pipeline stage, in order; None = as "
+        "even as possible (earlier stages take the remainder).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelPlan:
@@ -103,14 +124,23 @@ class ParallelPlan(BaseModel):
 
 def plan_error(exc: ValidationError) -> str:
     """One line per problem, `field: message`, for CLI errors."""
-    return "; ".join(f"{e['loc'][0]}({e['input']}): {e['msg']}" if e["loc"] else e["msg"].removeprefix("Value error, ")
-                     for e in exc.errors())
+    return "; ".join(
+        f"{e['loc'][0]}({e['input']}): {e['msg']}" if e["loc"] else e["msg"].removeprefix("Value error, ")
+        for e in exc.errors()
+    )
 
 
 _PLAN_KEYS = {
-    "dp": ("dp", int), "tp": ("tp", int), "pp": ("pp", int), "cp": ("cp", int), "zero": ("zero", int),
-    "mb": ("micro_batch", int), "ga": ("grad_accum", int), "ckpt": ("recompute", str),
-    "sp": ("sequence_parallel", bool), "offload": ("offload", str),
+    "dp": ("dp", int),
+    "tp": ("tp", int),
+    "pp": ("pp", int),
+    "cp": ("cp", int),
+    "zero": ("zero", int),
+    "mb": ("micro_batch", int),
+    "ga": ("grad_accum", int),
+    "ckpt": ("recompute", str),
+    "sp": ("sequence_parallel", bool),
+    "offload": ("offload", str),
 }
 
 
@@ -192,14 +222,18 @@ class Workload:
     # 4-bit matmul inputs) are alive at the end of the next forward
     keeps_previous_output: bool = False
     zero_grad_to_none: bool = True  # grads freed after each step (torch >= 2.0 default); False keeps zeroed buffers
-    unfused_rope: bool = False  # rotary embedding in eager ops (HF/litgpt/torchtune/built-in): rotated q, k are new tensors
+    unfused_rope: bool = (
+        False  # rotary embedding in eager ops (HF/litgpt/torchtune/built-in): rotated q, k are new tensors
+    )
     rope_tables_per_layer: bool = False  # cos/sin built in every block (the built-in model) instead of once per forward
     vocab_parallel: bool = True  # tp splits the embedding, output layer and logits (Megatron); False: replicated
     softmax_fp32: bool = False  # eager attention's softmax(..., dtype=float32).to(dtype) (HF Llama-style eager)
     fp8: bool = False  # float8 linears (torchao/Transformer Engine): fp8 copies of inputs and weights, amax history
     reshard_after_forward: bool = True  # FSDP: False keeps each unit's gathered 16-bit weights from forward to backward
     fused_projections: bool = False  # q/k/v (and SwiGLU gate/up) are one fused linear (litgpt, GPT-2, NeoX, Megatron)
-    loss_fp32: bool = True  # cross-entropy computed on an fp32 upcast of the logits (torch's F.cross_entropy on .float())
+    loss_fp32: bool = (
+        True  # cross-entropy computed on an fp32 upcast of the logits (torch's F.cross_entropy on .float())
+    )
     exact_params: int | None = None  # from tracing: scales the analytic weights to the exact count
     buckets: DeepSpeedBuckets = field(default_factory=DeepSpeedBuckets)
 

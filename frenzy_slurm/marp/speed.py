@@ -92,8 +92,9 @@ def seconds_floor(smallest: PlanCosts, largest: PlanCosts, gpu: GpuSpec, links: 
     rate = gpu.peak_tflops(largest.precision) * 1e12 * gpu.efficiency
     compute = largest.flops_per_gpu / rate * (1.0 + min(smallest.bubble_fraction, largest.bubble_fraction))
     comm = min(smallest._comm_s(links), largest._comm_s(links))
-    fixed = gpu.step_overhead_s + min(gpu.microbatch_overhead_s * smallest.micro_slots,
-                                      gpu.microbatch_overhead_s * largest.micro_slots)
+    fixed = gpu.step_overhead_s + min(
+        gpu.microbatch_overhead_s * smallest.micro_slots, gpu.microbatch_overhead_s * largest.micro_slots
+    )
     return compute + comm + min(smallest.offload_s, largest.offload_s) + fixed
 
 
@@ -138,12 +139,18 @@ class PlanPricer:
         w, global_batch, n = self.w, self.global_batch, self.n
         a = w.arch
         tokens = global_batch * w.seq_len
-        grad_bytes = (n if w.method == "full" else n * 0.01) * (4.0 if w.precision == "fp32" else 2.0) / (plan.tp * plan.pp)
+        grad_bytes = (
+            (n if w.method == "full" else n * 0.01) * (4.0 if w.precision == "fp32" else 2.0) / (plan.tp * plan.pp)
+        )
         dp_bytes = 0.0
         if plan.dp > 1:
             dp_bytes = 2.0 * (plan.dp - 1) / plan.dp * grad_bytes * (1.5 if plan.zero == 3 else 1.0)
         act_bytes = plan.micro_batch * w.seq_len * a.hidden * 2.0
-        tp_bytes = 4.0 * a.layers / plan.pp * plan.grad_accum * 2.0 * (plan.tp - 1) / plan.tp * act_bytes if plan.tp > 1 else 0.0
+        tp_bytes = (
+            4.0 * a.layers / plan.pp * plan.grad_accum * 2.0 * (plan.tp - 1) / plan.tp * act_bytes
+            if plan.tp > 1
+            else 0.0
+        )
         pp_bytes = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes
         offload = 0.0
         world = plan.world
@@ -151,11 +158,18 @@ class PlanPricer:
             local = n / world
             offload = local * 4.0 / (PCIE_GBS * 1e9) + local * 16.0 / (CPU_ADAM_GBS * 1e9)
         return PlanCosts(
-            flops_per_gpu=self.flops_per_token(plan.recompute) * tokens / world
+            flops_per_gpu=self.flops_per_token(plan.recompute)
+            * tokens
+            / world
             * small_batch_penalty(plan.micro_batch * w.seq_len),
             bubble_fraction=(plan.pp - 1) / max(plan.grad_accum, 1),
-            dp_bytes=dp_bytes, tp_bytes=tp_bytes, pp_bytes=pp_bytes, offload_s=offload,
-            dp_span=plan.dp * plan.tp, world=world, precision=w.precision,
+            dp_bytes=dp_bytes,
+            tp_bytes=tp_bytes,
+            pp_bytes=pp_bytes,
+            offload_s=offload,
+            dp_span=plan.dp * plan.tp,
+            world=world,
+            precision=w.precision,
             micro_slots=plan.grad_accum + plan.pp - 1,
         )
 

@@ -40,8 +40,10 @@ def refuse_stdlib(factory: str) -> None:
     """A factory is a model builder from the user's package, never a standard-library callable."""
     module_name = factory.partition(":")[0]
     if _top(module_name) in _STDLIB:
-        raise InputError(f"model.factory '{factory}': '{_top(module_name)}' is part of Python's standard library, "
-                         "which builds no models; name a function of your own package, e.g. mypkg.models:build.")
+        raise InputError(
+            f"model.factory '{factory}': '{_top(module_name)}' is part of Python's standard library, "
+            "which builds no models; name a function of your own package, e.g. mypkg.models:build."
+        )
 
 
 def allow_listed(factory: str, allowed: Iterable[str]) -> bool:
@@ -75,8 +77,15 @@ def _module_files(module_name: str) -> list[Path] | str:
         loaded = sys.modules.get(name)
         spec = getattr(loaded, "__spec__", None) if loaded is not None else None
         if spec is None:
-            spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
-                         if (found := finder.find_spec(name, search)) is not None), None)
+            spec = next(
+                (
+                    found
+                    for finder in sys.meta_path
+                    if hasattr(finder, "find_spec")
+                    if (found := finder.find_spec(name, search)) is not None
+                ),
+                None,
+            )
         if spec is None:
             return f"no module {name} on the Python path"
         if spec.origin in (None, "namespace") and spec.submodule_search_locations is not None:
@@ -129,7 +138,8 @@ def _refuse_unless_yours(factory: str, module_name: str, files: list[Path] | str
             f"file you own, writable by no one else, outside Python's installed packages), since importing and "
             f"calling {module_name} runs it as you. To fix: put the model builder in a module of your own (e.g. "
             "beside model.yaml, on PYTHONPATH), drop --trace-factory (factory_arch gives the numbers), or ask the "
-            "site's admins to list it under trusted_factories in the site file.")
+            "site's admins to list it under trusted_factories in the site file."
+        )
 
 
 def load_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] = ()) -> Callable[..., Any]:
@@ -149,12 +159,15 @@ def load_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] = 
     except (ImportError, AttributeError) as exc:
         raise InputError(f"model.factory '{factory}': cannot import ({exc}). Is the module on PYTHONPATH?") from None
     except Exception as exc:  # the module's own top-level code failed
-        raise InputError(f"model.factory '{factory}': importing {module_name} raised {type(exc).__name__}: "
-                         f"{exc}") from None
+        raise InputError(
+            f"model.factory '{factory}': importing {module_name} raised {type(exc).__name__}: {exc}"
+        ) from None
     origin = getattr(fn, "__module__", None) or ""
     if _top(origin) in _STDLIB or not callable(fn):  # e.g. `from os import system` re-exported by a package
-        raise InputError(f"model.factory '{factory}' is {'not callable' if not callable(fn) else f'{origin}.{fn_name}'}"
-                         "; name a function that builds and returns a torch.nn.Module.")
+        raise InputError(
+            f"model.factory '{factory}' is {'not callable' if not callable(fn) else f'{origin}.{fn_name}'}"
+            "; name a function that builds and returns a torch.nn.Module."
+        )
     if not trusted and origin and origin != module_name:  # re-exported from another module: that one runs
         defined = getattr(sys.modules.get(origin), "__file__", None)
         _refuse_unless_yours(factory, origin, [Path(defined)] if defined else f"{origin} has no source file")
@@ -166,8 +179,9 @@ def load_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] = 
         try:
             sig.bind(**kwargs)
         except TypeError as exc:
-            raise InputError(f"model.factory_kwargs: {exc} for {factory}{sig}; use only its keyword "
-                             "arguments.") from None
+            raise InputError(
+                f"model.factory_kwargs: {exc} for {factory}{sig}; use only its keyword arguments."
+            ) from None
     return fn
 
 
@@ -176,8 +190,9 @@ def _call_factory(factory: str, kwargs: dict[str, Any], allowed: Iterable[str] =
     try:
         return fn(**kwargs)
     except Exception as exc:
-        raise InputError(f"model.factory '{factory}' raised {type(exc).__name__}: {exc} (with model.factory_kwargs "
-                         f"{kwargs}).") from None
+        raise InputError(
+            f"model.factory '{factory}' raised {type(exc).__name__}: {exc} (with model.factory_kwargs {kwargs})."
+        ) from None
 
 
 def count_factory_parameters(factory: str, kwargs: dict[str, Any] | None = None, allowed: Iterable[str] = ()) -> int:

@@ -48,9 +48,14 @@ class Block(nn.Module):
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention over (batch, heads, seq, head_dim) (benchmarks/cpu_memory_grid.py swaps in eager)."""
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                              dropout_p=self.a.dropout if self.training else 0.0,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=True,
+            dropout_p=self.a.dropout if self.training else 0.0,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.a

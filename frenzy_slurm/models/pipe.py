@@ -55,8 +55,13 @@ def pipeline_module(a: Architecture, layer_split: Sequence[int], checkpoint: boo
     # every rank and stay referenced by the PipelineModule (its layer list), so each stage held the whole
     # model's weights besides its own - the pipeline stages' gap to MARP (docs/accuracy.md).
     layers = [LayerSpec(EmbedPipe, a), *[LayerSpec(Block, a) for _ in range(a.layers)], LayerSpec(HeadPipe, a)]
-    return ExplicitPipeline(layers=layers, num_stages=len(layer_split), loss_fn=lm_loss,
-                            activation_checkpoint_interval=1 if checkpoint else 0, partition_method="uniform",
-                            # only blocks are recomputed: DeepSpeed's (reentrant) checkpoint of the embedding, whose
-                            # input is integer tokens, returns a tensor without grad_fn and backward fails
-                            checkpointable_layers=["Block"])
+    return ExplicitPipeline(
+        layers=layers,
+        num_stages=len(layer_split),
+        loss_fn=lm_loss,
+        activation_checkpoint_interval=1 if checkpoint else 0,
+        partition_method="uniform",
+        # only blocks are recomputed: DeepSpeed's (reentrant) checkpoint of the embedding, whose
+        # input is integer tokens, returns a tensor without grad_fn and backward fails
+        checkpointable_layers=["Block"],
+    )

@@ -63,8 +63,15 @@ def submission_hash(spec: JobSpec, model: ResolvedModel, options: SlurmOptions) 
     Only the fields the user set count (and the resolved architecture), so a frenzy-slurm upgrade that
     adds spec fields with defaults still recognises an earlier submission of the same file.
     """
-    payload = json.dumps({"spec": spec.model_dump(mode="json", exclude_unset=True), "arch": model.arch.model_dump(),
-                          "options": options.model_dump(mode="json", exclude_defaults=True)}, sort_keys=True, default=str)
+    payload = json.dumps(
+        {
+            "spec": spec.model_dump(mode="json", exclude_unset=True),
+            "arch": model.arch.model_dump(),
+            "options": options.model_dump(mode="json", exclude_defaults=True),
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -77,8 +84,10 @@ def no_control_chars(what: str, value: str) -> str:
     """Refuse a value with control characters (newline, tab, escape...) before it reaches a generated file."""
     m = _CONTROL.search(value)
     if m:
-        raise InputError(f"{what} {value!r} contains the control character {m.group()!r}; rename it (or move the "
-                         "file) to a path without control characters.")
+        raise InputError(
+            f"{what} {value!r} contains the control character {m.group()!r}; rename it (or move the "
+            "file) to a path without control characters."
+        )
     return value
 
 
@@ -106,8 +115,9 @@ class _TrustedLoader(jinja2.FileSystemLoader):
     """A user's or admin's template directory: each template (and include) is checked before it is read, as
     the directory was: yours or root's, writable by no one else (a planted template runs in the job)."""
 
-    def get_source(self, environment: jinja2.Environment, template: str
-                   ) -> tuple[str, str, Callable[[], bool]]:  # FileSystemLoader's own
+    def get_source(
+        self, environment: jinja2.Environment, template: str
+    ) -> tuple[str, str, Callable[[], bool]]:  # FileSystemLoader's own
         from jinja2.loaders import split_template_path
 
         for base in self.searchpath:
@@ -133,8 +143,13 @@ def environment(template_dir: Path | None = None) -> jinja2.Environment:
         loaders.append(_TrustedLoader(str(override)))
     loaders.append(jinja2.FileSystemLoader(str(resources.files("frenzy_slurm").joinpath("templates"))))
     env = _Sandbox(
-        loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-        keep_trailing_newline=True, autoescape=False)
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
     return env
 
@@ -159,9 +174,17 @@ def runtime_command(spec: JobSpec, job_dir: Path, script: Path | None) -> list[s
     return cmd
 
 
-def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, decision: Decision, options: SlurmOptions,
-               job_dir: Path | None = None, template_dir: Path | None = None, group_readable: bool = False,
-               calibration: dict | None = None) -> Rendered:
+def render_job(
+    spec: JobSpec,
+    spec_path: Path,
+    model: ResolvedModel,
+    decision: Decision,
+    options: SlurmOptions,
+    job_dir: Path | None = None,
+    template_dir: Path | None = None,
+    group_readable: bool = False,
+    calibration: dict | None = None,
+) -> Rendered:
     """Render the job directory's files for HAS's decision; `options` are the merged sbatch options,
     `calibration` the job's calibration.json (planning.plan_job's `job_record`; none: no file)."""
     submission = submission_hash(spec, model, options)
@@ -180,32 +203,61 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, decision: D
     groups = ",".join(str(i) for i in range(len(components)))
     umask = 0o027 if group_readable else 0o077
     ctx = dict(
-        version=__version__, generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), name=name, submission=submission,
+        version=__version__,
+        generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        name=name,
+        submission=submission,
         summary=f"{alloc.label()} | {alloc.plan.short()} | predicted {alloc.run_time_s / 3600:.2f} h",
-        job_dir=str(job_dir), spec_path=str(spec_path.absolute()), output=output, error=error, time_min=minutes,
-        signal_seconds=SIGNAL_SECONDS, sbatch_flags=options.flags(), components=components, env=spec.entry.env,
+        job_dir=str(job_dir),
+        spec_path=str(spec_path.absolute()),
+        output=output,
+        error=error,
+        time_min=minutes,
+        signal_seconds=SIGNAL_SECONDS,
+        sbatch_flags=options.flags(),
+        components=components,
+        env=spec.entry.env,
         umask=f"{umask:03o}",
-        command=command, srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
+        command=command,
+        srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
     )
     env = environment(template_dir)
     template = "heterogeneous.sbatch.j2" if len(components) > 1 else "homogeneous.sbatch.j2"
     try:
         script = env.get_template(template).render(**ctx)
     except jinja2.sandbox.SecurityError as exc:
-        raise InputError(f"template {template}: refused by the template sandbox ({exc}); templates may only "
-                         "format the values they are given") from None
+        raise InputError(
+            f"template {template}: refused by the template sandbox ({exc}); templates may only "
+            "format the values they are given"
+        ) from None
     except jinja2.TemplateError as exc:
         raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
     except RecursionError:
         raise InputError(f"template {template}: recursion too deep (a macro or include that calls itself)") from None
     # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
-    predicted = {f"{c.partition}/{c.gpu_type}": {"gpu_model": c.gpu_model, "peak_gib": c.peak_gib,
-                                                  "capacity_gib": c.capacity_gib} for c in alloc.components}
-    plan = PlanFile(frenzy_version=__version__, submission=submission, created_at=time.time(),
-                    spec_path=str(spec_path.absolute()), spec=spec, arch=model.arch, model_name=model.name,
-                    exact_params=model.exact_params, decision=decision, time_min=minutes,
-                    sbatch_argv=sbatch_argv(job_dir / "job.sbatch"), command=command,
-                    predicted=predicted | {"step_time_s": alloc.step_time_s})
+    predicted = {
+        f"{c.partition}/{c.gpu_type}": {
+            "gpu_model": c.gpu_model,
+            "peak_gib": c.peak_gib,
+            "capacity_gib": c.capacity_gib,
+        }
+        for c in alloc.components
+    }
+    plan = PlanFile(
+        frenzy_version=__version__,
+        submission=submission,
+        created_at=time.time(),
+        spec_path=str(spec_path.absolute()),
+        spec=spec,
+        arch=model.arch,
+        model_name=model.name,
+        exact_params=model.exact_params,
+        decision=decision,
+        time_min=minutes,
+        sbatch_argv=sbatch_argv(job_dir / "job.sbatch"),
+        command=command,
+        predicted=predicted | {"step_time_s": alloc.step_time_s},
+    )
     files = {
         "job.sbatch": script,
         "ds_config.json": json.dumps(ds_config(spec, alloc.plan), indent=2) + "\n",
@@ -214,5 +266,12 @@ def render_job(spec: JobSpec, spec_path: Path, model: ResolvedModel, decision: D
     }
     if calibration is not None:
         files["calibration.json"] = json.dumps(calibration, indent=2) + "\n"  # fsqueue JOBID shows it
-    return Rendered(job_dir=job_dir, submission=submission, files=files, plan=plan, kind=alloc.kind, name=name,
-                    entry_script=script_path)
+    return Rendered(
+        job_dir=job_dir,
+        submission=submission,
+        files=files,
+        plan=plan,
+        kind=alloc.kind,
+        name=name,
+        entry_script=script_path,
+    )

@@ -43,7 +43,14 @@ def ds_config(spec: JobSpec, plan: ParallelPlan, buckets: DeepSpeedBuckets | Non
     }
     if t.optimizer in ("adam", "adamw"):
         # torch's Adam: DeepSpeed's fused CPU/GPU Adam would compile an extension at job start
-        config["optimizer"] = {"type": "AdamW" if t.optimizer == "adamw" else "Adam",
-                               "params": {"lr": t.learning_rate, "betas": [0.9, 0.95], "eps": 1e-8,
-                                          "weight_decay": 0.1 if t.optimizer == "adamw" else 0.0, "torch_adam": True}}
+        config["optimizer"] = {
+            "type": "AdamW" if t.optimizer == "adamw" else "Adam",
+            "params": {
+                "lr": t.learning_rate,
+                "betas": [0.9, 0.95],
+                "eps": 1e-8,
+                "weight_decay": 0.1 if t.optimizer == "adamw" else 0.0,
+                "torch_adam": True,
+            },
+        }
     return config

@@ -30,7 +30,9 @@ class PlanFile(BaseModel):
     time_min: int
     sbatch_argv: list[str]
     command: list[str] = Field(description="What each task runs (after srun).")
-    predicted: dict[str, Any] = Field(default_factory=dict, description="Per GPU type: predicted peak GiB and step time.")
+    predicted: dict[str, Any] = Field(
+        default_factory=dict, description="Per GPU type: predicted peak GiB and step time."
+    )
 
 
 def read_plan(path: Path) -> PlanFile:

@@ -45,8 +45,11 @@ def _run(argv: list[str] | None) -> int:
     dist.export()
     trusted = open_job_dir(ns.job_dir)  # before anything there is read
     job_dir = trusted.path
-    os.environ.update(FRENZY_JOB_DIR=str(job_dir), FRENZY_DS_CONFIG=str(job_dir / "ds_config.json"),
-                      FRENZY_PLAN=str(job_dir / "plan.json"))
+    os.environ.update(
+        FRENZY_JOB_DIR=str(job_dir),
+        FRENZY_DS_CONFIG=str(job_dir / "ds_config.json"),
+        FRENZY_PLAN=str(job_dir / "plan.json"),
+    )
     if dist.gpu_index is not None:
         os.environ["FRENZY_GPU"] = dist.gpu_index
     if ns.script is not None:

@@ -46,8 +46,11 @@ def prune(ckpt_dir: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` step checkpoints (never the latest one); returns what was deleted."""
     if keep < 1:
         raise ValueError("keep must be at least 1")
-    steps = sorted((int(m.group(1)), p) for p in ckpt_dir.iterdir()
-                   if p.is_dir() and not p.is_symlink() and (m := _TAG.match(p.name)))
+    steps = sorted(
+        (int(m.group(1)), p)
+        for p in ckpt_dir.iterdir()
+        if p.is_dir() and not p.is_symlink() and (m := _TAG.match(p.name))
+    )
     protected = latest_step(ckpt_dir)
     doomed = [p for step, p in steps[:-keep] if step != protected]
     for path in doomed:
@@ -132,8 +135,11 @@ def resume_tag(ckpt_dir: Path) -> tuple[str | None, list[str]]:
     """The checkpoint to resume from: the newest step tag with a manifest (complete: written after every rank
     saved), and the newer tags passed over for lacking one (a save cut short before its manifest)."""
     try:
-        steps = sorted((int(m.group(1)), p) for p in ckpt_dir.iterdir()
-                       if p.is_dir() and not p.is_symlink() and (m := _TAG.match(p.name)))
+        steps = sorted(
+            (int(m.group(1)), p)
+            for p in ckpt_dir.iterdir()
+            if p.is_dir() and not p.is_symlink() and (m := _TAG.match(p.name))
+        )
     except OSError:
         return None, []
     skipped: list[str] = []

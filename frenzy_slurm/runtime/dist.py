@@ -41,8 +41,13 @@ class DistEnv:
 
     def export(self) -> None:
         """The variables torch.distributed / DeepSpeed read without a launcher."""
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),
-                          MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
+        os.environ.update(
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(self.local_rank),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
 
 
 def from_environ(env: dict[str, str] | None = None) -> DistEnv:
@@ -52,9 +57,14 @@ def from_environ(env: dict[str, str] | None = None) -> DistEnv:
     else:  # not under srun: a single process (or an explicit torchrun-style environment)
         rank, world, local = int(e.get("RANK", "0")), int(e.get("WORLD_SIZE", "1")), int(e.get("LOCAL_RANK", "0"))
     gpus = tuple(g for g in e.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip() not in ("", "NoDevFiles"))
-    return DistEnv(rank=rank, world_size=world, local_rank=local, master_addr=e.get("MASTER_ADDR", "127.0.0.1"),
-                   master_port=int(e.get("MASTER_PORT", "29500")),
-                   visible_gpus=gpus)
+    return DistEnv(
+        rank=rank,
+        world_size=world,
+        local_rank=local,
+        master_addr=e.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(e.get("MASTER_PORT", "29500")),
+        visible_gpus=gpus,
+    )
 
 
 def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:

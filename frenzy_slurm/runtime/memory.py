@@ -106,8 +106,9 @@ def trace_events(prof: torch.profiler.profile) -> list[dict]:
         os.unlink(path)
 
 
-def trace_timeline(prof: torch.profiler.profile | None = None, events: list[dict] | None = None
-                   ) -> tuple[list[tuple[float, int, int]], dict[str, tuple[float, float]]]:
+def trace_timeline(
+    prof: torch.profiler.profile | None = None, events: list[dict] | None = None
+) -> tuple[list[tuple[float, int, int]], dict[str, tuple[float, float]]]:
     """(time us, allocator's total allocated bytes, bytes of the event) for every CPU allocator event of a
     finished profile, and the (start, end) of every named range.
 
@@ -118,10 +119,16 @@ def trace_timeline(prof: torch.profiler.profile | None = None, events: list[dict
     if events is None:
         assert prof is not None, "trace_timeline needs a finished profile or its events"
         events = trace_events(prof)
-    mem = sorted((e["ts"], int(e["args"]["Total Allocated"]), int(e["args"]["Bytes"])) for e in events
-                 if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0)
-    windows = {e["name"]: (e["ts"], e["ts"] + e.get("dur", 0)) for e in events
-               if e.get("ph") == "X" and e.get("cat") == "user_annotation"}
+    mem = sorted(
+        (e["ts"], int(e["args"]["Total Allocated"]), int(e["args"]["Bytes"]))
+        for e in events
+        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0
+    )
+    windows = {
+        e["name"]: (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation"
+    }
     return mem, windows
 
 

@@ -22,19 +22,37 @@ import sys
 from typing import Any
 
 NVML_CALLS = (
-    "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion_v2",
-    "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName", "nvmlDeviceGetUUID",
-    "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMaxPcieLinkGeneration",
-    "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkVersion",
-    "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetMigMode",
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkVersion",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetMigMode",
 )
 MAX_LINKS = 18  # NVLink ports per GPU up to Blackwell (H100: 18, A100: 12, V100: 6)
 
 # NVML_NVLINK_VERSION_* -> the NVLink generation the site file names (nvlinkN)
 NVLINK_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
 # NVML_TOPOLOGY_* -> words
-TOPOLOGY = {0: "same-board", 10: "pcie-switch", 20: "pcie-switches", 30: "host-bridge", 40: "cpu-socket",
-            50: "cross-socket"}
+TOPOLOGY = {
+    0: "same-board",
+    10: "pcie-switch",
+    20: "pcie-switches",
+    30: "host-bridge",
+    40: "cpu-socket",
+    50: "cross-socket",
+}
 
 
 def _text(value: Any) -> str:
@@ -69,14 +87,19 @@ def probe(nvml: Any) -> dict:
             pci = _try(nvml.nvmlDeviceGetPciInfo, h)
             bus = _text(pci.busId).lower() if pci is not None else f"gpu{i}"
             bus_to_index[_norm_bus(bus)] = i
-            gpus.append({
-                "index": i, "name": _text(nvml.nvmlDeviceGetName(h)), "uuid": _text(_try(nvml.nvmlDeviceGetUUID, h, default="")),
-                "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(h).total), "pci_bus_id": bus,
-                "pcie_generation": _try(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
-                "pcie_width": _try(nvml.nvmlDeviceGetMaxPcieLinkWidth, h),
-                # [current, pending]; NotSupported on GPUs without MIG
-                "mig_enabled": bool((_try(nvml.nvmlDeviceGetMigMode, h) or [0])[0]),
-            })
+            gpus.append(
+                {
+                    "index": i,
+                    "name": _text(nvml.nvmlDeviceGetName(h)),
+                    "uuid": _text(_try(nvml.nvmlDeviceGetUUID, h, default="")),
+                    "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(h).total),
+                    "pci_bus_id": bus,
+                    "pcie_generation": _try(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                    "pcie_width": _try(nvml.nvmlDeviceGetMaxPcieLinkWidth, h),
+                    # [current, pending]; NotSupported on GPUs without MIG
+                    "mig_enabled": bool((_try(nvml.nvmlDeviceGetMigMode, h) or [0])[0]),
+                }
+            )
         for i, h in enumerate(handles):
             links, versions, peers = 0, set(), set()
             for link in range(MAX_LINKS):
@@ -94,8 +117,7 @@ def probe(nvml: Any) -> dict:
                     peer = bus_to_index.get(_norm_bus(_text(remote.busId).lower()))
                     peers.add(peer if peer is not None else "nvswitch")
             gen = max((NVLINK_GENERATION.get(v, 0) for v in versions), default=0)
-            gpus[i]["nvlink"] = {"active_links": links, "generation": gen or None,
-                                 "peers": sorted(peers, key=str)}
+            gpus[i]["nvlink"] = {"active_links": links, "generation": gen or None, "peers": sorted(peers, key=str)}
         topo = []
         for i in range(len(handles)):
             row = []
@@ -125,8 +147,15 @@ def main() -> int:
     try:
         import pynvml
     except ImportError:
-        print(json.dumps({"host": socket.gethostname(), "nvml": False,
-                          "error": "nvidia-ml-py is not installed in this Python (pip install 'frenzy-slurm[nvml]')"}))
+        print(
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "nvml": False,
+                    "error": "nvidia-ml-py is not installed in this Python (pip install 'frenzy-slurm[nvml]')",
+                }
+            )
+        )
         return 0
     print(json.dumps(probe(pynvml)))
     return 0

@@ -29,9 +29,17 @@ from typing import Any
 
 from frenzy_slurm.units import GiB
 
-SAMPLER_CALLS = ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName",
-                 "nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
-                 "nvmlDeviceGetComputeRunningProcesses")
+SAMPLER_CALLS = (
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
 
 
 def _text(value: Any) -> str:
@@ -75,10 +83,20 @@ class Sampler:
             except Exception:  # noqa: BLE001 - a transient NVML error skips one sample
                 continue
             ours = [p for p in procs if self.job_id is None or self.job_of(p.pid) == self.job_id]
-            d = self.devices.setdefault(i, {
-                "index": i, "name": _text(self.nvml.nvmlDeviceGetName(h)),
-                "uuid": _text(self.nvml.nvmlDeviceGetUUID(h)), "peak_used_gib": 0.0, "peak_process_gib": 0.0,
-                "max_util_pct": 0, "util_sum": 0, "busy_samples": 0, "ours": False})
+            d = self.devices.setdefault(
+                i,
+                {
+                    "index": i,
+                    "name": _text(self.nvml.nvmlDeviceGetName(h)),
+                    "uuid": _text(self.nvml.nvmlDeviceGetUUID(h)),
+                    "peak_used_gib": 0.0,
+                    "peak_process_gib": 0.0,
+                    "max_util_pct": 0,
+                    "util_sum": 0,
+                    "busy_samples": 0,
+                    "ours": False,
+                },
+            )
             d["peak_used_gib"] = max(d["peak_used_gib"], mem.used / GiB)
             own = sum((p.usedGpuMemory or 0) for p in ours)
             d["peak_process_gib"] = max(d["peak_process_gib"], own / GiB)
@@ -96,8 +114,13 @@ class Sampler:
             out = {k: v for k, v in d.items() if k not in ("util_sum", "busy_samples", "ours")}
             out["mean_util_pct"] = d["util_sum"] / d["busy_samples"] if d["busy_samples"] else None
             devices.append(out)
-        return {"host": host, "interval_s": interval, "samples": self.samples, "devices": devices,
-                "written_at": time.time()}
+        return {
+            "host": host,
+            "interval_s": interval,
+            "samples": self.samples,
+            "devices": devices,
+            "written_at": time.time(),
+        }
 
 
 def _atomic_json(path: Path, data: dict) -> None:
@@ -130,18 +153,35 @@ def merge_metrics(job_dir: Path) -> dict | None:
             node = json.loads(f.read_text())
             for d in node["devices"]:
                 spec = match_gpu(d["name"])
-                comp = next((c for c in components if spec and c.get("gpu_model") == spec.name),
-                            components[0] if len(components) == 1 else None)
-                ranks.append({"rank": None, "host": node["host"], "gpu_index": d["index"], "device": "cuda",
-                              "gpu_model": comp.get("gpu_model") if comp else (spec.name if spec else d["name"]),
-                              "gpu_type": comp.get("gpu_type") if comp else None,
-                              "partition": comp.get("partition") if comp else None,
-                              "peak_gib": d["peak_used_gib"], "peak_process_gib": d["peak_process_gib"],
-                              "metric": "device (nvml)", "max_util_pct": d["max_util_pct"],
-                              "mean_util_pct": d["mean_util_pct"],
-                              "predicted_gib": comp.get("peak_gib") if comp else None})
-        metrics = {"job_id": os.environ.get("SLURM_JOB_ID"), "source": "nvml-sampler", "ranks": ranks,
-                   "step_times_s": [], "step_time_s": None, "written_at": time.time()}
+                comp = next(
+                    (c for c in components if spec and c.get("gpu_model") == spec.name),
+                    components[0] if len(components) == 1 else None,
+                )
+                ranks.append(
+                    {
+                        "rank": None,
+                        "host": node["host"],
+                        "gpu_index": d["index"],
+                        "device": "cuda",
+                        "gpu_model": comp.get("gpu_model") if comp else (spec.name if spec else d["name"]),
+                        "gpu_type": comp.get("gpu_type") if comp else None,
+                        "partition": comp.get("partition") if comp else None,
+                        "peak_gib": d["peak_used_gib"],
+                        "peak_process_gib": d["peak_process_gib"],
+                        "metric": "device (nvml)",
+                        "max_util_pct": d["max_util_pct"],
+                        "mean_util_pct": d["mean_util_pct"],
+                        "predicted_gib": comp.get("peak_gib") if comp else None,
+                    }
+                )
+        metrics = {
+            "job_id": os.environ.get("SLURM_JOB_ID"),
+            "source": "nvml-sampler",
+            "ranks": ranks,
+            "step_times_s": [],
+            "step_time_s": None,
+            "written_at": time.time(),
+        }
         _atomic_json(target, metrics)
         return metrics
 
@@ -166,6 +206,7 @@ def run(job_dir: Path, watch_pid: int, interval: float, nvml: Any) -> int:
     except Exception as exc:  # noqa: BLE001 - no driver: say so once, never disturb the job
         print(f"frenzy-slurm sampler: no NVML on {host} ({exc.__class__.__name__}); not sampling", file=sys.stderr)
         return 0
+
     def _stop(*_):
         raise _Stopped  # interrupts the sleep: the step's end leaves only KillWait seconds to write
 
@@ -197,14 +238,25 @@ def start_beside(job_dir: Path, interval: float = 2.0) -> None:
 
     # -P and cwd="/": the job's working directory (and an empty PYTHONPATH entry, which means it) never
     # reaches sys.path, so a pynvml.py or frenzy_slurm/ planted there is not imported (docs/security.md)
-    subprocess.Popen(sampler_argv(Path(job_dir).absolute(), os.getpid(), interval),
-                     stdin=subprocess.DEVNULL, close_fds=True, cwd="/")
+    subprocess.Popen(
+        sampler_argv(Path(job_dir).absolute(), os.getpid(), interval), stdin=subprocess.DEVNULL, close_fds=True, cwd="/"
+    )
 
 
 def sampler_argv(job_dir: Path, watch_pid: int, interval: float) -> list[str]:
     """The sampler's command line: frenzy-slurm's own module, never one found in the working directory."""
-    return [sys.executable, "-P", "-m", "frenzy_slurm.runtime.nvml_sampler", "--job-dir", str(job_dir),
-            "--watch-pid", str(watch_pid), "--interval", str(interval)]
+    return [
+        sys.executable,
+        "-P",
+        "-m",
+        "frenzy_slurm.runtime.nvml_sampler",
+        "--job-dir",
+        str(job_dir),
+        "--watch-pid",
+        str(watch_pid),
+        "--interval",
+        str(interval),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,8 @@ def claim_allreduce_segment(rank: int, env: dict[str, str] | None = None) -> Pat
                     f"{path}, DeepSpeed's shared-memory buffer for rank {rank}, already exists and is not this "
                     f"job's (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): it would read and write this "
                     "job's buffers. The job stops; report it to the cluster's administrators, or drop LOCAL_SIZE "
-                    "from entry.env so that DeepSpeed does not use shared memory.") from None
+                    "from entry.env so that DeepSpeed does not use shared memory."
+                ) from None
             path.unlink()  # ours, from an earlier run killed before it removed it
             continue
         os.fchmod(fd, 0o600)  # whatever the umask

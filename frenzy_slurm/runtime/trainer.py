@@ -90,7 +90,6 @@ def _client_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) ->
     return None  # adam/adamw come from ds_config.json
 
 
-
 def run_training(job_dir: Path, dist: DistEnv) -> int:
     pf: PlanFile = read_plan(job_dir / "plan.json")
     spec, arch = pf.spec, pf.arch
@@ -132,8 +131,12 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     # DeepSpeed steps the schedule at each optimizer step and saves it in checkpoints
     schedule = _lr_lambda(t.warmup_steps, t.total_steps)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=params, optimizer=client_opt, config=ds_config,
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
+        model=model,
+        model_parameters=params,
+        optimizer=client_opt,
+        config=ds_config,
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
+    )
 
     ckpt_dir = job_dir / "checkpoints"
     start_step = 0
@@ -144,8 +147,14 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         start_step = int((client or {}).get("step", 0))
     stage = _stage_of(dist.rank, plan)
     dp_rank = (dist.rank % (plan.dp * plan.tp)) // plan.tp
-    data = Batches(arch.vocab, t.seq_len, plan.micro_batch, t.seed,
-                   Path(spec.entry.data) if spec.entry.data else None, spec.entry.data_dtype)
+    data = Batches(
+        arch.vocab,
+        t.seq_len,
+        plan.micro_batch,
+        t.seed,
+        Path(spec.entry.data) if spec.entry.data else None,
+        spec.entry.data_dtype,
+    )
     interval = t.checkpoint_interval or 1000
     prior = {}
     if dist.rank == 0 and (job_dir / "metrics.json").exists():
@@ -199,9 +208,15 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         peak = gpu_peaks(device) | {"metric": "allocated"}
         peak["peak_gib"] = peak["peak_allocated_gib"]
 
-    record = {"rank": dist.rank, "host": socket.gethostname(), "stage": stage, "device": device.type,
-              **_component_of(stage, pf.decision), **peak,
-              "predicted_allocated_gib": _predicted_allocated(pf, stage, device.type)}
+    record = {
+        "rank": dist.rank,
+        "host": socket.gethostname(),
+        "stage": stage,
+        "device": device.type,
+        **_component_of(stage, pf.decision),
+        **peak,
+        "predicted_allocated_gib": _predicted_allocated(pf, stage, device.type),
+    }
     gathered = [None] * dist.world_size
     torch.distributed.all_gather_object(gathered, record)
     if dist.rank == 0:
@@ -213,10 +228,19 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         profiled = [0 if t.total_steps - start_step == 1 else 1]
         med = steady_step_time(step_times, profiled)
         metrics = {
-            "job_id": os.environ.get("SLURM_JOB_ID"), "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
-            "resumed_from_step": start_step, "step": step, "total_steps": t.total_steps,
-            "step_times_s": step_times, "profiled_steps": profiled, "step_time_s": med, "tokens_per_s": tokens / med if med else None,
-            "loss": losses, "ranks": gathered, "stopped_by": _stop["signal"], "written_at": time.time(),
+            "job_id": os.environ.get("SLURM_JOB_ID"),
+            "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            "resumed_from_step": start_step,
+            "step": step,
+            "total_steps": t.total_steps,
+            "step_times_s": step_times,
+            "profiled_steps": profiled,
+            "step_time_s": med,
+            "tokens_per_s": tokens / med if med else None,
+            "loss": losses,
+            "ranks": gathered,
+            "stopped_by": _stop["signal"],
+            "written_at": time.time(),
         }
         write_json(job_dir / "metrics.json", metrics)
         if _stop["signal"] == "SIGUSR2" and os.environ.get("SLURM_JOB_ID"):
@@ -265,8 +289,11 @@ def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv) -> str | None:
 
     tag, skipped = checkpoints.resume_tag(ckpt_dir)
     if skipped and dist.rank == 0:
-        print(f"frenzy-slurm: not resuming from {', '.join(skipped)}: no manifest (a save cut short, or not "
-              "written by this job)", flush=True)
+        print(
+            f"frenzy-slurm: not resuming from {', '.join(skipped)}: no manifest (a save cut short, or not "
+            "written by this job)",
+            flush=True,
+        )
     if tag is None:
         return None
     problems = checkpoints.check_share(ckpt_dir / tag, dist.rank, dist.world_size)
@@ -277,9 +304,11 @@ def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv) -> str | None:
         shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
         named = os.environ.get("FRENZY_JOB_DIR")  # the path the user knows, not /proc/self/fd/N
         shown = shown.replace(str(ckpt_dir.parent), named) if named else shown
-        raise InputError(f"checkpoint checkpoints/{tag} is not what this job wrote ({shown}). Loading it would "
-                         "unpickle it (run code), so the job stops. Remove that directory to resume from an earlier "
-                         "checkpoint, or all of checkpoints/ to start afresh.")
+        raise InputError(
+            f"checkpoint checkpoints/{tag} is not what this job wrote ({shown}). Loading it would "
+            "unpickle it (run code), so the job stops. Remove that directory to resume from an earlier "
+            "checkpoint, or all of checkpoints/ to start afresh."
+        )
     return tag
 
 
@@ -301,8 +330,9 @@ def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> floa
     from frenzy_slurm.marp.memory import estimate_memory
     from frenzy_slurm.units import GiB
 
-    w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params),
-                           device)
+    w = workload_from_spec(
+        pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params), device
+    )
     if w.attention == "eager":
         w = w.with_(attention="sdpa")
     est = estimate_memory(w, pf.decision.chosen.plan, "allocated")

@@ -77,14 +77,17 @@ def open_job_dir(path: Path, env: dict[str, str] | None = None) -> TrustedDir:
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or _writable_by_others(st):
-            raise InputError(f"job directory {path} changed while it was checked (owner uid {st.st_uid}, mode "
-                             f"{stat.S_IMODE(st.st_mode):o}); the job stops without reading it.")
+            raise InputError(
+                f"job directory {path} changed while it was checked (owner uid {st.st_uid}, mode "
+                f"{stat.S_IMODE(st.st_mode):o}); the job stops without reading it."
+            )
         inode = _recorded(e, "FRENZY_JOB_DIR_INODE")
         if inode is not None and str(st.st_ino) != inode:
             raise InputError(
                 f"job directory {path} is not the one fsbatch wrote (inode {inode} at submission, {st.st_ino} now): "
                 "someone replaced it. The job stops without reading anything there; check who can write the "
-                "directories above it, then submit again from a private location.")
+                "directories above it, then submit again from a private location."
+            )
         for name, key in (("plan.json", "FRENZY_PLAN_SHA256"), ("ds_config.json", "FRENZY_DS_CONFIG_SHA256")):
             want = _recorded(e, key)
             if want is None:
@@ -94,9 +97,11 @@ def open_job_dir(path: Path, env: dict[str, str] | None = None) -> TrustedDir:
             except FileNotFoundError:
                 raise InputError(f"{path / name} is missing; the job stops (submit again with fsbatch).") from None
             if got != want:
-                raise InputError(f"{path / name} is not the file fsbatch wrote (sha256 {got[:12]}..., recorded "
-                                 f"{want[:12]}...): it was changed after submission. The job stops without using "
-                                 "it; submit again with fsbatch (`fsbatch MODEL.yaml --force`).")
+                raise InputError(
+                    f"{path / name} is not the file fsbatch wrote (sha256 {got[:12]}..., recorded "
+                    f"{want[:12]}...): it was changed after submission. The job stops without using "
+                    "it; submit again with fsbatch (`fsbatch MODEL.yaml --force`)."
+                )
     except BaseException:
         os.close(fd)
         raise

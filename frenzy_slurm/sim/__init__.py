@@ -16,5 +16,17 @@ from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.sim.truth import ErrorModel
 from frenzy_slurm.sim.workload import WorkloadFile, WorkloadJob, load_workload, sample_philly, save_workload
 
-__all__ = ["ErrorModel", "RunResult", "SimCluster", "SimSlurm", "WorkloadFile", "WorkloadJob", "load_cluster",
-           "load_workload", "parse_compact", "sample_philly", "save_workload", "simulate"]
+__all__ = [
+    "ErrorModel",
+    "RunResult",
+    "SimCluster",
+    "SimSlurm",
+    "WorkloadFile",
+    "WorkloadJob",
+    "load_cluster",
+    "load_workload",
+    "parse_compact",
+    "sample_philly",
+    "save_workload",
+    "simulate",
+]

@@ -21,8 +21,13 @@ if TYPE_CHECKING:
     from frenzy_slurm.slurm.model import ClusterView
 
 # Intra-node link a node of this GPU family usually has (SXM boards: NVLink; PCIe cards: the PCIe generation).
-_DEFAULT_LINK: dict[str, IntraLink] = {"V100": "nvlink2", "A100": "nvlink3", "H100": "nvlink4", "H200": "nvlink4",
-                                       "B200": "nvlink5"}
+_DEFAULT_LINK: dict[str, IntraLink] = {
+    "V100": "nvlink2",
+    "A100": "nvlink3",
+    "H100": "nvlink4",
+    "H200": "nvlink4",
+    "B200": "nvlink5",
+}
 
 
 class _M(BaseModel):
@@ -80,9 +85,14 @@ class SimCluster(_M):
 
     def site(self) -> SiteConfig:
         """The site file HAS and MARP read for this cluster."""
-        return SiteConfig(cluster=self.name, defaults=SiteDefaults(inter_node_gbs=self.inter_node_gbs), pools=[
-            Pool(partition=p.name, gres_type=p.gres, gpu=p.gpu, gpus_per_node=p.gpus_per_node, intra_node=p.link)
-            for p in self.partitions])
+        return SiteConfig(
+            cluster=self.name,
+            defaults=SiteDefaults(inter_node_gbs=self.inter_node_gbs),
+            pools=[
+                Pool(partition=p.name, gres_type=p.gres, gpu=p.gpu, gpus_per_node=p.gpus_per_node, intra_node=p.link)
+                for p in self.partitions
+            ],
+        )
 
     @classmethod
     def from_view(cls, view: ClusterView, site: SiteConfig) -> SimCluster:
@@ -92,9 +102,16 @@ class SimCluster(_M):
             sp = site.pool(pool.partition, pool.gpu_type)
             if sp is None:
                 raise InputError(f"{pool.partition}/{pool.gpu_type} is not described in the site file {site.cluster}")
-            parts.append(SimPartition(name=pool.partition, gpu=sp.gpu, nodes=pool.nodes_up + pool.nodes_down,
-                                      gpus_per_node=pool.gpus_per_node, gres_type=pool.gpu_type,
-                                      intra_node=sp.intra_node if isinstance(sp.intra_node, str) else None))
+            parts.append(
+                SimPartition(
+                    name=pool.partition,
+                    gpu=sp.gpu,
+                    nodes=pool.nodes_up + pool.nodes_down,
+                    gpus_per_node=pool.gpus_per_node,
+                    gres_type=pool.gpu_type,
+                    intra_node=sp.intra_node if isinstance(sp.intra_node, str) else None,
+                )
+            )
         return cls(name=view.cluster or site.cluster, inter_node_gbs=site.defaults.inter_node_gbs, partitions=parts)
 
     def describe(self) -> str:
@@ -110,8 +127,10 @@ def parse_compact(text: str) -> SimCluster:
     for item in filter(None, (s.strip() for s in text.split(","))):
         m = _COMPACT.match(item)
         if not m:
-            raise InputError(f"--cluster: '{item}' is not GPU:NODESxGPUS (e.g. A100-80GB:2x8); "
-                             "or give a YAML file (see docs/simulation.md)")
+            raise InputError(
+                f"--cluster: '{item}' is not GPU:NODESxGPUS (e.g. A100-80GB:2x8); "
+                "or give a YAML file (see docs/simulation.md)"
+            )
         gpu = m["gpu"]
         if gpu not in catalog():
             close = match_gpu(gpu)
@@ -142,4 +161,4 @@ def load_cluster(arg: str) -> SimCluster:
 # 2,048-GPU, eight-type cluster of the HAS decision benchmark.
 SMALL = "A100-80GB:2x8,V100-32GB:4x8,T4:4x4"
 MEDIUM = "A100-80GB:16x8,V100-32GB:32x8,T4:32x4"
-LARGE = ("H100-SXM:32x8,A100-80GB:48x8,A100-40GB:48x8,L40S:48x4,A40:32x4,A10G:64x4,V100-32GB:32x8,T4:48x4")
+LARGE = "H100-SXM:32x8,A100-80GB:48x8,A100-40GB:48x8,L40S:48x4,A40:32x4,A10G:64x4,V100-32GB:32x8,T4:48x4"

@@ -52,8 +52,7 @@ class IlpPolicy:
         key = id(a)
         if key not in self._cands:
             req = a.requirements
-            self._cands[key] = search(a.workload, [p.option for p in pools], req.global_batch, req.steps,
-                                      None, a.space)
+            self._cands[key] = search(a.workload, [p.option for p in pools], req.global_batch, req.steps, None, a.space)
         return self._cands[key]
 
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
@@ -119,8 +118,13 @@ class IlpPolicy:
                     lo.append(0)
                     hi.append(full_free)
             t_solve = time.perf_counter()
-            res = milp(c=-np.array(values), integrality=np.ones(n), bounds=Bounds(0, 1),
-                       constraints=LinearConstraint(np.array(rows), lo, hi), options={"time_limit": 10.0})
+            res = milp(
+                c=-np.array(values),
+                integrality=np.ones(n),
+                bounds=Bounds(0, 1),
+                constraints=LinearConstraint(np.array(rows), lo, hi),
+                options={"time_limit": 10.0},
+            )
             self.solve_ms.append((time.perf_counter() - t_solve) * 1e3)
             chosen = [k for k in range(n) if res.x is not None and res.x[k] > 0.5]
             free_now = {p.key: list(p.free_by_node) for p in {id(o[1]): o[1] for o in options}.values()}
@@ -133,12 +137,24 @@ class IlpPolicy:
                     free[x] -= per_node
                 free_now[pool.key] = free
                 a = self.held[i][0]
-                req = ComponentRequest(partition=pool.live.partition, gpu_type=pool.live.gpu_type, nodes=nodes,
-                                       gpus_per_node=per_node, time_min=a.requirements.time_min(c.run_time_s),
-                                       cpus_per_gpu=pool.site.cpus_per_gpu)
-                placed.append((a, Placement([PlacedComponent(req, pool.option.spec.name, c.peak_gib,
-                                                             pool.option.spec.memory_gib)],
-                                            c.step_time_s, f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})")))
+                req = ComponentRequest(
+                    partition=pool.live.partition,
+                    gpu_type=pool.live.gpu_type,
+                    nodes=nodes,
+                    gpus_per_node=per_node,
+                    time_min=a.requirements.time_min(c.run_time_s),
+                    cpus_per_gpu=pool.site.cpus_per_gpu,
+                )
+                placed.append(
+                    (
+                        a,
+                        Placement(
+                            [PlacedComponent(req, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)],
+                            c.step_time_s,
+                            f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})",
+                        ),
+                    )
+                )
             self.round_vars.append(n)
         gone = {id(a) for a in self.unplaceable} | {id(a) for a, _ in placed}
         self.held = [h for h in self.held if id(h[0]) not in gone]

@@ -43,22 +43,32 @@ def summarize(r: RunResult) -> dict:
     for (t0, used), (t1, _) in pairwise(r.timeline):
         busy += used * (t1 - t0)
     return {
-        "policy": r.policy, "seed": r.seed, "gpus": r.gpus, "cluster": r.cluster, "load": r.load,
-        "jobs": len(r.records), "completed": len(done),
+        "policy": r.policy,
+        "seed": r.seed,
+        "gpus": r.gpus,
+        "cluster": r.cluster,
+        "load": r.load,
+        "jobs": len(r.records),
+        "completed": len(done),
         "unplaceable": sum(x.state == "unplaceable" for x in r.records),
         "unfinished": sum(x.state in ("unfinished", "gave-up") for x in r.records),
         "avg_jct_s": statistics.fmean(jct) if jct else float("nan"),
-        "p50_jct_s": _pct(jct, 0.5), "p95_jct_s": _pct(jct, 0.95), "p99_jct_s": _pct(jct, 0.99),
+        "p50_jct_s": _pct(jct, 0.5),
+        "p95_jct_s": _pct(jct, 0.95),
+        "p99_jct_s": _pct(jct, 0.99),
         "avg_queue_s": statistics.fmean(queue) if queue else float("nan"),
         "makespan_s": makespan,
         "gpu_util": busy / (r.gpus * makespan),
-        "ooms": sum(x.ooms for x in r.records), "timeouts": sum(x.timeouts for x in r.records),
+        "ooms": sum(x.ooms for x in r.records),
+        "timeouts": sum(x.timeouts for x in r.records),
         "heterogeneous_jobs": sum(x.kind == "heterogeneous" for x in done),
         "avg_gpus_per_job": statistics.fmean(x.gpus for x in done) if done else float("nan"),
         "gpu_hours": sum(x.gpu_s for x in r.records) / 3600.0,
         "decisions": len(r.decision_ms),
-        "decision_ms_median": _pct(r.decision_ms, 0.5), "decision_ms_p95": _pct(r.decision_ms, 0.95),
-        "sim_wall_s": r.sim_wall_s, **r.extra,
+        "decision_ms_median": _pct(r.decision_ms, 0.5),
+        "decision_ms_p95": _pct(r.decision_ms, 0.95),
+        "sim_wall_s": r.sim_wall_s,
+        **r.extra,
     }
 
 
@@ -70,8 +80,19 @@ def aggregate(rows: list[dict]) -> list[dict]:
     out = []
     for (gpus, policy), items in groups.items():
         agg = {"policy": policy, "gpus": gpus, "seeds": len(items)}
-        for key in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "gpu_util", "ooms",
-                    "decision_ms_median", "decision_ms_p95", "completed", "heterogeneous_jobs"):
+        for key in (
+            "avg_jct_s",
+            "p50_jct_s",
+            "p99_jct_s",
+            "avg_queue_s",
+            "makespan_s",
+            "gpu_util",
+            "ooms",
+            "decision_ms_median",
+            "decision_ms_p95",
+            "completed",
+            "heterogeneous_jobs",
+        ):
             vals = [float(i[key]) for i in items]
             agg[key] = statistics.fmean(vals)
             agg[key + "_sd"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
@@ -89,15 +110,19 @@ def markdown(rows: list[dict]) -> str:
             v += " ± " + fmt.format(r[key + "_sd"] / scale)
         return v
 
-    head = ("| GPUs | policy | avg JCT h | p50 JCT h | p99 JCT h | queue h | makespan h | GPU util | OOMs | "
-            "hetero | decision ms p50 / p95 |")
+    head = (
+        "| GPUs | policy | avg JCT h | p50 JCT h | p99 JCT h | queue h | makespan h | GPU util | OOMs | "
+        "hetero | decision ms p50 / p95 |"
+    )
     lines = [head, "|" + "|".join(["---"] * 11) + "|"]
     for r in sorted(rows, key=lambda r: (r["gpus"], r["avg_jct_s"])):
-        lines.append(f"| {r['gpus']} | {r['policy']} | {cell(r, 'avg_jct_s', 3600)} | {cell(r, 'p50_jct_s', 3600)} | "
-                     f"{cell(r, 'p99_jct_s', 3600)} | {cell(r, 'avg_queue_s', 3600)} | {cell(r, 'makespan_s', 3600)} | "
-                     f"{cell(r, 'gpu_util', 0.01, '{:.0f}')}% | {cell(r, 'ooms', 1, '{:.1f}')} | "
-                     f"{cell(r, 'heterogeneous_jobs', 1, '{:.1f}')} | "
-                     f"{r['decision_ms_median']:.1f} / {r['decision_ms_p95']:.1f} |")
+        lines.append(
+            f"| {r['gpus']} | {r['policy']} | {cell(r, 'avg_jct_s', 3600)} | {cell(r, 'p50_jct_s', 3600)} | "
+            f"{cell(r, 'p99_jct_s', 3600)} | {cell(r, 'avg_queue_s', 3600)} | {cell(r, 'makespan_s', 3600)} | "
+            f"{cell(r, 'gpu_util', 0.01, '{:.0f}')}% | {cell(r, 'ooms', 1, '{:.1f}')} | "
+            f"{cell(r, 'heterogeneous_jobs', 1, '{:.1f}')} | "
+            f"{r['decision_ms_median']:.1f} / {r['decision_ms_p95']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -120,11 +145,24 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
         for r in runs:
             jct = sorted(x.jct / 3600 for x in r.records if x.jct is not None)
             if jct:
-                ax.step(jct, [(i + 1) / len(r.records) for i in range(len(jct))], where="post",
-                        label=f"{r.policy} (seed {r.seed})")
+                ax.step(
+                    jct,
+                    [(i + 1) / len(r.records) for i in range(len(jct))],
+                    where="post",
+                    label=f"{r.policy} (seed {r.seed})",
+                )
         ax.set_xscale("log")
-        written.append(_finish(plt, fig, ax, "job completion time (h, log scale)", "fraction of jobs",
-                               f"JCT CDF, {gpus} GPUs", out_dir / f"jct_cdf_{gpus}.png"))
+        written.append(
+            _finish(
+                plt,
+                fig,
+                ax,
+                "job completion time (h, log scale)",
+                "fraction of jobs",
+                f"JCT CDF, {gpus} GPUs",
+                out_dir / f"jct_cdf_{gpus}.png",
+            )
+        )
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for r in runs:
             ts = [t / 3600 for t, _ in r.timeline]
@@ -132,8 +170,17 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
         ends = sorted(r.timeline[-1][0] / 3600 for r in runs if r.timeline)
         if len(ends) > 2:  # one policy's long tail (a job left alone for days) would squash the others
             ax.set_xlim(0, min(ends[-1], 2 * ends[len(ends) // 2]) * 1.02)
-        written.append(_finish(plt, fig, ax, "simulated time (h)", "GPUs allocated (%)",
-                               f"GPU utilisation, {gpus} GPUs", out_dir / f"utilisation_{gpus}.png"))
+        written.append(
+            _finish(
+                plt,
+                fig,
+                ax,
+                "simulated time (h)",
+                "GPUs allocated (%)",
+                f"GPU utilisation, {gpus} GPUs",
+                out_dir / f"utilisation_{gpus}.png",
+            )
+        )
     return written
 
 

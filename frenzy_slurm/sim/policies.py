@@ -64,10 +64,22 @@ def memory_gib(gpu_model: str) -> float:
 
 
 def from_allocation(alloc: Allocation) -> Placement:
-    comps = [PlacedComponent(ComponentRequest(partition=c.partition, gpu_type=c.gpu_type, nodes=c.nodes,
-                                              gpus_per_node=c.gpus_per_node, time_min=alloc.time_min,
-                                              cpus_per_gpu=c.cpus_per_task),
-                             c.gpu_model, c.peak_gib, memory_gib(c.gpu_model)) for c in alloc.components]
+    comps = [
+        PlacedComponent(
+            ComponentRequest(
+                partition=c.partition,
+                gpu_type=c.gpu_type,
+                nodes=c.nodes,
+                gpus_per_node=c.gpus_per_node,
+                time_min=alloc.time_min,
+                cpus_per_gpu=c.cpus_per_task,
+            ),
+            c.gpu_model,
+            c.peak_gib,
+            memory_gib(c.gpu_model),
+        )
+        for c in alloc.components
+    ]
     return Placement(comps, alloc.step_time_s, alloc.label(), alloc.kind)
 
 
@@ -128,11 +140,19 @@ class FastestFit:
             layout = node_layout(c.gpus, pool.site.gpus_per_node)
             if layout is None:
                 continue
-            req_c = ComponentRequest(partition=pool.live.partition, gpu_type=pool.live.gpu_type, nodes=layout[0],
-                                     gpus_per_node=layout[1], time_min=req.time_min(c.run_time_s),
-                                     cpus_per_gpu=pool.site.cpus_per_gpu)
-            return Placement([PlacedComponent(req_c, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)],
-                             c.step_time_s, f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})")
+            req_c = ComponentRequest(
+                partition=pool.live.partition,
+                gpu_type=pool.live.gpu_type,
+                nodes=layout[0],
+                gpus_per_node=layout[1],
+                time_min=req.time_min(c.run_time_s),
+                cpus_per_gpu=pool.site.cpus_per_gpu,
+            )
+            return Placement(
+                [PlacedComponent(req_c, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)],
+                c.step_time_s,
+                f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})",
+            )
         return None
 
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
@@ -190,18 +210,28 @@ class UserFixed:
             c = min(items, key=lambda c: c.step_time_s)
             step, peak = c.step_time_s, c.peak_gib
         else:  # nothing fits by MARP's estimate: the user's most frugal DeepSpeed config, which may OOM
-            plan = ParallelPlan(dp=n, zero=3 if n > 1 else 0, micro_batch=1,
-                                grad_accum=max(1, req.global_batch // n), recompute="full")
+            plan = ParallelPlan(
+                dp=n, zero=3 if n > 1 else 0, micro_batch=1, grad_accum=max(1, req.global_batch // n), recompute="full"
+            )
             est = estimate_memory(w, plan, "reserved", Overheads(fragmentation=a.space.fragmentation))
             peak = est.peak_gib + opt.overhead_bytes(n) / GiB
             step = plan_costs(w, plan, req.global_batch).seconds_on(opt.spec, opt.links)
         nodes, per_node = node_layout(n, gpn) or (n, 1)
         hours = math.ceil(2.0 * (step * req.steps + 600) / 3600)
-        req_c = ComponentRequest(partition=pool.live.partition, gpu_type=pool.live.gpu_type, nodes=nodes,
-                                 gpus_per_node=per_node, time_min=60 * hours, cpus_per_gpu=pool.site.cpus_per_gpu)
+        req_c = ComponentRequest(
+            partition=pool.live.partition,
+            gpu_type=pool.live.gpu_type,
+            nodes=nodes,
+            gpus_per_node=per_node,
+            time_min=60 * hours,
+            cpus_per_gpu=pool.site.cpus_per_gpu,
+        )
         a.tried_pools.append(str(pool.key))
-        return Placement([PlacedComponent(req_c, opt.spec.name, peak, opt.spec.memory_gib)], step,
-                         f"{n}x{opt.spec.name}({pool.live.partition})")
+        return Placement(
+            [PlacedComponent(req_c, opt.spec.name, peak, opt.spec.memory_gib)],
+            step,
+            f"{n}x{opt.spec.name}({pool.live.partition})",
+        )
 
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
         return []
@@ -230,8 +260,11 @@ def expand_policies(text: str) -> list[str]:
     """`has,user-fixed` -> has plus every user-fixed variant; `all` -> every policy."""
     out: list[str] = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        names = POLICY_NAMES if item == "all" else (
-            [f"user-fixed:{v}" for v in USER_VARIANTS] if item == "user-fixed" else [item])
+        names = (
+            POLICY_NAMES
+            if item == "all"
+            else ([f"user-fixed:{v}" for v in USER_VARIANTS] if item == "user-fixed" else [item])
+        )
         for n in names:
             if n not in POLICY_NAMES:
                 raise ValueError(f"unknown policy '{n}'; choose from {', '.join(POLICY_NAMES)}, user-fixed or all")

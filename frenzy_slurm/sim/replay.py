@@ -50,31 +50,45 @@ def replay_jobs(result: RunResult, makespan_s: float = 120.0, min_run_s: float =
         comps = []
         for c in r.components:
             limit = max(1, math.ceil(c.time_min * f), math.ceil(run * 1.25 / 60))
-            comps.append(ComponentRequest(partition=c.partition, gpu_type=c.gpu_type, nodes=c.nodes,
-                                          gpus_per_node=c.gpus_per_node, time_min=limit, cpus_per_gpu=1,
-                                          mem_per_gpu_mb=c.mem_per_gpu_mb))
+            comps.append(
+                ComponentRequest(
+                    partition=c.partition,
+                    gpu_type=c.gpu_type,
+                    nodes=c.nodes,
+                    gpus_per_node=c.gpus_per_node,
+                    time_min=limit,
+                    cpus_per_gpu=1,
+                    mem_per_gpu_mb=c.mem_per_gpu_mb,
+                )
+            )
         out.append(ReplayJob(r.id, (r.submit - first) * f, comps, run))
     return sorted(out, key=lambda j: (j.submit_s, j.id))
 
 
-def simulate_replay(jobs: list[ReplayJob], cluster: SimCluster, sched_interval_s: float = 0.0
-                    ) -> dict[int, tuple[float, float]]:
+def simulate_replay(
+    jobs: list[ReplayJob], cluster: SimCluster, sched_interval_s: float = 0.0
+) -> dict[int, tuple[float, float]]:
     """(start, end) of each replayed job in the simulated Slurm, seconds from the first submission.
     `sched_interval_s`: the cluster's backfill period (the devcluster's bf_interval is 1 s)."""
     runs: dict[int, float] = {}
     by_sim: dict[int, int] = {}
-    sim = SimSlurm(cluster, now=0.0, outcome=lambda j: (runs[by_sim[j.job_id]], "COMPLETED"),
-                   sched_interval_s=sched_interval_s)
+    sim = SimSlurm(
+        cluster, now=0.0, outcome=lambda j: (runs[by_sim[j.job_id]], "COMPLETED"), sched_interval_s=sched_interval_s
+    )
     for j in jobs:
         sim.advance(j.submit_s)
         by_sim[sim.next_job_id] = j.id
         runs[j.id] = j.run_s
-        sim.submit(BatchJob(script=Path("replay.sbatch"), workdir=Path("."), components=j.components,
-                            name=f"replay-{j.id}"))
+        sim.submit(
+            BatchJob(script=Path("replay.sbatch"), workdir=Path("."), components=j.components, name=f"replay-{j.id}")
+        )
     while sim.next_end() is not None:
         sim.advance(sim.next_end())  # type: ignore[arg-type]
-    return {by_sim[sid]: (sj.start, sj.end) for sid, sj in sim.jobs_by_id.items()
-            if sj.start is not None and sj.end is not None}
+    return {
+        by_sim[sid]: (sj.start, sj.end)
+        for sid, sj in sim.jobs_by_id.items()
+        if sj.start is not None and sj.end is not None
+    }
 
 
 def write_script(job: ReplayJob, workdir: Path) -> Path:
@@ -84,9 +98,14 @@ def write_script(job: ReplayJob, workdir: Path) -> Path:
         if k:
             lines.append("#SBATCH hetjob")
         gres = f"gpu:{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else f"gpu:{c.gpus_per_node}"
-        lines += [f"#SBATCH --partition={c.partition}", f"#SBATCH --nodes={c.nodes}", f"#SBATCH --gres={gres}",
-                  f"#SBATCH --ntasks-per-node={c.gpus_per_node}", f"#SBATCH --cpus-per-task={c.cpus_per_gpu}",
-                  f"#SBATCH --time={c.time_min}"]
+        lines += [
+            f"#SBATCH --partition={c.partition}",
+            f"#SBATCH --nodes={c.nodes}",
+            f"#SBATCH --gres={gres}",
+            f"#SBATCH --ntasks-per-node={c.gpus_per_node}",
+            f"#SBATCH --cpus-per-task={c.cpus_per_gpu}",
+            f"#SBATCH --time={c.time_min}",
+        ]
         if k == 0:
             lines += [f"#SBATCH --job-name=replay-{job.id}", f"#SBATCH --output={workdir}/replay-{job.id}-%j.out"]
     lines.append(f"sleep {job.run_s:.2f}")
@@ -97,8 +116,9 @@ def write_script(job: ReplayJob, workdir: Path) -> Path:
     return path
 
 
-def live_replay(jobs: list[ReplayJob], backend: SlurmBackend, workdir: Path, poll_s: float = 0.5,
-                timeout_s: float = 600.0) -> dict[int, tuple[float, float]]:
+def live_replay(
+    jobs: list[ReplayJob], backend: SlurmBackend, workdir: Path, poll_s: float = 0.5, timeout_s: float = 600.0
+) -> dict[int, tuple[float, float]]:
     """Submit each job at its scaled arrival through `backend.submit`; (start, end) from the queue, in seconds
     from the first submission. One batched `squeue` per poll."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -114,8 +134,9 @@ def live_replay(jobs: list[ReplayJob], backend: SlurmBackend, workdir: Path, pol
                 raise TimeoutError(f"replay: {len(jobs) - len(times)} jobs not finished after {timeout_s:.0f} s")
             while todo and time.time() - t0 >= todo[0].submit_s:
                 j = todo.pop(0)
-                slurm_ids[j.id] = backend.submit(BatchJob(script=scripts[j.id], workdir=workdir,
-                                                          components=j.components, name=f"replay-{j.id}")).job_id
+                slurm_ids[j.id] = backend.submit(
+                    BatchJob(script=scripts[j.id], workdir=workdir, components=j.components, name=f"replay-{j.id}")
+                ).job_id
             live = [sid for jid, sid in slurm_ids.items() if jid not in times]
             if live:
                 by_leader: dict[int, list] = {}
@@ -152,11 +173,15 @@ def compare(sim: dict[int, tuple[float, float]], live: dict[int, tuple[float, fl
     makespan = max(e for _, e in live.values()) - min(s for s, _ in live.values()) if live else 0.0
     med = statistics.median(abs(d) for d in starts) if starts else float("nan")
     return {
-        "jobs": len(ids), "makespan_s": makespan,
-        "start_diff_median_s": med, "start_diff_max_s": max((abs(d) for d in starts), default=float("nan")),
+        "jobs": len(ids),
+        "makespan_s": makespan,
+        "start_diff_median_s": med,
+        "start_diff_max_s": max((abs(d) for d in starts), default=float("nan")),
         "start_diff_mean_s": statistics.fmean(starts) if starts else float("nan"),
         "end_diff_median_s": statistics.median(abs(d) for d in ends) if ends else float("nan"),
         "start_diff_median_pct_of_makespan": 100.0 * med / makespan if makespan else float("nan"),
-        "per_job": [{"id": i, "sim_start": sim[i][0], "live_start": live[i][0], "sim_end": sim[i][1],
-                     "live_end": live[i][1]} for i in ids],
+        "per_job": [
+            {"id": i, "sim_start": sim[i][0], "live_start": live[i][0], "sim_end": sim[i][1], "live_end": live[i][1]}
+            for i in ids
+        ],
     }

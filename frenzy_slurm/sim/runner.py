@@ -92,17 +92,35 @@ def time_scale(wl: WorkloadFile, cluster: SimCluster, load: float) -> float:
 
 
 class Runner:
-    def __init__(self, workload: WorkloadFile, cluster: SimCluster, policy: str, seed: int = 0,
-                 errors: ErrorModel | None = None, load: float | None = 0.8, reserve: int | None = None,
-                 estimates: str = "test-only", ilp_round_s: float = 60.0,
-                 progress: Callable[[int], None] | None = None, sched_interval_s: float = 0.0,
-                 max_gpus: int | None = None, max_job_share: float | None = None):
+    def __init__(
+        self,
+        workload: WorkloadFile,
+        cluster: SimCluster,
+        policy: str,
+        seed: int = 0,
+        errors: ErrorModel | None = None,
+        load: float | None = 0.8,
+        reserve: int | None = None,
+        estimates: str = "test-only",
+        ilp_round_s: float = 60.0,
+        progress: Callable[[int], None] | None = None,
+        sched_interval_s: float = 0.0,
+        max_gpus: int | None = None,
+        max_job_share: float | None = None,
+    ):
         self.workload, self.cluster, self.seed, self.load = workload, cluster, seed, load
         self.max_gpus = max_gpus  # limits.max_gpus of every job (every policy honours it)
         self.policy = make_policy(policy, ilp_round_s)
         self.truth = Truth(errors or ErrorModel(), seed)
-        self.sim = SimSlurm(cluster, now=0.0, reserve=reserve, estimates=estimates, outcome=self._outcome,
-                            on_end=self._on_end, sched_interval_s=sched_interval_s)
+        self.sim = SimSlurm(
+            cluster,
+            now=0.0,
+            reserve=reserve,
+            estimates=estimates,
+            outcome=self._outcome,
+            on_end=self._on_end,
+            sched_interval_s=sched_interval_s,
+        )
         site = cluster.site()
         if max_job_share is not None:  # the site file's setting (validated: 0 < share <= 1)
             site = SiteConfig.model_validate({**site.model_dump(), "max_job_share": max_job_share})
@@ -146,16 +164,37 @@ class Runner:
             return
         if sj.state == "OUT_OF_MEMORY":
             rec.ooms += 1
-            worst = max(self.truth.peak_gib(a.job.id, c.predicted_peak_gib) / c.predicted_peak_gib
-                        for c in p.components)
-            nxt = Attempt(a.job, a.steps, a.number + 1, max(a.mem_correction, worst * 1.05), a.ooms + 1, a.timeouts,
-                          p.gpus, _pool_of(p), list(a.tried_pools), a.max_gpus)
+            worst = max(
+                self.truth.peak_gib(a.job.id, c.predicted_peak_gib) / c.predicted_peak_gib for c in p.components
+            )
+            nxt = Attempt(
+                a.job,
+                a.steps,
+                a.number + 1,
+                max(a.mem_correction, worst * 1.05),
+                a.ooms + 1,
+                a.timeouts,
+                p.gpus,
+                _pool_of(p),
+                list(a.tried_pools),
+                a.max_gpus,
+            )
         elif sj.state == "TIMEOUT":
             rec.timeouts += 1
             step = self._start_step.get(sj.job_id) or 1.0
             done = max(0, int((sj.end - sj.start - self.truth.model.startup_s) // step))
-            nxt = Attempt(a.job, max(1, a.steps - done), a.number + 1, a.mem_correction, a.ooms, a.timeouts + 1,
-                          p.gpus, _pool_of(p), list(a.tried_pools), a.max_gpus)
+            nxt = Attempt(
+                a.job,
+                max(1, a.steps - done),
+                a.number + 1,
+                a.mem_correction,
+                a.ooms,
+                a.timeouts + 1,
+                p.gpus,
+                _pool_of(p),
+                list(a.tried_pools),
+                a.max_gpus,
+            )
         else:  # cancelled
             rec.state, rec.end = "unfinished", sj.end
             self._done()
@@ -176,9 +215,13 @@ class Runner:
         rec.attempts += 1
         rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
         rec.components = [c.request for c in p.components]
-        job = BatchJob(script=Path(f"sim-job-{a.job.id}/job.sbatch"), workdir=Path(f"sim-job-{a.job.id}"),
-                       components=[c.request for c in p.components], name=f"sim-job-{a.job.id}",
-                       comment=f"attempt {a.number}")
+        job = BatchJob(
+            script=Path(f"sim-job-{a.job.id}/job.sbatch"),
+            workdir=Path(f"sim-job-{a.job.id}"),
+            components=[c.request for c in p.components],
+            name=f"sim-job-{a.job.id}",
+            comment=f"attempt {a.number}",
+        )
         # a job can start inside submit(), and its outcome needs the plan: register it under the id it will get
         self.running[self.sim.next_job_id] = (a, p)
         self.sim.submit(job)
@@ -240,15 +283,25 @@ class Runner:
         extra: dict[str, float] = {}
         if isinstance(self.policy, IlpPolicy):  # the one policy that times its rounds
             self.decision_ms = list(self.policy.round_ms)
-            extra["ilp_vars_median"] = sorted(self.policy.round_vars)[len(self.policy.round_vars) // 2] \
-                if self.policy.round_vars else 0
+            extra["ilp_vars_median"] = (
+                sorted(self.policy.round_vars)[len(self.policy.round_vars) // 2] if self.policy.round_vars else 0
+            )
             solve = sorted(self.policy.solve_ms)
             extra["ilp_solve_ms_median"] = solve[len(solve) // 2] if solve else 0.0
             extra["ilp_solve_ms_p95"] = solve[int(0.95 * (len(solve) - 1))] if solve else 0.0
         extra["schedule_s"] = self.sim.schedule_s
-        return RunResult(self.policy.name, self.seed, self.cluster.gpus, self.cluster.describe(),
-                         sorted(self.records.values(), key=lambda r: r.id), list(self.sim.timeline),
-                         self.decision_ms, time.perf_counter() - t0, self.load, extra)
+        return RunResult(
+            self.policy.name,
+            self.seed,
+            self.cluster.gpus,
+            self.cluster.describe(),
+            sorted(self.records.values(), key=lambda r: r.id),
+            list(self.sim.timeline),
+            self.decision_ms,
+            time.perf_counter() - t0,
+            self.load,
+            extra,
+        )
 
 
 def _pool_of(p: Placement) -> str:

@@ -89,10 +89,18 @@ class SimSlurm:
 
     name = "sim"
 
-    def __init__(self, cluster: SimCluster, now: float = 0.0, reserve: int | None = None,
-                 bf_max_job_test: int = 500, estimates: str = "test-only", outcome: Outcome | None = None,
-                 on_end: Callable[[SimJob], None] | None = None, first_job_id: int = 1,
-                 sched_interval_s: float = 0.0):
+    def __init__(
+        self,
+        cluster: SimCluster,
+        now: float = 0.0,
+        reserve: int | None = None,
+        bf_max_job_test: int = 500,
+        estimates: str = "test-only",
+        outcome: Outcome | None = None,
+        on_end: Callable[[SimJob], None] | None = None,
+        first_job_id: int = 1,
+        sched_interval_s: float = 0.0,
+    ):
         self.cluster = cluster
         self.now = now
         self.reserve = reserve  # None: every tested job gets a reservation (Slurm); 1: EASY
@@ -122,19 +130,44 @@ class SimSlurm:
 
     # ---- SlurmBackend -------------------------------------------------------------------------
     def load(self) -> ClusterView:
-        parts = [Partition(name=p.name, nodes=[n for n in self.nodes if self.nodes[n].partition == p.name],
-                           default_time_min=60, max_time_min=p.max_time_min) for p in self.cluster.partitions]
-        nodes = [Node(name=n.name, partitions=[n.partition], state=self._node_state(n), gpu_type=n.gres,
-                      gpus_total=n.gpus, gpus_used=n.used, cpus=n.cpus, memory_mb=64000 * n.gpus)
-                 for n in self.nodes.values()]
-        return ClusterView(cluster=self.cluster.name, backend="sim", slurm_version="sim", taken_at=self.now,
-                           partitions=parts, nodes=nodes, jobs=self.jobs())
+        parts = [
+            Partition(
+                name=p.name,
+                nodes=[n for n in self.nodes if self.nodes[n].partition == p.name],
+                default_time_min=60,
+                max_time_min=p.max_time_min,
+            )
+            for p in self.cluster.partitions
+        ]
+        nodes = [
+            Node(
+                name=n.name,
+                partitions=[n.partition],
+                state=self._node_state(n),
+                gpu_type=n.gres,
+                gpus_total=n.gpus,
+                gpus_used=n.used,
+                cpus=n.cpus,
+                memory_mb=64000 * n.gpus,
+            )
+            for n in self.nodes.values()
+        ]
+        return ClusterView(
+            cluster=self.cluster.name,
+            backend="sim",
+            slurm_version="sim",
+            taken_at=self.now,
+            partitions=parts,
+            nodes=nodes,
+            jobs=self.jobs(),
+        )
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
         candidates = [self._candidates(c) for c in components]
         if any(len(c) < comp.nodes for c, comp in zip(candidates, components, strict=True)):
-            raise SlurmCommandError(["sbatch", "--test-only"], 1,
-                                    "sbatch: error: Requested node configuration is not available")
+            raise SlurmCommandError(
+                ["sbatch", "--test-only"], 1, "sbatch: error: Requested node configuration is not available"
+            )
         timeline = self._estimate_timeline()
         duration = 60.0 * max(c.time_min for c in components)
         found = timeline.earliest(_shapes(components), candidates, self.now, duration)
@@ -147,8 +180,11 @@ class SimSlurm:
         for c in job.components:
             pool = self._candidates(c)
             if len(pool) < c.nodes:
-                raise SlurmCommandError(["sbatch"], 1, "sbatch: error: Batch job submission failed: "
-                                        "Requested node configuration is not available")
+                raise SlurmCommandError(
+                    ["sbatch"],
+                    1,
+                    "sbatch: error: Batch job submission failed: Requested node configuration is not available",
+                )
         jid = self._next_id
         self._next_id += max(1, len(job.components))  # hetjob components take consecutive ids
         self.jobs_by_id[jid] = SimJob(jid, list(job.components), self.now, name=job.name, comment=job.comment)
@@ -166,13 +202,26 @@ class SimSlurm:
             het = len(j.components) > 1
             for k, c in enumerate(j.components):
                 start = j.start if j.start is not None else j.planned_start
-                out.append(Job(job_id=j.job_id + k, het_job_id=j.job_id if het else None,
-                               het_job_offset=k if het else None, name=j.name, user=j.user, state=j.state,
-                               reason=j.reason, partition=c.partition, nodes=j.nodes[k] if j.nodes else [],
-                               node_count=c.nodes, gpu_type=c.gpu_type, gpus_per_node=c.gpus_per_node,
-                               start_time=int(start) if start is not None else None,
-                               end_time=int(start + j.limit_s) if start is not None else None,
-                               time_limit_min=c.time_min, comment=j.comment))
+                out.append(
+                    Job(
+                        job_id=j.job_id + k,
+                        het_job_id=j.job_id if het else None,
+                        het_job_offset=k if het else None,
+                        name=j.name,
+                        user=j.user,
+                        state=j.state,
+                        reason=j.reason,
+                        partition=c.partition,
+                        nodes=j.nodes[k] if j.nodes else [],
+                        node_count=c.nodes,
+                        gpu_type=c.gpu_type,
+                        gpus_per_node=c.gpus_per_node,
+                        start_time=int(start) if start is not None else None,
+                        end_time=int(start + j.limit_s) if start is not None else None,
+                        time_limit_min=c.time_min,
+                        comment=j.comment,
+                    )
+                )
         return out
 
     def cancel(self, job_id: int) -> None:
@@ -198,10 +247,13 @@ class SimSlurm:
         for i in job_ids:
             j = self.jobs_by_id.get(i)
             if j is not None:
-                out[i] = AccountingRecord(job_id=i, state=j.state, start=int(j.start) if j.start is not None else None,
-                                          end=int(j.end) if j.end is not None else None,
-                                          elapsed_s=int(j.end - j.start) if j.end is not None and j.start is not None
-                                          else None)
+                out[i] = AccountingRecord(
+                    job_id=i,
+                    state=j.state,
+                    start=int(j.start) if j.start is not None else None,
+                    end=int(j.end) if j.end is not None else None,
+                    elapsed_s=int(j.end - j.start) if j.end is not None and j.start is not None else None,
+                )
         return out
 
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
@@ -211,9 +263,11 @@ class SimSlurm:
 
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         """Refused: a simulated node runs no programs."""
-        raise SlurmUnavailable(f"the {self.name} backend simulates a cluster; it cannot run job steps (asked for "
-                               f"{gpus} GPU(s) of partition {pool.partition}). Use --backend cli (or auto) on a "
-                               "machine that reaches Slurm.")
+        raise SlurmUnavailable(
+            f"the {self.name} backend simulates a cluster; it cannot run job steps (asked for "
+            f"{gpus} GPU(s) of partition {pool.partition}). Use --backend cli (or auto) on a "
+            "machine that reaches Slurm."
+        )
 
     @property
     def next_job_id(self) -> int:
@@ -259,8 +313,9 @@ class SimSlurm:
         timeline = self._running_timeline()
         started = []
         reservations = 0
-        pending = sorted((j for j in self.jobs_by_id.values() if j.state == "PENDING"),
-                         key=lambda j: (j.submit, j.job_id))
+        pending = sorted(
+            (j for j in self.jobs_by_id.values() if j.state == "PENDING"), key=lambda j: (j.submit, j.job_id)
+        )
         for j in pending[: self.bf_max_job_test]:
             cands = [self._candidates(c) for c in j.components]
             found = timeline.earliest(_shapes(j.components), cands, self.now, j.limit_s)
@@ -282,7 +337,7 @@ class SimSlurm:
                 j.planned_start, j.reason = t, ("Priority" if reservations > 1 else "Resources")
             else:
                 j.planned_start, j.reason = None, "Priority"
-        for j in pending[self.bf_max_job_test:]:
+        for j in pending[self.bf_max_job_test :]:
             j.planned_start, j.reason = None, "Priority"
         self.schedule_s += _time.perf_counter() - t0
         return started

@@ -11,8 +11,9 @@ from frenzy_slurm.cluster.site import IntraLink, Pool, SiteConfig
 from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 
 
-def synthetic(pools: list[tuple[str, str, int, int]], busy: float = 0.0, seed: int = 0, now: float = 1.8e9,
-              job_minutes: int = 60) -> ClusterView:
+def synthetic(
+    pools: list[tuple[str, str, int, int]], busy: float = 0.0, seed: int = 0, now: float = 1.8e9, job_minutes: int = 60
+) -> ClusterView:
     """pools: (partition, catalog GPU, nodes, GPUs per node). `busy` of the GPUs are held by running jobs
     that end at random times within `job_minutes`."""
     rng = random.Random(seed)
@@ -24,26 +25,65 @@ def synthetic(pools: list[tuple[str, str, int, int]], busy: float = 0.0, seed: i
         parts.append(Partition(name=partition, nodes=names, default_time_min=60))
         for name in names:
             used = min(gpn, int(round(gpn * busy + rng.uniform(-0.5, 0.5)))) if busy else 0
-            nodes.append(Node(name=name, partitions=[partition], state="mixed" if used else "idle", gpu_type=gres,
-                              gpus_total=gpn, gpus_used=used, cpus=8 * gpn, memory_mb=64000 * gpn))
+            nodes.append(
+                Node(
+                    name=name,
+                    partitions=[partition],
+                    state="mixed" if used else "idle",
+                    gpu_type=gres,
+                    gpus_total=gpn,
+                    gpus_used=used,
+                    cpus=8 * gpn,
+                    memory_mb=64000 * gpn,
+                )
+            )
             if used:
                 end = now + rng.randint(1, job_minutes) * 60
-                jobs.append(Job(job_id=job_id, name="other", user="someone", state="RUNNING", partition=partition,
-                                nodes=[name], node_count=1, gpu_type=gres, gpus_per_node=used,
-                                start_time=int(now - 600), end_time=int(end), time_limit_min=job_minutes))
+                jobs.append(
+                    Job(
+                        job_id=job_id,
+                        name="other",
+                        user="someone",
+                        state="RUNNING",
+                        partition=partition,
+                        nodes=[name],
+                        node_count=1,
+                        gpu_type=gres,
+                        gpus_per_node=used,
+                        start_time=int(now - 600),
+                        end_time=int(end),
+                        time_limit_min=job_minutes,
+                    )
+                )
                 job_id += 1
     return ClusterView(cluster="synthetic", backend="static", taken_at=now, partitions=parts, nodes=nodes, jobs=jobs)
 
 
 def synthetic_site(pools: list[tuple[str, str, int, int]]) -> SiteConfig:
     links: dict[str, IntraLink] = {"V100": "nvlink2", "A100": "nvlink3", "H100": "nvlink4", "H200": "nvlink4"}
-    return SiteConfig(cluster="synthetic", pools=[
-        Pool(partition=p, gres_type=gpu.lower().replace("-", "_"), gpu=gpu, gpus_per_node=gpn,
-             intra_node=links.get(gpu.split("-")[0], "pcie4"))
-        for p, gpu, _, gpn in pools])
+    return SiteConfig(
+        cluster="synthetic",
+        pools=[
+            Pool(
+                partition=p,
+                gres_type=gpu.lower().replace("-", "_"),
+                gpu=gpu,
+                gpus_per_node=gpn,
+                intra_node=links.get(gpu.split("-")[0], "pcie4"),
+            )
+            for p, gpu, _, gpn in pools
+        ],
+    )
 
 
 # 2,048 GPUs in 8 GPU types (the HAS benchmark's cluster)
-LARGE = [("h100", "H100-SXM", 32, 8), ("a100x", "A100-80GB", 48, 8), ("a100", "A100-40GB", 48, 8),
-         ("l40s", "L40S", 48, 4), ("a40", "A40", 32, 4), ("a10g", "A10G", 64, 4), ("v100", "V100-32GB", 32, 8),
-         ("t4", "T4", 48, 4)]
+LARGE = [
+    ("h100", "H100-SXM", 32, 8),
+    ("a100x", "A100-80GB", 48, 8),
+    ("a100", "A100-40GB", 48, 8),
+    ("l40s", "L40S", 48, 4),
+    ("a40", "A40", 32, 4),
+    ("a10g", "A10G", 64, 4),
+    ("v100", "V100-32GB", 32, 8),
+    ("t4", "T4", 48, 4),
+]

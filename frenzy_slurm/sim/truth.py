@@ -42,8 +42,9 @@ class ErrorModel(BaseModel):
     time_bias: float = Field(1.0, gt=0, description="Median of true/predicted step time (1: the model is unbiased).")
     time_sd: float = Field(0.10, ge=0, description="Log-normal sigma of true/predicted step time, per job.")
     type_sd: float = Field(0.10, ge=0, description="Log-normal sigma of true/predicted step time, per GPU type.")
-    startup_s: float = Field(120.0, ge=0,
-                             description="Seconds from start to the first step (load, init); an OOM comes then.")
+    startup_s: float = Field(
+        120.0, ge=0, description="Seconds from start to the first step (load, init); an OOM comes then."
+    )
 
     @classmethod
     def exact(cls) -> ErrorModel:

@@ -44,12 +44,31 @@ MAX_GPU_HOURS = 1000.0
 # GPU-hours bins -> (preset, method) choices. Upper bounds exclusive.
 MODEL_BINS: list[tuple[float, list[tuple[str, Method]]]] = [
     (1.0, [("gpt2", "full"), ("gpt2-medium", "full"), ("qwen2-0.5b", "full"), ("llama-3.2-1b", "lora")]),
-    (10.0, [("gpt2-xl", "full"), ("llama-3.2-1b", "full"), ("qwen2-1.5b", "full"), ("llama-2-7b", "lora"),
-            ("mistral-7b", "qlora"), ("llama-3-8b", "lora")]),
-    (100.0, [("llama-3.2-3b", "full"), ("llama-2-7b", "full"), ("llama-3-8b", "full"), ("llama-2-13b", "lora"),
-             ("llama-2-70b", "qlora")]),
-    (float("inf"), [("llama-2-13b", "full"), ("llama-3-8b", "full"), ("llama-2-70b", "lora"),
-                    ("llama-3-70b", "qlora")]),
+    (
+        10.0,
+        [
+            ("gpt2-xl", "full"),
+            ("llama-3.2-1b", "full"),
+            ("qwen2-1.5b", "full"),
+            ("llama-2-7b", "lora"),
+            ("mistral-7b", "qlora"),
+            ("llama-3-8b", "lora"),
+        ],
+    ),
+    (
+        100.0,
+        [
+            ("llama-3.2-3b", "full"),
+            ("llama-2-7b", "full"),
+            ("llama-3-8b", "full"),
+            ("llama-2-13b", "lora"),
+            ("llama-2-70b", "qlora"),
+        ],
+    ),
+    (
+        float("inf"),
+        [("llama-2-13b", "full"), ("llama-3-8b", "full"), ("llama-2-70b", "lora"), ("llama-3-70b", "qlora")],
+    ),
 ]
 SEQ_LENS = (1024, 2048, 4096)
 GLOBAL_BATCHES = (32, 64, 128, 256)
@@ -134,16 +153,19 @@ def _read_trace(path: Path) -> list[tuple[datetime, float, int, float, str]]:
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
     except OSError as exc:
-        raise InputError(f"{path}: cannot read the Philly trace: {exc.strerror}. Pass --trace PATH "
-                         "(../shared/data/traces/philly.csv in the development checkout)") from None
+        raise InputError(
+            f"{path}: cannot read the Philly trace: {exc.strerror}. Pass --trace PATH "
+            "(../shared/data/traces/philly.csv in the development checkout)"
+        ) from None
     out = []
     for i, r in enumerate(rows, start=2):
         try:
             ts = datetime.fromisoformat(r["timestamp"])  # YYYY-MM-DD HH:MM:SS; much faster than strptime
             dur, gpus, gt = float(r["duration"]), int(r["num_gpus"]), float(r["gpu_time"])
         except (KeyError, ValueError) as exc:
-            raise InputError(f"{path}:{i}: not a Philly row (timestamp,duration,num_gpus,gpu_time,cluster): {exc}") \
-                from None
+            raise InputError(
+                f"{path}:{i}: not a Philly row (timestamp,duration,num_gpus,gpu_time,cluster): {exc}"
+            ) from None
         if dur >= MIN_DURATION_S and gt < MAX_GPU_HOURS * 3600:
             out.append((ts, dur, gpus, gt, r.get("cluster", "")))
     out.sort(key=lambda x: x[0])
@@ -160,7 +182,7 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
         raise InputError(f"{trace}: only {len(rows)} usable jobs, {jobs} asked for")
     rng = random.Random(seed)
     first = rng.randrange(0, len(rows) - jobs + 1)
-    window = rows[first: first + jobs]
+    window = rows[first : first + jobs]
     t0 = window[0][0]
     rate = reference_rate()
     out = []
@@ -173,8 +195,11 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
 
         max_pos = presets()[model].arch.max_positions or 2048
         seq = rng.choice([s for s in SEQ_LENS if s <= max_pos])
-        spec = job_spec(WorkloadJob(id=i, submit_s=0, model=model, method=method, precision=precision, seq_len=seq,
-                                    global_batch=32, steps=1))
+        spec = job_spec(
+            WorkloadJob(
+                id=i, submit_s=0, model=model, method=method, precision=precision, seq_len=seq, global_batch=32, steps=1
+            )
+        )
         from frenzy_slurm.jobspec import resolve_model
 
         per_token = flops_per_token(workload_from_spec(spec, resolve_model(spec, Path("."))), "none")
@@ -182,22 +207,42 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
         batches = [b for b in GLOBAL_BATCHES if tokens / (b * seq) >= MIN_STEPS] or [GLOBAL_BATCHES[0]]
         gb = rng.choice(batches)
         steps = max(1, round(tokens / (gb * seq)))
-        out.append(WorkloadJob(id=i, submit_s=(ts - t0).total_seconds(), model=model, method=method,
-                               precision=precision, seq_len=seq, global_batch=gb, steps=steps, trace_gpus=gpus,
-                               trace_gpu_time_s=gpu_time, group=group))
+        out.append(
+            WorkloadJob(
+                id=i,
+                submit_s=(ts - t0).total_seconds(),
+                model=model,
+                method=method,
+                precision=precision,
+                seq_len=seq,
+                global_batch=gb,
+                steps=steps,
+                trace_gpus=gpus,
+                trace_gpu_time_s=gpu_time,
+                group=group,
+            )
+        )
     return WorkloadFile(source=f"philly.csv seed {seed}, {jobs} jobs from {t0:%Y-%m-%d %H:%M:%S}", jobs=out)
 
 
-def job_spec(job: WorkloadJob, steps: int | None = None, max_gpus: int | None = None,
-             gpu_types: list[str] | None = None) -> JobSpec:
+def job_spec(
+    job: WorkloadJob, steps: int | None = None, max_gpus: int | None = None, gpu_types: list[str] | None = None
+) -> JobSpec:
     """The model.yaml a user would write for this job (their own training script: any parallelism)."""
     from frenzy_slurm.jobspec.job import JobSpec
 
-    return JobSpec.model_validate({
-        "name": f"sim-job-{job.id}",
-        "model": {"preset": job.model},
-        "training": {"seq_len": job.seq_len, "global_batch": job.global_batch, "steps": steps or job.steps,
-                     "method": job.method, "precision": job.precision},
-        "limits": {"max_gpus": max_gpus, "gpu_types": gpu_types},
-        "entry": {"trainer": "script", "script": "train.py"},
-    })
+    return JobSpec.model_validate(
+        {
+            "name": f"sim-job-{job.id}",
+            "model": {"preset": job.model},
+            "training": {
+                "seq_len": job.seq_len,
+                "global_batch": job.global_batch,
+                "steps": steps or job.steps,
+                "method": job.method,
+                "precision": job.precision,
+            },
+            "limits": {"max_gpus": max_gpus, "gpu_types": gpu_types},
+            "entry": {"trainer": "script", "script": "train.py"},
+        }
+    )

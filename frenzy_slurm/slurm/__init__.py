@@ -29,9 +29,24 @@ from frenzy_slurm.slurm.model import ClusterView, GpuPool, Job, Node, Partition,
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 
 __all__ = [
-    "AccountingRecord", "BACKENDS", "BatchJob", "ClusterView", "ComponentRequest", "GpuPool", "Job", "Node",
-    "Partition", "PoolKey", "SbatchAnswer", "SlurmBackend", "SlurmCommandError", "SlurmUnavailable", "StartEstimate",
-    "group_het_jobs", "job_phase", "open_backend",
+    "AccountingRecord",
+    "BACKENDS",
+    "BatchJob",
+    "ClusterView",
+    "ComponentRequest",
+    "GpuPool",
+    "Job",
+    "Node",
+    "Partition",
+    "PoolKey",
+    "SbatchAnswer",
+    "SlurmBackend",
+    "SlurmCommandError",
+    "SlurmUnavailable",
+    "StartEstimate",
+    "group_het_jobs",
+    "job_phase",
+    "open_backend",
 ]
 
 BACKENDS = ("auto", "cli", "pyslurm", "static")

@@ -16,8 +16,16 @@ from typing import NoReturn, Protocol
 
 from frenzy_slurm.slurm.model import ClusterView, Job, PoolKey
 
-__all__ = ["AccountingRecord", "BatchJob", "ComponentRequest", "PoolKey", "ReadOnlyBackend", "SbatchAnswer",
-           "SlurmBackend", "StartEstimate"]
+__all__ = [
+    "AccountingRecord",
+    "BatchJob",
+    "ComponentRequest",
+    "PoolKey",
+    "ReadOnlyBackend",
+    "SbatchAnswer",
+    "SlurmBackend",
+    "StartEstimate",
+]
 
 
 @dataclass(frozen=True)
@@ -136,8 +144,10 @@ class ReadOnlyBackend:
     def _refuse(self, what: str) -> NoReturn:
         from frenzy_slurm.slurm.run import SlurmUnavailable
 
-        raise SlurmUnavailable(f"the {self.name} backend only reads a saved view; it cannot {what}. "
-                               "Use --backend cli (or auto) on a machine that reaches Slurm.")
+        raise SlurmUnavailable(
+            f"the {self.name} backend only reads a saved view; it cannot {what}. "
+            "Use --backend cli (or auto) on a machine that reaches Slurm."
+        )
 
     def submit(self, job: BatchJob) -> SbatchAnswer:
         self._refuse("submit jobs")

@@ -117,10 +117,18 @@ def node_from_json(n: dict) -> Node:
     gtype, total = parse_gpu_gres(n.get("gres"))
     _, used = parse_gpu_gres(n.get("gres_used"))
     return Node(
-        name=n["name"], partitions=list(n.get("partitions") or []), state=base, flags=sorted(set(flags)),
-        reason=n.get("reason") or None, gpu_type=gtype, gpus_total=total, gpus_used=used,
-        cpus=num(n.get("cpus")) or 0, cpus_alloc=num(n.get("alloc_cpus")) or 0,
-        memory_mb=num(n.get("real_memory")) or 0, memory_alloc_mb=num(n.get("alloc_memory")) or 0,
+        name=n["name"],
+        partitions=list(n.get("partitions") or []),
+        state=base,
+        flags=sorted(set(flags)),
+        reason=n.get("reason") or None,
+        gpu_type=gtype,
+        gpus_total=total,
+        gpus_used=used,
+        cpus=num(n.get("cpus")) or 0,
+        cpus_alloc=num(n.get("alloc_cpus")) or 0,
+        memory_mb=num(n.get("real_memory")) or 0,
+        memory_alloc_mb=num(n.get("alloc_memory")) or 0,
     )
 
 
@@ -140,14 +148,23 @@ def job_from_json(j: dict) -> Job:
     gtype, gpn = job_gpus(j.get("tres_per_node"), j.get("tres_per_job"), num(j.get("node_count")) or 1)
     limit = j.get("time_limit")
     return Job(
-        job_id=num(j.get("job_id")) or 0, het_job_id=het, het_job_offset=num(j.get("het_job_offset")) if het else None,
-        name=j.get("name") or "", user=j.get("user_name") or "", state=state,
+        job_id=num(j.get("job_id")) or 0,
+        het_job_id=het,
+        het_job_offset=num(j.get("het_job_offset")) if het else None,
+        name=j.get("name") or "",
+        user=j.get("user_name") or "",
+        state=state,
         reason=None if j.get("state_reason") in (None, "", "None") else j["state_reason"],
-        partition=j.get("partition") or "", nodes=expand_hostlist(j.get("nodes")),
-        node_count=num(j.get("node_count")) or 0, gpu_type=gtype, gpus_per_node=gpn,
-        start_time=num(j.get("start_time")) or None, end_time=num(j.get("end_time")) or None,
+        partition=j.get("partition") or "",
+        nodes=expand_hostlist(j.get("nodes")),
+        node_count=num(j.get("node_count")) or 0,
+        gpu_type=gtype,
+        gpus_per_node=gpn,
+        start_time=num(j.get("start_time")) or None,
+        end_time=num(j.get("end_time")) or None,
         time_limit_min=num(limit) if not isinstance(limit, str) else parse_time_minutes(limit),
-        comment=j.get("comment") or "", workdir=j.get("current_working_directory") or None,
+        comment=j.get("comment") or "",
+        workdir=j.get("current_working_directory") or None,
     )
 
 
@@ -159,21 +176,27 @@ def json_list(text: str, key: str, argv: list[str]) -> list[dict]:
     strict=False: control characters (a tab or newline in a job name) are taken as they are inside strings."""
     payload = json.loads(text, strict=False)
     if not isinstance(payload, dict):
-        raise SlurmUnexpected(f"unexpected Slurm output: '{' '.join(argv)}' answered a JSON "
-                              f"{type(payload).__name__}, not an object with a \"{key}\" list")
+        raise SlurmUnexpected(
+            f"unexpected Slurm output: '{' '.join(argv)}' answered a JSON "
+            f'{type(payload).__name__}, not an object with a "{key}" list'
+        )
     items = payload.get(key)
     errors = payload.get("errors")
     errors = [e for e in errors if isinstance(e, dict)] if isinstance(errors, list) else []
     if items is not None and (not isinstance(items, list) or not all(isinstance(i, dict) for i in items)):
         bad = items if not isinstance(items, list) else next(i for i in items if not isinstance(i, dict))
-        raise SlurmUnexpected(f"unexpected Slurm output: '{' '.join(argv)}' answered a \"{key}\" list with "
-                              f"{type(bad).__name__} {str(bad)[:80]!r} where an object was expected")
+        raise SlurmUnexpected(
+            f"unexpected Slurm output: '{' '.join(argv)}' answered a \"{key}\" list with "
+            f"{type(bad).__name__} {str(bad)[:80]!r} where an object was expected"
+        )
     if items is None and not errors:
         raise SlurmUnexpected(f"unexpected Slurm output: '{' '.join(argv)}' answered JSON without a \"{key}\" list")
     if errors and not items:
         what = "; ".join(str(e.get("description") or e.get("error") or e) for e in errors)
-        raise SlurmUnavailable(f"Slurm is unreachable: '{' '.join(argv)}' answered with errors ({what}) and no {key}. "
-                               "Check that slurmctld runs (`scontrol ping`) and SLURM_CONF.")
+        raise SlurmUnavailable(
+            f"Slurm is unreachable: '{' '.join(argv)}' answered with errors ({what}) and no {key}. "
+            "Check that slurmctld runs (`scontrol ping`) and SLURM_CONF."
+        )
     assert items is not None  # no list and no errors, or errors and no list, raised above
     return items
 
@@ -209,12 +232,17 @@ def partitions_from_scontrol(text: str) -> list[Partition]:
         kv = scontrol_fields(line)
         if "PartitionName" not in kv:
             raise SlurmUnexpected(f"scontrol show partition printed an unexpected line: {line[:200]}")
-        out.append(Partition(
-            name=kv["PartitionName"], state=kv.get("State", "UP"), nodes=expand_hostlist(kv.get("Nodes")),
-            is_default=kv.get("Default") == "YES", default_time_min=parse_time_minutes(kv.get("DefaultTime")),
-            max_time_min=parse_time_minutes(kv.get("MaxTime")),
-            max_nodes=None if kv.get("MaxNodes", "UNLIMITED") == "UNLIMITED" else int(kv["MaxNodes"]),
-        ))
+        out.append(
+            Partition(
+                name=kv["PartitionName"],
+                state=kv.get("State", "UP"),
+                nodes=expand_hostlist(kv.get("Nodes")),
+                is_default=kv.get("Default") == "YES",
+                default_time_min=parse_time_minutes(kv.get("DefaultTime")),
+                max_time_min=parse_time_minutes(kv.get("MaxTime")),
+                max_nodes=None if kv.get("MaxNodes", "UNLIMITED") == "UNLIMITED" else int(kv["MaxNodes"]),
+            )
+        )
     return out
 
 
@@ -246,10 +274,20 @@ def nodes_from_text(text: str) -> list[Node]:
         alloc, _idle, _other, total = (int(x) for x in cpus_state.split("/"))
         gtype, gtotal = parse_gpu_gres(gres)
         _, gused = parse_gpu_gres(gres_used)
-        nodes[name] = Node(name=name, partitions=[part], state=base, flags=sorted(set(flags)),
-                           reason=None if reason in ("none", "(null)", "") else reason, gpu_type=gtype,
-                           gpus_total=gtotal, gpus_used=gused, cpus=total, cpus_alloc=alloc,
-                           memory_mb=int(mem.rstrip("+") or 0), memory_alloc_mb=int(alloc_mem or 0))
+        nodes[name] = Node(
+            name=name,
+            partitions=[part],
+            state=base,
+            flags=sorted(set(flags)),
+            reason=None if reason in ("none", "(null)", "") else reason,
+            gpu_type=gtype,
+            gpus_total=gtotal,
+            gpus_used=gused,
+            cpus=total,
+            cpus_alloc=alloc,
+            memory_mb=int(mem.rstrip("+") or 0),
+            memory_alloc_mb=int(alloc_mem or 0),
+        )
     return list(nodes.values())
 
 
@@ -269,11 +307,27 @@ def jobs_from_text(text: str) -> list[Job]:
             leader, offset = shown.split("+", 1)
             het, off = int(leader), int(offset)
         gtype, gpn = job_gpus(gres, None, int(count or 1))
-        jobs.append(Job(job_id=int(own), het_job_id=het, het_job_offset=off, name=name, user=user, state=state,
-                        reason=None if reason in ("None", "(null)") else reason, partition=part,
-                        nodes=expand_hostlist(nodes), node_count=int(count or 0), gpu_type=gtype, gpus_per_node=gpn,
-                        start_time=_epoch(start), end_time=_epoch(end), time_limit_min=parse_time_minutes(limit),
-                        comment="" if comment == "(null)" else comment, workdir=workdir))
+        jobs.append(
+            Job(
+                job_id=int(own),
+                het_job_id=het,
+                het_job_offset=off,
+                name=name,
+                user=user,
+                state=state,
+                reason=None if reason in ("None", "(null)") else reason,
+                partition=part,
+                nodes=expand_hostlist(nodes),
+                node_count=int(count or 0),
+                gpu_type=gtype,
+                gpus_per_node=gpn,
+                start_time=_epoch(start),
+                end_time=_epoch(end),
+                time_limit_min=parse_time_minutes(limit),
+                comment="" if comment == "(null)" else comment,
+                workdir=workdir,
+            )
+        )
     return jobs
 
 
@@ -322,9 +376,10 @@ class SlurmCliBackend:
         cmds["partitions"] = ["scontrol", "-o", "show", "partition"]
         with ThreadPoolExecutor(max_workers=3) as pool:
             env = dict(os.environ, **TIME_ENV)
-            futures = {k: pool.submit(run, argv, self.timeout, env=env,
-                                      max_bytes=CONFIG_ANSWER if k == "partitions" else None)
-                       for k, argv in cmds.items()}
+            futures = {
+                k: pool.submit(run, argv, self.timeout, env=env, max_bytes=CONFIG_ANSWER if k == "partitions" else None)
+                for k, argv in cmds.items()
+            }
             out = {k: f.result().stdout for k, f in futures.items()}
         with reading(" ".join(cmds["nodes"]), self.version):
             if use_json:
@@ -336,11 +391,18 @@ class SlurmCliBackend:
             partitions = partitions_from_scontrol(out["partitions"])
         nodes.sort(key=lambda n: n.name)
         jobs.sort(key=lambda j: j.job_id)
-        config = run(["scontrol", "-o", "show", "config"], timeout=self.timeout, check=False,
-                     max_bytes=CONFIG_ANSWER).stdout
+        config = run(
+            ["scontrol", "-o", "show", "config"], timeout=self.timeout, check=False, max_bytes=CONFIG_ANSWER
+        ).stdout
         with reading("scontrol -o show config", self.version):
-            return ClusterView(cluster=cluster_name_from_config(config), backend=self.name,
-                               slurm_version=self.version, partitions=partitions, nodes=nodes, jobs=jobs)
+            return ClusterView(
+                cluster=cluster_name_from_config(config),
+                backend=self.name,
+                slurm_version=self.version,
+                partitions=partitions,
+                nodes=nodes,
+                jobs=jobs,
+            )
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
         argv = ["sbatch", "--test-only"]
@@ -348,9 +410,15 @@ class SlurmCliBackend:
             if i:
                 argv.append(":")
             gres = f"gpu:{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else f"gpu:{c.gpus_per_node}"
-            argv += [f"--partition={c.partition}", f"--nodes={c.nodes}", f"--gres={gres}",
-                     f"--ntasks-per-node={c.gpus_per_node}", f"--cpus-per-task={c.cpus_per_gpu}",
-                     f"--mem-per-cpu={c.mem_per_gpu_mb}M", f"--time={c.time_min}"]
+            argv += [
+                f"--partition={c.partition}",
+                f"--nodes={c.nodes}",
+                f"--gres={gres}",
+                f"--ntasks-per-node={c.gpus_per_node}",
+                f"--cpus-per-task={c.cpus_per_gpu}",
+                f"--mem-per-cpu={c.mem_per_gpu_mb}M",
+                f"--time={c.time_min}",
+            ]
         # the answer is on stderr; a refused request fails with the reason, which run() reports
         res = run(argv, timeout=self.timeout, input_text="#!/bin/sh\ntrue\n", env=dict(os.environ, **TIME_ENV))
         with reading("sbatch --test-only", self.version):
@@ -401,15 +469,22 @@ class SlurmCliBackend:
         ids = sorted(set(job_ids))
         if not ids:
             return {}
-        argv = ["sacct", "-n", "-X", "-P", "-j", ",".join(map(str, ids)),
-                "-o", "JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw,User,WorkDir"]
+        argv = [
+            "sacct",
+            "-n",
+            "-X",
+            "-P",
+            "-j",
+            ",".join(map(str, ids)),
+            "-o",
+            "JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw,User,WorkDir",
+        ]
         try:
             res = run(argv, timeout=self.timeout, env=dict(os.environ, **TIME_ENV))
         except (SlurmCommandError, SlurmUnavailable):
             return None  # accounting disabled or slurmdbd down: callers fall back to the job directory
         with reading("sacct", self.version):
             return parse_sacct(res.stdout)
-
 
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
         """One `sacct` over the jobs' steps: the largest gres/gpumem in TRESUsageInMax per job."""
@@ -428,9 +503,19 @@ class SlurmCliBackend:
         """`srun` on one node of the pool; --immediate so a busy pool fails fast instead of queueing."""
         wait = max(5, int(timeout / 3))
         gres = f"gpu:{pool.gres_type}:{gpus}" if pool.gres_type else f"gpu:{gpus}"
-        srun = ["srun", f"--partition={pool.partition}", "--nodes=1", "--ntasks=1", f"--gres={gres}",
-                f"--immediate={wait}", f"--time={max(1, int(-(-timeout // 60)))}", "--job-name=frenzy-site-probe",
-                "--chdir=/", "--quiet", *argv]  # from /: nothing of the caller's directory (or /tmp) is picked up
+        srun = [
+            "srun",
+            f"--partition={pool.partition}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--gres={gres}",
+            f"--immediate={wait}",
+            f"--time={max(1, int(-(-timeout // 60)))}",
+            "--job-name=frenzy-site-probe",
+            "--chdir=/",
+            "--quiet",
+            *argv,
+        ]  # from /: nothing of the caller's directory (or /tmp) is picked up
         return run(srun, timeout=timeout).stdout
 
 
@@ -468,10 +553,16 @@ def parse_sacct(text: str) -> dict[int, AccountingRecord]:
         if len(f) < 7 or not (f[0].isascii() and f[0].strip().isdigit()):
             continue
         state = f[2].split()[0] if f[2].strip() else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
-        rec = AccountingRecord(job_id=int(f[0]), state=state, exit_code=f[3] or None, start=_epoch(f[4]),
-                               end=_epoch(f[5]), elapsed_s=int(f[6]) if f[6].isascii() and f[6].isdigit() else None,
-                               user=(f[7].strip() or None) if len(f) > 7 else None,
-                               work_dir=("|".join(f[8:]) or None) if len(f) > 8 else None)
+        rec = AccountingRecord(
+            job_id=int(f[0]),
+            state=state,
+            exit_code=f[3] or None,
+            start=_epoch(f[4]),
+            end=_epoch(f[5]),
+            elapsed_s=int(f[6]) if f[6].isascii() and f[6].isdigit() else None,
+            user=(f[7].strip() or None) if len(f) > 7 else None,
+            work_dir=("|".join(f[8:]) or None) if len(f) > 8 else None,
+        )
         out[rec.job_id] = rec
         leader, plus, offset = f[1].partition("+")
         if plus and leader.isascii() and leader.isdigit() and offset.split(".")[0] == "0":

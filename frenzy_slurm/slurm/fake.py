@@ -70,8 +70,11 @@ class FakeSlurm:
         target = self.now + seconds
         while True:
             self._schedule()
-            ends = [j.start + self._duration(j) for j in self.fake_jobs.values()
-                    if j.state == "RUNNING" and j.start is not None]
+            ends = [
+                j.start + self._duration(j)
+                for j in self.fake_jobs.values()
+                if j.state == "RUNNING" and j.start is not None
+            ]
             nxt = min((e for e in ends if e <= target), default=None)
             if nxt is None:
                 break
@@ -102,15 +105,24 @@ class FakeSlurm:
 
     def _candidates(self, c: ComponentRequest) -> list[Node]:
         part = self._partition(c.partition)
-        return [n for name in part.nodes if (n := self.nodes.get(name)) is not None and n.available
-                and (c.gpu_type is None or n.gpu_type == c.gpu_type) and n.gpus_total >= c.gpus_per_node]
+        return [
+            n
+            for name in part.nodes
+            if (n := self.nodes.get(name)) is not None
+            and n.available
+            and (c.gpu_type is None or n.gpu_type == c.gpu_type)
+            and n.gpus_total >= c.gpus_per_node
+        ]
 
     def _place(self, comps: list[ComponentRequest], used: dict[str, int]) -> list[list[str]] | None:
         taken: set[str] = set()
         out = []
         for c in comps:
-            free = [n.name for n in self._candidates(c)
-                    if n.name not in taken and n.gpus_total - used.get(n.name, 0) >= c.gpus_per_node]
+            free = [
+                n.name
+                for n in self._candidates(c)
+                if n.name not in taken and n.gpus_total - used.get(n.name, 0) >= c.gpus_per_node
+            ]
             if len(free) < c.nodes:
                 return None
             out.append(free[: c.nodes])
@@ -141,17 +153,22 @@ class FakeSlurm:
         for c in comps:
             part = self._partition(c.partition)
             if part.max_time_min is not None and c.time_min > part.max_time_min:
-                raise SlurmCommandError(["sbatch"], 1, "sbatch: error: Requested time limit is invalid "
-                                                        "(missing or exceeds some limit)")
+                raise SlurmCommandError(
+                    ["sbatch"], 1, "sbatch: error: Requested time limit is invalid (missing or exceeds some limit)"
+                )
             if len(self._candidates(c)) < c.nodes:
-                raise SlurmCommandError(["sbatch"], 1, "sbatch: error: Batch job submission failed: "
-                                                        "Requested node configuration is not available")
+                raise SlurmCommandError(
+                    ["sbatch"],
+                    1,
+                    "sbatch: error: Batch job submission failed: Requested node configuration is not available",
+                )
 
     def _guard(self, what: str) -> None:
         self.calls.append(what)
         if self.down:
-            raise SlurmUnavailable("Slurm is unreachable: Unable to contact slurm controller (connect failure) "
-                                   "(from the fake backend).")
+            raise SlurmUnavailable(
+                "Slurm is unreachable: Unable to contact slurm controller (connect failure) (from the fake backend)."
+            )
 
     # -- the interface -----------------------------------------------------------------------------
     def load(self) -> ClusterView:
@@ -160,11 +177,19 @@ class FakeSlurm:
         nodes = []
         for n in self.nodes.values():
             u = used.get(n.name, 0)
-            state = n.state if not n.available else ("allocated" if u >= n.gpus_total and u else "mixed" if u else "idle")
+            state = (
+                n.state if not n.available else ("allocated" if u >= n.gpus_total and u else "mixed" if u else "idle")
+            )
             nodes.append(n.model_copy(update={"gpus_used": u, "state": state}))
-        return ClusterView(cluster=self.cluster, backend=self.name, slurm_version="fake", taken_at=self.now,
-                           partitions=[p.model_copy() for p in self.partitions], nodes=nodes,
-                           jobs=self._job_rows(self.fake_jobs.values()))
+        return ClusterView(
+            cluster=self.cluster,
+            backend=self.name,
+            slurm_version="fake",
+            taken_at=self.now,
+            partitions=[p.model_copy() for p in self.partitions],
+            nodes=nodes,
+            jobs=self._job_rows(self.fake_jobs.values()),
+        )
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
         """When the request would start if nothing else arrived: running jobs end at their limits (as
@@ -193,15 +218,22 @@ class FakeSlurm:
                     for n in names:
                         timeline.add(n, j.start, j.start + j.limit_s, comp.gpus_per_node)
         # the request counts as submitted now, ahead of jobs submitted at this same moment
-        queue = [j.components for j in sorted(self.fake_jobs.values(), key=lambda j: (j.submitted, j.job_id))
-                 if j.state == "PENDING" and j.submitted < self.now]
+        queue = [
+            j.components
+            for j in sorted(self.fake_jobs.values(), key=lambda j: (j.submitted, j.job_id))
+            if j.state == "PENDING" and j.submitted < self.now
+        ]
         not_before = self.now
         found = None
         for comps in [*queue, list(components)]:
             limit_s = max(c.time_min for c in comps) * 60.0
-            found = timeline.earliest([(c.nodes, c.gpus_per_node) for c in comps],
-                                  [[n.name for n in self._candidates(c)] for c in comps], not_before,
-                                  max(limit_s, 1.0), pick="first")
+            found = timeline.earliest(
+                [(c.nodes, c.gpus_per_node) for c in comps],
+                [[n.name for n in self._candidates(c)] for c in comps],
+                not_before,
+                max(limit_s, 1.0),
+                pick="first",
+            )
             if found is None:
                 return None
             not_before = found[0]
@@ -217,9 +249,16 @@ class FakeSlurm:
         self._check(job.components)
         jid = self._next_id
         self._next_id += len(job.components)  # as in Slurm, hetjob components take consecutive ids
-        self.fake_jobs[jid] = FakeJob(job_id=jid, components=list(job.components), name=job.name,
-                                      comment=job.comment, user=self.user, workdir=str(job.workdir),
-                                      submitted=self.now, run_s=None)
+        self.fake_jobs[jid] = FakeJob(
+            job_id=jid,
+            components=list(job.components),
+            name=job.name,
+            comment=job.comment,
+            user=self.user,
+            workdir=str(job.workdir),
+            submitted=self.now,
+            run_s=None,
+        )
         self._schedule()
         if self.submit_times_out:
             raise SlurmTimeout("'sbatch --parsable' did not answer within 60s: slurmctld is overloaded or down.")
@@ -258,10 +297,16 @@ class FakeSlurm:
         for i in job_ids:
             j = self.fake_jobs.get(i)
             if j is not None:
-                out[i] = AccountingRecord(job_id=i, state=j.state, exit_code="0:0" if j.state == "COMPLETED" else None,
-                                          start=int(j.start) if j.start else None, end=int(j.end) if j.end else None,
-                                          elapsed_s=int((j.end or self.now) - j.start) if j.start else None,
-                                          user=j.user, work_dir=str(j.workdir) if j.workdir else None)
+                out[i] = AccountingRecord(
+                    job_id=i,
+                    state=j.state,
+                    exit_code="0:0" if j.state == "COMPLETED" else None,
+                    start=int(j.start) if j.start else None,
+                    end=int(j.end) if j.end else None,
+                    elapsed_s=int((j.end or self.now) - j.start) if j.start else None,
+                    user=j.user,
+                    work_dir=str(j.workdir) if j.workdir else None,
+                )
         return out
 
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
@@ -275,8 +320,9 @@ class FakeSlurm:
         self._guard("run_step")
         comp = ComponentRequest(pool.partition, pool.gres_type, 1, gpus, 1)
         if self._place([comp], self._used()) is None:
-            raise SlurmCommandError(["srun", *argv], 1, "srun: error: Unable to allocate resources: "
-                                                         "Requested nodes are busy")
+            raise SlurmCommandError(
+                ["srun", *argv], 1, "srun: error: Unable to allocate resources: Requested nodes are busy"
+            )
         return self.step_output.get(pool, "")
 
     def _job_rows(self, fake_jobs: Iterable[FakeJob]) -> list[Job]:
@@ -286,11 +332,25 @@ class FakeSlurm:
             het = j.job_id if len(j.components) > 1 else None
             for k, c in enumerate(j.components):
                 names = j.nodes[k] if j.nodes else []
-                end = (j.end if j.end is not None else (j.start + j.limit_s if j.start is not None else None))
-                rows.append(Job(job_id=j.job_id + k, het_job_id=het,
-                                het_job_offset=k if het else None, name=j.name, user=j.user, state=j.state,
-                                partition=c.partition, nodes=names, node_count=c.nodes, gpu_type=c.gpu_type,
-                                gpus_per_node=c.gpus_per_node, start_time=int(j.start) if j.start is not None else None,
-                                end_time=int(end) if end is not None else None, time_limit_min=c.time_min,
-                                comment=j.comment, workdir=j.workdir))
+                end = j.end if j.end is not None else (j.start + j.limit_s if j.start is not None else None)
+                rows.append(
+                    Job(
+                        job_id=j.job_id + k,
+                        het_job_id=het,
+                        het_job_offset=k if het else None,
+                        name=j.name,
+                        user=j.user,
+                        state=j.state,
+                        partition=c.partition,
+                        nodes=names,
+                        node_count=c.nodes,
+                        gpu_type=c.gpu_type,
+                        gpus_per_node=c.gpus_per_node,
+                        start_time=int(j.start) if j.start is not None else None,
+                        end_time=int(end) if end is not None else None,
+                        time_limit_min=c.time_min,
+                        comment=j.comment,
+                        workdir=j.workdir,
+                    )
+                )
         return rows

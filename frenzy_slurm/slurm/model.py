@@ -13,19 +13,56 @@ from typing import Annotated, NamedTuple
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 # Node base states that take a node out of free capacity (Slurm's node_states plus flags we fold in).
-UNAVAILABLE_NODE_STATES = {"down", "drain", "drained", "draining", "fail", "failing", "future", "maint",
-                           "reserved", "unknown", "power_down", "powered_down", "powering_down", "not_responding",
-                           "reboot_requested", "reboot_issued", "inval"}
+UNAVAILABLE_NODE_STATES = {
+    "down",
+    "drain",
+    "drained",
+    "draining",
+    "fail",
+    "failing",
+    "future",
+    "maint",
+    "reserved",
+    "unknown",
+    "power_down",
+    "powered_down",
+    "powering_down",
+    "not_responding",
+    "reboot_requested",
+    "reboot_issued",
+    "inval",
+}
 
 # Every Slurm job state (slurm.h job_states and flags as squeue prints them) in one table.
 JOB_STATES = {
-    "PENDING": "pending", "RUNNING": "running", "SUSPENDED": "suspended", "COMPLETED": "completed",
-    "CANCELLED": "cancelled", "FAILED": "failed", "TIMEOUT": "timeout", "NODE_FAIL": "failed",
-    "PREEMPTED": "cancelled", "BOOT_FAIL": "failed", "DEADLINE": "timeout", "OUT_OF_MEMORY": "failed",
-    "COMPLETING": "running", "CONFIGURING": "pending", "REQUEUED": "pending", "REQUEUE_FED": "pending",
-    "REQUEUE_HOLD": "pending", "RESIZING": "running", "RESV_DEL_HOLD": "pending", "REVOKED": "cancelled",
-    "SIGNALING": "running", "SPECIAL_EXIT": "failed", "STAGE_OUT": "running", "STOPPED": "suspended",
-    "UPDATE_DB": "running", "POWER_UP_NODE": "pending", "LAUNCH_FAILED": "failed", "RECONFIG_FAIL": "failed",
+    "PENDING": "pending",
+    "RUNNING": "running",
+    "SUSPENDED": "suspended",
+    "COMPLETED": "completed",
+    "CANCELLED": "cancelled",
+    "FAILED": "failed",
+    "TIMEOUT": "timeout",
+    "NODE_FAIL": "failed",
+    "PREEMPTED": "cancelled",
+    "BOOT_FAIL": "failed",
+    "DEADLINE": "timeout",
+    "OUT_OF_MEMORY": "failed",
+    "COMPLETING": "running",
+    "CONFIGURING": "pending",
+    "REQUEUED": "pending",
+    "REQUEUE_FED": "pending",
+    "REQUEUE_HOLD": "pending",
+    "RESIZING": "running",
+    "RESV_DEL_HOLD": "pending",
+    "REVOKED": "cancelled",
+    "SIGNALING": "running",
+    "SPECIAL_EXIT": "failed",
+    "STAGE_OUT": "running",
+    "STOPPED": "suspended",
+    "UPDATE_DB": "running",
+    "POWER_UP_NODE": "pending",
+    "LAUNCH_FAILED": "failed",
+    "RECONFIG_FAIL": "failed",
 }
 ACTIVE_JOB_STATES = {"pending", "running", "suspended"}
 
@@ -99,7 +136,8 @@ class Node(_M):
     def available(self) -> bool:
         """Schedulable now: not down, drained, reserved or otherwise out of service."""
         return self.state.lower() not in UNAVAILABLE_NODE_STATES and not any(
-            f.lower() in UNAVAILABLE_NODE_STATES for f in self.flags)
+            f.lower() in UNAVAILABLE_NODE_STATES for f in self.flags
+        )
 
     @property
     def gpus_free(self) -> int:

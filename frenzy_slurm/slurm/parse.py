@@ -39,7 +39,8 @@ def reading(what: str, version: str | None = None) -> Iterator[None]:
         raise SlurmUnexpected(
             f"unexpected Slurm output: could not read Slurm's answer to `{what}` ({type(exc).__name__}: {detail}); "
             f"Slurm {version or '(version unknown)'}. Try --backend static, or report it with that command's "
-            "output.") from None
+            "output."
+        ) from None
 
 
 # \Z, not $: `$` also matches before a final newline; a GRES type with whitespace in it (a newline from a
@@ -103,6 +104,7 @@ def expand_hostlist(text: str | None) -> list[str]:
     except hostlist.BadHostlist as exc:
         raise SlurmUnexpected(f"cannot read Slurm's host list '{text[:200]}': {exc}") from None
 
+
 def parse_time_minutes(text: str | int | None) -> int | None:
     """A time Slurm printed (`5:00`, `1:00:00`, `2-00:00:00`, `30`) in minutes; UNLIMITED/INFINITE -> None."""
     if text is None:
@@ -123,7 +125,8 @@ def parse_time_minutes(text: str | int | None) -> int | None:
 _TEST_ONLY = re.compile(
     r"Job (?P<job>\d+) to start at (?P<when>\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})"
     r"(?: on cluster (?P<cluster>\S+))?(?: a)? using (?P<cpus>\d+) processors? "
-    r"on (?:nodes? )?(?P<nodes>\S+)(?: in partition (?P<partition>\S+))?")
+    r"on (?:nodes? )?(?P<nodes>\S+)(?: in partition (?P<partition>\S+))?"
+)
 
 
 def parse_test_only(stderr: str) -> tuple[float, list[str], str | None]:

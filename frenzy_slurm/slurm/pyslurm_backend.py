@@ -81,8 +81,13 @@ def probe_import(conf: Path, version: str) -> str | None:
     env = dict(os.environ, SLURM_CONF=str(conf))
     try:
         # -P: a pyslurm.py in the working directory is not imported (docs/security.md)
-        res = subprocess.run([sys.executable, "-P", "-c", "import pyslurm; print(pyslurm.__version__)"],
-                             capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env)
+        res = subprocess.run(
+            [sys.executable, "-P", "-c", "import pyslurm; print(pyslurm.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return f"importing pyslurm did not finish within {PROBE_TIMEOUT:.0f}s"  # not cached: may be an outage
     if res.returncode == 0:
@@ -114,8 +119,10 @@ def pyslurm_problem() -> str | None:
     except (SlurmUnavailable, SlurmUnexpected) as exc:
         return f"the running Slurm's version is unknown ({exc})"
     if parse_version(version) != running:
-        return (f"pyslurm {version} does not match the running Slurm {slurm.split()[-1]} "
-                "(pyslurm X.Y works only with Slurm X.Y)")
+        return (
+            f"pyslurm {version} does not match the running Slurm {slurm.split()[-1]} "
+            "(pyslurm X.Y works only with Slurm X.Y)"
+        )
     ping = run(["scontrol", "ping"], timeout=15, check=False)
     if " is UP" not in ping.stdout:
         return f"slurmctld does not answer (`scontrol ping`: {ping.stdout.strip().splitlines()[0] if ping.stdout.strip() else ping.stderr.strip()})"
@@ -171,8 +178,9 @@ class PyslurmBackend:
     def __init__(self, module=None):
         self.pyslurm = module or try_import()
         if self.pyslurm is None:
-            raise SlurmUnavailable(f"the pyslurm backend cannot be used: {pyslurm_problem() or 'pyslurm did not load'}; "
-                                   "use --backend cli")
+            raise SlurmUnavailable(
+                f"the pyslurm backend cannot be used: {pyslurm_problem() or 'pyslurm did not load'}; use --backend cli"
+            )
         self._cli = SlurmCliBackend()  # for what pyslurm cannot do (hetjob submission, --test-only, sacct)
 
     @staticmethod
@@ -193,14 +201,25 @@ class PyslurmBackend:
         het = a("heterogeneous_id")
         reason = a("state_reason")
         limit = a("time_limit")
-        return Job(job_id=a("id"), het_job_id=het, het_job_offset=(a("heterogeneous_offset") or 0) if het else None,
-                   name=a("name") or "", user=a("user_name") or "", state=str(a("state") or "UNKNOWN"),
-                   reason=None if reason in (None, "", "None") else reason,
-                   partition=a("partition") or "", nodes=expand_hostlist(a("allocated_nodes")), node_count=nodes or 0,
-                   gpu_type=gtype, gpus_per_node=gpn, start_time=a("start_time") or None,
-                   end_time=a("end_time") or None,
-                   time_limit_min=limit if isinstance(limit, int) else parse_time_minutes(limit),
-                   comment=a("comment") or "", workdir=a("working_directory") or None)
+        return Job(
+            job_id=a("id"),
+            het_job_id=het,
+            het_job_offset=(a("heterogeneous_offset") or 0) if het else None,
+            name=a("name") or "",
+            user=a("user_name") or "",
+            state=str(a("state") or "UNKNOWN"),
+            reason=None if reason in (None, "", "None") else reason,
+            partition=a("partition") or "",
+            nodes=expand_hostlist(a("allocated_nodes")),
+            node_count=nodes or 0,
+            gpu_type=gtype,
+            gpus_per_node=gpn,
+            start_time=a("start_time") or None,
+            end_time=a("end_time") or None,
+            time_limit_min=limit if isinstance(limit, int) else parse_time_minutes(limit),
+            comment=a("comment") or "",
+            workdir=a("working_directory") or None,
+        )
 
     def load(self) -> ClusterView:
         ps = self.pyslurm
@@ -226,27 +245,51 @@ class PyslurmBackend:
         with reading("pyslurm.Nodes.load()"):
             return self._view(config, gpu_tres, jobs, used, nodes_raw, parts_raw)
 
-    def _view(self, config: Any, gpu_tres: bool, jobs: list[Job], used: dict[str, int], nodes_raw: Any,
-              parts_raw: Any) -> ClusterView:
+    def _view(
+        self, config: Any, gpu_tres: bool, jobs: list[Job], used: dict[str, int], nodes_raw: Any, parts_raw: Any
+    ) -> ClusterView:
         """The view of one pyslurm load: its nodes and partitions, with the jobs already read."""
         nodes = []
         for n in nodes_raw.values():
             gtype, total = parse_gpu_gres(_gres_dict_to_str(n.configured_gres))
             base, flags = node_state(str(n.state or "unknown"))  # 'IDLE+DRAIN' -> drained, PLANNED dropped
             gpus_used = _gpu_count(n.allocated_gres) if gpu_tres else used.get(n.name, 0)
-            nodes.append(Node(name=n.name, partitions=list(n.partitions or []), state=base,
-                              flags=sorted(set(flags)), reason=_attr(n, "reason") or None, gpu_type=gtype,
-                              gpus_total=total, gpus_used=min(total, gpus_used), cpus=n.total_cpus or 0,
-                              cpus_alloc=n.allocated_cpus or 0, memory_mb=n.real_memory or 0,
-                              memory_alloc_mb=n.allocated_memory or 0))
-        parts = [Partition(name=p.name, state=str(p.state), nodes=expand_hostlist(p.nodes),
-                           is_default=bool(p.is_default), default_time_min=p.default_time or None,
-                           max_time_min=parse_time_minutes(str(p.max_time)) if p.max_time is not None else None,
-                           max_nodes=p.max_nodes if isinstance(p.max_nodes, int) else None)
-                 for p in parts_raw.values()]
-        return ClusterView(cluster=config.cluster_name or "", backend=self.name, slurm_version=str(config.version),
-                           partitions=parts,
-                           nodes=sorted(nodes, key=lambda n: n.name), jobs=sorted(jobs, key=lambda j: j.job_id))
+            nodes.append(
+                Node(
+                    name=n.name,
+                    partitions=list(n.partitions or []),
+                    state=base,
+                    flags=sorted(set(flags)),
+                    reason=_attr(n, "reason") or None,
+                    gpu_type=gtype,
+                    gpus_total=total,
+                    gpus_used=min(total, gpus_used),
+                    cpus=n.total_cpus or 0,
+                    cpus_alloc=n.allocated_cpus or 0,
+                    memory_mb=n.real_memory or 0,
+                    memory_alloc_mb=n.allocated_memory or 0,
+                )
+            )
+        parts = [
+            Partition(
+                name=p.name,
+                state=str(p.state),
+                nodes=expand_hostlist(p.nodes),
+                is_default=bool(p.is_default),
+                default_time_min=p.default_time or None,
+                max_time_min=parse_time_minutes(str(p.max_time)) if p.max_time is not None else None,
+                max_nodes=p.max_nodes if isinstance(p.max_nodes, int) else None,
+            )
+            for p in parts_raw.values()
+        ]
+        return ClusterView(
+            cluster=config.cluster_name or "",
+            backend=self.name,
+            slurm_version=str(config.version),
+            partitions=parts,
+            nodes=sorted(nodes, key=lambda n: n.name),
+            jobs=sorted(jobs, key=lambda j: j.job_id),
+        )
 
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
         try:

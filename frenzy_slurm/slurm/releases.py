@@ -94,16 +94,24 @@ class GpuTimeline:
         cached[key] = out
         return out
 
-    def earliest(self, shapes: Sequence[Shape], candidates: Sequence[Sequence[str]], not_before: float,
-                 duration: float, pick: Pick = "best-fit") -> tuple[float, list[list[str]]] | None:
+    def earliest(
+        self,
+        shapes: Sequence[Shape],
+        candidates: Sequence[Sequence[str]],
+        not_before: float,
+        duration: float,
+        pick: Pick = "best-fit",
+    ) -> tuple[float, list[list[str]]] | None:
         """The earliest common start (>= not_before) of all components and the nodes each gets, or None if never.
 
         `candidates[k]` are the nodes component k may use, in the caller's order; no node serves two
         components. `pick`: "best-fit" takes the fullest nodes that still fit (ties in the caller's order),
         "first" the first that fit in the caller's order.
         """
-        wins = [{n: self.windows(n, per_node, duration) for n in names}
-                for (_, per_node), names in zip(shapes, candidates, strict=True)]
+        wins = [
+            {n: self.windows(n, per_node, duration) for n in names}
+            for (_, per_node), names in zip(shapes, candidates, strict=True)
+        ]
         if len(shapes) == 1:  # one component: the first moment enough nodes fit is the answer
             first = _first_covered(wins[0], shapes[0][0], not_before)
             times = [first] if first is not None else []
@@ -165,8 +173,9 @@ class ReleaseIndex:
                 for name in j.nodes:
                     if name in held:
                         held[name].append((max(now, float(j.end_time or now)), j.gpus_per_node))
-        self.timeline = GpuTimeline({name: n.gpus_free + sum(g for _, g in held[name])
-                                     for name, n in self.nodes.items()}, now)
+        self.timeline = GpuTimeline(
+            {name: n.gpus_free + sum(g for _, g in held[name]) for name, n in self.nodes.items()}, now
+        )
         for name, releases in held.items():
             for end, gpus in releases:
                 if end > now:
@@ -179,8 +188,9 @@ class ReleaseIndex:
             self._reserve_pending()
 
     def _reserve_pending(self) -> None:
-        pending = sorted((j for j in self.view.jobs if j.phase == "pending" and j.gpus_per_node),
-                         key=lambda j: j.job_id)
+        pending = sorted(
+            (j for j in self.view.jobs if j.phase == "pending" and j.gpus_per_node), key=lambda j: j.job_id
+        )
         for j in pending:
             need = max(j.node_count, 1)
             duration = float(j.time_limit_min) * 60 if j.time_limit_min else PENDING_DEFAULT_LIMIT_S
@@ -199,12 +209,16 @@ class ReleaseIndex:
         """The pool's nodes that can hold `per_node` GPUs, by name (the order windows pick them in)."""
         key = (partition, gpu_type, per_node)  # a few keys per pool: per_node is at most its GPUs per node
         if key not in self._names:
-            self._names[key] = sorted(name for name, n in self.nodes.items() if partition in n.partitions
-                                      and gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node)
+            self._names[key] = sorted(
+                name
+                for name, n in self.nodes.items()
+                if partition in n.partitions and gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node
+            )
         return self._names[key]
 
-    def _earliest(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
-                  duration: float) -> tuple[float, list[str]] | None:
+    def _earliest(
+        self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration: float
+    ) -> tuple[float, list[str]] | None:
         """The timeline's earliest window on the pool's nodes; the first nodes by name that fit then."""
         names = self._pool_nodes(partition, gpu_type, per_node)
         if len(names) < nodes:
@@ -216,8 +230,9 @@ class ReleaseIndex:
         """Whether pending jobs hold GPUs of this pool in the timeline (free now is then not enough)."""
         return bool(self.reserved.intersection(self._pool_nodes(partition, gpu_type, 1)))
 
-    def window(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
-               duration_s: float = 0.0) -> tuple[float, list[str]] | None:
+    def window(
+        self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration_s: float = 0.0
+    ) -> tuple[float, list[str]] | None:
         """(start, node names) of the earliest window, or None if the pool never has that many nodes."""
         if not self.reserved.intersection(self._pool_nodes(partition, gpu_type, per_node)):
             duration_s = 0.0  # GPUs only ever free up there: the window's length does not matter
@@ -226,7 +241,8 @@ class ReleaseIndex:
             self._cache[key] = self._earliest(partition, gpu_type, nodes, per_node, max(duration_s, 1.0))
         return self._cache[key]
 
-    def start(self, partition: str, gpu_type: str | None, nodes: int, per_node: int,
-              duration_s: float = 0.0) -> float | None:
+    def start(
+        self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration_s: float = 0.0
+    ) -> float | None:
         found = self.window(partition, gpu_type, nodes, per_node, duration_s)
         return found[0] if found else None

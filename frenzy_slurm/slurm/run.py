@@ -20,9 +20,17 @@ from typing import IO
 from frenzy_slurm.errors import EXIT_SLURM_UNAVAILABLE, FrenzyError
 from frenzy_slurm.slurm.parse import SlurmUnexpected
 
-_OUTAGE = ("unable to contact slurm controller", "socket timed out", "connection refused",
-           "zero bytes were transmitted or received", "slurm_load_", "munge", "authentication failure",
-           "could not establish a configuration source", "unable to establish a configuration source")
+_OUTAGE = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "connection refused",
+    "zero bytes were transmitted or received",
+    "slurm_load_",
+    "munge",
+    "authentication failure",
+    "could not establish a configuration source",
+    "unable to establish a configuration source",
+)
 
 # The largest answer read from one Slurm command. A 10,000-job `squeue --json` of Slurm 22.05-25.11 is
 # 30-80 MB; 256 MiB is the bound of the records frenzy-slurm reads back (records.MAX_RECORD_BYTES).
@@ -93,9 +101,16 @@ def _feed(stream: IO[bytes], data: bytes) -> None:
             pass
 
 
-def run(argv: list[str], timeout: float = 30.0, check: bool = True, input_text: str | None = None,
-        env: dict[str, str] | None = None, umask: int = -1, max_bytes: int | None = None,
-        own_process_group: bool = False) -> Result:
+def run(
+    argv: list[str],
+    timeout: float = 30.0,
+    check: bool = True,
+    input_text: str | None = None,
+    env: dict[str, str] | None = None,
+    umask: int = -1,
+    max_bytes: int | None = None,
+    own_process_group: bool = False,
+) -> Result:
     """Run a Slurm command; raise SlurmUnavailable on outages, SlurmTimeout past `timeout`, SlurmUnexpected
     for an answer over `max_bytes` (default MAX_ANSWER_BYTES, stdout and stderr each) and SlurmCommandError
     on other failures.
@@ -105,17 +120,25 @@ def run(argv: list[str], timeout: float = 30.0, check: bool = True, input_text: 
     frenzy-slurm does not also kill an `sbatch` halfway through a submission."""
     cap = MAX_ANSWER_BYTES if max_bytes is None else max_bytes
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env if env is not None else os.environ.copy(), umask=umask,
-                                process_group=0 if own_process_group else None)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env if env is not None else os.environ.copy(),
+            umask=umask,
+            process_group=0 if own_process_group else None,
+        )
     except FileNotFoundError:
         raise SlurmUnavailable(
             f"'{argv[0]}' was not found: the Slurm client commands are not installed or not on PATH "
-            "(install slurm-client, or `module load slurm`); plan without Slurm with --backend static.") from None
+            "(install slurm-client, or `module load slurm`); plan without Slurm with --backend static."
+        ) from None
     out, err, over = bytearray(), bytearray(), threading.Event()
-    threads = [threading.Thread(target=_pump, args=(proc.stdout, out, cap, over, proc), daemon=True),
-               threading.Thread(target=_pump, args=(proc.stderr, err, cap, over, proc), daemon=True)]
+    threads = [
+        threading.Thread(target=_pump, args=(proc.stdout, out, cap, over, proc), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, err, cap, over, proc), daemon=True),
+    ]
     if input_text is not None:
         threads.append(threading.Thread(target=_feed, args=(proc.stdin, input_text.encode()), daemon=True))
     for t in threads:
@@ -125,13 +148,17 @@ def run(argv: list[str], timeout: float = 30.0, check: bool = True, input_text: 
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise SlurmTimeout(f"'{' '.join(argv)}' did not answer within {timeout:.0f}s: slurmctld is overloaded or down.") from None
+        raise SlurmTimeout(
+            f"'{' '.join(argv)}' did not answer within {timeout:.0f}s: slurmctld is overloaded or down."
+        ) from None
     for t in threads:  # the pipes close when the command exits (a child it left behind may hold them a while)
         t.join(timeout=5.0)
     if over.is_set():
-        raise SlurmUnexpected(f"unexpected Slurm output: '{' '.join(argv)}' printed more than {cap:,} bytes; "
-                              "frenzy-slurm reads no larger answer. Check the Slurm commands on PATH (`which "
-                              f"{argv[0]}`) and report it.")
+        raise SlurmUnexpected(
+            f"unexpected Slurm output: '{' '.join(argv)}' printed more than {cap:,} bytes; "
+            "frenzy-slurm reads no larger answer. Check the Slurm commands on PATH (`which "
+            f"{argv[0]}`) and report it."
+        )
     res = Result(argv, decode(bytes(out)), decode(bytes(err)), proc.returncode)
     if check:
         raise_for_status(res)
@@ -145,6 +172,8 @@ def raise_for_status(res: Result) -> None:
     low = res.stderr.lower()
     if any(k in low for k in _OUTAGE):
         first = res.stderr.strip().splitlines()[0][:500] if res.stderr.strip() else res.argv[0]
-        raise SlurmUnavailable(f"Slurm is unreachable: {first} (from '{' '.join(res.argv)}'). "
-                               "Check that slurmctld runs (`scontrol ping`) and SLURM_CONF.")
+        raise SlurmUnavailable(
+            f"Slurm is unreachable: {first} (from '{' '.join(res.argv)}'). "
+            "Check that slurmctld runs (`scontrol ping`) and SLURM_CONF."
+        )
     raise SlurmCommandError(res.argv, res.returncode, res.stderr)

@@ -43,8 +43,10 @@ class StaticBackend(ReadOnlyBackend):
         for c in components:
             found = releases.window(c.partition, c.gpu_type, c.nodes, c.gpus_per_node, c.time_min * 60.0)
             if found is None:
-                raise InputError(f"snapshot {self.path}: partition {c.partition} never has {c.nodes} node(s) with "
-                                 f"{c.gpus_per_node} free {c.gpu_type or 'GPU'}s")
+                raise InputError(
+                    f"snapshot {self.path}: partition {c.partition} never has {c.nodes} node(s) with "
+                    f"{c.gpus_per_node} free {c.gpu_type or 'GPU'}s"
+                )
             latest = max(latest, found[0])
             chosen += found[1]
         return StartEstimate(start=latest, nodes=chosen, source="snapshot")
@@ -52,6 +54,9 @@ class StaticBackend(ReadOnlyBackend):
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
         """The snapshot's jobs, as they were when it was taken."""
         wanted = set(job_ids) if job_ids is not None else None
-        return [j for j in self.load().jobs
-                if (wanted is None or j.job_id in wanted or (j.het_job_id or 0) in wanted)
-                and (user is None or j.user == user)]
+        return [
+            j
+            for j in self.load().jobs
+            if (wanted is None or j.job_id in wanted or (j.het_job_id or 0) in wanted)
+            and (user is None or j.user == user)
+        ]

@@ -67,14 +67,23 @@ HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # Slurm's refusal messages, and what to do about each.
 _EXPLAIN = [
-    ("invalid account", "the account is not valid for this partition or user; list yours with "
-                        "`sacctmgr show assoc user=$USER format=account,partition,qos`"),
+    (
+        "invalid account",
+        "the account is not valid for this partition or user; list yours with "
+        "`sacctmgr show assoc user=$USER format=account,partition,qos`",
+    ),
     ("invalid qos", "the QOS does not exist or is not allowed for your account (`sacctmgr show assoc user=$USER`)"),
     ("invalid partition", "the partition does not exist; see `fsinfo` and check the site file"),
-    ("requested node configuration is not available", "the partition cannot provide these nodes/GPUs (GRES type "
-                                                        "or count): compare `fsinfo` with `frenzy-slurm site validate`"),
+    (
+        "requested node configuration is not available",
+        "the partition cannot provide these nodes/GPUs (GRES type "
+        "or count): compare `fsinfo` with `frenzy-slurm site validate`",
+    ),
     ("invalid generic resource", "the GRES request is not valid on this cluster: check gres_type in the site file"),
-    ("time limit", "the requested --time exceeds the partition or QOS limit: lower slurm.time or use another partition"),
+    (
+        "time limit",
+        "the requested --time exceeds the partition or QOS limit: lower slurm.time or use another partition",
+    ),
     ("qos", "the job violates a QOS or association limit (GPUs, jobs or time): check `sacctmgr show qos`"),
     ("node count specification invalid", "more nodes than the partition allows (MaxNodes)"),
     ("partition", "the partition refuses this job (down, drained or restricted): check `sinfo -p <partition>`"),
@@ -110,7 +119,9 @@ def existing_job(req: JobRequest, tagged: list[Job], earlier: list[dict] | None 
         job = (read_json_or_none(record) or {}).get("job_id", "?")
         return f"job {job} was already submitted from {req.job_dir}"
     for e in earlier or []:
-        return f"job {e['job_id']} with the same submission ({req.submission}) was already submitted from {e['job_dir']}"
+        return (
+            f"job {e['job_id']} with the same submission ({req.submission}) was already submitted from {e['job_dir']}"
+        )
     for j in tagged:
         if j.phase in ("pending", "running", "suspended"):
             where = f" (job directory {j.workdir})" if j.workdir else ""
@@ -124,8 +135,18 @@ def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], 
     record = req.job_dir / "submission.json"
     what = str(record)
     try:
-        write_json(record, {"job_id": job_id, "cluster": cluster, "submission": req.submission, "argv": argv,
-                            "backend": backend, "submitted_at": time.time(), **extra})
+        write_json(
+            record,
+            {
+                "job_id": job_id,
+                "cluster": cluster,
+                "submission": req.submission,
+                "argv": argv,
+                "backend": backend,
+                "submitted_at": time.time(),
+                **extra,
+            },
+        )
         what = f"the registry of your submissions ({jobdir.lock_dir()})"
         jobdir.register(req.submission, job_id, req.job_dir)
     except OSError as exc:
@@ -133,7 +154,8 @@ def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], 
             f"job {job_id} was submitted (tag frenzy:{req.submission}), but recording it in {what} failed: "
             f"{exc.strerror or exc}.\nThe job exists and runs: `fsqueue {job_id}` follows it, `scancel {job_id}` "
             "cancels it. Once there is space (or quota) again, running the same fsbatch finds the job by its "
-            "tag and records it instead of submitting again.") from None
+            "tag and records it instead of submitting again."
+        ) from None
 
 
 def _adopt(req: JobRequest, tagged: list[Job], backend: SlurmBackend) -> None:
@@ -147,8 +169,9 @@ def _adopt(req: JobRequest, tagged: list[Job], backend: SlurmBackend) -> None:
             return
 
 
-def find_after_timeout(req: JobRequest, backend: SlurmBackend, known: set[int],
-                       waits: tuple[float, ...] = (2.0, 5.0, 10.0)) -> Job | None:
+def find_after_timeout(
+    req: JobRequest, backend: SlurmBackend, known: set[int], waits: tuple[float, ...] = (2.0, 5.0, 10.0)
+) -> Job | None:
     """After sbatch ended without a job id, the job may exist all the same: look for a new job with this
     submission's tag after each wait (a paused or busy controller answers late)."""
     for wait in waits:
@@ -166,14 +189,28 @@ def batch_job(req: JobRequest) -> BatchJob:
     """The request as the Slurm seam takes it: the script, its components in structured form, and the umask
     of the files Slurm creates for it (as private as the job directory)."""
     alloc = req.plan.decision.chosen
-    comps = [ComponentRequest(partition=c.partition, gpu_type=c.gpu_type, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
-                              time_min=req.plan.time_min, cpus_per_gpu=c.cpus_per_task) for c in alloc.components]
-    return BatchJob(script=req.job_dir / "job.sbatch", workdir=req.job_dir, components=comps,
-                    name=req.name, comment=f"frenzy:{req.submission}", umask=req.umask)
+    comps = [
+        ComponentRequest(
+            partition=c.partition,
+            gpu_type=c.gpu_type,
+            nodes=c.nodes,
+            gpus_per_node=c.gpus_per_node,
+            time_min=req.plan.time_min,
+            cpus_per_gpu=c.cpus_per_task,
+        )
+        for c in alloc.components
+    ]
+    return BatchJob(
+        script=req.job_dir / "job.sbatch",
+        workdir=req.job_dir,
+        components=comps,
+        name=req.name,
+        comment=f"frenzy:{req.submission}",
+        umask=req.umask,
+    )
 
 
-def submit(req: JobRequest, backend: SlurmBackend, *, timeout_waits: tuple[float, ...] = (2.0, 5.0, 10.0)
-           ) -> Submitted:
+def submit(req: JobRequest, backend: SlurmBackend, *, timeout_waits: tuple[float, ...] = (2.0, 5.0, 10.0)) -> Submitted:
     """Submit `req` (planning.plan_job's request, nothing else) once per submission and user: refuse a
     duplicate (any directory) unless it was planned with --force.
 
@@ -186,16 +223,20 @@ def submit(req: JobRequest, backend: SlurmBackend, *, timeout_waits: tuple[float
         raise TypeError(f"submit() takes the JobRequest of frenzy_slurm.planning.plan_job, not {type(req).__name__}")
     script = req.entry_script
     if script is not None and not script.is_file():
-        raise InputError(f"{req.plan.spec_path}: entry.script {script} does not exist; fix the path (relative "
-                         "paths are taken from model.yaml's directory).")
+        raise InputError(
+            f"{req.plan.spec_path}: entry.script {script} does not exist; fix the path (relative "
+            "paths are taken from model.yaml's directory)."
+        )
     jobdir.check_private_dir(jobdir.make_private_dir(req.job_dir.parent, "jobs directory"), "jobs directory")
     with jobdir.user_lock(req.submission):
         tagged = tagged_jobs(req, backend)
         _adopt(req, tagged, backend)
         why = existing_job(req, tagged, jobdir.registered(req.submission))
         if why and not req.force:
-            raise AlreadySubmitted(f"{why}; not submitting it again. Use --force for another job (in a new job "
-                                   f"directory), or `fsqueue` to follow the existing one.")
+            raise AlreadySubmitted(
+                f"{why}; not submitting it again. Use --force for another job (in a new job "
+                f"directory), or `fsqueue` to follow the existing one."
+            )
         jobdir.create_job_dir(req.job_dir, req.group_readable, submission=req.submission)
         written = jobdir.write_files(req.job_dir, req.files, req.group_readable)
         job = batch_job(req)
@@ -205,14 +246,17 @@ def submit(req: JobRequest, backend: SlurmBackend, *, timeout_waits: tuple[float
         done = replace(done, script=written["job.sbatch"])
         if caught:
             name = signal.Signals(caught[0]).name
-            raise Interrupted(f"stopped by {name} after job {done.job_id} was submitted and recorded in "
-                              f"{req.job_dir / 'submission.json'}; `scancel {done.job_id}` if it should not run.",
-                              caught[0])
+            raise Interrupted(
+                f"stopped by {name} after job {done.job_id} was submitted and recorded in "
+                f"{req.job_dir / 'submission.json'}; `scancel {done.job_id}` if it should not run.",
+                caught[0],
+            )
         return done
 
 
-def _sbatch_and_record(req: JobRequest, backend: SlurmBackend, job: BatchJob, known: set[int],
-                       timeout_waits: tuple[float, ...]) -> Submitted:
+def _sbatch_and_record(
+    req: JobRequest, backend: SlurmBackend, job: BatchJob, known: set[int], timeout_waits: tuple[float, ...]
+) -> Submitted:
     """sbatch, then the record. Whatever ends sbatch without a job id (our timeout, sbatch's own MessageTimeout
     after a paused slurmctld, an error exit, an answer that is no job id), the queue is asked for a job with
     this submission's tag before a failure is reported: the controller may have created it."""
@@ -225,17 +269,21 @@ def _sbatch_and_record(req: JobRequest, backend: SlurmBackend, job: BatchJob, kn
         if found is not None:
             return _recovered(req, found, argv, backend, f"sbatch failed (exit {exc.returncode})")
         why = explain(exc.stderr)
-        write_json(req.job_dir / "rejected.json",
-                   {"argv": argv, "stderr": exc.stderr, "explanation": why, "at": time.time()})
-        raise SlurmRejected(f"Slurm refused the job: {exc.stderr.strip()[:2000]}\n{why}.\n"
-                            f"The rendered files are in {req.job_dir} (rejected.json records this).") from None
+        write_json(
+            req.job_dir / "rejected.json", {"argv": argv, "stderr": exc.stderr, "explanation": why, "at": time.time()}
+        )
+        raise SlurmRejected(
+            f"Slurm refused the job: {exc.stderr.strip()[:2000]}\n{why}.\n"
+            f"The rendered files are in {req.job_dir} (rejected.json records this)."
+        ) from None
     except (SlurmUnavailable, SlurmUnexpected) as exc:  # SlurmTimeout, sbatch's own timeout, a garbled answer
         found = find_after_timeout(req, backend, known, timeout_waits)
         if found is None:
             raise type(exc)(
                 f"{exc.message} The job may still have been created: once Slurm answers, `fsqueue` shows it "
                 f"(tag frenzy:{req.submission}), and running the same fsbatch again finds it instead of "
-                "submitting twice.") from None
+                "submitting twice."
+            ) from None
         what = "sbatch timed out" if isinstance(exc, SlurmUnavailable) else "sbatch's answer was unreadable"
         return _recovered(req, found, argv, backend, what)
     _record(req, done.job_id, done.cluster, done.argv or argv, backend.name)
@@ -266,11 +314,16 @@ def held_signals(req: JobRequest) -> Iterator[list[int]]:
             raise Interrupted(
                 f"stopped by {name} while submitting: a job may have been created. `fsqueue` shows it (tag "
                 f"frenzy:{req.submission}), and running the same fsbatch again finds it by its tag and records it "
-                f"in {req.job_dir} instead of submitting twice.", signum)
+                f"in {req.job_dir} instead of submitting twice.",
+                signum,
+            )
         caught.append(signum)
         # os.write, not print: a handler may run while the interpreter is inside a write to stderr
-        os.write(2, f"fsbatch: {name} received: finishing the submission first (the job is recorded before "
-                    "exiting; send it again to stop at once)\n".encode())
+        os.write(
+            2,
+            f"fsbatch: {name} received: finishing the submission first (the job is recorded before "
+            "exiting; send it again to stop at once)\n".encode(),
+        )
 
     previous = {s: signal.signal(s, hold) for s in HELD_SIGNALS}
 

@@ -115,7 +115,8 @@ def check_ancestors(path: Path, what: str) -> None:
                 f"{what} {path}: the directory {parent} above it {why}, so another user could rename the directories "
                 f"below it and put theirs in their place (with a plan.json or checkpoint your job would load). Use a "
                 f"location whose every directory is yours or root's and writable only by you, e.g. "
-                f"FRENZY_JOBS_DIR=$HOME/frenzy-jobs or --job-dir under it (or `chmod go-w {parent}` if it is yours).")
+                f"FRENZY_JOBS_DIR=$HOME/frenzy-jobs or --job-dir under it (or `chmod go-w {parent}` if it is yours)."
+            )
 
 
 def check_private_dir(path: Path, what: str) -> os.stat_result:
@@ -128,13 +129,17 @@ def check_private_dir(path: Path, what: str) -> os.stat_result:
     if not stat.S_ISDIR(st.st_mode):
         raise InputError(f"{what} {path} is not a directory.")
     if st.st_uid != os.geteuid():
-        raise InputError(f"{what} {path} belongs to {_owner_name(st.st_uid)}, not to you; files written there could be "
-                         "read or replaced by its owner. Use a directory of your own (set FRENZY_JOBS_DIR or --job-dir).")
+        raise InputError(
+            f"{what} {path} belongs to {_owner_name(st.st_uid)}, not to you; files written there could be "
+            "read or replaced by its owner. Use a directory of your own (set FRENZY_JOBS_DIR or --job-dir)."
+        )
     who = _writable_by_others(st)
     if who:
-        raise InputError(f"{what} {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}): another user could "
-                         f"plant files that your job runs or reads. Use a private directory (FRENZY_JOBS_DIR or "
-                         f"--job-dir), or `chmod go-w {path}` if it is yours alone.")
+        raise InputError(
+            f"{what} {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}): another user could "
+            f"plant files that your job runs or reads. Use a private directory (FRENZY_JOBS_DIR or "
+            f"--job-dir), or `chmod go-w {path}` if it is yours alone."
+        )
     check_ancestors(path, what)
     return st
 
@@ -162,20 +167,25 @@ def user_lock(key: str) -> Iterator[None]:
     try:
         directory = make_private_dir(lock_dir(), "lock directory")
     except InputError as exc:
-        raise InputError(f"{exc.message} Set FRENZY_LOCK_DIR to a private directory of yours (on a file system "
-                         "every login node sees).") from None
+        raise InputError(
+            f"{exc.message} Set FRENZY_LOCK_DIR to a private directory of yours (on a file system "
+            "every login node sees)."
+        ) from None
     path = directory / f"submit-{key}.lock"
     try:
         # O_NOFOLLOW: a symlink planted at the lock's path must not make us open (or create) another file
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     except OSError as exc:
-        raise InputError(f"lock file {path}: cannot open it ({exc.strerror}); remove it if it is not a plain "
-                         "file of yours.") from None
+        raise InputError(
+            f"lock file {path}: cannot open it ({exc.strerror}); remove it if it is not a plain file of yours."
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise InputError(f"lock file {path} is not a plain file of yours (owner {_owner_name(st.st_uid)}); "
-                             "remove it and run fsbatch again.")
+            raise InputError(
+                f"lock file {path} is not a plain file of yours (owner {_owner_name(st.st_uid)}); "
+                "remove it and run fsbatch again."
+            )
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
@@ -277,21 +287,26 @@ def create_job_dir(job_dir: Path, group_readable: bool = False, *, submission: s
             os.chmod(job_dir, DIR_MODE | GROUP_READABLE)
     except FileExistsError:
         if job_dir.is_symlink():
-            raise InputError(f"job directory {job_dir} is a symbolic link; remove it or choose another "
-                             "--job-dir.") from None
+            raise InputError(
+                f"job directory {job_dir} is a symbolic link; remove it or choose another --job-dir."
+            ) from None
         check_private_dir(job_dir, "job directory")
         used = job_outputs(job_dir)
         if used:
-            raise InputError(f"job directory {job_dir} holds an earlier job's files ({', '.join(used)}); frenzy-slurm "
-                             "never writes over them. Use --force (the new job gets a new directory) or another "
-                             "--job-dir.") from None
+            raise InputError(
+                f"job directory {job_dir} holds an earlier job's files ({', '.join(used)}); frenzy-slurm "
+                "never writes over them. Use --force (the new job gets a new directory) or another "
+                "--job-dir."
+            ) from None
         foreign = foreign_entries(job_dir, submission)
         if foreign:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-            raise InputError(f"job directory {job_dir} already holds files that are not this submission's ({shown}); "
-                             "frenzy-slurm writes job.sbatch, plan.json, model.yaml and ds_config.json there and never "
-                             "over your own files. Name a new directory with --job-dir (fsbatch creates it), or leave "
-                             "--job-dir out to use $FRENZY_JOBS_DIR or ./frenzy-jobs.") from None
+            raise InputError(
+                f"job directory {job_dir} already holds files that are not this submission's ({shown}); "
+                "frenzy-slurm writes job.sbatch, plan.json, model.yaml and ds_config.json there and never "
+                "over your own files. Name a new directory with --job-dir (fsbatch creates it), or leave "
+                "--job-dir out to use $FRENZY_JOBS_DIR or ./frenzy-jobs."
+            ) from None
     except OSError as exc:
         raise InputError(f"job directory {job_dir}: cannot create it ({exc.strerror}).") from None
 
@@ -303,11 +318,14 @@ _IDENTITY_LINE = "export FRENZY_JOB_DIR_INODE=unset FRENZY_PLAN_SHA256=unset FRE
 def bind_identity(script: str, inode: int, files: Mapping[str, str]) -> str:
     """The job script with the job directory's inode and the digests of plan.json and ds_config.json recorded
     (runtime/trust.py checks them in the job). A template without the line is left as it is."""
+
     def sha(name: str) -> str:
         return hashlib.sha256(files[name].encode()).hexdigest() if name in files else "unset"
 
-    line = (f"export FRENZY_JOB_DIR_INODE={inode} FRENZY_PLAN_SHA256={sha('plan.json')} "
-            f"FRENZY_DS_CONFIG_SHA256={sha('ds_config.json')}\n")
+    line = (
+        f"export FRENZY_JOB_DIR_INODE={inode} FRENZY_PLAN_SHA256={sha('plan.json')} "
+        f"FRENZY_DS_CONFIG_SHA256={sha('ds_config.json')}\n"
+    )
     return script.replace(_IDENTITY_LINE, line, 1)
 
 
@@ -322,8 +340,9 @@ def write_files(job_dir: Path, files: Mapping[str, str], group_readable: bool = 
         inode = os.fstat(fd).st_ino
     finally:
         os.close(fd)
-    written = {name: bind_identity(text, inode, files) if name.endswith(".sbatch") else text
-               for name, text in files.items()}
+    written = {
+        name: bind_identity(text, inode, files) if name.endswith(".sbatch") else text for name, text in files.items()
+    }
     for name, text in written.items():
         write_atomic(job_dir / name, text, script_mode if name.endswith(".sbatch") else file_mode)
     return written
