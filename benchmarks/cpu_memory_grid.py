@@ -323,7 +323,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
     result = {"rank": rank, "start_bytes": min(starts), "peak_bytes": max(peaks), "step_peaks": peaks}
     if os.environ.get("GRID_DEBUG"):
         print(
-            f"rank {rank}: starts {[round(x / 2**20, 3) for x in starts]} peaks {[round(x / 2**20, 3) for x in peaks]} MiB"
+            f"rank {rank}: starts {[round(x / 2**20, 3) for x in starts]} "
+            f"peaks {[round(x / 2**20, 3) for x in peaks]} MiB"
         )
         _debug_alive_at_peak(events, rank, windows[f"grid-step-{steps - 1}"])
     if trainer == "pipeline":
@@ -463,7 +464,8 @@ def main() -> int:
         for point in load_grid(args.out):
             for r in predict(point):
                 print(
-                    f"{r.point:30} {r.rank:4} {r.stage:5} {r.measured / 2**20:12.3f} {r.predicted / 2**20:9.3f} {r.error:7.1%}"
+                    f"{r.point:30} {r.rank:4} {r.stage:5} {r.measured / 2**20:12.3f} "
+                    f"{r.predicted / 2**20:9.3f} {r.error:7.1%}"
                 )
         return 0
     pts = grid()

@@ -80,7 +80,10 @@ def main() -> int:
             return float("nan")
 
     rows = []
-    header = f"{'model':12} {'seq':>5} {'zero':>4} {'mb':>3} | {'alloc':>6} {'pred':>6} {'acc':>6} | {'resv':>6} {'pred':>6} | {'nvml':>6} {'pred':>6} | {'step ms':>8} {'pred':>8}"
+    header = (
+        f"{'model':12} {'seq':>5} {'zero':>4} {'mb':>3} | {'alloc':>6} {'pred':>6} {'acc':>6} | "
+        f"{'resv':>6} {'pred':>6} | {'nvml':>6} {'pred':>6} | {'step ms':>8} {'pred':>8}"
+    )
     print(header)
     for model_name, arch, seq, zero, mb in CASES:
         gb = mb

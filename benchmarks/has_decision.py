@@ -3,7 +3,8 @@
     python benchmarks/has_decision.py [--repeat 20] [--json OUT]
 
 Times the decision step `planning.decide_job` (pools, MARP candidates per pool, heterogeneous pipelines,
-ranking) from a ClusterView to a Decision, without Slurm calls. Goals (issue #4): a few ms on the local cluster, < 50 ms at 2,048 GPUs.
+ranking) from a ClusterView to a Decision, without Slurm calls. Goals (issue #4): a few ms on the local cluster,
+< 50 ms at 2,048 GPUs.
 Reference: Sia (SOSP'23) solves an integer program per round: median 96 ms, p95 426 ms on 64 GPUs.
 """
 

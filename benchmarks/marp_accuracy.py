@@ -93,18 +93,21 @@ def main() -> int:
         results.append(rec)
 
     print(
-        f"{'row':5} {'category':13} {'conf':6} {'meas':>7} {'MARP':>7} {'acc':>6} {'DS':>7} {'acc':>6} {'Mega':>7} {'acc':>6}  phase"
+        f"{'row':5} {'category':13} {'conf':6} {'meas':>7} {'MARP':>7} {'acc':>6} "
+        f"{'DS':>7} {'acc':>6} {'Mega':>7} {'acc':>6}  phase"
     )
     for r in results:
         if r["skipped_reason"]:
             print(
-                f"{r['row_id']:5} {r['category'][:13]:13} {r['confidence'][:6]:6} {r['measured_gib']:7.2f}  skipped: {r['skipped_reason']}"
+                f"{r['row_id']:5} {r['category'][:13]:13} {r['confidence'][:6]:6} {r['measured_gib']:7.2f}  "
+                f"skipped: {r['skipped_reason']}"
             )
             continue
         flag = "  (excluded)" if r["excluded"] else ""
         print(
             f"{r['row_id']:5} {r['category'][:13]:13} {r['confidence'][:6]:6} {r['measured_gib']:7.2f} "
-            f"{r['predicted_gib']:7.2f} {r['accuracy']:6.1%} {r['deepspeed_states_gib']:7.2f} {r['deepspeed_states_accuracy']:6.1%} "
+            f"{r['predicted_gib']:7.2f} {r['accuracy']:6.1%} "
+            f"{r['deepspeed_states_gib']:7.2f} {r['deepspeed_states_accuracy']:6.1%} "
             f"{r['megatron_formula_gib']:7.2f} {r['megatron_formula_accuracy']:6.1%}  {r['phase']}{flag}"
         )
 
@@ -159,7 +162,8 @@ def main() -> int:
         for name in m:
             print(
                 f"  {name[:24]:24} {m[name]['rows']:4} {m[name]['mean_accuracy']:7.1%} {m[name]['within_5pct']:6.0%} "
-                f"{m[name]['worst_under_prediction']:11.1%} {d[name]['mean_accuracy']:7.1%} {g[name]['mean_accuracy']:7.1%}"
+                f"{m[name]['worst_under_prediction']:11.1%} {d[name]['mean_accuracy']:7.1%} "
+                f"{g[name]['mean_accuracy']:7.1%}"
             )
     t = summary["targets"]
 

@@ -348,9 +348,10 @@ def comparison(t: TrackedJob) -> list[dict]:
                 "raw_predicted": raw,
             }
         )
+    device = "cpu" if any(r.get("device") == "cpu" for r in t.metrics.get("ranks", [])) else "gpu"
     rows.append(
         {
-            "what": f"step time ({'cpu' if any(r.get('device') == 'cpu' for r in t.metrics.get('ranks', [])) else 'gpu'})",
+            "what": f"step time ({device})",
             "predicted": t.plan.decision.chosen.step_time_s,
             "measured": t.metrics.get("step_time_s"),
             "unit": "s",

@@ -315,7 +315,8 @@ def test_site_names_with_a_newline_are_refused(offline, tmp_path, key, value):
 
 
 def test_job_name_pattern_refuses_a_trailing_newline():
-    """pydantic's `pattern` (Rust regex: `$` is the end of the text) refuses it; Python's re.match with `$` would not."""
+    """pydantic's `pattern` (Rust regex: `$` is the end of the text) refuses it; Python's re.match with `$` would
+    not."""
     import re
 
     from pydantic import ValidationError

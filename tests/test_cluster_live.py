@@ -84,7 +84,8 @@ def test_backends_agree(clean_queue, tmp_path):
     sh("sbatch", "--parsable", "-o", "/dev/null", "-p", "v100", "--gres=gpu:v100:5", "-t", "5", "--wrap", "sleep 60")
     script = tmp_path / "het.sh"
     script.write_text(
-        "#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:2 -t 5\n#SBATCH hetjob\n#SBATCH -p t4 -N 2 --gres=gpu:t4:3\nsleep 60\n"
+        "#!/bin/sh\n#SBATCH -p a100 --gres=gpu:a100:2 -t 5\n"
+        "#SBATCH hetjob\n#SBATCH -p t4 -N 2 --gres=gpu:t4:3\nsleep 60\n"
     )
     sh("sbatch", "--parsable", "-o", "/dev/null", str(script))
     wait_for(lambda: len([j for j in SlurmCliBackend().load().jobs if j.phase == "running"]) == 3, what="3 running")
@@ -97,7 +98,10 @@ def test_backends_agree(clean_queue, tmp_path):
         for name, v in views.items():
             if name == "pyslurm":  # pyslurm has no per-job expected times for finished jobs; compare capacity
                 if list(v.pools()) != list(views["cli"].pools()):
-                    return f"pyslurm's pools differ from the CLI JSON view: {list(v.pools())} != {list(views['cli'].pools())}"
+                    return (
+                        f"pyslurm's pools differ from the CLI JSON view: {list(v.pools())} != "
+                        f"{list(views['cli'].pools())}"
+                    )
             elif state(v) != ref:
                 return f"{name} view differs from the CLI JSON view: {state(v)} != {ref}"
         return None

@@ -123,7 +123,8 @@ def test_unreadable_values_name_file_and_line(tmp_path, raw, needle):
         ('{"num_hidden_layers": "abc", "hidden_size": 64}', "num_hidden_layers: 'abc' is not a whole number"),
         ('{"num_hidden_layers": 2, "hidden_size": 64.5, "num_attention_heads": 4, "vocab_size": 8}', "hidden_size"),
         (
-            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 8, "resid_pdrop": "x"}',
+            '{"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 8, '
+            '"resid_pdrop": "x"}',
             "resid_pdrop: 'x' is not a number",
         ),
         ('{"hidden_size": 64}', "no key for layers, heads, vocab"),

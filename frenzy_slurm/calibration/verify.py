@@ -12,8 +12,8 @@ directories (a shell glob over /scratch/*/frenzy-jobs), so a directory is eviden
 
 Where the site keeps no accounting (or it does not answer), or a directory records no job id, nothing can
 be checked against Slurm: only the caller's own job directories count then, and the report says so (the
-caller vouches for its own files; a job id that accounting contradicts is rejected all the same). Every directory is either accepted, with
-why, or rejected, with why; `calibrate` prints both.
+caller vouches for its own files; a job id that accounting contradicts is rejected all the same). Every directory
+is either accepted, with why, or rejected, with why; `calibrate` prints both.
 """
 
 from __future__ import annotations

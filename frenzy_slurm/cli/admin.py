@@ -24,6 +24,7 @@ from frenzy_slurm.cli.plan_view import (
 )
 from frenzy_slurm.errors import InputError, NoFitError
 from frenzy_slurm.marp import estimate_memory, parse_plan, search, search_space_from_spec, workload_from_spec
+from frenzy_slurm.marp.plan import Metric
 from frenzy_slurm.units import GiB
 
 
@@ -84,7 +85,7 @@ def memory(
     model_yaml: Path,
     gpus: tuple[str, ...],
     plan_text: str | None,
-    metric: str,
+    metric: Metric,  # click.Choice of its values
     max_gpus: int,
     top: int,
     as_json: bool,
@@ -118,7 +119,7 @@ def memory(
             raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
         if plan.pp > w.arch.layers:
             raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
-        est = estimate_memory(w, plan, metric)  # type: ignore[arg-type]
+        est = estimate_memory(w, plan, metric)
         calibrated = calib.memory_plan_calibration(found, spec, est)
         usable = min((o.usable_bytes for o in gpu_options(gpus, max_gpus)), default=None) if gpus else None
         if plot:

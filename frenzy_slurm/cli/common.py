@@ -75,7 +75,7 @@ def reports_errors(prog: str) -> Callable[[F], F]:
                 click.echo(f"{prog}: error: {os_error_message(exc)}", err=True)
                 sys.exit(EXIT_FAILURE)
 
-        return inner  # type: ignore[return-value]
+        return inner  # type: ignore[return-value]  # wraps fn: same signature, as functools.wraps says
 
     return wrap
 

@@ -133,7 +133,10 @@ def _note(det: Detected, today: str) -> str:
             f"detected {today} by NVML on {det.host}: {det.gpus_per_node} x {det.product}, "
             f"{det.memory_gib:.1f} GiB, {det.intra_node or 'link unknown'}, driver {det.driver}, CUDA {det.cuda}"
         )
-    return f"{today}: no NVML answer; from Slurm's GRES (gpu:{det.gres_type}:{det.gpus_per_node}); check gpu: and intra_node:"
+    return (
+        f"{today}: no NVML answer; from Slurm's GRES (gpu:{det.gres_type}:{det.gpus_per_node}); "
+        "check gpu: and intra_node:"
+    )
 
 
 def merge_site(text: str | None, cluster: str, detected: list[Detected], today: str) -> tuple[str, list[str]]:

@@ -40,7 +40,8 @@ def propose_site(view: ClusterView) -> tuple[str, list[str]]:
     flagged: list[str] = []
     lines = [
         f"# Site file proposed by `frenzy-slurm site init` from the live cluster ({view.backend} backend,",
-        f"# Slurm {view.slurm_version}). Check every `gpu:` and `intra_node:` line, then run `frenzy-slurm site validate`.",
+        f"# Slurm {view.slurm_version}). Check every `gpu:` and `intra_node:` line, "
+        "then run `frenzy-slurm site validate`.",
         f"cluster: {view.cluster or 'unnamed'}",
         "defaults:",
         "  inter_node_gbs: 25        # network GB/s per GPU between nodes (25 = 200 Gb/s)",

@@ -255,7 +255,8 @@ def precision(text: str) -> PrecisionReading:
 
 
 def yes_no(text: str) -> bool | None:
-    """`yes ...` -> True, `no ...`/`none`/`off`/`false` -> False; `not stated`, `unclear`, `config default`, empty -> None."""
+    """`yes ...` -> True, `no ...`/`none`/`off`/`false` -> False; `not stated`, `unclear`, `config default`,
+    empty -> None."""
     t = text.strip().lower()
     if not t or re.match(r"(not stated|unclear|unknown|n/?a\b|\?|config default|default)", t):
         return None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.params import count_params
-from frenzy_slurm.marp.plan import ParallelPlan, Workload
+from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
 from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token, small_batch_penalty
 from frenzy_slurm.units import GiB
 
@@ -100,7 +100,7 @@ def build(
     dp: int,
     micro_batch: int,
     global_batch: int,
-    recompute: str,
+    recompute: Recompute,
     overheads: Overheads = Overheads(),
 ) -> HeteroPlan | None:
     # estimates are of reserved bytes (fragmentation from `overheads`); each group's usable_bytes already
@@ -132,7 +132,7 @@ def build(
         grad_accum=ga,
         recompute=recompute,
         layer_split=tuple(split),
-    )  # type: ignore[arg-type]
+    )
     base = estimate_memory(w, plan, "reserved", overheads)
     more = estimate_memory(
         w, plan.model_copy(update={"layer_split": tuple(x + 1 for x in split)}), "reserved", overheads

@@ -45,7 +45,8 @@ class Architecture(BaseModel):
     )
     head: Literal["lm", "mlm", "classification"] = Field(
         "lm",
-        description="Output head: causal LM logits, BERT masked-LM head, or a pooled classifier (no vocabulary logits).",
+        description="Output head: causal LM logits, BERT masked-LM head, or a pooled classifier "
+        "(no vocabulary logits).",
     )
 
     @model_validator(mode="after")

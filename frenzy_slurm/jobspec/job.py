@@ -275,7 +275,7 @@ class SlurmOptions(_Strict):
         data = self.model_dump()
         for key, value in flags.items():
             if key == "extra":
-                data["extra"] = [*self.extra, *value]  # type: ignore[misc]
+                data["extra"] = [*self.extra, *value]  # type: ignore[misc]  # fsbatch passes extra as a list
             elif value is not None:
                 data[key] = value
         try:

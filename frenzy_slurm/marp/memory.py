@@ -270,7 +270,8 @@ def estimate_memory(
             continue
         first, last = i == 0, i == pp - 1
         params = pc.per_layer * n_layers / tp
-        # Megatron splits the embedding and the output layer over tp (vocab-parallel); a replicated head holds them whole
+        # Megatron splits the embedding and the output layer over tp (vocab-parallel); a replicated head holds
+        # them whole
         vtp = tp if w.vocab_parallel else 1
         if first:
             params += pc.embedding / vtp

@@ -172,7 +172,7 @@ def parse_plan(text: str) -> ParallelPlan:
                 raise InputError(f"--plan: ckpt={value}; use none, selective or full")
             kwargs[name] = value
     try:
-        return ParallelPlan(**kwargs)  # type: ignore[arg-type]
+        return ParallelPlan(**kwargs)  # type: ignore[arg-type]  # parsed text; pydantic validates it
     except ValidationError as exc:
         raise InputError(f"--plan: {plan_error(exc)}") from None
 
@@ -238,4 +238,4 @@ class Workload:
     buckets: DeepSpeedBuckets = field(default_factory=DeepSpeedBuckets)
 
     def with_(self, **changes: object) -> Workload:
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)  # type: ignore[arg-type]  # replace() checks names and types at run time

@@ -7,7 +7,8 @@
 hetjobs, time limits, `--test-only`-style estimates); `workload` builds and reads workloads; `truth`
 keeps true step times and memory apart from MARP's predictions; `policies` and `ilp` are what is
 compared; `runner` is the event loop; `metrics` the report; `replay` checks the simulator against a
-real Slurm cluster; `synthetic` builds static views for tests and the HAS benchmark. docs/simulation.md describes the model and its limits.
+real Slurm cluster; `synthetic` builds static views for tests and the HAS benchmark. docs/simulation.md describes
+the model and its limits.
 """
 
 from frenzy_slurm.sim.clusters import SimCluster, load_cluster, parse_compact

@@ -83,7 +83,7 @@ def simulate_replay(
             BatchJob(script=Path("replay.sbatch"), workdir=Path("."), components=j.components, name=f"replay-{j.id}")
         )
     while sim.next_end() is not None:
-        sim.advance(sim.next_end())  # type: ignore[arg-type]
+        sim.advance(sim.next_end())  # type: ignore[arg-type]  # not None: the loop checked
     return {
         by_sim[sid]: (sj.start, sj.end)
         for sid, sj in sim.jobs_by_id.items()

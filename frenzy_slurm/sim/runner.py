@@ -272,7 +272,7 @@ class Runner:
             while self.events and self.events[0][0] <= self.sim.now:
                 _, _, kind, payload = heapq.heappop(self.events)
                 if kind == "submit":
-                    self._arrive(payload)  # type: ignore[arg-type]
+                    self._arrive(payload)  # type: ignore[arg-type]  # a submit event carries its job
                 else:
                     self._round()
         for rec in self.records.values():

@@ -125,7 +125,8 @@ def pyslurm_problem() -> str | None:
         )
     ping = run(["scontrol", "ping"], timeout=15, check=False)
     if " is UP" not in ping.stdout:
-        return f"slurmctld does not answer (`scontrol ping`: {ping.stdout.strip().splitlines()[0] if ping.stdout.strip() else ping.stderr.strip()})"
+        said = ping.stdout.strip().splitlines()[0] if ping.stdout.strip() else ping.stderr.strip()
+        return f"slurmctld does not answer (`scontrol ping`: {said})"
     return probe_import(conf, version)
 
 

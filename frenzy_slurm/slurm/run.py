@@ -75,7 +75,7 @@ def _pump(stream: IO[bytes], buf: bytearray, cap: int, over: threading.Event, pr
     """Read `stream` into `buf` until EOF or `cap` bytes; past the cap, kill the command (its answer is refused)."""
     try:
         while True:
-            chunk = stream.read1(_CHUNK)  # type: ignore[attr-defined]
+            chunk = stream.read1(_CHUNK)  # type: ignore[attr-defined]  # a pipe: a BufferedReader
             if not chunk:
                 return
             if len(buf) + len(chunk) > cap:
