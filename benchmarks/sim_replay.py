@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from frenzy_slurm.cluster.site import load_site  # noqa: E402
 from frenzy_slurm.sim import ErrorModel, SimCluster, load_workload, simulate  # noqa: E402
 from frenzy_slurm.sim.replay import compare, live_replay, replay_jobs, simulate_replay  # noqa: E402
+from frenzy_slurm.site.config import load_site  # noqa: E402
 from frenzy_slurm.slurm import open_backend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,6 @@ from types import MappingProxyType
 from typing import Any
 
 from frenzy_slurm.calibration import Applied, for_job, job_record
-from frenzy_slurm.cluster.site import SiteConfig, load_site
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.has import Decision, Requirements, decide
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
@@ -32,8 +31,9 @@ from frenzy_slurm.marp.candidates import SearchSpace
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render import Rendered, default_job_dir, render_job, submission_hash
 from frenzy_slurm.render.planfile import PlanFile
+from frenzy_slurm.site.config import SiteConfig, load_site
 from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
-from frenzy_slurm.slurm.model import ClusterView
+from frenzy_slurm.slurm.view import ClusterView
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class JobRequest:
 
 def find_site_file(explicit: Path | None) -> SiteFile:
     """--site, else $FRENZY_SITE, else /etc/frenzy-slurm/site.yaml, found once and read; none is refused."""
-    from frenzy_slurm.cluster.site_tools import find_site
+    from frenzy_slurm.site.tools import find_site
 
     path = find_site(explicit)
     if path is None:

@@ -25,7 +25,7 @@ from frenzy_slurm.inputfile import read_config_text
 from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
 from frenzy_slurm.render.planfile import PlanFile, plan_from
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmUnavailable, group_het_jobs
-from frenzy_slurm.slurm.model import ACTIVE_JOB_STATES
+from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES
 
 CACHE_SECONDS = 5.0
 _STEP_TAG = re.compile(r"step(\d{1,18})")  # DeepSpeed's tag as the trainer names it (runtime.checkpoints.tag)

@@ -126,7 +126,7 @@ def planned(
 
 def fill(view, partition: str, keep_free: dict[str, int] | None = None, minutes: int = 60):
     """Hold every GPU of a partition (except keep_free[node]) with a running job ending in `minutes`."""
-    from frenzy_slurm.slurm.model import Job
+    from frenzy_slurm.slurm.view import Job
 
     keep_free = keep_free or {}
     jobs = list(view.jobs)

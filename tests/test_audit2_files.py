@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.slurm.model import Job
+from frenzy_slurm.slurm.view import Job
 
 from .helpers import EXAMPLES, LOCAL, ROOT, make_spec, planned, run_cli
 from .users import as_user, other_user  # noqa: F401 (fixture)
@@ -343,7 +343,7 @@ def _site(tmp_path: Path) -> Path:
 
 
 def test_world_writable_site_file_is_refused_with_the_fix(tmp_path):
-    from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.site.config import load_site
 
     site = _site(tmp_path)
     load_site(site)
@@ -369,7 +369,7 @@ def test_world_writable_site_file_is_exit_2_for_fsbatch(tmp_path):
 
 
 def test_site_file_owned_by_another_user_is_refused(tmp_path, other_user):
-    from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.site.config import load_site
 
     site = _site(tmp_path)
     os.chown(site, other_user.uid, other_user.gid)
@@ -384,7 +384,7 @@ def test_site_file_owned_by_another_user_is_refused(tmp_path, other_user):
 def test_group_write_bit_only_of_a_user_private_group(tmp_path, other_user):
     import grp
 
-    from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.site.config import load_site
 
     site = _site(tmp_path)
     site.chmod(0o664)
@@ -405,7 +405,7 @@ def test_root_owned_site_file_is_trusted_by_other_users(tmp_path, other_user):
         top.chmod(0o755)
         site = _site(top)
         code = (
-            "import sys; from pathlib import Path; from frenzy_slurm.cluster.site import load_site; "
+            "import sys; from pathlib import Path; from frenzy_slurm.site.config import load_site; "
             "print(len(load_site(Path(sys.argv[1])).pools))"
         )
         res = as_user(other_user, [sys.executable, "-c", code, str(site)], cwd=Path("/"))
@@ -416,7 +416,7 @@ def test_root_owned_site_file_is_trusted_by_other_users(tmp_path, other_user):
 
 def test_calibration_file_owned_by_another_user_is_refused(tmp_path, other_user):
     from frenzy_slurm.calibration import CalibrationFile, load_calibration, site_fingerprint, write_calibration
-    from frenzy_slurm.cluster.site import load_site
+    from frenzy_slurm.site.config import load_site
 
     site = _site(tmp_path)
     cfg = load_site(site)

@@ -45,8 +45,8 @@ class _RecordingBackend:
 
 
 def test_site_detect_probe_does_not_import_a_planted_pynvml(tmp_path):
-    from frenzy_slurm.cluster.detect import probe_pools
     from frenzy_slurm.sim.synthetic import synthetic
+    from frenzy_slurm.site.detect import probe_pools
 
     view = synthetic([("a100", "A100-40GB", 1, 4)])
     backend = _RecordingBackend()
@@ -81,7 +81,7 @@ def test_probe_drops_the_working_directory_even_when_started_without_P(tmp_path)
 def test_site_probe_step_runs_from_root_directory(monkeypatch):
     """`srun --chdir=/`: the step never starts in the admin's directory (or /tmp, srun's fallback)."""
     from frenzy_slurm.slurm import cli as slurm_cli
-    from frenzy_slurm.slurm.model import PoolKey
+    from frenzy_slurm.slurm.view import PoolKey
 
     seen: list[list[str]] = []
 
@@ -341,8 +341,8 @@ def test_every_validator_pattern_ends_at_the_end_of_the_text():
     import re
 
     from frenzy_slurm import render
-    from frenzy_slurm.cluster import site
     from frenzy_slurm.jobspec import job
+    from frenzy_slurm.site import config as site
 
     for module in (job, render, site):
         for name, value in vars(module).items():

@@ -32,9 +32,9 @@ from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm import run as run_mod
 from frenzy_slurm.slurm.cli import SlurmCliBackend, json_list, parse_sacct, parse_version, partitions_from_scontrol
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.slurm.model import Job
 from frenzy_slurm.slurm.parse import SlurmUnexpected, num, parse_parsable
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, run
+from frenzy_slurm.slurm.view import Job
 from frenzy_slurm.submit import submit
 
 from .helpers import LOCAL, ROOT, make_spec, plan, planned, run_cli

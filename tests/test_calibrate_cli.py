@@ -26,8 +26,8 @@ def offline(tmp_path):
 
 def _job_dir(tmp_path: Path, snap: Path, site: Path, name: str, steady: float) -> Path:
     """A finished job: fsbatch's rendered files plus the trainer's metrics.json."""
-    from frenzy_slurm.cluster.site import load_site
     from frenzy_slurm.planning import PlanOptions, SiteFile, load_job, plan_job
+    from frenzy_slurm.site.config import load_site
     from frenzy_slurm.slurm import open_backend
 
     job = load_job(EXAMPLES / "tiny-cpu.yaml")

@@ -17,7 +17,6 @@ from frenzy_slurm.slurm.cli import (
     parse_version,
     partitions_from_scontrol,
 )
-from frenzy_slurm.slurm.model import ClusterView, job_phase
 from frenzy_slurm.slurm.parse import (
     SlurmUnexpected,
     expand_hostlist,
@@ -26,6 +25,7 @@ from frenzy_slurm.slurm.parse import (
     parse_test_only,
     parse_time_minutes,
 )
+from frenzy_slurm.slurm.view import ClusterView, job_phase
 
 DATA = (
     Path(__file__).parent / "data" / "slurm-22.05" / "earlier"

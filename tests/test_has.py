@@ -12,7 +12,7 @@ from frenzy_slurm.has.pools import node_layout
 from frenzy_slurm.jobspec import presets
 from frenzy_slurm.marp import Workload
 from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site
-from frenzy_slurm.slurm.model import Job
+from frenzy_slurm.slurm.view import Job
 from frenzy_slurm.units import GiB
 
 from .helpers import LOCAL, fill, make_spec, plan

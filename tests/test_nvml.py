@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 
-from frenzy_slurm.cluster.detect import interpret, merge_site
-from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.runtime.nvml_probe import NVML_CALLS, probe
 from frenzy_slurm.runtime.nvml_sampler import SAMPLER_CALLS, Sampler, merge_metrics
+from frenzy_slurm.site.config import SiteConfig
+from frenzy_slurm.site.detect import interpret, merge_site
 from frenzy_slurm.units import GiB
 from tests.nvml_fake import FakeNvml
 
@@ -153,11 +153,11 @@ def test_probe_dgx_h100_name_without_memory_technology():
 
 def test_probe_pools_through_the_seam_with_a_busy_pool():
     """The seam's run_step answers with the probe's JSON; a pool with no free node fails fast and says so."""
-    from frenzy_slurm.cluster.detect import probe_pools
     from frenzy_slurm.sim.synthetic import synthetic
+    from frenzy_slurm.site.detect import probe_pools
     from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
     from frenzy_slurm.slurm.fake import FakeSlurm
-    from frenzy_slurm.slurm.model import PoolKey
+    from frenzy_slurm.slurm.view import PoolKey
 
     slurm = FakeSlurm(synthetic([("a100", "A100-80GB", 1, 8), ("t4", "T4", 1, 4)], now=0.0))
     slurm.step_output[PoolKey("a100", "a100_80gb")] = "motd line\n" + json.dumps(probe(FakeNvml("dgx-a100-80gb.json")))

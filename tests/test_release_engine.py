@@ -12,9 +12,9 @@ from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.releases import GpuTimeline, ReleaseIndex
 from frenzy_slurm.slurm.run import SlurmUnavailable
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition
 
 T0 = 1.8e9
 INF = float("inf")
@@ -202,7 +202,7 @@ def test_the_three_users_agree_where_their_rules_do():
 
 def test_the_simulator_refuses_job_steps_and_has_no_gpu_accounting():
     sim = SimSlurm(SimCluster(partitions=[SimPartition(name="p", gpu="A100-80GB", nodes=1, gpus_per_node=8)]))
-    from frenzy_slurm.slurm.model import PoolKey
+    from frenzy_slurm.slurm.view import PoolKey
 
     with pytest.raises(SlurmUnavailable, match="the sim backend simulates a cluster; it cannot run job steps"):
         sim.run_step(PoolKey("p", "a100_80gb"), 1, ["nvidia-smi"], 10.0)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from frenzy_slurm.cluster.site import load_site
 from frenzy_slurm.sim import ErrorModel, SimCluster, load_workload, simulate
 from frenzy_slurm.sim.replay import compare, live_replay, replay_jobs, simulate_replay
+from frenzy_slurm.site.config import load_site
 from frenzy_slurm.slurm import open_backend
 
 ROOT = Path(__file__).resolve().parent.parent

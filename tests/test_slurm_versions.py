@@ -16,9 +16,9 @@ import pytest
 
 from frenzy_slurm.slurm import cli
 from frenzy_slurm.slurm.backend import ComponentRequest
-from frenzy_slurm.slurm.model import job_phase
 from frenzy_slurm.slurm.parse import SlurmUnexpected, parse_parsable, parse_test_only
 from frenzy_slurm.slurm.run import Result, SlurmCommandError, SlurmUnavailable, raise_for_status
+from frenzy_slurm.slurm.view import job_phase
 
 DATA = Path(__file__).parent / "data"
 VERSIONS = sorted(p.name.removeprefix("slurm-") for p in DATA.glob("slurm-*") if (p / "index.json").exists())

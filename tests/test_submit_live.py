@@ -11,7 +11,7 @@ import signal
 import threading
 from pathlib import Path
 
-from frenzy_slurm.cluster.site import load_site
+from frenzy_slurm.site.config import load_site
 from frenzy_slurm.slurm import cli as slurm_cli
 from frenzy_slurm.slurm.cli import SlurmCliBackend
 from frenzy_slurm.submit import submit

@@ -125,7 +125,7 @@ def test_fsqueue_unknown_jobid_with_slurm_down_is_exit_4(tmp_path, slurm_down):
 def test_unreadable_job_directory_of_another_user_is_a_note(tmp_path, monkeypatch):
     """`fsqueue --all` lists other users' jobs; their job directories are private (0700) and must not crash it."""
     import frenzy_slurm.track as track
-    from frenzy_slurm.slurm.model import Job
+    from frenzy_slurm.slurm.view import Job
 
     d = tmp_path / "theirs"
     d.mkdir(mode=0o700)

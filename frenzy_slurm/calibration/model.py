@@ -16,9 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.records import write_atomic
+from frenzy_slurm.site.config import SiteConfig
 from frenzy_slurm.yamlfile import load_model_file
 
 SITE_WIDE = "*"  # the `gpu` of a step-time correction fitted over every GPU type of the site

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frenzy_slurm.cluster.site import SiteConfig
+from frenzy_slurm.site.config import SiteConfig
 
 if TYPE_CHECKING:
     from frenzy_slurm.has.model import Allocation

@@ -150,7 +150,7 @@ def verify_jobs(dirs: list[Path], backend: SlurmBackend | None) -> Verdict:
         if rec.work_dir and os.path.realpath(rec.work_dir) != os.path.realpath(d):
             verdict.rejected.append((d, f"job {job_id} ran in {rec.work_dir}, not in this directory"))
             continue
-        from frenzy_slurm.slurm.model import job_phase
+        from frenzy_slurm.slurm.view import job_phase
 
         if job_phase(rec.state) in ("pending", "running"):
             verdict.rejected.append((d, f"job {job_id} is {rec.state}: not measured yet"))

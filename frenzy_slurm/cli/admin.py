@@ -215,7 +215,7 @@ def site() -> None:
 @reports_errors("frenzy-slurm site init")
 def site_init(backend: str, snapshot: Path | None, output: Path | None, force: bool) -> None:
     """Propose a site file from the live cluster's partitions and GRES types."""
-    from frenzy_slurm.cluster.site_tools import propose_site
+    from frenzy_slurm.site.tools import propose_site
     from frenzy_slurm.slurm import open_backend
 
     text, flagged = propose_site(open_backend(backend, snapshot).load())
@@ -238,8 +238,8 @@ def site_init(backend: str, snapshot: Path | None, output: Path | None, force: b
 @reports_errors("frenzy-slurm site validate")
 def site_validate(backend: str, snapshot: Path | None, site: Path | None, site_file: Path | None) -> None:
     """Check SITE_FILE (or --site) against the live cluster; exit 1 if they disagree."""
-    from frenzy_slurm.cluster.site import load_site
-    from frenzy_slurm.cluster.site_tools import find_site, validate_site
+    from frenzy_slurm.site.config import load_site
+    from frenzy_slurm.site.tools import find_site, validate_site
     from frenzy_slurm.slurm import open_backend
 
     path = site_file or find_site(site)

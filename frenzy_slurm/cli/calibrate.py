@@ -23,9 +23,9 @@ from frenzy_slurm.errors import InputError
 
 if TYPE_CHECKING:  # the command imports these when it runs
     from frenzy_slurm.calibration import CalibrationFile
-    from frenzy_slurm.cluster.site import SiteConfig
     from frenzy_slurm.jobspec import JobSpec
     from frenzy_slurm.marp import GpuOption, MemoryEstimate, Workload
+    from frenzy_slurm.site.config import SiteConfig
     from frenzy_slurm.slurm import SlurmBackend
 
     Found = tuple[CalibrationFile, Path] | None  # site_calibration(): a calibration and its path
@@ -141,8 +141,8 @@ def calibrate(
     )
     from frenzy_slurm.calibration.fit import fit
     from frenzy_slurm.calibration.observe import job_dirs_under, read_epilog_dir
-    from frenzy_slurm.cluster.site import load_site
-    from frenzy_slurm.cluster.site_tools import find_site
+    from frenzy_slurm.site.config import load_site
+    from frenzy_slurm.site.tools import find_site
 
     site_path = find_site(site)
     if site_path is None:
@@ -271,8 +271,8 @@ def calibrate(
 def site_calibration(site: Path | None) -> Found:
     """(calibration, path) beside the site file given or found ($FRENZY_SITE), or None; stale is an error."""
     from frenzy_slurm.calibration import find_calibration
-    from frenzy_slurm.cluster.site import load_site
-    from frenzy_slurm.cluster.site_tools import find_site
+    from frenzy_slurm.site.config import load_site
+    from frenzy_slurm.site.tools import find_site
 
     path = find_site(site)
     if path is None or not path.exists():

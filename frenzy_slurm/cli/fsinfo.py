@@ -15,13 +15,13 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, reports_errors, table
-from frenzy_slurm.cluster.site_tools import maybe_load_site
 from frenzy_slurm.gpus import match_gpu
+from frenzy_slurm.site.tools import maybe_load_site
 from frenzy_slurm.slurm import open_backend
 
 if TYPE_CHECKING:
-    from frenzy_slurm.cluster.site import SiteConfig
-    from frenzy_slurm.slurm.model import ClusterView
+    from frenzy_slurm.site.config import SiteConfig
+    from frenzy_slurm.slurm.view import ClusterView
 
 
 def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:

@@ -21,7 +21,7 @@ def load(path: Path, trace: bool = False, site: Path | None = None) -> tuple[Job
     model = resolve_model(spec, path.parent)
     if not trace or spec.model.factory is None:
         return spec, model
-    from frenzy_slurm.cluster.site_tools import maybe_load_site
+    from frenzy_slurm.site.tools import maybe_load_site
 
     site_cfg = maybe_load_site(site)
     return spec, with_exact_params(spec, model, tuple(site_cfg.trusted_factories) if site_cfg else ())

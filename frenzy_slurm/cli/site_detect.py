@@ -60,8 +60,8 @@ def site_detect(
     as_json: bool,
 ) -> None:
     """Detect each pool's GPUs with NVML on a compute node and write or update the site file."""
-    from frenzy_slurm.cluster.detect import merge_site, probe_pools, read_text
-    from frenzy_slurm.cluster.site_tools import find_site
+    from frenzy_slurm.site.detect import merge_site, probe_pools, read_text
+    from frenzy_slurm.site.tools import find_site
     from frenzy_slurm.slurm import open_backend
 
     try:
@@ -127,8 +127,8 @@ def site_detect(
             click.echo(text, nl=False)
         return
     assert path is not None
-    from frenzy_slurm.cluster.site import load_site
     from frenzy_slurm.records import write_atomic
+    from frenzy_slurm.site.config import load_site
 
     # the candidate is written (O_EXCL temporary + rename, never through a planted link) beside the site file
     # as `.detected`, checked, and only then renamed over the site file: a file that does not load never

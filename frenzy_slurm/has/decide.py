@@ -15,7 +15,6 @@ import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
@@ -25,10 +24,11 @@ from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import Overheads
 from frenzy_slurm.marp.plan import Recompute, Workload
 from frenzy_slurm.marp.speed import flops_per_token
+from frenzy_slurm.site.config import SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest, SlurmBackend
-from frenzy_slurm.slurm.model import ClusterView
 from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.slurm.run import SlurmCommandError
+from frenzy_slurm.slurm.view import ClusterView
 from frenzy_slurm.units import TFLOPS, GiB
 
 # The numbers HAS decides by. None is configurable; the ones marked "site-tunable policy" are choices a site could

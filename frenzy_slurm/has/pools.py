@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.cluster.site import Pool, SiteConfig
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.marp.candidates import GpuOption
-from frenzy_slurm.slurm.model import ClusterView, GpuPool, Node, PoolKey
+from frenzy_slurm.site.config import Pool, SiteConfig
+from frenzy_slurm.slurm.view import ClusterView, GpuPool, Node, PoolKey
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from frenzy_slurm.cluster.site import IntraLink, Pool, SiteConfig, SiteDefaults
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import catalog, match_gpu
+from frenzy_slurm.site.config import IntraLink, Pool, SiteConfig, SiteDefaults
 from frenzy_slurm.yamlfile import load_model_file
 
 if TYPE_CHECKING:
-    from frenzy_slurm.slurm.model import ClusterView
+    from frenzy_slurm.slurm.view import ClusterView
 
 # Intra-node link a node of this GPU family usually has (SXM boards: NVLink; PCIe cards: the PCIe generation).
 _DEFAULT_LINK: dict[str, IntraLink] = {

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.sim.jobs import Attempt
 from frenzy_slurm.sim.slurm import SimSlurm
+from frenzy_slurm.site.config import SiteConfig
 
 
 @dataclass

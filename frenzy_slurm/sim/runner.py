@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from frenzy_slurm.cluster.site import SiteConfig
 from frenzy_slurm.gpus import catalog
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.sim.context import Context
@@ -28,6 +27,7 @@ from frenzy_slurm.sim.policies import make_policy
 from frenzy_slurm.sim.slurm import SimJob, SimSlurm
 from frenzy_slurm.sim.truth import ErrorModel, Truth
 from frenzy_slurm.sim.workload import WorkloadFile, reference_rate
+from frenzy_slurm.site.config import SiteConfig
 from frenzy_slurm.slurm.backend import BatchJob
 
 MAX_ATTEMPTS = 8

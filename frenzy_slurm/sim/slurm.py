@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
-from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey
 from frenzy_slurm.slurm.releases import GpuTimeline
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, PoolKey
 
 FINAL_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED"}
 

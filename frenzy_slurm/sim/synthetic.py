@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
-from frenzy_slurm.cluster.site import IntraLink, Pool, SiteConfig
-from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
+from frenzy_slurm.site.config import IntraLink, Pool, SiteConfig
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition
 
 
 def synthetic(

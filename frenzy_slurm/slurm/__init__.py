@@ -25,8 +25,8 @@ from frenzy_slurm.slurm.backend import (
     SlurmBackend,
     StartEstimate,
 )
-from frenzy_slurm.slurm.model import ClusterView, GpuPool, Job, Node, Partition, group_het_jobs, job_phase
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
+from frenzy_slurm.slurm.view import ClusterView, GpuPool, Job, Node, Partition, group_het_jobs, job_phase
 
 __all__ = [
     "AccountingRecord",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn, Protocol
 
-from frenzy_slurm.slurm.model import ClusterView, Job, PoolKey
+from frenzy_slurm.slurm.view import ClusterView, Job, PoolKey
 
 __all__ = [
     "AccountingRecord",

@@ -25,7 +25,6 @@ from frenzy_slurm.slurm.backend import (
     SbatchAnswer,
     StartEstimate,
 )
-from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.parse import (
     SlurmUnexpected,
     expand_hostlist,
@@ -37,6 +36,7 @@ from frenzy_slurm.slurm.parse import (
     reading,
 )
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition
 from frenzy_slurm.units import GiB
 
 

@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
-from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition, PoolKey, job_phase
 from frenzy_slurm.slurm.releases import GpuTimeline
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmTimeout, SlurmUnavailable
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, PoolKey, job_phase
 
 
 @dataclass

@@ -38,9 +38,9 @@ from frenzy_slurm.slurm.backend import (
     StartEstimate,
 )
 from frenzy_slurm.slurm.cli import SlurmCliBackend, node_state, parse_version
-from frenzy_slurm.slurm.model import ClusterView, Job, Node, Partition
 from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes, reading
 from frenzy_slurm.slurm.run import SlurmUnavailable, run
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition
 
 PROBE_TIMEOUT = 30.0
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from frenzy_slurm.slurm.model import ClusterView, Node
+from frenzy_slurm.slurm.view import ClusterView, Node
 
 PENDING_DEFAULT_LIMIT_S = 3600.0  # a pending job without a time limit holds its GPUs this long in the timeline
 

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.records import read_json
 from frenzy_slurm.slurm.backend import ComponentRequest, ReadOnlyBackend, StartEstimate
-from frenzy_slurm.slurm.model import ClusterView, Job
 from frenzy_slurm.slurm.releases import ReleaseIndex
+from frenzy_slurm.slurm.view import ClusterView, Job
 from frenzy_slurm.yamlfile import format_validation_error
 
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.cluster.site_tools import _link_guess
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.site.tools import _link_guess
 from frenzy_slurm.units import GiB
 
 if TYPE_CHECKING:
     from frenzy_slurm.slurm import SlurmBackend
-    from frenzy_slurm.slurm.model import ClusterView
+    from frenzy_slurm.slurm.view import ClusterView
 
 MEMORY_TOLERANCE = 0.03  # NVML total vs catalog: ECC and firmware reservations differ by a few percent
 

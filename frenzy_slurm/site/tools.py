@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from frenzy_slurm.cluster.site import SiteConfig, load_site
 from frenzy_slurm.gpus import match_gpu
-from frenzy_slurm.slurm.model import ClusterView
+from frenzy_slurm.site.config import SiteConfig, load_site
+from frenzy_slurm.slurm.view import ClusterView
 
 DEFAULT_SITE_PATHS = (Path("/etc/frenzy-slurm/site.yaml"),)
 
