@@ -50,6 +50,19 @@ def payload_spec_file(directory: Path, name: str = "rec", **training) -> Path:
     return p
 
 
+def deepspeed_rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment of one of `world` DeepSpeed ranks on this host (CPU, gloo, shm as its launcher sets)."""
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_SIZE": str(world),
+        "DS_ACCELERATOR": "cpu",
+    }
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m frenzy_slurm.cli <prog> ...` in a fresh interpreter (exit codes and stderr as users see them)."""
     prog, *rest = args

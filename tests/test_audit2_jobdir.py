@@ -18,7 +18,7 @@ from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submit import jobdir, submit
 
-from .helpers import LOCAL, make_spec, plan, planned
+from .helpers import LOCAL, deepspeed_rank_env, make_spec, plan, planned
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
 
@@ -465,15 +465,7 @@ def test_shm_is_used_only_where_local_size_says_so():
 
 
 def _claiming_rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_SIZE=str(world),
-        DS_ACCELERATOR="cpu",
-    )
+    os.environ.update(deepspeed_rank_env(rank, world, port))
     import deepspeed
     import torch
 

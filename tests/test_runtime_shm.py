@@ -10,6 +10,8 @@ import pytest
 
 from frenzy_slurm.runtime.shm import segment_path
 
+from .helpers import deepspeed_rank_env
+
 
 def test_segment_name_is_deepspeeds():
     env = {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29517"}
@@ -17,15 +19,7 @@ def test_segment_name_is_deepspeeds():
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_SIZE=str(world),
-        DS_ACCELERATOR="cpu",
-    )
+    os.environ.update(deepspeed_rank_env(rank, world, port))
     import deepspeed
     import torch
 
