@@ -1,7 +1,7 @@
 """`frenzy-slurm site detect`: probe one node of every GPU pool with NVML and write or update the site file.
 
     frenzy-slurm site detect --site /etc/frenzy-slurm/site.yaml     # probes, then updates that file in place
-    frenzy-slurm site detect --dry-run                              # prints the result instead
+    frenzy-slurm site detect --dry-run > site.yaml                  # prints the result instead (status on stderr)
 
 For each (partition, GRES type), one short `srun` step (through the Slurm seam) on a node holding all
 of that node's GPUs runs `python -m frenzy_slurm.runtime.nvml_probe`; the answers name the GPU model,
@@ -30,7 +30,9 @@ from frenzy_slurm.errors import InputError
     type=click.Path(dir_okay=False, path_type=Path),
     help="Site file to write or update (default: --site / $FRENZY_SITE / /etc/frenzy-slurm/site.yaml).",
 )
-@click.option("--dry-run", is_flag=True, help="Print the resulting site file instead of writing it.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the resulting site file on stdout (status on stderr) instead of writing it."
+)
 @click.option(
     "--python",
     "python",
@@ -119,7 +121,9 @@ def site_detect(
             else "described from Slurm's GRES"
         )
         if not as_json:
-            click.echo(f"{d.where}: {what}")
+            # status goes to stderr: stdout holds only the data (the YAML with --dry-run, the JSON with
+            # --json), so `site detect --dry-run > site.yaml` captures a file that loads
+            click.echo(f"{d.where}: {what}", err=True)
         for p in d.problems:
             click.echo(f"{d.where}: {p}", err=True)
     if dry_run:
