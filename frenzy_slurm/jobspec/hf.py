@@ -25,7 +25,40 @@ _ALIASES = {
 _GELU = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu"}
 
 
+def _moe_key(cfg: dict[str, Any], prefix: str = "", depth: int = 0) -> tuple[str, int] | None:
+    """The first key naming experts with a count above 1 (Mixtral's num_local_experts / num_experts_per_tok,
+    Qwen-MoE's num_experts, DeepSeek's n_routed_experts, DBRX's ffn_config.moe_num_experts, ...), looked
+    for in the config and in its nested objects (text_config, ffn_config) a few levels down; None if dense."""
+    nested = []
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            nested.append((name, value))
+        elif "expert" in str(key).lower() and isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return name, value
+    if depth < 3:
+        for name, value in nested:
+            found = _moe_key(value, f"{name}.", depth + 1)
+            if found:
+                return found
+    return None
+
+
+def _refuse_moe(path: Path, cfg: dict[str, Any]) -> None:
+    """Mixture-of-Experts configs are refused: read as dense (the alias keys alone), one expert's FFN would
+    stand for all of them, and the plan's memory, time and parallelism would be silently wrong."""
+    found = _moe_key(cfg)
+    if found:
+        key, value = found
+        raise InputError(
+            f"{path}: {key}: {value}: this is a Mixture-of-Experts model, and MoE models are not modelled yet "
+            "(experts, top-k routing and expert parallelism change memory and step time); frenzy-slurm refuses "
+            "it rather than plan it as a dense model. Plan a dense model instead."
+        )
+
+
 def architecture_from_hf_config(path: Path) -> Architecture:
+    """config.json -> Architecture: sizes under each family's own key names; MoE configs refused."""
     text = read_config_text(path, "Hugging Face config")
     try:
         cfg = json.loads(text)
@@ -35,6 +68,7 @@ def architecture_from_hf_config(path: Path) -> Architecture:
         raise InputError(f"{path}: not a usable JSON config ({type(exc).__name__}: {str(exc)[:120]}).") from None
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: a Hugging Face config.json is a JSON object, not {type(cfg).__name__}.")
+    _refuse_moe(path, cfg)
     values: dict[str, Any] = {}  # config.json's values (parsed JSON), checked here and by Architecture
     source: dict[str, str] = {}  # our field -> the config's key, so errors name what the user sees in the file
     for field, names in _ALIASES.items():
