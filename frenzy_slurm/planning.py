@@ -24,6 +24,8 @@ from typing import Any
 from frenzy_slurm.calibration import Applied, for_job, job_record
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.has import Decision, Requirements, decide
+from frenzy_slurm.has.decide import short_time_note
+from frenzy_slurm.has.pools import check_gpu_types, missing_partition_notes
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.marp import search_space_from_spec, with_exact_params, workload_from_spec
@@ -83,6 +85,7 @@ class JobRequest:
     force: bool = False
     earlier_job_dir: Path | None = None  # --force moved the job here from this directory, which stays untouched
     group_readable: bool = False  # the site lets the user's group read job directories
+    notes: tuple[str, ...] = ()  # what the user should know though nothing was refused (fsbatch prints each)
 
     @property
     def script(self) -> str:
@@ -116,6 +119,8 @@ class JobRequest:
         }
         if self.earlier_job_dir is not None:
             out["earlier_job_dir"] = str(self.earlier_job_dir)
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
 
@@ -195,8 +200,9 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     view = backend.load()
     site_cfg, applied = calibrate(job, site, options)
     workload = workload_from_spec(job.spec, job.model)
+    requirements = Requirements.from_spec(job.spec, time=options.slurm.time)
     decision = decide_job(
-        Requirements.from_spec(job.spec, time=options.slurm.time),
+        requirements,
         workload,
         search_space_from_spec(job.spec),
         view,
@@ -219,11 +225,31 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
         group_readable=shared,
         calibration=calibration,
     )
-    return request_of(rendered, force=options.force, earlier_job_dir=earlier, group_readable=shared)
+    notes = plan_notes(site, view, requirements, decision)
+    return request_of(rendered, force=options.force, earlier_job_dir=earlier, group_readable=shared, notes=notes)
+
+
+def site_notes(site: SiteFile, view: ClusterView) -> list[str]:
+    """A line for each pool of the site file whose partition Slurm does not have (fsbatch and fsinfo say so)."""
+    where = f"site file {site.path}" if site.path is not None else "the site file"
+    return missing_partition_notes(view, site.config, where)
+
+
+def plan_notes(site: SiteFile, view: ClusterView, requirements: Requirements, decision: Decision) -> tuple[str, ...]:
+    """What the user is told beside the plan: site pools Slurm does not have, limits.gpu_types models this cluster
+    lacks, a --time shorter than the predicted run."""
+    notes = site_notes(site, view) + check_gpu_types(requirements, view, site.config)
+    if (short := short_time_note(requirements, decision.chosen)) is not None:
+        notes.append(short)
+    return tuple(notes)
 
 
 def request_of(
-    rendered: Rendered, force: bool = False, earlier_job_dir: Path | None = None, group_readable: bool = False
+    rendered: Rendered,
+    force: bool = False,
+    earlier_job_dir: Path | None = None,
+    group_readable: bool = False,
+    notes: tuple[str, ...] = (),
 ) -> JobRequest:
     """The frozen request of rendered files."""
     return JobRequest(
@@ -237,4 +263,5 @@ def request_of(
         force=force,
         earlier_job_dir=earlier_job_dir,
         group_readable=group_readable,
+        notes=notes,
     )

@@ -178,6 +178,8 @@ def main(
             from frenzy_slurm.submit import submit
 
             done = submit(req, cluster)
+    for line in req.notes:  # on stderr, so --json and the summary stay parseable, with or without --explain
+        click.echo(f"fsbatch: note: {line}", err=True)
     if as_json:
         result = {**req.as_json(), "dry_run": dry_run}
         if not dry_run:

@@ -16,7 +16,8 @@ import click
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import cluster_options, reports_errors, table
 from frenzy_slurm.gpus import match_gpu
-from frenzy_slurm.site.tools import maybe_load_site
+from frenzy_slurm.site.config import load_site
+from frenzy_slurm.site.tools import find_site
 from frenzy_slurm.slurm import open_backend
 
 if TYPE_CHECKING:
@@ -55,7 +56,13 @@ def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:
 def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) -> None:
     """Per partition and GPU type: nodes up/down, GPUs total/free/pending, memory and peak bf16 TFLOP/s."""
     view = open_backend(backend, snapshot).load()
-    site_cfg = maybe_load_site(site)
+    site_path = find_site(site)
+    site_cfg = load_site(site_path) if site_path else None
+    if site_cfg is not None:  # a pool whose partition Slurm lacks is in no row: say so (stderr keeps --json clean)
+        from frenzy_slurm.has.pools import missing_partition_notes
+
+        for note in missing_partition_notes(view, site_cfg, f"site file {site_path}"):
+            click.echo(f"fsinfo: note: {note}", err=True)
     rows = summarize(view, site_cfg)
     if as_json:
         click.echo(json.dumps(view.model_dump() | {"summary": rows}, indent=1))

@@ -11,6 +11,7 @@ A job gets at most the site's `max_job_share` of a pool unless it needs more (se
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
-from frenzy_slurm.has.requirements import Requirements
+from frenzy_slurm.has.requirements import TIME_MARGIN, TIME_SLACK_S, Requirements
+from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, STARTUP_S
 from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import Overheads
 from frenzy_slurm.marp.plan import Recompute, Workload
@@ -66,6 +68,9 @@ NO_FIT_REASONS_SHOWN = 3
 # `--explain` does not mention differences in start, run time or completion under a second: predictions are
 # in seconds, and less than that is rounding (cf5a83d).
 EXPLAIN_RESOLUTION_S = 1.0
+# How a candidate refused by a partition's MaxTime is described: the no-fit message picks those out by it to
+# name the fix, a shorter --time (issue 21).
+MAX_TIME_REASON = "needs --time"
 
 
 @dataclass
@@ -272,7 +277,8 @@ def _violations(req: Requirements, c: _Cand) -> str | None:
         return "finishes after limits.deadline"
     for pool in c.pools:
         if pool.max_time_min is not None and a.time_min > pool.max_time_min:
-            return f"needs --time {a.time_min} min > MaxTime {pool.max_time_min} min of partition {pool.live.partition}"
+            part = pool.live.partition
+            return f"{MAX_TIME_REASON} {a.time_min} min > MaxTime {pool.max_time_min} min of partition {part}"
     return None
 
 
@@ -420,6 +426,59 @@ def _no_fit_message(
     return msg
 
 
+def _max_time_message(req: Requirements, too_long: list[_Cand]) -> str:
+    """The no-fit message when the job fits but its --time is above the MaxTime of every partition it could use.
+
+    More GPUs or LoRA is not the fix there: a --time within MaxTime is; a run longer than that runs in pieces
+    (it checkpoints at the limit and requeues, docs/runtime.md)."""
+    a = min(too_long, key=lambda c: c.alloc.run_time_s).alloc
+    longest, part = max((p.max_time_min, p.live.partition) for c in too_long for p in c.pools if p.max_time_min)
+    asked = (
+        f"-t/slurm.time asks for {a.time_min} min"
+        if req.requested_time_min is not None
+        else f"the --time it needs is {a.time_min} min (the prediction x {TIME_MARGIN} + {TIME_SLACK_S / 60:.0f} min)"
+    )
+    msg = (
+        f"{req.name} fits nowhere within its limits on this cluster: its fastest allocation, {a.label()}, is "
+        f"predicted to run {_duration(a.run_time_s)} and {asked}, above MaxTime {longest} min of partition {part}, "
+        f"the longest of the partitions it fits. To fix: give a shorter time, `fsbatch -t {longest}` or less "
+        "(or slurm.time)"
+    )
+    if a.run_time_s <= longest * 60.0:
+        return msg + "."
+    return msg + (
+        f", and let the job run in pieces ({_duration(a.run_time_s)} > {longest} min, about "
+        f"{_pieces(a.run_time_s, longest)} runs): Slurm sends USR2 {SIGNAL_LEAD_S} s before the limit, the built-in "
+        "trainer checkpoints, requeues itself and resumes from that checkpoint (a `trainer: script` must handle "
+        "USR2 itself, docs/runtime.md)."
+    )
+
+
+def _duration(seconds: float) -> str:
+    """A predicted run time for a message: minutes under two hours, else hours."""
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h ({seconds / 60:.0f} min)"
+
+
+def _pieces(run_time_s: float, time_min: int) -> int:
+    """How many runs of `time_min` a run of `run_time_s` takes when each loses start-up and the checkpoint lead."""
+    useful = max(time_min * 60.0 - SIGNAL_LEAD_S - STARTUP_S, 60.0)
+    return max(1, math.ceil(run_time_s / useful))
+
+
+def short_time_note(req: Requirements, chosen: Allocation) -> str | None:
+    """A note when the user's -t/slurm.time is shorter than the chosen allocation's predicted run time (else None):
+    the job will reach its time limit and, with the built-in trainer, continue from its checkpoint after requeue."""
+    if req.requested_time_min is None or req.requested_time_min * 60.0 >= chosen.run_time_s:
+        return None
+    t = req.requested_time_min
+    return (
+        f"--time {t} min (-t/slurm.time) is shorter than the predicted run time {_duration(chosen.run_time_s)}: the "
+        f"job will reach its time limit. Slurm sends USR2 {SIGNAL_LEAD_S} s before it; the built-in trainer then "
+        f"checkpoints and requeues itself and resumes from that checkpoint (a `trainer: script` must handle USR2 "
+        f"itself, docs/runtime.md), about {_pieces(chosen.run_time_s, t)} runs in all, each queued again"
+    )
+
+
 def decide(
     req: Requirements,
     w: Workload,
@@ -468,6 +527,9 @@ def decide(
     if backend is not None and ok and ok[0].alloc.start_source != "now":
         _refine(ok, backend)
         ok = rank(ok)
+    too_long = [c for c, why in verdicts if why and why.startswith(MAX_TIME_REASON)]
+    if not ok and too_long:  # MaxTime is checked last: these broke no other limit
+        raise NoFitError(_max_time_message(req, too_long))
     if not ok:
         raise NoFitError(
             _no_fit_message(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.gpus import catalog
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.marp.candidates import GpuOption
 from frenzy_slurm.site.config import Pool, SiteConfig
@@ -23,11 +25,69 @@ class UsablePool:
         return self.live.key
 
 
+def slurm_partitions(view: ClusterView) -> list[str]:
+    """The partitions Slurm has, as the view shows them (its partition list and its nodes' partitions)."""
+    return sorted({p.name for p in view.partitions} | {p for n in view.nodes for p in n.partitions})
+
+
+def missing_partition_notes(view: ClusterView, site: SiteConfig, where: str = "the site file") -> list[str]:
+    """A line for each pool of the site file (`where` names it) whose partition Slurm does not have.
+
+    Such a pool is never used; it used to be dropped without a word, so a typo in a partition name looked like
+    a cluster without those GPUs (issue 21)."""
+    have = slurm_partitions(view)
+    return [
+        f"{sp.partition}/{sp.gres_type}: {where} has a pool partition={sp.partition} gres_type={sp.gres_type}, "
+        f"but Slurm has no partition {sp.partition} (Slurm has: {', '.join(have) or 'none'}); the pool is not used"
+        for sp in site.pools
+        if sp.partition not in have
+    ]
+
+
+def known_gpu_types(view: ClusterView, site: SiteConfig) -> dict[str, list[str]]:
+    """What limits.gpu_types may name, per kind: GRES types, catalog GPU models and partitions of the site
+    file's pools and of the cluster's GPU pools (as written; matching is case-insensitive)."""
+    live = view.pools()
+    return {
+        "GRES types": sorted({p.gres_type for p in site.pools} | {p.gpu_type for p in live}),
+        "GPU models": sorted({p.spec().name for p in site.pools}),
+        "partitions": sorted({p.partition for p in site.pools} | {p.partition for p in live}),
+    }
+
+
+def check_gpu_types(req: Requirements, view: ClusterView, site: SiteConfig) -> list[str]:
+    """InputError (exit 2) for a limits.gpu_types entry that names no GPU type, model or partition known here nor
+    a catalog GPU model (a typo), or when no entry names anything here; a typo used to be ignored, or made every
+    pool "not in limits.gpu_types" (exit 3, as if nothing fit). Returns a line for each entry that is a catalog
+    model this cluster does not have: a model.yaml may list GPUs of several clusters, so that one is only said."""
+    if not req.gpu_types:
+        return []
+    known = known_gpu_types(view, site)
+    here = {name.lower() for names in known.values() for name in names}
+    absent = [t for t in req.gpu_types if t not in here]
+    if not absent:
+        return []
+    models = {name.lower() for name in catalog()}  # read only here: the simulator decides thousands of times
+    elsewhere = [t for t in absent if t in models]
+    unknown = [t for t in absent if t not in models]
+    if unknown or len(elsewhere) == len(req.gpu_types):
+        bad = unknown or elsewhere
+        listed = "; ".join(f"{kind}: {', '.join(names) or 'none'}" for kind, names in known.items())
+        raise InputError(
+            f"limits.gpu_types: {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a GPU type of this cluster "
+            f"or its site file. Known ({listed}). Fix: name one of these in limits.gpu_types."
+        )
+    return [f"limits.gpu_types: {t} is a GPU model this cluster does not have (not used here)" for t in elsewhere]
+
+
 def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tuple[list[UsablePool], list[str]]:
-    """Pools the job may use, and a line for each pool left out (and why)."""
+    """Pools the job may use, and a line for each pool left out (and why), site-file pools whose partition
+    Slurm does not have among them. An unknown limits.gpu_types entry is refused (InputError)."""
+    absent = check_gpu_types(req, view, site)
     allowed = set(req.gpu_types) if req.gpu_types else None
     limit = req.max_gpus
-    out, skipped = [], []
+    out: list[UsablePool] = []
+    skipped = missing_partition_notes(view, site) + absent
     up: dict[tuple[str, str | None], list[Node]] = {}  # available nodes per (partition, GRES type), in view order
     for n in view.nodes:
         if n.available:
