@@ -174,12 +174,13 @@ def main(
     # sees the directory the other took (both used to choose NAME.2, and the second was told to use --force).
     with _force_turn(submission_of(job, options), force and not dry_run):
         req = plan_job(job, site_file, cluster, options)
+        # on stderr, so --json and the summary stay parseable; before submitting, so a refused sbatch keeps them
+        for line in req.notes:
+            click.echo(f"fsbatch: note: {line}", err=True)
         if not dry_run:
             from frenzy_slurm.submit import submit
 
             done = submit(req, cluster)
-    for line in req.notes:  # on stderr, so --json and the summary stay parseable, with or without --explain
-        click.echo(f"fsbatch: note: {line}", err=True)
     if as_json:
         result = {**req.as_json(), "dry_run": dry_run}
         if not dry_run:
