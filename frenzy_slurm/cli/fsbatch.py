@@ -22,6 +22,7 @@ from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
 if TYPE_CHECKING:  # planning is imported when the command runs
     from frenzy_slurm.has.model import Allocation, Decision
     from frenzy_slurm.planning import JobRequest
+    from frenzy_slurm.submit import Submitted
 
 
 def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:
@@ -68,6 +69,17 @@ def _force_turn(submission: str, force: bool) -> AbstractContextManager[object]:
     return user_lock(f"{submission}-force") if force else nullcontext()
 
 
+def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
+    """--parsable: stdout holds only `JOBID` or `JOBID;CLUSTER`, as sbatch --parsable prints; the summary goes to
+    stderr. A dry run prints nothing on stdout and exits 0, as `sbatch --test-only --parsable` does (its answer
+    is on stderr), so `jobid=$(fsbatch --parsable ...)` is empty exactly when nothing was submitted."""
+    click.echo(summary_line(req), err=True)
+    if done is None:
+        click.echo(f"fsbatch: --dry-run: nothing submitted (job directory would be {req.job_dir})", err=True)
+        return
+    click.echo(f"{done.job_id};{done.cluster}" if done.cluster else str(done.job_id))
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model_yaml", type=unchecked_file)
 @click.option("--dry-run", is_flag=True, help="Do everything but submit: print the script that would run.")
@@ -75,6 +87,11 @@ def _force_turn(submission: str, force: bool) -> AbstractContextManager[object]:
     "--explain", is_flag=True, help="Show the chosen allocation beside the best alternatives and why they lost."
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--parsable",
+    is_flag=True,
+    help="As sbatch --parsable: print only JOBID (or JOBID;CLUSTER) on stdout; with --dry-run, nothing.",
+)
 @cluster_options
 @click.option(
     "--job-dir",
@@ -122,6 +139,7 @@ def main(
     dry_run: bool,
     explain: bool,
     as_json: bool,
+    parsable: bool,
     backend: str,
     snapshot: Path | None,
     site: Path | None,
@@ -144,9 +162,15 @@ def main(
 ) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
     from frenzy_slurm.calibration import explain_lines
+    from frenzy_slurm.errors import InputError
     from frenzy_slurm.planning import PlanOptions, find_site_file, load_job, plan_job, submission_of, traced
     from frenzy_slurm.slurm import open_backend
 
+    if parsable and (as_json or explain):
+        raise InputError(
+            f"--parsable prints only the job id and cannot be combined with {'--json' if as_json else '--explain'}: "
+            "drop one of them."
+        )
     job = load_job(model_yaml)
     site_file = find_site_file(site)
     if trace_factory:
@@ -181,6 +205,9 @@ def main(
             from frenzy_slurm.submit import submit
 
             done = submit(req, cluster)
+    if parsable:
+        _print_parsable(req, None if dry_run else done)
+        return
     if as_json:
         result = {**req.as_json(), "dry_run": dry_run}
         if not dry_run:

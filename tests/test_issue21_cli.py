@@ -1,0 +1,60 @@
+"""Issue 21 (sections 3 and 4): --parsable, errors as JSON in --json mode, the offline example, shell completion."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.helpers import EXAMPLES, LOCAL
+
+
+@pytest.fixture
+def offline_cluster(tmp_path):
+    """The dev cluster's shape as a static snapshot plus its site file: fsbatch without Slurm."""
+    from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
+
+    snap, site = tmp_path / "snap.json", tmp_path / "site.yaml"
+    snap.write_text(synthetic(LOCAL).model_dump_json())
+    site.write_text(yaml.safe_dump(synthetic_site(LOCAL).model_dump(mode="json")))
+    return ["--backend", "static", "--snapshot", str(snap), "--site", str(site)]
+
+
+def _fake_submit(cluster):
+    """A stand-in for frenzy_slurm.submit.submit: the static backend cannot run sbatch."""
+    from frenzy_slurm.submit import Submitted
+
+    def submit(req, backend, **_):
+        return Submitted(job_id=4242, cluster=cluster, job_dir=req.job_dir)
+
+    return submit
+
+
+@pytest.mark.parametrize(("cluster", "expected"), [(None, "4242\n"), ("dev", "4242;dev\n")])
+def test_fsbatch_parsable_prints_only_the_job_id(offline_cluster, tmp_path, monkeypatch, cluster, expected):
+    from frenzy_slurm.cli.fsbatch import main
+
+    monkeypatch.setattr("frenzy_slurm.submit.submit", _fake_submit(cluster))
+    args = [str(EXAMPLES / "llama2-7b.yaml"), "--parsable", *offline_cluster, "--job-dir", str(tmp_path / "j")]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout == expected
+    assert "llama2-7b" in res.stderr  # the summary is on stderr
+
+
+def test_fsbatch_parsable_dry_run_prints_nothing_on_stdout(offline_cluster, tmp_path):
+    from frenzy_slurm.cli.fsbatch import main
+
+    args = [str(EXAMPLES / "llama2-7b.yaml"), "--parsable", "--dry-run", *offline_cluster]
+    res = CliRunner().invoke(main, [*args, "--job-dir", str(tmp_path / "j")])
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout == ""
+    assert "nothing submitted" in res.stderr
+
+
+def test_fsbatch_parsable_refuses_json(offline_cluster):
+    from frenzy_slurm.cli.fsbatch import main
+
+    res = CliRunner().invoke(main, [str(EXAMPLES / "llama2-7b.yaml"), "--parsable", "--json", *offline_cluster])
+    assert res.exit_code == 2
+    assert "--parsable" in res.stderr and "--json" in res.stderr
