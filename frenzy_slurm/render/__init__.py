@@ -174,6 +174,14 @@ def runtime_command(spec: JobSpec, job_dir: Path, script: Path | None) -> list[s
     return cmd
 
 
+def component_flags(options: SlurmOptions) -> list[str]:
+    """The #SBATCH lines every component of the job carries: sbatch reads the lines before the first
+    `#SBATCH hetjob` as the first component's only, so a node constraint or --exclusive written once in the
+    header would leave the other components on any node, shared."""
+    out = [f"--constraint={options.constraint}"] if options.constraint is not None else []
+    return out + (["--exclusive"] if options.exclusive else [])
+
+
 def render_job(
     spec: JobSpec,
     spec_path: Path,
@@ -202,6 +210,7 @@ def render_job(
     command = runtime_command(spec, job_dir, script_path)
     groups = ",".join(str(i) for i in range(len(components)))
     umask = 0o027 if group_readable else 0o077
+    per_component = component_flags(options)
     ctx = dict(
         version=__version__,
         generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -214,7 +223,8 @@ def render_job(
         error=error,
         time_min=minutes,
         signal_seconds=SIGNAL_SECONDS,
-        sbatch_flags=options.flags(),
+        sbatch_flags=[f for f in options.flags() if f not in per_component],
+        component_flags=per_component,
         components=components,
         env=spec.entry.env,
         umask=f"{umask:03o}",
