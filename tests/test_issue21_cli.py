@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -58,3 +60,50 @@ def test_fsbatch_parsable_refuses_json(offline_cluster):
     res = CliRunner().invoke(main, [str(EXAMPLES / "llama2-7b.yaml"), "--parsable", "--json", *offline_cluster])
     assert res.exit_code == 2
     assert "--parsable" in res.stderr and "--json" in res.stderr
+
+
+def _json_error(res) -> dict:
+    """The one JSON object a failed --json run prints on stdout."""
+    return json.loads(res.stdout)["error"]
+
+
+def test_fsbatch_json_error_is_json(offline_cluster, tmp_path):
+    from frenzy_slurm.cli.fsbatch import main
+
+    missing = tmp_path / "nope.yaml"
+    res = CliRunner().invoke(main, [str(missing), "--json", "--dry-run", *offline_cluster])
+    assert res.exit_code == 2
+    err = _json_error(res)
+    assert err["exit_code"] == 2 and str(missing) in err["message"]
+    assert res.stderr.startswith("fsbatch: error: ")
+
+
+def test_fsqueue_json_error_is_json(tmp_path):
+    from frenzy_slurm.cli.fsqueue import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    res = CliRunner().invoke(main, ["--json", "--backend", "static", "--snapshot", str(bad)])
+    err = _json_error(res)
+    assert res.exit_code == err["exit_code"] == 2
+    assert str(bad) in err["message"] and res.stderr.startswith("fsqueue: error: ")
+
+
+def test_fsinfo_json_error_is_json(tmp_path):
+    from frenzy_slurm.cli.fsinfo import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    res = CliRunner().invoke(main, ["--json", "--backend", "static", "--snapshot", str(bad)])
+    err = _json_error(res)
+    assert res.exit_code == err["exit_code"] == 2
+    assert str(bad) in err["message"] and res.stderr.startswith("fsinfo: error: ")
+
+
+def test_errors_without_json_keep_stdout_empty(tmp_path):
+    from frenzy_slurm.cli.fsinfo import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    res = CliRunner().invoke(main, ["--backend", "static", "--snapshot", str(bad)])
+    assert res.exit_code == 2 and res.stdout == ""

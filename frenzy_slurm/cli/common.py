@@ -50,19 +50,30 @@ def safe_output() -> None:
                 pass  # a closed or detached stream
 
 
-def reports_errors(prog: str) -> Callable[[F], F]:
+def json_error(exit_code: int, message: str) -> None:
+    """The error of a `--json` run as one JSON object on stdout, so a script reading stdout sees why it failed."""
+    click.echo(json.dumps({"error": {"exit_code": exit_code, "message": message}}))
+
+
+def reports_errors(prog: str, *, json_errors: bool = False) -> Callable[[F], F]:
     """Turn FrenzyError into `prog: error: ...` on stderr and its exit code; an OSError (disk full, quota,
-    read-only file system) into one message and exit 1, never a traceback."""
+    read-only file system) into one message and exit 1, never a traceback.
+
+    With json_errors, a run given `--json` (the command's `as_json` parameter) also prints the error as
+    `{"error": {"exit_code": N, "message": "..."}}` on stdout, with the same exit code."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             safe_output()
+            as_json = json_errors and bool(kwargs.get("as_json"))
             try:
                 return fn(*args, **kwargs)
             except FrenzyError as exc:
                 for i, line in enumerate(exc.message.splitlines()):
                     click.echo(f"{prog}: error: {line}" if i == 0 else f"  {line}", err=True)
+                if as_json:
+                    json_error(exc.exit_code, exc.message)
                 sys.exit(exc.exit_code)
             except KeyboardInterrupt:
                 click.echo(f"{prog}: interrupted", err=True)
@@ -73,6 +84,8 @@ def reports_errors(prog: str) -> Callable[[F], F]:
                 sys.exit(EXIT_FAILURE)
             except OSError as exc:
                 click.echo(f"{prog}: error: {os_error_message(exc)}", err=True)
+                if as_json:
+                    json_error(EXIT_FAILURE, os_error_message(exc))
                 sys.exit(EXIT_FAILURE)
 
         return inner  # type: ignore[return-value]  # wraps fn: same signature, as functools.wraps says

@@ -133,7 +133,7 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     help="Any other sbatch flag, e.g. --sbatch=--reservation=big (repeatable).",
 )
 @click.version_option(__version__, prog_name="fsbatch")
-@reports_errors("fsbatch")
+@reports_errors("fsbatch", json_errors=True)
 def main(
     model_yaml: Path,
     dry_run: bool,

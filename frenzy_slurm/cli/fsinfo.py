@@ -52,7 +52,7 @@ def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster view (a reusable snapshot) with a summary.")
 @click.version_option(__version__, prog_name="fsinfo")
-@reports_errors("fsinfo")
+@reports_errors("fsinfo", json_errors=True)
 def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) -> None:
     """Per partition and GPU type: nodes up/down, GPUs total/free/pending, memory and peak bf16 TFLOP/s."""
     view = open_backend(backend, snapshot).load()

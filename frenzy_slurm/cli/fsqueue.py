@@ -63,7 +63,7 @@ def _job_json(t: TrackedJob) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @backend_options
 @click.version_option(__version__, prog_name="fsqueue")
-@reports_errors("fsqueue")
+@reports_errors("fsqueue", json_errors=True)
 def main(
     jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot: Path | None
 ) -> None:
