@@ -33,6 +33,7 @@ from frenzy_slurm.marp.candidates import SearchSpace
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render import Rendered, default_job_dir, render_job, submission_hash
 from frenzy_slurm.render.planfile import PlanFile
+from frenzy_slurm.sbatch_env import check_sbatch_env
 from frenzy_slurm.site.config import SiteConfig, load_site
 from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
 from frenzy_slurm.slurm.view import ClusterView
@@ -197,6 +198,7 @@ def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple
 
 def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanOptions) -> JobRequest:
     """The one planning path: the final request for `job` on the cluster `backend` shows."""
+    env_notes = check_sbatch_env(options.slurm)  # before asking Slurm: a refusal needs no cluster
     view = backend.load()
     site_cfg, applied = calibrate(job, site, options)
     workload = workload_from_spec(job.spec, job.model)
@@ -225,7 +227,7 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
         group_readable=shared,
         calibration=calibration,
     )
-    notes = plan_notes(site, view, requirements, decision)
+    notes = plan_notes(site, view, requirements, decision) + tuple(env_notes)
     return request_of(rendered, force=options.force, earlier_job_dir=earlier, group_readable=shared, notes=notes)
 
 
