@@ -11,7 +11,7 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.sim.synthetic import synthetic
 
-from .helpers import LOCAL, make_spec
+from .helpers import LOCAL, make_spec, run_cli
 from .test_render import HETERO_SPEC, hetero_view, normalize, rendered
 
 
@@ -121,3 +121,25 @@ def test_account_refused_when_the_plan_sets_one(clean_env):
 def test_no_sbatch_variables_no_notes(clean_env):
     req = rendered(make_spec(), synthetic(LOCAL))
     assert not [n for n in req.notes if n.startswith("environment: ")]
+
+
+def test_fsbatch_refuses_with_exit_2_and_no_traceback(clean_env, tmp_path):
+    """As a user sees it: fsbatch --dry-run (offline snapshot) in a shell with SBATCH_PARTITION set."""
+    clean_env.setenv("SBATCH_PARTITION", "debug")
+    res = run_cli(
+        "fsbatch",
+        "examples/llama2-7b.yaml",
+        "--dry-run",
+        "--backend",
+        "static",
+        "--snapshot",
+        "examples/offline/cluster.json",
+        "--site",
+        "site_configs/devcluster.yaml",
+        "--job-dir",
+        str(tmp_path / "job"),
+    )
+    assert res.returncode == 2, res.stderr
+    assert "SBATCH_PARTITION='debug' would set sbatch --partition" in res.stderr
+    assert "`unset SBATCH_PARTITION`" in res.stderr
+    assert "Traceback" not in res.stderr
