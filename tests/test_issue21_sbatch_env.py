@@ -143,3 +143,14 @@ def test_fsbatch_refuses_with_exit_2_and_no_traceback(clean_env, tmp_path):
     assert "SBATCH_PARTITION='debug' would set sbatch --partition" in res.stderr
     assert "`unset SBATCH_PARTITION`" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_custom_component_template_without_component_flags_is_refused(tmp_path):
+    """A --templates _component.j2 from before -C/--exclusive moved out of the header would drop them silently."""
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "_component.j2").write_text("#SBATCH --partition={{ c.partition }}\n#SBATCH --nodes={{ c.nodes }}\n")
+    with pytest.raises(InputError) as err:
+        rendered(make_spec(), synthetic(LOCAL), options=SlurmOptions(exclusive=True), template_dir=templates)
+    assert "'#SBATCH --exclusive' in each of its 1 component(s)" in err.value.message
+    assert "component_flags" in err.value.message

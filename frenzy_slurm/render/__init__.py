@@ -182,6 +182,17 @@ def component_flags(options: SlurmOptions) -> list[str]:
     return out + (["--exclusive"] if options.exclusive else [])
 
 
+def check_component_flags(script: str, flags: list[str], components: int, template: str) -> None:
+    """Refuse a script that lost a per-component line: a --templates _component.j2 written before these lines
+    moved out of the header would otherwise drop -C/--exclusive without a word."""
+    for flag in flags:
+        if script.count(f"#SBATCH {flag}\n") < components:
+            raise InputError(
+                f"template {template}: the script does not carry '#SBATCH {flag}' in each of its {components} "
+                "component(s); a custom _component.j2 must write `component_flags` as the shipped one does"
+            )
+
+
 def render_job(
     spec: JobSpec,
     spec_path: Path,
@@ -244,6 +255,7 @@ def render_job(
         raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
     except RecursionError:
         raise InputError(f"template {template}: recursion too deep (a macro or include that calls itself)") from None
+    check_component_flags(script, per_component, len(components), template)
     # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
     predicted = {
         f"{c.partition}/{c.gpu_type}": {
