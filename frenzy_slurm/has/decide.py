@@ -68,6 +68,8 @@ NO_FIT_REASONS_SHOWN = 3
 # `--explain` does not mention differences in start, run time or completion under a second: predictions are
 # in seconds, and less than that is rounding (cf5a83d).
 EXPLAIN_RESOLUTION_S = 1.0
+# A run time in a message is given in minutes below this, in hours (with the minutes) from it: a display choice.
+MINUTES_SHOWN_BELOW_S = 7200.0
 # How a candidate refused by a partition's MaxTime is described: the no-fit message picks those out by it to
 # name the fix, a shorter --time (issue 21).
 MAX_TIME_REASON = "needs --time"
@@ -455,8 +457,10 @@ def _max_time_message(req: Requirements, too_long: list[_Cand]) -> str:
 
 
 def _duration(seconds: float) -> str:
-    """A predicted run time for a message: minutes under two hours, else hours."""
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h ({seconds / 60:.0f} min)"
+    """A predicted run time for a message: minutes under MINUTES_SHOWN_BELOW_S (two hours), else hours."""
+    if seconds < MINUTES_SHOWN_BELOW_S:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h ({seconds / 60:.0f} min)"
 
 
 def _pieces(run_time_s: float, time_min: int) -> int:
