@@ -69,4 +69,11 @@ def _run(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code != 0:
+        # A refusal after torch's distributed start-up: gloo's threads may still run, and the interpreter's
+        # teardown then aborts (std::terminate, SIGABRT) instead of exiting with the refusal's code (seen in CI).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
