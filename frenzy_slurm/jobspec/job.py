@@ -22,6 +22,11 @@ Checkpointing = Literal["none", "selective", "full", "auto"]
 Attention = Literal["flash", "sdpa", "eager"]
 Method = Literal["full", "lora", "qlora"]
 LoraTarget = Literal["q", "k", "v", "o", "mlp", "head"]
+# How the job runs, in model.yaml's words (marp/frameworks.py holds each one's profile: its defaults and what it can
+# parallelise): frenzy = the built-in DeepSpeed trainer; the others name the framework a user's script trains with.
+FrameworkName = Literal[
+    "frenzy", "deepspeed", "hf-trainer", "torchtune", "torchtitan", "litgpt", "lightning", "megatron", "torch"
+]
 
 # The job script asks Slurm for USR2 this long before the time limit (--signal=USR2@300) so the runtime can
 # checkpoint and requeue; NCCL owns USR1. A job must also get through start-up (srun, imports, DeepSpeed
@@ -300,6 +305,20 @@ class SlurmOptions(_Strict):
 
 class Entry(_Strict):
     trainer: Literal["builtin", "script"] = Field("builtin", description="The built-in trainer or your own script.")
+    framework: FrameworkName | None = Field(
+        None,
+        description="What the job trains with, which decides what MARP predicts and which plans are proposed: "
+        "frenzy (the built-in trainer; the only choice with trainer: builtin), deepspeed (your DeepSpeed script), "
+        "hf-trainer (Transformers Trainer/accelerate), torchtune, torchtitan, litgpt, lightning, megatron "
+        "(Megatron-Core/NeMo) or torch (a plain DDP/FSDP loop). Default: frenzy for the built-in trainer, "
+        "deepspeed for a script. `frenzy-slurm frameworks` lists each profile's defaults.",
+    )
+    framework_version: str | None = Field(
+        None,
+        description="The framework's version, e.g. '4.57' (defaults change between releases; a profile says which "
+        "versions it describes, and a version outside them is noted). Default: the newest the profile describes.",
+        pattern=r"^[0-9]+(\.[0-9]+){0,2}$",
+    )
     script: str | None = Field(None, description="Path of your training script (trainer: script).")
     args: list[str] = Field(default_factory=list, description="Arguments passed to the script.")
     data: str | None = Field(
@@ -318,6 +337,15 @@ class Entry(_Strict):
             raise ValueError("trainer: script needs script: path/to/train.py")
         if self.trainer == "builtin" and self.script:
             raise ValueError("script is only used with trainer: script")
+        if self.trainer == "builtin" and self.framework not in (None, "frenzy"):
+            raise ValueError(
+                f"framework {self.framework} runs your own script: set trainer: script and script: path/to/train.py "
+                "(the built-in trainer is framework frenzy)"
+            )
+        if self.trainer == "script" and self.framework == "frenzy":
+            raise ValueError(
+                "framework frenzy is the built-in trainer: use trainer: builtin, or name your script's framework"
+            )
         for what, path in (("script", self.script), ("data", self.data)):
             if path is not None and re.search(r"[\x00-\x1f\x7f]", path):  # the script path reaches job.sbatch
                 raise ValueError(
@@ -328,6 +356,13 @@ class Entry(_Strict):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"env name {key!r} is not a valid shell variable name (letters, digits and _)")
         return self
+
+    @property
+    def runs_with(self) -> FrameworkName:
+        """The framework named, or the default: frenzy for the built-in trainer, deepspeed for a script."""
+        if self.framework is not None:
+            return self.framework
+        return "frenzy" if self.trainer == "builtin" else "deepspeed"
 
 
 class JobSpec(_Strict):
