@@ -25,7 +25,7 @@ from frenzy_slurm.calibration import Applied, for_job, job_record
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.has import Decision, Requirements, decide
 from frenzy_slurm.has.decide import short_time_note
-from frenzy_slurm.has.pools import check_gpu_types, missing_partition_notes
+from frenzy_slurm.has.pools import check_gpu_types, missing_partition_notes, unmapped_untyped_notes
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.marp import search_space_from_spec, with_exact_params, workload_from_spec
@@ -232,9 +232,10 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
 
 
 def site_notes(site: SiteFile, view: ClusterView) -> list[str]:
-    """A line for each pool of the site file whose partition Slurm does not have (fsbatch and fsinfo say so)."""
+    """A line for each pool of the site file whose partition Slurm does not have, and for each partition of untyped
+    GPUs the site file maps to no model (fsbatch and fsinfo say so)."""
     where = f"site file {site.path}" if site.path is not None else "the site file"
-    return missing_partition_notes(view, site.config, where)
+    return missing_partition_notes(view, site.config, where) + unmapped_untyped_notes(view, site.config)
 
 
 def plan_notes(site: SiteFile, view: ClusterView, requirements: Requirements, decision: Decision) -> tuple[str, ...]:

@@ -84,7 +84,7 @@ def calibrated_site(
                     "microbatch_overhead_s": corr.microbatch_overhead_s,
                 }
             )
-            applied.pools[f"{pool.partition}/{pool.gres_type}"] = {
+            applied.pools[pool.label] = {
                 "fit": corr.gpu,
                 "efficiency": eff,
                 "raw_efficiency": base.efficiency,

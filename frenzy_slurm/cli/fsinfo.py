@@ -29,7 +29,7 @@ def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:
     rows = []
     for pool in view.pools():
         sp = site.pool(pool.partition, pool.gpu_type) if site else None
-        spec = sp.spec() if sp else match_gpu(pool.gpu_type)
+        spec = sp.spec() if sp else (match_gpu(pool.gpu_type) if pool.gpu_type else None)  # untyped: the site says
         rows.append(
             {
                 "partition": pool.partition,
@@ -59,9 +59,10 @@ def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) 
     site_path = find_site(site)
     site_cfg = load_site(site_path) if site_path else None
     if site_cfg is not None:  # a pool whose partition Slurm lacks is in no row: say so (stderr keeps --json clean)
-        from frenzy_slurm.has.pools import missing_partition_notes
+        from frenzy_slurm.has.pools import missing_partition_notes, unmapped_untyped_notes
 
-        for note in missing_partition_notes(view, site_cfg, f"site file {site_path}"):
+        notes = missing_partition_notes(view, site_cfg, f"site file {site_path}")
+        for note in notes + unmapped_untyped_notes(view, site_cfg):
             click.echo(f"fsinfo: note: {note}", err=True)
     rows = summarize(view, site_cfg)
     if as_json:
@@ -75,7 +76,7 @@ def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) 
         out.append(
             [
                 r["partition"],
-                r["gpu_type"],
+                r["gpu_type"] or "(untyped)",
                 gpu,
                 f"{r['nodes_up']}/{r['nodes_down']}",
                 f"{r['gpus_total']}/{r['gpus_free']}/{r['gpus_pending']}",

@@ -21,7 +21,7 @@ class Component(_M):
     """One Slurm (het)job component: GPUs of one type in one partition."""
 
     partition: str = Field(description="Slurm partition.")
-    gpu_type: str = Field(description="Slurm GRES type.")
+    gpu_type: str | None = Field(description="Slurm GRES type; null for GPUs whose GRES has no type (--gres=gpu:N).")
     gpu_model: str = Field(description="Catalog GPU model.")
     nodes: int = Field(gt=0, description="Nodes.")
     gpus_per_node: int = Field(gt=0, description="GPUs (and tasks) per node.")

@@ -37,19 +37,39 @@ def missing_partition_notes(view: ClusterView, site: SiteConfig, where: str = "t
     a cluster without those GPUs (issue 21)."""
     have = slurm_partitions(view)
     return [
-        f"{sp.partition}/{sp.gres_type}: {where} has a pool partition={sp.partition} gres_type={sp.gres_type}, "
+        f"{sp.label}: {where} has a pool partition={sp.partition} "
+        f"{f'gres_type={sp.gres_type}' if sp.gres_type else 'untyped: true'}, "
         f"but Slurm has no partition {sp.partition} (Slurm has: {', '.join(have) or 'none'}); the pool is not used"
         for sp in site.pools
         if sp.partition not in have
     ]
 
 
+def untyped_note(live: GpuPool) -> str:
+    """What to tell about a partition's untyped GPUs (`Gres=gpu:4`) that the site file does not map to a model:
+    Slurm cannot say which GPU they are, so they are not used until it does (they used to be invisible)."""
+    return (
+        f"{live.key}: partition {live.partition} has {live.gpus_total} GPUs whose GRES has no type "
+        f"(gpu:{live.gpus_per_node} per node); Slurm does not say which GPU they are, so they are not used. "
+        f"To use them, add to the site file's pools: {{partition: {live.partition}, untyped: true, gpu: MODEL, "
+        f"gpus_per_node: {live.gpus_per_node}, intra_node: LINK}} (MODEL from `frenzy-slurm site catalog`; "
+        '`frenzy-slurm site detect` finds both with NVML; docs/admin.md, "Untyped GRES")'
+    )
+
+
+def unmapped_untyped_notes(view: ClusterView, site: SiteConfig) -> list[str]:
+    """A line for each partition with untyped GPUs that the site file maps to no GPU model (fsbatch and fsinfo
+    say so even when the job fits elsewhere)."""
+    return [untyped_note(live) for live in view.pools() if live.gpu_type is None and site.pool(*live.key) is None]
+
+
 def known_gpu_types(view: ClusterView, site: SiteConfig) -> dict[str, list[str]]:
     """What limits.gpu_types may name, per kind: GRES types, catalog GPU models and partitions of the site
     file's pools and of the cluster's GPU pools (as written; matching is case-insensitive)."""
     live = view.pools()
+    typed = {p.gres_type for p in site.pools} | {p.gpu_type for p in live}
     return {
-        "GRES types": sorted({p.gres_type for p in site.pools} | {p.gpu_type for p in live}),
+        "GRES types": sorted(t for t in typed if t is not None),
         "GPU models": sorted({p.spec().name for p in site.pools}),
         "partitions": sorted({p.partition for p in site.pools} | {p.partition for p in live}),
     }
@@ -97,12 +117,11 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
         sp = site.pool(live.partition, live.gpu_type)
         where = str(live.key)
         if sp is None:
-            skipped.append(f"{where}: not described in the site file")
+            skipped.append(untyped_note(live) if live.gpu_type is None else f"{where}: not described in the site file")
             continue
         spec_gpu = sp.spec()
-        if allowed is not None and not (
-            {live.gpu_type.lower(), spec_gpu.name.lower(), live.partition.lower()} & allowed
-        ):
+        names = {spec_gpu.name.lower(), live.partition.lower()} | ({live.gpu_type.lower()} if live.gpu_type else set())
+        if allowed is not None and not names & allowed:
             skipped.append(f"{where}: not in limits.gpu_types")
             continue
         part = view.partition(live.partition)

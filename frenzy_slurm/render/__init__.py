@@ -34,6 +34,7 @@ from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.planfile import PlanFile
 from frenzy_slurm.slurm.cli import sbatch_argv
+from frenzy_slurm.slurm.view import pool_label
 
 SIGNAL_SECONDS = SIGNAL_LEAD_S  # USR2 this long before the time limit: the runtime checkpoints (NCCL owns USR1)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a newline in a path would end a comment line and run as a command
@@ -258,7 +259,7 @@ def render_job(
     check_component_flags(script, per_component, len(components), template)
     # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
     predicted = {
-        f"{c.partition}/{c.gpu_type}": {
+        pool_label(c.partition, c.gpu_type): {
             "gpu_model": c.gpu_model,
             "peak_gib": c.peak_gib,
             "capacity_gib": c.capacity_gib,

@@ -107,7 +107,7 @@ class HasPolicy:
             return from_allocation(d.chosen)
         best: Allocation | None = None
         for pool in view.pools():
-            one = replace(req, gpu_types=(pool.gpu_type.lower(),))
+            one = replace(req, gpu_types=((pool.gpu_type or pool.partition).lower(),))  # untyped: by partition
             try:
                 d = decide_job(one, a.workload, a.space, view, site, ctx.sim, ctx.sim.now, alternatives=0)
             except NoFitError:

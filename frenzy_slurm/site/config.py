@@ -1,6 +1,8 @@
 """Site files: what each partition's GPUs are (site_configs/*.yaml), joined to the GPU catalog.
 
-A pool is one (partition, GRES type) pair; a partition with two GPU types has two pools.
+A pool is one (partition, GRES type) pair; a partition with two GPU types has two pools. A partition whose
+GRES is untyped (`Gres=gpu:4`, no type) has one pool with `untyped: true`: Slurm cannot say which GPU it is,
+so the site file does (issue 21: such clusters used to look as if they had no GPUs).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.marp.overheads import Overheads
+from frenzy_slurm.slurm.view import pool_label
 from frenzy_slurm.yamlfile import load_model_file
 
 # Per-GPU, one-direction bandwidth in GB/s (NVIDIA NVLink generations; PCIe x16 per generation).
@@ -88,7 +91,14 @@ class SiteDefaults(_M):
 
 class Pool(_M):
     partition: str = Field(description="Slurm partition name.")
-    gres_type: str = Field(description="Slurm GRES type of the GPUs (gpu:TYPE:N in gres.conf).")
+    gres_type: str | None = Field(
+        None, description="Slurm GRES type of the GPUs (gpu:TYPE:N in gres.conf); leave out with `untyped: true`."
+    )
+    untyped: bool = Field(
+        False,
+        description="The partition's GPUs have no GRES type (Gres=gpu:N, gres.conf without Type=): `gpu` says "
+        "which model they are, and jobs ask for them as --gres=gpu:N.",
+    )
     gpu: str = Field(description="GPU model from the catalog (`frenzy-slurm site catalog`), e.g. A100-80GB.")
     gpus_per_node: int = Field(gt=0, le=_MAX_GPUS_PER_NODE, description="GPUs per node.")
     intra_node: IntraLink | float = Field(description="GPU-to-GPU link in a node: nvlink1-5, pcie3-5, or GB/s.")
@@ -105,9 +115,9 @@ class Pool(_M):
 
     @field_validator("partition", "gres_type")
     @classmethod
-    def _names(cls, v: str, info: ValidationInfo) -> str:
+    def _names(cls, v: str | None, info: ValidationInfo) -> str | None:
         assert info.field_name is not None  # a field validator is always told its field
-        return _slurm_name(info.field_name, v)
+        return None if v is None else _slurm_name(info.field_name, v)
 
     @field_validator("intra_node")
     @classmethod
@@ -127,6 +137,26 @@ class Pool(_M):
             hint = f" (did you mean {close.name}?)" if close else ""
             raise ValueError(f"gpu '{self.gpu}' is not in the catalog{hint}; known: {', '.join(catalog())}")
         return self
+
+    @model_validator(mode="after")
+    def _typed_or_not(self) -> Pool:
+        """Exactly one of gres_type and `untyped: true`: a forgotten gres_type must not silently mean untyped."""
+        if self.untyped and self.gres_type is not None:
+            raise ValueError(
+                f"pool partition={self.partition} has both gres_type: {self.gres_type} and untyped: true; "
+                "keep gres_type if Slurm shows gpu:TYPE:N (sinfo -o %G), untyped: true if it shows gpu:N"
+            )
+        if not self.untyped and self.gres_type is None:
+            raise ValueError(
+                f"pool partition={self.partition} needs gres_type (Slurm's gpu:TYPE:N, `sinfo -o %G`), or "
+                "untyped: true where the GRES has no type (gpu:N)"
+            )
+        return self
+
+    @property
+    def label(self) -> str:
+        """partition/GRES type, as notes and calibration name the pool."""
+        return pool_label(self.partition, self.gres_type)
 
     def spec(self) -> GpuSpec:
         base = catalog()[self.gpu]
@@ -178,11 +208,13 @@ class SiteConfig(_M):
         for p in self.pools:
             key = (p.partition, p.gres_type)
             if key in seen:
-                raise ValueError(f"pool partition={p.partition} gres_type={p.gres_type} is listed twice")
+                what = f"gres_type={p.gres_type}" if p.gres_type else "untyped: true"
+                raise ValueError(f"pool partition={p.partition} {what} is listed twice")
             seen.add(key)
         return self
 
-    def pool(self, partition: str, gres_type: str) -> Pool | None:
+    def pool(self, partition: str, gres_type: str | None) -> Pool | None:
+        """The pool of this partition and GRES type; gres_type None is the partition's untyped GPUs."""
         return next((p for p in self.pools if p.partition == partition and p.gres_type == gres_type), None)
 
     def inter_node_gbs(self, pool: Pool) -> float:

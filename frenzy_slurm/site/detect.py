@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.site.tools import _link_guess
+from frenzy_slurm.slurm.view import gres_spelling, pool_label
 from frenzy_slurm.units import GiB
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class Detected:
     """One pool as detection sees it."""
 
     partition: str
-    gres_type: str
+    gres_type: str | None  # None: the partition's GRES has no type (gpu:N)
     gpus_per_node: int  # from NVML where it answered, else Slurm's GRES count
     source: str  # "nvml" or "slurm"
     host: str | None = None
@@ -46,7 +47,7 @@ class Detected:
 
     @property
     def where(self) -> str:
-        return f"{self.partition}/{self.gres_type}"
+        return pool_label(self.partition, self.gres_type)
 
 
 def _link(gpus: list[dict]) -> str | None:
@@ -68,7 +69,7 @@ def _product_family(product: str) -> str:
 
 
 def interpret(
-    partition: str, gres_type: str, slurm_gpus_per_node: int, answer: dict | None, failure: str | None = None
+    partition: str, gres_type: str | None, slurm_gpus_per_node: int, answer: dict | None, failure: str | None = None
 ) -> Detected:
     """A pool from one node's probe answer (None with `failure` when the probe step did not run)."""
     det = Detected(partition, gres_type, slurm_gpus_per_node, "slurm")
@@ -114,10 +115,11 @@ def interpret(
 
 
 def _proposed_pool(det: Detected) -> dict[str, Any]:
-    gpu = det.gpu or match_gpu(det.gres_type)
+    gpu = det.gpu or (match_gpu(det.gres_type) if det.gres_type else None)
     pool: dict[str, Any] = {
         "partition": det.partition,
-        "gres_type": det.gres_type,
+        # untyped GRES (gpu:N): the pool says so, and only NVML (or the admin) can name the model
+        **({"gres_type": det.gres_type} if det.gres_type else {"untyped": True}),
         "gpu": gpu.name if gpu else "UNKNOWN",
         "gpus_per_node": det.gpus_per_node,
         "intra_node": det.intra_node or (_link_guess(gpu.name) if gpu else "pcie4"),
@@ -134,7 +136,7 @@ def _note(det: Detected, today: str) -> str:
             f"{det.memory_gib:.1f} GiB, {det.intra_node or 'link unknown'}, driver {det.driver}, CUDA {det.cuda}"
         )
     return (
-        f"{today}: no NVML answer; from Slurm's GRES (gpu:{det.gres_type}:{det.gpus_per_node}); "
+        f"{today}: no NVML answer; from Slurm's GRES ({gres_spelling(det.gres_type, det.gpus_per_node)}); "
         "check gpu: and intra_node:"
     )
 

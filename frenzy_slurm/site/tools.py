@@ -7,7 +7,7 @@ from pathlib import Path
 
 from frenzy_slurm.gpus import match_gpu
 from frenzy_slurm.site.config import SiteConfig, load_site
-from frenzy_slurm.slurm.view import ClusterView
+from frenzy_slurm.slurm.view import ClusterView, gres_spelling
 
 DEFAULT_SITE_PATHS = (Path("/etc/frenzy-slurm/site.yaml"),)
 
@@ -49,15 +49,21 @@ def propose_site(view: ClusterView) -> tuple[str, list[str]]:
         "pools:",
     ]
     for pool in view.pools():
-        spec = match_gpu(pool.gpu_type)
-        if spec is None:
-            flagged.append(f"{pool.partition}/{pool.gpu_type}: GRES type not in the catalog; set gpu: to the model")
+        spec = match_gpu(pool.gpu_type) if pool.gpu_type else None
+        if pool.gpu_type is None:  # Slurm cannot say which GPU an untyped GRES is
+            flagged.append(
+                f"{pool.key}: the GRES has no type (gpu:{pool.gpus_per_node}); set gpu: to the model "
+                "(or run `frenzy-slurm site detect`, which asks NVML)"
+            )
+            gpu, note = "UNKNOWN", "  # TODO: untyped GRES; name the catalog GPU (frenzy-slurm site catalog)"
+        elif spec is None:
+            flagged.append(f"{pool.key}: GRES type not in the catalog; set gpu: to the model")
             gpu, note = "UNKNOWN", f"  # TODO: '{pool.gpu_type}' matches no catalog GPU (frenzy-slurm site catalog)"
         else:
             gpu, note = spec.name, f"  # matched from GRES type '{pool.gpu_type}'; check the memory variant"
         lines += [
             f"  - partition: {pool.partition}",
-            f"    gres_type: {pool.gpu_type}",
+            f"    gres_type: {pool.gpu_type}" if pool.gpu_type else "    untyped: true",
             f"    gpu: {gpu}{note}",
             f"    gpus_per_node: {pool.gpus_per_node}",
             f"    intra_node: {_link_guess(gpu) if spec else 'pcie4'}  # nvlink1-5 or pcie3-5 or GB/s",
@@ -75,7 +81,7 @@ def validate_site(site: SiteConfig, view: ClusterView) -> list[str]:
     live = {(p.partition, p.gpu_type): p for p in view.pools()}
     partitions = {p.name for p in view.partitions} | {p for n in view.nodes for p in n.partitions}
     for pool in site.pools:
-        where = f"pool {pool.partition}/{pool.gres_type}"
+        where = f"pool {pool.label}"
         if pool.partition not in partitions:
             problems.append(
                 f"{where}: partition '{pool.partition}' does not exist (Slurm has: {', '.join(sorted(partitions))})"
@@ -83,18 +89,19 @@ def validate_site(site: SiteConfig, view: ClusterView) -> list[str]:
             continue
         lp = live.get((pool.partition, pool.gres_type))
         if lp is None:
-            types = sorted({t for (p, t) in live if p == pool.partition})
+            found = sorted(gres_spelling(t, "N") for (p, t) in live if p == pool.partition)
             problems.append(
-                f"{where}: no node of partition '{pool.partition}' has GRES gpu:{pool.gres_type} "
-                f"(found: {', '.join('gpu:' + t for t in types) or 'no GPUs'})"
+                f"{where}: no node of partition '{pool.partition}' has GRES {gres_spelling(pool.gres_type, 'N')} "
+                f"(found: {', '.join(found) or 'no GPUs'})"
             )
             continue
         if lp.gpus_per_node != pool.gpus_per_node:
             problems.append(f"{where}: gpus_per_node is {pool.gpus_per_node}, Slurm's nodes have {lp.gpus_per_node}")
     for part, gtype in live:
         if site.pool(part, gtype) is None:
+            fix = " (add a pool with untyped: true and gpu: MODEL)" if gtype is None else ""
             problems.append(
-                f"partition {part} has gpu:{gtype} GPUs that the site file does not describe; "
-                "frenzy-slurm will not use them"
+                f"partition {part} has {gres_spelling(gtype, 'N')} GPUs that the site file does not describe; "
+                f"frenzy-slurm will not use them{fix}"
             )
     return problems

@@ -94,14 +94,28 @@ def clean_text(value: object) -> object:
 Text = Annotated[str, BeforeValidator(clean_text)]
 
 
+# How a pool of untyped GRES (Gres=gpu:N, no type) is named in notes and keys: `gpu/untyped`
+UNTYPED_LABEL = "untyped"
+
+
+def pool_label(partition: str, gres_type: str | None) -> str:
+    """`partition/type`, or `partition/untyped` for GPUs without a GRES type."""
+    return f"{partition}/{gres_type or UNTYPED_LABEL}"
+
+
+def gres_spelling(gres_type: str | None, count: int | str) -> str:
+    """How Slurm writes these GPUs: `gpu:TYPE:N`, or `gpu:N` without a type."""
+    return f"gpu:{gres_type}:{count}" if gres_type else f"gpu:{count}"
+
+
 class PoolKey(NamedTuple):
-    """A GPU pool: one partition's GPUs of one GRES type."""
+    """A GPU pool: one partition's GPUs of one GRES type (None: GPUs whose GRES has no type, `gpu:4`)."""
 
     partition: str
-    gres_type: str
+    gres_type: str | None
 
     def __str__(self) -> str:
-        return f"{self.partition}/{self.gres_type}"
+        return pool_label(self.partition, self.gres_type)
 
 
 class _M(BaseModel):
@@ -124,8 +138,10 @@ class Node(_M):
     state: Text = Field(description="Base state, lower case (idle, mixed, allocated, down, drained, ...).")
     flags: list[Text] = Field(default_factory=list, description="State flags (DRAIN, RESERVED, ...), upper case.")
     reason: Text | None = Field(None, description="Why the node is down or drained.")
-    gpu_type: Text | None = Field(None, description="GRES type of the node's GPUs (e.g. a100); null without GPUs.")
-    gpus_total: int = Field(0, ge=0, description="GPUs configured.")
+    gpu_type: Text | None = Field(
+        None, description="GRES type of the node's GPUs (e.g. a100); null without GPUs or for untyped GRES (gpu:4)."
+    )
+    gpus_total: int = Field(0, ge=0, description="GPUs configured (typed or not).")
     gpus_used: int = Field(0, ge=0, description="GPUs allocated to jobs.")
     cpus: int = Field(0, ge=0, description="CPUs configured.")
     cpus_alloc: int = Field(0, ge=0, description="CPUs allocated.")
@@ -162,6 +178,7 @@ class Job(_M):
     time_limit_min: int | None = Field(None, description="Time limit in minutes.")
     comment: Text = Field("", description="Job comment.")
     workdir: Text | None = Field(None, description="Working directory (frenzy-slurm's job directory).")
+    qos: Text | None = Field(None, description="The job's QOS; null where the backend does not say.")
 
     @property
     def phase(self) -> str:
@@ -195,10 +212,10 @@ class ClusterView(_M):
         return next((p for p in self.partitions if p.name == name), None)
 
     def pools(self) -> list[GpuPool]:
-        """GPU capacity per (partition, GPU type)."""
-        acc: dict[tuple[str, str], GpuPool] = {}
+        """GPU capacity per (partition, GPU type); nodes whose GRES has no type (`gpu:4`) make a pool of type None."""
+        acc: dict[tuple[str, str | None], GpuPool] = {}
         for n in self.nodes:
-            if not n.gpu_type:
+            if not n.gpus_total:
                 continue
             for p in n.partitions:
                 pool = acc.setdefault((p, n.gpu_type), GpuPool(p, n.gpu_type))
@@ -210,13 +227,13 @@ class ClusterView(_M):
                         if p == pname and (j.gpu_type in (None, t)):
                             pool.gpus_pending += j.gpus
                             break
-        return sorted(acc.values(), key=lambda p: (p.partition, p.gpu_type))
+        return sorted(acc.values(), key=lambda p: (p.partition, p.gpu_type or ""))
 
 
 @dataclass
 class GpuPool:
     partition: str
-    gpu_type: str
+    gpu_type: str | None  # None: GPUs without a GRES type (Gres=gpu:4)
     nodes_up: int = 0
     nodes_down: int = 0
     gpus_total: int = 0
