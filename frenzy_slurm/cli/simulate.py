@@ -78,7 +78,7 @@ def _seeds(text: str | None, default: int) -> list[int]:
     default="has,user-fixed",
     show_default=True,
     metavar="NAME[,NAME...]",
-    help="has, has-homogeneous, fastest-fit, ilp, user-fixed:fastest|largest|usual|biggest, "
+    help="has, has-homogeneous, slurm-multi, sia, ilp, fastest-fit, user-fixed:fastest|largest|usual|biggest, "
     "user-fixed (all its variants) or all.",
 )
 @click.option(
@@ -129,6 +129,12 @@ def _seeds(text: str | None, default: int) -> list[int]:
 )
 @click.option("--exact", is_flag=True, help="No prediction error: the truth is MARP's prediction.")
 @click.option(
+    "--startup-s",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Seconds from a job's start to its first step, paid again at every restart (sia's moves, OOMs); default 120.",
+)
+@click.option(
     "--ilp-round",
     type=click.FloatRange(min=1.0),
     default=60.0,
@@ -175,6 +181,7 @@ def simulate(
     max_gpus: int | None,
     max_job_share: float | None,
     exact: bool,
+    startup_s: float | None,
     ilp_round: float,
     trace: Path | None,
     save_workload: Path | None,
@@ -193,17 +200,20 @@ def simulate(
         names = expand_policies(policies)
     except ValueError as exc:
         raise InputError(f"--policy: {exc}") from None
-    if "ilp" in names:
-        try:
-            import scipy.optimize  # noqa: F401
-        except ImportError:
-            raise InputError("--policy ilp needs scipy: pip install 'frenzy-slurm[sim]'") from None
+    for needs_scipy in ("ilp", "sia"):
+        if needs_scipy in names:
+            try:
+                import scipy.optimize  # noqa: F401
+            except ImportError:
+                raise InputError(f"--policy {needs_scipy} needs scipy: pip install 'frenzy-slurm[sim]'") from None
     cluster = load_cluster(cluster_arg)
     wl, wl_seed = resolve_workload(workload, trace)
     if save_workload is not None:
         write_workload(wl, save_workload)
     seeds = _seeds(seed_text, wl_seed)
     errors = ErrorModel.exact() if exact else ErrorModel()
+    if startup_s is not None:
+        errors = errors.model_copy(update={"startup_s": startup_s})
     results, rows = [], []
     runs = [(s, n) for s in seeds for n in names]
     bar = _progress(len(runs) * len(wl.jobs))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from frenzy_slurm.sim.jobs import Attempt
 from frenzy_slurm.sim.slurm import SimSlurm
+from frenzy_slurm.sim.truth import Truth
 from frenzy_slurm.site.config import SiteConfig
 
 
@@ -17,6 +18,9 @@ from frenzy_slurm.site.config import SiteConfig
 class Context:
     sim: SimSlurm
     site: SiteConfig
+    # the ground truth, for baselines that model what a user knows from earlier runs (slurm-multi's
+    # --time from the true run time) and for the restart cost sia plans with; HAS never reads it
+    truth: Truth | None = None
 
     def site_for(self, a: Attempt) -> SiteConfig:
         """The site file with usable memory shrunk by what an OOM taught (plans then assume more memory)."""

@@ -1,4 +1,4 @@
-"""A Sia-style scheduler (Jayaram Subramanya et al., SOSP'23) as a baseline: an integer program per round.
+"""A greedy, non-preemptive integer program per round (after Sia's, without its re-planning) as a baseline.
 
 Every `round_s` seconds, over the jobs it holds (submitted, not yet placed): one binary variable per
 (job, GPU pool, GPU count) among MARP's candidates that fit the GPUs free now; at most one option per
@@ -13,7 +13,11 @@ growing one) and extra GPUs bring diminishing returns, as Sia's fairness exponen
 (1 + hours waited) weight stands in for Sia's restarts of running jobs, which a non-preemptive Slurm
 does not have, so that large jobs are not starved by a stream of small ones.
 Jobs are then submitted for exactly what was allotted (they start at once). Running jobs keep their
-GPUs: Slurm does not resize a running job.
+GPUs: Slurm does not resize a running job. Speed floor: an option more than `speed_floor` times slower
+than the job's fastest option on an empty cluster is never offered (the job waits instead), so that a
+job is not locked for hours onto GPUs far slower than what it could get soon; without it, about half
+the jobs of a standard seed ran on GPUs at least 2x slower than their best (one 83x). `sia`
+(frenzy_slurm.sim.sia) is the re-planning method itself.
 
 Solver: scipy.optimize.milp (HiGHS). scipy is a well-kept dependency many sites already have; HiGHS
 is the open solver Sia's successors use; OR-Tools would add a larger binary dependency for the same
@@ -29,24 +33,17 @@ from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usabl
 from frenzy_slurm.marp.candidates import Candidate, search
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
+from frenzy_slurm.sim.policies import RoundPolicy
 from frenzy_slurm.slurm.backend import ComponentRequest
 
 
-class IlpPolicy:
+class IlpPolicy(RoundPolicy):
     name = "ilp"
 
-    def __init__(self, round_s: float = 60.0):
-        self.round_s = round_s
-        self.held: list[tuple[Attempt, float]] = []  # (attempt, when it arrived)
+    def __init__(self, round_s: float = 60.0, speed_floor: float | None = 2.0):
+        super().__init__(round_s)
+        self.speed_floor = speed_floor  # None: any option, however slow (the straw man)
         self._cands: dict[int, dict] = {}
-        self.round_ms: list[float] = []  # wall time of each round that solved an integer program
-        self.solve_ms: list[float] = []  # of which HiGHS alone (the rest: MARP searches for new jobs, the view)
-        self.round_vars: list[int] = []
-        self.unplaceable: list[Attempt] = []  # no candidate on any pool, even with the cluster empty
-
-    def place(self, a: Attempt, ctx: Context) -> Placement | None:
-        self.held.append((a, ctx.sim.now))
-        return None
 
     def _candidates(self, a: Attempt, pools: list[UsablePool], ctx: Context) -> dict:
         key = id(a)
@@ -77,12 +74,15 @@ class IlpPolicy:
                 continue
             smallest = min(every, key=lambda c: (c.gpus, c.step_time_s))
             rate_min = 1.0 / smallest.step_time_s
+            fastest = min(c.step_time_s for c in every)
             weight = 1.0 + (now - since) / 3600.0
             for pool in pools:
                 free_gpus = sum(pool.free_by_node)
                 for c in cands.get(pool.option.name, []):
                     layout = node_layout(c.gpus, pool.site.gpus_per_node)
                     if c.gpus > free_gpus or layout is None or not fits_free_now(pool, *layout):
+                        continue
+                    if self.speed_floor is not None and c.step_time_s > self.speed_floor * fastest:
                         continue
                     options.append((i, pool, c, layout))
                     values.append(weight * math.sqrt((1.0 / c.step_time_s) / rate_min))
@@ -162,4 +162,5 @@ class IlpPolicy:
             self._cands.pop(id(a), None)
         if options:  # a round with nothing to decide (no free GPUs fit any held job) is not a decision
             self.round_ms.append((time.perf_counter() - t0) * 1e3)
+            self.round_jobs.append(len({o[0] for o in options}))
         return placed

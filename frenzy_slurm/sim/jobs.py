@@ -70,6 +70,9 @@ class Placement:
     step_time_s: float  # predicted
     label: str
     kind: str = "homogeneous"
+    # a multi-partition submission (slurm-multi): every placement the job may start as, this one first;
+    # the simulated Slurm starts it as the one that can start first
+    alternatives: tuple[Placement, ...] = ()
 
     @property
     def gpus(self) -> int:

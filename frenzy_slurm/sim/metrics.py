@@ -42,6 +42,9 @@ def summarize(r: RunResult) -> dict:
     busy = 0.0
     for (t0, used), (t1, _) in pairwise(r.timeline):
         busy += used * (t1 - t0)
+    extra = {k: v for k, v in r.extra.items() if k != "per_job_ms"}
+    per_job = r.extra.get("per_job_ms", r.decision_ms)  # round policies: a round shared by its jobs
+    sim_hours = max((r.timeline[-1][0] - r.timeline[0][0]) / 3600.0, 1e-9) if r.timeline else 1e-9
     return {
         "policy": r.policy,
         "seed": r.seed,
@@ -67,8 +70,12 @@ def summarize(r: RunResult) -> dict:
         "decisions": len(r.decision_ms),
         "decision_ms_median": _pct(r.decision_ms, 0.5),
         "decision_ms_p95": _pct(r.decision_ms, 0.95),
+        "per_job_ms_median": _pct(per_job, 0.5),
+        "per_job_ms_p95": _pct(per_job, 0.95),
+        # CPU of the policy (decisions, rounds, MARP searches included) per simulated hour of the cluster
+        "policy_cpu_s_per_sim_hour": r.extra.get("policy_cpu_s", 0.0) / sim_hours,
         "sim_wall_s": r.sim_wall_s,
-        **r.extra,
+        **extra,
     }
 
 
@@ -201,3 +208,49 @@ def _finish(plt: ModuleType, fig: Figure, ax: Axes, xlabel: str, ylabel: str, ti
     write_atomic(path, png.getvalue(), mode=0o644)  # never through a planted link
     plt.close(fig)
     return path
+
+
+def paired(rows: list[dict], policy: str, baseline: str, key: str = "avg_jct_s", resamples: int = 10_000) -> dict:
+    """`policy` against `baseline` on the runs both made (same cluster, load and seed: same jobs, same truth).
+
+    Per pair the relative reduction 1 - policy/baseline (positive: `policy` is better) and the difference in
+    hours; their mean with a 95% interval from Student's t over the pairs and from a seeded percentile
+    bootstrap (`resamples` resamples of the pairs)."""
+    import random
+
+    idx = {(r["cluster"], r.get("load"), r["seed"], r["policy"]): r for r in rows}
+    rel: list[float] = []
+    diff_h: list[float] = []
+    for (cluster, load, seed, name), r in sorted(idx.items(), key=lambda kv: str(kv[0])):
+        b = idx.get((cluster, load, seed, baseline))
+        if (
+            name != policy or b is None or not (r[key] == r[key] and b[key] == b[key]) or b[key] <= 0
+        ):  # NaN: no job done
+            continue
+        rel.append(1.0 - r[key] / b[key])
+        diff_h.append((r[key] - b[key]) / 3600.0)
+    out: dict = {"policy": policy, "baseline": baseline, "pairs": len(rel)}
+    if not rel:
+        return out
+    rng = random.Random(20)
+    for name, xs in (("reduction", rel), ("diff_h", diff_h)):
+        m = statistics.fmean(xs)
+        half = _t975(len(xs) - 1) * statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
+        boots = sorted(statistics.fmean(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+        out[name] = m
+        out[name + "_t95"] = (m - half, m + half)
+        out[name + "_boot95"] = (boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1])
+    return out
+
+
+def _t975(df: int) -> float:
+    """Student's t 97.5% quantile (scipy where installed, else the normal's 1.96 with a small-sample table)."""
+    if df <= 0:
+        return float("nan")
+    try:
+        from scipy.stats import t
+
+        return float(t.ppf(0.975, df))
+    except ImportError:
+        table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+        return table.get(df, 2.228 if df < 20 else 1.96)

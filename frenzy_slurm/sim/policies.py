@@ -14,7 +14,12 @@
 - `has-homogeneous`: HAS restricted to one GPU type (planning.decide_job per pool, earliest completion wins).
 - `has`: full HAS (`frenzy_slurm.has.decide`), heterogeneous jobs allowed; it reads the simulated
   view and asks the simulated Slurm for start estimates, exactly as fsbatch does on a cluster.
-- `ilp`: Sia-style rounds (`frenzy_slurm.sim.ilp`).
+- `slurm-multi`: what users do today, done well: plain Slurm with a multi-partition request (`sbatch -p
+  a,b,c`): every partition whose GPU holds the job by the rule of thumb, the smallest count that does on
+  each (at least the user's usual count), Slurm's backfill starting it where it can start first; `--time`
+  as users set it: the run time they know from earlier runs x a factor, in whole hours, within MaxTime.
+- `ilp`: greedy rounds over free GPUs, non-preemptive, with a speed floor (`frenzy_slurm.sim.ilp`).
+- `sia`: Sia's method, re-planning running and pending jobs each round (`frenzy_slurm.sim.sia`).
 MARP-based policies learn from an OOM: the next plan assumes the measured excess.
 """
 
@@ -45,6 +50,26 @@ USER_VARIANTS = ("fastest", "largest", "usual", "biggest")
 class Policy(Protocol):
     name: str
 
+    def stop_now(self) -> list[int]:
+        """Re-planning policies: sim job ids to checkpoint and stop this round, before `tick`'s placements."""
+        ...
+
+    def submitted(self, a: Attempt, p: Placement, job_id: int, ctx: Context) -> None:
+        """The runner submitted `a` as `p` under sim job id `job_id`."""
+        ...
+
+    def stopped(self, old: Attempt, rest: Attempt) -> None:
+        """A job this policy stopped was checkpointed; `rest` is what it has left to run."""
+        ...
+
+    def ended(self, a: Attempt) -> None:
+        """A job of this policy ended by itself (completed, OOM, time limit)."""
+        ...
+
+    def wants_round(self) -> bool:
+        """Round-based policies: whether another round is due (jobs held or running)."""
+        ...
+
     @property
     def round_s(self) -> float | None:
         """Seconds between rounds of a round-based policy; None: it places each job when it arrives."""
@@ -57,6 +82,51 @@ class Policy(Protocol):
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
         """Round-based policies: what to submit this round."""
         ...
+
+
+class BasePolicy:
+    """Defaults for per-job policies: no rounds, no re-planning."""
+
+    name = ""
+    round_s: float | None = None
+
+    def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
+        return []
+
+    def stop_now(self) -> list[int]:
+        return []
+
+    def submitted(self, a: Attempt, p: Placement, job_id: int, ctx: Context) -> None:
+        return None
+
+    def stopped(self, old: Attempt, rest: Attempt) -> None:
+        return None
+
+    def ended(self, a: Attempt) -> None:
+        return None
+
+    def wants_round(self) -> bool:
+        return False
+
+
+class RoundPolicy(BasePolicy):
+    """A policy deciding in rounds; it times each round that solved a program."""
+
+    def __init__(self, round_s: float):
+        self.round_s = round_s
+        self.held: list[tuple[Attempt, float]] = []  # (attempt, when it arrived)
+        self.round_ms: list[float] = []  # wall time of each round that solved an integer program
+        self.solve_ms: list[float] = []  # of which HiGHS alone (the rest: MARP searches for new jobs, the view)
+        self.round_vars: list[int] = []
+        self.round_jobs: list[int] = []  # jobs in each timed round's program
+        self.unplaceable: list[Attempt] = []  # no candidate on any pool, even with the cluster empty
+
+    def place(self, a: Attempt, ctx: Context) -> Placement | None:
+        self.held.append((a, ctx.sim.now))
+        return None
+
+    def wants_round(self) -> bool:
+        return bool(self.held)
 
 
 def memory_gib(gpu_model: str) -> float:
@@ -88,7 +158,7 @@ def _rate(pool: UsablePool, precision: str) -> float:
     return s.peak_tflops(precision) * s.efficiency
 
 
-class HasPolicy:
+class HasPolicy(BasePolicy):
     round_s = None
 
     def __init__(self, heterogeneous: bool = True):
@@ -117,11 +187,8 @@ class HasPolicy:
                 best = c
         return from_allocation(best) if best else None
 
-    def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
-        return []
 
-
-class FastestFit:
+class FastestFit(BasePolicy):
     name = "fastest-fit"
     round_s = None
 
@@ -155,15 +222,12 @@ class FastestFit:
             )
         return None
 
-    def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
-        return []
-
 
 def _pow2(n: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1.0))))
 
 
-class UserFixed:
+class UserFixed(BasePolicy):
     round_s = None
 
     def __init__(self, variant: str):
@@ -233,14 +297,138 @@ class UserFixed:
             f"{n}x{opt.spec.name}({pool.live.partition})",
         )
 
-    def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
-        return []
+
+class SlurmMulti(BasePolicy):
+    """`sbatch -p a,b,c`: every partition that holds the job by the rule of thumb, Slurm picks the first start.
+
+    On each partition the count is the smallest power of two whose GPUs hold RULE_OF_THUMB_BYTES per
+    parameter (doubled after each OOM), at least the user's usual count, that the partition has and the
+    global batch divides. The DeepSpeed configuration at that count is the fastest MARP finds, else the
+    user's frugal one (ZeRO-3, full checkpointing, micro-batch 1), as for `user-fixed`. `--time`: the run
+    time the user knows from earlier runs (the truth on the slowest listed partition, start-up included)
+    x `time_factor`, rounded up to whole hours, cut at each partition's MaxTime. Partitions are listed
+    fastest first (ties go to the faster GPU); a partition whose GPU's peak rate for the job's precision is
+    more than `max_slowdown` times below the fastest listed one's is left out (users know a T4 from an
+    A100 by its data sheet)."""
+
+    name = "slurm-multi"
+
+    def __init__(self, time_factor: float = 1.5, max_slowdown: float | None = None):
+        self.time_factor = time_factor
+        self.max_slowdown = max_slowdown  # None: every partition that holds the job
+
+    def _on_pool(self, a: Attempt, pool: UsablePool) -> tuple[int, float, float] | None:
+        """(count, predicted step time, predicted peak GiB) on this pool, or None where the rule says no.
+
+        After an OOM the user re-configures for the memory they now know they need (the pools come from the
+        site file shrunk by the OOM's excess, as for every policy) and doubles the count while no
+        configuration fits; where none fits at any count, the frugal one at the doubled count."""
+        req = a.requirements
+        gpn = pool.site.gpus_per_node
+        need = RULE_OF_THUMB_BYTES[a.job.method] * a.params_b * 1e9 / (pool.option.spec.memory_gib * GiB)
+        base = max(_pow2(need), _pow2(a.job.trace_gpus))
+        w, opt = a.workload, pool.option
+        counts: list[int] = []
+        n = base
+        while n <= opt.max_gpus and (not counts or a.ooms):
+            if node_layout(n, gpn) is not None and req.global_batch % n == 0:
+                counts.append(n)
+            n *= 2
+        if not counts:
+            return None
+        for n in counts:
+            found = search(w, [opt], req.global_batch, req.steps, n, a.space).get(opt.name, [])
+            items = [c for c in found if c.gpus == n]
+            if items:
+                c = min(items, key=lambda c: c.step_time_s)
+                return n, c.step_time_s, c.peak_gib
+        n = counts[min(a.ooms, len(counts) - 1)]
+        plan = ParallelPlan(
+            dp=n, zero=3 if n > 1 else 0, micro_batch=1, grad_accum=max(1, req.global_batch // n), recompute="full"
+        )
+        est = estimate_memory(w, plan, "reserved", Overheads(fragmentation=a.space.fragmentation))
+        step = plan_costs(w, plan, req.global_batch).seconds_on(opt.spec, opt.links)
+        return n, step, est.peak_gib + opt.overhead_bytes(n) / GiB
+
+    def place(self, a: Attempt, ctx: Context) -> Placement | None:
+        pools, _ = usable_pools(a.requirements, ctx.sim.load(), ctx.site_for(a))
+        chosen: list[tuple[UsablePool, int, float, float]] = []
+        for pool in sorted(pools, key=lambda p: -_rate(p, a.workload.precision)):
+            rate = _rate(pool, a.workload.precision)
+            if (
+                chosen
+                and self.max_slowdown is not None
+                and rate * self.max_slowdown < _rate(chosen[0][0], a.workload.precision)
+            ):
+                continue
+            got = self._on_pool(a, pool)
+            if got is not None:
+                chosen.append((pool, *got))
+        if not chosen:
+            return None
+        startup = ctx.truth.model.startup_s if ctx.truth else 120.0
+
+        def known_s(pool: UsablePool, step: float) -> float:
+            true = ctx.truth.step_time(a.job.id, step, [pool.option.spec.name]) if ctx.truth else step
+            return startup + true * a.steps
+
+        hours = math.ceil(self.time_factor * max(known_s(p, step) for p, _, step, _ in chosen) / 3600)
+        alts = []
+        for pool, n, step, peak in chosen:
+            nodes, per_node = node_layout(n, pool.site.gpus_per_node) or (n, 1)
+            limit = 60 * hours if pool.max_time_min is None else min(60 * hours, pool.max_time_min)
+            req_c = ComponentRequest(
+                partition=pool.live.partition,
+                gpu_type=pool.live.gpu_type,
+                nodes=nodes,
+                gpus_per_node=per_node,
+                time_min=limit,
+                cpus_per_gpu=pool.site.cpus_per_gpu,
+            )
+            opt = pool.option
+            alts.append(
+                Placement(
+                    [PlacedComponent(req_c, opt.spec.name, peak, opt.spec.memory_gib)],
+                    step,
+                    f"{n}x{opt.spec.name}({pool.live.partition})",
+                )
+            )
+        first = alts[0]
+        return replace(first, alternatives=tuple(alts)) if len(alts) > 1 else first
 
 
-POLICY_NAMES = ("has", "has-homogeneous", "fastest-fit", "ilp") + tuple(f"user-fixed:{v}" for v in USER_VARIANTS)
+POLICY_NAMES = ("has", "has-homogeneous", "slurm-multi", "sia", "ilp", "fastest-fit") + tuple(
+    f"user-fixed:{v}" for v in USER_VARIANTS
+)
 
 
-def make_policy(name: str, ilp_round_s: float = 60.0) -> Policy:
+# The baselines' knobs, tuned as HAS's thresholds were: on the 64-GPU cluster of benchmarks/jct.py, load 0.8,
+# seeds 1-5, the value with the lowest mean average JCT (docs/simulation.md, "Tuning the baselines").
+TUNED_KNOBS: dict[str, float] = {
+    "slurm_multi_time_factor": 1.5,
+    "slurm_multi_max_slowdown": 3.0,
+    "ilp_speed_floor": 4.0,
+    "sia_p": 0.25,
+    "sia_lambda_n": 1.0,
+    "sia_round_s": 60.0,
+}
+
+
+def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | None = None) -> Policy:
+    """The policy called `name`; `knobs` override TUNED_KNOBS (see each class), and "sia_restart_s" the
+    restart cost sia plans with (default: the truth's start-up time)."""
+    k = {**TUNED_KNOBS, **(knobs or {})}
+    if name == "slurm-multi":
+        return SlurmMulti(k.get("slurm_multi_time_factor", 1.5), k.get("slurm_multi_max_slowdown"))
+    if name == "sia":
+        from frenzy_slurm.sim.sia import SiaPolicy
+
+        return SiaPolicy(
+            k.get("sia_round_s", ilp_round_s),
+            p=k.get("sia_p", 0.25),
+            lambda_n=k.get("sia_lambda_n", 1.0),
+            restart_s=k.get("sia_restart_s"),
+        )
     if name == "has":
         return HasPolicy(True)
     if name == "has-homogeneous":
@@ -250,7 +438,7 @@ def make_policy(name: str, ilp_round_s: float = 60.0) -> Policy:
     if name == "ilp":
         from frenzy_slurm.sim.ilp import IlpPolicy
 
-        return IlpPolicy(ilp_round_s)
+        return IlpPolicy(ilp_round_s, speed_floor=k.get("ilp_speed_floor", 2.0))
     if name.startswith("user-fixed:"):
         return UserFixed(name.split(":", 1)[1])
     raise ValueError(f"unknown policy '{name}'; choose from {', '.join(POLICY_NAMES)} or user-fixed (all variants)")

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from frenzy_slurm.gpus import catalog
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, Placement
-from frenzy_slurm.sim.policies import make_policy
+from frenzy_slurm.sim.policies import RoundPolicy, make_policy
 from frenzy_slurm.sim.slurm import SimJob, SimSlurm
 from frenzy_slurm.sim.truth import ErrorModel, Truth
 from frenzy_slurm.sim.workload import WorkloadFile, reference_rate
@@ -107,10 +108,11 @@ class Runner:
         sched_interval_s: float = 0.0,
         max_gpus: int | None = None,
         max_job_share: float | None = None,
+        knobs: dict[str, float] | None = None,
     ):
         self.workload, self.cluster, self.seed, self.load = workload, cluster, seed, load
         self.max_gpus = max_gpus  # limits.max_gpus of every job (every policy honours it)
-        self.policy = make_policy(policy, ilp_round_s)
+        self.policy = make_policy(policy, ilp_round_s, knobs)
         self.truth = Truth(errors or ErrorModel(), seed)
         self.sim = SimSlurm(
             cluster,
@@ -124,7 +126,7 @@ class Runner:
         site = cluster.site()
         if max_job_share is not None:  # the site file's setting (validated: 0 < share <= 1)
             site = SiteConfig.model_validate({**site.model_dump(), "max_job_share": max_job_share})
-        self.ctx = Context(self.sim, site)
+        self.ctx = Context(self.sim, site, self.truth)
         self.scale = time_scale(workload, cluster, load) if load else 1.0
         self.records = {j.id: JobRecord(j.id, j.submit_s * self.scale) for j in workload.jobs}
         self.running: dict[int, tuple[Attempt, Placement]] = {}
@@ -134,6 +136,9 @@ class Runner:
         self.progress = progress
         self._start_step: dict[int, float] = {}
         self._round_queued = False
+        self._moving: set[int] = set()  # sim job ids a re-planning policy (sia) is checkpointing to move
+        self._moved: dict[int, Attempt] = {}  # workload job id -> the rest of a job stopped this round
+        self.policy_cpu_s = 0.0  # CPU seconds of this process inside the policy (decisions and rounds)
 
     def _push(self, t: float, kind: str, payload: object) -> None:
         self._seq += 1
@@ -142,6 +147,12 @@ class Runner:
     # ---- truth ------------------------------------------------------------------------------------
     def _outcome(self, sj: SimJob) -> tuple[float, str]:
         a, p = self.running[sj.job_id]
+        if p.alternatives:  # a multi-partition job starts as one of its placements: the one Slurm chose
+            p = next(x for x in p.alternatives if [c.request for c in x.components] == sj.components)
+            self.running[sj.job_id] = (a, p)
+            rec = self.records[a.job.id]
+            rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
+            rec.components = [c.request for c in p.components]
         startup = self.truth.model.startup_s
         for c in p.components:
             if self.truth.peak_gib(a.job.id, c.predicted_peak_gib) > c.memory_gib:
@@ -158,6 +169,8 @@ class Runner:
         rec.gpu_s += (sj.end - sj.start) * p.gpus
         if rec.first_start is None:
             rec.first_start = sj.start
+        if sj.job_id not in self._moving:
+            self.policy.ended(a)
         if sj.state == "COMPLETED":
             rec.end, rec.state, rec.last_run_s = sj.end, "done", sj.end - sj.start
             self._done()
@@ -195,6 +208,25 @@ class Runner:
                 list(a.tried_pools),
                 a.max_gpus,
             )
+        elif sj.job_id in self._moving:  # checkpointed and stopped by a re-planning policy: the rest is resubmitted
+            self._moving.discard(sj.job_id)
+            step = self._start_step.get(sj.job_id) or 1.0
+            done = max(0, int((sj.end - sj.start - self.truth.model.startup_s) // step))
+            moved = Attempt(
+                a.job,
+                max(1, a.steps - done),
+                a.number,  # a move is not a failure: it does not count towards MAX_ATTEMPTS
+                a.mem_correction,
+                a.ooms,
+                a.timeouts,
+                p.gpus,
+                _pool_of(p),
+                list(a.tried_pools),
+                a.max_gpus,
+            )
+            self._moved[a.job.id] = moved
+            self.policy.stopped(a, moved)
+            return
         else:  # cancelled
             rec.state, rec.end = "unfinished", sj.end
             self._done()
@@ -210,7 +242,7 @@ class Runner:
             self.progress(1)
 
     # ---- decisions ---------------------------------------------------------------------------------
-    def _submit(self, a: Attempt, p: Placement) -> None:
+    def _submit(self, a: Attempt, p: Placement) -> int:
         rec = self.records[a.job.id]
         rec.attempts += 1
         rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
@@ -223,12 +255,19 @@ class Runner:
             comment=f"attempt {a.number}",
         )
         # a job can start inside submit(), and its outcome needs the plan: register it under the id it will get
-        self.running[self.sim.next_job_id] = (a, p)
-        self.sim.submit(job)
+        jid = self.sim.next_job_id
+        self.running[jid] = (a, p)
+        if p.alternatives:
+            others = [[c.request for c in x.components] for x in p.alternatives[1:]]
+            self.sim.submit_any(job, others)
+        else:
+            self.sim.submit(job)
+        return jid
 
     def _arrive(self, a: Attempt) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         p = self.policy.place(a, self.ctx)
+        self.policy_cpu_s += time.process_time() - c0
         if self.policy.round_s is not None:
             if not self._round_queued:
                 self._round_queued = True
@@ -244,18 +283,42 @@ class Runner:
 
     def _round(self) -> None:
         self._round_queued = False
-        for a, p in self.policy.tick(self.ctx):
-            self._submit(a, p)
+        c0 = time.process_time()
+        placements = self.policy.tick(self.ctx)
+        self.policy_cpu_s += time.process_time() - c0
+        for jid in self.policy.stop_now():  # re-planning (sia): checkpoint and stop before the new placements
+            if jid not in self.running:
+                continue
+            if self.sim.jobs_by_id[jid].state == "PENDING":  # not started yet: withdrawn, nothing to keep
+                a, _p = self.running.pop(jid)
+                self.sim.cancel(jid)
+                self._moved[a.job.id] = a
+                self.policy.stopped(a, a)
+                continue
+            self._moving.add(jid)
+            self.sim.cancel(jid)
+        for a, p in placements:
+            a = self._moved.pop(a.job.id, a)  # a job moved this round resubmits the steps it has left
+            jid = self._submit(a, p)
+            self.policy.submitted(a, p, jid, self.ctx)
+        self._moved.clear()
         for a in getattr(self.policy, "unplaceable", []):
             rec = self.records[a.job.id]
             if rec.state == "pending":
                 rec.state, rec.end = "unplaceable", self.sim.now
                 self._done()
-        if getattr(self.policy, "held", None) and not self._round_queued:
+        if self.policy.wants_round() and not self._round_queued:
             self._round_queued = True
             self._push(self.sim.now + (self.policy.round_s or 60.0), "round", None)
 
     def run(self) -> RunResult:
+        with _timing_marp_search() as marp_s:
+            result = self._run()
+        result.extra["marp_search_s"] = marp_s[0]
+        result.extra["policy_cpu_s"] = self.policy_cpu_s
+        return result
+
+    def _run(self) -> RunResult:
         t0 = time.perf_counter()
         for j in self.workload.jobs:
             self._push(j.submit_s * self.scale, "submit", Attempt(j, j.steps, max_gpus=self.max_gpus))
@@ -278,11 +341,16 @@ class Runner:
         for rec in self.records.values():
             if rec.state == "pending":
                 rec.state = "unfinished"
-        from frenzy_slurm.sim.ilp import IlpPolicy  # imported where used, as make_policy does
-
-        extra: dict[str, float] = {}
-        if isinstance(self.policy, IlpPolicy):  # the one policy that times its rounds
+        extra: dict[str, Any] = {}
+        for name in ("moves", "preemptions"):  # sia's re-planning
+            if hasattr(self.policy, name):
+                extra[name] = getattr(self.policy, name)
+        if isinstance(self.policy, RoundPolicy):  # round-based policies time their rounds
             self.decision_ms = list(self.policy.round_ms)
+            # per job: a round's time shared by the jobs its program decided (placed, kept, moved or held)
+            extra["per_job_ms"] = [
+                ms / max(1, n) for ms, n in zip(self.policy.round_ms, self.policy.round_jobs, strict=True)
+            ]
             extra["ilp_vars_median"] = (
                 sorted(self.policy.round_vars)[len(self.policy.round_vars) // 2] if self.policy.round_vars else 0
             )
@@ -302,6 +370,35 @@ class Runner:
             self.load,
             extra,
         )
+
+
+@contextmanager
+def _timing_marp_search() -> Iterator[list[float]]:
+    """Wall seconds spent in MARP's candidate search during a run, by whatever policy calls it (HAS's
+    decide, the baselines), so that the search can be shown apart from the scheduling decision. The
+    modules' own `search` names are wrapped for the run and restored after it."""
+    from importlib import import_module
+
+    # by name: frenzy_slurm.has re-exports the function decide(), which hides the module of that name
+    modules = [import_module(f"frenzy_slurm.{m}") for m in ("has.decide", "sim.policies", "sim.ilp", "sim.sia")]
+    spent = [0.0]
+    original = [getattr(m, "search") for m in modules]  # noqa: B009
+    inner = original[0]
+
+    def timed(*args: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kw)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    for m in modules:
+        setattr(m, "search", timed)  # noqa: B010  # same signature, timed
+    try:
+        yield spent
+    finally:
+        for m, f in zip(modules, original, strict=True):
+            setattr(m, "search", f)  # noqa: B010
 
 
 def _pool_of(p: Placement) -> str:

@@ -66,6 +66,9 @@ class SimJob:
     planned_start: float | None = None  # backfill's reservation for a pending job
     nodes: list[list[str]] = field(default_factory=list)  # per component, once started
     ends_as: str = "COMPLETED"  # what the outcome says the job ends as, if it ends before its limit
+    # `sbatch -p a,b,c`: every request the job may start as (one partition each), in the order listed; each
+    # backfill pass takes the one that starts first (the order breaks ties), and `components` becomes it
+    alternatives: list[list[ComponentRequest]] = field(default_factory=list)
 
     @property
     def limit_s(self) -> float:
@@ -188,6 +191,29 @@ class SimSlurm:
         jid = self._next_id
         self._next_id += max(1, len(job.components))  # hetjob components take consecutive ids
         self.jobs_by_id[jid] = SimJob(jid, list(job.components), self.now, name=job.name, comment=job.comment)
+        self.schedule()
+        return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
+
+    def submit_any(self, job: BatchJob, alternatives: list[list[ComponentRequest]]) -> SbatchAnswer:
+        """A multi-partition submission (`sbatch -p a,b,c`): the job starts as whichever of `job.components`
+        and `alternatives` backfill can start first. Real Slurm gives one job one GRES count for all its
+        partitions; a different count per partition is what a user gets by submitting one job per partition
+        and cancelling the others when one starts, which this models without the extra jobs."""
+        ok = [
+            alt
+            for alt in [list(job.components), *alternatives]
+            if all(len(self._candidates(c)) >= c.nodes for c in alt)
+        ]
+        if not ok:
+            raise SlurmCommandError(
+                ["sbatch"],
+                1,
+                "sbatch: error: Batch job submission failed: Requested node configuration is not available",
+            )
+        jid = self._next_id
+        self._next_id += 1
+        sj = SimJob(jid, ok[0], self.now, name=job.name, comment=job.comment, alternatives=ok if len(ok) > 1 else [])
+        self.jobs_by_id[jid] = sj
         self.schedule()
         return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
 
@@ -317,8 +343,7 @@ class SimSlurm:
             (j for j in self.jobs_by_id.values() if j.state == "PENDING"), key=lambda j: (j.submit, j.job_id)
         )
         for j in pending[: self.bf_max_job_test]:
-            cands = [self._candidates(c) for c in j.components]
-            found = timeline.earliest(_shapes(j.components), cands, self.now, j.limit_s)
+            found = self._earliest(j, timeline)
             if found is None:
                 j.reason, j.planned_start = "Resources", None
                 continue
@@ -341,6 +366,20 @@ class SimSlurm:
             j.planned_start, j.reason = None, "Priority"
         self.schedule_s += _time.perf_counter() - t0
         return started
+
+    def _earliest(self, j: SimJob, timeline: GpuTimeline) -> tuple[float, list[list[str]]] | None:
+        """When and where `j` can start; a multi-partition job takes the request that starts first (Slurm's
+        backfill tests each partition and keeps the earliest start) and keeps it as its components."""
+        best: tuple[float, list[list[str]], list[ComponentRequest]] | None = None
+        for comps in j.alternatives or [j.components]:
+            cands = [self._candidates(c) for c in comps]
+            found = timeline.earliest(_shapes(comps), cands, self.now, 60.0 * max(c.time_min for c in comps))
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], found[1], comps)
+        if best is None:
+            return None
+        j.components = best[2]
+        return best[0], best[1]
 
     def _running_timeline(self) -> GpuTimeline:
         timeline = GpuTimeline({name: n.gpus for name, n in self.nodes.items()}, self.now)

@@ -1,0 +1,300 @@
+"""Sia (Jayaram Subramanya et al., SOSP 2023) as a baseline: every round, an integer program over every job
+in the system, running and pending, that may move a running job at a checkpoint-restart cost.
+
+Each round (`round_s`, Sia's 60 s): one binary variable per (job, GPU pool, GPU count) among MARP's
+candidates (the fastest plan at that count; Sia's goodput is throughput here, batch sizes are fixed),
+at most one per job; per pool, the GPUs and the whole nodes of multi-node options stay within the
+pool (running jobs included: they are re-planned too). Objective, as Sia's policy (its public artifact,
+`sia` policy of siasosp23/artifacts):
+
+    maximise  sum_j sum_c X_jc * (A_jc ^ p)  +  lambda_n * sum_j sum_c X_jc
+
+A_jc = goodput of config c / the job's lowest goodput over its configs (so every config is worth at
+least 1), p = 0.5 (Sia's default fairness exponent), lambda_n = 1 (Sia's -1 penalty per unallocated
+job, written as a reward per allocated one). A running job's configs other than its current one are
+scaled by Sia's re-allocation factor
+
+    r = max(age - restarts * R, 0) / (age + R),  r = 1 while age < R
+
+(age: seconds since the job arrived, R: the restart cost), and a job still inside its own restart
+(started less than R ago) keeps its allocation (Sia's "checkpoint-restore underway" constraint).
+
+A job whose allocation changes is checkpointed and stopped (`SimSlurm.cancel`; the runtime checkpoints
+at the signal, so the steps done are kept) and resubmitted on its new GPUs, where it pays the start-up
+time again: that, with the steps since the last checkpoint (none here), is the restart cost, so R
+defaults to the truth model's start-up time (`ErrorModel.startup_s`, 120 s, not measured here; see
+docs/simulation-model.md). A job allocated nothing is stopped and waits (Sia preempts). The new
+allocations are packed onto nodes as the simulated Slurm packs them (the fullest nodes that fit), the
+largest first; one that does not pack stays where it was if it can, else waits for the next round.
+
+Solver: scipy.optimize.milp (HiGHS), as `ilp`. This is not HAS's setting: Slurm does not move running
+jobs by itself, and users do not expect theirs to be stopped; it is the bar a preemptive, re-planning
+scheduler sets on the same cluster and truth.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from frenzy_slurm.has.pools import UsablePool, node_layout, usable_pools
+from frenzy_slurm.marp.candidates import Candidate, search
+from frenzy_slurm.sim.context import Context
+from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
+from frenzy_slurm.sim.policies import RoundPolicy
+from frenzy_slurm.slurm.backend import ComponentRequest
+
+Option = tuple[str, int]  # (pool key, GPUs)
+
+
+@dataclass
+class _Job:
+    attempt: Attempt
+    arrived: float
+    option: Option | None = None  # what it runs on (or was submitted for); None: waiting
+    sim_id: int | None = None
+    started: float | None = None  # when its current run began
+    restarts: int = 0
+
+
+class SiaPolicy(RoundPolicy):
+    name = "sia"
+
+    def __init__(self, round_s: float = 60.0, p: float = 0.5, lambda_n: float = 1.0, restart_s: float | None = None):
+        super().__init__(round_s)
+        self.p = p
+        self.lambda_n = lambda_n
+        self.restart_s = restart_s  # None: the truth's start-up time
+        self.jobs: dict[int, _Job] = {}  # workload job id -> state, for every job arrived and not done
+        self._arrived: dict[int, float] = {}
+        self._cands: dict[tuple[int, float], dict] = {}
+        self._stop: list[int] = []
+        self.moves = 0  # running jobs given another allocation
+        self.preemptions = 0  # running jobs given none
+
+    # ---- the runner's calls ---------------------------------------------------------------------
+    def place(self, a: Attempt, ctx: Context) -> Placement | None:
+        arrived = self._arrived.setdefault(a.job.id, ctx.sim.now)
+        old = self.jobs.get(a.job.id)
+        self.jobs[a.job.id] = _Job(a, arrived, restarts=old.restarts if old else 0)
+        return None
+
+    def wants_round(self) -> bool:
+        return bool(self.jobs)
+
+    def stop_now(self) -> list[int]:
+        out, self._stop = self._stop, []
+        return out
+
+    def submitted(self, a: Attempt, p: Placement, job_id: int, ctx: Context) -> None:
+        j = self.jobs[a.job.id]
+        c = p.components[0].request
+        j.attempt, j.sim_id, j.started = a, job_id, ctx.sim.now
+        j.option = (f"{c.partition}/{c.gpu_type}", p.gpus)
+
+    def stopped(self, old: Attempt, rest: Attempt) -> None:
+        j = self.jobs.get(old.job.id)
+        if j is not None:
+            j.attempt, j.option, j.sim_id, j.started = rest, None, None, None
+
+    def ended(self, a: Attempt) -> None:
+        self.jobs.pop(a.job.id, None)  # an OOM or time limit comes back through place()
+
+    # ---- a round --------------------------------------------------------------------------------
+    def _candidates(self, a: Attempt, pools: list[UsablePool]) -> dict:
+        key = (a.job.id, a.mem_correction)
+        if key not in self._cands:
+            req = a.requirements
+            self._cands[key] = search(a.workload, [p.option for p in pools], req.global_batch, req.steps, None, a.space)
+        return self._cands[key]
+
+    def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
+        if not self.jobs:
+            return []
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
+        t0 = time.perf_counter()
+        sim, now = ctx.sim, ctx.sim.now
+        view = sim.load()
+        restart = self.restart_s if self.restart_s is not None else (ctx.truth.model.startup_s if ctx.truth else 120.0)
+        jobs = list(self.jobs.values())
+        pools: dict[str, UsablePool] = {}
+        opts: list[tuple[int, UsablePool, Candidate, tuple[int, int]]] = []
+        values: list[float] = []
+        lower: list[float] = []
+        for i, j in enumerate(jobs):
+            a = j.attempt
+            usable, _ = usable_pools(a.requirements, view, ctx.site_for(a))
+            best: dict[Option, tuple[UsablePool, Candidate, tuple[int, int]]] = {}
+            for pool in usable:
+                pools[str(pool.key)] = pool
+                nodes_in_pool = len(sim.by_pool.get((pool.live.partition, pool.live.gpu_type or ""), []))
+                for c in self._candidates(a, usable).get(pool.option.name, []):
+                    layout = node_layout(c.gpus, pool.site.gpus_per_node)
+                    if layout is None or layout[0] > nodes_in_pool:
+                        continue
+                    opt_key = (str(pool.key), c.gpus)
+                    if opt_key not in best or c.step_time_s < best[opt_key][1].step_time_s:
+                        best[opt_key] = (pool, c, layout)
+            if not best:
+                if j.option is None:
+                    self.unplaceable.append(a)
+                continue
+            g_min = min(1.0 / c.step_time_s for _, c, _ in best.values())
+            age = now - j.arrived
+            r = restart_factor(age, j.restarts, restart)
+            pinned = j.option is not None and j.started is not None and now - j.started < restart
+            for opt_key, (pool, c, layout) in best.items():
+                current = opt_key == j.option
+                if pinned and not current:
+                    continue
+                gain = (1.0 / c.step_time_s) / g_min
+                if j.option is not None and not current:
+                    gain *= r
+                opts.append((i, pool, c, layout))
+                values.append(gain**self.p + self.lambda_n)
+                lower.append(1.0 if pinned and current else 0.0)
+        gone = {id(a) for a in self.unplaceable}
+        for jid in [k for k, j in self.jobs.items() if id(j.attempt) in gone]:
+            self.jobs.pop(jid)
+        if not opts:
+            return []
+        n = len(opts)
+        rows, cols, vals, lo, hi = [], [], [], [], []
+        row = 0
+        by_job: dict[int, list[int]] = {}
+        for k, (i, *_rest) in enumerate(opts):
+            by_job.setdefault(i, []).append(k)
+        for ks in by_job.values():  # at most one allocation per job
+            rows += [row] * len(ks)
+            cols += ks
+            vals += [1.0] * len(ks)
+            lo.append(0.0)
+            hi.append(1.0)
+            row += 1
+        own = {j.sim_id for j in jobs if j.sim_id is not None}
+        foreign_gpus: dict[str, int] = {}  # GPUs and whole nodes held by jobs that are not this policy's
+        foreign_nodes: dict[str, set[str]] = {}
+        for sj in sim.jobs_by_id.values():
+            if sj.state == "RUNNING" and sj.job_id not in own:
+                for c, ns in zip(sj.components, sj.nodes, strict=True):
+                    key = f"{c.partition}/{c.gpu_type}"
+                    foreign_gpus[key] = foreign_gpus.get(key, 0) + c.gpus_per_node * len(ns)
+                    foreign_nodes.setdefault(key, set()).update(ns)
+        by_pool: dict[str, list[int]] = {}
+        for k, (_, pool, _c, _l) in enumerate(opts):
+            by_pool.setdefault(str(pool.key), []).append(k)
+        for key, ks in by_pool.items():
+            pool = pools[key]
+            names = sim.by_pool.get((pool.live.partition, pool.live.gpu_type or ""), [])
+            up = [sim.nodes[x] for x in names if sim.nodes[x].up]
+            rows += [row] * len(ks)
+            cols += ks
+            vals += [float(opts[k][2].gpus) for k in ks]
+            lo.append(0.0)
+            hi.append(float(sum(x.gpus for x in up) - foreign_gpus.get(key, 0)))
+            row += 1
+            multi = [k for k in ks if opts[k][3][0] > 1]
+            if multi:  # a multi-node option takes whole nodes
+                rows += [row] * len(multi)
+                cols += multi
+                vals += [float(opts[k][3][0]) for k in multi]
+                lo.append(0.0)
+                hi.append(float(len([x for x in up if x.name not in foreign_nodes.get(key, set())])))
+                row += 1
+        a_mat = coo_matrix((vals, (rows, cols)), shape=(row, n)).tocsr()
+        t_solve = time.perf_counter()
+        res = milp(
+            c=-np.array(values),
+            integrality=np.ones(n),
+            bounds=Bounds(np.array(lower), np.ones(n)),
+            constraints=LinearConstraint(a_mat, lo, hi),
+            options={"time_limit": 10.0},
+        )
+        self.solve_ms.append((time.perf_counter() - t_solve) * 1e3)
+        self.round_vars.append(n)
+        chosen: dict[int, int] = {}
+        if res.x is not None:
+            for k in range(n):
+                if res.x[k] > 0.5:
+                    chosen[opts[k][0]] = k
+        else:  # no solution in time: keep every running job where it is, start nothing
+            chosen = {}
+            for k, (i, pool, c, _l) in enumerate(opts):
+                if jobs[i].option == (str(pool.key), c.gpus):
+                    chosen[i] = k
+        placed = self._realise(ctx, jobs, opts, chosen)
+        self.round_ms.append((time.perf_counter() - t0) * 1e3)
+        self.round_jobs.append(len(by_job))
+        return placed
+
+    def _realise(
+        self,
+        ctx: Context,
+        jobs: list[_Job],
+        opts: list[tuple[int, UsablePool, Candidate, tuple[int, int]]],
+        chosen: dict[int, int],
+    ) -> list[tuple[Attempt, Placement]]:
+        """Stop what moves or loses its GPUs, pack the new allocations onto nodes, largest first."""
+        sim = ctx.sim
+        free = {name: n.gpus - n.used if n.up else 0 for name, n in sim.nodes.items()}
+        held: dict[int, list[tuple[str, int]]] = {}  # job index -> (node, GPUs) it gives back when stopped
+        stopping: set[int] = set()
+        wanted: list[tuple[int, int]] = []  # (job index, option index) to submit
+        for i, j in enumerate(jobs):
+            k = chosen.get(i)
+            new = None if k is None else (str(opts[k][1].key), opts[k][2].gpus)
+            if j.option is not None and new != j.option and j.sim_id is not None:
+                sj = sim.jobs_by_id.get(j.sim_id)
+                if sj is not None and sj.state == "RUNNING":
+                    held[i] = [(x, c.gpus_per_node) for c, ns in zip(sj.components, sj.nodes, strict=True) for x in ns]
+                    for x, g in held[i]:
+                        free[x] += g
+                stopping.add(i)
+            if k is not None and new != j.option:
+                wanted.append((i, k))
+        placed: list[tuple[Attempt, Placement]] = []
+        for i, k in sorted(wanted, key=lambda ik: -opts[ik[1]][2].gpus):
+            _, pool, c, (nodes, per_node) = opts[k]
+            names = sim.by_pool.get((pool.live.partition, pool.live.gpu_type or ""), [])
+            fits = sorted((x for x in names if free[x] >= per_node), key=lambda x: free[x])  # fullest first
+            if len(fits) < nodes:
+                back = held.get(i)
+                if back and all(free[x] >= g for x, g in back):  # it keeps what it had
+                    for x, g in back:
+                        free[x] -= g
+                    stopping.discard(i)
+                continue
+            for x in fits[:nodes]:
+                free[x] -= per_node
+            a = jobs[i].attempt
+            req = ComponentRequest(
+                partition=pool.live.partition,
+                gpu_type=pool.live.gpu_type,
+                nodes=nodes,
+                gpus_per_node=per_node,
+                time_min=a.requirements.time_min(c.run_time_s),
+                cpus_per_gpu=pool.site.cpus_per_gpu,
+            )
+            label = f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})"
+            comp = PlacedComponent(req, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)
+            placed.append((a, Placement([comp], c.step_time_s, label)))
+        for i in stopping:
+            j = jobs[i]
+            if j.sim_id is not None:
+                self._stop.append(j.sim_id)
+                j.restarts += 1
+                if any(a.job.id == j.attempt.job.id for a, _ in placed):
+                    self.moves += 1
+                else:
+                    self.preemptions += 1
+        return placed
+
+
+def restart_factor(age_s: float, restarts: int, restart_s: float) -> float:
+    """Sia's re-allocation factor (exposed for the tests)."""
+    if age_s < restart_s:
+        return 1.0
+    return max(age_s - restarts * restart_s, 0.0) / (age_s + restart_s)

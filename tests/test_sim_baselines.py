@@ -1,0 +1,166 @@
+"""The simulator's baselines on hand-made cases with known answers: slurm-multi, sia, ilp's speed floor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from frenzy_slurm.sim import ErrorModel, parse_compact, simulate
+from frenzy_slurm.sim.context import Context
+from frenzy_slurm.sim.jobs import Attempt
+from frenzy_slurm.sim.metrics import summarize
+from frenzy_slurm.sim.policies import SlurmMulti, make_policy
+from frenzy_slurm.sim.sia import SiaPolicy, restart_factor
+from frenzy_slurm.sim.slurm import SimSlurm
+from frenzy_slurm.sim.truth import ErrorModel as EM
+from frenzy_slurm.sim.truth import Truth
+from frenzy_slurm.sim.workload import WorkloadFile, WorkloadJob
+from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
+
+pytest.importorskip("scipy")
+
+
+def _batch(name: str, *comps: ComponentRequest) -> BatchJob:
+    return BatchJob(script=Path(f"{name}/job.sbatch"), workdir=Path(name), components=list(comps), name=name)
+
+
+def _req(partition: str, gres: str, gpus: int, minutes: int) -> ComponentRequest:
+    return ComponentRequest(partition=partition, gpu_type=gres, nodes=1, gpus_per_node=gpus, time_min=minutes)
+
+
+def test_a_multi_partition_job_starts_in_the_partition_that_frees_first():
+    sim = SimSlurm(parse_compact("A100-80GB:1x8,V100-32GB:1x8"))
+    sim.submit(_batch("a", _req("a10080gb", "a100_80gb", 8, 120)))  # both partitions full, a100 for longer
+    sim.submit(_batch("v", _req("v10032gb", "v100_32gb", 8, 60)))
+    ans = sim.submit_any(_batch("m", _req("a10080gb", "a100_80gb", 4, 30)), [[_req("v10032gb", "v100_32gb", 8, 30)]])
+    job = sim.jobs_by_id[ans.job_id]
+    assert job.state == "PENDING" and job.planned_start == 3600.0  # reserved where it starts first: the V100s
+    assert job.components[0].partition == "v10032gb"
+    sim.advance(3600.0)
+    assert job.state == "RUNNING" and job.start == 3600.0 and job.components[0].gpus_per_node == 8
+    # listed first wins a tie
+    sim2 = SimSlurm(parse_compact("A100-80GB:1x8,V100-32GB:1x8"))
+    ans2 = sim2.submit_any(_batch("m", _req("a10080gb", "a100_80gb", 4, 30)), [[_req("v10032gb", "v100_32gb", 8, 30)]])
+    assert sim2.jobs_by_id[ans2.job_id].components[0].partition == "a10080gb"
+
+
+def test_slurm_multi_lists_each_fitting_partition_with_its_count_and_a_loose_time():
+    cluster = parse_compact("A100-80GB:1x8,V100-32GB:2x8,T4:1x4")
+    sim = SimSlurm(cluster)
+    truth = Truth(EM.exact(), 1)
+    ctx = Context(sim, cluster.site(), truth)
+    job = WorkloadJob(id=0, submit_s=0, model="llama-3.2-1b", seq_len=1024, global_batch=64, steps=200, trace_gpus=1)
+    p = SlurmMulti(time_factor=1.5).place(Attempt(job, job.steps), ctx)
+    assert p is not None and len(p.alternatives) >= 2
+    by = {x.components[0].request.partition: x for x in p.alternatives}
+    # 1.24 B params x 18 bytes = 22 GB: 1 A100-80GB, 1 V100-32GB, 2 T4 (16 GB) by the rule of thumb
+    assert by["a10080gb"].gpus == 1 and by["v10032gb"].gpus == 1
+    assert by["t4"].gpus == 2
+    assert list(by)[0] == "a10080gb"  # fastest listed first
+    limits = {x.components[0].request.time_min for x in p.alternatives}
+    assert len(limits) == 1 and limits.pop() % 60 == 0  # one --time, whole hours
+    slowest = max(120.0 + x.step_time_s * job.steps for x in p.alternatives)
+    assert p.components[0].request.time_min * 60 >= 1.5 * slowest
+
+
+def test_slurm_multi_runs_a_small_workload_to_completion():
+    jobs = [
+        WorkloadJob(id=i, submit_s=60 * i, model="gpt2-medium", seq_len=1024, global_batch=32, steps=300)
+        for i in range(6)
+    ]
+    r = simulate(
+        WorkloadFile(jobs=jobs),
+        parse_compact("A100-80GB:1x4,T4:1x4"),
+        "slurm-multi",
+        seed=1,
+        load=None,
+        errors=ErrorModel.exact(),
+    )
+    s = summarize(r)
+    assert s["completed"] == 6
+    parts = {rec.components[0].partition for rec in r.records}
+    assert parts <= {"a10080gb", "t4"} and "a10080gb" in parts
+
+
+def test_restart_factor_is_sias():
+    assert restart_factor(60.0, 0, 120.0) == 1.0  # younger than one restart: not penalised
+    assert restart_factor(600.0, 0, 120.0) == pytest.approx(600 / 720)
+    assert restart_factor(600.0, 2, 120.0) == pytest.approx(360 / 720)
+    assert restart_factor(600.0, 9, 120.0) == 0.0
+
+
+def test_sia_moves_a_running_job_onto_faster_gpus_when_they_free_up():
+    cluster = parse_compact("A100-80GB:1x8,T4:1x8")
+    sim = SimSlurm(cluster)
+    ctx = Context(sim, cluster.site(), Truth(EM.exact(), 1))
+    sim.submit(_batch("other", _req("a10080gb", "a100_80gb", 8, 10)))  # someone else's job: the A100s, 10 min
+    sia = SiaPolicy(60.0)
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="fp16-mixed", seq_len=1024, global_batch=32, steps=20000
+    )
+    a = Attempt(job, job.steps)
+    sia.place(a, ctx)
+    placed = sia.tick(ctx)
+    assert len(placed) == 1 and "T4" in placed[0][1].label  # only the T4s are free
+    assert sia.stop_now() == []
+    jid = sim.next_job_id
+    sim.submit(_batch("j0", *[c.request for c in placed[0][1].components]))
+    sia.submitted(a, placed[0][1], jid, ctx)
+    sim.advance(700.0)  # the A100s are free since 600 s
+    assert sim.jobs_by_id[jid].state == "RUNNING"
+    placed = sia.tick(ctx)
+    assert sia.stop_now() == [jid]  # checkpointed and stopped ...
+    assert len(placed) == 1 and "A100" in placed[0][1].label  # ... and moved onto the A100s
+    assert sia.moves == 1 and sia.jobs[0].restarts == 1
+
+
+def test_sia_keeps_a_job_inside_its_restart_then_moves_it():
+    cluster = parse_compact("A100-80GB:1x8,T4:1x8")
+    sim = SimSlurm(cluster)
+    ctx = Context(sim, cluster.site(), Truth(EM.exact(), 1))
+    sim.submit(_batch("other", _req("a10080gb", "a100_80gb", 8, 1)))  # the A100s for one minute
+    sia = SiaPolicy(60.0, restart_s=120.0)
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="fp16-mixed", seq_len=1024, global_batch=32, steps=20000
+    )
+    a = Attempt(job, job.steps)
+    sia.place(a, ctx)
+    (placed,) = sia.tick(ctx)
+    jid = sim.next_job_id
+    sim.submit(_batch("j0", *[c.request for c in placed[1].components]))
+    sia.submitted(a, placed[1], jid, ctx)
+    sim.advance(90.0)  # the A100s are free, but the job started 90 s ago: still inside its 120 s restart
+    assert sia.tick(ctx) == [] and sia.stop_now() == []
+    sim.advance(200.0)
+    (moved,) = sia.tick(ctx)
+    assert sia.stop_now() == [jid] and "A100" in moved[1].label
+
+
+def test_sia_runs_a_workload_to_completion():
+    cluster = parse_compact("A100-80GB:1x8,T4:1x8")
+    jobs = [
+        WorkloadJob(id=i, submit_s=300 * i, model="gpt2-medium", seq_len=1024, global_batch=32, steps=2000)
+        for i in range(5)
+    ]
+    r = simulate(WorkloadFile(jobs=jobs), cluster, "sia", seed=1, load=None, errors=ErrorModel.exact())
+    s = summarize(r)
+    assert s["completed"] == 5 and s["decisions"] > 0
+    assert s["per_job_ms_median"] > 0 and s["policy_cpu_s_per_sim_hour"] > 0 and s["marp_search_s"] > 0
+
+
+def test_ilp_speed_floor_holds_a_job_rather_than_place_it_far_too_slow():
+    cluster = parse_compact("A100-80GB:1x8,T4:1x8")
+    sim = SimSlurm(cluster)
+    ctx = Context(sim, cluster.site(), Truth(EM.exact(), 1))
+    sim.submit(_batch("other", _req("a10080gb", "a100_80gb", 8, 10)))
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="bf16-mixed", seq_len=1024, global_batch=32, steps=2000
+    )
+    floored = make_policy("ilp", knobs={"ilp_speed_floor": 2.0})
+    floored.place(Attempt(job, job.steps), ctx)
+    assert floored.tick(ctx) == []  # T4 in bf16 is far more than 2x slower than the A100s: it waits
+    loose = make_policy("ilp", knobs={"ilp_speed_floor": 1e9})
+    loose.place(Attempt(job, job.steps), ctx)
+    got = loose.tick(ctx)
+    assert len(got) == 1 and "T4" in got[0][1].label
