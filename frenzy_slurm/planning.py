@@ -32,6 +32,7 @@ from frenzy_slurm.marp import search_space_from_spec, with_exact_params, workloa
 from frenzy_slurm.marp.candidates import SearchSpace
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render import Rendered, default_job_dir, render_job, submission_hash
+from frenzy_slurm.render.environment import EnvCheck, check_environment
 from frenzy_slurm.render.planfile import PlanFile
 from frenzy_slurm.sbatch_env import check_sbatch_env
 from frenzy_slurm.site.config import SiteConfig, load_site
@@ -68,6 +69,8 @@ class PlanOptions:
     calibration: bool = True  # False: --no-calibration
     force: bool = False  # --force: another job of this submission, in a fresh job directory
     now: float | None = None  # the decision's "now" (default: the clock)
+    env_check: EnvCheck = "note"  # the job's Python and packages (render/environment.py): "refuse" (exit 2) to
+    # submit, "note" for a dry run, "off" for --no-env-check
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,7 @@ def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple
 def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanOptions) -> JobRequest:
     """The one planning path: the final request for `job` on the cluster `backend` shows."""
     env_notes = check_sbatch_env(options.slurm)  # before asking Slurm: a refusal needs no cluster
+    env_notes += check_environment(job.spec, job.path.parent, options.env_check)  # the job's Python finds torch...
     view = backend.load()
     site_cfg, applied = calibrate(job, site, options)
     workload = workload_from_spec(job.spec, job.model)

@@ -303,6 +303,53 @@ class SlurmOptions(_Strict):
         return out + list(self.extra)
 
 
+class JobEnvironment(_Strict):
+    """Where the job's Python comes from (entry.environment); job.sbatch loads and activates it before srun."""
+
+    python: str | None = Field(
+        None,
+        description="The Python that runs your script, e.g. /opt/envs/train/bin/python (absolute, or relative to "
+        "model.yaml's directory).",
+    )
+    venv: str | None = Field(
+        None,
+        description="A virtual environment directory whose bin/python runs your script (absolute, or relative to "
+        "model.yaml's directory); job.sbatch puts its bin/ first on PATH.",
+    )
+    conda: str | None = Field(
+        None,
+        description="A conda environment, by name or prefix path; job.sbatch runs `conda activate` with it (conda "
+        "must be on the job's PATH, e.g. from a module).",
+    )
+    modules: list[str] = Field(
+        default_factory=list,
+        description="Environment modules to load, in order, before anything else runs (`module load NAME`), "
+        "e.g. [gcc/12, cuda/12.4].",
+        max_length=64,
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> JobEnvironment:
+        given = [k for k in ("python", "venv", "conda") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"environment: give one of python, venv or conda, not {' and '.join(given)}")
+        for key in ("python", "venv"):
+            value = getattr(self, key)
+            if value is not None and (not value or re.search(r"[\x00-\x1f\x7f]", value)):
+                raise ValueError(f"environment.{key} {value!r} is empty or has a control character")
+        if self.conda is not None and not re.fullmatch(r"[A-Za-z0-9._+/~-]+", self.conda):
+            raise ValueError(
+                f"environment.conda {self.conda!r}: a conda environment name or prefix path, of letters, digits "
+                "and ._+/~-"
+            )
+        for name in self.modules:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+/@:-]*", name):
+                raise ValueError(
+                    f"environment.modules: {name!r} is not a module name (letters, digits and ._+/@:-, as in cuda/12.4)"
+                )
+        return self
+
+
 class Entry(_Strict):
     trainer: Literal["builtin", "script"] = Field("builtin", description="The built-in trainer or your own script.")
     framework: FrameworkName | None = Field(
@@ -331,8 +378,23 @@ class Entry(_Strict):
     )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables set in the job.")
 
+    environment: JobEnvironment = Field(
+        default_factory=JobEnvironment,
+        description="The job's software environment: modules to load, and (trainer: script) the Python, venv or "
+        "conda environment that runs your script. Default: the Python that runs fsbatch. fsbatch checks it can "
+        "find the framework's packages (see docs/runtime.md).",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> Entry:
+        if self.trainer == "builtin" and any(
+            v is not None for v in (self.environment.python, self.environment.venv, self.environment.conda)
+        ):
+            raise ValueError(
+                "environment.python/venv/conda choose the Python of your script (trainer: script); the built-in "
+                "trainer runs in frenzy-slurm's own Python (install frenzy-slurm[train] there). environment.modules "
+                "works with both."
+            )
         if self.trainer == "script" and not self.script:
             raise ValueError("trainer: script needs script: path/to/train.py")
         if self.trainer == "builtin" and self.script:

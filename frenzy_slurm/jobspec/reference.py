@@ -8,7 +8,16 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.jobspec.job import Entry, JobSpec, Limits, LoraSpec, ModelSource, SlurmOptions, Training
+from frenzy_slurm.jobspec.job import (
+    Entry,
+    JobEnvironment,
+    JobSpec,
+    Limits,
+    LoraSpec,
+    ModelSource,
+    SlurmOptions,
+    Training,
+)
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("top level", JobSpec),
@@ -19,6 +28,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("limits", Limits),
     ("slurm", SlurmOptions),
     ("entry", Entry),
+    ("entry.environment", JobEnvironment),
 ]
 
 

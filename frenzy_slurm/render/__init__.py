@@ -32,7 +32,9 @@ from frenzy_slurm.inputfile import check_trusted
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
 from frenzy_slurm.render.ds_config import ds_config
+from frenzy_slurm.render.environment import job_python
 from frenzy_slurm.render.planfile import PlanFile
+from frenzy_slurm.render.script import check_script_entry, plan_env
 from frenzy_slurm.slurm.cli import sbatch_argv
 from frenzy_slurm.slurm.view import pool_label
 
@@ -218,6 +220,7 @@ def render_job(
     name = options.job_name or spec.name
     components = [c.model_dump() for c in alloc.components]
     no_control_chars("model.yaml path", str(spec_path.absolute()))
+    check_script_entry(spec)  # entry.args' $FRENZY_* names, entry.env not shadowing the plan's variables
     script_path = entry_script(spec, spec_path.parent)
     command = runtime_command(spec, job_dir, script_path)
     groups = ",".join(str(i) for i in range(len(components)))
@@ -238,7 +241,8 @@ def render_job(
         sbatch_flags=[f for f in options.flags() if f not in per_component],
         component_flags=per_component,
         components=components,
-        env=spec.entry.env,
+        env=plan_env(spec, alloc.plan) | spec.entry.env,  # the plan's FRENZY_* for a script, then the user's
+        job_env=job_python(spec, spec_path.parent).template_context(),
         umask=f"{umask:03o}",
         command=command,
         srun_groups=f"--het-group={groups} " if len(components) > 1 else "",

@@ -4,7 +4,10 @@
 
 Sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from Slurm's variables and the device, checks the job directory
 (runtime/trust.py: the directory and files fsbatch recorded, else the job stops before reading them), then
-runs the built-in trainer, or execs the user's script with FRENZY_DS_CONFIG / FRENZY_PLAN / FRENZY_JOB_DIR set.
+runs the built-in trainer, or execs the user's script with FRENZY_DS_CONFIG / FRENZY_PLAN / FRENZY_JOB_DIR /
+FRENZY_CHECKPOINT_DIR set (beside the plan's FRENZY_* variables job.sbatch exports), its arguments' `$FRENZY_*`
+expanded from them (frenzy_slurm/scriptenv.py), with the job's Python ($FRENZY_JOB_PYTHON, from
+entry.environment; default this one).
 """
 
 from __future__ import annotations
@@ -49,11 +52,21 @@ def _run(argv: list[str] | None) -> int:
         FRENZY_JOB_DIR=str(job_dir),
         FRENZY_DS_CONFIG=str(job_dir / "ds_config.json"),
         FRENZY_PLAN=str(job_dir / "plan.json"),
+        FRENZY_CHECKPOINT_DIR=str(job_dir / "checkpoints"),
     )
     if dist.gpu_index is not None:
         os.environ["FRENZY_GPU"] = dist.gpu_index
     if ns.script is not None:
+        from frenzy_slurm.errors import InputError
+        from frenzy_slurm.scriptenv import ArgsError, expand_args, framework_args
+
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+        os.environ.setdefault("FRENZY_GPU", "")  # a name entry.args may use; empty on the CPU
+        try:
+            args = expand_args(args, os.environ, framework_args(os.environ))
+        except ArgsError as exc:
+            raise InputError(f"{exc} (job.sbatch was edited, or rendered by another frenzy-slurm)") from None
+        python = os.environ.get("FRENZY_JOB_PYTHON") or sys.executable
         if signals.pending():  # tell the script a stop was already requested
             os.environ["FRENZY_STOP_SIGNAL"] = signals.pending() or ""
         if dist.local_rank == 0 and os.environ.get("FRENZY_NVML_SAMPLER", "1") != "0":
@@ -62,7 +75,10 @@ def _run(argv: list[str] | None) -> int:
 
             start_beside(job_dir)
         signals.prepare_exec()
-        os.execv(sys.executable, [sys.executable, str(ns.script), *args])
+        try:
+            os.execv(python, [python, str(ns.script), *args])
+        except OSError as exc:
+            raise InputError(f"cannot run the job's Python {python} ({exc.strerror}); see entry.environment") from None
     from frenzy_slurm.runtime.trainer import run_training
 
     return run_training(trusted.via_fd, dist)  # through the directory checked, whatever its path names later

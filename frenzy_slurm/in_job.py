@@ -1,0 +1,123 @@
+"""For your own training script (entry.trainer: script): the stop signal, the checkpoint directory, requeue.
+
+    from frenzy_slurm import in_job  # first: importing it installs the USR2/TERM handler
+    ...
+    resume = in_job.latest_checkpoint()  # None on the first run; else resume from it
+    for step in range(...):
+        train_step()
+        if in_job.stop_requested():  # USR2 300 s before the time limit, or TERM (scancel, preemption)
+            save(in_job.checkpoint_dir() / f"step{step}")
+            in_job.exit_for_requeue()  # rank 0 requeues after USR2; every rank exits 0
+
+The contract (docs/runtime.md "User scripts"): Slurm sends SIGUSR2 300 s before the time limit
+(`--signal=USR2@300`; NCCL owns USR1) and SIGTERM on scancel, preemption or `scontrol requeue`. The runtime
+starts the script with USR2 ignored: a USR2 between the script's start and this import does not kill the
+job but is missed (import this module first); one that came before the script started is passed on as
+`FRENZY_STOP_SIGNAL`, which `stop_requested()` reads. After USR2 the job is put back in the queue
+(`requeue()`, rank 0 only: one request per job) and the next run finds its checkpoint with
+`latest_checkpoint()`. After TERM it is not: Slurm requeues a preempted job itself, and scancel means stop.
+
+Only the standard library is imported here (and frenzy-slurm's Slurm seam when requeueing), never torch:
+import it first, before the seconds-long imports a signal could otherwise interrupt.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+_STOP: dict[str, str | None] = {"signal": os.environ.get("FRENZY_STOP_SIGNAL") or None}
+_STEP_NAME = re.compile(r"(\d+)$")  # step500, checkpoint-500, global_step500: the number at the end
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    if _STOP["signal"] is None:
+        _STOP["signal"] = signal.Signals(signum).name
+
+
+def install() -> None:
+    """Record USR2 and TERM instead of dying (done on import; call again if something replaced the handlers)."""
+    if threading.current_thread() is threading.main_thread():  # signal.signal works only there
+        for sig in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, _on_signal)
+
+
+install()
+
+
+def stop_signal() -> str | None:
+    """SIGUSR2 or SIGTERM once one has arrived (or arrived before the script started), else None."""
+    return _STOP["signal"]
+
+
+def stop_requested() -> bool:
+    """True once the job should save a checkpoint and stop: poll it at step boundaries."""
+    return _STOP["signal"] is not None
+
+
+def rank() -> int:
+    """This task's global rank (RANK, set by the runtime from SLURM_PROCID); 0 outside a job."""
+    return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
+
+
+def checkpoint_dir() -> Path:
+    """JOBDIR/checkpoints ($FRENZY_CHECKPOINT_DIR; ./checkpoints outside a job), created private if missing."""
+    path = Path(os.environ.get("FRENZY_CHECKPOINT_DIR") or "checkpoints")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def latest_checkpoint() -> Path | None:
+    """The checkpoint a resumed run continues from: the tag DeepSpeed's `latest` file names, else the
+    subdirectory of checkpoint_dir() whose name ends in the highest number (step500, checkpoint-500); None
+    when there is none."""
+    base = checkpoint_dir()
+    latest = base / "latest"
+    if latest.is_file():
+        tag = latest.read_text().strip()
+        if tag and "/" not in tag and (base / tag).is_dir():
+            return base / tag
+    numbered = [(int(m.group(1)), p) for p in base.iterdir() if p.is_dir() and (m := _STEP_NAME.search(p.name))]
+    return max(numbered)[1] if numbered else None
+
+
+def job_id() -> int | None:
+    """The Slurm job to requeue: a heterogeneous job's leader, else the job; None outside Slurm."""
+    value = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    return int(value) if value and value.isdigit() else None
+
+
+def requeue() -> bool:
+    """Put the job back in the queue (`scontrol requeue`, from rank 0 only); True where it was asked.
+
+    Slurm then ends this run's tasks (TERM, then KILL after KillWait) and starts the job again with
+    SLURM_RESTART_COUNT one higher. A failure is printed; the checkpoint stays for a manual resubmit.
+    """
+    jid = job_id()
+    if rank() != 0 or jid is None:
+        return False
+    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.slurm import open_backend
+
+    try:
+        open_backend("cli").requeue(jid)
+    except FrenzyError as exc:
+        print(f"frenzy-slurm: could not requeue job {jid}: {exc.message}", file=sys.stderr, flush=True)
+        return False
+    print(f"frenzy-slurm: job {jid} requeued after {stop_signal()}", flush=True)
+    return True
+
+
+def exit_for_requeue() -> NoReturn:
+    """After the stop checkpoint: requeue if the stop was the time-limit warning (USR2), then exit 0 on every
+    rank (a non-zero exit would make srun's --kill-on-bad-exit end the other ranks before they save)."""
+    if _STOP["signal"] == "SIGUSR2":
+        requeue()
+    sys.stdout.flush()
+    sys.exit(0)

@@ -1,0 +1,60 @@
+"""What job.sbatch hands a user's script (trainer: script): the plan as FRENZY_* variables, entry.args checked.
+
+The variables (`scriptenv.PLAN_NAMES`) are written as `export` lines of job.sbatch, so every task of every
+component sees the same values and Slurm keeps them with the script (nothing for the trust checks to
+digest). The runtime adds the paths (`scriptenv.RUNTIME_NAMES`) and expands entry.args from all of them.
+"""
+
+from __future__ import annotations
+
+from frenzy_slurm.errors import InputError
+from frenzy_slurm.jobspec import JobSpec
+from frenzy_slurm.marp.plan import ParallelPlan
+from frenzy_slurm.scriptenv import KNOWN_NAMES, ArgsError, check_args
+
+
+def plan_env(spec: JobSpec, plan: ParallelPlan) -> dict[str, str]:
+    """The FRENZY_* variables of `plan` for a script (empty for the built-in trainer, which reads plan.json)."""
+    if spec.entry.trainer != "script":
+        return {}
+    t = spec.training
+    return {
+        "FRENZY_FRAMEWORK": spec.entry.runs_with,
+        "FRENZY_DP": str(plan.dp),
+        "FRENZY_TP": str(plan.tp),
+        "FRENZY_PP": str(plan.pp),
+        "FRENZY_CP": str(plan.cp),
+        "FRENZY_ZERO": str(plan.zero),
+        "FRENZY_MICRO_BATCH": str(plan.micro_batch),
+        "FRENZY_GRAD_ACCUM": str(plan.grad_accum),
+        "FRENZY_GLOBAL_BATCH": str(t.global_batch),
+        "FRENZY_SEQ_LEN": str(t.seq_len),
+        "FRENZY_LEARNING_RATE": repr(t.learning_rate),
+        "FRENZY_WARMUP_STEPS": str(t.warmup_steps),
+        "FRENZY_STEPS": str(t.total_steps),
+        "FRENZY_RECOMPUTE": plan.recompute,
+        "FRENZY_PRECISION": t.precision,
+        "FRENZY_OPTIMIZER": t.optimizer,
+        "FRENZY_METHOD": t.method,
+        "FRENZY_LORA_RANK": str(t.lora.rank),
+        "FRENZY_OFFLOAD_OPTIMIZER": "1" if plan.offload_optimizer else "0",
+        "FRENZY_OFFLOAD_PARAMS": "1" if plan.offload_params else "0",
+        "FRENZY_SEED": str(t.seed),
+        "FRENZY_CHECKPOINT_INTERVAL": str(t.checkpoint_interval or 0),
+    }
+
+
+def check_script_entry(spec: JobSpec) -> None:
+    """Plan-time checks of what a script is handed: entry.args references, entry.env not shadowing them."""
+    if spec.entry.trainer != "script":
+        return
+    try:
+        check_args(spec.entry.args)
+    except ArgsError as exc:
+        raise InputError(f"model.yaml {exc}") from None
+    taken = sorted(k for k in spec.entry.env if k in KNOWN_NAMES)
+    if taken:
+        raise InputError(
+            f"model.yaml entry.env sets {', '.join(taken)}, which frenzy-slurm sets from the plan; remove it "
+            "(change the plan through training:/limits: instead)."
+        )
