@@ -40,6 +40,7 @@ def test_the_protocol_is_what_the_backends_are_checked_against():
         "requeue",
         "accounting",
         "gpu_memory_peaks",
+        "qos_limits",
         "run_step",
     ]
     assert SlurmBackend.__annotations__ == {"name": "str"}

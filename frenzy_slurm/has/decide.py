@@ -20,6 +20,7 @@ from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
+from frenzy_slurm.has.qos import qos_lines, within_qos
 from frenzy_slurm.has.requirements import TIME_MARGIN, TIME_SLACK_S, Requirements
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, STARTUP_S
 from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
@@ -284,6 +285,13 @@ def _violations(req: Requirements, c: _Cand) -> str | None:
     return None
 
 
+def _qos(view: ClusterView, c: _Cand) -> str | None:
+    """Why the QOS never lets this candidate run (None if it does); one it lets run only once some running
+    jobs have ended gets that later start (has/qos.py)."""
+    c.alloc, why = within_qos(view, c.alloc)
+    return why
+
+
 def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
     """Slurm's own start estimate for the leading candidates that cannot start now."""
     waiting = [c for c in cands if c.alloc.start_source != "now"][:REFINE_WITH_TEST_ONLY]
@@ -497,7 +505,10 @@ def decide(
     now = now if now is not None else view.taken_at
     pools, skipped = usable_pools(req, view, site)
     if not pools:
-        raise NoFitError(f"{req.name}: no GPU pool can be used: " + "; ".join(skipped or ["the cluster has no GPUs"]))
+        raise NoFitError(
+            f"{req.name}: no GPU pool can be used: "
+            + "; ".join((skipped or ["the cluster has no GPUs"]) + qos_lines(view.qos))
+        )
     releases = ReleaseIndex(view, now)
     homogeneous = _homogeneous(w, req, pools, releases, now, space)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
@@ -524,7 +535,7 @@ def decide(
         choice = _widest_worth_it(ordered, now, tol)
         return [choice] + [c for c in ordered if c is not choice]
 
-    verdicts = [(c, _violations(req, c)) for c in cands]
+    verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
     allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
     ok = rank(allowed)
     rejected = [(c, why) for c, why in verdicts if why] + too_wide
@@ -541,7 +552,9 @@ def decide(
                 req,
                 pools,
                 space,
-                skipped + [f"{c.alloc.label()}: {why}" for c, why in rejected[:NO_FIT_REASONS_SHOWN]],
+                skipped
+                + qos_lines(view.qos)
+                + [f"{c.alloc.label()}: {why}" for c, why in rejected[:NO_FIT_REASONS_SHOWN]],
             )
         )
     chosen = ok[0].alloc

@@ -1,4 +1,4 @@
-"""The GPU pools a job may use: site file x live view x user limits -> MARP GpuOptions."""
+"""The GPU pools a job may use: site file x live view x user limits (and the QOS's) -> MARP GpuOptions."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import catalog
+from frenzy_slurm.has.qos import cap, qos_lines
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.marp.candidates import GpuOption
 from frenzy_slurm.site.config import Pool, SiteConfig
@@ -133,10 +134,14 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
             continue
         nodes = up.get((live.partition, live.gpu_type), [])
         total_up = sum(n.gpus_total for n in nodes)
+        qos_cap = cap(view.qos, live.gpu_type)  # a plan the QOS never lets run is not searched for
+        if qos_cap == 0 and view.qos is not None:
+            skipped.append(f"{where}: QOS {view.qos.name} allows no GPUs of it ({' '.join(qos_lines(view.qos))})")
+            continue
         option = GpuOption(
             name=live.key,
             spec=spec_gpu,
-            max_gpus=min(total_up, limit or total_up),
+            max_gpus=min(c for c in (total_up, limit, qos_cap) if c is not None),
             gpus_per_node=sp.gpus_per_node,
             usable_fraction=site.usable_fraction(sp),
             inter_node_gbs=site.inter_node_gbs(sp),

@@ -35,7 +35,7 @@ from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.releases import GpuTimeline
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
-from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, PoolKey
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, PoolKey, QosLimits
 
 FINAL_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED"}
 
@@ -285,6 +285,10 @@ class SimSlurm:
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
         """None, as from a site without GPU accounting: the simulated jobs' memory is the runner's ground
         truth, not something the controller measured."""
+        return None
+
+    def qos_limits(self, qos: str | None = None) -> QosLimits | None:
+        """None, as from a site without accounting: the simulated cluster has no QOS limits."""
         return None
 
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn, Protocol
 
-from frenzy_slurm.slurm.view import ClusterView, Job, PoolKey
+from frenzy_slurm.slurm.view import ClusterView, Job, PoolKey, QosLimits
 
 __all__ = [
     "AccountingRecord",
@@ -128,6 +128,12 @@ class SlurmBackend(Protocol):
         left out. None where the site keeps no accounting."""
         ...
 
+    def qos_limits(self, qos: str | None = None) -> QosLimits | None:
+        """The GPU limits of QOS `qos` (None: the QOS the user's jobs get by default) for the current user, as
+        Slurm enforces them (MaxTRESPerJob, MaxTRESPerUser, GrpTRES on gres/gpu); None where Slurm enforces
+        no QOS limits (no accounting, AccountingStorageEnforce without `limits`) or the backend cannot say."""
+        ...
+
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         """Run `argv` as one short job step on one node of `pool` holding `gpus` GPUs; its stdout.
 
@@ -166,3 +172,6 @@ class ReadOnlyBackend:
 
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
         return None
+
+    def qos_limits(self, qos: str | None = None) -> QosLimits | None:
+        return None  # a saved view keeps no accounting

@@ -27,16 +27,19 @@ from frenzy_slurm.slurm.backend import (
 )
 from frenzy_slurm.slurm.parse import (
     SlurmUnexpected,
+    default_qos,
     expand_hostlist,
     num,
     parse_gpu_gres,
     parse_parsable,
+    parse_qos_rows,
     parse_test_only,
     parse_time_minutes,
+    parse_tres_gpus,
     reading,
 )
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
-from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition
+from frenzy_slurm.slurm.view import ClusterView, GpuLimit, Job, Node, Partition, QosLimits
 from frenzy_slurm.units import GiB
 
 
@@ -165,7 +168,18 @@ def job_from_json(j: dict) -> Job:
         time_limit_min=num(limit) if not isinstance(limit, str) else parse_time_minutes(limit),
         comment=j.get("comment") or "",
         workdir=j.get("current_working_directory") or None,
+        qos=j.get("qos") or None,
     )
+
+
+def qos_from_tres(name: str, user: str, per_job: str, per_user: str, group: str) -> QosLimits:
+    """A QOS's GPU limits from its MaxTRESPerJob, MaxTRESPerUser and GrpTRES strings."""
+
+    def limit(text: str) -> GpuLimit:
+        total, by_type = parse_tres_gpus(text)
+        return GpuLimit(gpus=total, by_type=by_type)
+
+    return QosLimits(name=name, user=user, per_job=limit(per_job), per_user=limit(per_user), group=limit(group))
 
 
 def json_list(text: str, key: str, argv: list[str]) -> list[dict]:
@@ -199,6 +213,22 @@ def json_list(text: str, key: str, argv: list[str]) -> list[dict]:
         )
     assert items is not None  # no list and no errors, or errors and no list, raised above
     return items
+
+
+def config_value(text: str, key: str) -> str:
+    """One value of `scontrol show config` ('' when absent)."""
+    for line in text.splitlines():
+        k, eq, value = line.partition("=")
+        if eq and k.strip() == key:
+            return value.strip()
+    return ""
+
+
+def enforces_qos_limits(config: str) -> bool:
+    """Whether slurmctld applies QOS limits: accounting through slurmdbd and AccountingStorageEnforce with
+    `limits` (or `safe`, which implies it); without them Slurm ignores MaxTRES* and GrpTRES (slurm.conf(5))."""
+    enforce = {w.strip().lower() for w in config_value(config, "AccountingStorageEnforce").split(",")}
+    return "slurmdbd" in config_value(config, "AccountingStorageType") and bool(enforce & {"limits", "safe"})
 
 
 def cluster_name_from_config(text: str) -> str:
@@ -498,6 +528,33 @@ class SlurmCliBackend:
             return None  # accounting disabled or slurmdbd down
         with reading("sacct TRESUsageInMax", self.version):
             return parse_gpumem(res.stdout)
+
+    def qos_limits(self, qos: str | None = None) -> QosLimits | None:
+        """The QOS's GPU limits from `sacctmgr` (three short queries); None where Slurm enforces no QOS limits
+        (no slurmdbd, AccountingStorageEnforce without `limits`) or accounting does not answer."""
+        import pwd
+
+        try:
+            config = run(["scontrol", "show", "config"], timeout=self.timeout, max_bytes=CONFIG_ANSWER).stdout
+            if not enforces_qos_limits(config):
+                return None
+            user = pwd.getpwuid(os.getuid()).pw_name
+            if qos is None:
+                fields = "format=DefaultAccount,Account,Partition,QOS,DefaultQOS"
+                res = run(["sacctmgr", "-n", "-P", "show", "user", user, "withassoc", fields], timeout=self.timeout)
+                with reading("sacctmgr show user withassoc", self.version):
+                    qos = default_qos(res.stdout)
+                if qos is None:
+                    return None  # no association: Slurm refuses the job itself, with its own message
+            argv = ["sacctmgr", "-n", "-P", "show", "qos", "where", f"name={qos}"]
+            res = run([*argv, "format=Name,MaxTRESPerJob,MaxTRESPerUser,GrpTRES"], timeout=self.timeout)
+        except (SlurmCommandError, SlurmUnavailable):
+            return None  # slurmdbd down or sacctmgr missing: plan as without limits (sbatch still checks)
+        with reading("sacctmgr show qos", self.version):
+            rows = parse_qos_rows(res.stdout)
+            if qos not in rows:
+                return None  # an unknown QOS: sbatch refuses it with "Invalid qos specification"
+            return qos_from_tres(qos, user, *rows[qos])
 
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         """`srun` on one node of the pool; --immediate so a busy pool fails fast instead of queueing."""

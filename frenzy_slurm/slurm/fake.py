@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.releases import GpuTimeline
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmTimeout, SlurmUnavailable
-from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, PoolKey, job_phase
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, PoolKey, QosLimits, job_phase
 
 
 @dataclass
@@ -63,6 +63,8 @@ class FakeSlurm:
         self.calls: list[str] = []  # which interface methods were called, in order (for tests)
         self.gpu_peaks_gib: dict[int, float] = {}  # what Slurm's GPU accounting would report, per job
         self.step_output: dict[PoolKey, str] = {}  # what a job step on a pool prints (site detection)
+        self.qos: dict[str, QosLimits] = {}  # the QOS table (name -> limits) accounting would hold
+        self.default_qos = "normal"  # what a job gets without --qos
 
     # -- the clock ---------------------------------------------------------------------------------
     def advance(self, seconds: float) -> None:
@@ -314,6 +316,14 @@ class FakeSlurm:
         if not self.accounting_enabled:
             return None
         return {i: self.gpu_peaks_gib[i] for i in job_ids if i in self.gpu_peaks_gib}
+
+    def qos_limits(self, qos: str | None = None) -> QosLimits | None:
+        """The limits set in `qos` for this QOS (the default one without a name), as the fake's user's."""
+        self._guard("qos_limits")
+        if not self.accounting_enabled:
+            return None
+        found = self.qos.get(qos or self.default_qos)
+        return found.model_copy(update={"user": self.user}) if found else None
 
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         """The canned output set for the pool; a pool without a free node fails as `srun --immediate` does."""

@@ -165,3 +165,54 @@ def num(value: object) -> int | None:
     if isinstance(value, str) and value.isascii() and value.isdigit():
         return int(value)
     return None
+
+
+# TRES strings as sacctmgr prints them: `cpu=100,gres/gpu=6,gres/gpu:a100=2` (no unit on GPU counts)
+_TRES_GPU = re.compile(r"^gres/gpu(?::(?P<type>[^=:,\s]+))?=(?P<count>\d+)\Z")
+
+
+def parse_tres_gpus(text: str | None) -> tuple[int | None, dict[str, int]]:
+    """`cpu=4,gres/gpu=2,gres/gpu:a100=1` -> (2, {'a100': 1}): the GPU limits of a TRES string; other TRES,
+    and GPU memory or utilisation (`gres/gpumem`), are not GPU counts and are left out."""
+    total, by_type = None, {}
+    for item in (text or "").split(","):
+        m = _TRES_GPU.match(item.strip())
+        if not m:
+            continue
+        if m.group("type"):
+            by_type[m.group("type")] = int(m.group("count"))
+        else:
+            total = int(m.group("count"))
+    return total, by_type
+
+
+def parse_qos_rows(text: str) -> dict[str, tuple[str, str, str]]:
+    """`sacctmgr -n -P show qos format=Name,MaxTRESPerJob,MaxTRESPerUser,GrpTRES` -> {name: (per job, per
+    user, group)} TRES strings."""
+    out = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = line.split("|")
+        if len(f) < 4:
+            raise SlurmUnexpected(f"sacctmgr show qos printed an unexpected line: {line[:200]}")
+        out[f[0].strip()] = (f[1].strip(), f[2].strip(), f[3].strip())
+    return out
+
+
+def default_qos(text: str) -> str | None:
+    """The QOS a job gets without --qos, from `sacctmgr -n -P show user USER withassoc
+    format=DefaultAccount,Account,Partition,QOS,DefaultQOS`: the default account's association (the one
+    without a partition first) gives its DefaultQOS; without one, its only QOS; else `normal`, as slurmctld
+    decides (job_mgr.c). None where the user has no association."""
+    rows = [line.split("|") for line in text.splitlines() if line.strip()]
+    if any(len(r) < 5 for r in rows):
+        raise SlurmUnexpected(f"sacctmgr show user withassoc printed an unexpected line: {text[:200]}")
+    mine = [r for r in rows if r[1] == r[0]] or rows
+    if not mine:
+        return None
+    row = min(mine, key=lambda r: r[2] != "")  # the account's own association before per-partition ones
+    if row[4].strip():
+        return row[4].strip()
+    allowed = [q for q in row[3].split(",") if q.strip()]
+    return allowed[0] if len(allowed) == 1 else "normal"

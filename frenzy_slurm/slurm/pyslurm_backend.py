@@ -40,7 +40,7 @@ from frenzy_slurm.slurm.backend import (
 from frenzy_slurm.slurm.cli import SlurmCliBackend, node_state, parse_version
 from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes, reading
 from frenzy_slurm.slurm.run import SlurmUnavailable, run
-from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition
+from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, QosLimits
 
 PROBE_TIMEOUT = 30.0
 
@@ -220,6 +220,7 @@ class PyslurmBackend:
             time_limit_min=limit if isinstance(limit, int) else parse_time_minutes(limit),
             comment=a("comment") or "",
             workdir=a("working_directory") or None,
+            qos=a("qos") or None,
         )
 
     def load(self) -> ClusterView:
@@ -327,6 +328,9 @@ class PyslurmBackend:
 
     def gpu_memory_peaks(self, job_ids: Iterable[int]) -> dict[int, float] | None:
         return self._cli.gpu_memory_peaks(job_ids)
+
+    def qos_limits(self, qos: str | None = None) -> QosLimits | None:
+        return self._cli.qos_limits(qos)  # sacctmgr's answer: pyslurm's QOS API differs between its releases
 
     def run_step(self, pool: PoolKey, gpus: int, argv: list[str], timeout: float) -> str:
         return self._cli.run_step(pool, gpus, argv, timeout)  # job steps are srun's

@@ -196,6 +196,41 @@ class Job(_M):
         return str(self.job_id)
 
 
+class GpuLimit(_M):
+    """One QOS limit on GPUs, as Slurm's TRES strings give it (`gres/gpu=4,gres/gpu:a100=2`)."""
+
+    gpus: int | None = Field(None, ge=0, description="gres/gpu: all GPUs, typed or not; null = no limit.")
+    by_type: dict[Text, int] = Field(default_factory=dict, description="gres/gpu:TYPE: GPUs of that GRES type.")
+
+    def cap(self, gres_type: str | None) -> int | None:
+        """The most GPUs of this GRES type the limit allows (None: no limit); untyped GPUs only meet gres/gpu."""
+        caps = [c for c in (self.gpus, self.by_type.get(gres_type) if gres_type else None) if c is not None]
+        return min(caps) if caps else None
+
+    @property
+    def unlimited(self) -> bool:
+        return self.gpus is None and not self.by_type
+
+    def describe(self) -> str:
+        """`gres/gpu=2,gres/gpu:a100=1`, as sacctmgr writes it."""
+        parts = ([f"gres/gpu={self.gpus}"] if self.gpus is not None else []) + [
+            f"gres/gpu:{t}={n}" for t, n in sorted(self.by_type.items())
+        ]
+        return ",".join(parts)
+
+
+class QosLimits(_M):
+    """The GPU limits of the QOS a job would run under (`fsbatch -q`, else the association's default), as
+    Slurm's accounting (sacctmgr) has them and only where it enforces them (AccountingStorageEnforce=limits).
+    Part of the view so that HAS plans within them: `sbatch --test-only` ignores QOS limits."""
+
+    name: Text = Field(description="QOS name.")
+    user: Text = Field(description="The user the per-user limit is counted for (whose running jobs count).")
+    per_job: GpuLimit = Field(default_factory=GpuLimit, description="MaxTRESPerJob: GPUs one job may have.")
+    per_user: GpuLimit = Field(default_factory=GpuLimit, description="MaxTRESPerUser: GPUs one user's jobs may hold.")
+    group: GpuLimit = Field(default_factory=GpuLimit, description="GrpTRES: GPUs all jobs of the QOS may hold.")
+
+
 class ClusterView(_M):
     cluster: Text = Field("", description="Cluster name.")
     backend: Text = Field(description="Where the view came from: cli, pyslurm or static.")
@@ -204,6 +239,9 @@ class ClusterView(_M):
     partitions: list[Partition] = Field(default_factory=list, description="Partitions.")
     nodes: list[Node] = Field(default_factory=list, description="Nodes.")
     jobs: list[Job] = Field(default_factory=list, description="Jobs known to the controller (incl. recently finished).")
+    qos: QosLimits | None = Field(
+        None, description="GPU limits of the QOS the job would run under; null without accounting or limits."
+    )
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)
