@@ -4,7 +4,9 @@
                              [--policies has,has-homogeneous,slurm-multi,sia,ilp] [--startup-s 120]
                              [--json OUT] [--plot DIR]
 
-For each cluster shape, offered load and seed, samples `philly:SEED:JOBS` (JOBS = --jobs per 64 GPUs, at
+The truth is the published-speed model (`--truth published`, frenzy_slurm/sim/truth.py) and 30% of the jobs
+come from users who do not use frenzy-slurm (`--plain-share`). For each cluster shape, offered load and seed,
+samples `philly:SEED:JOBS` (JOBS = --jobs per 64 GPUs, at
 most 400), runs every policy on it with the same ground truth, and prints per (shape, load) the mean
 average JCT, per-job decision time (median, p95), the policy's CPU per simulated hour and MARP's search
 time apart. Then the paired comparison of `has` with each baseline: per run 1 - JCT(has)/JCT(baseline),
@@ -44,6 +46,9 @@ SHAPES = {
 }
 TUNING = {"shape": "std64", "load": 0.8, "seeds": (1, 2, 3, 4, 5)}
 JOBS_PER_64_GPUS = 60
+# Queue realism: this share of the jobs comes from users who do not use frenzy-slurm (an assumption: the
+# simulated site has adopted it for most of its users, not all)
+PLAIN_SHARE = 0.3
 DEFAULT_POLICIES = "has,has-homogeneous,slurm-multi,sia,ilp"
 
 
@@ -55,6 +60,13 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=JOBS_PER_64_GPUS, help="jobs per 64 GPUs (capped at 400)")
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
     ap.add_argument("--startup-s", type=float, default=None, help="start-up / restart cost of every run (s)")
+    ap.add_argument("--truth", default="published", choices=["published", "marp"], help="the step-time truth")
+    ap.add_argument(
+        "--plain-share",
+        type=float,
+        default=PLAIN_SHARE,
+        help="share of jobs from users who do not use frenzy-slurm (submitted as slurm-multi under every policy)",
+    )
     ap.add_argument("--knobs", default=None, help="JSON object overriding TUNED_KNOBS, e.g. '{\"ilp_speed_floor\": 2}'")
     ap.add_argument("--max-job-share", type=float, default=None, help="the site's max_job_share (HAS)")
     ap.add_argument("--include-tuning", action="store_true", help="count tuning-set runs in the goals")
@@ -71,7 +83,9 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     policies = args.policies.split(",")
     knobs = {**TUNED_KNOBS, **(json.loads(args.knobs) if args.knobs else {})}
-    errors = ErrorModel() if args.startup_s is None else ErrorModel(startup_s=args.startup_s)
+    errors = ErrorModel(truth=args.truth)
+    if args.startup_s is not None:
+        errors = errors.model_copy(update={"startup_s": args.startup_s})
     rows, results = [], []
     for shape in shapes:
         cluster = parse_compact(SHAPES[shape])
@@ -82,7 +96,15 @@ def main() -> int:
                 for name in policies:
                     t0 = time.perf_counter()
                     r = Runner(
-                        wl, cluster, name, seed, load=load, errors=errors, knobs=knobs, max_job_share=args.max_job_share
+                        wl,
+                        cluster,
+                        name,
+                        seed,
+                        load=load,
+                        errors=errors,
+                        knobs=knobs,
+                        max_job_share=args.max_job_share,
+                        plain_share=args.plain_share,
                     ).run()
                     s = summarize(r)
                     s["shape"] = shape

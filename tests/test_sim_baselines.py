@@ -164,3 +164,71 @@ def test_ilp_speed_floor_holds_a_job_rather_than_place_it_far_too_slow():
     loose.place(Attempt(job, job.steps), ctx)
     got = loose.tick(ctx)
     assert len(got) == 1 and "T4" in got[0][1].label
+
+
+# ---- the ground truth apart from MARP -------------------------------------------------------------------
+
+
+def test_truth_speed_ratios_are_the_data_files():
+    import math
+
+    import yaml
+
+    from frenzy_slurm.sim.truth import THROUGHPUT_SOURCES, speed_table
+
+    data = yaml.safe_load(THROUGHPUT_SOURCES.read_text())
+    rows = data["sources"][0]["rows"]
+    t = speed_table()
+    ref = rows["A100-80GB"]
+    for gpu in ("V100-16GB", "H100-SXM", "A10"):
+        want = math.sqrt(
+            rows[gpu]["bert_large_squad"]
+            / ref["bert_large_squad"]
+            * rows[gpu]["transformerxllarge"]
+            / ref["transformerxllarge"]
+        )
+        assert t.speed[gpu] == pytest.approx(want)
+    assert t.speed["V100-16GB"] == pytest.approx(math.sqrt(57 / 152 * 6071 / 17918))  # the figures themselves
+    assert t.speed["V100-32GB"] == t.speed["V100-16GB"]  # derived: the same chip
+    assert t.speed["A100-80GB"] == 1.0 and "measured" in t.how["A100-80GB"] and "derived" in t.how["T4"]
+    # bf16 on a V100 runs at its fp32 rate (no bf16 tensor cores): the catalog's ratio scales it down
+    assert t.relative("V100-32GB", "bf16-mixed") == pytest.approx(t.speed["V100-32GB"] * 15.7 / 125.0)
+    # in-node scaling: the mean 8-GPU efficiency of the three measured 8-GPU rows, per doubling
+    assert 0.9 < t.per_doubling < 1.0
+
+
+def test_truth_step_time_errs_against_marp_per_type_width_and_spread():
+    from frenzy_slurm.sim.truth import marp_relative, speed_table
+
+    t = speed_table()
+    truth = Truth(EM(time_sd=0.0, step_overhead_s=0.05), 1)
+    # one reference GPU: MARP's speed is the truth's, so only the per-step overhead is added
+    assert truth.step_time(0, 2.0, ["A100-80GB"], "bf16-mixed") == pytest.approx(2.05)
+    # a V100 is faster than MARP thinks (published 0.36 of an A100, MARP 0.27): the truth is shorter
+    v = truth.step_time(0, 2.0, ["V100-32GB"], "fp16-mixed")
+    want = 2.0 * marp_relative("V100-32GB", "fp16-mixed", "A100-80GB") / t.speed["V100-32GB"] + 0.05
+    assert v == pytest.approx(want) and v < 2.0
+    # 8 GPUs lose the measured in-node scaling; two nodes and two partitions add their losses
+    eight = truth.step_time(0, 2.0, ["A100-80GB"], "bf16-mixed", gpus=8)
+    assert eight == pytest.approx(2.0 / t.per_doubling**3 + 0.05)
+    spread = truth.step_time(0, 2.0, ["A100-80GB"], "bf16-mixed", gpus=8, nodes=2, partitions=2)
+    assert spread == pytest.approx(2.0 / t.per_doubling**3 * 1.10 * 1.20 + 0.05)
+    # the older model is still there
+    old = Truth(EM(time_sd=0.0, type_sd=0.0, truth="marp"), 1)
+    assert old.step_time(0, 2.0, ["V100-32GB"], "fp16-mixed", gpus=8, nodes=2) == 2.0
+
+
+def test_plain_users_submit_with_loose_whole_hour_limits_under_every_policy():
+    jobs = [
+        WorkloadJob(id=i, submit_s=120 * i, model="gpt2-medium", seq_len=1024, global_batch=32, steps=300)
+        for i in range(10)
+    ]
+    r = simulate(
+        WorkloadFile(jobs=jobs), parse_compact("A100-80GB:1x8,T4:1x8"), "has", seed=3, load=None, plain_share=0.5
+    )
+    s = summarize(r)
+    plain = [x for x in r.records if x.plain]
+    assert 0 < len(plain) < 10 and s["plain_jobs"] == len(plain) and s["completed"] == 10
+    assert all(c.time_min % 60 == 0 for x in plain for c in x.components)  # whole hours, as users write them
+    assert s["decisions"] == 10 - len(plain)  # HAS decided only its own jobs
+    assert s["avg_jct_own_s"] > 0 and s["avg_jct_plain_s"] > 0

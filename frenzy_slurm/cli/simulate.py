@@ -129,6 +129,20 @@ def _seeds(text: str | None, default: int) -> list[int]:
 )
 @click.option("--exact", is_flag=True, help="No prediction error: the truth is MARP's prediction.")
 @click.option(
+    "--truth",
+    type=click.Choice(["published", "marp"]),
+    default="published",
+    show_default=True,
+    help="Step-time truth: published per-type speeds and scaling, or MARP's model with noise.",
+)
+@click.option(
+    "--plain-share",
+    type=click.FloatRange(min=0.0, max=1.0),
+    default=0.0,
+    show_default=True,
+    help="Share of jobs from users who do not use frenzy-slurm (they submit as slurm-multi under every policy).",
+)
+@click.option(
     "--startup-s",
     type=click.FloatRange(min=0.0),
     default=None,
@@ -181,6 +195,8 @@ def simulate(
     max_gpus: int | None,
     max_job_share: float | None,
     exact: bool,
+    truth: str,
+    plain_share: float,
     startup_s: float | None,
     ilp_round: float,
     trace: Path | None,
@@ -211,7 +227,7 @@ def simulate(
     if save_workload is not None:
         write_workload(wl, save_workload)
     seeds = _seeds(seed_text, wl_seed)
-    errors = ErrorModel.exact() if exact else ErrorModel()
+    errors = ErrorModel.exact() if exact else ErrorModel(truth=truth)  # type: ignore[arg-type]  # click.Choice
     if startup_s is not None:
         errors = errors.model_copy(update={"startup_s": startup_s})
     results, rows = [], []
@@ -232,6 +248,7 @@ def simulate(
             sched_interval_s=bf_interval,
             max_gpus=max_gpus,
             max_job_share=max_job_share,
+            plain_share=plain_share,
         )
         r = runner.run()
         results.append(r)

@@ -32,6 +32,10 @@ def _pct(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else float("nan")
+
+
 def summarize(r: RunResult) -> dict:
     done = [x for x in r.records if x.state == "done"]
     jct = [x.jct for x in done if x.jct is not None]
@@ -56,6 +60,10 @@ def summarize(r: RunResult) -> dict:
         "unplaceable": sum(x.state == "unplaceable" for x in r.records),
         "unfinished": sum(x.state in ("unfinished", "gave-up") for x in r.records),
         "avg_jct_s": statistics.fmean(jct) if jct else float("nan"),
+        # the policy's own jobs, and those of users who do not use frenzy-slurm (Runner's plain_share)
+        "avg_jct_own_s": _mean([x.jct for x in done if x.jct is not None and not x.plain]),
+        "avg_jct_plain_s": _mean([x.jct for x in done if x.jct is not None and x.plain]),
+        "plain_jobs": sum(x.plain for x in r.records),
         "p50_jct_s": _pct(jct, 0.5),
         "p95_jct_s": _pct(jct, 0.95),
         "p99_jct_s": _pct(jct, 0.99),

@@ -368,11 +368,16 @@ class SlurmMulti(BasePolicy):
             return None
         startup = ctx.truth.model.startup_s if ctx.truth else 120.0
 
-        def known_s(pool: UsablePool, step: float) -> float:
-            true = ctx.truth.step_time(a.job.id, step, [pool.option.spec.name]) if ctx.truth else step
+        def known_s(pool: UsablePool, n: int, step: float) -> float:
+            if ctx.truth is None:
+                return startup + step * a.steps
+            nodes = (node_layout(n, pool.site.gpus_per_node) or (n, 1))[0]
+            true = ctx.truth.step_time(
+                a.job.id, step, [pool.option.spec.name], precision=a.job.precision, gpus=n, nodes=nodes
+            )
             return startup + true * a.steps
 
-        hours = math.ceil(self.time_factor * max(known_s(p, step) for p, _, step, _ in chosen) / 3600)
+        hours = math.ceil(self.time_factor * max(known_s(p, n, step) for p, n, step, _ in chosen) / 3600)
         alts = []
         for pool, n, step, peak in chosen:
             nodes, per_node = node_layout(n, pool.site.gpus_per_node) or (n, 1)

@@ -13,6 +13,7 @@ the time-limit signal, so the rest of the steps are resubmitted).
 from __future__ import annotations
 
 import heapq
+import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,6 +52,7 @@ class JobRecord:
     gpus: int = 0
     components: list = field(default_factory=list)  # the last attempt's Slurm request (ComponentRequest)
     last_run_s: float = 0.0  # how long the completed attempt ran
+    plain: bool = False  # a user who does not use frenzy-slurm (placed as slurm-multi, whatever the policy)
 
     @property
     def jct(self) -> float | None:
@@ -109,6 +111,7 @@ class Runner:
         max_gpus: int | None = None,
         max_job_share: float | None = None,
         knobs: dict[str, float] | None = None,
+        plain_share: float = 0.0,
     ):
         self.workload, self.cluster, self.seed, self.load = workload, cluster, seed, load
         self.max_gpus = max_gpus  # limits.max_gpus of every job (every policy honours it)
@@ -128,7 +131,11 @@ class Runner:
             site = SiteConfig.model_validate({**site.model_dump(), "max_job_share": max_job_share})
         self.ctx = Context(self.sim, site, self.truth)
         self.scale = time_scale(workload, cluster, load) if load else 1.0
-        self.records = {j.id: JobRecord(j.id, j.submit_s * self.scale) for j in workload.jobs}
+        # queue realism: this share of the jobs (seeded) comes from users who do not use frenzy-slurm; they
+        # submit as slurm-multi does, with its loose whole-hour limits, under every policy
+        self.plain_policy = make_policy("slurm-multi", knobs=knobs) if plain_share > 0 else None
+        plain = {j.id for j in workload.jobs if random.Random(f"{seed}/plain/{j.id}").random() < plain_share}
+        self.records = {j.id: JobRecord(j.id, j.submit_s * self.scale, plain=j.id in plain) for j in workload.jobs}
         self.running: dict[int, tuple[Attempt, Placement]] = {}
         self.events: list[tuple[float, int, str, object]] = []
         self._seq = 0
@@ -157,7 +164,15 @@ class Runner:
         for c in p.components:
             if self.truth.peak_gib(a.job.id, c.predicted_peak_gib) > c.memory_gib:
                 return startup, "OUT_OF_MEMORY"
-        step = self.truth.step_time(a.job.id, p.step_time_s, [c.gpu_model for c in p.components])
+        step = self.truth.step_time(
+            a.job.id,
+            p.step_time_s,
+            [c.gpu_model for c in p.components],
+            precision=a.job.precision,
+            gpus=p.gpus,
+            nodes=sum(c.request.nodes for c in p.components),
+            partitions=len({c.request.partition for c in p.components}),
+        )
         self._start_step[sj.job_id] = step
         return startup + step * a.steps, "COMPLETED"
 
@@ -169,7 +184,7 @@ class Runner:
         rec.gpu_s += (sj.end - sj.start) * p.gpus
         if rec.first_start is None:
             rec.first_start = sj.start
-        if sj.job_id not in self._moving:
+        if sj.job_id not in self._moving and not rec.plain:
             self.policy.ended(a)
         if sj.state == "COMPLETED":
             rec.end, rec.state, rec.last_run_s = sj.end, "done", sj.end - sj.start
@@ -265,6 +280,15 @@ class Runner:
         return jid
 
     def _arrive(self, a: Attempt) -> None:
+        if self.plain_policy is not None and self.records[a.job.id].plain:
+            placed = self.plain_policy.place(a, self.ctx)
+            if placed is None:
+                rec = self.records[a.job.id]
+                rec.state, rec.end = "unplaceable", self.sim.now
+                self._done()
+            else:
+                self._submit(a, placed)
+            return
         t0, c0 = time.perf_counter(), time.process_time()
         p = self.policy.place(a, self.ctx)
         self.policy_cpu_s += time.process_time() - c0

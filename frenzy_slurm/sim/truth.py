@@ -1,17 +1,27 @@
 """Ground truth, kept apart from prediction: each job's true step time and true peak memory.
 
-Policies plan with MARP's predictions; the simulator runs jobs with the truth, drawn (seeded) around
-the prediction:
+Policies plan with MARP's predictions; the simulator runs jobs with the truth.
+
+Step time, `truth="published"` (the default): the GPU types' relative training speeds come from published
+benchmark results (`data/throughput_sources.yaml`: each source, what it measured and its figures; types
+without a measured row derived from one of the same architecture by the rule written there), not from
+the catalog's peak x utilisation that MARP plans with. A plan's true step time is
+
+    predicted x (MARP's speed of the type / the published speed, both relative to the reference type)
+              x (1 / in-node scaling per doubling) ^ log2(GPUs) x (1 + cross_node_loss if several nodes)
+              x (1 + cross_partition_loss if several partitions) x r_job  +  step_overhead_s
+
+with the per-doubling loss from the same source's 8-GPU rows, r_job ~ time_bias x LogNormal(0, time_sd)
+per job; a heterogeneous pipeline runs at its slowest type's factor. So MARP errs per type, with width
+and with spread as an analytic model does. `truth="marp"` is the older model: the prediction times r_job
+and r_type ~ LogNormal(0, type_sd) per GPU type and seed.
+
+Memory:
 
 - memory: true peak = predicted peak x r_mem, one r_mem per job (MARP's error is systematic for a
   given model and setup, not per plan); r_mem ~ Normal(mem_bias, mem_sd). The default is MARP's
   measured signed error on the dev set (docs/accuracy.md; see docs/simulation.md for the command).
   A plan whose true peak exceeds the GPU's physical memory fails with OOM after the start-up time;
-- step time: true = predicted x r_job x r_type, r_job ~ time_bias x LogNormal(0, time_sd) per job and one
-  r_type ~ LogNormal(0, type_sd) per GPU type and seed (the catalog's assumed utilisation is off for
-  a whole GPU type at once). A heterogeneous pipeline runs at its slowest type's factor. There are no
-  measured step times in the dev set, so these two are assumptions; docs/simulation.md shows how the
-  comparison moves with them.
 """
 
 from __future__ import annotations
@@ -19,8 +29,16 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+from frenzy_slurm.gpus import catalog
+
+THROUGHPUT_SOURCES = Path(__file__).parent / "data" / "throughput_sources.yaml"
 
 # measured / predicted peak over the dev set's high- and medium-confidence rows (37 rows; C03, B11 and the
 # low-confidence rows, whose sources doubt their own device counts, left out), from
@@ -45,11 +63,97 @@ class ErrorModel(BaseModel):
     startup_s: float = Field(
         120.0, ge=0, description="Seconds from start to the first step (load, init); an OOM comes then."
     )
+    truth: Literal["published", "marp"] = Field(
+        "published",
+        description="Step times from published per-type speeds and scaling (published) or MARP's model x noise.",
+    )
+    step_overhead_s: float | None = Field(None, ge=0, description="Fixed seconds per step; None: the data file's.")
+    cross_node_loss: float | None = Field(None, ge=0, description="Step-time share added across nodes; None: file.")
+    cross_partition_loss: float | None = Field(
+        None, ge=0, description="Step-time share added across partitions; None: the data file's."
+    )
 
     @classmethod
     def exact(cls) -> ErrorModel:
         """Predictions are the truth (for tests and for isolating the scheduler)."""
-        return cls(mem_bias=1.0, mem_sd=0.0, time_sd=0.0, type_sd=0.0)
+        return cls(mem_bias=1.0, mem_sd=0.0, time_sd=0.0, type_sd=0.0, truth="marp")
+
+
+@dataclass(frozen=True)
+class SpeedTable:
+    """Relative fp16 training speed per catalog GPU type (reference type = 1), with how each was obtained."""
+
+    reference: str
+    speed: dict[str, float]
+    how: dict[str, str]
+    per_doubling: float  # throughput kept per doubling of GPUs in one node (measured 8-GPU rows)
+    cross_node_loss: float
+    cross_partition_loss: float
+    step_overhead_s: float
+
+    def relative(self, gpu: str, precision: str) -> float:
+        """The type's speed for `precision`: its fp16 speed, scaled down where the catalog says the type has
+        no tensor-core rate for that precision (bf16 on V100 and T4 runs at the fp32 rate)."""
+        spec = catalog()[gpu]
+        return self.speed[gpu] * min(1.0, spec.peak_tflops(precision) / spec.peak_tflops("fp16-mixed"))
+
+
+def _row_speed(row: dict, ref: dict, workloads: list[str]) -> float:
+    """Geometric mean over the workloads of the row's throughput per GPU over the reference row's."""
+    ratios = [(row[w] / row["gpus"]) / (ref[w] / ref["gpus"]) for w in workloads]
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+@cache
+def speed_table(path: Path = THROUGHPUT_SOURCES) -> SpeedTable:
+    """The speed table derived from the data file (measured rows first, then the derived types)."""
+    data = yaml.safe_load(path.read_text())
+    (src,) = data["sources"]  # one source today; a second would need a rule for combining them
+    ref_name = data["reference_gpu"]
+    workloads = src["workloads"]
+    rows = src["rows"]
+    ref = rows[ref_name]
+    speed: dict[str, float] = {}
+    how: dict[str, str] = {}
+    known = {**rows, **src.get("proxies", {})}
+    for name, row in known.items():
+        speed[name] = _row_speed(row, ref, workloads)
+        how[name] = f"measured: {src['id']}, row '{row['row']}'"
+    cat = catalog()
+    for name, d in data["derived"].items():
+        base = d["from"]
+        if d.get("same"):
+            speed[name] = speed[base]
+        else:
+            peak = d.get("proxy_fp16_tflops") or cat[base].peak_tflops("fp16-mixed")
+            bw = d.get("proxy_mem_bw_gbs") or cat[base].mem_bw_gbs
+            spec = cat[name]
+            speed[name] = speed[base] * math.sqrt(spec.peak_tflops("fp16-mixed") / peak * spec.mem_bw_gbs / bw)
+        how[name] = f"derived from {base}: {d['note']}"
+    effs = []
+    for name, row in src["scaling_8_in_node"].items():
+        one = rows[name]
+        effs.append(
+            math.exp(sum(math.log((row[w] / row["gpus"]) / (one[w] / one["gpus"])) for w in workloads) / len(workloads))
+        )
+    eff8 = sum(effs) / len(effs)
+    a = data["assumptions"]
+    return SpeedTable(
+        reference=ref_name,
+        speed={k: v for k, v in speed.items() if k in cat},
+        how={k: v for k, v in how.items() if k in cat},
+        per_doubling=eff8 ** (1.0 / 3.0),
+        cross_node_loss=float(a["cross_node_loss"]),
+        cross_partition_loss=float(a["cross_partition_loss"]),
+        step_overhead_s=float(a["step_overhead_s"]),
+    )
+
+
+def marp_relative(gpu: str, precision: str, reference: str) -> float:
+    """The speed MARP plans with (catalog peak x assumed utilisation), relative to the reference type."""
+    cat = catalog()
+    g, r = cat[gpu], cat[reference]
+    return (g.peak_tflops(precision) * g.efficiency) / (r.peak_tflops(precision) * r.efficiency)
 
 
 @dataclass(frozen=True)
@@ -82,8 +186,30 @@ class Truth:
             self._types[gpu_model] = math.exp(rng.gauss(0.0, self.model.type_sd))
         return self._types[gpu_model]
 
-    def step_time(self, job_id: int, predicted_s: float, gpu_models: list[str]) -> float:
-        return predicted_s * self.job(job_id).time_ratio * max(self.type_factor(g) for g in gpu_models)
+    def step_time(
+        self,
+        job_id: int,
+        predicted_s: float,
+        gpu_models: list[str],
+        precision: str = "bf16-mixed",
+        gpus: int = 1,
+        nodes: int = 1,
+        partitions: int = 1,
+    ) -> float:
+        """The true step time of a plan predicted to take `predicted_s` per step on these GPUs."""
+        r_job = self.job(job_id).time_ratio
+        if self.model.truth == "marp":
+            return predicted_s * r_job * max(self.type_factor(g) for g in gpu_models)
+        t = speed_table()
+        m = self.model
+        factor = max(marp_relative(g, precision, t.reference) / t.relative(g, precision) for g in gpu_models)
+        loss = (1.0 / t.per_doubling) ** math.log2(max(1, gpus))
+        if nodes > 1:
+            loss *= 1.0 + (t.cross_node_loss if m.cross_node_loss is None else m.cross_node_loss)
+        if partitions > 1:
+            loss *= 1.0 + (t.cross_partition_loss if m.cross_partition_loss is None else m.cross_partition_loss)
+        overhead = t.step_overhead_s if m.step_overhead_s is None else m.step_overhead_s
+        return predicted_s * factor * loss * r_job + overhead
 
     def peak_gib(self, job_id: int, predicted_gib: float) -> float:
         return predicted_gib * self.job(job_id).mem_ratio
