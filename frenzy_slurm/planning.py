@@ -14,6 +14,7 @@ the job goes; under --force a fresh sibling of a directory an earlier job used, 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.has import Decision, Requirements, decide
 from frenzy_slurm.has.decide import short_time_note
 from frenzy_slurm.has.pools import check_gpu_types, missing_partition_notes, unmapped_untyped_notes
+from frenzy_slurm.has.qos import qos_wait_note
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.marp import search_space_from_spec, with_exact_params, workload_from_spec
@@ -204,6 +206,9 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     env_notes = check_sbatch_env(options.slurm)  # before asking Slurm: a refusal needs no cluster
     env_notes += check_environment(job.spec, job.path.parent, options.env_check)  # the job's Python finds torch...
     view = backend.load()
+    # the QOS the job will run under (-q, model.yaml's slurm.qos, sbatch's SBATCH_QOS, else the default) limits
+    # its GPUs; Slurm's --test-only ignores those limits, so HAS plans within them (has/qos.py)
+    view = view.model_copy(update={"qos": backend.qos_limits(options.slurm.qos or os.environ.get("SBATCH_QOS"))})
     site_cfg, applied = calibrate(job, site, options)
     workload = workload_from_spec(job.spec, job.model)
     requirements = Requirements.from_spec(job.spec, time=options.slurm.time)
@@ -246,6 +251,8 @@ def plan_notes(site: SiteFile, view: ClusterView, requirements: Requirements, de
     """What the user is told beside the plan: site pools Slurm does not have, limits.gpu_types models this cluster
     lacks, a --time shorter than the predicted run."""
     notes = site_notes(site, view) + check_gpu_types(requirements, view, site.config)
+    if (waits := qos_wait_note(view, decision.chosen)) is not None:
+        notes.append(waits)
     if (short := short_time_note(requirements, decision.chosen)) is not None:
         notes.append(short)
     return tuple(notes)
