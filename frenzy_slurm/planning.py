@@ -7,7 +7,7 @@
 `plan_job` is the only chain of the stages, each a named step usable alone:
 `calibrate` (the site file as MARP and HAS see it for this job) -> `decide_job` (MARP and HAS: the
 decision; the simulator and benchmarks call this step, without rendering) -> `choose_job_dir` (where
-the job goes; under --force a fresh sibling of a directory an earlier job used, the same for --dry-run)
+the job goes; a fresh sibling of a directory an earlier job used, the same for --dry-run)
 -> `render_job` (the job directory's files, calibration.json among them). The CLI parses and prints.
 """
 
@@ -89,7 +89,7 @@ class JobRequest:
     name: str
     entry_script: Path | None  # entry.script (absolute) for trainer: script, checked to exist before submitting
     force: bool = False
-    earlier_job_dir: Path | None = None  # --force moved the job here from this directory, which stays untouched
+    earlier_job_dir: Path | None = None  # a rerun or --force moved the job here from this used directory, kept as is
     group_readable: bool = False  # the site lets the user's group read job directories
     notes: tuple[str, ...] = ()  # what the user should know though nothing was refused (fsbatch prints each)
 
@@ -191,12 +191,13 @@ def decide_job(
 
 
 def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple[Path, Path | None]:
-    """The job directory, and the directory --force moved it from (or None). An earlier job's directory is
-    never reused: under --force (with or without --dry-run) the job goes to its first free sibling NAME.2..."""
+    """The job directory, and the used directory it moved from (or None). An earlier job's directory is
+    never reused: a rerun, and --force (with or without --dry-run), go to the first free sibling NAME.2...;
+    submit then refuses (exit 7) unless that earlier job has ended or --force says so."""
     from frenzy_slurm.submit.jobdir import job_outputs, next_free_dir  # submit imports this module
 
     job_dir = (options.job_dir or default_job_dir(job.spec, submission)).absolute()
-    if options.force and job_outputs(job_dir):
+    if job_outputs(job_dir):
         return next_free_dir(job_dir), job_dir
     return job_dir, None
 

@@ -138,8 +138,11 @@ def test_force_never_touches_the_earlier_job(world, tmp_path):
     forced = submit(again, slurm)
     assert forced.job_id != done.job_id and again.job_dir.name == "a.2"
     assert sorted(p.name for p in first.job_dir.iterdir()) == before and ckpt.is_dir()
-    # and a forced submit straight into a used directory refuses rather than overwrite it
-    code, msg = _code(submit, replace(request(world, first.job_dir), force=True), slurm)
+    # and a forced submit straight into a directory used since it was planned refuses rather than overwrite it
+    late = request(world, tmp_path / "jobs" / "c")
+    late.job_dir.mkdir(mode=0o700)
+    (late.job_dir / "metrics.json").write_text("{}")
+    code, msg = _code(submit, replace(late, force=True), slurm)
     assert code == EXIT_BAD_INPUT and "never writes over" in msg
 
 

@@ -1,9 +1,13 @@
-"""Stage 6, submit: write the job directory atomically and hand the script to Slurm, exactly once.
+"""Stage 6, submit: write the job directory atomically and hand the script to Slurm, exactly once per live job.
 
 Idempotency: the submission hash is in the job comment (`frenzy:<hash>`) and the job directory records
-`submission.json`. A second `fsbatch` of the same model.yaml and flags is refused while either shows a
-job, from whichever directory, unless the request was planned with --force (`planning.plan_job` then
-chose a new job directory). `submit` takes only the JobRequest plan_job returns: what --dry-run printed.
+`submission.json`. A second `fsbatch` of the same model.yaml and flags is refused (exit 7) while the earlier
+job of that submission, from whichever directory, is still alive: pending, running or suspended in the queue,
+or not yet visible to Slurm within `SUBMIT_GRACE_S` of sbatch's answer. Once it has ended (the queue or
+accounting says a terminal state, or it is gone from both after the grace window, as on a rebuilt cluster) the
+same fsbatch submits a rerun into a new job directory (`planning.choose_job_dir` never reuses a directory a job
+used) and `Submitted.follows` names the job it follows. `--force` submits another job whatever the earlier
+one does. `submit` takes only the JobRequest plan_job returns: what --dry-run printed.
 A lock in the user's private directory serialises concurrent fsbatch runs of one submission (see jobdir.py for the
 job directory's safety: ownership, modes, no symlink following, nothing of an earlier job overwritten).
 Whatever ends sbatch without a job id (our timeout, sbatch's own MessageTimeout, an error exit, an answer
@@ -11,7 +15,8 @@ that is not a job id), the job is looked up in the queue by its tag and recorded
 SIGTERM and SIGHUP wait while sbatch runs and its answer is recorded (a second one stops at once, saying
 which job may exist); a record that cannot be written (disk full) is reported with the job id.
 Slurm's refusals are explained and recorded in `rejected.json`. Slurm is reached only through the
-backend (`frenzy_slurm.slurm`): one queue query for the duplicate check, one submission.
+backend (`frenzy_slurm.slurm`): one queue query (and, for earlier jobs that left the queue, one accounting
+query) for the duplicate check, one submission.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ from typing import TYPE_CHECKING
 
 from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_FAILURE, EXIT_SLURM_REJECTED, FrenzyError, InputError
 from frenzy_slurm.records import read_json_or_none, write_json
-from frenzy_slurm.slurm import BatchJob, ComponentRequest, Job, SlurmBackend, SlurmCommandError
+from frenzy_slurm.slurm import AccountingRecord, BatchJob, ComponentRequest, Job, SlurmBackend, SlurmCommandError
 from frenzy_slurm.slurm.parse import SlurmUnexpected
 from frenzy_slurm.slurm.run import SlurmUnavailable
+from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES, job_phase
 from frenzy_slurm.submit import jobdir
 
 if TYPE_CHECKING:  # planning imports jobdir; the runtime imports jobdir without planning's stages
@@ -95,12 +101,48 @@ def explain(stderr: str) -> str:
     return next((why for key, why in _EXPLAIN if key in low), "see Slurm's message above")
 
 
+# How long after sbatch answered an earlier job that neither squeue nor sacct shows still counts as alive.
+# slurmctld creates the job before sbatch returns, so squeue lists it at once on a healthy controller; what
+# lags is the rest: accounting (slurmdbd receives records asynchronously, and queues them for minutes while it
+# is down or busy), a controller that fails over to its backup and reloads an older state save, a federation's
+# sibling cluster. Five minutes covers those hiccups (and equals Slurm's default MinJobAge, the time a finished
+# job stays in squeue), while a user who reruns a job that really vanished waits at most that long or uses --force.
+SUBMIT_GRACE_S = 300.0
+
+
+@dataclass(frozen=True)
+class Followed:
+    """The earlier job of the same submission that a rerun follows: it has ended (`state` says how Slurm or the
+    job directory knows: COMPLETED, FAILED, ..., or "gone" when Slurm no longer knows it)."""
+
+    job_id: int
+    job_dir: Path
+    state: str
+
+    def as_json(self) -> dict:
+        return {"job_id": self.job_id, "job_dir": str(self.job_dir), "state": self.state}
+
+
 @dataclass(frozen=True)
 class Submitted:
     job_id: int
     cluster: str | None
     job_dir: Path
     script: str = ""  # job.sbatch as written: the request's, with the job directory's identity recorded
+    follows: Followed | None = None  # the ended earlier job of this submission, for a rerun
+
+
+@dataclass(frozen=True)
+class EarlierJob:
+    """A job this submission was submitted as before (the user's registry, or the request's own directory), and
+    whether it still lives: `alive` is why it blocks a new submission ("is RUNNING", "is not yet visible ..."),
+    None once it has ended; `state` is what Slurm (or the job directory) says."""
+
+    job_id: int
+    job_dir: Path
+    submitted_at: float | None
+    state: str
+    alive: str | None
 
 
 def tagged_jobs(req: JobRequest, backend: SlurmBackend | None) -> list[Job]:
@@ -111,19 +153,94 @@ def tagged_jobs(req: JobRequest, backend: SlurmBackend | None) -> list[Job]:
     return [j for j in backend.jobs(user=getpass.getuser()) if j.comment == tag]
 
 
-def existing_job(req: JobRequest, tagged: list[Job], earlier: list[dict] | None = None) -> str | None:
-    """Why this submission already has a job, or None: its directory's record, the user's registry of this
-    submission's directories (`jobdir.registered`), or a live job with its tag in the queue."""
-    record = req.job_dir / "submission.json"
-    if record.exists():
-        job = (read_json_or_none(record) or {}).get("job_id", "?")
-        return f"job {job} was already submitted from {req.job_dir}"
-    for e in earlier or []:
-        return (
-            f"job {e['job_id']} with the same submission ({req.submission}) was already submitted from {e['job_dir']}"
+def earlier_jobs(
+    req: JobRequest,
+    tagged: list[Job],
+    backend: SlurmBackend | None,
+    earlier: list[dict] | None = None,
+    now: float | None = None,
+) -> list[EarlierJob]:
+    """Every earlier job of this submission the user's registry (`jobdir.registered`) or the request's directory
+    records, each judged alive or ended, oldest first.
+
+    The queue is the authority on live jobs (`tagged`: this user's jobs with the tag, one query; a job id that a
+    rebuilt cluster gave to another job carries no such tag). A job the queue no longer lists is asked of
+    accounting, one query for all, believed only where its working directory is the job's own: a non-terminal
+    state there still blocks; a terminal one, or none at all, means ended, except within `SUBMIT_GRACE_S` of
+    sbatch's answer, when it may not be visible yet. The job directory's finished.json of that very job also
+    says it ended.
+    """
+    now = time.time() if now is None else now
+    entries = list(earlier or [])
+    record = read_json_or_none(req.job_dir / "submission.json")
+    if isinstance(record, dict) and isinstance(record.get("job_id"), int):
+        if all(Path(str(e["job_dir"])) != req.job_dir for e in entries):
+            entries.append(
+                {"job_id": record["job_id"], "job_dir": str(req.job_dir), "submitted_at": record.get("submitted_at")}
+            )
+    queued = {j.het_job_id or j.job_id: j for j in tagged}
+    gone = [int(e["job_id"]) for e in entries if int(e["job_id"]) not in queued]
+    accounting = None
+    if gone and backend is not None:
+        try:
+            accounting = backend.accounting(gone)
+        except (SlurmUnavailable, SlurmUnexpected):
+            accounting = None  # the queue answered; without accounting the grace window and records decide
+    out = []
+    for e in entries:
+        job_id, job_dir = int(e["job_id"]), Path(str(e["job_dir"]))
+        at = e.get("submitted_at")
+        at = float(at) if isinstance(at, int | float) else None
+        out.append(_judge(job_id, job_dir, at, queued.get(job_id), (accounting or {}).get(job_id), now))
+    return sorted(out, key=lambda e: (e.submitted_at or 0.0, e.job_id))
+
+
+def _judge(
+    job_id: int, job_dir: Path, at: float | None, queued: Job | None, acct: AccountingRecord | None, now: float
+) -> EarlierJob:
+    """One earlier job, alive or ended: by the queue, then its directory's finished.json, then accounting,
+    then the grace window."""
+    if queued is not None:
+        phase = queued.phase
+        alive = None if phase not in ACTIVE_JOB_STATES and phase != "unknown" else f"is {queued.state}"
+        return EarlierJob(job_id, job_dir, at, queued.state, alive)
+    finished = read_json_or_none(job_dir / "finished.json")
+    if isinstance(finished, dict) and str(finished.get("job_id", "")) == str(job_id):
+        return EarlierJob(job_id, job_dir, at, "COMPLETED" if finished.get("exit_code") == 0 else "FAILED", None)
+    state = acct.state if acct is not None else None
+    # a rebuilt cluster may have given the id to another job: accounting is believed for the job's own directory
+    if acct is not None and state and (acct.work_dir is None or Path(acct.work_dir) == job_dir):
+        if job_phase(state) in ACTIVE_JOB_STATES or job_phase(state) == "unknown":
+            return EarlierJob(
+                job_id, job_dir, at, state, f"is {state} in Slurm's accounting (though the queue no longer lists it)"
+            )
+        return EarlierJob(job_id, job_dir, at, state, None)
+    if at is None or now - at < SUBMIT_GRACE_S:
+        age = f"{now - at:.0f} s ago" if at is not None else "at a time its record does not say"
+        return EarlierJob(
+            job_id,
+            job_dir,
+            at,
+            "not visible",
+            f"was submitted {age} and is not yet visible to Slurm (it counts as alive for "
+            f"{SUBMIT_GRACE_S:.0f} s after sbatch answered)",
         )
+    return EarlierJob(job_id, job_dir, at, "gone", None)
+
+
+def existing_job(req: JobRequest, tagged: list[Job], earlier: list[EarlierJob] | None = None) -> str | None:
+    """Why this submission has a live job already, or None: an earlier job (`earlier_jobs`) that is still
+    alive, or a live job with its tag in the queue that no record names (submitted from another login node
+    with another registry, or whose answer was lost)."""
+    for e in earlier or []:
+        if e.alive is not None:
+            return (
+                f"job {e.job_id} was already submitted from {e.job_dir} with the same submission "
+                f"({req.submission}) and {e.alive}"
+            )
+    known = {e.job_id for e in earlier or []}
     for j in tagged:
-        if j.phase in ("pending", "running", "suspended"):
+        if (j.het_job_id or j.job_id) not in known and j.phase in ("pending", "running", "suspended"):
             where = f" (job directory {j.workdir})" if j.workdir else ""
             return f"job {j.het_job_id or j.job_id} with the same submission ({req.submission}) is {j.state}{where}"
     return None
@@ -156,6 +273,18 @@ def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], 
             "cancels it. Once there is space (or quota) again, running the same fsbatch finds the job by its "
             "tag and records it instead of submitting again."
         ) from None
+
+
+def _refuse_ended_in_place(req: JobRequest, earlier: list[EarlierJob]) -> None:
+    """A request planned into a directory that a job of this submission has used since (and that ended): the
+    rerun needs a new directory, which planning again chooses (InputError, exit 2, never an overwrite)."""
+    for e in earlier:
+        if e.job_dir == req.job_dir and e.alive is None:
+            raise InputError(
+                f"job {e.job_id} of this submission ran in {req.job_dir} and has ended ({e.state}); this request "
+                "was planned into that directory before it was used, and frenzy-slurm never writes over a job's "
+                "files. Run fsbatch again: the rerun is planned into a new job directory."
+            )
 
 
 def _adopt(req: JobRequest, tagged: list[Job], backend: SlurmBackend) -> None:
@@ -231,19 +360,23 @@ def submit(req: JobRequest, backend: SlurmBackend, *, timeout_waits: tuple[float
     with jobdir.user_lock(req.submission):
         tagged = tagged_jobs(req, backend)
         _adopt(req, tagged, backend)
-        why = existing_job(req, tagged, jobdir.registered(req.submission))
+        earlier = earlier_jobs(req, tagged, backend, jobdir.registered(req.submission))
+        why = existing_job(req, tagged, earlier)
         if why and not req.force:
             raise AlreadySubmitted(
-                f"{why}; not submitting it again. Use --force for another job (in a new job "
-                f"directory), or `fsqueue` to follow the existing one."
+                f"{why}; not submitting it again while it lives. Use --force for another job (in a new job "
+                f"directory), `fsqueue` to follow the existing one, or `fscancel` to cancel it."
             )
+        _refuse_ended_in_place(req, earlier)
         jobdir.create_job_dir(req.job_dir, req.group_readable, submission=req.submission)
         written = jobdir.write_files(req.job_dir, req.files, req.group_readable)
         job = batch_job(req)
         known = {j.het_job_id or j.job_id for j in tagged}
         with held_signals(req) as caught:
             done = _sbatch_and_record(req, backend, job, known, timeout_waits)
-        done = replace(done, script=written["job.sbatch"])
+        ended = [e for e in earlier if e.alive is None and e.job_dir != req.job_dir]
+        follows = Followed(ended[-1].job_id, ended[-1].job_dir, ended[-1].state) if ended else None
+        done = replace(done, script=written["job.sbatch"], follows=follows)
         if caught:
             name = signal.Signals(caught[0]).name
             raise Interrupted(

@@ -14,12 +14,12 @@ checkpoints and logs; the job runs with it as its working directory. So:
 - a job directory is created private (0700), its files 0600 (job.sbatch 0700), written through a
   temporary file and a rename, so a symlink planted in place of a file is replaced, never followed;
 - a directory that an earlier job used (its records, checkpoints or logs) is never written into again
-  nor deleted: `fsbatch --force` plans the new job into a fresh sibling directory;
+  nor deleted: a rerun after its job ended, and `fsbatch --force`, plan the new job into a fresh sibling directory;
 - concurrent fsbatch runs of one submission serialise on a lock in the user's own private directory
   (`$FRENZY_LOCK_DIR`, else `$XDG_CACHE_HOME/frenzy-slurm/locks`, else `~/.cache/frenzy-slurm/locks`),
   whatever the job directory, opened with O_NOFOLLOW and checked to be the user's; beside it,
-  `submitted-<hash>.json` lists the directories this submission was submitted from, so a duplicate is
-  recognised from another directory even after its job has left the queue.
+  `submitted-<hash>.json` lists the directories this submission was submitted from, so a duplicate of a
+  live job is recognised from another directory, and a rerun after it ended says which job it follows.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def registered(key: str) -> list[dict]:
             continue
         record = read_json_or_none(Path(str(e["job_dir"])) / "submission.json")
         if isinstance(record, dict) and record.get("job_id") == e.get("job_id"):
-            out.append(e)
+            out.append({**e, "submitted_at": record.get("submitted_at")})  # the grace window starts there
     return out
 
 
