@@ -9,6 +9,7 @@ user, or for the ids asked about), and one `accounting()` query for all jobs tha
 
 from __future__ import annotations
 
+import errno
 import getpass
 import hashlib
 import os
@@ -24,7 +25,7 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import read_config_text
 from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
 from frenzy_slurm.render.planfile import PlanFile, plan_from
-from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmUnavailable, group_het_jobs
+from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmCommandError, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES
 
 CACHE_SECONDS = 5.0
@@ -359,3 +360,315 @@ def comparison(t: TrackedJob) -> list[dict]:
         }
     )
     return rows
+
+
+# -- cancelling: fscancel ----------------------------------------------------------------------------------------
+
+_JOB_REF = re.compile(r"(\d{1,18})(?:\+(\d{1,6}))?")
+
+
+def parse_job_ref(text: str) -> int:
+    """A job as users write it: `1234`, or a hetjob component `1234+1`, which names its whole job (the leader
+    1234): frenzy-slurm cancels a heterogeneous job as one job. Anything else is an InputError naming the form."""
+    m = _JOB_REF.fullmatch(text.strip())
+    if not m:
+        raise InputError(f"job '{text}': not a job id; give one as squeue shows it (1234, or 1234+1 for a hetjob)")
+    return int(m.group(1))
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """One job fscancel acted on: its leader id, name, state before, job directory (kept as it is, always) and
+    outcome: `cancelled`, `signalled`, `ended` (it had already ended: nothing to do), `not running` (a signal
+    for a job that has no processes yet), or `failed` (Slurm refused; `detail` says why)."""
+
+    job_id: int
+    name: str
+    state: str
+    job_dir: Path | None
+    components: int
+    outcome: str
+    detail: str = ""
+
+    def as_json(self) -> dict:
+        return {
+            "job_id": self.job_id,
+            "name": self.name,
+            "state": self.state,
+            "job_dir": str(self.job_dir) if self.job_dir else None,
+            "components": self.components,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        }
+
+
+def _select(
+    backend: SlurmBackend, job_ids: list[int] | None, name: str | None, mine: bool, user: str
+) -> list[list[Job]]:
+    """The jobs to act on, each as its components (leader first), from one queue query. Named ids must be the
+    user's own frenzy-slurm jobs (scancel is there for the rest); --name and --mine match only those."""
+    if job_ids:
+        found = group_het_jobs(backend.jobs(job_ids=job_ids))
+        partial = [lead for lead, comps in found.items() if comps[0].het_job_id and comps[0].job_id != lead]
+        if partial:  # a component's id showed only that component: ask for the whole job by its leader
+            found |= group_het_jobs(backend.jobs(job_ids=partial))
+        by_component = {c.job_id: lead for lead, comps in found.items() for c in comps}
+        out: list[list[Job]] = []
+        for jid in job_ids:
+            lead = by_component.get(jid, jid if jid in found else None)
+            if lead is None:
+                raise InputError(
+                    f"job {jid} is not in Slurm's queue: it has ended and left it (`fsqueue {jid}` shows "
+                    "what its job directory records) or never existed; nothing to cancel"
+                )
+            comps = found[lead]
+            if not comps[0].comment.startswith("frenzy:"):
+                raise InputError(f"job {lead} is not a frenzy-slurm job; cancel it with `scancel {lead}`")
+            if comps[0].user and comps[0].user != user:
+                raise InputError(f"job {lead} is {comps[0].user}'s job, not yours; fscancel cancels only your own jobs")
+            if comps not in out:
+                out.append(comps)
+        return out
+    groups = group_het_jobs(backend.jobs(user=user))
+    return [
+        comps
+        for _, comps in sorted(groups.items())
+        if comps[0].comment.startswith("frenzy:")
+        and (not comps[0].user or comps[0].user == user)
+        and comps[0].phase in ACTIVE_JOB_STATES
+        and (mine or comps[0].name == name)
+    ]
+
+
+def cancel_jobs(
+    backend: SlurmBackend,
+    job_ids: list[int] | None = None,
+    *,
+    name: str | None = None,
+    mine: bool = False,
+    signal: str | None = None,
+    user: str | None = None,
+) -> list[Cancelled]:
+    """Cancel (or, with `signal`, signal) the user's frenzy-slurm jobs: these ids (a hetjob component's id
+    names its whole job), those named `name`, or all of them (`mine`); one queue query, then one scancel per
+    job (a heterogeneous job by its leader's id, which takes every component). Job directories are never
+    touched. A Slurm outage raises SlurmUnavailable (exit 4); a selector naming nothing an InputError (exit 2)."""
+    if sum(bool(x) for x in (job_ids, name, mine)) != 1:
+        raise InputError("name the jobs to cancel: JOBID..., --name NAME or --mine (one of them)")
+    me = user or my_user_name()
+    out = []
+    for comps in _select(backend, job_ids, name, mine, me):
+        lead = comps[0]
+        jid = lead.het_job_id or lead.job_id
+        if lead.phase not in ACTIVE_JOB_STATES:
+            out.append(_cancelled(comps, "ended"))
+        elif signal is not None and lead.phase != "running":
+            out.append(_cancelled(comps, "not running", f"{signal} not sent"))
+        else:
+            try:
+                backend.cancel(jid, signal)
+            except SlurmCommandError as exc:
+                why = exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else f"exit {exc.returncode}"
+                out.append(_cancelled(comps, "failed", why[:500]))
+                continue
+            out.append(_cancelled(comps, "signalled" if signal else "cancelled"))
+    return out
+
+
+def _cancelled(comps: list[Job], outcome: str, detail: str = "") -> Cancelled:
+    lead = comps[0]
+    return Cancelled(
+        job_id=lead.het_job_id or lead.job_id,
+        name=lead.name,
+        state=lead.state,
+        job_dir=Path(lead.workdir) if lead.workdir else None,
+        components=len(comps),
+        outcome=outcome,
+        detail=detail,
+    )
+
+
+# -- a job's output: fsqueue JOBID --log -------------------------------------------------------------------------
+
+# How much of an output file is read: its last 4 MiB (a long run's log can be gigabytes; what a user asks
+# for is its end). --json prints at most this much too, however many sections.
+MAX_LOG_BYTES = 4 << 20
+# srun --label (templates/_launch.j2) starts each line of a task with its rank, padded to the widest: " 3: ".
+_LABEL = re.compile(r" *(\d{1,7}): ?(.*)", re.DOTALL)
+_OUTPUT_LINE = re.compile(r"#SBATCH --(output|error)=(\S+)")
+
+
+@dataclass
+class LogSection:
+    """The lines of one rank (with its component), or of the batch script itself (`rank` None): what the
+    script and srun print, and every line of a job rendered before ranks were labelled."""
+
+    rank: int | None
+    component: int | None
+    partition: str | None
+    lines: list[str]
+
+    @property
+    def title(self) -> str:
+        if self.rank is None:
+            return "batch script and srun"
+        where = f"component {self.component} ({self.partition}) " if self.component is not None else ""
+        return f"{where}rank {self.rank}"
+
+    def as_json(self) -> dict:
+        return {"rank": self.rank, "component": self.component, "partition": self.partition, "lines": self.lines}
+
+
+@dataclass
+class JobLogs:
+    """A job's output files (as its job.sbatch names them) split per rank: sections in order, batch first."""
+
+    job_id: int
+    files: list[Path]
+    sections: list[LogSection]
+    truncated: bool = False  # a file was longer than MAX_LOG_BYTES: only its end was read
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return {
+            "job_id": self.job_id,
+            "files": [str(f) for f in self.files],
+            "truncated": self.truncated,
+            "max_bytes": MAX_LOG_BYTES,
+            "sections": [s.as_json() for s in self.sections],
+            "notes": self.notes,
+        }
+
+
+def read_tail(path: Path, max_bytes: int = MAX_LOG_BYTES) -> tuple[str, bool]:
+    """The last `max_bytes` of a regular file of this user, never through a link (a job directory's file may
+    have been replaced by one to /dev/zero or a FIFO): its text (invalid UTF-8 replaced) and whether the start
+    was cut (then from the first whole line). InputError names the file otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = "it is a symbolic link, which is not followed" if exc.errno == errno.ELOOP else exc.strerror
+        raise InputError(f"output file {path}: cannot read it ({why})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise InputError(f"output file {path} is not a regular file of yours: not read")
+        start = max(0, st.st_size - max_bytes)
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks, left = [], max_bytes
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if start > 0:
+        data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+    return data.decode("utf-8", errors="replace"), start > 0
+
+
+def output_files(job_dir: Path, job_id: int, name: str = "", user: str = "") -> tuple[list[Path], list[str]]:
+    """The output (and a separate error) file of the job, from the `#SBATCH --output/--error` lines of its
+    job.sbatch with %j, %x, %u and %% filled in; notes for a pattern that cannot be resolved."""
+    script = read_config_text(job_dir / "job.sbatch", "job script", 1 << 20, follow_symlinks=False)
+    found: dict[str, str] = {}
+    for m in _OUTPUT_LINE.finditer(script):
+        found.setdefault(m.group(1), m.group(2))
+    files, notes = [], []
+    for kind in ("output", "error"):
+        pattern = found.get(kind)
+        if pattern is None:
+            continue
+        text = pattern.replace("%%", "\0").replace("%j", str(job_id)).replace("%A", str(job_id))
+        text = text.replace("%x", name).replace("%u", user or my_user_name())
+        if "%" in text:  # %N, %t, %a ...: names that depend on more than the job
+            notes.append(f"--{kind}={pattern}: a file name pattern fsqueue cannot fill in; read the file yourself")
+            continue
+        text = text.replace("\0", "%")
+        path = Path(text) if Path(text).is_absolute() else job_dir / text
+        if path not in files:
+            files.append(path)
+    return files, notes
+
+
+def _rank_components(plan: PlanFile | None) -> list[tuple[int, str]]:
+    """Per global rank, its component index and partition: components in order, one task per GPU."""
+    if plan is None:
+        return []
+    return [(k, c.partition) for k, c in enumerate(plan.decision.chosen.components) for _ in range(c.gpus)]
+
+
+def job_logs(
+    job_dir: Path,
+    job_id: int,
+    *,
+    tail: int | None = None,
+    rank: int | None = None,
+    component: int | None = None,
+    name: str = "",
+    max_bytes: int = MAX_LOG_BYTES,
+) -> JobLogs:
+    """The job's output per rank, grouped by component, batch script's lines first: the last `tail` lines of
+    each section, only `rank`, or only the ranks of `component`. Reads only regular files of the user's own
+    job directory, each bounded to its last `max_bytes`. InputError for a rank or component the plan lacks."""
+    plan = None
+    if os.path.lexists(job_dir / "plan.json"):
+        try:
+            plan = _read_plan(job_dir / "plan.json")
+        except InputError:
+            plan = None
+    ranks = _rank_components(plan)
+    if plan is not None:
+        comps = plan.decision.chosen.components
+        if component is not None and not 0 <= component < len(comps):
+            raise InputError(f"--component {component}: job {job_id} has components 0..{len(comps) - 1}")
+        if rank is not None and not 0 <= rank < len(ranks):
+            raise InputError(f"--rank {rank}: job {job_id} has ranks 0..{len(ranks) - 1}")
+        if rank is not None and component is not None and ranks[rank][0] != component:
+            raise InputError(f"--rank {rank} is in component {ranks[rank][0]}, not in --component {component}")
+    files, notes = output_files(job_dir, job_id, name)
+    batch: list[str] = []
+    per_rank: dict[int, list[str]] = {}
+    truncated = False
+    shown: list[Path] = []
+    for path in files:
+        if not path.exists() and not path.is_symlink():
+            notes.append(f"{path} does not exist yet (the job has not started, or Slurm writes it elsewhere)")
+            continue
+        text, cut = read_tail(path, max_bytes)
+        truncated |= cut
+        shown.append(path)
+        for line in text.splitlines():
+            m = _LABEL.fullmatch(line)
+            r = int(m.group(1)) if m else None
+            if m and r is not None and (not ranks or r < len(ranks)):
+                per_rank.setdefault(r, []).append(m.group(2))
+            else:
+                batch.append(line)
+    sections = []
+    if rank is None and component is None:
+        sections.append(LogSection(None, None, None, batch))
+    for r in sorted(set(per_rank) | set(range(len(ranks)))):
+        comp, part = ranks[r] if r < len(ranks) else (None, None)
+        if (rank is not None and r != rank) or (component is not None and comp != component):
+            continue
+        sections.append(LogSection(r, comp, part, per_rank.get(r, [])))
+    if tail is not None:
+        for s in sections:
+            s.lines = s.lines[-tail:] if tail > 0 else []
+    if truncated:
+        notes.append(f"only the last {max_bytes >> 20} MiB of each output file were read")
+    return JobLogs(job_id, shown, sections, truncated, notes)
+
+
+def tracked_logs(
+    t: TrackedJob, *, tail: int | None = None, rank: int | None = None, component: int | None = None
+) -> JobLogs:
+    """`job_logs` of a tracked job: only of the user's own job directory (another user's job, or a directory
+    not the user's, is refused naming why)."""
+    if t.job_dir is None:
+        raise InputError(f"job {t.job_id}: Slurm names no working directory for it, so its output is not known")
+    why = _foreign_dir(t)
+    if why is not None:
+        raise InputError(why)
+    return job_logs(t.job_dir, t.job_id, tail=tail, rank=rank, component=component, name=t.name)

@@ -168,5 +168,5 @@ def test_installed_wheel_plans_a_job_outside_the_checkout(wheel, tmp_path):
     # the decision line names the same GPU count and partition, e.g. "homogeneous 16xT4(t4)"
     decided = re.search(r"(\d+)x[\w-]+\((\w+)\)", out.splitlines()[0])
     assert decided and int(decided.group(1)) >= 1 and decided.group(2) in partitions, out.splitlines()[0]
-    assert f"srun --kill-on-bad-exit=1 {bin_dir}/python" in out, "the job runs the venv's interpreter"
+    assert f"srun --kill-on-bad-exit=1 --label {bin_dir}/python" in out, "the job runs the venv's interpreter"
     assert not job_dir.exists(), "--dry-run writes nothing"

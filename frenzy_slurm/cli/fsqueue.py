@@ -2,10 +2,13 @@
 
     fsqueue [-u USER | --all] [--json]
     fsqueue JOBID [--json]
+    fsqueue JOBID --log [--tail N] [--rank R] [--component C] [--json]
 
 One job-state query per invocation (your jobs, or the one asked about), cached for a few seconds; no
 cluster view. A job that has left the queue is read from its job directory, with accounting if the site
-keeps it.
+keeps it. `--log` prints the job's output file (as its job.sbatch names it) split per rank, grouped by
+component, the batch script's own lines first (srun --label marks each rank's lines); bounded reads of
+regular files of your own job directory only.
 """
 
 from __future__ import annotations
@@ -61,13 +64,30 @@ def _job_json(t: TrackedJob) -> dict:
 @click.option("-u", "--user", help="Show this user's jobs (default: yours).")
 @click.option("--all", "all_users", is_flag=True, help="Show every user's frenzy-slurm jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--log", "show_log", is_flag=True, help="JOBID's output, per component and rank.")
+@click.option("--tail", type=click.IntRange(min=0), help="With --log: the last N lines of each rank.")
+@click.option("--rank", type=click.IntRange(min=0), help="With --log: only this (global) rank.")
+@click.option("--component", type=click.IntRange(min=0), help="With --log: only this component's ranks (0, 1, ...).")
 @backend_options
 @click.version_option(__version__, prog_name="fsqueue")
 @reports_errors("fsqueue", json_errors=True)
 def main(
-    jobid: int | None, user: str | None, all_users: bool, as_json: bool, backend: str, snapshot: Path | None
+    jobid: int | None,
+    user: str | None,
+    all_users: bool,
+    as_json: bool,
+    show_log: bool,
+    tail: int | None,
+    rank: int | None,
+    component: int | None,
+    backend: str,
+    snapshot: Path | None,
 ) -> None:
     """Track frenzy-slurm jobs: state, GPUs per component, elapsed and predicted remaining time."""
+    if (tail is not None or rank is not None or component is not None) and not show_log:
+        raise InputError("--tail, --rank and --component go with --log (fsqueue JOBID --log --tail 20)")
+    if show_log and jobid is None:
+        raise InputError("--log needs a job: fsqueue JOBID --log")
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
     from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dirs, query_jobs_cached
 
@@ -116,6 +136,9 @@ def main(
                 f"Slurm did not answer ({unreachable.message.split(': ', 1)[-1]}); shown is what "
                 "the job directory records",
             )
+    if show_log:
+        _print_logs(t, tail, rank, component, as_json)
+        return
     if as_json:
         print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
         return
@@ -174,3 +197,20 @@ def main(
             click.echo(f"  {line}")
     for n in t.notes:
         click.echo(f"  note: {n}")
+
+
+def _print_logs(t: TrackedJob, tail: int | None, rank: int | None, component: int | None, as_json: bool) -> None:
+    """fsqueue JOBID --log: each section under a header, or one JSON object (paths, lines, notes)."""
+    from frenzy_slurm.track import tracked_logs
+
+    logs = tracked_logs(t, tail=tail, rank=rank, component=component)
+    if as_json:
+        print_json(logs.as_json() | {"state": t.state})
+        return
+    click.echo(f"job {t.job_id} {printable(t.name)}: {t.state}; output {', '.join(map(str, logs.files)) or '-'}")
+    for s in logs.sections:
+        click.echo(f"==> {s.title} <==")
+        for line in s.lines:
+            click.echo(printable(line.replace("\t", "    ")))
+    for n in logs.notes:
+        click.echo(f"note: {n}", err=True)

@@ -250,10 +250,10 @@ class SimSlurm:
                 )
         return out
 
-    def cancel(self, job_id: int) -> None:
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
         j = self.jobs_by_id.get(job_id)
-        if j is None or j.state in FINAL_STATES:
-            return
+        if j is None or j.state in FINAL_STATES or signal is not None:
+            return  # a simulated job runs no processes: a signal changes nothing
         if j.state == "RUNNING":
             self._finish(j, "CANCELLED")
         else:

@@ -110,8 +110,10 @@ class SlurmBackend(Protocol):
         """The queue's jobs (all components of hetjobs), in one query: these ids, this user's, or all."""
         ...
 
-    def cancel(self, job_id: int) -> None:
-        """Cancel a job (every component of a hetjob)."""
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
+        """Cancel a job (every component of a hetjob: `job_id` is its leader's), as `scancel JOBID`; with
+        `signal` (a name such as USR2, without SIG), send it to the job's steps instead, as `scancel --signal`.
+        Raises SlurmCommandError when Slurm refuses (an unknown or already finished job)."""
         ...
 
     def requeue(self, job_id: int) -> None:
@@ -158,8 +160,8 @@ class ReadOnlyBackend:
     def submit(self, job: BatchJob) -> SbatchAnswer:
         self._refuse("submit jobs")
 
-    def cancel(self, job_id: int) -> None:
-        self._refuse("cancel jobs")
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
+        self._refuse("cancel or signal jobs")
 
     def requeue(self, job_id: int) -> None:
         self._refuse("requeue jobs")

@@ -488,8 +488,11 @@ class SlurmCliBackend:
         wanted = set(ids)  # a hetjob asked for by its leader id brings all its components
         return [j for j in found if j.job_id in wanted or (j.het_job_id or 0) in wanted]
 
-    def cancel(self, job_id: int) -> None:
-        run(["scancel", str(job_id)], timeout=self.timeout)
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
+        # a hetjob leader's id cancels every component; --signal without --full reaches the job's steps (the
+        # trainer's srun step), not the batch shell, which a USR2 would end
+        argv = ["scancel", *([f"--signal={signal}"] if signal else []), str(job_id)]
+        run(argv, timeout=self.timeout)
 
     def requeue(self, job_id: int) -> None:
         run(["scontrol", "requeue", str(job_id)], timeout=self.timeout)

@@ -61,6 +61,7 @@ class FakeSlurm:
         self.down = False  # True: every call fails as an unreachable controller does
         self.submit_times_out = False  # True: the job is created, but the caller sees a timeout
         self.calls: list[str] = []  # which interface methods were called, in order (for tests)
+        self.signals: list[tuple[int, str]] = []  # what cancel(job_id, signal) sent (for tests)
         self.gpu_peaks_gib: dict[int, float] = {}  # what Slurm's GPU accounting would report, per job
         self.step_output: dict[PoolKey, str] = {}  # what a job step on a pool prints (site detection)
         self.qos: dict[str, QosLimits] = {}  # the QOS table (name -> limits) accounting would hold
@@ -276,12 +277,23 @@ class FakeSlurm:
         rows = self._job_rows(j for j in self.fake_jobs.values() if user is None or j.user == user)
         return [r for r in rows if wanted is None or r.job_id in wanted or (r.het_job_id or 0) in wanted]
 
-    def cancel(self, job_id: int) -> None:
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
+        """As scancel: a hetjob by its leader's id, all components at once; with `signal`, a running job's
+        steps get it (recorded in `signals`), a job that is not running refuses as scancel does."""
         self._guard("cancel")
         j = self.fake_jobs.get(job_id)
         if j is None:
             raise SlurmCommandError(["scancel", str(job_id)], 1, f"scancel: error: Invalid job id {job_id}")
-        if job_phase(j.state) in ("pending", "running"):
+        if signal is not None:
+            if j.state != "RUNNING":
+                raise SlurmCommandError(
+                    ["scancel", f"--signal={signal}", str(job_id)],
+                    1,
+                    f"scancel: error: Kill job error on job id {job_id}: Job is pending execution",
+                )
+            self.signals.append((job_id, signal))
+            return
+        if job_phase(j.state) in ("pending", "running", "suspended"):
             j.state, j.end = "CANCELLED", self.now
         self._schedule()
 

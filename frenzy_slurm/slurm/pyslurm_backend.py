@@ -317,8 +317,8 @@ class PyslurmBackend:
     def submit(self, job: BatchJob) -> SbatchAnswer:
         return self._cli.submit(job)  # pyslurm cannot submit hetjobs nor keep the script's own #SBATCH lines
 
-    def cancel(self, job_id: int) -> None:
-        self._cli.cancel(job_id)
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
+        self._cli.cancel(job_id, signal)  # scancel: one tool for every Slurm version
 
     def requeue(self, job_id: int) -> None:
         self._cli.requeue(job_id)

@@ -1,0 +1,168 @@
+"""Issue 21 section 3 on the real local cluster: a rerun after the job ended (a new job and directory, the old one
+intact; a live job still refuses it), fscancel of a job and of a heterogeneous job as one job (directories kept),
+and `fsqueue JOBID --log` splitting a real job's output per component and rank."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .helpers import ROOT, fsbatch_json, run_cli, wait_done
+from .slurm_fixture import occupy_gpus, sh, wait_for
+
+pytestmark = pytest.mark.live
+
+TINY = ROOT / "examples" / "tiny-cpu.yaml"
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+
+
+@pytest.fixture
+def jobs_dir(live_jobs_dir):
+    return live_jobs_dir
+
+
+def fscancel(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from frenzy_slurm.cli.fscancel import main; sys.argv[0] = 'fscancel'; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def slurm_state(job: int) -> str:
+    return sh("squeue", "-h", "--states=all", "-j", str(job), "-o", "%T").split("\n")[0]
+
+
+def test_rerun_of_the_tiny_example_after_it_ended(jobs_dir, tmp_path):
+    first = fsbatch_json(str(TINY))
+    done = wait_done(first["job_id"], timeout=300)
+    assert done["state"] == "COMPLETED", done
+    old = Path(first["job_dir"])
+    before = snapshot(old)
+    assert "follows" not in first
+    again = run_cli("fsbatch", str(TINY), "--json", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    out = json.loads(again.stdout)
+    assert out["job_id"] != first["job_id"] and out["job_dir"] == first["job_dir"] + ".2"
+    assert out["follows"] == {"job_id": first["job_id"], "job_dir": first["job_dir"], "state": "COMPLETED"}
+    assert snapshot(old) == before  # nothing of the earlier job touched
+    text = run_cli("fsbatch", str(TINY))  # the rerun is pending or running: refused, naming it
+    assert text.returncode == 7, text.stderr
+    assert f"job {out['job_id']} was already submitted from {out['job_dir']}" in text.stderr
+    cancelled = fscancel(str(out["job_id"]), "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["jobs"][0]["outcome"] == "cancelled"
+    assert wait_done(out["job_id"])["state"] == "CANCELLED"
+    assert (Path(out["job_dir"]) / "plan.json").exists()  # fscancel keeps the job directory
+    third = run_cli("fsbatch", str(TINY), "--json")  # once cancelled (ended), a third run follows the second
+    assert third.returncode == 0, third.stderr
+    assert json.loads(third.stdout)["follows"]["job_id"] == out["job_id"]
+    sh("scancel", str(json.loads(third.stdout)["job_id"]))
+
+
+def submit_talking_hetjob(spec: Path, script: Path) -> tuple[int, Path]:
+    """A heterogeneous job planned and submitted as fsbatch does, whose ranks run `script` instead of the trainer.
+
+    Only the built-in trainer gets heterogeneous plans (a user's script cannot run pipeline stages across GPU
+    types), and it would train the big model for real: the rendered job.sbatch is kept, its srun step (with
+    --label, as rendered) launches the script."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    from frenzy_slurm.jobspec.job import SlurmOptions
+    from frenzy_slurm.planning import PlanOptions, find_site_file, load_job, plan_job
+    from frenzy_slurm.slurm import open_backend
+    from frenzy_slurm.submit import submit
+
+    backend = open_backend("cli")
+    req = plan_job(load_job(spec), find_site_file(None), backend, PlanOptions(slurm=SlurmOptions()))
+    assert req.kind == "heterogeneous", req.decision.chosen
+    lines = req.script.splitlines(keepends=True)
+    (i,) = [k for k, line in enumerate(lines) if line.startswith("srun ")]
+    assert lines[i].startswith("srun --het-group=0,1 --kill-on-bad-exit=1 --label "), lines[i]
+    lines[i] = f"srun --het-group=0,1 --kill-on-bad-exit=1 --label {sys.executable} {script}\n"
+    done = submit(replace(req, files=MappingProxyType({**req.files, "job.sbatch": "".join(lines)})), backend)
+    return done.job_id, done.job_dir
+
+
+def test_fscancel_and_log_of_a_heterogeneous_job(jobs_dir, tmp_path):
+    occupy_gpus({"v100-2": 2, "t4-4": 2})  # a100 busy; two GPUs free in each other partition: a hetjob
+    script = tmp_path / "talk.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "print(f'hello from rank {os.environ[\"SLURM_PROCID\"]}', flush=True)\n"
+        "print(f'warning on rank {os.environ[\"SLURM_PROCID\"]}', file=sys.stderr, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    spec = tmp_path / "het.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "hettalk",
+                "model": {"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
+                "training": {"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1},
+            }
+        )
+    )
+    job, job_dir = submit_talking_hetjob(spec, script)
+    out = {"job_id": job, "job_dir": str(job_dir)}
+
+    def logs():
+        r = run_cli("fsqueue", str(job), "--log", "--json")
+        data = json.loads(r.stdout) if r.returncode == 0 else None
+        ranks = [s for s in (data or {}).get("sections", []) if s["rank"] is not None]
+        return data if len(ranks) == 4 and all(len(s["lines"]) == 2 for s in ranks) else None
+
+    data = wait_for(logs, timeout=120, interval=2.0, what="every rank's output")
+    ranks = {s["rank"]: s for s in data["sections"] if s["rank"] is not None}
+    assert [(ranks[r]["component"], ranks[r]["partition"]) for r in range(4)] == [
+        (0, "v100"),
+        (0, "v100"),
+        (1, "t4"),
+        (1, "t4"),
+    ]
+    assert all(sorted(ranks[r]["lines"]) == [f"hello from rank {r}", f"warning on rank {r}"] for r in range(4))
+    assert data["files"] == [str(Path(out["job_dir"]) / f"slurm-{job}.out")]
+    text = run_cli("fsqueue", str(job), "--log", "--component", "1", "--tail", "5")
+    assert "==> component 1 (t4) rank 2 <==" in text.stdout and "rank 0" not in text.stdout
+    res = fscancel(f"{job}+1")  # a component's name cancels the whole job
+    assert res.returncode == 0 and f"job {job} hettalk (heterogeneous, 2 components): cancelled" in res.stdout
+    wait_for(lambda: slurm_state(job) in TERMINAL, timeout=60, what="the hetjob to end")
+    states = sh("squeue", "-h", "--states=all", "-j", str(job), "-o", "%i %T").splitlines()
+    assert sorted(states) == [f"{job}+0 CANCELLED", f"{job}+1 CANCELLED"], states
+    assert (Path(out["job_dir"]) / "plan.json").exists() and (Path(out["job_dir"]) / f"slurm-{job}.out").exists()
+
+
+def test_fscancel_by_name_and_a_job_that_is_not_ours(jobs_dir, tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(300)\n")
+    spec = tmp_path / "napper.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "napper",
+                "model": {"preset": "gpt2"},
+                "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+                "entry": {"trainer": "script", "script": str(script)},
+            }
+        )
+    )
+    out = fsbatch_json(str(spec))
+    plain = sh("sbatch", "--parsable", "-J", "napper", "-p", "t4", "--wrap", "sleep 300").split(";")[0]
+    res = fscancel("--name", "napper", "--json")
+    assert res.returncode == 0, res.stderr
+    assert [j["job_id"] for j in json.loads(res.stdout)["jobs"]] == [out["job_id"]]
+    assert wait_done(out["job_id"])["state"] == "CANCELLED"
+    assert slurm_state(int(plain)) in ("PENDING", "RUNNING")  # not a frenzy-slurm job: untouched
+    refused = fscancel(plain)
+    assert refused.returncode == 2 and f"scancel {plain}" in refused.stderr
+    sh("scancel", plain)
+    unknown = fscancel("999999")
+    assert unknown.returncode == 2 and "not in Slurm's queue" in unknown.stderr
+    assert Path(out["job_dir"], "plan.json").exists()
