@@ -433,6 +433,7 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
             p=k.get("sia_p", 0.25),
             lambda_n=k.get("sia_lambda_n", 1.0),
             restart_s=k.get("sia_restart_s"),
+            idle_resolve_s=k.get("sia_idle_resolve_s", 300.0),
         )
     if name == "has":
         return HasPolicy(True)

@@ -42,6 +42,7 @@ from frenzy_slurm.marp.candidates import Candidate, search
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.sim.policies import RoundPolicy
+from frenzy_slurm.sim.slurm import SimJob
 from frenzy_slurm.slurm.backend import ComponentRequest
 
 Option = tuple[str, int]  # (pool key, GPUs)
@@ -60,14 +61,28 @@ class _Job:
 class SiaPolicy(RoundPolicy):
     name = "sia"
 
-    def __init__(self, round_s: float = 60.0, p: float = 0.5, lambda_n: float = 1.0, restart_s: float | None = None):
+    def __init__(
+        self,
+        round_s: float = 60.0,
+        p: float = 0.5,
+        lambda_n: float = 1.0,
+        restart_s: float | None = None,
+        idle_resolve_s: float = 300.0,
+    ):
         super().__init__(round_s)
+        # a round where nothing changed (same jobs, allocations, pinned jobs, other users' running jobs) re-solves
+        # only this long after the last solve: only the re-allocation factors moved, slowly. A simulation
+        # speed-up (HiGHS is most of a round); idle_resolve_s = round_s is Sia's every-round solve
+        self.idle_resolve_s = idle_resolve_s
+        self._last_state: tuple | None = None
+        self._last_solve = float("-inf")
         self.p = p
         self.lambda_n = lambda_n
         self.restart_s = restart_s  # None: the truth's start-up time
         self.jobs: dict[int, _Job] = {}  # workload job id -> state, for every job arrived and not done
         self._arrived: dict[int, float] = {}
         self._cands: dict[tuple[int, float], dict] = {}
+        self._opts: dict[tuple[int, float], dict] = {}
         self._stop: list[int] = []
         self.moves = 0  # running jobs given another allocation
         self.preemptions = 0  # running jobs given none
@@ -108,6 +123,28 @@ class SiaPolicy(RoundPolicy):
             self._cands[key] = search(a.workload, [p.option for p in pools], req.global_batch, req.steps, None, a.space)
         return self._cands[key]
 
+    def _options(self, a: Attempt, ctx: Context) -> dict[Option, tuple[UsablePool, Candidate, tuple[int, int]]]:
+        """The fastest plan per (pool, GPU count) that the pool's nodes can hold, per job and memory correction.
+
+        Kept across rounds: the pools, their nodes and MARP's candidates do not change while a job waits or
+        runs (the pools' free GPUs, which do, are not read from here)."""
+        key = (a.job.id, a.mem_correction)
+        if key not in self._opts:
+            sim = ctx.sim
+            usable, _ = usable_pools(a.requirements, sim.load(), ctx.site_for(a))
+            best: dict[Option, tuple[UsablePool, Candidate, tuple[int, int]]] = {}
+            for pool in usable:
+                nodes_in_pool = len(sim.by_pool.get((pool.live.partition, pool.live.gpu_type or ""), []))
+                for c in self._candidates(a, usable).get(pool.option.name, []):
+                    layout = node_layout(c.gpus, pool.site.gpus_per_node)
+                    if layout is None or layout[0] > nodes_in_pool:
+                        continue
+                    opt_key = (str(pool.key), c.gpus)
+                    if opt_key not in best or c.step_time_s < best[opt_key][1].step_time_s:
+                        best[opt_key] = (pool, c, layout)
+            self._opts[key] = best
+        return self._opts[key]
+
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
         if not self.jobs:
             return []
@@ -117,8 +154,20 @@ class SiaPolicy(RoundPolicy):
 
         t0 = time.perf_counter()
         sim, now = ctx.sim, ctx.sim.now
-        view = sim.load()
         restart = self.restart_s if self.restart_s is not None else (ctx.truth.model.startup_s if ctx.truth else 120.0)
+        own_ids = {j.sim_id for j in self.jobs.values() if j.sim_id is not None}
+        state = (
+            tuple(
+                sorted(
+                    (k, j.option, j.sim_id, j.started is not None and now - j.started < restart)
+                    for k, j in self.jobs.items()
+                )
+            ),
+            tuple(sorted(x.job_id for x in sim.jobs_by_id.values() if _foreign(x, own_ids))),
+        )
+        if state == self._last_state and now - self._last_solve < self.idle_resolve_s:
+            return []
+        self._last_state, self._last_solve = state, now
         jobs = list(self.jobs.values())
         pools: dict[str, UsablePool] = {}
         opts: list[tuple[int, UsablePool, Candidate, tuple[int, int]]] = []
@@ -126,18 +175,9 @@ class SiaPolicy(RoundPolicy):
         lower: list[float] = []
         for i, j in enumerate(jobs):
             a = j.attempt
-            usable, _ = usable_pools(a.requirements, view, ctx.site_for(a))
-            best: dict[Option, tuple[UsablePool, Candidate, tuple[int, int]]] = {}
-            for pool in usable:
+            best = self._options(a, ctx)
+            for pool, _c, _l in best.values():
                 pools[str(pool.key)] = pool
-                nodes_in_pool = len(sim.by_pool.get((pool.live.partition, pool.live.gpu_type or ""), []))
-                for c in self._candidates(a, usable).get(pool.option.name, []):
-                    layout = node_layout(c.gpus, pool.site.gpus_per_node)
-                    if layout is None or layout[0] > nodes_in_pool:
-                        continue
-                    opt_key = (str(pool.key), c.gpus)
-                    if opt_key not in best or c.step_time_s < best[opt_key][1].step_time_s:
-                        best[opt_key] = (pool, c, layout)
             if not best:
                 if j.option is None:
                     self.unplaceable.append(a)
@@ -179,9 +219,9 @@ class SiaPolicy(RoundPolicy):
         foreign_nodes: dict[str, set[str]] = {}
         for sj in sim.jobs_by_id.values():
             if sj.state == "RUNNING" and sj.job_id not in own:
-                for c, ns in zip(sj.components, sj.nodes, strict=True):
-                    key = f"{c.partition}/{c.gpu_type}"
-                    foreign_gpus[key] = foreign_gpus.get(key, 0) + c.gpus_per_node * len(ns)
+                for comp, ns in zip(sj.components, sj.nodes, strict=True):
+                    key = f"{comp.partition}/{comp.gpu_type}"
+                    foreign_gpus[key] = foreign_gpus.get(key, 0) + comp.gpus_per_node * len(ns)
                     foreign_nodes.setdefault(key, set()).update(ns)
         by_pool: dict[str, list[int]] = {}
         for k, (_, pool, _c, _l) in enumerate(opts):
@@ -291,6 +331,11 @@ class SiaPolicy(RoundPolicy):
                 else:
                     self.preemptions += 1
         return placed
+
+
+def _foreign(sj: SimJob, own: set[int]) -> bool:
+    """A running job that is not this policy's (another user's)."""
+    return sj.state == "RUNNING" and sj.job_id not in own
 
 
 def restart_factor(age_s: float, restarts: int, restart_s: float) -> float:
