@@ -394,39 +394,48 @@ def run_point(p: dict, repeats: int) -> list[dict]:
 
 
 def marp_inputs(p: dict) -> dict:
-    """What MARP is told about this point (tests/test_cpu_memory_grid.py builds Workload and ParallelPlan from it)."""
+    """What MARP is told about this point: the model.yaml that describes the run (frenzy_slurm/eval/grid.py
+    predicts it through the same functions fsbatch calls, on the CPU). The DeepSpeed points run the built-in
+    trainer (framework frenzy); the others a plain PyTorch loop (framework torch) over the built-in model
+    (model_code frenzy) that computes the loss inside a function, so the logits are not held through backward."""
     trainer = p["trainer"]
-    workload = {
-        "seq_len": p["seq_len"],
-        "precision": p["precision"],
-        "optimizer": "adamw",
-        "attention": p["attention"],
-        "method": "lora" if p["lora_rank"] else "full",
-        "lora_rank": p["lora_rank"] or 16,
-        "lora_targets": ["q", "v"],
-        "lora_dropout": True,
-        "framework": "deepspeed" if trainer in ("deepspeed", "pipeline") else "torch",
-        # on the CPU, torch's Adam defaults to its per-tensor loop: temporaries of one tensor at a time
-        "fused_optimizer": True,
-        "hold_logits": False,
-        # the built-in model on the CPU: RMSNorm is composite (keeps its normalised output), rotary embedding
-        # in eager ops with its cos/sin built in every block
-        "norm_upcast": p["arch"].get("norm", "rmsnorm") == "rmsnorm",
-        "unfused_rope": True,
-        "rope_tables_per_layer": True,
-        "vocab_parallel": False,  # the TP points split the blocks only; embedding and head stay whole
-        "buckets": dict(BUCKETS, overlap_comm=False),
+    builtin = trainer in ("deepspeed", "pipeline")
+    entry: dict[str, Any] = (
+        {"trainer": "builtin"}
+        if builtin
+        else {
+            "trainer": "script",
+            "script": "benchmarks/cpu_memory_grid.py",
+            "framework": "torch",
+            "model_code": "frenzy",
+            "holds_logits": False,
+        }
+    )
+    spec = {
+        "name": p["name"],
+        "model": {"arch": p["arch"]},
+        "training": {
+            "seq_len": p["seq_len"],
+            "global_batch": p["micro_batch"] * p["grad_accum"] * p["dp"],
+            "micro_batch": p["micro_batch"],
+            "steps": 1,
+            "precision": p["precision"],
+            "optimizer": "adamw",
+            "attention": p["attention"],
+            "activation_checkpointing": p["recompute"],
+            "method": "lora" if p["lora_rank"] else "full",
+            "lora": {"rank": p["lora_rank"] or 16, "targets": ["q", "v"], "dropout": 0.05},
+        },
+        "parallel": {
+            "sharding": {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[p["zero"]],
+            "tp": p["tp"],
+            "pp": p["pp"],
+            "sequence_parallel": False,  # the TP points split the blocks only; embedding and head stay whole
+        },
+        "deepspeed": dict(BUCKETS, overlap_comm=False),
+        "entry": entry,
     }
-    plan = {
-        "dp": p["dp"],
-        "tp": p["tp"],
-        "pp": p["pp"],
-        "zero": p["zero"],
-        "micro_batch": p["micro_batch"],
-        "grad_accum": p["grad_accum"],
-        "recompute": p["recompute"],
-    }
-    return {"arch": p["arch"], "workload": workload, "plan": plan}
+    return {"spec": spec}
 
 
 def main() -> int:
@@ -454,6 +463,9 @@ def main() -> int:
         defs = {p["name"]: p for p in grid()}
         for q in data["points"]:
             if q["name"] in defs:
+                q.pop("workload", None)
+                q.pop("plan", None)
+                q.pop("arch", None)
                 q.update(marp_inputs(defs[q["name"]]))
         args.out.write_text(json.dumps(data, indent=1) + "\n")
         return 0

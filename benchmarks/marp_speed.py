@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.gpus import catalog  # noqa: E402
-from frenzy_slurm.jobspec import presets  # noqa: E402
-from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload, estimate_memory, search  # noqa: E402
+from frenzy_slurm.jobspec import JobSpec, resolve_model  # noqa: E402
+from frenzy_slurm.marp import GpuOption, ParallelPlan, estimate_memory, search, workload_from_spec  # noqa: E402
 
 TYPES = ["V100-32GB", "T4", "A10G", "A40", "A100-40GB", "A100-80GB", "L40S", "H100-SXM"]
 
@@ -41,7 +41,15 @@ def main() -> int:
     plan = ParallelPlan(dp=8, tp=2, pp=2, zero=1, micro_batch=2, grad_accum=8)
     print(f"{'case':40} {'median ms':>10} {'p95 ms':>8}")
     for model in ("llama-2-7b", "llama-3.1-70b"):
-        w = Workload(arch=presets()[model].arch, seq_len=4096)
+        spec = JobSpec.model_validate(
+            {
+                "name": "speed",
+                "model": {"preset": model},
+                "training": {"seq_len": 4096, "global_batch": 512, "steps": 1000},
+                "entry": {"trainer": "script", "script": "train.py", "framework": "megatron"},
+            }
+        )
+        w = workload_from_spec(spec, resolve_model(spec, "."))  # what fsbatch predicts for that model.yaml
         t = timed(partial(estimate_memory, w, plan), 2000)
         results[f"estimate/{model}"] = t
         opts = [GpuOption(n, catalog()[n], 256) for n in TYPES]

@@ -1,7 +1,7 @@
 """MARP against the CPU ground truth: real torch/DeepSpeed training on gloo (benchmarks/cpu_memory_grid.py).
 
-The grid's dataset (benchmarks/data/cpu_memory_grid.json) holds, per point, what MARP is told (architecture,
-workload options, parallel plan) and the measured peak live bytes per rank; this test only predicts. Every
+The grid's dataset (benchmarks/data/cpu_memory_grid.json) holds, per point, the model.yaml that describes the run
+and the measured peak live bytes per rank; this test only predicts, through fsbatch's own functions. Every
 pipeline stage's worst rank must be within 3% of MARP's allocated-bytes prediction for that stage (a
 multi-process point stores each rank's median of three runs).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.eval.grid import load_grid, predict
+from frenzy_slurm.eval.grid import load_grid, predict, spec_of, workload_of
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "cpu_memory_grid.json"
 TOLERANCE = 0.03
@@ -24,11 +24,27 @@ def test_grid_dataset_is_present_and_covers_the_modes():
     assert POINTS, f"{DATA} is missing: run python benchmarks/cpu_memory_grid.py"
     trainers = {p["trainer"] for p in POINTS}
     assert {"deepspeed", "pipeline", "fsdp2", "tp", "torch", "ddp"} <= trainers
-    assert {p["plan"]["zero"] for p in POINTS if p["trainer"] == "deepspeed" and p["plan"]["dp"] > 1} >= {0, 1, 2, 3}
-    assert {p["plan"]["recompute"] for p in POINTS} >= {"none", "full", "selective"}
-    assert {p["workload"]["attention"] for p in POINTS} >= {"sdpa", "eager"}
-    assert any(p["workload"]["method"] == "lora" for p in POINTS)
-    assert {p["plan"]["pp"] for p in POINTS} >= {2, 4}
+    derived = {p["name"]: workload_of(p) for p in POINTS}
+    plans = {name: plan for name, (_, plan) in derived.items()}
+    workloads = {name: w for name, (w, _) in derived.items()}
+    by_trainer = {p["name"]: p["trainer"] for p in POINTS}
+    assert {pl.zero for n, pl in plans.items() if by_trainer[n] == "deepspeed" and pl.dp > 1} >= {0, 1, 2, 3}
+    assert {pl.recompute for pl in plans.values()} >= {"none", "full", "selective"}
+    assert {w.attention for w in workloads.values()} >= {"sdpa", "eager"}
+    assert any(w.method == "lora" for w in workloads.values())
+    assert {pl.pp for pl in plans.values()} >= {2, 4}
+
+
+def test_every_point_is_a_model_yaml_a_user_could_run():
+    """The grid's inputs are model.yaml files (no Workload field set by hand): each validates as a JobSpec, the
+    built-in trainer's points name framework frenzy and the others a plain torch loop, and the plan fsbatch's
+    search gives for it at the point's GPU count is the one that ran."""
+    for p in POINTS:
+        spec = spec_of(p)
+        assert spec.entry.runs_with == ("frenzy" if p["trainer"] in ("deepspeed", "pipeline") else "torch")
+        _, plan = workload_of(p)
+        assert plan.world == len({r["rank"] for r in p["ranks"]})
+        assert plan.tp == p["spec"]["parallel"]["tp"] and plan.pp == p["spec"]["parallel"]["pp"]
 
 
 @pytest.mark.parametrize("point", [pytest.param(p, id=p["name"]) for p in POINTS])

@@ -23,7 +23,15 @@ from frenzy_slurm.cli.plan_view import (
     memory_rows,
 )
 from frenzy_slurm.errors import InputError, NoFitError
-from frenzy_slurm.marp import estimate_memory, parse_plan, search, search_space_from_spec, workload_from_spec
+from frenzy_slurm.marp import (
+    estimate_memory,
+    parse_plan,
+    pinned_plan,
+    search,
+    search_space_from_spec,
+    workload_from_spec,
+)
+from frenzy_slurm.marp.frameworks import PROFILES, profile_lines, profile_summary
 from frenzy_slurm.marp.plan import Metric
 from frenzy_slurm.units import GiB
 
@@ -50,6 +58,13 @@ def main() -> None:
     help="Estimate one plan instead of searching. Keys: dp, tp, pp, cp (degrees), zero (0-3), mb (micro-batch), "
     "ga (gradient accumulation; default: global batch / (dp x mb)), ckpt (none|selective|full), "
     "sp (sequence parallel: 1/0), offload (none|opt|opt+param); e.g. dp=8,zero=1,mb=2.",
+)
+@click.option(
+    "--world",
+    type=click.IntRange(min=1, max=1 << 20),
+    metavar="N",
+    help="Estimate the one plan model.yaml pins (parallel:, training.micro_batch, activation_checkpointing) "
+    "at N GPUs, as fsbatch's search builds it; refused when it pins several.",
 )
 @click.option(
     "--metric",
@@ -85,6 +100,7 @@ def memory(
     model_yaml: Path,
     gpus: tuple[str, ...],
     plan_text: str | None,
+    world: int | None,
     metric: Metric,  # click.Choice of its values
     max_gpus: int,
     top: int,
@@ -105,8 +121,13 @@ def memory(
         click.echo(note, err=True)  # say whether user code ran on this machine (stderr: tables stay parseable)
     found = calib.site_calibration(site)
     w = workload_from_spec(spec, model)
-    if plan_text:
-        plan = parse_plan(plan_text)
+    if plan_text and world:
+        raise InputError("give --plan or --world, not both")
+    profile = profile_summary(spec)
+    if not as_json:
+        click.echo("\n".join(profile_lines(spec)), err=True)  # which framework's defaults made this estimate
+    if plan_text or world:
+        plan = parse_plan(plan_text) if plan_text else pinned_plan(spec, w, world or 1)
         gb = spec.training.global_batch
         if gb % (plan.dp * plan.micro_batch):
             raise InputError(
@@ -127,7 +148,7 @@ def memory(
 
             plot_breakdown(est, plot, f"{spec.name}: {model.name}, {plan.short()}", usable / GiB if usable else None)
         if as_json:
-            print_json(memory_json(est) | ({"calibration": calibrated} if calibrated else {}))
+            print_json(memory_json(est) | {"profile": profile} | ({"calibration": calibrated} if calibrated else {}))
             return
         header, rows = memory_rows(est)
         click.echo(f"{spec.name}: {model.name}, plan {plan.short()}, {metric} memory per GPU (GiB)")
@@ -148,7 +169,7 @@ def memory(
         w, options, spec.training.global_batch, spec.training.total_steps, max_gpus, search_space_from_spec(spec)
     )
     if as_json:
-        print_json(candidate_json(cands))
+        print_json(candidate_json(cands) | {"profile": profile})
     else:
         header, rows = candidate_rows(cands, top)
         click.echo(f"{spec.name}: {model.name}; fastest plans per GPU type (device memory incl. overhead)")
@@ -193,6 +214,34 @@ def presets(as_json: bool) -> None:
         for n, p in items.items()
     ]
     click.echo(table(rows, ["preset", "params", "layers", "hidden", "heads/kv", "vocab", "source"]))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def frameworks(as_json: bool) -> None:
+    """The framework profiles (entry.framework): the releases each describes, its memory defaults and the
+    plans it can run."""
+    from dataclasses import asdict
+
+    if as_json:
+        print_json({name: asdict(p) for name, p in PROFILES.items()})
+        return
+    rows = [
+        [
+            p.name,
+            p.describes,
+            p.model_code,
+            "fused" if p.fused_optimizer else "foreach",
+            "yes" if p.holds_logits else "no",
+            f"{p.loss_chunk_tokens}-token" if p.loss_chunk_tokens else str(p.loss_chunks),
+            f"tp {p.can.tp}, pp {p.can.pp}, cp {p.can.cp}, zero {','.join(map(str, p.can.zero_stages))}",
+        ]
+        for p in PROFILES.values()
+    ]
+    click.echo(
+        table(rows, ["framework", "describes", "model code", "optimizer", "holds logits", "loss chunks", "plans"])
+    )
+    click.echo("plans: auto = searched, asked = only when model.yaml pins it, no = never")
 
 
 @main.command("spec-reference")

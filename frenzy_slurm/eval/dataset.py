@@ -17,12 +17,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from frenzy_slurm.errors import InputError
 from frenzy_slurm.eval import reading
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.jobspec.job import Attention, Method, Optimizer
+from frenzy_slurm.jobspec.job import Attention, FrameworkName, Method, Optimizer
+from frenzy_slurm.marp import pinned_plan, workload_from_spec
+from frenzy_slurm.marp.frameworks import PROFILES
 from frenzy_slurm.marp.overheads import Overheads, for_torch
 from frenzy_slurm.marp.params import count_params
-from frenzy_slurm.marp.plan import Framework, Metric, ParallelPlan, Recompute, Workload
+from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
 
 REQUIRED_COLUMNS = (
     "row_id",
@@ -70,10 +74,14 @@ class MeasuredRow:
 
 @dataclass(frozen=True)
 class Interpreted:
+    """A row as fsbatch would plan it: the model.yaml it describes (`spec`), the Workload and plan the product's
+    functions give for it, what was measured (`metric`), and the device overheads of the stack it ran on."""
+
     workload: Workload
     plan: ParallelPlan
     metric: Metric
     overheads: Overheads
+    spec: JobSpec
 
 
 def read_measurements(path: Path) -> list[MeasuredRow]:
@@ -306,8 +314,9 @@ def _recompute(raw: dict[str, str]) -> Recompute:
         return "selective"
     said = reading.yes_no(ac)
     if said is None:
-        if "default" in ac and "torchtune" in reading.frameworks(_settings(raw)):
-            return "full"  # torchtune's shipped configs set enable_activation_checkpointing: True
+        shipped = PROFILES[_framework(reading.frameworks(_settings(raw)))].shipped_checkpointing
+        if "default" in ac and shipped is not None:
+            return shipped  # what the framework's shipped configs set (torchtune's: enable_activation_checkpointing)
         raise RowError(f"activation checkpointing is not stated ('{raw['activation_ckpt']}')")
     return "full" if said else "none"
 
@@ -335,11 +344,6 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     cat = row.category.lower()
     method: Method = "qlora" if "qlora" in cat else ("lora" if "lora" in cat else "full")
     arch = _arch(raw)
-    family = _family(raw)[0]
-    if "litgpt" in fws and arch.tied_embeddings and arch.head == "lm":
-        # litgpt's GPT has its own lm_head beside wte and its fine-tuning scripts do not tie them: a tied checkpoint
-        # is loaded into two matrices
-        arch = arch.model_copy(update={"tied_embeddings": False})
     stated = reading.batch(
         " ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch", "seq_len"))
     )
@@ -373,25 +377,15 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     in_bwd = any(k in opt_text + raw["other_settings"].lower() for k in ("in bwd", "in_bwd", "into backward"))
     paged = "paged" in opt_text
 
-    framework: Framework
-    if "deepspeed" in fws:
-        framework = "deepspeed"
-    elif "megatron" in fws:
-        framework = "megatron"
-    else:
-        framework = "torch"
-    # The optimizer implementation: stated, else the framework's default. fused/per-tensor kernels keep one
-    # tensor's temporaries; torch's default foreach path on a GPU keeps a state-sized temporary at the step.
+    framework = _framework(fws)
+    # The optimizer implementation where the row states it; else the framework's default (its profile). A row
+    # that ran DeepSpeed ran its own config, whose Adam/AdamW is DeepSpeed's FusedAdam (the profile's default).
+    impl: str | None = None
     if re.search(r"foreach", opt_text):
-        fused = False
+        impl = "foreach"
     elif re.search(r"fused(?!\s*into)(?! in)|apex|adamw_torch_fused", opt_text) and not in_bwd:
-        fused = True
-    else:
-        # torchtune configs pass fused=True; Hugging Face Trainer defaults to adamw_torch_fused; DeepSpeed and
-        # Megatron use their fused Adam; plain torch and litgpt use torch's default (foreach on a GPU)
-        fused = bool(fws & {"torchtune", "transformers", "deepspeed", "megatron"})
+        impl = "fused"
     version = reading.torch_version(settings)
-    zero_grad_to_none = version is None or version >= (2, 0)  # torch < 2.0 zeroed gradients in place
 
     named_gbs = reading.named_config_global_batch(
         " ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings"))
@@ -406,27 +400,36 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         stated.global_batch or named_gbs,
         local_batch,
     )
-
     every = re.search(r"every\s*(\d+)(?:\w*\s*)?(?:layers?|blocks?)?", raw["activation_ckpt"].lower())
-    if every and plan.recompute == "full":  # every k-th block checkpointed (torchtune ac_option, HF/FSDP wrap policies)
-        per_stage = max(plan.stage_layers(arch.layers))
-        plan = plan.with_(recompute_layers=per_stage // int(every.group(1)))
+    checkpoint_every = int(every.group(1)) if every and plan.recompute == "full" else None
 
     other = raw["other_settings"].lower()
-    chunks = 8 if "chunked" in other else 1  # torchtune's CEWithChunkedOutputLoss: 8 chunks
     # A torchtune row that says it ran a shipped config's defaults ("config default", "<config> defaults") runs
-    # what those files set where the row states nothing else: CEWithChunkedOutputLoss (every LLM config since
-    # v0.3) and lora_dropout 0.0 (an nn.Identity, no dropped copy of the adapters' input)
-    config_defaults = "torchtune" in fws and bool(
+    # what those files set where the row states nothing else (the torchtune profile's defaults:
+    # CEWithChunkedOutputLoss, lora_dropout 0.0); a row that lists its own settings ran a plain loss unless it
+    # names the chunked one, and the LoRA dropout of PEFT's examples
+    config_defaults = framework == "torchtune" and bool(
         re.search(
             r"\bconfig(?:uration)? defaults?\b|[\w/.-]+_(?:device|lora|qlora|full)\w*\s+defaults?\b", settings.lower()
         )
     )
-    if config_defaults and not re.search(r"cross[- _]?entropy|\bce\b|\bloss\b", other):
-        chunks = 8
-    if "litgpt" in fws:  # litgpt's fine-tuning scripts compute the output layer in 128-token chunks
-        chunks = max(1, -(-seq // 128))
+    chunks: int | None = None
+    if framework != "litgpt":  # litgpt's scripts chunk the loss by 128 tokens whatever else is said (its profile)
+        if "chunked" in other:
+            chunks = 8  # torchtune's CEWithChunkedOutputLoss: 8 chunks
+        elif not config_defaults or re.search(r"cross[- _]?entropy|\bce\b|\bloss\b", other):
+            chunks = 1
     rank, targets = _lora(raw, method, fws) if method != "full" else (16, ("q", "v"))
+    text = settings.lower()
+    bnb = bool(re.search(r"bnb|bitsandbytes", text))
+    lora: dict[str, object] = {"rank": rank, "targets": list(targets)}
+    if not config_defaults:
+        lora["dropout"] = 0.05
+    if bnb:
+        lora["quantizer"] = "bitsandbytes"
+        lora["double_quant"] = bool(re.search(r"nf4[-_]dq|double[- _]quant", text))
+    elif re.search(r"nf4[-_]dq|double[- _]quant", text):
+        lora["double_quant"] = True
 
     metric_text = raw["metric_type"].lower()
     metric: Metric
@@ -441,56 +444,83 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
 
     attn = raw["attention_impl"].lower()
     attention: Attention = "eager" if "eager" in attn else "sdpa"
-    hf_style = framework == "torch" and "torchtitan" not in fws
-    workload = Workload(
-        arch=arch,
-        seq_len=seq,
-        precision=precision,
-        optimizer=optimizer,
-        attention=attention,
-        method=method,
-        lora_rank=rank,
-        lora_targets=targets,
-        loss_chunks=chunks,
-        fp8=prec.fp8,
-        # litgpt's chunked_cross_entropy runs on the model's logits as they are: in 16 bits under bf16/16-true
-        lora_dropout=not config_defaults,
-        loss_fp32=not ("litgpt" in fws and precision == "bf16-pure"),
-        # litgpt's bitsandbytes plugin replaces every nn.Linear, the one inside lm_head's LoRALinear too; PEFT's
-        # BitsAndBytesConfig skips the output layer and torchtune quantises only the blocks' linears
-        qlora_quantized_head="litgpt" in fws,
-        compile=reading.yes_no(raw["compile"]) is True,
-        framework=framework,
-        fused_optimizer=fused,
-        optimizer_in_backward=in_bwd,
-        activation_offload=act_offload,
-        paged_optimizer=paged,
-        norm_upcast=hf_style and arch.norm == "rmsnorm",
-        gqa_expand=hf_style and arch.kv < arch.heads,
-        # Hugging Face-style loops keep the model output (the logits) alive through backward; torchtune's recipes
-        # `del logits` once the loss is computed ("free logits otherwise it peaks backward memory")
-        zero_grad_to_none=zero_grad_to_none,
-        hold_logits=hf_style and "torchtune" not in fws,
-        # litgpt's fit loops bind `logits = model(...)` and keep it until the next iteration's forward returns
-        keeps_previous_output="litgpt" in fws,
-        # Hugging Face and litgpt rotate q/k in eager ops after the transpose (new head-major tensors: the attention
-        # output is copied on its way to o_proj); torchtune rotates before it, in the sequence-major layout, so the
-        # kernel's output is sequence-major and the view needs no copy (measured on the CPU with a torchtune-style
-        # block); Megatron/Transformer Engine and torchtitan fuse or avoid the copy
-        unfused_rope=hf_style and "torchtune" not in fws,
-        # torchtune's compile_loss returns a compiled copy of a plain loss, which its recipes do not keep: only the
-        # chunked loss's per-chunk cross-entropy (patched in place) is compiled
-        compile_loss=not ("torchtune" in fws and chunks == 1),
-        # Hugging Face's BERT/Llama-style blocks and torchtune keep q, k, v (and gate, up) as separate linears;
-        # litgpt, GPT-2, NeoX-style models and Megatron fuse them
-        fused_projections=not (family in ("bert", "llama") and "litgpt" not in fws and framework == "torch"),
-        # torchtune quantises with torchao's NF4 tensor, which does not save the matmul input; bitsandbytes does
-        nf4_saves_inputs="torchtune" not in fws or "bitsandbytes" in settings.lower() or "bnb" in settings.lower(),
-        # bitsandbytes' 4-bit layers as litgpt/Lightning ('bnb.nf4') and PEFT's BitsAndBytesConfig create them keep a
-        # plain fp32 absmax unless double quantisation is asked for ('nf4-dq', 'double quant'); torchao's NF4
-        # (torchtune) quantises its scalers
-        nf4_double_quant=bool(re.search(r"nf4[-_]dq|double[- _]quant", settings.lower()))
-        or not re.search(r"bnb|bitsandbytes", settings.lower()),
-    )
+    optimizer_name = {"adamw": "paged-adamw", "adam-8bit": "paged-adamw-8bit"}.get(optimizer) if paged else optimizer
+    if optimizer_name is None:
+        raise RowError(f"optimizer '{raw['optimizer']}' is paged but has no paged variant MARP models")
+    world = plan.world
+    sharding = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[plan.zero]
+    if plan.shard_group is not None and plan.zero == 3:
+        sharding = "hybrid-shard"
+    spec: dict[str, object] = {
+        "name": re.sub(r"[^A-Za-z0-9._-]", "-", f"row-{row.row_id}")[:64],
+        "model": {"arch": arch.model_dump(exclude_defaults=True)},
+        "training": {
+            "seq_len": seq,
+            "global_batch": plan.micro_batch * plan.grad_accum * plan.dp,
+            "micro_batch": plan.micro_batch,
+            "steps": 1,
+            "precision": precision,
+            "optimizer": optimizer_name,
+            "optimizer_in_backward": in_bwd,
+            "attention": attention,
+            "activation_checkpointing": plan.recompute,
+            "activation_offload": act_offload,
+            "fp8": prec.fp8,
+            "compile": reading.yes_no(raw["compile"]) is True,
+            "method": method,
+            "lora": lora,
+            **({"optimizer_impl": impl} if impl else {}),
+            **({"loss_chunks": chunks} if chunks else {}),
+            **({"checkpoint_every": checkpoint_every} if checkpoint_every else {}),
+        },
+        "parallel": {
+            "sharding": sharding,
+            "tp": plan.tp,
+            "pp": plan.pp,
+            "cp": plan.cp,
+            "sequence_parallel": plan.sequence_parallel,
+            "schedule": plan.schedule,
+            "virtual_stages": plan.virtual_stages,
+            "offload_optimizer": plan.offload_optimizer,
+            "offload_params": plan.offload_params,
+            **({"shard_group": plan.shard_group} if plan.shard_group else {}),
+        },
+        "entry": {
+            "trainer": "script",
+            "script": "train.py",
+            "framework": framework,
+            **({"torch_version": ".".join(map(str, version))} if version else {}),
+        },
+        "limits": {"min_gpus": world, "max_gpus": world},
+    }
+    try:
+        job = JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise RowError(f"the row's settings are not a valid model.yaml: {exc.errors()[0]['msg']}") from None
+    # what fsbatch would do with that model.yaml: the same two functions, the plan from the same search
+    try:
+        workload = workload_from_spec(job, ResolvedModel(arch=arch, name=row.model))
+        planned = pinned_plan(job, workload, world)
+    except InputError as exc:
+        raise RowError(f"the row's model.yaml cannot be planned: {exc.message}") from None
+    if planned != plan:
+        raise RowError(f"the row's plan {plan.short()} is not one its model.yaml gives ({planned.short()})")
     # the CUDA context by the stack the row states (lazy module loading from torch 1.13); unstated: the larger one
-    return Interpreted(workload, plan, metric, for_torch(version))
+    return Interpreted(workload, plan, metric, for_torch(version), job)
+
+
+def _framework(fws: set[str]) -> FrameworkName:
+    """The framework a row ran, from the names in its settings (the first that applies: DeepSpeed and Megatron
+    decide how states are laid out whatever trains on top; torchtitan, torchtune and litgpt bring their own
+    model code; Hugging Face otherwise; a plain PyTorch loop when nothing is named)."""
+    for name, framework in (
+        ("deepspeed", "deepspeed"),
+        ("megatron", "megatron"),
+        ("torchtitan", "torchtitan"),
+        ("torchtune", "torchtune"),
+        ("litgpt", "litgpt"),
+        ("transformers", "hf-trainer"),
+    ):
+        if name in fws:
+            return framework  # type: ignore[return-value]  # the literal names above
+    return "torch"

@@ -1,5 +1,10 @@
 """The CPU ground-truth grid (benchmarks/cpu_memory_grid.py): reading its dataset and MARP's prediction
-of each measured rank."""
+of each measured rank.
+
+Each point stores the model.yaml that describes its run (`spec`); MARP predicts it through the product's
+path, `workload_from_spec` (on the CPU) and the candidate search's own plan (`pinned_plan`), as fsbatch
+would for that model.yaml.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel
+from frenzy_slurm.marp import pinned_plan, workload_from_spec
 from frenzy_slurm.marp.memory import estimate_memory
-from frenzy_slurm.marp.plan import DeepSpeedBuckets, ParallelPlan, Workload
+from frenzy_slurm.marp.plan import ParallelPlan, Workload
 
 
 @dataclass(frozen=True)
@@ -25,11 +31,17 @@ class GridRank:
         return (self.predicted - self.measured) / self.measured
 
 
+def spec_of(point: dict) -> JobSpec:
+    return JobSpec.model_validate(point["spec"])
+
+
 def workload_of(point: dict) -> tuple[Workload, ParallelPlan]:
-    w = dict(point["workload"])
-    w["lora_targets"] = tuple(w["lora_targets"])
-    w["buckets"] = DeepSpeedBuckets(**w.get("buckets", {}))
-    return Workload(arch=Architecture(**point["arch"]), **w), ParallelPlan(**point["plan"])
+    """The point's Workload and plan, as fsbatch derives them from its model.yaml (on the CPU)."""
+    spec = spec_of(point)
+    assert spec.model.arch is not None
+    w = workload_from_spec(spec, ResolvedModel(arch=spec.model.arch, name=spec.name), device="cpu")
+    world = {r["rank"] for r in point["ranks"]}
+    return w, pinned_plan(spec, w, len(world))
 
 
 def predict(point: dict) -> list[GridRank]:

@@ -513,7 +513,8 @@ def decide(
     homogeneous = _homogeneous(w, req, pools, releases, now, space)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
     beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now))  # a tie goes to the homogeneous allocation
-    cands = homogeneous + _heterogeneous(w, req, pools, releases, now, space, beat)
+    # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
+    cands = homogeneous + (_heterogeneous(w, req, pools, releases, now, space, beat) if space.heterogeneous else [])
 
     def rank(items: list[_Cand]) -> list[_Cand]:
         """Earliest completion; within a tolerance, homogeneous first, then fewer GPUs (ties are noise)."""

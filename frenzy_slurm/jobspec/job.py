@@ -18,6 +18,10 @@ from frenzy_slurm.slurm.timefmt import parse_slurm_time  # the seam owns Slurm's
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit"]
+# model.yaml's optimizer names: MARP's state models, plus bitsandbytes' paged variants (states in CUDA managed memory)
+OptimizerName = Literal[
+    "adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "paged-adamw", "paged-adamw-8bit"
+]
 Checkpointing = Literal["none", "selective", "full", "auto"]
 Attention = Literal["flash", "sdpa", "eager"]
 Method = Literal["full", "lora", "qlora"]
@@ -27,6 +31,9 @@ LoraTarget = Literal["q", "k", "v", "o", "mlp", "head"]
 FrameworkName = Literal[
     "frenzy", "deepspeed", "hf-trainer", "torchtune", "torchtitan", "litgpt", "lightning", "megatron", "torch"
 ]
+# The model implementation a framework trains (marp/frameworks.py: how it computes norms, RoPE, GQA, projections)
+ModelCodeName = Literal["hf", "frenzy", "torchtune", "litgpt", "torchtitan", "megatron"]
+Sharding = Literal["auto", "none", "zero1", "zero2", "zero3", "full-shard", "shard-grad-op", "hybrid-shard"]
 
 # The job script asks Slurm for USR2 this long before the time limit (--signal=USR2@300) so the runtime can
 # checkpoint and requeue; NCCL owns USR1. A job must also get through start-up (srun, imports, DeepSpeed
@@ -121,7 +128,28 @@ def _query_and_value() -> list[LoraTarget]:
 class LoraSpec(_Strict):
     rank: int = Field(16, gt=0, description="LoRA rank r.")
     targets: list[LoraTarget] = Field(default_factory=_query_and_value, description="Which weights get adapters.")
-    dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    dropout: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the adapter input (0: none, no dropped copy kept). Default: the framework's "
+        "(0.0 in torchtune's shipped configs, else 0.05).",
+    )
+    quantize_head: bool | None = Field(
+        None,
+        description="QLoRA: the output layer is quantised to 4 bits too. Default: the framework's (litgpt's "
+        "bitsandbytes plugin quantises every linear; PEFT and torchtune leave the head in 16 bits).",
+    )
+    double_quant: bool | None = Field(
+        None,
+        description="QLoRA: double-quantised NF4 absmax (bnb_4bit_use_double_quant, litgpt's bnb.nf4-dq); "
+        "false: plain NF4 with fp32 absmax. Default: true (the QLoRA recipe; torchao's NF4 always).",
+    )
+    quantizer: Literal["bitsandbytes", "torchao"] | None = Field(
+        None,
+        description="QLoRA's 4-bit implementation: bitsandbytes (its matmul saves the input) or torchao's NF4 "
+        "tensor (it does not). Default: torchao for torchtune, bitsandbytes otherwise.",
+    )
 
 
 class Training(_Strict):
@@ -135,9 +163,36 @@ class Training(_Strict):
         description="fp32; bf16-mixed/fp16-mixed (16-bit compute, fp32 master weights and optimizer states: 16 B/param "
         "with Adam); bf16-pure (weights, grads and optimizer states all bf16: 8 B/param with Adam).",
     )
-    optimizer: Optimizer = Field("adamw", description="Optimizer; decides the optimizer-state bytes per parameter.")
+    optimizer: OptimizerName = Field(
+        "adamw",
+        description="Optimizer; decides the optimizer-state bytes per parameter (paged-*: bitsandbytes' paged "
+        "optimizers, states in CUDA managed memory outside PyTorch's allocator).",
+    )
+    optimizer_impl: Literal["fused", "foreach"] | None = Field(
+        None,
+        description="How the optimizer steps: fused (one kernel, or per tensor: no state-sized temporary) or "
+        "foreach (torch's multi-tensor default on a GPU: one state-sized temporary at the step). Default: the "
+        "framework's (see `frenzy-slurm frameworks`).",
+    )
+    optimizer_in_backward: bool = Field(
+        False,
+        description="Each parameter is stepped as its gradient is ready (torchtune's optimizer_in_bwd): no "
+        "full set of gradients is ever held.",
+    )
     activation_checkpointing: Checkpointing = Field(
         "auto", description="none, selective (recompute attention core), full (keep layer inputs only), or auto."
+    )
+    checkpoint_every: int | None = Field(
+        None,
+        ge=1,
+        description="With full checkpointing: only every k-th block is checkpointed (torchtune's ac_option, "
+        "an FSDP wrap policy's every-k); default: every block.",
+    )
+    activation_offload: bool = Field(
+        False, description="Saved activations are moved to host memory during forward (torchtune's offloading)."
+    )
+    fp8: bool = Field(
+        False, description="float8 linears (torchao / Transformer Engine): fp8 copies of inputs and weights."
     )
     attention: Attention = Field(
         "flash", description="Attention kernel; flash/sdpa do not store the s x s score matrix."
@@ -148,8 +203,18 @@ class Training(_Strict):
     )
     method: Method = Field("full", description="full training, LoRA adapters, or QLoRA (4-bit frozen base).")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings for lora/qlora.")
-    loss_chunks: int = Field(1, ge=1, description="Compute the output layer and cross-entropy in this many chunks.")
+    loss_chunks: int | None = Field(
+        None,
+        ge=1,
+        description="Compute the output layer and cross-entropy in this many chunks. Default: the framework's "
+        "(litgpt: 128-token chunks; otherwise 1; torchtune's shipped configs use 8: CEWithChunkedOutputLoss).",
+    )
     compile: bool = Field(False, description="torch.compile the model (fuses element-wise ops, saving activations).")
+    compile_loss: bool | None = Field(
+        None,
+        description="With compile: the loss is compiled too. Default: the framework's (torchtune compiles only its "
+        "chunked loss).",
+    )
     learning_rate: float = Field(3e-4, gt=0, description="Peak learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps before cosine decay.")
     checkpoint_interval: int | None = Field(
@@ -350,6 +415,87 @@ class JobEnvironment(_Strict):
         return self
 
 
+class Parallel(_Strict):
+    """What the plan may use, in the frameworks' words; `auto` lets the search choose among what the framework
+    can run (`frenzy-slurm frameworks`), a value pins it."""
+
+    sharding: Sharding = Field(
+        "auto",
+        description="none (DDP), zero1/zero2/zero3 (DeepSpeed ZeRO stages), full-shard (FSDP, = zero3), "
+        "shard-grad-op (FSDP SHARD_GRAD_OP, = zero2), hybrid-shard (HSDP: full-shard within shard_group ranks, "
+        "replicated across groups), or auto.",
+    )
+    shard_group: int | None = Field(
+        None, ge=1, description="With hybrid-shard (or ZeRO++/MiCS): ranks one shard group spans (default: a node)."
+    )
+    reshard_after_forward: bool | None = Field(
+        None,
+        description="FSDP: free each unit's gathered weights after its forward (true, FSDP's default) or keep "
+        "them until backward (false: SHARD_GRAD_OP-like memory).",
+    )
+    tp: int | Literal["auto"] = Field("auto", description="Tensor-parallel degree, or auto.")
+    pp: int | Literal["auto"] = Field("auto", description="Pipeline stages, or auto.")
+    cp: int = Field(1, ge=1, description="Context-parallel degree (the sequence split across ranks).")
+    sequence_parallel: bool | None = Field(
+        None, description="Megatron-style sequence parallelism with tp > 1 (default: on whenever tp > 1)."
+    )
+    schedule: Literal["1f1b", "interleaved", "gpipe"] = Field("1f1b", description="Pipeline schedule.")
+    virtual_stages: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedule).")
+    offload_optimizer: bool = Field(
+        False, description="Optimizer states in host memory (ZeRO-Offload, FSDP CPU offload); needs sharding."
+    )
+    offload_params: bool = Field(False, description="Parameters in host memory (ZeRO-3 / FSDP); needs zero3.")
+
+    @field_validator("tp", "pp")
+    @classmethod
+    def _degree(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 1024:
+            raise ValueError("a parallel degree must be between 1 and 1024, or auto")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallel:
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise ValueError("virtual_stages > 1 needs schedule: interleaved")
+        if self.offload_params and self.sharding not in ("zero3", "full-shard", "hybrid-shard"):
+            raise ValueError("offload_params needs sharding: zero3 or full-shard")
+        if self.offload_optimizer and self.sharding == "none":
+            raise ValueError("offload_optimizer needs sharding (zero1 or more)")
+        if self.shard_group is not None and self.sharding not in ("hybrid-shard", "zero1", "zero2", "zero3"):
+            raise ValueError("shard_group needs sharding: hybrid-shard (or a ZeRO stage)")
+        return self
+
+    @property
+    def zero_stages(self) -> tuple[int, ...] | None:
+        """The ZeRO stage(s) the sharding names, or None for auto."""
+        return {
+            "auto": None,
+            "none": (0,),
+            "zero1": (1,),
+            "zero2": (2,),
+            "shard-grad-op": (2,),
+            "zero3": (3,),
+            "full-shard": (3,),
+            "hybrid-shard": (3,),
+        }[self.sharding]
+
+
+class DeepSpeedBuffers(_Strict):
+    """DeepSpeed's communication buffer sizes (elements), written into ds_config.json; they count in memory
+    (MARP's Workload carries them as they are: frozen, so a Workload stays hashable)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    reduce_bucket_size: int = Field(200_000_000, ge=1, description="zero_optimization.reduce_bucket_size.")
+    allgather_bucket_size: int = Field(200_000_000, ge=1, description="zero_optimization.allgather_bucket_size.")
+    overlap_comm: bool = Field(False, description="zero_optimization.overlap_comm.")
+    stage3_prefetch_bucket_size: int = Field(50_000_000, ge=0, description="ZeRO-3 prefetch bucket.")
+    stage3_max_live_parameters: int = Field(1_000_000_000, ge=0, description="ZeRO-3 max live parameters.")
+    stage3_max_reuse_distance: int = Field(
+        1_000_000_000, ge=0, description="ZeRO-3 keeps a gathered parameter reused within this many elements."
+    )
+
+
 class Entry(_Strict):
     trainer: Literal["builtin", "script"] = Field("builtin", description="The built-in trainer or your own script.")
     framework: FrameworkName | None = Field(
@@ -359,6 +505,23 @@ class Entry(_Strict):
         "hf-trainer (Transformers Trainer/accelerate), torchtune, torchtitan, litgpt, lightning, megatron "
         "(Megatron-Core/NeMo) or torch (a plain DDP/FSDP loop). Default: frenzy for the built-in trainer, "
         "deepspeed for a script. `frenzy-slurm frameworks` lists each profile's defaults.",
+    )
+    model_code: ModelCodeName | None = Field(
+        None,
+        description="The model implementation the framework trains, where it is not the framework's own: hf "
+        "(Transformers' modeling code), frenzy (frenzy_slurm.models), torchtune, litgpt, torchtitan, megatron. "
+        "Default: the framework's (hf for hf-trainer, lightning, torch and deepspeed).",
+    )
+    holds_logits: bool | None = Field(
+        None,
+        description="Your loop keeps the model output bound through backward (`logits = model(x); loss = "
+        "f(logits, y); loss.backward()`), so the 16-bit logits stay alive. Default: the framework's.",
+    )
+    torch_version: str | None = Field(
+        None,
+        description="The job's torch version where it matters to memory (before 2.0 gradients were zeroed in place, "
+        "not freed). Default: a current release.",
+        pattern=r"^[0-9]+(\.[0-9]+){0,2}$",
     )
     framework_version: str | None = Field(
         None,
@@ -377,7 +540,6 @@ class Entry(_Strict):
         "uint16", description="Element type of the token file."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables set in the job.")
-
     environment: JobEnvironment = Field(
         default_factory=JobEnvironment,
         description="The job's software environment: modules to load, and (trainer: script) the Python, venv or "
@@ -440,6 +602,10 @@ class JobSpec(_Strict):
     limits: Limits = Field(default_factory=Limits, description="What the scheduler may use.")
     slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm pass-through options.")
     entry: Entry = Field(default_factory=Entry, description="What runs in the job.")
+    parallel: Parallel = Field(default_factory=Parallel, description="What the parallel plan may use.")
+    deepspeed: DeepSpeedBuffers = Field(
+        default_factory=DeepSpeedBuffers, description="DeepSpeed buffer sizes (frameworks that run DeepSpeed)."
+    )
 
     @model_validator(mode="after")
     def _trainer_supports(self) -> JobSpec:

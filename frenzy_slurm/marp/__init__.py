@@ -6,11 +6,17 @@ est = estimate_memory(workload_from_spec(spec, model), ParallelPlan(dp=4, zero=1
 
 from __future__ import annotations
 
+from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
-from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search
+from frenzy_slurm.jobspec.job import Optimizer
+from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
+from frenzy_slurm.marp.frameworks import fused_projections, profile_of, version_tuple
 from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload, parse_plan
+
+# hybrid-shard without a shard_group: FSDP's HYBRID_SHARD shards within a node (8 GPUs on most GPU nodes)
+HSDP_DEFAULT_GROUP = 8
 
 __all__ = [
     "Candidate",
@@ -23,6 +29,7 @@ __all__ = [
     "Workload",
     "estimate_memory",
     "parse_plan",
+    "pinned_plan",
     "search",
     "search_space_from_spec",
     "with_exact_params",
@@ -43,39 +50,150 @@ def with_exact_params(spec: JobSpec, model: ResolvedModel, trusted: tuple[str, .
 
 
 def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda") -> Workload:
-    """The MARP view of a job as frenzy-slurm's DeepSpeed runtime will run it (`device`: cuda, or cpu for
-    the CPU runs of the built-in trainer, where RMSNorm is a composite of ops that keeps its normalised output)."""
+    """The MARP view of the job as its framework runs it (marp/frameworks.py: the profile of
+    `entry.framework`, its defaults where model.yaml says nothing). `device`: cuda, or cpu for CPU runs
+    (the local cluster), where torch's optimizers step per tensor and frenzy's RMSNorm is a composite of
+    ops that keeps its normalised output. The only constructor of a Workload from a job."""
     t = spec.training
-    builtin = spec.entry.trainer == "builtin"
+    prof = profile_of(spec)
+    code = prof.code(spec)
+    arch = model.arch
+    if prof.unties_embeddings and arch.tied_embeddings and arch.head == "lm":
+        arch = arch.model_copy(update={"tied_embeddings": False})
+    paged = t.optimizer.startswith("paged-")
+    optimizer: Optimizer = "adam-8bit" if t.optimizer == "paged-adamw-8bit" else "adamw" if paged else t.optimizer  # type: ignore[assignment]
+    if t.optimizer_impl is not None:
+        fused = t.optimizer_impl == "fused"
+    else:
+        # torch's optimizers default to foreach only for CUDA tensors: on the CPU they step per tensor
+        fused = prof.fused_optimizer or device == "cpu"
+    if t.loss_chunks is not None:
+        chunks = t.loss_chunks
+    elif prof.loss_chunk_tokens:
+        chunks = max(1, -(-t.seq_len // prof.loss_chunk_tokens))
+    else:
+        chunks = prof.loss_chunks
+    lora = t.lora
+    quantizer = lora.quantizer or prof.nf4_quantizer
+    torch_version = version_tuple(spec.entry.torch_version)
     return Workload(
-        arch=model.arch,
+        arch=arch,
         seq_len=t.seq_len,
         precision=t.precision,
-        optimizer=t.optimizer,
+        optimizer=optimizer,
         attention=t.attention,
         method=t.method,
-        lora_rank=t.lora.rank,
-        lora_targets=tuple(t.lora.targets),
-        lora_dropout=t.lora.dropout > 0,
-        loss_chunks=t.loss_chunks,
+        lora_rank=lora.rank,
+        lora_targets=tuple(lora.targets),
+        lora_dropout=(lora.dropout if lora.dropout is not None else prof.lora_dropout) > 0,
+        loss_chunks=chunks,
         compile=t.compile,
-        framework="deepspeed",
+        compile_loss=t.compile_loss if t.compile_loss is not None else (prof.compiles_plain_loss or chunks > 1),
+        framework=prof.family,
+        fused_optimizer=fused,
+        optimizer_in_backward=t.optimizer_in_backward,
+        activation_offload=t.activation_offload,
+        paged_optimizer=paged,
+        norm_upcast=code.norm_upcast
+        and arch.norm == "rmsnorm"
+        and (device == "cpu" or not code.norm_upcast_on_cpu_only),
+        gqa_expand=code.gqa_expand and arch.kv < arch.heads,
+        nf4_double_quant=lora.double_quant if lora.double_quant is not None else True,
+        nf4_saves_inputs=quantizer == "bitsandbytes",
+        qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
+        hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,
+        keeps_previous_output=prof.keeps_previous_output,
+        zero_grad_to_none=torch_version is None or torch_version >= (2, 0),
+        unfused_rope=code.unfused_rope,
+        rope_tables_per_layer=code.rope_tables_per_layer,
+        vocab_parallel=code.vocab_parallel,
+        softmax_fp32=code.softmax_fp32_eager and t.attention == "eager",
+        fp8=t.fp8,
+        reshard_after_forward=spec.parallel.reshard_after_forward is not False,
+        fused_projections=fused_projections(code, arch),
+        loss_fp32=prof.loss_fp32_in_pure_bf16 or t.precision != "bf16-pure",
         exact_params=model.exact_params,
-        # the built-in model (frenzy_slurm.models.gpt) rotates q/k in eager ops and builds cos/sin per block
-        unfused_rope=builtin,
-        rope_tables_per_layer=builtin,
-        norm_upcast=builtin and device == "cpu" and model.arch.norm == "rmsnorm",
+        buckets=spec.deepspeed,
     )
+
+
+def _degrees(value: int | str, support: str, auto: tuple[int, ...], what: str, framework: str) -> tuple[int, ...]:
+    if value == "auto":
+        return auto if support == "auto" else (1,)
+    assert isinstance(value, int)
+    if value > 1 and support == "no":
+        raise InputError(
+            f"parallel.{what}: {value}: framework {framework} cannot run {what} > 1; set {what}: 1 or auto, or name "
+            "the framework that runs it (entry.framework; `frenzy-slurm frameworks` lists what each can run)"
+        )
+    return (value,)
 
 
 def search_space_from_spec(spec: JobSpec) -> SearchSpace:
+    """The plans the job's framework can run, within what model.yaml pins (`parallel:`, micro-batch,
+    checkpointing); refuses a pinned setting the framework cannot run (exit 2)."""
     t = spec.training
-    recompute: tuple[Recompute, ...] = (
-        ("none", "selective", "full") if t.activation_checkpointing == "auto" else (t.activation_checkpointing,)
-    )
-    # The built-in DeepSpeed runtime parallelises over data and pipeline stages; tensor parallelism needs a
-    # Megatron-style model, which only a user's own script can bring.
-    tp = (1, 2, 4, 8) if spec.entry.trainer == "script" else (1,)
+    par = spec.parallel
+    prof = profile_of(spec)
+    can = prof.can
+    fw = prof.name
+    recompute: tuple[Recompute, ...]
+    if t.activation_checkpointing == "auto":
+        recompute = ("none", "selective", "full") if can.selective_recompute else ("none", "full")
+    else:
+        if t.activation_checkpointing == "selective" and not can.selective_recompute:
+            raise InputError(
+                f"training.activation_checkpointing: selective (Megatron-style attention-core recomputation) is not "
+                f"something {fw} does; use full (with checkpoint_every for every k-th block) or none"
+            )
+        recompute = (t.activation_checkpointing,)
+    zero = par.zero_stages
+    if zero is not None and any(z not in can.zero_stages for z in zero):
+        raise InputError(
+            f"parallel.sharding: {par.sharding} is not one {fw} runs (its ZeRO/FSDP stages: "
+            f"{', '.join(map(str, can.zero_stages))}); choose another or auto"
+        )
+    if (par.offload_optimizer or par.offload_params) and not can.offload:
+        raise InputError(f"parallel.offload_*: {fw} does not offload to host memory; set them false")
+    if par.cp > 1 and can.cp == "no":
+        raise InputError(f"parallel.cp: {par.cp}: {fw} has no context parallelism; set cp: 1")
+    pinned: dict[str, object] = {
+        "cp": par.cp,
+        "offload_optimizer": par.offload_optimizer,
+        "offload_params": par.offload_params,
+        "schedule": par.schedule,
+        "virtual_stages": par.virtual_stages,
+    }
+    if par.shard_group is not None or par.sharding == "hybrid-shard":
+        pinned["shard_group"] = par.shard_group or HSDP_DEFAULT_GROUP
+    if par.sequence_parallel is not None:
+        pinned["sequence_parallel"] = par.sequence_parallel
     return SearchSpace(
-        micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else None, recompute=recompute, tp_degrees=tp
+        micro_batch=t.micro_batch if isinstance(t.micro_batch, int) else None,
+        recompute=recompute,
+        recompute_every=t.checkpoint_every,
+        zero_stages=zero or can.zero_stages,
+        tp_degrees=_degrees(par.tp, can.tp, (1, 2, 4, 8), "tp", fw),
+        pp_degrees=_degrees(par.pp, can.pp, (1, 2, 4, 8, 16), "pp", fw),
+        max_zero_with_pp=can.max_zero_with_pp,
+        heterogeneous=can.heterogeneous and par.pp in ("auto",),
+        pinned=pinned,
     )
+
+
+def pinned_plan(spec: JobSpec, w: Workload, world: int) -> ParallelPlan:
+    """The one plan a model.yaml that pins every degree gives at `world` GPUs (the candidate search's own
+    enumeration, so what is predicted for it is what fsbatch predicts); InputError when it gives none or
+    several (say which `parallel:` or `training:` setting to pin)."""
+    t = spec.training
+    space = search_space_from_spec(spec)
+    plans = [
+        g.plan(mb) for g in plan_groups(w, world, t.global_batch, space, gpus_per_node=world) for mb in g.micro_batches
+    ]
+    if len(plans) != 1:
+        shown = ", ".join(p.short() for p in plans[:4]) or "none"
+        raise InputError(
+            f"{spec.name}: {len(plans)} plans at {world} GPUs ({shown}); pin parallel.sharding, tp, pp and "
+            "training.micro_batch and activation_checkpointing to name exactly one"
+        )
+    return plans[0]

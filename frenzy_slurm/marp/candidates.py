@@ -70,7 +70,8 @@ class Candidate:
 
 @dataclass
 class SearchSpace:
-    """What the search may vary; the defaults cover what DeepSpeed supports."""
+    """What the search may vary (search_space_from_spec: what the job's framework can run, within what
+    model.yaml pins); the defaults cover what DeepSpeed supports."""
 
     micro_batch: int | None = None  # fixed by the user, else searched
     recompute: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -79,6 +80,15 @@ class SearchSpace:
     pp_degrees: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_micro_batch: int = 64
     fragmentation: float = Overheads().fragmentation
+    recompute_every: int | None = None  # with full recomputation: every k-th block only
+    max_zero_with_pp: int = 1  # the highest ZeRO/FSDP stage the framework combines with pipeline stages
+    heterogeneous: bool = True  # pipeline stages across GPU types (HAS's heterogeneous plans)
+    # ParallelPlan fields every plan carries as model.yaml pins them (cp, offload, schedule, shard_group, ...)
+    pinned: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def cp(self) -> int:
+        return int(self.pinned.get("cp", 1))  # type: ignore[call-overload]  # validated by the spec
 
 
 def _counts(opt: GpuOption, limit: int) -> list[int]:
@@ -101,17 +111,21 @@ class PlanGroup:
     recompute: Recompute
     micro_batches: tuple[int, ...]
     global_batch: int
+    pinned: tuple[tuple[str, object], ...] = ()  # SearchSpace.pinned, with recompute_layers where it applies
 
     def plan(self, mb: int) -> ParallelPlan:
         return ParallelPlan(
-            dp=self.dp,
-            tp=self.tp,
-            pp=self.pp,
-            zero=self.zero,
-            micro_batch=mb,
-            grad_accum=self.global_batch // (self.dp * mb),
-            recompute=self.recompute,
-            sequence_parallel=self.tp > 1,
+            **{
+                "dp": self.dp,
+                "tp": self.tp,
+                "pp": self.pp,
+                "zero": self.zero,
+                "micro_batch": mb,
+                "grad_accum": self.global_batch // (self.dp * mb),
+                "recompute": self.recompute,
+                "sequence_parallel": self.tp > 1,
+                **dict(self.pinned),
+            }  # type: ignore[arg-type]  # the pinned values come validated from the spec
         )
 
     def shape(self, mb: int) -> PlanShape:
@@ -124,23 +138,36 @@ def plan_groups(
 ) -> Iterator[PlanGroup]:
     """The groups of valid plans for `world` GPUs, without building the plans."""
     a = w.arch
+    cp = space.cp
+    group = space.pinned.get("shard_group")
     for tp in space.tp_degrees:
         if tp > world or tp > gpus_per_node or a.heads % tp or a.kv % tp or world % tp:
             continue
         for pp in space.pp_degrees:
-            if pp > a.layers or world % (tp * pp):
+            if pp > a.layers or world % (tp * pp * cp):
                 continue
-            dp = world // (tp * pp)
+            dp = world // (tp * pp * cp)
             if dp > global_batch or global_batch % dp:
                 continue
+            if isinstance(group, int) and dp % group:
+                continue  # a shard group must divide the data-parallel ranks
             for zero in space.zero_stages:
-                if (zero > 0 and dp == 1) or (zero >= 2 and pp > 1):
+                if (zero > 0 and dp == 1) or (zero > space.max_zero_with_pp and pp > 1):
                     continue  # ZeRO needs data parallelism; DeepSpeed refuses ZeRO-2/3 with pipelines
                 if dp > 1 and zero < (1 if pp > 1 else 2) and (1 if pp > 1 else 2) in space.zero_stages:
                     continue  # dominated: ZeRO-1/2 move the same bytes as plain data parallelism, in less memory
+                if zero == 0 and (space.pinned.get("offload_optimizer") or space.pinned.get("offload_params")):
+                    continue  # offload needs sharded states
+                if zero != 3 and space.pinned.get("offload_params"):
+                    continue
                 for rc in space.recompute:
-                    if rc == "selective" and w.attention != "eager":
-                        continue  # flash/sdpa already skip the score matrix: same as none
+                    if rc == "selective" and w.attention != "eager" and len(space.recompute) > 1:
+                        continue  # searched: flash/sdpa already skip the score matrix, same as none
+                    pinned = tuple(space.pinned.items())
+                    if rc == "full" and space.recompute_every:
+                        pinned += (
+                            ("recompute_layers", -(-a.layers // pp) // space.recompute_every),
+                        )  # of the largest stage
                     sizes = (
                         [space.micro_batch]
                         if space.micro_batch
@@ -152,7 +179,7 @@ def plan_groups(
                     )
                     mbs = tuple(mb for mb in sizes if not (global_batch // dp) % mb)
                     if mbs:
-                        yield PlanGroup(dp, tp, pp, zero, rc, mbs, global_batch)
+                        yield PlanGroup(dp, tp, pp, zero, rc, mbs, global_batch, pinned)
 
 
 def search(

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.jobspec.job import Attention, Method, Optimizer, Precision
+from frenzy_slurm.jobspec.job import Attention, DeepSpeedBuffers, Method, Optimizer, Precision
 
 Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
@@ -177,17 +177,8 @@ def parse_plan(text: str) -> ParallelPlan:
         raise InputError(f"--plan: {plan_error(exc)}") from None
 
 
-@dataclass(frozen=True)
-class DeepSpeedBuckets:
-    """DeepSpeed communication buffer sizes (elements), as frenzy-slurm writes them into ds_config.json."""
-
-    reduce_bucket_size: int = 200_000_000
-    allgather_bucket_size: int = 200_000_000
-    overlap_comm: bool = False
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_max_live_parameters: int = 1_000_000_000
-    # ZeRO-3 keeps a gathered parameter whose next use lies within this many parameter elements of the trace
-    stage3_max_reuse_distance: int = 1_000_000_000
+# DeepSpeed's buffer sizes as model.yaml's `deepspeed:` section gives them (and ds_config.json writes them)
+DeepSpeedBuckets = DeepSpeedBuffers
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,336 @@
+"""Framework profiles: what each training framework keeps alive in memory and which plans it can run.
+
+model.yaml's `entry.framework` names how the job runs; its profile here turns the job spec into MARP's
+`Workload` (the implementation behaviours that decide memory, with the framework's own defaults where
+model.yaml says nothing) and into the candidate search's `SearchSpace` (only plans the framework can
+run). `workload_from_spec` and `search_space_from_spec` (marp/__init__.py) are the only callers, for
+fsbatch, `frenzy-slurm memory`, the simulator and the accuracy benchmarks alike: no other code sets
+a Workload's implementation fields.
+
+Each profile says which releases it describes (`describes`), read from the framework's source at
+those versions; docs/marp.md lists them. A profile's behaviours fall in three groups:
+
+- the **model code** the framework trains (Hugging Face transformers for hf-trainer, lightning, torch
+  and deepspeed scripts; torchtune's, litgpt's, torchtitan's and Megatron's own; frenzy's built-in
+  model): how norms, rotary embeddings, grouped-query attention and projections are computed
+  (`ModelCode`); model.yaml's `entry.model_code` names another;
+- the **training loop**: what it keeps bound between forward and backward (the logits, the previous
+  step's output), which optimizer implementation it builds, its loss (chunked, in fp32), LoRA/QLoRA
+  defaults;
+- **what it can parallelise** (`Capabilities`): the degrees the search may try by itself (`auto`) and
+  the ones it accepts only when model.yaml asks (a TP-capable model the user brings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.jobspec.job import FrameworkName, JobSpec, ModelCodeName
+
+Support = Literal["auto", "asked", "no"]  # the search tries it / only when model.yaml pins it / never
+
+
+@dataclass(frozen=True)
+class ModelCode:
+    """How a model implementation computes a transformer block, as far as memory is concerned."""
+
+    name: ModelCodeName
+    # the RMSNorm computes on an fp32 copy of its input (eager HF/litgpt/torchtune RMSNorm: `x.to(float32)`)
+    norm_upcast: bool
+    # K/V repeated to every query head before the attention kernel (HF's repeat_kv)
+    gqa_expand: bool
+    # rotary embedding in eager ops after the head transpose: rotated q, k are new head-major tensors
+    unfused_rope: bool
+    # cos/sin tables built in every block instead of once per forward (frenzy's built-in model)
+    rope_tables_per_layer: bool = False
+    # q/k/v (and SwiGLU gate/up) as one fused linear: "always", "never", or "by-model" (Hugging Face: GPT-2,
+    # NeoX, Falcon fuse them; Llama-style and BERT-style models keep separate linears)
+    fused_projections: Literal["always", "never", "by-model"] = "always"
+    # eager attention's softmax(..., dtype=float32).to(dtype) (HF Llama-style eager attention)
+    softmax_fp32_eager: bool = False
+    # the RMSNorm upcast only on the CPU (frenzy's model: fused RMSNorm kernel on the GPU, a composite on the CPU)
+    norm_upcast_on_cpu_only: bool = False
+    # tensor parallelism splits the embedding, output layer and logits over the vocabulary (Megatron's
+    # VocabParallelEmbedding, torchtitan's loss_parallel); False: every TP rank holds them whole
+    vocab_parallel: bool = True
+
+
+MODEL_CODES: dict[str, ModelCode] = {
+    # transformers 4.40-4.57 modeling_llama.py / modeling_gpt2.py (eager RMSNorm upcast, repeat_kv, apply_rotary_pos_emb
+    # on the transposed q/k)
+    "hf": ModelCode(
+        "hf",
+        norm_upcast=True,
+        gqa_expand=True,
+        unfused_rope=True,
+        fused_projections="by-model",
+        # eager_attention_forward: softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)
+        softmax_fp32_eager=True,
+    ),
+    # frenzy_slurm.models.gpt: rotates q/k in eager ops and builds cos/sin per block; torch's fused RMSNorm on the GPU
+    "frenzy": ModelCode(
+        "frenzy",
+        norm_upcast=True,
+        gqa_expand=False,
+        unfused_rope=True,
+        rope_tables_per_layer=True,
+        fused_projections="never",
+        norm_upcast_on_cpu_only=True,
+        vocab_parallel=False,
+    ),
+    # torchtune 0.3-0.6 modules: RMSNorm upcasts; K/V expanded to every query head before SDPA; RoPE applied before
+    # the transpose (sequence-major: the attention output needs no copy); separate q/k/v and w1/w3 linears
+    "torchtune": ModelCode(
+        "torchtune", norm_upcast=True, gqa_expand=True, unfused_rope=False, fused_projections="never"
+    ),
+    # litgpt 0.4-0.5 model.py: fused qkv linear, RMSNorm upcast, eager RoPE after the transpose, GQA repeated
+    "litgpt": ModelCode("litgpt", norm_upcast=True, gqa_expand=True, unfused_rope=True, fused_projections="always"),
+    # torchtitan's llama: fused RMSNorm, complex RoPE on sequence-major tensors, separate wq/wk/wv and w1/w3
+    "torchtitan": ModelCode(
+        "torchtitan", norm_upcast=False, gqa_expand=False, unfused_rope=False, fused_projections="never"
+    ),
+    # Megatron-Core with Transformer Engine: fused kernels, fused qkv
+    "megatron": ModelCode("megatron", norm_upcast=False, gqa_expand=False, unfused_rope=False),
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Which parallel plans the framework can run."""
+
+    tp: Support = "no"
+    pp: Support = "no"
+    cp: Support = "no"
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # 1/2/3: DeepSpeed ZeRO stages; FSDP full shard = 3, SHARD_GRAD_OP = 2
+    selective_recompute: bool = False  # Megatron-style attention-core recomputation
+    offload: bool = False  # optimizer/parameter CPU offload
+    # pipeline stages sized to different GPU types in one job (frenzy's runtime lays out the stages itself)
+    heterogeneous: bool = False
+    max_zero_with_pp: int = 1  # DeepSpeed's pipeline engine refuses ZeRO-2/3; FSDP2 + PP (torchtitan) shards fully
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    """One framework's defaults and capabilities (see the module docstring)."""
+
+    name: FrameworkName
+    title: str
+    describes: str  # the releases read, e.g. "transformers 4.40-4.57, accelerate 1.x"
+    family: Literal["deepspeed", "torch", "megatron"]  # how MARP lays out model states and buffers
+    model_code: ModelCodeName
+    can: Capabilities
+    fused_optimizer: bool  # the optimizer it builds by default: fused/per-tensor kernels (no state-sized temporary)
+    holds_logits: bool  # the loop keeps the model output (logits) bound through backward
+    keeps_previous_output: bool = False  # `logits = model(...)` stays bound until the next forward returns
+    loss_chunks: int = 1  # cross-entropy in this many chunks by default
+    loss_chunk_tokens: int | None = None  # or: chunks of this many tokens (litgpt's chunked_cross_entropy)
+    loss_fp32_in_pure_bf16: bool = True  # False: the loss runs on 16-bit logits when weights are pure bf16
+    compiles_plain_loss: bool = True  # with compile: an unchunked loss is compiled too
+    lora_dropout: float = 0.05  # PEFT's examples / the frameworks' LoRA configs
+    qlora_quantized_head: bool = False  # QLoRA quantises the output layer too
+    nf4_quantizer: Literal["bitsandbytes", "torchao"] = "bitsandbytes"
+    # what the framework's shipped configs set, for a run described as "the defaults"
+    shipped_checkpointing: Literal["none", "full"] | None = None
+    unties_embeddings: bool = False  # its model class has its own output matrix: a tied checkpoint loads into two
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def code(self, spec: JobSpec) -> ModelCode:
+        return MODEL_CODES[spec.entry.model_code or self.model_code]
+
+
+PROFILES: dict[str, FrameworkProfile] = {
+    p.name: p
+    for p in (
+        FrameworkProfile(
+            "frenzy",
+            "frenzy-slurm's built-in DeepSpeed trainer",
+            f"frenzy-slurm's runtime with DeepSpeed 0.19 (torch {'2.13'})",
+            "deepspeed",
+            "frenzy",
+            Capabilities(pp="auto", selective_recompute=True, offload=True, heterogeneous=True),
+            # ds_config.json sets torch_adam (no extension to build at job start): torch's AdamW, foreach on a GPU
+            fused_optimizer=False,
+            holds_logits=False,
+        ),
+        FrameworkProfile(
+            "deepspeed",
+            "your DeepSpeed script (deepspeed.initialize with the rendered ds_config.json)",
+            "DeepSpeed 0.14-0.19",
+            "deepspeed",
+            "hf",
+            # AutoTP / Megatron-DeepSpeed models only when you pin parallel.tp; the pipeline engine needs a
+            # PipelineModule, which pp: auto assumes your script builds
+            Capabilities(tp="asked", pp="auto", selective_recompute=True, offload=True),
+            # DeepSpeed's FusedAdam, what a config of its own naming Adam/AdamW builds; the rendered
+            # $FRENZY_DS_CONFIG sets torch_adam instead (say training.optimizer_impl: foreach if you use it as is)
+            fused_optimizer=True,
+            holds_logits=False,
+        ),
+        FrameworkProfile(
+            "hf-trainer",
+            "Transformers Trainer / accelerate (DeepSpeed or FSDP backend)",
+            "transformers 4.40-4.57, accelerate 0.30-1.x",
+            "torch",
+            "hf",
+            Capabilities(tp="asked", offload=True),  # tp_plan="auto" models only when asked
+            fused_optimizer=True,  # TrainingArguments.optim defaults to adamw_torch_fused (4.45+ on CUDA)
+            holds_logits=True,  # the model output (loss, logits) is returned and kept through backward
+        ),
+        FrameworkProfile(
+            "torchtune",
+            "torchtune recipes (full_finetune_*, lora_finetune_*)",
+            "torchtune 0.3-0.6",
+            "torch",
+            "torchtune",
+            Capabilities(tp="asked", zero_stages=(0, 3), offload=True),  # FSDP2 full shard; tensor_parallel_dim
+            fused_optimizer=True,  # shipped configs set optimizer.fused: True
+            holds_logits=False,  # recipes `del logits` after the loss
+            loss_chunks=8,  # the shipped LLM configs' loss since 0.3: CEWithChunkedOutputLoss (8 chunks)
+            lora_dropout=0.0,  # the shipped LoRA configs' lora_dropout
+            compiles_plain_loss=False,  # compile_loss compiles the chunked loss's per-chunk cross-entropy only
+            shipped_checkpointing="full",  # shipped configs set enable_activation_checkpointing: True
+            nf4_quantizer="torchao",
+        ),
+        FrameworkProfile(
+            "torchtitan",
+            "torchtitan (FSDP2, TP, PP, CP)",
+            "torchtitan 0.1-0.2",
+            "torch",
+            "torchtitan",
+            Capabilities(tp="auto", pp="auto", cp="asked", zero_stages=(0, 3), max_zero_with_pp=3),
+            # torch's AdamW as the described releases build it by default (foreach on a GPU); set
+            # training.optimizer_impl: fused where optimizer.implementation says fused
+            fused_optimizer=False,
+            holds_logits=False,
+        ),
+        FrameworkProfile(
+            "litgpt",
+            "litgpt (finetune full / lora / qlora, pretrain)",
+            "litgpt 0.4-0.5",
+            "torch",
+            "litgpt",
+            Capabilities(zero_stages=(0, 3)),  # DDP or FSDP
+            fused_optimizer=False,  # torch's default (foreach on a GPU)
+            holds_logits=True,
+            keeps_previous_output=True,
+            loss_chunk_tokens=128,  # chunked_cross_entropy(chunk_size=128) in the fine-tuning scripts
+            loss_fp32_in_pure_bf16=False,  # the loss runs on the model's 16-bit logits
+            qlora_quantized_head=True,  # the bitsandbytes plugin replaces every nn.Linear, lm_head's too
+            unties_embeddings=True,  # GPT has lm_head beside wte, and the fine-tuning scripts do not tie them
+        ),
+        FrameworkProfile(
+            "lightning",
+            "PyTorch Lightning / Fabric (DDP, FSDP or DeepSpeed strategy)",
+            "lightning 2.2-2.5",
+            "torch",
+            "hf",
+            Capabilities(tp="asked", offload=True),
+            fused_optimizer=False,  # configure_optimizers returns torch's default AdamW (foreach)
+            holds_logits=True,
+        ),
+        FrameworkProfile(
+            "megatron",
+            "Megatron-Core / NeMo",
+            "megatron-core 0.8-0.12",
+            "megatron",
+            "megatron",
+            Capabilities(tp="auto", pp="auto", cp="asked", zero_stages=(0, 1), selective_recompute=True),
+            fused_optimizer=True,  # Apex/TE FusedAdam; zero 1 = the distributed optimizer
+            holds_logits=False,
+        ),
+        FrameworkProfile(
+            "torch",
+            "a plain PyTorch loop (DDP, FSDP/FSDP2)",
+            f"torch 2.0-{'2.13'}",
+            "torch",
+            "hf",
+            Capabilities(tp="asked", pp="asked", zero_stages=(0, 2, 3), offload=True, max_zero_with_pp=3),
+            fused_optimizer=False,  # torch.optim.AdamW's default: foreach on a GPU
+            holds_logits=True,  # `logits = model(x); loss = f(logits, y); loss.backward()`
+        ),
+    )
+}
+
+
+def profile_of(spec: JobSpec) -> FrameworkProfile:
+    return PROFILES[spec.entry.runs_with]
+
+
+def fused_projections(code: ModelCode, arch: Architecture) -> bool:
+    """Whether q/k/v (and SwiGLU's gate/up) are one linear in this model code."""
+    if code.fused_projections == "by-model":
+        # Hugging Face: GPT-2 (c_attn), GPT-NeoX/Falcon (query_key_value) fuse; Llama-style (RMSNorm) and
+        # BERT-style (an encoder head) models keep q_proj/k_proj/v_proj
+        return arch.norm == "layernorm" and arch.head == "lm"
+    return code.fused_projections == "always"
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    return tuple(int(p) for p in text.split(".")) if text else None
+
+
+def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
+    """Which profile predicts this job and which of its defaults apply because model.yaml is silent (for
+    `fsbatch --explain` and `frenzy-slurm memory`): the framework, the releases it describes, and each default
+    taken, as `{setting: value}`; a version outside those described is noted."""
+    prof = profile_of(spec)
+    t, e = spec.training, spec.entry
+    taken: dict[str, object] = {}
+    if e.model_code is None:
+        taken["entry.model_code"] = prof.model_code
+    if t.optimizer_impl is None:
+        taken["training.optimizer_impl"] = "fused" if prof.fused_optimizer or device == "cpu" else "foreach"
+    if t.loss_chunks is None:
+        taken["training.loss_chunks"] = (
+            f"{prof.loss_chunk_tokens}-token chunks" if prof.loss_chunk_tokens else prof.loss_chunks
+        )
+    if e.holds_logits is None:
+        taken["entry.holds_logits"] = prof.holds_logits
+    if t.method != "full" and t.lora.dropout is None:
+        taken["training.lora.dropout"] = prof.lora_dropout
+    if t.method == "qlora":
+        if t.lora.quantize_head is None:
+            taken["training.lora.quantize_head"] = prof.qlora_quantized_head
+        if t.lora.quantizer is None:
+            taken["training.lora.quantizer"] = prof.nf4_quantizer
+        if t.lora.double_quant is None:
+            taken["training.lora.double_quant"] = True
+    if t.compile and t.compile_loss is None:
+        taken["training.compile_loss"] = prof.compiles_plain_loss
+    can = prof.can
+    runs = {
+        "tp": can.tp,
+        "pp": can.pp,
+        "cp": can.cp,
+        "zero stages": ",".join(map(str, can.zero_stages)),
+        "heterogeneous pipelines": can.heterogeneous,
+    }
+    out: dict[str, object] = {
+        "framework": prof.name,
+        "title": prof.title,
+        "describes": prof.describes,
+        "defaults_taken": taken,
+        "can_run": runs,
+    }
+    if e.framework_version is not None:
+        out["version"] = e.framework_version
+    return out
+
+
+def profile_lines(spec: JobSpec, device: str = "cuda") -> list[str]:
+    """profile_summary as the lines --explain prints."""
+    s = profile_summary(spec, device)
+    lines = [f"framework: {s['framework']} ({s['title']}; profile describes {s['describes']})"]
+    taken = s["defaults_taken"]
+    assert isinstance(taken, dict)
+    if taken:
+        lines.append("  its defaults used: " + ", ".join(f"{k}={v}" for k, v in taken.items()))
+    runs = s["can_run"]
+    assert isinstance(runs, dict)
+    lines.append(
+        "  plans it can run: "
+        + ", ".join(f"{k} {'searched' if v == 'auto' else 'if pinned' if v == 'asked' else v}" for k, v in runs.items())
+    )
+    return lines
