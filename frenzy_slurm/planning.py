@@ -140,9 +140,12 @@ def find_site_file(explicit: Path | None) -> SiteFile:
     return SiteFile(load_site(path), path)
 
 
-def load_job(path: Path) -> JobFile:
-    """model.yaml and its model, without running any user code."""
-    spec = load_job_spec(path)
+def load_job(path: Path, overrides: Mapping[str, Any] | None = None, name: str | None = None) -> JobFile:
+    """model.yaml and its model, without running any user code; `overrides` (dotted key -> value) replace
+    values of the file before it is validated, `name` its name (a sweep's combination, `frenzy_slurm.sweeps`)."""
+    spec = load_job_spec(path, overrides)
+    if name is not None:
+        spec = spec.model_copy(update={"name": name})  # sweeps.Combination.name makes only names the field accepts
     return JobFile(path, spec, resolve_model(spec, path.parent))
 
 

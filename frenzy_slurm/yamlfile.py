@@ -6,6 +6,9 @@ pointed at the line the user must edit.
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -217,14 +220,61 @@ def format_validation_error(source: str, exc: ValidationError, lines: dict[Loc, 
     return "\n".join(out)
 
 
-def load_model_file(path: Path, model: type[M]) -> M:
-    """Read and validate a YAML file as `model`; InputError with every problem on failure."""
+_KEY_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def with_overrides(path: Path, data: dict, overrides: Mapping[str, Any]) -> dict:
+    """`data` with each dotted key (`training.learning_rate`) set to its value, the mappings on the way made
+    where the file has none (`limits.max_gpus` in a file without `limits:`). The file's data is not changed."""
+    out = copy.deepcopy(data)
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if not all(_KEY_PART.fullmatch(p) for p in parts):
+            raise InputError(
+                f"--set {key}: not a field path; write the model.yaml keys joined by dots, e.g. "
+                "training.learning_rate (docs/model-yaml.md lists them)."
+            )
+        node = out
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise InputError(
+                    f"--set {key}: {path} has a value, not a section, at {where}; set {where} itself instead."
+                )
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def load_model_file(path: Path, model: type[M], overrides: Mapping[str, Any] | None = None) -> M:
+    """Read and validate a YAML file as `model`, with `overrides` (dotted key -> value, fsbatch --set) applied
+    first; InputError with every problem on failure, a problem in an overridden field named by its --set."""
     data, lines = read_yaml(path)
     if data is None:
         raise InputError(f"{path}: the file is empty; see examples/ for a starting point.")
     if not isinstance(data, dict):
         raise InputError(f"{path}: the top level must be a mapping of fields, not {type(data).__name__}.")
+    if overrides:
+        data = with_overrides(path, data, overrides)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise InputError(format_validation_error(str(path), exc, lines)) from None
+        message = format_validation_error(str(path), exc, lines)
+        if overrides:
+            message = _name_overrides(message, overrides)
+        raise InputError(message) from None
+
+
+def _name_overrides(message: str, overrides: Mapping[str, Any]) -> str:
+    """Each `file[:line]: field: why` line about an overridden field (or one inside it) said as `--set KEY=VALUE`,
+    since the value that failed is the flag's, not the file's."""
+    out = []
+    for line in message.splitlines():
+        for key, value in overrides.items():
+            m = re.match(r"(.*?): (" + re.escape(key) + r"(?:\.\S*)?): (.*)", line)
+            if m is not None:
+                line = f"--set {key}={value}: {m.group(2)}: {m.group(3)}"
+                break
+        out.append(line)
+    return "\n".join(out)

@@ -2,24 +2,32 @@
 
     fsbatch examples/tiny-cpu.yaml --site site_configs/devcluster.yaml [--dry-run] [--explain] [--json]
 
+    fsbatch model.yaml --set training.learning_rate=1e-4,3e-4 [--wait]     # a sweep: one job per value
+
 Validates model.yaml, predicts memory per plan (MARP), reads the cluster, picks the allocation that
 finishes soonest (HAS), renders job.sbatch / ds_config.json / plan.json and submits with sbatch.
-sbatch-style flags (-A, -q, -t, -C, --exclusive, --mail-*, -J, -o, -e, --sbatch FLAG) override model.yaml.
+sbatch-style flags (-A, -q, -t, -C, --exclusive, --mail-*, -J, -o, -e, -d, --sbatch FLAG) override model.yaml.
+The work is frenzy_slurm.api's (plan_jobs, submit, Job.wait), which the Python API offers too; this module
+parses flags and prints.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from frenzy_slurm import __version__
+from frenzy_slurm.api import summary_line
 from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors, table, unchecked_file
 from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
+from frenzy_slurm.errors import FrenzyError
+from frenzy_slurm.sweeps import MAX_COMBINATIONS
 
 if TYPE_CHECKING:  # planning is imported when the command runs
+    from frenzy_slurm.api import Job, Plan
     from frenzy_slurm.has.model import Allocation, Decision
     from frenzy_slurm.planning import JobRequest
     from frenzy_slurm.submit import Submitted
@@ -46,27 +54,6 @@ def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:
         )
     header = ["", "allocation", "plan", "memory/GPU used/usable", "start", "run time", "completion", "why"]
     return header, rows
-
-
-def summary_line(req: JobRequest) -> str:
-    """One line: the chosen allocation, plan, memory per GPU, start and run time."""
-    decision = req.decision
-    chosen = decision.chosen
-    memory = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in chosen.components)
-    start = "now" if chosen.start_source == "now" else hms(chosen.start - decision.decided_at) + " from now"
-    return (
-        f"{req.plan.spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, {memory} per GPU, "
-        f"start {start}, run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)"
-    )
-
-
-def _force_turn(submission: str, force: bool) -> AbstractContextManager[object]:
-    """The lock that serialises `--force` runs of one submission (nothing for any other run)."""
-    from contextlib import nullcontext
-
-    from frenzy_slurm.submit.jobdir import user_lock
-
-    return user_lock(f"{submission}-force") if force else nullcontext()
 
 
 def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
@@ -126,11 +113,32 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
 @click.option("-o", "--output", help="sbatch --output (default: JOBDIR/slurm-%j.out).")
 @click.option("-e", "--error", help="sbatch --error.")
 @click.option(
+    "-d",
+    "--dependency",
+    help="sbatch --dependency, checked first: afterok:JOBID[:JOBID...], afterany, afternotok, aftercorr, "
+    "after:JOBID[+MIN], singleton; joined by ',' (all) or '?' (any). The jobs must be known to Slurm.",
+)
+@click.option(
     "--sbatch",
     "extra",
     multiple=True,
     metavar="FLAG",
     help="Any other sbatch flag, e.g. --sbatch=--reservation=big (repeatable).",
+)
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=V[,V...]",
+    help="Override a model.yaml value by its dotted path (--set training.learning_rate=1e-4); several values "
+    f"sweep: one job per combination of all --set values (at most {MAX_COMBINATIONS}), each its own name and "
+    "directory (repeatable).",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="As sbatch --wait: return when the job (every job of a sweep) has ended, with its exit code (0 only "
+    "for COMPLETED). Ctrl-C stops waiting, not the job.",
 )
 @click.version_option(__version__, prog_name="fsbatch")
 @reports_errors("fsbatch", json_errors=True)
@@ -158,63 +166,106 @@ def main(
     job_name: str | None,
     output: str | None,
     error: str | None,
+    dependency: str | None,
     extra: tuple[str, ...],
+    settings: tuple[str, ...],
+    wait: bool,
 ) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
-    from frenzy_slurm.calibration import explain_lines
+    from contextlib import ExitStack
+
+    from frenzy_slurm.api import plan_jobs, submit
     from frenzy_slurm.errors import InputError
-    from frenzy_slurm.planning import PlanOptions, find_site_file, load_job, plan_job, submission_of, traced
-    from frenzy_slurm.slurm import open_backend
+    from frenzy_slurm.sweeps import combinations, parse_set
 
     if parsable and (as_json or explain):
         raise InputError(
             f"--parsable prints only the job id and cannot be combined with {'--json' if as_json else '--explain'}: "
             "drop one of them."
         )
-    job = load_job(model_yaml)
-    site_file = find_site_file(site)
-    if trace_factory:
-        job = traced(job, site_file)
-    spec = job.spec
-    # fsbatch's flags override model.yaml's slurm: block; one options model for both
-    slurm = spec.slurm.overridden(
-        account=account,
-        qos=qos,
-        time=time_,
-        constraint=constraint,
-        exclusive=exclusive,
-        mail_type=mail_type,
-        mail_user=mail_user,
-        output=output,
-        error=error,
-        job_name=job_name,
-        extra=list(extra),
-    )
-    options = PlanOptions(
-        slurm=slurm, job_dir=job_dir, templates=templates, calibration=not no_calibration, force=force
-    )
-    cluster = open_backend(backend, snapshot)
+    if wait and dry_run:
+        raise InputError("--wait waits for a submitted job; --dry-run submits none: drop one of them.")
+    combos = combinations(parse_set(settings))
+    # fsbatch's flags override model.yaml's slurm: block; one options model for both (api.SLURM_FLAGS)
+    flags = {
+        "account": account,
+        "qos": qos,
+        "time": time_,
+        "constraint": constraint,
+        "exclusive": exclusive,
+        "mail_type": mail_type,
+        "mail_user": mail_user,
+        "output": output,
+        "error": error,
+        "job_name": job_name,
+        "dependency": dependency,
+        "extra": list(extra),
+    }
     # Concurrent --force runs of one submission take turns from choosing the directory to submitting, so each
     # sees the directory the other took (both used to choose NAME.2, and the second was told to use --force).
-    with _force_turn(submission_of(job, options), force and not dry_run):
-        req = plan_job(job, site_file, cluster, options)
+    with ExitStack() as turns:
+        plans = plan_jobs(
+            model_yaml,
+            combos,
+            site=site,
+            backend=backend,
+            snapshot=snapshot,
+            slurm=flags,
+            job_dir=job_dir,
+            templates=templates,
+            calibration=not no_calibration,
+            force=force,
+            trace_factory=trace_factory,
+            turns=None if dry_run else turns,
+        )
         # on stderr, so --json and the summary stay parseable; before submitting, so a refused sbatch keeps them
-        for line in req.notes:
-            click.echo(f"fsbatch: note: {line}", err=True)
+        for p in plans:
+            for line in p.notes:
+                click.echo(f"fsbatch: note: {p.name + ': ' if p.label else ''}{line}", err=True)
+        jobs: list[Job | None] = [None] * len(plans)
         if not dry_run:
-            from frenzy_slurm.submit import submit
+            for i, p in enumerate(plans):
+                try:
+                    jobs[i] = submit(p)
+                except FrenzyError as exc:
+                    if i:  # the sweep's earlier jobs exist: say which, with the reason the rest was not submitted
+                        done = ", ".join(f"{j.job_id} ({q.name})" for q, j in zip(plans, jobs, strict=False) if j)
+                        exc.message = f"{p.name}: {exc.message}\nSubmitted before this one: {done}; the rest not."
+                    raise
+    if as_json and len(plans) > 1:  # a sweep's --json: one list
+        print_json([_json(p, job, dry_run) for p, job in zip(plans, jobs, strict=True)])
+    else:
+        for p, job in zip(plans, jobs, strict=True):
+            _report(p, job, dry_run, as_json, parsable, explain)
+    if wait:
+        sys.exit(_wait_all([j for j in jobs if j is not None], as_json, parsable))
 
-            done = submit(req, cluster)
+
+def _json(p: Plan, job: Job | None, dry_run: bool) -> dict:
+    """One job as --json shows it: the request, whether it was a dry run, and once submitted its job id."""
+    result = {**p.as_json(), "dry_run": dry_run}
+    if job is not None:
+        del result["script"]  # the script was written to the job directory; --dry-run shows it
+        result["job_id"] = job.job_id
+        follows = getattr(job.submitted, "follows", None)  # the earlier job of this submission a rerun follows
+        if follows is not None:
+            result["follows"] = follows.as_json()
+    return result
+
+
+def _report(p: Plan, job: Job | None, dry_run: bool, as_json: bool, parsable: bool, explain: bool) -> None:
+    """What fsbatch prints for one job (a sweep prints this per job, its --json as one list afterwards)."""
+    from frenzy_slurm.calibration import explain_lines
+
+    req = p.request
     if parsable:
-        _print_parsable(req, None if dry_run else done)
+        _print_parsable(req, None if job is None else job.submitted)
         return
     if as_json:
-        result = {**req.as_json(), "dry_run": dry_run}
-        if not dry_run:
-            del result["script"]  # the script was written to the job directory; --dry-run shows it
-            result["job_id"] = done.job_id
-        print_json(result)
+        print_json(_json(p, job, dry_run))
         return
+    if p.label:  # a sweep: which combination this is
+        click.echo(f"=== {p.name}: {p.label}")
     click.echo(summary_line(req))
     if explain:
         header, rows = explain_rows(req.decision)
@@ -222,14 +273,37 @@ def main(
         if (calibration := req.calibration) is not None:  # plan_job always records one
             for line in explain_lines(calibration):
                 click.echo(line)
-        if (note := factory_note(spec, job.model)) is not None:
+        if p.model is not None and (note := factory_note(req.plan.spec, p.model)) is not None:
             click.echo(note)
-    if dry_run:
+    if job is None:
         click.echo(f"--- {req.job_dir}/job.sbatch (not submitted) ---")
         click.echo(req.script, nl=False)
-    else:
-        click.echo(f"Submitted batch job {done.job_id} (job directory {req.job_dir})")
-        if req.earlier_job_dir is not None:
-            click.echo(
-                f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it)."
-            )
+        return
+    click.echo(f"Submitted batch job {job.job_id} (job directory {req.job_dir})")
+    follows = getattr(job.submitted, "follows", None)
+    if follows is not None:
+        click.echo(f"It follows job {follows.job_id} ({follows.state}, job directory {follows.job_dir}).")
+    if req.earlier_job_dir is not None:
+        click.echo(f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it).")
+
+
+def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
+    """--wait: each job until it ends (one queue query per look, sbatch's back-off); the largest exit code, as
+    sbatch --wait takes the largest over a job's records. Ctrl-C leaves the jobs running and says so (exit 130)."""
+    err = as_json or parsable  # stdout holds only the JSON or the job ids
+    worst = 0
+    try:
+        for job in jobs:
+            state = job.wait()
+            code = job.wait_exit_code(state)
+            click.echo(f"fsbatch: job {job.job_id} ended {state}, exit code {code}", err=err)
+            worst = max(worst, code)
+    except KeyboardInterrupt:
+        ids = " ".join(str(j.job_id) for j in jobs)
+        click.echo(
+            f"fsbatch: interrupted: stopped waiting; the job(s) keep running (`fsqueue {jobs[0].job_id}` follows, "
+            f"`scancel {ids}` cancels)",
+            err=True,
+        )
+        return 130
+    return worst

@@ -7,8 +7,10 @@ model = resolve_model(spec, Path("examples"))
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.hf import architecture_from_hf_config
@@ -38,14 +40,15 @@ class ResolvedModel:
     exact_params: int | None = None
 
 
-def load_job_spec(path: Path) -> JobSpec:
-    """Parse model.yaml; raises InputError naming file, line and field on any problem.
+def load_job_spec(path: Path, overrides: Mapping[str, Any] | None = None) -> JobSpec:
+    """Parse model.yaml, with `overrides` (dotted key -> value: fsbatch --set, the API's overrides) applied
+    before validation; raises InputError naming file, line and field (or the --set) on any problem.
 
     Relative paths in it are relative to model.yaml's own directory (as `hf_config` and `entry.script` are):
     `entry.data` is made absolute here, since the job runs in its job directory, where a relative path
     would name a different file, or none.
     """
-    spec = load_model_file(path, JobSpec)
+    spec = load_model_file(path, JobSpec, overrides)
     data = spec.entry.data
     if data is not None and not Path(data).is_absolute():
         absolute = str((path.parent / data).absolute())

@@ -304,7 +304,21 @@ class SlurmOptions(_Strict):
     job_name: str | None = Field(None, description="sbatch --job-name (default: the job's name).")
     output: str | None = Field(None, description="sbatch --output (default: JOBDIR/slurm-%j.out).")
     error: str | None = Field(None, description="sbatch --error (default: same as output).")
+    dependency: str | None = Field(
+        None,
+        description="sbatch --dependency (afterok:JOBID[:JOBID...], afterany, afternotok, after[+MINUTES], "
+        "aftercorr, singleton; joined by ',' or '?'), checked before sbatch.",
+    )
     extra: list[str] = Field(default_factory=list, description="More sbatch flags, e.g. ['--reservation=big'].")
+
+    @field_validator("dependency")
+    @classmethod
+    def _dependency(cls, v: str | None) -> str | None:
+        if v is not None:
+            from frenzy_slurm.slurm.dependency import parse_dependency
+
+            parse_dependency(v)  # DependencyError is a ValueError: pydantic names the field
+        return v
 
     @field_validator("time")
     @classmethod
@@ -360,7 +374,7 @@ class SlurmOptions(_Strict):
         """The #SBATCH lines these options add (time, name and output are placed by the template)."""
         out = [
             f"--{name.replace('_', '-')}={value}"
-            for name in ("account", "qos", "constraint", "mail_type", "mail_user")
+            for name in ("account", "qos", "constraint", "mail_type", "mail_user", "dependency")
             if (value := getattr(self, name)) is not None
         ]
         if self.exclusive:

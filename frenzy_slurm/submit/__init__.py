@@ -24,14 +24,16 @@ from __future__ import annotations
 import getpass
 import os
 import signal
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_FAILURE, EXIT_SLURM_REJECTED, FrenzyError, InputError
 from frenzy_slurm.records import read_json_or_none, write_json
@@ -468,3 +470,17 @@ def held_signals(req: JobRequest) -> Iterator[list[int]]:
         yield caught
     finally:
         restore()
+
+
+class _CallablePackage(types.ModuleType):
+    """`fs.submit(plan)`, the Python API's submit (frenzy_slurm.api.submit), and this package share the name
+    `frenzy_slurm.submit`: once the package is imported, Python makes that name the package, so calling the
+    package calls the API's submit."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from frenzy_slurm.api import submit as api_submit
+
+        return api_submit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

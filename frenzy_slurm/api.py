@@ -1,0 +1,519 @@
+"""The Python API: plan, submit, follow, wait for and read a training job, as fsbatch and fsqueue do.
+
+    import frenzy_slurm as fs
+    plan = fs.plan("model.yaml", overrides={"training.learning_rate": 1e-4}, site="site.yaml")
+    print(plan)                      # the chosen allocation, plan, memory per GPU, start and run time
+    job = fs.submit(plan)            # what `print(plan)` showed is what is submitted (plan.request)
+    job.job_id, job.state            # Slurm's id; its state now (PENDING, RUNNING, COMPLETED, ...)
+    job.wait()                       # until it ends: its final state (WaitTimeout after `timeout` seconds)
+    job.metrics()                    # what the built-in trainer recorded: steps, step time, loss, peak memory
+    job.cancel()                     # scancel, the job directory kept
+    plans = fs.sweep("model.yaml", {"training.learning_rate": [1e-4, 3e-4]})   # one plan per combination
+
+Every step is the one fsbatch runs: `planning.plan_job` plans, `submit.submit` submits, `track` says the
+state. fsbatch is this module's caller (`plan_jobs`, `submit`, `Job.wait`, `summary_line`); errors are the
+typed exceptions of `frenzy_slurm.errors` and the stages (each with its `exit_code`), never `sys.exit`.
+Imports of the stages are deferred to the calls: `import frenzy_slurm` stays cheap and never imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from frenzy_slurm.errors import EXIT_FAILURE, FrenzyError, InputError
+
+if TYPE_CHECKING:
+    from frenzy_slurm.jobspec import ResolvedModel
+    from frenzy_slurm.planning import JobRequest, SiteFile
+    from frenzy_slurm.slurm import SlurmBackend
+    from frenzy_slurm.slurm.view import ClusterView
+    from frenzy_slurm.submit import Submitted
+    from frenzy_slurm.sweeps import Combination
+    from frenzy_slurm.track import TrackedJob
+
+__all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep"]
+
+ENDED = ("completed", "cancelled", "failed", "timeout")  # job phases (slurm.view.JOB_STATES) a job does not leave
+FIRST_POLL_S = 2.0  # as sbatch --wait: the first look after 2 s, each later wait longer
+POLL_GROWTH = 2.0
+DEFAULT_POLL_S = 30.0  # the longest wait between two looks: slurmctld is shared, and a job's end is rarely urgent
+UNSEEN_LOOKS = 3  # a job neither in the queue nor recorded anywhere this many looks in a row is taken as gone
+SLURM_FLAGS = (
+    "account",
+    "qos",
+    "time",
+    "constraint",
+    "exclusive",
+    "mail_type",
+    "mail_user",
+    "job_name",
+    "output",
+    "error",
+    "dependency",
+    "extra",
+)
+
+
+class WaitTimeout(FrenzyError):
+    """`Job.wait(timeout=...)` ran out before the job ended; the job keeps running."""
+
+    exit_code = EXIT_FAILURE
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One planned job: the frozen request fsbatch --dry-run prints (`request`), the backend it was planned
+    on (which submits it), and the sweep values it was planned with (`overrides`, as written)."""
+
+    request: JobRequest
+    backend: SlurmBackend = field(repr=False)
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""  # the sweep combination, `key=value ...`; empty for a single job
+    model: ResolvedModel | None = field(default=None, repr=False)  # the model as planned (exact_params if traced)
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+    @property
+    def job_dir(self) -> Path:
+        return self.request.job_dir
+
+    @property
+    def script(self) -> str:
+        return self.request.script
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.request.notes
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the chosen allocation (all components)."""
+        return sum(c.nodes * c.gpus_per_node for c in self.request.decision.chosen.components)
+
+    @property
+    def predicted_peak_gib(self) -> list[float]:
+        """MARP's predicted peak memory per GPU, one figure per component (GiB)."""
+        return [c.peak_gib for c in self.request.decision.chosen.components]
+
+    @property
+    def predicted_run_time_s(self) -> float:
+        return self.request.decision.chosen.run_time_s
+
+    @property
+    def summary(self) -> str:
+        return summary_line(self.request)
+
+    def as_json(self) -> dict[str, Any]:
+        """What `fsbatch --dry-run --json` prints for this job (and the sweep values, if any)."""
+        out = self.request.as_json()
+        if self.overrides:
+            out["overrides"] = dict(self.overrides)
+        return out
+
+    def __str__(self) -> str:
+        return self.summary
+
+
+def summary_line(req: JobRequest) -> str:
+    """One line: the chosen allocation, plan, memory per GPU, start and run time (fsbatch prints it)."""
+    from frenzy_slurm.cli.plan_view import fmt_gib, hms
+
+    decision = req.decision
+    chosen = decision.chosen
+    memory = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in chosen.components)
+    start = "now" if chosen.start_source == "now" else hms(chosen.start - decision.decided_at) + " from now"
+    return (
+        f"{req.plan.spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, {memory} per GPU, "
+        f"start {start}, run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)"
+    )
+
+
+class OneView:
+    """A backend whose cluster view is read once: every combination of a sweep is planned on the same view
+    (one set of sinfo/squeue queries, not one per job); the rest goes to the backend itself."""
+
+    def __init__(self, backend: SlurmBackend):
+        self._backend = backend
+        self._view: ClusterView | None = None
+        self.name = backend.name
+
+    @property
+    def inner(self) -> SlurmBackend:
+        return self._backend
+
+    def load(self) -> ClusterView:
+        if self._view is None:
+            self._view = self._backend.load()
+        return self._view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def open_backend(backend: str | SlurmBackend = "auto", snapshot: str | Path | None = None) -> SlurmBackend:
+    """A backend by name (`auto`, `cli`, `pyslurm`, `static` with a snapshot), or the one given."""
+    if not isinstance(backend, str):
+        return backend
+    from frenzy_slurm.slurm import open_backend as by_name
+
+    return by_name(backend, Path(snapshot) if snapshot is not None else None)
+
+
+def open_site(site: str | Path | SiteFile | None) -> SiteFile:
+    """The site file: given, else $FRENZY_SITE, else /etc/frenzy-slurm/site.yaml (planning.find_site_file)."""
+    from frenzy_slurm.planning import SiteFile, find_site_file
+
+    if isinstance(site, SiteFile):
+        return site
+    return find_site_file(Path(site) if site is not None else None)
+
+
+def check_dependency_jobs(dependency: str | None, backend: SlurmBackend) -> None:
+    """The jobs a --dependency names exist in Slurm (one queue query); sbatch refuses one it cannot find
+    (afterok/afternotok: a job that left the queue more than MinJobAge ago is not found either). A saved
+    snapshot cannot say: nothing is checked there."""
+    from frenzy_slurm.slurm.backend import ReadOnlyBackend
+    from frenzy_slurm.slurm.dependency import parse_dependency
+
+    if dependency is None:
+        return
+    ids = parse_dependency(dependency).job_ids
+    inner = backend.inner if isinstance(backend, OneView) else backend
+    if not ids or isinstance(inner, ReadOnlyBackend):
+        return
+    known = {i for j in backend.jobs(job_ids=ids) for i in (j.job_id, j.het_job_id) if i is not None}
+    missing = [i for i in ids if i not in known]
+    if missing:
+        which = ", ".join(map(str, missing))
+        raise InputError(
+            f"--dependency {dependency}: Slurm knows no job {which} (never submitted, or it ended more than "
+            f"MinJobAge ago); sbatch would refuse it. Check the id with `squeue -j {missing[0]}` or "
+            f"`sacct -j {missing[0]}`, or drop the dependency."
+        )
+
+
+def plan_jobs(
+    model_yaml: str | Path,
+    combinations: Sequence[Combination] = (),
+    *,
+    site: str | Path | SiteFile | None = None,
+    backend: str | SlurmBackend = "auto",
+    snapshot: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    slurm: Mapping[str, Any] | None = None,
+    job_dir: str | Path | None = None,
+    templates: str | Path | None = None,
+    calibration: bool = True,
+    force: bool = False,
+    trace_factory: bool = False,
+    turns: ExitStack | None = None,
+    now: float | None = None,
+) -> list[Plan]:
+    """The plans of model.yaml's combinations (none given: the file as it is, with `overrides`), all planned
+    before any is submitted, on one view of the cluster. fsbatch and `plan`/`sweep` call this.
+
+    `slurm` holds fsbatch's sbatch-style flags (SLURM_FLAGS: account, time, dependency, extra, ...), which
+    override model.yaml's slurm: block. With `turns`, each --force submission's lock is taken into it before
+    that job is planned (fsbatch holds them until it has submitted: see `_force_turn`).
+    """
+    from frenzy_slurm.planning import PlanOptions, load_job, plan_job, submission_of, traced
+
+    path = Path(model_yaml)
+    unknown = sorted(set(slurm or {}) - set(SLURM_FLAGS))
+    if unknown:
+        raise InputError(f"slurm options {', '.join(unknown)} are not known; use {', '.join(SLURM_FLAGS)}.")
+    if not combinations:
+        from frenzy_slurm.sweeps import combinations as product
+
+        combinations = product({})
+    if len(combinations) > 1 and job_dir is not None:
+        raise InputError(
+            "--job-dir names one job's directory; a sweep's jobs each get their own under $FRENZY_JOBS_DIR "
+            "(or ./frenzy-jobs): set that instead."
+        )
+    from frenzy_slurm.slurm.backend import ReadOnlyBackend
+
+    # in fsbatch's order: every model.yaml (combination) read first, then the site file, the flags, Slurm
+    loaded = []
+    base_name: str | None = None
+    for combo in combinations:
+        values = {**(overrides or {}), **combo.overrides}
+        if combo.total > 1 and base_name is None:
+            base_name = load_job(path, values).spec.name
+        loaded.append((combo, load_job(path, values, combo.name(base_name) if base_name is not None else None)))
+    site_file = open_site(site)
+    prepared = []
+    for combo, job in loaded:
+        if trace_factory:
+            job = traced(job, site_file)
+        flags = {**(slurm or {}), "extra": list((slurm or {}).get("extra") or [])}
+        options = PlanOptions(
+            slurm=job.spec.slurm.overridden(**flags),
+            job_dir=Path(job_dir) if job_dir is not None else None,
+            templates=Path(templates) if templates is not None else None,
+            calibration=calibration,
+            force=force,
+            now=now,
+        )
+        prepared.append((combo, job, options))
+    opened = open_backend(backend, snapshot)
+    # a saved snapshot is one view already, and planning must still see it as read-only (planning.start_estimator)
+    cluster = opened if isinstance(opened, ReadOnlyBackend) else OneView(opened)
+    # fsbatch -d, model.yaml's slurm.dependency, or a --set of it: each checked once, before anything is planned
+    for dependency in dict.fromkeys(options.slurm.dependency for _, _, options in prepared):
+        check_dependency_jobs(dependency, cluster)
+    plans = []
+    for combo, job, options in prepared:
+        if turns is not None and force:
+            turns.enter_context(_force_turn(submission_of(job, options)))
+        request = plan_job(job, site_file, cluster, options)
+        plans.append(Plan(request, cluster, combo.overrides, combo.label() if combo.total > 1 else "", job.model))
+    return plans
+
+
+def _force_turn(submission: str) -> Any:
+    """The lock that serialises `--force` runs of one submission, from choosing the directory to submitting,
+    so each sees the directory the other took."""
+    from frenzy_slurm.submit.jobdir import user_lock
+
+    return user_lock(f"{submission}-force")
+
+
+def plan(
+    model_yaml: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    site: str | Path | SiteFile | None = None,
+    backend: str | SlurmBackend = "auto",
+    snapshot: str | Path | None = None,
+    slurm: Mapping[str, Any] | None = None,
+    job_dir: str | Path | None = None,
+    templates: str | Path | None = None,
+    calibration: bool = True,
+    force: bool = False,
+    trace_factory: bool = False,
+) -> Plan:
+    """Plan the job of `model_yaml` as `fsbatch --dry-run` does: `overrides` (dotted key -> value, validated
+    as model.yaml's own) change the file's values; `slurm` are fsbatch's sbatch-style flags (`{"time": "1:00:00",
+    "dependency": "afterok:1234"}`). Raises InputError (exit 2), NoFitError (3), SlurmUnavailable (4), ..."""
+    (one,) = plan_jobs(
+        model_yaml,
+        site=site,
+        backend=backend,
+        snapshot=snapshot,
+        overrides=overrides,
+        slurm=slurm,
+        job_dir=job_dir,
+        templates=templates,
+        calibration=calibration,
+        force=force,
+        trace_factory=trace_factory,
+    )
+    return one
+
+
+def sweep(
+    model_yaml: str | Path,
+    grid: Mapping[str, Sequence[Any]],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    site: str | Path | SiteFile | None = None,
+    backend: str | SlurmBackend = "auto",
+    snapshot: str | Path | None = None,
+    slurm: Mapping[str, Any] | None = None,
+    templates: str | Path | None = None,
+    calibration: bool = True,
+    force: bool = False,
+) -> list[Plan]:
+    """One plan per combination of `grid`'s values (`{"training.learning_rate": [1e-4, 3e-4]}`), as
+    `fsbatch --set training.learning_rate=1e-4,3e-4` plans them: each its own name and job directory, at
+    most sweeps.MAX_COMBINATIONS. Submit each with `submit`."""
+    from frenzy_slurm.sweeps import combinations, grid_of
+
+    return plan_jobs(
+        model_yaml,
+        combinations(grid_of(grid)),
+        site=site,
+        backend=backend,
+        snapshot=snapshot,
+        overrides=overrides,
+        slurm=slurm,
+        templates=templates,
+        calibration=calibration,
+        force=force,
+    )
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """What the job recorded in metrics.json (the built-in trainer's; a script's job has GPU memory only)."""
+
+    step: int | None
+    total_steps: int | None
+    step_time_s: float | None
+    tokens_per_s: float | None
+    loss: tuple[tuple[int, float], ...]  # (step, loss) as the trainer logged them
+    peak_gib: float | None  # the largest per-rank peak memory measured
+    raw: Mapping[str, Any]  # the whole metrics.json
+
+
+@dataclass
+class Job:
+    """A submitted job: its id, directory and the backend that follows it. Each `state` is one queue query."""
+
+    job_id: int
+    job_dir: Path
+    backend: SlurmBackend = field(repr=False)
+    cluster: str | None = None
+    submitted: Submitted | None = field(default=None, repr=False)  # submit's answer, where this process submitted
+    _last: TrackedJob | None = field(default=None, repr=False)
+
+    def tracked(self) -> TrackedJob:
+        """What fsqueue JOBID shows: the queue's view (every hetjob component), else the job directory's with
+        accounting once the job has left the queue."""
+        from frenzy_slurm.track import frenzy_jobs, from_job_dirs
+
+        found = frenzy_jobs(self.backend.jobs(job_ids=[self.job_id]))
+        t = next((t for t in found if t.job_id == self.job_id), None)
+        if t is None:
+            t = from_job_dirs([self.job_dir], self.backend)[0]
+        self._last = t
+        return t
+
+    @property
+    def state(self) -> str:
+        """Slurm's state of the job now (PENDING, RUNNING, COMPLETED, FAILED, ...; UNKNOWN once it has left
+        the queue where the site keeps no accounting and the job wrote no record)."""
+        return self.tracked().state
+
+    def done(self) -> bool:
+        from frenzy_slurm.slurm.view import job_phase
+
+        return job_phase(self.state) in ENDED
+
+    def wait(self, timeout: float | None = None, poll: float = DEFAULT_POLL_S) -> str:
+        """Until the job ends: its final state. Looks after 2 s, then ever less often up to every `poll` seconds
+        (one queue query each). WaitTimeout after `timeout` seconds (the job keeps running); Ctrl-C
+        (KeyboardInterrupt) stops waiting, not the job. A job that is neither in the queue nor recorded for
+        UNSEEN_LOOKS looks is returned as UNKNOWN."""
+        from frenzy_slurm.slurm.view import job_phase
+
+        if poll <= 0 or (timeout is not None and timeout < 0):
+            raise InputError(f"wait(timeout={timeout}, poll={poll}): poll must be > 0 and timeout >= 0.")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        unseen = 0
+        for delay in _delays(poll):
+            state = self.state
+            if job_phase(state) in ENDED:
+                return state
+            unseen = unseen + 1 if state == "UNKNOWN" else 0
+            if unseen >= UNSEEN_LOOKS:
+                return state
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(
+                        f"job {self.job_id} is still {state} after {timeout:g} s; it keeps running "
+                        f"(`fsqueue {self.job_id}` follows it)."
+                    )
+                delay = min(delay, left)
+            _sleep(delay)
+        raise AssertionError("unreachable: _delays never ends")
+
+    @property
+    def exit_code(self) -> int | None:
+        """The job's exit code as sbatch --wait gives it: the job script's status (finished.json; for a hetjob
+        the one srun step over all components), else accounting's (a signal counts as 1); None while unknown."""
+        t = self._last or self.tracked()
+        code = (t.finished or {}).get("exit_code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
+        records = self.backend.accounting([self.job_id]) or {}
+        rec = records.get(self.job_id)
+        if rec is None or not rec.exit_code:
+            return None
+        status, _, signal = rec.exit_code.partition(":")
+        if signal not in ("", "0"):
+            return 1
+        return int(status) if status.isdigit() else None
+
+    def wait_exit_code(self, state: str) -> int:
+        """fsbatch --wait's exit status for a job that ended in `state`: 0 only for COMPLETED, else the job's
+        own exit code, or 1 where that is 0 or unknown (a job cancelled before it started)."""
+        code = self.exit_code
+        if state == "COMPLETED":
+            return code or 0
+        return code if code else 1
+
+    def metrics(self) -> Metrics | None:
+        """metrics.json as the job wrote it (at its end; None before then, or where it wrote none)."""
+        from frenzy_slurm.records import read_job_record_or_none
+
+        raw = read_job_record_or_none(self.job_dir / "metrics.json")
+        if not isinstance(raw, dict):
+            return None
+        ranks = [r for r in raw.get("ranks") or [] if isinstance(r, dict)]
+        peaks = [r["peak_gib"] for r in ranks if isinstance(r.get("peak_gib"), (int, float))]
+        return Metrics(
+            step=raw.get("step"),
+            total_steps=raw.get("total_steps"),
+            step_time_s=raw.get("step_time_s"),
+            tokens_per_s=raw.get("tokens_per_s"),
+            loss=tuple(
+                (int(x[0]), float(x[1]))
+                for x in raw.get("loss") or []
+                if isinstance(x, list) and len(x) == 2 and all(isinstance(v, (int, float)) for v in x)
+            ),
+            peak_gib=max(peaks) if peaks else None,
+            raw=raw,
+        )
+
+    def cancel(self) -> None:
+        """Cancel the job (every component of a hetjob); its directory is kept."""
+        self.backend.cancel(self.job_id)
+
+
+def _delays(longest: float) -> Iterator[float]:
+    delay = min(FIRST_POLL_S, longest)
+    while True:
+        yield delay
+        delay = min(delay * POLL_GROWTH, longest)
+
+
+def _sleep(seconds: float) -> None:
+    """time.sleep; tests replace it with a fake Slurm's clock."""
+    time.sleep(seconds)
+
+
+def submit(plan: Plan | JobRequest, backend: str | SlurmBackend | None = None) -> Job:
+    """Submit a plan (`plan`, `sweep`) through submit.submit, once per submission: AlreadySubmitted (exit 7)
+    if it already has a job, unless planned with force=True. A JobRequest needs the backend to submit to."""
+    from frenzy_slurm.planning import JobRequest
+    from frenzy_slurm.submit import submit as submit_request
+
+    if isinstance(plan, Plan):
+        request, cluster = plan.request, open_backend(backend) if backend is not None else plan.backend
+    elif isinstance(plan, JobRequest):
+        if backend is None:
+            raise InputError("submit(request): a JobRequest needs backend=; or pass the Plan that fs.plan returned.")
+        request, cluster = plan, open_backend(backend)
+    else:
+        raise InputError(f"submit() takes the Plan of fs.plan or fs.sweep, not {type(plan).__name__}.")
+    follows = cluster.inner if isinstance(cluster, OneView) else cluster
+    done = submit_request(request, follows)
+    return Job(done.job_id, done.job_dir, follows, done.cluster, done)
+
+
+def job(job_dir: str | Path, backend: str | SlurmBackend = "auto", snapshot: str | Path | None = None) -> Job:
+    """The job a job directory records (submission.json), to follow from another process."""
+    from frenzy_slurm.track import submitted_job_id
+
+    path = Path(job_dir).absolute()
+    return Job(submitted_job_id(path), path, open_backend(backend, snapshot))
