@@ -166,6 +166,10 @@ def test_pinned_settings_the_framework_cannot_run_are_refused():
         search_space_from_spec(script("torchtune", parallel={"sharding": "zero2"}))
     with pytest.raises(InputError, match="no context parallelism"):
         search_space_from_spec(script("hf-trainer", parallel={"cp": 2}))
+    with pytest.raises(InputError, match="runs no pipeline stages"):
+        search_space_from_spec(script("hf-trainer", parallel={"heterogeneous": True}))
+    assert search_space_from_spec(script("deepspeed", parallel={"heterogeneous": True})).heterogeneous
+    assert not search_space_from_spec(make_spec(parallel={"pp": 1})).heterogeneous
     # a TP-capable model the user brings: hf-trainer accepts tp when it is pinned
     assert search_space_from_spec(script("hf-trainer", parallel={"tp": 2})).tp_degrees == (2,)
 

@@ -70,6 +70,8 @@ def test_heterogeneous_job_when_a100_is_busy(jobs_dir, tmp_path):
                 "model": {"arch": {"layers": 16, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000}},
                 "training": {"seq_len": 512, "global_batch": 8, "steps": 2, "precision": "fp32", "micro_batch": 1},
                 "entry": {"trainer": "script", "script": str(PAYLOAD)},
+                # a script that builds its stages from plan.json's layer_split (only the built-in trainer's default)
+                "parallel": {"heterogeneous": True},
             }
         )
     )

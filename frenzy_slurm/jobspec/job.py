@@ -459,6 +459,12 @@ class Parallel(_Strict):
         False, description="Optimizer states in host memory (ZeRO-Offload, FSDP CPU offload); needs sharding."
     )
     offload_params: bool = Field(False, description="Parameters in host memory (ZeRO-3 / FSDP); needs zero3.")
+    heterogeneous: bool | None = Field(
+        None,
+        description="Pipeline stages on different GPU types in one Slurm heterogeneous job, each stage sized to its "
+        "GPU. Your script must build its stages from plan.json's layer_split, as the built-in trainer does. "
+        "Default: on for the built-in trainer only.",
+    )
 
     @field_validator("tp", "pp")
     @classmethod

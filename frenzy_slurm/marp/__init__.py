@@ -129,6 +129,18 @@ def _degrees(value: int | str, support: str, auto: tuple[int, ...], what: str, f
     return (value,)
 
 
+def _heterogeneous(spec: JobSpec, default: bool, pp: str, framework: str) -> bool:
+    """Whether HAS may lay pipeline stages over several GPU types: the framework's default, or model.yaml's
+    parallel.heterogeneous where the framework runs pipelines at all."""
+    asked = spec.parallel.heterogeneous
+    if asked and pp == "no":
+        raise InputError(
+            f"parallel.heterogeneous: {framework} runs no pipeline stages, so it cannot spread them over GPU types; "
+            "set it false"
+        )
+    return (default if asked is None else asked) and spec.parallel.pp != 1
+
+
 def search_space_from_spec(spec: JobSpec) -> SearchSpace:
     """The plans the job's framework can run, within what model.yaml pins (`parallel:`, micro-batch,
     checkpointing); refuses a pinned setting the framework cannot run (exit 2)."""
@@ -176,7 +188,7 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         tp_degrees=_degrees(par.tp, can.tp, (1, 2, 4, 8), "tp", fw),
         pp_degrees=_degrees(par.pp, can.pp, (1, 2, 4, 8, 16), "pp", fw),
         max_zero_with_pp=can.max_zero_with_pp,
-        heterogeneous=can.heterogeneous and par.pp in ("auto",),
+        heterogeneous=_heterogeneous(spec, can.heterogeneous, can.pp, fw),
         pinned=pinned,
     )
 
