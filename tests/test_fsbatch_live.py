@@ -45,7 +45,13 @@ def test_homogeneous_job_completes(jobs_dir, tmp_path):
 
 
 def test_dry_run_submits_nothing_and_repeat_is_refused(jobs_dir, tmp_path):
-    spec = spec_file(tmp_path, "twice")
+    # a job that is still running when the repeat comes: once it has ended, a repeat is a rerun (test_verbs_live.py)
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    data = yaml.safe_load(spec_file(tmp_path, "twice").read_text())
+    data["entry"]["script"] = str(script)
+    spec = tmp_path / "twice.yaml"
+    spec.write_text(yaml.safe_dump(data))
     before = sh("squeue", "-h", "--states=all", "-o", "%i").split()
     dry = fsbatch_json(str(spec), "--dry-run")
     assert "job_id" not in dry and not Path(dry["job_dir"]).exists()
