@@ -168,3 +168,25 @@ def test_example_untyped_site_file_loads():
     site = load_site(ROOT / "site_configs" / "example-untyped.yaml")
     assert site.pool("gpu", None) is not None and site.pool("gpu", None).gpu == "A100-80GB"
     assert site.pool("gpu-h100", "h100") is not None
+
+
+def test_site_detect_writes_an_untyped_pool_with_the_model_nvml_reports(monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+
+    import frenzy_slurm.slurm as slurm_pkg
+    from frenzy_slurm.cli.admin import main
+    from frenzy_slurm.runtime.nvml_probe import probe
+    from frenzy_slurm.slurm.fake import FakeSlurm
+
+    from .nvml_fake import FakeNvml
+
+    fake = FakeSlurm(_view())
+    fake.step_output[PoolKey("gpu", None)] = json.dumps(probe(FakeNvml("dgx-a100-80gb.json")))
+    monkeypatch.setattr(slurm_pkg, "open_backend", lambda *a, **k: fake)
+    res = CliRunner().invoke(main, ["site", "detect", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    pools = {p["partition"]: p for p in yaml.safe_load(res.stdout)["pools"]}
+    assert pools["gpu"]["untyped"] is True and "gres_type" not in pools["gpu"]
+    assert pools["gpu"]["gpu"] == "A100-80GB"
+    assert pools["t4"]["gres_type"] == "t4"

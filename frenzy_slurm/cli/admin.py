@@ -281,6 +281,64 @@ def site_init(backend: str, snapshot: Path | None, output: Path | None, force: b
         click.echo(f"frenzy-slurm site init: check: {line}", err=True)
 
 
+@site.command("install")
+@click.option("--prefix", required=True, type=click.Path(path_type=Path), help="The shared venv (created if missing).")
+@click.option("--wheel", type=click.Path(path_type=Path), help="frenzy_slurm-*.whl to install into it.")
+@click.option("--extras", default="", help="Extras with the wheel, comma-separated (train,nvml for jobs' Python).")
+@click.option("--etc", default="/etc/frenzy-slurm", show_default=True, type=click.Path(path_type=Path),
+              help="Where site.yaml lives.")  # fmt: skip
+@click.option("--site-file", type=unchecked_file, help="Install this site file as ETC/site.yaml (checked first).")
+@click.option("--scripts-dir", default="/etc/slurm", show_default=True, type=click.Path(path_type=Path),
+              help="Where frenzy-prolog and frenzy-epilog go (root's, 0755).")  # fmt: skip
+@click.option("--modulefiles", type=click.Path(path_type=Path), help="Modulefile tree (default PREFIX/modulefiles).")
+@click.option("--slurm-conf", type=unchecked_file, help="Read (never edit) it: are Prolog=/Epilog= set already?")
+@click.option("--force", is_flag=True, help="Replace an ETC/site.yaml that differs from --site-file.")
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@reports_errors("frenzy-slurm site install")
+def site_install(
+    prefix: Path,
+    wheel: Path | None,
+    extras: str,
+    etc: Path,
+    site_file: Path | None,
+    scripts_dir: Path,
+    modulefiles: Path | None,
+    slurm_conf: Path | None,
+    force: bool,
+    dry_run: bool,
+) -> None:
+    """Install for the site in one step: the venv, modulefiles, ETC, the Slurm prolog and epilog (docs/admin.md).
+
+    Idempotent: a second run says `unchanged` for each part. slurm.conf is not edited; the lines to add are
+    printed."""
+    from frenzy_slurm.site.install import InstallOptions, install
+
+    result = install(
+        InstallOptions(
+            prefix=prefix,
+            etc=etc,
+            scripts_dir=scripts_dir,
+            modulefiles=modulefiles,
+            wheel=wheel,
+            extras=tuple(e.strip() for e in extras.split(",") if e.strip()),
+            site_file=site_file,
+            slurm_conf=slurm_conf,
+            force=force,
+            dry_run=dry_run,
+        )
+    )
+    for step in result.steps:
+        click.echo(step.line())
+    if result.slurm_conf_lines:
+        click.echo("\nAdd to slurm.conf on every node (then `scontrol reconfigure`); this command does not edit it:")
+        for line in result.slurm_conf_lines:
+            click.echo(f"    {line}")
+    if result.next_steps:
+        click.echo("\nNext:")
+        for line in result.next_steps:
+            click.echo(f"    {line}")
+
+
 @site.command("validate")
 @cluster_options
 @click.argument("site_file", type=click.Path(dir_okay=False, path_type=Path), required=False)
