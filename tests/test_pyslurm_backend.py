@@ -118,6 +118,16 @@ def test_view_from_pyslurm(accounting):
     assert view.partitions[0].nodes == ["t4-1", "t4-2", "t4-4"]
 
 
+def test_untyped_gres_keeps_its_gpus():
+    mod = fake_pyslurm(["gres/gpu"])
+    nodes = Coll({"gpu-1": node("gpu-1", "MIXED", {"gpu": 4}, {"gpu": 1}, partitions=["gpu"])})
+    mod.Nodes = SimpleNamespace(load=lambda: nodes)
+    view = pb.PyslurmBackend(mod).load()
+    (n,) = view.nodes
+    assert (n.gpu_type, n.gpus_total, n.gpus_used) == (None, 4, 1)
+    assert [(p.key, p.gpus_total) for p in view.pools()] == [(("gpu", None), 4)]
+
+
 def test_gpu_counts():
     assert pb._gpu_count({"gpu": 2, "gpu:a100": 2}) == 2
     assert pb._gpu_count({"gres/gpu:a100": 3}) == 3 and pb._gpu_count({}) == 0

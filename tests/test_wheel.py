@@ -34,7 +34,8 @@ pytestmark = pytest.mark.slow
 
 # What the wheel is built from: everything pyproject.toml packs, nothing else (a stale build/ or an
 # egg-info in the checkout must not leak into the test's wheel).
-SOURCES = ["pyproject.toml", "README.md", "frenzy_slurm", "templates"]
+# frenzy_slurm/site/slurm links to contrib/slurm (the prolog and epilog `site install` copies).
+SOURCES = ["pyproject.toml", "README.md", "frenzy_slurm", "templates", "contrib/slurm"]
 BUILD_TIMEOUT_S = 120
 INSTALL_TIMEOUT_S = 240
 RUN_TIMEOUT_S = 60
@@ -92,6 +93,9 @@ def test_wheel_holds_the_templates_and_data_files_themselves(wheel):
                 info = zf.getinfo(f"frenzy_slurm/{sub}/{f.name}")  # KeyError: missing from the wheel
                 assert not stat.S_ISLNK(info.external_attr >> 16), f"{info.filename} is a link in the wheel"
                 assert zf.read(info) == f.read_bytes(), f"{info.filename} differs from {f}"
+        for name in ("prolog", "epilog"):  # through the frenzy_slurm/site/slurm link, as the templates
+            info = zf.getinfo(f"frenzy_slurm/site/slurm/{name}")
+            assert zf.read(info) == (ROOT / "contrib" / "slurm" / name).read_bytes()
         meta = Parser().parsestr(zf.read(f"frenzy_slurm-{frenzy_slurm.__version__}.dist-info/METADATA").decode())
     assert meta["License-Expression"] == "Apache-2.0"
     assert any(c.startswith("Programming Language :: Python :: 3.11") for c in meta.get_all("Classifier", []))
