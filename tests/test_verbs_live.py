@@ -166,3 +166,60 @@ def test_fscancel_by_name_and_a_job_that_is_not_ours(jobs_dir, tmp_path):
     unknown = fscancel("999999")
     assert unknown.returncode == 2 and "not in Slurm's queue" in unknown.stderr
     assert Path(out["job_dir"], "plan.json").exists()
+
+
+def test_outage_fscancel_says_so_and_log_reads_the_directory(jobs_dir, tmp_path):
+    """With the controller unreachable fscancel exits 4 naming the outage, and `fsqueue JOBID --log` still shows
+    the output from the job directory."""
+    import os
+    import re
+
+    script = tmp_path / "talk.py"
+    script.write_text("print('still here', flush=True)\nimport time\ntime.sleep(300)\n")
+    spec = tmp_path / "talker.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "talker",
+                "model": {"preset": "gpt2"},
+                "training": {"seq_len": 128, "global_batch": 8, "steps": 2, "precision": "fp32"},
+                "entry": {"trainer": "script", "script": str(script)},
+            }
+        )
+    )
+    out = fsbatch_json(str(spec))
+    job = out["job_id"]
+    log = Path(out["job_dir"]) / f"slurm-{job}.out"
+    wait_for(lambda: log.exists() and "still here" in log.read_text(), timeout=90, what="the job's output")
+    live = Path(os.environ["SLURM_CONF"])
+    conf = tmp_path / "down" / "slurm.conf"
+    conf.parent.mkdir()
+    conf.write_text(re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=21099", live.read_text()))
+    for extra in ("gres.conf", "cgroup.conf"):
+        if (live.parent / extra).exists():
+            (conf.parent / extra).write_text((live.parent / extra).read_text())
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    code = "import sys; from frenzy_slurm.cli.{} import main; sys.argv[0] = '{}'; main()"
+    down = subprocess.run(
+        [sys.executable, "-c", code.format("fscancel", "fscancel"), str(job)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=180,
+    )
+    assert down.returncode == 4 and "Traceback" not in down.stderr, down.stderr
+    assert "unreachable" in down.stderr.lower() or "controller" in down.stderr.lower(), down.stderr
+    shown = subprocess.run(
+        [sys.executable, "-c", code.format("fsqueue", "fsqueue"), str(job), "--log", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=180,
+    )
+    assert shown.returncode == 0, shown.stderr
+    ranks = [s for s in json.loads(shown.stdout)["sections"] if s["rank"] is not None]
+    assert ranks and all("still here" in s["lines"] for s in ranks), ranks
+    assert slurm_state(job) == "RUNNING"  # nothing was cancelled
+    sh("scancel", str(job))
