@@ -190,3 +190,14 @@ def test_site_detect_writes_an_untyped_pool_with_the_model_nvml_reports(monkeypa
     assert pools["gpu"]["untyped"] is True and "gres_type" not in pools["gpu"]
     assert pools["gpu"]["gpu"] == "A100-80GB"
     assert pools["t4"]["gres_type"] == "t4"
+
+
+def test_site_validate_names_untyped_gpus_the_file_does_not_describe():
+    from frenzy_slurm.site.tools import validate_site
+
+    assert validate_site(_site(), _view()) == []
+    (problem,) = validate_site(_site(None), _view())
+    assert problem.startswith("partition gpu has untyped gpu GPUs that the site file does not describe")
+    assert "add a pool with untyped: true and gpu: MODEL" in problem
+    typed_only = _view().model_copy(update={"nodes": [n for n in _view().nodes if n.partitions != ["gpu"]]})
+    assert "no node of partition 'gpu' has GRES untyped gpu (found: no GPUs)" in validate_site(_site(), typed_only)[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from frenzy_slurm.gpus import match_gpu
 from frenzy_slurm.site.config import SiteConfig, load_site
-from frenzy_slurm.slurm.view import ClusterView, gres_spelling
+from frenzy_slurm.slurm.view import ClusterView
 
 DEFAULT_SITE_PATHS = (Path("/etc/frenzy-slurm/site.yaml"),)
 
@@ -73,6 +73,11 @@ def propose_site(view: ClusterView) -> tuple[str, list[str]]:
     return "\n".join(lines) + "\n", flagged
 
 
+def _gres(gres_type: str | None) -> str:
+    """A GRES as validate names it: `gpu:a100`, or `untyped gpu` (Gres=gpu:N)."""
+    return f"gpu:{gres_type}" if gres_type else "untyped gpu"
+
+
 def validate_site(site: SiteConfig, view: ClusterView) -> list[str]:
     """Every disagreement between the site file and the live cluster, as one line each."""
     problems = []
@@ -89,9 +94,9 @@ def validate_site(site: SiteConfig, view: ClusterView) -> list[str]:
             continue
         lp = live.get((pool.partition, pool.gres_type))
         if lp is None:
-            found = sorted(gres_spelling(t, "N") for (p, t) in live if p == pool.partition)
+            found = sorted(_gres(t) for (p, t) in live if p == pool.partition)
             problems.append(
-                f"{where}: no node of partition '{pool.partition}' has GRES {gres_spelling(pool.gres_type, 'N')} "
+                f"{where}: no node of partition '{pool.partition}' has GRES {_gres(pool.gres_type)} "
                 f"(found: {', '.join(found) or 'no GPUs'})"
             )
             continue
@@ -101,7 +106,7 @@ def validate_site(site: SiteConfig, view: ClusterView) -> list[str]:
         if site.pool(part, gtype) is None:
             fix = " (add a pool with untyped: true and gpu: MODEL)" if gtype is None else ""
             problems.append(
-                f"partition {part} has {gres_spelling(gtype, 'N')} GPUs that the site file does not describe; "
+                f"partition {part} has {_gres(gtype)} GPUs that the site file does not describe; "
                 f"frenzy-slurm will not use them{fix}"
             )
     return problems
