@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from .helpers import ROOT, fsbatch_json, run_cli, wait_done
-from .slurm_fixture import occupy_gpus, sh, wait_for
+from .slurm_fixture import occupy_gpus, sh, slurm_cluster_2511, wait_for  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.live
 
@@ -223,3 +223,26 @@ def test_outage_fscancel_says_so_and_log_reads_the_directory(jobs_dir, tmp_path)
     assert ranks and all("still here" in s["lines"] for s in ranks), ranks
     assert slurm_state(job) == "RUNNING"  # nothing was cancelled
     sh("scancel", str(job))
+
+
+def test_rerun_on_a_rebuilt_cluster_that_never_knew_the_job(jobs_dir, tmp_path, slurm_cluster_2511, monkeypatch):
+    """The job ran on one cluster (22.05), the next fsbatch talks to another (25.11, with accounting) that has
+    never heard of it, and whose job ids start again: the job directory's finished.json says it ended, so the
+    same fsbatch submits the rerun there at once, into a new directory, naming the job it follows."""
+    from .helpers import payload_spec_file
+    from .slurm_fixture import _empty_queue
+
+    spec = payload_spec_file(tmp_path, "moved")
+    first = fsbatch_json(str(spec))
+    assert wait_done(first["job_id"])["state"] == "COMPLETED"
+    old = Path(first["job_dir"])
+    before = snapshot(old)
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster_2511.conf))
+    monkeypatch.setenv("PATH", slurm_cluster_2511.path)
+    _empty_queue()
+    again = fsbatch_json(str(spec))
+    assert again["job_dir"] == first["job_dir"] + ".2"
+    assert again["follows"] == {"job_id": first["job_id"], "job_dir": first["job_dir"], "state": "COMPLETED"}
+    assert wait_done(again["job_id"])["state"] == "COMPLETED"
+    assert snapshot(old) == before
+    _empty_queue()
