@@ -30,11 +30,12 @@ from frenzy_slurm.errors import EXIT_FAILURE, FrenzyError, InputError
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec import ResolvedModel
     from frenzy_slurm.planning import JobRequest, SiteFile
+    from frenzy_slurm.render.environment import EnvCheck
     from frenzy_slurm.slurm import SlurmBackend
     from frenzy_slurm.slurm.view import ClusterView
     from frenzy_slurm.submit import Submitted
     from frenzy_slurm.sweeps import Combination
-    from frenzy_slurm.track import TrackedJob
+    from frenzy_slurm.track import Cancelled, TrackedJob
 
 __all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep"]
 
@@ -215,13 +216,16 @@ def plan_jobs(
     trace_factory: bool = False,
     turns: ExitStack | None = None,
     now: float | None = None,
+    env_check: EnvCheck = "refuse",
 ) -> list[Plan]:
     """The plans of model.yaml's combinations (none given: the file as it is, with `overrides`), all planned
     before any is submitted, on one view of the cluster. fsbatch and `plan`/`sweep` call this.
 
     `slurm` holds fsbatch's sbatch-style flags (SLURM_FLAGS: account, time, dependency, extra, ...), which
     override model.yaml's slurm: block. With `turns`, each --force submission's lock is taken into it before
-    that job is planned (fsbatch holds them until it has submitted: see `_force_turn`).
+    that job is planned (fsbatch holds them until it has submitted: see `_force_turn`). `env_check`: whether the
+    job's Python finding the framework's packages is checked, a miss refusing the plan (exit 2) or a note
+    (docs/runtime.md, "The job's environment").
     """
     from frenzy_slurm.planning import PlanOptions, load_job, plan_job, submission_of, traced
 
@@ -261,6 +265,7 @@ def plan_jobs(
             calibration=calibration,
             force=force,
             now=now,
+            env_check=env_check,
         )
         prepared.append((combo, job, options))
     opened = open_backend(backend, snapshot)
@@ -299,6 +304,7 @@ def plan(
     calibration: bool = True,
     force: bool = False,
     trace_factory: bool = False,
+    env_check: EnvCheck = "refuse",
 ) -> Plan:
     """Plan the job of `model_yaml` as `fsbatch --dry-run` does: `overrides` (dotted key -> value, validated
     as model.yaml's own) change the file's values; `slurm` are fsbatch's sbatch-style flags (`{"time": "1:00:00",
@@ -315,6 +321,7 @@ def plan(
         calibration=calibration,
         force=force,
         trace_factory=trace_factory,
+        env_check=env_check,
     )
     return one
 
@@ -331,6 +338,7 @@ def sweep(
     templates: str | Path | None = None,
     calibration: bool = True,
     force: bool = False,
+    env_check: EnvCheck = "refuse",
 ) -> list[Plan]:
     """One plan per combination of `grid`'s values (`{"training.learning_rate": [1e-4, 3e-4]}`), as
     `fsbatch --set training.learning_rate=1e-4,3e-4` plans them: each its own name and job directory, at
@@ -348,6 +356,7 @@ def sweep(
         templates=templates,
         calibration=calibration,
         force=force,
+        env_check=env_check,
     )
 
 
@@ -475,9 +484,17 @@ class Job:
             raw=raw,
         )
 
-    def cancel(self) -> None:
-        """Cancel the job (every component of a hetjob); its directory is kept."""
-        self.backend.cancel(self.job_id)
+    def cancel(self, signal: str | None = None) -> Cancelled:
+        """Cancel the job (every component of a hetjob; with `signal`, send it that signal instead) as fscancel
+        JOBID does (track.cancel_jobs); its directory is kept. The outcome says what happened: cancelled,
+        signalled, ended (nothing to do), not running, or failed (Slurm refused: SlurmRejected is raised)."""
+        from frenzy_slurm.submit import SlurmRejected
+        from frenzy_slurm.track import cancel_jobs
+
+        (done,) = cancel_jobs(self.backend, [self.job_id], signal=signal)
+        if done.outcome == "failed":
+            raise SlurmRejected(f"Slurm did not cancel job {self.job_id}: {done.detail}")
+        return done
 
 
 def _delays(longest: float) -> Iterator[float]:

@@ -128,8 +128,10 @@ def test_cancel_and_a_cancelled_job_never_exits_0(fake):
     import frenzy_slurm as fs
 
     job = fs.submit(fs.plan(TINY, site=SITE, backend=fake))
-    job.cancel()
+    done = job.cancel()
+    assert (done.job_id, done.state, done.outcome, done.job_dir) == (job.job_id, "RUNNING", "cancelled", job.job_dir)
     assert job.wait() == "CANCELLED" and job.job_dir.is_dir()
+    assert job.cancel().outcome == "ended"  # nothing left to cancel
     assert job.wait_exit_code("CANCELLED") == 1  # accounting says 0:0 for a job cancelled before its script ran
 
 

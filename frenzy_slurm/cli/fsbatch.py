@@ -102,6 +102,12 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     is_flag=True,
     help="Plan with raw predictions, ignoring the site's calibration file (frenzy-slurm calibrate).",
 )
+@click.option(
+    "--no-env-check",
+    is_flag=True,
+    help="Do not check that the job's Python finds the framework's packages (torch, deepspeed, ...; "
+    "docs/runtime.md). Without it a missing one refuses the submission (exit 2), and is a note under --dry-run.",
+)
 @click.option("-A", "--account", help="sbatch --account.")
 @click.option("-q", "--qos", help="sbatch --qos.")
 @click.option("-t", "--time", "time_", help="sbatch --time (default: predicted run time + 25% + 10 min).")
@@ -156,6 +162,7 @@ def main(
     trace_factory: bool,
     force: bool,
     no_calibration: bool,
+    no_env_check: bool,
     account: str | None,
     qos: str | None,
     time_: str | None,
@@ -214,6 +221,7 @@ def main(
             job_dir=job_dir,
             templates=templates,
             calibration=not no_calibration,
+            env_check="off" if no_env_check else "note" if dry_run else "refuse",
             force=force,
             trace_factory=trace_factory,
             turns=None if dry_run else turns,
@@ -247,9 +255,8 @@ def _json(p: Plan, job: Job | None, dry_run: bool) -> dict:
     if job is not None:
         del result["script"]  # the script was written to the job directory; --dry-run shows it
         result["job_id"] = job.job_id
-        follows = getattr(job.submitted, "follows", None)  # the earlier job of this submission a rerun follows
-        if follows is not None:
-            result["follows"] = follows.as_json()
+        if job.submitted is not None and job.submitted.follows is not None:  # the ended job a rerun follows
+            result["follows"] = job.submitted.follows.as_json()
     return result
 
 
@@ -280,7 +287,7 @@ def _report(p: Plan, job: Job | None, dry_run: bool, as_json: bool, parsable: bo
         click.echo(req.script, nl=False)
         return
     click.echo(f"Submitted batch job {job.job_id} (job directory {req.job_dir})")
-    follows = getattr(job.submitted, "follows", None)
+    follows = job.submitted.follows if job.submitted is not None else None
     if follows is not None:
         click.echo(f"It follows job {follows.job_id} ({follows.state}, job directory {follows.job_dir}).")
     if req.earlier_job_dir is not None:
