@@ -70,6 +70,12 @@ def main() -> int:
     ap.add_argument("--knobs", default=None, help="JSON object overriding TUNED_KNOBS, e.g. '{\"ilp_speed_floor\": 2}'")
     ap.add_argument("--max-job-share", type=float, default=None, help="the site's max_job_share (HAS)")
     ap.add_argument("--include-tuning", action="store_true", help="count tuning-set runs in the goals")
+    ap.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        help="a --json file of an earlier run: its runs of policies not in --policies join this run's comparison",
+    )
     ap.add_argument("--trace", type=Path, default=None)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -118,6 +124,9 @@ def main() -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+    if args.reuse:
+        earlier = json.loads(args.reuse.read_text())["runs"]
+        rows += [r for r in earlier if r["policy"] not in policies and r["shape"] in shapes and r["load"] in loads]
     print(table(rows))
     print()
     print(comparisons(rows, args.include_tuning))

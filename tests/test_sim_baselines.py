@@ -232,3 +232,33 @@ def test_plain_users_submit_with_loose_whole_hour_limits_under_every_policy():
     assert all(c.time_min % 60 == 0 for x in plain for c in x.components)  # whole hours, as users write them
     assert s["decisions"] == 10 - len(plain)  # HAS decided only its own jobs
     assert s["avg_jct_own_s"] > 0 and s["avg_jct_plain_s"] > 0
+
+
+# ---- HAS's width rule per set of pools (issue 20) -------------------------------------------------------
+
+
+def _v100_case(rule: str, monkeypatch: pytest.MonkeyPatch):
+    from importlib import import_module
+
+    from frenzy_slurm.sim.policies import HasPolicy
+
+    monkeypatch.setattr(import_module("frenzy_slurm.has.decide"), "WIDTH_RULE", rule)
+    cluster = parse_compact("A100-80GB:1x8,V100-32GB:2x8")
+    sim = SimSlurm(cluster)
+    sim.submit(_batch("other", _req("a10080gb", "a100_80gb", 8, 20)))  # the A100s busy for 20 min
+    ctx = Context(sim, cluster.site(), Truth(EM.exact(), 1))
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="fp16-mixed", seq_len=1024, global_batch=64, steps=4000
+    )
+    p = HasPolicy().place(Attempt(job, job.steps), ctx)
+    assert p is not None
+    return p
+
+
+def test_the_width_rule_per_pool_lets_an_fp16_job_take_idle_v100s(monkeypatch):
+    per_pool = _v100_case("per-pool", monkeypatch)
+    across = _v100_case("all", monkeypatch)
+    # across types, 8 V100s count as 8x one A100 and lose the width rule; per pool they are judged as V100s
+    assert "A100" in across.label and across.gpus <= 4
+    assert "V100" in per_pool.label and per_pool.gpus >= 4
+    assert per_pool.step_time_s * 4000 < across.step_time_s * 4000  # and they finish sooner

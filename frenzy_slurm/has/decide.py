@@ -57,6 +57,12 @@ TIE_FRACTION = 0.01
 # behind it wait for. 0.5 is the usual parallel-efficiency floor of HPC allocation policies; 1.0 while jobs
 # wait was measured worse (docs/has.md, step 5). Site-tunable policy; from cf5a83d (the simulator's findings).
 MIN_MARGINAL_EFFICIENCY = 0.5
+# Where the width rule applies (issue 20): "per-pool" widens within each set of pools (one GPU type, or one
+# pair of a pipeline) and then takes the earliest completion of those choices; "all" widens across every
+# candidate by GPU count, which judged 16 V100s against 1 A100 as 16x the GPUs, so fp16 jobs queued for A100s
+# while V100s idled. Per pool measured 0.459 h against 0.536 h (64 GPUs, load 0.8, seeds 1-5) and 13.0%
+# against 28.5% above sia on the held-out runs (docs/simulation.md). Site-tunable policy.
+WIDTH_RULE = "per-pool"
 # The no-fit message searches every usable pool as if it had this many GPUs, to name the smallest allocation
 # that would fit. More GPUs than any cluster the project is run on; it bounds that search (from 5acce1b).
 NO_FIT_PROBE_GPUS = 4096
@@ -533,7 +539,14 @@ def decide(
             )
 
         ordered = sorted(items, key=key)
-        choice = _widest_worth_it(ordered, now, tol)
+        if WIDTH_RULE == "per-pool":
+            groups: dict[tuple, list[_Cand]] = {}
+            for c in ordered:
+                groups.setdefault(tuple(p.key for p in c.pools), []).append(c)
+            picks = [_widest_worth_it(g, now, tol) for g in groups.values()]
+            choice = min(picks, key=lambda c: (key(c), ordered.index(c)))  # the earliest, ties as ranked
+        else:
+            choice = _widest_worth_it(ordered, now, tol)
         return [choice] + [c for c in ordered if c is not choice]
 
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
