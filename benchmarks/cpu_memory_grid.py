@@ -3,10 +3,11 @@
     nice -n 10 python benchmarks/cpu_memory_grid.py [--out benchmarks/data/cpu_memory_grid.json] [--only NAME ...]
 
 Each grid point trains a small Llama-style or GPT-2-style model (frenzy_slurm.models, the built-in trainer's
-model) for four optimizer steps in 1-4 processes on the CPU and records, per rank, the peak of live
-tensor bytes over the steady steps 2-4 (the first creates the optimizer states); a multi-process point
-runs three times and keeps each rank's median run (`--repeats`). Live bytes come from the profiler's
-allocator events (`profile_memory=True`), recorded from before the model exists, so every free is matched
+model; or, for the hf-trainer points, Transformers' Trainer on LlamaForCausalLM / GPT2LMHeadModel built from a
+config, which needs the `examples` extra) for four optimizer steps in 1-4 processes on the CPU and records,
+per rank, the peak of live tensor bytes over the steady steps 2-4 (the first creates the optimizer states);
+a multi-process point runs three times and keeps each rank's median run (`--repeats`). Live bytes come from
+the profiler's allocator events (`profile_memory=True`), recorded from before the model exists, so every free is matched
 to its allocation (a profiler started later cannot see frees of older blocks), and read as the allocator's
 own running total, with c10's accounting on for every thread (`count_all_threads`): gloo drops the last
 reference to many collective buffers on its own threads, whose frees the profiler does not report as
@@ -110,6 +111,10 @@ def grid() -> list[dict]:
     pts.append(_point("torch-llama-1gpu", LLAMA, "torch"))
     pts.append(_point("ddp-llama-dp2", LLAMA, "ddp", dp=2))
     pts.append(_point("torch-gpt2-1gpu-mb4", GPT2, "torch", micro_batch=4))
+    # the real frameworks, on their own model classes (the `examples` extra)
+    pts.append(_point("hf-trainer-llama-1gpu", LLAMA, "hf-trainer"))
+    pts.append(_point("hf-trainer-llama-1gpu-bf16", LLAMA, "hf-trainer", precision="bf16-mixed"))
+    pts.append(_point("hf-trainer-gpt2-1gpu", GPT2, "hf-trainer"))
     return pts
 
 
@@ -220,7 +225,9 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
     steps = 4
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         trainer = p["trainer"]
-        if trainer in ("deepspeed", "pipeline"):
+        if trainer == "hf-trainer":
+            _hf_trainer(p, rank, world, steps)
+        elif trainer in ("deepspeed", "pipeline"):
             import deepspeed
 
             logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
@@ -299,7 +306,7 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
         import gc
 
-        for i in range(steps):
+        for i in range(steps if trainer != "hf-trainer" else 0):
             # GRID_GC=1 collects Python's cyclic garbage before every step (an experiment: it removed the
             # step-to-step growth the single-process DeepSpeed points had while this harness copied the block's
             # forward into closures, and moves other ranks' frees; docs/accuracy.md). The stored dataset is measured
@@ -334,6 +341,86 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
     else:
         result["stage"] = 0
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _hf_trainer(p: dict, rank: int, world: int, steps: int) -> None:
+    """Transformers' own Trainer on its own model class (LlamaForCausalLM / GPT2LMHeadModel built from a config:
+    random weights, no download) for `steps` optimizer steps; a callback marks each step's window as the other
+    modes' loop does (on_step_begin .. on_step_end: the forward and backward of every micro-batch, the optimizer
+    step and zero_grad)."""
+    import tempfile
+
+    import torch
+    import transformers
+    from torch.autograd.profiler import record_function
+
+    if world == 1:  # one process, as `python train.py` runs it: no torchrun variables, so no DDP wrapper
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+    a = p["arch"]
+    common = dict(vocab_size=a["vocab"], attn_implementation=p["attention"])
+    if a.get("norm", "rmsnorm") == "rmsnorm":
+        config = transformers.LlamaConfig(
+            hidden_size=a["hidden"],
+            intermediate_size=a["ffn"],
+            num_hidden_layers=a["layers"],
+            num_attention_heads=a["heads"],
+            num_key_value_heads=a["kv_heads"],
+            max_position_embeddings=a["max_positions"],
+            tie_word_embeddings=a.get("tied_embeddings", False),
+            **common,
+        )
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.GPT2Config(
+            n_embd=a["hidden"],
+            n_layer=a["layers"],
+            n_head=a["heads"],
+            n_inner=a["ffn"],
+            n_positions=a["max_positions"],
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
+        model = transformers.GPT2LMHeadModel(config)
+    gen = torch.Generator().manual_seed(rank)
+    n = p["micro_batch"] * p["grad_accum"] * steps
+    data = [
+        {"input_ids": (x := torch.randint(0, a["vocab"], (p["seq_len"],), generator=gen)), "labels": x}
+        for _ in range(n)
+    ]
+
+    class Windows(transformers.TrainerCallback):
+        def __init__(self) -> None:
+            self.step = 0
+            self.cm = None
+
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001 - transformers' callback signature
+            self.cm = record_function(f"grid-step-{self.step}")
+            self.cm.__enter__()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            self.cm.__exit__(None, None, None)
+            self.step += 1
+
+    with tempfile.TemporaryDirectory() as out:
+        args = transformers.TrainingArguments(
+            output_dir=out,
+            max_steps=steps,
+            per_device_train_batch_size=p["micro_batch"],
+            gradient_accumulation_steps=p["grad_accum"],
+            gradient_checkpointing=p["recompute"] == "full",
+            bf16=p["precision"] == "bf16-mixed",
+            learning_rate=1e-3,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            use_cpu=True,
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Windows()]).train()
 
 
 def _debug_alive_at_peak(events: list[dict], rank: int, window: tuple[float, float]) -> None:
@@ -396,13 +483,16 @@ def run_point(p: dict, repeats: int) -> list[dict]:
 def marp_inputs(p: dict) -> dict:
     """What MARP is told about this point: the model.yaml that describes the run (frenzy_slurm/eval/grid.py
     predicts it through the same functions fsbatch calls, on the CPU). The DeepSpeed points run the built-in
-    trainer (framework frenzy); the others a plain PyTorch loop (framework torch) over the built-in model
+    trainer (framework frenzy), the hf-trainer points Transformers' Trainer on its own model classes (framework
+    hf-trainer, its profile's defaults); the others a plain PyTorch loop (framework torch) over the built-in model
     (model_code frenzy) that computes the loss inside a function, so the logits are not held through backward."""
     trainer = p["trainer"]
     builtin = trainer in ("deepspeed", "pipeline")
     entry: dict[str, Any] = (
         {"trainer": "builtin"}
         if builtin
+        else {"trainer": "script", "script": "train.py", "framework": "hf-trainer"}
+        if trainer == "hf-trainer"
         else {
             "trainer": "script",
             "script": "benchmarks/cpu_memory_grid.py",
@@ -505,8 +595,15 @@ def main() -> int:
             + f" ({time.time() - t0:.0f} s)",
             flush=True,
         )
+        try:
+            import transformers
+
+            frameworks = {"transformers": transformers.__version__}
+        except ImportError:
+            frameworks = {}
         data = {
             "torch": torch.__version__,
+            "frameworks": frameworks | data.get("frameworks", {}),
             "device": "cpu (gloo)",
             "command": "python benchmarks/cpu_memory_grid.py",
             "points": sorted(by_name.values(), key=lambda q: q["name"]),

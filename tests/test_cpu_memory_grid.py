@@ -23,7 +23,7 @@ POINTS = load_grid(DATA) if DATA.exists() else []
 def test_grid_dataset_is_present_and_covers_the_modes():
     assert POINTS, f"{DATA} is missing: run python benchmarks/cpu_memory_grid.py"
     trainers = {p["trainer"] for p in POINTS}
-    assert {"deepspeed", "pipeline", "fsdp2", "tp", "torch", "ddp"} <= trainers
+    assert {"deepspeed", "pipeline", "fsdp2", "tp", "torch", "ddp", "hf-trainer"} <= trainers
     derived = {p["name"]: workload_of(p) for p in POINTS}
     plans = {name: plan for name, (_, plan) in derived.items()}
     workloads = {name: w for name, (w, _) in derived.items()}
@@ -37,11 +37,13 @@ def test_grid_dataset_is_present_and_covers_the_modes():
 
 def test_every_point_is_a_model_yaml_a_user_could_run():
     """The grid's inputs are model.yaml files (no Workload field set by hand): each validates as a JobSpec, the
-    built-in trainer's points name framework frenzy and the others a plain torch loop, and the plan fsbatch's
-    search gives for it at the point's GPU count is the one that ran."""
+    built-in trainer's points name framework frenzy, Transformers' Trainer points hf-trainer (its profile's
+    defaults, nothing else said) and the others a plain torch loop, and the plan fsbatch's search gives for it at
+    the point's GPU count is the one that ran."""
     for p in POINTS:
         spec = spec_of(p)
-        assert spec.entry.runs_with == ("frenzy" if p["trainer"] in ("deepspeed", "pipeline") else "torch")
+        framework = {"deepspeed": "frenzy", "pipeline": "frenzy", "hf-trainer": "hf-trainer"}.get(p["trainer"], "torch")
+        assert spec.entry.runs_with == framework
         _, plan = workload_of(p)
         assert plan.world == len({r["rank"] for r in p["ranks"]})
         assert plan.tp == p["spec"]["parallel"]["tp"] and plan.pp == p["spec"]["parallel"]["pp"]

@@ -81,8 +81,8 @@ VARIATIONS: list[tuple[str, dict]] = [
     ("buffers", {"deepspeed": {"reduce_bucket_size": 1000}}),
     ("tied gpt-2", {"model": {"preset": "gpt2-medium"}}),
     (
-        "held logits off",
-        {"entry": {"trainer": "script", "script": "t.py", "framework": "hf-trainer", "holds_logits": False}},
+        "logits held",
+        {"entry": {"trainer": "script", "script": "t.py", "framework": "hf-trainer", "holds_logits": True}},
     ),
 ]
 
@@ -127,7 +127,17 @@ def test_the_profiles_defaults_reach_the_workload():
     lit = workload_from_spec(s := script("litgpt", training__seq_len=1000), resolve_model(s, "."))
     assert lit.loss_chunks == 8 and lit.keeps_previous_output and lit.hold_logits and lit.fused_projections
     hf = workload_from_spec(s := script("hf-trainer"), resolve_model(s, "."))
-    assert hf.norm_upcast and hf.gqa_expand and hf.unfused_rope and hf.hold_logits and not hf.fused_projections
+    # Trainer.compute_loss returns the loss only; transformers 5's SDPA path takes the K/V heads as they are
+    assert hf.norm_upcast and hf.unfused_rope and not hf.fused_projections
+    assert not hf.hold_logits and not hf.gqa_expand
+    old = script(
+        "hf-trainer",
+        entry={"trainer": "script", "script": "t.py", "framework": "hf-trainer", "framework_version": "4.46"},
+    )
+    assert workload_from_spec(old, resolve_model(old, ".")).gqa_expand
+    eager = script("hf-trainer", training__attention="eager")
+    assert workload_from_spec(eager, resolve_model(eager, ".")).gqa_expand
+    assert workload_from_spec(s := script("torch"), resolve_model(s, ".")).hold_logits  # a plain loop binds them
     gpt2 = workload_from_spec(s := script("hf-trainer", model={"preset": "gpt2-medium"}), resolve_model(s, "."))
     assert gpt2.fused_projections  # GPT-2's c_attn
     # torch's optimizers step per tensor on the CPU (foreach only for CUDA tensors)

@@ -10,7 +10,13 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
-from frenzy_slurm.marp.frameworks import fused_projections, profile_of, version_tuple
+from frenzy_slurm.marp.frameworks import (
+    ModelCode,
+    fused_projections,
+    gelu_tanh_eager,
+    profile_of,
+    version_tuple,
+)
 from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload, parse_plan
@@ -76,6 +82,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
     lora = t.lora
     quantizer = lora.quantizer or prof.nf4_quantizer
     torch_version = version_tuple(spec.entry.torch_version)
+    framework_version = version_tuple(spec.entry.framework_version)
     return Workload(
         arch=arch,
         seq_len=t.seq_len,
@@ -97,7 +104,9 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         norm_upcast=code.norm_upcast
         and arch.norm == "rmsnorm"
         and (device == "cpu" or not code.norm_upcast_on_cpu_only),
-        gqa_expand=code.gqa_expand and arch.kv < arch.heads,
+        gqa_expand=code.gqa_expand
+        and arch.kv < arch.heads
+        and (t.attention == "eager" or not _sdpa_runs_gqa(code, framework_version)),
         nf4_double_quant=lora.double_quant if lora.double_quant is not None else True,
         nf4_saves_inputs=quantizer == "bitsandbytes",
         qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
@@ -111,10 +120,19 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         fp8=t.fp8,
         reshard_after_forward=spec.parallel.reshard_after_forward is not False,
         fused_projections=fused_projections(code, arch),
+        gelu_tanh_eager=gelu_tanh_eager(code, arch),
         loss_fp32=prof.loss_fp32_in_pure_bf16 or t.precision != "bf16-pure",
         exact_params=model.exact_params,
         buckets=spec.deepspeed,
     )
+
+
+def _sdpa_runs_gqa(code: ModelCode, version: tuple[int, ...] | None) -> bool:
+    """Whether SDPA attends over the K/V heads as they are (enable_gqa) in this model code and framework release;
+    the default release is the newest the profile describes."""
+    if code.sdpa_gqa_from is None:
+        return False
+    return version is None or version >= code.sdpa_gqa_from
 
 
 def _degrees(value: int | str, support: str, auto: tuple[int, ...], what: str, framework: str) -> tuple[int, ...]:

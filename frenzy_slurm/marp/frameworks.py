@@ -50,6 +50,12 @@ class ModelCode:
     fused_projections: Literal["always", "never", "by-model"] = "always"
     # eager attention's softmax(..., dtype=float32).to(dtype) (HF Llama-style eager attention)
     softmax_fp32_eager: bool = False
+    # GELU as the model class computes it: "fused" (one kernel), or "by-model" (Hugging Face: GPT-2's gelu_new in eager
+    # ops; the others' configs name torch's fused GELU)
+    gelu: Literal["fused", "by-model"] = "fused"
+    # from this framework release on, SDPA takes the K/V heads as they are (enable_gqa), so gqa_expand holds for
+    # eager attention only; None: K/V are repeated for every kernel
+    sdpa_gqa_from: tuple[int, ...] | None = None
     # the RMSNorm upcast only on the CPU (frenzy's model: fused RMSNorm kernel on the GPU, a composite on the CPU)
     norm_upcast_on_cpu_only: bool = False
     # tensor parallelism splits the embedding, output layer and logits over the vocabulary (Megatron's
@@ -68,6 +74,10 @@ MODEL_CODES: dict[str, ModelCode] = {
         fused_projections="by-model",
         # eager_attention_forward: softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)
         softmax_fp32_eager=True,
+        gelu="by-model",
+        # transformers 5 (integrations/sdpa_attention.py, use_gqa_in_sdpa: no attention mask, head_dim <= 256) passes
+        # enable_gqa=True; the 4.x releases repeat_kv before SDPA
+        sdpa_gqa_from=(5,),
     ),
     # frenzy_slurm.models.gpt: rotates q/k in eager ops and builds cos/sin per block; torch's fused RMSNorm on the GPU
     "frenzy": ModelCode(
@@ -171,12 +181,13 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "hf-trainer",
             "Transformers Trainer / accelerate (DeepSpeed or FSDP backend)",
-            "transformers 4.40-4.57, accelerate 0.30-1.x",
+            "transformers 4.40-5.17, accelerate 0.30-1.15 (CPU grid: 5.17)",
             "torch",
             "hf",
             Capabilities(tp="asked", offload=True),  # tp_plan="auto" models only when asked
             fused_optimizer=True,  # TrainingArguments.optim defaults to adamw_torch_fused (4.45+ on CUDA)
-            holds_logits=True,  # the model output (loss, logits) is returned and kept through backward
+            # Trainer.compute_loss returns the loss only: the model output (logits) is gone before backward
+            holds_logits=False,
         ),
         FrameworkProfile(
             "torchtune",
@@ -265,6 +276,18 @@ def fused_projections(code: ModelCode, arch: Architecture) -> bool:
         # BERT-style (an encoder head) models keep q_proj/k_proj/v_proj
         return arch.norm == "layernorm" and arch.head == "lm"
     return code.fused_projections == "always"
+
+
+def gelu_tanh_eager(code: ModelCode, arch: Architecture) -> bool:
+    """Whether the GELU is the tanh approximation in eager ops: Hugging Face's GPT-2 class (learned positions,
+    layer norm, an LM head) runs `gelu_new` (NewGELUActivation); measured on the CPU grid (hf-trainer-gpt2-1gpu)."""
+    return (
+        code.gelu == "by-model"
+        and arch.activation == "gelu"
+        and arch.position == "learned"
+        and arch.norm == "layernorm"
+        and arch.head == "lm"
+    )
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:

@@ -197,7 +197,9 @@ def _layer_activation_bytes(
         # gate and up outputs and the product (down-proj input); eager also keeps silu(gate)
         total += (2 * e + (0.0 if w.compile else e) + down_in) * f / tp
     else:
-        total += (e + down_in) * f / tp
+        # the tanh GELU in eager ops (HF's NewGELUActivation) also keeps tanh's output, 0.5*x and 1+tanh for backward
+        eager_gelu = 3 * e if (w.gelu_tanh_eager and not w.compile) else 0.0
+        total += (e + down_in + eager_gelu) * f / tp
     if drop:
         total += h / rep  # MLP dropout mask
     return total

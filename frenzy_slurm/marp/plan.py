@@ -221,6 +221,9 @@ class Workload:
     softmax_fp32: bool = False  # eager attention's softmax(..., dtype=float32).to(dtype) (HF Llama-style eager)
     fp8: bool = False  # float8 linears (torchao/Transformer Engine): fp8 copies of inputs and weights, amax history
     reshard_after_forward: bool = True  # FSDP: False keeps each unit's gathered 16-bit weights from forward to backward
+    # GELU's tanh approximation in eager ops (HF's gelu_new, NewGELUActivation: GPT-2): 0.5*x*(1+tanh(...)) keeps
+    # tanh's output, 0.5*x and 1+tanh besides its input
+    gelu_tanh_eager: bool = False
     fused_projections: bool = False  # q/k/v (and SwiGLU gate/up) are one fused linear (litgpt, GPT-2, NeoX, Megatron)
     loss_fp32: bool = (
         True  # cross-entropy computed on an fp32 upcast of the logits (torch's F.cross_entropy on .float())
