@@ -144,3 +144,37 @@ def test_conda_env_found_through_conda_exe(monkeypatch, tmp_path, bare_venv):
 def test_the_default_python_passes_here():
     """This venv (the test's own Python, which fsbatch would use) has torch and deepspeed."""
     assert check_environment(make_spec(model=TINY, training=TRAINING), Path("."), "refuse") == []
+
+
+def _fsbatch(tmp_path: Path, model: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    snap = tmp_path / "snap.json"
+    snap.write_text(synthetic(LOCAL).model_dump_json())
+    site = Path(__file__).resolve().parent.parent / "site_configs" / "devcluster-cpu.yaml"
+    code = "import sys; from frenzy_slurm.cli.fsbatch import main; sys.argv[0] = 'fsbatch'; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, str(model), "--backend", "static", "--snapshot", str(snap), "--site", str(site),
+         *flags],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_fsbatch_refuses_notes_or_skips(tmp_path, bare_venv):
+    """Submitting with a venv that lacks torch: exit 2 before Slurm is asked; --dry-run: a note, exit 0;
+    --no-env-check: not even a note."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    model = tmp_path / "model.yaml"
+    model.write_text(
+        "name: envcheck\nmodel:\n  arch: {layers: 2, hidden: 64, heads: 4, ffn: 172, vocab: 256}\n"
+        "training: {seq_len: 64, global_batch: 4, steps: 2, precision: fp32}\n"
+        f"entry:\n  trainer: script\n  framework: torch\n  script: train.py\n  environment: {{venv: {bare_venv}}}\n"
+    )
+    refused = _fsbatch(tmp_path, model)
+    assert refused.returncode == 2, refused.stderr
+    assert "cannot find torch" in refused.stderr and "--no-env-check" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    dry = _fsbatch(tmp_path, model, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "note:" in dry.stderr and "cannot find torch" in dry.stderr
+    assert "export FRENZY_JOB_PYTHON=" in dry.stdout
+    skipped = _fsbatch(tmp_path, model, "--dry-run", "--no-env-check")
+    assert skipped.returncode == 0 and "cannot find torch" not in skipped.stderr

@@ -5,12 +5,13 @@ and exports `FRENZY_JOB_PYTHON`, the interpreter the runtime execs the script wi
 in frenzy-slurm's own Python (the one that ran fsbatch), as does the built-in trainer.
 
 The plan-time check (`check_environment`) asks the job's Python whether it can find the framework's
-packages, without importing them: `PYTHON -c` with `importlib.util.find_spec` in a subprocess with a
+packages, without importing them: `PYTHON -P -c` with `importlib.util.find_spec` in a subprocess with a
 timeout, in an empty private directory (so nothing in the working directory shadows a package), with the
-environment sbatch passes to the job. fsbatch never imports torch itself. Where modules are named, the login
-node may not have them (or they set PYTHONPATH), so what the check misses there is only a note: the modules
-may provide it on the compute node. Elsewhere a missing Python or package refuses the submission (exit 2;
-`fsbatch --no-env-check` skips the check) and is a note under --dry-run.
+environment sbatch passes to the job (PYTHONPATH and the user's site-packages count, so not `-I`). fsbatch
+never imports torch itself. Where modules are named, the login node may not have them (or they set
+PYTHONPATH), so what the check misses there is only a note: the modules may provide it on the compute
+node. Elsewhere a missing Python or package refuses the submission (exit 2; `fsbatch --no-env-check`
+skips the check) and is a note under --dry-run.
 """
 
 from __future__ import annotations
@@ -134,21 +135,27 @@ def needed_packages(spec: JobSpec) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=32)
 def probe(python: str, packages: tuple[str, ...]) -> dict[str, bool] | str:
-    """{package: found} as `python` sees it, or a string saying why it could not be asked."""
+    """{package: found} as `python` sees it, or a string saying why it could not be asked.
+
+    With -P (nothing from the working directory on sys.path), and in an empty private directory besides, so
+    that a Python older than 3.11, which refuses -P and is asked again without it, is as safe."""
     with tempfile.TemporaryDirectory(prefix="frenzy-envcheck-") as empty:
-        try:
-            res = subprocess.run(
-                [python, "-c", _PROBE, *packages],
-                cwd=empty,
-                capture_output=True,
-                text=True,
-                timeout=CHECK_TIMEOUT_S,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            return f"it did not answer within {CHECK_TIMEOUT_S:.0f} s"
-        except OSError as exc:
-            return f"it cannot be run ({exc.strerror})"
+        for flags in (["-P"], []):
+            try:
+                res = subprocess.run(
+                    [python, *flags, "-c", _PROBE, *packages],
+                    cwd=empty,
+                    capture_output=True,
+                    text=True,
+                    timeout=CHECK_TIMEOUT_S,
+                    stdin=subprocess.DEVNULL,
+                )
+            except subprocess.TimeoutExpired:
+                return f"it did not answer within {CHECK_TIMEOUT_S:.0f} s"
+            except OSError as exc:
+                return f"it cannot be run ({exc.strerror})"
+            if not (flags and res.returncode != 0 and "-P" in res.stderr):
+                break
     try:
         answer = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
     except (json.JSONDecodeError, IndexError):
