@@ -265,3 +265,15 @@ def test_the_site_file_is_found_by_flag_then_env_then_the_installed_default(tmp_
     monkeypatch.setenv("FRENZY_SITE", str(tmp_path / "env.yaml"))
     assert tools.find_site(None) == tmp_path / "env.yaml"
     assert tools.find_site(tmp_path / "flag.yaml") == tmp_path / "flag.yaml"
+
+
+def test_venv_and_pip_run_under_umask_022_whatever_the_admins(tmp_path):
+    from frenzy_slurm.site.install import _run
+
+    made = tmp_path / "made"
+    old = os.umask(0o002)  # a group-writable default, as some sites set for admins
+    try:
+        _run([sys.executable, "-c", f"import os; os.mkdir({str(made)!r})"], "mkdir")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o755

@@ -230,7 +230,9 @@ def _wheel_version(wheel: Path) -> str:
 
 
 def _run(argv: list[str], what: str) -> None:
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, cwd="/")
+    """venv and pip, under umask 022 whatever the admin's: everything in the prefix readable by all users, writable
+    by root only (a group-writable venv would be refused by the next run, and rightly)."""
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, cwd="/", umask=0o022)
     if res.returncode != 0:
         tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
         raise InputError(f"{what} failed (exit {res.returncode}): {' '.join(argv)}\n" + "\n".join(tail))
