@@ -59,7 +59,10 @@ def main() -> int:
     ap.add_argument("--seeds", default="6,7,8,9,10")
     ap.add_argument("--jobs", type=int, default=JOBS_PER_64_GPUS, help="jobs per 64 GPUs (capped at 400)")
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
-    ap.add_argument("--startup-s", type=float, default=None, help="start-up / restart cost of every run (s)")
+    ap.add_argument("--startup-s", type=float, default=None, help="start-up of every start (s; default 120)")
+    ap.add_argument(
+        "--restart-s", type=float, default=None, help="extra seconds of a start that resumes a checkpoint (default 0)"
+    )
     ap.add_argument("--truth", default="published", choices=["published", "marp"], help="the step-time truth")
     ap.add_argument(
         "--plain-share",
@@ -92,6 +95,8 @@ def main() -> int:
     errors = ErrorModel(truth=args.truth)
     if args.startup_s is not None:
         errors = errors.model_copy(update={"startup_s": args.startup_s})
+    if args.restart_s is not None:
+        errors = errors.model_copy(update={"restart_s": args.restart_s})
     rows, results = [], []
     for shape in shapes:
         cluster = parse_compact(SHAPES[shape])

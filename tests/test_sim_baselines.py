@@ -262,3 +262,33 @@ def test_the_width_rule_per_pool_lets_an_fp16_job_take_idle_v100s(monkeypatch):
     assert "A100" in across.label and across.gpus <= 4
     assert "V100" in per_pool.label and per_pool.gpus >= 4
     assert per_pool.step_time_s * 4000 < across.step_time_s * 4000  # and they finish sooner
+
+
+def test_a_resumed_start_pays_the_restart_cost_and_sia_plans_with_it():
+    from frenzy_slurm.sim.runner import Runner
+
+    jobs = [WorkloadJob(id=0, submit_s=0, model="gpt2-medium", seq_len=1024, global_batch=32, steps=2000)]
+    errors = ErrorModel.exact().model_copy(update={"startup_s": 100.0, "restart_s": 500.0})
+    r = Runner(WorkloadFile(jobs=jobs), parse_compact("A100-80GB:1x8"), "sia", 1, errors=errors, load=None)
+    assert r._startup(Attempt(jobs[0], 2000)) == 100.0  # a fresh start
+    assert r._startup(Attempt(jobs[0], 700)) == 600.0  # a resumed one loads its checkpoint too
+    # sia's R defaults to that: a job started 200 s ago is still inside its restart, so it is not moved
+    cluster = parse_compact("A100-80GB:1x8,T4:1x8")
+    sim = SimSlurm(cluster)
+    ctx = Context(sim, cluster.site(), Truth(errors, 1))
+    sim.submit(_batch("other", _req("a10080gb", "a100_80gb", 8, 1)))
+    sia = SiaPolicy(60.0)
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="fp16-mixed", seq_len=1024, global_batch=32, steps=20000
+    )
+    a = Attempt(job, job.steps)
+    sia.place(a, ctx)
+    (placed,) = sia.tick(ctx)
+    jid = sim.next_job_id
+    sim.submit(_batch("j0", *[c.request for c in placed[1].components]))
+    sia.submitted(a, placed[1], jid, ctx)
+    sim.advance(200.0)
+    assert sia.tick(ctx) == [] and sia.stop_now() == []  # R = 600 s: pinned (with R = 120 s it would move)
+    sim.advance(700.0)
+    (moved,) = sia.tick(ctx)
+    assert sia.stop_now() == [jid] and "A100" in moved[1].label

@@ -143,6 +143,12 @@ def _seeds(text: str | None, default: int) -> list[int]:
     help="Share of jobs from users who do not use frenzy-slurm (they submit as slurm-multi under every policy).",
 )
 @click.option(
+    "--restart-s",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Extra seconds a start that resumes a checkpoint pays (sia's moves, time-limit resumes); default 0.",
+)
+@click.option(
     "--startup-s",
     type=click.FloatRange(min=0.0),
     default=None,
@@ -197,6 +203,7 @@ def simulate(
     exact: bool,
     truth: str,
     plain_share: float,
+    restart_s: float | None,
     startup_s: float | None,
     ilp_round: float,
     trace: Path | None,
@@ -230,6 +237,8 @@ def simulate(
     errors = ErrorModel.exact() if exact else ErrorModel(truth=truth)  # type: ignore[arg-type]  # click.Choice
     if startup_s is not None:
         errors = errors.model_copy(update={"startup_s": startup_s})
+    if restart_s is not None:
+        errors = errors.model_copy(update={"restart_s": restart_s})
     results, rows = [], []
     runs = [(s, n) for s in seeds for n in names]
     bar = _progress(len(runs) * len(wl.jobs))

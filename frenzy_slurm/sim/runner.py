@@ -142,6 +142,7 @@ class Runner:
         self.decision_ms: list[float] = []
         self.progress = progress
         self._start_step: dict[int, float] = {}
+        self._start_cost: dict[int, float] = {}  # sim job id -> its seconds to the first step
         self._round_queued = False
         self._moving: set[int] = set()  # sim job ids a re-planning policy (sia) is checkpointing to move
         self._moved: dict[int, Attempt] = {}  # workload job id -> the rest of a job stopped this round
@@ -152,6 +153,11 @@ class Runner:
         heapq.heappush(self.events, (t, self._seq, kind, payload))
 
     # ---- truth ------------------------------------------------------------------------------------
+    def _startup(self, a: Attempt) -> float:
+        """Seconds to the first step: the start-up, plus the restart cost where the attempt resumes a checkpoint."""
+        m = self.truth.model
+        return m.startup_s + (m.restart_s if a.steps < a.job.steps else 0.0)
+
     def _outcome(self, sj: SimJob) -> tuple[float, str]:
         a, p = self.running[sj.job_id]
         if p.alternatives:  # a multi-partition job starts as one of its placements: the one Slurm chose
@@ -160,7 +166,8 @@ class Runner:
             rec = self.records[a.job.id]
             rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
             rec.components = [c.request for c in p.components]
-        startup = self.truth.model.startup_s
+        startup = self._startup(a)
+        self._start_cost[sj.job_id] = startup
         for c in p.components:
             if self.truth.peak_gib(a.job.id, c.predicted_peak_gib) > c.memory_gib:
                 return startup, "OUT_OF_MEMORY"
@@ -210,7 +217,7 @@ class Runner:
         elif sj.state == "TIMEOUT":
             rec.timeouts += 1
             step = self._start_step.get(sj.job_id) or 1.0
-            done = max(0, int((sj.end - sj.start - self.truth.model.startup_s) // step))
+            done = max(0, int((sj.end - sj.start - self._start_cost.get(sj.job_id, 0.0)) // step))
             nxt = Attempt(
                 a.job,
                 max(1, a.steps - done),
@@ -226,7 +233,7 @@ class Runner:
         elif sj.job_id in self._moving:  # checkpointed and stopped by a re-planning policy: the rest is resubmitted
             self._moving.discard(sj.job_id)
             step = self._start_step.get(sj.job_id) or 1.0
-            done = max(0, int((sj.end - sj.start - self.truth.model.startup_s) // step))
+            done = max(0, int((sj.end - sj.start - self._start_cost.get(sj.job_id, 0.0)) // step))
             moved = Attempt(
                 a.job,
                 max(1, a.steps - done),

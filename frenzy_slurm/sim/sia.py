@@ -22,7 +22,8 @@ scaled by Sia's re-allocation factor
 A job whose allocation changes is checkpointed and stopped (`SimSlurm.cancel`; the runtime checkpoints
 at the signal, so the steps done are kept) and resubmitted on its new GPUs, where it pays the start-up
 time again: that, with the steps since the last checkpoint (none here), is the restart cost, so R
-defaults to the truth model's start-up time (`ErrorModel.startup_s`, 120 s, not measured here; see
+defaults to the truth model's start-up time plus its restart cost (`ErrorModel.startup_s`, 120 s, and
+`restart_s`, 0 s; neither measured here; see
 docs/simulation-model.md). A job allocated nothing is stopped and waits (Sia preempts). The new
 allocations are packed onto nodes as the simulated Slurm packs them (the fullest nodes that fit), the
 largest first; one that does not pack stays where it was if it can, else waits for the next round.
@@ -154,7 +155,9 @@ class SiaPolicy(RoundPolicy):
 
         t0 = time.perf_counter()
         sim, now = ctx.sim, ctx.sim.now
-        restart = self.restart_s if self.restart_s is not None else (ctx.truth.model.startup_s if ctx.truth else 120.0)
+        restart = self.restart_s
+        if restart is None:  # what a move costs in the truth: the start-up and the checkpoint's restore
+            restart = ctx.truth.model.startup_s + ctx.truth.model.restart_s if ctx.truth else 120.0
         own_ids = {j.sim_id for j in self.jobs.values() if j.sim_id is not None}
         state = (
             tuple(

@@ -63,6 +63,11 @@ class ErrorModel(BaseModel):
     startup_s: float = Field(
         120.0, ge=0, description="Seconds from start to the first step (load, init); an OOM comes then."
     )
+    restart_s: float = Field(
+        0.0,
+        ge=0,
+        description="Extra seconds of a start that resumes from a checkpoint (a move, a time-limit resume).",
+    )
     truth: Literal["published", "marp"] = Field(
         "published",
         description="Step times from published per-type speeds and scaling (published) or MARP's model x noise.",
