@@ -115,6 +115,7 @@ def grid() -> list[dict]:
     pts.append(_point("hf-trainer-llama-1gpu", LLAMA, "hf-trainer"))
     pts.append(_point("hf-trainer-llama-1gpu-bf16", LLAMA, "hf-trainer", precision="bf16-mixed"))
     pts.append(_point("hf-trainer-gpt2-1gpu", GPT2, "hf-trainer"))
+    pts.append(_point("hf-trainer-peft-lora-llama-1gpu", LLAMA, "hf-trainer", lora_rank=8))
     return pts
 
 
@@ -384,6 +385,17 @@ def _hf_trainer(p: dict, rank: int, world: int, steps: int) -> None:
             **common,
         )
         model = transformers.GPT2LMHeadModel(config)
+    if p["lora_rank"]:  # PEFT's LoRA on the query and value projections, PEFT's default dropout
+        import peft
+
+        lora = peft.LoraConfig(
+            r=p["lora_rank"],
+            lora_alpha=16,
+            lora_dropout=0.05,
+            target_modules=["q_proj", "v_proj"],
+            task_type="CAUSAL_LM",
+        )
+        model = peft.get_peft_model(model, lora)
     gen = torch.Generator().manual_seed(rank)
     n = p["micro_batch"] * p["grad_accum"] * steps
     data = [
