@@ -198,3 +198,11 @@ def test_within_qos_hetjob_total_and_group_limits():
     assert why is None and alloc.start == 0  # the typed limit does not hold other types
     endless = other.model_copy(update={"end_time": None})
     assert "no end time" in (within_qos(_view(qos, endless), _alloc(("a", "a100", 2)))[1] or "")
+
+
+def test_qos_through_sbatch_flags_is_refused_for_dash_q():
+    from frenzy_slurm.jobspec.sbatch_flags import refuse_sbatch_flag
+
+    for flag in ("--qos=big", "--qo=big", "-q big", "-qbig"):
+        why = refuse_sbatch_flag(flag)
+        assert why is not None and "use fsbatch -q or slurm.qos" in why, (flag, why)

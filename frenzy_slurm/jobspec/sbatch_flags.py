@@ -203,6 +203,7 @@ RESERVED: dict[str, str] = {
     "gpus-per-socket": "HAS's allocation",
     "tres-per-task": "HAS's allocation",
     "time": "use fsbatch -t, which is checked",
+    "qos": "use fsbatch -q or slurm.qos: HAS plans within that QOS's GPU limits",
     "dependency": "use fsbatch -d or slurm.dependency, which are checked",
     "job-name": "use fsbatch -J",
     "output": "use fsbatch -o",
