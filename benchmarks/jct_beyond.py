@@ -4,7 +4,7 @@
 
 Runs `philly:SEED:60` for seeds 1-12 on the 64-GPU cluster of benchmarks/jct.py, and `philly:21..23:70`
 on three other clusters; prints each run's average JCT (hours) and their geometric and arithmetic means.
-docs/simulation.md ("Room for later jobs") quotes it.
+docs/simulation.md ("Where HAS loses to sia") quotes it; the truth is the default (published speeds).
 """
 
 from __future__ import annotations

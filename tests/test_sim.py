@@ -157,6 +157,20 @@ def test_simulate_command_writes_json_runs(tmp_path):
     assert "| 20 | has |" in res.output
 
 
+def test_simulate_command_runs_the_baselines_with_plain_users_and_a_restart_cost(tmp_path):
+    out = tmp_path / "o.json"
+    args = ["simulate", str(WORKLOAD), "--cluster", CLUSTER, "--policy", "slurm-multi,sia", "--seed", "5"]
+    args += ["--plain-share", "0.5", "--truth", "published", "--restart-s", "300", "--json", str(out)]
+    res = CliRunner().invoke(admin, args)
+    assert res.exit_code == 0, res.output
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["policy"] for r in runs] == ["slurm-multi", "sia"]
+    assert all(r["completed"] == 12 and r["plain_jobs"] > 0 for r in runs)
+    assert runs[1]["per_job_ms_median"] > 0 and "moves" in runs[1]
+    bad = CliRunner().invoke(admin, ["simulate", str(WORKLOAD), "--cluster", CLUSTER, "--plain-share", "2"])
+    assert bad.exit_code == 2 and "--plain-share" in bad.output
+
+
 def test_simulate_command_errors_are_one_line_with_exit_2(tmp_path):
     res = CliRunner().invoke(admin, ["simulate", "nope.yaml", "--cluster", CLUSTER])
     assert res.exit_code == 2 and "no such file" in res.output and "Traceback" not in res.output

@@ -408,7 +408,7 @@ POLICY_NAMES = ("has", "has-homogeneous", "slurm-multi", "sia", "ilp", "fastest-
 
 
 # The baselines' knobs, tuned as HAS's thresholds were: on the 64-GPU cluster of benchmarks/jct.py, load 0.8,
-# seeds 1-5, the value with the lowest mean average JCT (docs/simulation.md, "Tuning the baselines").
+# seeds 1-5, the value with the lowest mean average JCT (docs/simulation-model.md, "Tuning the baselines").
 TUNED_KNOBS: dict[str, float] = {
     "slurm_multi_time_factor": 1.5,
     "slurm_multi_max_slowdown": 3.0,
