@@ -66,7 +66,7 @@ class WaitTimeout(FrenzyError):
     exit_code = EXIT_FAILURE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Plan:
     """One planned job: the frozen request fsbatch --dry-run prints (`request`), the backend it was planned
     on (which submits it), and the sweep values it was planned with (`overrides`, as written)."""
@@ -120,6 +120,9 @@ class Plan:
 
     def __str__(self) -> str:
         return self.summary
+
+    def __repr__(self) -> str:  # the request's files are long; the summary says what the plan is
+        return f"<Plan {self.summary} job_dir={str(self.job_dir)!r}>"
 
 
 def summary_line(req: JobRequest) -> str:

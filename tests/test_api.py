@@ -71,6 +71,7 @@ def test_plan_applies_overrides_and_summarises(private):
     assert plan.gpus == sum(c.nodes * c.gpus_per_node for c in plan.request.decision.chosen.components) >= 1
     assert all(0 < p < 1 for p in plan.predicted_peak_gib) and plan.predicted_run_time_s > 0
     assert str(plan).startswith("tiny-cpu: ") and "per GPU" in str(plan)
+    assert repr(plan) == f"<Plan {plan.summary} job_dir={str(plan.job_dir)!r}>"
     assert not plan.job_dir.exists()  # planning writes nothing
     # the same file without overrides is another submission: another job directory
     assert fs.plan(TINY, site=SITE, backend="static", snapshot=OFFLINE[3]).job_dir != plan.job_dir
