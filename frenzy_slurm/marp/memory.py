@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from frenzy_slurm.marp.overheads import Overheads
-from frenzy_slurm.marp.params import count_params, lora_head_params, lora_params_per_layer
+from frenzy_slurm.marp.params import ParamCounts, count_params, lora_head_params, lora_params_per_layer
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
 from frenzy_slurm.units import GiB
 
@@ -230,6 +230,404 @@ def _logit_bytes_per_token(w: Workload, tp: int) -> float:
     return v * ((e if w.hold_logits else 0.0) + (2 if (w.compile and w.compile_loss) else 3) * f32)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every stage of one (workload, plan) shares: byte widths, sharding divisors, per-token sizes."""
+
+    w: Workload
+    plan: ParallelPlan
+    pc: ParamCounts
+    scale: float  # exact / analytic parameters (a traced factory), else 1
+    wb: float  # bytes per weight
+    gb: float  # bytes per gradient
+    sb: float  # optimizer-state bytes per trainable parameter
+    mb_: float  # master-weight bytes per trainable parameter
+    sdt: float  # bytes per optimizer-state element
+    tokens: int  # tokens per micro-batch on this rank (seq / cp)
+    opt_div: int
+    grad_div: int
+    weight_div: int
+    amp: bool
+    per_layer_act: float  # bytes saved per token by one block
+    r: float  # bytes per residual-stream element
+    rep: int  # tensors outside TP regions are split only with sequence parallelism
+    mixed_ds: bool  # DeepSpeed mixed precision
+    e_act: float  # bytes per activation element
+
+    @property
+    def vtp(self) -> int:
+        """TP degree of the embedding, output layer and logits (vocab-parallel, else replicated)."""
+        return self.plan.tp if self.w.vocab_parallel else 1
+
+
+def _job(w: Workload, plan: ParallelPlan) -> _Job:
+    a = w.arch
+    pc = count_params(a)
+    wb, gb, sb, mb_, sdt = _bytes(w)
+    cp = plan.cp
+    # ZeRO/FSDP shard over the data-parallel ranks (times cp: context-parallel ranks hold the same weights), or
+    # over one shard group of HSDP/MiCS, replicated across groups
+    shard = plan.shard_group or plan.dp * cp
+    amp = _autocast(w, plan)
+    if w.framework == "deepspeed" and plan.zero >= 1:
+        mb_ = 4.0  # the ZeRO optimizer keeps its own fp32 partition of the weights, in fp32 training too
+    return _Job(
+        w=w,
+        plan=plan,
+        pc=pc,
+        scale=(w.exact_params / pc.total(a.layers)) if w.exact_params else 1.0,
+        wb=wb,
+        gb=gb,
+        sb=sb,
+        mb_=mb_,
+        sdt=sdt,
+        tokens=plan.micro_batch * w.seq_len // cp,  # context parallelism: each rank holds seq/cp of every sequence
+        opt_div=shard if plan.zero >= 1 else 1,
+        grad_div=shard if plan.zero >= 2 else 1,
+        weight_div=shard if plan.zero >= 3 else 1,
+        amp=amp,
+        per_layer_act=_layer_activation_bytes(w, plan.tp, plan.sequence_parallel, plan.recompute, amp, cp),
+        r=4.0 if (amp or w.precision == "fp32") else 2.0,
+        rep=plan.tp if plan.sequence_parallel else 1,
+        mixed_ds=w.framework == "deepspeed" and w.precision in ("bf16-mixed", "fp16-mixed"),
+        e_act=4.0 if w.precision == "fp32" else 2.0,
+    )
+
+
+@dataclass(frozen=True)
+class _States:
+    """Model states of one stage's rank: what the parameters, their gradients and the optimizer hold."""
+
+    params: int
+    linear: float  # parameters in the blocks' linear layers
+    trainable: float
+    weights: float
+    grads_all: float  # every local gradient, once backward has produced them all
+    optimizer: float
+    largest: float  # the largest matrix (per-tensor temporaries)
+    head_grads: float  # the output layer's gradient (the first produced by backward)
+
+
+def _model_states(j: _Job, i: int, n_layers: int) -> _States:
+    """Weights, gradients and optimizer states by precision and ZeRO/FSDP stage (DeepSpeed keeps 16-bit weights
+    with an fp32 master in its optimizer; torch autocast/FSDP keep fp32 parameters and gradients; Megatron an fp32
+    main_grad); LoRA trains adapters over frozen 16-bit (QLoRA: NF4) weights; offload moves states to the host."""
+    w, plan, a, pc = j.w, j.plan, j.w.arch, j.pc
+    tp, pp = plan.tp, plan.pp
+    first, last = i == 0, i == pp - 1
+    lora = w.method != "full"
+    params = pc.per_layer * n_layers / tp
+    # Megatron splits the embedding and the output layer over tp (vocab-parallel); a replicated head holds them whole
+    if first:
+        params += pc.embedding / j.vtp
+    if last:
+        # a tied head on another stage than the embedding is its own copy of the token embedding
+        tied_copy = a.vocab * a.hidden if (pp > 1 and a.tied_embeddings and a.head != "classification") else 0
+        params += (pc.final + pc.head + tied_copy) / j.vtp
+    params = int(params * j.scale)
+    linear = pc.linear_per_layer * n_layers * j.scale / tp
+    if lora:
+        trainable = (
+            lora_params_per_layer(a, w.lora_rank, w.lora_targets) * n_layers
+            + (lora_head_params(a, w.lora_rank, w.lora_targets) if last else 0)
+        ) / tp
+        base_bytes = 4.0 if w.precision == "fp32" else 2.0
+        if w.method == "qlora":
+            # (litgpt's plugin quantises every nn.Linear, the untied output layer too)
+            q_head = a.vocab * a.hidden * j.scale / j.vtp if (last and w.qlora_quantized_head and pc.head) else 0.0
+            frozen = (linear + q_head) * _nf4_bytes(w) + (params - linear - q_head) * base_bytes
+        else:
+            frozen = params * base_bytes
+        weights = frozen / j.weight_div + trainable * j.wb
+    else:
+        trainable = float(params)
+        weights = params * j.wb / j.weight_div
+    if plan.offload_params:
+        weights = 0.0
+    optimizer = 0.0 if (plan.offload_optimizer or w.paged_optimizer) else trainable * (j.sb + j.mb_) / j.opt_div
+    if j.mixed_ds and plan.zero == 0:
+        optimizer += trainable * 4.0  # BF16/FP16 optimizer's fp32 gradient accumulation buffer
+    head_grads = (
+        (a.vocab * a.hidden * j.scale / j.vtp) * j.gb / j.grad_div
+        if (last and not lora and a.head != "classification")
+        else 0.0
+    )
+    return _States(
+        params=params,
+        linear=linear,
+        trainable=trainable,
+        weights=weights,
+        grads_all=trainable * j.gb / j.grad_div,
+        optimizer=optimizer,
+        largest=pc.largest_matrix * j.scale / tp,
+        head_grads=head_grads,
+    )
+
+
+def _gradients_persist(j: _Job, i: int) -> bool:
+    """Whether gradients are alive through the forward pass: with accumulation (a pipeline stage peaks at its
+    first backward with the most micro-batches in flight; its gradients exist then only if a forward follows a
+    backward at that depth, grad_accum > pp - stage), when zero_grad keeps zeroed buffers (torch < 2.0), or in
+    Megatron (its main_grad buffer is allocated once and kept). DeepSpeed and torch free .grad after the step."""
+    w, plan = j.w, j.plan
+    accumulating = plan.grad_accum > (plan.pp - i if plan.pp > 1 else 1)
+    return accumulating or not w.zero_grad_to_none or w.framework == "megatron"
+
+
+@dataclass
+class _Buffers:
+    """What is not a model state nor an activation: communication buckets, gathered ZeRO-3/FSDP parameters,
+    dequantised and cast weights, pipeline buffers."""
+
+    fb: float = 0.0  # alive from forward through backward
+    unit_grads: float = 0.0  # one FSDP/ZeRO-3 unit's unsharded gradients (from a block's backward on)
+    resident: float = 0.0  # allocated once and kept (ZeRO-3's gradient partition and reduce bucket)
+    bucket: float = 0.0  # gradient reduction buckets (allocated when backward starts)
+    flat: float = 0.0  # DeepSpeed ZeRO-0's flattened gradients (after backward)
+    keeps_grads: bool = False  # the buffers keep every gradient alive (ZeRO-3's optimizer)
+
+
+def _zero3_gathered(j: _Job, i: int, n_layers: int, st: _States) -> tuple[float, float]:
+    """(gathered parameter bytes, one unit's unsharded gradient bytes) under ZeRO-3 / FSDP full sharding.
+
+    Two units gathered at a time (the running one and the prefetched one); DeepSpeed adds its prefetch bucket
+    (bounded by stage3_max_live_parameters) and keeps gathered whatever is used again within
+    stage3_max_reuse_distance elements (the output layer and the last blocks; a small model whole); FSDP with
+    reshard_after_forward=False keeps the stage's gathered weights from forward until backward."""
+    w, a, pc, plan = j.w, j.w.arch, j.pc, j.plan
+    tp = plan.tp
+    first, last = i == 0, i == plan.pp - 1
+    layer_params = pc.per_layer * j.scale / tp
+    # QLoRA gathers its blocks in NF4 (torchao's NF4 tensor and bitsandbytes' 4-bit params all-gather their
+    # quantised storage): as 16-bit-equivalent elements, a block is far smaller than its parameter count
+    layer_gathered = layer_params
+    if w.method == "qlora":
+        lin = pc.linear_per_layer * j.scale / tp
+        layer_gathered = (lin * _nf4_bytes(w) + (layer_params - lin) * 2.0) / 2.0
+    gathered = 2 * max(layer_gathered, st.largest)
+    bk = w.buckets
+    if w.framework == "deepspeed":
+        gathered = min(gathered + bk.stage3_prefetch_bucket_size, bk.stage3_max_live_parameters)
+        # DeepSpeed releases a module's gathered parameters after its forward only if their next use lies more than
+        # stage3_max_reuse_distance parameter elements further along the trace: the output layer (used again at once
+        # by backward) and the last blocks, whose forward and backward uses are separated by 2 x the parameters after
+        # them, stay gathered until their backward
+        head_el = (
+            ((pc.final + (pc.head or (a.vocab * a.hidden if a.head != "classification" else 0))) * j.scale / j.vtp)
+            if last
+            else 0.0
+        )
+        blocks_el = layer_gathered * n_layers
+        reuse = bk.stage3_max_reuse_distance
+        kept = head_el + min(blocks_el, max(0.0, reuse / 2 - head_el))
+        if first and 2 * (blocks_el + head_el) < reuse:  # a model this small stays gathered whole
+            tied_head = last and a.tied_embeddings and a.head != "classification"  # (counted as the head)
+            kept += (pc.embedding - (a.vocab * a.hidden if tied_head else 0)) * j.scale / j.vtp
+        gathered = max(gathered, kept)
+    if not w.reshard_after_forward:  # FSDP reshard_after_forward=False / ZeRO++-style: the stage's
+        gathered = max(gathered, st.params)  # gathered weights stay from forward until backward
+    # one unit's unsharded gradients before reduce-scatter: only its trainable (adapter) ones under LoRA
+    unit_trainable = (
+        (lora_params_per_layer(a, w.lora_rank, w.lora_targets) / tp) if w.method != "full" else layer_params
+    )
+    return gathered * (2.0 if w.precision != "fp32" else 4.0), unit_trainable * j.gb
+
+
+def _buffers(j: _Job, i: int, n_layers: int, st: _States) -> _Buffers:
+    """Communication and conversion buffers by framework: ZeRO-3/FSDP gathers, DeepSpeed's reduce bucket and
+    flattened gradients, DDP's gradient buckets, QLoRA's dequantised weight, autocast's and fp8's weight casts,
+    ring attention's K/V blocks."""
+    w, a, pc, plan = j.w, j.w.arch, j.pc, j.plan
+    tp, dp, cp = plan.tp, plan.dp, plan.cp
+    last = i == plan.pp - 1
+    bk = w.buckets
+    b = _Buffers()
+    if plan.zero == 3:
+        gathered, b.unit_grads = _zero3_gathered(j, i, n_layers, st)
+        b.fb += gathered
+    if w.framework == "deepspeed" and plan.zero == 3 and st.trainable > 0:
+        # ZeRO-3's optimizer allocates once and keeps: the gradient partition of every parameter (in the
+        # gradient-accumulation dtype, the model's) and, with contiguous gradients, the reduce bucket
+        b.resident = bk.reduce_bucket_size * j.gb
+        b.keeps_grads = not w.optimizer_in_backward
+    if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1 and st.trainable > 0:
+        # contiguous_gradients: ZeRO-1/2 allocate the whole reduce bucket, whatever the model's size
+        # (ZeRO-1 under mixed precision stages its fp32 gradient accumulator in the bucket)
+        b.bucket += (
+            bk.reduce_bucket_size * (4.0 if j.mixed_ds and plan.zero == 1 else j.gb) * (2 if bk.overlap_comm else 1)
+        )
+    if w.framework == "deepspeed" and plan.zero == 0 and st.trainable > 0:
+        b.flat = st.trainable * j.gb  # DeepSpeed flattens all gradients for the all-reduce after backward (even on 1)
+    if w.framework == "torch" and dp > 1 and plan.zero == 0 and st.trainable > 0:
+        b.fb += st.trainable * j.gb  # DDP's gradient buckets: a second copy of the gradients, kept for the run
+    if w.method == "qlora":
+        # the 4-bit matmul dequantises one linear weight to 16 bits at a time (forward, and again in backward);
+        # the embedding, and the output layer unless it is quantised too, stay 16-bit and are never dequantised
+        deq = pc.largest_linear * j.scale / tp
+        if last and w.qlora_quantized_head and pc.head:
+            deq = max(deq, a.vocab * a.hidden * j.scale / j.vtp)
+        b.fb += deq * 2.0
+    if j.amp and w.method == "full":
+        b.fb += st.linear * 2.0  # autocast's 16-bit weight copies, saved for backward (not under FSDP)
+    if w.fp8:
+        b.fb += (st.linear / j.weight_div) * 1.0 + st.largest * 1.0  # fp8 weight casts (+ one being made)
+    if cp > 1:
+        # ring attention: the K/V block being received and the one being sent (double buffer), 16-bit
+        kvd = a.kv * a.head_dim / tp
+        b.fb += 2 * 2 * kvd * j.tokens * (4.0 if w.precision == "fp32" else 2.0)
+    return b
+
+
+def _step_buffers(j: _Job, st: _States) -> float:
+    """The optimizer step's temporaries: torch's foreach Adam makes a state-sized sqrt(v) temporary, a fused or
+    per-tensor step one tensor's; DeepSpeed's mixed-precision ZeRO hands the optimizer an fp32 gradient partition
+    and all-gathers the updated weights through its bucket."""
+    w, plan = j.w, j.plan
+    out = 0.0
+    if w.optimizer_in_backward or plan.offload_optimizer:
+        return out
+    local_states = st.trainable / j.opt_div
+    if j.mixed_ds and plan.zero >= 1:
+        out += local_states * 4.0  # fp32 gradient partition handed to the optimizer
+    if w.optimizer in ("adam", "adamw") and not w.fused_optimizer:
+        out += local_states * j.sdt  # foreach Adam: sqrt(v) temporary
+    else:
+        out += min(st.largest, local_states) * j.sdt
+    if w.framework == "deepspeed" and plan.zero in (1, 2) and plan.dp > 1:
+        out += min(w.buckets.allgather_bucket_size, st.params) * j.wb
+    return out
+
+
+def _in_flight(plan: ParallelPlan, i: int) -> float:
+    """Micro-batches whose activations a pipeline stage holds at its peak: 1F1B keeps pp - stage of them, GPipe
+    all, interleaved 1F1B with v model chunks per rank (pp - stage - 1) * 2 + (v - 1) * pp + 1 chunk-micro-batches
+    in warm-up (Megatron's schedule), each 1/v of the stage's layers."""
+    ga = max(plan.grad_accum, 1)
+    if plan.pp == 1:
+        return 1.0
+    if plan.schedule == "gpipe":
+        return float(ga)
+    if plan.schedule == "interleaved" and plan.virtual_stages > 1:
+        v = plan.virtual_stages
+        return min(ga * v, (plan.pp - i - 1) * 2 + (v - 1) * plan.pp + 1) / v
+    return float(min(plan.pp - i, ga))
+
+
+def _activations(j: _Job, i: int, n_layers: int, inflight: float) -> tuple[float, float, float]:
+    """(saved activations, the block recomputed in backward, one block's backward working set), per the
+    checkpointing policy: full recomputation keeps each checkpointed block's input (recompute_layers < all: the
+    rest keep everything), activation offload about two blocks' tensors in transfer; eager attention's backward
+    holds score-sized gradients."""
+    w, a, plan = j.w, j.w.arch, j.plan
+    tp, cp, tokens = plan.tp, plan.cp, j.tokens
+    per_layer_act = j.per_layer_act
+    layer_input = j.r * a.hidden / j.rep
+    recomputed = 0.0
+    if plan.recompute == "full":
+        ck = n_layers if plan.recompute_layers is None else min(plan.recompute_layers, n_layers)
+        kept = (ck * layer_input + (n_layers - ck) * per_layer_act) * tokens * inflight
+        if w.activation_offload:  # offloaded to host memory, with about two blocks' tensors in transfer
+            kept = min(2, n_layers) * layer_input * tokens
+        acts = kept
+        recomputed = per_layer_act * tokens  # one block recomputed during its backward (not while the loss runs)
+    elif w.activation_offload:
+        acts = min(2, n_layers) * per_layer_act * tokens
+    else:
+        acts = n_layers * per_layer_act * tokens * inflight
+    work = 2 * max(a.ffn, a.hidden) * j.e_act * tokens / tp  # gradient working set of one block's backward
+    if w.attention == "eager":
+        # eager attention's backward holds two score-sized gradients (probs', scores') beside the saved
+        # probabilities; selective recomputation rebuilds those probabilities first (one more)
+        units = 3 if plan.recompute == "selective" else 2
+        # (under autocast the softmax and its backward run in fp32, as its saved output is)
+        score = 4.0 if j.amp else j.e_act
+        work = max(work, units * a.heads * (w.seq_len // cp) * score * tokens / tp)
+    if i == 0 and a.dropout > 0:
+        acts += tokens  # embedding dropout mask (the embedding's output is the first block's saved input)
+    if w.unfused_rope and a.position == "rope" and w.rope_tables_per_layer:
+        acts += n_layers * inflight * 2 * w.seq_len * a.head_dim * j.e_act  # cos/sin of q and k, built per block
+    return acts, recomputed, work
+
+
+def _pipeline_buffers(j: _Job, i: int, inflight: float) -> float:
+    """DeepSpeed's PipelineEngine keeps each micro-batch's stage output (the logits, on the last stage) in its pipe
+    buffers, max(2, in-flight) of them, until the buffer is reused; and one more hidden-sized tensor per micro-batch
+    in flight (the p2p copy of what is sent/received), plus its persistent receive buffers: activations (all but the
+    first stage) and gradients (all but the last)."""
+    w, a, plan = j.w, j.w.arch, j.plan
+    if not (w.framework == "deepspeed" and plan.pp > 1):
+        return 0.0
+    first, last = i == 0, i == plan.pp - 1
+    nbuf = max(2, min(plan.pp - i, max(plan.grad_accum, 1)))
+    out = (a.vocab / plan.tp if (last and a.head != "classification") else a.hidden) * j.e_act * j.tokens
+    return nbuf * out + (inflight + (not first) + (not last)) * a.hidden * j.e_act * j.tokens
+
+
+def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, float, float]:
+    """(logits and loss tensors, gradients the loss phase adds, the final norm's and head's saved inputs) on the
+    last stage. A chunked output layer's backward sums the chunks' weight gradients in one buffer (the sum and the
+    contribution being added) while the chunks' 16-bit logit gradients wait (measured on the CPU: + 2 x the head's
+    gradient over the compiled loss's peak)."""
+    w, a = j.w, j.w.arch
+    tokens = j.tokens
+    logits = _logit_bytes_per_token(w, j.plan.tp) * tokens
+    loss_grads = 0.0
+    if w.loss_chunks > 1 and st.head_grads > 0:
+        v_local = a.vocab / j.vtp
+        k = 1.0 if persistent else 2.0
+        chunk_phase = v_local * j.e_act * (1.0 + 1.0 / w.loss_chunks) * tokens + k * st.head_grads
+        if chunk_phase > logits:
+            loss_grads = k * st.head_grads
+            logits = chunk_phase - loss_grads
+    final_norm = (4.0 + j.e_act) if (w.norm_upcast and not w.compile) else j.r
+    head_inputs = (final_norm * a.hidden / j.rep + j.e_act * a.hidden / j.plan.tp) * tokens
+    return logits, loss_grads, head_inputs
+
+
+def _previous_output(j: _Job, i: int, n_layers: int, inflight: float) -> tuple[float, float, float]:
+    """(this step's 16-bit output, the previous step's output, what the previous graph's custom functions hold)
+    where the loop keeps the previous step's output bound until the next forward returns (litgpt): at the end of
+    that forward both outputs are alive, and with them what the old graph's custom functions stored outside its
+    saved tensors (bitsandbytes' 4-bit matmul stored its input on ctx: q/k/v, o_proj, MLP and down inputs)."""
+    w, a, pc, plan = j.w, j.w.arch, j.pc, j.plan
+    last = i == plan.pp - 1
+    out16 = j.e_act * a.vocab / j.vtp * j.tokens if (last and a.head != "classification") else 0.0
+    prev_logits = prev_inputs = 0.0
+    if w.keeps_previous_output:
+        prev_logits = out16
+        if w.method == "qlora" and w.nf4_saves_inputs:
+            prev_inputs = n_layers * inflight * j.e_act * (3 * a.hidden + a.ffn) / plan.tp * j.tokens
+            if last and w.qlora_quantized_head and pc.head:
+                prev_inputs += j.e_act * a.hidden / j.rep * j.tokens  # lm_head's input (the final norm's output)
+    return out16, prev_logits, prev_inputs
+
+
+def _allocator_overhead(
+    parts: dict[str, float],
+    allocated: float,
+    phase: str,
+    persistent: bool,
+    st: _States,
+    resident: float,
+    metric: Metric,
+    overheads: Overheads,
+    world: int,
+) -> float:
+    """What the metric adds to the allocated peak: the caching allocator's reserved excess (long-lived tensors are
+    allocated once, in whole segments; what each step allocates and frees leaves blocks it cannot reuse for the
+    next request's size; the previous step's freed gradients stay reserved beside the forward's activations), and
+    for the device metric the CUDA context and NCCL buffers."""
+    overhead = 0.0
+    if metric in ("reserved", "device"):
+        long_lived = parts["weights"] + parts["optimizer"] + (st.grads_all if persistent else 0.0) + resident
+        overhead += long_lived * overheads.fragmentation + (allocated - long_lived) * overheads.step_fragmentation
+        if phase == "backward-start" and not persistent and st.grads_all > st.head_grads:
+            overhead += st.grads_all - parts["gradients"]
+    if metric == "device":
+        overhead += overheads.device_bytes(world)
+    return overhead
+
+
 def estimate_memory(
     w: Workload,
     plan: ParallelPlan,
@@ -237,350 +635,127 @@ def estimate_memory(
     overheads: Overheads = Overheads(),
     peak_stages_only: bool = False,
 ) -> MemoryEstimate:
-    """Per-stage peak bytes per rank; see the module docstring for the phases.
+    """Per-stage peak bytes per rank: each term (model states, buffers, saved activations, logits and loss, the
+    optimizer step's temporaries, the allocator's and the device's overheads) from its own function, summed at
+    each moment of the step (the module docstring); the breakdown is that of the largest.
 
     `peak_stages_only` computes only the first and last pipeline stages. With the default split (earlier
     stages get the extra layers) every middle stage holds no more layers, no more in-flight micro-batches
     and no embedding, so one of those two is the peak; the candidate search uses this to stay fast.
     """
-    a = w.arch
-    pc = count_params(a)
-    scale = (w.exact_params / pc.total(a.layers)) if w.exact_params else 1.0
-    wb, gb, sb, mb_, sdt = _bytes(w)
-    tp, dp, pp, cp = plan.tp, plan.dp, plan.pp, plan.cp
-    tokens = plan.micro_batch * w.seq_len // cp  # context parallelism: each rank holds seq/cp of every sequence
-    lora = w.method != "full"
-    # ZeRO/FSDP shard over the data-parallel ranks (times cp: context-parallel ranks hold the same weights), or
-    # over one shard group of HSDP/MiCS, replicated across groups
-    shard = plan.shard_group or dp * cp
-    opt_div = shard if plan.zero >= 1 else 1
-    grad_div = shard if plan.zero >= 2 else 1
-    weight_div = shard if plan.zero >= 3 else 1
-    amp = _autocast(w, plan)
-    per_layer_act = _layer_activation_bytes(w, tp, plan.sequence_parallel, plan.recompute, amp, cp)
-    r = 4.0 if (amp or w.precision == "fp32") else 2.0
-    rep = tp if plan.sequence_parallel else 1
-    layer_input = r * a.hidden / rep
-    mixed_ds = w.framework == "deepspeed" and w.precision in ("bf16-mixed", "fp16-mixed")
-    if w.framework == "deepspeed" and plan.zero >= 1:
-        mb_ = 4.0  # the ZeRO optimizer keeps its own fp32 partition of the weights, in fp32 training too
-    splits = plan.stage_layers(a.layers)
-
+    j = _job(w, plan)
+    pp = plan.pp
     stages = []
-    for i, n_layers in enumerate(splits):
+    for i, n_layers in enumerate(plan.stage_layers(w.arch.layers)):
         if peak_stages_only and plan.layer_split is None and 0 < i < pp - 1:
             continue
-        first, last = i == 0, i == pp - 1
-        params = pc.per_layer * n_layers / tp
-        # Megatron splits the embedding and the output layer over tp (vocab-parallel); a replicated head holds
-        # them whole
-        vtp = tp if w.vocab_parallel else 1
-        if first:
-            params += pc.embedding / vtp
-        if last:
-            # a tied head on another stage than the embedding is its own copy of the token embedding
-            tied_copy = a.vocab * a.hidden if (pp > 1 and a.tied_embeddings and a.head != "classification") else 0
-            params += (pc.final + pc.head + tied_copy) / vtp
-        params = int(params * scale)
-        linear = pc.linear_per_layer * n_layers * scale / tp
-
-        if lora:
-            trainable = (
-                lora_params_per_layer(a, w.lora_rank, w.lora_targets) * n_layers
-                + (lora_head_params(a, w.lora_rank, w.lora_targets) if last else 0)
-            ) / tp
-            base_bytes = 4.0 if w.precision == "fp32" else 2.0
-            if w.method == "qlora":
-                # (litgpt's plugin quantises every nn.Linear, the untied output layer too)
-                q_head = a.vocab * a.hidden * scale / vtp if (last and w.qlora_quantized_head and pc.head) else 0.0
-                frozen = (linear + q_head) * _nf4_bytes(w) + (params - linear - q_head) * base_bytes
-            else:
-                frozen = params * base_bytes
-            weights = frozen / weight_div + trainable * wb
-        else:
-            trainable = float(params)
-            weights = params * wb / weight_div
-        if plan.offload_params:
-            weights = 0.0
-        grads_all = trainable * gb / grad_div
-        optimizer = 0.0 if (plan.offload_optimizer or w.paged_optimizer) else trainable * (sb + mb_) / opt_div
-        if mixed_ds and plan.zero == 0:
-            optimizer += trainable * 4.0  # BF16/FP16 optimizer's fp32 gradient accumulation buffer
-
-        # Gradients that persist through the forward pass: DeepSpeed's buffers, accumulation, pipelines.
-        # (DeepSpeed and torch both free .grad after the step; ZeRO/BF16 optimizers' own fp32 buffers are counted
-        # with the optimizer.)
-        # Megatron's main_grad buffer is allocated once and kept. A pipeline stage peaks at its first backward
-        # with the most micro-batches in flight; its gradients exist then only if a forward follows a backward
-        # at that depth (grad_accum > pp - stage), since the previous step's were freed.
-        accumulating = plan.grad_accum > (pp - i if pp > 1 else 1)
-        persistent = accumulating or not w.zero_grad_to_none or w.framework == "megatron"
-        if w.optimizer_in_backward:
-            persistent, grads_all = False, 0.0
-        largest = pc.largest_matrix * scale / tp
-        head_grads = (
-            (a.vocab * a.hidden * scale / (tp if w.vocab_parallel else 1)) * gb / grad_div
-            if (last and not lora and a.head != "classification")
-            else 0.0
+        st = _model_states(j, i, n_layers)
+        grads_all = 0.0 if w.optimizer_in_backward else st.grads_all
+        persistent = _gradients_persist(j, i) and not w.optimizer_in_backward
+        st = _States(**{**st.__dict__, "grads_all": grads_all})
+        b = _buffers(j, i, n_layers, st)
+        persistent = persistent or b.keeps_grads
+        step_buffers = _step_buffers(j, st)
+        inflight = _in_flight(plan, i)
+        acts, recomputed, work = _activations(j, i, n_layers, inflight)
+        fb_buffers = b.fb + _pipeline_buffers(j, i, inflight)
+        logits = loss_grads = 0.0
+        if i == pp - 1:
+            logits, loss_grads, head_inputs = _logits_and_loss(j, st, persistent)
+            acts += head_inputs
+        out16, prev_logits, prev_inputs = _previous_output(j, i, n_layers, inflight)
+        phase, parts, allocated = _peak_moment(
+            st, persistent, b, fb_buffers, step_buffers, acts, recomputed, work, logits, loss_grads,
+            out16, prev_logits, prev_inputs, j.per_layer_act * j.tokens,
+        )  # fmt: skip
+        overhead = _allocator_overhead(
+            parts, allocated, phase, persistent, st, b.resident, metric, overheads, plan.world
         )
-
-        # Buffers: communication buckets, gathered ZeRO-3 parameters, dequantised QLoRA weights.
-        bk = w.buckets
-        fb_buffers = unit_grads = 0.0
-        if plan.zero == 3:
-            layer_params = pc.per_layer * scale / tp
-            # QLoRA gathers its blocks in NF4 (torchao's NF4 tensor and bitsandbytes' 4-bit params all-gather their
-            # quantised storage): as 16-bit-equivalent elements, a block is far smaller than its parameter count
-            layer_gathered = layer_params
-            if w.method == "qlora":
-                lin = pc.linear_per_layer * scale / tp
-                layer_gathered = (lin * _nf4_bytes(w) + (layer_params - lin) * 2.0) / 2.0
-            gathered = 2 * max(layer_gathered, largest)
-            if w.framework == "deepspeed":
-                gathered = min(gathered + bk.stage3_prefetch_bucket_size, bk.stage3_max_live_parameters)
-                # DeepSpeed releases a module's gathered parameters after its forward only if their next use lies
-                # more than stage3_max_reuse_distance parameter elements further along the trace: the output layer
-                # (used again at once by backward) and the last blocks, whose forward and backward uses are
-                # separated by 2 x the parameters after them, stay gathered until their backward
-                vtp3 = tp if w.vocab_parallel else 1
-                head_el = (
-                    ((pc.final + (pc.head or (a.vocab * a.hidden if a.head != "classification" else 0))) * scale / vtp3)
-                    if last
-                    else 0.0
-                )
-                blocks_el = layer_gathered * n_layers
-                reuse = bk.stage3_max_reuse_distance
-                kept = head_el + min(blocks_el, max(0.0, reuse / 2 - head_el))
-                if first and 2 * (blocks_el + head_el) < reuse:  # a model this small stays gathered whole
-                    tied_head = last and a.tied_embeddings and a.head != "classification"  # (counted as the head)
-                    kept += (pc.embedding - (a.vocab * a.hidden if tied_head else 0)) * scale / vtp3
-                gathered = max(gathered, kept)
-            if not w.reshard_after_forward:  # FSDP reshard_after_forward=False / ZeRO++-style: the stage's
-                gathered = max(gathered, params)  # gathered weights stay from forward until backward
-            fb_buffers += gathered * (2.0 if w.precision != "fp32" else 4.0)
-            # one unit's unsharded gradients before reduce-scatter: only its trainable (adapter) ones under LoRA
-            unit_trainable = (lora_params_per_layer(a, w.lora_rank, w.lora_targets) / tp) if lora else layer_params
-            unit_grads = unit_trainable * gb  # (from a block's backward on: none while the loss runs)
-        resident = 0.0
-        if w.framework == "deepspeed" and plan.zero == 3 and trainable > 0:
-            # ZeRO-3's optimizer allocates once and keeps: the gradient partition of every parameter (in the
-            # gradient-accumulation dtype, the model's) and, with contiguous gradients, the reduce bucket
-            resident = bk.reduce_bucket_size * gb
-            if not w.optimizer_in_backward:
-                persistent = True
-        # Gradient reduction buffers (allocated when backward starts).
-        bucket = 0.0
-        if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1 and trainable > 0:
-            # contiguous_gradients: ZeRO-1/2 allocate the whole reduce bucket, whatever the model's size
-            # (ZeRO-1 under mixed precision stages its fp32 gradient accumulator in the bucket)
-            bucket += (
-                bk.reduce_bucket_size * (4.0 if mixed_ds and plan.zero == 1 else gb) * (2 if bk.overlap_comm else 1)
-            )
-        flat = 0.0
-        if w.framework == "deepspeed" and plan.zero == 0 and trainable > 0:
-            flat = trainable * gb  # DeepSpeed flattens all gradients for the all-reduce after backward (even on 1 GPU)
-        if w.framework == "torch" and dp > 1 and plan.zero == 0 and trainable > 0:
-            fb_buffers += trainable * gb  # DDP's gradient buckets: a second copy of the gradients, kept for the run
-        if w.method == "qlora":
-            # the 4-bit matmul dequantises one linear weight to 16 bits at a time (forward, and again in backward);
-            # the embedding, and the output layer unless it is quantised too, stay 16-bit and are never dequantised
-            deq = pc.largest_linear * scale / tp
-            if last and w.qlora_quantized_head and pc.head:
-                deq = max(deq, a.vocab * a.hidden * scale / (tp if w.vocab_parallel else 1))
-            fb_buffers += deq * 2.0
-        if amp and not lora:
-            fb_buffers += linear * 2.0  # autocast's 16-bit weight copies, saved for backward (not under FSDP)
-        if w.fp8:
-            fb_buffers += (linear / weight_div) * 1.0 + largest * 1.0  # fp8 weight casts (+ one being made)
-        if cp > 1:
-            # ring attention: the K/V block being received and the one being sent (double buffer), 16-bit
-            kvd = a.kv * a.head_dim / tp
-            fb_buffers += 2 * 2 * kvd * tokens * (4.0 if w.precision == "fp32" else 2.0)
-
-        step_buffers = 0.0
-        if not w.optimizer_in_backward and not plan.offload_optimizer:
-            local_states = trainable / opt_div
-            if mixed_ds and plan.zero >= 1:
-                step_buffers += local_states * 4.0  # fp32 gradient partition handed to the optimizer
-            if w.optimizer in ("adam", "adamw") and not w.fused_optimizer:
-                step_buffers += local_states * sdt  # foreach Adam: sqrt(v) temporary
-            else:
-                step_buffers += min(largest, local_states) * sdt
-            if w.framework == "deepspeed" and plan.zero in (1, 2) and dp > 1:
-                step_buffers += min(bk.allgather_bucket_size, params) * wb
-
-        # Activations of the micro-batches in flight: 1F1B keeps pp - stage of them on stage `stage`, GPipe all
-        # of them; interleaved 1F1B with v model chunks per rank keeps (pp - stage - 1) * 2 + (v - 1) * pp + 1
-        # chunk-micro-batches in warm-up (Megatron's schedule), each 1/v of the stage's layers.
-        ga = max(plan.grad_accum, 1)
-        recomputed = 0.0
-        if pp == 1:
-            inflight = 1.0
-        elif plan.schedule == "gpipe":
-            inflight = float(ga)
-        elif plan.schedule == "interleaved" and plan.virtual_stages > 1:
-            v = plan.virtual_stages
-            inflight = min(ga * v, (pp - i - 1) * 2 + (v - 1) * pp + 1) / v
-        else:
-            inflight = float(min(pp - i, ga))
-        if plan.recompute == "full":
-            # every checkpointed block keeps only its input; recompute_layers < all: the rest keep everything
-            ck = n_layers if plan.recompute_layers is None else min(plan.recompute_layers, n_layers)
-            kept = (ck * layer_input + (n_layers - ck) * per_layer_act) * tokens * inflight
-            if w.activation_offload:  # offloaded to host memory, with about two blocks' tensors in transfer
-                kept = min(2, n_layers) * layer_input * tokens
-            acts = kept
-            recomputed = per_layer_act * tokens  # one block recomputed during its backward (not while the loss runs)
-        elif w.activation_offload:
-            acts = min(2, n_layers) * per_layer_act * tokens
-        else:
-            acts = n_layers * per_layer_act * tokens * inflight
-        e_act = 4.0 if w.precision == "fp32" else 2.0
-        work = 2 * max(a.ffn, a.hidden) * e_act * tokens / tp  # gradient working set of one block's backward
-        if w.attention == "eager":
-            # eager attention's backward holds two score-sized gradients (probs', scores') beside the saved
-            # probabilities; selective recomputation rebuilds those probabilities first (one more)
-            units = 3 if plan.recompute == "selective" else 2
-            # (under autocast the softmax and its backward run in fp32, as its saved output is)
-            score = 4.0 if amp else e_act
-            work = max(work, units * a.heads * (w.seq_len // cp) * score * tokens / tp)
-        if first and a.dropout > 0:
-            acts += tokens  # embedding dropout mask (the embedding's output is the first block's saved input)
-        if w.unfused_rope and a.position == "rope" and w.rope_tables_per_layer:
-            acts += n_layers * inflight * 2 * w.seq_len * a.head_dim * e_act  # cos/sin of q and k, built per block
-        logits = 0.0
-        if w.framework == "deepspeed" and pp > 1:
-            # DeepSpeed's PipelineEngine keeps each micro-batch's stage output (the logits, on the last stage) in
-            # its pipe buffers, max(2, in-flight) of them, until the buffer is reused
-            nbuf = max(2, min(pp - i, ga))
-            out = (a.vocab / tp if (last and a.head != "classification") else a.hidden) * e_act * tokens
-            fb_buffers += nbuf * out
-            # and one more hidden-sized tensor per micro-batch in flight (the p2p copy of what is sent/received),
-            # plus the engine's persistent receive buffers: activations (all but the first stage) and
-            # gradients (all but the last)
-            fb_buffers += (inflight + (not first) + (not last)) * a.hidden * e_act * tokens
-        loss_grads = 0.0
-        if last:
-            logits = _logit_bytes_per_token(w, tp) * tokens
-            if w.loss_chunks > 1 and head_grads > 0:
-                # a chunked output layer's backward: the autograd engine sums the chunks' weight gradients in one
-                # buffer (the sum and the contribution being added) while the chunks' 16-bit logit gradients wait
-                # (measured on the CPU: + 2 x the head's gradient over the compiled loss's peak)
-                v_local = a.vocab / (tp if w.vocab_parallel else 1)
-                k = 1.0 if persistent else 2.0
-                chunk_phase = v_local * e_act * (1.0 + 1.0 / w.loss_chunks) * tokens + k * head_grads
-                if chunk_phase > logits:
-                    loss_grads = k * head_grads
-                    logits = chunk_phase - loss_grads
-            final_norm = (4.0 + e_act) if (w.norm_upcast and not w.compile) else r
-            acts += (
-                final_norm * a.hidden / rep + e_act * a.hidden / tp
-            ) * tokens  # final norm's saved input, head input
-
-        # The previous step's output, where the loop keeps it until the next forward returns: at the end of that
-        # forward both outputs are alive, and with them what the old graph's custom functions hold outside its
-        # saved tensors (bitsandbytes' 4-bit matmul stored its input on ctx: q/k/v, o_proj, MLP and down inputs)
-        out16 = (
-            e_act * a.vocab / (tp if w.vocab_parallel else 1) * tokens if (last and a.head != "classification") else 0.0
-        )
-        prev_logits = prev_inputs = 0.0
-        if w.keeps_previous_output:
-            prev_logits = out16
-            if w.method == "qlora" and w.nf4_saves_inputs:
-                prev_inputs = n_layers * inflight * e_act * (3 * a.hidden + a.ffn) / tp * tokens
-                if last and w.qlora_quantized_head and pc.head:
-                    prev_inputs += e_act * a.hidden / rep * tokens  # lm_head's input (the final norm's output)
-
-        # The three moments of a step (module docstring); only the largest is kept.
-        const = weights + optimizer + resident
-        # backward-start is the larger of two instants: the loss's backward (logits and their gradients alive)
-        # and the last block's backward (logits freed, the head's gradients and the block's working set alive)
-        early = bucket
-        start_loss = const + (grads_all if persistent else 0.0) + loss_grads + acts + logits + fb_buffers + early
-        start_block = (
-            const
-            + (grads_all if persistent else head_grads)
-            + acts
-            + recomputed
-            + work
-            + fb_buffers
-            + unit_grads
-            + early
-        )
-        # (the end of the forward with the previous step's output still bound: this step's 16-bit output beside it)
-        start_fwd = 0.0
-        if prev_logits or prev_inputs:
-            start_fwd = (
-                const + (grads_all if persistent else 0.0) + acts + prev_inputs + out16 + prev_logits + fb_buffers
-            )
-        start = max(start_loss, start_block, start_fwd)
-        # the first block's backward: every other gradient exists, its own saved tensors are still alive
-        end_acts = work + per_layer_act * tokens
-        end = const + grads_all + max(end_acts + bucket, flat) + fb_buffers + unit_grads
-        step = const + grads_all + step_buffers
-        if start >= end and start >= step:
-            phase = "backward-start"
-            if start_fwd >= max(start_loss, start_block):
-                parts = dict(
-                    weights=weights,
-                    gradients=grads_all if persistent else 0.0,
-                    optimizer=optimizer,
-                    activations=acts + prev_inputs,
-                    logits=out16 + prev_logits,
-                    buffers=fb_buffers + resident,
-                )
-            elif start_loss >= start_block:
-                parts = dict(
-                    weights=weights,
-                    gradients=(grads_all if persistent else 0.0) + loss_grads,
-                    optimizer=optimizer,
-                    activations=acts,
-                    logits=logits,
-                    buffers=fb_buffers + early + resident,
-                )
-            else:
-                parts = dict(
-                    weights=weights,
-                    gradients=grads_all if persistent else head_grads,
-                    optimizer=optimizer,
-                    activations=acts + recomputed + work,
-                    logits=0.0,
-                    buffers=fb_buffers + unit_grads + early + resident,
-                )
-        elif end >= step:
-            phase = "backward-end"
-            tail = end_acts + bucket >= flat
-            parts = dict(
-                weights=weights,
-                gradients=grads_all,
-                optimizer=optimizer,
-                activations=end_acts if tail else 0.0,
-                logits=0.0,
-                buffers=fb_buffers + unit_grads + resident + (bucket if tail else flat),
-            )
-        else:
-            phase = "optimizer-step"
-            parts = dict(
-                weights=weights,
-                gradients=grads_all,
-                optimizer=optimizer,
-                activations=0.0,
-                logits=0.0,
-                buffers=step_buffers + resident,
-            )
-        allocated = max(start, end, step)
-        overhead = 0.0
-        if metric in ("reserved", "device"):
-            # long-lived tensors are allocated once, in whole segments; what each step allocates and frees
-            # (activations, logits, per-step gradients and casts, temporaries) leaves the caching allocator holding
-            # blocks it cannot reuse for the next request's size
-            long_lived = parts["weights"] + parts["optimizer"] + (grads_all if persistent else 0.0) + resident
-            overhead += long_lived * overheads.fragmentation + (allocated - long_lived) * overheads.step_fragmentation
-            if phase == "backward-start" and not persistent and grads_all > head_grads:
-                # the caching allocator keeps the blocks of the gradients freed after the previous step; the
-                # forward's activations (other sizes, other segments) rarely fit them, so the reserved peak holds both
-                overhead += grads_all - parts["gradients"]
-        if metric == "device":
-            overhead += overheads.device_bytes(plan.world)
-        stages.append(StageMemory(stage=i, layers=n_layers, params=params, overhead=overhead, phase=phase, **parts))
+        stages.append(StageMemory(stage=i, layers=n_layers, params=st.params, overhead=overhead, phase=phase, **parts))
     return MemoryEstimate(plan=plan, metric=metric, stages=tuple(stages))
+
+
+def _peak_moment(
+    st: _States,
+    persistent: bool,
+    b: _Buffers,
+    fb_buffers: float,
+    step_buffers: float,
+    acts: float,
+    recomputed: float,
+    work: float,
+    logits: float,
+    loss_grads: float,
+    out16: float,
+    prev_logits: float,
+    prev_inputs: float,
+    block_acts: float,
+) -> tuple[str, dict[str, float], float]:
+    """The largest of the step's moments (backward-start: the loss's backward, the last block's backward, or the
+    end of a forward beside the previous step's output; backward-end; optimizer-step), its breakdown and bytes."""
+    const = st.weights + st.optimizer + b.resident
+    grads = st.grads_all if persistent else 0.0
+    early = b.bucket
+    # backward-start is the larger of two instants: the loss's backward (logits and their gradients alive) and the
+    # last block's backward (logits freed, the head's gradients and the block's working set alive)
+    start_loss = const + grads + loss_grads + acts + logits + fb_buffers + early
+    start_block = (
+        const
+        + (st.grads_all if persistent else st.head_grads)
+        + acts
+        + recomputed
+        + work
+        + fb_buffers
+        + b.unit_grads
+        + early
+    )
+    # (the end of the forward with the previous step's output still bound: this step's 16-bit output beside it)
+    start_fwd = 0.0
+    if prev_logits or prev_inputs:
+        start_fwd = const + grads + acts + prev_inputs + out16 + prev_logits + fb_buffers
+    start = max(start_loss, start_block, start_fwd)
+    # the first block's backward: every other gradient exists, its own saved tensors are still alive
+    end_acts = work + block_acts
+    end = const + st.grads_all + max(end_acts + b.bucket, b.flat) + fb_buffers + b.unit_grads
+    step = const + st.grads_all + step_buffers
+    common = dict(weights=st.weights, optimizer=st.optimizer)
+    if start >= end and start >= step:
+        phase = "backward-start"
+        if start_fwd >= max(start_loss, start_block):
+            parts = dict(
+                common,
+                gradients=grads,
+                activations=acts + prev_inputs,
+                logits=out16 + prev_logits,
+                buffers=fb_buffers + b.resident,
+            )
+        elif start_loss >= start_block:
+            parts = dict(
+                common,
+                gradients=grads + loss_grads,
+                activations=acts,
+                logits=logits,
+                buffers=fb_buffers + early + b.resident,
+            )
+        else:
+            parts = dict(
+                common,
+                gradients=st.grads_all if persistent else st.head_grads,
+                activations=acts + recomputed + work,
+                logits=0.0,
+                buffers=fb_buffers + b.unit_grads + early + b.resident,
+            )
+    elif end >= step:
+        phase = "backward-end"
+        tail = end_acts + b.bucket >= b.flat
+        parts = dict(
+            common,
+            gradients=st.grads_all,
+            activations=end_acts if tail else 0.0,
+            logits=0.0,
+            buffers=fb_buffers + b.unit_grads + b.resident + (b.bucket if tail else b.flat),
+        )
+    else:
+        phase = "optimizer-step"
+        parts = dict(common, gradients=st.grads_all, activations=0.0, logits=0.0, buffers=step_buffers + b.resident)
+    return phase, parts, max(start, end, step)
