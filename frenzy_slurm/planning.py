@@ -32,6 +32,7 @@ from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.marp import search_space_from_spec, with_exact_params, workload_from_spec
 from frenzy_slurm.marp.candidates import SearchSpace
+from frenzy_slurm.marp.frameworks import profile_summary
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render import Rendered, default_job_dir, render_job, submission_hash
 from frenzy_slurm.render.environment import EnvCheck, check_environment
@@ -120,6 +121,8 @@ class JobRequest:
             "decision": json.loads(self.decision.model_dump_json()),
             "user_code_ran": self.plan.exact_params is not None,
             "calibration": self.calibration,
+            # which framework profile predicted the job and the defaults it took (marp/frameworks.py)
+            "framework": profile_summary(self.plan.spec),
             "sbatch_argv": list(self.plan.sbatch_argv),
             "script": self.script,
         }

@@ -316,3 +316,28 @@ def test_explain_says_which_profile_and_defaults():
     assert s["defaults_taken"]["training.lora.dropout"] == 0.0
     stated = profile_summary(script("torchtune", training__loss_chunks=1))
     assert "training.loss_chunks" not in stated["defaults_taken"]
+
+
+def test_fsbatch_explain_and_json_name_the_profile(tmp_path):
+    """`fsbatch --explain` prints the framework profile and the defaults it took; --json carries the same."""
+    from frenzy_slurm.cli.fsbatch import main
+
+    spec = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    common = [
+        str(path),
+        "--dry-run",
+        "--backend",
+        "static",
+        "--snapshot",
+        str(ROOT / "examples" / "offline" / "cluster.json"),
+        "--site",
+        str(ROOT / "site_configs" / "devcluster-cpu.yaml"),
+    ]
+    out = CliRunner().invoke(main, [*common, "--json"])
+    assert out.exit_code == 0, out.output
+    framework = json.loads(out.stdout)["framework"]
+    assert framework["framework"] == "frenzy" and framework["defaults_taken"]["training.loss_chunks"] == 1
+    shown = CliRunner().invoke(main, [*common, "--explain"])
+    assert shown.exit_code == 0 and "framework: frenzy (frenzy-slurm's built-in DeepSpeed trainer" in shown.output

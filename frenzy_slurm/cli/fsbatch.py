@@ -263,6 +263,7 @@ def _json(p: Plan, job: Job | None, dry_run: bool) -> dict:
 def _report(p: Plan, job: Job | None, dry_run: bool, as_json: bool, parsable: bool, explain: bool) -> None:
     """What fsbatch prints for one job (a sweep prints this per job, its --json as one list afterwards)."""
     from frenzy_slurm.calibration import explain_lines
+    from frenzy_slurm.marp.frameworks import profile_lines
 
     req = p.request
     if parsable:
@@ -277,6 +278,8 @@ def _report(p: Plan, job: Job | None, dry_run: bool, as_json: bool, parsable: bo
     if explain:
         header, rows = explain_rows(req.decision)
         click.echo(table(rows, header))
+        for line in profile_lines(req.plan.spec):  # the framework profile MARP predicted with, its defaults taken
+            click.echo(line)
         if (calibration := req.calibration) is not None:  # plan_job always records one
             for line in explain_lines(calibration):
                 click.echo(line)
