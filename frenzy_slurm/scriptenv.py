@@ -13,6 +13,7 @@ learning rate, steps and DeepSpeed config), zero or more arguments; anywhere els
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 
@@ -29,11 +30,13 @@ RUNTIME_NAMES: dict[str, str] = {
 # Written into job.sbatch from the plan (`plan_env`), so every task of every component sees the same values.
 PLAN_NAMES: dict[str, str] = {
     "FRENZY_FRAMEWORK": "entry.framework (or its default)",
+    "FRENZY_FRAMEWORK_VERSION": "entry.framework_version (empty: the newest the profile describes)",
     "FRENZY_DP": "data-parallel degree",
     "FRENZY_TP": "tensor-parallel degree",
     "FRENZY_PP": "pipeline stages",
     "FRENZY_CP": "context-parallel degree",
     "FRENZY_ZERO": "ZeRO stage (FSDP: 3 full sharding, 2 SHARD_GRAD_OP)",
+    "FRENZY_SHARDING": "the stage in the framework's words: none, zero1-3, full-shard, shard-grad-op, hybrid-shard",
     "FRENZY_MICRO_BATCH": "sequences per rank per forward/backward",
     "FRENZY_GRAD_ACCUM": "micro-batches per optimizer step",
     "FRENZY_GLOBAL_BATCH": "sequences per optimizer step over all ranks (training.global_batch)",
@@ -51,6 +54,9 @@ PLAN_NAMES: dict[str, str] = {
     "FRENZY_SEED": "training.seed",
     "FRENZY_CHECKPOINT_INTERVAL": "save every this many steps (0: only at the end and at the stop signal)",
 }
+
+# TrainingArguments.fsdp's names for model.yaml's FSDP shardings (parallel.sharding)
+HF_FSDP = {"full-shard": "full_shard", "shard-grad-op": "shard_grad_op", "hybrid-shard": "hybrid_shard"}
 
 FRAMEWORK_ARGS = "FRENZY_FRAMEWORK_ARGS"  # a whole argument: the framework's own flags (see framework_args)
 
@@ -117,12 +123,21 @@ def expand_args(args: list[str], env: Mapping[str, str], framework_argv: list[st
     return out
 
 
+def _hf_fsdp(strategy: str, offload: bool) -> list[str]:
+    """The Trainer's FSDP flags: the strategy words `--fsdp` reads in transformers 4.x and 5.x (in 5 translated
+    into fsdp_config, deprecated, to be removed in 5.20; `--fsdp true` from a command line is read as a word).
+    hybrid_shard is FSDP1's in transformers 5, whose default is FSDP2."""
+    argv = ["--fsdp", " ".join([strategy, "auto_wrap"] + (["offload"] if offload else []))]
+    return argv + (["--fsdp_config", json.dumps({"version": 1})] if strategy == "hybrid_shard" else [])
+
+
 def framework_args(env: Mapping[str, str]) -> list[str]:
     """The framework's own command-line flags for the plan in `env` (the FRENZY_* variables).
 
     hf-trainer: the TrainingArguments flags HfArgumentParser reads (the batch split, learning rate, steps,
     warm-up, seed, precision, gradient checkpointing, output directory, and --deepspeed with the rendered
-    config, whose batch and optimizer values are "auto" so that HF fills them from these). deepspeed:
+    config, whose batch and optimizer values are "auto" so that HF fills them from these; `--fsdp` instead
+    where model.yaml's parallel.sharding names an FSDP sharding). deepspeed:
     `--deepspeed_config PATH` (deepspeed.add_config_arguments). Other frameworks read plan.json and the
     environment: nothing.
     """
@@ -153,7 +168,10 @@ def framework_args(env: Mapping[str, str]) -> list[str]:
         interval = env.get("FRENZY_CHECKPOINT_INTERVAL", "0")
         if interval != "0":
             argv += ["--save_strategy", "steps", "--save_steps", interval]
-        if env.get("FRENZY_DS_CONFIG"):
+        fsdp = HF_FSDP.get(env.get("FRENZY_SHARDING", ""))
+        if fsdp is not None:  # torch FSDP through the Trainer (accelerate's FSDP plugin) instead of DeepSpeed
+            argv += _hf_fsdp(fsdp, env.get("FRENZY_OFFLOAD_PARAMS") == "1")
+        elif env.get("FRENZY_DS_CONFIG"):
             argv += ["--deepspeed", env["FRENZY_DS_CONFIG"]]
         return argv
     if fw == "deepspeed" and env.get("FRENZY_DS_CONFIG"):

@@ -270,3 +270,62 @@ def test_runtime_refuses_an_unknown_name_exit_2(tmp_path):
     )
     assert res.returncode == 2 and "must not run" not in res.stdout
     assert "$FRENZY_BOGUS" in res.stderr and "Traceback" not in res.stderr
+
+
+# --- the sharding in the framework's words ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("framework", "pinned", "plan", "want"),
+    [
+        ("hf-trainer", "auto", ParallelPlan(dp=2, zero=3), "zero3"),
+        ("deepspeed", "auto", ParallelPlan(dp=2, zero=2), "zero2"),
+        ("torch", "auto", ParallelPlan(dp=2, zero=3), "full-shard"),
+        ("torch", "auto", ParallelPlan(dp=2, zero=2), "shard-grad-op"),
+        ("torchtitan", "auto", ParallelPlan(dp=4, zero=3, shard_group=2), "hybrid-shard"),
+        ("torch", "auto", ParallelPlan(dp=2, zero=0), "none"),
+        ("hf-trainer", "full-shard", ParallelPlan(dp=2, zero=3), "full-shard"),
+    ],
+)
+def test_sharding_in_the_frameworks_words(framework, pinned, plan, want):
+    from frenzy_slurm.render.script import sharding
+
+    spec = script_spec(framework=framework)
+    spec = spec.model_copy(update={"parallel": spec.parallel.model_copy(update={"sharding": pinned})})
+    assert sharding(spec, plan) == want
+
+
+def test_hf_trainer_fsdp_flags_replace_deepspeed():
+    pytest.importorskip("transformers")
+    from transformers import HfArgumentParser, TrainingArguments
+
+    env = {
+        "FRENZY_FRAMEWORK": "hf-trainer",
+        "FRENZY_MICRO_BATCH": "1",
+        "FRENZY_GRAD_ACCUM": "8",
+        "FRENZY_LEARNING_RATE": "0.0001",
+        "FRENZY_STEPS": "10",
+        "FRENZY_WARMUP_STEPS": "2",
+        "FRENZY_SEED": "7",
+        "FRENZY_CHECKPOINT_DIR": "/tmp/unused-ckpt",
+        "FRENZY_PRECISION": "fp32",
+        "FRENZY_RECOMPUTE": "full",
+        "FRENZY_CHECKPOINT_INTERVAL": "5",
+        "FRENZY_SHARDING": "full-shard",
+        "FRENZY_OFFLOAD_PARAMS": "1",
+        "FRENZY_DS_CONFIG": "/j/ds_config.json",
+    }
+    argv = framework_args(env)
+    assert "--deepspeed" not in argv
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(argv + ["--use_cpu", "True"])
+    assert args.fsdp is True and args.fsdp_config["cpu_offload"] is True
+    assert args.fsdp_config["reshard_after_forward"] is True  # FULL_SHARD in FSDP2 (the default version)
+    assert args.gradient_checkpointing and args.save_steps == 5 and args.warmup_steps == 2
+    assert argv[argv.index("--fsdp") + 1] == "full_shard auto_wrap offload"
+    grad_op = framework_args({**env, "FRENZY_SHARDING": "shard-grad-op", "FRENZY_OFFLOAD_PARAMS": "0"})
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(grad_op + ["--use_cpu", "True"])
+    assert args.fsdp_config["reshard_after_forward"] is False and not args.fsdp_config.get("cpu_offload")
+    hybrid = framework_args({**env, "FRENZY_SHARDING": "hybrid-shard", "FRENZY_OFFLOAD_PARAMS": "0"})
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(hybrid + ["--use_cpu", "True"])
+    assert args.fsdp_config["version"] == 1 and args.fsdp_config["reshard_after_forward"] == "hybrid_shard"
+    assert "--deepspeed" in framework_args({**env, "FRENZY_SHARDING": "zero3"})

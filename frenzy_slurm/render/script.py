@@ -20,11 +20,13 @@ def plan_env(spec: JobSpec, plan: ParallelPlan) -> dict[str, str]:
     t = spec.training
     return {
         "FRENZY_FRAMEWORK": spec.entry.runs_with,
+        "FRENZY_FRAMEWORK_VERSION": spec.entry.framework_version or "",
         "FRENZY_DP": str(plan.dp),
         "FRENZY_TP": str(plan.tp),
         "FRENZY_PP": str(plan.pp),
         "FRENZY_CP": str(plan.cp),
         "FRENZY_ZERO": str(plan.zero),
+        "FRENZY_SHARDING": sharding(spec, plan),
         "FRENZY_MICRO_BATCH": str(plan.micro_batch),
         "FRENZY_GRAD_ACCUM": str(plan.grad_accum),
         "FRENZY_GLOBAL_BATCH": str(t.global_batch),
@@ -42,6 +44,26 @@ def plan_env(spec: JobSpec, plan: ParallelPlan) -> dict[str, str]:
         "FRENZY_SEED": str(t.seed),
         "FRENZY_CHECKPOINT_INTERVAL": str(t.checkpoint_interval or 0),
     }
+
+
+# frameworks whose sharding is torch FSDP (FSDP/FSDP2 or Fabric's FSDP strategy): ZeRO stages in FSDP's words
+_FSDP_FRAMEWORKS = ("torch", "torchtune", "torchtitan", "litgpt", "lightning")
+
+
+def sharding(spec: JobSpec, plan: ParallelPlan) -> str:
+    """The plan's sharding in the framework's words: model.yaml's parallel.sharding where it pins one, else
+    zeroN for DeepSpeed and the HF Trainer (whose rendered config is DeepSpeed's), FSDP's names for torch-based
+    frameworks (hybrid-shard where a shard group is smaller than dp), none without sharding."""
+    pinned = spec.parallel.sharding
+    if pinned != "auto":
+        return pinned
+    if plan.zero == 0:
+        return "none"
+    if spec.entry.runs_with not in _FSDP_FRAMEWORKS or plan.zero == 1:
+        return f"zero{plan.zero}"
+    if plan.zero == 3 and plan.shard_group is not None and plan.shard_group < plan.dp:
+        return "hybrid-shard"
+    return "full-shard" if plan.zero == 3 else "shard-grad-op"
 
 
 def check_script_entry(spec: JobSpec) -> None:
