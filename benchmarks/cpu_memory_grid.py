@@ -116,6 +116,8 @@ def grid() -> list[dict]:
     pts.append(_point("hf-trainer-llama-1gpu-bf16", LLAMA, "hf-trainer", precision="bf16-mixed"))
     pts.append(_point("hf-trainer-gpt2-1gpu", GPT2, "hf-trainer"))
     pts.append(_point("hf-trainer-peft-lora-llama-1gpu", LLAMA, "hf-trainer", lora_rank=8))
+    pts.append(_point("lightning-llama-1gpu", LLAMA, "lightning"))
+    pts.append(_point("lightning-llama-1gpu-bf16", LLAMA, "lightning", precision="bf16-mixed"))
     return pts
 
 
@@ -228,6 +230,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
         trainer = p["trainer"]
         if trainer == "hf-trainer":
             _hf_trainer(p, rank, world, steps)
+        elif trainer == "lightning":
+            _lightning(p, rank, world, steps)
         elif trainer in ("deepspeed", "pipeline"):
             import deepspeed
 
@@ -307,7 +311,7 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
         import gc
 
-        for i in range(steps if trainer != "hf-trainer" else 0):
+        for i in range(steps if trainer not in ("hf-trainer", "lightning") else 0):
             # GRID_GC=1 collects Python's cyclic garbage before every step (an experiment: it removed the
             # step-to-step growth the single-process DeepSpeed points had while this harness copied the block's
             # forward into closures, and moves other ranks' frees; docs/accuracy.md). The stored dataset is measured
@@ -344,6 +348,96 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
+def _hf_model(p: dict):
+    """Transformers' own model class for the point's architecture, built from a config (random weights)."""
+    import transformers
+
+    a = p["arch"]
+    common = dict(vocab_size=a["vocab"], attn_implementation=p["attention"])
+    if a.get("norm", "rmsnorm") == "rmsnorm":
+        config = transformers.LlamaConfig(
+            hidden_size=a["hidden"],
+            intermediate_size=a["ffn"],
+            num_hidden_layers=a["layers"],
+            num_attention_heads=a["heads"],
+            num_key_value_heads=a["kv_heads"],
+            max_position_embeddings=a["max_positions"],
+            tie_word_embeddings=a.get("tied_embeddings", False),
+            **common,
+        )
+        return transformers.LlamaForCausalLM(config)
+    config = transformers.GPT2Config(
+        n_embd=a["hidden"],
+        n_layer=a["layers"],
+        n_head=a["heads"],
+        n_inner=a["ffn"],
+        n_positions=a["max_positions"],
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **common,
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _lightning(p: dict, rank: int, world: int, steps: int) -> None:
+    """PyTorch Lightning's Trainer with a LightningModule as its docs write one: training_step returns the loss
+    (Lightning runs backward after it returns), configure_optimizers torch's AdamW; a callback marks each batch
+    (one optimizer step, no accumulation) as the other modes' loop does."""
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+    from torch.autograd.profiler import record_function
+
+    if world == 1:
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+    model = _hf_model(p)
+    vocab = p["arch"]["vocab"]
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, batch_idx):  # noqa: ANN001 - Lightning's signature
+            x, y = batch
+            logits = self.model(input_ids=x).logits
+            return F.cross_entropy(logits.view(-1, vocab).float(), y.view(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    class Windows(L.Callback):
+        def __init__(self) -> None:
+            self.cm = None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
+            self.cm = record_function(f"grid-step-{batch_idx}")
+            self.cm.__enter__()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001
+            self.cm.__exit__(None, None, None)
+
+    gen = torch.Generator().manual_seed(rank)
+    data = []
+    for _ in range(steps):
+        x = torch.randint(0, vocab, (p["micro_batch"], p["seq_len"]), generator=gen)
+        data.append((x, torch.roll(x, -1, 1)))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        precision="bf16-mixed" if p["precision"] == "bf16-mixed" else "32-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Windows()],
+    )
+    trainer.fit(Module(), train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None))
+
+
 def _hf_trainer(p: dict, rank: int, world: int, steps: int) -> None:
     """Transformers' own Trainer on its own model class (LlamaForCausalLM / GPT2LMHeadModel built from a config:
     random weights, no download) for `steps` optimizer steps; a callback marks each step's window as the other
@@ -359,32 +453,7 @@ def _hf_trainer(p: dict, rank: int, world: int, steps: int) -> None:
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(key, None)
     a = p["arch"]
-    common = dict(vocab_size=a["vocab"], attn_implementation=p["attention"])
-    if a.get("norm", "rmsnorm") == "rmsnorm":
-        config = transformers.LlamaConfig(
-            hidden_size=a["hidden"],
-            intermediate_size=a["ffn"],
-            num_hidden_layers=a["layers"],
-            num_attention_heads=a["heads"],
-            num_key_value_heads=a["kv_heads"],
-            max_position_embeddings=a["max_positions"],
-            tie_word_embeddings=a.get("tied_embeddings", False),
-            **common,
-        )
-        model = transformers.LlamaForCausalLM(config)
-    else:
-        config = transformers.GPT2Config(
-            n_embd=a["hidden"],
-            n_layer=a["layers"],
-            n_head=a["heads"],
-            n_inner=a["ffn"],
-            n_positions=a["max_positions"],
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            **common,
-        )
-        model = transformers.GPT2LMHeadModel(config)
+    model = _hf_model(p)
     if p["lora_rank"]:  # PEFT's LoRA on the query and value projections, PEFT's default dropout
         import peft
 
@@ -503,8 +572,8 @@ def marp_inputs(p: dict) -> dict:
     entry: dict[str, Any] = (
         {"trainer": "builtin"}
         if builtin
-        else {"trainer": "script", "script": "train.py", "framework": "hf-trainer"}
-        if trainer == "hf-trainer"
+        else {"trainer": "script", "script": "train.py", "framework": trainer}
+        if trainer in ("hf-trainer", "lightning")
         else {
             "trainer": "script",
             "script": "benchmarks/cpu_memory_grid.py",

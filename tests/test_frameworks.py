@@ -48,6 +48,7 @@ VARIATIONS: list[tuple[str, dict]] = [
         },
     ),
     ("framework torchtune", {"entry": {"trainer": "script", "script": "t.py", "framework": "torchtune"}}),
+    ("framework lightning", {"entry": {"trainer": "script", "script": "t.py", "framework": "lightning"}}),
     ("framework megatron", {"entry": {"trainer": "script", "script": "t.py", "framework": "megatron"}}),
     (
         "frenzy model code",

@@ -112,6 +112,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
         hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,
         keeps_previous_output=prof.keeps_previous_output,
+        zero_grad_after_forward=prof.zero_grad_after_forward,
         zero_grad_to_none=torch_version is None or torch_version >= (2, 0),
         unfused_rope=code.unfused_rope,
         rope_tables_per_layer=code.rope_tables_per_layer,

@@ -134,6 +134,7 @@ class FrameworkProfile:
     fused_optimizer: bool  # the optimizer it builds by default: fused/per-tensor kernels (no state-sized temporary)
     holds_logits: bool  # the loop keeps the model output (logits) bound through backward
     keeps_previous_output: bool = False  # `logits = model(...)` stays bound until the next forward returns
+    zero_grad_after_forward: bool = False  # zero_grad runs between forward and backward (the old gradients live)
     loss_chunks: int = 1  # cross-entropy in this many chunks by default
     loss_chunk_tokens: int | None = None  # or: chunks of this many tokens (litgpt's chunked_cross_entropy)
     loss_fp32_in_pure_bf16: bool = True  # False: the loss runs on 16-bit logits when weights are pure bf16
@@ -234,12 +235,16 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "lightning",
             "PyTorch Lightning / Fabric (DDP, FSDP or DeepSpeed strategy)",
-            "lightning 2.2-2.5",
+            "lightning 2.2-2.6 (CPU grid: 2.6.6)",
             "torch",
             "hf",
             Capabilities(tp="asked", offload=True),
             fused_optimizer=False,  # configure_optimizers returns torch's default AdamW (foreach)
-            holds_logits=True,
+            # training_step returns the loss and Lightning runs backward after it returns: its locals are gone
+            holds_logits=False,
+            # automatic optimization's closure: training_step, then optimizer.zero_grad, then backward (measured on
+            # the CPU grid: the previous step's gradients are alive at the end of the forward)
+            zero_grad_after_forward=True,
         ),
         FrameworkProfile(
             "megatron",

@@ -563,6 +563,20 @@ def _pipeline_buffers(j: _Job, i: int, inflight: float) -> float:
     return nbuf * out + (inflight + (not first) + (not last)) * a.hidden * j.e_act * j.tokens
 
 
+def _loss_forward_bytes(j: _Job) -> float:
+    """What the loss's forward holds at once on the last stage: the 16-bit logits, their fp32 upcast (none when
+    they are fp32 already) and the log-softmax output (chunked: one chunk's upcast)."""
+    w, a = j.w, j.w.arch
+    if a.head == "classification":
+        return 0.0
+    v = a.vocab / j.vtp
+    f32 = 4.0 if w.loss_fp32 else j.e_act
+    upcast = f32 if f32 != j.e_act else 0.0
+    if w.loss_chunks > 1:
+        return v * (j.e_act + f32 + upcast / w.loss_chunks) * j.tokens
+    return v * (j.e_act + upcast + f32) * j.tokens
+
+
 def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, float, float]:
     """(logits and loss tensors, gradients the loss phase adds, the final norm's and head's saved inputs) on the
     last stage. A chunked output layer's backward sums the chunks' weight gradients in one buffer (the sum and the
@@ -664,9 +678,17 @@ def estimate_memory(
             logits, loss_grads, head_inputs = _logits_and_loss(j, st, persistent)
             acts += head_inputs
         out16, prev_logits, prev_inputs = _previous_output(j, i, n_layers, inflight)
+        if w.zero_grad_after_forward and not persistent and not w.optimizer_in_backward:
+            # the end of the forward with the previous step's gradients still alive (zero_grad comes after it):
+            # shown as the previous-output instant, whose sum it is, with those gradients as its own
+            prev_logits = (_loss_forward_bytes(j) if i == pp - 1 else 0.0) - out16
+            prev_inputs = 0.0
+            fwd_grads = st.grads_all
+        else:
+            fwd_grads = 0.0
         phase, parts, allocated = _peak_moment(
             st, persistent, b, fb_buffers, step_buffers, acts, recomputed, work, logits, loss_grads,
-            out16, prev_logits, prev_inputs, j.per_layer_act * j.tokens,
+            out16, prev_logits, prev_inputs, j.per_layer_act * j.tokens, fwd_grads,
         )  # fmt: skip
         overhead = _allocator_overhead(
             parts, allocated, phase, persistent, st, b.resident, metric, overheads, plan.world
@@ -690,6 +712,7 @@ def _peak_moment(
     prev_logits: float,
     prev_inputs: float,
     block_acts: float,
+    fwd_grads: float = 0.0,
 ) -> tuple[str, dict[str, float], float]:
     """The largest of the step's moments (backward-start: the loss's backward, the last block's backward, or the
     end of a forward beside the previous step's output; backward-end; optimizer-step), its breakdown and bytes."""
@@ -710,9 +733,10 @@ def _peak_moment(
         + early
     )
     # (the end of the forward with the previous step's output still bound: this step's 16-bit output beside it)
+    # (or with the previous step's gradients alive: `fwd_grads`, where zero_grad runs after the forward)
     start_fwd = 0.0
-    if prev_logits or prev_inputs:
-        start_fwd = const + grads + acts + prev_inputs + out16 + prev_logits + fb_buffers
+    if prev_logits or prev_inputs or fwd_grads:
+        start_fwd = const + (grads or fwd_grads) + acts + prev_inputs + out16 + prev_logits + fb_buffers
     start = max(start_loss, start_block, start_fwd)
     # the first block's backward: every other gradient exists, its own saved tensors are still alive
     end_acts = work + block_acts
@@ -724,7 +748,7 @@ def _peak_moment(
         if start_fwd >= max(start_loss, start_block):
             parts = dict(
                 common,
-                gradients=grads,
+                gradients=grads or fwd_grads,
                 activations=acts + prev_inputs,
                 logits=out16 + prev_logits,
                 buffers=fb_buffers + b.resident,

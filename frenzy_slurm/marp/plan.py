@@ -212,6 +212,9 @@ class Workload:
     # its 16-bit logits and, through their autograd graph, what custom functions stored on their ctx (bitsandbytes'
     # 4-bit matmul inputs) are alive at the end of the next forward
     keeps_previous_output: bool = False
+    # the loop zeroes gradients between the forward and the backward (Lightning's automatic optimization: its closure
+    # runs training_step, then zero_grad, then backward), so the previous step's gradients live through the forward
+    zero_grad_after_forward: bool = False
     zero_grad_to_none: bool = True  # grads freed after each step (torch >= 2.0 default); False keeps zeroed buffers
     unfused_rope: bool = (
         False  # rotary embedding in eager ops (HF/litgpt/torchtune/built-in): rotated q, k are new tensors
