@@ -292,3 +292,20 @@ def test_a_resumed_start_pays_the_restart_cost_and_sia_plans_with_it():
     sim.advance(700.0)
     (moved,) = sia.tick(ctx)
     assert sia.stop_now() == [jid] and "A100" in moved[1].label
+
+
+def test_queue_length_over_time_counts_jobs_waiting_for_their_first_start():
+    from frenzy_slurm.sim.metrics import queue_length
+
+    jobs = [WorkloadJob(id=i, submit_s=0, model="gpt2", seq_len=512, global_batch=16, steps=200) for i in range(3)]
+    r = simulate(
+        WorkloadFile(jobs=jobs),
+        parse_compact("A100-80GB:1x1"),
+        "slurm-multi",
+        seed=1,
+        load=None,
+        errors=ErrorModel.exact(),
+    )
+    ts, counts = queue_length(r)
+    assert max(counts) == 2 and counts[-1] == 0  # one GPU: two wait at first, then none
+    assert ts == sorted(ts)

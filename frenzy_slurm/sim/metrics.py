@@ -142,7 +142,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
-    """JCT CDF per policy and GPUs allocated over time, one PNG each per cluster size."""
+    """JCT CDF per policy, GPUs allocated and queue length over time, one PNG each per cluster size."""
     try:
         import matplotlib
 
@@ -196,7 +196,40 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
                 out_dir / f"utilisation_{gpus}.png",
             )
         )
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in runs:
+            ts, counts = queue_length(r)
+            ax.step([t / 3600 for t in ts], counts, where="post", label=f"{r.policy} (seed {r.seed})")
+        if len(ends) > 2:
+            ax.set_xlim(0, min(ends[-1], 2 * ends[len(ends) // 2]) * 1.02)
+        written.append(
+            _finish(
+                plt,
+                fig,
+                ax,
+                "simulated time (h)",
+                "jobs waiting for their first start",
+                f"Queue length, {gpus} GPUs",
+                out_dir / f"queue_{gpus}.png",
+            )
+        )
     return written
+
+
+def queue_length(r: RunResult) -> tuple[list[float], list[int]]:
+    """Jobs arrived and not yet started (first start; resubmissions not counted) after each change."""
+    net: dict[float, int] = defaultdict(int)  # events at one moment count together (arrive and start at once)
+    for x in r.records:
+        net[x.submit] += 1
+        end = x.first_start if x.first_start is not None else x.end
+        if end is not None:
+            net[end] -= 1
+    ts, counts, n = [], [], 0
+    for t in sorted(net):
+        n += net[t]
+        ts.append(t)
+        counts.append(n)
+    return ts, counts
 
 
 def _finish(plt: ModuleType, fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
