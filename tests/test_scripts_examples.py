@@ -4,6 +4,7 @@ packages each framework needs are in the dev install)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,18 @@ def test_tiny_examples_plan_offline(tmp_path):
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)
         assert "export FRENZY_MICRO_BATCH=" in out["script"] and "export FRENZY_FRAMEWORK=" in out["script"]
+
+
+def test_qlora_on_a_cpu_node_says_why_and_exits_2(tmp_path):
+    """QLoRA needs bitsandbytes' CUDA kernels: without a GPU the example stops before loading anything."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this node has a GPU")
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLES.parent)}
+    res = subprocess.run(
+        [sys.executable, str(EXAMPLES / "scripts" / "peft_lora.py"), "--qlora"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "QLoRA needs a CUDA GPU" in res.stderr and "without --qlora" in res.stderr
+    assert "Traceback" not in res.stderr
