@@ -178,3 +178,22 @@ def test_fsbatch_refuses_notes_or_skips(tmp_path, bare_venv):
     assert "export FRENZY_JOB_PYTHON=" in dry.stdout
     skipped = _fsbatch(tmp_path, model, "--dry-run", "--no-env-check")
     assert skipped.returncode == 0 and "cannot find torch" not in skipped.stderr
+
+
+def test_the_rendered_environment_lines_run(tmp_path):
+    """job.sbatch's lines before the rendezvous, run by bash with a stand-in `module` function: the modules load
+    in order under `set -u`, the venv's bin/ comes first on PATH, FRENZY_JOB_PYTHON names its python."""
+    spec = spec_with({"venv": "env dir", "modules": ["gcc/12", "cuda/12.4"]})
+    script = planned(spec, synthetic(LOCAL), spec_path=tmp_path / "model.yaml").script
+    head = script[: script.index("# Rendezvous")]
+    log = tmp_path / "modules.log"
+    probe = (
+        f'module() {{ [ "$1" = load ] && echo "$2" >> {str(log)!r}; }}\n'
+        + head
+        + 'printf "%s\\n%s\\n" "${PATH%%:*}" "$FRENZY_JOB_PYTHON"\n'
+    )
+    res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert log.read_text().split() == ["gcc/12", "cuda/12.4"]
+    first_on_path, python = res.stdout.split("\n")[-3:-1]
+    assert first_on_path == str(tmp_path / "env dir" / "bin") and python == str(tmp_path / "env dir" / "bin" / "python")
