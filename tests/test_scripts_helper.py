@@ -102,8 +102,18 @@ def test_only_rank_0_requeues(job):
     assert not calls.exists()
 
 
-def test_latest_checkpoint_prefers_deepspeeds_latest(tmp_path, monkeypatch):
-    from frenzy_slurm import in_job
+@pytest.fixture
+def in_job():
+    """The helper module, imported here without keeping its handlers: pytest's own SIGTERM must still stop it."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR2, signal.SIGTERM)}
+    from frenzy_slurm import in_job as module
+
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    return module
+
+
+def test_latest_checkpoint_prefers_deepspeeds_latest(tmp_path, monkeypatch, in_job):
 
     monkeypatch.setenv("FRENZY_CHECKPOINT_DIR", str(tmp_path / "ck"))
     assert in_job.latest_checkpoint() is None
