@@ -116,6 +116,8 @@ def grid() -> list[dict]:
     pts.append(_point("hf-trainer-llama-1gpu-bf16", LLAMA, "hf-trainer", precision="bf16-mixed"))
     pts.append(_point("hf-trainer-gpt2-1gpu", GPT2, "hf-trainer"))
     pts.append(_point("hf-trainer-peft-lora-llama-1gpu", LLAMA, "hf-trainer", lora_rank=8))
+    pts.append(_point("torchtune-llama-1gpu", LLAMA, "torchtune", precision="bf16-pure"))
+    pts.append(_point("torchtune-llama-1gpu-ac", LLAMA, "torchtune", precision="bf16-pure", recompute="full"))
     pts.append(_point("lightning-llama-1gpu", LLAMA, "lightning"))
     pts.append(_point("lightning-llama-1gpu-bf16", LLAMA, "lightning", precision="bf16-mixed"))
     return pts
@@ -232,6 +234,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
             _hf_trainer(p, rank, world, steps)
         elif trainer == "lightning":
             _lightning(p, rank, world, steps)
+        elif trainer == "torchtune":
+            _torchtune(p, rank, world, steps)
         elif trainer in ("deepspeed", "pipeline"):
             import deepspeed
 
@@ -311,7 +315,7 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
         import gc
 
-        for i in range(steps if trainer not in ("hf-trainer", "lightning") else 0):
+        for i in range(steps if trainer not in ("hf-trainer", "lightning", "torchtune") else 0):
             # GRID_GC=1 collects Python's cyclic garbage before every step (an experiment: it removed the
             # step-to-step growth the single-process DeepSpeed points had while this harness copied the block's
             # forward into closures, and moves other ranks' frees; docs/accuracy.md). The stored dataset is measured
@@ -436,6 +440,63 @@ def _lightning(p: dict, rank: int, world: int, steps: int) -> None:
         callbacks=[Windows()],
     )
     trainer.fit(Module(), train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None))
+
+
+def _torchtune(p: dict, rank: int, world: int, steps: int) -> None:
+    """torchtune 0.6's full_finetune_single_device recipe as its shipped configs set it: torchtune's own Llama 3
+    model (llama3 component builder), dtype bf16 (weights, gradients and states), CEWithChunkedOutputLoss with the
+    model's output in chunks, torch's AdamW with fused=True, activation checkpointing per point; the loss step is
+    the recipe's own `_loss_step` (which `del logits`), then backward, step, zero_grad(set_to_none=True)."""
+    import contextlib
+    import importlib.util
+
+    import torch
+    import torchtune
+    from torch.autograd.profiler import record_function
+    from torchtune.models.llama3._component_builders import llama3
+    from torchtune.modules import TransformerSelfAttentionLayer
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+    from torchtune.training import set_activation_checkpointing
+
+    a = p["arch"]
+    dtype = torch.bfloat16 if p["precision"] == "bf16-pure" else torch.float32
+    with torch.device("cpu"):
+        model = llama3(
+            vocab_size=a["vocab"],
+            num_layers=a["layers"],
+            num_heads=a["heads"],
+            num_kv_heads=a["kv_heads"],
+            embed_dim=a["hidden"],
+            max_seq_len=a["max_positions"],
+            intermediate_dim=a["ffn"],
+        ).to(dtype)
+    if p["recompute"] == "full":
+        set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
+    # the recipes ship beside the package, not as one (their __init__ refuses imports): load the file itself
+    path = Path(torchtune.__file__).parent.parent / "recipes" / "full_finetune_single_device.py"
+    spec = importlib.util.spec_from_file_location("full_finetune_single_device", path)
+    assert spec is not None and spec.loader is not None
+    recipes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipes)
+    FullFinetuneRecipeSingleDevice = recipes.FullFinetuneRecipeSingleDevice  # noqa: N806 - the recipe's class
+    loss_fn = CEWithChunkedOutputLoss()
+    model.set_num_output_chunks(loss_fn.num_output_chunks)
+    recipe = object.__new__(FullFinetuneRecipeSingleDevice)  # only its loss step runs: no config, no checkpoint
+    recipe._model, recipe._loss_fn = model, loss_fn
+    recipe.activations_handling_ctx = contextlib.nullcontext()
+    recipe.ignore_labels_cache = torch.full((p["micro_batch"], 1), loss_fn.ignore_index, dtype=torch.int64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    gen = torch.Generator().manual_seed(rank)
+    opt.zero_grad()
+    for i in range(steps):
+        with record_function(f"grid-step-{i}"):
+            for _ in range(p["grad_accum"]):
+                x = torch.randint(0, a["vocab"], (p["micro_batch"], p["seq_len"]), generator=gen)
+                loss = recipe._loss_step({"tokens": x, "labels": x.clone()})
+                loss.backward()
+                del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
 
 def _hf_trainer(p: dict, rank: int, world: int, steps: int) -> None:
@@ -573,7 +634,7 @@ def marp_inputs(p: dict) -> dict:
         {"trainer": "builtin"}
         if builtin
         else {"trainer": "script", "script": "train.py", "framework": trainer}
-        if trainer in ("hf-trainer", "lightning")
+        if trainer in ("hf-trainer", "lightning", "torchtune")
         else {
             "trainer": "script",
             "script": "benchmarks/cpu_memory_grid.py",

@@ -104,6 +104,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         norm_upcast=code.norm_upcast
         and arch.norm == "rmsnorm"
         and (device == "cpu" or not code.norm_upcast_on_cpu_only),
+        norm_fp32_normalized=code.norm_fp32_normalized,
         gqa_expand=code.gqa_expand
         and arch.kv < arch.heads
         and (t.attention == "eager" or not _sdpa_runs_gqa(code, framework_version)),

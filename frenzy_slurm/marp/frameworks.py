@@ -56,6 +56,8 @@ class ModelCode:
     # from this framework release on, SDPA takes the K/V heads as they are (enable_gqa), so gqa_expand holds for
     # eager attention only; None: K/V are repeated for every kernel
     sdpa_gqa_from: tuple[int, ...] | None = None
+    # the upcast RMSNorm keeps its normalised value in fp32 (the weight multiplies inside the fp32 computation)
+    norm_fp32_normalized: bool = False
     # the RMSNorm upcast only on the CPU (frenzy's model: fused RMSNorm kernel on the GPU, a composite on the CPU)
     norm_upcast_on_cpu_only: bool = False
     # tensor parallelism splits the embedding, output layer and logits over the vocabulary (Megatron's
@@ -90,10 +92,16 @@ MODEL_CODES: dict[str, ModelCode] = {
         norm_upcast_on_cpu_only=True,
         vocab_parallel=False,
     ),
-    # torchtune 0.3-0.6 modules: RMSNorm upcasts; K/V expanded to every query head before SDPA; RoPE applied before
+    # torchtune 0.3-0.6 modules: RMSNorm upcasts (0.6: F.rms_norm(x.float(), weight=scale), so the normalised value
+    # saved for the scale's gradient is fp32); K/V expanded to every query head before SDPA; RoPE applied before
     # the transpose (sequence-major: the attention output needs no copy); separate q/k/v and w1/w3 linears
     "torchtune": ModelCode(
-        "torchtune", norm_upcast=True, gqa_expand=True, unfused_rope=False, fused_projections="never"
+        "torchtune",
+        norm_upcast=True,
+        gqa_expand=True,
+        unfused_rope=False,
+        fused_projections="never",
+        norm_fp32_normalized=True,
     ),
     # litgpt 0.4-0.5 model.py: fused qkv linear, RMSNorm upcast, eager RoPE after the transpose, GQA repeated
     "litgpt": ModelCode("litgpt", norm_upcast=True, gqa_expand=True, unfused_rope=True, fused_projections="always"),

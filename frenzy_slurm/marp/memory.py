@@ -151,10 +151,11 @@ def _layer_activation_bytes(
     # (A composite norm - CPU kernels, or an eager fp32 upcast - also keeps its normalised output for the weight's
     # gradient: fp32 copy and normalised value; a fused kernel keeps only its input and per-row statistics.)
     # (the normalised output is kept for the norm weight's gradient only: not under LoRA, where norms are frozen)
+    normalised = 4.0 if w.norm_fp32_normalized else e
     norm = (
         (
             (4.0 if w.norm_upcast and not w.compile else r)
-            + (e if (w.norm_upcast and not w.compile and not lora) else 0.0)
+            + (normalised if (w.norm_upcast and not w.compile and not lora) else 0.0)
         )
         * h
         / rep
@@ -593,7 +594,7 @@ def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, flo
         if chunk_phase > logits:
             loss_grads = k * st.head_grads
             logits = chunk_phase - loss_grads
-    final_norm = (4.0 + j.e_act) if (w.norm_upcast and not w.compile) else j.r
+    final_norm = (4.0 + (4.0 if w.norm_fp32_normalized else j.e_act)) if (w.norm_upcast and not w.compile) else j.r
     head_inputs = (final_norm * a.hidden / j.rep + j.e_act * a.hidden / j.plan.tp) * tokens
     return logits, loss_grads, head_inputs
 

@@ -203,6 +203,8 @@ class Workload:
     activation_offload: bool = False
     paged_optimizer: bool = False  # states in CUDA managed memory, outside the caching allocator's counts
     norm_upcast: bool = False  # norm computed on an fp32 copy of its input (HF/torchtune/litgpt RMSNorm, eager)
+    # the upcast norm keeps its normalised value in fp32 (torchtune's F.rms_norm(x.float(), weight=...)), not 16-bit
+    norm_fp32_normalized: bool = False
     gqa_expand: bool = False  # K/V repeated to all query heads before the attention kernel (HF repeat_kv)
     nf4_double_quant: bool = True  # QLoRA's double-quantised absmax (4.127 bits); False: plain NF4, 4.5 bits
     nf4_saves_inputs: bool = True  # bitsandbytes' 4-bit matmul saves its input (torchao's NF4 linear does not)
