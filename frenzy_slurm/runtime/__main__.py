@@ -61,7 +61,6 @@ def _run(argv: list[str] | None) -> int:
         from frenzy_slurm.scriptenv import ArgsError, expand_args, framework_args
 
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
-        os.environ.setdefault("FRENZY_GPU", "")  # a name entry.args may use; empty on the CPU
         try:
             args = expand_args(args, os.environ, framework_args(os.environ))
         except ArgsError as exc:
