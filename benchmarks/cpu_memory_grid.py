@@ -116,6 +116,8 @@ def grid() -> list[dict]:
     pts.append(_point("hf-trainer-llama-1gpu-bf16", LLAMA, "hf-trainer", precision="bf16-mixed"))
     pts.append(_point("hf-trainer-gpt2-1gpu", GPT2, "hf-trainer"))
     pts.append(_point("hf-trainer-peft-lora-llama-1gpu", LLAMA, "hf-trainer", lora_rank=8))
+    pts.append(_point("torchtitan-op-sac-llama-1gpu", LLAMA, "torch", recompute="op"))
+    pts.append(_point("torchtitan-op-sac-gpt2-1gpu", GPT2, "torch", recompute="op"))
     pts.append(_point("torchtune-llama-1gpu", LLAMA, "torchtune", precision="bf16-pure"))
     pts.append(_point("torchtune-llama-1gpu-ac", LLAMA, "torchtune", precision="bf16-pure", recompute="full"))
     pts.append(_point("lightning-llama-1gpu", LLAMA, "lightning"))
@@ -274,6 +276,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
             dist.init_process_group("gloo", rank=rank, world_size=world)
             model = GPT(arch, checkpoint=checkpoint)
+            if p["recompute"] == "op":
+                _torchtitan_op_sac(model)
             if p["lora_rank"]:
                 model = _lora(model, p["lora_rank"])
             if trainer == "fsdp2":
@@ -440,6 +444,22 @@ def _lightning(p: dict, rank: int, world: int, steps: int) -> None:
         callbacks=[Windows()],
     )
     trainer.fit(Module(), train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None))
+
+
+def _torchtitan_op_sac(model) -> None:
+    """torchtitan 0.3's per-op selective activation checkpointing (its SelectiveAC policy, its own code) around every
+    block of the built-in model. Its save list names the GPU attention kernels; on the CPU SDPA runs
+    `_scaled_dot_product_flash_attention_for_cpu`, which is added so the policy keeps what it keeps on a GPU."""
+    import torch
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+    class OnTheCpu(SelectiveAC):
+        def get_save_ops(self) -> set:
+            return super().get_save_ops() | {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+    policy = OnTheCpu(SelectiveAC.Config())
+    for i, blk in enumerate(model.blocks):
+        model.blocks[i] = policy._wrap_block(blk, base_fqn=f"blocks.{i}")
 
 
 def _torchtune(p: dict, rank: int, world: int, steps: int) -> None:

@@ -177,6 +177,13 @@ def test_pinned_settings_the_framework_cannot_run_are_refused():
         search_space_from_spec(script("torchtune", parallel={"sharding": "zero2"}))
     with pytest.raises(InputError, match="no context parallelism"):
         search_space_from_spec(script("hf-trainer", parallel={"cp": 2}))
+    with pytest.raises(
+        InputError, match="op .torchtitan's per-op selective checkpointing. is not something hf-trainer"
+    ):
+        search_space_from_spec(script("hf-trainer", training__activation_checkpointing="op"))
+    assert "op" in search_space_from_spec(script("torchtitan")).recompute
+    assert "op" not in search_space_from_spec(script("torch")).recompute  # a plain loop: only when pinned
+    assert search_space_from_spec(script("torch", training__activation_checkpointing="op")).recompute == ("op",)
     with pytest.raises(InputError, match="runs no pipeline stages"):
         search_space_from_spec(script("hf-trainer", parallel={"heterogeneous": True}))
     assert search_space_from_spec(script("deepspeed", parallel={"heterogeneous": True})).heterogeneous

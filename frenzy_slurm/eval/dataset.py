@@ -310,11 +310,16 @@ def _plan(
 
 def _recompute(raw: dict[str, str]) -> Recompute:
     ac = raw["activation_ckpt"].strip().lower()
+    framework = _framework(reading.frameworks(_settings(raw)))
+    if framework == "torchtitan" and ("selective" in ac or re.search(r"\bsac\b", ac)):
+        # torchtitan's selective checkpointing is per op (SelectiveAC: every other matmul and the attention output
+        # kept); a row that names a layer interval ("selective, every 2 layers") checkpoints whole blocks instead
+        return "full" if re.search(r"every\s*\d+|\blayer\b", ac) else "op"
     if "selective" in ac or "attention only" in ac or "core attention" in ac:
         return "selective"
     said = reading.yes_no(ac)
     if said is None:
-        shipped = PROFILES[_framework(reading.frameworks(_settings(raw)))].shipped_checkpointing
+        shipped = PROFILES[framework].shipped_checkpointing
         if "default" in ac and shipped is not None:
             return shipped  # what the framework's shipped configs set (torchtune's: enable_activation_checkpointing)
         raise RowError(f"activation checkpointing is not stated ('{raw['activation_ckpt']}')")

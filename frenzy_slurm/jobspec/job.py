@@ -22,7 +22,7 @@ Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8
 OptimizerName = Literal[
     "adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "paged-adamw", "paged-adamw-8bit"
 ]
-Checkpointing = Literal["none", "selective", "full", "auto"]
+Checkpointing = Literal["none", "selective", "full", "op", "auto"]
 Attention = Literal["flash", "sdpa", "eager"]
 Method = Literal["full", "lora", "qlora"]
 LoraTarget = Literal["q", "k", "v", "o", "mlp", "head"]
@@ -180,7 +180,10 @@ class Training(_Strict):
         "full set of gradients is ever held.",
     )
     activation_checkpointing: Checkpointing = Field(
-        "auto", description="none, selective (recompute attention core), full (keep layer inputs only), or auto."
+        "auto",
+        description="none, selective (recompute attention core, Megatron-style), full (keep layer inputs only), "
+        "op (torchtitan's per-op selective checkpointing: each block keeps the outputs of every other matmul and of "
+        "the attention kernel), or auto (what the framework runs, searched).",
     )
     checkpoint_every: int | None = Field(
         None,

@@ -172,7 +172,14 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
     recompute: tuple[Recompute, ...]
     if t.activation_checkpointing == "auto":
         recompute = ("none", "selective", "full") if can.selective_recompute else ("none", "full")
+        if can.op_recompute == "auto":
+            recompute += ("op",)
     else:
+        if t.activation_checkpointing == "op" and can.op_recompute == "no":
+            raise InputError(
+                f"training.activation_checkpointing: op (torchtitan's per-op selective checkpointing) is not something "
+                f"{fw} does; use full (with checkpoint_every for every k-th block) or none"
+            )
         if t.activation_checkpointing == "selective" and not can.selective_recompute:
             raise InputError(
                 f"training.activation_checkpointing: selective (Megatron-style attention-core recomputation) is not "

@@ -123,6 +123,7 @@ class Capabilities:
     cp: Support = "no"
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)  # 1/2/3: DeepSpeed ZeRO stages; FSDP full shard = 3, SHARD_GRAD_OP = 2
     selective_recompute: bool = False  # Megatron-style attention-core recomputation
+    op_recompute: Support = "no"  # torchtitan's per-op selective checkpointing (SelectiveAC)
     offload: bool = False  # optimizer/parameter CPU offload
     # pipeline stages sized to different GPU types in one job (frenzy's runtime lays out the stages itself)
     heterogeneous: bool = False
@@ -219,7 +220,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             "torchtitan 0.1-0.2",
             "torch",
             "torchtitan",
-            Capabilities(tp="auto", pp="auto", cp="asked", zero_stages=(0, 3), max_zero_with_pp=3),
+            Capabilities(tp="auto", pp="auto", cp="asked", zero_stages=(0, 3), max_zero_with_pp=3, op_recompute="auto"),
             # torch's AdamW as the described releases build it by default (foreach on a GPU); set
             # training.optimizer_impl: fused where optimizer.implementation says fused
             fused_optimizer=False,
@@ -270,7 +271,10 @@ PROFILES: dict[str, FrameworkProfile] = {
             f"torch 2.0-{'2.13'}",
             "torch",
             "hf",
-            Capabilities(tp="asked", pp="asked", zero_stages=(0, 2, 3), offload=True, max_zero_with_pp=3),
+            # (torch.utils.checkpoint's selective contexts run torchtitan's per-op policy in any loop)
+            Capabilities(
+                tp="asked", pp="asked", zero_stages=(0, 2, 3), offload=True, max_zero_with_pp=3, op_recompute="asked"
+            ),
             fused_optimizer=False,  # torch.optim.AdamW's default: foreach on a GPU
             holds_logits=True,  # `logits = model(x); loss = f(logits, y); loss.backward()`
         ),

@@ -206,6 +206,31 @@ def _layer_activation_bytes(
     return total
 
 
+def _op_checkpointed_bytes(w: Workload, tp: int, sp: bool, amp: bool, cp: int = 1) -> float:
+    """Bytes one block keeps per token under torchtitan's per-op selective checkpointing (SelectiveAC, read in
+    torchtitan 0.3's distributed/activation_checkpoint.py): the block's input (the checkpoint's), the attention
+    kernel's output and log-sum-exp, and the output of every other matmul, counted per block across steps: with an
+    odd number of matmuls per block (SwiGLU's 7) the saved set alternates between steps (q, v, gate, down / k, o,
+    up), so the peak holds the larger."""
+    a = w.arch
+    h, f, kvd = a.hidden, a.ffn, a.kv * a.head_dim
+    e = 4.0 if w.precision == "fp32" else 2.0
+    r = 4.0 if amp else e
+    rep = tp if sp else 1
+    total = r * h / rep + e * h / tp + 4.0 * a.heads / tp  # block input, attention output, log-sum-exp
+    # the linears in the order the block runs them: output bytes per token, and whether they carry a bias (a biased
+    # linear runs as aten.addmm, which the policy always saves and does not count among the matmuls)
+    qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
+    linears = [(e * h / tp, qkv_bias), (e * kvd / tp, qkv_bias), (e * kvd / tp, qkv_bias), (e * h, all_bias)]
+    ffn = [e * f / tp, e * f / tp, e * h] if a.activation == "swiglu" else [e * f / tp, e * h]  # (gate,) up, down
+    linears += [(b, all_bias) for b in ffn]
+    total += sum(b for b, biased in linears if biased)
+    mms = [b for b, biased in linears if not biased]
+    odd = sum(mms[0::2])  # the 1st, 3rd, ... matmul of a step's block (the policy saves odd counts)
+    even = sum(mms[1::2])
+    return total + (max(odd, even) if len(mms) % 2 else odd)
+
+
 def _logit_bytes_per_token(w: Workload, tp: int) -> float:
     """Output-layer logits and cross-entropy tensors alive at once, per token."""
     a = w.arch
@@ -524,7 +549,12 @@ def _activations(j: _Job, i: int, n_layers: int, inflight: float) -> tuple[float
     per_layer_act = j.per_layer_act
     layer_input = j.r * a.hidden / j.rep
     recomputed = 0.0
-    if plan.recompute == "full":
+    if plan.recompute == "op":
+        kept_per_token = _op_checkpointed_bytes(w, tp, plan.sequence_parallel, j.amp, cp)
+        acts = n_layers * kept_per_token * tokens * inflight
+        # a block's backward: what its recomputation adds to the outputs it saved (those are reused, not made again)
+        recomputed = max(0.0, per_layer_act - kept_per_token) * tokens
+    elif plan.recompute == "full":
         ck = n_layers if plan.recompute_layers is None else min(plan.recompute_layers, n_layers)
         kept = (ck * layer_input + (n_layers - ck) * per_layer_act) * tokens * inflight
         if w.activation_offload:  # offloaded to host memory, with about two blocks' tensors in transfer

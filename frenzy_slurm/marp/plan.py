@@ -16,7 +16,9 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Attention, DeepSpeedBuffers, Method, Optimizer, Precision
 
-Recompute = Literal["none", "selective", "full"]
+# op: torchtitan's per-op selective checkpointing (every block checkpointed, the outputs of every other matmul and of
+# the attention kernel saved, the rest recomputed)
+Recompute = Literal["none", "selective", "full", "op"]
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
 Framework = Literal["deepspeed", "torch", "megatron"]
 Metric = Literal["allocated", "reserved", "device"]
@@ -52,7 +54,8 @@ class ParallelPlan(BaseModel):
     recompute: Recompute = Field(
         "none",
         description="Activation checkpointing: none, selective (attention core "
-        "recomputed) or full (each block recomputed from its input).",
+        "recomputed), full (each block recomputed from its input) or op (torchtitan's per-op selective "
+        "checkpointing: every other matmul's output and the attention output kept).",
     )
     recompute_layers: int | None = Field(
         None,
@@ -168,8 +171,8 @@ def parse_plan(text: str) -> ParallelPlan:
         elif kind is bool:
             kwargs[name] = value.lower() in ("1", "true", "yes", "on")
         else:
-            if value not in ("none", "selective", "full"):
-                raise InputError(f"--plan: ckpt={value}; use none, selective or full")
+            if value not in ("none", "selective", "full", "op"):
+                raise InputError(f"--plan: ckpt={value}; use none, selective, full or op")
             kwargs[name] = value
     try:
         return ParallelPlan(**kwargs)  # type: ignore[arg-type]  # parsed text; pydantic validates it

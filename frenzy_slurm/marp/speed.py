@@ -49,7 +49,8 @@ def flops_per_token(w: Workload, recompute: str = "none") -> float:
     attn = 4.0 * a.layers * a.hidden * w.seq_len  # forward QK^T and AV, multiply-adds x 2
     fwd = 2.0 * n + attn
     bwd = 2.0 * fwd if w.method == "full" else (2.0 * n + 2.0 * attn)
-    extra = fwd if recompute == "full" else (attn if recompute == "selective" else 0.0)
+    # op (torchtitan's per-op policy): the matmuls not saved (about half of them) and every element-wise op run again
+    extra = {"full": fwd, "selective": attn, "op": n + attn}.get(recompute, 0.0)
     return fwd + bwd + extra
 
 
