@@ -118,6 +118,8 @@ def grid() -> list[dict]:
     pts.append(_point("hf-trainer-peft-lora-llama-1gpu", LLAMA, "hf-trainer", lora_rank=8))
     pts.append(_point("torchtitan-op-sac-llama-1gpu", LLAMA, "torch", recompute="op"))
     pts.append(_point("torchtitan-op-sac-gpt2-1gpu", GPT2, "torch", recompute="op"))
+    pts.append(_point("litgpt-llama-1gpu", LLAMA, "litgpt"))
+    pts.append(_point("litgpt-llama-1gpu-bf16", LLAMA, "litgpt", precision="bf16-pure"))
     pts.append(_point("torchtune-llama-1gpu", LLAMA, "torchtune", precision="bf16-pure"))
     pts.append(_point("torchtune-llama-1gpu-ac", LLAMA, "torchtune", precision="bf16-pure", recompute="full"))
     pts.append(_point("lightning-llama-1gpu", LLAMA, "lightning"))
@@ -238,6 +240,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
             _lightning(p, rank, world, steps)
         elif trainer == "torchtune":
             _torchtune(p, rank, world, steps)
+        elif trainer == "litgpt":
+            _litgpt(p, rank, world, steps)
         elif trainer in ("deepspeed", "pipeline"):
             import deepspeed
 
@@ -319,7 +323,7 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
         import gc
 
-        for i in range(steps if trainer not in ("hf-trainer", "lightning", "torchtune") else 0):
+        for i in range(steps if trainer not in ("hf-trainer", "lightning", "torchtune", "litgpt") else 0):
             # GRID_GC=1 collects Python's cyclic garbage before every step (an experiment: it removed the
             # step-to-step growth the single-process DeepSpeed points had while this harness copied the block's
             # forward into closures, and moves other ranks' frees; docs/accuracy.md). The stored dataset is measured
@@ -460,6 +464,48 @@ def _torchtitan_op_sac(model) -> None:
     policy = OnTheCpu(SelectiveAC.Config())
     for i, blk in enumerate(model.blocks):
         model.blocks[i] = policy._wrap_block(blk, base_fqn=f"blocks.{i}")
+
+
+def _litgpt(p: dict, rank: int, world: int, steps: int) -> None:
+    """litgpt 0.5's finetune/full.py fit loop, line for line on one device (fabric.backward is loss.backward there):
+    litgpt's own GPT (a Llama-style Config) in bf16-true or fp32, `logits = model(input_ids)` and
+    `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` bound in the loop's scope (so the previous
+    step's output lives until the next forward returns), torch's AdamW, step, zero_grad."""
+    import torch
+    from litgpt import GPT, Config
+    from litgpt.utils import chunked_cross_entropy
+    from torch.autograd.profiler import record_function
+
+    a = p["arch"]
+    config = Config(
+        n_layer=a["layers"],
+        n_head=a["heads"],
+        n_embd=a["hidden"],
+        block_size=a["max_positions"],
+        vocab_size=a["vocab"],
+        padded_vocab_size=a["vocab"],
+        n_query_groups=a["kv_heads"],
+        intermediate_size=a["ffn"],
+        mlp_class_name="LLaMAMLP",
+        norm_class_name="RMSNorm",
+        bias=False,
+        parallel_residual=False,
+        rotary_percentage=1.0,
+    )
+    dtype = torch.bfloat16 if p["precision"] == "bf16-pure" else torch.float32
+    model = GPT(config).to(dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(rank)
+    for i in range(steps):
+        with record_function(f"grid-step-{i}"):
+            for _ in range(p["grad_accum"]):
+                input_ids = torch.randint(0, a["vocab"], (p["micro_batch"], p["seq_len"]), generator=gen)
+                targets = input_ids
+                logits = model(input_ids)
+                loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
 
 
 def _torchtune(p: dict, rank: int, world: int, steps: int) -> None:
@@ -654,7 +700,7 @@ def marp_inputs(p: dict) -> dict:
         {"trainer": "builtin"}
         if builtin
         else {"trainer": "script", "script": "train.py", "framework": trainer}
-        if trainer in ("hf-trainer", "lightning", "torchtune")
+        if trainer in ("hf-trainer", "lightning", "torchtune", "litgpt")
         else {
             "trainer": "script",
             "script": "benchmarks/cpu_memory_grid.py",

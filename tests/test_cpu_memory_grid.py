@@ -23,7 +23,7 @@ POINTS = load_grid(DATA) if DATA.exists() else []
 def test_grid_dataset_is_present_and_covers_the_modes():
     assert POINTS, f"{DATA} is missing: run python benchmarks/cpu_memory_grid.py"
     trainers = {p["trainer"] for p in POINTS}
-    assert {"deepspeed", "pipeline", "fsdp2", "tp", "torch", "ddp", "hf-trainer", "lightning", "torchtune"} <= trainers
+    assert {"deepspeed", "pipeline", "fsdp2", "tp", "torch", "ddp", "hf-trainer", "lightning", "torchtune", "litgpt"} <= trainers
     derived = {p["name"]: workload_of(p) for p in POINTS}
     plans = {name: plan for name, (_, plan) in derived.items()}
     workloads = {name: w for name, (w, _) in derived.items()}
@@ -48,6 +48,7 @@ def test_every_point_is_a_model_yaml_a_user_could_run():
             "hf-trainer": "hf-trainer",
             "lightning": "lightning",
             "torchtune": "torchtune",
+            "litgpt": "litgpt",
         }.get(p["trainer"], "torch")
         assert spec.entry.runs_with == framework
         _, plan = workload_of(p)

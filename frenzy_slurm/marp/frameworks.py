@@ -104,7 +104,16 @@ MODEL_CODES: dict[str, ModelCode] = {
         norm_fp32_normalized=True,
     ),
     # litgpt 0.4-0.5 model.py: fused qkv linear, RMSNorm upcast, eager RoPE after the transpose, GQA repeated
-    "litgpt": ModelCode("litgpt", norm_upcast=True, gqa_expand=True, unfused_rope=True, fused_projections="always"),
+    # (its RMSNorm multiplies by the weight in fp32: `(x_normed * weight.float()).to(dtype)`, so the normalised value
+    # saved for the weight's gradient is fp32)
+    "litgpt": ModelCode(
+        "litgpt",
+        norm_upcast=True,
+        gqa_expand=True,
+        unfused_rope=True,
+        fused_projections="always",
+        norm_fp32_normalized=True,
+    ),
     # torchtitan's llama: fused RMSNorm, complex RoPE on sequence-major tensors, separate wq/wk/wv and w1/w3
     "torchtitan": ModelCode(
         "torchtitan", norm_upcast=False, gqa_expand=False, unfused_rope=False, fused_projections="never"
