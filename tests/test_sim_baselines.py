@@ -8,7 +8,7 @@ import pytest
 
 from frenzy_slurm.sim import ErrorModel, parse_compact, simulate
 from frenzy_slurm.sim.context import Context
-from frenzy_slurm.sim.jobs import Attempt
+from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.sim.metrics import summarize
 from frenzy_slurm.sim.policies import SlurmMulti, make_policy
 from frenzy_slurm.sim.sia import SiaPolicy, restart_factor
@@ -309,3 +309,32 @@ def test_queue_length_over_time_counts_jobs_waiting_for_their_first_start():
     ts, counts = queue_length(r)
     assert max(counts) == 2 and counts[-1] == 0  # one GPU: two wait at first, then none
     assert ts == sorted(ts)
+
+
+def test_scontrol_update_of_a_pending_job_keeps_its_place_and_has_replan_uses_it():
+    from frenzy_slurm.sim.policies import HasReplan
+
+    cluster = parse_compact("A100-80GB:1x8,V100-32GB:1x8")
+    sim = SimSlurm(cluster)
+    sim.submit(_batch("a", _req("a10080gb", "a100_80gb", 8, 600)))  # the A100s for 10 h
+    sim.submit(_batch("v", _req("v10032gb", "v100_32gb", 8, 60)))  # the V100s for 1 h
+    first = sim.submit(_batch("p", _req("a10080gb", "a100_80gb", 8, 60))).job_id  # waits for the A100s
+    sim.submit(_batch("q", _req("v10032gb", "v100_32gb", 8, 60)))  # submitted later, waits for the V100s
+    assert sim.update_pending(first, [_req("v10032gb", "v100_32gb", 8, 60)])
+    sim.advance(3600.0)  # the V100s free: the updated job, earlier in the queue, gets them
+    assert sim.jobs_by_id[first].state == "RUNNING" and sim.jobs_by_id[first].components[0].partition == "v10032gb"
+    assert not sim.update_pending(first, [_req("a10080gb", "a100_80gb", 8, 60)])  # running: no more updates
+    # has-replan: a job queued behind 10 h of A100 work is re-decided, and the idle V100s finish it sooner
+    cluster = parse_compact("A100-80GB:1x8,V100-32GB:1x8")
+    sim = SimSlurm(cluster)
+    ctx = Context(sim, cluster.site(), Truth(EM.exact(), 1))
+    sim.submit(_batch("a", _req("a10080gb", "a100_80gb", 8, 600)))
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="fp16-mixed", seq_len=1024, global_batch=64, steps=4000
+    )
+    a = Attempt(job, job.steps)
+    comp = PlacedComponent(_req("a10080gb", "a100_80gb", 8, 60), "A100-80GB", 10.0, 80.0)
+    queued = Placement([comp], 0.1, "8xA100-80GB(a10080gb)")
+    jid = sim.submit(_batch("j", *[c.request for c in queued.components])).job_id
+    (upd,) = HasReplan().replan(ctx, [(jid, a, queued)])  # the V100s are free now: finish sooner there
+    assert upd[0] == jid and "V100" in upd[1].label

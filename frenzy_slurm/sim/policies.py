@@ -160,6 +160,7 @@ def _rate(pool: UsablePool, precision: str) -> float:
 
 class HasPolicy(BasePolicy):
     round_s = None
+    replans = False
 
     def __init__(self, heterogeneous: bool = True):
         self.heterogeneous = heterogeneous
@@ -186,6 +187,46 @@ class HasPolicy(BasePolicy):
             if best is None or (c.completion, c.gpus) < (best.completion, best.gpus):
                 best = c
         return from_allocation(best) if best else None
+
+
+class HasReplan(HasPolicy):
+    """`has`, plus re-planning of its pending jobs when the cluster changes (a job ended): each pending job is
+    decided again on the cluster as it is now (itself left out of the queue); where another allocation
+    finishes sooner by more than the tie tolerance, the job's request is updated in place (`scontrol update`
+    of a pending job's partition, GRES, nodes and time limit, which Slurm allows; the job keeps its place in
+    the queue). Running jobs are never touched. What an `fsbatch`-side watcher would do."""
+
+    replans = True
+    max_per_change = 20  # pending jobs re-decided per change, oldest first (bounds the cost of a change)
+
+    def __init__(self) -> None:
+        super().__init__(True)
+        self.name = "has-replan"
+        self.updates = 0
+
+    def replan(self, ctx: Context, pending: list[tuple[int, Attempt, Placement]]) -> list[tuple[int, Placement]]:
+        from frenzy_slurm.has.decide import TIE_FRACTION, TIE_SECONDS
+
+        out: list[tuple[int, Placement]] = []
+        full = ctx.sim.load()
+        for jid, a, p in pending[: self.max_per_change]:
+            view = full.model_copy(update={"jobs": [j for j in full.jobs if jid not in (j.job_id, j.het_job_id)]})
+            try:
+                d = decide_job(
+                    a.requirements, a.workload, a.space, view, ctx.site_for(a), ctx.sim, ctx.sim.now, alternatives=16
+                )
+            except NoFitError:
+                continue
+            if d.chosen.label() == p.label:
+                continue
+            now_alt = next((x.allocation for x in d.alternatives if x.description == p.label and x.allocation), None)
+            if now_alt is None:
+                continue
+            tol = max(TIE_SECONDS, TIE_FRACTION * (now_alt.completion - ctx.sim.now))
+            if d.chosen.completion < now_alt.completion - tol:
+                out.append((jid, from_allocation(d.chosen)))
+                self.updates += 1
+        return out
 
 
 class FastestFit(BasePolicy):
@@ -402,7 +443,7 @@ class SlurmMulti(BasePolicy):
         return replace(first, alternatives=tuple(alts)) if len(alts) > 1 else first
 
 
-POLICY_NAMES = ("has", "has-homogeneous", "slurm-multi", "sia", "ilp", "fastest-fit") + tuple(
+POLICY_NAMES = ("has", "has-homogeneous", "has-replan", "slurm-multi", "sia", "ilp", "fastest-fit") + tuple(
     f"user-fixed:{v}" for v in USER_VARIANTS
 )
 
@@ -437,6 +478,8 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
         )
     if name == "has":
         return HasPolicy(True)
+    if name == "has-replan":
+        return HasReplan()
     if name == "has-homogeneous":
         return HasPolicy(False)
     if name == "fastest-fit":

@@ -342,6 +342,30 @@ class Runner:
             self._round_queued = True
             self._push(self.sim.now + (self.policy.round_s or 60.0), "round", None)
 
+    def _replan(self) -> None:
+        """The cluster changed: a re-planning policy (has-replan) may update its pending jobs' requests."""
+        pending = [
+            (jid, a, p)
+            for jid, (a, p) in sorted(self.running.items())
+            if self.sim.jobs_by_id[jid].state == "PENDING" and not self.records[a.job.id].plain
+        ]
+        if not pending:
+            return
+        t0, c0 = time.perf_counter(), time.process_time()
+        updates = self.policy.replan(self.ctx, pending)  # type: ignore[attr-defined]  # replans is True
+        self.policy_cpu_s += time.process_time() - c0
+        self.decision_ms.append((time.perf_counter() - t0) * 1e3)
+        for jid, p in updates:
+            sj = self.sim.jobs_by_id[jid]
+            if sj.state != "PENDING" or len(sj.components) != len(p.components):
+                continue  # started meanwhile, or a shape scontrol update cannot give it (a job into a hetjob)
+            a = self.running[jid][0]
+            self.running[jid] = (a, p)
+            rec = self.records[a.job.id]
+            rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
+            rec.components = [c.request for c in p.components]
+            self.sim.update_pending(jid, [c.request for c in p.components])
+
     def run(self) -> RunResult:
         with _timing_marp_search() as marp_s:
             result = self._run()
@@ -360,7 +384,9 @@ class Runner:
             if t_ext == float("inf") and t_end == float("inf"):
                 break
             if t_end <= t_ext:
-                self.sim.advance(t_end)
+                ended = self.sim.advance(t_end)
+                if ended and getattr(self.policy, "replans", False):
+                    self._replan()
                 continue
             self.sim.advance(t_ext)
             while self.events and self.events[0][0] <= self.sim.now:
@@ -373,7 +399,7 @@ class Runner:
             if rec.state == "pending":
                 rec.state = "unfinished"
         extra: dict[str, Any] = {}
-        for name in ("moves", "preemptions"):  # sia's re-planning
+        for name in ("moves", "preemptions", "updates"):  # sia's re-planning, has-replan's updated requests
             if hasattr(self.policy, name):
                 extra[name] = getattr(self.policy, name)
         if isinstance(self.policy, RoundPolicy):  # round-based policies time their rounds

@@ -217,6 +217,17 @@ class SimSlurm:
         self.schedule()
         return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
 
+    def update_pending(self, job_id: int, components: list[ComponentRequest]) -> bool:
+        """`scontrol update` of a pending job's request (partition, GRES, nodes, time limit), as Slurm allows
+        for pending jobs: the job keeps its id, submit time and so its place in the queue. False if it is not
+        pending any more (it started meanwhile)."""
+        j = self.jobs_by_id.get(job_id)
+        if j is None or j.state != "PENDING" or len(components) != len(j.components):
+            return False
+        j.components, j.alternatives, j.planned_start = list(components), [], None
+        self.schedule()
+        return True
+
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
         wanted = set(job_ids) if job_ids is not None else None
         out = []
