@@ -23,7 +23,18 @@ POINTS = load_grid(DATA) if DATA.exists() else []
 def test_grid_dataset_is_present_and_covers_the_modes():
     assert POINTS, f"{DATA} is missing: run python benchmarks/cpu_memory_grid.py"
     trainers = {p["trainer"] for p in POINTS}
-    assert {"deepspeed", "pipeline", "fsdp2", "tp", "torch", "ddp", "hf-trainer", "lightning", "torchtune", "litgpt"} <= trainers
+    assert {
+        "deepspeed",
+        "pipeline",
+        "fsdp2",
+        "tp",
+        "torch",
+        "ddp",
+        "hf-trainer",
+        "lightning",
+        "torchtune",
+        "litgpt",
+    } <= trainers
     derived = {p["name"]: workload_of(p) for p in POINTS}
     plans = {name: plan for name, (_, plan) in derived.items()}
     workloads = {name: w for name, (w, _) in derived.items()}
