@@ -42,12 +42,14 @@ def built_ops_cache(monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
 
 
-def example(tmp_path: Path, name: str, **training) -> Path:
-    """examples/scripts/NAME.yaml with the script named absolutely (the copy lives in tmp_path) and `training`
-    changed."""
+def example(tmp_path: Path, name: str, limits: dict | None = None, **training) -> Path:
+    """examples/scripts/NAME.yaml with the script named absolutely (the copy lives in tmp_path), `training`
+    changed and `limits` set."""
     data = yaml.safe_load((SCRIPTS / f"{name}.yaml").read_text())
     data["entry"]["script"] = str(SCRIPTS / data["entry"]["script"])
     data["training"].update(training)
+    if limits:
+        data["limits"] = limits
     p = tmp_path / f"{name}.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False))
     return p
@@ -80,9 +82,12 @@ def trained(s: dict, steps: int) -> None:
 
 
 def test_hf_trainer_deepspeed_full_finetune(live_jobs_dir, tmp_path):
-    out, text = submit_and_finish(example(tmp_path, "hf_trainer_full"))
+    """On two ranks (min_gpus 2): data parallel with the ZeRO stage the plan chose, in HF's config form."""
+    out, text = submit_and_finish(example(tmp_path, "hf_trainer_full", limits={"min_gpus": 2}))
+    plan = out["decision"]["chosen"]["plan"]
+    assert (plan["dp"], plan["tp"], plan["pp"]) == (2, 1, 1), plan
     ds = json.loads((Path(out["job_dir"]) / "ds_config.json").read_text())
-    assert ds["train_micro_batch_size_per_gpu"] == "auto" and isinstance(ds["zero_optimization"]["stage"], int)
+    assert ds["train_micro_batch_size_per_gpu"] == "auto" and ds["zero_optimization"]["stage"] == plan["zero"]
     s = summary(out)
     trained(s, 6)
     assert "frenzy-example: step 6/6" in text
