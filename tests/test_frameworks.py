@@ -349,3 +349,26 @@ def test_fsbatch_explain_and_json_name_the_profile(tmp_path):
     assert framework["framework"] == "frenzy" and framework["defaults_taken"]["training.loss_chunks"] == 1
     shown = CliRunner().invoke(main, [*common, "--explain"])
     assert shown.exit_code == 0 and "framework: frenzy (frenzy-slurm's built-in DeepSpeed trainer" in shown.output
+
+
+def test_the_accuracy_benchmark_refuses_a_category_it_has_no_goal_for(tmp_path):
+    """A category label the summary does not know is an error (exit 2, naming it), not a silent omission."""
+    import csv
+    import subprocess
+    import sys
+
+    if not DEV.exists():
+        pytest.skip(f"{DEV} is not here (the shared data set)")
+    with DEV.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        first = next(reader)
+        fields = reader.fieldnames
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerow(first | {"category": "continued pretraining"})
+    res = subprocess.run(
+        [sys.executable, "benchmarks/marp_accuracy.py", "--data", str(path)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert res.returncode == 2 and "category 'continued pretraining' has no accuracy goal" in res.stderr
