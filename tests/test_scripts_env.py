@@ -3,6 +3,7 @@ framework's packages (without importing them)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -197,3 +198,54 @@ def test_the_rendered_environment_lines_run(tmp_path):
     assert log.read_text().split() == ["gcc/12", "cuda/12.4"]
     first_on_path, python = res.stdout.split("\n")[-3:-1]
     assert first_on_path == str(tmp_path / "env dir" / "bin") and python == str(tmp_path / "env dir" / "bin" / "python")
+
+
+def wrapper(path: Path, python: str) -> None:
+    """A command that runs `python` (a symlink would lose the venv: Python finds pyvenv.cfg beside the name run)."""
+    path.write_text(f'#!/bin/sh\nexec {python} "$@"\n')
+    path.chmod(0o755)
+
+
+def test_python_by_command_name(tmp_path, monkeypatch, bare_venv):
+    """environment.python: python3.11-style names are looked up on PATH (here, and in the job after the modules);
+    job.sbatch exports the name, which the runtime execs through PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper(bin_dir / "frenzy-test-python", sys.executable)  # this venv's: torch and deepspeed found
+    wrapper(bin_dir / "frenzy-bare-python", str(bare_venv / "bin" / "python"))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    spec = spec_with({"python": "frenzy-test-python"}, "deepspeed")
+    assert job_python(spec, tmp_path).path == bin_dir / "frenzy-test-python"
+    assert check_environment(spec, tmp_path, "refuse") == []
+    script = planned(spec, synthetic(LOCAL), spec_path=tmp_path / "model.yaml").script
+    assert "export FRENZY_JOB_PYTHON=frenzy-test-python\n" in script
+    with pytest.raises(InputError, match="cannot find torch"):
+        check_environment(spec_with({"python": "frenzy-bare-python"}), tmp_path, "refuse")
+    with pytest.raises(InputError, match=r"'no-such-python' \(entry.environment.python\) is not on PATH"):
+        check_environment(spec_with({"python": "no-such-python"}), tmp_path, "refuse")
+    (note,) = check_environment(spec_with({"python": "no-such-python", "modules": ["python/3.11"]}), tmp_path, "refuse")
+    assert "not on PATH on this login node" in note and "python/3.11" in note
+
+
+def test_runtime_execs_a_python_found_on_path(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper(bin_dir / "frenzy-test-python", sys.executable)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(mode=0o700)
+    script = tmp_path / "train.py"
+    script.write_text("import sys; print('ran', sys.argv[1:])\n")
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(root),
+        "FRENZY_JOB_PYTHON": "frenzy-test-python",
+        "FRENZY_NVML_SAMPLER": "0",
+    }
+    res = subprocess.run(
+        [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir), "--script", str(script),
+         "--", "a"],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0 and res.stdout.strip() == "ran ['a']", res.stderr

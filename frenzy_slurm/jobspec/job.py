@@ -391,7 +391,8 @@ class JobEnvironment(_Strict):
     python: str | None = Field(
         None,
         description="The Python that runs your script, e.g. /opt/envs/train/bin/python (absolute, or relative to "
-        "model.yaml's directory).",
+        "model.yaml's directory), or a command name such as python3.11, found on the job's PATH once the modules "
+        "are loaded.",
     )
     venv: str | None = Field(
         None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,11 @@ def job_python(spec: JobSpec, spec_dir: Path) -> JobPython:
     env = spec.entry.environment
     modules = tuple(env.modules)
     if env.python is not None:
+        if (
+            "/" not in env.python
+        ):  # a command name: the job finds it on its PATH (after the modules), fsbatch on its own
+            found = shutil.which(env.python)
+            return JobPython(Path(found) if found else None, "entry.environment.python", modules, python=env.python)
         path = _absolute(env.python, spec_dir)
         return JobPython(path, "entry.environment.python", modules, python=str(path))
     if env.venv is not None:
@@ -178,12 +184,14 @@ def check_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str
     )
     need = needed_packages(spec)
     problem: str | None = None
-    if jp.path is None:
+    if jp.path is None and spec.entry.environment.conda is not None:
         return [
             f"{jp.source} {spec.entry.environment.conda!r} is not found on this machine; not checked that it "
             f"has {', '.join(need)}."
         ]
-    if not jp.path.exists():
+    if jp.path is None:
+        problem = f"the job's Python {spec.entry.environment.python!r} ({jp.source}) is not on PATH"
+    elif not jp.path.exists():
         problem = f"the job's Python {jp.path} ({jp.source}) does not exist"
     else:
         answer = probe(str(jp.path), need)

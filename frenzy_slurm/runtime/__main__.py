@@ -75,7 +75,7 @@ def _run(argv: list[str] | None) -> int:
             start_beside(job_dir)
         signals.prepare_exec()
         try:
-            os.execv(python, [python, str(ns.script), *args])
+            os.execvp(python, [python, str(ns.script), *args])  # a bare name (entry.environment.python): on PATH
         except OSError as exc:
             raise InputError(f"cannot run the job's Python {python} ({exc.strerror}); see entry.environment") from None
     from frenzy_slurm.runtime.trainer import run_training
