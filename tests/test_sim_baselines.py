@@ -338,3 +338,27 @@ def test_scontrol_update_of_a_pending_job_keeps_its_place_and_has_replan_uses_it
     jid = sim.submit(_batch("j", *[c.request for c in queued.components])).job_id
     (upd,) = HasReplan().replan(ctx, [(jid, a, queued)])  # the V100s are free now: finish sooner there
     assert upd[0] == jid and "V100" in upd[1].label
+
+
+def test_has_preempt_moves_a_running_job_onto_gpus_that_finish_it_sooner():
+    from frenzy_slurm.sim.policies import HasPreempt
+
+    cluster = parse_compact("A100-80GB:1x8,T4:1x8")
+    sim = SimSlurm(cluster)
+    ctx = Context(sim, cluster.site(), Truth(EM.exact(), 1))
+    sim.submit(_batch("other", _req("a10080gb", "a100_80gb", 8, 5)))  # the A100s for 5 min
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="fp16-mixed", seq_len=1024, global_batch=32, steps=20000
+    )
+    a = Attempt(job, job.steps)
+    # started on the T4s while the A100s were busy (predicted 1.5 s a step there)
+    on_t4 = Placement([PlacedComponent(_req("t4", "t4", 8, 600), "T4", 5.0, 15.0)], 1.5, "8xT4(t4)")
+    jid = sim.submit(_batch("j", *[c.request for c in on_t4.components])).job_id
+    policy = HasPreempt()
+    sim.advance(60.0)
+    assert policy.move(ctx, [(jid, a, on_t4, 0.0, 19_000)]) == []  # inside its restart (120 s): stays
+    sim.advance(600.0)  # the A100s are free
+    ((moved_id, there),) = policy.move(ctx, [(jid, a, on_t4, 0.0, 19_000)])
+    assert moved_id == jid and "A100" in there.label and policy.moves == 1
+    # a job nearly done stays: the move's restart cost is not worth it
+    assert policy.move(ctx, [(jid, a, on_t4, 0.0, 20)]) == []

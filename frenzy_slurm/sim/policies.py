@@ -229,6 +229,59 @@ class HasReplan(HasPolicy):
         return out
 
 
+class HasPreempt(HasReplan):
+    """`has-replan`, and the opt-in preemptible mode: a user marks a job preemptible, the runtime checkpoints
+    and requeues it. When a job ends, each running job of the policy that has run longer than the restart cost
+    is decided again for the steps it has left, on the cluster with its own GPUs free; where that finishes
+    sooner than staying by more than `gain` of the remaining time (restart cost included: the new allocation
+    starts with the start-up and the checkpoint's restore), it is checkpointed, stopped and resubmitted there.
+    Here every job of the policy is marked preemptible."""
+
+    moves_running = True
+
+    def __init__(self, gain: float = 0.2) -> None:
+        super().__init__()
+        self.name = "has-preempt"
+        self.gain = gain
+        self.moves = 0
+
+    def move(
+        self, ctx: Context, running: list[tuple[int, Attempt, Placement, float, int]]
+    ) -> list[tuple[int, Placement]]:
+        out: list[tuple[int, Placement]] = []
+        truth = ctx.truth.model if ctx.truth else None
+        restart = (truth.startup_s + truth.restart_s) if truth else 120.0
+        now = ctx.sim.now
+        full = ctx.sim.load()
+        for jid, a, p, started, left in running[: self.max_per_change]:
+            if now - started < restart:
+                continue  # still starting (Sia's rule: no move inside a restart)
+            stay = now + left * p.step_time_s
+            rest = replace(a, steps=left)
+            sj = ctx.sim.jobs_by_id[jid]
+            freed: dict[str, int] = {}  # its own GPUs count as free: it may move within its pool too
+            for comp, names in zip(sj.components, sj.nodes, strict=True):
+                for x in names:
+                    freed[x] = freed.get(x, 0) + comp.gpus_per_node
+            nodes = [
+                n.model_copy(update={"gpus_used": max(0, n.gpus_used - freed[n.name])}) if n.name in freed else n
+                for n in full.nodes
+            ]
+            others = [j for j in full.jobs if jid not in (j.job_id, j.het_job_id)]
+            view = full.model_copy(update={"jobs": others, "nodes": nodes})
+            try:
+                d = decide_job(rest.requirements, rest.workload, rest.space, view, ctx.site_for(a), ctx.sim, now)
+            except NoFitError:
+                continue
+            if d.chosen.label() == p.label:
+                continue
+            go = d.chosen.completion + restart  # the move pays the start-up and the checkpoint's restore
+            if go < stay - self.gain * (stay - now):
+                out.append((jid, from_allocation(d.chosen)))
+                self.moves += 1
+        return out
+
+
 class FastestFit(BasePolicy):
     name = "fastest-fit"
     round_s = None
@@ -443,9 +496,16 @@ class SlurmMulti(BasePolicy):
         return replace(first, alternatives=tuple(alts)) if len(alts) > 1 else first
 
 
-POLICY_NAMES = ("has", "has-homogeneous", "has-replan", "slurm-multi", "sia", "ilp", "fastest-fit") + tuple(
-    f"user-fixed:{v}" for v in USER_VARIANTS
-)
+POLICY_NAMES = (
+    "has",
+    "has-homogeneous",
+    "has-replan",
+    "has-preempt",
+    "slurm-multi",
+    "sia",
+    "ilp",
+    "fastest-fit",
+) + tuple(f"user-fixed:{v}" for v in USER_VARIANTS)
 
 
 # The baselines' knobs, tuned as HAS's thresholds were: on the 64-GPU cluster of benchmarks/jct.py, load 0.8,
@@ -480,6 +540,8 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
         return HasPolicy(True)
     if name == "has-replan":
         return HasReplan()
+    if name == "has-preempt":
+        return HasPreempt(k.get("has_preempt_gain", 0.2))
     if name == "has-homogeneous":
         return HasPolicy(False)
     if name == "fastest-fit":

@@ -349,6 +349,8 @@ class Runner:
             for jid, (a, p) in sorted(self.running.items())
             if self.sim.jobs_by_id[jid].state == "PENDING" and not self.records[a.job.id].plain
         ]
+        if getattr(self.policy, "moves_running", False):
+            self._move_running()
         if not pending:
             return
         t0, c0 = time.perf_counter(), time.process_time()
@@ -365,6 +367,34 @@ class Runner:
             rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
             rec.components = [c.request for c in p.components]
             self.sim.update_pending(jid, [c.request for c in p.components])
+
+    def _move_running(self) -> None:
+        """The opt-in preemptible mode (has-preempt): running jobs the policy wants elsewhere are checkpointed,
+        stopped and resubmitted there with the steps they have left (the runtime's checkpoint and requeue)."""
+        running = []
+        for jid, (a, p) in sorted(self.running.items()):
+            sj = self.sim.jobs_by_id[jid]
+            if sj.state != "RUNNING" or self.records[a.job.id].plain or sj.start is None:
+                continue
+            # progress as the job's own log shows it: the steps done since its first step
+            step = self._start_step.get(jid) or p.step_time_s
+            done = max(0, int((self.sim.now - sj.start - self._start_cost.get(jid, 0.0)) // step))
+            running.append((jid, a, p, sj.start, max(1, a.steps - done)))
+        if not running:
+            return
+        t0, c0 = time.perf_counter(), time.process_time()
+        moves = self.policy.move(self.ctx, running)  # type: ignore[attr-defined]  # moves_running is True
+        self.policy_cpu_s += time.process_time() - c0
+        self.decision_ms.append((time.perf_counter() - t0) * 1e3)
+        for jid, p in moves:
+            if jid not in self.running or self.sim.jobs_by_id[jid].state != "RUNNING":
+                continue
+            a = self.running[jid][0]
+            self._moving.add(jid)
+            self.sim.cancel(jid)  # checkpointed at the signal: _on_end files the rest under self._moved
+            rest = self._moved.pop(a.job.id, None)
+            if rest is not None:
+                self._submit(rest, p)
 
     def run(self) -> RunResult:
         with _timing_marp_search() as marp_s:
