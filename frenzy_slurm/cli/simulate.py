@@ -78,7 +78,7 @@ def _seeds(text: str | None, default: int) -> list[int]:
     default="has,user-fixed",
     show_default=True,
     metavar="NAME[,NAME...]",
-    help="has, has-homogeneous, has-replan, slurm-multi, sia, ilp, fastest-fit, "
+    help="has, has-homogeneous, has-replan, has-preempt, slurm-multi, sia, ilp, fastest-fit, "
     "user-fixed:fastest|largest|usual|biggest, "
     "user-fixed (all its variants) or all.",
 )
