@@ -25,6 +25,7 @@ RUNTIME_NAMES: dict[str, str] = {
     "FRENZY_CHECKPOINT_DIR": "JOBDIR/checkpoints, where a script saves what a requeued run resumes from",
     "FRENZY_SUBMISSION": "the submission hash",
     "FRENZY_GPU": "the task's GPU index (unset on the CPU: expands to empty)",
+    "FRENZY_STOP_SIGNAL": "SIGUSR2 or SIGTERM if one came before the script started (else unset: empty)",
 }
 
 # Written into job.sbatch from the plan (`plan_env`), so every task of every component sees the same values.

@@ -61,13 +61,13 @@ def _run(argv: list[str] | None) -> int:
         from frenzy_slurm.scriptenv import ArgsError, expand_args, framework_args
 
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+        if signals.pending():  # tell the script a stop was already requested
+            os.environ["FRENZY_STOP_SIGNAL"] = signals.pending() or ""
         try:
             args = expand_args(args, os.environ, framework_args(os.environ))
         except ArgsError as exc:
             raise InputError(f"{exc} (job.sbatch was edited, or rendered by another frenzy-slurm)") from None
         python = os.environ.get("FRENZY_JOB_PYTHON") or sys.executable
-        if signals.pending():  # tell the script a stop was already requested
-            os.environ["FRENZY_STOP_SIGNAL"] = signals.pending() or ""
         if dist.local_rank == 0 and os.environ.get("FRENZY_NVML_SAMPLER", "1") != "0":
             # one per node: the script's GPU memory and utilisation -> nvml-<host>.json, metrics.json
             from frenzy_slurm.runtime.nvml_sampler import start_beside
