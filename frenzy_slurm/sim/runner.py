@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_slurm.gpus import catalog
+from frenzy_slurm.sim.base import RoundPolicy
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, Placement
-from frenzy_slurm.sim.policies import RoundPolicy, make_policy
+from frenzy_slurm.sim.policies import make_policy
 from frenzy_slurm.sim.slurm import SimJob, SimSlurm
 from frenzy_slurm.sim.truth import ErrorModel, Truth
 from frenzy_slurm.sim.workload import WorkloadFile, reference_rate

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 from frenzy_slurm.has.pools import UsablePool, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import Candidate, search
+from frenzy_slurm.sim.base import RoundPolicy
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
-from frenzy_slurm.sim.policies import RoundPolicy
 from frenzy_slurm.sim.slurm import SimJob
 from frenzy_slurm.slurm.backend import ComponentRequest
 
