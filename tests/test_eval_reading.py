@@ -277,8 +277,14 @@ def test_torchtune_recipe_behaviour():
     assert (w.hold_logits, w.unfused_rope, w.compile, w.compile_loss) == (False, False, True, False)
     w = interpret_row(_row(**tt | dict(other_settings="packed; chunked CE"))).workload
     assert (w.loss_chunks, w.compile_loss) == (8, True)
-    hf = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B (LlamaForCausalLM)"))).workload
-    assert (hf.hold_logits, hf.unfused_rope, hf.compile_loss) == (True, True, True)
+    # a Hugging Face model class is read as the HF Trainer (framework hf-trainer): its compute_loss returns the loss
+    # only, so the logits are not held; HF's model code rotates after the transpose
+    hf = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B (LlamaForCausalLM)")))
+    assert hf.spec.entry.framework == "hf-trainer"
+    assert (hf.workload.hold_logits, hf.workload.unfused_rope, hf.workload.compile_loss) == (False, True, True)
+    # a plain PyTorch loop over the same model binds its output through backward
+    plain = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B", other_settings="pytorch")))
+    assert plain.spec.entry.framework == "torch" and plain.workload.hold_logits
     # a row that ran a shipped config's defaults runs that file's loss and adapters: CEWithChunkedOutputLoss,
     # lora_dropout 0.0; a row that states its loss, or does not say defaults, is read as it states
     assert interpret_row(_row(**tt)).workload.lora_dropout
