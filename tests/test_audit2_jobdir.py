@@ -478,6 +478,8 @@ def _claiming_rank(rank: int, world: int, port: int, out: str) -> None:
     t = torch.full((4,), float(rank + 1))
     deepspeed.comm.all_reduce(t)
     Path(out, f"{rank}").write_text(f"{stat.S_IMODE(st.st_mode):o} {st.st_size > 0} {t[0].item()}")
+    torch.distributed.barrier()  # then the group down, joining gloo's threads (else the exit may abort)
+    torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow

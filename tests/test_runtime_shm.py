@@ -31,6 +31,10 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     t = torch.full((4,), float(rank + 1))
     deepspeed.comm.all_reduce(t)  # the job goes on after the names are gone
     Path(out, f"{rank}").write_text(f"{existed} {removed} {t[0].item()}")
+    # end as a training job does: both ranks done, then the process group down, which joins gloo's threads (a
+    # process that exits with them running dies in std::terminate: "terminate called without an active exception")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow

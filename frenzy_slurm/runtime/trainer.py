@@ -246,6 +246,9 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         if _stop["signal"] == "SIGUSR2" and os.environ.get("SLURM_JOB_ID"):
             _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
     torch.distributed.barrier()
+    # every rank is done: take the process group down, which joins gloo's threads; an interpreter that exits with
+    # them running aborts in std::terminate (SIGABRT, exit 134) after a successful run
+    torch.distributed.destroy_process_group()
     return 0
 
 
