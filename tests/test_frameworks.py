@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.marp import pinned_plan, search_space_from_spec, workload_from_spec
+from frenzy_slurm.marp.candidates import plan_groups
 from frenzy_slurm.marp.frameworks import PROFILES, profile_summary
 from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
@@ -233,6 +234,22 @@ def test_pinned_plan_names_one_plan_or_says_what_to_pin():
     )
     with pytest.raises(InputError, match="pin parallel.sharding"):
         pinned_plan(script("torchtitan"), w, 8)
+    # hybrid-shard without a shard_group shards within a node: the GPUs per node the search is given
+    hsdp = script(
+        "torch",
+        training={
+            "seq_len": 1024,
+            "global_batch": 32,
+            "steps": 1,
+            "micro_batch": 1,
+            "activation_checkpointing": "full",
+        },
+        parallel={"sharding": "hybrid-shard", "tp": 1, "pp": 1},
+    )
+    wh = workload_from_spec(hsdp, resolve_model(hsdp, "."))
+    space = search_space_from_spec(hsdp)
+    assert {(g.dp, dict(g.pinned)["shard_group"]) for g in plan_groups(wh, 16, 32, space, gpus_per_node=4)} == {(16, 4)}
+    assert {(g.dp, dict(g.pinned)["shard_group"]) for g in plan_groups(wh, 2, 32, space, gpus_per_node=4)} == {(2, 2)}
 
 
 def _dev_rows():

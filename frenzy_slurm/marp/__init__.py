@@ -21,9 +21,6 @@ from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memor
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload, parse_plan
 
-# hybrid-shard without a shard_group: FSDP's HYBRID_SHARD shards within a node (8 GPUs on most GPU nodes)
-HSDP_DEFAULT_GROUP = 8
-
 __all__ = [
     "Candidate",
     "GpuOption",
@@ -203,8 +200,8 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         "schedule": par.schedule,
         "virtual_stages": par.virtual_stages,
     }
-    if par.shard_group is not None or par.sharding == "hybrid-shard":
-        pinned["shard_group"] = par.shard_group or HSDP_DEFAULT_GROUP
+    if par.shard_group is not None:
+        pinned["shard_group"] = par.shard_group
     if par.sequence_parallel is not None:
         pinned["sequence_parallel"] = par.sequence_parallel
     return SearchSpace(
@@ -216,6 +213,8 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         pp_degrees=_degrees(par.pp, can.pp, (1, 2, 4, 8, 16), "pp", fw),
         max_zero_with_pp=can.max_zero_with_pp,
         heterogeneous=_heterogeneous(spec, can.heterogeneous, can.pp, fw),
+        # hybrid-shard without a shard_group: FSDP's HYBRID_SHARD shards within a node, whatever its GPU count
+        shard_per_node=par.sharding == "hybrid-shard" and par.shard_group is None,
         pinned=pinned,
     )
 

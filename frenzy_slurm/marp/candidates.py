@@ -83,6 +83,7 @@ class SearchSpace:
     recompute_every: int | None = None  # with full recomputation: every k-th block only
     max_zero_with_pp: int = 1  # the highest ZeRO/FSDP stage the framework combines with pipeline stages
     heterogeneous: bool = True  # pipeline stages across GPU types (HAS's heterogeneous plans)
+    shard_per_node: bool = False  # HSDP: ZeRO-3 states sharded over one node's GPUs, replicated across nodes
     # ParallelPlan fields every plan carries as model.yaml pins them (cp, offload, schedule, shard_group, ...)
     pinned: dict[str, object] = field(default_factory=dict)
 
@@ -139,7 +140,7 @@ def plan_groups(
     """The groups of valid plans for `world` GPUs, without building the plans."""
     a = w.arch
     cp = space.cp
-    group = space.pinned.get("shard_group")
+    pinned_group = space.pinned.get("shard_group")
     for tp in space.tp_degrees:
         if tp > world or tp > gpus_per_node or a.heads % tp or a.kv % tp or world % tp:
             continue
@@ -149,6 +150,7 @@ def plan_groups(
             dp = world // (tp * pp * cp)
             if dp > global_batch or global_batch % dp:
                 continue
+            group = min(dp, gpus_per_node) if space.shard_per_node else pinned_group
             if isinstance(group, int) and dp % group:
                 continue  # a shard group must divide the data-parallel ranks
             for zero in space.zero_stages:
@@ -164,6 +166,8 @@ def plan_groups(
                     if rc == "selective" and w.attention != "eager" and len(space.recompute) > 1:
                         continue  # searched: flash/sdpa already skip the score matrix, same as none
                     pinned = tuple(space.pinned.items())
+                    if space.shard_per_node:
+                        pinned += (("shard_group", group),)
                     if rc == "full" and space.recompute_every:
                         pinned += (
                             ("recompute_layers", -(-a.layers // pp) // space.recompute_every),

@@ -175,7 +175,7 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "frenzy",
             "frenzy-slurm's built-in DeepSpeed trainer",
-            f"frenzy-slurm's runtime with DeepSpeed 0.19 (torch {'2.13'})",
+            "frenzy-slurm's runtime with DeepSpeed 0.19 (torch 2.13)",
             "deepspeed",
             "frenzy",
             Capabilities(pp="auto", selective_recompute=True, offload=True, heterogeneous=True),
@@ -277,7 +277,7 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "torch",
             "a plain PyTorch loop (DDP, FSDP/FSDP2)",
-            f"torch 2.0-{'2.13'}",
+            "torch 2.0-2.13",
             "torch",
             "hf",
             # (torch.utils.checkpoint's selective contexts run torchtitan's per-op policy in any loop)

@@ -206,7 +206,7 @@ def _layer_activation_bytes(
     return total
 
 
-def _op_checkpointed_bytes(w: Workload, tp: int, sp: bool, amp: bool, cp: int = 1) -> float:
+def _op_checkpointed_bytes(w: Workload, tp: int, sp: bool, amp: bool) -> float:
     """Bytes one block keeps per token under torchtitan's per-op selective checkpointing (SelectiveAC, read in
     torchtitan 0.3's distributed/activation_checkpoint.py): the block's input (the checkpoint's), the attention
     kernel's output and log-sum-exp, and the output of every other matmul, counted per block across steps: with an
@@ -383,7 +383,8 @@ def _model_states(j: _Job, i: int, n_layers: int) -> _States:
         linear=linear,
         trainable=trainable,
         weights=weights,
-        grads_all=trainable * j.gb / j.grad_div,
+        # (stepped in backward, one parameter at a time: no full set of gradients is ever held)
+        grads_all=0.0 if w.optimizer_in_backward else trainable * j.gb / j.grad_div,
         optimizer=optimizer,
         largest=pc.largest_matrix * j.scale / tp,
         head_grads=head_grads,
@@ -550,7 +551,7 @@ def _activations(j: _Job, i: int, n_layers: int, inflight: float) -> tuple[float
     layer_input = j.r * a.hidden / j.rep
     recomputed = 0.0
     if plan.recompute == "op":
-        kept_per_token = _op_checkpointed_bytes(w, tp, plan.sequence_parallel, j.amp, cp)
+        kept_per_token = _op_checkpointed_bytes(w, tp, plan.sequence_parallel, j.amp)
         acts = n_layers * kept_per_token * tokens * inflight
         # a block's backward: what its recomputation adds to the outputs it saved (those are reused, not made again)
         recomputed = max(0.0, per_layer_act - kept_per_token) * tokens
@@ -695,9 +696,7 @@ def estimate_memory(
         if peak_stages_only and plan.layer_split is None and 0 < i < pp - 1:
             continue
         st = _model_states(j, i, n_layers)
-        grads_all = 0.0 if w.optimizer_in_backward else st.grads_all
         persistent = _gradients_persist(j, i) and not w.optimizer_in_backward
-        st = _States(**{**st.__dict__, "grads_all": grads_all})
         b = _buffers(j, i, n_layers, st)
         persistent = persistent or b.keeps_grads
         step_buffers = _step_buffers(j, st)
@@ -709,14 +708,12 @@ def estimate_memory(
             logits, loss_grads, head_inputs = _logits_and_loss(j, st, persistent)
             acts += head_inputs
         out16, prev_logits, prev_inputs = _previous_output(j, i, n_layers, inflight)
+        fwd_grads = 0.0
         if w.zero_grad_after_forward and not persistent and not w.optimizer_in_backward:
-            # the end of the forward with the previous step's gradients still alive (zero_grad comes after it):
-            # shown as the previous-output instant, whose sum it is, with those gradients as its own
-            prev_logits = (_loss_forward_bytes(j) if i == pp - 1 else 0.0) - out16
-            prev_inputs = 0.0
+            # the end of the forward with the previous step's gradients still alive (zero_grad runs after it):
+            # this step's output and the loss's forward tensors beside them
             fwd_grads = st.grads_all
-        else:
-            fwd_grads = 0.0
+            out16 = _loss_forward_bytes(j) if i == pp - 1 else 0.0
         phase, parts, allocated = _peak_moment(
             st, persistent, b, fb_buffers, step_buffers, acts, recomputed, work, logits, loss_grads,
             out16, prev_logits, prev_inputs, j.per_layer_act * j.tokens, fwd_grads,
