@@ -9,6 +9,7 @@ of what the next run measures (raw prediction: about 0.2 ms, measured: tenths of
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -66,17 +67,21 @@ def test_calibration_end_to_end_on_the_cpu_cluster(tmp_path, clean_queue, monkey
     raw = first["decision"]["chosen"]["step_time_s"]
     assert raw < 0.01 * m["step_time_s"]  # uncalibrated: FLOPs alone predict ~0% of the step
     assert first["calibration"]["calibration"] is None
-    # Three runs that the machine measured alike (within 1.5x) are the calibration set: on this shared 2-core
-    # machine other work can set the step time, and no prediction can be checked to 25% against such runs.
-    # Up to five runs are made to find three alike ones.
+    # Three runs that the machine measured alike (within ALIKE of each other) are the calibration set: on this
+    # shared 2-core machine other work can set the step time, and no prediction can be checked to 25% against
+    # runs that differ by more than that. Up to six runs are made to find three alike ones.
+    alike_band = 1.25
     runs = [("run1", m["step_time_s"])]
 
     def alike() -> list[tuple[str, float]] | None:
         ranked = sorted(runs, key=lambda r: r[1])
-        return next((ranked[i : i + 3] for i in range(len(ranked) - 2) if ranked[i + 2][1] <= 1.5 * ranked[i][1]), None)
+        return next(
+            (ranked[i : i + 3] for i in range(len(ranked) - 2) if ranked[i + 2][1] <= alike_band * ranked[i][1]),
+            None,
+        )
 
     while alike() is None:
-        if len(runs) == 5:
+        if len(runs) == 6:
             pytest.skip(
                 f"the machine is too contended for a 25% check: identical runs measured {[t for _, t in runs]} s"
             )
@@ -90,16 +95,20 @@ def test_calibration_end_to_end_on_the_cpu_cluster(tmp_path, clean_queue, monkey
     dry = fsbatch_json(spec, "--site", str(site), "--dry-run", "--job-dir", str(tmp_path / "next"))
     predicted = dry["decision"]["chosen"]["step_time_s"]
     assert dry["calibration"]["raw_step_time_s"] == pytest.approx(raw, rel=1e-6)
-    # the check run must itself be one the machine measured like the calibration runs: a contended run
-    # (a CI stop showed one step at 0.77 s among steps of 0.07 s) is measured once more, then skipped
-    for name in ("next", "next-again"):
+    # the fit itself: the calibrated prediction lies among the runs it was fitted to (5% either side)
+    assert 0.95 * min(steady) <= predicted <= 1.05 * max(steady), (predicted, steady)
+    # the check run must itself be one the machine measured like the calibration runs (within the band of
+    # their median): a contended run (CI stops showed steps of 0.77 and 1.57 s among steps of 0.07 and 0.2 s,
+    # and whole runs drifting from 0.13 to 0.18 s) is measured again, up to three times, then skipped
+    middle = statistics.median(steady)
+    for name in ("next", "next-2", "next-3"):
         _, m = train(name)
         measured = m["step_time_s"]
-        if max(steady + [measured]) <= 1.5 * min(steady + [measured]):
+        if middle / alike_band <= measured <= alike_band * middle:
             break
     else:
-        pytest.skip(f"the machine is too contended for a 25% check: runs measured {steady + [measured]} s")
-    assert abs(predicted - measured) / measured <= 0.25, (predicted, measured, m["step_times_s"])
+        pytest.skip(f"the machine is too contended for a 25% check: runs measured {steady} then {measured} s")
+    assert abs(predicted - measured) / measured <= 0.25, (predicted, measured, steady, m["step_times_s"])
     shown = run_cli("fsqueue", str(m["job_id"]))
     assert "calibration:" in shown.stdout and "calibrated" in shown.stdout
 
