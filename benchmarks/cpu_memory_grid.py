@@ -124,6 +124,19 @@ def grid() -> list[dict]:
     pts.append(_point("torchtune-llama-1gpu-ac", LLAMA, "torchtune", precision="bf16-pure", recompute="full"))
     pts.append(_point("lightning-llama-1gpu", LLAMA, "lightning"))
     pts.append(_point("lightning-llama-1gpu-bf16", LLAMA, "lightning", precision="bf16-mixed"))
+    # Transformers' Trainer with accelerate's FSDP2 (fsdp="full_shard", fsdp_config version 2) on 2 processes
+    pts.append(_point("hf-trainer-fsdp2-llama-dp2", LLAMA, "hf-trainer", dp=2, zero=3, sharding="full-shard"))
+    pts.append(
+        _point(
+            "hf-trainer-fsdp2-llama-dp2-bf16",
+            LLAMA,
+            "hf-trainer",
+            dp=2,
+            zero=3,
+            sharding="full-shard",
+            precision="bf16-mixed",
+        )
+    )
     return pts
 
 
@@ -580,6 +593,10 @@ def _hf_trainer(p: dict, rank: int, world: int, steps: int) -> None:
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(key, None)
     a = p["arch"]
+    fsdp: dict[str, Any] = {}
+    if world > 1 and p["zero"] == 3:  # accelerate's FSDP2, as its docs configure it through TrainingArguments
+        _accelerate_fsdp_on_the_cpu()
+        fsdp = dict(fsdp="full_shard", fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": _hf_block(p)})
     model = _hf_model(p)
     if p["lora_rank"]:  # PEFT's LoRA on the query and value projections, PEFT's default dropout
         import peft
@@ -627,8 +644,35 @@ def _hf_trainer(p: dict, rank: int, world: int, steps: int) -> None:
             use_cpu=True,
             dataloader_num_workers=0,
             seed=0,
+            **fsdp,
         )
         transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Windows()]).train()
+
+
+def _hf_block(p: dict) -> list[str]:
+    """The decoder layer class accelerate wraps in its own FSDP unit (fsdp_config transformer_layer_cls_to_wrap)."""
+    return ["LlamaDecoderLayer"] if p["arch"].get("norm", "rmsnorm") == "rmsnorm" else ["GPT2Block"]
+
+
+def _accelerate_fsdp_on_the_cpu() -> None:
+    """accelerate 1.15's AcceleratorState turns an FSDP plugin on only for accelerator devices (MULTI_GPU, MULTI_XPU,
+    ...; state.py): with gloo on the CPU (MULTI_CPU) it silently falls back to DDP. This does what state.py does for
+    those devices, for MULTI_CPU too; the rest is accelerate's own FSDP2 path (fsdp2_prepare_model: fully_shard on
+    every decoder layer, the embedding, the final norm, the output layer and the root; its MixedPrecisionPolicy)."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kw):  # noqa: ANN001, ANN002, ANN003 - accelerate's signature
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kw)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+
+    AcceleratorState.__init__ = init  # type: ignore[method-assign]
 
 
 def _debug_alive_at_peak(events: list[dict], rank: int, window: tuple[float, float]) -> None:
@@ -725,7 +769,7 @@ def marp_inputs(p: dict) -> dict:
             "lora": {"rank": p["lora_rank"] or 16, "targets": ["q", "v"], "dropout": 0.05},
         },
         "parallel": {
-            "sharding": {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[p["zero"]],
+            "sharding": p.get("sharding") or {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[p["zero"]],
             "tp": p["tp"],
             "pp": p["pp"],
             "sequence_parallel": False,  # the TP points split the blocks only; embedding and head stay whole
@@ -809,6 +853,12 @@ def main() -> int:
             frameworks = {"transformers": transformers.__version__}
         except ImportError:
             frameworks = {}
+        try:
+            import accelerate
+
+            frameworks["accelerate"] = accelerate.__version__
+        except ImportError:
+            pass
         data = {
             "torch": torch.__version__,
             "frameworks": frameworks | data.get("frameworks", {}),

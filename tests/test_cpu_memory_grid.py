@@ -44,6 +44,8 @@ def test_grid_dataset_is_present_and_covers_the_modes():
     assert {w.attention for w in workloads.values()} >= {"sdpa", "eager"}
     assert any(w.method == "lora" for w in workloads.values())
     assert {pl.pp for pl in plans.values()} >= {2, 4}
+    # Transformers' Trainer under accelerate's FSDP2 (full shard over the data-parallel ranks)
+    assert any(by_trainer[n] == "hf-trainer" and pl.zero == 3 and pl.dp > 1 for n, pl in plans.items())
 
 
 def test_every_point_is_a_model_yaml_a_user_could_run():

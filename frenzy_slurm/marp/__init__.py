@@ -118,6 +118,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         softmax_fp32=code.softmax_fp32_eager and t.attention == "eager",
         fp8=t.fp8,
         reshard_after_forward=spec.parallel.reshard_after_forward is not False,
+        fsdp_tail_unit=prof.fsdp_tail_unit,
         fused_projections=fused_projections(code, arch),
         gelu_tanh_eager=gelu_tanh_eager(code, arch),
         loss_fp32=prof.loss_fp32_in_pure_bf16 or t.precision != "bf16-pure",

@@ -163,6 +163,10 @@ class FrameworkProfile:
     # what the framework's shipped configs set, for a run described as "the defaults"
     shipped_checkpointing: Literal["none", "full"] | None = None
     unties_embeddings: bool = False  # its model class has its own output matrix: a tied checkpoint loads into two
+    # FSDP2 wraps the embedding in a unit of its own and the final norm with the output layer in a tail unit kept
+    # gathered from its forward to its backward (accelerate's fsdp2_prepare_model); False: the blocks are wrapped and
+    # the root unit holds the rest (torch's fully_shard examples)
+    fsdp_tail_unit: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def code(self, spec: JobSpec) -> ModelCode:
@@ -207,6 +211,9 @@ PROFILES: dict[str, FrameworkProfile] = {
             fused_optimizer=True,  # TrainingArguments.optim defaults to adamw_torch_fused (4.45+ on CUDA)
             # Trainer.compute_loss returns the loss only: the model output (logits) is gone before backward
             holds_logits=False,
+            # accelerate 1.15 fsdp2_prepare_model: fully_shard(embedding), fully_shard([norm, lm_head],
+            # reshard_after_forward=False) besides the decoder layers (CPU grid: hf-trainer-fsdp2-*)
+            fsdp_tail_unit=True,
         ),
         FrameworkProfile(
             "torchtune",

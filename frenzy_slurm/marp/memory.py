@@ -412,6 +412,7 @@ class _Buffers:
     bucket: float = 0.0  # gradient reduction buckets (allocated when backward starts)
     flat: float = 0.0  # DeepSpeed ZeRO-0's flattened gradients (after backward)
     keeps_grads: bool = False  # the buffers keep every gradient alive (ZeRO-3's optimizer)
+    released_at_loss: float = 0.0  # part of `fb` not gathered while the loss runs (FSDP2 resharded the blocks)
 
 
 def _zero3_gathered(j: _Job, i: int, n_layers: int, st: _States) -> tuple[float, float]:
@@ -472,6 +473,14 @@ def _buffers(j: _Job, i: int, n_layers: int, st: _States) -> _Buffers:
     if plan.zero == 3:
         gathered, b.unit_grads = _zero3_gathered(j, i, n_layers, st)
         b.fb += gathered
+        if w.framework == "torch" and w.fsdp_tail_unit and w.reshard_after_forward:
+            # FSDP2 with the output layer in a tail unit (accelerate): while the loss runs every block is resharded
+            # and only the tail (final norm, output layer) is gathered; a block's backward peaks in its MLP, when
+            # the output projection's gradient is the only unsharded gradient it has made (CPU grid:
+            # hf-trainer-fsdp2-*; the tail is resharded after its own backward)
+            tail = ((pc.final + (pc.head or a.vocab * a.hidden)) * j.scale / j.vtp) if last else 0.0
+            b.released_at_loss = max(0.0, gathered - tail * (2.0 if w.precision != "fp32" else 4.0))
+            b.unit_grads = min(b.unit_grads, pc.largest_linear * j.scale / tp * j.gb)
     if w.framework == "deepspeed" and plan.zero == 3 and st.trainable > 0:
         # ZeRO-3's optimizer allocates once and keeps: the gradient partition of every parameter (in the
         # gradient-accumulation dtype, the model's) and, with contiguous gradients, the reduce bucket
@@ -749,7 +758,7 @@ def _peak_moment(
     early = b.bucket
     # backward-start is the larger of two instants: the loss's backward (logits and their gradients alive) and the
     # last block's backward (logits freed, the head's gradients and the block's working set alive)
-    start_loss = const + grads + loss_grads + acts + logits + fb_buffers + early
+    start_loss = const + grads + loss_grads + acts + logits + fb_buffers - b.released_at_loss + early
     start_block = (
         const
         + (st.grads_all if persistent else st.head_grads)
@@ -787,7 +796,7 @@ def _peak_moment(
                 gradients=grads + loss_grads,
                 activations=acts,
                 logits=logits,
-                buffers=fb_buffers + early + b.resident,
+                buffers=fb_buffers - b.released_at_loss + early + b.resident,
             )
         else:
             parts = dict(

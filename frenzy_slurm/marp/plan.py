@@ -229,6 +229,9 @@ class Workload:
     softmax_fp32: bool = False  # eager attention's softmax(..., dtype=float32).to(dtype) (HF Llama-style eager)
     fp8: bool = False  # float8 linears (torchao/Transformer Engine): fp8 copies of inputs and weights, amax history
     reshard_after_forward: bool = True  # FSDP: False keeps each unit's gathered 16-bit weights from forward to backward
+    # FSDP2 units: the embedding on its own, the final norm and output layer in a tail unit gathered from its forward
+    # to its backward (accelerate); False: the root unit holds them (torch's examples)
+    fsdp_tail_unit: bool = False
     # GELU's tanh approximation in eager ops (HF's gelu_new, NewGELUActivation: GPT-2): 0.5*x*(1+tanh(...)) keeps
     # tanh's output, 0.5*x and 1+tanh besides its input
     gelu_tanh_eager: bool = False
