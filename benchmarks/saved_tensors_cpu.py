@@ -2,11 +2,12 @@
 
     python benchmarks/saved_tensors_cpu.py        # ~1-2 min on 2 cores (inductor compiles on the CPU)
 
-Builds a torchtune-style Llama block (RMSNorm on an fp32 copy, separate q/k/v, rotary embedding on the
+Builds a torchtune-style Llama block (torchtune 0.6's RMSNorm on an fp32 copy, separate q/k/v, rotary embedding on the
 sequence-major layout before the transpose, GQA by expanding k/v, SDPA, SwiGLU) and a GELU MLP in bf16,
 runs forward and backward once eager and once compiled (inductor), and sums the distinct storages the
 autograd graph saves (saved-tensor hooks see AOTAutograd's saved tensors too), per token. MARP's
-`_layer_activation_bytes` for the same settings is printed beside it. Then a chunked output layer and
+`_layer_activation_bytes` for a model.yaml of the same run (torchtune's profile, through `workload_from_spec` on
+the CPU, as fsbatch derives it) is printed beside it. Then a chunked output layer and
 cross-entropy as torchtune runs them (8 chunks of bf16 logits, the per-chunk loss on an fp32 upcast, eager or
 compiled, the output weight frozen or trained): the peak of the allocator's running total over one step
 (the profiler's memory events, as the CPU grid measures), next to MARP's logits and head-gradient terms.
@@ -24,7 +25,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel  # noqa: E402
 from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
+from frenzy_slurm.marp import workload_from_spec  # noqa: E402
 from frenzy_slurm.marp.memory import _layer_activation_bytes, _logit_bytes_per_token  # noqa: E402
 from frenzy_slurm.marp.plan import Workload  # noqa: E402
 from frenzy_slurm.runtime.memory import CpuMemoryRecorder  # noqa: E402
@@ -35,15 +38,15 @@ DT = torch.bfloat16
 
 
 class RMSNorm(nn.Module):
-    """torchtune's: normalised on an fp32 copy, cast back, scaled."""
+    """torchtune 0.6's: F.rms_norm on an fp32 copy with the scale, cast back (the normalised value the scale's
+    gradient needs is saved in fp32), as the torchtune profile (marp/frameworks.py) describes it."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
         self.scale = nn.Parameter(torch.ones(d, dtype=DT))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * self.scale
+        return F.rms_norm(x.float(), (x.shape[-1],), weight=self.scale, eps=1e-6).to(x.dtype)
 
 
 def rope(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
@@ -108,22 +111,26 @@ def saved_per_token(module: nn.Module, compiled: bool) -> tuple[float, bool]:
     return total / (BATCH * SEQ), x.untyped_storage().data_ptr() in seen
 
 
+def workload_of(arch: Architecture, seq_len: int, framework: str, compiled: bool, **training: object) -> Workload:
+    """What MARP sees for a model.yaml of this run (the framework's profile, on the CPU): the product's path."""
+    spec = JobSpec.model_validate(
+        {
+            "name": "saved-tensors",
+            "model": {"arch": arch.model_dump(exclude_none=True)},
+            "training": {"seq_len": seq_len, "global_batch": 1, "micro_batch": 1, "steps": 1,
+                         "precision": "bf16-pure", "attention": "sdpa", "compile": compiled, **training},
+            "entry": {"trainer": "script", "script": "train.py", "framework": framework},
+        }
+    )  # fmt: skip
+    return workload_from_spec(spec, ResolvedModel(arch=arch, name=spec.name), device="cpu")
+
+
 def main() -> int:
     torch.manual_seed(0)
     arch = Architecture(layers=1, hidden=H, heads=HEADS, kv_heads=KV, ffn=FFN, vocab=1000)
     print(f"{'case':28} {'measured B/token':>16} {'MARP':>8} {'error':>7}")
     for compiled in (False, True):
-        w = Workload(
-            arch=arch,
-            seq_len=SEQ,
-            precision="bf16-pure",
-            attention="sdpa",
-            framework="torch",
-            compile=compiled,
-            norm_upcast=True,
-            gqa_expand=True,
-            unfused_rope=False,
-        )
+        w = workload_of(arch, SEQ, "torchtune", compiled)
         meas, _ = saved_per_token(Block(), compiled)
         marp = _layer_activation_bytes(w, 1, False, "none")
         print(
@@ -172,14 +179,7 @@ def chunked_loss_peaks(tokens: int = 1536, hidden: int = 576, vocab: int = 16384
             base = rec._baseline
             peak, _ = rec.peak_of(step)
             meas = (peak - base) / (tokens * vocab)
-            w = Workload(
-                arch=arch,
-                seq_len=tokens,
-                precision="bf16-pure",
-                framework="torch",
-                compile=compiled,
-                loss_chunks=chunks,
-            )
+            w = workload_of(arch, tokens, "torchtune", compiled, loss_chunks=chunks)
             per_tok = _logit_bytes_per_token(w, 1)
             head = vocab * hidden * 2.0 if trained else 0.0
             marp = (

@@ -86,6 +86,17 @@ VARIATIONS: list[tuple[str, dict]] = [
         "logits held",
         {"entry": {"trainer": "script", "script": "t.py", "framework": "hf-trainer", "holds_logits": True}},
     ),
+    (
+        "expandable segments",
+        {
+            "entry": {
+                "trainer": "script",
+                "script": "t.py",
+                "framework": "hf-trainer",
+                "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+            }
+        },
+    ),
 ]
 
 

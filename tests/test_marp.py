@@ -219,17 +219,19 @@ def test_reserved_fragments_per_step_bytes_not_long_lived_states():
     from frenzy_slurm.marp import Overheads
 
     ov = Overheads()
-    assert (ov.fragmentation, ov.step_fragmentation) == (0.02, 0.25)
+    assert (ov.fragmentation, ov.step_fragmentation) == (0.0, 0.25)  # long-lived: the allocator model's packing
     w = Workload(arch=LLAMA7, seq_len=2048, framework="torch", precision="bf16-pure", fused_optimizer=True)
     plan = ParallelPlan(micro_batch=1, grad_accum=2)  # gradients kept between micro-batches: long-lived
     a, r = (estimate_memory(w, plan, m).stages[0] for m in ("allocated", "reserved"))
     assert a.phase == r.phase == "backward-start"
     long_lived = a.weights + a.optimizer + a.gradients
     step = a.peak - long_lived
-    assert r.overhead == pytest.approx(0.02 * long_lived + 0.25 * step)
-    # nvidia-smi adds the context outside the allocator, nothing else on one GPU
+    # LLaMA-7B's bf16 matrices are whole 2 MiB multiples: the long-lived tensors pack without waste (the norms'
+    # small-pool segments are a few MiB)
+    assert r.overhead == pytest.approx(0.25 * step, abs=8 * 2**20)
+    # nvidia-smi adds the context and the cuBLAS workspaces, nothing else on one GPU
     d = estimate_memory(w, plan, "device", Overheads(context_gib=1.3)).stages[0]
-    assert d.overhead - r.overhead == pytest.approx(1.3 * GiB)
+    assert d.overhead - r.overhead == pytest.approx(1.3 * GiB + 64 * 2**20)
 
 
 def test_autocast_casts_the_input_once_per_separate_projection():

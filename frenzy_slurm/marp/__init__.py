@@ -9,6 +9,7 @@ from __future__ import annotations
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import Optimizer
+from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
 from frenzy_slurm.marp.frameworks import (
     ModelCode,
@@ -124,7 +125,23 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         loss_fp32=prof.loss_fp32_in_pure_bf16 or t.precision != "bf16-pure",
         exact_params=model.exact_params,
         buckets=spec.deepspeed,
+        expandable_segments=_alloc_conf(spec).expandable_segments,
     )
+
+
+def _alloc_conf(spec: JobSpec) -> AllocatorConfig:
+    """The caching allocator's settings the job's environment gives (entry.env PYTORCH_CUDA_ALLOC_CONF, or the
+    device-generic PYTORCH_ALLOC_CONF of newer torch); InputError naming the variable when it does not parse."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        text = spec.entry.env.get(name)
+        if text is not None:
+            try:
+                return parse_alloc_conf(text)
+            except ValueError as exc:
+                raise InputError(
+                    f"entry.env.{name} {text!r}: {exc}; write it as PyTorch reads it, e.g. expandable_segments:True"
+                ) from None
+    return AllocatorConfig()
 
 
 def _sdpa_runs_gqa(code: ModelCode, version: tuple[int, ...] | None) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
+from frenzy_slurm.marp import allocator
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import ParamCounts, count_params, lora_head_params, lora_params_per_layer
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
@@ -658,6 +659,9 @@ def _previous_output(j: _Job, i: int, n_layers: int, inflight: float) -> tuple[f
 
 
 def _allocator_overhead(
+    j: _Job,
+    i: int,
+    n_layers: int,
     parts: dict[str, float],
     allocated: float,
     phase: str,
@@ -666,21 +670,47 @@ def _allocator_overhead(
     resident: float,
     metric: Metric,
     overheads: Overheads,
-    world: int,
 ) -> float:
-    """What the metric adds to the allocated peak: the caching allocator's reserved excess (long-lived tensors are
-    allocated once, in whole segments; what each step allocates and frees leaves blocks it cannot reuse for the
-    next request's size; the previous step's freed gradients stay reserved beside the forward's activations), and
-    for the device metric the CUDA context and NCCL buffers."""
-    overhead = 0.0
-    if metric in ("reserved", "device"):
-        long_lived = parts["weights"] + parts["optimizer"] + (st.grads_all if persistent else 0.0) + resident
-        overhead += long_lived * overheads.fragmentation + (allocated - long_lived) * overheads.step_fragmentation
-        if phase == "backward-start" and not persistent and st.grads_all > st.head_grads:
-            overhead += st.grads_all - parts["gradients"]
+    """What the metric adds to the allocated peak (docs/marp.md, "The caching allocator"): the caching allocator's
+    reserved excess - its segment packing of the long-lived tensors at their per-tensor sizes (DeepSpeed and
+    Megatron flatten them into a few buffers) and of the step's tensors, the measured excess beyond that
+    (`overheads.fragmentation`; `step_fragmentation` unless expandable segments), the previous step's freed
+    gradients that stay reserved beside the forward's activations - and for the device metric the CUDA context,
+    NCCL buffers and cuBLAS workspaces (`Overheads.device_bytes`)."""
+    if metric == "allocated":
+        return 0.0
+    w, a, plan = j.w, j.w.arch, j.plan
+    cfg = allocator.AllocatorConfig(expandable_segments=w.expandable_segments)
+    grads = st.grads_all if persistent else 0.0
+    long_lived = parts["weights"] + parts["optimizer"] + grads + resident
+    flat = w.framework in ("deepspeed", "megatron")
+    tensors: list[tuple[float, float]] = [(resident, 1.0)]
+    if flat:
+        tensors += [(parts["weights"], 1.0), (parts["optimizer"], 1.0), (grads, 1.0)]
+    else:
+        shapes = _parameter_shapes(a, n_layers, i == 0, i == plan.pp - 1, plan.tp, j.vtp)
+        lora = w.method != "full"
+        trained = allocator.adapter_shapes(a, n_layers, w.lora_rank, w.lora_targets, plan.tp) if lora else shapes
+        states = 0 if j.sdt == 0 else round((j.sb + j.mb_) / j.sdt)  # state tensors per parameter (Adam: 2)
+        base = (4.0 if w.precision == "fp32" else 2.0) if lora else j.wb  # (QLoRA's NF4 counts as fewer tensors)
+        tensors += allocator.spread(parts["weights"], shapes, base) + allocator.spread(grads, trained, j.gb)
+        tensors += allocator.spread(parts["optimizer"], trained, j.sdt or 4.0, max(states, 1))
+    step = max(0.0, allocated - long_lived)
+    if cfg.expandable_segments:
+        tensors.append((step, 1.0))  # one segment per pool, grown in pages
+    hidden_tensor = a.hidden * j.e_act * j.tokens / j.rep  # a hidden-wide tensor of the micro-batch
+    overhead = allocator.reserved_excess(tensors, cfg) + allocator.step_excess(step, hidden_tensor, cfg)
+    overhead += long_lived * overheads.fragmentation
+    if not cfg.expandable_segments:
+        overhead += step * overheads.step_fragmentation
+    if phase == "backward-start" and not persistent and st.grads_all > st.head_grads:
+        overhead += st.grads_all - parts["gradients"]
     if metric == "device":
-        overhead += overheads.device_bytes(world)
+        overhead += overheads.device_bytes(plan.world)
     return overhead
+
+
+_parameter_shapes = lru_cache(maxsize=4096)(allocator.parameter_shapes)
 
 
 def estimate_memory(
@@ -728,7 +758,7 @@ def estimate_memory(
             out16, prev_logits, prev_inputs, j.per_layer_act * j.tokens, fwd_grads,
         )  # fmt: skip
         overhead = _allocator_overhead(
-            parts, allocated, phase, persistent, st, b.resident, metric, overheads, plan.world
+            j, i, n_layers, parts, allocated, phase, persistent, st, b.resident, metric, overheads
         )
         stages.append(StageMemory(stage=i, layers=n_layers, params=st.params, overhead=overhead, phase=phase, **parts))
     return MemoryEstimate(plan=plan, metric=metric, stages=tuple(stages))

@@ -1,4 +1,5 @@
-"""Device memory that is not a training tensor: CUDA context, NCCL buffers, allocator fragmentation.
+"""Device memory that is not a training tensor: CUDA context, NCCL buffers, cuBLAS workspaces, and what the caching
+allocator reserves beyond its model (`allocator.py`).
 
 One model, shared by the site file (`pools[].overheads`, measured by the site admin on a compute node)
 and MARP (which adds it to the predicted peak per metric); its defaults are written only here.
@@ -8,12 +9,26 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from frenzy_slurm.marp.allocator import CUBLAS_HANDLES_PER_STEP, CUBLAS_WORKSPACE_HOPPER_MIB, MiB
 from frenzy_slurm.units import GiB
 
 # The CUDA context when every kernel of the loaded libraries is loaded at initialisation: no lazy module loading
 # (torch before 1.13, which set CUDA_MODULE_LOADING=LAZY when unset, or CUDA before 11.7; CUDA >= 12.2 loads lazily
-# by default). Published nvidia-smi readings of such stacks are 1.2-1.4 GiB; lazy loading takes about 0.3-0.5 GiB.
+# by default). Published nvidia-smi readings of such stacks are 1.2-1.4 GiB; lazy loading takes about 0.3-0.5 GiB:
+# kernels are loaded on first launch, so a training process's context grows over its first step and then stays.
 EAGER_LOADING_CONTEXT_GIB = 1.3
+LAZY_LOADING_CONTEXT_GIB = 0.5
+
+# NCCL's buffers, allocated by NCCL itself (cudaMalloc / cuMem, not torch's allocator: in nvidia-smi's figure, not in
+# reserved): per channel and per connected peer, one buffer per protocol - Simple (NCCL_BUFFSIZE, 4 MiB by
+# default), LL128 (about the same) and LL (a few hundred KiB). Ring and tree connect each channel to about two
+# peers; NVLink/InfiniBand-class links run 16 channels or more (NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS bound them).
+# nccl = channels x peers x (Simple + LL128) = 16 x 2 x (4 + 4) MiB = 256 MiB for one communicator.
+NCCL_BUFFSIZE_MIB = 4.0
+NCCL_PROTOCOL_BUFFERS = 2  # Simple + LL128 (LL's is small)
+NCCL_CHANNELS = 16
+NCCL_PEERS_PER_CHANNEL = 2
+NCCL_DEFAULT_GIB = NCCL_CHANNELS * NCCL_PEERS_PER_CHANNEL * NCCL_PROTOCOL_BUFFERS * NCCL_BUFFSIZE_MIB * MiB / GiB
 
 
 class Overheads(BaseModel):
@@ -22,19 +37,30 @@ class Overheads(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     context_gib: float = Field(
-        0.5,
+        LAZY_LOADING_CONTEXT_GIB,
         ge=0,
         description="CUDA context and loaded kernels, GiB (lazy module loading, "
         "torch >= 2.0; measure with nvidia-smi on an idle process that touched the GPU).",
     )
-    nccl_gib: float = Field(0.25, ge=0, description="NCCL communicator buffers, GiB, on multi-GPU jobs.")
+    nccl_gib: float = Field(
+        NCCL_DEFAULT_GIB,
+        ge=0,
+        description="NCCL communicator buffers, GiB, on multi-GPU jobs (default: 16 channels x 2 peers x "
+        "(Simple + LL128) x NCCL_BUFFSIZE 4 MiB).",
+    )
+    cublas_workspace_mib: float = Field(
+        CUBLAS_HANDLES_PER_STEP * CUBLAS_WORKSPACE_HOPPER_MIB,
+        ge=0,
+        description="cuBLAS workspaces torch allocates through its caching allocator, MiB: 2 (forward and "
+        "backward thread) x 32 MiB on Hopper; 2 x 8.125 MiB on earlier GPUs (CUBLAS_WORKSPACE_CONFIG unset).",
+    )
     fragmentation: float = Field(
-        0.02,
+        0.0,
         ge=0,
         le=1,
-        description="Caching allocator's reserved/allocated excess over "
-        "long-lived tensors (weights, optimizer states, kept gradients), as a fraction of "
-        "their bytes: they are allocated once, in whole segments.",
+        description="Caching allocator's reserved/allocated excess over long-lived tensors (weights, optimizer "
+        "states, kept gradients) beyond the allocator model's segment packing, as a fraction of their bytes "
+        "(measured: reserved minus MARP's reserved, over the long-lived bytes).",
     )
     step_fragmentation: float = Field(
         0.25,
@@ -42,12 +68,15 @@ class Overheads(BaseModel):
         le=1,
         description="Caching allocator's reserved/allocated excess "
         "over what each step allocates and frees (activations, logits, per-step "
-        "gradients, casts and temporaries), as a fraction of those bytes at the peak.",
+        "gradients, casts and temporaries), as a fraction of those bytes at the peak: freed blocks "
+        "the next phase's requests cannot reuse. Not counted with expandable_segments.",
     )
 
     def device_bytes(self, world: int) -> float:
-        """Bytes outside the caching allocator on one GPU of a job with `world` ranks."""
-        return (self.context_gib + (self.nccl_gib if world > 1 else 0.0)) * GiB
+        """Fixed bytes per GPU of a job with `world` ranks, beside the tensors: the CUDA context and NCCL's buffers
+        (outside the caching allocator) and the cuBLAS workspaces (inside it, in max_memory_reserved; counted here
+        so that the pool's measured overheads carry every fixed per-GPU term, and a CPU pool can set them to 0)."""
+        return (self.context_gib + (self.nccl_gib if world > 1 else 0.0)) * GiB + self.cublas_workspace_mib * MiB
 
 
 def for_torch(version: tuple[int, int] | None) -> Overheads:

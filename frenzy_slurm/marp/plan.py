@@ -240,6 +240,7 @@ class Workload:
         True  # cross-entropy computed on an fp32 upcast of the logits (torch's F.cross_entropy on .float())
     )
     exact_params: int | None = None  # from tracing: scales the analytic weights to the exact count
+    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (marp/allocator.py)
     buckets: DeepSpeedBuckets = field(default_factory=DeepSpeedBuckets)
 
     def with_(self, **changes: object) -> Workload:
