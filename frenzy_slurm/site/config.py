@@ -110,7 +110,8 @@ class Pool(_M):
     overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")
     overheads: Overheads = Field(
         default_factory=Overheads,
-        description="Memory outside the allocator (CUDA context, NCCL, fragmentation) measured on this pool's nodes.",
+        description="Per-GPU memory beside the tensors, measured on this pool's nodes: CUDA context, NCCL buffers, "
+        "cuBLAS workspaces, the caching allocator's excess (docs/marp.md, Overheads by metric).",
     )
 
     @field_validator("partition", "gres_type")
