@@ -52,6 +52,10 @@ GPT2 = dict(
 )
 
 
+# the bitsandbytes release of the QLoRA points (the `grid-litgpt` extra): litgpt 0.5.13 asks for >=0.45.2,<0.50, but
+# 0.49's 32-bit optimizer update refuses CPU tensors; 0.50 runs PagedAdamW and the 4-bit matmul on the CPU
+BITSANDBYTES = "0.50.2"
+
 BUCKETS = dict(
     reduce_bucket_size=100_000,
     allgather_bucket_size=100_000,
@@ -124,6 +128,16 @@ def grid() -> list[dict]:
     pts.append(_point("torchtune-llama-1gpu-ac", LLAMA, "torchtune", precision="bf16-pure", recompute="full"))
     pts.append(_point("lightning-llama-1gpu", LLAMA, "lightning"))
     pts.append(_point("lightning-llama-1gpu-bf16", LLAMA, "lightning", precision="bf16-mixed"))
+    # LoRA in torchtune's lora_finetune_single_device recipe (bf16, torchtune's dropout 0) and litgpt's finetune/lora.py
+    tt_lora = dict(precision="bf16-pure", lora_rank=8, lora_dropout=0.0)
+    pts.append(_point("torchtune-lora-llama-1gpu", LLAMA, "torchtune", **tt_lora))
+    pts.append(
+        _point("torchtune-lora-llama-1gpu-qvo-mlp", LLAMA, "torchtune", lora_targets=("q", "v", "o", "mlp"), **tt_lora)
+    )
+    pts.append(_point("litgpt-lora-llama-1gpu", LLAMA, "litgpt", precision="bf16-pure", lora_rank=8))
+    qlora = dict(precision="bf16-pure", lora_rank=8, method="qlora")
+    pts.append(_point("litgpt-qlora-llama-1gpu", LLAMA, "litgpt", quantize="bnb.nf4", **qlora))
+    pts.append(_point("litgpt-qlora-llama-1gpu-dq", LLAMA, "litgpt", quantize="bnb.nf4-dq", **qlora))
     # Transformers' Trainer with accelerate's FSDP2 (fsdp="full_shard", fsdp_config version 2) on 2 processes
     pts.append(_point("hf-trainer-fsdp2-llama-dp2", LLAMA, "hf-trainer", dp=2, zero=3, sharding="full-shard"))
     pts.append(
@@ -252,9 +266,9 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
         elif trainer == "lightning":
             _lightning(p, rank, world, steps)
         elif trainer == "torchtune":
-            _torchtune(p, rank, world, steps)
+            (_torchtune_lora if p["lora_rank"] else _torchtune)(p, rank, world, steps)
         elif trainer == "litgpt":
-            _litgpt(p, rank, world, steps)
+            (_litgpt_lora if p["lora_rank"] else _litgpt)(p, rank, world, steps)
         elif trainer in ("deepspeed", "pipeline"):
             import deepspeed
 
@@ -480,10 +494,12 @@ def _torchtitan_op_sac(model) -> None:
 
 
 def _litgpt(p: dict, rank: int, world: int, steps: int) -> None:
-    """litgpt 0.5's finetune/full.py fit loop, line for line on one device (fabric.backward is loss.backward there):
-    litgpt's own GPT (a Llama-style Config) in bf16-true or fp32, `logits = model(input_ids)` and
+    """litgpt 0.5's finetune/full.py on one device, line for line: Fabric (bf16-true or 32-true) set up as its main()
+    does (GPT built under fabric.init_module, fabric.setup, torch's AdamW through fabric.setup_optimizers), then its
+    fit loop: `logits = model(input_ids)` (Fabric's precision plugin returns the output converted to fp32) and
     `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` bound in the loop's scope (so the previous
-    step's output lives until the next forward returns), torch's AdamW, step, zero_grad."""
+    step's output lives until the next forward returns), fabric.backward, step, zero_grad."""
+    import lightning as L
     import torch
     from litgpt import GPT, Config
     from litgpt.utils import chunked_cross_entropy
@@ -505,9 +521,16 @@ def _litgpt(p: dict, rank: int, world: int, steps: int) -> None:
         parallel_residual=False,
         rotary_percentage=1.0,
     )
-    dtype = torch.bfloat16 if p["precision"] == "bf16-pure" else torch.float32
-    model = GPT(config).to(dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if world == 1:
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+    fabric = L.Fabric(
+        accelerator="cpu", devices=1, precision="bf16-true" if p["precision"] == "bf16-pure" else "32-true"
+    )
+    with fabric.init_module(empty_init=False):
+        model = GPT(config)
+    model = fabric.setup(model)
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-3))
     gen = torch.Generator().manual_seed(rank)
     for i in range(steps):
         with record_function(f"grid-step-{i}"):
@@ -516,9 +539,128 @@ def _litgpt(p: dict, rank: int, world: int, steps: int) -> None:
                 targets = input_ids
                 logits = model(input_ids)
                 loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
-                loss.backward()
+                fabric.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
+
+
+def _litgpt_lora(p: dict, rank: int, world: int, steps: int) -> None:
+    """litgpt 0.5's finetune/lora.py on one device, its main() and fit loop in order: Fabric (bf16-true; for QLoRA
+    its BitsandbytesPrecision plugin, `--quantize bnb.nf4[-dq]`), litgpt's LoRA GPT (litgpt.lora: lora_r, alpha 16,
+    dropout 0.05 on query and value by default) built under fabric.init_module, mark_only_lora_as_trainable,
+    setup_module; torch's AdamW over model.parameters(), or under bitsandbytes bnb's PagedAdamW and the swap of the
+    token embedding for bitsandbytes' StableEmbedding (after the optimizer is built, as lora.py does); the loop's
+    `logits = model(input_ids, lm_head_chunk_size=128)`, `logits[-1] = logits[-1][..., :-1, :]`,
+    chunked_cross_entropy, fabric.backward, step, zero_grad."""
+    import lightning as L
+    import torch
+    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+    from litgpt.utils import chunked_cross_entropy, instantiate_bnb_optimizer, instantiate_torch_optimizer
+    from torch.autograd.profiler import record_function
+
+    if world == 1:
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+    a = p["arch"]
+    targets = p.get("lora_targets", ("q", "v"))
+    config = Config(
+        n_layer=a["layers"],
+        n_head=a["heads"],
+        n_embd=a["hidden"],
+        block_size=a["max_positions"],
+        vocab_size=a["vocab"],
+        padded_vocab_size=a["vocab"],
+        n_query_groups=a["kv_heads"],
+        intermediate_size=a["ffn"],
+        mlp_class_name="LLaMAMLP",
+        norm_class_name="RMSNorm",
+        bias=False,
+        parallel_residual=False,
+        rotary_percentage=1.0,
+        lora_r=p["lora_rank"],
+        lora_alpha=16,
+        lora_dropout=p.get("lora_dropout", 0.05),
+        lora_query="q" in targets,
+        lora_key="k" in targets,
+        lora_value="v" in targets,
+        lora_projection="o" in targets,
+        lora_mlp="mlp" in targets,
+        lora_head="head" in targets,
+    )
+    qlora = p.get("method") == "qlora"
+    fabric = L.Fabric(accelerator="cpu", devices=1, precision="bf16-true")
+    if qlora:  # lora.py: `plugins = BitsandbytesPrecision(quantize[4:], dtype)` for --quantize bnb.nf4[-dq]
+        from lightning.fabric.plugins import BitsandbytesPrecision
+
+        _bitsandbytes_on_the_cpu(fabric, BitsandbytesPrecision(p["quantize"].removeprefix("bnb."), torch.bfloat16))
+    with fabric.init_module(empty_init=False):
+        model = GPT(config)
+    mark_only_lora_as_trainable(model)
+    model = fabric.setup_module(model)
+    if qlora:
+        for m in model.modules():  # what moving the model to the GPU does there (Params4bit quantises on .cuda())
+            if hasattr(m, "quantize_"):
+                m.quantize_(device=torch.device("cpu"))
+        optimizer = instantiate_bnb_optimizer("AdamW", model.parameters())
+        from bitsandbytes.nn import StableEmbedding
+
+        old_embedding = model.transformer.wte
+        model.transformer.wte = StableEmbedding(old_embedding.num_embeddings, old_embedding.embedding_dim)
+        with torch.no_grad():
+            model.transformer.wte.weight.copy_(old_embedding.weight)
+        model.transformer.wte = model.transformer.wte.to(
+            device=old_embedding.weight.device, dtype=old_embedding.weight.dtype
+        )
+    else:
+        optimizer = instantiate_torch_optimizer("AdamW", model.parameters(), lr=3e-4, weight_decay=0.02)
+    optimizer = fabric.setup_optimizers(optimizer)
+    # litgpt's lora.CausalSelfAttention / LLaMAMLP / GPT build their base class's linears and then replace them with
+    # LoRA ones; the plugin's 4-bit linears sit in reference cycles (Params4bit.module, the bound quantize_ hook), so
+    # the replaced ones (unquantised here: the plugin quantises at construction only on CUDA) wait for Python's cyclic
+    # collector. lora.py then loads the checkpoint and the dataset, which runs that collector long before the loop;
+    # this stands for it.
+    import gc
+
+    gc.collect()
+    gen = torch.Generator().manual_seed(rank)
+    for i in range(steps):
+        with record_function(f"grid-step-{i}"):
+            for _ in range(p["grad_accum"]):
+                input_ids = torch.randint(0, a["vocab"], (p["micro_batch"], p["seq_len"]), generator=gen)
+                targets_ = input_ids
+                logits = model(input_ids, lm_head_chunk_size=128)
+                logits[-1] = logits[-1][..., :-1, :]
+                loss = chunked_cross_entropy(logits, targets_[..., 1:])
+                fabric.backward(loss / p["grad_accum"])
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def _bitsandbytes_on_the_cpu(fabric, precision) -> None:  # noqa: ANN001 - lightning's Fabric, BitsandbytesPrecision
+    """Lightning 2.6.6 runs its bitsandbytes plugin only on CUDA: Fabric's connector refuses it for another accelerator
+    ("Bitsandbytes is only supported on CUDA GPUs.") and the plugin's 4-bit linear quantises only on CUDA
+    (_Linear4bit.quantize raises "Unexpected device type: cpu"), though bitsandbytes 0.50 quantises and multiplies in
+    4 bits on the CPU too. This hands the plugin to Fabric's strategy, as the connector does on a GPU, and runs the
+    plugin's own quantize with the device it is given (the same quantize_4bit call, the same Params4bit)."""
+    import bitsandbytes as bnb
+    import torch
+    from lightning.fabric.plugins.precision import bitsandbytes as plugin
+
+    def quantize(params4bit, weight, device):  # noqa: ANN001, ANN202 - the plugin's signature
+        device = device or torch.device("cpu")
+        w = weight.contiguous().to(device=device, dtype=torch.half)
+        w_4bit, quant_state = bnb.functional.quantize_4bit(
+            w,
+            blocksize=params4bit.blocksize,
+            compress_statistics=params4bit.compress_statistics,
+            quant_type=params4bit.quant_type,
+            quant_storage=params4bit.quant_storage,
+        )
+        return plugin._replace_param(params4bit, w_4bit, quant_state)  # noqa: SLF001
+
+    precision._linear_cls.quantize = staticmethod(quantize)  # the 4-bit class the plugin converts nn.Linear to
+    fabric.strategy.precision = precision
+    fabric._precision = precision  # noqa: SLF001 - Fabric keeps the strategy's plugin, read at setup
 
 
 def _torchtune(p: dict, rank: int, world: int, steps: int) -> None:
@@ -565,6 +707,71 @@ def _torchtune(p: dict, rank: int, world: int, steps: int) -> None:
     recipe.activations_handling_ctx = contextlib.nullcontext()
     recipe.ignore_labels_cache = torch.full((p["micro_batch"], 1), loss_fn.ignore_index, dtype=torch.int64)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    gen = torch.Generator().manual_seed(rank)
+    opt.zero_grad()
+    for i in range(steps):
+        with record_function(f"grid-step-{i}"):
+            for _ in range(p["grad_accum"]):
+                x = torch.randint(0, a["vocab"], (p["micro_batch"], p["seq_len"]), generator=gen)
+                loss = recipe._loss_step({"tokens": x, "labels": x.clone()})
+                loss.backward()
+                del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def _torchtune_lora(p: dict, rank: int, world: int, steps: int) -> None:
+    """torchtune 0.6's lora_finetune_single_device recipe as its shipped configs set it: torchtune's Llama 3.1 LoRA
+    builder (lora_llama3_1, what the 3.1 configs instantiate: one RoPE cache shared by the blocks, where 0.6's
+    lora_llama3 builds one per block; adapters on lora_attn_modules, and on every MLP projection with
+    apply_lora_to_mlp),
+    built under the recipe's default dtype bf16 (frozen base and adapters alike), set_trainable_params on the
+    adapters only, CEWithChunkedOutputLoss with the model's output in chunks, torch's AdamW(fused=True) over
+    model.parameters() (the recipe's _setup_optimizer); the loss step is the recipe's own `_loss_step`, then
+    backward, step, zero_grad(set_to_none=True)."""
+    import contextlib
+    import importlib.util
+
+    import torch
+    import torchtune
+    from torch.autograd.profiler import record_function
+    from torchtune import training
+    from torchtune.models.llama3_1._component_builders import lora_llama3_1
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+
+    a = p["arch"]
+    targets = p.get("lora_targets", ("q", "v"))
+    attn = [{"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}[t] for t in targets if t != "mlp"]
+    with training.set_default_dtype(torch.bfloat16), torch.device("cpu"):  # the recipe's _setup_model
+        model = lora_llama3_1(
+            lora_attn_modules=attn,
+            apply_lora_to_mlp="mlp" in targets,
+            vocab_size=a["vocab"],
+            num_layers=a["layers"],
+            num_heads=a["heads"],
+            num_kv_heads=a["kv_heads"],
+            embed_dim=a["hidden"],
+            max_seq_len=a["max_positions"],
+            intermediate_dim=a["ffn"],
+            lora_rank=p["lora_rank"],
+            lora_alpha=2 * p["lora_rank"],
+            lora_dropout=p.get("lora_dropout", 0.0),
+        )
+    set_trainable_params(model, get_adapter_params(model))
+    path = Path(torchtune.__file__).parent.parent / "recipes" / "lora_finetune_single_device.py"
+    spec = importlib.util.spec_from_file_location("lora_finetune_single_device", path)
+    assert spec is not None and spec.loader is not None
+    recipes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipes)
+    LoRAFinetuneRecipeSingleDevice = recipes.LoRAFinetuneRecipeSingleDevice  # noqa: N806 - the recipe's class
+    loss_fn = CEWithChunkedOutputLoss()
+    model.set_num_output_chunks(loss_fn.num_output_chunks)
+    recipe = object.__new__(LoRAFinetuneRecipeSingleDevice)  # only its loss step runs: no config, no checkpoint
+    recipe._model, recipe._loss_fn = model, loss_fn
+    recipe.activations_handling_ctx = contextlib.nullcontext()
+    recipe.ignore_labels_cache = torch.full((p["micro_batch"], 1), loss_fn.ignore_index, dtype=torch.int64)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=True)
     gen = torch.Generator().manual_seed(rank)
     opt.zero_grad()
     for i in range(steps):
@@ -765,8 +972,18 @@ def marp_inputs(p: dict) -> dict:
             "optimizer": "adamw",
             "attention": p["attention"],
             "activation_checkpointing": p["recompute"],
-            "method": "lora" if p["lora_rank"] else "full",
-            "lora": {"rank": p["lora_rank"] or 16, "targets": ["q", "v"], "dropout": 0.05},
+            "method": p.get("method", "lora") if p["lora_rank"] else "full",
+            "lora": {
+                "rank": p["lora_rank"] or 16,
+                "targets": list(p.get("lora_targets", ("q", "v"))),
+                "dropout": p.get("lora_dropout", 0.05),
+                # litgpt's --quantize bnb.nf4 / bnb.nf4-dq, and the bitsandbytes release the grid ran
+                **(
+                    {"double_quant": p["quantize"].endswith("-dq"), "quantizer_version": BITSANDBYTES}
+                    if "quantize" in p
+                    else {}
+                ),
+            },
         },
         "parallel": {
             "sharding": p.get("sharding") or {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[p["zero"]],

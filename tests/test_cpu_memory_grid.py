@@ -43,6 +43,10 @@ def test_grid_dataset_is_present_and_covers_the_modes():
     assert {pl.recompute for pl in plans.values()} >= {"none", "full", "selective"}
     assert {w.attention for w in workloads.values()} >= {"sdpa", "eager"}
     assert any(w.method == "lora" for w in workloads.values())
+    # LoRA in the frameworks' own recipes (torchtune's lora_finetune_single_device, litgpt's finetune/lora.py, PEFT)
+    # and litgpt's bitsandbytes QLoRA
+    methods = {(by_trainer[n], w.method) for n, w in workloads.items()}
+    assert {("torchtune", "lora"), ("litgpt", "lora"), ("hf-trainer", "lora"), ("litgpt", "qlora")} <= methods
     assert {pl.pp for pl in plans.values()} >= {2, 4}
     # Transformers' Trainer under accelerate's FSDP2 (full shard over the data-parallel ranks)
     assert any(by_trainer[n] == "hf-trainer" and pl.zero == 3 and pl.dp > 1 for n, pl in plans.items())

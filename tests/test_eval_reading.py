@@ -294,7 +294,7 @@ def test_torchtune_recipe_behaviour():
     assert w.loss_chunks == 1
 
 
-def test_litgpt_keeps_an_untied_head_and_a_16_bit_loss():
+def test_litgpt_keeps_an_untied_head_and_fabrics_fp32_logits():
     lit = dict(
         model="gemma-2b",
         layers="18",
@@ -319,7 +319,9 @@ def test_litgpt_keeps_an_untied_head_and_a_16_bit_loss():
         category="LoRA",
     )
     w = interpret_row(_row(**lit)).workload
-    assert not w.arch.tied_embeddings and not w.loss_fp32 and w.loss_chunks == 4 and w.qlora_quantized_head
+    assert not w.arch.tied_embeddings and w.loss_chunks == 4 and w.qlora_quantized_head
+    # Lightning Fabric's precision plugin hands the logits back in fp32: the loop holds them and the loss runs on them
+    assert w.output_fp32 and w.loss_fp32
     assert w.keeps_previous_output  # its fit loops bind `logits = model(...)` until the next forward returns
     hf = interpret_row(_row(**lit | dict(attention_impl="sdpa", other_settings="transformers Trainer"))).workload
     assert hf.arch.tied_embeddings and hf.loss_fp32 and not hf.qlora_quantized_head and not hf.keeps_previous_output

@@ -63,6 +63,13 @@ VARIATIONS: list[tuple[str, dict]] = [
     ("seq_len", {"training__seq_len": 2048}),
     ("fp32", {"training__precision": "fp32"}),
     ("pure bf16", {"training__precision": "bf16-pure"}),
+    (
+        "16-bit loss",
+        {
+            "entry": {"trainer": "script", "script": "t.py", "framework": "hf-trainer", "loss_upcast": False},
+            "training__precision": "bf16-pure",
+        },
+    ),
     ("sgd", {"training__optimizer": "sgd"}),
     ("paged", {"training__optimizer": "paged-adamw-8bit"}),
     ("foreach", {"training__optimizer_impl": "foreach"}),

@@ -147,8 +147,14 @@ class LoraSpec(_Strict):
     )
     quantizer: Literal["bitsandbytes", "torchao"] | None = Field(
         None,
-        description="QLoRA's 4-bit implementation: bitsandbytes (its matmul saves the input) or torchao's NF4 "
-        "tensor (it does not). Default: torchao for torchtune, bitsandbytes otherwise.",
+        description="QLoRA's 4-bit implementation: bitsandbytes or torchao's NF4 tensor (which saves no input). "
+        "Default: torchao for torchtune, bitsandbytes otherwise.",
+    )
+    quantizer_version: str | None = Field(
+        None,
+        pattern=r"^\d+(\.\d+)*$",
+        description="QLoRA: the bitsandbytes release, e.g. 0.45.2. Up to 0.43.1 its 4-bit matmul saved its input for "
+        "backward; from 0.43.2 it keeps only the 4-bit weight. Default: an older release (the input is saved).",
     )
 
 
@@ -540,6 +546,12 @@ class Entry(_Strict):
         None,
         description="Your loop keeps the model output bound through backward (`logits = model(x); loss = "
         "f(logits, y); loss.backward()`), so the 16-bit logits stay alive. Default: the framework's.",
+    )
+    loss_upcast: bool | None = Field(
+        None,
+        description="With training.precision bf16-pure: the cross-entropy runs on an fp32 copy of the logits "
+        "(`logits.float()`: Transformers' loss, torchtune's chunked loss, Lightning Fabric's fp32 output); false: on "
+        "the 16-bit logits as the model returns them. Default: the framework's (an fp32 copy for every profile).",
     )
     torch_version: str | None = Field(
         None,

@@ -64,8 +64,19 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
     arch = model.arch
     if prof.unties_embeddings and arch.tied_embeddings and arch.head == "lm":
         arch = arch.model_copy(update={"tied_embeddings": False})
-    paged = t.optimizer.startswith("paged-")
-    optimizer: Optimizer = "adam-8bit" if t.optimizer == "paged-adamw-8bit" else "adamw" if paged else t.optimizer  # type: ignore[assignment]
+    lora = t.lora
+    quantizer = lora.quantizer or prof.nf4_quantizer
+    bnb_qlora = t.method == "qlora" and quantizer == "bitsandbytes"
+    # (bitsandbytes' paged optimizers page CUDA managed memory; on the CPU their states are ordinary tensors)
+    bnb_paged = bnb_qlora and prof.qlora_paged_optimizer and t.optimizer == "adamw"
+    paged = (t.optimizer.startswith("paged-") or bnb_paged) and device != "cpu"
+    optimizer: Optimizer = (
+        "adam-8bit"
+        if t.optimizer == "paged-adamw-8bit"
+        else "adamw"
+        if t.optimizer.startswith("paged-")
+        else t.optimizer  # type: ignore[assignment]
+    )
     if t.optimizer_impl is not None:
         fused = t.optimizer_impl == "fused"
     else:
@@ -74,11 +85,13 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
     if t.loss_chunks is not None:
         chunks = t.loss_chunks
     elif prof.loss_chunk_tokens:
-        chunks = max(1, -(-t.seq_len // prof.loss_chunk_tokens))
+        # litgpt: finetune/full.py chunks the flattened logits (micro_batch x seq tokens) into 128-token pieces;
+        # lora.py has the model return 128-position chunks (lm_head_chunk_size=128) along the sequence
+        tokens = t.seq_len * (t.micro_batch if t.method == "full" and isinstance(t.micro_batch, int) else 1)
+        chunks = max(1, -(-tokens // prof.loss_chunk_tokens))
     else:
         chunks = prof.loss_chunks
-    lora = t.lora
-    quantizer = lora.quantizer or prof.nf4_quantizer
+    bnb_version = version_tuple(lora.quantizer_version)
     torch_version = version_tuple(spec.entry.torch_version)
     framework_version = version_tuple(spec.entry.framework_version)
     return Workload(
@@ -107,7 +120,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         and arch.kv < arch.heads
         and (t.attention == "eager" or not _sdpa_runs_gqa(code, framework_version)),
         nf4_double_quant=lora.double_quant if lora.double_quant is not None else True,
-        nf4_saves_inputs=quantizer == "bitsandbytes",
+        # bitsandbytes' MatMul4Bit kept its input on ctx up to 0.43.1 (ctx.tensors = (A, B)); 0.43.2 on keep (None, B)
+        nf4_saves_inputs=quantizer == "bitsandbytes" and (bnb_version is None or bnb_version < (0, 43, 2)),
         qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
         hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,
         keeps_previous_output=prof.keeps_previous_output,
@@ -122,7 +136,16 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         fsdp_tail_unit=prof.fsdp_tail_unit,
         fused_projections=fused_projections(code, arch),
         gelu_tanh_eager=gelu_tanh_eager(code, arch),
-        loss_fp32=prof.loss_fp32_in_pure_bf16 or t.precision != "bf16-pure",
+        dropout_mask_full_width=device == "cpu",
+        loss_fp32=t.precision != "bf16-pure"
+        or (
+            spec.entry.loss_upcast
+            if spec.entry.loss_upcast is not None
+            else prof.loss_fp32_in_pure_bf16 or prof.output_fp32
+        ),
+        output_fp32=prof.output_fp32 and t.precision != "fp32",
+        lora_qkv_scatter=code.lora_qkv_scatter,
+        bnb_stable_embedding=prof.qlora_stable_embedding and quantizer == "bitsandbytes",
         exact_params=model.exact_params,
         buckets=spec.deepspeed,
         expandable_segments=_alloc_conf(spec).expandable_segments,

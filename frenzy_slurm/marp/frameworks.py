@@ -60,6 +60,9 @@ class ModelCode:
     norm_fp32_normalized: bool = False
     # the RMSNorm upcast only on the CPU (frenzy's model: fused RMSNorm kernel on the GPU, a composite on the CPU)
     norm_upcast_on_cpu_only: bool = False
+    # LoRA on a fused q/k/v linear scatters the adapters' outputs into the fused width with index_copy, which saves
+    # its source for backward (litgpt's LoRAQKVLinear.zero_pad, when only some of q/k/v are adapted)
+    lora_qkv_scatter: bool = False
     # tensor parallelism splits the embedding, output layer and logits over the vocabulary (Megatron's
     # VocabParallelEmbedding, torchtitan's loss_parallel); False: every TP rank holds them whole
     vocab_parallel: bool = True
@@ -113,10 +116,18 @@ MODEL_CODES: dict[str, ModelCode] = {
         unfused_rope=True,
         fused_projections="always",
         norm_fp32_normalized=True,
+        lora_qkv_scatter=True,
     ),
-    # torchtitan's llama: fused RMSNorm, complex RoPE on sequence-major tensors, separate wq/wk/wv and w1/w3
+    # torchtitan's llama: nn.RMSNorm (F.rms_norm: one fused kernel on the GPU, a composite of ops on the CPU that keeps
+    # its normalised output, as frenzy's does), complex RoPE on sequence-major tensors, separate wq/wk/wv (0.3's llama3
+    # flavours fuse them: fuse_qkv=True) and w1/w3
     "torchtitan": ModelCode(
-        "torchtitan", norm_upcast=False, gqa_expand=False, unfused_rope=False, fused_projections="never"
+        "torchtitan",
+        norm_upcast=True,
+        gqa_expand=False,
+        unfused_rope=False,
+        fused_projections="never",
+        norm_upcast_on_cpu_only=True,
     ),
     # Megatron-Core with Transformer Engine: fused kernels, fused qkv
     "megatron": ModelCode("megatron", norm_upcast=False, gqa_expand=False, unfused_rope=False),
@@ -160,6 +171,15 @@ class FrameworkProfile:
     lora_dropout: float = 0.05  # PEFT's examples / the frameworks' LoRA configs
     qlora_quantized_head: bool = False  # QLoRA quantises the output layer too
     nf4_quantizer: Literal["bitsandbytes", "torchao"] = "bitsandbytes"
+    # the model's output comes back converted to fp32 (Lightning Fabric's precision plugins: convert_output to the
+    # default dtype), so the loop holds an fp32 copy of the 16-bit logits and the loss runs on it
+    output_fp32: bool = False
+    # under bitsandbytes QLoRA the token embedding is swapped for bitsandbytes' StableEmbedding after the optimizer
+    # is built (litgpt's finetune/lora.py): the new one trains outside the optimizer (its gradient is never freed),
+    # the old one stays referenced, and its fp32 LayerNorm saves an fp32 copy of the embedding output
+    qlora_stable_embedding: bool = False
+    # bitsandbytes QLoRA steps with bitsandbytes' paged AdamW (states in CUDA managed memory)
+    qlora_paged_optimizer: bool = False
     # what the framework's shipped configs set, for a run described as "the defaults"
     shipped_checkpointing: Literal["none", "full"] | None = None
     unties_embeddings: bool = False  # its model class has its own output matrix: a tied checkpoint loads into two
@@ -218,7 +238,7 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "torchtune",
             "torchtune recipes (full_finetune_*, lora_finetune_*)",
-            "torchtune 0.3-0.6",
+            "torchtune 0.3-0.6 (CPU grid: 0.6.1)",
             "torch",
             "torchtune",
             Capabilities(tp="asked", zero_stages=(0, 3), offload=True),  # FSDP2 full shard; tensor_parallel_dim
@@ -233,7 +253,7 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "torchtitan",
             "torchtitan (FSDP2, TP, PP, CP)",
-            "torchtitan 0.1-0.2",
+            "torchtitan 0.1-0.3 (CPU grid: 0.3.0, FSDP2)",
             "torch",
             "torchtitan",
             Capabilities(tp="auto", pp="auto", cp="asked", zero_stages=(0, 3), max_zero_with_pp=3, op_recompute="auto"),
@@ -241,11 +261,14 @@ PROFILES: dict[str, FrameworkProfile] = {
             # training.optimizer_impl: fused where optimizer.implementation says fused
             fused_optimizer=False,
             holds_logits=False,
+            # apply_fsdp_to_decoder: fully_shard(tok_embeddings), each block, fully_shard([norm, output],
+            # reshard_after_forward=False) (0.3: lm_head; CPU grid: torchtitan-fsdp2-llama-dp2)
+            fsdp_tail_unit=True,
         ),
         FrameworkProfile(
             "litgpt",
             "litgpt (finetune full / lora / qlora, pretrain)",
-            "litgpt 0.4-0.5",
+            "litgpt 0.4-0.5 (CPU grid: 0.5.13, lightning 2.6.6, bitsandbytes 0.50.2)",
             "torch",
             "litgpt",
             Capabilities(zero_stages=(0, 3)),  # DDP or FSDP
@@ -253,8 +276,12 @@ PROFILES: dict[str, FrameworkProfile] = {
             holds_logits=True,
             keeps_previous_output=True,
             loss_chunk_tokens=128,  # chunked_cross_entropy(chunk_size=128) in the fine-tuning scripts
-            loss_fp32_in_pure_bf16=False,  # the loss runs on the model's 16-bit logits
+            # Fabric's bf16-true and bitsandbytes plugins return the logits converted to fp32 (measured on the CPU
+            # grid: the held output and the loss are fp32)
+            output_fp32=True,
             qlora_quantized_head=True,  # the bitsandbytes plugin replaces every nn.Linear, lm_head's too
+            qlora_stable_embedding=True,  # finetune/lora.py under BitsandbytesPrecision (read in litgpt 0.5.13)
+            qlora_paged_optimizer=True,  # instantiate_bnb_optimizer: bitsandbytes.optim.PagedAdamW
             unties_embeddings=True,  # GPT has lm_head beside wte, and the fine-tuning scripts do not tie them
         ),
         FrameworkProfile(

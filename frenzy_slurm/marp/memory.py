@@ -120,12 +120,14 @@ def _autocast(w: Workload, plan: ParallelPlan) -> bool:
 
 @lru_cache(maxsize=4096)  # bounded: a long simulation sees many workloads
 def _layer_activation_bytes(
-    w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False, cp: int = 1
+    w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False, cp: int = 1, frozen_input: bool = False
 ) -> float:
     """Bytes saved for backward by one transformer block, per token (Korthikanti et al. 2022, generalised).
 
     With context parallelism each rank holds seq/cp tokens and attends over the whole sequence in blocks
-    (ring attention): per token the saved tensors are the same, the eager score matrix is s/cp wide."""
+    (ring attention): per token the saved tensors are the same, the eager score matrix is s/cp wide.
+    `frozen_input`: the block's input needs no gradient (the first block behind LoRA's frozen embedding), so what
+    runs on it before the first trainable weight (the first norm, the adapters' dropout) saves nothing."""
     a = w.arch
     h, f, heads, s = a.hidden, a.ffn, a.heads, w.seq_len // cp
     kvd = a.kv * a.head_dim
@@ -143,10 +145,22 @@ def _layer_activation_bytes(
         if (w.method == "lora" or (w.method == "qlora" and not w.nf4_saves_inputs))
         else {"q", "k", "v", "o", "mlp"}
     )
-    drop_bytes = e + 1 if (lora and w.lora_dropout) else 0.0  # dropped copy + mask of an adapter's input
+    # dropout masks: torch's fused CUDA kernel keeps a bool mask; on the CPU dropout multiplies by a mask tensor of the
+    # input's dtype (measured on the CPU grid)
+    mask = e if w.dropout_mask_full_width else 1.0
+    # Under LoRA the frozen base linears keep no input (their weight needs no gradient: bitsandbytes' 4-bit matmul is
+    # the exception, `base_saves`); each adapter's lora_A keeps what it reads: the input it shares with the others,
+    # once, or with adapter dropout its own dropped copy (PEFT, torchtune and litgpt give every adapted linear its own
+    # dropout; litgpt's fused q/k/v one) and its mask; lora_B keeps lora_A's r-wide output.
+    dropped = lora and w.lora_dropout
+    base_saves = not lora or (w.method == "qlora" and w.nf4_saves_inputs)
+    keep_mask = 0.0 if frozen_input else mask
 
-    def lora_drop(names: set[str]) -> float:
-        return drop_bytes if adapters & names else 0.0
+    def adapter_inputs(n: int, shared: bool) -> float:
+        """Bytes per input element that `n` adapters reading one input keep, beside the base's `shared` copy."""
+        if not n:
+            return 0.0
+        return n * (e + keep_mask) if dropped else (0.0 if shared else li)
 
     # A norm keeps its input; an eager fp32-upcast norm keeps the fp32 copy and the normalised 16-bit value instead.
     # (A composite norm - CPU kernels, or an eager fp32 upcast - also keeps its normalised output for the weight's
@@ -161,19 +175,24 @@ def _layer_activation_bytes(
         * h
         / rep
     )
-    total = norm  # norm1
+    total = 0.0 if frozen_input else norm  # norm1 (a frozen block input: nothing to differentiate)
     # Under autocast each linear casts its fp32 input to 16 bits on its own (autocast caches only the casts of leaf
     # tensors, the weights), so separate q/k/v projections save one copy each; a fused projection saves one.
     casts_qkv = len(tg & {"q", "k", "v"}) if (amp and not w.fused_projections) else 1
-    if tg & {"q", "k", "v"}:
-        total += (casts_qkv * li + lora_drop({"q", "k", "v"})) * h / rep  # QKV input (norm1 output)
+    if not lora and tg & {"q", "k", "v"}:
+        total += casts_qkv * li * h / rep  # QKV input (norm1 output)
+    elif lora:
+        n_qkv = len(adapters & {"q", "k", "v"})
+        shared = base_saves and not frozen_input  # (bitsandbytes saves its input only if that needs a gradient)
+        n_qkv = min(n_qkv, 1) if w.fused_projections else n_qkv  # (one adapter on a fused q/k/v linear)
+        total += ((li if shared else 0.0) + adapter_inputs(n_qkv, shared)) * h / rep
     total += e * (h + 2 * (h if w.gqa_expand else kvd)) / tp  # q, k, v (k, v at full width if expanded)
     if w.attention == "eager":
         if recompute != "selective":
             soft = 4.0 if amp else e  # softmax runs in fp32 under autocast
             if w.softmax_fp32 and not amp and e == 2.0:
                 soft = 4.0 + e  # softmax(..., dtype=float32).to(dtype): the fp32 output and its 16-bit copy
-            total += heads * s * (soft + ((1 + e) if drop else 0)) / tp
+            total += heads * s * (soft + ((mask + e) if drop else 0)) / tp
         total += li * h / tp  # context (o_proj input)
     else:
         total += e * h / tp + 4.0 * heads / tp  # kernel output (also o_proj input) + log-sum-exp
@@ -183,15 +202,25 @@ def _layer_activation_bytes(
             # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the
             # transpose back to (tokens, hidden) copies it: o_proj saves that copy as well
             total += e * h / tp
-    total += lora_drop({"o"}) * h / tp
+    if dropped and "o" in adapters:
+        total += (e + mask) * h / tp  # output_proj adapter's dropped copy and mask
     if drop:
-        total += h / rep  # residual dropout mask
+        total += mask * h / rep  # residual dropout mask
     total += norm  # norm2
-    if "mlp" in tg:
+    if not lora and "mlp" in tg:
         # (SwiGLU's gate and up projections each cast the input under autocast, unless fused)
         casts_mlp = 2 if (amp and not w.fused_projections and a.activation == "swiglu") else 1
-        total += (casts_mlp * li + lora_drop({"mlp"})) * h / rep  # FFN input
+        total += casts_mlp * li * h / rep  # FFN input
     down_in = li if "mlp" in tg else 0.0  # the product / activation output, saved by the down projection
+    if lora:
+        n_in = (2 if a.activation == "swiglu" else 1) if "mlp" in adapters else 0  # gate and up / fc
+        total += ((li if base_saves else 0.0) + adapter_inputs(n_in, base_saves)) * h / rep  # FFN input
+        down_in = (li if base_saves else 0.0) + adapter_inputs(1 if "mlp" in adapters else 0, base_saves)
+        mats = len(adapters & {"q", "k", "v", "o"}) + (n_in + 1 if n_in else 0)
+        total += mats * e * w.lora_rank / tp  # lora_A's outputs, saved by lora_B
+        if w.lora_qkv_scatter and w.fused_projections and 0 < len(adapters & {"q", "k", "v"}) < 3:
+            # the adapted q/k/v outputs, scattered into the fused width by index_copy, which saves its source
+            total += e * sum(h if t == "q" else kvd for t in adapters & {"q", "k", "v"}) / tp
     # torch.compile's partitioner (measured on the CPU with inductor, torch 2.13) keeps the matmul outputs and the
     # down projection's input and recomputes only silu(gate): 3 ffn-wide tensors for SwiGLU, 4 in eager; a GELU
     # MLP keeps the fc output and the GELU output (the down projection's input) either way
@@ -203,7 +232,7 @@ def _layer_activation_bytes(
         eager_gelu = 3 * e if (w.gelu_tanh_eager and not w.compile) else 0.0
         total += (e + down_in + eager_gelu) * f / tp
     if drop:
-        total += h / rep  # MLP dropout mask
+        total += mask * h / rep  # MLP dropout mask
     return total
 
 
@@ -240,6 +269,7 @@ def _logit_bytes_per_token(w: Workload, tp: int) -> float:
     e = 4.0 if w.precision == "fp32" else 2.0
     v = a.vocab / (tp if w.vocab_parallel else 1)
     f32 = 4.0 if w.loss_fp32 else e
+    out = 4.0 if w.output_fp32 else e  # the logits the loop holds: the model's, or the framework's fp32 copy
     if w.loss_chunks > 1:
         c = w.loss_chunks
         if w.compile and w.compile_loss:
@@ -250,11 +280,13 @@ def _logit_bytes_per_token(w: Workload, tp: int) -> float:
         # chunk's fp32 log-softmax output saved and the last chunk's upcast (measured on the CPU: 6.5 bytes x vocab
         # per token for 8 chunks); its backward holds the saved outputs and one chunk's two fp32 gradients and
         # 16-bit gradient
-        return v * max(e + f32 + f32 / c, (e if w.hold_logits else 0.0) + f32 + (2 * f32 + e) / c)
+        # (logits the framework hands back in fp32, `out`, need no upcast for the loss)
+        upcast = f32 / c if out != f32 else 0.0
+        return v * max(out + f32 + upcast, (out if w.hold_logits else 0.0) + f32 + (2 * f32 + out) / c)
     # fp32 log-softmax output (saved) and, in backward, the gradients at both ends of log_softmax (a compiled loss
     # fuses them into one kernel); plus the 16-bit logits where the loop keeps the model output alive. A 16-bit
     # loss (no upcast) keeps the same three tensors at 2 bytes.
-    return v * ((e if w.hold_logits else 0.0) + (2 if (w.compile and w.compile_loss) else 3) * f32)
+    return v * ((out if w.hold_logits else 0.0) + (2 if (w.compile and w.compile_loss) else 3) * f32)
 
 
 @dataclass(frozen=True)
@@ -366,6 +398,8 @@ def _model_states(j: _Job, i: int, n_layers: int) -> _States:
         else:
             frozen = params * base_bytes
         weights = frozen / j.weight_div + trainable * j.wb
+        if first and w.method == "qlora" and w.bnb_stable_embedding:
+            weights += a.vocab * a.hidden * j.scale / j.vtp * base_bytes  # the swapped-out embedding, still referenced
     else:
         trainable = float(params)
         weights = params * j.wb / j.weight_div
@@ -482,6 +516,10 @@ def _buffers(j: _Job, i: int, n_layers: int, st: _States) -> _Buffers:
             tail = ((pc.final + (pc.head or a.vocab * a.hidden)) * j.scale / j.vtp) if last else 0.0
             b.released_at_loss = max(0.0, gathered - tail * (2.0 if w.precision != "fp32" else 4.0))
             b.unit_grads = min(b.unit_grads, pc.largest_linear * j.scale / tp * j.gb)
+    if i == 0 and w.method == "qlora" and w.bnb_stable_embedding:
+        # bitsandbytes' StableEmbedding trains outside the optimizer: its gradient, made by the first backward, is
+        # never zeroed nor freed
+        b.resident += a.vocab * a.hidden * j.scale / j.vtp * j.gb
     if w.framework == "deepspeed" and plan.zero == 3 and st.trainable > 0:
         # ZeRO-3's optimizer allocates once and keeps: the gradient partition of every parameter (in the
         # gradient-accumulation dtype, the model's) and, with contiguous gradients, the reduce bucket
@@ -576,6 +614,13 @@ def _activations(j: _Job, i: int, n_layers: int, inflight: float) -> tuple[float
         acts = min(2, n_layers) * per_layer_act * tokens
     else:
         acts = n_layers * per_layer_act * tokens * inflight
+        stable_embedding = w.method == "qlora" and w.bnb_stable_embedding
+        if i == 0 and w.method != "full" and n_layers and not stable_embedding:
+            # the first block's input comes from LoRA's frozen embedding and needs no gradient
+            first = _layer_activation_bytes(w, tp, plan.sequence_parallel, plan.recompute, j.amp, cp, frozen_input=True)
+            acts -= (per_layer_act - first) * tokens * inflight
+        if i == 0 and stable_embedding:
+            acts += 4.0 * a.hidden / j.rep * tokens * inflight  # StableEmbedding's fp32 LayerNorm input
     work = 2 * max(a.ffn, a.hidden) * j.e_act * tokens / tp  # gradient working set of one block's backward
     if w.attention == "eager":
         # eager attention's backward holds two score-sized gradients (probs', scores') beside the saved
@@ -635,8 +680,17 @@ def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, flo
         if chunk_phase > logits:
             loss_grads = k * st.head_grads
             logits = chunk_phase - loss_grads
-    final_norm = (4.0 + (4.0 if w.norm_fp32_normalized else j.e_act)) if (w.norm_upcast and not w.compile) else j.r
-    head_inputs = (final_norm * a.hidden / j.rep + j.e_act * a.hidden / j.plan.tp) * tokens
+    # (under LoRA the final norm's weight is frozen, so its normalised value is not kept; a frozen output layer keeps
+    # no input either, unless it is bitsandbytes' 4-bit one or carries an adapter)
+    lora = w.method != "full"
+    normalised = 0.0 if lora else (4.0 if w.norm_fp32_normalized else j.e_act)
+    final_norm = (4.0 + normalised) if (w.norm_upcast and not w.compile) else j.r
+    head_saves = (
+        not lora
+        or "head" in w.lora_targets
+        or (w.method == "qlora" and w.nf4_saves_inputs and w.qlora_quantized_head and j.pc.head > 0)
+    )
+    head_inputs = (final_norm * a.hidden / j.rep + (j.e_act * a.hidden / j.plan.tp if head_saves else 0.0)) * tokens
     return logits, loss_grads, head_inputs
 
 
@@ -647,7 +701,8 @@ def _previous_output(j: _Job, i: int, n_layers: int, inflight: float) -> tuple[f
     saved tensors (bitsandbytes' 4-bit matmul stored its input on ctx: q/k/v, o_proj, MLP and down inputs)."""
     w, a, pc, plan = j.w, j.w.arch, j.pc, j.plan
     last = i == plan.pp - 1
-    out16 = j.e_act * a.vocab / j.vtp * j.tokens if (last and a.head != "classification") else 0.0
+    out_bytes = 4.0 if w.output_fp32 else j.e_act  # (Lightning Fabric hands the output back in fp32)
+    out16 = out_bytes * a.vocab / j.vtp * j.tokens if (last and a.head != "classification") else 0.0
     prev_logits = prev_inputs = 0.0
     if w.keeps_previous_output:
         prev_logits = out16

@@ -235,6 +235,14 @@ class Workload:
     # GELU's tanh approximation in eager ops (HF's gelu_new, NewGELUActivation: GPT-2): 0.5*x*(1+tanh(...)) keeps
     # tanh's output, 0.5*x and 1+tanh besides its input
     gelu_tanh_eager: bool = False
+    output_fp32: bool = False  # the loop gets the model's output converted to fp32 (Lightning Fabric) and holds it
+    lora_qkv_scatter: bool = False  # fused-q/k/v LoRA scatters adapter outputs with index_copy (litgpt), saving them
+    # bitsandbytes QLoRA swaps in bitsandbytes' StableEmbedding after building the optimizer (litgpt): the old embedding
+    # stays, the new one's gradient is never freed, its fp32 LayerNorm saves an fp32 copy of its output
+    bnb_stable_embedding: bool = False
+    # dropout keeps a mask of its input's dtype (the CPU: torch's dropout multiplies by a noise tensor); False: the
+    # fused CUDA kernel's bool mask
+    dropout_mask_full_width: bool = False
     fused_projections: bool = False  # q/k/v (and SwiGLU gate/up) are one fused linear (litgpt, GPT-2, NeoX, Megatron)
     loss_fp32: bool = (
         True  # cross-entropy computed on an fp32 upcast of the logits (torch's F.cross_entropy on .float())
