@@ -7,13 +7,13 @@ torch plans with it.
 
 Expansion is the runtime's, not a shell's: only `$FRENZY_NAME` and `${FRENZY_NAME}` are replaced, `$$` is a
 literal `$`, and every other `$` is left as it is. An argument that is exactly `$FRENZY_FRAMEWORK_ARGS`
-becomes the framework's own arguments (for hf-trainer: TrainingArguments flags carrying the batch split,
-learning rate, steps and DeepSpeed config), zero or more arguments; anywhere else it is refused.
+becomes the framework's own arguments (framework_argv.py: for hf-trainer TrainingArguments flags carrying the
+batch split, learning rate, steps and DeepSpeed config, for torchtune its key=value overrides, ...), zero or more
+arguments; anywhere else it is refused.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 
@@ -37,6 +37,10 @@ PLAN_NAMES: dict[str, str] = {
     "FRENZY_PP": "pipeline stages",
     "FRENZY_CP": "context-parallel degree",
     "FRENZY_ZERO": "ZeRO stage (FSDP: 3 full sharding, 2 SHARD_GRAD_OP)",
+    "FRENZY_SHARD_GROUP": "ranks one copy of the model states is sharded over (hybrid-shard: fewer than FRENZY_DP)",
+    "FRENZY_SEQUENCE_PARALLEL": "1 if activations outside the TP regions are split over the TP ranks, else 0",
+    "FRENZY_SCHEDULE": "pipeline schedule: 1f1b, interleaved or gpipe",
+    "FRENZY_VIRTUAL_STAGES": "model chunks per pipeline rank (interleaved schedule)",
     "FRENZY_SHARDING": "the stage in the framework's words: none, zero1-3, full-shard, shard-grad-op, hybrid-shard",
     "FRENZY_MICRO_BATCH": "sequences per rank per forward/backward",
     "FRENZY_GRAD_ACCUM": "micro-batches per optimizer step",
@@ -45,21 +49,19 @@ PLAN_NAMES: dict[str, str] = {
     "FRENZY_LEARNING_RATE": "peak learning rate",
     "FRENZY_WARMUP_STEPS": "linear warm-up steps",
     "FRENZY_STEPS": "optimizer steps to run",
-    "FRENZY_RECOMPUTE": "activation checkpointing: none, selective or full",
+    "FRENZY_RECOMPUTE": "activation checkpointing: none, selective, full or op (torchtitan's per-op policy)",
     "FRENZY_PRECISION": "training.precision",
     "FRENZY_OPTIMIZER": "training.optimizer",
     "FRENZY_METHOD": "training.method: full, lora or qlora",
     "FRENZY_LORA_RANK": "training.lora.rank",
+    "FRENZY_DOUBLE_QUANT": "QLoRA: 1 if the NF4 absmax is double-quantised (training.lora.double_quant), else 0",
     "FRENZY_OFFLOAD_OPTIMIZER": "1 if optimizer states live in host memory, else 0",
     "FRENZY_OFFLOAD_PARAMS": "1 if ZeRO-3 parameters live in host memory, else 0",
     "FRENZY_SEED": "training.seed",
     "FRENZY_CHECKPOINT_INTERVAL": "save every this many steps (0: only at the end and at the stop signal)",
 }
 
-# TrainingArguments.fsdp's names for model.yaml's FSDP shardings (parallel.sharding)
-HF_FSDP = {"full-shard": "full_shard", "shard-grad-op": "shard_grad_op", "hybrid-shard": "hybrid_shard"}
-
-FRAMEWORK_ARGS = "FRENZY_FRAMEWORK_ARGS"  # a whole argument: the framework's own flags (see framework_args)
+FRAMEWORK_ARGS = "FRENZY_FRAMEWORK_ARGS"  # a whole argument: the framework's own flags (framework_argv.py)
 
 KNOWN_NAMES: tuple[str, ...] = (*RUNTIME_NAMES, *PLAN_NAMES, FRAMEWORK_ARGS)
 
@@ -122,59 +124,3 @@ def expand_args(args: list[str], env: Mapping[str, str], framework_argv: list[st
 
         out.append(_REF.sub(sub, arg))
     return out
-
-
-def _hf_fsdp(strategy: str, offload: bool) -> list[str]:
-    """The Trainer's FSDP flags: the strategy words `--fsdp` reads in transformers 4.x and 5.x (in 5 translated
-    into fsdp_config, deprecated, to be removed in 5.20; `--fsdp true` from a command line is read as a word).
-    hybrid_shard is FSDP1's in transformers 5, whose default is FSDP2."""
-    argv = ["--fsdp", " ".join([strategy, "auto_wrap"] + (["offload"] if offload else []))]
-    return argv + (["--fsdp_config", json.dumps({"version": 1})] if strategy == "hybrid_shard" else [])
-
-
-def framework_args(env: Mapping[str, str]) -> list[str]:
-    """The framework's own command-line flags for the plan in `env` (the FRENZY_* variables).
-
-    hf-trainer: the TrainingArguments flags HfArgumentParser reads (the batch split, learning rate, steps,
-    warm-up, seed, precision, gradient checkpointing, output directory, and --deepspeed with the rendered
-    config, whose batch and optimizer values are "auto" so that HF fills them from these; `--fsdp` instead
-    where model.yaml's parallel.sharding names an FSDP sharding). deepspeed:
-    `--deepspeed_config PATH` (deepspeed.add_config_arguments). Other frameworks read plan.json and the
-    environment: nothing.
-    """
-    fw = env.get("FRENZY_FRAMEWORK", "")
-    if fw == "hf-trainer":
-        argv = [
-            "--per_device_train_batch_size",
-            env["FRENZY_MICRO_BATCH"],
-            "--gradient_accumulation_steps",
-            env["FRENZY_GRAD_ACCUM"],
-            "--learning_rate",
-            env["FRENZY_LEARNING_RATE"],
-            "--max_steps",
-            env["FRENZY_STEPS"],
-            "--warmup_steps",
-            env["FRENZY_WARMUP_STEPS"],
-            "--seed",
-            env["FRENZY_SEED"],
-            "--output_dir",
-            env["FRENZY_CHECKPOINT_DIR"],
-        ]
-        if env.get("FRENZY_PRECISION", "").startswith("bf16"):
-            argv.append("--bf16")
-        elif env.get("FRENZY_PRECISION") == "fp16-mixed":
-            argv.append("--fp16")
-        if env.get("FRENZY_RECOMPUTE", "none") != "none":
-            argv.append("--gradient_checkpointing")
-        interval = env.get("FRENZY_CHECKPOINT_INTERVAL", "0")
-        if interval != "0":
-            argv += ["--save_strategy", "steps", "--save_steps", interval]
-        fsdp = HF_FSDP.get(env.get("FRENZY_SHARDING", ""))
-        if fsdp is not None:  # torch FSDP through the Trainer (accelerate's FSDP plugin) instead of DeepSpeed
-            argv += _hf_fsdp(fsdp, env.get("FRENZY_OFFLOAD_PARAMS") == "1")
-        elif env.get("FRENZY_DS_CONFIG"):
-            argv += ["--deepspeed", env["FRENZY_DS_CONFIG"]]
-        return argv
-    if fw == "deepspeed" and env.get("FRENZY_DS_CONFIG"):
-        return ["--deepspeed_config", env["FRENZY_DS_CONFIG"]]
-    return []

@@ -58,7 +58,8 @@ def _run(argv: list[str] | None) -> int:
         os.environ["FRENZY_GPU"] = dist.gpu_index
     if ns.script is not None:
         from frenzy_slurm.errors import InputError
-        from frenzy_slurm.scriptenv import ArgsError, expand_args, framework_args
+        from frenzy_slurm.framework_argv import framework_args
+        from frenzy_slurm.scriptenv import ArgsError, expand_args
 
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
         if signals.pending():  # tell the script a stop was already requested
