@@ -134,6 +134,9 @@ def grid() -> list[dict]:
     pts.append(
         _point("torchtune-lora-llama-1gpu-qvo-mlp", LLAMA, "torchtune", lora_targets=("q", "v", "o", "mlp"), **tt_lora)
     )
+    # torchao's NF4 quantises in 64-element blocks with their scalers in blocks of 256: every linear a multiple of 16384
+    nf4_llama = dict(LLAMA, hidden=256, ffn=512)
+    pts.append(_point("torchtune-qlora-llama-1gpu", nf4_llama, "torchtune", method="qlora", **tt_lora))
     pts.append(_point("litgpt-lora-llama-1gpu", LLAMA, "litgpt", precision="bf16-pure", lora_rank=8))
     qlora = dict(precision="bf16-pure", lora_rank=8, method="qlora")
     pts.append(_point("litgpt-qlora-llama-1gpu", LLAMA, "litgpt", quantize="bnb.nf4", **qlora))
@@ -757,6 +760,7 @@ def _torchtune_lora(p: dict, rank: int, world: int, steps: int) -> None:
             lora_rank=p["lora_rank"],
             lora_alpha=2 * p["lora_rank"],
             lora_dropout=p.get("lora_dropout", 0.0),
+            quantize_base=p.get("method") == "qlora",  # the qlora_* builders: torchao's NF4 base weights
         )
     set_trainable_params(model, get_adapter_params(model))
     path = Path(torchtune.__file__).parent.parent / "recipes" / "lora_finetune_single_device.py"

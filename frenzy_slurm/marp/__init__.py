@@ -121,6 +121,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         and (t.attention == "eager" or not _sdpa_runs_gqa(code, framework_version)),
         nf4_double_quant=lora.double_quant if lora.double_quant is not None else True,
         # bitsandbytes' MatMul4Bit kept its input on ctx up to 0.43.1 (ctx.tensors = (A, B)); 0.43.2 on keep (None, B)
+        nf4_torchao=quantizer == "torchao",
         nf4_saves_inputs=quantizer == "bitsandbytes" and (bnb_version is None or bnb_version < (0, 43, 2)),
         qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
         hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,

@@ -541,7 +541,11 @@ def _buffers(j: _Job, i: int, n_layers: int, st: _States) -> _Buffers:
         deq = pc.largest_linear * j.scale / tp
         if last and w.qlora_quantized_head and pc.head:
             deq = max(deq, a.vocab * a.hidden * j.scale / j.vtp)
-        b.fb += deq * 2.0
+        # torchao's NF4Tensor.get_original_weight runs in eager ops: each element's 4-bit code as an int64 index
+        # (8 bytes for a pair), the looked-up and scaled halves and their stack (2 bytes each per element), alive
+        # together (measured on the CPU grid: torchtune-qlora-*); compiled, one kernel writes the 16-bit weight
+        eager_nf4 = w.nf4_torchao and not w.compile
+        b.fb += deq * (12.0 if eager_nf4 else 2.0)
     if j.amp and w.method == "full":
         b.fb += st.linear * 2.0  # autocast's 16-bit weight copies, saved for backward (not under FSDP)
     if w.fp8:

@@ -210,6 +210,7 @@ class Workload:
     norm_fp32_normalized: bool = False
     gqa_expand: bool = False  # K/V repeated to all query heads before the attention kernel (HF repeat_kv)
     nf4_double_quant: bool = True  # QLoRA's double-quantised absmax (4.127 bits); False: plain NF4, 4.5 bits
+    nf4_torchao: bool = False  # QLoRA's NF4 is torchao's tensor subclass (dequantised in eager ops unless compiled)
     nf4_saves_inputs: bool = True  # bitsandbytes' 4-bit matmul saves its input (torchao's NF4 linear does not)
     qlora_quantized_head: bool = False  # QLoRA quantises the (untied) output layer too (litgpt's bitsandbytes plugin)
     hold_logits: bool = False  # the training loop keeps the 16-bit logits alive (HF-style model outputs)
