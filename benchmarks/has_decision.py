@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.has import Requirements  # noqa: E402
+from frenzy_slurm.has.decide import forget_kept  # noqa: E402
 from frenzy_slurm.jobspec import load_job_spec, resolve_model  # noqa: E402
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec  # noqa: E402
 from frenzy_slurm.planning import decide_job  # noqa: E402
@@ -49,6 +50,7 @@ def main() -> int:
                 view = synthetic(pools, busy=busy, seed=1)
                 times, d = [], None
                 for _ in range(args.repeat):
+                    forget_kept()  # each decision from cold, as one fsbatch makes it (no kept search or index)
                     t0 = time.perf_counter()
                     d = decide_job(req, w, space, view, site, None, view.taken_at)
                     times.append(time.perf_counter() - t0)

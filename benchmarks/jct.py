@@ -50,16 +50,23 @@ JOBS_PER_64_GPUS = 60
 # simulated site has adopted it for most of its users, not all)
 PLAIN_SHARE = 0.3
 DEFAULT_POLICIES = "has,has-homogeneous,slurm-multi,sia,ilp"
+# Named cases: option defaults an explicit option still overrides. deep-queue (issue 20, "a deep-queue case at
+# 2,048 GPUs"): 800 jobs arriving 30x faster than the cluster serves them keep a few hundred waiting (measured:
+# queue at arrival median ~265, max ~600); about 3 min per HAS run on one core.
+CASES = {
+    "deep-queue": {"shapes": "large2048", "loads": "30", "seeds": "1", "jobs": 25, "max_jobs": 800, "policies": "has"},
+}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="std64,alt64", help=f"any of {', '.join(SHAPES)}")
-    ap.add_argument("--loads", default="0.8,1.2")
-    ap.add_argument("--seeds", default="6,7,8,9,10")
-    ap.add_argument("--jobs", type=int, default=JOBS_PER_64_GPUS, help="jobs per 64 GPUs (capped at --max-jobs)")
-    ap.add_argument("--max-jobs", type=int, default=400, help="at most this many jobs per run (deep queues: more)")
-    ap.add_argument("--policies", default=DEFAULT_POLICIES)
+    ap.add_argument("--case", choices=sorted(CASES), help="a named case: its shapes, loads, seeds, jobs, policies")
+    ap.add_argument("--shapes", default=None, help=f"any of {', '.join(SHAPES)} (default std64,alt64)")
+    ap.add_argument("--loads", default=None, help="offered loads (default 0.8,1.2)")
+    ap.add_argument("--seeds", default=None, help="default 6,7,8,9,10")
+    ap.add_argument("--jobs", type=int, default=None, help=f"jobs per 64 GPUs (default {JOBS_PER_64_GPUS}, capped)")
+    ap.add_argument("--max-jobs", type=int, default=None, help="at most this many jobs per run (default 400)")
+    ap.add_argument("--policies", default=None, help=f"default {DEFAULT_POLICIES}")
     ap.add_argument("--startup-s", type=float, default=None, help="start-up of every start (s; default 120)")
     ap.add_argument(
         "--restart-s", type=float, default=None, help="extra seconds of a start that resumes a checkpoint (default 0)"
@@ -84,6 +91,14 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
+    plain = {"shapes": "std64,alt64", "loads": "0.8,1.2", "seeds": "6,7,8,9,10", "jobs": JOBS_PER_64_GPUS}
+    plain |= {"max_jobs": 400, "policies": DEFAULT_POLICIES}
+    for k, v in (CASES[args.case] if args.case else plain).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    for k, v in plain.items():  # a case sets only some options
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     shapes = args.shapes.split(",")
     for s in shapes:
         if s not in SHAPES:
@@ -126,6 +141,8 @@ def main() -> int:
                     print(
                         f"# {shape:9s} load {load} seed {seed:2d} {name:16s} avg JCT {s['avg_jct_s'] / 3600:7.2f} h "
                         f"done {s['completed']}/{s['jobs']}  per-job ms p50 {s['per_job_ms_median']:.1f} "
+                        f"p95 {s['per_job_ms_p95']:.1f}  queue at arrival p50 {s['queue_at_arrival_p50']:.0f} "
+                        f"max {s['queue_max']:.0f} "
                         f"({time.perf_counter() - t0:.0f} s)",
                         file=sys.stderr,
                         flush=True,
@@ -134,6 +151,8 @@ def main() -> int:
         earlier = json.loads(args.reuse.read_text())["runs"]
         rows += [r for r in earlier if r["policy"] not in policies and r["shape"] in shapes and r["load"] in loads]
     print(table(rows))
+    print()
+    print(queue_table(rows))
     print()
     print(comparisons(rows, args.include_tuning))
     print()
@@ -153,9 +172,9 @@ def _mean(xs: list[float]) -> float:
 def table(rows: list[dict]) -> str:
     head = (
         "| shape | load | policy | runs | avg JCT h | p99 JCT h | GPU util | per-job decision ms p50 / p95 | "
-        "policy CPU s per sim h | MARP search s per run |"
+        "without MARP's search ms p50 / p95 | policy CPU s per sim h | MARP search s per run |"
     )
-    out = [head, "|" + "|".join(["---"] * 10) + "|"]
+    out = [head, "|" + "|".join(["---"] * 11) + "|"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["shape"], r["load"], r["policy"]), []).append(r)
@@ -166,8 +185,30 @@ def table(rows: list[dict]) -> str:
             f"| {shape} | {load} | {policy} | {len(rs)} | {_mean([r['avg_jct_s'] for r in rs]) / 3600:.2f} | "
             f"{_mean([r['p99_jct_s'] for r in rs]) / 3600:.2f} | {100 * _mean([r['gpu_util'] for r in rs]):.0f}% | "
             f"{_mean([r['per_job_ms_median'] for r in rs]):.1f} / {_mean([r['per_job_ms_p95'] for r in rs]):.1f} | "
+            f"{_mean([r.get('per_job_ms_without_marp_median', float('nan')) for r in rs]):.1f} / "
+            f"{_mean([r.get('per_job_ms_without_marp_p95', float('nan')) for r in rs]):.1f} | "
             f"{_mean([r['policy_cpu_s_per_sim_hour'] for r in rs]):.2f} | "
             f"{_mean([r.get('marp_search_s', float('nan')) for r in rs]):.2f} |"
+        )
+    return "\n".join(out)
+
+
+def queue_table(rows: list[dict]) -> str:
+    """How deep the queue was: jobs waiting (arrived, not started) as each job arrived, and over time."""
+    out = [
+        "| shape | load | policy | runs | queue at arrival p50 / p95 | queue max | queue mean over arrivals |",
+        "|" + "|".join(["---"] * 7) + "|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["load"], r["policy"]), []).append(r)
+    for (shape, load, policy), rs in sorted(groups.items()):
+        out.append(
+            f"| {shape} | {load} | {policy} | {len(rs)} | "
+            f"{_mean([r.get('queue_at_arrival_p50', float('nan')) for r in rs]):.0f} / "
+            f"{_mean([r.get('queue_at_arrival_p95', float('nan')) for r in rs]):.0f} | "
+            f"{max(r.get('queue_max', float('nan')) for r in rs):.0f} | "
+            f"{_mean([r.get('queue_mean', float('nan')) for r in rs]):.0f} |"
         )
     return "\n".join(out)
 

@@ -14,7 +14,7 @@ import itertools
 import math
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
@@ -23,7 +23,7 @@ from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usabl
 from frenzy_slurm.has.qos import qos_lines, within_qos
 from frenzy_slurm.has.requirements import TIME_MARGIN, TIME_SLACK_S, Requirements
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, STARTUP_S
-from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
+from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import Overheads
 from frenzy_slurm.marp.plan import Recompute, Workload
 from frenzy_slurm.marp.speed import flops_per_token
@@ -82,6 +82,51 @@ MINUTES_SHOWN_BELOW_S = 7200.0
 MAX_TIME_REASON = "needs --time"
 
 
+# The last decision's ReleaseIndex, extended to the next view where that gives the index a new one would
+# (ReleaseIndex.extend checks it and says why): one decision after another on a deep queue (the simulator, a
+# burst of submissions) then reserves only the jobs queued since, not the whole queue again (issue 20).
+_last_index: list[ReleaseIndex] = []
+
+
+# MARP's search per job shape: its answer depends on the steps only through Candidate.steps (marp/candidates.py
+# builds each candidate with them and uses them for nothing else), so a job of the same model, plan space, batch
+# and pools with other steps gets the kept candidates with its steps. Jobs of one shape recur in a queue (the
+# simulator's Philly jobs: a few models, batches and sequence lengths); bounded, oldest dropped first.
+SEARCH_CACHE_SIZE = 512
+_searches: dict[str, dict[Hashable, list[Candidate]]] = {}
+
+
+def _search(
+    w: Workload,
+    options: list[GpuOption],
+    global_batch: int,
+    steps: int,
+    max_gpus: int | None,
+    space: SearchSpace,
+) -> dict[Hashable, list[Candidate]]:
+    key = repr((w, options, global_batch, max_gpus, space))  # dataclass reprs: every field, nested
+    found = _searches.get(key)
+    if found is None:
+        found = _searches[key] = search(w, options, global_batch, steps, max_gpus, space)
+        while len(_searches) > SEARCH_CACHE_SIZE:
+            del _searches[next(iter(_searches))]
+    return {k: [c if c.steps == steps else replace(c, steps=steps) for c in cs] for k, cs in found.items()}
+
+
+def forget_kept() -> None:
+    """Drop the kept searches and release index (a benchmark timing decisions from cold)."""
+    _searches.clear()
+    _last_index.clear()
+
+
+def _release_index(view: ClusterView, now: float) -> ReleaseIndex:
+    if _last_index and _last_index[0].extend(view, now):
+        return _last_index[0]
+    index = ReleaseIndex(view, now)
+    _last_index[:] = [index]
+    return index
+
+
 @dataclass
 class _Cand:
     alloc: Allocation
@@ -93,7 +138,7 @@ def _homogeneous(
     w: Workload, req: Requirements, pools: list[UsablePool], releases: ReleaseIndex, now: float, space: SearchSpace
 ) -> list[_Cand]:
     steps = req.steps
-    cands = search(w, [p.option for p in pools], req.global_batch, steps, req.max_gpus, space)
+    cands = _search(w, [p.option for p in pools], req.global_batch, steps, req.max_gpus, space)
     out = []
     a = w.arch
     for pool in pools:
@@ -515,7 +560,7 @@ def decide(
             f"{req.name}: no GPU pool can be used: "
             + "; ".join((skipped or ["the cluster has no GPUs"]) + qos_lines(view.qos))
         )
-    releases = ReleaseIndex(view, now)
+    releases = _release_index(view, now)
     homogeneous = _homogeneous(w, req, pools, releases, now, space)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
     beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now))  # a tie goes to the homogeneous allocation

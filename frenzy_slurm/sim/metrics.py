@@ -9,6 +9,7 @@ round (ilp), wall milliseconds on this machine.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from itertools import pairwise
@@ -46,7 +47,8 @@ def summarize(r: RunResult) -> dict:
     busy = 0.0
     for (t0, used), (t1, _) in pairwise(r.timeline):
         busy += used * (t1 - t0)
-    extra = {k: v for k, v in r.extra.items() if k != "per_job_ms"}
+    extra = {k: v for k, v in r.extra.items() if k not in ("per_job_ms", "decision_ms_without_marp")}
+    without_marp = r.extra.get("decision_ms_without_marp", [])
     per_job = r.extra.get("per_job_ms", r.decision_ms)  # round policies: a round shared by its jobs
     sim_hours = max((r.timeline[-1][0] - r.timeline[0][0]) / 3600.0, 1e-9) if r.timeline else 1e-9
     return {
@@ -70,6 +72,7 @@ def summarize(r: RunResult) -> dict:
         "avg_queue_s": statistics.fmean(queue) if queue else float("nan"),
         "makespan_s": makespan,
         "gpu_util": busy / (r.gpus * makespan),
+        **queue_depth(r),
         "ooms": sum(x.ooms for x in r.records),
         "timeouts": sum(x.timeouts for x in r.records),
         "heterogeneous_jobs": sum(x.kind == "heterogeneous" for x in done),
@@ -80,6 +83,9 @@ def summarize(r: RunResult) -> dict:
         "decision_ms_p95": _pct(r.decision_ms, 0.95),
         "per_job_ms_median": _pct(per_job, 0.5),
         "per_job_ms_p95": _pct(per_job, 0.95),
+        # the same decisions less the time in MARP's search (per-arrival policies; NaN for round policies)
+        "per_job_ms_without_marp_median": _pct(without_marp, 0.5),
+        "per_job_ms_without_marp_p95": _pct(without_marp, 0.95),
         # CPU of the policy (decisions, rounds, MARP searches included) per simulated hour of the cluster
         "policy_cpu_s_per_sim_hour": r.extra.get("policy_cpu_s", 0.0) / sim_hours,
         "sim_wall_s": r.sim_wall_s,
@@ -214,6 +220,25 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
             )
         )
     return written
+
+
+def queue_depth(r: RunResult) -> dict[str, float]:
+    """How deep the queue was (queue_length's count): as each job arrived (median, p95, max) and on average over
+    the time from the first arrival to the last."""
+    ts, counts = queue_length(r)
+    if not ts:
+        return {"queue_at_arrival_p50": 0.0, "queue_at_arrival_p95": 0.0, "queue_max": 0.0, "queue_mean": 0.0}
+    # the count just before each arrival: jobs that arrived earlier and had not started
+    seen = [float(counts[bisect.bisect_left(ts, x.submit) - 1]) if ts[0] < x.submit else 0.0 for x in r.records]
+    last = max(x.submit for x in r.records)
+    ends = ts[1:] + [last]  # each count holds until the next change
+    area = sum(n * (min(t1, last) - t0) for t0, n, t1 in zip(ts, counts, ends, strict=True) if t0 < last)
+    return {
+        "queue_at_arrival_p50": _pct(seen, 0.5),
+        "queue_at_arrival_p95": _pct(seen, 0.95),
+        "queue_max": float(max(counts)),
+        "queue_mean": area / (last - ts[0]) if last > ts[0] else 0.0,
+    }
 
 
 def queue_length(r: RunResult) -> tuple[list[float], list[int]]:

@@ -130,40 +130,55 @@ class SimSlurm:
         self.timeline: list[tuple[float, int]] = [(now, 0)]  # (time, GPUs allocated) after each change
         self.schedule_s = 0.0  # wall time spent in scheduling passes
         self._queue_timeline: GpuTimeline | None = None  # the queue's reservations, until the next pass
+        # Cheaper answers to the same questions (a deep queue asks them for every decision): the running jobs'
+        # timeline for --test-only estimates, kept while no job starts or ends and the clock stands (keyed by
+        # (now, changes)); the view's Node and Job records, rebuilt only for nodes and jobs that changed
+        self._changes = 0  # job starts and ends so far
+        self._test_timeline: tuple[tuple[float, int], GpuTimeline] | None = None
+        self._partitions: list[Partition] | None = None
+        self._node_records: dict[str, tuple[tuple, Node]] = {}
+        self._job_records: dict[int, tuple[tuple, list[Job]]] = {}
 
     # ---- SlurmBackend -------------------------------------------------------------------------
     def load(self) -> ClusterView:
-        parts = [
-            Partition(
-                name=p.name,
-                nodes=[n for n in self.nodes if self.nodes[n].partition == p.name],
-                default_time_min=60,
-                max_time_min=p.max_time_min,
-            )
-            for p in self.cluster.partitions
-        ]
-        nodes = [
-            Node(
-                name=n.name,
-                partitions=[n.partition],
-                state=self._node_state(n),
-                gpu_type=n.gres,
-                gpus_total=n.gpus,
-                gpus_used=n.used,
-                cpus=n.cpus,
-                memory_mb=64000 * n.gpus,
-            )
-            for n in self.nodes.values()
-        ]
+        if self._partitions is None:  # the partitions never change
+            self._partitions = [
+                Partition(
+                    name=p.name,
+                    nodes=[n for n in self.nodes if self.nodes[n].partition == p.name],
+                    default_time_min=60,
+                    max_time_min=p.max_time_min,
+                )
+                for p in self.cluster.partitions
+            ]
         return ClusterView(
             cluster=self.cluster.name,
             backend="sim",
             slurm_version="sim",
             taken_at=self.now,
-            partitions=parts,
-            nodes=nodes,
+            partitions=list(self._partitions),
+            nodes=[self._node_record(n) for n in self.nodes.values()],
             jobs=self.jobs(),
         )
+
+    def _node_record(self, n: SimNode) -> Node:
+        """The view's record of `n`, the same object while its state and GPUs in use have not changed."""
+        key = (self._node_state(n), n.used, n.gpus, n.cpus)
+        kept = self._node_records.get(n.name)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        node = Node(
+            name=n.name,
+            partitions=[n.partition],
+            state=key[0],
+            gpu_type=n.gres,
+            gpus_total=n.gpus,
+            gpus_used=n.used,
+            cpus=n.cpus,
+            memory_mb=64000 * n.gpus,
+        )
+        self._node_records[n.name] = (key, node)
+        return node
 
     def expected_start(self, components: list[ComponentRequest]) -> StartEstimate:
         candidates = [self._candidates(c) for c in components]
@@ -236,29 +251,42 @@ class SimSlurm:
                 continue
             if user is not None and j.user != user:
                 continue
-            het = len(j.components) > 1
-            for k, c in enumerate(j.components):
-                start = j.start if j.start is not None else j.planned_start
-                out.append(
-                    Job(
-                        job_id=j.job_id + k,
-                        het_job_id=j.job_id if het else None,
-                        het_job_offset=k if het else None,
-                        name=j.name,
-                        user=j.user,
-                        state=j.state,
-                        reason=j.reason,
-                        partition=c.partition,
-                        nodes=j.nodes[k] if j.nodes else [],
-                        node_count=c.nodes,
-                        gpu_type=c.gpu_type,
-                        gpus_per_node=c.gpus_per_node,
-                        start_time=int(start) if start is not None else None,
-                        end_time=int(start + j.limit_s) if start is not None else None,
-                        time_limit_min=c.time_min,
-                        comment=j.comment,
-                    )
+            out += self._job_records_of(j)
+        return out
+
+    def _job_records_of(self, j: SimJob) -> list[Job]:
+        """The view's records of `j` (one per component), the same objects while nothing they show has changed;
+        the components are compared by identity (a request is replaced, never edited, by submit and update)."""
+        key = (j.state, j.reason, j.start, j.planned_start, j.name, j.user, j.comment, tuple(map(tuple, j.nodes)))
+        kept = self._job_records.get(j.job_id)
+        if kept is not None and kept[0][0] == key and len(kept[0][1]) == len(j.components):
+            if all(a is b for a, b in zip(kept[0][1], j.components, strict=True)):
+                return kept[1]
+        out = []
+        het = len(j.components) > 1
+        for k, c in enumerate(j.components):
+            start = j.start if j.start is not None else j.planned_start
+            out.append(
+                Job(
+                    job_id=j.job_id + k,
+                    het_job_id=j.job_id if het else None,
+                    het_job_offset=k if het else None,
+                    name=j.name,
+                    user=j.user,
+                    state=j.state,
+                    reason=j.reason,
+                    partition=c.partition,
+                    nodes=j.nodes[k] if j.nodes else [],
+                    node_count=c.nodes,
+                    gpu_type=c.gpu_type,
+                    gpus_per_node=c.gpus_per_node,
+                    start_time=int(start) if start is not None else None,
+                    end_time=int(start + j.limit_s) if start is not None else None,
+                    time_limit_min=c.time_min,
+                    comment=j.comment,
                 )
+            )
+        self._job_records[j.job_id] = ((key, list(j.components)), out)
         return out
 
     def cancel(self, job_id: int, signal: str | None = None) -> None:
@@ -407,8 +435,11 @@ class SimSlurm:
         return timeline
 
     def _estimate_timeline(self) -> GpuTimeline:
-        if self.estimates == "test-only":
-            return self._running_timeline()
+        if self.estimates == "test-only":  # estimates only read it (and fill its caches): kept until a change
+            key = (self.now, self._changes)
+            if self._test_timeline is None or self._test_timeline[0] != key:
+                self._test_timeline = (key, self._running_timeline())
+            return self._test_timeline[1]
         if self._queue_timeline is None:
             timeline = self._running_timeline()
             for j in self.jobs_by_id.values():
@@ -455,6 +486,7 @@ class SimSlurm:
             self.on_end(j)
 
     def _record(self) -> None:
+        self._changes += 1
         used = sum(n.used for n in self.nodes.values())
         if self.timeline and self.timeline[-1][0] == self.now:
             self.timeline[-1] = (self.now, used)

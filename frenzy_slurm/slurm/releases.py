@@ -49,11 +49,15 @@ class GpuTimeline:
         self.now = now
         self.busy: dict[str, list[tuple[float, float, int]]] = {n: [] for n in self.capacity}
         self._windows: dict[str, dict[tuple[int, float], list[Window]]] = {}  # node -> (gpus, duration) -> windows
+        # node -> gpus -> the maximal ranges [open, close) during which that many GPUs are free; a window for a
+        # duration is such a range shortened by it, so a new duration (every job asks its own) costs no sweep
+        self._runs: dict[str, dict[int, list[Window]]] = {}
 
     def add(self, node: str, start: float, end: float, gpus: int) -> None:
         """`gpus` GPUs of `node` are busy during [start, end)."""
         self.busy[node].append((start, end, gpus))
         self._windows.pop(node, None)
+        self._runs.pop(node, None)
 
     def free(self, node: str, t0: float, t1: float) -> int:
         """GPUs of `node` free during all of [t0, t1)."""
@@ -70,6 +74,20 @@ class GpuTimeline:
         key = (gpus, duration)
         if key in cached:
             return cached[key]
+        out = [(a, b - duration) for a, b in self.free_runs(node, gpus) if b - duration >= a]
+        cached[key] = out
+        return out
+
+    def forget(self) -> None:
+        """Drop the windows computed so far (after `now` moved: they are computed from it)."""
+        self._windows.clear()
+        self._runs.clear()
+
+    def free_runs(self, node: str, gpus: int) -> list[Window]:
+        """[(open, close)]: maximal ranges of time from now on with `gpus` GPUs of `node` free (close may be inf)."""
+        runs = self._runs.setdefault(node, {})
+        if gpus in runs:
+            return runs[gpus]
         cap = self.capacity[node] - gpus
         edges: dict[float, int] = {}
         for s, e, g in self.busy[node]:
@@ -84,15 +102,30 @@ class GpuTimeline:
             was_ok = used <= cap
             used += edges[t]
             ok = used <= cap
-            if was_ok and not ok:  # a window closes at t
-                if t - duration >= open_at:
-                    out.append((open_at, t - duration))
+            if was_ok and not ok:  # the range closes at t
+                out.append((open_at, t))
             elif ok and not was_ok:
                 open_at = t
         if used <= cap:
             out.append((open_at, float("inf")))
-        cached[key] = out
+        runs[gpus] = out
         return out
+
+    def _earliest_one(
+        self, shape: Shape, names: Sequence[str], not_before: float, duration: float, pick: Pick
+    ) -> tuple[float, list[list[str]]] | None:
+        """earliest() for one component: one sweep finds the moment and the nodes whose windows hold it."""
+        nodes, per_node = shape
+        names = list(dict.fromkeys(names))  # a node named twice is one node
+        wins = [self.windows(n, per_node, duration) for n in names]
+        found = _first_covered_nodes(wins, nodes, not_before)
+        if found is None:
+            return None
+        t, holding = found
+        fits = [n for k, n in enumerate(names) if k in holding]  # in the caller's order
+        if pick == "best-fit":  # the fullest nodes that still fit (cons_tres packs jobs), then node order
+            fits.sort(key=lambda n: self.free(n, t, t + duration))
+        return t, [fits[:nodes]]
 
     def earliest(
         self,
@@ -108,15 +141,14 @@ class GpuTimeline:
         components. `pick`: "best-fit" takes the fullest nodes that still fit (ties in the caller's order),
         "first" the first that fit in the caller's order.
         """
+        if len(shapes) == 1:  # one component: the first moment enough nodes fit is the answer
+            return self._earliest_one(shapes[0], candidates[0], not_before, duration, pick)
         wins = [
             {n: self.windows(n, per_node, duration) for n in names}
             for (_, per_node), names in zip(shapes, candidates, strict=True)
         ]
-        if len(shapes) == 1:  # one component: the first moment enough nodes fit is the answer
-            first = _first_covered(wins[0], shapes[0][0], not_before)
-            times = [first] if first is not None else []
-        else:  # several: nodes taken by one component are not the other's, so each moment is tried in turn
-            times = sorted({a for w in wins for ws in w.values() for a, _ in ws} | {not_before})
+        # several: nodes taken by one component are not the other's, so each moment is tried in turn
+        times = sorted({a for w in wins for ws in w.values() for a, _ in ws} | {not_before})
         for t in times:
             if t < not_before:
                 continue
@@ -135,25 +167,51 @@ class GpuTimeline:
         return None
 
 
-def _first_covered(wins: Mapping[str, list[Window]], nodes: int, not_before: float) -> float | None:
-    """The earliest t >= not_before inside a window of at least `nodes` nodes (one sweep over the windows);
-    a node's windows do not overlap, so the count at t is the number of nodes that can start at t."""
-    events: list[tuple[float, int]] = []
-    for ws in wins.values():
+def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: float) -> tuple[float, set[int]] | None:
+    """The earliest t >= not_before inside a window of at least `nodes` nodes (one sweep over the windows), and the
+    positions (in `wins`, one list per node) of every node with a window holding t; a node's windows do not
+    overlap, so the count at t is the number of nodes that can start at t."""
+    events: list[tuple[float, int, int]] = []
+    for k, ws in enumerate(wins):
         for a, b in ws:
             if b >= not_before:
-                events.append((max(a, not_before), 0))  # 0 sorts first: a window is closed at both ends
-                events.append((b, 1))
+                events.append((max(a, not_before), 0, k))  # 0 sorts first: a window is closed at both ends
+                events.append((b, 1, k))
     events.sort()
     count = 0
-    for t, kind in events:
+    open_now: set[int] = set()
+    found: float | None = None
+    for t, kind, k in events:
+        if found is not None and (t > found or kind == 1):
+            break  # every window opening at the moment found is in: those open then are all that hold it
         if kind == 1:
             count -= 1
+            open_now.discard(k)
             continue
         count += 1
-        if count >= nodes:
-            return t
-    return None
+        open_now.add(k)
+        if found is None and count >= nodes:
+            found = t
+    return None if found is None else (found, open_now)
+
+
+def _base_signature(view: ClusterView) -> tuple:
+    """What a ReleaseIndex takes from a view besides its pending jobs: the usable nodes and the running jobs."""
+    nodes = tuple(
+        (n.name, n.gpus_free, n.gpus_total, tuple(n.partitions), n.gpu_type) for n in view.nodes if n.available
+    )
+    running = tuple(
+        (j.job_id, tuple(j.nodes), j.gpus_per_node, j.end_time)
+        for j in view.jobs
+        if j.gpus_per_node and j.phase == "running"
+    )
+    return nodes, running
+
+
+def _pending_signature(view: ClusterView) -> list[tuple]:
+    """The view's pending jobs with GPUs, in queue order, as a ReleaseIndex reserves them."""
+    pending = sorted((j for j in view.jobs if j.phase == "pending" and j.gpus_per_node), key=lambda j: j.job_id)
+    return [(j.job_id, j.partition, j.gpu_type, j.node_count, j.gpus_per_node, j.time_limit_min) for j in pending]
 
 
 class ReleaseIndex:
@@ -167,6 +225,10 @@ class ReleaseIndex:
     def __init__(self, view: ClusterView, now: float, queue: bool = True):
         self.view, self.now = view, now
         self.nodes: dict[str, Node] = {n.name: n for n in view.nodes if n.available}
+        self._base = _base_signature(view)
+        self._pending: list[tuple] = []  # the queue reserved so far, as _pending_signature lists it
+        self._first_reservation = float("inf")  # the earliest start a pending job was given
+        self._queue = queue
         held: dict[str, list[tuple[float, int]]] = {name: [] for name in self.nodes}  # (release time, GPUs)
         for j in view.jobs:
             if j.gpus_per_node and j.phase == "running":
@@ -183,27 +245,61 @@ class ReleaseIndex:
         self.queued = 0  # pending jobs given a reservation
         self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the timeline
         self._cache: dict[tuple, tuple[float, list[str]] | None] = {}
+        # (partition, GRES type, GPUs per node) -> the pool's free ranges (a, b, node position) by a and by b;
+        # dropped whenever the timeline changes (pending jobs reserved)
+        self._sorted_runs: dict[tuple, tuple[list[tuple[float, float, int]], list[tuple[float, float, int]]]] = {}
         self._names: dict[tuple, list[str]] = {}  # _pool_nodes' answers (the nodes do not change)
         if queue:
             self._reserve_pending()
 
-    def _reserve_pending(self) -> None:
-        pending = sorted(
-            (j for j in self.view.jobs if j.phase == "pending" and j.gpus_per_node), key=lambda j: j.job_id
-        )
-        for j in pending:
-            need = max(j.node_count, 1)
-            duration = float(j.time_limit_min) * 60 if j.time_limit_min else PENDING_DEFAULT_LIMIT_S
-            for partition in filter(None, j.partition.split(",")):  # the first partition that can hold it
-                found = self._earliest(partition, j.gpu_type, need, j.gpus_per_node, duration)
+    def _reserve_pending(self, pending: list[tuple] | None = None) -> None:
+        """Reserve the view's pending jobs in queue order (or `pending`, the rest of that queue)."""
+        if pending is None:
+            pending = _pending_signature(self.view)
+        for _, partitions, gpu_type, node_count, per_node, limit_min in pending:
+            need = max(node_count, 1)
+            duration = float(limit_min) * 60 if limit_min else PENDING_DEFAULT_LIMIT_S
+            for partition in filter(None, partitions.split(",")):  # the first partition that can hold it
+                found = self._earliest(partition, gpu_type, need, per_node, duration)
                 if found is not None:
                     t, names = found
                     for name in names:
                         self.reserved.add(name)
-                        self.timeline.add(name, t, t + duration, j.gpus_per_node)
+                        self.timeline.add(name, t, t + duration, per_node)
                     self.queued += 1
+                    self._first_reservation = min(self._first_reservation, t)
                     break
+        self._pending += pending
         self._cache.clear()
+        self._sorted_runs.clear()
+
+    def extend(self, view: ClusterView, now: float) -> bool:
+        """Make this index that of `view` at `now` (True), where that is this index plus pending jobs queued behind
+        its own; else leave it as it is (False: build a new one). A deep queue then costs each decision the jobs
+        queued since the last one, not the whole queue again (issue 20).
+
+        Why the result is the index `ReleaseIndex(view, now)` would build: the nodes, their free GPUs and the
+        running jobs are the same (compared), and so are the pending jobs this index reserved, in the same queue
+        order (a prefix of the new queue). Each was given the earliest window t >= the old now on the timeline
+        of the running jobs and the reservations before it. Those timelines are the same from `now` on (a running
+        job's interval starts at the index's now, and windows never open before the timeline's now), so for
+        t >= now the same start times fit on the same nodes; the earliest fitting t >= now is then the old t
+        wherever the old t >= now, which is checked for every reservation (the earliest of them). A job that fit
+        nowhere fits nowhere still (that depends only on the pool's nodes). The jobs behind are reserved as a new
+        index reserves them, and the windows, computed from the old now, are recomputed from the new one.
+        """
+        if not self._queue or now < self.now or self._first_reservation < now or _base_signature(view) != self._base:
+            return False
+        pending = _pending_signature(view)
+        if pending[: len(self._pending)] != self._pending:
+            return False
+        self.view = view
+        self.nodes = {n.name: n for n in view.nodes if n.available}
+        if now != self.now:
+            self.now = self.timeline.now = now
+            self.timeline.forget()
+        self._reserve_pending(pending[len(self._pending) :])
+        return True
 
     def _pool_nodes(self, partition: str, gpu_type: str | None, per_node: int) -> list[str]:
         """The pool's nodes that can hold `per_node` GPUs, by name (the order windows pick them in)."""
@@ -238,8 +334,54 @@ class ReleaseIndex:
             duration_s = 0.0  # GPUs only ever free up there: the window's length does not matter
         key = (partition, gpu_type, nodes, per_node, round(duration_s))
         if key not in self._cache:
-            self._cache[key] = self._earliest(partition, gpu_type, nodes, per_node, max(duration_s, 1.0))
+            self._cache[key] = self._earliest_sorted(partition, gpu_type, nodes, per_node, max(duration_s, 1.0))
         return self._cache[key]
+
+    def _earliest_sorted(
+        self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration: float
+    ) -> tuple[float, list[str]] | None:
+        """_earliest, from the pool's free ranges sorted once per timeline (HAS asks for every candidate, each
+        with its own duration: a deep queue made this most of a decision).
+
+        The same sweep as `_first_covered_nodes` over the same windows: a node's window for `duration` is a
+        free range [a, b) shortened to start times [a, b - duration], kept where b - duration >= max(a, now);
+        the sweep takes window openings max(a, now) and closings b - duration in time order, openings first at
+        one time. Subtracting one duration keeps the ranges' order by b, and max(a, now) their order by a, so
+        the two lists sorted once give that order with no sort per question.
+        """
+        names = self._pool_nodes(partition, gpu_type, per_node)
+        if len(names) < nodes:
+            return None
+        key = (partition, gpu_type, per_node)
+        if key not in self._sorted_runs:
+            runs = [(a, b, k) for k, n in enumerate(names) for a, b in self.timeline.free_runs(n, per_node)]
+            self._sorted_runs[key] = (sorted(runs, key=lambda r: r[0]), sorted(runs, key=lambda r: r[1]))
+        by_open, by_close = self._sorted_runs[key]
+        now = self.now
+        opens = [(max(a, now), k) for a, b, k in by_open if b - duration >= a and b - duration >= now]
+        closes = [(b - duration, k) for a, b, k in by_close if b - duration >= a and b - duration >= now]
+        i = j = count = 0
+        holding: set[int] = set()
+        found: float | None = None
+        while i < len(opens) or j < len(closes):
+            if i < len(opens) and (j >= len(closes) or opens[i][0] <= closes[j][0]):
+                t, k = opens[i]
+                i += 1
+                if found is not None and t > found:
+                    break
+                count += 1
+                holding.add(k)
+                if found is None and count >= nodes:
+                    found = t
+            else:
+                if found is not None:
+                    break  # the windows opening at the moment found are all in
+                count -= 1
+                holding.discard(closes[j][1])
+                j += 1
+        if found is None:
+            return None
+        return found, [names[k] for k in sorted(holding)][:nodes]  # the first by name, as _earliest picks
 
     def start(
         self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration_s: float = 0.0
