@@ -56,6 +56,8 @@ GPT2 = dict(
 # 0.49's 32-bit optimizer update refuses CPU tensors; 0.50 runs PagedAdamW and the 4-bit matmul on the CPU
 BITSANDBYTES = "0.50.2"
 
+TORCHTITAN = "0.3.0"  # the torchtitan release the torchtitan-* points ran (the `grid` extra's pin)
+
 BUCKETS = dict(
     reduce_bucket_size=100_000,
     allgather_bucket_size=100_000,
@@ -154,6 +156,8 @@ def grid() -> list[dict]:
             precision="bf16-mixed",
         )
     )
+    # torchtitan's own Llama 3 model, parallelize_llama and Trainer.train_step, FSDP2 over 2 processes
+    pts.append(_point("torchtitan-fsdp2-llama-dp2", LLAMA, "torchtitan", dp=2, zero=3, sharding="full-shard"))
     return pts
 
 
@@ -270,6 +274,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
             _lightning(p, rank, world, steps)
         elif trainer == "torchtune":
             (_torchtune_lora if p["lora_rank"] else _torchtune)(p, rank, world, steps)
+        elif trainer == "torchtitan":
+            _torchtitan(p, rank, world, steps)
         elif trainer == "litgpt":
             (_litgpt_lora if p["lora_rank"] else _litgpt)(p, rank, world, steps)
         elif trainer in ("deepspeed", "pipeline"):
@@ -353,7 +359,7 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
         import gc
 
-        for i in range(steps if trainer not in ("hf-trainer", "lightning", "torchtune", "litgpt") else 0):
+        for i in range(steps if trainer not in ("hf-trainer", "lightning", "torchtune", "litgpt", "torchtitan") else 0):
             # GRID_GC=1 collects Python's cyclic garbage before every step (an experiment: it removed the
             # step-to-step growth the single-process DeepSpeed points had while this harness copied the block's
             # forward into closures, and moves other ranks' frees; docs/accuracy.md). The stored dataset is measured
@@ -860,6 +866,140 @@ def _hf_trainer(p: dict, rank: int, world: int, steps: int) -> None:
         transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Windows()]).train()
 
 
+def _torchtitan(p: dict, rank: int, world: int, steps: int) -> None:
+    """torchtitan 0.3's own Llama 3 model, parallelised by its own `parallelize_llama` (FSDP2 over the data-parallel
+    ranks: each block, the embedding alone, the final norm with the output layer kept gathered; mixed precision
+    param bf16 / reduce fp32 by default, fp32 where the point says so), trained by its Trainer's own `train_step`
+    (optimizer zero_grad, forward and backward with its default ChunkedLossWrapper over CrossEntropyLoss,
+    gradient clipping, its fused AdamW) on an object built without `Trainer.__init__`, whose device set-up
+    assumes an accelerator (tools/utils.py: `_get_available_device_type() or "cuda"`). Attention is torchtitan's
+    ScaledDotProductAttention config (is_causal), the maskless backend its graph-trainer tests build: its
+    language-model builders accept flex or varlen only, whose kernels are compiled (flex) or CUDA-only (varlen)."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    import torchtitan.distributed.parallel_dims
+    import torchtitan.tools.utils
+    from torch.autograd.profiler import record_function
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.components.optimizer import LRSchedulersContainer
+    from torchtitan.components.optimizer.optimizer import default_adamw
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
+    from torchtitan.models.llama3 import _EMBEDDING_INIT, _LINEAR_INIT, _NORM_INIT, _depth_init, _output_linear_init
+    from torchtitan.models.llama3.model import Llama3Model, Llama3TransformerBlock
+    from torchtitan.models.llama3.parallelize import parallelize_llama
+    from torchtitan.trainer import Trainer
+
+    # torchtitan picks its device type once, at import: the accelerator found, else "cuda"; on the CPU it is "cpu"
+    torchtitan.tools.utils.device_type = torchtitan.distributed.parallel_dims.device_type = "cpu"
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    a = p["arch"]
+    dim, heads = a["hidden"], a["heads"]
+    layers = [
+        Llama3TransformerBlock.Config(
+            attention_norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT),
+            ffn_norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT),
+            attention=make_gqa_config(
+                dim=dim,
+                n_heads=heads,
+                n_kv_heads=a["kv_heads"],
+                wqkv_param_init=_LINEAR_INIT,
+                wo_param_init=_depth_init(i),
+                inner_attention=ScaledDotProductAttention.Config(),
+                fuse_qkv=True,  # the llama3 flavours' default
+                rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len=a["max_positions"], theta=500000),
+            ),
+            feed_forward=make_ffn_config(
+                dim=dim, hidden_dim=a["ffn"], w1_param_init=_LINEAR_INIT, w2w3_param_init=_depth_init(i)
+            ),
+        )
+        for i in range(a["layers"])
+    ]
+    config = Llama3Model.Config(
+        dim=dim,
+        vocab_size=a["vocab"],
+        tok_embeddings=Embedding.Config(num_embeddings=a["vocab"], embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=a["vocab"], param_init=_output_linear_init(dim)),
+        layers=layers,
+    )
+    parallelism = ParallelismConfig(
+        data_parallel_shard_degree=p["dp"], tensor_parallel_degree=p["tp"], spmd_backend="partial_dtensor"
+    )
+    training = TrainingConfig(
+        local_batch_size=p["micro_batch"],
+        seq_len=p["seq_len"],
+        steps=steps,
+        mixed_precision_param="bfloat16" if p["precision"] == "bf16-mixed" else "float32",
+        disable_cuda_graphs=True,  # its default captures forward-backward in a CUDA graph, which a CPU run cannot
+    )
+    dims = ParallelDims.from_config(parallelism, world)
+    dims.build_mesh()
+    # what Trainer.__init__ does before building: the model config takes the job's (its sharding plan, RoPE cache)
+    job = Trainer.Config(training=training, parallelism=parallelism)
+    config.update_from_config(config=job)
+    with torch.device("meta"):
+        model = config.build()
+    with tempfile.TemporaryDirectory() as dump:
+        model = parallelize_llama(
+            model,
+            parallel_dims=dims,
+            training=training,
+            parallelism=parallelism,
+            compile_config=CompileConfig(),
+            ac_config=None,
+            dump_folder=dump,
+        )
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            # torchtitan sets gradient_divide_factor 1.0 (its loss divides by the global token count), which FSDP
+            # reduces as PREMUL_SUM(1.0): NCCL has it, gloo does not; a plain SUM is the same reduction
+            m.set_force_sum_reduction_for_comms(True)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+    model.train()
+    loss_fn = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=a["vocab"])).build()
+    loss_fn.set_lm_head(model.lm_head)
+    model._skip_lm_head = True
+    trainer = object.__new__(Trainer)  # its own train_step on the parts it reads
+    trainer.config = job
+    trainer.parallel_dims = dims
+    trainer.model_parts = [model]
+    trainer.model_config = config
+    trainer.loss_fn = loss_fn
+    trainer.device = torch.device("cpu")
+    trainer.gradient_accumulation_steps = p["grad_accum"]
+    trainer.num_pipeline_parallel_microbatches = 1
+    trainer.optimizers = default_adamw(lr=8e-4).build(model_parts=[model])
+    trainer.lr_schedulers = LRSchedulersContainer.Config().build(optimizers=trainer.optimizers, training_steps=steps)
+    trainer.train_context = dist_utils.get_spmd_context(parallel_dims=dims)
+    trainer.fwd_bwd_fn = trainer._forward_backward_body
+    trainer.step = trainer.ntokens_seen = 0
+    trainer.metrics_processor = type("M", (), {"should_log": staticmethod(lambda step: False)})()
+    trainer.checkpointer = type("K", (), {"maybe_wait_for_staging": staticmethod(lambda: None)})()
+    gen = torch.Generator().manual_seed(rank)
+
+    def batches():
+        while True:
+            x = torch.randint(0, a["vocab"], (p["micro_batch"], p["seq_len"] + 1), generator=gen)
+            yield {"input": x[:, :-1]}, x[:, 1:]
+
+    data = batches()
+    for i in range(steps):
+        with record_function(f"grid-step-{i}"):
+            trainer.step += 1
+            trainer.train_step(data)
+
+
 def _hf_block(p: dict) -> list[str]:
     """The decoder layer class accelerate wraps in its own FSDP unit (fsdp_config transformer_layer_cls_to_wrap)."""
     return ["LlamaDecoderLayer"] if p["arch"].get("norm", "rmsnorm") == "rmsnorm" else ["GPT2Block"]
@@ -955,7 +1095,7 @@ def marp_inputs(p: dict) -> dict:
         {"trainer": "builtin"}
         if builtin
         else {"trainer": "script", "script": "train.py", "framework": trainer}
-        if trainer in ("hf-trainer", "lightning", "torchtune", "litgpt")
+        if trainer in ("hf-trainer", "lightning", "torchtune", "litgpt", "torchtitan")
         else {
             "trainer": "script",
             "script": "benchmarks/cpu_memory_grid.py",
@@ -998,6 +1138,9 @@ def marp_inputs(p: dict) -> dict:
         "deepspeed": dict(BUCKETS, overlap_comm=False),
         "entry": entry,
     }
+    if trainer == "torchtitan":  # its release, and its default loss: ChunkedLossWrapper's 8 chunks
+        spec["training"]["loss_chunks"] = 8
+        entry["framework_version"] = TORCHTITAN
     return {"spec": spec}
 
 
@@ -1074,12 +1217,13 @@ def main() -> int:
             frameworks = {"transformers": transformers.__version__}
         except ImportError:
             frameworks = {}
-        try:
-            import accelerate
+        import importlib
 
-            frameworks["accelerate"] = accelerate.__version__
-        except ImportError:
-            pass
+        for name in ("accelerate", "torchtitan"):
+            try:
+                frameworks[name] = importlib.import_module(name).__version__
+            except (ImportError, AttributeError):
+                pass
         data = {
             "torch": torch.__version__,
             "frameworks": frameworks | data.get("frameworks", {}),

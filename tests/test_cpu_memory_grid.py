@@ -34,6 +34,7 @@ def test_grid_dataset_is_present_and_covers_the_modes():
         "lightning",
         "torchtune",
         "litgpt",
+        "torchtitan",
     } <= trainers
     derived = {p["name"]: workload_of(p) for p in POINTS}
     plans = {name: plan for name, (_, plan) in derived.items()}
@@ -66,6 +67,7 @@ def test_every_point_is_a_model_yaml_a_user_could_run():
             "lightning": "lightning",
             "torchtune": "torchtune",
             "litgpt": "litgpt",
+            "torchtitan": "torchtitan",
         }.get(p["trainer"], "torch")
         assert spec.entry.runs_with == framework
         _, plan = workload_of(p)
