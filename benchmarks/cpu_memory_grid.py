@@ -939,6 +939,7 @@ def _torchtitan(p: dict, rank: int, world: int, steps: int) -> None:
         mixed_precision_param="bfloat16" if p["precision"] == "bf16-mixed" else "float32",
         disable_cuda_graphs=True,  # its default captures forward-backward in a CUDA graph, which a CPU run cannot
     )
+    dist_utils.set_spmd_backend(parallelism.spmd_backend)  # as Trainer.__init__ does: its loss reads it
     dims = ParallelDims.from_config(parallelism, world)
     dims.build_mesh()
     # what Trainer.__init__ does before building: the model config takes the job's (its sharding plan, RoPE cache)
