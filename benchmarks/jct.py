@@ -141,7 +141,8 @@ def main() -> int:
                     print(
                         f"# {shape:9s} load {load} seed {seed:2d} {name:16s} avg JCT {s['avg_jct_s'] / 3600:7.2f} h "
                         f"done {s['completed']}/{s['jobs']}  per-job ms p50 {s['per_job_ms_median']:.1f} "
-                        f"p95 {s['per_job_ms_p95']:.1f}  queue at arrival p50 {s['queue_at_arrival_p50']:.0f} "
+                        f"p95 {s['per_job_ms_p95']:.1f} (CPU p50 {s['per_job_cpu_ms_median']:.1f} p95 "
+                        f"{s['per_job_cpu_ms_p95']:.1f})  queue at arrival p50 {s['queue_at_arrival_p50']:.0f} "
                         f"max {s['queue_max']:.0f} "
                         f"({time.perf_counter() - t0:.0f} s)",
                         file=sys.stderr,
@@ -172,9 +173,9 @@ def _mean(xs: list[float]) -> float:
 def table(rows: list[dict]) -> str:
     head = (
         "| shape | load | policy | runs | avg JCT h | p99 JCT h | GPU util | per-job decision ms p50 / p95 | "
-        "without MARP's search ms p50 / p95 | policy CPU s per sim h | MARP search s per run |"
+        "without MARP's search ms p50 / p95 | CPU ms p50 / p95 | policy CPU s per sim h | MARP search s per run |"
     )
-    out = [head, "|" + "|".join(["---"] * 11) + "|"]
+    out = [head, "|" + "|".join(["---"] * 12) + "|"]
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["shape"], r["load"], r["policy"]), []).append(r)
@@ -187,6 +188,8 @@ def table(rows: list[dict]) -> str:
             f"{_mean([r['per_job_ms_median'] for r in rs]):.1f} / {_mean([r['per_job_ms_p95'] for r in rs]):.1f} | "
             f"{_mean([r.get('per_job_ms_without_marp_median', float('nan')) for r in rs]):.1f} / "
             f"{_mean([r.get('per_job_ms_without_marp_p95', float('nan')) for r in rs]):.1f} | "
+            f"{_mean([r.get('per_job_cpu_ms_median', float('nan')) for r in rs]):.1f} / "
+            f"{_mean([r.get('per_job_cpu_ms_p95', float('nan')) for r in rs]):.1f} | "
             f"{_mean([r['policy_cpu_s_per_sim_hour'] for r in rs]):.2f} | "
             f"{_mean([r.get('marp_search_s', float('nan')) for r in rs]):.2f} |"
         )

@@ -47,8 +47,10 @@ def summarize(r: RunResult) -> dict:
     busy = 0.0
     for (t0, used), (t1, _) in pairwise(r.timeline):
         busy += used * (t1 - t0)
-    extra = {k: v for k, v in r.extra.items() if k not in ("per_job_ms", "decision_ms_without_marp")}
+    lists = ("per_job_ms", "decision_ms_without_marp", "decision_cpu_ms")
+    extra = {k: v for k, v in r.extra.items() if k not in lists}
     without_marp = r.extra.get("decision_ms_without_marp", [])
+    cpu = r.extra.get("decision_cpu_ms", [])
     per_job = r.extra.get("per_job_ms", r.decision_ms)  # round policies: a round shared by its jobs
     sim_hours = max((r.timeline[-1][0] - r.timeline[0][0]) / 3600.0, 1e-9) if r.timeline else 1e-9
     return {
@@ -86,6 +88,8 @@ def summarize(r: RunResult) -> dict:
         # the same decisions less the time in MARP's search (per-arrival policies; NaN for round policies)
         "per_job_ms_without_marp_median": _pct(without_marp, 0.5),
         "per_job_ms_without_marp_p95": _pct(without_marp, 0.95),
+        "per_job_cpu_ms_median": _pct(cpu, 0.5),  # the same decisions' CPU time (per-arrival policies)
+        "per_job_cpu_ms_p95": _pct(cpu, 0.95),
         # CPU of the policy (decisions, rounds, MARP searches included) per simulated hour of the cluster
         "policy_cpu_s_per_sim_hour": r.extra.get("policy_cpu_s", 0.0) / sim_hours,
         "sim_wall_s": r.sim_wall_s,
