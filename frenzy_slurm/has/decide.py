@@ -84,7 +84,8 @@ MAX_TIME_REASON = "needs --time"
 
 # The last decision's ReleaseIndex, extended to the next view where that gives the index a new one would
 # (ReleaseIndex.extend checks it and says why): one decision after another on a deep queue (the simulator, a
-# burst of submissions) then reserves only the jobs queued since, not the whole queue again (issue 20).
+# burst of submissions) then reserves only the jobs queued since, not the whole queue again (issue 20). A process
+# decides one job at a time (fsbatch, the simulator); callers deciding in several threads would need their own.
 _last_index: list[ReleaseIndex] = []
 
 
