@@ -29,6 +29,7 @@ from typing import Literal
 
 from frenzy_slurm.slurm.view import ClusterView, Node
 
+INF = float("inf")
 PENDING_DEFAULT_LIMIT_S = 3600.0  # a pending job without a time limit holds its GPUs this long in the timeline
 
 Window = tuple[float, float]  # (first, last) start time of a window; last may be inf
@@ -78,11 +79,6 @@ class GpuTimeline:
         cached[key] = out
         return out
 
-    def forget(self) -> None:
-        """Drop the windows computed so far (after `now` moved: they are computed from it)."""
-        self._windows.clear()
-        self._runs.clear()
-
     def free_runs(self, node: str, gpus: int) -> list[Window]:
         """[(open, close)]: maximal ranges of time from now on with `gpus` GPUs of `node` free (close may be inf)."""
         runs = self._runs.setdefault(node, {})
@@ -118,7 +114,7 @@ class GpuTimeline:
         nodes, per_node = shape
         names = list(dict.fromkeys(names))  # a node named twice is one node
         wins = [self.windows(n, per_node, duration) for n in names]
-        found = _first_covered_nodes(wins, nodes, not_before)
+        found = _first_one(wins, not_before) if nodes == 1 else _first_covered_nodes(wins, nodes, not_before)
         if found is None:
             return None
         t, holding = found
@@ -165,6 +161,20 @@ class GpuTimeline:
             else:
                 return t, chosen
         return None
+
+
+def _first_one(wins: Sequence[list[Window]], not_before: float) -> tuple[float, set[int]] | None:
+    """_first_covered_nodes for one node, without the sweep: a node's windows are in time order, so its first
+    window ending at or after not_before gives its earliest start; the earliest of those is the moment."""
+    first = INF
+    for ws in wins:
+        for a, b in ws:
+            if b >= not_before:
+                first = min(first, max(a, not_before))
+                break
+    if first == INF:
+        return None
+    return first, {k for k, ws in enumerate(wins) if any(a <= first <= b for a, b in ws)}
 
 
 def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: float) -> tuple[float, set[int]] | None:
@@ -286,7 +296,9 @@ class ReleaseIndex:
         t >= now the same start times fit on the same nodes; the earliest fitting t >= now is then the old t
         wherever the old t >= now, which is checked for every reservation (the earliest of them). A job that fit
         nowhere fits nowhere still (that depends only on the pool's nodes). The jobs behind are reserved as a new
-        index reserves them, and the windows, computed from the old now, are recomputed from the new one.
+        index reserves them. The timeline keeps its older now and the free ranges it computed from it: the GPUs
+        in use at any t >= the new now are the same either way, and every question starts at the index's now
+        (not_before), so a range from the older now, cut there, is the range computed from the new one.
         """
         if not self._queue or now < self.now or self._first_reservation < now or _base_signature(view) != self._base:
             return False
@@ -295,9 +307,7 @@ class ReleaseIndex:
             return False
         self.view = view
         self.nodes = {n.name: n for n in view.nodes if n.available}
-        if now != self.now:
-            self.now = self.timeline.now = now
-            self.timeline.forget()
+        self.now = now  # the timeline keeps its own now and windows (see above)
         self._reserve_pending(pending[len(self._pending) :])
         return True
 
