@@ -113,8 +113,10 @@ class GpuTimeline:
         """earliest() for one component: one sweep finds the moment and the nodes whose windows hold it."""
         nodes, per_node = shape
         names = list(dict.fromkeys(names))  # a node named twice is one node
-        wins = [self.windows(n, per_node, duration) for n in names]
-        found = _first_one(wins, not_before) if nodes == 1 else _first_covered_nodes(wins, nodes, not_before)
+        if nodes == 1:  # from the free ranges: no window lists for this duration
+            found = _first_one([self.free_runs(n, per_node) for n in names], not_before, duration)
+        else:
+            found = _first_covered_nodes([self.windows(n, per_node, duration) for n in names], nodes, not_before)
         if found is None:
             return None
         t, holding = found
@@ -163,18 +165,23 @@ class GpuTimeline:
         return None
 
 
-def _first_one(wins: Sequence[list[Window]], not_before: float) -> tuple[float, set[int]] | None:
-    """_first_covered_nodes for one node, without the sweep: a node's windows are in time order, so its first
-    window ending at or after not_before gives its earliest start; the earliest of those is the moment."""
+def _first_one(runs: Sequence[list[Window]], not_before: float, duration: float) -> tuple[float, set[int]] | None:
+    """_first_covered_nodes for one node, from each node's free ranges and without the sweep: a range [a, b)
+    is the window [a, b - duration] where that is not empty (GpuTimeline.windows); a node's ranges are in time
+    order, so its first window ending at or after not_before gives its earliest start, and the earliest of
+    those is the moment."""
     first = INF
-    for ws in wins:
-        for a, b in ws:
-            if b >= not_before:
+    for rs in runs:
+        for a, b in rs:
+            last = b - duration
+            if last >= a and last >= not_before:
                 first = min(first, max(a, not_before))
                 break
     if first == INF:
         return None
-    return first, {k for k, ws in enumerate(wins) if any(a <= first <= b for a, b in ws)}
+    return first, {
+        k for k, rs in enumerate(runs) if any(a <= first <= b - duration for a, b in rs if b - duration >= a)
+    }
 
 
 def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: float) -> tuple[float, set[int]] | None:
