@@ -158,6 +158,19 @@ def grid() -> list[dict]:
     )
     # torchtitan's own Llama 3 model, parallelize_llama and Trainer.train_step, FSDP2 over 2 processes
     pts.append(_point("torchtitan-fsdp2-llama-dp2", LLAMA, "torchtitan", dp=2, zero=3, sharding="full-shard"))
+    pts.append(
+        _point(
+            "torchtitan-fsdp2-llama-dp2-bf16",
+            LLAMA,
+            "torchtitan",
+            dp=2,
+            zero=3,
+            sharding="full-shard",
+            precision="bf16-mixed",  # its default mixed_precision_param
+        )
+    )
+    # its tensor parallelism over 2 processes (gloo), with its default sequence parallelism (and its loss parallel)
+    pts.append(_point("torchtitan-tp2-llama", LLAMA, "torchtitan", tp=2, sequence_parallel=True))
     return pts
 
 
@@ -930,7 +943,10 @@ def _torchtitan(p: dict, rank: int, world: int, steps: int) -> None:
         layers=layers,
     )
     parallelism = ParallelismConfig(
-        data_parallel_shard_degree=p["dp"], tensor_parallel_degree=p["tp"], spmd_backend="partial_dtensor"
+        data_parallel_shard_degree=p["dp"],
+        tensor_parallel_degree=p["tp"],
+        enable_sequence_parallel=p.get("sequence_parallel", True),
+        spmd_backend="partial_dtensor",
     )
     training = TrainingConfig(
         local_batch_size=p["micro_batch"],
@@ -1134,7 +1150,8 @@ def marp_inputs(p: dict) -> dict:
             "sharding": p.get("sharding") or {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[p["zero"]],
             "tp": p["tp"],
             "pp": p["pp"],
-            "sequence_parallel": False,  # the TP points split the blocks only; embedding and head stay whole
+            # the harness's own TP points split the blocks only (embedding and head stay whole); torchtitan's say
+            "sequence_parallel": p.get("sequence_parallel", False),
         },
         "deepspeed": dict(BUCKETS, overlap_comm=False),
         "entry": entry,

@@ -42,6 +42,10 @@ VARIATIONS: list[tuple[str, dict]] = [
     ("framework deepspeed", {"entry": {"trainer": "script", "script": "t.py", "framework": "deepspeed"}}),
     ("framework litgpt", {"entry": {"trainer": "script", "script": "t.py", "framework": "litgpt"}}),
     (
+        "torchtitan with its chunked loss",  # DTensor TP's gathered linear inputs, ChunkedLossWrapper's copies
+        {"entry": {"trainer": "script", "script": "t.py", "framework": "torchtitan"}, "training__loss_chunks": 8},
+    ),
+    (
         "litgpt in pure bf16",
         {
             "entry": {"trainer": "script", "script": "t.py", "framework": "litgpt"},

@@ -115,7 +115,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         norm_upcast=code.norm_upcast
         and arch.norm == "rmsnorm"
         and (device == "cpu" or not code.norm_upcast_on_cpu_only),
-        norm_fp32_normalized=code.norm_fp32_normalized,
+        # (the CPU's composite rms_norm multiplies the weight in fp32 before casting back: its normalised value is fp32)
+        norm_fp32_normalized=code.norm_fp32_normalized or (code.norm_upcast_on_cpu_only and device == "cpu"),
         gqa_expand=code.gqa_expand
         and arch.kv < arch.heads
         and (t.attention == "eager" or not _sdpa_runs_gqa(code, framework_version)),
@@ -135,6 +136,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         fp8=t.fp8,
         reshard_after_forward=spec.parallel.reshard_after_forward is not False,
         fsdp_tail_unit=prof.fsdp_tail_unit,
+        tp_saves_gathered_inputs=prof.tp_saves_gathered_inputs,
+        loss_detaches_hidden=prof.loss_detaches_hidden and chunks > 1,
         fused_projections=fused_projections(code, arch),
         gelu_tanh_eager=gelu_tanh_eager(code, arch),
         dropout_mask_full_width=device == "cpu",

@@ -187,6 +187,15 @@ class FrameworkProfile:
     # gathered from its forward to its backward (accelerate's fsdp2_prepare_model); False: the blocks are wrapped and
     # the root unit holds the rest (torch's fully_shard examples)
     fsdp_tail_unit: bool = False
+    # tensor parallelism as DTensor modules (parallelize_module): with sequence parallelism the all-gather before each
+    # column-parallel linear is an op of its own, so the linear saves the gathered, full-sequence input (Megatron's
+    # linears save their sharded input and gather it again in backward); the output layer's input is the replicated
+    # hidden state either way
+    tp_saves_gathered_inputs: bool = False
+    # the chunked loss splits the model's hidden states (not its logits) into detached contiguous chunk copies and
+    # collects their gradients in an fp32 buffer of the hidden states' size, both alive through its chunk loop
+    # (torchtitan's ChunkedLossWrapper and GradAccumulator)
+    loss_detaches_hidden: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def code(self, spec: JobSpec) -> ModelCode:
@@ -264,6 +273,10 @@ PROFILES: dict[str, FrameworkProfile] = {
             # apply_fsdp_to_decoder: fully_shard(tok_embeddings), each block, fully_shard([norm, output],
             # reshard_after_forward=False) (0.3: lm_head; CPU grid: torchtitan-fsdp2-llama-dp2)
             fsdp_tail_unit=True,
+            # models/llama3/sharding.py: SequenceParallel norms, ColwiseParallel q/k/v and w1/w3 over DTensor
+            # (CPU grid: torchtitan-tp2-llama)
+            tp_saves_gathered_inputs=True,
+            loss_detaches_hidden=True,  # components/loss.py ChunkedLossWrapper (its default loss, 8 chunks)
         ),
         FrameworkProfile(
             "litgpt",

@@ -135,6 +135,9 @@ def _layer_activation_bytes(
     li = 1.0 if w.fp8 else e  # float8 linears save their inputs as fp8 casts
     r = 4.0 if amp else e  # residual stream and norm inputs (fp32 under autocast)
     rep = tp if sp else 1  # tensors outside TP regions are split only with sequence parallelism
+    # a column-parallel linear's saved input: sharded under SP (Megatron gathers it again in backward), or the
+    # gathered whole where the all-gather is an op of its own (DTensor TP)
+    rep_in = 1 if w.tp_saves_gathered_inputs else rep
     drop = a.dropout > 0
     lora = w.method != "full"
     adapters = set(w.lora_targets) if lora else set()
@@ -180,7 +183,7 @@ def _layer_activation_bytes(
     # tensors, the weights), so separate q/k/v projections save one copy each; a fused projection saves one.
     casts_qkv = len(tg & {"q", "k", "v"}) if (amp and not w.fused_projections) else 1
     if not lora and tg & {"q", "k", "v"}:
-        total += casts_qkv * li * h / rep  # QKV input (norm1 output)
+        total += casts_qkv * li * h / rep_in  # QKV input (norm1 output)
     elif lora:
         n_qkv = len(adapters & {"q", "k", "v"})
         shared = base_saves and not frozen_input  # (bitsandbytes saves its input only if that needs a gradient)
@@ -210,7 +213,7 @@ def _layer_activation_bytes(
     if not lora and "mlp" in tg:
         # (SwiGLU's gate and up projections each cast the input under autocast, unless fused)
         casts_mlp = 2 if (amp and not w.fused_projections and a.activation == "swiglu") else 1
-        total += casts_mlp * li * h / rep  # FFN input
+        total += casts_mlp * li * h / rep_in  # FFN input
     down_in = li if "mlp" in tg else 0.0  # the product / activation output, saved by the down projection
     if lora:
         n_in = (2 if a.activation == "swiglu" else 1) if "mlp" in adapters else 0  # gate and up / fc
@@ -516,6 +519,12 @@ def _buffers(j: _Job, i: int, n_layers: int, st: _States) -> _Buffers:
             tail = ((pc.final + (pc.head or a.vocab * a.hidden)) * j.scale / j.vtp) if last else 0.0
             b.released_at_loss = max(0.0, gathered - tail * (2.0 if w.precision != "fp32" else 4.0))
             b.unit_grads = min(b.unit_grads, pc.largest_linear * j.scale / tp * j.gb)
+        elif w.framework == "torch" and w.reshard_after_forward and plan.pp == 1:
+            # FSDP2 with the output layer in the root unit (fully_shard on every block, then on the model): the root is
+            # never resharded after forward, so while the loss runs only it (embedding, final norm, output layer) is
+            # gathered; every block was resharded after its forward
+            root = (pc.embedding + pc.final + (pc.head or 0)) * j.scale / j.vtp
+            b.released_at_loss = max(0.0, gathered - root * (2.0 if w.precision != "fp32" else 4.0))
     if i == 0 and w.method == "qlora" and w.bnb_stable_embedding:
         # bitsandbytes' StableEmbedding trains outside the optimizer: its gradient, made by the first backward, is
         # never zeroed nor freed
@@ -684,6 +693,10 @@ def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, flo
         if chunk_phase > logits:
             loss_grads = k * st.head_grads
             logits = chunk_phase - loss_grads
+    if w.loss_detaches_hidden and a.head != "classification":
+        # the loop's detached copies of the hidden states and their fp32 gradient accumulator (the hidden states are
+        # replicated over TP before chunking: whole on every rank)
+        logits += (j.e_act + 4.0) * a.hidden * tokens
     # (under LoRA the final norm's weight is frozen, so its normalised value is not kept; a frozen output layer keeps
     # no input either, unless it is bitsandbytes' 4-bit one or carries an adapter)
     lora = w.method != "full"
@@ -694,7 +707,8 @@ def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, flo
         or "head" in w.lora_targets
         or (w.method == "qlora" and w.nf4_saves_inputs and w.qlora_quantized_head and j.pc.head > 0)
     )
-    head_inputs = (final_norm * a.hidden / j.rep + (j.e_act * a.hidden / j.plan.tp if head_saves else 0.0)) * tokens
+    head_in = a.hidden if w.tp_saves_gathered_inputs else a.hidden / j.plan.tp  # (DTensor TP: the replicated input)
+    head_inputs = (final_norm * a.hidden / j.rep + (j.e_act * head_in if head_saves else 0.0)) * tokens
     return logits, loss_grads, head_inputs
 
 

@@ -233,6 +233,10 @@ class Workload:
     # FSDP2 units: the embedding on its own, the final norm and output layer in a tail unit gathered from its forward
     # to its backward (accelerate); False: the root unit holds them (torch's examples)
     fsdp_tail_unit: bool = False
+    # DTensor TP (torchtitan): the column-parallel linears save their all-gathered input (whole under SP)
+    tp_saves_gathered_inputs: bool = False
+    # the chunked loss's detached hidden-state chunks and fp32 gradient accumulator (torchtitan's ChunkedLossWrapper)
+    loss_detaches_hidden: bool = False
     # GELU's tanh approximation in eager ops (HF's gelu_new, NewGELUActivation: GPT-2): 0.5*x*(1+tanh(...)) keeps
     # tanh's output, 0.5*x and 1+tanh besides its input
     gelu_tanh_eager: bool = False
