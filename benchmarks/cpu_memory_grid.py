@@ -381,7 +381,7 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
                 gc.collect()
             with record_function(f"grid-step-{i}"):
                 step()
-    from frenzy_slurm.runtime.memory import trace_events, trace_timeline
+    from frenzy_slurm.runtime.memory import peak_context, trace_events, trace_timeline
 
     events = trace_events(prof)
     timeline, windows = trace_timeline(events=events)
@@ -394,6 +394,9 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
         starts.append(before[-1] if before else 0)
         peaks.append(max([v for t, v, _ in timeline if a <= t <= b] + [starts[-1]]))
     result = {"rank": rank, "start_bytes": min(starts), "peak_bytes": max(peaks), "step_peaks": peaks}
+    # the allocator's timeline at the peak: where in its step the largest peak fell and what was running
+    worst = 1 + max(range(len(peaks)), key=lambda k: peaks[k])
+    result["at_peak"] = peak_context(events, timeline, windows[f"grid-step-{worst}"])
     if os.environ.get("GRID_DEBUG"):
         print(
             f"rank {rank}: starts {[round(x / 2**20, 3) for x in starts]} "
@@ -515,20 +518,10 @@ def _torchtitan_op_sac(model) -> None:
         model.blocks[i] = policy._wrap_block(blk, base_fqn=f"blocks.{i}")
 
 
-def _litgpt(p: dict, rank: int, world: int, steps: int) -> None:
-    """litgpt 0.5's finetune/full.py on one device, line for line: Fabric (bf16-true or 32-true) set up as its main()
-    does (GPT built under fabric.init_module, fabric.setup, torch's AdamW through fabric.setup_optimizers), then its
-    fit loop: `logits = model(input_ids)` (Fabric's precision plugin returns the output converted to fp32) and
-    `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` bound in the loop's scope (so the previous
-    step's output lives until the next forward returns), fabric.backward, step, zero_grad."""
-    import lightning as L
-    import torch
-    from litgpt import GPT, Config
-    from litgpt.utils import chunked_cross_entropy
-    from torch.autograd.profiler import record_function
-
-    a = p["arch"]
-    config = Config(
+def _litgpt_config(config_class: type, a: dict, **extra: Any) -> Any:
+    """litgpt's Config for the point's Llama-style architecture (its own GPT, LLaMAMLP and RMSNorm); `extra`: the
+    LoRA fields of litgpt.lora.Config."""
+    return config_class(
         n_layer=a["layers"],
         n_head=a["heads"],
         n_embd=a["hidden"],
@@ -542,7 +535,23 @@ def _litgpt(p: dict, rank: int, world: int, steps: int) -> None:
         bias=False,
         parallel_residual=False,
         rotary_percentage=1.0,
+        **extra,
     )
+
+
+def _litgpt(p: dict, rank: int, world: int, steps: int) -> None:
+    """litgpt 0.5's finetune/full.py on one device, line for line: Fabric (bf16-true or 32-true) set up as its main()
+    does (GPT built under fabric.init_module, fabric.setup, torch's AdamW through fabric.setup_optimizers), then its
+    fit loop: `logits = model(input_ids)` (Fabric's precision plugin returns the output converted to fp32) and
+    `chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])` bound in the loop's scope (so the previous
+    step's output lives until the next forward returns), fabric.backward, step, zero_grad."""
+    import lightning as L
+    import torch
+    from litgpt import GPT, Config
+    from litgpt.utils import chunked_cross_entropy
+    from torch.autograd.profiler import record_function
+
+    config = _litgpt_config(Config, p["arch"])
     if world == 1:
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(key, None)
@@ -557,7 +566,7 @@ def _litgpt(p: dict, rank: int, world: int, steps: int) -> None:
     for i in range(steps):
         with record_function(f"grid-step-{i}"):
             for _ in range(p["grad_accum"]):
-                input_ids = torch.randint(0, a["vocab"], (p["micro_batch"], p["seq_len"]), generator=gen)
+                input_ids = torch.randint(0, p["arch"]["vocab"], (p["micro_batch"], p["seq_len"]), generator=gen)
                 targets = input_ids
                 logits = model(input_ids)
                 loss = chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])
@@ -583,22 +592,10 @@ def _litgpt_lora(p: dict, rank: int, world: int, steps: int) -> None:
     if world == 1:
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(key, None)
-    a = p["arch"]
     targets = p.get("lora_targets", ("q", "v"))
-    config = Config(
-        n_layer=a["layers"],
-        n_head=a["heads"],
-        n_embd=a["hidden"],
-        block_size=a["max_positions"],
-        vocab_size=a["vocab"],
-        padded_vocab_size=a["vocab"],
-        n_query_groups=a["kv_heads"],
-        intermediate_size=a["ffn"],
-        mlp_class_name="LLaMAMLP",
-        norm_class_name="RMSNorm",
-        bias=False,
-        parallel_residual=False,
-        rotary_percentage=1.0,
+    config = _litgpt_config(
+        Config,
+        p["arch"],
         lora_r=p["lora_rank"],
         lora_alpha=16,
         lora_dropout=p.get("lora_dropout", 0.05),
@@ -648,7 +645,7 @@ def _litgpt_lora(p: dict, rank: int, world: int, steps: int) -> None:
     for i in range(steps):
         with record_function(f"grid-step-{i}"):
             for _ in range(p["grad_accum"]):
-                input_ids = torch.randint(0, a["vocab"], (p["micro_batch"], p["seq_len"]), generator=gen)
+                input_ids = torch.randint(0, p["arch"]["vocab"], (p["micro_batch"], p["seq_len"]), generator=gen)
                 targets_ = input_ids
                 logits = model(input_ids, lm_head_chunk_size=128)
                 logits[-1] = logits[-1][..., :-1, :]

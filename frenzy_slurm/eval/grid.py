@@ -25,10 +25,28 @@ class GridRank:
     stage: int
     measured: float  # peak live tensor bytes during a steady step
     predicted: float  # MARP, allocated bytes of the same stage
+    predicted_phase: str = ""  # MARP's instant of the peak (forward-end, backward-start, backward-end, optimizer-step)
+    measured_part: str | None = None  # the part of the step the profiler was in at the peak (None: not recorded)
 
     @property
     def error(self) -> float:
         return (self.predicted - self.measured) / self.measured
+
+    @property
+    def phase_agrees(self) -> bool | None:
+        """Whether the part of the step the profiler was in at the measured peak is MARP's peak instant (None: not
+        recorded). MARP's backward-start is the loss and the first backward functions after it."""
+        if self.measured_part is None:
+            return None
+        return self.measured_part in PHASE_PARTS.get(self.predicted_phase, ("forward",))
+
+
+# MARP's peak instants (memory.py) as the parts of a step the profiler's ranges tell apart (runtime/memory.py)
+PHASE_PARTS = {
+    "backward-start": ("loss", "backward"),
+    "backward-end": ("backward",),
+    "optimizer-step": ("optimizer",),
+}
 
 
 def spec_of(point: dict) -> JobSpec:
@@ -53,7 +71,16 @@ def predict(point: dict) -> list[GridRank]:
         if r["stage"] not in worst or r["peak_bytes"] > worst[r["stage"]]["peak_bytes"]:
             worst[r["stage"]] = r
     return [
-        GridRank(point["name"], r["rank"], s, r["peak_bytes"], est.stages[s].peak) for s, r in sorted(worst.items())
+        GridRank(
+            point["name"],
+            r["rank"],
+            s,
+            r["peak_bytes"],
+            est.stages[s].peak,
+            est.stages[s].phase,
+            (r.get("at_peak") or {}).get("part"),
+        )
+        for s, r in sorted(worst.items())
     ]
 
 

@@ -132,6 +132,59 @@ def trace_timeline(
     return mem, windows
 
 
+# Names of the profiler's ranges that say which part of a step ran: the autograd engine runs each backward
+# function under "autograd::engine::evaluate_function: XBackward0"; torch's optimizers wrap step() in
+# "Optimizer.step#AdamW.step" (torch/optim/optimizer.py, profile_hook_step)
+BACKWARD_MARK = "autograd::engine::evaluate_function"
+OPTIMIZER_MARK = "Optimizer.step#"
+# the loss's own ops, forward (aten::log_softmax, aten::nll_loss_forward, aten::cross_entropy_loss) and backward
+# (LogSoftmaxBackward0, NllLossBackward0): the instant where the logits and the loss's tensors are alive
+LOSS_MARKS = ("log_softmax", "nll_loss", "cross_entropy", "LogSoftmaxBackward", "NllLossBackward")
+PEAK_TIMELINE_BUCKETS = 32
+
+
+def part_of_step(ranges: list[str]) -> str:
+    """forward, loss, backward or optimizer: the part of a step that the innermost of the open profiler `ranges`
+    (outermost first) names. The innermost wins: Lightning runs forward and backward inside the optimizer's step
+    (its closure), and a loss's backward runs inside the autograd engine."""
+    for n in reversed(ranges):
+        if any(m in n for m in LOSS_MARKS):
+            return "loss"
+        if BACKWARD_MARK in n:
+            return "backward"
+        if OPTIMIZER_MARK in n:
+            return "optimizer"
+    return "forward"
+
+
+def peak_context(
+    events: list[dict], timeline: list[tuple[float, int, int]], window: tuple[float, float]
+) -> dict[str, object]:
+    """Where in the step `window` its allocated peak fell: the time from the step's start, the profiler ranges
+    open at that instant (outermost first), the part of the step the innermost of them names (forward, loss,
+    backward or optimizer), and the allocated bytes over the step as PEAK_TIMELINE_BUCKETS maxima of equal time
+    slices."""
+    a, b = window
+    inside = [(t, v) for t, v, _ in timeline if a <= t <= b]
+    if not inside:
+        return {"at_us": None, "step_us": b - a, "ranges": [], "part": None, "timeline": []}
+    t_peak, _ = max(inside, key=lambda x: x[1])
+    open_at = sorted(
+        (e for e in events if e.get("ph") == "X" and e["ts"] <= t_peak <= e["ts"] + e.get("dur", 0)),
+        key=lambda e: (e["ts"], -e.get("dur", 0)),
+    )
+    names = [e["name"] for e in open_at if not e["name"].startswith("grid-step-")]
+    part = part_of_step(names)
+    span = max(b - a, 1e-9)
+    slices = [0] * PEAK_TIMELINE_BUCKETS
+    for t, v in inside:
+        k = min(PEAK_TIMELINE_BUCKETS - 1, int((t - a) / span * PEAK_TIMELINE_BUCKETS))
+        slices[k] = max(slices[k], v)
+    for k in range(1, PEAK_TIMELINE_BUCKETS):  # a slice without events holds what the one before ended with
+        slices[k] = slices[k] or slices[k - 1]
+    return {"at_us": t_peak - a, "step_us": b - a, "ranges": names[-6:], "part": part, "timeline": slices}
+
+
 def gpu_peaks(device: torch.device) -> dict[str, float | None]:
     out: dict[str, float | None] = {
         "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GiB,
