@@ -171,6 +171,12 @@ def grid() -> list[dict]:
     )
     # its tensor parallelism over 2 processes (gloo), with its default sequence parallelism (and its loss parallel)
     pts.append(_point("torchtitan-tp2-llama", LLAMA, "torchtitan", tp=2, sequence_parallel=True))
+    # its torch.compile (compile.enable: each block and the per-chunk loss, inductor on the CPU)
+    pts.append(
+        _point(
+            "torchtitan-fsdp2-llama-dp2-compile", LLAMA, "torchtitan", dp=2, zero=3, sharding="full-shard", compile=True
+        )
+    )
     return pts
 
 
@@ -966,7 +972,7 @@ def _torchtitan(p: dict, rank: int, world: int, steps: int) -> None:
             parallel_dims=dims,
             training=training,
             parallelism=parallelism,
-            compile_config=CompileConfig(),
+            compile_config=CompileConfig(enable=p.get("compile", False)),
             ac_config=None,
             dump_folder=dump,
         )
@@ -981,7 +987,9 @@ def _torchtitan(p: dict, rank: int, world: int, steps: int) -> None:
     with torch.no_grad():
         model.init_weights(buffer_device=torch.device("cpu"))
     model.train()
-    loss_fn = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=a["vocab"])).build()
+    loss_fn = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=a["vocab"])).build(
+        compile_config=CompileConfig(enable=p.get("compile", False))  # its default components: model and loss
+    )
     loss_fn.set_lm_head(model.lm_head)
     model._skip_lm_head = True
     trainer = object.__new__(Trainer)  # its own train_step on the parts it reads
@@ -1155,6 +1163,7 @@ def marp_inputs(p: dict) -> dict:
     }
     if trainer == "torchtitan":  # its release, and its default loss: ChunkedLossWrapper's 8 chunks
         spec["training"]["loss_chunks"] = 8
+        spec["training"]["compile"] = p.get("compile", False)
         entry["framework_version"] = TORCHTITAN
     return {"spec": spec}
 
