@@ -21,6 +21,7 @@ from frenzy_slurm.marp.allocator import (
 )
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import count_params
+from frenzy_slurm.units import GiB
 
 MiB = 1024**2
 EXPANDABLE = AllocatorConfig(expandable_segments=True)
@@ -129,7 +130,7 @@ def test_device_counts_the_cublas_workspace_context_and_nccl():
     none = Overheads(step_fragmentation=0.0, cublas_workspace_mib=0.0)
     base = estimate_memory(w, plan, "reserved", none).peak
     dev = estimate_memory(w, plan, "device", none).peak
-    assert dev - base == pytest.approx((none.context_gib + none.nccl_gib) * 1024**3)
+    assert dev - base == pytest.approx((none.context_gib + none.nccl_gib) * GiB)
     ws = estimate_memory(w, plan, "device", none.model_copy(update={"cublas_workspace_mib": 64.0})).peak
     assert ws - dev == pytest.approx(64 * MiB)
     assert Overheads().nccl_gib == pytest.approx(0.25)  # 16 channels x 2 peers x 2 protocols x 4 MiB
