@@ -5,7 +5,8 @@ split, parallel degrees, sharding, activation checkpointing, precision, steps) w
 numbers. Each builder reads the FRENZY_* variables of the plan (scriptenv.PLAN_NAMES) and the runtime's paths
 and Slurm's task layout, and writes the flags of the framework release its profile describes
 (marp/frameworks.py); each was checked against that release's own parser (tests/test_framework_argv.py, where
-the framework is installed; docs/runtime.md, "What the script is handed"). Standard library only, like scriptenv: the runtime calls it before torch is imported.
+the framework is installed; docs/runtime.md, "What the script is handed"). Standard library only, like
+scriptenv: the runtime calls it before torch is imported.
 
 What a framework has no flag for stays with the script (a Lightning script's batch size, a plain torch loop's
 everything): the FRENZY_* variables and plan.json carry it.
