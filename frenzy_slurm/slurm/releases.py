@@ -25,9 +25,10 @@ pending queue, which is why HAS's view-based estimate is kept when it is later t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Literal
 
-from frenzy_slurm.slurm.view import ClusterView, Node
+from frenzy_slurm.slurm.view import ClusterView, Node, job_phase
 
 INF = float("inf")
 PENDING_DEFAULT_LIMIT_S = 3600.0  # a pending job without a time limit holds its GPUs this long in the timeline
@@ -212,22 +213,29 @@ def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: f
     return None if found is None else (found, open_now)
 
 
+@lru_cache(maxsize=256)
+def _phase(state: str) -> str:
+    """job_phase, kept per state string: a deep queue asks it of every job at every decision (issue 20)."""
+    return job_phase(state)
+
+
 def _base_signature(view: ClusterView) -> tuple:
     """What a ReleaseIndex takes from a view besides its pending jobs: the usable nodes and the running jobs."""
-    nodes = tuple(
-        (n.name, n.gpus_free, n.gpus_total, tuple(n.partitions), n.gpu_type) for n in view.nodes if n.available
-    )
+    nodes = []
+    for n in view.nodes:
+        if n.available:  # then Node.gpus_free is this (read without asking `available` again)
+            nodes.append((n.name, max(0, n.gpus_total - n.gpus_used), n.gpus_total, tuple(n.partitions), n.gpu_type))
     running = tuple(
         (j.job_id, tuple(j.nodes), j.gpus_per_node, j.end_time)
         for j in view.jobs
-        if j.gpus_per_node and j.phase == "running"
+        if j.gpus_per_node and _phase(j.state) == "running"
     )
-    return nodes, running
+    return tuple(nodes), running
 
 
 def _pending_signature(view: ClusterView) -> list[tuple]:
     """The view's pending jobs with GPUs, in queue order, as a ReleaseIndex reserves them."""
-    pending = sorted((j for j in view.jobs if j.phase == "pending" and j.gpus_per_node), key=lambda j: j.job_id)
+    pending = sorted((j for j in view.jobs if j.gpus_per_node and _phase(j.state) == "pending"), key=lambda j: j.job_id)
     return [(j.job_id, j.partition, j.gpu_type, j.node_count, j.gpus_per_node, j.time_limit_min) for j in pending]
 
 
@@ -248,7 +256,7 @@ class ReleaseIndex:
         self._queue = queue
         held: dict[str, list[tuple[float, int]]] = {name: [] for name in self.nodes}  # (release time, GPUs)
         for j in view.jobs:
-            if j.gpus_per_node and j.phase == "running":
+            if j.gpus_per_node and _phase(j.state) == "running":
                 for name in j.nodes:
                     if name in held:
                         held[name].append((max(now, float(j.end_time or now)), j.gpus_per_node))

@@ -250,21 +250,39 @@ class ClusterView(_M):
         return next((p for p in self.partitions if p.name == name), None)
 
     def pools(self) -> list[GpuPool]:
-        """GPU capacity per (partition, GPU type); nodes whose GRES has no type (`gpu:4`) make a pool of type None."""
+        """GPU capacity per (partition, GPU type); nodes whose GRES has no type (`gpu:4`) make a pool of type None.
+
+        A simulated decision asks this of a view of hundreds of nodes and jobs (issue 20), hence the loops
+        below: each node's availability is read once, and a pending job finds its pool by key (for a typed job)
+        or as its partition's first pool (for an untyped one) instead of going through all pools."""
         acc: dict[tuple[str, str | None], GpuPool] = {}
+        first: dict[str, GpuPool] = {}  # each partition's first pool, in the order they are made
         for n in self.nodes:
             if not n.gpus_total:
                 continue
+            up = n.available
+            free = max(0, n.gpus_total - n.gpus_used) if up else 0  # Node.gpus_free
             for p in n.partitions:
-                pool = acc.setdefault((p, n.gpu_type), GpuPool(p, n.gpu_type))
-                pool.add(n)
+                pool = acc.get((p, n.gpu_type))
+                if pool is None:
+                    pool = acc[(p, n.gpu_type)] = GpuPool(p, n.gpu_type)
+                    first.setdefault(p, pool)
+                pool.add_counts(up, n.gpus_total, free)
+        phases: dict[str, str] = {}  # job_phase per state string (a few distinct ones)
         for j in self.jobs:
-            if j.phase == "pending" and j.gpus_per_node:
-                for pname in j.partition.split(","):
-                    for (p, t), pool in acc.items():
-                        if p == pname and (j.gpu_type in (None, t)):
-                            pool.gpus_pending += j.gpus
-                            break
+            if not j.gpus_per_node:
+                continue
+            phase = phases.get(j.state)
+            if phase is None:
+                phase = phases[j.state] = job_phase(j.state)
+            if phase != "pending":
+                continue
+            for pname in j.partition.split(","):
+                # the first pool of the partition whose type the job accepts (any type when it names none)
+                found = first.get(pname) if j.gpu_type is None else acc.get((pname, j.gpu_type))
+                if found is not None:
+                    found.gpus_pending += j.gpus
+                    break
         return sorted(acc.values(), key=lambda p: (p.partition, p.gpu_type or ""))
 
 
@@ -284,13 +302,17 @@ class GpuPool:
         return PoolKey(self.partition, self.gpu_type)
 
     def add(self, n: Node) -> None:
-        if n.available:
+        self.add_counts(n.available, n.gpus_total, n.gpus_free)
+
+    def add_counts(self, up: bool, gpus_total: int, gpus_free: int) -> None:
+        """Count a node that is `up` (available) or not, with these GPUs configured and free."""
+        if up:
             self.nodes_up += 1
         else:
             self.nodes_down += 1
-        self.gpus_total += n.gpus_total
-        self.gpus_free += n.gpus_free
-        self.gpus_per_node = max(self.gpus_per_node, n.gpus_total)
+        self.gpus_total += gpus_total
+        self.gpus_free += gpus_free
+        self.gpus_per_node = max(self.gpus_per_node, gpus_total)
 
 
 def group_het_jobs(jobs: list[Job]) -> dict[int, list[Job]]:
