@@ -218,7 +218,7 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     view = view.model_copy(update={"qos": backend.qos_limits(options.slurm.qos or os.environ.get("SBATCH_QOS"))})
     site_cfg, applied = calibrate(job, site, options)
     workload = workload_from_spec(job.spec, job.model)
-    requirements = Requirements.from_spec(job.spec, time=options.slurm.time)
+    requirements = Requirements.from_spec(job.spec, slurm=options.slurm)
     decision = decide_job(
         requirements,
         workload,

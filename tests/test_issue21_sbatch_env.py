@@ -22,16 +22,26 @@ def component_blocks(script: str) -> list[str]:
 
 
 def test_hetjob_constraint_and_exclusive_in_every_component():
+    from pathlib import Path
+
+    from frenzy_slurm.jobspec import resolve_model
+    from frenzy_slurm.render import render_job
+
+    # a heterogeneous plan (made with -C: the synthetic nodes' features are not known, so all are kept), rendered
+    # with --exclusive too: under --exclusive HAS would not plan on these half-used nodes (test_issue21_nodes.py)
+    spec = make_spec(**HETERO_SPEC)
+    shared = rendered(spec, hetero_view(), options=SlurmOptions(constraint="ib"))
+    assert shared.kind == "heterogeneous"
     options = SlurmOptions(constraint="ib", exclusive=True)
-    req = rendered(make_spec(**HETERO_SPEC), hetero_view(), options=options)
-    assert req.kind == "heterogeneous"
-    blocks = component_blocks(normalize(req.script))
+    model = resolve_model(spec, ".")
+    req = render_job(spec, Path("/home/u/model.yaml"), model, shared.decision, options, shared.job_dir, None)
+    blocks = component_blocks(normalize(req.files["job.sbatch"]))
     assert len(blocks) == 2
     for block in blocks:
         assert re.findall(r"^#SBATCH --constraint=(\S+)$", block, re.M) == ["ib"]
         assert re.findall(r"^#SBATCH (--exclusive)$", block, re.M) == ["--exclusive"]
     # the job-wide header still carries the job-wide flags once, and only them
-    assert req.script.count("--job-name=") == 1
+    assert req.files["job.sbatch"].count("--job-name=") == 1
 
 
 def test_homogeneous_constraint_and_exclusive_once():

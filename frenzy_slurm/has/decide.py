@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
+from frenzy_slurm.has.nodes import nodes_for
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
 from frenzy_slurm.has.qos import qos_lines, within_qos
 from frenzy_slurm.has.requirements import TIME_MARGIN, TIME_SLACK_S, Requirements
@@ -180,6 +181,22 @@ def _homogeneous(
             )
             out.append(_Cand(alloc, [pool], [layout]))
     return out
+
+
+def exclusive_nodes(cands: list[_Cand]) -> list[_Cand]:
+    """With --exclusive the job holds whole nodes, all their GPUs, whatever its plan uses of them: of the
+    candidates on the same pools and node counts, the earliest completion stands for them all (a narrower plan
+    on the same nodes costs the same GPUs and is not a cheaper choice for the width rule)."""
+    best: dict[tuple, _Cand] = {}
+
+    def key(c: _Cand) -> tuple:
+        return tuple(p.key for p in c.pools), tuple(n for n, _ in c.layouts)
+
+    for c in cands:
+        k = key(c)
+        if k not in best or c.alloc.completion < best[k].alloc.completion:
+            best[k] = c
+    return [c for c in cands if best[key(c)] is c]
 
 
 def _placeable_now(pool: UsablePool, gpus: int) -> tuple[int, int] | None:
@@ -344,8 +361,9 @@ def _qos(view: ClusterView, c: _Cand) -> str | None:
     return why
 
 
-def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
-    """Slurm's own start estimate for the leading candidates that cannot start now."""
+def _refine(cands: list[_Cand], backend: SlurmBackend, req: Requirements) -> None:
+    """Slurm's own start estimate for the leading candidates that cannot start now (with the job's -C and
+    --exclusive, which Slurm checks over all of a component's nodes)."""
     waiting = [c for c in cands if c.alloc.start_source != "now"][:REFINE_WITH_TEST_ONLY]
     for c in waiting:
         reqs = [
@@ -356,6 +374,8 @@ def _refine(cands: list[_Cand], backend: SlurmBackend) -> None:
                 gpus_per_node=g,
                 time_min=c.alloc.time_min,
                 cpus_per_gpu=p.site.cpus_per_gpu,
+                constraint=req.constraint,
+                exclusive=req.exclusive,
             )
             for p, (n, g) in zip(c.pools, c.layouts, strict=True)
         ]
@@ -555,14 +575,19 @@ def decide(
 ) -> Decision:
     t0 = time.perf_counter()
     now = now if now is not None else view.taken_at
-    pools, skipped = usable_pools(req, view, site)
+    # the nodes -C and --exclusive let the job use (has/nodes.py); the QOS below counts the whole view's jobs
+    usable, node_notes = nodes_for(req, view)
+    pools, skipped = usable_pools(req, usable, site)
+    skipped += node_notes
     if not pools:
         raise NoFitError(
             f"{req.name}: no GPU pool can be used: "
             + "; ".join((skipped or ["the cluster has no GPUs"]) + qos_lines(view.qos))
         )
-    releases = _release_index(view, now)
+    releases = _release_index(usable, now)
     homogeneous = _homogeneous(w, req, pools, releases, now, space)
+    if req.exclusive:
+        homogeneous = exclusive_nodes(homogeneous)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
     beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now))  # a tie goes to the homogeneous allocation
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
@@ -600,7 +625,7 @@ def decide(
     ok = rank(allowed)
     rejected = [(c, why) for c, why in verdicts if why] + too_wide
     if backend is not None and ok and ok[0].alloc.start_source != "now":
-        _refine(ok, backend)
+        _refine(ok, backend, req)
         ok = rank(ok)
     too_long = [c for c, why in verdicts if why and why.startswith(MAX_TIME_REASON)]
     if not ok and too_long:  # MaxTime is checked last: these broke no other limit

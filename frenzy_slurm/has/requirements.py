@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.jobspec.job import JobSpec
+from frenzy_slurm.jobspec.job import JobSpec, SlurmOptions
 from frenzy_slurm.slurm.timefmt import parse_slurm_time
 
 # --time when the user gives none: the prediction with this margin (run time is a prediction)
@@ -29,12 +29,16 @@ class Requirements:
     time_limit_s: float | None = None  # longest acceptable predicted run time
     deadline: float | None = None  # epoch seconds the predicted completion must precede
     requested_time_min: int | None = None  # sbatch --time the user asked for; None: HAS chooses
+    constraint: str | None = None  # sbatch -C: only nodes with these features (has/nodes.py)
+    exclusive: bool = False  # sbatch --exclusive: whole nodes, none another job uses
 
     @classmethod
-    def from_spec(cls, spec: JobSpec, time: str | int | None = None) -> Requirements:
-        """From model.yaml, with `time` (fsbatch -t) overriding `slurm.time`."""
+    def from_spec(cls, spec: JobSpec, time: str | int | None = None, slurm: SlurmOptions | None = None) -> Requirements:
+        """From model.yaml, with `time` (fsbatch -t) overriding `slurm.time`, and `slurm` (model.yaml's slurm: block
+        with fsbatch's flags on top) giving -t, -C and --exclusive where passed."""
         lim = spec.limits
-        want = time if time is not None else spec.slurm.time
+        opts = slurm if slurm is not None else spec.slurm
+        want = time if time is not None else opts.time
         return cls(
             name=spec.name,
             global_batch=spec.training.global_batch,
@@ -45,6 +49,8 @@ class Requirements:
             time_limit_s=parse_slurm_time(lim.time_limit) * 60.0 if lim.time_limit else None,
             deadline=lim.deadline.timestamp() if lim.deadline else None,
             requested_time_min=parse_slurm_time(want) if want is not None else None,
+            constraint=opts.constraint,
+            exclusive=opts.exclusive,
         )
 
     def time_min(self, run_time_s: float) -> int:

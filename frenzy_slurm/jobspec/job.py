@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.slurm.constraint import parse_constraint
 from frenzy_slurm.slurm.timefmt import parse_slurm_time  # the seam owns Slurm's time format
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
@@ -306,8 +307,16 @@ class SlurmOptions(_Strict):
     time: str | int | None = Field(
         None, description="sbatch --time (Slurm time format); default: predicted run time + margin."
     )
-    constraint: str | None = Field(None, description="sbatch --constraint.")
-    exclusive: bool = Field(False, description="sbatch --exclusive.")
+    constraint: str | None = Field(
+        None,
+        description="sbatch --constraint: node features in Slurm's syntax (a&b, a|b, [a|b], a*2); HAS plans only "
+        "on nodes that have them, in every hetjob component.",
+    )
+    exclusive: bool = Field(
+        False,
+        description="sbatch --exclusive: whole nodes (all their GPUs) and no other job on them; HAS plans only on "
+        "nodes no job uses until they are empty.",
+    )
     mail_type: str | None = Field(None, description="sbatch --mail-type.")
     mail_user: str | None = Field(None, description="sbatch --mail-user.")
     job_name: str | None = Field(None, description="sbatch --job-name (default: the job's name).")
@@ -336,7 +345,14 @@ class SlurmOptions(_Strict):
             check_time_limit(parse_slurm_time(v))
         return v
 
-    @field_validator("account", "qos", "constraint", "mail_type", "mail_user", "job_name")
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_constraint(v)  # ConstraintError is a ValueError: pydantic names the field
+        return v
+
+    @field_validator("account", "qos", "mail_type", "mail_user", "job_name")
     @classmethod
     def _word(cls, v: str | None) -> str | None:
         if v is not None and not _SAFE_WORD.match(v):

@@ -39,6 +39,8 @@ class ComponentRequest:
     time_min: int
     cpus_per_gpu: int = 1
     mem_per_gpu_mb: int = 500
+    constraint: str | None = None  # --constraint (node features), as the job's every component carries it
+    exclusive: bool = False  # --exclusive: whole nodes
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,17 @@ def node_from_json(n: dict) -> Node:
         cpus_alloc=num(n.get("alloc_cpus")) or 0,
         memory_mb=num(n.get("real_memory")) or 0,
         memory_alloc_mb=num(n.get("alloc_memory")) or 0,
+        features=node_features(n.get("features")),
     )
+
+
+def node_features(value: object) -> list[str] | None:
+    """A node's available features: `"a,b"` (22.05's sinfo --json) or `["a", "b"]` (scontrol --json from 23.11,
+    pyslurm); `(null)` and empty mean none, a missing field (None) that the answer does not say."""
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else str(value or "").split(",")
+    return [f for f in (str(i).strip() for i in items) if f and f != "(null)"]
 
 
 def job_gpus(tres_per_node: str | None, tres_per_job: str | None, node_count: int) -> tuple[str | None, int]:
@@ -276,6 +286,8 @@ def partitions_from_scontrol(text: str) -> list[Partition]:
     return out
 
 
+# The text format reads no node features (Node.features stays None, "not known"): it serves Slurm before 21.08
+# and forced-text tests, and its recorded answers (tests/data/slurm-*/sinfo-text.out) are of these fields
 SINFO_TEXT_FIELDS = "NodeList:|,Partition:|,StateLong:|,CPUsState:|,Memory:|,AllocMem:|,Gres:|,GresUsed:|,Reason:|"
 SQUEUE_TEXT_FORMAT = "%A|%i|%j|%u|%T|%r|%P|%N|%D|%b|%S|%e|%l|%k|%Z"
 
@@ -449,6 +461,8 @@ class SlurmCliBackend:
                 f"--mem-per-cpu={c.mem_per_gpu_mb}M",
                 f"--time={c.time_min}",
             ]
+            argv += [f"--constraint={c.constraint}"] if c.constraint else []
+            argv += ["--exclusive"] if c.exclusive else []
         # the answer is on stderr; a refused request fails with the reason, which run() reports
         res = run(argv, timeout=self.timeout, input_text="#!/bin/sh\ntrue\n", env=dict(os.environ, **TIME_ENV))
         with reading("sbatch --test-only", self.version):

@@ -37,7 +37,7 @@ from frenzy_slurm.slurm.backend import (
     SbatchAnswer,
     StartEstimate,
 )
-from frenzy_slurm.slurm.cli import SlurmCliBackend, node_state, parse_version
+from frenzy_slurm.slurm.cli import SlurmCliBackend, node_features, node_state, parse_version
 from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes, reading
 from frenzy_slurm.slurm.run import SlurmUnavailable, run
 from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, QosLimits
@@ -270,6 +270,7 @@ class PyslurmBackend:
                     cpus_alloc=n.allocated_cpus or 0,
                     memory_mb=n.real_memory or 0,
                     memory_alloc_mb=n.allocated_memory or 0,
+                    features=node_features(_attr(n, "available_features")),
                 )
             )
         parts = [

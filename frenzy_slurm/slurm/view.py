@@ -147,6 +147,20 @@ class Node(_M):
     cpus_alloc: int = Field(0, ge=0, description="CPUs allocated.")
     memory_mb: int = Field(0, ge=0, description="RealMemory, MB.")
     memory_alloc_mb: int = Field(0, ge=0, description="Allocated memory, MB.")
+    features: list[Text] | None = Field(
+        None,
+        description="Available node features (slurm.conf Features=), what -C/--constraint asks; null where the "
+        "backend does not read them (the text formats, older snapshots).",
+    )
+
+    @property
+    def in_use(self) -> bool:
+        """Some job holds part of the node (GPUs, CPUs or memory): an --exclusive job cannot start on it."""
+        return bool(self.gpus_used or self.cpus_alloc or self.memory_alloc_mb) or self.state.lower() in (
+            "mixed",
+            "allocated",
+            "completing",
+        )
 
     @property
     def available(self) -> bool:
