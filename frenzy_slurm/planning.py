@@ -217,7 +217,7 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     # its GPUs; Slurm's --test-only ignores those limits, so HAS plans within them (has/qos.py)
     view = view.model_copy(update={"qos": backend.qos_limits(options.slurm.qos or os.environ.get("SBATCH_QOS"))})
     site_cfg, applied = calibrate(job, site, options)
-    workload = workload_from_spec(job.spec, job.model)
+    workload = workload_from_spec(job.spec, job.model, device=site_cfg.device)  # what the ranks compute on
     requirements = Requirements.from_spec(job.spec, slurm=options.slurm)
     decision = decide_job(
         requirements,

@@ -122,7 +122,8 @@ def test_every_workload_field_is_reachable_from_model_yaml():
         changed = {f.name for f in dataclasses.fields(Workload) if getattr(w, f.name) != getattr(base, f.name)}
         assert changed, f"variation {name!r} changed nothing"
         reached |= changed
-    # the built-in trainer on the CPU (frenzy's composite RMSNorm keeps its normalised output there)
+    # the built-in trainer on a site whose ranks run on the CPU (the site file's `device: cpu`, which fsbatch
+    # hands to workload_from_spec: test_the_site_device_is_what_fsbatch_predicts_with)
     builtin = make_spec(model={"preset": "llama-3.2-1b"})
     reached |= {
         f.name
@@ -133,10 +134,66 @@ def test_every_workload_field_is_reachable_from_model_yaml():
     assert reached == {f.name for f in dataclasses.fields(Workload)}
 
 
+def test_the_site_device_is_what_fsbatch_predicts_with():
+    """The CPU-only Workload fields come from the site file (`device: cpu`, site_configs/devcluster-cpu.yaml), the
+    same for fsbatch's plan as for the CPU grid's predictions: no knob only a benchmark sets."""
+    from frenzy_slurm.sim.synthetic import synthetic
+    from frenzy_slurm.site.config import load_site
+
+    from .helpers import planned
+
+    site = load_site(ROOT / "site_configs" / "devcluster-cpu.yaml")
+    assert site.device == "cpu"
+    spec = load_job_spec(ROOT / "examples" / "tiny-cpu.yaml")
+    model = resolve_model(spec, ROOT / "examples")
+    view = synthetic(LOCAL)
+    view = view.model_copy(update={"nodes": [n.model_copy(update={"gpu_type": n.partitions[0]}) for n in view.nodes]})
+    chosen = planned(spec, view, site=site, model=model).decision.chosen
+    plan_ = chosen.plan
+    on_cpu = estimate_memory(workload_from_spec(spec, model, device="cpu"), plan_, "reserved")
+    on_gpu = estimate_memory(workload_from_spec(spec, model), plan_, "reserved")
+    assert on_cpu.peak != on_gpu.peak  # the device changes the prediction, so the comparison below can fail
+    peaks = [st.peak for st in on_cpu.stages]
+    assert max(c.peak_gib for c in chosen.components) == pytest.approx(max(peaks) / 2**30)
+    # no caching allocator on the CPU: reserved is what is allocated
+    assert on_cpu.peak == estimate_memory(workload_from_spec(spec, model, device="cpu"), plan_, "allocated").peak
+
+
+def test_frenzy_slurm_memory_names_the_profile_and_takes_the_sites_device(tmp_path):
+    from frenzy_slurm.cli.admin import main
+
+    spec = ROOT / "examples" / "tiny-cpu.yaml"
+    args = ["memory", str(spec), "--plan", "dp=1,pp=2,mb=2", "--metric", "reserved", "--json"]
+    cpu_site = str(ROOT / "site_configs" / "devcluster-cpu.yaml")
+    shown = CliRunner().invoke(main, ["memory", str(spec), "--plan", "dp=1,pp=2,mb=2"])
+    assert shown.exit_code == 0, shown.output
+    assert "framework: frenzy (frenzy-slurm's built-in DeepSpeed trainer" in shown.output
+    by = {}
+    variants = {"site": ["--site", cpu_site], "flag": ["--device", "cpu"], "cuda": ["--device", "cuda"]}
+    for name, extra in variants.items():
+        out = CliRunner().invoke(main, [*args, *extra])
+        assert out.exit_code == 0, out.output
+        data = json.loads(out.stdout)
+        assert data["profile"]["framework"] == "frenzy"
+        by[name] = data["peak_gib"]
+    assert by["site"] == by["flag"] != by["cuda"]
+
+
+def test_only_the_runtime_adjusts_a_workload_and_says_why():
+    """Workload.with_ appears in the package only where the built-in trainer's own kernel choice is applied to
+    its measured-against prediction (runtime/trainer.py); benchmarks never adjust one."""
+    for path in [*ROOT.joinpath("frenzy_slurm").rglob("*.py"), *ROOT.joinpath("benchmarks").rglob("*.py")]:
+        uses = re.findall(r"\bw\.with_\(|\bworkload\.with_\(", path.read_text())
+        if path == ROOT / "frenzy_slurm" / "runtime" / "trainer.py":
+            assert len(uses) == 1
+        else:
+            assert not uses, f"{path} adjusts a Workload outside the profiles"
+
+
 def test_no_code_outside_the_profiles_builds_a_workload_from_settings():
     """Workload(...) is constructed only by marp.workload_from_spec in the package and the benchmarks that report
     accuracy (the grid and the dev set go through model.yaml)."""
-    for path in [*ROOT.joinpath("frenzy_slurm").rglob("*.py"), ROOT / "benchmarks" / "marp_accuracy.py"]:
+    for path in [*ROOT.joinpath("frenzy_slurm").rglob("*.py"), *ROOT.joinpath("benchmarks").rglob("*.py")]:
         text = path.read_text()
         calls = re.findall(r"\bWorkload\(", text)
         if path == ROOT / "frenzy_slurm" / "marp" / "__init__.py":

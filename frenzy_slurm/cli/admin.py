@@ -7,7 +7,7 @@ frenzy-slurm memory examples/llama2-7b.yaml --plan dp=8,zero=1,mb=2 --json
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -95,6 +95,12 @@ def main() -> None:
     metavar="FILE",
     help="With --plan: also draw the breakdown per stage into FILE (.png, .svg or .pdf; needs matplotlib).",
 )
+@click.option(
+    "--device",
+    type=click.Choice(["cuda", "cpu"]),
+    help="What the ranks compute on, as fsbatch predicts it from the site file's `device` (the default here "
+    "too, else cuda): cpu for the local dev cluster's CPU processes.",
+)
 @reports_errors("frenzy-slurm memory")
 def memory(
     model_yaml: Path,
@@ -108,6 +114,7 @@ def memory(
     trace_factory: bool,
     site: Path | None,
     plot: Path | None,
+    device: Literal["cuda", "cpu"] | None,
 ) -> None:
     """Per-GPU peak training memory of MODEL_YAML: one plan's breakdown, or the candidates per GPU type."""
     from frenzy_slurm.cli import calibrate as calib
@@ -120,7 +127,7 @@ def memory(
     if (note := factory_note(spec, model)) is not None and not as_json:
         click.echo(note, err=True)  # say whether user code ran on this machine (stderr: tables stay parseable)
     found = calib.site_calibration(site)
-    w = workload_from_spec(spec, model)
+    w = workload_from_spec(spec, model, device=device or calib.site_device(site))
     if plan_text and world:
         raise InputError("give --plan or --world, not both")
     profile = profile_summary(spec)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 
@@ -278,6 +278,15 @@ def site_calibration(site: Path | None) -> Found:
     if path is None or not path.exists():
         return None
     return find_calibration(load_site(path), path)
+
+
+def site_device(site: Path | None) -> Literal["cuda", "cpu"]:
+    """The `device` of the site file given or found ($FRENZY_SITE), as fsbatch predicts with it; cuda without one."""
+    from frenzy_slurm.site.config import load_site
+    from frenzy_slurm.site.tools import find_site
+
+    path = find_site(site)
+    return load_site(path).device if path is not None and path.exists() else "cuda"
 
 
 def memory_plan_calibration(found: Found, spec: JobSpec, est: MemoryEstimate) -> dict | None:

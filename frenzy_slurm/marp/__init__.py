@@ -153,6 +153,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         exact_params=model.exact_params,
         buckets=spec.deepspeed,
         expandable_segments=_alloc_conf(spec).expandable_segments,
+        caching_allocator=device != "cpu",
     )
 
 

@@ -752,6 +752,8 @@ def _allocator_overhead(
     NCCL buffers and cuBLAS workspaces (`Overheads.device_bytes`)."""
     if metric == "allocated":
         return 0.0
+    if not j.w.caching_allocator:  # the CPU: nothing held beyond the tensors, no CUDA context or workspaces
+        return overheads.device_bytes(j.plan.world) if metric == "device" else 0.0
     w, a, plan = j.w, j.w.arch, j.plan
     cfg = allocator.AllocatorConfig(expandable_segments=w.expandable_segments)
     grads = st.grads_all if persistent else 0.0

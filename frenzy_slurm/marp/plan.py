@@ -254,6 +254,9 @@ class Workload:
     )
     exact_params: int | None = None  # from tracing: scales the analytic weights to the exact count
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (marp/allocator.py)
+    # torch's CUDA caching allocator keeps freed blocks in its segments (reserved > allocated); the CPU allocator
+    # hands memory back to the C allocator, so on the CPU (the site's `device: cpu`) reserved is what is allocated
+    caching_allocator: bool = True
     buckets: DeepSpeedBuckets = field(default_factory=DeepSpeedBuckets)
 
     def with_(self, **changes: object) -> Workload:

@@ -178,6 +178,13 @@ class SiteConfig(_M):
         description="Job directories and what jobs write there readable by the user's group (0750/0640, "
         "umask 027) instead of private (0700/0600, umask 077); never writable by anyone but the user.",
     )
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda",
+        description="What the jobs' ranks compute on: cuda (NVIDIA GPUs), or cpu where the GRES stand for CPU "
+        "processes (the local dev cluster's fake GPUs, site_configs/devcluster-cpu.yaml). MARP predicts the "
+        "tensors torch's CPU kernels keep there (per-tensor optimizer steps, composite norms, full-width "
+        "dropout masks; docs/marp.md).",
+    )
     max_job_share: float = Field(
         0.5,
         gt=0,
