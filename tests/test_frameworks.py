@@ -39,6 +39,7 @@ def script(framework: str, **over) -> JobSpec:
 # model.yaml variations and the Workload fields each one changes, against the hf-trainer baseline; together they
 # reach every field the memory model reads
 VARIATIONS: list[tuple[str, dict]] = [
+    ("Liger's fused linear cross-entropy", {"training__fused_linear_loss": True}),
     ("framework deepspeed", {"entry": {"trainer": "script", "script": "t.py", "framework": "deepspeed"}}),
     ("framework litgpt", {"entry": {"trainer": "script", "script": "t.py", "framework": "litgpt"}}),
     (
@@ -468,3 +469,26 @@ def test_the_accuracy_benchmark_refuses_a_category_it_has_no_goal_for(tmp_path):
         [sys.executable, "benchmarks/marp_accuracy.py", "--data", str(path)], capture_output=True, text=True, cwd=ROOT
     )
     assert res.returncode == 2 and "category 'continued pretraining' has no accuracy goal" in res.stderr
+
+
+def test_a_fused_linear_loss_keeps_no_logits_and_makes_the_head_gradient_in_the_forward():
+    """Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py) on Llama-3-8B, bf16,
+    4k tokens: no logits (the 128k-vocab logits are 1 GiB in bf16 and their fp32 tensors 2 GiB each), one chunk of
+    next_power_of_2(ceil(4096 / ceil(128256 / 4096))) = 128 rows of logits, the hidden states' gradient, and the
+    head's weight gradient from the loss on."""
+    from frenzy_slurm.marp.memory import _fused_linear_loss_bytes, _job
+
+    over = {"model": {"preset": "llama-3-8b"}, "training__seq_len": 4096, "training__global_batch": 8}
+    plain = make_spec(**over)
+    fused = make_spec(**over, training__fused_linear_loss=True)
+    plan_ = ParallelPlan(dp=8, zero=3, micro_batch=1, grad_accum=1, recompute="full")
+    w_fused = workload_from_spec(fused, resolve_model(fused, "."))
+    tensors, grads = _fused_linear_loss_bytes(_job(w_fused, plan_), 5.0)
+    assert tensors == 128 * 128256 * 2 + 4096 * 4096 * 2 and grads == 5.0
+    e_plain = estimate_memory(workload_from_spec(plain, resolve_model(plain, ".")), plan_, "allocated")
+    e_fused = estimate_memory(w_fused, plan_, "allocated")
+    assert e_plain.stages[-1].logits > 3 * 2**30  # 16-bit logits and two fp32 tensors of the 128k vocabulary
+    assert e_fused.stages[-1].logits < 0.2 * 2**30
+    # the loss no longer makes the peak: it moves to the optimizer step, 1.4 GiB lower here
+    assert e_plain.stages[-1].phase == "backward-start" and e_fused.stages[-1].phase == "optimizer-step"
+    assert e_fused.peak < e_plain.peak - 2**30

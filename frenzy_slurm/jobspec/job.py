@@ -219,6 +219,12 @@ class Training(_Strict):
         description="Compute the output layer and cross-entropy in this many chunks. Default: the framework's "
         "(litgpt: 128-token chunks; otherwise 1; torchtune's shipped configs use 8: CEWithChunkedOutputLoss).",
     )
+    fused_linear_loss: bool = Field(
+        False,
+        description="A fused linear cross-entropy (Liger Kernel's LigerFusedLinearCrossEntropy; HF Trainer "
+        "`use_liger_kernel`): the output layer and the loss run chunk by chunk in the forward, no logits are kept, "
+        "and the hidden states' and the output layer's gradients are made there. Off by default in every framework.",
+    )
     compile: bool = Field(False, description="torch.compile the model (fuses element-wise ops, saving activations).")
     compile_loss: bool | None = Field(
         None,

@@ -105,6 +105,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         lora_targets=tuple(lora.targets),
         lora_dropout=(lora.dropout if lora.dropout is not None else prof.lora_dropout) > 0,
         loss_chunks=chunks,
+        fused_linear_loss=t.fused_linear_loss,
         compile=t.compile,
         compile_loss=t.compile_loss if t.compile_loss is not None else (prof.compiles_plain_loss or chunks > 1),
         framework=prof.family,

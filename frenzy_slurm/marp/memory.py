@@ -13,6 +13,7 @@ The breakdown reported is the one of the peak moment, so its parts add up.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -663,12 +664,29 @@ def _pipeline_buffers(j: _Job, i: int, inflight: float) -> float:
     return nbuf * out + (inflight + (not first) + (not last)) * a.hidden * j.e_act * j.tokens
 
 
+def _fused_linear_loss_bytes(j: _Job, head_grads: float) -> tuple[float, float]:
+    """(tensors, gradients) Liger's fused linear cross-entropy holds on the last stage, from its forward to the
+    backward (liger_kernel/ops/fused_linear_cross_entropy.py): the hidden states' gradient (`grad_input`, the
+    input's size and dtype) and the output layer's weight gradient (`grad_weight`, made in the forward) are kept
+    for backward; one chunk of 16-bit logits exists at a time, its gradient written in place by the cross-entropy
+    kernel. The chunk has next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, so about as many elements
+    as the hidden states (up to twice). No logits leave the function."""
+    a, tokens = j.w.arch, j.tokens
+    v = a.vocab / j.vtp
+    rows = 1 << max(0, math.ceil(math.log2(max(1.0, math.ceil(tokens / math.ceil(v / a.hidden))))))
+    chunk = min(rows, tokens) * v * j.e_act
+    grad_input = a.hidden * j.e_act * tokens
+    return chunk + grad_input, head_grads
+
+
 def _loss_forward_bytes(j: _Job) -> float:
     """What the loss's forward holds at once on the last stage: the 16-bit logits, their fp32 upcast (none when
     they are fp32 already) and the log-softmax output (chunked: one chunk's upcast)."""
     w, a = j.w, j.w.arch
     if a.head == "classification":
         return 0.0
+    if w.fused_linear_loss:
+        return sum(_fused_linear_loss_bytes(j, 0.0))
     v = a.vocab / j.vtp
     f32 = 4.0 if w.loss_fp32 else j.e_act
     upcast = f32 if f32 != j.e_act else 0.0
@@ -684,6 +702,12 @@ def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, flo
     gradient over the compiled loss's peak)."""
     w, a = j.w, j.w.arch
     tokens = j.tokens
+    if w.fused_linear_loss and a.head != "classification":
+        # no logits and no saved head input; the final norm still keeps its own
+        logits, loss_grads = _fused_linear_loss_bytes(j, st.head_grads)
+        normalised = 0.0 if w.method != "full" else (4.0 if w.norm_fp32_normalized else j.e_act)
+        final_norm = (4.0 + normalised) if (w.norm_upcast and not w.compile) else j.r
+        return logits, loss_grads, final_norm * a.hidden / j.rep * tokens
     logits = _logit_bytes_per_token(w, j.plan.tp) * tokens
     loss_grads = 0.0
     if w.loss_chunks > 1 and st.head_grads > 0:
@@ -720,7 +744,8 @@ def _previous_output(j: _Job, i: int, n_layers: int, inflight: float) -> tuple[f
     w, a, pc, plan = j.w, j.w.arch, j.pc, j.plan
     last = i == plan.pp - 1
     out_bytes = 4.0 if w.output_fp32 else j.e_act  # (Lightning Fabric hands the output back in fp32)
-    out16 = out_bytes * a.vocab / j.vtp * j.tokens if (last and a.head != "classification") else 0.0
+    has_logits = last and a.head != "classification" and not w.fused_linear_loss  # (a fused loss returns none)
+    out16 = out_bytes * a.vocab / j.vtp * j.tokens if has_logits else 0.0
     prev_logits = prev_inputs = 0.0
     if w.keeps_previous_output:
         prev_logits = out16

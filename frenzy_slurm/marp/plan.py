@@ -198,6 +198,8 @@ class Workload:
     lora_targets: tuple[str, ...] = ("q", "v")
     lora_dropout: bool = True
     loss_chunks: int = 1
+    # Liger's fused linear cross-entropy: chunks of ~hidden-size logits in the forward, no logits kept (marp/memory.py)
+    fused_linear_loss: bool = False
     compile: bool = False
     compile_loss: bool = True  # with compile: the loss is compiled too (False: the model's blocks only)
     framework: Framework = "deepspeed"  # torch = plain PyTorch/FSDP training loop (AMP keeps fp32 weights)
