@@ -10,7 +10,7 @@ import re
 import sys
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
@@ -335,13 +335,15 @@ class SlurmOptions(_Strict):
     )
     extra: list[str] = Field(default_factory=list, description="More sbatch flags, e.g. ['--reservation=big'].")
 
-    @field_validator("dependency")
+    @field_validator("dependency", "constraint")
     @classmethod
-    def _dependency(cls, v: str | None) -> str | None:
+    def _slurm_syntax(cls, v: str | None, info: ValidationInfo) -> str | None:
+        """A dependency or constraint read with the seam's parser of Slurm's syntax: DependencyError and
+        ConstraintError are ValueErrors, so pydantic names the field."""
         if v is not None:
             from frenzy_slurm.slurm.dependency import parse_dependency
 
-            parse_dependency(v)  # DependencyError is a ValueError: pydantic names the field
+            (parse_dependency if info.field_name == "dependency" else parse_constraint)(v)
         return v
 
     @field_validator("time")
@@ -349,13 +351,6 @@ class SlurmOptions(_Strict):
     def _time(cls, v: str | int | None) -> str | int | None:
         if v is not None:
             check_time_limit(parse_slurm_time(v))
-        return v
-
-    @field_validator("constraint")
-    @classmethod
-    def _constraint(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_constraint(v)  # ConstraintError is a ValueError: pydantic names the field
         return v
 
     @field_validator("account", "qos", "mail_type", "mail_user", "job_name")
