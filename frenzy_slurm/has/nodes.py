@@ -40,14 +40,11 @@ def _with_features(view: ClusterView, text: str) -> tuple[ClusterView, list[str]
     dropped: list[Node] = []
     for n in view.nodes:  # a node whose features the backend did not read is kept: Slurm will check it
         (kept if n.features is None or constraint.matches(n.features) else dropped).append(n)
-    unknown = (
-        [
-            f"-C {text}: the features of {sum(1 for n in view.nodes if n.features is None)} node(s) are not known here "
-            "(Slurm's text format or an older snapshot): planned on as if they had them; Slurm checks them"
-        ]
-        if any(n.features is None for n in view.nodes if n.gpus_total)
-        else []
-    )
+    blind = sum(1 for n in view.nodes if n.gpus_total and n.features is None)
+    unknown = [
+        f"-C {text}: the features of {blind} GPU node(s) are not known here (Slurm's text format or an older "
+        "snapshot): planned on as if they had them; Slurm checks them"
+    ][: 1 if blind else 0]
     if not dropped:
         return view, unknown + _whole_job_notes(text, constraint.matching_or, constraint.counted)
     names = {n.name for n in kept}
