@@ -209,28 +209,6 @@ def _lora(model, rank: int, targets: tuple[str, ...] = ("q", "v")):
     return model
 
 
-def _eager_attention(blk, checkpoint_core: bool):
-    """The built-in Block with eager attention (scores, softmax, probs @ v); `checkpoint_core` recomputes that
-    core in backward (selective recomputation: only q, k, v are kept)."""
-    import torch
-    import torch.nn.functional as F
-    import torch.utils.checkpoint
-
-    def core(q, k, v):
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        s = q.shape[-2]
-        scores = (q @ k.transpose(-2, -1)) * (blk.a.head_dim**-0.5)
-        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-        probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-        return probs @ v
-
-    def checkpointed(q, k, v):
-        return torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False)
-
-    blk.attention = checkpointed if checkpoint_core else core
-
-
 def _ds_config(p: dict) -> dict:
     cfg = {
         "train_micro_batch_size_per_gpu": p["micro_batch"],
@@ -312,10 +290,8 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
                 split = list(ParallelPlan(pp=p["pp"]).stage_layers(arch.layers))
                 model = pipeline_module(arch, split, checkpoint)
             else:
-                model = GPT(arch, checkpoint=checkpoint)
-                if p["attention"] == "eager":
-                    for blk in model.blocks:
-                        _eager_attention(blk, p["recompute"] == "selective")
+                # the built-in model's own eager core and its selective recomputation, as the runtime builds it
+                model = GPT(arch, checkpoint, attention=p["attention"], recompute_core=p["recompute"] == "selective")
             params = [q for q in model.parameters() if q.requires_grad]
             engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=_ds_config(p))
 

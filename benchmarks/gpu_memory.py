@@ -108,7 +108,9 @@ def run_deepspeed(spec_dict: dict, steps: int, device: Any) -> None:
 
     spec, w, plan = prepare(spec_dict)
     assert spec.model.arch is not None
-    model = GPT(spec.model.arch, checkpoint=plan.recompute == "full").to(device)
+    # as the runtime builds it: model.yaml's attention kernel, selective recomputation of its core
+    model = GPT(spec.model.arch, plan.recompute == "full", spec.training.attention, plan.recompute == "selective")
+    model = model.to(device)
     cfg = ds_config(spec, plan, w.buckets)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     for x in _batches(spec, steps * plan.grad_accum, plan.micro_batch, device):

@@ -1,7 +1,9 @@
 """A GPT/Llama-style decoder built from an Architecture: the built-in trainer's model.
 
 Uses PyTorch's fused kernels (nn.RMSNorm/LayerNorm, scaled_dot_product_attention with native GQA),
-so its saved activations are the ones MARP models for framework="deepspeed".
+so its saved activations are the ones MARP models for the built-in trainer. model.yaml's
+`training.attention: eager` runs the attention core in eager ops (scores, softmax, probs @ v), and the plan's
+`selective` recomputation checkpoints that core (only q, k and v are kept): what MARP predicts for them.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ def _rope(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, a: Architecture):
+    def __init__(self, a: Architecture, attention: str = "sdpa", recompute_core: bool = False):
         super().__init__()
         self.a = a
+        self.eager = attention == "eager"  # flash and sdpa: torch's scaled_dot_product_attention
+        self.recompute_core = recompute_core  # activation_checkpointing: selective
         qkv_bias = a.bias in ("qkv", "all")
         kvd = a.kv * a.head_dim
         self.norm1 = _norm(a)
@@ -47,7 +51,14 @@ class Block(nn.Module):
         self.drop = nn.Dropout(a.dropout)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention over (batch, heads, seq, head_dim) (benchmarks/cpu_memory_grid.py swaps in eager)."""
+        """Causal attention over (batch, heads, seq, head_dim); with `recompute_core` its core is recomputed in
+        backward (selective recomputation: the checkpoint keeps only q, k and v)."""
+        core = self._eager_core if self.eager else self._sdpa_core
+        if self.recompute_core and self.training:
+            return torch.utils.checkpoint.checkpoint(core, q, k, v, use_reentrant=False)
+        return core(q, k, v)
+
+    def _sdpa_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(
             q,
             k,
@@ -56,6 +67,19 @@ class Block(nn.Module):
             dropout_p=self.a.dropout if self.training else 0.0,
             enable_gqa=q.shape[1] != k.shape[1],
         )
+
+    def _eager_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Scores, causal softmax and probs @ v in eager ops, K/V repeated to every query head (training.attention:
+        eager): the s x s scores and probabilities are saved, as MARP counts them."""
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * (self.a.head_dim**-0.5)
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        probs = F.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        if self.training and self.a.dropout:
+            probs = F.dropout(probs, self.a.dropout)
+        return probs @ v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.a
@@ -78,13 +102,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, a: Architecture, checkpoint: bool = False):
+    def __init__(
+        self, a: Architecture, checkpoint: bool = False, attention: str = "sdpa", recompute_core: bool = False
+    ):
         super().__init__()
         self.a = a
         self.checkpoint = checkpoint  # full activation recomputation, block by block
         self.embed = nn.Embedding(a.vocab, a.hidden)
         self.pos = nn.Embedding(a.max_positions, a.hidden) if a.position == "learned" else None
-        self.blocks = nn.ModuleList(Block(a) for _ in range(a.layers))
+        self.blocks = nn.ModuleList(Block(a, attention, recompute_core) for _ in range(a.layers))
         self.norm = _norm(a)
         self.head = nn.Linear(a.hidden, a.vocab, bias=False)
         if a.tied_embeddings:

@@ -34,8 +34,11 @@ class HeadPipe(nn.Module):
         return self.head(self.norm(x))
 
 
-def pipeline_module(a: Architecture, layer_split: Sequence[int], checkpoint: bool) -> nn.Module:
+def pipeline_module(
+    a: Architecture, layer_split: Sequence[int], checkpoint: bool, attention: str = "sdpa", recompute_core: bool = False
+) -> nn.Module:
     """Stage i runs layer_split[i] blocks; stage 0 also the embedding, the last stage the head and loss.
+    `attention` and `recompute_core` are each Block's (models/gpt.py).
 
     Tied embeddings are untied across stages (each end keeps its own matrix), as MARP counts them.
     """
@@ -54,7 +57,11 @@ def pipeline_module(a: Architecture, layer_split: Sequence[int], checkpoint: boo
     # LayerSpecs, not modules: DeepSpeed builds only this stage's layers. Built modules would all be created on
     # every rank and stay referenced by the PipelineModule (its layer list), so each stage held the whole
     # model's weights besides its own - the pipeline stages' gap to MARP (docs/accuracy.md).
-    layers = [LayerSpec(EmbedPipe, a), *[LayerSpec(Block, a) for _ in range(a.layers)], LayerSpec(HeadPipe, a)]
+    layers = [
+        LayerSpec(EmbedPipe, a),
+        *[LayerSpec(Block, a, attention, recompute_core) for _ in range(a.layers)],
+        LayerSpec(HeadPipe, a),
+    ]
     return ExplicitPipeline(
         layers=layers,
         num_stages=len(layer_split),

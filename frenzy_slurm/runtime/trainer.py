@@ -120,10 +120,13 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     torch.manual_seed(t.seed)
     ds_config = json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
+    # the attention kernel model.yaml names, and selective recomputation of its core: what MARP predicted
+    core = plan.recompute == "selective"
     if plan.pp > 1:
-        model = pipeline_module(arch, plan.stage_layers(arch.layers), recompute)  # plan.json's split, written out
+        # plan.json's split, written out
+        model = pipeline_module(arch, plan.stage_layers(arch.layers), recompute, t.attention, core)
     else:
-        model = GPT(arch, checkpoint=recompute)
+        model = GPT(arch, recompute, t.attention, core)
     if t.precision == "bf16-pure":
         model = model.to(torch.bfloat16)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -327,7 +330,7 @@ def _requeue(job_id: int) -> None:
 
 
 def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> float | None:
-    """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it (SDPA attention)."""
+    """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it."""
     from frenzy_slurm.jobspec import ResolvedModel
     from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.marp.memory import estimate_memory
@@ -336,7 +339,5 @@ def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> floa
     w = workload_from_spec(
         pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params), device
     )
-    if w.attention == "eager":
-        w = w.with_(attention="sdpa")
     est = estimate_memory(w, pf.decision.chosen.plan, "allocated")
     return est.stages[min(stage, len(est.stages) - 1)].peak / GiB
