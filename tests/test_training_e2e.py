@@ -87,6 +87,19 @@ def test_zero2_data_parallel_training(jobs_dir, tmp_path):
     assert m["loss"][-1][1] < m["loss"][0][1]
 
 
+def test_eager_attention_with_selective_recomputation_trains(jobs_dir, tmp_path):
+    """model.yaml's attention kernel and the plan's selective recomputation are what the built-in model runs (the
+    runtime used to run SDPA whatever it said, and no recomputation for selective)."""
+    spec = tiny(tmp_path, "eagersel", training__attention="eager", training__activation_checkpointing="selective")
+    out = fsbatch_json(str(spec), "--site", str(SITE))
+    assert out["decision"]["chosen"]["plan"]["recompute"] == "selective"
+    done = wait_done(out["job_id"], timeout=300)
+    assert done["state"] == "COMPLETED", (Path(out["job_dir"]) / f"slurm-{out['job_id']}.out").read_text()[-3000:]
+    m = metrics_of(out)
+    assert m["step"] == 6 and m["loss"][-1][1] < m["loss"][0][1]
+    assert all(r["peak_gib"] > 0 and r["predicted_allocated_gib"] > 0 for r in m["ranks"])
+
+
 def test_requeued_job_resumes_from_checkpoint(jobs_dir, tmp_path):
     spec = tiny(tmp_path, "resume", training__steps=80, training__checkpoint_interval=5)
     out = fsbatch_json(str(spec), "--site", str(SITE))
