@@ -702,22 +702,19 @@ def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, flo
     gradient over the compiled loss's peak)."""
     w, a = j.w, j.w.arch
     tokens = j.tokens
-    if w.fused_linear_loss and a.head != "classification":
-        # no logits and no saved head input; the final norm still keeps its own
+    fused = w.fused_linear_loss and a.head != "classification"
+    if fused:  # no logits and no saved head input (the final norm still keeps its own)
         logits, loss_grads = _fused_linear_loss_bytes(j, st.head_grads)
-        normalised = 0.0 if w.method != "full" else (4.0 if w.norm_fp32_normalized else j.e_act)
-        final_norm = (4.0 + normalised) if (w.norm_upcast and not w.compile) else j.r
-        return logits, loss_grads, final_norm * a.hidden / j.rep * tokens
-    logits = _logit_bytes_per_token(w, j.plan.tp) * tokens
-    loss_grads = 0.0
-    if w.loss_chunks > 1 and st.head_grads > 0:
+    else:
+        logits, loss_grads = _logit_bytes_per_token(w, j.plan.tp) * tokens, 0.0
+    if w.loss_chunks > 1 and st.head_grads > 0 and not fused:
         v_local = a.vocab / j.vtp
         k = 1.0 if persistent else 2.0
         chunk_phase = v_local * j.e_act * (1.0 + 1.0 / w.loss_chunks) * tokens + k * st.head_grads
         if chunk_phase > logits:
             loss_grads = k * st.head_grads
             logits = chunk_phase - loss_grads
-    if w.loss_detaches_hidden and a.head != "classification":
+    if w.loss_detaches_hidden and a.head != "classification" and not fused:
         # the loop's detached copies of the hidden states and their fp32 gradient accumulator (the hidden states are
         # replicated over TP before chunking: whole on every rank)
         logits += (j.e_act + 4.0) * a.hidden * tokens
@@ -726,7 +723,7 @@ def _logits_and_loss(j: _Job, st: _States, persistent: bool) -> tuple[float, flo
     lora = w.method != "full"
     normalised = 0.0 if lora else (4.0 if w.norm_fp32_normalized else j.e_act)
     final_norm = (4.0 + normalised) if (w.norm_upcast and not w.compile) else j.r
-    head_saves = (
+    head_saves = not fused and (
         not lora
         or "head" in w.lora_targets
         or (w.method == "qlora" and w.nf4_saves_inputs and w.qlora_quantized_head and j.pc.head > 0)
