@@ -21,6 +21,7 @@ from frenzy_slurm.marp.candidates import plan_groups
 from frenzy_slurm.marp.frameworks import PROFILES, profile_summary
 from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
+from frenzy_slurm.units import GiB
 
 from .helpers import LOCAL, make_spec, plan
 
@@ -155,7 +156,7 @@ def test_the_site_device_is_what_fsbatch_predicts_with():
     on_gpu = estimate_memory(workload_from_spec(spec, model), plan_, "reserved")
     assert on_cpu.peak != on_gpu.peak  # the device changes the prediction, so the comparison below can fail
     peaks = [st.peak for st in on_cpu.stages]
-    assert max(c.peak_gib for c in chosen.components) == pytest.approx(max(peaks) / 2**30)
+    assert max(c.peak_gib for c in chosen.components) == pytest.approx(max(peaks) / GiB)
     # no caching allocator on the CPU: reserved is what is allocated
     assert on_cpu.peak == estimate_memory(workload_from_spec(spec, model, device="cpu"), plan_, "allocated").peak
 
@@ -484,8 +485,8 @@ def test_a_fused_linear_loss_keeps_no_logits_and_makes_the_head_gradient_in_the_
     assert tensors == 128 * 128256 * 2 + 4096 * 4096 * 2 and grads == 5.0
     e_plain = estimate_memory(workload_from_spec(plain, resolve_model(plain, ".")), plan_, "allocated")
     e_fused = estimate_memory(w_fused, plan_, "allocated")
-    assert e_plain.stages[-1].logits > 3 * 2**30  # 16-bit logits and two fp32 tensors of the 128k vocabulary
-    assert e_fused.stages[-1].logits < 0.2 * 2**30
+    assert e_plain.stages[-1].logits > 3 * GiB  # 16-bit logits and two fp32 tensors of the 128k vocabulary
+    assert e_fused.stages[-1].logits < 0.2 * GiB
     # the loss no longer makes the peak: it moves to the optimizer step, 1.4 GiB lower here
     assert e_plain.stages[-1].phase == "backward-start" and e_fused.stages[-1].phase == "optimizer-step"
-    assert e_fused.peak < e_plain.peak - 2**30
+    assert e_fused.peak < e_plain.peak - GiB
