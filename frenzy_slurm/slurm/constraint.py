@@ -73,19 +73,6 @@ class Constraint:
         """Whether a node with these (available) features may be one of the job's nodes."""
         return _fold(self.terms, frozenset(features))
 
-    def features(self) -> list[str]:
-        """Every feature the constraint names, in order, once."""
-        out: dict[str, None] = {}
-
-        def walk(terms: tuple[Term, ...]) -> None:
-            for t in terms:
-                if t.name is not None:
-                    out[t.name] = None
-                walk(t.group)
-
-        walk(self.terms)
-        return list(out)
-
 
 def _tokens(text: str) -> list[str]:
     out, i = [], 0
