@@ -257,6 +257,12 @@ def goals(rows: list[dict], include_tuning: bool) -> str:
     if sia.get("pairs"):
         ok = sia["reduction"] >= 0
         out.append(f"{'PASS' if ok else 'FAIL'}: has no worse than sia: {_fmt(sia)}")
+    preempt = paired(use, "has-preempt", "sia")
+    if preempt.get("pairs"):
+        ok = preempt["reduction"] >= 0
+        out.append(
+            f"{'PASS' if ok else 'FAIL'}: the opt-in preemptible mode (has-preempt) no worse than sia: {_fmt(preempt)}"
+        )
     configs = sorted({(r["shape"], r["load"]) for r in use})
     if any(r["policy"] == "has-homogeneous" for r in use):
         bad = []

@@ -11,7 +11,8 @@
   with most GPUs). The best of them is "best homogeneous".
 - `fastest-fit`: MARP picks the fastest GPU type on which the job fits, at the user's usual count (or
   the smallest that fits), with no regard to the queue.
-- `has-homogeneous`: HAS restricted to one GPU type (planning.decide_job per pool, earliest completion wins).
+- `has-homogeneous`: HAS without pipelines across GPU types (the same decision with the plan space's
+  `heterogeneous` off): what heterogeneous allocations add is `has` against it.
 - `has`: full HAS (`frenzy_slurm.has.decide`), heterogeneous jobs allowed; it reads the simulated
   view and asks the simulated Slurm for start estimates, exactly as fsbatch does on a cluster.
 - `slurm-multi`: what users do today, done well: plain Slurm with a multi-partition request (`sbatch -p
@@ -85,26 +86,13 @@ class HasPolicy(BasePolicy):
         self.name = "has" if heterogeneous else "has-homogeneous"
 
     def place(self, a: Attempt, ctx: Context) -> Placement | None:
-        site = ctx.site_for(a)
-        view = ctx.sim.load()
-        req = a.requirements
-        if self.heterogeneous:
-            try:
-                d = decide_job(req, a.workload, a.space, view, site, ctx.sim, ctx.sim.now)
-            except NoFitError:
-                return None
-            return from_allocation(d.chosen)
-        best: Allocation | None = None
-        for pool in view.pools():
-            one = replace(req, gpu_types=((pool.gpu_type or pool.partition).lower(),))  # untyped: by partition
-            try:
-                d = decide_job(one, a.workload, a.space, view, site, ctx.sim, ctx.sim.now, alternatives=0)
-            except NoFitError:
-                continue
-            c = d.chosen
-            if best is None or (c.completion, c.gpus) < (best.completion, best.gpus):
-                best = c
-        return from_allocation(best) if best else None
+        # has-homogeneous: the same decision with no pipelines across GPU types in the plan space
+        space = a.space if self.heterogeneous else replace(a.space, heterogeneous=False)
+        try:
+            d = decide_job(a.requirements, a.workload, space, ctx.sim.load(), ctx.site_for(a), ctx.sim, ctx.sim.now)
+        except NoFitError:
+            return None
+        return from_allocation(d.chosen)
 
 
 class HasReplan(HasPolicy):
@@ -157,11 +145,41 @@ class HasPreempt(HasReplan):
 
     moves_running = True
 
-    def __init__(self, gain: float = 0.2) -> None:
+    def __init__(
+        self,
+        gain: float = 0.2,
+        min_run_h: float | None = None,
+        exempt_s: float = 3600.0,
+        wide_share: float | None = None,
+    ) -> None:
         super().__init__()
         self.name = "has-preempt"
         self.gain = gain
         self.moves = 0
+        # QOS preemption (min_run_h None: off): jobs predicted to run at least min_run_h are submitted in the
+        # site's preemptible QOS, which any job outside it may preempt once they have run exempt_s
+        # (PreemptExemptTime); such a job may take up to wide_share of a pool
+        self.min_run_s = None if min_run_h is None else 3600.0 * min_run_h
+        self.preempt_exempt_s = None if min_run_h is None else exempt_s
+        self.wide_share = wide_share
+
+    def preemptible(self, a: Attempt, p: Placement) -> bool:
+        return self.min_run_s is not None and p.step_time_s * a.steps >= self.min_run_s
+
+    def place(self, a: Attempt, ctx: Context) -> Placement | None:
+        """A job that will be preemptible may take more of a pool than the site's max_job_share (up to
+        `wide_share`): that share leaves room for the jobs that arrive later, which preempt it instead. A job
+        that is not preemptible at that width is decided within the share, as `has` decides it."""
+        if self.min_run_s is None or self.wide_share is None:
+            return super().place(a, ctx)
+        site = ctx.site_for(a)
+        wide = site.model_copy(update={"max_job_share": max(self.wide_share, site.max_job_share)})
+        try:
+            d = decide_job(a.requirements, a.workload, a.space, ctx.sim.load(), wide, ctx.sim, ctx.sim.now)
+        except NoFitError:
+            return None
+        p = from_allocation(d.chosen)
+        return p if self.preemptible(a, p) else super().place(a, ctx)
 
     def move(
         self, ctx: Context, running: list[tuple[int, Attempt, Placement, float, int]]
@@ -435,6 +453,12 @@ TUNED_KNOBS: dict[str, float] = {
     "sia_p": 0.25,
     "sia_lambda_n": 1.0,
     "sia_round_s": 60.0,
+    # has-preempt's QOS preemption: jobs predicted to run 1 h or more in the preemptible QOS, PreemptExemptTime
+    # 1200 s, such a job up to the whole of a pool (tuned on std64, load 0.8, seeds 1-5 and 11-20:
+    # docs/simulation-model.md, "Tuning the baselines")
+    "has_preempt_min_run_h": 1.0,
+    "has_preempt_exempt_s": 1200.0,
+    "has_preempt_max_job_share": 1.0,
 }
 
 
@@ -459,7 +483,12 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
     if name == "has-replan":
         return HasReplan()
     if name == "has-preempt":
-        return HasPreempt(k.get("has_preempt_gain", 0.2))
+        return HasPreempt(
+            k.get("has_preempt_gain", 0.2),
+            k.get("has_preempt_min_run_h"),
+            k.get("has_preempt_exempt_s", 3600.0),
+            k.get("has_preempt_max_job_share"),
+        )
     if name == "has-homogeneous":
         return HasPolicy(False)
     if name == "fastest-fit":

@@ -126,6 +126,8 @@ class Runner:
             outcome=self._outcome,
             on_end=self._on_end,
             sched_interval_s=sched_interval_s,
+            # a site whose preemptible QOS the policy's jobs may be submitted in (has-preempt)
+            preempt_exempt_s=getattr(self.policy, "preempt_exempt_s", None),
         )
         site = cluster.site()
         if max_job_share is not None:  # the site file's setting (validated: 0 < share <= 1)
@@ -147,6 +149,7 @@ class Runner:
         self._round_queued = False
         self._moving: set[int] = set()  # sim job ids a re-planning policy (sia) is checkpointing to move
         self._moved: dict[int, Attempt] = {}  # workload job id -> the rest of a job stopped this round
+        self._requeued: dict[int, float] = {}  # workload job id -> the queue place (submit time) of a preempted job
         self.policy_cpu_s = 0.0  # CPU seconds of this process inside the policy (decisions and rounds)
         self._marp_s = [0.0]  # MARP search seconds so far (run() times them)
         self.marp_ms: list[float] = []  # per arrival decision: the part of decision_ms spent in MARP's search
@@ -234,7 +237,9 @@ class Runner:
                 list(a.tried_pools),
                 a.max_gpus,
             )
-        elif sj.job_id in self._moving:  # checkpointed and stopped by a re-planning policy: the rest is resubmitted
+        elif sj.job_id in self._moving or sj.state == "PREEMPTED":
+            # checkpointed and stopped by a re-planning policy, or preempted (the runtime checkpoints at the
+            # signal): the rest is resubmitted, a preempted job's by the policy's decision on the cluster now
             self._moving.discard(sj.job_id)
             step = self._start_step.get(sj.job_id) or 1.0
             done = max(0, int((sj.end - sj.start - self._start_cost.get(sj.job_id, 0.0)) // step))
@@ -250,6 +255,10 @@ class Runner:
                 list(a.tried_pools),
                 a.max_gpus,
             )
+            if sj.state == "PREEMPTED":  # requeued: it keeps its place in the queue
+                self._requeued[a.job.id] = sj.submit
+                self._push(self.sim.now, "submit", moved)
+                return
             self._moved[a.job.id] = moved
             self.policy.stopped(a, moved)
             return
@@ -287,7 +296,12 @@ class Runner:
             others = [[c.request for c in x.components] for x in p.alternatives[1:]]
             self.sim.submit_any(job, others)
         else:
-            self.sim.submit(job)
+            marks = getattr(self.policy, "preemptible", None)  # has-preempt: the jobs its users mark
+            self.sim.submit(
+                job,
+                preemptible=bool(marks and not rec.plain and marks(a, p)),
+                queued_since=self._requeued.pop(a.job.id, None),
+            )
         return jid
 
     def _arrive(self, a: Attempt) -> None:
@@ -441,6 +455,7 @@ class Runner:
             if rec.state == "pending":
                 rec.state = "unfinished"
         extra: dict[str, Any] = {}
+        extra["preempted"] = self.sim.preemptions
         for name in ("moves", "preemptions", "updates"):  # sia's re-planning, has-replan's updated requests
             if hasattr(self.policy, name):
                 extra[name] = getattr(self.policy, name)

@@ -10,6 +10,12 @@ What it models, after slurmctld with `sched/backfill` and `select/cons_tres`:
   first `bf_max_job_test` (what Slurm's backfill does, its default) or 1 (EASY backfill);
 - heterogeneous jobs: every component placed at one common start time, started together;
 - time limits: a job still running at its limit ends TIMEOUT;
+- QOS preemption, where `preempt_exempt_s` is set (a site with `PreemptType=preempt/qos`,
+  `PreemptMode=REQUEUE`, `PreemptExemptTime` = that many seconds, and a preemptible QOS that the normal
+  one may preempt): a pending job outside that QOS that cannot start now starts now if stopping
+  preemptible jobs that have run at least the exempt time frees its GPUs; those end PREEMPTED (their
+  runtime checkpoints at the signal) and the youngest on each node go first, only as many as the node
+  needs;
 - start estimates answered the way `sbatch --test-only` answers them: from running jobs' limits only
   (Slurm's will-run test ignores pending jobs), or, with `estimates="backfill"`, after the queue's
   reservations (what `squeue --start` shows).
@@ -37,7 +43,7 @@ from frenzy_slurm.slurm.releases import GpuTimeline
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, PoolKey, QosLimits
 
-FINAL_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED"}
+FINAL_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "CANCELLED", "PREEMPTED"}
 
 
 @dataclass
@@ -69,6 +75,7 @@ class SimJob:
     # `sbatch -p a,b,c`: every request the job may start as (one partition each), in the order listed; each
     # backfill pass takes the one that starts first (the order breaks ties), and `components` becomes it
     alternatives: list[list[ComponentRequest]] = field(default_factory=list)
+    preemptible: bool = False  # submitted in the site's preemptible QOS
 
     @property
     def limit_s(self) -> float:
@@ -103,6 +110,7 @@ class SimSlurm:
         on_end: Callable[[SimJob], None] | None = None,
         first_job_id: int = 1,
         sched_interval_s: float = 0.0,
+        preempt_exempt_s: float | None = None,
     ):
         self.cluster = cluster
         self.now = now
@@ -116,6 +124,8 @@ class SimSlurm:
         # 0: a job end triggers a scheduling pass at once; > 0: the next pass on this period's grid (Slurm's
         # bf_interval; submissions are still tried at once, as the main scheduler does)
         self.sched_interval_s = sched_interval_s
+        self.preempt_exempt_s = preempt_exempt_s  # None: no preemption (PreemptType=preempt/none)
+        self.preemptions = 0
         self._tick: float | None = None
         self.nodes: dict[str, SimNode] = {}
         self.by_pool: dict[tuple[str, str], list[str]] = {}
@@ -194,7 +204,10 @@ class SimSlurm:
         t, nodes = found
         return StartEstimate(start=t, nodes=[n for ns in nodes for n in ns], source=self.estimates)
 
-    def submit(self, job: BatchJob) -> SbatchAnswer:
+    def submit(self, job: BatchJob, preemptible: bool = False, queued_since: float | None = None) -> SbatchAnswer:
+        """`preemptible`: submitted in the site's preemptible QOS (`--qos`, which the script's own lines say).
+        `queued_since`: a preempted job requeued (Slurm keeps its id and so its place in the queue) under the
+        request its owner's tool updated it to (`scontrol update`), which this models as one submission."""
         for c in job.components:
             pool = self._candidates(c)
             if len(pool) < c.nodes:
@@ -205,7 +218,14 @@ class SimSlurm:
                 )
         jid = self._next_id
         self._next_id += max(1, len(job.components))  # hetjob components take consecutive ids
-        self.jobs_by_id[jid] = SimJob(jid, list(job.components), self.now, name=job.name, comment=job.comment)
+        self.jobs_by_id[jid] = SimJob(
+            jid,
+            list(job.components),
+            self.now if queued_since is None else queued_since,
+            name=job.name,
+            comment=job.comment,
+            preemptible=preemptible,
+        )
         self.schedule()
         return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
 
@@ -391,6 +411,9 @@ class SimSlurm:
                 j.reason, j.planned_start = "Resources", None
                 continue
             t, nodes = found
+            if t > self.now and self.preempt_exempt_s is not None and not j.preemptible:
+                nodes = self._preempt_for(j) or nodes
+                t = self.now if j.state == "PENDING" and self._fits_now(j, nodes) else t
             if t <= self.now:
                 self._start(j, nodes)
                 for c, ns in zip(j.components, nodes, strict=True):
@@ -409,6 +432,62 @@ class SimSlurm:
             j.planned_start, j.reason = None, "Priority"
         self.schedule_s += _time.perf_counter() - t0
         return started
+
+    def _preemptable(self) -> list[SimJob]:
+        assert self.preempt_exempt_s is not None
+        return [
+            x
+            for x in self.jobs_by_id.values()
+            if x.state == "RUNNING"
+            and x.preemptible
+            and x.start is not None
+            and self.now - x.start >= self.preempt_exempt_s
+        ]
+
+    def _preempt_for(self, j: SimJob) -> list[list[str]] | None:
+        """Where `j` starts now if preemptible jobs make room (None: nowhere), those jobs stopped."""
+        victims = self._preemptable()
+        if not victims:
+            return None
+        gone = {x.job_id for x in victims}
+        timeline = GpuTimeline({name: n.gpus for name, n in self.nodes.items()}, self.now)
+        for x in self.jobs_by_id.values():
+            if x.state == "RUNNING" and x.job_id not in gone:
+                assert x.start is not None
+                for c, ns in zip(x.components, x.nodes, strict=True):
+                    for n in ns:
+                        timeline.add(n, x.start, max(x.start + x.limit_s, self.now + 1.0), c.gpus_per_node)
+        best: tuple[list[list[str]], list[ComponentRequest]] | None = None
+        for comps in j.alternatives or [j.components]:
+            found = timeline.earliest(
+                _shapes(comps), [self._candidates(c) for c in comps], self.now, 60.0 * max(c.time_min for c in comps)
+            )
+            if found is not None and found[0] <= self.now:
+                best = (found[1], comps)
+                break
+        if best is None:
+            return None
+        nodes, j.components = best
+        need: dict[str, int] = {}
+        for c, ns in zip(j.components, nodes, strict=True):
+            for n in ns:
+                need[n] = need.get(n, 0) + c.gpus_per_node
+        for n, want in need.items():
+            on_node = sorted((x for x in victims if any(n in ns for ns in x.nodes)), key=lambda x: -(x.start or 0.0))
+            for x in on_node:
+                if self.nodes[n].gpus - self.nodes[n].used >= want:
+                    break
+                if x.state == "RUNNING":
+                    self.preemptions += 1
+                    self._finish(x, "PREEMPTED")
+        return nodes
+
+    def _fits_now(self, j: SimJob, nodes: list[list[str]]) -> bool:
+        free = {n: self.nodes[n].gpus - self.nodes[n].used for ns in nodes for n in ns}
+        for c, ns in zip(j.components, nodes, strict=True):
+            for n in ns:
+                free[n] -= c.gpus_per_node
+        return all(v >= 0 for v in free.values())
 
     def _earliest(self, j: SimJob, timeline: GpuTimeline) -> tuple[float, list[list[str]]] | None:
         """When and where `j` can start; a multi-partition job takes the request that starts first (Slurm's

@@ -1,0 +1,136 @@
+"""QOS preemption in the simulated Slurm and the opt-in preemptible mode of `has-preempt` that uses it.
+
+The simulated site: `PreemptType=preempt/qos`, `PreemptMode=REQUEUE`, a preemptible QOS that every other job
+may preempt once the job has run `PreemptExemptTime` (`preempt_exempt_s`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from frenzy_slurm.sim import ErrorModel, parse_compact, simulate
+from frenzy_slurm.sim.clusters import SimCluster, SimPartition
+from frenzy_slurm.sim.context import Context
+from frenzy_slurm.sim.jobs import Attempt
+from frenzy_slurm.sim.policies import TUNED_KNOBS, HasPreempt, make_policy
+from frenzy_slurm.sim.slurm import SimSlurm
+from frenzy_slurm.sim.truth import Truth
+from frenzy_slurm.sim.workload import WorkloadFile, WorkloadJob
+from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
+
+MIN = 60.0
+
+
+class Site:
+    """One partition of A100 nodes; jobs run for the minutes given at submission."""
+
+    def __init__(self, nodes: int = 1, gpus: int = 4, exempt_min: float | None = 20.0):
+        c = SimCluster(partitions=[SimPartition(name="p", gpu="A100-80GB", nodes=nodes, gpus_per_node=gpus)])
+        self.runs: dict[int, float] = {}
+        self.sim = SimSlurm(
+            c,
+            outcome=lambda j: (self.runs[j.job_id], "COMPLETED"),
+            preempt_exempt_s=None if exempt_min is None else exempt_min * MIN,
+        )
+
+    def submit(self, run_min: float, gpus: int, preemptible: bool = False, since: float | None = None) -> int:
+        jid = self.sim.next_job_id
+        self.runs[jid] = run_min * MIN
+        req = ComponentRequest(partition="p", gpu_type="a100_80gb", nodes=1, gpus_per_node=gpus, time_min=600)
+        job = BatchJob(script=Path("x.sbatch"), workdir=Path("."), components=[req], name=f"j{jid}")
+        assert self.sim.submit(job, preemptible=preemptible, queued_since=since).job_id == jid
+        return jid
+
+    def state(self, jid: int) -> str:
+        return self.sim.jobs_by_id[jid].state
+
+
+def test_a_job_outside_the_preemptible_qos_preempts_one_that_has_run_its_exempt_time():
+    s = Site()
+    long = s.submit(600, 4, preemptible=True)
+    s.sim.advance(10 * MIN)
+    short = s.submit(30, 2)
+    assert s.state(short) == "PENDING"  # inside PreemptExemptTime (20 min): it waits
+    s.sim.advance(20 * MIN)  # nothing ends here: the next submission's pass preempts
+    s.sim.schedule()
+    assert s.state(long) == "PREEMPTED" and s.sim.jobs_by_id[long].end == 20 * MIN
+    assert s.state(short) == "RUNNING" and s.sim.jobs_by_id[short].start == 20 * MIN
+    assert s.sim.preemptions == 1
+
+
+def test_preemptible_jobs_never_preempt_and_a_site_without_preemption_never_does():
+    s = Site()
+    first = s.submit(600, 4, preemptible=True)
+    s.sim.advance(60 * MIN)
+    second = s.submit(30, 2, preemptible=True)  # also in the preemptible QOS: waits like any job
+    s.sim.schedule()
+    assert s.state(first) == "RUNNING" and s.state(second) == "PENDING"
+    off = Site(exempt_min=None)  # PreemptType=preempt/none
+    a = off.submit(600, 4, preemptible=True)
+    off.sim.advance(60 * MIN)
+    b = off.submit(30, 2)
+    assert off.state(a) == "RUNNING" and off.state(b) == "PENDING" and off.sim.preemptions == 0
+
+
+def test_only_as_many_jobs_as_the_node_needs_are_preempted_the_youngest_first():
+    s = Site()
+    old = s.submit(600, 2, preemptible=True)
+    s.sim.advance(5 * MIN)
+    young = s.submit(600, 2, preemptible=True)
+    s.sim.advance(60 * MIN)
+    s.submit(30, 2)
+    assert s.state(young) == "PREEMPTED" and s.state(old) == "RUNNING" and s.sim.preemptions == 1
+
+
+def test_a_requeued_job_keeps_its_place_in_the_queue():
+    s = Site()
+    s.submit(60, 4)  # the node for an hour
+    s.sim.advance(10 * MIN)
+    later = s.submit(30, 4)  # queued at 10 min
+    s.sim.advance(20 * MIN)
+    requeued = s.submit(30, 4, since=5 * MIN)  # a job preempted and requeued: queued since 5 min
+    s.sim.advance(60 * MIN)
+    assert s.state(requeued) == "RUNNING" and s.state(later) == "PENDING"
+
+
+def _workload() -> WorkloadFile:
+    jobs = [
+        WorkloadJob(
+            id=0, submit_s=0, model="gpt2-medium", precision="bf16-mixed", seq_len=1024, global_batch=64, steps=40000
+        ),
+        *(
+            WorkloadJob(
+                id=i, submit_s=3600 * i, model="gpt2", precision="bf16-mixed", seq_len=1024, global_batch=16, steps=300
+            )
+            for i in range(1, 4)
+        ),
+    ]
+    return WorkloadFile(jobs=jobs)
+
+
+def test_has_preempt_runs_long_jobs_preemptible_and_a_preempted_job_finishes_every_step():
+    r = simulate(_workload(), parse_compact("A100-80GB:1x4"), "has-preempt", seed=1, load=None)
+    by_id = {x.id: x for x in r.records}
+    assert all(x.state == "done" for x in r.records)
+    assert r.extra["preempted"] >= 1  # the long job (preemptible: over an hour) made way for the short ones
+    assert by_id[0].attempts >= 2 and by_id[0].run_s > 0
+    # nothing is preempted under has, whose jobs are never in the preemptible QOS
+    plain = simulate(_workload(), parse_compact("A100-80GB:1x4"), "has", seed=1, load=None)
+    assert plain.extra["preempted"] == 0
+
+
+def test_a_preemptible_job_may_take_more_of_a_pool_than_max_job_share():
+    cluster = parse_compact("A100-80GB:1x8")
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="bf16-mixed", seq_len=1024, global_batch=64, steps=200000
+    )
+    a = Attempt(job, job.steps)
+    narrow = make_policy("has").place(a, Context(SimSlurm(cluster), cluster.site(), Truth(ErrorModel.exact(), 1)))
+    policy = make_policy("has-preempt")
+    assert isinstance(policy, HasPreempt) and TUNED_KNOBS["has_preempt_max_job_share"] == 1.0
+    wide = policy.place(a, Context(SimSlurm(cluster), cluster.site(), Truth(ErrorModel.exact(), 1)))
+    assert narrow is not None and wide is not None
+    assert narrow.gpus <= 4 < wide.gpus  # the site's max_job_share (0.5) holds has's job to half the pool
+    assert policy.preemptible(a, wide)
+    short = Attempt(job, 10)  # predicted well under an hour: not preemptible, so decided within the share
+    placed = policy.place(short, Context(SimSlurm(cluster), cluster.site(), Truth(ErrorModel.exact(), 1)))
+    assert placed is not None and not policy.preemptible(short, placed) and placed.gpus <= 4
