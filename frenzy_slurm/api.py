@@ -50,6 +50,7 @@ SLURM_FLAGS = (
     "time",
     "constraint",
     "exclusive",
+    "preemptible",
     "mail_type",
     "mail_user",
     "job_name",

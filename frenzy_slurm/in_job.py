@@ -93,6 +93,30 @@ def job_id() -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+def preempted() -> bool:
+    """Whether Slurm is preempting this job (its PreemptTime is set; `fsbatch --preemptible` jobs): the SIGTERM
+    was a preemption, so the job requeues after its checkpoint. With PreemptMode=REQUEUE Slurm requeues it only
+    if it is still running when the QOS's GraceTime ends; one that has saved and exited would end COMPLETED."""
+    jid = job_id()
+    if jid is None:
+        return False
+    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.slurm import open_backend
+
+    try:
+        return open_backend("cli").preempted(jid)
+    except FrenzyError as exc:
+        print(f"frenzy-slurm: could not ask whether job {jid} is preempted: {exc.message}", file=sys.stderr, flush=True)
+        return False
+
+
+def requeue_wanted() -> bool:
+    """After a stop: requeue for the time-limit warning (USR2) and for a preemption (TERM with PreemptTime set);
+    a scancel (TERM otherwise) stops the job."""
+    signal = _STOP["signal"]
+    return signal == "SIGUSR2" or (signal == "SIGTERM" and preempted())
+
+
 def requeue() -> bool:
     """Put the job back in the queue (`scontrol requeue`, from rank 0 only); True where it was asked.
 
@@ -115,9 +139,10 @@ def requeue() -> bool:
 
 
 def exit_for_requeue() -> NoReturn:
-    """After the stop checkpoint: requeue if the stop was the time-limit warning (USR2), then exit 0 on every
-    rank (a non-zero exit would make srun's --kill-on-bad-exit end the other ranks before they save)."""
-    if _STOP["signal"] == "SIGUSR2":
+    """After the stop checkpoint: requeue if the stop was the time-limit warning (USR2) or a preemption (rank 0
+    asks), then exit 0 on every rank (a non-zero exit would make srun's --kill-on-bad-exit end the other ranks
+    before they save)."""
+    if rank() == 0 and requeue_wanted():
         requeue()
     sys.stdout.flush()
     sys.exit(0)

@@ -196,6 +196,48 @@ def decide_job(
     return decide(requirements, workload, view, site, space, backend=backend, now=now, alternatives=alternatives)
 
 
+@dataclass(frozen=True)
+class PreemptibleDecision:
+    """HAS's decision for a job marked preemptible, and the QOS it runs in (None: its own, with `note` why)."""
+
+    decision: Decision
+    qos: str | None
+    note: str | None = None
+
+
+def decide_preemptible(
+    requirements: Requirements,
+    workload: Workload,
+    space: SearchSpace,
+    view: ClusterView,
+    site: SiteConfig,
+    backend: SlurmBackend | None,
+    now: float,
+    alternatives: int = 5,
+) -> PreemptibleDecision:
+    """The decision step for a job its user marked preemptible (`slurm.preemptible`, `fsbatch --preemptible`):
+    in the site's preemptible QOS (`site.preemption`, which must be set), within that QOS's limits, and with up
+    to `preemption.max_job_share` of a pool instead of the site's `max_job_share`, which leaves room for the jobs
+    that arrive later; those preempt this one instead. Where the allocation chosen that way is predicted to run
+    less than `preemption.min_run_min`, the job is decided as any other and stays in its own QOS: preempting it
+    would save the others little and cost it a restart. The simulator's `has-preempt` calls this step."""
+    p = site.preemption
+    if p is None:
+        raise ValueError("decide_preemptible needs a site file with a preemption: block")
+    wide = site.model_copy(update={"max_job_share": max(site.max_job_share, p.max_job_share)})
+    qview = view if backend is None else view.model_copy(update={"qos": backend.qos_limits(p.qos)})
+    d = decide_job(requirements, workload, space, qview, wide, backend, now, alternatives)
+    if d.chosen.run_time_s >= 60.0 * p.min_run_min:
+        return PreemptibleDecision(d, p.qos)
+    d = decide_job(requirements, workload, space, view, site, backend, now, alternatives)
+    return PreemptibleDecision(
+        d,
+        None,
+        f"not preemptible: the predicted run, {d.chosen.run_time_s / 60:.0f} min, is under the site's "
+        f"preemption.min_run_min ({p.min_run_min} min); the job runs in its own QOS",
+    )
+
+
 def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple[Path, Path | None]:
     """The job directory, and the used directory it moved from (or None). An earlier job's directory is
     never reused: a rerun, and --force (with or without --dry-run), go to the first free sibling NAME.2...;
@@ -219,15 +261,28 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     site_cfg, applied = calibrate(job, site, options)
     workload = workload_from_spec(job.spec, job.model, device=site_cfg.device)  # what the ranks compute on
     requirements = Requirements.from_spec(job.spec, slurm=options.slurm)
-    decision = decide_job(
-        requirements,
-        workload,
-        search_space_from_spec(job.spec),
-        view,
-        site_cfg,
-        start_estimator(backend),
-        options.now if options.now is not None else time.time(),
-    )
+    now = options.now if options.now is not None else time.time()
+    slurm, extra_notes = options.slurm, []
+    if slurm.preemptible:
+        if site_cfg.preemption is None:
+            where = f"site file {site.path}" if site.path is not None else "the site file"
+            raise InputError(
+                f"slurm.preemptible (fsbatch --preemptible): {where} names no preemptible QOS (preemption: qos: ...), "
+                "so this site has none frenzy-slurm knows of. Ask the site's admins (docs/admin.md, "
+                '"Preemptible jobs"), or drop --preemptible.'
+            )
+        found = decide_preemptible(
+            requirements, workload, search_space_from_spec(job.spec), view, site_cfg, start_estimator(backend), now
+        )
+        decision = found.decision
+        if found.qos is not None:  # the #SBATCH --qos line (the options' validator refuses qos with preemptible)
+            slurm = slurm.model_copy(update={"qos": found.qos})
+        else:
+            extra_notes.append(found.note or "")
+    else:
+        decision = decide_job(
+            requirements, workload, search_space_from_spec(job.spec), view, site_cfg, start_estimator(backend), now
+        )
     submission = submission_of(job, options)
     job_dir, earlier = choose_job_dir(job, submission, options)
     calibration = job_record(applied, site.config, workload, decision, job.spec.training.global_batch)
@@ -237,13 +292,13 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
         job.path,
         job.model,
         decision,
-        options.slurm,
+        slurm,
         job_dir,
         options.templates,
         group_readable=shared,
         calibration=calibration,
     )
-    notes = plan_notes(site, view, requirements, decision) + tuple(env_notes)
+    notes = plan_notes(site, view, requirements, decision) + tuple(extra_notes) + tuple(env_notes)
     return request_of(rendered, force=options.force, earlier_job_dir=earlier, group_readable=shared, notes=notes)
 
 

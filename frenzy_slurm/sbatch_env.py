@@ -70,7 +70,8 @@ def check_sbatch_env(options: SlurmOptions, environ: Mapping[str, str] | None = 
     """Refuse (InputError, exit 2) the SBATCH_* variables of `environ` (default: fsbatch's own environment,
     which sbatch inherits) that would override the plan, naming each and the fix; the notes for the others."""
     env = sbatch_variables(os.environ if environ is None else environ)
-    flags = options.flags()
+    # --preemptible sets the QOS too (the site's preemptible one), once the plan is made
+    flags = options.flags() + (["--qos=(the site's preemptible QOS)"] if options.preemptible else [])
     refused: list[str] = []
     why: list[str] = []
     notes: list[str] = []

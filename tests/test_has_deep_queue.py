@@ -195,7 +195,7 @@ def test_a_simulation_keeping_the_index_between_decisions_decides_as_one_buildin
 
 @pytest.mark.parametrize("policy", ["has-homogeneous"])
 def test_the_kept_index_serves_several_decisions_on_one_view(policy, monkeypatch):
-    """A run whose decisions reuse the kept index (extended view to view) decides as one with a fresh index each time."""
+    """Decisions that reuse the kept index (extended view to view) are those made with a fresh index each time."""
     cluster = parse_compact("A100-80GB:1x8,T4:1x4")
     wl = sample_philly(DEV_TRACE, 4, 30)
     runs = []

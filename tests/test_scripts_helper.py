@@ -1,5 +1,6 @@
 """frenzy_slurm.in_job, the helper a user's script imports: a signal delivered to a script started by the runtime
-makes it checkpoint and exit 0, requeueing after USR2 (not after TERM); the next run finds the checkpoint."""
+makes it checkpoint and exit 0, requeueing after USR2 and after the TERM of a preemption (not after a scancel's);
+the next run finds the checkpoint."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ sys.exit(3)
 
 @pytest.fixture
 def job(tmp_path):
-    """A job directory, the script, and a `scontrol` on PATH that records what it was asked."""
+    """A job directory, the script, and a `scontrol` on PATH that records what it was asked (and answers `show
+    job` with $SCONTROL_SHOW)."""
     job_dir = tmp_path / "job"
     job_dir.mkdir(mode=0o700)
     (tmp_path / "train.py").write_text(SCRIPT)
@@ -42,7 +44,7 @@ def job(tmp_path):
     bin_dir.mkdir()
     calls = tmp_path / "scontrol.calls"
     fake = bin_dir / "scontrol"
-    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = show ] && echo "$SCONTROL_SHOW"\nexit 0\n')
     fake.chmod(0o755)
     env = {
         **os.environ,
@@ -50,6 +52,7 @@ def job(tmp_path):
         "PYTHONPATH": str(ROOT),
         "SLURM_JOB_ID": "4242",
         "FRENZY_NVML_SAMPLER": "0",
+        "SCONTROL_SHOW": "JobId=4242 JobName=t PreemptEligibleTime=2026-12-04T18:27:49 PreemptTime=None",
     }
     return job_dir, tmp_path / "train.py", calls, env
 
@@ -86,12 +89,25 @@ def test_usr2_checkpoints_requeues_and_exits_0(job):
     assert "job 4242 requeued after SIGUSR2" in res.stdout
     assert oct((job_dir / "checkpoints").stat().st_mode & 0o777) == "0o700"
 
-    # the requeued run resumes after that step; TERM (scancel, preemption) saves but does not requeue
+    # the requeued run resumes after that step; the TERM of a scancel (no PreemptTime) saves but does not requeue
     res, start = run_until(job, signal.SIGTERM)
     assert res.returncode == 0, res.stderr
     assert start == state["step"] + 1
-    assert calls.read_text().split() == ["requeue", "4242"], "no second requeue after TERM"
+    assert calls.read_text().split() == ["requeue", "4242", "show", "job", "-o", "4242"], "no requeue after scancel"
     assert len(list((job_dir / "checkpoints").iterdir())) == 2
+
+
+def test_the_term_of_a_preemption_checkpoints_and_requeues(job):
+    """Slurm requeues a preempted job itself only while it still runs at the end of GraceTime; one that saved and
+    exited 0 would end COMPLETED, so the helper requeues it when scontrol shows a PreemptTime."""
+    job_dir, _, calls, env = job
+    env["SCONTROL_SHOW"] = "JobId=4242 PreemptEligibleTime=2026-12-04T18:27:49 PreemptTime=2026-12-04T18:27:52"
+    res, _ = run_until(job, signal.SIGTERM)
+    assert res.returncode == 0, res.stderr
+    assert calls.read_text().split() == ["show", "job", "-o", "4242", "requeue", "4242"]
+    assert "job 4242 requeued after SIGTERM" in res.stdout
+    (tag,) = (job_dir / "checkpoints").iterdir()
+    assert json.loads((tag / "state.json").read_text())["signal"] == "SIGTERM"
 
 
 def test_only_rank_0_requeues(job):

@@ -37,7 +37,7 @@ class Site:
         self.runs[jid] = run_min * MIN
         req = ComponentRequest(partition="p", gpu_type="a100_80gb", nodes=1, gpus_per_node=gpus, time_min=600)
         job = BatchJob(script=Path("x.sbatch"), workdir=Path("."), components=[req], name=f"j{jid}")
-        assert self.sim.submit(job, preemptible=preemptible, queued_since=since).job_id == jid
+        assert self.sim.submit_as(job, preemptible=preemptible, queued_since=since).job_id == jid
         return jid
 
     def state(self, jid: int) -> str:

@@ -6,7 +6,8 @@
 
 Validates model.yaml, predicts memory per plan (MARP), reads the cluster, picks the allocation that
 finishes soonest (HAS), renders job.sbatch / ds_config.json / plan.json and submits with sbatch.
-sbatch-style flags (-A, -q, -t, -C, --exclusive, --mail-*, -J, -o, -e, -d, --sbatch FLAG) override model.yaml.
+sbatch-style flags (-A, -q, -t, -C, --exclusive, --preemptible, --mail-*, -J, -o, -e, -d, --sbatch FLAG)
+override model.yaml.
 The work is frenzy_slurm.api's (plan_jobs, submit, Job.wait), which the Python API offers too; this module
 parses flags and prints.
 """
@@ -113,6 +114,13 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
 @click.option("-t", "--time", "time_", help="sbatch --time (default: predicted run time + 25% + 10 min).")
 @click.option("-C", "--constraint", help="sbatch --constraint.")
 @click.option("--exclusive", is_flag=True, default=None, help="sbatch --exclusive.")
+@click.option(
+    "--preemptible",
+    is_flag=True,
+    default=None,
+    help="Run in the site's preemptible QOS: other jobs may preempt it (it checkpoints, requeues and resumes); "
+    "HAS may give it more of a pool.",
+)
 @click.option("--mail-type", help="sbatch --mail-type.")
 @click.option("--mail-user", help="sbatch --mail-user.")
 @click.option("-J", "--job-name", help="sbatch --job-name (default: model.yaml's name).")
@@ -168,6 +176,7 @@ def main(
     time_: str | None,
     constraint: str | None,
     exclusive: bool | None,
+    preemptible: bool | None,
     mail_type: str | None,
     mail_user: str | None,
     job_name: str | None,
@@ -200,6 +209,7 @@ def main(
         "time": time_,
         "constraint": constraint,
         "exclusive": exclusive,
+        "preemptible": preemptible,
         "mail_type": mail_type,
         "mail_user": mail_user,
         "output": output,

@@ -323,6 +323,12 @@ class SlurmOptions(_Strict):
         description="sbatch --exclusive: whole nodes (all their GPUs) and no other job on them; HAS plans only on "
         "nodes no job uses until they are empty.",
     )
+    preemptible: bool = Field(
+        False,
+        description="Run in the site's preemptible QOS (site file preemption.qos): any other job may preempt it; "
+        "it checkpoints, is requeued and resumes. In exchange HAS may give it more of a pool. A job predicted "
+        "to run less than the site's preemption.min_run_min stays in its own QOS.",
+    )
     mail_type: str | None = Field(None, description="sbatch --mail-type.")
     mail_user: str | None = Field(None, description="sbatch --mail-user.")
     job_name: str | None = Field(None, description="sbatch --job-name (default: the job's name).")
@@ -378,6 +384,15 @@ class SlurmOptions(_Strict):
                 raise ValueError(why)
         return v
 
+    @model_validator(mode="after")
+    def _one_qos(self) -> SlurmOptions:
+        if self.preemptible and self.qos is not None:
+            raise ValueError(
+                f"qos {self.qos} and preemptible both choose the QOS (preemptible: the site file's preemption.qos): "
+                "drop one of them"
+            )
+        return self
+
     def overridden(self, **flags: object) -> SlurmOptions:
         """These options with fsbatch's flags on top (a flag left out, None, keeps model.yaml's value)."""
         from pydantic import ValidationError
@@ -392,9 +407,12 @@ class SlurmOptions(_Strict):
             return SlurmOptions.model_validate(data)
         except ValidationError as exc:
             err = exc.errors()[0]
-            field = str(err["loc"][0]) if err["loc"] else "?"
+            msg = err["msg"].removeprefix("Value error, ")
+            if not err["loc"]:  # two options together (qos and preemptible): the message names both
+                raise InputError(f"fsbatch flags with model.yaml's slurm: block: {msg}") from None
+            field = str(err["loc"][0])
             flag = "--sbatch" if field == "extra" else f"--{field.replace('_', '-')}"
-            raise InputError(f"{flag}: {err['msg'].removeprefix('Value error, ')}") from None
+            raise InputError(f"{flag}: {msg}") from None
 
     def flags(self) -> list[str]:
         """The #SBATCH lines these options add (time, name and output are placed by the template)."""

@@ -6,8 +6,8 @@ parallelism and ZeRO come from ds_config.json. On a CPU (no GPU in the task) Dee
 DS_ACCELERATOR=cpu over gloo.
 
 Signals: SIGUSR2 (sent 300 s before the time limit) and SIGTERM (scancel, preemption) make the
-trainer save a checkpoint at the next step boundary; after USR2 rank 0 also requeues the job so it
-resumes from that checkpoint.
+trainer save a checkpoint at the next step boundary; after USR2, and after the SIGTERM of a preemption
+(in_job.preempted), rank 0 also requeues the job so it resumes from that checkpoint.
 
 `job_dir` is the directory runtime/trust.py opened and checked (named through its file descriptor). A
 checkpoint is loaded only when its files are the ones this job recorded after saving them
@@ -246,7 +246,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
             "written_at": time.time(),
         }
         write_json(job_dir / "metrics.json", metrics)
-        if _stop["signal"] == "SIGUSR2" and os.environ.get("SLURM_JOB_ID"):
+        if os.environ.get("SLURM_JOB_ID") and (_stop["signal"] == "SIGUSR2" or _preempted()):
             _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
     torch.distributed.barrier()
     # every rank is done: take the process group down, which joins gloo's threads; an interpreter that exits with
@@ -316,6 +316,16 @@ def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv) -> str | None:
             "checkpoint, or all of checkpoints/ to start afresh."
         )
     return tag
+
+
+def _preempted() -> bool:
+    """Whether the stop was the SIGTERM of a preemption, which requeues like the time-limit warning (a scancel
+    stops the job). in_job is imported only now: importing it installs its own handler for the signals."""
+    if _stop["signal"] != "SIGTERM":
+        return False
+    from frenzy_slurm import in_job
+
+    return in_job.preempted()
 
 
 def _requeue(job_id: int) -> None:

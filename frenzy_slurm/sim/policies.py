@@ -15,6 +15,8 @@
   `heterogeneous` off): what heterogeneous allocations add is `has` against it.
 - `has`: full HAS (`frenzy_slurm.has.decide`), heterogeneous jobs allowed; it reads the simulated
   view and asks the simulated Slurm for start estimates, exactly as fsbatch does on a cluster.
+- `has-replan`: `has`, and pending jobs re-decided when the cluster changes; `has-preempt`: that, and the
+  opt-in preemptible mode (QOS preemption, checkpoint-and-move), each job marked preemptible.
 - `slurm-multi`: what users do today, done well: plain Slurm with a multi-partition request (`sbatch -p
   a,b,c`): every partition whose GPU holds the job by the rule of thumb, the smallest count that does on
   each (at least the user's usual count), Slurm's backfill starting it where it can start first; `--time`
@@ -37,10 +39,11 @@ from frenzy_slurm.marp.candidates import search
 from frenzy_slurm.marp.memory import Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.marp.speed import plan_costs
-from frenzy_slurm.planning import decide_job
+from frenzy_slurm.planning import decide_job, decide_preemptible
 from frenzy_slurm.sim.base import BasePolicy, Policy
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
+from frenzy_slurm.site.config import Preemption
 from frenzy_slurm.slurm.backend import ComponentRequest
 from frenzy_slurm.units import GiB
 
@@ -136,50 +139,54 @@ class HasReplan(HasPolicy):
 
 
 class HasPreempt(HasReplan):
-    """`has-replan`, and the opt-in preemptible mode: a user marks a job preemptible, the runtime checkpoints
-    and requeues it. When a job ends, each running job of the policy that has run longer than the restart cost
-    is decided again for the steps it has left, on the cluster with its own GPUs free; where that finishes
-    sooner than staying by more than `gain` of the remaining time (restart cost included: the new allocation
-    starts with the start-up and the checkpoint's restore), it is checkpointed, stopped and resubmitted there.
-    Here every job of the policy is marked preemptible."""
+    """`has-replan`, and the opt-in preemptible mode, with every job of the policy marked preemptible (`fsbatch
+    --preemptible`) on a site with a preemptible QOS (`preemption`, the site file's block):
+
+    - each job is decided as fsbatch decides a preemptible one (`planning.decide_preemptible`): a job predicted
+      to run `preemption.min_run_min` or more runs in the preemptible QOS and may take up to
+      `preemption.max_job_share` of a pool; the simulated Slurm lets any job outside that QOS preempt it once it
+      has run `exempt_s` (PreemptExemptTime), and it is requeued, keeping its place in the queue, and decided
+      again (the steps it has left);
+    - when a job ends, each running job of the policy that has run longer than the restart cost is decided again
+      for the steps it has left, on the cluster with its own GPUs free; where that finishes sooner than staying
+      by more than `gain` of the remaining time (restart cost included: the new allocation starts with the
+      start-up and the checkpoint's restore), it is checkpointed, stopped and resubmitted there (what a watcher
+      beside fsbatch would do; not built).
+    """
 
     moves_running = True
 
-    def __init__(
-        self,
-        gain: float = 0.2,
-        min_run_h: float | None = None,
-        exempt_s: float = 3600.0,
-        wide_share: float | None = None,
-    ) -> None:
+    def __init__(self, gain: float = 0.2, preemption: Preemption | None = None, exempt_s: float = 3600.0) -> None:
         super().__init__()
         self.name = "has-preempt"
         self.gain = gain
         self.moves = 0
-        # QOS preemption (min_run_h None: off): jobs predicted to run at least min_run_h are submitted in the
-        # site's preemptible QOS, which any job outside it may preempt once they have run exempt_s
-        # (PreemptExemptTime); such a job may take up to wide_share of a pool
-        self.min_run_s = None if min_run_h is None else 3600.0 * min_run_h
-        self.preempt_exempt_s = None if min_run_h is None else exempt_s
-        self.wide_share = wide_share
+        # the site's preemptible QOS (None: none); Slurm lets a job outside it preempt a job in it once that has
+        # run exempt_s (PreemptExemptTime)
+        self.preemption = preemption
+        self.preempt_exempt_s = None if preemption is None else exempt_s
+        self._verdict: dict[int, tuple[Placement, bool]] = {}  # job id -> its placement, in the preemptible QOS?
 
     def preemptible(self, a: Attempt, p: Placement) -> bool:
-        return self.min_run_s is not None and p.step_time_s * a.steps >= self.min_run_s
+        """Whether the job runs in the preemptible QOS: as decide_preemptible said for a placement of place();
+        a move keeps the rule it applies (a predicted run of preemption.min_run_min or more)."""
+        kept = self._verdict.get(a.job.id)
+        if kept is not None and kept[0] is p:
+            return kept[1]
+        return self.preemption is not None and p.step_time_s * a.steps >= 60.0 * self.preemption.min_run_min
 
     def place(self, a: Attempt, ctx: Context) -> Placement | None:
-        """A job that will be preemptible may take more of a pool than the site's max_job_share (up to
-        `wide_share`): that share leaves room for the jobs that arrive later, which preempt it instead. A job
-        that is not preemptible at that width is decided within the share, as `has` decides it."""
-        if self.min_run_s is None or self.wide_share is None:
+        """Every job is marked preemptible (fsbatch --preemptible): the decision is fsbatch's for such a job."""
+        if self.preemption is None:
             return super().place(a, ctx)
-        site = ctx.site_for(a)
-        wide = site.model_copy(update={"max_job_share": max(self.wide_share, site.max_job_share)})
+        site = ctx.site_for(a).model_copy(update={"preemption": self.preemption})
         try:
-            d = decide_job(a.requirements, a.workload, a.space, ctx.sim.load(), wide, ctx.sim, ctx.sim.now)
+            found = decide_preemptible(a.requirements, a.workload, a.space, ctx.sim.load(), site, ctx.sim, ctx.sim.now)
         except NoFitError:
             return None
-        p = from_allocation(d.chosen)
-        return p if self.preemptible(a, p) else super().place(a, ctx)
+        p = from_allocation(found.decision.chosen)
+        self._verdict[a.job.id] = (p, found.qos is not None)
+        return p
 
     def move(
         self, ctx: Context, running: list[tuple[int, Attempt, Placement, float, int]]
@@ -453,10 +460,10 @@ TUNED_KNOBS: dict[str, float] = {
     "sia_p": 0.25,
     "sia_lambda_n": 1.0,
     "sia_round_s": 60.0,
-    # has-preempt's QOS preemption: jobs predicted to run 1 h or more in the preemptible QOS, PreemptExemptTime
-    # 1200 s, such a job up to the whole of a pool (tuned on std64, load 0.8, seeds 1-5 and 11-20:
-    # docs/simulation-model.md, "Tuning the baselines")
-    "has_preempt_min_run_h": 1.0,
+    # has-preempt's site: a preemptible QOS (the site file's preemption: min_run_min 30, max_job_share 1.0) and
+    # PreemptExemptTime 1200 s (tuned on std64, load 0.8, seeds 1-5 and 11-20: docs/simulation-model.md,
+    # "Tuning the baselines")
+    "has_preempt_min_run_min": 30.0,
     "has_preempt_exempt_s": 1200.0,
     "has_preempt_max_job_share": 1.0,
 }
@@ -483,12 +490,15 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
     if name == "has-replan":
         return HasReplan()
     if name == "has-preempt":
-        return HasPreempt(
-            k.get("has_preempt_gain", 0.2),
-            k.get("has_preempt_min_run_h"),
-            k.get("has_preempt_exempt_s", 3600.0),
-            k.get("has_preempt_max_job_share"),
+        minutes = k.get("has_preempt_min_run_min")
+        preemption = (
+            None
+            if minutes is None
+            else Preemption(
+                qos="preemptible", min_run_min=int(minutes), max_job_share=k.get("has_preempt_max_job_share", 1.0)
+            )
         )
+        return HasPreempt(k.get("has_preempt_gain", 0.2), preemption, k.get("has_preempt_exempt_s", 3600.0))
     if name == "has-homogeneous":
         return HasPolicy(False)
     if name == "fastest-fit":

@@ -297,7 +297,7 @@ class Runner:
             self.sim.submit_any(job, others)
         else:
             marks = getattr(self.policy, "preemptible", None)  # has-preempt: the jobs its users mark
-            self.sim.submit(
+            self.sim.submit_as(
                 job,
                 preemptible=bool(marks and not rec.plain and marks(a, p)),
                 queued_since=self._requeued.pop(a.job.id, None),

@@ -204,10 +204,14 @@ class SimSlurm:
         t, nodes = found
         return StartEstimate(start=t, nodes=[n for ns in nodes for n in ns], source=self.estimates)
 
-    def submit(self, job: BatchJob, preemptible: bool = False, queued_since: float | None = None) -> SbatchAnswer:
-        """`preemptible`: submitted in the site's preemptible QOS (`--qos`, which the script's own lines say).
-        `queued_since`: a preempted job requeued (Slurm keeps its id and so its place in the queue) under the
-        request its owner's tool updated it to (`scontrol update`), which this models as one submission."""
+    def submit(self, job: BatchJob) -> SbatchAnswer:
+        return self.submit_as(job)
+
+    def submit_as(self, job: BatchJob, preemptible: bool = False, queued_since: float | None = None) -> SbatchAnswer:
+        """`submit`, with what the simulator knows apart from the request. `preemptible`: submitted in the site's
+        preemptible QOS (`--qos`, which the script's own lines say). `queued_since`: a preempted job requeued
+        (Slurm keeps its id and so its place in the queue) under the request its owner's tool updated it to
+        (`scontrol update`), which this models as one submission."""
         for c in job.components:
             pool = self._candidates(c)
             if len(pool) < c.nodes:
@@ -318,6 +322,10 @@ class SimSlurm:
         else:
             j.state, j.end = "CANCELLED", self.now
         self.schedule()
+
+    def preempted(self, job_id: int) -> bool:
+        """False: a simulated job runs no code that could ask (its preemption is the runner's PREEMPTED end)."""
+        return False
 
     def requeue(self, job_id: int) -> None:
         j = self.jobs_by_id.get(job_id)

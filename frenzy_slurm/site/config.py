@@ -169,6 +169,36 @@ class Pool(_M):
         return LINK_GBS[self.intra_node] if isinstance(self.intra_node, str) else float(self.intra_node)
 
 
+class Preemption(_M):
+    """The site's preemptible QOS, which jobs marked preemptible (`fsbatch --preemptible`, model.yaml's
+    `slurm.preemptible`) run in. Slurm must say what it means: `PreemptType=preempt/qos`,
+    `PreemptMode=REQUEUE`, the normal QOS with `Preempt=` this one, and a `GraceTime` long enough for a
+    checkpoint (docs/admin.md, "Preemptible jobs")."""
+
+    qos: str = Field(description="The preemptible QOS's name (sacctmgr show qos), e.g. preemptible.")
+    min_run_min: int = Field(
+        30,
+        ge=0,
+        description="A job marked preemptible whose predicted run is shorter stays in its own QOS: preempting "
+        "it would save the others little and cost it a restart (30: the best of 0-120 in simulation, "
+        "docs/simulation-model.md).",
+    )
+    max_job_share: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="The most of one pool's GPUs HAS gives a preemptible job (instead of the site's "
+        "max_job_share): the room that share leaves is for jobs that arrive later, which preempt it instead.",
+    )
+
+    @field_validator("qos")
+    @classmethod
+    def _qos_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v, re.ASCII):
+            raise ValueError(f"{v!r} is not a QOS name: use letters, digits and _.-")
+        return v
+
+
 class SiteConfig(_M):
     cluster: str = Field(description="Cluster name (informational; `site validate` compares it).")
     defaults: SiteDefaults = Field(default_factory=SiteDefaults, description="Values every pool inherits.")
@@ -192,6 +222,11 @@ class SiteConfig(_M):
         description="The most of one pool's GPUs HAS gives one job, unless it needs more to fit "
         "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
         "1.0 lets one job take a whole pool when that finishes it soonest.",
+    )
+    preemption: Preemption | None = Field(
+        None,
+        description="The site's preemptible QOS for jobs their users mark preemptible; none: such jobs are "
+        "refused (exit 2).",
     )
 
     trusted_factories: list[str] = Field(

@@ -122,6 +122,11 @@ class SlurmBackend(Protocol):
         """Put a running job back in the queue (its batch script runs again)."""
         ...
 
+    def preempted(self, job_id: int) -> bool:
+        """Whether Slurm is preempting the job (its PreemptTime is set): the SIGTERM its steps got is a
+        preemption, which the job answers by requeueing after its checkpoint, not a scancel, which stops it."""
+        ...
+
     def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
         """sacct records of these jobs in one query; None where the site keeps no accounting."""
         ...
@@ -167,6 +172,9 @@ class ReadOnlyBackend:
 
     def requeue(self, job_id: int) -> None:
         self._refuse("requeue jobs")
+
+    def preempted(self, job_id: int) -> bool:
+        self._refuse("ask Slurm about a running job")
 
     def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
         return None

@@ -511,6 +511,12 @@ class SlurmCliBackend:
     def requeue(self, job_id: int) -> None:
         run(["scontrol", "requeue", str(job_id)], timeout=self.timeout)
 
+    def preempted(self, job_id: int) -> bool:
+        """scontrol's PreemptTime (`None` until a preemption starts; every Slurm version since 2.x has it), of
+        any component of a hetjob."""
+        out = run(["scontrol", "show", "job", "-o", str(job_id)], timeout=self.timeout).stdout
+        return any(t not in ("None", "Unknown", "") for t in re.findall(r"\bPreemptTime=(\S*)", out))
+
     def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
         """One `sacct` for all the jobs; None where the site has no accounting (or it does not answer)."""
         ids = sorted(set(job_ids))

@@ -61,6 +61,7 @@ class FakeSlurm:
         self.down = False  # True: every call fails as an unreachable controller does
         self.submit_times_out = False  # True: the job is created, but the caller sees a timeout
         self.calls: list[str] = []  # which interface methods were called, in order (for tests)
+        self.preempting: set[int] = set()  # job ids a test says Slurm is preempting (preempted())
         self.signals: list[tuple[int, str]] = []  # what cancel(job_id, signal) sent (for tests)
         self.gpu_peaks_gib: dict[int, float] = {}  # what Slurm's GPU accounting would report, per job
         self.step_output: dict[PoolKey, str] = {}  # what a job step on a pool prints (site detection)
@@ -296,6 +297,11 @@ class FakeSlurm:
         if job_phase(j.state) in ("pending", "running", "suspended"):
             j.state, j.end = "CANCELLED", self.now
         self._schedule()
+
+    def preempted(self, job_id: int) -> bool:
+        """Whether a test marked the job preempted (`preempting`)."""
+        self._guard("preempted")
+        return job_id in self.preempting
 
     def requeue(self, job_id: int) -> None:
         self._guard("requeue")

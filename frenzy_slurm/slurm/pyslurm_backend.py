@@ -324,6 +324,9 @@ class PyslurmBackend:
     def requeue(self, job_id: int) -> None:
         self._cli.requeue(job_id)
 
+    def preempted(self, job_id: int) -> bool:
+        return self._cli.preempted(job_id)  # asked once per stop, from inside the job: scontrol is enough
+
     def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:
         return self._cli.accounting(job_ids)
 
