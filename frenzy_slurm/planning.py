@@ -229,12 +229,11 @@ def decide_preemptible(
     d = decide_job(requirements, workload, space, qview, wide, backend, now, alternatives)
     if d.chosen.run_time_s >= 60.0 * p.min_run_min:
         return PreemptibleDecision(d, p.qos)
-    d = decide_job(requirements, workload, space, view, site, backend, now, alternatives)
     return PreemptibleDecision(
-        d,
+        decide_job(requirements, workload, space, view, site, backend, now, alternatives),
         None,
-        f"not preemptible: the predicted run, {d.chosen.run_time_s / 60:.0f} min, is under the site's "
-        f"preemption.min_run_min ({p.min_run_min} min); the job runs in its own QOS",
+        f"not preemptible: its predicted run in the preemptible QOS, {d.chosen.run_time_s / 60:.0f} min, is under "
+        f"the site's preemption.min_run_min ({p.min_run_min} min); the job runs in its own QOS",
     )
 
 

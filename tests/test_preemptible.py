@@ -69,4 +69,4 @@ def test_a_short_job_marked_preemptible_stays_in_its_own_qos_with_a_note():
     short = make_spec(model={"preset": "gpt2"}, training__steps=50)
     req = planned(short, view, site=SiteFile(_site(min_run_min=600)), options=SlurmOptions(preemptible=True))
     assert "--qos" not in req.script
-    assert any("not preemptible: the predicted run" in n and "min_run_min (600 min)" in n for n in req.notes)
+    assert any("not preemptible: its predicted run" in n and "min_run_min (600 min)" in n for n in req.notes)
