@@ -217,14 +217,15 @@ def decide_preemptible(
 ) -> PreemptibleDecision:
     """The decision step for a job its user marked preemptible (`slurm.preemptible`, `fsbatch --preemptible`):
     in the site's preemptible QOS (`site.preemption`, which must be set), within that QOS's limits, and with up
-    to `preemption.max_job_share` of a pool instead of the site's `max_job_share`, which leaves room for the jobs
-    that arrive later; those preempt this one instead. Where the allocation chosen that way is predicted to run
-    less than `preemption.min_run_min`, the job is decided as any other and stays in its own QOS: preempting it
-    would save the others little and cost it a restart. The simulator's `has-preempt` calls this step."""
+    to `preemption.max_job_share` of a pool where the site sets one above its `max_job_share` (which leaves room
+    for the jobs that arrive later; those may preempt this one instead). Where the allocation chosen that way is
+    predicted to run less than `preemption.min_run_min`, the job is decided as any other and stays in its own
+    QOS: preempting it would save the others little and cost it a restart. The simulator's `has-preempt` calls
+    this step."""
     p = site.preemption
     if p is None:
         raise ValueError("decide_preemptible needs a site file with a preemption: block")
-    wide = site.model_copy(update={"max_job_share": max(site.max_job_share, p.max_job_share)})
+    wide = site.model_copy(update={"max_job_share": max(site.max_job_share, p.max_job_share or 0.0)})
     qview = view if backend is None else view.model_copy(update={"qos": backend.qos_limits(p.qos)})
     d = decide_job(requirements, workload, space, qview, wide, backend, now, alternatives)
     if d.chosen.run_time_s >= 60.0 * p.min_run_min:

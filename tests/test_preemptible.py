@@ -25,7 +25,7 @@ def _site(**preemption) -> SiteConfig:
 
 def test_the_site_file_names_the_preemptible_qos_and_checks_it():
     p = SiteConfig.model_validate({**synthetic_site(LOCAL).model_dump(), "preemption": {"qos": "scavenger"}}).preemption
-    assert p is not None and (p.qos, p.min_run_min, p.max_job_share) == ("scavenger", 30, 1.0)
+    assert p is not None and (p.qos, p.min_run_min, p.max_job_share) == ("scavenger", 60, None)
     for bad in ({"qos": "a b"}, {"qos": "x", "max_job_share": 0}, {"qos": "x", "min_run_min": -1}, {}):
         with pytest.raises(ValidationError):
             Preemption.model_validate(bad)
@@ -51,16 +51,16 @@ def test_a_site_without_a_preemptible_qos_refuses_the_job(tmp_path):
 
 def test_a_long_preemptible_job_runs_in_that_qos_and_may_take_a_whole_pool():
     view = synthetic(LOCAL)
-    normal = planned(make_spec(**LONG), view, site=SiteFile(_site()))
+    normal = planned(make_spec(**LONG), view, site=SiteFile(_site(max_job_share=1.0)))
     assert normal.plan.decision.chosen.gpus <= 8 and "--qos" not in normal.script  # max_job_share 0.5 of v100
-    pre = planned(make_spec(**LONG), view, site=SiteFile(_site()), options=SlurmOptions(preemptible=True))
+    pre = planned(
+        make_spec(**LONG), view, site=SiteFile(_site(max_job_share=1.0)), options=SlurmOptions(preemptible=True)
+    )
     chosen = pre.plan.decision.chosen
     assert "#SBATCH --qos=preemptible\n" in pre.script and "#SBATCH --requeue\n" in pre.script
     assert chosen.gpus > normal.plan.decision.chosen.gpus  # beyond half a pool: later jobs preempt it instead
     assert chosen.run_time_s < normal.plan.decision.chosen.run_time_s
-    held = planned(
-        make_spec(**LONG), view, site=SiteFile(_site(max_job_share=0.5)), options=SlurmOptions(preemptible=True)
-    )
+    held = planned(make_spec(**LONG), view, site=SiteFile(_site()), options=SlurmOptions(preemptible=True))
     assert held.plan.decision.chosen.gpus == normal.plan.decision.chosen.gpus and "--qos=preemptible" in held.script
 
 

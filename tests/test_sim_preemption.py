@@ -11,10 +11,11 @@ from frenzy_slurm.sim import ErrorModel, parse_compact, simulate
 from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt
-from frenzy_slurm.sim.policies import TUNED_KNOBS, HasPreempt, make_policy
+from frenzy_slurm.sim.policies import HasPreempt, make_policy
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.sim.truth import Truth
 from frenzy_slurm.sim.workload import WorkloadFile, WorkloadJob
+from frenzy_slurm.site.config import Preemption
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 
 MIN = 60.0
@@ -108,7 +109,9 @@ def _workload() -> WorkloadFile:
 
 
 def test_has_preempt_runs_long_jobs_preemptible_and_a_preempted_job_finishes_every_step():
-    r = simulate(_workload(), parse_compact("A100-80GB:1x4"), "has-preempt", seed=1, load=None)
+    # a site that lets a preemptible job take the whole pool: the short jobs can start only by preempting it
+    wide = {"has_preempt_max_job_share": 1.0}
+    r = simulate(_workload(), parse_compact("A100-80GB:1x4"), "has-preempt", seed=1, load=None, knobs=wide)
     by_id = {x.id: x for x in r.records}
     assert all(x.state == "done" for x in r.records)
     assert r.extra["preempted"] >= 1  # the long job (preemptible: over an hour) made way for the short ones
@@ -125,8 +128,7 @@ def test_a_preemptible_job_may_take_more_of_a_pool_than_max_job_share():
     )
     a = Attempt(job, job.steps)
     narrow = make_policy("has").place(a, Context(SimSlurm(cluster), cluster.site(), Truth(ErrorModel.exact(), 1)))
-    policy = make_policy("has-preempt")
-    assert isinstance(policy, HasPreempt) and TUNED_KNOBS["has_preempt_max_job_share"] == 1.0
+    policy = HasPreempt(preemption=Preemption(qos="preemptible", min_run_min=60, max_job_share=1.0))
     wide = policy.place(a, Context(SimSlurm(cluster), cluster.site(), Truth(ErrorModel.exact(), 1)))
     assert narrow is not None and wide is not None
     assert narrow.gpus <= 4 < wide.gpus  # the site's max_job_share (0.5) holds has's job to half the pool

@@ -460,12 +460,12 @@ TUNED_KNOBS: dict[str, float] = {
     "sia_p": 0.25,
     "sia_lambda_n": 1.0,
     "sia_round_s": 60.0,
-    # has-preempt's site: a preemptible QOS (the site file's preemption: min_run_min 30, max_job_share 1.0) and
-    # PreemptExemptTime 1200 s (tuned on std64, load 0.8, seeds 1-5 and 11-20: docs/simulation-model.md,
+    # has-preempt's site: a preemptible QOS (the site file's preemption: min_run_min 60, max_job_share the site's
+    # 0.5) and PreemptExemptTime 1200 s (tuned on std64, load 0.8, seeds 1-5 and 11-20: docs/simulation-model.md,
     # "Tuning the baselines")
-    "has_preempt_min_run_min": 30.0,
+    "has_preempt_min_run_min": 60.0,
     "has_preempt_exempt_s": 1200.0,
-    "has_preempt_max_job_share": 1.0,
+    "has_preempt_max_job_share": 0.5,
 }
 
 
@@ -495,7 +495,7 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
             None
             if minutes is None
             else Preemption(
-                qos="preemptible", min_run_min=int(minutes), max_job_share=k.get("has_preempt_max_job_share", 1.0)
+                qos="preemptible", min_run_min=int(minutes), max_job_share=k.get("has_preempt_max_job_share")
             )
         )
         return HasPreempt(k.get("has_preempt_gain", 0.2), preemption, k.get("has_preempt_exempt_s", 3600.0))

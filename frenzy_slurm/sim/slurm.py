@@ -420,8 +420,9 @@ class SimSlurm:
                 continue
             t, nodes = found
             if t > self.now and self.preempt_exempt_s is not None and not j.preemptible:
-                nodes = self._preempt_for(j) or nodes
-                t = self.now if j.state == "PENDING" and self._fits_now(j, nodes) else t
+                freed = self._preempt_for(j)
+                if freed is not None and self._fits_now(j, freed):
+                    t, nodes = self.now, freed
             if t <= self.now:
                 self._start(j, nodes)
                 for c, ns in zip(j.components, nodes, strict=True):

@@ -177,18 +177,19 @@ class Preemption(_M):
 
     qos: str = Field(description="The preemptible QOS's name (sacctmgr show qos), e.g. preemptible.")
     min_run_min: int = Field(
-        30,
+        60,
         ge=0,
         description="A job marked preemptible whose predicted run is shorter stays in its own QOS: preempting "
-        "it would save the others little and cost it a restart (30: the best of 0-120 in simulation, "
+        "it would save the others little and cost it a restart (60: the best of 0-120 in simulation, "
         "docs/simulation-model.md).",
     )
-    max_job_share: float = Field(
-        1.0,
+    max_job_share: float | None = Field(
+        None,
         gt=0,
         le=1,
-        description="The most of one pool's GPUs HAS gives a preemptible job (instead of the site's "
-        "max_job_share): the room that share leaves is for jobs that arrive later, which preempt it instead.",
+        description="The most of one pool's GPUs HAS gives a preemptible job; null: the site's max_job_share. "
+        "A larger share lets it use idle GPUs, which the jobs that arrive later take back by preempting it "
+        "(in simulation it measured no better than the site's share, docs/simulation-model.md).",
     )
 
     @field_validator("qos")
