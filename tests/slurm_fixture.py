@@ -141,6 +141,20 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, what: str 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def release_requeued(job: int | str) -> None:
+    """Wait until a requeued job is PENDING again, then lift the hold Slurm puts on it so that it starts now.
+
+    Slurm holds a requeued job (BeginTime) for the credential lifetime + 1 s because slurmd will not launch a
+    batch job whose credential is not newer, in whole seconds, than the kill that requeued it. `StartTime=now`
+    can fall in the same second as that kill when the run ended at once. slurmd then logs "Job N already killed,
+    do not launch batch job" and slurmctld logs "Killing non-startable batch JobId=N: Job credential revoked".
+    The job ends FAILED and its script never runs. `now+1` is a second after the kill: the job was PENDING,
+    so the kill had already happened.
+    """
+    wait_for(lambda: "PENDING" in sh("squeue", "-h", "-j", str(job), "-o", "%T", check=False), what="requeued")
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now+1"], check=True, timeout=60)
+
+
 @pytest.fixture
 def clean_queue(slurm_cluster):
     """Cancel every job and resume every node before and after the test."""

@@ -15,14 +15,13 @@ import json
 import math
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from .helpers import EXAMPLES, ROOT, fsbatch_json, wait_done
-from .slurm_fixture import sh, wait_for
+from .slurm_fixture import release_requeued, sh, wait_for
 
 pytest.importorskip("deepspeed", reason="the examples need the train extra (pip install -e '.[dev]')")
 pytest.importorskip("transformers", reason="the examples need the examples extra (pip install -e '.[dev]')")
@@ -113,8 +112,7 @@ def test_torch_loop_checkpoints_and_requeues_at_usr2(live_jobs_dir, tmp_path):
         what="ten steps",
     )
     sh("scancel", "--signal=USR2", str(job))  # what Slurm sends 300 s before the time limit, to every task
-    wait_for(lambda: "PENDING" in sh("squeue", "-h", "-j", str(job), "-o", "%T", check=False), what="requeued")
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)  # Slurm holds a requeue
+    release_requeued(job)  # Slurm holds a requeue
     done = wait_done(job, timeout=240)
     text = log.read_text()
     assert done["state"] == "COMPLETED", text[-3000:]

@@ -24,7 +24,7 @@ import yaml
 from frenzy_slurm.runtime.checkpoints import latest_step
 
 from .helpers import ROOT, fsbatch_json, wait_done
-from .slurm_fixture import DEVCLUSTER, TEST_PORT, _cannot_run_slurm, sh, wait_for
+from .slurm_fixture import DEVCLUSTER, TEST_PORT, _cannot_run_slurm, release_requeued, sh, wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.slow]
 pytest.importorskip("deepspeed", reason="training tests need the train extra (pip install -e '.[dev]')")
@@ -93,8 +93,7 @@ def test_a_preemptible_job_is_preempted_requeued_and_resumes(preempt_cluster, tm
                  what="the normal job to preempt and start")  # fmt: skip
         assert sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip() in ("PENDING", "REQUEUED", "COMPLETING")
         # Slurm holds a requeued job for a while (BeginTime); it may start once the blocker has ended
-        wait_for(lambda: "PENDING" in sh("squeue", "-h", "-j", job, "-o", "%T", check=False), what="requeued")
-        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
+        release_requeued(job)
         done = wait_done(int(job), timeout=420)
     finally:
         subprocess.run(["scancel", blocker], capture_output=True, timeout=30)

@@ -1,9 +1,10 @@
 """The restart cost the simulator's `sia` pays, measured on the local Slurm cluster with the real runtime.
 
 `examples/tiny-cpu.yaml` is submitted with fsbatch, trains (DeepSpeed on the CPU), gets SIGUSR2 as at a time
-limit or a move (the runtime checkpoints and requeues itself), is released at once and resumes from the
-checkpoint. Printed: the start-up of the first run (start to its first step) and the cost of the
-checkpoint-requeue-resume (signal to the resumed run's first step). docs/simulation-model.md, "Restart cost".
+limit or a move (the runtime checkpoints and requeues itself), is released a second after the requeue
+(`release_requeued`) and resumes from the checkpoint. Printed: the start-up of the first run (start to its
+first step) and the cost of the checkpoint-requeue-resume (signal to the resumed run's first step).
+docs/simulation-model.md, "Restart cost".
 
     FRENZY_TEST_SLURM_PORT=<port> python -m pytest tests/test_sim_restart_live.py -s
 """
@@ -20,7 +21,7 @@ import pytest
 from frenzy_slurm.runtime.checkpoints import latest_step
 
 from .helpers import fsbatch_json, wait_done
-from .slurm_fixture import sh, wait_for
+from .slurm_fixture import release_requeued, sh, wait_for
 from .test_training_e2e import SITE, jobs_dir, tiny  # noqa: F401  (jobs_dir: a fixture)
 
 pytest.importorskip("deepspeed", reason="training tests need the train extra (pip install -e '.[dev]')")
@@ -43,8 +44,7 @@ def test_checkpoint_requeue_resume_cost(jobs_dir, tmp_path):
     subprocess.run(["scancel", "--signal=USR2", str(job)], check=True)  # to the steps, as the time limit does
     wait_for(lambda: (job_dir / "metrics.json").exists(), timeout=120, interval=0.2, what="first run's metrics")
     first = json.loads((job_dir / "metrics.json").read_text())
-    wait_for(lambda: "PENDING" in sh("squeue", "-h", "-j", str(job), "-o", "%T", check=False), what="requeued")
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)  # release the hold
+    release_requeued(job)
     done = wait_done(job, timeout=600)
     assert done["state"] == "COMPLETED"
     second = json.loads((job_dir / "metrics.json").read_text())

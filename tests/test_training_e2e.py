@@ -17,7 +17,7 @@ import yaml
 from frenzy_slurm.runtime.checkpoints import latest_step
 
 from .helpers import EXAMPLES, ROOT, fsbatch_json, run_cli, wait_done
-from .slurm_fixture import occupy_gpus, sh, wait_for
+from .slurm_fixture import occupy_gpus, release_requeued, wait_for
 
 pytest.importorskip("deepspeed", reason="training tests need the train extra (pip install -e '.[dev]')")
 
@@ -108,9 +108,7 @@ def test_requeued_job_resumes_from_checkpoint(jobs_dir, tmp_path):
     # older checkpoints are pruned (keep_checkpoints), so wait for the latest, not for one tag
     wait_for(lambda: (latest_step(ckpt) or 0) >= 10, timeout=240, interval=0.5, what="checkpoint step10")
     subprocess.run(["scontrol", "requeue", str(job)], check=True)
-    # Slurm holds requeued jobs for a while (BeginTime); release it now
-    wait_for(lambda: "PENDING" in sh("squeue", "-h", "-j", str(job), "-o", "%T", check=False), what="requeued")
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)
+    release_requeued(job)  # Slurm holds requeued jobs for a while (BeginTime)
     done = wait_done(job, timeout=300)
     assert done["state"] == "COMPLETED"
     m = metrics_of(out)
