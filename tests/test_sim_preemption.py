@@ -10,7 +10,7 @@ from pathlib import Path
 from frenzy_slurm.sim import ErrorModel, parse_compact, simulate
 from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.context import Context
-from frenzy_slurm.sim.jobs import Attempt
+from frenzy_slurm.sim.jobs import Attempt, Placement
 from frenzy_slurm.sim.policies import HasPreempt, make_policy
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.sim.truth import Truth
@@ -122,7 +122,7 @@ def test_has_preempt_runs_long_jobs_preemptible_and_a_preempted_job_finishes_eve
 
 
 def test_a_preemptible_job_may_take_more_of_a_pool_than_max_job_share():
-    cluster = parse_compact("A100-80GB:1x8")
+    cluster = parse_compact("A100-80GB:1x8,T4:1x4")
     job = WorkloadJob(
         id=0, submit_s=0, model="gpt2-medium", precision="bf16-mixed", seq_len=1024, global_batch=64, steps=200000
     )
@@ -136,3 +136,43 @@ def test_a_preemptible_job_may_take_more_of_a_pool_than_max_job_share():
     short = Attempt(job, 10)  # predicted well under an hour: not preemptible, so decided within the share
     placed = policy.place(short, Context(SimSlurm(cluster), cluster.site(), Truth(ErrorModel.exact(), 1)))
     assert placed is not None and not policy.preemptible(short, placed) and placed.gpus <= 4
+
+
+def test_a_preemptible_job_grows_into_idle_gpus_only_while_nothing_waits_and_stays_preemptible():
+    cluster = parse_compact("A100-80GB:1x8,T4:1x4")
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="bf16-mixed", seq_len=1024, global_batch=64, steps=20000
+    )
+    a = Attempt(job, job.steps)
+    preemption = Preemption(qos="preemptible", min_run_min=60, max_job_share=0.5)
+
+    def started(move_share: float | None) -> tuple[HasPreempt, SimSlurm, Context, int, Placement]:
+        sim = SimSlurm(cluster)
+        ctx = Context(sim, cluster.site(), Truth(ErrorModel.exact(), 1))
+        policy = HasPreempt(preemption=preemption, move_share=move_share)
+        p = policy.place(a, ctx)
+        assert p is not None and p.gpus == 4 and policy.preemptible(a, p)  # half the pool: the share
+        batch = BatchJob(
+            script=Path("x.sbatch"), workdir=Path("."), components=[c.request for c in p.components], name="j"
+        )
+        jid = sim.submit(batch).job_id
+        sim.advance(10 * MIN)
+        return policy, sim, ctx, jid, p
+
+    policy, sim, ctx, jid, p = started(1.0)
+    ((moved, there),) = policy.move(ctx, [(jid, a, p, 0.0, 18_000)])
+    assert moved == jid and there.gpus == 8
+    # predicted under min_run_min (60) on 8 GPUs, but the job was admitted to the preemptible QOS and keeps it:
+    # a job outside it could not otherwise take back the GPUs it grew into
+    assert there.step_time_s * a.steps < 60 * MIN and policy.preemptible(a, there)
+    # the site's share holds it where the watcher is not allowed to grow it
+    policy, sim, ctx, jid, p = started(None)
+    assert policy.move(ctx, [(jid, a, p, 0.0, 18_000)]) == []
+    # while any job waits (here for the T4s) the idle A100s are not given to the running job: the waiting job may
+    # be re-planned onto them, and growth that a later preemption undoes costs two restarts
+    policy, sim, ctx, jid, p = started(1.0)
+    for name in ("t1", "t2"):
+        t4 = ComponentRequest(partition="t4", gpu_type="t4", nodes=1, gpus_per_node=4, time_min=600)
+        sim.submit(BatchJob(script=Path("x.sbatch"), workdir=Path("."), components=[t4], name=name))
+    assert [j.state for j in sim.load().jobs].count("PENDING") == 1
+    assert policy.move(ctx, [(jid, a, p, 0.0, 18_000)]) == []

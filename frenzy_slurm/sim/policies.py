@@ -151,12 +151,20 @@ class HasPreempt(HasReplan):
       for the steps it has left, on the cluster with its own GPUs free; where that finishes sooner than staying
       by more than `gain` of the remaining time (restart cost included: the new allocation starts with the
       start-up and the checkpoint's restore), it is checkpointed, stopped and resubmitted there (what a watcher
-      beside fsbatch would do; not built).
+      beside fsbatch would do; not built). A moved job stays in the QOS it ran in. While no job waits in the
+      queue, a job in the preemptible QOS is decided with up to `move_share` of a pool (None: the site's
+      share): idle GPUs go to it, and any job that arrives later preempts it once it has run `exempt_s`.
     """
 
     moves_running = True
 
-    def __init__(self, gain: float = 0.2, preemption: Preemption | None = None, exempt_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        gain: float = 0.2,
+        preemption: Preemption | None = None,
+        exempt_s: float = 3600.0,
+        move_share: float | None = None,
+    ) -> None:
         super().__init__()
         self.name = "has-preempt"
         self.gain = gain
@@ -166,6 +174,7 @@ class HasPreempt(HasReplan):
         self.preemption = preemption
         self.preempt_exempt_s = None if preemption is None else exempt_s
         self._verdict: dict[int, tuple[Placement, bool]] = {}  # job id -> its placement, in the preemptible QOS?
+        self.move_share = move_share
 
     def preemptible(self, a: Attempt, p: Placement) -> bool:
         """Whether the job runs in the preemptible QOS: as decide_preemptible said for a placement of place();
@@ -212,15 +221,28 @@ class HasPreempt(HasReplan):
             ]
             others = [j for j in full.jobs if jid not in (j.job_id, j.het_job_id)]
             view = full.model_copy(update={"jobs": others, "nodes": nodes})
+            site = ctx.site_for(a)
+            kept = self._verdict.get(a.job.id)
+            in_qos = kept is not None and kept[1]
+            # growth into idle GPUs only while nothing waits: a job that arrives later may preempt it, but
+            # taking GPUs a waiting job could start on now would only delay that job
+            if in_qos and self.move_share is not None and not any(j.state == "PENDING" for j in others):
+                site = site.model_copy(update={"max_job_share": max(site.max_job_share, self.move_share)})
             try:
-                d = decide_job(rest.requirements, rest.workload, rest.space, view, ctx.site_for(a), ctx.sim, now)
+                d = decide_job(rest.requirements, rest.workload, rest.space, view, site, ctx.sim, now)
             except NoFitError:
                 continue
             if d.chosen.label() == p.label:
                 continue
             go = d.chosen.completion + restart  # the move pays the start-up and the checkpoint's restore
             if go < stay - self.gain * (stay - now):
-                out.append((jid, from_allocation(d.chosen)))
+                newp = from_allocation(d.chosen)
+                if in_qos:
+                    # the user asked for preemptible and the job was admitted to that QOS: a move keeps it
+                    # there even where the new allocation's predicted run is under min_run_min (otherwise a
+                    # job grown to a whole pool would hold it beyond any other job's reach)
+                    self._verdict[a.job.id] = (newp, True)
+                out.append((jid, newp))
                 self.moves += 1
         return out
 
@@ -461,11 +483,12 @@ TUNED_KNOBS: dict[str, float] = {
     "sia_lambda_n": 1.0,
     "sia_round_s": 60.0,
     # has-preempt's site: a preemptible QOS (the site file's preemption: min_run_min 60, max_job_share the site's
-    # 0.5) and PreemptExemptTime 1200 s (tuned on std64, load 0.8, seeds 1-5 and 11-20: docs/simulation-model.md,
-    # "Tuning the baselines")
+    # 0.5) and PreemptExemptTime 600 s; its watcher moves a preemptible job into up to a whole pool while no
+    # job waits (tuned on std64, load 0.8, seeds 1-5 and 11-20: docs/simulation-model.md, "Tuning the baselines")
     "has_preempt_min_run_min": 60.0,
-    "has_preempt_exempt_s": 1200.0,
+    "has_preempt_exempt_s": 600.0,
     "has_preempt_max_job_share": 0.5,
+    "has_preempt_move_share": 1.0,
 }
 
 
@@ -498,7 +521,12 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
                 qos="preemptible", min_run_min=int(minutes), max_job_share=k.get("has_preempt_max_job_share")
             )
         )
-        return HasPreempt(k.get("has_preempt_gain", 0.2), preemption, k.get("has_preempt_exempt_s", 3600.0))
+        return HasPreempt(
+            k.get("has_preempt_gain", 0.2),
+            preemption,
+            k.get("has_preempt_exempt_s", 3600.0),
+            k.get("has_preempt_move_share"),
+        )
     if name == "has-homogeneous":
         return HasPolicy(False)
     if name == "fastest-fit":
