@@ -176,3 +176,21 @@ def test_a_preemptible_job_grows_into_idle_gpus_only_while_nothing_waits_and_sta
         sim.submit(BatchJob(script=Path("x.sbatch"), workdir=Path("."), components=[t4], name=name))
     assert [j.state for j in sim.load().jobs].count("PENDING") == 1
     assert policy.move(ctx, [(jid, a, p, 0.0, 18_000)]) == []
+
+
+def test_the_watcher_knob_turns_off_moves_then_re_planning():
+    full, pending, none = (make_policy("has-preempt", knobs={"has_preempt_watcher": w}) for w in (2, 1, 0))
+    assert isinstance(full, HasPreempt) and isinstance(pending, HasPreempt) and isinstance(none, HasPreempt)
+    assert (full.replans, full.moves_running) == (True, True)
+    assert (pending.replans, pending.moves_running) == (True, False)
+    assert (none.replans, none.moves_running) == (False, False)
+    # no watcher: fsbatch's QOS preemption alone, and still every long job preemptible
+    r = simulate(
+        _workload(),
+        parse_compact("A100-80GB:1x4"),
+        "has-preempt",
+        seed=1,
+        load=None,
+        knobs={"has_preempt_max_job_share": 1.0, "has_preempt_watcher": 0},
+    )
+    assert r.extra["preempted"] >= 1 and r.extra.get("moves", 0) == 0 and r.extra.get("updates", 0) == 0

@@ -154,6 +154,9 @@ class HasPreempt(HasReplan):
       beside fsbatch would do; not built). A moved job stays in the QOS it ran in. While no job waits in the
       queue, a job in the preemptible QOS is decided with up to `move_share` of a pool (None: the site's
       share): idle GPUs go to it, and any job that arrives later preempts it once it has run `exempt_s`.
+
+    `watcher` says how much of that watcher runs: 2 all of it, 1 only the re-planning of pending jobs, 0 none
+    (QOS preemption alone: what fsbatch does today).
     """
 
     moves_running = True
@@ -164,8 +167,11 @@ class HasPreempt(HasReplan):
         preemption: Preemption | None = None,
         exempt_s: float = 3600.0,
         move_share: float | None = None,
+        watcher: int = 2,
     ) -> None:
         super().__init__()
+        self.replans = watcher >= 1
+        self.moves_running = watcher >= 2
         self.name = "has-preempt"
         self.gain = gain
         self.moves = 0
@@ -526,6 +532,7 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
             preemption,
             k.get("has_preempt_exempt_s", 3600.0),
             k.get("has_preempt_move_share"),
+            int(k.get("has_preempt_watcher", 2)),
         )
     if name == "has-homogeneous":
         return HasPolicy(False)
