@@ -230,7 +230,8 @@ def _ds_config(p: dict) -> dict:
     return cfg
 
 
-def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
+def rank_env(rank: int, world: int, port: int) -> None:
+    """What torch.distributed and DeepSpeed read in a rank of a one-machine CPU run (also pipeline_step.py)."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -240,6 +241,10 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
         LOCAL_SIZE=str(world),
         DS_ACCELERATOR="cpu",
     )
+
+
+def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
+    rank_env(rank, world, port)
     import logging
 
     import torch

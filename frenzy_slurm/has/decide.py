@@ -254,11 +254,18 @@ def _heterogeneous(
                 if limit and (stages_a + nb) * dp > limit:
                     continue
                 ga = gb // (dp * mb)
-                # per micro-batch, the slowest stage takes at least the average share of all stages' work,
-                # and at least one layer's work on the slower GPU type
+                # hetero.step_time is the stages' times once plus grad_accum - 1 times the slowest. Per
+                # micro-batch the slowest stage takes at least the average share of all stages' work and at
+                # least one layer's work on the slower GPU type; the stages together take at least all the
+                # work at the faster type's rate and at least one layer each at their own
                 share = work_mb / (stages_a * rates[pa.key] + nb * rates[pb.key])
-                one_layer = layer_mb / min(rates[pa.key], rates[pb.key])
-                ideal = steps * (ga + stages_a + nb - 1) * max(share, one_layer)
+                slowest = max(share, layer_mb / min(rates[pa.key], rates[pb.key]))
+                each_once = max(
+                    work_mb / max(rates[pa.key], rates[pb.key]),
+                    layer_mb * (stages_a / rates[pa.key] + nb / rates[pb.key]),
+                    slowest,
+                )
+                ideal = steps * (each_once + (ga - 1) * slowest)
                 if now + ideal >= beat:
                     continue  # even a perfect split of these GPUs cannot win
                 cand = _hetero_candidate(w, req, [(pa, stages_a), (pb, nb)], dp, mb, recomputes, space, releases, now)

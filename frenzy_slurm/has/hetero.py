@@ -148,12 +148,17 @@ def build(
     est = estimate_memory(w, plan, "reserved", overheads)
     if min(_fits(est, caps)) < 0:
         return None  # growth per layer was not linear here (another phase peaked): no split we can vouch for
-    return HeteroPlan(plan, tuple(groups), est, _step_time(w, plan, groups, rates, global_batch, head_equiv))
+    return HeteroPlan(plan, tuple(groups), est, step_time(w, plan, groups, rates, head_equiv))
 
 
-def _step_time(
-    w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates: list[float], global_batch: int, head_equiv: float
+def step_time(
+    w: Workload, plan: ParallelPlan, groups: list[StageGroup], rates: list[float], head_equiv: float
 ) -> float:
+    """A pipeline's step: every stage's micro-batch time once (1F1B fill and drain) plus grad_accum - 1 times
+    the slowest stage's (the steady state), each stage's time its layers' share of the work at its rate
+    (`rates`, one per stage; the last stage also carries the output layer, `head_equiv` blocks), plus the
+    gradient all-reduce, the activations sent between stages and the groups' fixed costs. Checked against
+    real DeepSpeed pipelines on the CPU by tests/test_pipeline_step.py (benchmarks/pipeline_step.py)."""
     a = w.arch
     per_token = flops_per_token(w, plan.recompute)
     tokens_mb = plan.micro_batch * w.seq_len
@@ -163,8 +168,11 @@ def _step_time(
     for i, layers in enumerate(split):
         work = layers + (head_equiv if i == plan.pp - 1 else 0.0)
         stage_t.append(per_token * work / units * tokens_mb / rates[i] * small_batch_penalty(tokens_mb))
-    bottleneck = max(stage_t)
-    step = (plan.grad_accum + plan.pp - 1) * bottleneck
+    # 1F1B: the first micro-batch passes every stage forward and back (fill and drain), each later one adds
+    # the slowest stage's time (the steady state). For equal stages this is (grad_accum + pp - 1) x a stage;
+    # for unequal ones it is less: (grad_accum + pp - 1) x the slowest overestimated a 6:2 split at
+    # grad_accum 1 by 40% (benchmarks/data/pipeline_step.json)
+    step = sum(stage_t) + (plan.grad_accum - 1) * max(stage_t)
     # gradient all-reduce inside each stage's data-parallel group, over the pool's own links
     n = w.exact_params or count_params(a).total(a.layers)
     grad_bytes_per_layer = n / a.layers * (4.0 if w.precision == "fp32" else 2.0)
