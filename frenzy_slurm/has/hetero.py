@@ -171,7 +171,8 @@ def step_time(
     # 1F1B: the first micro-batch passes every stage forward and back (fill and drain), each later one adds
     # the slowest stage's time (the steady state). For equal stages this is (grad_accum + pp - 1) x a stage;
     # for unequal ones it is less: (grad_accum + pp - 1) x the slowest overestimated a 6:2 split at
-    # grad_accum 1 by 40% (benchmarks/data/pipeline_step.json)
+    # grad_accum 1 by 42% (benchmarks/data/pipeline_step.json). _balanced still minimises the slowest stage,
+    # the term that dominates once grad_accum exceeds pp
     step = sum(stage_t) + (plan.grad_accum - 1) * max(stage_t)
     # gradient all-reduce inside each stage's data-parallel group, over the pool's own links
     n = w.exact_params or count_params(a).total(a.layers)
