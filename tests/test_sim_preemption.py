@@ -12,6 +12,7 @@ from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, Placement
 from frenzy_slurm.sim.policies import HasPreempt, make_policy
+from frenzy_slurm.sim.runner import Runner
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.sim.truth import Truth
 from frenzy_slurm.sim.workload import WorkloadFile, WorkloadJob
@@ -194,3 +195,29 @@ def test_the_watcher_knob_turns_off_moves_then_re_planning():
         knobs={"has_preempt_max_job_share": 1.0, "has_preempt_watcher": 0},
     )
     assert r.extra["preempted"] >= 1 and r.extra.get("moves", 0) == 0 and r.extra.get("updates", 0) == 0
+
+
+def test_without_a_watcher_slurm_requeues_a_preempted_job_with_its_request():
+    """fsbatch alone: Slurm restarts a preempted job as it was submitted (same partition, GPUs and time limit);
+    only a watcher re-plans the requeued job, as it does any pending one."""
+
+    def decided(watcher: int) -> tuple[list[int], dict[int, int]]:
+        knobs = {"has_preempt_max_job_share": 1.0, "has_preempt_watcher": watcher}
+        runner = Runner(_workload(), parse_compact("A100-80GB:1x4"), "has-preempt", seed=1, load=None, knobs=knobs)
+        placed: list[int] = []
+        place = runner.policy.place
+
+        def counted(a: Attempt, ctx: Context) -> Placement | None:
+            placed.append(a.job.id)
+            return place(a, ctx)
+
+        runner.policy.place = counted  # type: ignore[method-assign]
+        r = runner.run()
+        assert r.extra["preempted"] >= 1 and all(x.state == "done" for x in r.records)
+        return placed, {x.id: x.attempts for x in r.records}
+
+    placed, attempts = decided(0)
+    assert sorted(placed) == [0, 1, 2, 3]  # each job decided once: the requeue is not a decision
+    assert attempts[0] >= 2  # yet the long job ran again after its preemption
+    placed, _ = decided(1)
+    assert placed.count(0) >= 2  # the watcher decides the requeued job again

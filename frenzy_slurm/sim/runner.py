@@ -257,7 +257,12 @@ class Runner:
             )
             if sj.state == "PREEMPTED":  # requeued: it keeps its place in the queue
                 self._requeued[a.job.id] = sj.submit
-                self._push(self.sim.now, "submit", moved)
+                if getattr(self.policy, "replans", False):
+                    # a watcher re-plans a pending job, the requeued one too: decided again on the cluster now
+                    self._push(self.sim.now, "submit", moved)
+                else:
+                    # Slurm requeues the job as it was submitted: the same request, for the steps left
+                    self._push(self.sim.now, "requeue", (moved, p))
                 return
             self._moved[a.job.id] = moved
             self.policy.stopped(a, moved)
@@ -449,6 +454,8 @@ class Runner:
                 _, _, kind, payload = heapq.heappop(self.events)
                 if kind == "submit":
                     self._arrive(payload)  # type: ignore[arg-type]  # a submit event carries its job
+                elif kind == "requeue":
+                    self._submit(*payload)  # type: ignore[misc]  # a requeue event carries the job and its request
                 else:
                     self._round()
         for rec in self.records.values():
