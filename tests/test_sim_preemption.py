@@ -150,7 +150,7 @@ def test_a_preemptible_job_grows_into_idle_gpus_only_while_nothing_waits_and_sta
     def started(move_share: float | None) -> tuple[HasPreempt, SimSlurm, Context, int, Placement]:
         sim = SimSlurm(cluster)
         ctx = Context(sim, cluster.site(), Truth(ErrorModel.exact(), 1))
-        policy = HasPreempt(preemption=preemption, move_share=move_share)
+        policy = HasPreempt(preemption=preemption.model_copy(update={"move_share": move_share}))
         p = policy.place(a, ctx)
         assert p is not None and p.gpus == 4 and policy.preemptible(a, p)  # half the pool: the share
         batch = BatchJob(
@@ -197,9 +197,9 @@ def test_the_watcher_knob_turns_off_moves_then_re_planning():
     assert r.extra["preempted"] >= 1 and r.extra.get("moves", 0) == 0 and r.extra.get("updates", 0) == 0
 
 
-def test_without_a_watcher_slurm_requeues_a_preempted_job_with_its_request():
-    """fsbatch alone: Slurm restarts a preempted job as it was submitted (same partition, GPUs and time limit);
-    only a watcher re-plans the requeued job, as it does any pending one."""
+def test_slurm_requeues_a_preempted_job_with_its_request():
+    """Slurm restarts a preempted job as it was submitted (same partition, GPUs and time limit): the requeue is
+    not a new decision; a watcher may move the requeued job as it moves any pending one (a new submission)."""
 
     def decided(watcher: int) -> tuple[list[int], dict[int, int]]:
         knobs = {"has_preempt_max_job_share": 1.0, "has_preempt_watcher": watcher}
@@ -220,4 +220,17 @@ def test_without_a_watcher_slurm_requeues_a_preempted_job_with_its_request():
     assert sorted(placed) == [0, 1, 2, 3]  # each job decided once: the requeue is not a decision
     assert attempts[0] >= 2  # yet the long job ran again after its preemption
     placed, _ = decided(1)
-    assert placed.count(0) >= 2  # the watcher decides the requeued job again
+    assert sorted(placed) == [0, 1, 2, 3]  # with the watcher too: it moves a requeued job only where that pays
+
+
+def test_the_preemptible_qos_ranks_below_the_normal_one():
+    """A preemptible job waiting since earlier holds no reservation ahead of a normal job (admin.md: the
+    preemptible QOS's Priority is below the normal QOS's)."""
+    s = Site()
+    s.submit(60, 4)  # the node for an hour
+    s.sim.advance(10 * MIN)
+    early = s.submit(30, 4, preemptible=True)
+    s.sim.advance(20 * MIN)  # (advance takes the time to run to)
+    late = s.submit(30, 2)
+    s.sim.advance(65 * MIN)
+    assert s.state(late) == "RUNNING" and s.state(early) == "PENDING"

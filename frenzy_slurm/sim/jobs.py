@@ -15,7 +15,7 @@ from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.jobspec.presets import presets
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.marp.candidates import SearchSpace
-from frenzy_slurm.marp.plan import Workload
+from frenzy_slurm.marp.plan import ParallelPlan, Workload
 from frenzy_slurm.sim.workload import WorkloadJob, job_spec
 from frenzy_slurm.slurm.backend import ComponentRequest
 
@@ -73,6 +73,7 @@ class Placement:
     # a multi-partition submission (slurm-multi): every placement the job may start as, this one first;
     # the simulated Slurm starts it as the one that can start first
     alternatives: tuple[Placement, ...] = ()
+    plan: ParallelPlan | None = None  # HAS's plan (its checkpoint's layout); None for a baseline's placement
 
     @property
     def gpus(self) -> int:

@@ -34,8 +34,19 @@ from dataclasses import replace
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.gpus import catalog
 from frenzy_slurm.has.model import Allocation
+from frenzy_slurm.has.moves import (
+    MAX_PER_PASS,
+    MOVE_GAIN,
+    growth_site,
+    pending_move,
+    resumable,
+    running_move,
+    with_own_gpus_free,
+    without_job,
+)
 from frenzy_slurm.has.pools import UsablePool, node_layout, usable_pools
-from frenzy_slurm.marp.candidates import search
+from frenzy_slurm.has.requirements import Requirements
+from frenzy_slurm.marp.candidates import SearchSpace, search
 from frenzy_slurm.marp.memory import Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.marp.speed import plan_costs
@@ -43,7 +54,7 @@ from frenzy_slurm.planning import decide_job, decide_preemptible
 from frenzy_slurm.sim.base import BasePolicy, Policy
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
-from frenzy_slurm.site.config import Preemption
+from frenzy_slurm.site.config import Preemption, SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest
 from frenzy_slurm.units import GiB
 
@@ -72,7 +83,7 @@ def from_allocation(alloc: Allocation) -> Placement:
         )
         for c in alloc.components
     ]
-    return Placement(comps, alloc.step_time_s, alloc.label(), alloc.kind)
+    return Placement(comps, alloc.step_time_s, alloc.label(), alloc.kind, plan=alloc.plan)
 
 
 def _rate(pool: UsablePool, precision: str) -> float:
@@ -98,15 +109,23 @@ class HasPolicy(BasePolicy):
         return from_allocation(d.chosen)
 
 
+def _resumable(a: Attempt, p: Placement) -> tuple[SearchSpace, Requirements] | None:
+    """Where an attempt can run next: anywhere before its first step, else on the plans that load its checkpoint
+    (the built-in trainer's, converted to DeepSpeed's universal checkpoint where the layout changes)."""
+    if a.steps >= a.job.steps or p.plan is None:
+        return a.space, a.requirements
+    return resumable(a.space, a.requirements, p.plan, universal=True)
+
+
 class HasReplan(HasPolicy):
-    """`has`, plus re-planning of its pending jobs when the cluster changes (a job ended): each pending job is
-    decided again on the cluster as it is now (itself left out of the queue); where another allocation
-    finishes sooner by more than the tie tolerance, the job's request is updated in place (`scontrol update`
-    of a pending job's partition, GRES, nodes and time limit, which Slurm allows; the job keeps its place in
-    the queue). Running jobs are never touched. What an `fsbatch`-side watcher would do."""
+    """`has`, plus the re-planning of its pending jobs by the watcher beside fsbatch (`frenzy-slurm watch`,
+    `has.moves.pending_move`): when the cluster changes (a job ended), each pending job is decided again on the
+    cluster as it is now (itself left out of the queue); where another allocation finishes sooner by more than
+    the tie tolerance, the watcher submits that plan and cancels the job, which joins the queue anew. Running
+    jobs are never touched."""
 
     replans = True
-    max_per_change = 20  # pending jobs re-decided per change, oldest first (bounds the cost of a change)
+    max_per_change = MAX_PER_PASS  # pending jobs re-decided per change, oldest first (bounds the cost of a change)
 
     def __init__(self) -> None:
         super().__init__(True)
@@ -114,26 +133,18 @@ class HasReplan(HasPolicy):
         self.updates = 0
 
     def replan(self, ctx: Context, pending: list[tuple[int, Attempt, Placement]]) -> list[tuple[int, Placement]]:
-        from frenzy_slurm.has.decide import TIE_FRACTION, TIE_SECONDS
-
         out: list[tuple[int, Placement]] = []
         full = ctx.sim.load()
         for jid, a, p in pending[: self.max_per_change]:
-            view = full.model_copy(update={"jobs": [j for j in full.jobs if jid not in (j.job_id, j.het_job_id)]})
-            try:
-                d = decide_job(
-                    a.requirements, a.workload, a.space, view, ctx.site_for(a), ctx.sim, ctx.sim.now, alternatives=16
-                )
-            except NoFitError:
+            where = _resumable(a, p)
+            if where is None:
                 continue
-            if d.chosen.label() == p.label:
-                continue
-            now_alt = next((x.allocation for x in d.alternatives if x.description == p.label and x.allocation), None)
-            if now_alt is None:
-                continue
-            tol = max(TIE_SECONDS, TIE_FRACTION * (now_alt.completion - ctx.sim.now))
-            if d.chosen.completion < now_alt.completion - tol:
-                out.append((jid, from_allocation(d.chosen)))
+            space, requirements = where
+            chosen = pending_move(
+                requirements, a.workload, space, without_job(full, jid), ctx.site_for(a), ctx.sim, ctx.sim.now, p.label
+            )
+            if chosen is not None:
+                out.append((jid, from_allocation(chosen)))
                 self.updates += 1
         return out
 
@@ -145,28 +156,28 @@ class HasPreempt(HasReplan):
     - each job is decided as fsbatch decides a preemptible one (`planning.decide_preemptible`): a job predicted
       to run `preemption.min_run_min` or more runs in the preemptible QOS and may take up to
       `preemption.max_job_share` of a pool; the simulated Slurm lets any job outside that QOS preempt it once it
-      has run `exempt_s` (PreemptExemptTime), and it is requeued, keeping its place in the queue, and decided
-      again (the steps it has left);
-    - when a job ends, each running job of the policy that has run longer than the restart cost is decided again
-      for the steps it has left, on the cluster with its own GPUs free; where that finishes sooner than staying
-      by more than `gain` of the remaining time (restart cost included: the new allocation starts with the
-      start-up and the checkpoint's restore), it is checkpointed, stopped and resubmitted there (what a watcher
-      beside fsbatch would do; not built). A moved job stays in the QOS it ran in. While no job waits in the
-      queue, a job in the preemptible QOS is decided with up to `move_share` of a pool (None: the site's
-      share): idle GPUs go to it, and any job that arrives later preempts it once it has run `exempt_s`.
+      has run `exempt_s` (PreemptExemptTime), and it is requeued with its request, keeping its place in the
+      queue, where the watcher may re-plan it as any pending job;
+    - when a job ends, the watcher (`frenzy-slurm watch`, `has.moves.running_move`) decides each running job of
+      the policy that has run longer than the restart cost again for the steps it has left, on the cluster
+      with its own GPUs free, on the plans that can load its checkpoint; where that finishes sooner than
+      staying by more than `gain` of the remaining time (restart cost included: the new job starts with the
+      start-up and the checkpoint's restore), the job is checkpointed and stopped and the new plan submitted.
+      A moved job stays in the QOS it ran in. While no job waits in the queue, a job in the preemptible QOS is
+      decided with up to `preemption.move_share` of a pool: idle GPUs go to it, and any job that arrives later
+      preempts it once it has run `exempt_s`.
 
     `watcher` says how much of that watcher runs: 2 all of it, 1 only the re-planning of pending jobs, 0 none
-    (QOS preemption alone: what fsbatch does today).
+    (QOS preemption alone: fsbatch without `frenzy-slurm watch`).
     """
 
     moves_running = True
 
     def __init__(
         self,
-        gain: float = 0.2,
+        gain: float = MOVE_GAIN,
         preemption: Preemption | None = None,
         exempt_s: float = 3600.0,
-        move_share: float | None = None,
         watcher: int = 2,
     ) -> None:
         super().__init__()
@@ -180,7 +191,6 @@ class HasPreempt(HasReplan):
         self.preemption = preemption
         self.preempt_exempt_s = None if preemption is None else exempt_s
         self._verdict: dict[int, tuple[Placement, bool]] = {}  # job id -> its placement, in the preemptible QOS?
-        self.move_share = move_share
 
     def preemptible(self, a: Attempt, p: Placement) -> bool:
         """Whether the job runs in the preemptible QOS: as decide_preemptible said for a placement of place();
@@ -190,13 +200,18 @@ class HasPreempt(HasReplan):
             return kept[1]
         return self.preemption is not None and p.step_time_s * a.steps >= 60.0 * self.preemption.min_run_min
 
+    def _site(self, a: Attempt, ctx: Context) -> SiteConfig:
+        site = ctx.site_for(a)
+        return site if self.preemption is None else site.model_copy(update={"preemption": self.preemption})
+
     def place(self, a: Attempt, ctx: Context) -> Placement | None:
         """Every job is marked preemptible (fsbatch --preemptible): the decision is fsbatch's for such a job."""
         if self.preemption is None:
             return super().place(a, ctx)
-        site = ctx.site_for(a).model_copy(update={"preemption": self.preemption})
         try:
-            found = decide_preemptible(a.requirements, a.workload, a.space, ctx.sim.load(), site, ctx.sim, ctx.sim.now)
+            found = decide_preemptible(
+                a.requirements, a.workload, a.space, ctx.sim.load(), self._site(a, ctx), ctx.sim, ctx.sim.now
+            )
         except NoFitError:
             return None
         p = from_allocation(found.decision.chosen)
@@ -208,48 +223,44 @@ class HasPreempt(HasReplan):
     ) -> list[tuple[int, Placement]]:
         out: list[tuple[int, Placement]] = []
         truth = ctx.truth.model if ctx.truth else None
+        # what a move costs, as the site file's preemption.restart_s would say it: here the truth's own cost
         restart = (truth.startup_s + truth.restart_s) if truth else 120.0
         now = ctx.sim.now
         full = ctx.sim.load()
         for jid, a, p, started, left in running[: self.max_per_change]:
             if now - started < restart:
                 continue  # still starting (Sia's rule: no move inside a restart)
-            stay = now + left * p.step_time_s
             rest = replace(a, steps=left)
-            sj = ctx.sim.jobs_by_id[jid]
-            freed: dict[str, int] = {}  # its own GPUs count as free: it may move within its pool too
-            for comp, names in zip(sj.components, sj.nodes, strict=True):
-                for x in names:
-                    freed[x] = freed.get(x, 0) + comp.gpus_per_node
-            nodes = [
-                n.model_copy(update={"gpus_used": max(0, n.gpus_used - freed[n.name])}) if n.name in freed else n
-                for n in full.nodes
-            ]
-            others = [j for j in full.jobs if jid not in (j.job_id, j.het_job_id)]
-            view = full.model_copy(update={"jobs": others, "nodes": nodes})
-            site = ctx.site_for(a)
+            where = _resumable(rest, p)
+            if where is None:
+                continue
+            space, requirements = where
             kept = self._verdict.get(a.job.id)
             in_qos = kept is not None and kept[1]
-            # growth into idle GPUs only while nothing waits: a job that arrives later may preempt it, but
-            # taking GPUs a waiting job could start on now would only delay that job
-            if in_qos and self.move_share is not None and not any(j.state == "PENDING" for j in others):
-                site = site.model_copy(update={"max_job_share": max(site.max_job_share, self.move_share)})
-            try:
-                d = decide_job(rest.requirements, rest.workload, rest.space, view, site, ctx.sim, now)
-            except NoFitError:
+            view = with_own_gpus_free(full, jid)
+            chosen = running_move(
+                requirements,
+                rest.workload,
+                space,
+                view,
+                growth_site(self._site(a, ctx), view, in_qos),
+                ctx.sim,
+                now,
+                p.label,
+                stay_until=now + left * p.step_time_s,
+                restart_s=restart,
+                gain=self.gain,
+            )
+            if chosen is None:
                 continue
-            if d.chosen.label() == p.label:
-                continue
-            go = d.chosen.completion + restart  # the move pays the start-up and the checkpoint's restore
-            if go < stay - self.gain * (stay - now):
-                newp = from_allocation(d.chosen)
-                if in_qos:
-                    # the user asked for preemptible and the job was admitted to that QOS: a move keeps it
-                    # there even where the new allocation's predicted run is under min_run_min (otherwise a
-                    # job grown to a whole pool would hold it beyond any other job's reach)
-                    self._verdict[a.job.id] = (newp, True)
-                out.append((jid, newp))
-                self.moves += 1
+            newp = from_allocation(chosen)
+            if in_qos:
+                # the user asked for preemptible and the job was admitted to that QOS: a move keeps it
+                # there even where the new allocation's predicted run is under min_run_min (otherwise a
+                # job grown to a whole pool would hold it beyond any other job's reach)
+                self._verdict[a.job.id] = (newp, True)
+            out.append((jid, newp))
+            self.moves += 1
         return out
 
 
@@ -524,14 +535,16 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
             None
             if minutes is None
             else Preemption(
-                qos="preemptible", min_run_min=int(minutes), max_job_share=k.get("has_preempt_max_job_share")
+                qos="preemptible",
+                min_run_min=int(minutes),
+                max_job_share=k.get("has_preempt_max_job_share"),
+                move_share=k.get("has_preempt_move_share"),
             )
         )
         return HasPreempt(
-            k.get("has_preempt_gain", 0.2),
+            k.get("has_preempt_gain", MOVE_GAIN),
             preemption,
             k.get("has_preempt_exempt_s", 3600.0),
-            k.get("has_preempt_move_share"),
             int(k.get("has_preempt_watcher", 2)),
         )
     if name == "has-homogeneous":

@@ -256,13 +256,10 @@ class Runner:
                 a.max_gpus,
             )
             if sj.state == "PREEMPTED":  # requeued: it keeps its place in the queue
+                # Slurm requeues the job as it was submitted: the same request, for the steps left; a watcher
+                # may then move it as any pending job (the pass right after the requeue: _run)
                 self._requeued[a.job.id] = sj.submit
-                if getattr(self.policy, "replans", False):
-                    # a watcher re-plans a pending job, the requeued one too: decided again on the cluster now
-                    self._push(self.sim.now, "submit", moved)
-                else:
-                    # Slurm requeues the job as it was submitted: the same request, for the steps left
-                    self._push(self.sim.now, "requeue", (moved, p))
+                self._push(self.sim.now, "requeue", (moved, p))
                 return
             self._moved[a.job.id] = moved
             self.policy.stopped(a, moved)
@@ -369,7 +366,8 @@ class Runner:
             self._push(self.sim.now + (self.policy.round_s or 60.0), "round", None)
 
     def _replan(self) -> None:
-        """The cluster changed: a re-planning policy (has-replan) may update its pending jobs' requests."""
+        """The cluster changed: a re-planning policy (has-replan) may move its pending jobs (a new submission of
+        the new plan, the old job cancelled)."""
         pending = [
             (jid, a, p)
             for jid, (a, p) in sorted(self.running.items())
@@ -384,15 +382,13 @@ class Runner:
         self.policy_cpu_s += time.process_time() - c0
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
         for jid, p in updates:
-            sj = self.sim.jobs_by_id[jid]
-            if sj.state != "PENDING" or len(sj.components) != len(p.components):
-                continue  # started meanwhile, or a shape scontrol update cannot give it (a job into a hetjob)
-            a = self.running[jid][0]
-            self.running[jid] = (a, p)
-            rec = self.records[a.job.id]
-            rec.label, rec.kind, rec.gpus = p.label, p.kind, p.gpus
-            rec.components = [c.request for c in p.components]
-            self.sim.update_pending(jid, [c.request for c in p.components])
+            if self.sim.jobs_by_id[jid].state != "PENDING":
+                continue  # started meanwhile: the watcher's hold fails, and it leaves the job
+            # the watcher submits the new plan and cancels the job: it joins the queue anew
+            a, _old = self.running.pop(jid)
+            self.sim.cancel(jid)
+            self._requeued.pop(a.job.id, None)
+            self._submit(a, p)
 
     def _move_running(self) -> None:
         """The opt-in preemptible mode (has-preempt): running jobs the policy wants elsewhere are checkpointed,
@@ -456,6 +452,8 @@ class Runner:
                     self._arrive(payload)  # type: ignore[arg-type]  # a submit event carries its job
                 elif kind == "requeue":
                     self._submit(*payload)  # type: ignore[misc]  # a requeue event carries the job and its request
+                    if getattr(self.policy, "replans", False):
+                        self._replan()
                 else:
                     self._round()
         for rec in self.records.values():

@@ -15,7 +15,7 @@ What it models, after slurmctld with `sched/backfill` and `select/cons_tres`:
   one may preempt): a pending job outside that QOS that cannot start now starts now if stopping
   preemptible jobs that have run at least the exempt time frees its GPUs; those end PREEMPTED (their
   runtime checkpoints at the signal) and the youngest on each node go first, only as many as the node
-  needs;
+  needs; the preemptible QOS ranks below the normal one in the queue (its Priority is lower, docs/admin.md);
 - start estimates answered the way `sbatch --test-only` answers them: from running jobs' limits only
   (Slurm's will-run test ignores pending jobs), or, with `estimates="backfill"`, after the queue's
   reservations (what `squeue --start` shows).
@@ -76,6 +76,7 @@ class SimJob:
     # backfill pass takes the one that starts first (the order breaks ties), and `components` becomes it
     alternatives: list[list[ComponentRequest]] = field(default_factory=list)
     preemptible: bool = False  # submitted in the site's preemptible QOS
+    held: bool = False  # scontrol hold: backfill passes it over until it is released
 
     @property
     def limit_s(self) -> float:
@@ -327,6 +328,18 @@ class SimSlurm:
         """False: a simulated job runs no code that could ask (its preemption is the runner's PREEMPTED end)."""
         return False
 
+    def hold(self, job_id: int) -> None:
+        j = self.jobs_by_id.get(job_id)
+        if j is None or j.state != "PENDING":
+            raise SlurmCommandError(["scontrol", "hold", str(job_id)], 1, "Job is no longer pending execution")
+        j.held = True
+
+    def release(self, job_id: int) -> None:
+        j = self.jobs_by_id.get(job_id)
+        if j is not None:
+            j.held = False
+            self.schedule()
+
     def requeue(self, job_id: int) -> None:
         j = self.jobs_by_id.get(job_id)
         if j is None or j.state != "RUNNING":
@@ -411,7 +424,10 @@ class SimSlurm:
         started = []
         reservations = 0
         pending = sorted(
-            (j for j in self.jobs_by_id.values() if j.state == "PENDING"), key=lambda j: (j.submit, j.job_id)
+            (j for j in self.jobs_by_id.values() if j.state == "PENDING" and not j.held),
+            # with QOS preemption the preemptible QOS ranks below the normal one (its Priority is lower: admin.md),
+            # then the queue is by submission: a requeued preemptible job holds no reservation ahead of others
+            key=lambda j: (self.preempt_exempt_s is not None and j.preemptible, j.submit, j.job_id),
         )
         for j in pending[: self.bf_max_job_test]:
             found = self._earliest(j, timeline)

@@ -191,6 +191,22 @@ class Preemption(_M):
         "A larger share lets it use idle GPUs, which the jobs that arrive later take back by preempting it "
         "(in simulation it measured no better than the site's share, docs/simulation-model.md).",
     )
+    move_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="The most of one pool's GPUs `frenzy-slurm watch` moves a running preemptible job onto while "
+        "no job waits anywhere (idle GPUs; the next job to arrive preempts it); null: max_job_share holds it "
+        "(1.0 measured best in simulation, docs/simulation.md).",
+    )
+    restart_s: float = Field(
+        300.0,
+        gt=0,
+        le=86400,
+        description="What `frenzy-slurm watch` takes a move of a running job to cost, seconds: the checkpoint's "
+        "save, the new job's start-up and the restore. A move is made only where it still finishes the job "
+        "sooner.",
+    )
 
     @field_validator("qos")
     @classmethod

@@ -122,6 +122,15 @@ class SlurmBackend(Protocol):
         """Put a running job back in the queue (its batch script runs again)."""
         ...
 
+    def hold(self, job_id: int) -> None:
+        """Keep a pending job from starting (`scontrol hold`) until it is released. Raises SlurmCommandError
+        where Slurm refuses: a job that is no longer pending (it started meanwhile) or unknown."""
+        ...
+
+    def release(self, job_id: int) -> None:
+        """Let a held job start again (`scontrol release`)."""
+        ...
+
     def preempted(self, job_id: int) -> bool:
         """Whether Slurm is preempting the job (its PreemptTime is set): the SIGTERM its steps got is a
         preemption, which the job answers by requeueing after its checkpoint, not a scancel, which stops it."""
@@ -172,6 +181,12 @@ class ReadOnlyBackend:
 
     def requeue(self, job_id: int) -> None:
         self._refuse("requeue jobs")
+
+    def hold(self, job_id: int) -> None:
+        self._refuse("hold jobs")
+
+    def release(self, job_id: int) -> None:
+        self._refuse("release jobs")
 
     def preempted(self, job_id: int) -> bool:
         self._refuse("ask Slurm about a running job")

@@ -511,6 +511,12 @@ class SlurmCliBackend:
     def requeue(self, job_id: int) -> None:
         run(["scontrol", "requeue", str(job_id)], timeout=self.timeout)
 
+    def hold(self, job_id: int) -> None:
+        run(["scontrol", "hold", str(job_id)], timeout=self.timeout)
+
+    def release(self, job_id: int) -> None:
+        run(["scontrol", "release", str(job_id)], timeout=self.timeout)
+
     def preempted(self, job_id: int) -> bool:
         """scontrol's PreemptTime (`None` until a preemption starts; every Slurm version since 2.x has it), of
         any component of a hetjob."""

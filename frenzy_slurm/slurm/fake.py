@@ -38,6 +38,7 @@ class FakeJob:
     start: float | None = None
     end: float | None = None
     nodes: list[list[str]] = field(default_factory=list)
+    held: bool = False  # scontrol hold: not started until released
 
     @property
     def limit_s(self) -> float:
@@ -137,7 +138,7 @@ class FakeSlurm:
         """Priority FIFO: pending jobs in submission order; the first that cannot start blocks the rest."""
         used = self._used()
         for j in sorted(self.fake_jobs.values(), key=lambda j: (j.submitted, j.job_id)):
-            if j.state != "PENDING":
+            if j.state != "PENDING" or j.held:
                 continue
             placed = self._place(j.components, used)
             if placed is None:
@@ -307,6 +308,19 @@ class FakeSlurm:
         self._guard("requeue")
         j = self.fake_jobs[job_id]
         j.state, j.start, j.nodes = "PENDING", None, []
+        self._schedule()
+
+    def hold(self, job_id: int) -> None:
+        """As scontrol hold: a pending job is kept from starting; any other refuses."""
+        self._guard("hold")
+        j = self.fake_jobs.get(job_id)
+        if j is None or j.state != "PENDING":
+            raise SlurmCommandError(["scontrol", "hold", str(job_id)], 1, "Job is no longer pending execution")
+        j.held = True
+
+    def release(self, job_id: int) -> None:
+        self._guard("release")
+        self.fake_jobs[job_id].held = False
         self._schedule()
 
     def accounting(self, job_ids: Iterable[int]) -> dict[int, AccountingRecord] | None:

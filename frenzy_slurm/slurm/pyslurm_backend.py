@@ -324,6 +324,12 @@ class PyslurmBackend:
     def requeue(self, job_id: int) -> None:
         self._cli.requeue(job_id)
 
+    def hold(self, job_id: int) -> None:
+        self._cli.hold(job_id)
+
+    def release(self, job_id: int) -> None:
+        self._cli.release(job_id)
+
     def preempted(self, job_id: int) -> bool:
         return self._cli.preempted(job_id)  # asked once per stop, from inside the job: scontrol is enough
 
