@@ -76,8 +76,16 @@ def checkpoint_dir() -> Path:
 def latest_checkpoint() -> Path | None:
     """The checkpoint a resumed run continues from: the tag DeepSpeed's `latest` file names, else the
     subdirectory of checkpoint_dir() whose name ends in the highest number (step500, checkpoint-500); None
-    when there is none."""
-    base = checkpoint_dir()
+    when there is none. A job `frenzy-slurm watch` moved here continues from the moved job's checkpoints
+    ($FRENZY_RESUME_DIR) until it has saved one of its own; saves still go to checkpoint_dir()."""
+    own = _latest_in(checkpoint_dir())
+    moved = os.environ.get("FRENZY_RESUME_DIR")
+    if own is None and moved and Path(moved).is_dir():
+        return _latest_in(Path(moved))
+    return own
+
+
+def _latest_in(base: Path) -> Path | None:
     latest = base / "latest"
     if latest.is_file():
         tag = latest.read_text().strip()

@@ -33,7 +33,7 @@ from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.environment import job_python
-from frenzy_slurm.render.planfile import PlanFile
+from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.render.script import check_script_entry, plan_env
 from frenzy_slurm.slurm.cli import sbatch_argv
 from frenzy_slurm.slurm.view import pool_label
@@ -206,9 +206,13 @@ def render_job(
     template_dir: Path | None = None,
     group_readable: bool = False,
     calibration: dict | None = None,
+    moved_from: MovedFrom | None = None,
+    user_options: SlurmOptions | None = None,
 ) -> Rendered:
     """Render the job directory's files for HAS's decision; `options` are the merged sbatch options,
-    `calibration` the job's calibration.json (planning.plan_job's `job_record`; none: no file)."""
+    `calibration` the job's calibration.json (planning.plan_job's `job_record`; none: no file), `moved_from`
+    the job this one continues (a move by `frenzy-slurm watch`), `user_options` the options as the user gave them
+    (before a QOS HAS chose; default `options`)."""
     submission = submission_hash(spec, model, options)
     job_dir = (job_dir or default_job_dir(spec, submission)).absolute()
     if not _SAFE_PATH.match(str(job_dir)):
@@ -284,6 +288,8 @@ def render_job(
         sbatch_argv=sbatch_argv(job_dir / "job.sbatch"),
         command=command,
         predicted=predicted | {"step_time_s": alloc.step_time_s},
+        moved_from=moved_from,
+        slurm=user_options if user_options is not None else options,
     )
     files = {
         "job.sbatch": script,

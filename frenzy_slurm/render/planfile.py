@@ -10,9 +10,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.has.model import Decision
 from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.jobspec.job import JobSpec
+from frenzy_slurm.jobspec.job import JobSpec, SlurmOptions
+from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.records import read_json
 from frenzy_slurm.yamlfile import format_validation_error
+
+
+class MovedFrom(BaseModel):
+    """The job this one continues (`frenzy-slurm watch` moved it here): its checkpoints are resumed from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int = Field(description="The Slurm job that was moved.")
+    job_dir: str = Field(description="Its job directory, whose checkpoints/ this job resumes from.")
+    plan: ParallelPlan = Field(description="The plan its checkpoints were written with (their layout).")
 
 
 class PlanFile(BaseModel):
@@ -32,6 +43,14 @@ class PlanFile(BaseModel):
     command: list[str] = Field(description="What each task runs (after srun).")
     predicted: dict[str, Any] = Field(
         default_factory=dict, description="Per GPU type: predicted peak GiB and step time."
+    )
+    moved_from: MovedFrom | None = Field(
+        None, description="The job this one continues, where `frenzy-slurm watch` moved it; null otherwise."
+    )
+    slurm: SlurmOptions | None = Field(
+        None,
+        description="The sbatch options the user gave (model.yaml's slurm: block with fsbatch's flags on top), "
+        "before HAS chose a QOS: what `frenzy-slurm watch` submits a moved job with.",
     )
 
 

@@ -57,6 +57,9 @@ def _run(argv: list[str] | None) -> int:
     if dist.gpu_index is not None:
         os.environ["FRENZY_GPU"] = dist.gpu_index
     if ns.script is not None:
+        moved = moved_checkpoints(trusted.via_fd)
+        if moved is not None:  # in_job.latest_checkpoint() looks there while this job has saved none
+            os.environ["FRENZY_RESUME_DIR"] = str(moved)
         from frenzy_slurm.errors import InputError
         from frenzy_slurm.framework_argv import framework_args
         from frenzy_slurm.scriptenv import ArgsError, expand_args
@@ -82,6 +85,21 @@ def _run(argv: list[str] | None) -> int:
     from frenzy_slurm.runtime.trainer import run_training
 
     return run_training(trusted.via_fd, dist)  # through the directory checked, whatever its path names later
+
+
+def moved_checkpoints(job_dir: Path) -> Path | None:
+    """The checkpoints/ of the job `frenzy-slurm watch` moved to this one (plan.json's `moved_from`), once that
+    directory is checked to be the user's and writable by no one else; None for a job that was not moved."""
+    from frenzy_slurm.render.planfile import read_plan
+    from frenzy_slurm.submit.jobdir import check_private_dir
+
+    if not (job_dir / "plan.json").exists():
+        return None  # a runtime started by hand on a directory without a plan
+    moved = read_plan(job_dir / "plan.json").moved_from
+    if moved is None:
+        return None
+    check_private_dir(Path(moved.job_dir), "the job directory this job was moved from")
+    return Path(moved.job_dir) / "checkpoints"
 
 
 if __name__ == "__main__":

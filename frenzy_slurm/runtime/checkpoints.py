@@ -33,6 +33,14 @@ def tag(step: int) -> str:
     return f"step{step}"
 
 
+def step_of(tag_name: str) -> int:
+    """The step a `step<N>` tag was saved at."""
+    m = _TAG.match(tag_name)
+    if m is None:
+        raise ValueError(f"{tag_name!r} is not a step<N> checkpoint tag")
+    return int(m.group(1))
+
+
 def latest_step(ckpt_dir: Path) -> int | None:
     """The step of the checkpoint `latest` names, or None (no checkpoint, or unreadable)."""
     try:

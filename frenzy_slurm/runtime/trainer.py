@@ -22,6 +22,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,6 +132,10 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         model = model.to(torch.bfloat16)
     params = [p for p in model.parameters() if p.requires_grad]
     client_opt = _client_optimizer(t.optimizer, params, t.learning_rate)
+    ckpt_dir = job_dir / "checkpoints"
+    source = _resume_source(job_dir, pf, dist)
+    if source is not None and source.universal:
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True  # this run only: the files keep theirs
     # DeepSpeed steps the schedule at each optimizer step and saves it in checkpoints
     schedule = _lr_lambda(t.warmup_steps, t.total_steps)
     engine, _, _, _ = deepspeed.initialize(
@@ -141,13 +146,11 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
     )
 
-    ckpt_dir = job_dir / "checkpoints"
     start_step = 0
-    resume = _verified_resume_tag(ckpt_dir, dist)
-    if resume is not None:
+    if source is not None:
         _prefer_weights_only(engine)
-        _, client = engine.load_checkpoint(str(ckpt_dir), tag=resume)
-        start_step = int((client or {}).get("step", 0))
+        _, client = engine.load_checkpoint(str(source.directory), tag=source.tag)
+        start_step = int((client or {}).get("step", source.step))
     stage = _stage_of(dist.rank, plan)
     dp_rank = (dist.rank % (plan.dp * plan.tp)) // plan.tp
     data = Batches(
@@ -286,7 +289,107 @@ def _prefer_weights_only(engine: Any) -> None:  # a DeepSpeed engine (DeepSpeed 
     engine.checkpoint_engine.load = load
 
 
-def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv) -> str | None:
+@dataclass(frozen=True)
+class ResumeSource:
+    """The checkpoint a run starts from: DeepSpeed's directory and tag, its step, and whether it is a universal
+    checkpoint (loaded with `checkpoint.load_universal`)."""
+
+    directory: Path
+    tag: str
+    step: int
+    universal: bool = False
+
+
+def _resume_source(job_dir: Path, pf: PlanFile, dist: DistEnv) -> ResumeSource | None:
+    """This job's own newest checkpoint; else, for a job `frenzy-slurm watch` moved here (plan.json's
+    `moved_from`), the moved job's newest, converted to DeepSpeed's universal checkpoint where the plan's
+    layout differs (has/moves.py `resumable` says which moves the watcher makes); else None (start afresh)."""
+    own = _verified_resume_tag(job_dir / "checkpoints", dist)
+    if own is not None:
+        return ResumeSource(job_dir / "checkpoints", own, checkpoints.step_of(own))
+    moved = pf.moved_from
+    if moved is None:
+        return None
+    from frenzy_slurm.submit.jobdir import check_private_dir
+
+    there = Path(moved.job_dir)
+    check_private_dir(there, "the job directory this job was moved from")  # the user's, writable by no one else
+    tag = _verified_resume_tag(there / "checkpoints", dist, named=str(there))
+    if tag is None:
+        if dist.rank == 0:
+            print(f"frenzy-slurm: job {moved.job_id} left no checkpoint in {there}: starting afresh", flush=True)
+        return None
+    old, new = moved.plan, pf.decision.chosen.plan
+    step = checkpoints.step_of(tag)
+    if dist.rank == 0:
+        print(f"frenzy-slurm: resuming job {moved.job_id}'s checkpoint {tag} ({old.short()} -> {new.short()})")
+    if (old.dp, old.tp, old.pp, old.cp, old.zero) == (new.dp, new.tp, new.pp, new.cp, new.zero) or (
+        old.zero == new.zero == 0 and old.pp == new.pp == 1 and old.tp == new.tp and old.cp == new.cp
+    ):
+        return ResumeSource(there / "checkpoints", tag, step)  # DeepSpeed loads it as it is
+    if old.zero == 0 or new.zero == 0 or (old.zero == 3) != (new.zero == 3):
+        from frenzy_slurm.errors import InputError
+
+        # has/moves.py `resumable` never plans such a move: a ZeRO-0 checkpoint has no optimizer shards to
+        # convert, and DeepSpeed's universal checkpoint does not cross between ZeRO 3 and ZeRO 1-2
+        raise InputError(
+            f"job {moved.job_id}'s checkpoint {tag} ({old.short()}) cannot be loaded with this plan ({new.short()}). "
+            "Submit again with fsbatch."
+        )
+    return _universal(job_dir, there / "checkpoints" / tag, moved.job_id, step, dist)
+
+
+def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEnv) -> ResumeSource:
+    """Rank 0 converts the checkpoint (checked against its manifest) to DeepSpeed's universal checkpoint in this
+    job's checkpoints/ (a new directory each run: nothing there is loaded that this run did not write)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    name = f"moved-{job_id}-{source.name}-universal-r{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    target = job_dir / "checkpoints" / name
+    failed = ""
+    if dist.rank == 0:
+        (job_dir / "checkpoints").mkdir(mode=0o700, exist_ok=True)
+        work = job_dir / "checkpoints" / f".{name}.tmp-{os.getpid()}"
+        argv = [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            str(source),
+            "--output_folder",
+            str(work),
+            "--inject_missing_state",  # the built-in model carries no universal_checkpoint_info
+            "--num_extract_workers",
+            "1",
+            "--num_merge_workers",
+            "1",
+        ]
+        t0 = time.time()
+        # the job directory is named through this process's descriptor (/proc/self/fd/N): the converter keeps it
+        fds = (int(job_dir.name),) if str(job_dir).startswith("/proc/self/fd/") else ()
+        done = subprocess.run(argv, capture_output=True, text=True, pass_fds=fds, check=False)
+        if done.returncode == 0:
+            os.rename(work, target)
+            print(f"frenzy-slurm: converted {source.name} to a universal checkpoint in {time.time() - t0:.1f} s")
+        else:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            failed = lines[-1] if lines else f"exit {done.returncode}"
+    said = [failed]
+    torch.distributed.broadcast_object_list(said, src=0)
+    if said[0]:
+        from frenzy_slurm.errors import InputError
+
+        raise InputError(
+            f"could not convert job {job_id}'s checkpoint {source.name} for this plan "
+            f"(deepspeed.checkpoint.ds_to_universal: {said[0]}). Submit again with fsbatch."
+        )
+    return ResumeSource(job_dir / "checkpoints", name, step, universal=True)
+
+
+def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv, named: str | None = None) -> str | None:
     """The checkpoint tag to resume from, once every rank has checked its share of it against the manifest
     this job wrote; None to start afresh. A tag that differs stops the job (FrenzyError, on every rank)."""
     import torch
@@ -308,7 +411,7 @@ def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv) -> str | None:
     found = [p for part in gathered for p in part]
     if found:
         shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
-        named = os.environ.get("FRENZY_JOB_DIR")  # the path the user knows, not /proc/self/fd/N
+        named = named or os.environ.get("FRENZY_JOB_DIR")  # the path the user knows, not /proc/self/fd/N
         shown = shown.replace(str(ckpt_dir.parent), named) if named else shown
         raise InputError(
             f"checkpoint checkpoints/{tag} is not what this job wrote ({shown}). Loading it would "
