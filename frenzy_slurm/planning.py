@@ -36,7 +36,7 @@ from frenzy_slurm.marp.frameworks import profile_summary
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render import Rendered, default_job_dir, render_job, submission_hash
 from frenzy_slurm.render.environment import EnvCheck, check_environment
-from frenzy_slurm.render.planfile import PlanFile
+from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.sbatch_env import check_sbatch_env
 from frenzy_slurm.site.config import SiteConfig, load_site
 from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
@@ -250,8 +250,22 @@ def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple
     return job_dir, None
 
 
-def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanOptions) -> JobRequest:
-    """The one planning path: the final request for `job` on the cluster `backend` shows."""
+@dataclass(frozen=True)
+class Prepared:
+    """What a decision for `job` is made from: the cluster (with the QOS's limits), the site file as MARP and HAS
+    see it, MARP's workload, HAS's requirements, "now", and what the user is told about the job's setup."""
+
+    view: ClusterView
+    site: SiteConfig
+    applied: Applied | None
+    workload: Workload
+    requirements: Requirements
+    now: float
+    env_notes: tuple[str, ...]
+
+
+def prepare(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanOptions) -> Prepared:
+    """The inputs of the decision, as fsbatch reads them (plan_job; frenzy-slurm watch for a move)."""
     env_notes = check_sbatch_env(options.slurm)  # before asking Slurm: a refusal needs no cluster
     env_notes += check_environment(job.spec, job.path.parent, options.env_check)  # the job's Python finds torch...
     view = backend.load()
@@ -259,34 +273,58 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     # its GPUs; Slurm's --test-only ignores those limits, so HAS plans within them (has/qos.py)
     view = view.model_copy(update={"qos": backend.qos_limits(options.slurm.qos or os.environ.get("SBATCH_QOS"))})
     site_cfg, applied = calibrate(job, site, options)
-    workload = workload_from_spec(job.spec, job.model, device=site_cfg.device)  # what the ranks compute on
-    requirements = Requirements.from_spec(job.spec, slurm=options.slurm)
-    now = options.now if options.now is not None else time.time()
+    return Prepared(
+        view=view,
+        site=site_cfg,
+        applied=applied,
+        workload=workload_from_spec(job.spec, job.model, device=site_cfg.device),  # what the ranks compute on
+        requirements=Requirements.from_spec(job.spec, slurm=options.slurm),
+        now=options.now if options.now is not None else time.time(),
+        env_notes=tuple(env_notes),
+    )
+
+
+def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanOptions) -> JobRequest:
+    """The one planning path: the final request for `job` on the cluster `backend` shows."""
+    ready = prepare(job, site, backend, options)
     slurm, extra_notes = options.slurm, []
+    space = search_space_from_spec(job.spec)
+    inputs = (ready.requirements, ready.workload, space, ready.view, ready.site, start_estimator(backend), ready.now)
     if slurm.preemptible:
-        if site_cfg.preemption is None:
+        if ready.site.preemption is None:
             where = f"site file {site.path}" if site.path is not None else "the site file"
             raise InputError(
                 f"slurm.preemptible (fsbatch --preemptible): {where} names no preemptible QOS (preemption: qos: ...), "
                 "so this site has none frenzy-slurm knows of. Ask the site's admins (docs/admin.md, "
                 '"Preemptible jobs"), or drop --preemptible.'
             )
-        found = decide_preemptible(
-            requirements, workload, search_space_from_spec(job.spec), view, site_cfg, start_estimator(backend), now
-        )
+        found = decide_preemptible(*inputs)
         decision = found.decision
         if found.qos is not None:  # the #SBATCH --qos line (the options' validator refuses qos with preemptible)
             slurm = slurm.model_copy(update={"qos": found.qos})
         else:
             extra_notes.append(found.note or "")
     else:
-        decision = decide_job(
-            requirements, workload, search_space_from_spec(job.spec), view, site_cfg, start_estimator(backend), now
-        )
+        decision = decide_job(*inputs)
+    return finish(job, site, options, ready, decision, slurm, tuple(extra_notes))
+
+
+def finish(
+    job: JobFile,
+    site: SiteFile,
+    options: PlanOptions,
+    ready: Prepared,
+    decision: Decision,
+    slurm: SlurmOptions,
+    extra_notes: tuple[str, ...] = (),
+    moved_from: MovedFrom | None = None,
+) -> JobRequest:
+    """The request for a decision: the job directory chosen and its files rendered (`slurm`: the sbatch options
+    with the QOS the decision chose; `moved_from`: the job this one continues, for a move)."""
     submission = submission_of(job, options)
     job_dir, earlier = choose_job_dir(job, submission, options)
-    calibration = job_record(applied, site.config, workload, decision, job.spec.training.global_batch)
-    shared = site_cfg.job_dirs_group_readable
+    calibration = job_record(ready.applied, site.config, ready.workload, decision, job.spec.training.global_batch)
+    shared = ready.site.job_dirs_group_readable
     rendered = render_job(
         job.spec,
         job.path,
@@ -297,8 +335,10 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
         options.templates,
         group_readable=shared,
         calibration=calibration,
+        moved_from=moved_from,
+        user_options=options.slurm,
     )
-    notes = plan_notes(site, view, requirements, decision) + tuple(extra_notes) + tuple(env_notes)
+    notes = plan_notes(site, ready.view, ready.requirements, decision) + extra_notes + ready.env_notes
     return request_of(rendered, force=options.force, earlier_job_dir=earlier, group_readable=shared, notes=notes)
 
 

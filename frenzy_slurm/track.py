@@ -235,6 +235,12 @@ def _attach_files(t: TrackedJob) -> None:
         if getattr(t, name) is not None and not isinstance(getattr(t, name), dict):
             setattr(t, name, None)  # a record that is JSON but not an object is no record
     t.last_checkpoint_step = last_checkpoint(t.job_dir / "checkpoints")
+    moved = read_job_record_or_none(t.job_dir / "moved.json")  # frenzy-slurm watch moved it (frenzy_slurm/watch.py)
+    if isinstance(moved, dict) and str(moved.get("moved_to_job", "")).isdigit():
+        t.notes.append(
+            f"moved by frenzy-slurm watch to job {moved['moved_to_job']} ({moved.get('to', '?')}), which continues "
+            f"its training in {moved.get('moved_to_dir', '?')}"
+        )
     run = (t.started or {}).get("restart")
     if t.finished is not None and isinstance(run, int) and (t.finished.get("restart") or 0) < run:
         t.notes.append(

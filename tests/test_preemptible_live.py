@@ -105,3 +105,59 @@ def test_a_preemptible_job_is_preempted_requeued_and_resumes(preempt_cluster, tm
     m = json.loads((job_dir / "metrics.json").read_text())
     assert m["restart"] >= 1 and m["resumed_from_step"] >= 10 and m["step"] == 80
     assert [s for s, _ in m["loss"]] == list(range(1, 81)), "the step counter continues across the preemption"
+
+
+def test_the_watcher_moves_a_running_job_which_resumes_its_checkpoint_elsewhere(preempt_cluster, tmp_path, monkeypatch):
+    """`frenzy-slurm watch`'s move on real Slurm: the successor is submitted with afterany on the job, the job's
+    steps get SIGTERM and the trainer saves and exits (no requeue: nothing preempted it), then the successor
+    starts on the other partition and resumes that checkpoint. HAS's choice to move is forced here (the tiny
+    model's predicted steps are too short for a move to pay); has/moves.py's decision is tested in test_watch.py."""
+    from dataclasses import replace
+
+    from frenzy_slurm import watch
+    from frenzy_slurm.planning import SiteFile
+    from frenzy_slurm.site.config import load_site
+    from frenzy_slurm.slurm import open_backend
+
+    monkeypatch.setenv("FRENZY_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("FRENZY_SITE", raising=False)
+    # the dev cluster's GPUs as GPUs: one holds the tiny model, so the job is one component (zero 0, no pipeline)
+    data = yaml.safe_load((ROOT / "site_configs" / "devcluster.yaml").read_text())
+    data["preemption"] = {"qos": "preemptible", "min_run_min": 0, "restart_s": 1}
+    site_path = tmp_path / "site" / "site.yaml"
+    site_path.parent.mkdir(mode=0o700)
+    site_path.write_text(yaml.safe_dump(data))
+    spec = yaml.safe_load(TINY.read_text())
+    spec["name"] = "watched"
+    spec["training"].update(steps=400, checkpoint_interval=5)
+    spec["limits"] = {"gpu_types": ["t4"], "max_gpus": 1}
+    path = tmp_path / "watched.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = fsbatch_json(str(path), "--site", str(site_path), "--preemptible")
+    job, job_dir = int(out["job_id"]), Path(out["job_dir"])
+    assert out["decision"]["chosen"]["components"][0]["partition"] == "t4"
+    wait_for(lambda: (latest_step(job_dir / "checkpoints") or 0) >= 5, timeout=240, interval=0.5, what="step 5")
+    real = watch.running_move
+
+    def to_a100(requirements, *args, **kwargs):  # any allocation on the A100s, whatever it gains
+        return real(replace(requirements, gpu_types=("a100",)), *args, **{**kwargs, "gain": -100.0})
+
+    monkeypatch.setattr(watch, "running_move", to_a100)
+    (move,) = watch.watch_once(SiteFile(load_site(site_path), site_path), open_backend("cli"))
+    assert move.kind == "running" and move.new_job_id is not None, move
+    new, new_dir = move.new_job_id, Path(move.new_job_dir or "")
+    assert f"#SBATCH --dependency=afterany:{job}\n" in (new_dir / "job.sbatch").read_text()
+    assert "#SBATCH --qos=preemptible\n" in (new_dir / "job.sbatch").read_text()  # it stays in the QOS it ran in
+    first = wait_done(job, timeout=240)
+    assert first["state"] == "COMPLETED"
+    saved = latest_step(job_dir / "checkpoints")
+    assert saved is not None and 5 <= saved < 400  # stopped early, at the SIGTERM, with a checkpoint
+    done = wait_done(new, timeout=420)
+    assert done["state"] == "COMPLETED", (new_dir / f"slurm-{new}.out").read_text()[-3000:]
+    assert sh("sacct", "-n", "-X", "-j", str(new), "-o", "Partition%20").split() == ["a100"]
+    m = json.loads((new_dir / "metrics.json").read_text())
+    assert m["resumed_from_step"] == saved and m["step"] == 400
+    assert [s for s, _ in m["loss"]] == list(range(saved + 1, 401))
+    assert json.loads((job_dir / "moved.json").read_text())["moved_to_job"] == new

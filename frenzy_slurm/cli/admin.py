@@ -495,3 +495,13 @@ def _register_simulate_command() -> None:
 
 
 _register_simulate_command()
+
+
+def _register_watch_command() -> None:
+    """`frenzy-slurm watch` lives in its own module (frenzy_slurm/cli/watch.py)."""
+    from frenzy_slurm.cli.watch import watch
+
+    main.add_command(watch)
+
+
+_register_watch_command()

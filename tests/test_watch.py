@@ -1,0 +1,219 @@
+"""`frenzy-slurm watch` (frenzy_slurm/watch.py) and its decisions (frenzy_slurm/has/moves.py), on the fake Slurm.
+
+The cluster is tests/helpers.py's LOCAL shape: A100s (fast), V100s, T4s. Another user's long job holds every A100,
+so a long preemptible job first goes elsewhere; when the A100s free up, the watcher moves it there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frenzy_slurm.has.moves import growth_site, resumable, with_own_gpus_free, without_job
+from frenzy_slurm.has.requirements import Requirements
+from frenzy_slurm.jobspec import resolve_model
+from frenzy_slurm.jobspec.job import SlurmOptions
+from frenzy_slurm.marp.candidates import SearchSpace
+from frenzy_slurm.marp.plan import ParallelPlan
+from frenzy_slurm.planning import JobFile, PlanOptions, SiteFile, plan_job
+from frenzy_slurm.render.planfile import read_plan
+from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
+from frenzy_slurm.site.config import Preemption
+from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
+from frenzy_slurm.slurm.fake import FakeSlurm
+from frenzy_slurm.submit import submit
+from frenzy_slurm.track import frenzy_jobs, my_user_name
+from frenzy_slurm.watch import MOVED, watch_once
+
+from .helpers import LOCAL, make_spec
+
+HOUR = 3600.0
+LONG = {"model": {"preset": "gpt2-medium"}, "training__steps": 100_000}  # many hours on any pool
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
+    view = synthetic(LOCAL)
+    slurm = FakeSlurm(view, user=my_user_name())
+    site = SiteFile(
+        synthetic_site(LOCAL).model_copy(
+            update={"preemption": Preemption(qos="preemptible", min_run_min=60, restart_s=300)}
+        )
+    )
+    return slurm, site, tmp_path
+
+
+def _hold_pool(slurm: FakeSlurm, partition: str, gpu_type: str, nodes: int, per_node: int, hours: float) -> int:
+    """Another user's job on a whole pool for `hours`."""
+    minutes = int(hours * 60)  # its time limit: what Slurm's start estimates go by
+    req = ComponentRequest(
+        partition=partition, gpu_type=gpu_type, nodes=nodes, gpus_per_node=per_node, time_min=minutes
+    )
+    jid = slurm.submit(BatchJob(script=Path("x"), workdir=Path("/tmp"), components=[req], name="other")).job_id
+    slurm.set_run_time(jid, hours * HOUR)
+    return jid
+
+
+def _submit(slurm: FakeSlurm, site: SiteFile, tmp_path: Path, name: str, preemptible: bool = True) -> int:
+    spec = make_spec(name=name, **LONG)
+    job = JobFile(tmp_path / f"{name}.yaml", spec, resolve_model(spec, "."))
+    opts = PlanOptions(
+        slurm=SlurmOptions(preemptible=preemptible), job_dir=tmp_path / "jobs" / name, now=slurm.now, env_check="off"
+    )
+    return submit(plan_job(job, site, slurm, opts), slurm).job_id
+
+
+def _pool(slurm: FakeSlurm, job_id: int) -> str:
+    return slurm.fake_jobs[job_id].components[0].partition
+
+
+def test_a_running_preemptible_job_moves_to_the_pool_that_freed_up(world):
+    slurm, site, tmp = world
+    other = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 500)
+    jid = _submit(slurm, site, tmp, "long")
+    assert slurm.fake_jobs[jid].state == "RUNNING" and _pool(slurm, jid) != "a100"
+    slurm.advance(HOUR)
+    assert watch_once(site, slurm, now=slurm.now) == []  # nothing better yet: the A100s are held
+    slurm.cancel(other)
+    (dry,) = watch_once(site, slurm, dry_run=True, now=slurm.now)
+    assert dry.new_job_id is None and slurm.signals == [] and not (tmp / "jobs" / "long" / MOVED).exists()
+    (move,) = watch_once(site, slurm, now=slurm.now)
+    assert (
+        move.kind == "running" and "a100" in move.to_allocation and move.predicted_end_moved < dry.predicted_end_staying
+    )
+    new = move.new_job_id
+    assert new is not None and _pool(slurm, new) == "a100"
+    # the old job's steps got SIGTERM (the runtime saves a checkpoint and exits); the new one waits for it to end
+    assert slurm.signals == [(jid, "TERM")] and slurm.fake_jobs[jid].state == "RUNNING"
+    new_dir = Path(move.new_job_dir or "")
+    assert new_dir.parent == tmp / "jobs" and new_dir != tmp / "jobs" / "long"
+    assert f"#SBATCH --dependency=afterany:{jid}\n" in (new_dir / "job.sbatch").read_text()
+    moved_from = read_plan(new_dir / "plan.json").moved_from
+    assert moved_from is not None and moved_from.job_id == jid and moved_from.job_dir == str(tmp / "jobs" / "long")
+    record = json.loads((tmp / "jobs" / "long" / MOVED).read_text())
+    assert record["moved_to_job"] == new and record["while"] == "RUNNING"
+    (old,) = [t for t in frenzy_jobs(slurm.load().jobs) if t.job_id == jid]
+    assert any(f"moved by frenzy-slurm watch to job {new}" in n for n in old.notes)  # what fsqueue JOBID says
+    # moved once: the next pass leaves the old job alone, and the new one has not run long enough to move
+    assert watch_once(site, slurm, now=slurm.now) == []
+
+
+def test_a_pending_job_is_resubmitted_where_it_starts_now_and_the_old_one_cancelled(world):
+    slurm, site, tmp = world
+    a100 = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 500)
+    for partition, nodes, per_node in (("v100", 2, 8), ("t4", 4, 4)):
+        _hold_pool(slurm, partition, {"v100": "v100_32gb"}.get(partition, partition), nodes, per_node, 3)
+    jid = _submit(slurm, site, tmp, "waiting")
+    assert slurm.fake_jobs[jid].state == "PENDING"
+    slurm.cancel(a100)
+    (move,) = watch_once(site, slurm, now=slurm.now)
+    assert move.kind == "pending" and move.new_job_id is not None
+    assert slurm.fake_jobs[jid].state == "CANCELLED" and slurm.fake_jobs[move.new_job_id].state == "RUNNING"
+    assert _pool(slurm, move.new_job_id) == "a100"
+    # it never ran: the new job starts afresh, with the user's options (no dependency on the old job)
+    new_dir = Path(move.new_job_dir or "")
+    assert read_plan(new_dir / "plan.json").moved_from is None
+    assert "--dependency" not in (new_dir / "job.sbatch").read_text()
+
+
+def test_a_pending_job_that_started_meanwhile_is_left_and_jobs_not_marked_are_never_touched(world):
+    slurm, site, tmp = world
+    a100 = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 500)
+    for partition, nodes, per_node in (("v100", 2, 8), ("t4", 4, 4)):
+        _hold_pool(slurm, partition, {"v100": "v100_32gb"}.get(partition, partition), nodes, per_node, 3)
+    plain = _submit(slurm, site, tmp, "plain", preemptible=False)
+    slurm.cancel(a100)
+    assert watch_once(site, slurm, now=slurm.now) == []  # not marked preemptible: not the watcher's to move
+    assert slurm.fake_jobs[plain].state in ("PENDING", "RUNNING")
+    assert not (tmp / "jobs" / "plain" / MOVED).exists()
+
+
+def test_a_failed_submission_releases_the_held_job(world, monkeypatch):
+    slurm, site, tmp = world
+    a100 = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 500)
+    for partition, nodes, per_node in (("v100", 2, 8), ("t4", 4, 4)):
+        _hold_pool(slurm, partition, {"v100": "v100_32gb"}.get(partition, partition), nodes, per_node, 3)
+    jid = _submit(slurm, site, tmp, "waiting")
+    slurm.cancel(a100)
+    from frenzy_slurm.slurm.run import SlurmUnavailable
+
+    def refuse(job):
+        raise SlurmUnavailable("sbatch did not answer")
+
+    monkeypatch.setattr(slurm, "submit", refuse)
+    (move,) = watch_once(site, slurm, now=slurm.now)
+    assert move.new_job_id is None and "not moved" in move.note
+    assert slurm.fake_jobs[jid].state == "PENDING" and not slurm.fake_jobs[jid].held  # released: it waits as before
+    assert not (tmp / "jobs" / "waiting" / MOVED).exists()
+
+
+def _plan(**kw) -> ParallelPlan:
+    return ParallelPlan(**kw)
+
+
+def test_only_plans_that_can_load_the_checkpoint_are_searched():
+    space, req = SearchSpace(), Requirements(name="j", global_batch=64, steps=10)
+    # ZeRO 1-3 with the built-in trainer's conversion: any width and depth, the same tensor parallelism
+    found = resumable(space, req, _plan(dp=4, zero=1), universal=True)
+    assert found is not None and found[0].zero_stages == (1, 2) and found[0].tp_degrees == (1,)
+    assert found[1] == req and found[0].pp_degrees == space.pp_degrees
+    found = resumable(space, req, _plan(dp=4, zero=3), universal=True)  # ZeRO 3's universal files are its own
+    assert found is not None and found[0].zero_stages == (3,) and found[1] == req
+    # ZeRO 0: any data-parallel width, no pipeline; a ZeRO-0 pipeline cannot be reshaped at all
+    found = resumable(space, req, _plan(dp=4, zero=0), universal=True)
+    assert found is not None and found[0].pp_degrees == (1,) and found[0].zero_stages == (0,) and found[1] == req
+    assert resumable(space, req, _plan(dp=2, pp=2, zero=0), universal=True) is None
+    # a framework's own checkpoints: the same layout, only the GPU type may change
+    found = resumable(space, req, _plan(dp=4, zero=2), universal=False)
+    assert found is not None and found[0].zero_stages == (2,) and (found[1].min_gpus, found[1].max_gpus) == (4, 4)
+    assert resumable(space, req, _plan(dp=2, pp=2, zero=1), universal=False) is None
+
+
+def test_a_job_s_own_gpus_count_free_and_growth_waits_for_an_empty_queue(world):
+    slurm, site, _ = world
+    jid = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 5)
+    view = slurm.load()
+    free = with_own_gpus_free(view, jid)
+    assert sum(n.gpus_used for n in view.nodes) == 8 and sum(n.gpus_used for n in free.nodes) == 0
+    assert all(j.job_id != jid for j in without_job(view, jid).jobs)
+    cfg = site.config.model_copy(
+        update={"preemption": Preemption(qos="preemptible", move_share=1.0), "max_job_share": 0.5}
+    )
+    assert growth_site(cfg, free, in_preemptible_qos=True).max_job_share == 1.0
+    assert growth_site(cfg, free, in_preemptible_qos=False).max_job_share == 0.5
+    _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 5)  # waits behind the first: growth would delay it
+    assert growth_site(cfg, with_own_gpus_free(slurm.load(), jid), in_preemptible_qos=True).max_job_share == 0.5
+
+
+def _site_file(tmp_path: Path, preemption: dict | None) -> Path:
+    import yaml
+
+    data = synthetic_site(LOCAL).model_dump(mode="json", exclude_none=True)
+    if preemption is not None:
+        data["preemption"] = preemption
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_the_command_checks_its_site_and_flags_and_prints_one_object_per_pass(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from frenzy_slurm.cli.admin import main
+
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
+    snapshot = tmp_path / "view.json"
+    snapshot.write_text(synthetic(LOCAL).model_dump_json())
+    cluster = ["--backend", "static", "--snapshot", str(snapshot)]
+    runner = CliRunner()
+    res = runner.invoke(main, ["watch", "--site", str(_site_file(tmp_path, None)), *cluster, "--once"])
+    assert res.exit_code == 2 and "has no preemption: block" in res.output
+    site = str(_site_file(tmp_path, {"qos": "preemptible"}))
+    res = runner.invoke(main, ["watch", "--site", site, *cluster, "--interval", "5"])
+    assert res.exit_code == 2 and "--interval" in res.output  # at least 10 s: slurmctld is shared
+    res = runner.invoke(main, ["watch", "--site", site, *cluster, "--once", "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["moves"] == [] and out["dry_run"] is True
