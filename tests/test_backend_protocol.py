@@ -38,6 +38,8 @@ def test_the_protocol_is_what_the_backends_are_checked_against():
         "jobs",
         "cancel",
         "requeue",
+        "hold",
+        "release",
         "preempted",
         "accounting",
         "gpu_memory_peaks",
