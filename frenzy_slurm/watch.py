@@ -38,7 +38,7 @@ from frenzy_slurm.has.moves import (
 )
 from frenzy_slurm.jobspec import ResolvedModel
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
-from frenzy_slurm.planning import JobFile, PlanOptions, SiteFile, finish, prepare, start_estimator
+from frenzy_slurm.planning import JobFile, PlanOptions, Prepared, SiteFile, finish, prepare, start_estimator
 from frenzy_slurm.records import read_job_record_or_none, write_json
 from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.slurm.backend import SlurmBackend
@@ -224,7 +224,7 @@ def _move(
     job: JobFile,
     site: SiteFile,
     options: PlanOptions,
-    ready: Any,
+    ready: Prepared,
     chosen: Allocation,
     in_qos: bool,
     source: MovedFrom | None,
