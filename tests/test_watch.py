@@ -15,7 +15,7 @@ from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.marp.candidates import SearchSpace
-from frenzy_slurm.marp.plan import ParallelPlan
+from frenzy_slurm.marp.plan import ParallelPlan, checkpoint_route
 from frenzy_slurm.planning import JobFile, PlanOptions, SiteFile, plan_job
 from frenzy_slurm.render.planfile import read_plan
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
@@ -169,6 +169,38 @@ def test_only_plans_that_can_load_the_checkpoint_are_searched():
     found = resumable(space, req, _plan(dp=4, zero=2), universal=False)
     assert found is not None and found[0].zero_stages == (2,) and (found[1].min_gpus, found[1].max_gpus) == (4, 4)
     assert resumable(space, req, _plan(dp=2, pp=2, zero=1), universal=False) is None
+
+
+def test_every_plan_the_watcher_may_choose_loads_the_checkpoint_as_the_runtime_does():
+    """has/moves.py `resumable` (which plans are searched) agrees with marp.plan `checkpoint_route` (how the
+    runtime loads): over a grid of layouts, every plan allowed loads, as it is where there is no conversion."""
+    grid = [
+        _plan(dp=dp, pp=pp, zero=zero, tp=tp)
+        for dp in (1, 2, 4)
+        for pp in (1, 2)
+        for zero in (0, 1, 2, 3)
+        for tp in (1, 2)
+        if not (pp > 1 and zero > 1)
+    ]
+    space, req = SearchSpace(), Requirements(name="j", global_batch=64, steps=10)
+    allowed_somewhere = 0
+    for universal in (True, False):
+        for old in grid:
+            found = resumable(space, req, old, universal)
+            for new in grid:
+                ok = found is not None and (
+                    new.tp in found[0].tp_degrees
+                    and new.zero in found[0].zero_stages
+                    and new.pp in found[0].pp_degrees
+                    and (found[1].min_gpus or 0) <= new.world <= (found[1].max_gpus or 10**6)
+                )
+                if ok:
+                    allowed_somewhere += old != new
+                    assert checkpoint_route(old, new) in (("as-is", "universal") if universal else ("as-is",)), (
+                        old.short(),
+                        new.short(),
+                    )
+    assert allowed_somewhere > 50  # the grid exercises moves, not only staying put
 
 
 def test_a_job_s_own_gpus_count_free_and_growth_waits_for_an_empty_queue(world):

@@ -27,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frenzy_slurm.marp.plan import checkpoint_route
 from frenzy_slurm.records import write_json
 from frenzy_slurm.render.planfile import PlanFile, read_plan
 from frenzy_slurm.runtime import checkpoints, signals
@@ -323,15 +324,12 @@ def _resume_source(job_dir: Path, pf: PlanFile, dist: DistEnv) -> ResumeSource |
     step = checkpoints.step_of(tag)
     if dist.rank == 0:
         print(f"frenzy-slurm: resuming job {moved.job_id}'s checkpoint {tag} ({old.short()} -> {new.short()})")
-    if (old.dp, old.tp, old.pp, old.cp, old.zero) == (new.dp, new.tp, new.pp, new.cp, new.zero) or (
-        old.zero == new.zero == 0 and old.pp == new.pp == 1 and old.tp == new.tp and old.cp == new.cp
-    ):
+    route = checkpoint_route(old, new)
+    if route == "as-is":
         return ResumeSource(there / "checkpoints", tag, step)  # DeepSpeed loads it as it is
-    if old.zero == 0 or new.zero == 0 or (old.zero == 3) != (new.zero == 3):
+    if route is None:  # has/moves.py `resumable` never plans such a move
         from frenzy_slurm.errors import InputError
 
-        # has/moves.py `resumable` never plans such a move: a ZeRO-0 checkpoint has no optimizer shards to
-        # convert, and DeepSpeed's universal checkpoint does not cross between ZeRO 3 and ZeRO 1-2
         raise InputError(
             f"job {moved.job_id}'s checkpoint {tag} ({old.short()}) cannot be loaded with this plan ({new.short()}). "
             "Submit again with fsbatch."

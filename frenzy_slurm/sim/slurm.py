@@ -257,17 +257,6 @@ class SimSlurm:
         self.schedule()
         return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
 
-    def update_pending(self, job_id: int, components: list[ComponentRequest]) -> bool:
-        """`scontrol update` of a pending job's request (partition, GRES, nodes, time limit), as Slurm allows
-        for pending jobs: the job keeps its id, submit time and so its place in the queue. False if it is not
-        pending any more (it started meanwhile)."""
-        j = self.jobs_by_id.get(job_id)
-        if j is None or j.state != "PENDING" or len(components) != len(j.components):
-            return False
-        j.components, j.alternatives, j.planned_start = list(components), [], None
-        self.schedule()
-        return True
-
     def jobs(self, job_ids: Iterable[int] | None = None, user: str | None = None) -> list[Job]:
         wanted = set(job_ids) if job_ids is not None else None
         out = []
@@ -281,7 +270,7 @@ class SimSlurm:
 
     def _job_records_of(self, j: SimJob) -> list[Job]:
         """The view's records of `j` (one per component), the same objects while nothing they show has changed;
-        the components are compared by identity (a request is replaced, never edited, by submit and update)."""
+        the components are compared by identity (a request is replaced, never edited, by submit)."""
         key = (j.state, j.reason, j.start, j.planned_start, j.name, j.user, j.comment, tuple(map(tuple, j.nodes)))
         kept = self._job_records.get(j.job_id)
         if kept is not None and kept[0][0] == key and len(kept[0][1]) == len(j.components):
