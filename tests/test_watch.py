@@ -22,6 +22,7 @@ from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.site.config import Preemption
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.fake import FakeSlurm
+from frenzy_slurm.slurm.run import SlurmCommandError
 from frenzy_slurm.submit import submit
 from frenzy_slurm.track import frenzy_jobs, my_user_name
 from frenzy_slurm.watch import MOVED, watch_once
@@ -118,7 +119,7 @@ def test_a_pending_job_is_resubmitted_where_it_starts_now_and_the_old_one_cancel
     assert "--dependency" not in (new_dir / "job.sbatch").read_text()
 
 
-def test_a_pending_job_that_started_meanwhile_is_left_and_jobs_not_marked_are_never_touched(world):
+def test_jobs_not_marked_preemptible_are_never_touched(world):
     slurm, site, tmp = world
     a100 = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 500)
     for partition, nodes, per_node in (("v100", 2, 8), ("t4", 4, 4)):
@@ -128,6 +129,25 @@ def test_a_pending_job_that_started_meanwhile_is_left_and_jobs_not_marked_are_ne
     assert watch_once(site, slurm, now=slurm.now) == []  # not marked preemptible: not the watcher's to move
     assert slurm.fake_jobs[plain].state in ("PENDING", "RUNNING")
     assert not (tmp / "jobs" / "plain" / MOVED).exists()
+
+
+def test_a_pending_job_that_started_meanwhile_is_left(world, monkeypatch):
+    slurm, site, tmp = world
+    a100 = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 500)
+    for partition, nodes, per_node in (("v100", 2, 8), ("t4", 4, 4)):
+        _hold_pool(slurm, partition, {"v100": "v100_32gb"}.get(partition, partition), nodes, per_node, 3)
+    jid = _submit(slurm, site, tmp, "waiting")
+    slurm.cancel(a100)
+    submitted = len(slurm.fake_jobs)
+
+    def started(job_id):  # it started between the pass's view and the hold: scontrol hold refuses
+        raise SlurmCommandError(["scontrol", "hold", str(job_id)], 1, "Job is no longer pending execution")
+
+    monkeypatch.setattr(slurm, "hold", started)
+    (move,) = watch_once(site, slurm, now=slurm.now)
+    assert move.new_job_id is None and "started meanwhile" in move.note
+    assert len(slurm.fake_jobs) == submitted and slurm.fake_jobs[jid].state == "PENDING"
+    assert not (tmp / "jobs" / "waiting" / MOVED).exists()
 
 
 def test_a_failed_submission_releases_the_held_job(world, monkeypatch):
