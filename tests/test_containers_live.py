@@ -65,3 +65,25 @@ def test_tiny_job_completes_in_apptainer(live_jobs_dir, tmp_path, monkeypatch):
     task = ["exec", "--nv", "--bind", jd, "--pwd", jd, str(image), sys.executable, "-P", "-m", "frenzy_slurm.runtime",
             "--job-dir", jd]  # fmt: skip
     assert tasks == [task] * gpus
+
+
+def test_readme_container_line_runs_as_written(live_jobs_dir, monkeypatch):
+    """README's quick-start container line, exactly as written, from the checkout's root, on the dev cluster: the
+    plan's srun line runs the tasks in the image (apptainer is not installed here: a note, not a refusal)."""
+    import shlex
+    import subprocess
+
+    (line,) = [
+        ln.split("#")[0].strip()
+        for ln in (ROOT / "README.md").read_text().splitlines()
+        if ln.strip().startswith("fsbatch examples/tiny-apptainer.yaml")
+    ]
+    argv = shlex.split(line)
+    fsbatch = Path(sys.executable).with_name("fsbatch")
+    res = subprocess.run([str(fsbatch), *argv[1:]], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr
+    srun = [ln for ln in res.stdout.splitlines() if ln.startswith("srun ")]
+    assert len(srun) == 1 and " apptainer exec --nv --bind " in srun[0]
+    assert srun[0].endswith(
+        " /scratch/images/frenzy-train.sif python3 -P -m frenzy_slurm.runtime --job-dir " + shlex.split(srun[0])[-1]
+    )

@@ -458,7 +458,8 @@ class Container(_Strict):
         default_factory=list,
         max_length=64,
         description="More host paths to mount, SRC[:DST[:FLAGS]] with absolute paths, e.g. /scratch/data:/data:ro. "
-        "The job directory is always mounted at its own path.",
+        "The job directory, and with trainer: script the script's directory, are always mounted at their own "
+        "paths; mount entry.data's directory here.",
     )
     workdir: str | None = Field(
         None,

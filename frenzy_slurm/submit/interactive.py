@@ -10,12 +10,15 @@ fsqueue lists batch jobs; the allocation is salloc's, ending when its command or
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.planning import JobRequest
 from frenzy_slurm.render import component_flags
 from frenzy_slurm.slurm.commands import AllocComponent, salloc_argv
 from frenzy_slurm.submit import jobdir
+
+if TYPE_CHECKING:  # as in submit/__init__.py: planning imports jobdir
+    from frenzy_slurm.planning import JobRequest
 
 
 def salloc_command(req: JobRequest, command: list[str]) -> list[str]:
