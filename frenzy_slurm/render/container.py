@@ -77,7 +77,11 @@ def launch(c: Container, spec_dir: Path, job_dir: Path, script: Path | None = No
     mounts = ",".join([*(f"{d}:{d}" for d in own), *c.mounts])
     port = [c.python, "-P", "-m", "frenzy_slurm.runtime.dist", "free-port"]
     if c.runtime == "pyxis":
-        flags = (f"--container-image={image}", f"--container-mounts={mounts}", f"--container-workdir={workdir}")
+        flags: tuple[str, ...] = (
+            f"--container-image={image}",
+            f"--container-mounts={mounts}",
+            f"--container-workdir={workdir}",
+        )
         flags += tuple(c.options)
         # one task on the batch node (the first node of component 0), in the same image
         free = ("srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", *flags, *port)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.render import component_flags
 from frenzy_slurm.slurm.commands import AllocComponent, salloc_argv
 from frenzy_slurm.submit import jobdir
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # as in submit/__init__.py: planning imports jobdir
 def salloc_command(req: JobRequest, command: list[str]) -> list[str]:
     """salloc with the planned partition, nodes, tasks, GRES and CPUs per component, the plan's time limit and
     the user's options (account, QOS, constraint, --exclusive, ...), then `command` (none: the user's shell)."""
-    options = req.plan.slurm
+    options = req.plan.slurm or SlurmOptions()  # plan_job always records them; an old plan.json may not
     per_component = component_flags(options)
     parts = [
         AllocComponent(c.partition, c.nodes, c.gpus_per_node, c.gpu_type, c.cpus_per_task)
