@@ -505,3 +505,13 @@ def _register_watch_command() -> None:
 
 
 _register_watch_command()
+
+
+def _register_salloc_command() -> None:
+    """`frenzy-slurm salloc` lives in its own module (frenzy_slurm/cli/salloc.py)."""
+    from frenzy_slurm.cli.salloc import salloc
+
+    main.add_command(salloc)
+
+
+_register_salloc_command()

@@ -426,6 +426,87 @@ class SlurmOptions(_Strict):
         return out + list(self.extra)
 
 
+ContainerRuntime = Literal["apptainer", "singularity", "pyxis"]
+# a mount is SRC[:DST[:FLAGS]]; both runtimes join mounts with ',' (pyxis --container-mounts, apptainer --bind)
+_MOUNT = re.compile(r"^/[^,:\x00-\x1f\x7f]*(:/[^,:\x00-\x1f\x7f]*(:[A-Za-z0-9_+-]+)?)?\Z")
+
+
+class Container(_Strict):
+    """The container image the job's tasks run in (entry.environment.container); render/container.py renders it
+    into the srun line and checks what can be checked before submitting."""
+
+    runtime: ContainerRuntime = Field(
+        description="apptainer or singularity: each task runs `apptainer exec [--nv] --bind JOBDIR IMAGE PYTHON ...` "
+        "(the command must exist on the compute nodes, and is checked for on the login node); pyxis: srun gets "
+        "`--container-image=IMAGE --container-mounts=JOBDIR:JOBDIR` (Slurm's pyxis SPANK plugin with enroot, "
+        "checked through `srun --help`).",
+    )
+    image: str = Field(
+        description="The image. apptainer: a .sif file or sandbox directory (absolute, or relative to model.yaml's "
+        "directory; checked to exist and be readable) or a URI such as docker://nvcr.io/nvidia/pytorch:24.05-py3 "
+        "(pulled by the job; not checked). pyxis: a squashfs file given as a path starting with /, ./, ../ or ~ "
+        "(checked) or a registry reference [USER@][REGISTRY#]IMAGE[:TAG] such as nvcr.io#nvidia/pytorch:24.05-py3 "
+        "(imported by enroot when the job starts; not checked).",
+    )
+    python: str = Field(
+        "python3",
+        description="The Python inside the image that runs frenzy-slurm's runtime and your script: a command on the "
+        "image's PATH or an absolute path in the image. It must import frenzy_slurm (and, for the built-in trainer, "
+        "torch and deepspeed).",
+    )
+    mounts: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="More host paths to mount, SRC[:DST[:FLAGS]] with absolute paths, e.g. /scratch/data:/data:ro. "
+        "The job directory, and with trainer: script the script's directory, are always mounted at their own "
+        "paths; mount entry.data's directory here.",
+    )
+    workdir: str | None = Field(
+        None,
+        description="The working directory inside the container (pyxis --container-workdir, apptainer --pwd); "
+        "default: the job directory.",
+    )
+    gpus: bool = Field(
+        True,
+        description="apptainer/singularity: `--nv`, the host's NVIDIA driver and GPUs inside the container. pyxis: "
+        "enroot's NVIDIA hook does this itself, so this must stay true.",
+    )
+    options: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Further flags for the runtime, each one word: pyxis flags (--container-..., "
+        "--no-container-...; e.g. --container-remap-root, --no-container-mount-home) go to srun; apptainer flags "
+        "(e.g. --cleanenv, --contain) to `apptainer exec`, before the image.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Container:
+        for what, value in (("image", self.image), ("python", self.python), ("workdir", self.workdir or "/")):
+            if not value or re.search(r"[\x00-\x20\x7f]", value):
+                raise ValueError(f"container.{what} {value!r} is empty or has a space or control character")
+        if self.workdir is not None and not self.workdir.startswith("/"):
+            raise ValueError(f"container.workdir {self.workdir!r} must be an absolute path inside the container")
+        for m in self.mounts:
+            if not _MOUNT.match(m):
+                raise ValueError(
+                    f"container.mounts: {m!r} is not SRC[:DST[:FLAGS]] with absolute paths and no ',' (e.g. "
+                    "/scratch/data:/data:ro)"
+                )
+        pyxis = self.runtime == "pyxis"
+        for flag in self.options:
+            ok = re.fullmatch(r"--?[A-Za-z][A-Za-z0-9-]*(=[^\x00-\x1f\x7f]*)?", flag)
+            if pyxis and re.match(r"--container-(image|mounts|workdir)\b", flag):
+                raise ValueError(f"container.options: {flag!r}: give it as container.image, mounts or workdir")
+            if not ok or (pyxis and not re.match(r"--(no-)?container-", flag)):
+                want = (
+                    "a pyxis flag, --container-... or --no-container-..." if pyxis else "one flag, -x or --name[=value]"
+                )
+                raise ValueError(f"container.options: {flag!r} is not {want}")
+        if pyxis and not self.gpus:
+            raise ValueError("container.gpus: false is for apptainer/singularity (--nv); pyxis/enroot maps GPUs itself")
+        return self
+
+
 class JobEnvironment(_Strict):
     """Where the job's Python comes from (entry.environment); job.sbatch loads and activates it before srun."""
 
@@ -451,10 +532,20 @@ class JobEnvironment(_Strict):
         "e.g. [gcc/12, cuda/12.4].",
         max_length=64,
     )
+    container: Container | None = Field(
+        None,
+        description="A container image the job's tasks run in, with Apptainer/Singularity or Slurm's pyxis/enroot "
+        "(docs/runtime.md, \"Containers\"): the image's Python runs frenzy-slurm's runtime and your script.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> JobEnvironment:
         given = [k for k in ("python", "venv", "conda") if getattr(self, k) is not None]
+        if self.container is not None and given:
+            raise ValueError(
+                f"environment: with a container the image's Python runs the job; name it in container.python, not "
+                f"{given[0]}"
+            )
         if len(given) > 1:
             raise ValueError(f"environment: give one of python, venv or conda, not {' and '.join(given)}")
         for key in ("python", "venv"):

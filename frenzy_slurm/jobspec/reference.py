@@ -9,6 +9,7 @@ from pydantic_core import PydanticUndefined
 
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import (
+    Container,
     Entry,
     JobEnvironment,
     JobSpec,
@@ -29,6 +30,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("slurm", SlurmOptions),
     ("entry", Entry),
     ("entry.environment", JobEnvironment),
+    ("entry.environment.container", Container),
 ]
 
 

@@ -31,6 +31,7 @@ from frenzy_slurm.has.model import Decision
 from frenzy_slurm.inputfile import check_trusted
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
+from frenzy_slurm.render.container import ContainerLaunch, launch, runtime_argv
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.environment import job_python
 from frenzy_slurm.render.planfile import MovedFrom, PlanFile
@@ -172,6 +173,8 @@ def runtime_command(spec: JobSpec, job_dir: Path, script: Path | None) -> list[s
     # -P: `python -m` would otherwise put the working directory (the job directory) first on sys.path,
     # so a module planted there (frenzy_slurm/, torch.py) would run as the job's owner.
     cmd = [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir)]
+    if (container := spec.entry.environment.container) is not None:  # the image's Python runs the runtime
+        cmd = runtime_argv(container, job_dir)
     if script is not None:
         cmd += ["--script", str(script), "--", *spec.entry.args]
     return cmd
@@ -194,6 +197,16 @@ def check_component_flags(script: str, flags: list[str], components: int, templa
                 f"template {template}: the script does not carry '#SBATCH {flag}' in each of its {components} "
                 "component(s); a custom _component.j2 must write `component_flags` as the shipped one does"
             )
+
+
+def check_container_launch(script: str, container: ContainerLaunch, template: str) -> None:
+    """Refuse a script that does not run the container: a --templates _launch.j2 written before containers would
+    otherwise run the job on the host, outside the image model.yaml names."""
+    if not all(shlex.quote(w) in script for w in (*container.srun_flags, *container.prefix)):
+        raise InputError(
+            f"template {template}: the script does not launch entry.environment.container ({container.runtime} "
+            f"{container.image}); a custom _launch.j2 must write `container` as the shipped one does"
+        )
 
 
 def render_job(
@@ -227,6 +240,8 @@ def render_job(
     check_script_entry(spec)  # entry.args' $FRENZY_* names, entry.env not shadowing the plan's variables
     script_path = entry_script(spec, spec_path.parent)
     command = runtime_command(spec, job_dir, script_path)
+    container = spec.entry.environment.container
+    in_image = None if container is None else launch(container, spec_path.parent, job_dir, script_path)
     groups = ",".join(str(i) for i in range(len(components)))
     umask = 0o027 if group_readable else 0o077
     per_component = component_flags(options)
@@ -250,6 +265,7 @@ def render_job(
         umask=f"{umask:03o}",
         command=command,
         srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
+        container=None if in_image is None else in_image.template_context(),
     )
     env = environment(template_dir)
     template = "heterogeneous.sbatch.j2" if len(components) > 1 else "homogeneous.sbatch.j2"
@@ -265,6 +281,8 @@ def render_job(
     except RecursionError:
         raise InputError(f"template {template}: recursion too deep (a macro or include that calls itself)") from None
     check_component_flags(script, per_component, len(components), template)
+    if in_image is not None:
+        check_container_launch(script, in_image, template)
     # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
     predicted = {
         pool_label(c.partition, c.gpu_type): {

@@ -140,8 +140,9 @@ def needed_packages(spec: JobSpec) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=32)
-def probe(python: str, packages: tuple[str, ...]) -> dict[str, bool] | str:
-    """{package: found} as `python` sees it, or a string saying why it could not be asked.
+def probe(python: str, packages: tuple[str, ...], prefix: tuple[str, ...] = ()) -> dict[str, bool] | str:
+    """{package: found} as `python` sees it, or a string saying why it could not be asked; `prefix` runs it
+    elsewhere (`apptainer exec IMAGE`: the image's Python).
 
     With -P (nothing from the working directory on sys.path), and in an empty private directory besides, so
     that a Python older than 3.11, which refuses -P and is asked again without it, is as safe."""
@@ -149,7 +150,7 @@ def probe(python: str, packages: tuple[str, ...]) -> dict[str, bool] | str:
         for flags in (["-P"], []):
             try:
                 res = subprocess.run(
-                    [python, *flags, "-c", _PROBE, *packages],
+                    [*prefix, python, *flags, "-c", _PROBE, *packages],
                     cwd=empty,
                     capture_output=True,
                     text=True,
@@ -176,6 +177,8 @@ def check_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str
     """Notes about the job's environment; InputError (exit 2) for what would kill the job, with mode "refuse"."""
     if mode == "off":
         return []
+    if spec.entry.environment.container is not None:
+        return check_container_environment(spec, spec_dir, mode)
     jp = job_python(spec, spec_dir)
     modules = jp.modules
     fix = (
@@ -213,3 +216,36 @@ def check_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str
     if mode == "note":
         return [f"{problem}. Submitting refuses this (exit 2); {fix}."]
     raise InputError(f"model.yaml: {problem}. To fix: {fix}.")
+
+
+def check_container_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str]:
+    """entry.environment.container's checks (render/container.py), and the image's Python asked for frenzy_slurm and
+    the framework's packages where the login node can run it; refused or noted as the job's Python is."""
+    from frenzy_slurm.render.container import check_container
+
+    c = spec.entry.environment.container
+    assert c is not None
+    found = check_container(c, spec_dir)
+    notes, problem = list(found.notes), found.problem
+    if problem is None and found.probe_prefix is not None:
+        need = ("frenzy_slurm", *needed_packages(spec))
+        answer = probe(c.python, need, found.probe_prefix)
+        if isinstance(answer, str):
+            notes.append(f"the image's Python ({c.python}) could not be asked for {', '.join(need)}: {answer}")
+        elif missing := [n.replace("|", " or ") for n, ok in answer.items() if not ok]:
+            problem = (
+                f"the image's Python ({c.python} in {c.image}) cannot find {', '.join(missing)}, which the job needs "
+                f"(framework {spec.entry.runs_with}): it would stop with ModuleNotFoundError"
+            )
+    if problem is None:
+        return notes
+    fix = 'fix entry.environment.container (docs/runtime.md, "Containers"), or skip this check with --no-env-check'
+    if found.module_may_fix and spec.entry.environment.modules:
+        return [
+            *notes,
+            f"{problem}, without entry.environment.modules loaded; the modules may provide it on the compute nodes "
+            "(not checked there).",
+        ]
+    if mode == "note":
+        return [*notes, f"{problem}. Submitting refuses this (exit 2); {fix}."]
+    raise InputError(f"model.yaml: entry.environment.container: {problem}. To fix: {fix}.")
