@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class GpuSpec(BaseModel):
     """One GPU model's public specifications."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="Catalog name, e.g. A100-80GB.")
     memory_gib: float = Field(gt=0, description="Device memory as CUDA reports it, GiB.")
