@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.slurm.view import pool_label
@@ -137,6 +138,12 @@ class Pool(_M):
         None, gt=0.5, le=1.0, json_schema_extra=FRACTION, description="Default from `defaults`."
     )
     overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")
+    unconfirmed: list[Literal["gpu", "intra_node"]] = Field(
+        default_factory=list,
+        description="Values `frenzy-slurm site init`/`site detect` guessed from Slurm's names and nobody measured "
+        "(NVML) or confirmed: `site validate` lists them, and no job is planned while `gpu` is here (its memory "
+        "is a guess) unless overrides.memory_gib states the memory. Check them, then delete them from the list.",
+    )
     overheads: Overheads = Field(
         default_factory=Overheads,
         description="Per-GPU memory beside the tensors, measured on this pool's nodes: CUDA context, NCCL buffers, "
@@ -190,6 +197,11 @@ class Pool(_M):
                 "untyped: true where the GRES has no type (gpu:N)"
             )
         return self
+
+    @property
+    def memory_guessed(self) -> bool:
+        """The GPU model was guessed and not confirmed, and no one wrote the memory: it may be twice the real."""
+        return "gpu" in self.unconfirmed and self.overrides.memory_gib is None
 
     @property
     def label(self) -> str:
@@ -334,3 +346,32 @@ def load_site(path: Path) -> SiteConfig:
     if os.path.lexists(path):  # a missing file gets read_yaml's own message
         check_trusted(path, "site file", "its pools, overheads and defaults decide every job's plan")
     return load_model_file(path, SiteConfig)
+
+
+def unconfirmed_values(site: SiteConfig) -> list[str]:
+    """One line per value of the site file that was guessed and never measured or confirmed (`unconfirmed:`)."""
+    out = []
+    for pool in site.pools:
+        for key in pool.unconfirmed:
+            value = pool.gpu if key == "gpu" else pool.intra_node
+            what = "its memory is the catalog's for that model" if key == "gpu" else "it sets the link speed"
+            out.append(
+                f"pool {pool.label}: {key}: {value} was guessed from Slurm's names, never measured or confirmed "
+                f"({what}): check it (`frenzy-slurm site detect` measures it with NVML on a node), then remove "
+                f"'{key}' from the pool's unconfirmed: list"
+            )
+    return out
+
+
+def require_measured_memory(site: SiteConfig, path: Path) -> None:
+    """No plan on a pool whose GPU memory is a guess: a 40 GB card taken for an 80 GB one runs out of memory
+    in every job placed there. InputError (exit 2) naming the pools and what to do."""
+    guessed = [p for p in site.pools if p.memory_guessed]
+    if guessed:
+        names = ", ".join(f"{p.label} (gpu: {p.gpu})" for p in guessed)
+        raise InputError(
+            f"{path}: the GPU model, and so the memory, of pool(s) {names} was guessed by `frenzy-slurm site "
+            "init`/`site detect` and never measured or confirmed; no job is planned on a guessed memory. To fix "
+            "(the admin): check gpu: (`frenzy-slurm site catalog`, or `site detect` on a node with NVML), then "
+            "remove 'gpu' from the pool's unconfirmed: list, or state the memory in overrides.memory_gib."
+        )
