@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.records import write_atomic
@@ -33,9 +34,9 @@ _MAX_JOBS = 10**7
 _MAX_RANKS = 10**9
 _MAX_ERROR = 1e6  # a relative error
 _MAX_EPOCH_S = 32_503_680_000.0  # the year 3000
-FACTOR = {"unit": "(a factor)"}
-SECONDS = {"unit": "s"}
-EPOCH = {"unit": "s since 1970"}
+FACTOR: JsonDict = {"unit": "(a factor)"}
+SECONDS: JsonDict = {"unit": "s"}
+EPOCH: JsonDict = {"unit": "s since 1970"}
 
 
 class _M(BaseModel):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
@@ -50,13 +51,13 @@ _MAX_GPUS_PER_NODE = 256
 _MAX_CPUS_PER_GPU = 1024
 _MAX_OVERHEAD_MIN = 525_600.0  # one year, in minutes
 # units, shown with a value's allowed range when it is out of it (yamlfile.allowed_range)
-GIB = {"unit": "GiB"}
-TFLOPS = {"unit": "TFLOP/s"}
-GBS = {"unit": "GB/s"}
-SECONDS = {"unit": "s"}
-FRACTION = {"unit": "(a fraction)"}
-PER_NODE = {"unit": "GPUs per node"}
-PER_GPU = {"unit": "CPUs per GPU"}
+GIB: JsonDict = {"unit": "GiB"}
+TFLOPS: JsonDict = {"unit": "TFLOP/s"}
+GBS: JsonDict = {"unit": "GB/s"}
+SECONDS: JsonDict = {"unit": "s"}
+FRACTION: JsonDict = {"unit": "(a fraction)"}
+PER_NODE: JsonDict = {"unit": "GPUs per node"}
+PER_GPU: JsonDict = {"unit": "CPUs per GPU"}
 # Slurm partition and GRES type names reach job.sbatch (`#SBATCH --partition=`, `--gres=gpu:TYPE:N`): plain
 # words, matched in full (a trailing newline would end the #SBATCH line)
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+@%-]{1,256}\Z")
