@@ -14,9 +14,13 @@ What it owns (`install` returns one `Step` per thing it looked at; `frenzy-slurm
 
 slurm.conf is never edited: the lines to add are returned (`slurm_conf_lines`) for the admin to add. Running it
 again changes nothing that is already as it should be (each step says `unchanged`). Targets that another user
-could change are refused (InputError, exit 2): a symbolic link anywhere on the path, or a directory on it that
-group or others may write (a root-owned sticky directory such as /tmp excepted: there nobody else can replace
-what root puts in it).
+could change are refused (InputError, exit 2) before anything is written: a symbolic link anywhere on the path,
+or any directory on it, from / down, that is not root's or that group or others may write (a sticky directory
+above the target such as /tmp excepted: there nobody else can rename what root puts in it). Each directory is
+opened from / one component at a time (O_NOFOLLOW), checked on its descriptor, and written relative to it. What
+is installed from is checked too: the --wheel (root's, writable by no one else, below safe directories; pip
+installs a copy made from the checked descriptor), the --site-file (`inputfile.check_trusted`), and an
+existing venv before its python runs as root.
 """
 
 from __future__ import annotations
