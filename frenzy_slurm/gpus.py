@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class GpuSpec(BaseModel):
     """One GPU model's public specifications."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(description="Catalog name, e.g. A100-80GB.")
     memory_gib: float = Field(gt=0, description="Device memory as CUDA reports it, GiB.")
@@ -54,16 +54,23 @@ def _parts(text: str) -> tuple[str, int | None, str | None]:
     return family, int(mem.group(1)) if mem else None, form
 
 
-def match_gpu(name: str) -> GpuSpec | None:
-    """Catalog entry for a GRES type or product name ('a100', 'A100-SXM4-80GB', 'h100_sxm'), or None.
-
-    A bare family name picks its largest-memory variant (SXM before PCIe); site files should name
-    the exact model.
-    """
+def gpu_candidates(name: str) -> list[GpuSpec]:
+    """Every catalog entry a GRES type or product name may stand for: 'a100' is A100-40GB or A100-80GB,
+    'a100_40g' only the first, 't4' only T4; none where the family is unknown."""
     family, mem, form = _parts(name)
     hits = [spec for spec in catalog().values() if _parts(spec.name)[0] == family]
     if mem is not None:
         hits = [s for s in hits if _parts(s.name)[1] in (None, mem)] or hits
     if form is not None:
         hits = [s for s in hits if _parts(s.name)[2] in (None, form)] or hits
+    return hits
+
+
+def match_gpu(name: str) -> GpuSpec | None:
+    """Catalog entry for a GRES type or product name ('a100', 'A100-SXM4-80GB', 'h100_sxm'), or None.
+
+    A bare family name picks its largest-memory variant (SXM before PCIe): a suggestion for a typo, never
+    a site file's value (`gpu_candidates` says whether the name pins one model down).
+    """
+    hits = gpu_candidates(name)
     return max(hits, key=lambda s: (s.memory_gib, _parts(s.name)[2] == "sxm")) if hits else None

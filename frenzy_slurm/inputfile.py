@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from frenzy_slurm.errors import InputError
@@ -124,23 +125,62 @@ def _trusted_problem(path: Path, st: os.stat_result) -> str | None:
     return None
 
 
+def writable_by_others(st: os.stat_result) -> str | None:
+    """Who besides the owner (and root) may create, rename or delete entries of this directory ("everyone",
+    "its group"), or None. A user-private group of its owner or of you (USERGROUPS) gives no one else access."""
+    if st.st_mode & stat.S_IWOTH:
+        return "everyone"
+    if st.st_mode & stat.S_IWGRP and not (
+        _group_private_to(st.st_gid, st.st_uid) or _group_private_to(st.st_gid, os.geteuid())
+    ):
+        return "its group"
+    return None
+
+
+def ancestors(path: Path) -> list[Path]:
+    """Every directory above `path`, as written (its links included) and as resolved, each once."""
+    lexical = Path(os.path.abspath(path))
+    out: list[Path] = [lexical] if lexical.is_symlink() else []  # a link named as the directory itself, too
+    for p in [*lexical.parents, *Path(os.path.realpath(lexical)).parents]:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def unsafe_ancestor(
+    st: os.stat_result,
+    owners: frozenset[int] | set[int],
+    writable: Callable[[os.stat_result], str | None] = writable_by_others,
+) -> str | None:
+    """OpenSSH's StrictModes rule for a directory (or link) above something trusted: why its owner or mode lets
+    someone else rename what lies below it and put their own in its place, or None. `owners` are the accepted
+    owners (you and root); a sticky directory (/tmp) is fine, since no one renames another's entry there."""
+    if st.st_uid not in owners:
+        return f"belongs to {_owner_name(st.st_uid)}"
+    if stat.S_ISLNK(st.st_mode):
+        return None  # a link cannot be changed, only replaced, and its directory is checked too
+    who = writable(st)
+    if who and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def check_trusted(path: Path, what: str, why: str) -> None:
     """`path` (a file or directory) and the directory holding it belong to you or root and nobody else can
-    write them; else InputError (exit 2) with the fix. `why` says what a planted file would do.
+    write them, and every directory above them follows StrictModes (`unsafe_ancestor`); else InputError
+    (exit 2) with the fix. `why` says what a planted file would do.
 
     Site files, calibration files and job-script templates steer every job (a template is shell that runs
-    in the job), so one that another user could edit or replace is refused, not read. A symbolic link is
-    judged by its target and the target's directory, and by the directory holding the link.
+    in the job), so one that another user could edit or replace is refused, not read: also where another user
+    owns a directory further up and could rename the one holding it and put theirs in its place. A symbolic
+    link is judged by its target and the target's directories, and by the directories holding the link.
     """
     try:
         real = path.resolve(strict=True)
     except (OSError, RuntimeError) as exc:
         raise InputError(f"{what} {path}: cannot use it ({getattr(exc, 'strerror', None) or exc}).") from None
-    checks = [(real, what)] + [
-        (d, f"the directory of {what} {path},")
-        for d in dict.fromkeys([real.parent, path.absolute().parent])
-        if d != real
-    ]
+    holders = list(dict.fromkeys([real.parent, path.absolute().parent]))
+    checks = [(real, what)] + [(d, f"the directory of {what} {path},") for d in holders if d != real]
     for target, label in checks:
         try:
             st = os.stat(target)
@@ -159,3 +199,22 @@ def check_trusted(path: Path, what: str, why: str) -> None:
         raise InputError(
             f"{label} {target} {problem}: another user could change it, and {why}. Refused. To fix: {fix}."
         )
+    _check_trusted_ancestors(path, holders, what, why)
+
+
+def _check_trusted_ancestors(path: Path, holders: list[Path], what: str, why: str) -> None:
+    """Every directory above the ones holding `path` (as written and as resolved) follows StrictModes."""
+    above = list(dict.fromkeys(a for d in holders for a in ancestors(d) if a not in holders))
+    for parent in above:
+        try:
+            st = os.lstat(parent)
+        except OSError as exc:
+            raise InputError(f"{what} {path}: cannot check {parent} above it ({exc.strerror}).") from None
+        problem = unsafe_ancestor(st, {os.geteuid(), 0})
+        if problem:
+            raise InputError(
+                f"{what} {path}: the directory {parent} above it {problem}, so another user could rename the "
+                f"directories below it and put their own {what} in its place, and {why}. Refused. To fix: keep "
+                f"it where every directory above is yours or root's and writable only by you (or root)"
+                + (f", or `chmod go-w {parent}` if it is yours." if "writable" in problem else ".")
+            )

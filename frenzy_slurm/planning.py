@@ -38,7 +38,7 @@ from frenzy_slurm.render import Rendered, default_job_dir, render_job, submissio
 from frenzy_slurm.render.environment import EnvCheck, check_environment
 from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.sbatch_env import check_sbatch_env
-from frenzy_slurm.site.config import SiteConfig, load_site
+from frenzy_slurm.site.config import SiteConfig, load_site, require_measured_memory
 from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
 from frenzy_slurm.slurm.view import ClusterView
 
@@ -140,7 +140,9 @@ def find_site_file(explicit: Path | None) -> SiteFile:
     path = find_site(explicit)
     if path is None:
         raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")
-    return SiteFile(load_site(path), path)
+    site = load_site(path)
+    require_measured_memory(site, path)  # a guessed GPU memory plans jobs that run out of it
+    return SiteFile(site, path)
 
 
 def load_job(path: Path, overrides: Mapping[str, Any] | None = None, name: str | None = None) -> JobFile:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -195,8 +196,69 @@ def read_yaml(path: Path) -> tuple[Any, dict[Loc, int]]:
     return data, lines
 
 
-def format_validation_error(source: str, exc: ValidationError, lines: dict[Loc, int] | None = None) -> str:
-    """One readable block per problem: `file:line: field.path: message`."""
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (itself, in a list, or `X | None`), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def allowed_range(model: type[BaseModel], loc: Loc) -> str | None:
+    """`0 < value <= 16384 GiB`: the bounds (and unit, a field's json_schema_extra `unit`) of the numeric field
+    at `loc`, for a message that says what to write; None where the field has no bounds."""
+    current: type[BaseModel] | None = model
+    info = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if current is None:
+            break  # a union member's tag (`float`) after the field
+        info = current.model_fields.get(part)
+        if info is None:
+            return None
+        current = _inner_model(info.annotation)
+    if info is None:
+        return None
+    low = high = ""
+    for m in info.metadata:
+        for attr, side in (("gt", "<"), ("ge", "<=")):
+            if getattr(m, attr, None) is not None:
+                low = f"{getattr(m, attr):g} {side} "
+        for attr, side in (("lt", "<"), ("le", "<=")):
+            if getattr(m, attr, None) is not None:
+                high = f" {side} {getattr(m, attr):g}"
+    if not (low or high):
+        return None
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    unit = f" {extra['unit']}" if extra.get("unit") else ""
+    return f"{low}value{high}{unit}"
+
+
+# errors of a number (out of bounds, or not a number of the field's kind) that its allowed range helps to fix
+_BOUND_ERRORS = frozenset(
+    {
+        "less_than",
+        "less_than_equal",
+        "greater_than",
+        "greater_than_equal",
+        "finite_number",
+        "int_parsing",
+        "int_parsing_size",
+        "int_from_float",
+        "float_parsing",
+    }
+)
+
+
+def format_validation_error(
+    source: str, exc: ValidationError, lines: dict[Loc, int] | None = None, model: type[BaseModel] | None = None
+) -> str:
+    """One readable block per problem: `file:line: field.path: message`; with `model`, a number out of its
+    bounds also gets the allowed range and unit."""
     lines = lines or {}
     out = []
     for err in exc.errors():
@@ -215,6 +277,9 @@ def format_validation_error(source: str, exc: ValidationError, lines: dict[Loc, 
             msg = "required field is missing"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
+        if model is not None and err["type"] in _BOUND_ERRORS:
+            allowed = allowed_range(model, loc)
+            msg += f" (allowed: {allowed}, a finite number)" if allowed else ""
         where = f"{source}:{line}" if line else source
         out.append(f"{where}: {field}: {msg}")
     return "\n".join(out)
@@ -260,7 +325,7 @@ def load_model_file(path: Path, model: type[M], overrides: Mapping[str, Any] | N
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        message = format_validation_error(str(path), exc, lines)
+        message = format_validation_error(str(path), exc, lines, model)
         if overrides:
             message = _name_overrides(message, overrides)
         raise InputError(message) from None

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from frenzy_slurm.slurm import ComponentRequest, open_backend
 from frenzy_slurm.slurm.cli import SlurmCliBackend
@@ -211,6 +212,20 @@ def test_site_validate_and_init(clean_queue, tmp_path):
     out = tmp_path / "site.yaml"
     init = run_cli("frenzy-slurm", "site", "init", "-o", str(out))
     assert init.returncode == 0, init.stderr
+    # GRES types a100 and v100 name no one model (40 or 80 GB, 16 or 32 GB): left out, the file does not load
+    assert "gpu model unknown: Slurm calls it 'a100' (it may be A100-40GB or A100-80GB)" in out.read_text()
+    assert run_cli("frenzy-slurm", "site", "validate", str(out)).returncode == 2
+    data = yaml.safe_load(out.read_text())
+    models = {"a100": ("A100-40GB", "nvlink3"), "v100": ("V100-32GB", "nvlink2")}
+    for p in data["pools"]:
+        if p["partition"] in models:
+            p["gpu"], p["intra_node"] = models[p["partition"]]  # what the admin fills in
+    out.write_text(yaml.safe_dump(data))
+    guessed = run_cli("frenzy-slurm", "site", "validate", str(out))
+    assert guessed.returncode == 1 and "pool t4/t4: gpu: T4 was guessed" in guessed.stdout, guessed.stdout
+    for p in data["pools"]:
+        p.pop("unconfirmed", None)  # the admin checked the t4 pool
+    out.write_text(yaml.safe_dump(data))
     assert run_cli("frenzy-slurm", "site", "validate", str(out)).returncode == 0
     assert run_cli("frenzy-slurm", "site", "init", "-o", str(out)).returncode == 2  # no silent overwrite
 

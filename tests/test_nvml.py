@@ -45,7 +45,8 @@ def test_no_driver_is_reported_per_pool_and_slurm_describes_it():
     text, changes = merge_site(None, "c", [det], "2026-12-02")
     site = SiteConfig.model_validate(yaml.safe_load(text))
     assert (site.pools[0].gpu, site.pools[0].gpus_per_node) == ("T4", 4)
-    assert "no NVML answer" in text and changes == ["t4/t4: added (T4, 4 per node, pcie4; source slurm)"]
+    assert site.pools[0].unconfirmed == ["gpu", "intra_node"]  # named by Slurm, not measured
+    assert "no NVML answer" in text and changes == ["t4/t4: added (T4, 4 per node, pcie3; source slurm)"]
 
 
 def test_mig_is_reported():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.records import write_atomic
@@ -24,8 +25,22 @@ from frenzy_slurm.yamlfile import load_model_file
 SITE_WIDE = "*"  # the `gpu` of a step-time correction fitted over every GPU type of the site
 
 
+# Bounds on every number of the file (a calibration is read by every fsbatch): finite, and far beyond what a fit
+# can produce (FitBounds caps applied factors at x4 and overheads at 30 s by default), so a value past them was
+# written by hand or by something else than `frenzy-slurm calibrate`.
+_MAX_FACTOR = 100.0
+_MAX_S = 3600.0
+_MAX_JOBS = 10**7
+_MAX_RANKS = 10**9
+_MAX_ERROR = 1e6  # a relative error
+_MAX_EPOCH_S = 32_503_680_000.0  # the year 3000
+FACTOR: JsonDict = {"unit": "(a factor)"}
+SECONDS: JsonDict = {"unit": "s"}
+EPOCH: JsonDict = {"unit": "s since 1970"}
+
+
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StepTimeCorrection(_M):
@@ -37,45 +52,66 @@ class StepTimeCorrection(_M):
 
     gpu: str = Field(description="Catalog GPU model, or '*' for the site-wide fit used by GPU types without their own.")
     precision: str = Field(description="Training precision of the jobs fitted (fp32, bf16-mixed, ...).")
-    efficiency_factor: float = Field(1.0, gt=0, description="Achieved/assumed FLOP-rate ratio; 1 = catalog efficiency.")
+    efficiency_factor: float = Field(
+        1.0,
+        gt=0,
+        le=_MAX_FACTOR,
+        json_schema_extra=FACTOR,
+        description="Achieved/assumed FLOP-rate ratio; 1 = catalog efficiency.",
+    )
     step_overhead_s: float = Field(
         0.0,
         ge=0,
+        le=_MAX_S,
+        json_schema_extra=SECONDS,
         description="Fixed seconds per optimizer step (optimizer, collectives' latency, framework bookkeeping).",
     )
     microbatch_overhead_s: float = Field(
         0.0,
         ge=0,
+        le=_MAX_S,
+        json_schema_extra=SECONDS,
         description="Fixed seconds per micro-batch slot on the critical "
         "path (per-op dispatch, pipeline send/recv latency).",
     )
-    jobs: int = Field(ge=1, description="Jobs the fit rests on.")
-    raw_error: float = Field(description="Median |predicted - measured| / measured of those jobs before calibration.")
-    calibrated_error: float = Field(description="The same after calibration.")
+    jobs: int = Field(ge=1, le=_MAX_JOBS, description="Jobs the fit rests on.")
+    raw_error: float = Field(
+        ge=0,
+        le=_MAX_ERROR,
+        description="Median |predicted - measured| / measured of those jobs before calibration.",
+    )
+    calibrated_error: float = Field(ge=0, le=_MAX_ERROR, description="The same after calibration.")
 
 
 class MemoryCorrection(_M):
     """A factor on MARP's predicted peak memory for one framework mode."""
 
     mode: str = Field(description="Framework mode: '<precision>/<method>' (e.g. bf16-mixed/full, fp32/lora).")
-    factor: float = Field(gt=0, description="Measured / predicted peak; predictions are multiplied by it.")
-    jobs: int = Field(ge=1, description="Jobs the factor rests on.")
-    ranks: int = Field(ge=1, description="Rank measurements (one per GPU) the factor rests on.")
+    factor: float = Field(
+        gt=0,
+        le=_MAX_FACTOR,
+        json_schema_extra=FACTOR,
+        description="Measured / predicted peak; predictions are multiplied by it.",
+    )
+    jobs: int = Field(ge=1, le=_MAX_JOBS, description="Jobs the factor rests on.")
+    ranks: int = Field(ge=1, le=_MAX_RANKS, description="Rank measurements (one per GPU) the factor rests on.")
 
 
 class FitBounds(_M):
     """The bounds a fit had to satisfy to be applied."""
 
-    min_jobs: int = Field(3, ge=1, description="Fewest measured jobs a correction may rest on.")
+    min_jobs: int = Field(3, ge=1, le=_MAX_JOBS, description="Fewest measured jobs a correction may rest on.")
     max_efficiency_factor: float = Field(
-        4.0, ge=1, description="Efficiency may move by at most this factor either way."
+        4.0, ge=1, le=_MAX_FACTOR, json_schema_extra=FACTOR, description="Efficiency may move by at most this factor."
     )
-    max_step_overhead_s: float = Field(30.0, gt=0, description="Largest fixed per-step overhead accepted, seconds.")
+    max_step_overhead_s: float = Field(
+        30.0, gt=0, le=_MAX_S, json_schema_extra=SECONDS, description="Largest fixed per-step overhead accepted."
+    )
     max_microbatch_overhead_s: float = Field(
-        5.0, gt=0, description="Largest per-micro-batch overhead accepted, seconds."
+        5.0, gt=0, le=_MAX_S, json_schema_extra=SECONDS, description="Largest per-micro-batch overhead accepted."
     )
     max_memory_factor: float = Field(
-        1.5, ge=1, description="Memory predictions may move by at most this factor either way."
+        1.5, ge=1, le=_MAX_FACTOR, json_schema_extra=FACTOR, description="Memory predictions may move by at most this."
     )
 
 
@@ -85,8 +121,13 @@ class CalibrationFile(_M):
     version: Literal[1] = Field(1, description="File format version.")
     site_file: str = Field(description="The site file this was fitted against (informational).")
     site_fingerprint: str = Field(description="Hash of that site file's pools; a changed site file makes this stale.")
-    created_at: float = Field(description="When it was fitted, epoch seconds.")
-    valid_until: float = Field(description="After this (epoch seconds) the file is stale: refit or remove it.")
+    created_at: float = Field(ge=0, le=_MAX_EPOCH_S, json_schema_extra=EPOCH, description="When it was fitted.")
+    valid_until: float = Field(
+        ge=0,
+        le=_MAX_EPOCH_S,
+        json_schema_extra=EPOCH,
+        description="After this (epoch seconds) the file is stale: refit or remove it.",
+    )
     frenzy_version: str = Field(description="frenzy-slurm version that fitted it.")
     limits: FitBounds = Field(default_factory=FitBounds, description="Bounds the fit was held to.")
     step_time: list[StepTimeCorrection] = Field(default_factory=list, description="Applied step-time corrections.")

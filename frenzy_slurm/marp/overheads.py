@@ -29,28 +29,37 @@ NCCL_PROTOCOL_BUFFERS = 2  # Simple + LL128 (LL's is small)
 NCCL_CHANNELS = 16
 NCCL_PEERS_PER_CHANNEL = 2
 NCCL_DEFAULT_GIB = NCCL_CHANNELS * NCCL_PEERS_PER_CHANNEL * NCCL_PROTOCOL_BUFFERS * NCCL_BUFFSIZE_MIB * MiB / GiB
+# No GPU holds 1 TiB (a B200 has 180 GiB): a per-GPU overhead past it is a typo, and an infinite one (`1e999`,
+# which YAML reads as a string and pydantic as inf) would silently drop its pool from every plan.
+MAX_OVERHEAD_GIB = 1024.0
 
 
 class Overheads(BaseModel):
     """What the driver and the framework add on top of tensors, per GPU."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     context_gib: float = Field(
         LAZY_LOADING_CONTEXT_GIB,
         ge=0,
+        le=MAX_OVERHEAD_GIB,
+        json_schema_extra={"unit": "GiB"},
         description="CUDA context and loaded kernels, GiB (lazy module loading, "
         "torch >= 2.0; measure with nvidia-smi on an idle process that touched the GPU).",
     )
     nccl_gib: float = Field(
         NCCL_DEFAULT_GIB,
         ge=0,
+        le=MAX_OVERHEAD_GIB,
+        json_schema_extra={"unit": "GiB"},
         description="NCCL communicator buffers, GiB, on multi-GPU jobs (default: 16 channels x 2 peers x "
         "(Simple + LL128) x NCCL_BUFFSIZE 4 MiB).",
     )
     cublas_workspace_mib: float = Field(
         CUBLAS_HANDLES_PER_STEP * CUBLAS_WORKSPACE_HOPPER_MIB,
         ge=0,
+        le=MAX_OVERHEAD_GIB * 1024,
+        json_schema_extra={"unit": "MiB"},
         description="cuBLAS workspaces torch allocates through its caching allocator, MiB: 2 (forward and "
         "backward thread) x 32 MiB on Hopper; 2 x 8.125 MiB on earlier GPUs (CUBLAS_WORKSPACE_CONFIG unset).",
     )
@@ -58,6 +67,7 @@ class Overheads(BaseModel):
         0.0,
         ge=0,
         le=1,
+        json_schema_extra={"unit": "(a fraction)"},
         description="Caching allocator's reserved/allocated excess over long-lived tensors (weights, optimizer "
         "states, kept gradients) beyond the allocator model's segment packing, as a fraction of their bytes "
         "(measured: reserved minus MARP's reserved, over the long-lived bytes).",
@@ -66,6 +76,7 @@ class Overheads(BaseModel):
         0.25,
         ge=0,
         le=1,
+        json_schema_extra={"unit": "(a fraction)"},
         description="Caching allocator's reserved/allocated excess "
         "over what each step allocates and frees (activations, logits, per-step "
         "gradients, casts and temporaries), as a fraction of those bytes at the peak: freed blocks "

@@ -7,13 +7,16 @@ so the site file does (issue 21: such clusters used to look as if they had no GP
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.config import JsonDict
 
+from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.slurm.view import pool_label
@@ -46,6 +49,15 @@ _MAX_GBS = 1e6
 _MAX_S = 3600.0
 _MAX_GPUS_PER_NODE = 256
 _MAX_CPUS_PER_GPU = 1024
+_MAX_OVERHEAD_MIN = 525_600.0  # one year, in minutes
+# units, shown with a value's allowed range when it is out of it (yamlfile.allowed_range)
+GIB: JsonDict = {"unit": "GiB"}
+TFLOPS: JsonDict = {"unit": "TFLOP/s"}
+GBS: JsonDict = {"unit": "GB/s"}
+SECONDS: JsonDict = {"unit": "s"}
+FRACTION: JsonDict = {"unit": "(a fraction)"}
+PER_NODE: JsonDict = {"unit": "GPUs per node"}
+PER_GPU: JsonDict = {"unit": "CPUs per GPU"}
 # Slurm partition and GRES type names reach job.sbatch (`#SBATCH --partition=`, `--gres=gpu:TYPE:N`): plain
 # words, matched in full (a trailing newline would end the #SBATCH line)
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+@%-]{1,256}\Z")
@@ -64,29 +76,40 @@ def _slurm_name(what: str, value: str) -> str:
 class GpuOverrides(_M):
     """Any catalog value, replaced for this site (e.g. a power-capped part)."""
 
-    memory_gib: float | None = Field(None, gt=0, le=_MAX_GIB, description="Device memory, GiB.")
-    fp32: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak FP32 TFLOP/s.")
-    tf32: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak TF32 TFLOP/s.")
-    bf16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak BF16 TFLOP/s.")
-    fp16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, description="Peak FP16 TFLOP/s.")
-    mem_bw_gbs: float | None = Field(None, gt=0, le=_MAX_GBS, description="Memory bandwidth, GB/s.")
-    efficiency: float | None = Field(None, ge=0.01, le=1, description="Training utilisation assumed for step time.")
+    memory_gib: float | None = Field(None, gt=0, le=_MAX_GIB, json_schema_extra=GIB, description="Device memory, GiB.")
+    fp32: float | None = Field(None, gt=0, le=_MAX_TFLOPS, json_schema_extra=TFLOPS, description="Peak FP32 TFLOP/s.")
+    tf32: float | None = Field(None, gt=0, le=_MAX_TFLOPS, json_schema_extra=TFLOPS, description="Peak TF32 TFLOP/s.")
+    bf16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, json_schema_extra=TFLOPS, description="Peak BF16 TFLOP/s.")
+    fp16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, json_schema_extra=TFLOPS, description="Peak FP16 TFLOP/s.")
+    mem_bw_gbs: float | None = Field(
+        None, gt=0, le=_MAX_GBS, json_schema_extra=GBS, description="Memory bandwidth, GB/s."
+    )
+    efficiency: float | None = Field(
+        None, ge=0.01, le=1, json_schema_extra=FRACTION, description="Training utilisation assumed for step time."
+    )
     step_overhead_s: float | None = Field(
         None,
         ge=0,
         le=_MAX_S,
+        json_schema_extra=SECONDS,
         description="Fixed seconds per optimizer step (usually written by `frenzy-slurm calibrate`).",
     )
     microbatch_overhead_s: float | None = Field(
-        None, ge=0, le=_MAX_S, description="Fixed seconds per micro-batch slot."
+        None, ge=0, le=_MAX_S, json_schema_extra=SECONDS, description="Fixed seconds per micro-batch slot."
     )
 
 
 class SiteDefaults(_M):
     inter_node_gbs: float = Field(
-        25.0, gt=0, le=_MAX_GBS, description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s)."
+        25.0,
+        gt=0,
+        le=_MAX_GBS,
+        json_schema_extra=GBS,
+        description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s).",
     )
-    usable_fraction: float = Field(0.95, gt=0.5, le=1.0, description="Share of GPU memory plans may use.")
+    usable_fraction: float = Field(
+        0.95, gt=0.5, le=1.0, json_schema_extra=FRACTION, description="Share of GPU memory plans may use."
+    )
 
 
 class Pool(_M):
@@ -100,14 +123,28 @@ class Pool(_M):
         "which model they are, and jobs ask for them as --gres=gpu:N.",
     )
     gpu: str = Field(description="GPU model from the catalog (`frenzy-slurm site catalog`), e.g. A100-80GB.")
-    gpus_per_node: int = Field(gt=0, le=_MAX_GPUS_PER_NODE, description="GPUs per node.")
+    gpus_per_node: int = Field(gt=0, le=_MAX_GPUS_PER_NODE, json_schema_extra=PER_NODE, description="GPUs per node.")
     intra_node: IntraLink | float = Field(description="GPU-to-GPU link in a node: nvlink1-5, pcie3-5, or GB/s.")
-    cpus_per_gpu: int = Field(4, gt=0, le=_MAX_CPUS_PER_GPU, description="CPUs requested per GPU (one task per GPU).")
-    inter_node_gbs: float | None = Field(
-        None, gt=0, le=_MAX_GBS, description="Network GB/s per GPU; default from `defaults`."
+    cpus_per_gpu: int = Field(
+        4,
+        gt=0,
+        le=_MAX_CPUS_PER_GPU,
+        json_schema_extra=PER_GPU,
+        description="CPUs requested per GPU (one task per GPU).",
     )
-    usable_fraction: float | None = Field(None, gt=0.5, le=1.0, description="Default from `defaults`.")
+    inter_node_gbs: float | None = Field(
+        None, gt=0, le=_MAX_GBS, json_schema_extra=GBS, description="Network GB/s per GPU; default from `defaults`."
+    )
+    usable_fraction: float | None = Field(
+        None, gt=0.5, le=1.0, json_schema_extra=FRACTION, description="Default from `defaults`."
+    )
     overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")
+    unconfirmed: list[Literal["gpu", "intra_node"]] = Field(
+        default_factory=list,
+        description="Values `frenzy-slurm site init`/`site detect` guessed from Slurm's names and nobody measured "
+        "(NVML) or confirmed: `site validate` lists them, and no job is planned while `gpu` is here (its memory "
+        "is a guess) unless overrides.memory_gib states the memory. Check them, then delete them from the list.",
+    )
     overheads: Overheads = Field(
         default_factory=Overheads,
         description="Per-GPU memory beside the tensors, measured on this pool's nodes: CUDA context, NCCL buffers, "
@@ -120,11 +157,19 @@ class Pool(_M):
         assert info.field_name is not None  # a field validator is always told its field
         return None if v is None else _slurm_name(info.field_name, v)
 
-    @field_validator("intra_node")
+    @field_validator("intra_node", mode="before")
     @classmethod
-    def _link_speed(cls, v: str | float) -> str | float:
-        """A GB/s figure must be a real link speed: 0 would divide the planner's transfer times by zero."""
-        if not isinstance(v, str) and not 0 < v <= _MAX_GBS:
+    def _link_speed(cls, v: object) -> object:
+        """A link name, or a GB/s figure that is a real link speed: 0 would divide the planner's transfer times
+        by zero, infinity (`1e999`, which YAML reads as a string) would make every transfer free."""
+        if isinstance(v, str) and v not in LINK_GBS:
+            try:
+                v = float(v)
+            except ValueError:
+                raise ValueError(
+                    f"intra_node {v!r} is not a link: give nvlink1-5, pcie3-5, or GB/s (0 < value <= {_MAX_GBS:g})"
+                ) from None
+        if isinstance(v, int | float) and not isinstance(v, bool) and not (math.isfinite(v) and 0 < v <= _MAX_GBS):
             raise ValueError(
                 f"intra_node {v} GB/s is not a link speed; give GB/s between 0 and {_MAX_GBS:g} "
                 "(exclusive of 0), or a link name: nvlink1-5, pcie3-5"
@@ -155,6 +200,11 @@ class Pool(_M):
         return self
 
     @property
+    def memory_guessed(self) -> bool:
+        """The GPU model was guessed and not confirmed, and no one wrote the memory: it may be twice the real."""
+        return "gpu" in self.unconfirmed and self.overrides.memory_gib is None
+
+    @property
     def label(self) -> str:
         """partition/GRES type, as notes and calibration name the pool."""
         return pool_label(self.partition, self.gres_type)
@@ -179,6 +229,8 @@ class Preemption(_M):
     min_run_min: int = Field(
         60,
         ge=0,
+        le=_MAX_OVERHEAD_MIN,
+        json_schema_extra={"unit": "minutes"},
         description="A job marked preemptible whose predicted run is shorter stays in its own QOS: preempting "
         "it would save the others little and cost it a restart (60: the best of 0-120 in simulation, "
         "docs/simulation-model.md).",
@@ -187,6 +239,7 @@ class Preemption(_M):
         None,
         gt=0,
         le=1,
+        json_schema_extra=FRACTION,
         description="The most of one pool's GPUs HAS gives a preemptible job; null: the site's max_job_share. "
         "A larger share lets it use idle GPUs, which the jobs that arrive later take back by preempting it "
         "(in simulation it measured no better than the site's share, docs/simulation-model.md).",
@@ -195,6 +248,7 @@ class Preemption(_M):
         None,
         gt=0,
         le=1,
+        json_schema_extra=FRACTION,
         description="The most of one pool's GPUs `frenzy-slurm watch` moves a running preemptible job onto while "
         "no job waits anywhere (idle GPUs; the next job to arrive preempts it); null: max_job_share holds it "
         "(1.0 measured best in simulation, docs/simulation.md).",
@@ -203,6 +257,7 @@ class Preemption(_M):
         300.0,
         gt=0,
         le=86400,
+        json_schema_extra=SECONDS,
         description="What `frenzy-slurm watch` takes a move of a running job to cost, seconds: the checkpoint's "
         "save, the new job's start-up and the restore. A move is made only where it still finishes the job "
         "sooner.",
@@ -236,6 +291,7 @@ class SiteConfig(_M):
         0.5,
         gt=0,
         le=1,
+        json_schema_extra=FRACTION,
         description="The most of one pool's GPUs HAS gives one job, unless it needs more to fit "
         "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
         "1.0 lets one job take a whole pool when that finishes it soonest.",
@@ -291,3 +347,32 @@ def load_site(path: Path) -> SiteConfig:
     if os.path.lexists(path):  # a missing file gets read_yaml's own message
         check_trusted(path, "site file", "its pools, overheads and defaults decide every job's plan")
     return load_model_file(path, SiteConfig)
+
+
+def unconfirmed_values(site: SiteConfig) -> list[str]:
+    """One line per value of the site file that was guessed and never measured or confirmed (`unconfirmed:`)."""
+    out = []
+    for pool in site.pools:
+        for key in pool.unconfirmed:
+            value = pool.gpu if key == "gpu" else pool.intra_node
+            what = "its memory is the catalog's for that model" if key == "gpu" else "it sets the link speed"
+            out.append(
+                f"pool {pool.label}: {key}: {value} was guessed from Slurm's names, never measured or confirmed "
+                f"({what}): check it (`frenzy-slurm site detect` measures it with NVML on a node), then remove "
+                f"'{key}' from the pool's unconfirmed: list"
+            )
+    return out
+
+
+def require_measured_memory(site: SiteConfig, path: Path) -> None:
+    """No plan on a pool whose GPU memory is a guess: a 40 GB card taken for an 80 GB one runs out of memory
+    in every job placed there. InputError (exit 2) naming the pools and what to do."""
+    guessed = [p for p in site.pools if p.memory_guessed]
+    if guessed:
+        names = ", ".join(f"{p.label} (gpu: {p.gpu})" for p in guessed)
+        raise InputError(
+            f"{path}: the GPU model, and so the memory, of pool(s) {names} was guessed by `frenzy-slurm site "
+            "init`/`site detect` and never measured or confirmed; no job is planned on a guessed memory. To fix "
+            "(the admin): check gpu: (`frenzy-slurm site catalog`, or `site detect` on a node with NVML), then "
+            "remove 'gpu' from the pool's unconfirmed: list, or state the memory in overrides.memory_gib."
+        )

@@ -5,7 +5,9 @@ module only interprets its JSON and merges the result into the site file. The me
 admin wrote: comments, `overrides`, `overheads`, `cpus_per_gpu`, bandwidths; it rewrites `gpu`,
 `gpus_per_node` and `intra_node` where NVML disagrees (reporting each change), and sets
 `overrides.memory_gib` only where NVML's total memory differs from the catalog and the admin has not
-set it. Pools without NVML keep their entry, or get one proposed from Slurm's GRES description.
+set it, and drops what NVML measured from the pool's `unconfirmed:` list. Pools without NVML keep their
+entry, or get one from Slurm's GRES description: a model its GRES type pins down is written with
+`unconfirmed:`, one it does not is left out with a comment saying what to fill in (unknown stays unknown).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
-from frenzy_slurm.site.tools import _link_guess
+from frenzy_slurm.site.tools import guess_from_gres, link_name
 from frenzy_slurm.slurm.view import gres_spelling, pool_label
 from frenzy_slurm.units import GiB
 
@@ -114,19 +116,49 @@ def interpret(
     return det
 
 
-def _proposed_pool(det: Detected) -> dict[str, Any]:
-    gpu = det.gpu or (match_gpu(det.gres_type) if det.gres_type else None)
+def _proposed_pool(det: Detected) -> tuple[dict[str, Any], dict[str, str]]:
+    """The pool's entry, and comments by the key they go after. What NVML measured is written as it is; what
+    only Slurm's names suggest is written with `unconfirmed:` where the name pins one catalog model down, and
+    left out with a comment saying what to fill in where it does not (unknown stays unknown)."""
     pool: dict[str, Any] = {
         "partition": det.partition,
         # untyped GRES (gpu:N): the pool says so, and only NVML (or the admin) can name the model
         **({"gres_type": det.gres_type} if det.gres_type else {"untyped": True}),
-        "gpu": gpu.name if gpu else "UNKNOWN",
-        "gpus_per_node": det.gpus_per_node,
-        "intra_node": det.intra_node or (_link_guess(gpu.name) if gpu else "pcie4"),
     }
+    type_key = "gres_type" if det.gres_type else "untyped"
+    comments: dict[str, str] = {}
+    unconfirmed: list[str] = []
+    if det.source == "nvml":
+        gpu = det.gpu
+        if gpu is None:
+            comments[type_key] = (
+                f"gpu model unknown: NVML calls it '{det.product}' ({det.memory_gib or 0:.1f} GiB), which matches "
+                "no catalog GPU; set gpu: to the closest model of `frenzy-slurm site catalog` and its peaks in "
+                "overrides"
+            )
+    else:
+        gpu, comment = guess_from_gres(det.gres_type)
+        if gpu is None:
+            comments[type_key] = comment
+        else:
+            unconfirmed.append("gpu")
+            comments["unconfirmed"] = comment
+    if gpu is not None:
+        pool["gpu"] = gpu.name
+    pool["gpus_per_node"] = det.gpus_per_node
+    if det.intra_node is not None:
+        pool["intra_node"] = det.intra_node
+    elif gpu is not None:
+        pool["intra_node"] = link_name(gpu)
+        unconfirmed.append("intra_node")
+        comments.setdefault("unconfirmed", "intra_node is the catalog's, not measured: check it, then delete this line")
+    else:
+        comments["gpus_per_node"] = "intra_node unknown: nvlink1-5, pcie3-5 or GB/s between the node's GPUs"
+    if unconfirmed:
+        pool["unconfirmed"] = unconfirmed
     if det.memory_gib and gpu and abs(det.memory_gib - gpu.memory_gib) > MEMORY_TOLERANCE * gpu.memory_gib:
         pool["overrides"] = {"memory_gib": round(det.memory_gib, 2)}
-    return pool
+    return pool, comments
 
 
 def _note(det: Detected, today: str) -> str:
@@ -165,37 +197,64 @@ def merge_site(text: str | None, cluster: str, detected: list[Detected], today: 
         entry = next(
             (p for p in pools if p.get("partition") == det.partition and p.get("gres_type") == det.gres_type), None
         )
-        proposal = _proposed_pool(det)
+        proposal, comments = _proposed_pool(det)
         if entry is None:
-            entry = CommentedMap(proposal)
+            entry = _new_entry(proposal, comments)
             pools.append(entry)
             changes.append(
-                f"{det.where}: added ({proposal['gpu']}, {proposal['gpus_per_node']} per node, "
-                f"{proposal['intra_node']}; source {det.source})"
+                f"{det.where}: added ({proposal.get('gpu', 'gpu unknown')}, {proposal['gpus_per_node']} per node, "
+                f"{proposal.get('intra_node', 'link unknown')}; source {det.source})"
             )
         elif det.source == "nvml":
-            for key in ("gpu", "gpus_per_node", "intra_node"):
-                if key == "gpu" and det.gpu is None:
-                    continue
-                if key == "intra_node" and det.intra_node is None:
-                    continue
-                if entry.get(key) != proposal[key]:
-                    changes.append(f"{det.where}: {key} {entry.get(key)} -> {proposal[key]} (NVML on {det.host})")
-                    entry[key] = proposal[key]
-            mem = proposal.get("overrides", {}).get("memory_gib")
-            overrides = entry.get("overrides")
-            if mem is not None and not (overrides and "memory_gib" in overrides):
-                if overrides is None:
-                    entry["overrides"] = overrides = CommentedMap()
-                overrides["memory_gib"] = mem
-                changes.append(
-                    f"{det.where}: overrides.memory_gib = {mem} (NVML total; catalog says "
-                    f"{catalog()[proposal['gpu']].memory_gib:g})"
-                )
+            changes += _update_entry(entry, det, proposal)
         entry.yaml_add_eol_comment(_note(det, today), "partition")
     out = io.StringIO()
     yaml.dump(doc, out)
     return out.getvalue(), changes
+
+
+def _new_entry(proposal: dict[str, Any], comments: dict[str, str]) -> Any:
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    entry = CommentedMap(proposal)
+    if "unconfirmed" in proposal:  # written [gpu, intra_node], as the admin reads and edits it
+        seq = CommentedSeq(proposal["unconfirmed"])
+        seq.fa.set_flow_style()
+        entry["unconfirmed"] = seq
+    for key, comment in comments.items():
+        entry.yaml_add_eol_comment(comment, key)
+    return entry
+
+
+def _update_entry(entry: Any, det: Detected, proposal: dict[str, Any]) -> list[str]:
+    """An existing pool brought in line with what NVML measured; what was measured is no longer unconfirmed.
+    One line per change."""
+    changes = []
+    measured = [k for k, v in (("gpu", det.gpu), ("gpus_per_node", True), ("intra_node", det.intra_node)) if v]
+    for key in measured:
+        if entry.get(key) != proposal[key]:
+            changes.append(f"{det.where}: {key} {entry.get(key)} -> {proposal[key]} (NVML on {det.host})")
+            entry[key] = proposal[key]
+    unconfirmed = entry.get("unconfirmed")
+    if unconfirmed:
+        for key in [k for k in unconfirmed if k in measured]:
+            unconfirmed.remove(key)
+            changes.append(f"{det.where}: {key} {entry[key]} measured by NVML on {det.host}, no longer unconfirmed")
+        if not unconfirmed:
+            del entry["unconfirmed"]
+    mem = proposal.get("overrides", {}).get("memory_gib")
+    overrides = entry.get("overrides")
+    if mem is not None and not (overrides and "memory_gib" in overrides):
+        from ruamel.yaml.comments import CommentedMap
+
+        if overrides is None:
+            entry["overrides"] = overrides = CommentedMap()
+        overrides["memory_gib"] = mem
+        changes.append(
+            f"{det.where}: overrides.memory_gib = {mem} (NVML total; catalog says "
+            f"{catalog()[proposal['gpu']].memory_gib:g})"
+        )
+    return changes
 
 
 PROBE_MODULE = "frenzy_slurm.runtime.nvml_probe"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from frenzy_slurm.gpus import match_gpu
-from frenzy_slurm.site.config import SiteConfig, load_site
+from frenzy_slurm.gpus import GpuSpec, gpu_candidates
+from frenzy_slurm.site.config import LINK_GBS, SiteConfig, load_site, unconfirmed_values
 from frenzy_slurm.slurm.view import ClusterView
 
 DEFAULT_SITE_PATHS = (Path("/etc/frenzy-slurm/site.yaml"),)
@@ -27,48 +27,69 @@ def maybe_load_site(explicit: Path | None) -> SiteConfig | None:
     return load_site(path) if path else None
 
 
-def _link_guess(model: str) -> str:
-    if "SXM" in model or model.startswith(("H100-SXM", "H200", "A100")):
-        return {"A100": "nvlink3", "H100": "nvlink4", "H200": "nvlink4"}.get(model.split("-")[0], "nvlink3")
-    if model.startswith("V100"):
-        return "nvlink2"
-    return "pcie4"
+CATALOG_HINT = "run `frenzy-slurm site detect` on a node with NVML, or set gpu: to one of `frenzy-slurm site catalog`"
+
+
+def link_name(spec: GpuSpec) -> str | float:
+    """The catalog's link for this model as a site file writes it: the name of that speed, else GB/s. A T4's
+    is PCIe 3 (16 GB/s), an A100's NVLink 3."""
+    return next((name for name, gbs in LINK_GBS.items() if gbs == spec.link_gbs), spec.link_gbs)
+
+
+def guess_from_gres(gres_type: str | None) -> tuple[GpuSpec | None, str]:
+    """The one catalog model Slurm's GRES type names (a guess: the type is whatever the admin called it), or
+    None where it names none or several ('a100' is a 40 or an 80 GB card); and a comment for the site file
+    saying what was guessed or what the admin must fill in."""
+    if gres_type is None:
+        return None, f"gpu model unknown: the GRES has no type (gpu:N); {CATALOG_HINT}"
+    hits = gpu_candidates(gres_type)
+    if len(hits) == 1:
+        return hits[0], (
+            f"guessed from Slurm's GRES type '{gres_type}', never measured: check gpu: and intra_node:, "
+            "then delete this line"
+        )
+    which = f" (it may be {' or '.join(h.name for h in hits)})" if hits else ""
+    return None, f"gpu model unknown: Slurm calls it '{gres_type}'{which}; {CATALOG_HINT}"
 
 
 def propose_site(view: ClusterView) -> tuple[str, list[str]]:
-    """A commented site file for every (partition, GRES type) with GPUs, and the entries the admin must check."""
+    """A commented site file for every (partition, GRES type) with GPUs, and the entries the admin must check.
+    A model the GRES type does not pin down is left out with a comment (the file then does not load until
+    the admin names it); one it does is written with `unconfirmed:` (no plan on it until confirmed)."""
     flagged: list[str] = []
     lines = [
         f"# Site file proposed by `frenzy-slurm site init` from the live cluster ({view.backend} backend,",
-        f"# Slurm {view.slurm_version}). Check every `gpu:` and `intra_node:` line, "
-        "then run `frenzy-slurm site validate`.",
+        f"# Slurm {view.slurm_version}). Slurm names GPUs, it does not measure them: fill in every pool whose",
+        "# gpu model is unknown, check and confirm the guessed ones, then run `frenzy-slurm site validate`.",
         f"cluster: {view.cluster or 'unnamed'}",
         "defaults:",
         "  inter_node_gbs: 25        # network GB/s per GPU between nodes (25 = 200 Gb/s)",
         "  usable_fraction: 0.95",
         "pools:",
     ]
+    header = len(lines)
     for pool in view.pools():
-        spec = match_gpu(pool.gpu_type) if pool.gpu_type else None
-        if pool.gpu_type is None:  # Slurm cannot say which GPU an untyped GRES is
-            flagged.append(
-                f"{pool.key}: the GRES has no type (gpu:{pool.gpus_per_node}); set gpu: to the model "
-                "(or run `frenzy-slurm site detect`, which asks NVML)"
-            )
-            gpu, note = "UNKNOWN", "  # TODO: untyped GRES; name the catalog GPU (frenzy-slurm site catalog)"
-        elif spec is None:
-            flagged.append(f"{pool.key}: GRES type not in the catalog; set gpu: to the model")
-            gpu, note = "UNKNOWN", f"  # TODO: '{pool.gpu_type}' matches no catalog GPU (frenzy-slurm site catalog)"
-        else:
-            gpu, note = spec.name, f"  # matched from GRES type '{pool.gpu_type}'; check the memory variant"
+        spec, comment = guess_from_gres(pool.gpu_type)
         lines += [
             f"  - partition: {pool.partition}",
             f"    gres_type: {pool.gpu_type}" if pool.gpu_type else "    untyped: true",
-            f"    gpu: {gpu}{note}",
-            f"    gpus_per_node: {pool.gpus_per_node}",
-            f"    intra_node: {_link_guess(gpu) if spec else 'pcie4'}  # nvlink1-5 or pcie3-5 or GB/s",
         ]
-    if len(lines) == 7:
+        if spec is None:
+            flagged.append(f"{pool.key}: {comment}")
+            lines += [
+                f"    # {comment}",
+                f"    gpus_per_node: {pool.gpus_per_node}",
+                "    # intra_node unknown: nvlink1-5, pcie3-5 or GB/s between the node's GPUs",
+            ]
+        else:
+            flagged.append(f"{pool.key}: gpu {spec.name} and intra_node {link_name(spec)} are guesses; confirm them")
+            lines += [
+                f"    gpu: {spec.name}",
+                f"    gpus_per_node: {pool.gpus_per_node}",
+                f"    intra_node: {link_name(spec)}  # nvlink1-5 or pcie3-5 or GB/s",
+                f"    unconfirmed: [gpu, intra_node]  # {comment}",
+            ]
+    if len(lines) == header:
         flagged.append("no node has GPU GRES; is GresTypes=gpu set and gres.conf in place?")
     return "\n".join(lines) + "\n", flagged
 
@@ -102,6 +123,7 @@ def validate_site(site: SiteConfig, view: ClusterView) -> list[str]:
             continue
         if lp.gpus_per_node != pool.gpus_per_node:
             problems.append(f"{where}: gpus_per_node is {pool.gpus_per_node}, Slurm's nodes have {lp.gpus_per_node}")
+    problems += unconfirmed_values(site)  # a guess is not a match, however well it agrees with Slurm
     for part, gtype in live:
         if site.pool(part, gtype) is None:
             fix = " (add a pool with untyped: true and gpu: MODEL)" if gtype is None else ""

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.inputfile import ancestors, unsafe_ancestor
 from frenzy_slurm.records import read_json_or_none, write_atomic, write_json
 
 DIR_MODE = 0o700
@@ -79,32 +80,14 @@ def _writable_by_others(st: os.stat_result) -> str | None:
 
 def _unsafe_ancestor(path: Path, st: os.stat_result) -> str | None:
     """Why the directory (or symbolic link) `path` above a private directory lets someone else swap what lies
-    below it, or None. A sticky directory of root's or the user's (/tmp) is fine: no one renames another's entry."""
-    me = os.geteuid()
-    if st.st_uid not in (me, 0):
-        return f"belongs to {_owner_name(st.st_uid)}"
-    if stat.S_ISLNK(st.st_mode):
-        return None  # a link cannot be changed, only replaced, and its directory is checked too
-    who = _writable_by_others(st)
-    if who and not st.st_mode & stat.S_ISVTX:
-        return f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
-def _ancestors(path: Path) -> list[Path]:
-    """Every directory above `path`, as written (its links included) and as resolved, each once."""
-    lexical = Path(os.path.abspath(path))
-    out: list[Path] = [lexical] if lexical.is_symlink() else []  # a link named as the directory itself, too
-    for p in [*lexical.parents, *Path(os.path.realpath(lexical)).parents]:
-        if p not in out:
-            out.append(p)
-    return out
+    below it, or None: the StrictModes rule every trusted path follows (`inputfile.unsafe_ancestor`)."""
+    return unsafe_ancestor(st, {os.geteuid(), 0}, _writable_by_others)
 
 
 def check_ancestors(path: Path, what: str) -> None:
     """Every directory above `path` belongs to the user or root and nobody else can rename what it holds
     (OpenSSH's StrictModes rule), else InputError naming the directory and the fix."""
-    for parent in _ancestors(path):
+    for parent in ancestors(path):
         try:
             st = os.lstat(parent)
         except OSError as exc:
