@@ -56,6 +56,7 @@ def _job_json(t: TrackedJob) -> dict:
         "restarts": t.restarts,
         "last_checkpoint_step": t.last_checkpoint_step,
         "notes": t.notes,
+        "recorded": t.recorded,
     }
 
 

@@ -271,7 +271,7 @@ def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], 
     except OSError as exc:
         raise Unrecorded(
             f"job {job_id} was submitted (tag frenzy:{req.submission}), but recording it in {what} failed: "
-            f"{exc.strerror or exc}.\nThe job exists and runs: `fsqueue {job_id}` follows it, `scancel {job_id}` "
+            f"{exc.strerror or exc}.\nThe job exists and runs: `squeue -j {job_id}` follows it, `scancel {job_id}` "
             "cancels it. Once there is space (or quota) again, running the same fsbatch finds the job by its "
             "tag and records it instead of submitting again."
         ) from None
