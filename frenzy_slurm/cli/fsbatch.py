@@ -2,7 +2,7 @@
 
     fsbatch examples/tiny-cpu.yaml --site site_configs/devcluster.yaml [--dry-run] [--explain] [--json]
 
-    fsbatch model.yaml --set training.learning_rate=1e-4,3e-4 [--wait]     # a sweep: one job per value
+    fsbatch model.yaml --set training.learning_rate=1e-4,3e-4 [--max-running N] [--wait]   # a sweep: one job per value
 
 Validates model.yaml, predicts memory per plan (MARP), reads the cluster, picks the allocation that
 finishes soonest (HAS), renders job.sbatch / ds_config.json / plan.json and submits with sbatch.
@@ -149,6 +149,13 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     "directory (repeatable).",
 )
 @click.option(
+    "--max-running",
+    type=int,
+    metavar="N",
+    help="With a --set sweep: at most N of its jobs run at once (job i starts after job i-N ends, Slurm's "
+    "afterany; as submitit's slurm_array_parallelism).",
+)
+@click.option(
     "--wait",
     is_flag=True,
     help="As sbatch --wait: return when the job (every job of a sweep) has ended, with its exit code (0 only "
@@ -185,6 +192,7 @@ def main(
     dependency: str | None,
     extra: tuple[str, ...],
     settings: tuple[str, ...],
+    max_running: int | None,
     wait: bool,
 ) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
@@ -235,6 +243,7 @@ def main(
             force=force,
             trace_factory=trace_factory,
             turns=None if dry_run else turns,
+            max_running=max_running,
         )
         # on stderr, so --json and the summary stay parseable; before submitting, so a refused sbatch keeps them
         for p in plans:
@@ -267,6 +276,10 @@ def _json(p: Plan, job: Job | None, dry_run: bool) -> dict:
         result["job_id"] = job.job_id
         if job.submitted is not None and job.submitted.follows is not None:  # the ended job a rerun follows
             result["follows"] = job.submitted.follows.as_json()
+        if p.waits_for is not None:  # --max-running: the job id it was submitted to wait for
+            from frenzy_slurm.track import submitted_job_id
+
+            result["waits_for"]["job_id"] = submitted_job_id(p.waits_for.job_dir)
     return result
 
 
@@ -285,6 +298,8 @@ def _report(p: Plan, job: Job | None, dry_run: bool, as_json: bool, parsable: bo
     if p.label:  # a sweep: which combination this is
         click.echo(f"=== {p.name}: {p.label}")
     click.echo(summary_line(req))
+    if p.chain_line is not None:
+        click.echo(p.chain_line)
     if explain:
         header, rows = explain_rows(req.decision)
         click.echo(table(rows, header))
