@@ -209,7 +209,7 @@ def test_table_cells_cannot_drive_the_terminal():
     from frenzy_slurm.cli.common import table
 
     text = table([["1", "a\x1b[2Jb\nc\td"]], ["ID", "NAME"])
-    assert "\x1b" not in text and text.splitlines()[1].split() == ["1", "a?[2Jb?c?d"]
+    assert "\x1b" not in text and text.splitlines()[1].split() == ["1", r"a\x1b[2Jb\nc\td"]
 
 
 # -- item 16: hostile Slurm answers -------------------------------------------------------------------------------

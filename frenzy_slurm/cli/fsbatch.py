@@ -22,7 +22,7 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.api import summary_line
-from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors, table, unchecked_file
+from frenzy_slurm.cli.common import cluster_options, echo, print_json, reports_errors, table, unchecked_file
 from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
 from frenzy_slurm.errors import FrenzyError
 from frenzy_slurm.sweeps import MAX_COMBINATIONS
@@ -61,11 +61,11 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     """--parsable: stdout holds only `JOBID` or `JOBID;CLUSTER`, as sbatch --parsable prints; the summary goes to
     stderr. A dry run prints nothing on stdout and exits 0, as `sbatch --test-only --parsable` does (its answer
     is on stderr), so `jobid=$(fsbatch --parsable ...)` is empty exactly when nothing was submitted."""
-    click.echo(summary_line(req), err=True)
+    echo(summary_line(req), err=True)
     if done is None:
-        click.echo(f"fsbatch: --dry-run: nothing submitted (job directory would be {req.job_dir})", err=True)
+        echo(f"fsbatch: --dry-run: nothing submitted (job directory would be {req.job_dir})", err=True)
         return
-    click.echo(f"{done.job_id};{done.cluster}" if done.cluster else str(done.job_id))
+    echo(f"{done.job_id};{done.cluster}" if done.cluster else str(done.job_id))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -248,7 +248,7 @@ def main(
         # on stderr, so --json and the summary stay parseable; before submitting, so a refused sbatch keeps them
         for p in plans:
             for line in p.notes:
-                click.echo(f"fsbatch: note: {p.name + ': ' if p.label else ''}{line}", err=True)
+                echo(f"fsbatch: note: {p.name + ': ' if p.label else ''}{line}", err=True)
         jobs: list[Job | None] = [None] * len(plans)
         if not dry_run:
             for i, p in enumerate(plans):
@@ -296,30 +296,30 @@ def _report(p: Plan, job: Job | None, dry_run: bool, as_json: bool, parsable: bo
         print_json(_json(p, job, dry_run))
         return
     if p.label:  # a sweep: which combination this is
-        click.echo(f"=== {p.name}: {p.label}")
-    click.echo(summary_line(req))
+        echo(f"=== {p.name}: {p.label}")
+    echo(summary_line(req))
     if p.chain_line is not None:
-        click.echo(p.chain_line)
+        echo(p.chain_line)
     if explain:
         header, rows = explain_rows(req.decision)
-        click.echo(table(rows, header))
+        echo(table(rows, header))
         for line in profile_lines(req.plan.spec):  # the framework profile MARP predicted with, its defaults taken
-            click.echo(line)
+            echo(line)
         if (calibration := req.calibration) is not None:  # plan_job always records one
             for line in explain_lines(calibration):
-                click.echo(line)
+                echo(line)
         if p.model is not None and (note := factory_note(req.plan.spec, p.model)) is not None:
-            click.echo(note)
+            echo(note)
     if job is None:
-        click.echo(f"--- {req.job_dir}/job.sbatch (not submitted) ---")
-        click.echo(req.script, nl=False)
+        echo(f"--- {req.job_dir}/job.sbatch (not submitted) ---")
+        echo(req.script, nl=False)
         return
-    click.echo(f"Submitted batch job {job.job_id} (job directory {req.job_dir})")
+    echo(f"Submitted batch job {job.job_id} (job directory {req.job_dir})")
     follows = job.submitted.follows if job.submitted is not None else None
     if follows is not None:
-        click.echo(f"It follows job {follows.job_id} ({follows.state}, job directory {follows.job_dir}).")
+        echo(f"It follows job {follows.job_id} ({follows.state}, job directory {follows.job_dir}).")
     if req.earlier_job_dir is not None:
-        click.echo(f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it).")
+        echo(f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it).")
 
 
 def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
@@ -331,11 +331,11 @@ def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
         for job in jobs:
             state = job.wait()
             code = job.wait_exit_code(state)
-            click.echo(f"fsbatch: job {job.job_id} ended {state}, exit code {code}", err=err)
+            echo(f"fsbatch: job {job.job_id} ended {state}, exit code {code}", err=err)
             worst = max(worst, code)
     except KeyboardInterrupt:
         ids = " ".join(str(j.job_id) for j in jobs)
-        click.echo(
+        echo(
             f"fsbatch: interrupted: stopped waiting; the job(s) keep running (`fsqueue {jobs[0].job_id}` follows, "
             f"`scancel {ids}` cancels)",
             err=True,
