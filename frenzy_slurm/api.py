@@ -306,7 +306,7 @@ def plan_jobs(
     # fsbatch -d, model.yaml's slurm.dependency, or a --set of it: each checked once, before anything is planned
     for dependency in dict.fromkeys(options.slurm.dependency for _, _, options in prepared):
         check_dependency_jobs(dependency, cluster)
-    plans = []
+    plans: list[Plan] = []
     for combo, job, options in prepared:
         if turns is not None and force:
             turns.enter_context(_force_turn(submission_of(job, options)))
