@@ -87,3 +87,42 @@ def test_model_yaml_slurm_extra_array_exits_2(tmp_path, monkeypatch):
     res = fsbatch(tmp_path, monkeypatch, spec)
     assert res.exit_code == EXIT_BAD_INPUT, res.output
     assert "slurm.extra" in res.output and "--array is refused" in res.output
+
+
+@pytest.mark.parametrize(
+    ("words", "found"),
+    [
+        (["--array=0-3"], "--array=0-3"),
+        (["--arr", "0-3"], "--arr"),
+        (["-va1"], "-va1"),
+        (["--partition", "-a"], None),  # -a is --partition's value here, as getopt reads it
+        (["-p", "x", "-a", "1"], "-a"),
+        (["--exclusive"], None),
+        (["--nodes=1"], None),
+    ],
+)
+def test_array_is_found_in_a_line_as_sbatch_reads_it(words, found):
+    from frenzy_slurm.jobspec.sbatch_flags import asks_for_array
+
+    assert asks_for_array(words) == found
+
+
+def test_a_template_asking_for_an_array_is_refused(tmp_path):
+    """A --templates file may write any #SBATCH line; the rendered script is read for arrays as sbatch reads it."""
+    from frenzy_slurm.sim.synthetic import synthetic
+
+    from .helpers import LOCAL, make_spec
+    from .test_render import rendered
+
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    shipped = (ROOT / "templates" / "_component.j2").read_text()
+    (templates / "_component.j2").write_text(shipped + "#SBATCH -a 0-1%1\n")
+    with pytest.raises(InputError) as err:
+        rendered(make_spec(), synthetic(LOCAL), template_dir=templates)
+    assert "'#SBATCH -a 0-1%1' asks sbatch for a job array (-a)" in err.value.message
+    assert "--max-running" in err.value.message
+    # an entry.env value may hold newlines (shell-quoted after the #SBATCH block, where sbatch reads no options)
+    spec = make_spec(entry={"env": {"NOTE": "a\n#SBATCH --array=0-1"}})
+    req = rendered(spec, synthetic(LOCAL))
+    assert "\n#SBATCH --array=0-1'" in req.script

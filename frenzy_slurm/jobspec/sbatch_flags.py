@@ -335,6 +335,32 @@ def refuse_sbatch_flag(flag: str) -> str | None:
     return None
 
 
+def asks_for_array(words: list[str]) -> str | None:
+    """The word of an #SBATCH line's `words` that sbatch reads as --array (`--array=1-4`, `--arr 1-4`, `-a1`,
+    `-va1`), or None: the check of a whole rendered script (a --templates file may write any line)."""
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word.startswith("--"):
+            candidates = _long_candidates(word[2:].partition("=")[0])
+            if candidates == ["array"]:
+                return word
+            if len(candidates) == 1 and SBATCH_LONG_OPTIONS[candidates[0]] == "required" and "=" not in word:
+                i += 1  # its value
+        elif word.startswith("-"):
+            for k, letter in enumerate(word[1:], start=2):
+                long = SBATCH_SHORT_OPTIONS.get(letter)
+                if long == "array":
+                    return word
+                if long is None or SBATCH_LONG_OPTIONS[long] == "no":
+                    continue
+                if not word[k:] and SBATCH_LONG_OPTIONS[long] == "required":
+                    i += 1  # the next word is its value
+                break
+    return None
+
+
 def _bad_value(flag: str, word: str) -> str | None:
     """A separate value word sbatch would not keep: `hetjob` is blanked out, a leading ':' is fatal."""
     if word.lower() in _SEPARATORS or word.startswith(":"):
