@@ -77,6 +77,8 @@ class Plan:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""  # the sweep combination, `key=value ...`; empty for a single job
     model: ResolvedModel | None = field(default=None, repr=False)  # the model as planned (exact_params if traced)
+    max_running: int | None = None  # the sweep's cap on its jobs running at once (--max-running)
+    waits_for: Plan | None = field(default=None, repr=False)  # the sweep's job this one starts after (afterany)
 
     @property
     def name(self) -> str:
@@ -117,7 +119,28 @@ class Plan:
         out = self.request.as_json()
         if self.overrides:
             out["overrides"] = dict(self.overrides)
+        if self.max_running is not None:
+            out["max_running"] = self.max_running
+            out["waits_for"] = None if self.waits_for is None else self.waits_for.chain_json()
         return out
+
+    def chain_json(self) -> dict[str, Any]:
+        """This job as another job of the sweep waits for it: its name and job directory."""
+        return {"name": self.name, "job_dir": str(self.job_dir)}
+
+    @property
+    def chain_line(self) -> str | None:
+        """What --max-running makes of this job, in words (fsbatch --dry-run and --explain print it)."""
+        if self.max_running is None:
+            return None
+        if self.waits_for is None:
+            return (
+                f"--max-running {self.max_running}: starts as its resources allow (one of the first {self.max_running})"
+            )
+        return (
+            f"--max-running {self.max_running}: starts after job {self.waits_for.name} ends "
+            f"(sbatch --dependency=afterany:ITS_JOB_ID, any end state)"
+        )
 
     def __str__(self) -> str:
         return self.summary
@@ -221,6 +244,7 @@ def plan_jobs(
     turns: ExitStack | None = None,
     now: float | None = None,
     env_check: EnvCheck = "refuse",
+    max_running: int | None = None,
 ) -> list[Plan]:
     """The plans of model.yaml's combinations (none given: the file as it is, with `overrides`), all planned
     before any is submitted, on one view of the cluster. fsbatch and `plan`/`sweep` call this.
@@ -229,9 +253,11 @@ def plan_jobs(
     override model.yaml's slurm: block. With `turns`, each --force submission's lock is taken into it before
     that job is planned (fsbatch holds them until it has submitted: see `_force_turn`). `env_check`: whether the
     job's Python finding the framework's packages is checked, a miss refusing the plan (exit 2) or a note
-    (docs/runtime.md, "The job's environment").
+    (docs/runtime.md, "The job's environment"). `max_running`: at most this many of the sweep's jobs run at
+    once; each job past the first N waits for the one N before it (`Plan.waits_for`, afterany at submission).
     """
     from frenzy_slurm.planning import PlanOptions, load_job, plan_job, submission_of, traced
+    from frenzy_slurm.sweeps import check_max_running, waits_for
 
     path = Path(model_yaml)
     unknown = sorted(set(slurm or {}) - set(SLURM_FLAGS))
@@ -272,18 +298,23 @@ def plan_jobs(
             env_check=env_check,
         )
         prepared.append((combo, job, options))
+    for _, _, options in prepared:
+        check_max_running(max_running, len(prepared), options.slurm.dependency)
     opened = open_backend(backend, snapshot)
     # a saved snapshot is one view already, and planning must still see it as read-only (planning.start_estimator)
     cluster = opened if isinstance(opened, ReadOnlyBackend) else OneView(opened)
     # fsbatch -d, model.yaml's slurm.dependency, or a --set of it: each checked once, before anything is planned
     for dependency in dict.fromkeys(options.slurm.dependency for _, _, options in prepared):
         check_dependency_jobs(dependency, cluster)
-    plans = []
+    plans: list[Plan] = []
     for combo, job, options in prepared:
         if turns is not None and force:
             turns.enter_context(_force_turn(submission_of(job, options)))
         request = plan_job(job, site_file, cluster, options)
-        plans.append(Plan(request, cluster, combo.overrides, combo.label() if combo.total > 1 else "", job.model))
+        label = combo.label() if combo.total > 1 else ""
+        before = waits_for(len(plans), max_running)
+        waits = plans[before] if before is not None else None
+        plans.append(Plan(request, cluster, combo.overrides, label, job.model, max_running, waits))
     return plans
 
 
@@ -343,10 +374,13 @@ def sweep(
     calibration: bool = True,
     force: bool = False,
     env_check: EnvCheck = "refuse",
+    max_running: int | None = None,
 ) -> list[Plan]:
     """One plan per combination of `grid`'s values (`{"training.learning_rate": [1e-4, 3e-4]}`), as
     `fsbatch --set training.learning_rate=1e-4,3e-4` plans them: each its own name and job directory, at
-    most sweeps.MAX_COMBINATIONS. Submit each with `submit`."""
+    most sweeps.MAX_COMBINATIONS. Submit each with `submit`, in order. `max_running=N` (as fsbatch
+    --max-running, submitit's slurm_array_parallelism): at most N of them run at once, each job past the
+    first N starting after the one N before it ends (Slurm's afterany: nothing waits on the login node)."""
     from frenzy_slurm.sweeps import combinations, grid_of
 
     return plan_jobs(
@@ -361,6 +395,7 @@ def sweep(
         calibration=calibration,
         force=force,
         env_check=env_check,
+        max_running=max_running,
     )
 
 
@@ -519,8 +554,10 @@ def submit(plan: Plan | JobRequest, backend: str | SlurmBackend | None = None) -
     from frenzy_slurm.planning import JobRequest
     from frenzy_slurm.submit import submit as submit_request
 
+    after = None
     if isinstance(plan, Plan):
         request, cluster = plan.request, open_backend(backend) if backend is not None else plan.backend
+        after = _chained_after(plan)
     elif isinstance(plan, JobRequest):
         if backend is None:
             raise InputError("submit(request): a JobRequest needs backend=; or pass the Plan that fs.plan returned.")
@@ -528,8 +565,24 @@ def submit(plan: Plan | JobRequest, backend: str | SlurmBackend | None = None) -
     else:
         raise InputError(f"submit() takes the Plan of fs.plan or fs.sweep, not {type(plan).__name__}.")
     follows = cluster.inner if isinstance(cluster, OneView) else cluster
-    done = submit_request(request, follows)
+    done = submit_request(request, follows, after=after)
     return Job(done.job_id, done.job_dir, follows, done.cluster, done)
+
+
+def _chained_after(plan: Plan) -> int | None:
+    """The job id a --max-running sweep's plan waits for: the job submitted for `plan.waits_for`, as its job
+    directory records it (a sweep is submitted in order); InputError if that one has not been submitted."""
+    if plan.waits_for is None:
+        return None
+    from frenzy_slurm.track import submitted_job_id
+
+    try:
+        return submitted_job_id(plan.waits_for.job_dir)
+    except InputError:
+        raise InputError(
+            f"{plan.name} waits for {plan.waits_for.name} (max_running={plan.max_running}), which has not been "
+            "submitted: submit a sweep's plans in order."
+        ) from None
 
 
 def job(job_dir: str | Path, backend: str | SlurmBackend = "auto", snapshot: str | Path | None = None) -> Job:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec.job import SlurmOptions
+from frenzy_slurm.jobspec.sbatch_flags import ARRAYS
 
 # sbatch's variables that set what every plan sets (the rendered #SBATCH lines, _header.j2 and _component.j2),
 # or that change what fsbatch submits to: variable -> (the option it sets, what of the plan it would override).
@@ -39,9 +40,12 @@ PLANNED: dict[str, tuple[str, str]] = {
     "SBATCH_EXCLUSIVE": ("--exclusive", "the node sharing HAS planned with; pass --exclusive to fsbatch instead"),
     "SBATCH_CLUSTERS": ("--clusters", "the cluster the plan was made for"),
     "SBATCH_CLUSTER_CONSTRAINT": ("--cluster-constraint", "the cluster the plan was made for"),
-    "SBATCH_ARRAY_INX": ("--array", "the one job of this submission (an array would run it many times)"),
     "SBATCH_WAIT": ("--wait", "fsbatch's submission (sbatch would not return until the job ends)"),
 }
+
+# Variables asking for a job array: SBATCH_ARRAY_INX is the one sbatch reads (as --array); SBATCH_ARRAY, which
+# sbatch ignores, is how users (and other tools' docs) spell it, so it is refused too rather than noted as honoured.
+ARRAY_VARIABLES = ("SBATCH_ARRAY_INX", "SBATCH_ARRAY")
 
 # Honoured variables that set an option the plan may set (model.yaml's slurm: block or fsbatch's flags):
 # refused only when the plan sets it too.
@@ -76,7 +80,10 @@ def check_sbatch_env(options: SlurmOptions, environ: Mapping[str, str] | None = 
     why: list[str] = []
     notes: list[str] = []
     for name, value in env.items():
-        if name in PLANNED:
+        if name in ARRAY_VARIABLES:
+            refused.append(name)
+            why.append(f"{name}={value!r} asks sbatch for a job array (--array), which frenzy-slurm refuses: {ARRAYS}")
+        elif name in PLANNED:
             option, what = PLANNED[name]
             refused.append(name)
             why.append(f"{name}={value!r} would set sbatch {option} over {what}")

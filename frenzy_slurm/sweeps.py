@@ -114,6 +114,31 @@ def combinations(grid: Mapping[str, Sequence[Value]]) -> list[Combination]:
     ]
 
 
+def check_max_running(max_running: int | None, total: int, dependency: str | None = None) -> None:
+    """A sweep's cap on jobs running at once (submitit's slurm_array_parallelism): at least 1, for a sweep
+    (several combinations), and joinable with the plan's own dependency (`,` means all; `?` cannot be mixed)."""
+    if max_running is None:
+        return
+    if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
+        raise InputError(f"--max-running {max_running}: give a whole number of jobs, at least 1.")
+    if total < 2:
+        raise InputError(
+            "--max-running caps how many jobs of a sweep run at once; this is one job. Sweep values with "
+            "--set KEY=A,B (fs.sweep in Python), or drop --max-running."
+        )
+    if dependency and "?" in dependency:
+        raise InputError(
+            f"--max-running with --dependency {dependency}: each job of the sweep also waits for an earlier one "
+            "(afterany, joined by ','), and Slurm cannot mix ',' with '?'; use ',' or drop one of them."
+        )
+
+
+def waits_for(index: int, max_running: int | None) -> int | None:
+    """The sweep job that job `index` waits for under --max-running N: job index-N (afterany), so the sweep runs
+    as N chains and at most N of its jobs run at once; None for the first N."""
+    return index - max_running if max_running is not None and index >= max_running else None
+
+
 def grid_of(values: Mapping[str, Sequence[Any]]) -> dict[str, list[Value]]:
     """The API's grid (`{"training.learning_rate": [1e-4, 3e-4]}`, Python values) in --set's form."""
     grid: dict[str, list[Value]] = {}

@@ -1,6 +1,10 @@
 """Stage 7, track: frenzy-slurm jobs as users see them, from one queue query (cached briefly).
 
-Jobs are recognised by their comment (`frenzy:<submission>`); hetjob components show as one job. The
+A job of the user's is a frenzy-slurm job when what fsbatch recorded confirms it (`recorded_by_fsbatch`): its
+comment `frenzy:<submission>` and its id match the submission.json of its working directory, a directory of the
+user's. A tag anyone can type on any job (`sbatch --comment frenzy:x`) is not enough. Another user's job is
+shown by its tag only, marked unverified: fsqueue never reads other users' directories. Hetjob components
+show as one job. The
 job directory (the job's working directory) gives the plan, and after the run `finished.json` and
 `metrics.json`. Slurm is asked through the backend only: one `jobs()` query per invocation (for one
 user, or for the ids asked about), and one `accounting()` query for all jobs that have left the queue
@@ -130,6 +134,7 @@ class TrackedJob:
     started: dict | None = None  # started.json: the current run's start and restart count
     last_checkpoint_step: int | None = None
     notes: list[str] = field(default_factory=list)
+    recorded: bool = True  # fsbatch's record in the job directory confirms the job (else another user's, unverified)
 
     @property
     def restarts(self) -> int | None:
@@ -260,14 +265,48 @@ def _drop_stale_finished(t: TrackedJob) -> None:
         t.finished = None
 
 
+TAG = "frenzy:"  # the comment fsbatch gives a job: frenzy:<submission>
+
+
+def _own(job: Job) -> bool:
+    return not job.user or job.user == my_user_name()
+
+
+def recorded_by_fsbatch(lead: Job) -> bool:
+    """Whether fsbatch recorded this job (a hetjob's leader): its working directory is the user's own, and the
+    submission.json there (a bounded read of a regular file, no link) names this job id and the submission its
+    comment carries. A plain `sbatch --comment frenzy:...` job has no such record; neither has another user's
+    job as far as this user can tell (their directories are never read)."""
+    if not lead.comment.startswith(TAG) or not lead.workdir or not _own(lead):
+        return False
+    job_dir = Path(lead.workdir)
+    try:
+        st = os.lstat(job_dir)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    record = read_job_record_or_none(job_dir / "submission.json", max_bytes=1 << 16)  # a few hundred bytes
+    return (
+        isinstance(record, dict)
+        and record.get("job_id") == (lead.het_job_id or lead.job_id)
+        and record.get("submission") == lead.comment[len(TAG) :]
+    )
+
+
 def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
+    """The frenzy-slurm jobs among `jobs` (of `user`, if given): the user's own that fsbatch recorded
+    (`recorded_by_fsbatch`), and other users' jobs tagged `frenzy:`, marked unverified (`recorded` False)."""
     out = []
     for jid, comps in sorted(group_het_jobs(jobs).items()):
         lead = comps[0]
-        if not lead.comment.startswith("frenzy:"):
+        if not lead.comment.startswith(TAG):
             continue
         if user is not None and lead.user != user:
             continue
+        recorded = recorded_by_fsbatch(lead)
+        if not recorded and _own(lead):
+            continue  # the user's own job with a tag but no record of fsbatch's: not a frenzy-slurm job
         t = TrackedJob(
             job_id=jid,
             name=lead.name,
@@ -275,7 +314,13 @@ def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
             state=lead.state,
             components=comps,
             job_dir=Path(lead.workdir) if lead.workdir else None,
+            recorded=recorded,
         )
+        if not recorded:
+            t.notes.append(
+                f"{lead.user}'s job, tagged {TAG} in its comment: not verified as a frenzy-slurm job (only your "
+                "own jobs are checked against fsbatch's record)"
+            )
         _attach_files(t)
         _drop_stale_finished(t)
         out.append(t)
@@ -428,10 +473,13 @@ def _select(
                     "what its job directory records) or never existed; nothing to cancel"
                 )
             comps = found[lead]
-            if not comps[0].comment.startswith("frenzy:"):
-                raise InputError(f"job {lead} is not a frenzy-slurm job; cancel it with `scancel {lead}`")
             if comps[0].user and comps[0].user != user:
                 raise InputError(f"job {lead} is {comps[0].user}'s job, not yours; fscancel cancels only your own jobs")
+            if not recorded_by_fsbatch(comps[0]):
+                raise InputError(
+                    f"job {lead} is not a frenzy-slurm job (no job directory of yours records it as fsbatch's "
+                    f"submission); cancel it with `scancel {lead}`"
+                )
             if comps not in out:
                 out.append(comps)
         return out
@@ -439,10 +487,10 @@ def _select(
     return [
         comps
         for _, comps in sorted(groups.items())
-        if comps[0].comment.startswith("frenzy:")
-        and (not comps[0].user or comps[0].user == user)
+        if (not comps[0].user or comps[0].user == user)
         and comps[0].phase in ACTIVE_JOB_STATES
         and (mine or comps[0].name == name)
+        and recorded_by_fsbatch(comps[0])
     ]
 
 

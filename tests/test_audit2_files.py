@@ -108,6 +108,7 @@ def test_fsqueue_own_job_directory_fifo_and_device_are_refused_promptly(tmp_path
     os.mkfifo(d / "checkpoints" / "latest")
     os.mkfifo(d / "finished.json")
     (d / "metrics.json").symlink_to("/dev/zero")
+    (d / "submission.json").write_text(json.dumps({"job_id": 42, "submission": "abc"}))  # fsbatch's record
     snap = _snapshot(tmp_path / "snap.json", [_job(42, _me(), d)])
     try:
         out = _fsqueue(tmp_path, "--json", "--backend", "static", "--snapshot", str(snap), timeout=30)
@@ -134,16 +135,17 @@ def test_checkpoint_tag_is_not_read_through_a_link(tmp_path):
 
 
 def test_job_directory_owned_by_someone_else_is_not_read_for_your_job(tmp_path, other_user):
-    """A job of yours whose working directory belongs to another user (they control its files): not read."""
+    """A job of yours whose working directory belongs to another user (they control its files): not read, and
+    not taken for a frenzy-slurm job (fsbatch's job directories are the user's own), whatever its record says."""
     from frenzy_slurm.track import frenzy_jobs
 
     d = tmp_path / "theirs"
     d.mkdir()
     (d / "metrics.json").write_text(json.dumps({"step": 99}))
-    os.chown(d, other_user.uid, other_user.gid)
-    os.chown(d / "metrics.json", other_user.uid, other_user.gid)
-    (t,) = frenzy_jobs([_job(43, _me(), d)])
-    assert t.metrics is None and any("not to you" in n for n in t.notes), t.notes
+    (d / "submission.json").write_text(json.dumps({"job_id": 43, "submission": "abc"}))
+    for f in (d, d / "metrics.json", d / "submission.json"):
+        os.chown(f, other_user.uid, other_user.gid)
+    assert frenzy_jobs([_job(43, _me(), d)]) == []
 
 
 def test_find_job_dir_ignores_a_malformed_submission(tmp_path):

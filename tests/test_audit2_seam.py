@@ -54,16 +54,15 @@ def squeue_answer(job_name: bytes = NAME, extra: dict | None = None) -> bytes:
     """Slurm 22.05's recorded `squeue --json`, plus a job of this user named with raw bytes (as squeue prints
     them: Slurm does not re-encode names)."""
     payload = json.loads((DATA / "squeue.out").read_text())
-    job = dict(
-        payload["jobs"][0],
-        job_id=4242,
-        job_state="PENDING",
-        user_name=getpass.getuser(),
-        name="@@NAME@@",
-        comment="frenzy:0123456789abcdef",
-        current_working_directory="/nonexistent/jobdir",
+    job = payload["jobs"][0] | {
+        "job_id": 4242,
+        "job_state": "PENDING",
+        "user_name": getpass.getuser(),
+        "name": "@@NAME@@",
+        "comment": "frenzy:0123456789abcdef",
+        "current_working_directory": "/nonexistent/jobdir",
         **(extra or {}),
-    )
+    }
     payload["jobs"].append(job)
     return json.dumps(payload).encode().replace(b"@@NAME@@", job_name)
 
@@ -126,9 +125,12 @@ def test_cli_backend_reads_a_queue_with_a_non_utf8_name(standin):
 
 
 @pytest.mark.parametrize("args", [["--all"], ["--all", "--json"], []])
-def test_fsqueue_lists_the_job_even_where_the_terminal_cannot_show_it(standin, monkeypatch, args):
+def test_fsqueue_lists_the_job_even_where_the_terminal_cannot_show_it(standin, monkeypatch, tmp_path, args):
     """A reader whose terminal cannot show U+FFFD (a Latin-1 locale) gets '?', not UnicodeEncodeError."""
-    standin(squeue=squeue_answer())
+    job_dir = tmp_path / "jobdir"  # the job is this user's: fsbatch's record makes it a frenzy-slurm job
+    job_dir.mkdir(mode=0o700)
+    (job_dir / "submission.json").write_text(json.dumps({"job_id": 4242, "submission": "0123456789abcdef"}))
+    standin(squeue=squeue_answer(extra={"current_working_directory": str(job_dir)}))
     monkeypatch.setenv("PYTHONIOENCODING", "latin-1")
     res = run_cli("fsqueue", *args)
     assert res.returncode == 0, res.stderr
@@ -207,7 +209,7 @@ def test_table_cells_cannot_drive_the_terminal():
     from frenzy_slurm.cli.common import table
 
     text = table([["1", "a\x1b[2Jb\nc\td"]], ["ID", "NAME"])
-    assert "\x1b" not in text and text.splitlines()[1].split() == ["1", "a?[2Jb?c?d"]
+    assert "\x1b" not in text and text.splitlines()[1].split() == ["1", r"a\x1b[2Jb\nc\td"]
 
 
 # -- item 16: hostile Slurm answers -------------------------------------------------------------------------------

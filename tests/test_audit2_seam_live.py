@@ -49,8 +49,14 @@ def _sbatch_bytes(*args: bytes) -> int:
 def test_non_utf8_job_names_break_no_reader(env):
     """Another user's `sbatch -J $'caf\\xe9'` (and a name with a tab and an escape sequence) used to make every
     fsqueue, fsinfo and fsbatch die with UnicodeDecodeError until the job left the queue."""
-    odd = _sbatch_bytes(b"-J", b"caf\xe9", f"--comment={TAG}".encode())
-    ctl = _sbatch_bytes(b"-J", b"a\tb\x1b[2J", b"--comment=frenzy:\xff\xfe")
+    odd_dir, ctl_dir = env / "odd", env / "ctl"
+    for d in (odd_dir, ctl_dir):
+        d.mkdir(mode=0o700)
+    odd = _sbatch_bytes(b"-J", b"caf\xe9", f"--comment={TAG}".encode(), b"-D", bytes(odd_dir))
+    ctl = _sbatch_bytes(b"-J", b"a\tb\x1b[2J", b"--comment=frenzy:\xff\xfe", b"-D", bytes(ctl_dir))
+    # fsbatch's records, as for its own jobs: this user's jobs count as frenzy-slurm's only with them
+    for d, job, submission in ((odd_dir, odd, TAG.removeprefix("frenzy:")), (ctl_dir, ctl, "\ufffd\ufffd")):
+        (d / "submission.json").write_text(json.dumps({"job_id": job, "submission": submission}))
     try:
         _check_readers(env, odd, ctl)
     finally:

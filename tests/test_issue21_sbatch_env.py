@@ -87,7 +87,6 @@ def test_sbatch_partition_is_refused_naming_the_fix(clean_env):
         ("SBATCH_CPUS_PER_GPU", "--cpus-per-gpu"),
         ("SBATCH_CONSTRAINT", "--constraint"),
         ("SBATCH_EXCLUSIVE", "--exclusive"),
-        ("SBATCH_ARRAY_INX", "--array"),
     ],
 )
 def test_variables_that_set_what_the_plan_sets_are_refused(clean_env, name, option):

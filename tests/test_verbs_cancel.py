@@ -47,6 +47,8 @@ def job(slurm, tmp_path, name: str, comps=None, comment: str | None = None, user
         )
     )
     slurm.user = ME
+    if comment is None:  # what fsbatch records of the job it submitted (track.recorded_by_fsbatch)
+        (d / "submission.json").write_text(json.dumps({"job_id": done.job_id, "submission": name}))
     return done.job_id
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import print_json, reports_errors, table
+from frenzy_slurm.cli.common import echo, print_json, reports_errors, table
 from frenzy_slurm.errors import InputError
 
 if TYPE_CHECKING:  # the command imports these when it runs
@@ -223,9 +223,9 @@ def calibrate(
         return
     click.echo(f"{len(observations)} measured job(s) from {len(dirs)} director(ies); site file {site_path}")
     for d, _, why in verdict.accepted:
-        click.echo(f"accepted: {d}: {why}")
+        echo(f"accepted: {d}: {why}")
     for d, why in verdict.rejected:
-        click.echo(f"rejected: {d}: {why}")
+        echo(f"rejected: {d}: {why}")
     if steps:
         rows = [
             [
@@ -254,11 +254,11 @@ def calibrate(
             )
         )
     for line in refused:
-        click.echo(f"not applied: {line}")
+        echo(f"not applied: {line}")
     for line in notes:
-        click.echo(f"note: {line}")
+        echo(f"note: {line}")
     for line in skipped:
-        click.echo(f"skipped: {line}", err=True)
+        echo(f"skipped: {line}", err=True)
     if empty:
         click.echo(
             f"no correction met its bounds and minimum job count; nothing is applied and {path} is not "

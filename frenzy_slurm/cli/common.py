@@ -70,8 +70,8 @@ def reports_errors(prog: str, *, json_errors: bool = False) -> Callable[[F], F]:
             try:
                 return fn(*args, **kwargs)
             except FrenzyError as exc:
-                for i, line in enumerate(exc.message.splitlines()):
-                    click.echo(f"{prog}: error: {line}" if i == 0 else f"  {line}", err=True)
+                for i, line in enumerate(exc.message.split("\n")):  # a \r inside a line is escaped, not a break
+                    echo(f"{prog}: error: {line}" if i == 0 else f"  {line}", err=True)
                 if as_json:
                     json_error(exc.exit_code, exc.message)
                 sys.exit(exc.exit_code)
@@ -83,7 +83,7 @@ def reports_errors(prog: str, *, json_errors: bool = False) -> Callable[[F], F]:
                 os.dup2(devnull, sys.stdout.fileno())
                 sys.exit(EXIT_FAILURE)
             except OSError as exc:
-                click.echo(f"{prog}: error: {os_error_message(exc)}", err=True)
+                echo(f"{prog}: error: {os_error_message(exc)}", err=True)
                 if as_json:
                     json_error(EXIT_FAILURE, os_error_message(exc))
                 sys.exit(EXIT_FAILURE)
@@ -101,13 +101,38 @@ def _numeric(cell: str) -> bool:
     return cell.replace(".", "", 1).replace("%", "").replace("-", "", 1).isdigit()
 
 
-def printable(text: str) -> str:
-    """One table cell as the terminal should see it: control and format characters (a newline, a tab, an
-    escape sequence in another user's job name) shown as `?`, so a cell is one line and cannot drive the
-    terminal."""
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(c: str) -> str:
+    """One non-printable character as Python writes it in a string: `\\x1b`, `\\r`, `\\u200e`; a byte that
+    was not UTF-8 (a file name read with surrogateescape, U+DC80..U+DCFF) as the byte, `\\xff`."""
+    code = ord(c)
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str, keep: str = "") -> str:
+    """Text as the terminal should see it: every character that is not printable (a control character such as
+    ESC, `\\r` or BEL, a format character, a byte that was not UTF-8) escaped as Python writes it (`\\x1b`),
+    so another user's job name, comment or path, or Slurm's answer, cannot move the cursor, rewrite a line or
+    drive the terminal. Printable UTF-8 (and spaces) stays as it is; `keep` lists characters left as they are
+    (a tab in a line). A table cell keeps none: it stays one line."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or unicodedata.category(c) == "Zs" else "?" for c in text)
+    return "".join(c if c.isprintable() or c in keep or unicodedata.category(c) == "Zs" else _escaped(c) for c in text)
+
+
+def echo(text: str = "", *, err: bool = False, nl: bool = True) -> None:
+    """click.echo for text that may hold what others wrote (Slurm's answers, job names, paths, records, error
+    messages): each line through `printable` (tabs kept), the line breaks kept. JSON is printed by
+    `print_json`, whose output json.dumps escapes itself."""
+    click.echo("\n".join(printable(line, keep="\t") for line in text.split("\n")), err=err, nl=nl)
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

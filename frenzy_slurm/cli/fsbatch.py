@@ -2,7 +2,7 @@
 
     fsbatch examples/tiny-cpu.yaml --site site_configs/devcluster.yaml [--dry-run] [--explain] [--json]
 
-    fsbatch model.yaml --set training.learning_rate=1e-4,3e-4 [--wait]     # a sweep: one job per value
+    fsbatch model.yaml --set training.learning_rate=1e-4,3e-4 [--max-running N] [--wait]   # a sweep: one job per value
 
 Validates model.yaml, predicts memory per plan (MARP), reads the cluster, picks the allocation that
 finishes soonest (HAS), renders job.sbatch / ds_config.json / plan.json and submits with sbatch.
@@ -22,7 +22,7 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.api import summary_line
-from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors, table, unchecked_file
+from frenzy_slurm.cli.common import cluster_options, echo, print_json, reports_errors, table, unchecked_file
 from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
 from frenzy_slurm.errors import FrenzyError
 from frenzy_slurm.sweeps import MAX_COMBINATIONS
@@ -61,11 +61,11 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     """--parsable: stdout holds only `JOBID` or `JOBID;CLUSTER`, as sbatch --parsable prints; the summary goes to
     stderr. A dry run prints nothing on stdout and exits 0, as `sbatch --test-only --parsable` does (its answer
     is on stderr), so `jobid=$(fsbatch --parsable ...)` is empty exactly when nothing was submitted."""
-    click.echo(summary_line(req), err=True)
+    echo(summary_line(req), err=True)
     if done is None:
-        click.echo(f"fsbatch: --dry-run: nothing submitted (job directory would be {req.job_dir})", err=True)
+        echo(f"fsbatch: --dry-run: nothing submitted (job directory would be {req.job_dir})", err=True)
         return
-    click.echo(f"{done.job_id};{done.cluster}" if done.cluster else str(done.job_id))
+    echo(f"{done.job_id};{done.cluster}" if done.cluster else str(done.job_id))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -149,6 +149,13 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     "directory (repeatable).",
 )
 @click.option(
+    "--max-running",
+    type=int,
+    metavar="N",
+    help="With a --set sweep: at most N of its jobs run at once (job i starts after job i-N ends, Slurm's "
+    "afterany; as submitit's slurm_array_parallelism).",
+)
+@click.option(
     "--wait",
     is_flag=True,
     help="As sbatch --wait: return when the job (every job of a sweep) has ended, with its exit code (0 only "
@@ -185,6 +192,7 @@ def main(
     dependency: str | None,
     extra: tuple[str, ...],
     settings: tuple[str, ...],
+    max_running: int | None,
     wait: bool,
 ) -> None:
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
@@ -235,11 +243,12 @@ def main(
             force=force,
             trace_factory=trace_factory,
             turns=None if dry_run else turns,
+            max_running=max_running,
         )
         # on stderr, so --json and the summary stay parseable; before submitting, so a refused sbatch keeps them
         for p in plans:
             for line in p.notes:
-                click.echo(f"fsbatch: note: {p.name + ': ' if p.label else ''}{line}", err=True)
+                echo(f"fsbatch: note: {p.name + ': ' if p.label else ''}{line}", err=True)
         jobs: list[Job | None] = [None] * len(plans)
         if not dry_run:
             for i, p in enumerate(plans):
@@ -267,6 +276,10 @@ def _json(p: Plan, job: Job | None, dry_run: bool) -> dict:
         result["job_id"] = job.job_id
         if job.submitted is not None and job.submitted.follows is not None:  # the ended job a rerun follows
             result["follows"] = job.submitted.follows.as_json()
+        if p.waits_for is not None:  # --max-running: the job id it was submitted to wait for
+            from frenzy_slurm.track import submitted_job_id
+
+            result["waits_for"]["job_id"] = submitted_job_id(p.waits_for.job_dir)
     return result
 
 
@@ -283,28 +296,30 @@ def _report(p: Plan, job: Job | None, dry_run: bool, as_json: bool, parsable: bo
         print_json(_json(p, job, dry_run))
         return
     if p.label:  # a sweep: which combination this is
-        click.echo(f"=== {p.name}: {p.label}")
-    click.echo(summary_line(req))
+        echo(f"=== {p.name}: {p.label}")
+    echo(summary_line(req))
+    if p.chain_line is not None:
+        echo(p.chain_line)
     if explain:
         header, rows = explain_rows(req.decision)
-        click.echo(table(rows, header))
+        echo(table(rows, header))
         for line in profile_lines(req.plan.spec):  # the framework profile MARP predicted with, its defaults taken
-            click.echo(line)
+            echo(line)
         if (calibration := req.calibration) is not None:  # plan_job always records one
             for line in explain_lines(calibration):
-                click.echo(line)
+                echo(line)
         if p.model is not None and (note := factory_note(req.plan.spec, p.model)) is not None:
-            click.echo(note)
+            echo(note)
     if job is None:
-        click.echo(f"--- {req.job_dir}/job.sbatch (not submitted) ---")
-        click.echo(req.script, nl=False)
+        echo(f"--- {req.job_dir}/job.sbatch (not submitted) ---")
+        echo(req.script, nl=False)
         return
-    click.echo(f"Submitted batch job {job.job_id} (job directory {req.job_dir})")
+    echo(f"Submitted batch job {job.job_id} (job directory {req.job_dir})")
     follows = job.submitted.follows if job.submitted is not None else None
     if follows is not None:
-        click.echo(f"It follows job {follows.job_id} ({follows.state}, job directory {follows.job_dir}).")
+        echo(f"It follows job {follows.job_id} ({follows.state}, job directory {follows.job_dir}).")
     if req.earlier_job_dir is not None:
-        click.echo(f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it).")
+        echo(f"The earlier job's directory {req.earlier_job_dir} is kept as it was (--force never touches it).")
 
 
 def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
@@ -316,11 +331,11 @@ def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
         for job in jobs:
             state = job.wait()
             code = job.wait_exit_code(state)
-            click.echo(f"fsbatch: job {job.job_id} ended {state}, exit code {code}", err=err)
+            echo(f"fsbatch: job {job.job_id} ended {state}, exit code {code}", err=err)
             worst = max(worst, code)
     except KeyboardInterrupt:
         ids = " ".join(str(j.job_id) for j in jobs)
-        click.echo(
+        echo(
             f"fsbatch: interrupted: stopped waiting; the job(s) keep running (`fsqueue {jobs[0].job_id}` follows, "
             f"`scancel {ids}` cancels)",
             err=True,

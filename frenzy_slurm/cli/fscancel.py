@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, print_json, printable, reports_errors
+from frenzy_slurm.cli.common import backend_options, echo, print_json, printable, reports_errors
 from frenzy_slurm.errors import EXIT_FAILURE, InputError
 
 
@@ -77,7 +77,7 @@ def main(
         print_json({"jobs": [c.as_json() for c in done], "signal": sig_name})
     else:
         if not done:
-            click.echo(f"no pending or running frenzy-slurm job of yours {'is named ' + name if name else 'to cancel'}")
+            echo(f"no pending or running frenzy-slurm job of yours {'is named ' + name if name else 'to cancel'}")
         for c in done:
             what = f"job {c.job_id} {printable(c.name)}"
             if c.components > 1:
@@ -85,8 +85,8 @@ def main(
             said = f"{_SAID[c.outcome]} ({c.state})" if c.outcome in ("ended", "not running") else _SAID[c.outcome]
             if c.outcome == "signalled":
                 said += f" with {sig_name}"
-            click.echo(f"{what}: {said}" + (f": {printable(c.detail)}" if c.detail else ""))
+            echo(f"{what}: {said}" + (f": {printable(c.detail)}" if c.detail else ""))
             if c.job_dir is not None and c.outcome != "failed":
-                click.echo(f"  job directory kept: {c.job_dir}")
+                echo(f"  job directory kept: {c.job_dir}")
     if failed:
         raise SystemExit(EXIT_FAILURE)

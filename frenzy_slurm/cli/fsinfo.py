@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import cluster_options, reports_errors, table
+from frenzy_slurm.cli.common import cluster_options, echo, reports_errors, table
 from frenzy_slurm.gpus import match_gpu
 from frenzy_slurm.site.config import load_site
 from frenzy_slurm.site.tools import find_site
@@ -63,7 +63,7 @@ def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) 
 
         notes = missing_partition_notes(view, site_cfg, f"site file {site_path}")
         for note in notes + unmapped_untyped_notes(view, site_cfg):
-            click.echo(f"fsinfo: note: {note}", err=True)
+            echo(f"fsinfo: note: {note}", err=True)
     rows = summarize(view, site_cfg)
     if as_json:
         click.echo(json.dumps(view.model_dump() | {"summary": rows}, indent=1))
@@ -84,6 +84,6 @@ def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) 
                 f"{r['bf16_tflops']:.0f}" if r["bf16_tflops"] else "?",
             ]
         )
-    click.echo(table(out, ["PARTITION", "GRES", "GPU", "NODES(up/down)", "GPUS(tot/free/pend)", "MEM_GiB", "BF16_TF"]))
+    echo(table(out, ["PARTITION", "GRES", "GPU", "NODES(up/down)", "GPUS(tot/free/pend)", "MEM_GiB", "BF16_TF"]))
     if not site_cfg:
-        click.echo("~ GPU model guessed from the GRES type; give --site FILE (frenzy-slurm site init writes one).")
+        echo("~ GPU model guessed from the GRES type; give --site FILE (frenzy-slurm site init writes one).")

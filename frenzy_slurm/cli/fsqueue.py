@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, print_json, printable, reports_errors, table
+from frenzy_slurm.cli.common import backend_options, echo, print_json, printable, reports_errors, table
 from frenzy_slurm.cli.plan_view import fmt_gib, hms
 from frenzy_slurm.errors import InputError
 
@@ -56,6 +56,7 @@ def _job_json(t: TrackedJob) -> dict:
         "restarts": t.restarts,
         "last_checkpoint_step": t.last_checkpoint_step,
         "notes": t.notes,
+        "recorded": t.recorded,
     }
 
 
@@ -116,7 +117,7 @@ def main(
             ]
             for t in jobs
         ]
-        click.echo(table(rows, ["JOBID", "NAME", "STATE", "GPUS", "ELAPSED", "REMAINING(pred)", "JOBDIR"]))
+        echo(table(rows, ["JOBID", "NAME", "STATE", "GPUS", "ELAPSED", "REMAINING(pred)", "JOBDIR"]))
         return
     t = next((t for t in jobs if t.job_id == jobid or any(c.job_id == jobid for c in t.components)), None)
     if t is None:
@@ -142,24 +143,24 @@ def main(
     if as_json:
         print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
         return
-    click.echo(
+    echo(
         f"job {t.job_id} {printable(t.name)}: {t.state}"
         + (f", exit code {t.finished.get('exit_code', '?')}" if t.finished else "")
     )
     if t.plan is not None:
         a = t.plan.decision.chosen
-        click.echo(
+        echo(
             f"  plan: {a.kind} {a.label()} | {a.plan.short()} | predicted step {a.step_time_s:.3g} s, "
             f"run time {hms(a.run_time_s)}"
         )
     for c in t.components:
-        click.echo(
+        echo(
             f"  component {c.display_id}: {c.state} partition={c.partition} {c.gpus}x{c.gpu_type} "
             f"nodes={','.join(c.nodes) or '-'}" + (f" reason={printable(c.reason)}" if c.reason else "")
         )
     if t.elapsed_s is not None:
-        click.echo(f"  elapsed {hms(t.elapsed_s)}, predicted remaining {hms(t.predicted_remaining_s or 0)}")
-    click.echo(f"  job directory: {t.job_dir or '-'}")
+        echo(f"  elapsed {hms(t.elapsed_s)}, predicted remaining {hms(t.predicted_remaining_s or 0)}")
+    echo(f"  job directory: {t.job_dir or '-'}")
     progress = []
     if t.metrics and t.metrics.get("step") is not None:
         progress.append(f"step {t.metrics['step']}/{t.metrics.get('total_steps', '?')} (metrics.json)")
@@ -168,7 +169,7 @@ def main(
     if t.restarts is not None:
         progress.append(f"restarts {t.restarts}")
     if progress:
-        click.echo("  " + ", ".join(progress))
+        echo("  " + ", ".join(progress))
     compared = comparison(t)
     if compared:
 
@@ -189,14 +190,14 @@ def main(
             ]
             for r in compared
         ]
-        click.echo(table(out, ["predicted vs measured", "raw", "predicted", "measured", "accuracy"]))
+        echo(table(out, ["predicted vs measured", "raw", "predicted", "measured", "accuracy"]))
     if t.calibration is not None:
         from frenzy_slurm.calibration import explain_lines
 
         for line in explain_lines(t.calibration):
-            click.echo(f"  {line}")
+            echo(f"  {line}")
     for n in t.notes:
-        click.echo(f"  note: {n}")
+        echo(f"  note: {n}")
 
 
 def _print_logs(t: TrackedJob, tail: int | None, rank: int | None, component: int | None, as_json: bool) -> None:
@@ -207,10 +208,10 @@ def _print_logs(t: TrackedJob, tail: int | None, rank: int | None, component: in
     if as_json:
         print_json(logs.as_json() | {"state": t.state})
         return
-    click.echo(f"job {t.job_id} {printable(t.name)}: {t.state}; output {', '.join(map(str, logs.files)) or '-'}")
+    echo(f"job {t.job_id} {printable(t.name)}: {t.state}; output {', '.join(map(str, logs.files)) or '-'}")
     for s in logs.sections:
-        click.echo(f"==> {s.title} <==")
+        echo(f"==> {s.title} <==")
         for line in s.lines:
-            click.echo(printable(line.replace("\t", "    ")))
+            echo(printable(line.replace("\t", "    ")))
     for n in logs.notes:
-        click.echo(f"note: {n}", err=True)
+        echo(f"note: {n}", err=True)

@@ -19,7 +19,7 @@ from types import FrameType
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, reports_errors
+from frenzy_slurm.cli.common import backend_options, echo, reports_errors
 from frenzy_slurm.slurm.run import SlurmUnavailable
 
 MIN_INTERVAL_S = 10  # slurmctld is shared: a pass reads the queue and the nodes once
@@ -82,13 +82,13 @@ def watch(
         except SlurmUnavailable as exc:
             if once:
                 raise
-            click.echo(f"frenzy-slurm watch: {exc.message} (trying again in {interval} s)", err=True)
+            echo(f"frenzy-slurm watch: {exc.message} (trying again in {interval} s)", err=True)
             moves = []
         if as_json:
             click.echo(json.dumps({"at": time.time(), "dry_run": dry_run, "moves": [m.as_json() for m in moves]}))
         else:
             for m in moves:
-                click.echo(m.line())
+                echo(m.line())
         if once:
             return
         deadline = time.monotonic() + interval

@@ -214,6 +214,13 @@ RESERVED: dict[str, str] = {
     "test-only": "fsbatch --dry-run plans without submitting",
     "parsable": "fsbatch reads sbatch's answer itself",
 }
+# Options refused for what they would make of the job, not because the plan sets them: option -> why and the fix.
+ARRAYS = (
+    "job arrays run one plan as many tasks in one job directory, where they overwrite each other's metrics.json, "
+    "checkpoints and records; for many runs use a sweep, `fsbatch model.yaml --set KEY=A,B,C` (fs.sweep in "
+    "Python), with `--max-running N` to cap how many run at once"
+)
+REFUSED: dict[str, str] = {"array": ARRAYS}
 _SBATCH_SPECIAL = "\"'\\#"  # quotes group words, a backslash escapes, '#' starts a comment in an #SBATCH line
 _SEPARATORS = ("hetjob", "packjob")  # a word sbatch blanks out (a hetjob separator): the next line's word moves up
 
@@ -226,7 +233,7 @@ def _long_candidates(name: str) -> list[str]:
 
 
 def _reserved_in(candidates: list[str], given: str) -> str | None:
-    hits = [c for c in candidates if c in RESERVED]
+    hits = [c for c in candidates if c in RESERVED or c in REFUSED]
     if not hits:
         return None
     if given == f"--{hits[0]}":
@@ -235,7 +242,13 @@ def _reserved_in(candidates: list[str], given: str) -> str | None:
         spelled = f"{given} (sbatch reads it as --{hits[0]})"
     else:
         spelled = f"{given} (an abbreviation of --{hits[0]}, among others)"
-    return f"{spelled}: frenzy-slurm sets this itself ({RESERVED[hits[0]]})"
+    return _why(spelled, hits[0])
+
+
+def _why(spelled: str, option: str) -> str:
+    if option in REFUSED:
+        return f"{spelled} is refused: {REFUSED[option]}"
+    return f"{spelled}: frenzy-slurm sets this itself ({RESERVED[option]})"
 
 
 def refuse_sbatch_flag(flag: str) -> str | None:
@@ -303,9 +316,8 @@ def refuse_sbatch_flag(flag: str) -> str | None:
             long = SBATCH_SHORT_OPTIONS.get(letter)
             if long is None:
                 return f"'{flag}': -{letter} is not an sbatch option"
-            if long in RESERVED:
-                shown = f"{word} (sbatch reads -{letter} as --{long})"
-                return f"{shown}: frenzy-slurm sets this itself ({RESERVED[long]})"
+            if long in RESERVED or long in REFUSED:
+                return _why(f"{word} (sbatch reads -{letter} as --{long})", long)
             kind = SBATCH_LONG_OPTIONS[long]
             if kind == "no":
                 continue
@@ -320,6 +332,32 @@ def refuse_sbatch_flag(flag: str) -> str | None:
                 return why
             i += 1
             break
+    return None
+
+
+def asks_for_array(words: list[str]) -> str | None:
+    """The word of an #SBATCH line's `words` that sbatch reads as --array (`--array=1-4`, `--arr 1-4`, `-a1`,
+    `-va1`), or None: the check of a whole rendered script (a --templates file may write any line)."""
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word.startswith("--"):
+            candidates = _long_candidates(word[2:].partition("=")[0])
+            if candidates == ["array"]:
+                return word
+            if len(candidates) == 1 and SBATCH_LONG_OPTIONS[candidates[0]] == "required" and "=" not in word:
+                i += 1  # its value
+        elif word.startswith("-"):
+            for k, letter in enumerate(word[1:], start=2):
+                long = SBATCH_SHORT_OPTIONS.get(letter)
+                if long == "array":
+                    return word
+                if long is None or SBATCH_LONG_OPTIONS[long] == "no":
+                    continue
+                if not word[k:] and SBATCH_LONG_OPTIONS[long] == "required":
+                    i += 1  # the next word is its value
+                break
     return None
 
 

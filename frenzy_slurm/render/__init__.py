@@ -209,6 +209,21 @@ def check_container_launch(script: str, container: ContainerLaunch, template: st
         )
 
 
+_SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
+
+
+def check_no_array(script: str, template: str) -> None:
+    """Refuse a script whose #SBATCH lines ask for a job array (a --templates file may write any line): its
+    tasks would run one plan in one job directory, writing over each other's records and checkpoints."""
+    from frenzy_slurm.jobspec.sbatch_flags import ARRAYS, asks_for_array
+
+    for line in script.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return  # sbatch reads #SBATCH lines up to the first command only
+        if (m := _SBATCH_LINE.fullmatch(line.strip())) and (word := asks_for_array(m.group(1).split())):
+            raise InputError(f"template {template}: '{line.strip()}' asks sbatch for a job array ({word}): {ARRAYS}")
+
+
 def render_job(
     spec: JobSpec,
     spec_path: Path,
@@ -283,6 +298,7 @@ def render_job(
     check_component_flags(script, per_component, len(components), template)
     if in_image is not None:
         check_container_launch(script, in_image, template)
+    check_no_array(script, template)
     # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
     predicted = {
         pool_label(c.partition, c.gpu_type): {

@@ -206,6 +206,8 @@ class SimSlurm:
         return StartEstimate(start=t, nodes=[n for ns in nodes for n in ns], source=self.estimates)
 
     def submit(self, job: BatchJob) -> SbatchAnswer:
+        if job.dependency is not None:
+            raise SlurmUnavailable("the simulator models no job dependencies (a sweep's --max-running chain)")
         return self.submit_as(job)
 
     def submit_as(self, job: BatchJob, preemptible: bool = False, queued_since: float | None = None) -> SbatchAnswer:

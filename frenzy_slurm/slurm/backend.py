@@ -67,6 +67,9 @@ class BatchJob:
     # the file-mode mask sbatch runs under: Slurm hands the submitter's umask to the job and creates the
     # job's output files (-o/-e) with it, before the script's own `umask` line runs
     umask: int = 0o077
+    # sbatch --dependency on the command line, which sbatch reads over the script's own line: what is known only
+    # at submission (a sweep's --max-running chain names the job id of an earlier job of the sweep)
+    dependency: str | None = None
 
 
 @dataclass(frozen=True)

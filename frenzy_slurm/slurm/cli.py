@@ -475,6 +475,8 @@ class SlurmCliBackend:
         process group, so that a Ctrl-C at the terminal reaches fsbatch (which finishes recording) and not
         sbatch halfway through sending the job."""
         argv = sbatch_argv(job.script)
+        if job.dependency is not None:  # options before the script: sbatch reads the command line over #SBATCH
+            argv[-1:-1] = [f"--dependency={job.dependency}"]
         res = run(argv, timeout=SUBMIT_TIMEOUT_S, umask=job.umask, max_bytes=SMALL_ANSWER, own_process_group=True)
         with reading("sbatch --parsable", self.version):
             job_id, cluster = parse_parsable(res.stdout)

@@ -22,6 +22,18 @@ from frenzy_slurm.slurm.run import SlurmCommandError, SlurmTimeout, SlurmUnavail
 from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, PoolKey, QosLimits, job_phase
 
 
+def _afterany(dependency: str | None) -> list[int]:
+    """The job ids of `afterany:ID[:ID...]` terms joined by ',' (what a sweep's --max-running chain submits);
+    the fake models no other kind of dependency and refuses it as the unknown request it is."""
+    ids: list[int] = []
+    for term in (dependency or "").split(",") if dependency else []:
+        kind, _, rest = term.partition(":")
+        if kind != "afterany" or not rest or not all(p.isdigit() for p in rest.split(":")):
+            raise SlurmCommandError(["sbatch"], 1, f"sbatch: error: FakeSlurm models only afterany:ID, not {term!r}")
+        ids += [int(p) for p in rest.split(":")]
+    return ids
+
+
 @dataclass
 class FakeJob:
     """One submitted (het)job: its components and, once started, the nodes of each."""
@@ -39,6 +51,7 @@ class FakeJob:
     end: float | None = None
     nodes: list[list[str]] = field(default_factory=list)
     held: bool = False  # scontrol hold: not started until released
+    after: list[int] = field(default_factory=list)  # --dependency=afterany:ID[:ID...]: starts once those ended
 
     @property
     def limit_s(self) -> float:
@@ -138,8 +151,8 @@ class FakeSlurm:
         """Priority FIFO: pending jobs in submission order; the first that cannot start blocks the rest."""
         used = self._used()
         for j in sorted(self.fake_jobs.values(), key=lambda j: (j.submitted, j.job_id)):
-            if j.state != "PENDING" or j.held:
-                continue
+            if j.state != "PENDING" or j.held or self._waiting(j):
+                continue  # as Slurm: a job whose dependency is unmet does not block the queue behind it
             placed = self._place(j.components, used)
             if placed is None:
                 break
@@ -147,6 +160,10 @@ class FakeSlurm:
             for comp, names in zip(j.components, placed, strict=True):
                 for n in names:
                     used[n] = used.get(n, 0) + comp.gpus_per_node
+
+    def _waiting(self, j: FakeJob) -> bool:
+        """Whether a job its afterany dependency names has not ended yet."""
+        return any((d := self.fake_jobs.get(i)) is not None and d.state in ("PENDING", "RUNNING") for i in j.after)
 
     def _partition(self, name: str) -> Partition:
         part = next((p for p in self.partitions if p.name == name), None)
@@ -252,6 +269,7 @@ class FakeSlurm:
         if not job.components:
             raise SlurmCommandError(["sbatch"], 1, "sbatch: error: no resources requested")
         self._check(job.components)
+        after = _afterany(job.dependency)
         jid = self._next_id
         self._next_id += len(job.components)  # as in Slurm, hetjob components take consecutive ids
         self.fake_jobs[jid] = FakeJob(
@@ -263,11 +281,13 @@ class FakeSlurm:
             workdir=str(job.workdir),
             submitted=self.now,
             run_s=None,
+            after=after,
         )
         self._schedule()
         if self.submit_times_out:
             raise SlurmTimeout("'sbatch --parsable' did not answer within 60s: slurmctld is overloaded or down.")
-        return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", str(job.script)])
+        dep = [f"--dependency={job.dependency}"] if job.dependency is not None else []
+        return SbatchAnswer(job_id=jid, cluster=None, argv=["sbatch", "--parsable", *dep, str(job.script)])
 
     def set_run_time(self, job_id: int, seconds: float) -> None:
         """How long a job runs once started (default: until its time limit)."""

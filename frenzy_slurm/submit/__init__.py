@@ -271,7 +271,7 @@ def _record(req: JobRequest, job_id: int, cluster: str | None, argv: list[str], 
     except OSError as exc:
         raise Unrecorded(
             f"job {job_id} was submitted (tag frenzy:{req.submission}), but recording it in {what} failed: "
-            f"{exc.strerror or exc}.\nThe job exists and runs: `fsqueue {job_id}` follows it, `scancel {job_id}` "
+            f"{exc.strerror or exc}.\nThe job exists and runs: `squeue -j {job_id}` follows it, `scancel {job_id}` "
             "cancels it. Once there is space (or quota) again, running the same fsbatch finds the job by its "
             "tag and records it instead of submitting again."
         ) from None
@@ -341,9 +341,18 @@ def batch_job(req: JobRequest) -> BatchJob:
     )
 
 
-def submit(req: JobRequest, backend: SlurmBackend, *, timeout_waits: tuple[float, ...] = (2.0, 5.0, 10.0)) -> Submitted:
+def submit(
+    req: JobRequest,
+    backend: SlurmBackend,
+    *,
+    timeout_waits: tuple[float, ...] = (2.0, 5.0, 10.0),
+    after: int | None = None,
+) -> Submitted:
     """Submit `req` (planning.plan_job's request, nothing else) once per submission and user: refuse a
     duplicate (any directory) unless it was planned with --force.
+
+    `after`: a job this one starts only once it has ended (`afterany`, with the plan's own dependency if any),
+    given to sbatch on its command line: a sweep's --max-running chain, whose job ids exist only as it submits.
 
     With `req.force`, plan_job has planned into a fresh directory (`jobdir.next_free_dir`): nothing an
     earlier job wrote is touched. A timeout from sbatch is answered by looking the job up by its tag.
@@ -373,6 +382,9 @@ def submit(req: JobRequest, backend: SlurmBackend, *, timeout_waits: tuple[float
         jobdir.create_job_dir(req.job_dir, req.group_readable, submission=req.submission)
         written = jobdir.write_files(req.job_dir, req.files, req.group_readable)
         job = batch_job(req)
+        if after is not None:
+            own = req.plan.slurm.dependency if req.plan.slurm is not None else None
+            job = replace(job, dependency=f"afterany:{after}" + (f",{own}" if own else ""))
         known = {j.het_job_id or j.job_id for j in tagged}
         with held_signals(req) as caught:
             done = _sbatch_and_record(req, backend, job, known, timeout_waits)
@@ -421,7 +433,8 @@ def _sbatch_and_record(
             ) from None
         what = "sbatch timed out" if isinstance(exc, SlurmUnavailable) else "sbatch's answer was unreadable"
         return _recovered(req, found, argv, backend, what)
-    _record(req, done.job_id, done.cluster, done.argv or argv, backend.name)
+    extra = {"dependency": job.dependency} if job.dependency is not None else {}
+    _record(req, done.job_id, done.cluster, done.argv or argv, backend.name, **extra)
     return Submitted(done.job_id, done.cluster, req.job_dir)
 
 
