@@ -77,6 +77,12 @@ class FitBounds(_M):
     max_memory_factor: float = Field(
         1.5, ge=1, description="Memory predictions may move by at most this factor either way."
     )
+    max_change: float = Field(
+        1.25,
+        ge=1,
+        description="A correction the previous calibration applied moves by at most this factor either way per "
+        "calibration (its efficiency, overheads and memory factor): thin or hostile evidence cannot swing it.",
+    )
 
 
 class CalibrationFile(_M):

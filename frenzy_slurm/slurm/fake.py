@@ -340,6 +340,10 @@ class FakeSlurm:
                     elapsed_s=int((j.end or self.now) - j.start) if j.start else None,
                     user=j.user,
                     work_dir=str(j.workdir) if j.workdir else None,
+                    nodes=sum(len(n) for n in j.nodes) if j.nodes else None,  # not started: nothing allocated
+                    alloc_gpus=sum(len(n) * c.gpus_per_node for n, c in zip(j.nodes, j.components, strict=False))
+                    if j.nodes
+                    else None,
                 )
         return out
 
