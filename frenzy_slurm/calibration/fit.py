@@ -72,9 +72,11 @@ def voter(o: Observation) -> str:
 
 
 def _user_weights(obs: list[Observation]) -> list[float]:
-    """Each job's weight in a fit: 1 / the jobs of its user there, so each user's jobs weigh as one job."""
+    """Each job's weight in a fit: 1 / the jobs of its user there, so each user's jobs weigh as one job (scaled
+    so the largest weight is 1: jobs all of one user, or one each, fit exactly as unweighted)."""
     counts = Counter(voter(o) for o in obs)
-    return [1.0 / counts[voter(o)] for o in obs]
+    fewest = min(counts.values())
+    return [fewest / counts[voter(o)] for o in obs]
 
 
 def bounded(value: float, previous: float | None, max_change: float) -> float:
