@@ -319,7 +319,10 @@ class FakeSlurm:
         j.held = True
 
     def release(self, job_id: int) -> None:
+        """As scontrol release: an unknown job refuses."""
         self._guard("release")
+        if job_id not in self.fake_jobs:
+            raise SlurmCommandError(["scontrol", "release", str(job_id)], 1, f"Invalid job id specified ({job_id})")
         self.fake_jobs[job_id].held = False
         self._schedule()
 
