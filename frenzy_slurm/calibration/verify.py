@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from frenzy_slurm.slurm.backend import AccountingRecord, SlurmBackend
 
 # what calibration reads from a job directory (metrics.json may be absent: epilog or sacct peaks instead)
-_JOB_FILES = ("plan.json", "submission.json", "metrics.json")
+_JOB_FILES = ("plan.json", "submission.json", "metrics.json", "job.sbatch")
 MAX_SUBMISSION_BYTES = 1 << 16  # a submission record is a few hundred bytes
 # sacct's ElapsedRaw is whole seconds, and a step's time is measured on another clock: this much is rounding
 ELAPSED_SLACK_S = 2.0
@@ -118,15 +118,20 @@ def _accounting(backend: SlurmBackend | None, ids: list[int]) -> dict[int, Accou
         return None
 
 
-def _sha256(path: Path) -> str | None:
-    """The digest of a job directory's file (a bounded read, not through a link), or None."""
+def _read(path: Path) -> str | None:
+    """A job directory's file: a regular file read bounded, never through a link nor waiting on a FIFO."""
     from frenzy_slurm.inputfile import read_config_text
 
     try:
-        text = read_config_text(path, path.name, MAX_JOB_RECORD_BYTES, follow_symlinks=False)
+        return read_config_text(path, path.name, MAX_JOB_RECORD_BYTES, follow_symlinks=False)
     except InputError:
         return None
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _sha256(path: Path) -> str | None:
+    """The digest of a job directory's file as it is on disk, or None."""
+    text = _read(path)
+    return None if text is None else hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict]], str | None]:
@@ -171,9 +176,9 @@ def _script_problem(d: Path, records: list[dict]) -> str | None:
         return "the batch script Slurm ran is not this directory's job.sbatch"
     try:
         plan = _read_plan(d / "plan.json")
-        script = (d / "job.sbatch").read_text(errors="replace")
-    except (FrenzyError, OSError) as exc:
-        return f"unreadable: {getattr(exc, 'message', exc)}"
+    except FrenzyError as exc:
+        return f"unreadable: {exc.message}"
+    script = _read(d / "job.sbatch") or ""
     tag = f"frenzy:{plan.submission}"
     if {r.get("comment") for r in records} != {tag} or f"#SBATCH --comment={tag}\n" not in script:
         return f"Slurm's job comment is not this plan's ({tag}): not the job fsbatch submitted for it"
