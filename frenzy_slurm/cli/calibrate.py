@@ -5,7 +5,10 @@
 Reads plan.json + metrics.json of every job directory (default: all under $FRENZY_JOBS_DIR or
 ./frenzy-jobs), fits step-time corrections per GPU model and precision and memory factors per
 framework mode, and writes `<site>.calibration.yaml`. Fits outside their bounds or on too few jobs
-are printed and recorded as not applied.
+are printed and recorded as not applied. A directory counts only as Slurm ran its job (accounting, the
+site epilog's record: calibration/verify.py), each user's jobs are one vote, and a correction the file
+already holds moves by at most --max-change per run (calibration/fit.py); the output says what was
+accepted, rejected and held, and why.
 """
 
 from __future__ import annotations
