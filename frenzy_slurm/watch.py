@@ -51,6 +51,7 @@ from frenzy_slurm.track import TrackedJob, frenzy_jobs, my_user_name, output_fil
 from frenzy_slurm.watch_journal import (
     MOVED,
     MoveIntent,
+    drop,
     moved_record,
     open_intents,
     resume,
@@ -273,7 +274,7 @@ def _move(
             try:
                 backend.hold(t.job_id)
             except SlurmCommandError:
-                resume(intent, backend, my_user_name())  # nothing submitted: drops the intent
+                drop(intent)  # refused: not held, nothing submitted
                 return replace(action, note="it started meanwhile: left where it is")
         return _submit_and_stop(intent, req, backend, action)
 
