@@ -15,10 +15,15 @@ The new job continues the old one's training: its plan.json names it (`moved_fro
 newest checkpoint (runtime/trainer.py; `in_job.latest_checkpoint()` for a script), on a plan chosen among those
 that can load it (`has.moves.resumable`). The old job's directory gets `moved.json` (what moved where), which
 also keeps a job from being moved twice; nothing there is deleted.
+
+A move is crash-safe (watch_journal.py): before each step an intent record says which job, which step and the
+successor's tag; each pass first finishes the moves an earlier one left open (released where nothing was
+submitted, stopped where the successor exists), so no job stays held and no run has two live copies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from dataclasses import asdict, dataclass, replace
@@ -38,14 +43,24 @@ from frenzy_slurm.has.moves import (
 )
 from frenzy_slurm.jobspec import ResolvedModel
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
-from frenzy_slurm.planning import JobFile, PlanOptions, Prepared, SiteFile, finish, prepare, start_estimator
-from frenzy_slurm.records import read_job_record_or_none, write_json
+from frenzy_slurm.planning import JobFile, JobRequest, PlanOptions, Prepared, SiteFile, finish, prepare, start_estimator
 from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.slurm.backend import SlurmBackend
-from frenzy_slurm.slurm.run import SlurmCommandError
+from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 from frenzy_slurm.track import TrackedJob, frenzy_jobs, my_user_name, output_files, read_tail
+from frenzy_slurm.watch_journal import (
+    MOVED,
+    MoveIntent,
+    drop,
+    moved_record,
+    open_intents,
+    resume,
+    resume_all,
+    save,
+    stop_old,
+)
 
-MOVED = "moved.json"  # in the old job's directory: where it went
+__all__ = ["MOVED", "Action", "moved_record", "watch_once"]
 _STEP_LINE = re.compile(r"frenzy-slurm: step (\d+)/\d+")  # the built-in trainer's progress line
 
 
@@ -74,12 +89,6 @@ class Action:
             f"job {self.job_id} ({self.kind}, {self.steps_left} steps left): {self.from_allocation} -> "
             f"{self.to_allocation} {to}, predicted {gain:.2f} h sooner" + (f"; {self.note}" if self.note else "")
         )
-
-
-def moved_record(job_dir: Path) -> dict | None:
-    """moved.json of a job the watcher moved (None: not moved)."""
-    data = read_job_record_or_none(job_dir / MOVED)
-    return data if isinstance(data, dict) else None
 
 
 def _job_file(plan: PlanFile) -> JobFile:
@@ -129,17 +138,28 @@ def _eligible(t: TrackedJob) -> bool:
 
 
 def watch_once(
-    site: SiteFile, backend: SlurmBackend, *, dry_run: bool = False, now: float | None = None
+    site: SiteFile,
+    backend: SlurmBackend,
+    *,
+    dry_run: bool = False,
+    now: float | None = None,
+    finished: list[str] | None = None,
 ) -> list[Action]:
-    """One pass over this user's preemptible jobs: the moves made (or, with `dry_run`, that would be made)."""
+    """One pass over this user's preemptible jobs: the moves made (or, with `dry_run`, that would be made);
+    `finished` gets a line for each move an earlier pass left open and this one finished."""
     from frenzy_slurm.api import OneView
     from frenzy_slurm.submit.jobdir import user_lock
 
     me = my_user_name()
-    cluster = OneView(backend)  # one view of the cluster for the whole pass
-    mine = [t for t in frenzy_jobs(cluster.load().jobs, user=me) if _eligible(t)]
     actions: list[Action] = []
     with user_lock("watch"):  # two watchers of one user take turns; moved.json stops a second move
+        if not dry_run:
+            done = resume_all(backend, me)  # the moves an earlier pass left open, finished first
+            if finished is not None:
+                finished += done
+        unfinished = {i.job_id for i in open_intents()}  # ones Slurm could not finish now wait for the next pass
+        cluster = OneView(backend)  # one view of the cluster for the rest of the pass
+        mine = [t for t in frenzy_jobs(cluster.load().jobs, user=me) if _eligible(t) and t.job_id not in unfinished]
         for t in sorted(mine, key=lambda x: x.job_id)[:MAX_PER_PASS]:
             if t.job_dir is not None and moved_record(t.job_dir) is not None:
                 continue
@@ -233,7 +253,6 @@ def _move(
 ) -> Action:
     """Submit the new job and stop the old one, in the order that never runs both nor loses either."""
     from frenzy_slurm.has.model import Decision
-    from frenzy_slurm.submit import submit
     from frenzy_slurm.submit.jobdir import next_free_dir, user_lock
 
     assert t.plan is not None and t.plan.slurm is not None and t.job_dir is not None
@@ -244,38 +263,65 @@ def _move(
     options = replace(options, slurm=slurm, job_dir=next_free_dir(t.job_dir))
     qos = ready.site.preemption.qos if in_qos and ready.site.preemption is not None else user.qos
     decision = Decision(chosen=chosen, alternatives=[], decided_at=options.now or time.time(), decision_ms=0.0)
-    if not running:
+    with user_lock(f"{t.plan.submission}-force"):
         try:
-            backend.hold(t.job_id)
-        except SlurmCommandError:
-            return replace(action, note="it started meanwhile: left where it is")
-    try:
-        with user_lock(f"{t.plan.submission}-force"):
             req = finish(job, site, options, ready, decision, slurm.model_copy(update={"qos": qos}), (), source)
-            done = submit(req, backend)
-    except BaseException as exc:
+            intent = _intent(t, action, req.submission, req.job_dir)
+            save(intent)  # before acting: a pass that stops anywhere below is finished by the next one
+        except (FrenzyError, OSError) as exc:
+            return replace(action, note=f"not moved: {getattr(exc, 'message', None) or exc}")
         if not running:
-            backend.release(t.job_id)  # held above: it waits as before
-        if isinstance(exc, FrenzyError):
-            return replace(action, note=f"not moved: {exc.message}")
-        raise
-    write_json(
-        t.job_dir / MOVED,
-        {
-            "moved_to_job": done.job_id,
-            "moved_to_dir": str(req.job_dir),
-            "at": time.time(),
+            try:
+                backend.hold(t.job_id)
+            except SlurmCommandError:
+                drop(intent)  # refused: not held, nothing submitted
+                return replace(action, note="it started meanwhile: left where it is")
+        return _submit_and_stop(intent, req, backend, action)
+
+
+def _intent(t: TrackedJob, action: Action, submission: str, successor_dir: Path) -> MoveIntent:
+    """The record of a move about to begin: a pending job is held first, a running one's successor submitted."""
+    return MoveIntent(
+        job_id=t.job_id,
+        kind=action.kind,
+        job_dir=str(t.job_dir),
+        tag=f"frenzy:{submission}",
+        successor_dir=str(successor_dir),
+        step="submit" if action.kind == "running" else "hold",
+        moved={
             "from": action.from_allocation,
             "to": action.to_allocation,
             "steps_left": action.steps_left,
             "while": t.state,
         },
+        at=time.time(),
     )
+
+
+def _submit_and_stop(intent: MoveIntent, req: JobRequest, backend: SlurmBackend, action: Action) -> Action:
+    """Submit the successor, then record the move and stop the old job. A failure (Slurm's, a full disk) is
+    settled at once as the next pass would settle it: released where nothing was submitted, else stopped (Ctrl-C
+    too, where Slurm answers); a kill leaves the intent to the next pass."""
+    from frenzy_slurm.submit import submit
+
     try:
-        if running:
-            backend.cancel(t.job_id, signal="TERM")  # its steps save a checkpoint and exit; the new job follows
-        else:
-            backend.cancel(t.job_id)
-    except SlurmCommandError:
-        pass  # it ended meanwhile: the new job resumes from what it saved
-    return replace(action, new_job_id=done.job_id, new_job_dir=str(req.job_dir))
+        if intent.step == "hold":
+            save(intent := intent.model_copy(update={"step": "submit"}))
+        done = submit(req, backend)
+        stop_old(intent, backend, done.job_id)
+        return replace(action, new_job_id=done.job_id, new_job_dir=str(req.job_dir))
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):  # settled now where Slurm answers, else by the next pass
+            resume(intent, backend, my_user_name())
+        raise
+    except Exception as exc:
+        why = exc.message if isinstance(exc, FrenzyError) else str(exc)
+        try:
+            found = resume(intent, backend, my_user_name())
+        except Exception:
+            return replace(action, note=f"not finished: {why}; the next pass finishes the move")
+        if found is not None:
+            return replace(action, new_job_id=found, new_job_dir=str(req.job_dir), note=f"recorded late: {why}")
+        if isinstance(exc, FrenzyError | OSError | SlurmUnavailable):
+            return replace(action, note=f"not moved: {why}")
+        raise

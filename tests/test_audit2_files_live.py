@@ -46,6 +46,15 @@ def _run_true(workdir) -> int:
     return int(out.split(";")[0])
 
 
+def _steps_within(d, seconds: float) -> None:
+    """metrics.json's step times scaled to add up to `seconds` (calibrate compares them with sacct's run time)."""
+    metrics = json.loads((d / "metrics.json").read_text())
+    total = sum(metrics["step_times_s"])
+    metrics["step_times_s"] = [t * seconds / total for t in metrics["step_times_s"]]
+    metrics["step_time_s"] *= seconds / total
+    (d / "metrics.json").write_text(json.dumps(metrics))
+
+
 def _accounted(ids: list[int]) -> bool:
     rows = sh("sacct", "-n", "-X", "-P", "-j", ",".join(map(str, ids)), "-o", "JobIDRaw,State").splitlines()
     states = dict(r.split("|")[:2] for r in rows if "|" in r)
@@ -61,6 +70,7 @@ def test_calibrate_checks_job_directories_against_slurms_accounting(tmp_path, of
     wait_for(lambda: _accounted([*ids, foreign_id]), timeout=120, what="the jobs in sacct as COMPLETED")
     for d, jid in zip(real, ids, strict=True):
         _finished(d, jid)
+        _steps_within(d, 0.1)  # `true` ran for a moment: metrics claiming seconds of steps would be refused
     _finished(foreign, foreign_id, peak_gib=0.0028)
     for p in [foreign, *foreign.iterdir()]:
         os.chown(p, other_user.uid, other_user.gid)

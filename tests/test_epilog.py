@@ -47,8 +47,11 @@ def test_epilog_records_frenzy_jobs_peaks(tmp_path):
 def test_epilog_ignores_other_jobs_and_never_fails(tmp_path):
     res = _run(tmp_path, SLURM_JOB_ID="78", SLURM_JOB_GPUS="0", SLURM_JOB_COMMENT="not ours")
     assert res.returncode == 0 and not (tmp_path / "spool").exists()
-    res = _run(tmp_path, SLURM_JOB_ID="79", SLURM_JOB_COMMENT="frenzy:x")  # no GPUs: nothing to record
-    assert res.returncode == 0 and not (tmp_path / "spool").exists()
+    res = _run(tmp_path, SLURM_JOB_ID="79", SLURM_JOB_COMMENT="frenzy:x")  # no GPUs: a record without peaks
+    assert (
+        res.returncode == 0
+        and json.loads((tmp_path / "spool" / f"79-{os.uname().nodename.split('.')[0]}.json").read_text())["gpus"] == []
+    )
 
 
 def test_calibrate_uses_epilog_records_for_jobs_without_metrics(tmp_path):

@@ -86,7 +86,10 @@ def test_epilog_hostile_comment_stays_a_string_in_that_jobs_record(tmp_path):
     rec = json.loads(files[0].read_text())
     assert rec["job_id"] == "77"
     assert rec["comment"] == HOSTILE and rec["user"] == 'eve"}, {"'
-    assert set(rec) == {"job_id", "host", "comment", "user", "written_at", "gpus"}
+    assert set(rec) == {
+        *("job_id", "host", "comment", "user", "written_at", "gpus"),
+        *("work_dir", "script_sha256", "metrics_sha256"),  # what calibrate trusts another user's job by
+    }
     assert [(g["index"], g["max_process_memory_mib"]) for g in rec["gpus"]] == [(0, 29000), (1, 41000)]
     assert list(read_epilog_dir(tmp_path / "spool")) == ["77"]  # calibration sees job 77 only, never 99
     assert not Path("/tmp/pwned-epilog").exists()

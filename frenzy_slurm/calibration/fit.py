@@ -12,8 +12,16 @@ slot counts differ; otherwise it stays at its prior (factor 1, 0 s). The fit min
 error with scipy's bounded least squares under a soft-L1 loss, so a 0.1 s job counts as much as a 10 s
 one and a run slowed by a contended node does not drag the fit.
 
-Memory, per framework mode: the median over jobs of each job's median measured/predicted peak, after
-leaving out jobs far from the others (median/MAD): a few fabricated or broken measurements cannot move it.
+Memory, per framework mode: each user's vote is the median over that user's jobs of each job's median
+measured/predicted peak; the factor is the median of the votes, after leaving out votes far from the others
+(median/MAD): a few fabricated or broken measurements cannot move it.
+
+One user, one vote: a job directory's files and processes are its owner's (calibration/verify.py), so one
+user's many jobs must not outvote the others'. In the memory factor each user's jobs are one vote; in the
+step-time fit each user's jobs together weigh as one job. And a correction the previous calibration applied
+moves by at most `max_change` either way per calibration (its efficiency factor, its nonzero overheads, its
+memory factor): the output says where the fit wanted more, and the next calibration may go on if new jobs
+agree.
 
 A correction outside its bounds (limits) or resting on fewer than `min_jobs` jobs is reported in
 `not_applied`, never written as applied.
@@ -22,9 +30,15 @@ A correction outside its bounds (limits) or resting on fewer than `min_jobs` job
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
-from frenzy_slurm.calibration.model import SITE_WIDE, FitBounds, MemoryCorrection, StepTimeCorrection
+from frenzy_slurm.calibration.model import (
+    SITE_WIDE,
+    CalibrationFile,
+    FitBounds,
+    MemoryCorrection,
+    StepTimeCorrection,
+)
 from frenzy_slurm.calibration.observe import Observation
 
 # a term is identifiable when its column varies by more than this (max/min) across the jobs
@@ -50,6 +64,26 @@ def reject_outliers(values: list[float]) -> tuple[list[int], list[int]]:
     scale = max(1.4826 * mad, MIN_SPREAD_REL * abs(med))
     kept = [i for i, v in enumerate(values) if abs(v - med) <= OUTLIER_MADS * scale]
     return kept, [i for i in range(len(values)) if i not in kept]
+
+
+def voter(o: Observation) -> str:
+    """Whose vote a job is: its directory's owner (a job whose owner is unknown votes alone)."""
+    return o.user or str(o.job_dir)
+
+
+def _user_weights(obs: list[Observation]) -> list[float]:
+    """Each job's weight in a fit: 1 / the jobs of its user there, so each user's jobs weigh as one job (scaled
+    so the largest weight is 1: jobs all of one user, or one each, fit exactly as unweighted)."""
+    counts = Counter(voter(o) for o in obs)
+    fewest = min(counts.values())
+    return [fewest / counts[voter(o)] for o in obs]
+
+
+def bounded(value: float, previous: float | None, max_change: float) -> float:
+    """`value` held within `max_change` either way of the previous calibration's (none or 0: not held)."""
+    if previous is None or previous <= 0:
+        return value
+    return min(max(value, previous / max_change), previous * max_change)
 
 
 def _known(value: float | None) -> float:
@@ -79,8 +113,10 @@ def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, f
     if free_k:
         cols.append(a)
         names.append("k")
-    mat = np.stack(cols, axis=1) / y[:, None]
-    rhs = target / y
+    # one user's jobs weigh as one job: each squared relative residual times 1 / that user's job count
+    w = np.sqrt(np.array(_user_weights(obs)))
+    mat = np.stack(cols, axis=1) / y[:, None] * w[:, None]
+    rhs = target / y * w
     lower = [0.0 if n != "k" else 1e-9 for n in names]
     # soft-L1 loss: a step measured while the node was contended (shared login/compute nodes, a noisy
     # neighbour) weighs like its square root beyond ROBUST_SCALE relative error, not like its square
@@ -93,9 +129,10 @@ def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, f
 
 
 def fit_step_time(
-    obs: list[Observation], gpu: str, precision: str, limits: FitBounds
+    obs: list[Observation], gpu: str, precision: str, limits: FitBounds, previous: StepTimeCorrection | None = None
 ) -> tuple[StepTimeCorrection | None, list[str]]:
-    """One group's correction (or None) and the findings not applied."""
+    """One group's correction (or None) and the findings not applied; `previous`: the previous calibration's
+    correction of this group, which the new one moves from by at most `limits.max_change`."""
     where = f"step time {gpu if gpu != SITE_WIDE else 'site-wide'}/{precision}"
     if len(obs) < limits.min_jobs:
         return None, [f"{where}: {len(obs)} job(s), fewer than min_jobs({limits.min_jobs}); not applied"]
@@ -133,6 +170,13 @@ def fit_step_time(
             f"{where}: the jobs' predicted compute does not vary (or is negligible), so the FLOP-rate "
             "efficiency keeps its catalog value"
         )
+    if previous is not None:
+        factor, t, m, moved = _held(where, (factor, t, m), previous, limits.max_change)
+        notes += moved
+        k = 1.0 / factor
+    users = len({voter(o) for o in obs})
+    if users < len(obs):
+        notes.append(f"{where}: {len(obs)} job(s) of {users} user(s); each user's jobs weigh as one job")
     raw = [_known(o.raw_step_s) for o in obs]
     cal = [c * k + _known(o.other_s) + t + m * o.slots for c, o in zip(comp, obs, strict=True)]
     corr = StepTimeCorrection(
@@ -148,7 +192,37 @@ def fit_step_time(
     return corr, notes
 
 
-def fit_memory(obs: list[Observation], limits: FitBounds) -> tuple[list[MemoryCorrection], list[str]]:
+def _held(
+    where: str, fitted: tuple[float, float, float], previous: StepTimeCorrection, max_change: float
+) -> tuple[float, float, float, list[str]]:
+    """(efficiency factor, step overhead, micro-batch overhead) held within max_change of the previous
+    calibration's, and a note for each term the bound held."""
+    names = ("efficiency", "s/step", "s/micro-batch")
+    before = (previous.efficiency_factor, previous.step_overhead_s, previous.microbatch_overhead_s)
+    held = tuple(bounded(v, p, max_change) for v, p in zip(fitted, before, strict=True))
+    notes = [
+        f"{where}: {name} fitted {v:.4g}, previous calibration {p:.4g}: moved to {h:.4g}, at most x{max_change:g} "
+        "per calibration (--max-change); calibrate again with new jobs to go further"
+        for name, v, p, h in zip(names, fitted, before, held, strict=True)
+        if h != v
+    ]
+    return held[0], held[1], held[2], notes
+
+
+def _votes(group: list[Observation]) -> list[tuple[str, list[int], float]]:
+    """Each user's vote on a memory factor: (user, that user's jobs in `group`, median of their job medians)."""
+    per_job = [statistics.median(meas / pred for pred, meas in o.memory) for o in group]
+    jobs: dict[str, list[int]] = defaultdict(list)
+    for i, o in enumerate(group):
+        jobs[voter(o)].append(i)
+    return [(user, idx, statistics.median(per_job[i] for i in idx)) for user, idx in jobs.items()]
+
+
+def fit_memory(
+    obs: list[Observation], limits: FitBounds, previous: CalibrationFile | None = None
+) -> tuple[list[MemoryCorrection], list[str]]:
+    """Each framework mode's factor: the median of its users' votes, held within `limits.max_change` of the
+    previous calibration's factor; and the findings."""
     by_mode: dict[str, list[Observation]] = defaultdict(list)
     for o in obs:
         if o.memory:
@@ -158,21 +232,37 @@ def fit_memory(obs: list[Observation], limits: FitBounds) -> tuple[list[MemoryCo
         if len(group) < limits.min_jobs:
             notes.append(f"memory {mode}: {len(group)} job(s), fewer than min_jobs({limits.min_jobs}); not applied")
             continue
-        per_job = [statistics.median(meas / pred for pred, meas in o.memory) for o in group]
-        kept, outliers = reject_outliers(per_job)
+        votes = _votes(group)
+        kept, outliers = reject_outliers([v for _, _, v in votes])
+        middle = statistics.median(v for _, _, v in votes)
         for i in outliers:
+            user, idx, v = votes[i]
             notes.append(
-                f"memory {mode}: {group[i].job_dir} measured/predicted x{per_job[i]:.3g}, far from the other "
-                f"jobs' median x{statistics.median(per_job):.3g} (median/MAD test); left out"
+                f"memory {mode}: {user if len(idx) > 1 else group[idx[0]].job_dir} measured/predicted x{v:.3g}"
+                f"{f' over {len(idx)} jobs' if len(idx) > 1 else ''}, far from the other users' median "
+                f"x{middle:.3g} (median/MAD test); left out"
             )
-        group, per_job = [group[i] for i in kept], [per_job[i] for i in kept]
+        votes = [votes[i] for i in kept]
+        group = [group[i] for _, idx, _ in votes for i in idx]
+        if len(votes) < len(group):
+            shown = ", ".join(f"{u} x{v:.3g} ({len(i)} job(s))" for u, i, v in votes)
+            notes.append(f"memory {mode}: one vote per user: {shown}")
         if len(group) < limits.min_jobs:
             notes.append(
                 f"memory {mode}: {len(group)} job(s) without outliers, fewer than "
                 f"min_jobs({limits.min_jobs}); not applied"
             )
             continue
-        factor = statistics.median(per_job)
+        factor = statistics.median(v for _, _, v in votes)
+        before = previous.memory_factor(mode) if previous is not None else None
+        held = bounded(factor, before.factor if before else None, limits.max_change)
+        if held != factor and before is not None:
+            notes.append(
+                f"memory {mode}: factor fitted x{factor:.3g}, previous calibration x{before.factor:.3g}: moved to "
+                f"x{held:.3g}, at most x{limits.max_change:g} per calibration (--max-change); calibrate again "
+                "with new jobs to go further"
+            )
+            factor = held
         if not (1 / limits.max_memory_factor <= factor <= limits.max_memory_factor):
             notes.append(
                 f"memory {mode}: measured/predicted is x{factor:.3g}, outside the bound "
@@ -185,9 +275,10 @@ def fit_memory(obs: list[Observation], limits: FitBounds) -> tuple[list[MemoryCo
 
 
 def fit(
-    observations: list[Observation], limits: FitBounds
+    observations: list[Observation], limits: FitBounds, previous: CalibrationFile | None = None
 ) -> tuple[list[StepTimeCorrection], list[MemoryCorrection], list[str]]:
-    """All corrections the observations support, and every finding that was not applied."""
+    """All corrections the observations support, and every finding that was not applied; `previous`: the
+    calibration this one replaces, whose corrections each move by at most `limits.max_change`."""
     timed = [o for o in observations if o.measured_step_s and o.compute_s is not None]
     steps: list[StepTimeCorrection] = []
     notes: list[str] = []
@@ -196,9 +287,11 @@ def fit(
         groups[(o.gpus[0], o.precision)].append(o)
         groups[(SITE_WIDE, o.precision)].append(o)
     for (gpu, precision), group in sorted(groups.items(), key=lambda kv: (kv[0][0] == SITE_WIDE, kv[0])):
-        corr, why = fit_step_time(group, gpu, precision, limits)
+        held = previous.step_time if previous is not None else []
+        before = next((c for c in held if (c.gpu, c.precision) == (gpu, precision)), None)
+        corr, why = fit_step_time(group, gpu, precision, limits, before)
         notes += why
         if corr is not None:
             steps.append(corr)
-    memory, why = fit_memory(observations, limits)
+    memory, why = fit_memory(observations, limits, previous)
     return steps, memory, notes + why

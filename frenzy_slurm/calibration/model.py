@@ -113,6 +113,12 @@ class FitBounds(_M):
     max_memory_factor: float = Field(
         1.5, ge=1, le=_MAX_FACTOR, json_schema_extra=FACTOR, description="Memory predictions may move by at most this."
     )
+    max_change: float = Field(
+        1.25,
+        ge=1,
+        description="A correction the previous calibration applied moves by at most this factor either way per "
+        "calibration (its efficiency, overheads and memory factor): thin or hostile evidence cannot swing it.",
+    )
 
 
 class CalibrationFile(_M):

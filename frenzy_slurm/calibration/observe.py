@@ -58,6 +58,7 @@ class Observation:
     measured_step_s: float | None
     memory: list[tuple[float, float]] = field(default_factory=list)  # (predicted, measured) GiB per rank
     note: str = ""
+    user: str = ""  # who owns the job directory: each user's jobs together are one vote in a fit
 
     @property
     def raw_step_s(self) -> float | None:

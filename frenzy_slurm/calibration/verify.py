@@ -1,23 +1,37 @@
-"""Which job directories a calibration may rest on: jobs Slurm's accounting knows, run by the directory's owner.
+"""Which job directories a calibration may rest on: jobs Slurm ran, as frenzy-slurm planned them, measured by them.
 
 A calibration changes every user's plans, and `frenzy-slurm calibrate` is pointed at many users' job
-directories (a shell glob over /scratch/*/frenzy-jobs), so a directory is evidence only if:
+directories (a shell glob over /scratch/*/frenzy-jobs). Every file in a job directory is its owner's, and
+so is every process of the job: a user can write any plan.json or metrics.json, and can run `sbatch --wrap
+true` to get a real job id for them. What the user cannot forge is Slurm's accounting and the record the
+site epilog (contrib/slurm/epilog, root, after the job) writes from Slurm's own data: the digest of the
+batch script slurmctld ran, the digest of metrics.json as it was when the job ended, the job's comment and
+user. So a directory is evidence only if:
 
 - it is a directory (not a link) that nobody but its owner can write, and its plan.json, metrics.json and
   submission.json are regular files (not links) of that owner;
 - its submission.json names a job that Slurm's accounting (`sacct`, one query for all) knows, run by that
   same user and, where accounting records it, in that directory; a job still pending or running is not
   measured yet;
+- where accounting answers, the job's allocation is the plan's (nodes, GPUs) and it ran at least as long as
+  the steps metrics.json claims;
+- another user's directory has the site epilog's record of its job (root's, in a directory only root can
+  write): the script Slurm ran is the directory's job.sbatch, a frenzy-slurm script of this plan.json (its
+  comment is `frenzy:<plan's submission>`, it names plan.json's digest and launches plan.json's command),
+  the record's user owns the directory, and metrics.json is the one the epilog found when the job ended;
 - no other directory already stood for the same job.
 
-Where the site keeps no accounting (or it does not answer), or a directory records no job id, nothing can
-be checked against Slurm: only the caller's own job directories count then, and the report says so (the
-caller vouches for its own files; a job id that accounting contradicts is rejected all the same). Every directory
-is either accepted, with why, or rejected, with why; `calibrate` prints both.
+One user can still run real jobs and rewrite metrics.json while they run: that is why the fit counts each
+user's jobs as one vote and bounds how far one calibration moves a correction (calibration/fit.py).
+
+The caller's own job directories count without the epilog's record (the caller vouches for its own files;
+a job id that accounting contradicts is rejected all the same), and where nothing can be checked the report
+says so. Every directory is either accepted, with why, or rejected, with why; `calibrate` prints both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -26,14 +40,16 @@ from typing import TYPE_CHECKING
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import _group_private_to, _owner_name
-from frenzy_slurm.records import read_job_record
+from frenzy_slurm.records import MAX_JOB_RECORD_BYTES, read_job_record, read_job_record_or_none
 
 if TYPE_CHECKING:
     from frenzy_slurm.slurm.backend import AccountingRecord, SlurmBackend
 
 # what calibration reads from a job directory (metrics.json may be absent: epilog or sacct peaks instead)
-_JOB_FILES = ("plan.json", "submission.json", "metrics.json")
+_JOB_FILES = ("plan.json", "submission.json", "metrics.json", "job.sbatch")
 MAX_SUBMISSION_BYTES = 1 << 16  # a submission record is a few hundred bytes
+# sacct's ElapsedRaw is whole seconds, and a step's time is measured on another clock: this much is rounding
+ELAPSED_SLACK_S = 2.0
 
 
 @dataclass
@@ -43,6 +59,7 @@ class Verdict:
     accepted: list[tuple[Path, str | None, str]] = field(default_factory=list)  # (dir, job id, why)
     rejected: list[tuple[Path, str]] = field(default_factory=list)  # (dir, why)
     accounting: bool = False  # whether Slurm's accounting answered
+    owners: dict[Path, str] = field(default_factory=dict)  # accepted dir -> its owner: one vote per user
 
     @property
     def dirs(self) -> list[Path]:
@@ -101,9 +118,176 @@ def _accounting(backend: SlurmBackend | None, ids: list[int]) -> dict[int, Accou
         return None
 
 
-def verify_jobs(dirs: list[Path], backend: SlurmBackend | None) -> Verdict:
-    """Accept or reject each job directory as evidence for a calibration (see the module docstring)."""
-    me = os.geteuid()
+def _read(path: Path) -> str | None:
+    """A job directory's file: a regular file read bounded, never through a link nor waiting on a FIFO."""
+    from frenzy_slurm.inputfile import read_config_text
+
+    try:
+        return read_config_text(path, path.name, MAX_JOB_RECORD_BYTES, follow_symlinks=False)
+    except InputError:
+        return None
+
+
+def _sha256(path: Path) -> str | None:
+    """The digest of a job directory's file as it is on disk, or None."""
+    text = _read(path)
+    return None if text is None else hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict]], str | None]:
+    """The site epilog's records (job id -> one per node) and, where the directory cannot be trusted, why not:
+    only root may have written them (a directory or record another user could write proves nothing)."""
+    from frenzy_slurm.calibration.observe import MAX_EPILOG_BYTES
+
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        return {}, f"epilog directory {directory}: cannot read it ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return {}, (
+            f"epilog directory {directory} is not a directory of root's that only root can write "
+            f"(owner {_owner_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}): its records are not the epilog's"
+        )
+    out: dict[str, list[dict]] = {}
+    for f in sorted(directory.glob("*.json")):
+        try:
+            fst = os.lstat(f)
+            if fst.st_uid != 0 or fst.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                continue  # not root's: not the epilog's
+            rec = read_job_record(f, "epilog record", MAX_EPILOG_BYTES)  # regular, bounded, no link
+            if isinstance(rec, dict) and f.name.startswith(f"{rec.get('job_id')}-"):
+                out.setdefault(str(rec["job_id"]), []).append(rec)
+        except (OSError, InputError):
+            continue
+    return out, None
+
+
+def _script_problem(d: Path, records: list[dict]) -> str | None:
+    """Why the epilog's record does not show that Slurm ran this directory's frenzy-slurm plan, or None."""
+    import shlex
+
+    from frenzy_slurm.calibration.observe import _read_plan
+    from frenzy_slurm.errors import FrenzyError
+
+    ran = {r.get("script_sha256") for r in records} - {None}
+    if not ran:
+        return "the site epilog could not read the batch script Slurm ran (scontrol write batch_script)"
+    if _sha256(d / "job.sbatch") not in ran:
+        return "the batch script Slurm ran is not this directory's job.sbatch"
+    try:
+        plan = _read_plan(d / "plan.json")
+    except FrenzyError as exc:
+        return f"unreadable: {exc.message}"
+    script = _read(d / "job.sbatch") or ""
+    tag = f"frenzy:{plan.submission}"
+    if {r.get("comment") for r in records} != {tag} or f"#SBATCH --comment={tag}\n" not in script:
+        return f"Slurm's job comment is not this plan's ({tag}): not the job fsbatch submitted for it"
+    if f"FRENZY_PLAN_SHA256={_sha256(d / 'plan.json')} " not in script:
+        return "plan.json is not the plan the job's script names (changed since it was submitted)"
+    command = " ".join(shlex.quote(str(c)) for c in plan.command)
+    srun = [ln for ln in script.splitlines() if ln.startswith("srun ") and ln.endswith(" " + command)]
+    cmd = plan.command
+    where = cmd[cmd.index("--job-dir") + 1] if "--job-dir" in cmd[:-1] else ""
+    if not srun or "frenzy_slurm.runtime" not in cmd or os.path.realpath(where) != os.path.realpath(d):
+        return "the script Slurm ran does not launch frenzy-slurm's runtime on this directory's plan"
+    return None
+
+
+def epilog_problem(d: Path, owner: str, records: list[dict]) -> str | None:
+    """Why the site epilog's record of the job does not vouch for this directory's measurements, or None."""
+    users = {r.get("user") for r in records}
+    if users != {owner}:
+        return f"the site epilog recorded the job as {', '.join(map(str, users))}'s, not {owner}'s"
+    problem = _script_problem(d, records)
+    if problem is not None:
+        return problem
+    if os.path.lexists(d / "metrics.json"):
+        found = {r.get("metrics_sha256") for r in records} - {None}
+        if not found:
+            return "metrics.json was not there when the job ended (the site epilog found none): written afterwards"
+        if _sha256(d / "metrics.json") not in found:
+            return "metrics.json is not the one the site epilog found when the job ended: changed afterwards"
+    return None
+
+
+def _measured_seconds(d: Path) -> float:
+    """The training time metrics.json claims: the sum of its step times (0 without any)."""
+    data = read_job_record_or_none(d / "metrics.json")
+    times = data.get("step_times_s") if isinstance(data, dict) else None
+    try:
+        return float(sum(float(t) for t in times)) if isinstance(times, list) else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def accounting_problem(d: Path, rec: AccountingRecord) -> str | None:
+    """Why Slurm's record of the job contradicts plan.json or metrics.json (allocation, run time), or None."""
+    from frenzy_slurm.calibration.observe import _read_plan
+    from frenzy_slurm.errors import FrenzyError
+
+    try:
+        comps = _read_plan(d / "plan.json").decision.chosen.components
+    except FrenzyError as exc:
+        return f"unreadable: {exc.message}"
+    if len(comps) == 1:  # sacct's record of a heterogeneous job is its first component's alone
+        nodes, gpus = comps[0].nodes, comps[0].nodes * comps[0].gpus_per_node
+        if rec.nodes is not None and rec.nodes != nodes:
+            return f"job {rec.job_id} was allocated {rec.nodes} node(s), but plan.json plans {nodes}"
+        if rec.alloc_gpus is not None and rec.alloc_gpus != gpus:
+            return f"job {rec.job_id} was allocated {rec.alloc_gpus} GPU(s), but plan.json plans {gpus}"
+    claimed = _measured_seconds(d)
+    if rec.elapsed_s is not None and claimed > rec.elapsed_s + ELAPSED_SLACK_S:
+        return f"metrics.json claims {claimed:.0f} s of steps, but job {rec.job_id} ran {rec.elapsed_s} s"
+    return None
+
+
+def _judge(
+    d: Path, uid: int, job_id: str | None, records: dict[int, AccountingRecord] | None, epilog: dict[str, list[dict]]
+) -> tuple[str | None, str]:
+    """(why rejected, or None; why accepted) for one candidate directory."""
+    from frenzy_slurm.slurm.view import job_phase
+
+    owner, mine = _owner_name(uid), uid == os.geteuid()
+    checked: list[str] = []
+    rec = records.get(int(job_id)) if records is not None and job_id is not None else None
+    if records is not None and job_id is not None:
+        if rec is None:
+            return f"job {job_id} is unknown to Slurm's accounting (it never ran here)", ""
+        if rec.user != owner:
+            return f"job {job_id} was run by {rec.user or 'an unknown user'}, but the directory belongs to {owner}", ""
+        if rec.work_dir and os.path.realpath(rec.work_dir) != os.path.realpath(d):
+            return f"job {job_id} ran in {rec.work_dir}, not in this directory", ""
+        if job_phase(rec.state) in ("pending", "running"):
+            return f"job {job_id} is {rec.state}: not measured yet", ""
+        problem = accounting_problem(d, rec)
+        if problem is not None:
+            return problem, ""
+        checked.append(f"{rec.state} in Slurm's accounting")
+    ran = epilog.get(job_id or "")
+    if ran:
+        problem = epilog_problem(d, owner, ran)
+        if problem is not None:
+            return f"job {job_id}: {problem}", ""
+        checked.append("its script and metrics.json confirmed by the site epilog's record")
+    elif not mine:
+        unchecked = "records no job id" if job_id is None else f"has no record of the site epilog for job {job_id}"
+        return (
+            f"belongs to {owner}, and {unchecked}: its owner could have written every file in it "
+            "(only your own job directories count without the epilog's record: install contrib/slurm/epilog "
+            "and pass --epilog-dir)",
+            "",
+        )
+    if not checked:
+        why = "no readable submission.json with a job id" if job_id is None else "Slurm's accounting did not answer"
+        return None, f"your own job directory; not checked against Slurm ({why}; the site keeps none?)"
+    if job_id is None:
+        return None, "your own job directory; " + ", ".join(checked)
+    return None, f"job {job_id} of {owner}, " + ", ".join(checked)
+
+
+def verify_jobs(dirs: list[Path], backend: SlurmBackend | None, epilog: dict[str, list[dict]] | None = None) -> Verdict:
+    """Accept or reject each job directory as evidence for a calibration (see the module docstring); `epilog`:
+    the site epilog's records (trusted_epilog_records)."""
     verdict = Verdict()
     candidates: list[tuple[Path, int, str | None]] = []
     for d in dirs:
@@ -117,44 +301,15 @@ def verify_jobs(dirs: list[Path], backend: SlurmBackend | None) -> Verdict:
     verdict.accounting = records is not None
     seen: dict[str, Path] = {}
     for d, uid, job_id in candidates:
-        owner = _owner_name(uid)
-        if records is None or job_id is None:
-            # nothing to check against Slurm: your own directories are yours to vouch for, others' are not
-            if job_id is None:
-                unchecked = "no readable submission.json with a job id"
-            else:
-                unchecked = "Slurm's accounting did not answer (the site keeps none?)"
-            if uid != me:
-                verdict.rejected.append(
-                    (
-                        d,
-                        f"belongs to {owner}, and {unchecked}, so its job cannot be checked: "
-                        "only your own job directories count unchecked",
-                    )
-                )
-            else:
-                verdict.accepted.append((d, job_id, f"your own job directory; not checked against Slurm ({unchecked})"))
-            continue
-        if job_id in seen:
+        if job_id is not None and job_id in seen:
             verdict.rejected.append((d, f"job {job_id} is already counted from {seen[job_id]}"))
             continue
-        rec = records.get(int(job_id))
-        if rec is None:
-            verdict.rejected.append((d, f"job {job_id} is unknown to Slurm's accounting (it never ran here)"))
+        problem, why = _judge(d, uid, job_id, records, epilog or {})
+        if problem is not None:
+            verdict.rejected.append((d, problem))
             continue
-        if rec.user != owner:
-            verdict.rejected.append(
-                (d, f"job {job_id} was run by {rec.user or 'an unknown user'}, but the directory belongs to {owner}")
-            )
-            continue
-        if rec.work_dir and os.path.realpath(rec.work_dir) != os.path.realpath(d):
-            verdict.rejected.append((d, f"job {job_id} ran in {rec.work_dir}, not in this directory"))
-            continue
-        from frenzy_slurm.slurm.view import job_phase
-
-        if job_phase(rec.state) in ("pending", "running"):
-            verdict.rejected.append((d, f"job {job_id} is {rec.state}: not measured yet"))
-            continue
-        seen[job_id] = d
-        verdict.accepted.append((d, job_id, f"job {job_id} of {owner}, {rec.state} in Slurm's accounting"))
+        if job_id is not None:
+            seen[job_id] = d
+        verdict.accepted.append((d, job_id, why))
+        verdict.owners[d] = _owner_name(uid)
     return verdict

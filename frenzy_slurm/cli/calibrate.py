@@ -5,13 +5,17 @@
 Reads plan.json + metrics.json of every job directory (default: all under $FRENZY_JOBS_DIR or
 ./frenzy-jobs), fits step-time corrections per GPU model and precision and memory factors per
 framework mode, and writes `<site>.calibration.yaml`. Fits outside their bounds or on too few jobs
-are printed and recorded as not applied.
+are printed and recorded as not applied. A directory counts only as Slurm ran its job (accounting, the
+site epilog's record: calibration/verify.py), each user's jobs are one vote, and a correction the file
+already holds moves by at most --max-change per run (calibration/fit.py); the output says what was
+accepted, rejected and held, and why.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -31,6 +35,7 @@ if TYPE_CHECKING:  # the command imports these when it runs
     Found = tuple[CalibrationFile, Path] | None  # site_calibration(): a calibration and its path
 
 DEFAULT_VALID_DAYS = 90
+DEFAULT_EPILOG_DIR = Path("/var/spool/frenzy-slurm/gpu-peaks")  # contrib/slurm/epilog's FRENZY_SPOOL default
 
 
 def accounting_backend() -> SlurmBackend:
@@ -51,6 +56,32 @@ def _sacct_peaks(backend: SlurmBackend, job_ids: list[str | None]) -> dict[int, 
         return backend.gpu_memory_peaks(ids)
     except SlurmUnavailable:
         return None
+
+
+def _epilog(epilog_dir: Path | None) -> tuple[dict[str, list[dict]], list[str]]:
+    """The site epilog's records (`--epilog-dir`, else the default spool where it exists), and why none."""
+    from frenzy_slurm.calibration.verify import trusted_epilog_records
+
+    if epilog_dir is None and not DEFAULT_EPILOG_DIR.is_dir():
+        return {}, []
+    records, problem = trusted_epilog_records(epilog_dir or DEFAULT_EPILOG_DIR)
+    return records, [problem] if problem else []
+
+
+def previous_calibration(path: Path) -> CalibrationFile | None:
+    """The calibration a new one replaces (its corrections move by at most --max-change), if one parses there.
+    A stale one counts too: staleness says when to refit, not that the values were wrong."""
+    from frenzy_slurm.calibration import CalibrationFile
+    from frenzy_slurm.inputfile import check_trusted
+    from frenzy_slurm.yamlfile import load_model_file
+
+    if not os.path.lexists(path):
+        return None
+    try:
+        check_trusted(path, "calibration file", "its factors bound the next calibration")
+        return load_model_file(path, CalibrationFile)
+    except InputError:
+        return None  # unreadable or not trusted: nothing to hold the fit to (the output says it is replaced)
 
 
 @click.command()
@@ -84,6 +115,13 @@ def _sacct_peaks(backend: SlurmBackend, job_ids: list[str | None]) -> dict[int, 
     help="Largest move of memory predictions, either way.",
 )
 @click.option(
+    "--max-change",
+    type=click.FloatRange(min=1),
+    default=1.25,
+    show_default=True,
+    help="Largest move per calibration, either way, of a correction the calibration file already holds.",
+)
+@click.option(
     "--valid-days",
     type=click.IntRange(min=1),
     default=DEFAULT_VALID_DAYS,
@@ -93,7 +131,8 @@ def _sacct_peaks(backend: SlurmBackend, job_ids: list[str | None]) -> dict[int, 
 @click.option(
     "--epilog-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="GPU peaks recorded by the site epilog (contrib/slurm/epilog), for jobs without metrics.json.",
+    help="The site epilog's records (contrib/slurm/epilog): what vouches for other users' jobs, and GPU peaks "
+    f"for jobs without metrics.json (default: {DEFAULT_EPILOG_DIR} where it exists).",
 )
 @click.option(
     "--sacct/--no-sacct",
@@ -119,6 +158,7 @@ def calibrate(
     min_jobs: int,
     max_efficiency_factor: float,
     max_memory_factor: float,
+    max_change: float,
     valid_days: int,
     epilog_dir: Path | None,
     use_sacct: bool,
@@ -140,7 +180,7 @@ def calibrate(
         write_calibration,
     )
     from frenzy_slurm.calibration.fit import fit
-    from frenzy_slurm.calibration.observe import job_dirs_under, read_epilog_dir
+    from frenzy_slurm.calibration.observe import job_dirs_under
     from frenzy_slurm.site.config import load_site
     from frenzy_slurm.site.tools import find_site
 
@@ -169,24 +209,29 @@ def calibrate(
         raise InputError("fitting needs numpy and scipy: pip install 'frenzy-slurm[calibrate]'.") from None
     from frenzy_slurm.calibration.verify import verify_jobs
 
-    # a directory is evidence only if Slurm's accounting knows its job, run by the directory's owner
+    epilog, skipped = _epilog(epilog_dir)
+    # a directory is evidence only if Slurm ran its plan (accounting, the site epilog's record) as it says
     backend = accounting_backend()
-    verdict = verify_jobs(dirs, backend)
-    observations, skipped = [], []
-    epilog = read_epilog_dir(epilog_dir) if epilog_dir else None
+    verdict = verify_jobs(dirs, backend, epilog)
+    observations = []
     sacct = _sacct_peaks(backend, [j for _, j, _ in verdict.accepted]) if use_sacct else None
     for d in verdict.dirs:
         got = observe(d, site_cfg, epilog, sacct)
         if isinstance(got, str):
             skipped.append(f"{d}: {got}")
         else:
-            observations.append(got)
+            observations.append(replace(got, user=verdict.owners.get(d, "")))
             if got.note:
                 skipped.append(f"{d}: {got.note}")
     limits = FitBounds(
-        min_jobs=min_jobs, max_efficiency_factor=max_efficiency_factor, max_memory_factor=max_memory_factor
+        min_jobs=min_jobs,
+        max_efficiency_factor=max_efficiency_factor,
+        max_memory_factor=max_memory_factor,
+        max_change=max_change,
     )
-    steps, memory, findings = fit(observations, limits)
+    path = output or calibration_path(site_path)
+    previous = previous_calibration(path)
+    steps, memory, findings = fit(observations, limits, previous)
     refused = [f for f in findings if "not applied" in f]
     notes = [f for f in findings if "not applied" not in f]
     now = time.time()
@@ -203,7 +248,6 @@ def calibrate(
         not_applied=refused,
         notes=notes,
     )
-    path = output or calibration_path(site_path)
     empty = not steps and not memory
     if not dry_run and not empty:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,12 +260,19 @@ def calibrate(
                 "calibration": cal.model_dump(mode="json"),
                 "skipped": skipped,
                 "accounting": verdict.accounting,
+                "epilog_records": len(epilog),
+                "previous": str(path) if previous is not None else None,
                 "accepted": [{"job_dir": str(d), "job_id": j, "why": why} for d, j, why in verdict.accepted],
                 "rejected": [{"job_dir": str(d), "why": why} for d, why in verdict.rejected],
             }
         )
         return
-    click.echo(f"{len(observations)} measured job(s) from {len(dirs)} director(ies); site file {site_path}")
+    users = len({o.user for o in observations})
+    click.echo(
+        f"{len(observations)} measured job(s) of {users} user(s) from {len(dirs)} director(ies); site file {site_path}"
+    )
+    if previous is not None:
+        click.echo(f"previous calibration {path}: each correction moves by at most x{max_change:g}")
     for d, _, why in verdict.accepted:
         echo(f"accepted: {d}: {why}")
     for d, why in verdict.rejected:

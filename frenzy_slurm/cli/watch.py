@@ -43,7 +43,12 @@ MIN_INTERVAL_S = 10  # slurmctld is shared: a pass reads the queue and the nodes
     help="Seconds between passes.",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be moved; submit, hold and cancel nothing.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per pass: {'at': ..., 'moves': [...]}.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object per pass: {'at': ..., 'moves': [...], 'finished': [...]}.",
+)
 @click.version_option(__version__, prog_name="frenzy-slurm watch")
 @reports_errors("frenzy-slurm watch", json_errors=True)
 def watch(
@@ -77,16 +82,20 @@ def watch(
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     while True:
+        finished: list[str] = []  # moves an earlier pass left open (killed, a lost reply, a full disk)
         try:
-            moves = watch_once(site_file, slurm, dry_run=dry_run)
+            moves = watch_once(site_file, slurm, dry_run=dry_run, finished=finished)
         except SlurmUnavailable as exc:
             if once:
                 raise
             echo(f"frenzy-slurm watch: {exc.message} (trying again in {interval} s)", err=True)
             moves = []
         if as_json:
-            click.echo(json.dumps({"at": time.time(), "dry_run": dry_run, "moves": [m.as_json() for m in moves]}))
+            pass_record = {"at": time.time(), "dry_run": dry_run, "moves": [m.as_json() for m in moves]}
+            click.echo(json.dumps(pass_record | {"finished": finished}))
         else:
+            for line in finished:
+                click.echo(line)
             for m in moves:
                 echo(m.line())
         if once:

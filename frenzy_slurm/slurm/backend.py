@@ -94,6 +94,8 @@ class AccountingRecord:
     elapsed_s: int | None = None
     user: str | None = None  # who ran it: calibrate accepts a job directory only of the job's own user
     work_dir: str | None = None  # the job's working directory (frenzy-slurm's job directory)
+    nodes: int | None = None  # NNodes: the nodes it was allocated (calibrate compares them with plan.json)
+    alloc_gpus: int | None = None  # gres/gpu in AllocTRES: the GPUs it was allocated, all nodes together
 
 
 class SlurmBackend(Protocol):

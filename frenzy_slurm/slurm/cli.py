@@ -538,7 +538,7 @@ class SlurmCliBackend:
             "-j",
             ",".join(map(str, ids)),
             "-o",
-            "JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw,User,WorkDir",
+            "JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw,NNodes,AllocTRES,User,WorkDir",
         ]
         try:
             res = run(argv, timeout=self.timeout, env=dict(os.environ, **TIME_ENV))
@@ -629,8 +629,8 @@ def parse_gpumem(text: str) -> dict[int, float]:
 
 
 def parse_sacct(text: str) -> dict[int, AccountingRecord]:
-    """`sacct -n -X -P -o JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw,User,WorkDir` rows, keyed by job id
-    (User and WorkDir may be absent; WorkDir is last, so a `|` in a path stays in it).
+    """`sacct -n -X -P -o JobIDRaw,JobID,State,ExitCode,Start,End,ElapsedRaw,NNodes,AllocTRES,User,WorkDir` rows,
+    keyed by job id (the last four may be absent; WorkDir is last, so a `|` in a path stays in it).
 
     A heterogeneous job's components (JobID `123+0`, `123+1`) are also filed under the leader's id
     (the first component's record), as users know the job by that id.
@@ -648,8 +648,10 @@ def parse_sacct(text: str) -> dict[int, AccountingRecord]:
             start=_epoch(f[4]),
             end=_epoch(f[5]),
             elapsed_s=int(f[6]) if f[6].isascii() and f[6].isdigit() else None,
-            user=(f[7].strip() or None) if len(f) > 7 else None,
-            work_dir=("|".join(f[8:]) or None) if len(f) > 8 else None,
+            nodes=int(f[7]) if len(f) > 7 and f[7].isascii() and f[7].isdigit() else None,
+            alloc_gpus=parse_tres_gpus(f[8])[0] if len(f) > 8 else None,
+            user=(f[9].strip() or None) if len(f) > 9 else None,
+            work_dir=("|".join(f[10:]) or None) if len(f) > 10 else None,
         )
         out[rec.job_id] = rec
         leader, plus, offset = f[1].partition("+")

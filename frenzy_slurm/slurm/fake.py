@@ -339,7 +339,10 @@ class FakeSlurm:
         j.held = True
 
     def release(self, job_id: int) -> None:
+        """As scontrol release: an unknown job refuses."""
         self._guard("release")
+        if job_id not in self.fake_jobs:
+            raise SlurmCommandError(["scontrol", "release", str(job_id)], 1, f"Invalid job id specified ({job_id})")
         self.fake_jobs[job_id].held = False
         self._schedule()
 
@@ -360,6 +363,10 @@ class FakeSlurm:
                     elapsed_s=int((j.end or self.now) - j.start) if j.start else None,
                     user=j.user,
                     work_dir=str(j.workdir) if j.workdir else None,
+                    nodes=sum(len(n) for n in j.nodes) if j.nodes else None,  # not started: nothing allocated
+                    alloc_gpus=sum(len(n) * c.gpus_per_node for n, c in zip(j.nodes, j.components, strict=False))
+                    if j.nodes
+                    else None,
                 )
         return out
 
