@@ -116,6 +116,8 @@ class FitBounds(_M):
     max_change: float = Field(
         1.25,
         ge=1,
+        le=_MAX_FACTOR,
+        json_schema_extra=FACTOR,
         description="A correction the previous calibration applied moves by at most this factor either way per "
         "calibration (its efficiency, overheads and memory factor): thin or hostile evidence cannot swing it.",
     )
