@@ -502,6 +502,7 @@ MAX_LOG_BYTES = 4 << 20
 # srun --label (templates/_launch.j2) starts each line of a task with its rank, padded to the widest: " 3: ".
 _LABEL = re.compile(r" *(\d{1,7}): ?(.*)", re.DOTALL)
 _OUTPUT_LINE = re.compile(r"#SBATCH --(output|error)=(\S+)")
+_NAME_LINE = re.compile(r"^#SBATCH --job-name=(\S+)", re.MULTILINE)
 
 
 @dataclass
@@ -576,11 +577,21 @@ def read_tail(path: Path, max_bytes: int = MAX_LOG_BYTES) -> tuple[str, bool]:
 def output_files(job_dir: Path, job_id: int, name: str = "", user: str = "") -> tuple[list[Path], list[str]]:
     """The output (and a separate error) file of the job, from the `#SBATCH --output/--error` lines of its
     job.sbatch with %j, %x, %u and %% filled in; notes for a pattern that cannot be resolved."""
+    streams, notes = output_streams(job_dir, job_id, name, user)
+    return list(dict.fromkeys(streams.values())), notes
+
+
+def output_streams(job_dir: Path, job_id: int, name: str = "", user: str = "") -> tuple[dict[str, Path], list[str]]:
+    """`output_files` by stream: {"output": path, "error": path} (the same path where stderr goes into the
+    output file, Slurm's default), each as job.sbatch names it; %x is the script's --job-name unless `name`."""
     script = read_config_text(job_dir / "job.sbatch", "job script", 1 << 20, follow_symlinks=False)
     found: dict[str, str] = {}
     for m in _OUTPUT_LINE.finditer(script):
         found.setdefault(m.group(1), m.group(2))
-    files, notes = [], []
+    if not name and (m := _NAME_LINE.search(script)):
+        name = m.group(1)
+    files: dict[str, Path] = {}
+    notes = []
     for kind in ("output", "error"):
         pattern = found.get(kind)
         if pattern is None:
@@ -591,9 +602,7 @@ def output_files(job_dir: Path, job_id: int, name: str = "", user: str = "") -> 
             notes.append(f"--{kind}={pattern}: a file name pattern fsqueue cannot fill in; read the file yourself")
             continue
         text = text.replace("\0", "%")
-        path = Path(text) if Path(text).is_absolute() else job_dir / text
-        if path not in files:
-            files.append(path)
+        files[kind] = Path(text) if Path(text).is_absolute() else job_dir / text
     return files, notes
 
 
@@ -604,19 +613,11 @@ def _rank_components(plan: PlanFile | None) -> list[tuple[int, str]]:
     return [(k, c.partition) for k, c in enumerate(plan.decision.chosen.components) for _ in range(c.gpus)]
 
 
-def job_logs(
-    job_dir: Path,
-    job_id: int,
-    *,
-    tail: int | None = None,
-    rank: int | None = None,
-    component: int | None = None,
-    name: str = "",
-    max_bytes: int = MAX_LOG_BYTES,
-) -> JobLogs:
-    """The job's output per rank, grouped by component, batch script's lines first: the last `tail` lines of
-    each section, only `rank`, or only the ranks of `component`. Reads only regular files of the user's own
-    job directory, each bounded to its last `max_bytes`. InputError for a rank or component the plan lacks."""
+def log_ranks(
+    job_dir: Path, job_id: int, rank: int | None = None, component: int | None = None
+) -> list[tuple[int, str]]:
+    """Per global rank of the job's plan, its component and partition ([] without a readable plan.json);
+    InputError for a `rank` or `component` the plan lacks."""
     plan = None
     if os.path.lexists(job_dir / "plan.json"):
         try:
@@ -632,9 +633,61 @@ def job_logs(
             raise InputError(f"--rank {rank}: job {job_id} has ranks 0..{len(ranks) - 1}")
         if rank is not None and component is not None and ranks[rank][0] != component:
             raise InputError(f"--rank {rank} is in component {ranks[rank][0]}, not in --component {component}")
-    files, notes = output_files(job_dir, job_id, name)
+    return ranks
+
+
+def rank_of_line(line: str, ranks: list[tuple[int, str]]) -> tuple[int | None, str]:
+    """Which rank printed an output line (srun --label's prefix, a rank the plan has) and its text without
+    the label; (None, line) for the batch script's and srun's own lines."""
+    m = _LABEL.fullmatch(line)
+    if m and (not ranks or int(m.group(1)) < len(ranks)):
+        return int(m.group(1)), m.group(2)
+    return None, line
+
+
+def group_lines(
+    lines: list[tuple[int | None, str]],
+    ranks: list[tuple[int, str]],
+    rank: int | None = None,
+    component: int | None = None,
+) -> list[LogSection]:
+    """Output lines, each as (rank, text) from `rank_of_line`, as sections: the batch script's first (unless a
+    rank or component is asked for), then one per rank of the plan (and any other labelled rank), each only if
+    it is the `rank` or in the `component`."""
     batch: list[str] = []
     per_rank: dict[int, list[str]] = {}
+    for r, text in lines:
+        if r is None:
+            batch.append(text)
+        else:
+            per_rank.setdefault(r, []).append(text)
+    sections = []
+    if rank is None and component is None:
+        sections.append(LogSection(None, None, None, batch))
+    for r in sorted(set(per_rank) | set(range(len(ranks)))):
+        comp, part = ranks[r] if r < len(ranks) else (None, None)
+        if (rank is not None and r != rank) or (component is not None and comp != component):
+            continue
+        sections.append(LogSection(r, comp, part, per_rank.get(r, [])))
+    return sections
+
+
+def job_logs(
+    job_dir: Path,
+    job_id: int,
+    *,
+    tail: int | None = None,
+    rank: int | None = None,
+    component: int | None = None,
+    name: str = "",
+    max_bytes: int = MAX_LOG_BYTES,
+) -> JobLogs:
+    """The job's output per rank, grouped by component, batch script's lines first: the last `tail` lines of
+    each section, only `rank`, or only the ranks of `component`. Reads only regular files of the user's own
+    job directory, each bounded to its last `max_bytes`. InputError for a rank or component the plan lacks."""
+    ranks = log_ranks(job_dir, job_id, rank, component)
+    files, notes = output_files(job_dir, job_id, name)
+    lines: list[tuple[int | None, str]] = []
     truncated = False
     shown: list[Path] = []
     for path in files:
@@ -644,21 +697,8 @@ def job_logs(
         text, cut = read_tail(path, max_bytes)
         truncated |= cut
         shown.append(path)
-        for line in text.splitlines():
-            m = _LABEL.fullmatch(line)
-            r = int(m.group(1)) if m else None
-            if m and r is not None and (not ranks or r < len(ranks)):
-                per_rank.setdefault(r, []).append(m.group(2))
-            else:
-                batch.append(line)
-    sections = []
-    if rank is None and component is None:
-        sections.append(LogSection(None, None, None, batch))
-    for r in sorted(set(per_rank) | set(range(len(ranks)))):
-        comp, part = ranks[r] if r < len(ranks) else (None, None)
-        if (rank is not None and r != rank) or (component is not None and comp != component):
-            continue
-        sections.append(LogSection(r, comp, part, per_rank.get(r, [])))
+        lines += [rank_of_line(line, ranks) for line in text.splitlines()]
+    sections = group_lines(lines, ranks, rank, component)
     if tail is not None:
         for s in sections:
             s.lines = s.lines[-tail:] if tail > 0 else []
@@ -672,9 +712,14 @@ def tracked_logs(
 ) -> JobLogs:
     """`job_logs` of a tracked job: only of the user's own job directory (another user's job, or a directory
     not the user's, is refused naming why)."""
+    return job_logs(own_job_dir(t), t.job_id, tail=tail, rank=rank, component=component, name=t.name)
+
+
+def own_job_dir(t: TrackedJob) -> Path:
+    """The job's directory where its output may be read: the user's own (InputError naming why not)."""
     if t.job_dir is None:
         raise InputError(f"job {t.job_id}: Slurm names no working directory for it, so its output is not known")
     why = _foreign_dir(t)
     if why is not None:
         raise InputError(why)
-    return job_logs(t.job_dir, t.job_id, tail=tail, rank=rank, component=component, name=t.name)
+    return t.job_dir
