@@ -7,6 +7,7 @@
     job.job_id, job.state            # Slurm's id; its state now (PENDING, RUNNING, COMPLETED, ...)
     job.wait()                       # until it ends: its final state (WaitTimeout after `timeout` seconds)
     job.metrics()                    # what the built-in trainer recorded: steps, step time, loss, peak memory
+    job.logs(), job.stdout()         # its output per rank (as fsqueue JOBID --log), its output file as written
     job.cancel()                     # scancel, the job directory kept
     plans = fs.sweep("model.yaml", {"training.learning_rate": [1e-4, 3e-4]})   # one plan per combination
 
@@ -43,6 +44,7 @@ ENDED = ("completed", "cancelled", "failed", "timeout")  # job phases (slurm.vie
 FIRST_POLL_S = 2.0  # as sbatch --wait: the first look after 2 s, each later wait longer
 POLL_GROWTH = 2.0
 DEFAULT_POLL_S = 30.0  # the longest wait between two looks: slurmctld is shared, and a job's end is rarely urgent
+MAX_API_LOG_BYTES = 64 << 20  # Job.logs/stdout/stderr read the last 64 MiB of a file: a whole run's log, bounded
 UNSEEN_LOOKS = 3  # a job neither in the queue nor recorded anywhere this many looks in a row is taken as gone
 SLURM_FLAGS = (
     "account",
@@ -487,6 +489,54 @@ class Job:
             peak_gib=max(peaks) if peaks else None,
             raw=raw,
         )
+
+    def logs(
+        self,
+        *,
+        rank: int | None = None,
+        component: int | None = None,
+        tail: int | None = None,
+        merged: bool = False,
+        max_bytes: int = MAX_API_LOG_BYTES,
+    ) -> str:
+        """The job's output as text, as `fsqueue JOBID --log` prints it: a `==> rank R <==` section per rank
+        (grouped by component, the batch script's own lines first), only `rank` or the ranks of `component`,
+        the last `tail` lines of each. `merged=True`: the output files as Slurm wrote them (every rank's lines
+        interleaved, srun's `R: ` labels kept). "" before the job has written anything. Reads the last
+        `max_bytes` of each file (regular files of your own job directory only); InputError otherwise."""
+        from frenzy_slurm.track import job_logs, output_files, read_tail
+
+        if merged:
+            if rank is not None or component is not None or tail is not None:
+                raise InputError("logs(merged=True) is the files as written: rank, component and tail select sections")
+            files, _ = output_files(self.job_dir, self.job_id)
+            return "".join(read_tail(f, max_bytes)[0] for f in files if f.exists() or f.is_symlink())
+        logs = job_logs(self.job_dir, self.job_id, tail=tail, rank=rank, component=component, max_bytes=max_bytes)
+        if not logs.files:
+            return ""
+        return "".join(f"==> {s.title} <==\n" + "".join(f"{line}\n" for line in s.lines) for s in logs.sections)
+
+    def stdout(self, max_bytes: int = MAX_API_LOG_BYTES) -> str | None:
+        """The job's output file (`#SBATCH --output`) as text, as submitit's `job.stdout()`: None while it does
+        not exist (the job has not started). It holds stderr too unless the job names a separate --error."""
+        return self._read_stream("output", max_bytes)
+
+    def stderr(self, max_bytes: int = MAX_API_LOG_BYTES) -> str | None:
+        """The job's error file (`#SBATCH --error`) as text, None while it does not exist. Slurm writes stderr
+        into the output file unless the job names another (fsbatch -e): then this is the same text as
+        `stdout()`, both streams interleaved."""
+        return self._read_stream("error", max_bytes)
+
+    def _read_stream(self, kind: str, max_bytes: int) -> str | None:
+        from frenzy_slurm.track import output_streams, read_tail
+
+        streams, notes = output_streams(self.job_dir, self.job_id)
+        path = streams.get(kind)
+        if path is None:
+            raise InputError(f"job {self.job_id}: {'; '.join(notes) or f'its job.sbatch names no --{kind} file'}")
+        if not path.exists() and not path.is_symlink():
+            return None
+        return read_tail(path, max_bytes)[0]
 
     def cancel(self, signal: str | None = None) -> Cancelled:
         """Cancel the job (every component of a hetjob; with `signal`, send it that signal instead) as fscancel
