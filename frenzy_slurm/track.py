@@ -18,15 +18,18 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import read_config_text
 from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
-from frenzy_slurm.render.planfile import PlanFile, plan_from
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmCommandError, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES
+
+if TYPE_CHECKING:  # plan.json's models (the spec, MARP's plan, HAS's decision) are imported when one is read:
+    from frenzy_slurm.render.planfile import PlanFile  # a plain `fsqueue` listing needs none of them
 
 CACHE_SECONDS = 5.0
 _STEP_TAG = re.compile(r"step(\d{1,18})")  # DeepSpeed's tag as the trainer names it (runtime.checkpoints.tag)
@@ -130,6 +133,7 @@ class TrackedJob:
     started: dict | None = None  # started.json: the current run's start and restart count
     last_checkpoint_step: int | None = None
     notes: list[str] = field(default_factory=list)
+    planned_run_time_s: float | None = None  # plan.json's predicted run time, where the plan itself was not read
 
     @property
     def restarts(self) -> int | None:
@@ -156,9 +160,9 @@ class TrackedJob:
 
     @property
     def predicted_remaining_s(self) -> float | None:
-        if self.plan is None:
+        total = self.plan.decision.chosen.run_time_s if self.plan is not None else self.planned_run_time_s
+        if total is None:
             return None
-        total = self.plan.decision.chosen.run_time_s
         return max(0.0, total - (self.elapsed_s or 0.0)) if self.state in ("RUNNING", "PENDING") else 0.0
 
 
@@ -211,6 +215,8 @@ def last_checkpoint(ckpt_dir: Path) -> int | None:
 
 
 def _read_plan(path: Path) -> PlanFile:
+    from frenzy_slurm.render.planfile import plan_from
+
     return plan_from(read_job_record(path, "plan"), path)
 
 
@@ -260,7 +266,21 @@ def _drop_stale_finished(t: TrackedJob) -> None:
         t.finished = None
 
 
-def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
+def _attach_run_time(t: TrackedJob) -> None:
+    """Only plan.json's predicted run time (a plain listing's REMAINING): its JSON, without building the plan's
+    models, from the user's own job directory as `_attach_files` reads it."""
+    if t.job_dir is None or _foreign_dir(t) is not None:
+        return
+    raw = read_job_record_or_none(t.job_dir / "plan.json")
+    chosen = ((raw or {}).get("decision") or {}).get("chosen") if isinstance(raw, dict) else None
+    value = chosen.get("run_time_s") if isinstance(chosen, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        t.planned_run_time_s = float(value)
+
+
+def frenzy_jobs(jobs: list[Job], user: str | None = None, files: bool = True) -> list[TrackedJob]:
+    """The frenzy-slurm jobs among `jobs` (hetjob components as one), each with what its job directory records;
+    `files=False`: only the predicted run time (the plain listing, which shows nothing else of them)."""
     out = []
     for jid, comps in sorted(group_het_jobs(jobs).items()):
         lead = comps[0]
@@ -276,8 +296,11 @@ def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
             components=comps,
             job_dir=Path(lead.workdir) if lead.workdir else None,
         )
-        _attach_files(t)
-        _drop_stale_finished(t)
+        if files:
+            _attach_files(t)
+            _drop_stale_finished(t)
+        else:
+            _attach_run_time(t)
         out.append(t)
     return out
 

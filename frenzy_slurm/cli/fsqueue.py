@@ -26,8 +26,8 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import backend_options, print_json, printable, reports_errors, table
-from frenzy_slurm.cli.plan_view import fmt_gib, hms
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
 
 if TYPE_CHECKING:  # track is imported when a command runs
     from frenzy_slurm.slurm import SlurmBackend
@@ -113,7 +113,9 @@ def main(
         except SlurmUnavailable as exc:  # the job directory still knows the plan, progress and checkpoints
             jobs, unreachable = [], exc
     else:
-        jobs = frenzy_jobs(query_jobs_cached(cluster, None if all_users else (user or getpass.getuser())))
+        # the plain table shows nothing a job directory holds but the predicted run time: no other file is read
+        queue = query_jobs_cached(cluster, None if all_users else (user or getpass.getuser()))
+        jobs = frenzy_jobs(queue, files=as_json)
     if jobid is None:
         if as_json:
             print_json([_job_json(t) for t in jobs])
@@ -187,6 +189,7 @@ def main(
         click.echo("  " + ", ".join(progress))
     compared = comparison(t)
     if compared:
+        from frenzy_slurm.cli.plan_view import fmt_gib  # planning's modules: only where a comparison is shown
 
         def show(value: float | None, unit: str) -> str:
             if value is None:

@@ -13,7 +13,6 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -416,6 +415,8 @@ class SlurmCliBackend:
             cmds = {"nodes": ["sinfo", "-N", "-h", "-O", SINFO_TEXT_FIELDS]}
         cmds["jobs"] = self._squeue_argv([])
         cmds["partitions"] = ["scontrol", "-o", "show", "partition"]
+        from concurrent.futures import ThreadPoolExecutor  # here: fsqueue, which asks only squeue, never loads it
+
         with ThreadPoolExecutor(max_workers=3) as pool:
             env = dict(os.environ, **TIME_ENV)
             futures = {

@@ -1,0 +1,101 @@
+"""What keeps `fsqueue` and `fsbatch --dry-run` quick (benchmarks/fsbatch_latency.py measures them): the plain
+listing imports no planning stage and reads nothing of a job directory but plan.json's run time; the shipped
+data files are read by libyaml into the same data; no pyslurm is found without scanning every distribution."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from frenzy_slurm.sim.synthetic import synthetic
+from frenzy_slurm.slurm.fake import FakeSlurm
+from frenzy_slurm.submit import submit
+from frenzy_slurm.track import frenzy_jobs
+
+from .helpers import LOCAL, ROOT, make_spec, planned
+
+PLANNING = (
+    "frenzy_slurm.jobspec",
+    "frenzy_slurm.marp",
+    "frenzy_slurm.has",
+    "frenzy_slurm.render",
+    "frenzy_slurm.planning",
+)
+
+
+@pytest.fixture
+def queued(tmp_path, monkeypatch):
+    """A submitted job in a saved snapshot's queue, its directory with a plan and a large metrics.json."""
+    monkeypatch.setenv("FRENZY_LOCK_DIR", str(tmp_path / "locks"))
+    view = synthetic(LOCAL)
+    req = planned(make_spec(), view, tmp_path / "jobs" / "j")
+    slurm = FakeSlurm(view, user=getpass.getuser())
+    done = submit(req, slurm)
+    (done.job_dir / "metrics.json").write_text(json.dumps({"step": 3, "loss": [[i, 1.0] for i in range(10_000)]}))
+    snap = tmp_path / "snap.json"
+    snap.write_text(slurm.load().model_dump_json())
+    return req, done, snap, slurm
+
+
+def test_the_plain_listing_imports_no_planning_stage(queued, tmp_path):
+    req, done, snap, _ = queued
+    code = (
+        "import sys; from frenzy_slurm.cli.fsqueue import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({PLANNING!r}) or m in ('jinja2', 'torch')))"
+    )
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, "-c", code, "--backend", "static", "--snapshot", str(snap)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    *table, imported = res.stdout.splitlines()
+    assert imported == "[]"
+    (row,) = [line.split() for line in table if line.split()[0] == str(done.job_id)]
+    assert row[2] == "RUNNING" and row[-1] == str(done.job_dir)
+    assert row[-2] != "-"  # REMAINING: plan.json's predicted run time, read without the plan's models
+
+
+def test_the_listing_reads_only_the_plans_run_time(queued):
+    req, done, _, slurm = queued
+    (listed,) = frenzy_jobs(slurm.jobs(), files=False)
+    assert listed.plan is None and listed.metrics is None and listed.finished is None and listed.started is None
+    assert listed.planned_run_time_s == req.decision.chosen.run_time_s
+    (detailed,) = frenzy_jobs(slurm.jobs())
+    assert detailed.plan is not None and detailed.metrics["step"] == 3
+    # the same REMAINING either way
+    assert listed.predicted_remaining_s == pytest.approx(detailed.predicted_remaining_s, abs=1.0)
+
+
+@pytest.mark.parametrize("name", ["presets.yaml", "gpus.yaml"])
+def test_shipped_data_reads_the_same_with_libyaml(name):
+    from frenzy_slurm.yamlfile import SHIPPED_DATA_LOADER
+
+    text = (ROOT / "frenzy_slurm" / "data" / name).read_text()
+    assert yaml.load(text, Loader=SHIPPED_DATA_LOADER) == yaml.load(text, Loader=yaml.SafeLoader)
+    assert SHIPPED_DATA_LOADER is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def test_no_pyslurm_is_found_without_scanning_metadata(monkeypatch):
+    import importlib.util
+
+    from frenzy_slurm.slurm import pyslurm_backend as pb
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyslurm" else real(name, *a))
+
+    def scan(name: str) -> str:
+        raise AssertionError("importlib.metadata scanned")
+
+    monkeypatch.setattr(pb.metadata, "version", scan)
+    assert pb.pyslurm_version() is None
