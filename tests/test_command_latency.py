@@ -99,3 +99,29 @@ def test_no_pyslurm_is_found_without_scanning_metadata(monkeypatch):
 
     monkeypatch.setattr(pb.metadata, "version", scan)
     assert pb.pyslurm_version() is None
+
+
+def test_the_environment_check_asks_this_interpreter_as_the_probe_would(tmp_path):
+    """Where the job's Python is fsbatch's own, its packages are looked up here, with the answer the child
+    probe gives: a package in the working directory (sys.path[0] of `python -c`) is not the job's; an imported
+    module or a dotted name is left to the child process (looking it up here could import torch)."""
+    (tmp_path / "only_in_cwd_pkg").mkdir()
+    (tmp_path / "only_in_cwd_pkg" / "__init__.py").write_text("")
+    code = (
+        "import json, sys; from frenzy_slurm.render.environment import probe, probe_here\n"
+        "names = ('torch', 'deepspeed|nonexistent_pkg_xyz', 'nonexistent_pkg_xyz', 'only_in_cwd_pkg')\n"
+        "here = probe_here(names)\n"
+        "print(json.dumps([here, probe(sys.executable, names), 'torch' in sys.modules, probe_here(('torch.nn',)),"
+        " probe_here(('json',))]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    here, child, imported, dotted, already = json.loads(res.stdout)
+    assert here == child and here["only_in_cwd_pkg"] is False and here["nonexistent_pkg_xyz"] is False
+    assert (imported, dotted, already) == (False, None, None)
