@@ -40,7 +40,7 @@ class ProgressRecorder:
     clock: Callable[[], float] = time.monotonic
     _last: float | None = None
 
-    def step(self, step: int, loss: float, step_time_s: float) -> bool:
+    def step(self, step: int, loss: object, step_time_s: float) -> bool:
         """Record this step if it is due: whether it wrote."""
         now = self.clock()
         if self._last is not None and now - self._last < self.every_s and step < self.total_steps:
@@ -49,7 +49,7 @@ class ProgressRecorder:
         record = {
             "step": step,
             "total_steps": self.total_steps,
-            "loss": loss,
+            "loss": float(loss) if isinstance(loss, (int, float)) else None,
             "step_time_s": step_time_s,
             "job_id": os.environ.get("SLURM_JOB_ID"),
             "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
@@ -120,10 +120,12 @@ class ProgressDisplay:
                 self.enabled = False
 
     def _size(self) -> os.terminal_size:
+        """The terminal's columns and lines; 80x24 where it says none (a pty nobody sized reports 0x0)."""
         try:
-            return os.get_terminal_size(self.stream.fileno())
+            size = os.get_terminal_size(self.stream.fileno())
         except (AttributeError, ValueError, OSError):
             return os.terminal_size((80, 24))
+        return size if size.columns > 0 and size.lines > 0 else os.terminal_size((80, 24))
 
     def _fit(self, lines: Sequence[str]) -> list[str]:
         """At most the terminal's height less one line (a block taller than the screen cannot be redrawn), each

@@ -611,8 +611,8 @@ def output_streams(job_dir: Path, job_id: int, name: str = "", user: str = "") -
     found: dict[str, str] = {}
     for m in _OUTPUT_LINE.finditer(script):
         found.setdefault(m.group(1), m.group(2))
-    if not name and (m := _NAME_LINE.search(script)):
-        name = m.group(1)
+    if not name and (named := _NAME_LINE.search(script)):
+        name = named.group(1)
     files: dict[str, Path] = {}
     notes = []
     for kind in ("output", "error"):

@@ -125,3 +125,18 @@ def test_the_environment_check_asks_this_interpreter_as_the_probe_would(tmp_path
     here, child, imported, dotted, already = json.loads(res.stdout)
     assert here == child and here["only_in_cwd_pkg"] is False and here["nonexistent_pkg_xyz"] is False
     assert (imported, dotted, already) == (False, None, None)
+
+
+def test_the_latency_benchmark_reports_ratios(tmp_path):
+    """benchmarks/fsbatch_latency.py, as docs/has.md runs it (one repetition): the README's offline example
+    beside `python -c pass`, as a ratio, and another checkout's (here this one) in the same turns."""
+    out = tmp_path / "latency.json"
+    argv = [sys.executable, str(ROOT / "benchmarks" / "fsbatch_latency.py"), "--readme-only", "--repeat", "1"]
+    res = subprocess.run(
+        [*argv, "--baseline", str(ROOT), "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(out.read_text())
+    assert set(got) == {"python -c pass", "README offline example", "README offline example @baseline"}
+    ours = got["README offline example"]
+    assert ours["ratio"] == pytest.approx(ours["median_s"] / got["python -c pass"]["median_s"]) and ours["ratio"] > 1

@@ -118,6 +118,16 @@ def test_a_line_fits_the_terminal_and_a_block_its_height():
         os.close(master)
 
 
+def test_a_terminal_of_no_size_is_taken_as_80_columns():
+    master, stream = _pty(cols=0, rows=0)  # as pty.openpty() leaves it, and `script` without a size
+    try:
+        ProgressDisplay(stream).show(["1 tiny-cpu RUNNING 00:00:01 step 2/6"])
+        assert _read(master) == "1 tiny-cpu RUNNING 00:00:01 step 2/6\x1b[K"
+    finally:
+        stream.close()
+        os.close(master)
+
+
 def test_elsewhere_nothing_is_drawn():
     r, w = os.pipe()
     with open(w, "w") as pipe_end, open(r) as reader:

@@ -25,7 +25,9 @@ SITE_WIDE = "*"  # the `gpu` of a step-time correction fitted over every GPU typ
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # defer_build: the validators are built when a calibration file is first read; a site without one (and every
+    # `fsbatch --dry-run` on it) never pays for them (behaviour is the same)
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class StepTimeCorrection(_M):

@@ -222,8 +222,8 @@ def check_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str
     elif not jp.path.exists():
         problem = f"the job's Python {jp.path} ({jp.source}) does not exist"
     else:
-        answer = probe_here(need) if jp.path == Path(sys.executable) else None
-        answer = answer if answer is not None else probe(str(jp.path), need)
+        here = probe_here(need) if jp.path == Path(sys.executable) else None
+        answer = here if here is not None else probe(str(jp.path), need)
         if isinstance(answer, str):
             problem = f"the job's Python {jp.path} ({jp.source}) could not be asked for {', '.join(need)}: {answer}"
         else:
