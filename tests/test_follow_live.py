@@ -4,6 +4,7 @@ draws its progress line on a terminal (a pty) and nothing when stderr is a pipe.
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 import frenzy_slurm as fs
@@ -83,3 +85,24 @@ def test_fsbatch_wait_draws_its_progress_line_only_on_a_terminal(live_jobs_dir, 
     assert f"fsbatch: job {job_id} ended COMPLETED, exit code 0" in drawn
     piped = run_cli("fsbatch", str(payload_spec_file(tmp_path, "piped")), "--wait")
     assert piped.returncode == 0 and "\x1b" not in piped.stderr and "\r" not in piped.stderr, piped.stderr
+
+
+@pytest.mark.slow
+def test_readme_sweep_wait_line_shows_step_and_loss_per_job(live_jobs_dir):
+    """README's sweep line as written, on a terminal: one progress line per job, with the step and loss the
+    built-in trainer records in progress.json while it trains; both jobs end COMPLETED."""
+    pytest.importorskip("deepspeed", reason="training needs the train extra (pip install -e '.[dev]')")
+    argv = readme_line("fsbatch examples/tiny-cpu.yaml --site site_configs/devcluster-cpu.yaml --set")
+    assert argv[-1] == "--wait"
+    rc, drawn = _run_on_a_terminal(cli(argv), 900)
+    assert rc == 0, drawn[-3000:]
+    ids = [part.split()[0] for part in drawn.split("Submitted batch job ")[1:]]
+    assert len(ids) == 2
+    for job_id in ids:
+        assert f"fsbatch: job {job_id} ended COMPLETED, exit code 0" in drawn
+    frames = drawn.replace("\r\x1b[J", "\n").replace("\x1b[1A", "").split("\n")
+    stepped = [f for f in frames if " RUNNING " in f and " step " in f and " loss " in f]
+    assert stepped, drawn[-3000:]
+    for d in live_jobs_dir.iterdir():
+        record = json.loads((d / "progress.json").read_text())
+        assert record["step"] == record["total_steps"] and isinstance(record["loss"], float)
