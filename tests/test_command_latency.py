@@ -1,6 +1,8 @@
 """What keeps `fsqueue` and `fsbatch --dry-run` quick (benchmarks/fsbatch_latency.py measures them): the plain
 listing imports no planning stage and reads nothing of a job directory but plan.json's run time; the shipped
-data files are read by libyaml into the same data; no pyslurm is found without scanning every distribution."""
+data files are read by libyaml into the same data; no pyslurm is found without scanning every distribution; the
+job's packages are looked up in-process as the child probe would; Slurm's version is asked once per sinfo binary,
+so a listing is one Slurm query; the benchmark reports its ratios."""
 
 from __future__ import annotations
 
@@ -140,3 +142,44 @@ def test_the_latency_benchmark_reports_ratios(tmp_path):
     assert set(got) == {"python -c pass", "README offline example", "README offline example @baseline"}
     ours = got["README offline example"]
     assert ours["ratio"] == pytest.approx(ours["median_s"] / got["python -c pass"]["median_s"]) and ours["ratio"] > 1
+
+
+@pytest.fixture
+def stand_in_slurm(tmp_path, monkeypatch):
+    """Stand-in `sinfo` (counting its calls) and `squeue` (an empty JSON queue) first on PATH, a private cache."""
+    bindir, calls = tmp_path / "bin", tmp_path / "calls"
+    bindir.mkdir()
+    tools = {"sinfo": f"echo sinfo >> {calls}; echo 'slurm 22.05.8'", "squeue": "echo '{\"jobs\": []}'"}
+    for tool, body in tools.items():
+        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return bindir, lambda: calls.read_text().split() if calls.exists() else []
+
+
+def test_one_slurm_query_per_listing_the_version_kept_per_sinfo(stand_in_slurm):
+    from frenzy_slurm.slurm.cli import SlurmCliBackend
+
+    bindir, sinfo_calls = stand_in_slurm
+    for _ in range(3):  # three commands, each a fresh backend: the version is asked once
+        backend = SlurmCliBackend()
+        assert backend.jobs(user="nobody") == [] and backend.features().json
+    assert sinfo_calls() == ["sinfo"]
+    (bindir / "sinfo").write_text((bindir / "sinfo").read_text() + "# upgraded\n")  # another binary
+    SlurmCliBackend().jobs()
+    assert sinfo_calls() == ["sinfo", "sinfo"]
+
+
+def test_a_version_answer_someone_else_could_write_is_not_used(stand_in_slurm, tmp_path):
+    from frenzy_slurm.slurm.cli import SlurmCliBackend
+
+    _, sinfo_calls = stand_in_slurm
+    SlurmCliBackend().jobs()
+    (kept,) = (tmp_path / "cache" / "frenzy-slurm").glob("slurm-version-*.json")
+    kept.write_text(json.dumps(json.loads(kept.read_text()) | {"answer": "slurm 20.02.1"}))
+    kept.chmod(0o666)
+    backend = SlurmCliBackend()
+    backend.jobs()
+    assert backend.version == "22.05.8" and sinfo_calls() == ["sinfo", "sinfo"]
