@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 # name -> the module that defines it; loaded by __getattr__ on first access
-_API = ("Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep")
+_API = ("Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep", "wait_all")
 
 if TYPE_CHECKING:
-    from frenzy_slurm.api import Job, Metrics, Plan, WaitTimeout, job, plan, submit, sweep
+    from frenzy_slurm.api import Job, Metrics, Plan, WaitTimeout, job, plan, submit, sweep, wait_all
 
-__all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "__version__", "job", "plan", "submit", "sweep"]
+__all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "__version__", "job", "plan", "submit", "sweep", "wait_all"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@
     job.job_id, job.state            # Slurm's id; its state now (PENDING, RUNNING, COMPLETED, ...)
     job.wait()                       # until it ends: its final state (WaitTimeout after `timeout` seconds)
     job.metrics()                    # what the built-in trainer recorded: steps, step time, loss, peak memory
+    job.logs(), job.stdout()         # its output per rank (as fsqueue JOBID --log), its output file as written
     job.cancel()                     # scancel, the job directory kept
     plans = fs.sweep("model.yaml", {"training.learning_rate": [1e-4, 3e-4]})   # one plan per combination
 
@@ -19,7 +20,7 @@ Imports of the stages are deferred to the calls: `import frenzy_slurm` stays che
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +38,13 @@ if TYPE_CHECKING:
     from frenzy_slurm.sweeps import Combination
     from frenzy_slurm.track import Cancelled, TrackedJob
 
-__all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep"]
+__all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep", "wait_all"]
 
 ENDED = ("completed", "cancelled", "failed", "timeout")  # job phases (slurm.view.JOB_STATES) a job does not leave
 FIRST_POLL_S = 2.0  # as sbatch --wait: the first look after 2 s, each later wait longer
 POLL_GROWTH = 2.0
 DEFAULT_POLL_S = 30.0  # the longest wait between two looks: slurmctld is shared, and a job's end is rarely urgent
+MAX_API_LOG_BYTES = 64 << 20  # Job.logs/stdout/stderr read the last 64 MiB of a file: a whole run's log, bounded
 UNSEEN_LOOKS = 3  # a job neither in the queue nor recorded anywhere this many looks in a row is taken as gone
 SLURM_FLAGS = (
     "account",
@@ -436,6 +438,11 @@ class Job:
         return t
 
     @property
+    def last_look(self) -> TrackedJob | None:
+        """The tracker's answer of the last look (`tracked()`, `state`, `wait`, `wait_all`), None before one."""
+        return self._last
+
+    @property
     def state(self) -> str:
         """Slurm's state of the job now (PENDING, RUNNING, COMPLETED, FAILED, ...; UNKNOWN once it has left
         the queue where the site keeps no accounting and the job wrote no record)."""
@@ -450,30 +457,8 @@ class Job:
         """Until the job ends: its final state. Looks after 2 s, then ever less often up to every `poll` seconds
         (one queue query each). WaitTimeout after `timeout` seconds (the job keeps running); Ctrl-C
         (KeyboardInterrupt) stops waiting, not the job. A job that is neither in the queue nor recorded for
-        UNSEEN_LOOKS looks is returned as UNKNOWN."""
-        from frenzy_slurm.slurm.view import job_phase
-
-        if poll <= 0 or (timeout is not None and timeout < 0):
-            raise InputError(f"wait(timeout={timeout}, poll={poll}): poll must be > 0 and timeout >= 0.")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        unseen = 0
-        for delay in _delays(poll):
-            state = self.state
-            if job_phase(state) in ENDED:
-                return state
-            unseen = unseen + 1 if state == "UNKNOWN" else 0
-            if unseen >= UNSEEN_LOOKS:
-                return state
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WaitTimeout(
-                        f"job {self.job_id} is still {state} after {timeout:g} s; it keeps running "
-                        f"(`fsqueue {self.job_id}` follows it)."
-                    )
-                delay = min(delay, left)
-            _sleep(delay)
-        raise AssertionError("unreachable: _delays never ends")
+        UNSEEN_LOOKS looks is returned as UNKNOWN. `wait_all` waits for several."""
+        return wait_all([self], timeout, poll)[0]
 
     @property
     def exit_code(self) -> int | None:
@@ -523,6 +508,54 @@ class Job:
             raw=raw,
         )
 
+    def logs(
+        self,
+        *,
+        rank: int | None = None,
+        component: int | None = None,
+        tail: int | None = None,
+        merged: bool = False,
+        max_bytes: int = MAX_API_LOG_BYTES,
+    ) -> str:
+        """The job's output as text, as `fsqueue JOBID --log` prints it: a `==> rank R <==` section per rank
+        (grouped by component, the batch script's own lines first), only `rank` or the ranks of `component`,
+        the last `tail` lines of each. `merged=True`: the output files as Slurm wrote them (every rank's lines
+        interleaved, srun's `R: ` labels kept). "" before the job has written anything. Reads the last
+        `max_bytes` of each file (regular files of your own job directory only); InputError otherwise."""
+        from frenzy_slurm.track import job_logs, output_files, read_tail
+
+        if merged:
+            if rank is not None or component is not None or tail is not None:
+                raise InputError("logs(merged=True) is the files as written: rank, component and tail select sections")
+            files, _ = output_files(self.job_dir, self.job_id)
+            return "".join(read_tail(f, max_bytes)[0] for f in files if f.exists() or f.is_symlink())
+        logs = job_logs(self.job_dir, self.job_id, tail=tail, rank=rank, component=component, max_bytes=max_bytes)
+        if not logs.files:
+            return ""
+        return "".join(f"==> {s.title} <==\n" + "".join(f"{line}\n" for line in s.lines) for s in logs.sections)
+
+    def stdout(self, max_bytes: int = MAX_API_LOG_BYTES) -> str | None:
+        """The job's output file (`#SBATCH --output`) as text, as submitit's `job.stdout()`: None while it does
+        not exist (the job has not started). It holds stderr too unless the job names a separate --error."""
+        return self._read_stream("output", max_bytes)
+
+    def stderr(self, max_bytes: int = MAX_API_LOG_BYTES) -> str | None:
+        """The job's error file (`#SBATCH --error`) as text, None while it does not exist. Slurm writes stderr
+        into the output file unless the job names another (fsbatch -e): then this is the same text as
+        `stdout()`, both streams interleaved."""
+        return self._read_stream("error", max_bytes)
+
+    def _read_stream(self, kind: str, max_bytes: int) -> str | None:
+        from frenzy_slurm.track import output_streams, read_tail
+
+        streams, notes = output_streams(self.job_dir, self.job_id)
+        path = streams.get(kind)
+        if path is None:
+            raise InputError(f"job {self.job_id}: {'; '.join(notes) or f'its job.sbatch names no --{kind} file'}")
+        if not path.exists() and not path.is_symlink():
+            return None
+        return read_tail(path, max_bytes)[0]
+
     def cancel(self, signal: str | None = None) -> Cancelled:
         """Cancel the job (every component of a hetjob; with `signal`, send it that signal instead) as fscancel
         JOBID does (track.cancel_jobs); its directory is kept. The outcome says what happened: cancelled,
@@ -534,6 +567,70 @@ class Job:
         if done.outcome == "failed":
             raise SlurmRejected(f"Slurm did not cancel job {self.job_id}: {done.detail}")
         return done
+
+
+def wait_all(
+    jobs: Sequence[Job],
+    timeout: float | None = None,
+    poll: float = DEFAULT_POLL_S,
+    *,
+    on_look: Callable[[Sequence[Job]], None] | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> list[str]:
+    """Until every job has ended: their final states, in order (fsbatch --wait of a sweep). Each look is one
+    queue query for the jobs still waited for (and one accounting query for those that left the queue), after
+    2 s, then ever less often up to every `poll` seconds; `on_look(jobs)` is called after each (each job's
+    `tracked()` answer is then `job._last`), `sleep` waits between looks. WaitTimeout after `timeout` seconds;
+    a job neither in the queue nor recorded for UNSEEN_LOOKS looks in a row ends as UNKNOWN."""
+    from frenzy_slurm.slurm.view import job_phase
+
+    if poll <= 0 or (timeout is not None and timeout < 0):
+        raise InputError(f"wait(timeout={timeout}, poll={poll}): poll must be > 0 and timeout >= 0.")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    final: dict[int, str] = {}
+    unseen = {j.job_id: 0 for j in jobs}
+    for delay in _delays(poll):
+        for j in _look([j for j in jobs if j.job_id not in final]):
+            state = j._last.state if j._last is not None else "UNKNOWN"
+            unseen[j.job_id] = unseen[j.job_id] + 1 if state == "UNKNOWN" else 0
+            if job_phase(state) in ENDED or unseen[j.job_id] >= UNSEEN_LOOKS:
+                final[j.job_id] = state
+        if on_look is not None:
+            on_look(jobs)
+        if len(final) == len({j.job_id for j in jobs}):
+            return [final[j.job_id] for j in jobs]
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                waiting = [j for j in jobs if j.job_id not in final]
+                states = ", ".join(j._last.state if j._last else "UNKNOWN" for j in waiting)
+                ids = " ".join(str(j.job_id) for j in waiting)
+                raise WaitTimeout(
+                    f"job {ids} is still {states} after {timeout:g} s; it keeps running (`fsqueue {waiting[0].job_id}` "
+                    "follows it)."
+                )
+            delay = min(delay, left)
+        (sleep or _sleep)(delay)
+    raise AssertionError("unreachable: _delays never ends")
+
+
+def _look(jobs: Sequence[Job]) -> Sequence[Job]:
+    """Each job's state now into `job._last`: one queue query per backend for all of them, then their job
+    directories (with one accounting query) for those that have left the queue."""
+    from frenzy_slurm.track import frenzy_jobs, from_job_dirs
+
+    by_backend: dict[int, list[Job]] = {}
+    for j in jobs:
+        by_backend.setdefault(id(j.backend), []).append(j)
+    for group in by_backend.values():
+        backend = group[0].backend
+        found = {t.job_id: t for t in frenzy_jobs(backend.jobs(job_ids=[j.job_id for j in group]))}
+        gone = [j for j in group if j.job_id not in found]
+        if gone:
+            found |= {j.job_id: t for j, t in zip(gone, from_job_dirs([j.job_dir for j in gone], backend), strict=True)}
+        for j in group:
+            j._last = found[j.job_id]
+    return jobs
 
 
 def _delays(longest: float) -> Iterator[float]:

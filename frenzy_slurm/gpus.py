@@ -9,6 +9,8 @@ from importlib import resources
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from frenzy_slurm.yamlfile import SHIPPED_DATA_LOADER
+
 
 class GpuSpec(BaseModel):
     """One GPU model's public specifications."""
@@ -39,7 +41,7 @@ class GpuSpec(BaseModel):
 
 @cache
 def catalog() -> dict[str, GpuSpec]:
-    raw = yaml.safe_load(resources.files("frenzy_slurm").joinpath("data/gpus.yaml").read_text())
+    raw = yaml.load(resources.files("frenzy_slurm").joinpath("data/gpus.yaml").read_text(), Loader=SHIPPED_DATA_LOADER)
     return {name: GpuSpec(name=name, **values) for name, values in raw.items()}
 
 

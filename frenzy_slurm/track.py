@@ -22,15 +22,18 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import read_config_text
 from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
-from frenzy_slurm.render.planfile import PlanFile, plan_from
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmCommandError, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES
+
+if TYPE_CHECKING:  # plan.json's models (the spec, MARP's plan, HAS's decision) are imported when one is read:
+    from frenzy_slurm.render.planfile import PlanFile  # a plain `fsqueue` listing needs none of them
 
 CACHE_SECONDS = 5.0
 _STEP_TAG = re.compile(r"step(\d{1,18})")  # DeepSpeed's tag as the trainer names it (runtime.checkpoints.tag)
@@ -135,6 +138,7 @@ class TrackedJob:
     last_checkpoint_step: int | None = None
     notes: list[str] = field(default_factory=list)
     recorded: bool = True  # fsbatch's record in the job directory confirms the job (else another user's, unverified)
+    planned_run_time_s: float | None = None  # plan.json's predicted run time, where the plan itself was not read
 
     @property
     def restarts(self) -> int | None:
@@ -161,9 +165,9 @@ class TrackedJob:
 
     @property
     def predicted_remaining_s(self) -> float | None:
-        if self.plan is None:
+        total = self.plan.decision.chosen.run_time_s if self.plan is not None else self.planned_run_time_s
+        if total is None:
             return None
-        total = self.plan.decision.chosen.run_time_s
         return max(0.0, total - (self.elapsed_s or 0.0)) if self.state in ("RUNNING", "PENDING") else 0.0
 
 
@@ -216,6 +220,8 @@ def last_checkpoint(ckpt_dir: Path) -> int | None:
 
 
 def _read_plan(path: Path) -> PlanFile:
+    from frenzy_slurm.render.planfile import plan_from
+
     return plan_from(read_job_record(path, "plan"), path)
 
 
@@ -294,9 +300,23 @@ def recorded_by_fsbatch(lead: Job) -> bool:
     )
 
 
-def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
-    """The frenzy-slurm jobs among `jobs` (of `user`, if given): the user's own that fsbatch recorded
-    (`recorded_by_fsbatch`), and other users' jobs tagged `frenzy:`, marked unverified (`recorded` False)."""
+def _attach_run_time(t: TrackedJob) -> None:
+    """Only plan.json's predicted run time (a plain listing's REMAINING): its JSON, without building the plan's
+    models, from the user's own job directory as `_attach_files` reads it."""
+    if t.job_dir is None or _foreign_dir(t) is not None:
+        return
+    raw = read_job_record_or_none(t.job_dir / "plan.json")
+    chosen = ((raw or {}).get("decision") or {}).get("chosen") if isinstance(raw, dict) else None
+    value = chosen.get("run_time_s") if isinstance(chosen, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        t.planned_run_time_s = float(value)
+
+
+def frenzy_jobs(jobs: list[Job], user: str | None = None, files: bool = True) -> list[TrackedJob]:
+    """The frenzy-slurm jobs among `jobs` (of `user`, if given; hetjob components as one): the user's own that
+    fsbatch recorded (`recorded_by_fsbatch`), and other users' jobs tagged `frenzy:`, marked unverified
+    (`recorded` False); each with what its job directory records, or with `files=False` only the predicted run
+    time (the plain listing, which shows nothing else of them)."""
     out = []
     for jid, comps in sorted(group_het_jobs(jobs).items()):
         lead = comps[0]
@@ -321,8 +341,11 @@ def frenzy_jobs(jobs: list[Job], user: str | None = None) -> list[TrackedJob]:
                 f"{lead.user}'s job, tagged {TAG} in its comment: not verified as a frenzy-slurm job (only your "
                 "own jobs are checked against fsbatch's record)"
             )
-        _attach_files(t)
-        _drop_stale_finished(t)
+        if files:
+            _attach_files(t)
+            _drop_stale_finished(t)
+        else:
+            _attach_run_time(t)
         out.append(t)
     return out
 
@@ -550,6 +573,7 @@ MAX_LOG_BYTES = 4 << 20
 # srun --label (templates/_launch.j2) starts each line of a task with its rank, padded to the widest: " 3: ".
 _LABEL = re.compile(r" *(\d{1,7}): ?(.*)", re.DOTALL)
 _OUTPUT_LINE = re.compile(r"#SBATCH --(output|error)=(\S+)")
+_NAME_LINE = re.compile(r"^#SBATCH --job-name=(\S+)", re.MULTILINE)
 
 
 @dataclass
@@ -624,11 +648,21 @@ def read_tail(path: Path, max_bytes: int = MAX_LOG_BYTES) -> tuple[str, bool]:
 def output_files(job_dir: Path, job_id: int, name: str = "", user: str = "") -> tuple[list[Path], list[str]]:
     """The output (and a separate error) file of the job, from the `#SBATCH --output/--error` lines of its
     job.sbatch with %j, %x, %u and %% filled in; notes for a pattern that cannot be resolved."""
+    streams, notes = output_streams(job_dir, job_id, name, user)
+    return list(dict.fromkeys(streams.values())), notes
+
+
+def output_streams(job_dir: Path, job_id: int, name: str = "", user: str = "") -> tuple[dict[str, Path], list[str]]:
+    """`output_files` by stream: {"output": path, "error": path} (the same path where stderr goes into the
+    output file, Slurm's default), each as job.sbatch names it; %x is the script's --job-name unless `name`."""
     script = read_config_text(job_dir / "job.sbatch", "job script", 1 << 20, follow_symlinks=False)
     found: dict[str, str] = {}
     for m in _OUTPUT_LINE.finditer(script):
         found.setdefault(m.group(1), m.group(2))
-    files, notes = [], []
+    if not name and (named := _NAME_LINE.search(script)):
+        name = named.group(1)
+    files: dict[str, Path] = {}
+    notes = []
     for kind in ("output", "error"):
         pattern = found.get(kind)
         if pattern is None:
@@ -639,9 +673,7 @@ def output_files(job_dir: Path, job_id: int, name: str = "", user: str = "") -> 
             notes.append(f"--{kind}={pattern}: a file name pattern fsqueue cannot fill in; read the file yourself")
             continue
         text = text.replace("\0", "%")
-        path = Path(text) if Path(text).is_absolute() else job_dir / text
-        if path not in files:
-            files.append(path)
+        files[kind] = Path(text) if Path(text).is_absolute() else job_dir / text
     return files, notes
 
 
@@ -652,19 +684,11 @@ def _rank_components(plan: PlanFile | None) -> list[tuple[int, str]]:
     return [(k, c.partition) for k, c in enumerate(plan.decision.chosen.components) for _ in range(c.gpus)]
 
 
-def job_logs(
-    job_dir: Path,
-    job_id: int,
-    *,
-    tail: int | None = None,
-    rank: int | None = None,
-    component: int | None = None,
-    name: str = "",
-    max_bytes: int = MAX_LOG_BYTES,
-) -> JobLogs:
-    """The job's output per rank, grouped by component, batch script's lines first: the last `tail` lines of
-    each section, only `rank`, or only the ranks of `component`. Reads only regular files of the user's own
-    job directory, each bounded to its last `max_bytes`. InputError for a rank or component the plan lacks."""
+def log_ranks(
+    job_dir: Path, job_id: int, rank: int | None = None, component: int | None = None
+) -> list[tuple[int, str]]:
+    """Per global rank of the job's plan, its component and partition ([] without a readable plan.json);
+    InputError for a `rank` or `component` the plan lacks."""
     plan = None
     if os.path.lexists(job_dir / "plan.json"):
         try:
@@ -680,9 +704,61 @@ def job_logs(
             raise InputError(f"--rank {rank}: job {job_id} has ranks 0..{len(ranks) - 1}")
         if rank is not None and component is not None and ranks[rank][0] != component:
             raise InputError(f"--rank {rank} is in component {ranks[rank][0]}, not in --component {component}")
-    files, notes = output_files(job_dir, job_id, name)
+    return ranks
+
+
+def rank_of_line(line: str, ranks: list[tuple[int, str]]) -> tuple[int | None, str]:
+    """Which rank printed an output line (srun --label's prefix, a rank the plan has) and its text without
+    the label; (None, line) for the batch script's and srun's own lines."""
+    m = _LABEL.fullmatch(line)
+    if m and (not ranks or int(m.group(1)) < len(ranks)):
+        return int(m.group(1)), m.group(2)
+    return None, line
+
+
+def group_lines(
+    lines: list[tuple[int | None, str]],
+    ranks: list[tuple[int, str]],
+    rank: int | None = None,
+    component: int | None = None,
+) -> list[LogSection]:
+    """Output lines, each as (rank, text) from `rank_of_line`, as sections: the batch script's first (unless a
+    rank or component is asked for), then one per rank of the plan (and any other labelled rank), each only if
+    it is the `rank` or in the `component`."""
     batch: list[str] = []
     per_rank: dict[int, list[str]] = {}
+    for r, text in lines:
+        if r is None:
+            batch.append(text)
+        else:
+            per_rank.setdefault(r, []).append(text)
+    sections = []
+    if rank is None and component is None:
+        sections.append(LogSection(None, None, None, batch))
+    for r in sorted(set(per_rank) | set(range(len(ranks)))):
+        comp, part = ranks[r] if r < len(ranks) else (None, None)
+        if (rank is not None and r != rank) or (component is not None and comp != component):
+            continue
+        sections.append(LogSection(r, comp, part, per_rank.get(r, [])))
+    return sections
+
+
+def job_logs(
+    job_dir: Path,
+    job_id: int,
+    *,
+    tail: int | None = None,
+    rank: int | None = None,
+    component: int | None = None,
+    name: str = "",
+    max_bytes: int = MAX_LOG_BYTES,
+) -> JobLogs:
+    """The job's output per rank, grouped by component, batch script's lines first: the last `tail` lines of
+    each section, only `rank`, or only the ranks of `component`. Reads only regular files of the user's own
+    job directory, each bounded to its last `max_bytes`. InputError for a rank or component the plan lacks."""
+    ranks = log_ranks(job_dir, job_id, rank, component)
+    files, notes = output_files(job_dir, job_id, name)
+    lines: list[tuple[int | None, str]] = []
     truncated = False
     shown: list[Path] = []
     for path in files:
@@ -692,21 +768,8 @@ def job_logs(
         text, cut = read_tail(path, max_bytes)
         truncated |= cut
         shown.append(path)
-        for line in text.splitlines():
-            m = _LABEL.fullmatch(line)
-            r = int(m.group(1)) if m else None
-            if m and r is not None and (not ranks or r < len(ranks)):
-                per_rank.setdefault(r, []).append(m.group(2))
-            else:
-                batch.append(line)
-    sections = []
-    if rank is None and component is None:
-        sections.append(LogSection(None, None, None, batch))
-    for r in sorted(set(per_rank) | set(range(len(ranks)))):
-        comp, part = ranks[r] if r < len(ranks) else (None, None)
-        if (rank is not None and r != rank) or (component is not None and comp != component):
-            continue
-        sections.append(LogSection(r, comp, part, per_rank.get(r, [])))
+        lines += [rank_of_line(line, ranks) for line in text.splitlines()]
+    sections = group_lines(lines, ranks, rank, component)
     if tail is not None:
         for s in sections:
             s.lines = s.lines[-tail:] if tail > 0 else []
@@ -720,9 +783,14 @@ def tracked_logs(
 ) -> JobLogs:
     """`job_logs` of a tracked job: only of the user's own job directory (another user's job, or a directory
     not the user's, is refused naming why)."""
+    return job_logs(own_job_dir(t), t.job_id, tail=tail, rank=rank, component=component, name=t.name)
+
+
+def own_job_dir(t: TrackedJob) -> Path:
+    """The job's directory where its output may be read: the user's own (InputError naming why not)."""
     if t.job_dir is None:
         raise InputError(f"job {t.job_id}: Slurm names no working directory for it, so its output is not known")
     why = _foreign_dir(t)
     if why is not None:
         raise InputError(why)
-    return job_logs(t.job_dir, t.job_id, tail=tail, rank=rank, component=component, name=t.name)
+    return t.job_dir

@@ -40,7 +40,9 @@ EPOCH: JsonDict = {"unit": "s since 1970"}
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # defer_build: the validators are built when a calibration file is first read; a site without one (and every
+    # `fsbatch --dry-run` on it) never pays for them (behaviour is the same)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class StepTimeCorrection(_M):

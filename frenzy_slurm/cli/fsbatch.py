@@ -15,6 +15,7 @@ parses flags and prints.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -323,17 +324,33 @@ def _report(p: Plan, job: Job | None, dry_run: bool, as_json: bool, parsable: bo
 
 
 def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
-    """--wait: each job until it ends (one queue query per look, sbatch's back-off); the largest exit code, as
-    sbatch --wait takes the largest over a job's records. Ctrl-C leaves the jobs running and says so (exit 130)."""
-    err = as_json or parsable  # stdout holds only the JSON or the job ids
-    worst = 0
+    """--wait: until every job has ended (one queue query per look for all of them, sbatch's back-off); the
+    largest exit code, as sbatch --wait takes the largest over a job's records. On a terminal, stderr shows one
+    progress line per job (state, elapsed, step and loss from the trainer's progress.json), redrawn in place;
+    elsewhere nothing but the line each ended job gets. Ctrl-C leaves the jobs running and says so (exit 130)."""
+    from frenzy_slurm import api
+    from frenzy_slurm.progress import ProgressDisplay, WaitLines
+    from frenzy_slurm.slurm.view import job_phase
+
+    out = sys.stderr if as_json or parsable else sys.stdout  # stdout holds only the JSON or the job ids
+    display = ProgressDisplay(sys.stderr)
+    lines = WaitLines(display)
+    codes: dict[int, int] = {}
+
+    def ended(job: Job, state: str) -> None:
+        codes[job.job_id] = job.wait_exit_code(state)
+        display.message(f"fsbatch: job {job.job_id} ended {state}, exit code {codes[job.job_id]}", to=out)
+
+    def on_look(looked: Sequence[Job]) -> None:
+        for j in looked:
+            if j.last_look is not None and j.job_id not in codes and job_phase(j.last_look.state) in api.ENDED:
+                ended(j, j.last_look.state)
+        lines.update([j for j in looked if j.job_id not in codes])
+
     try:
-        for job in jobs:
-            state = job.wait()
-            code = job.wait_exit_code(state)
-            echo(f"fsbatch: job {job.job_id} ended {state}, exit code {code}", err=err)
-            worst = max(worst, code)
+        states = api.wait_all(jobs, on_look=on_look, sleep=lambda s: lines.sleep(s, api._sleep))
     except KeyboardInterrupt:
+        display.close()
         ids = " ".join(str(j.job_id) for j in jobs)
         echo(
             f"fsbatch: interrupted: stopped waiting; the job(s) keep running (`fsqueue {jobs[0].job_id}` follows, "
@@ -341,4 +358,8 @@ def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
             err=True,
         )
         return 130
-    return worst
+    display.close()
+    for job, state in zip(jobs, states, strict=True):
+        if job.job_id not in codes:  # a job Slurm forgot (UNKNOWN)
+            ended(job, state)
+    return max(codes.values(), default=0)

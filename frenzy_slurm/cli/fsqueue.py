@@ -3,12 +3,16 @@
     fsqueue [-u USER | --all] [--json]
     fsqueue JOBID [--json]
     fsqueue JOBID --log [--tail N] [--rank R] [--component C] [--json]
+    fsqueue JOBID --log --follow [--tail N] [--rank R] [--component C]
 
 One job-state query per invocation (your jobs, or the one asked about), cached for a few seconds; no
 cluster view. A job that has left the queue is read from its job directory, with accounting if the site
 keeps it. `--log` prints the job's output file (as its job.sbatch names it) split per rank, grouped by
 component, the batch script's own lines first (srun --label marks each rank's lines); bounded reads of
-regular files of your own job directory only.
+regular files of your own job directory only. `--follow` keeps printing new lines as they are written (a
+header where the rank changes, as `tail -f` does between files) until the job ends, then exits with the job's
+status as `fsbatch --wait` does (0 for COMPLETED, else the job's exit code, 1 where that is 0 or unknown);
+Ctrl-C stops following (exit 130), never the job (frenzy_slurm/follow.py).
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import backend_options, echo, print_json, printable, reports_errors, table
-from frenzy_slurm.cli.plan_view import fmt_gib, hms
 from frenzy_slurm.errors import InputError
+from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
 
 if TYPE_CHECKING:  # track is imported when a command runs
+    from frenzy_slurm.slurm import SlurmBackend
     from frenzy_slurm.track import TrackedJob
 
 
@@ -69,6 +74,12 @@ def _job_json(t: TrackedJob) -> dict:
 @click.option("--tail", type=click.IntRange(min=0), help="With --log: the last N lines of each rank.")
 @click.option("--rank", type=click.IntRange(min=0), help="With --log: only this (global) rank.")
 @click.option("--component", type=click.IntRange(min=0), help="With --log: only this component's ranks (0, 1, ...).")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="With --log: keep printing new lines until the job ends (then exit with its status, 0 for COMPLETED).",
+)
 @backend_options
 @click.version_option(__version__, prog_name="fsqueue")
 @reports_errors("fsqueue", json_errors=True)
@@ -81,12 +92,15 @@ def main(
     tail: int | None,
     rank: int | None,
     component: int | None,
+    follow: bool,
     backend: str,
     snapshot: Path | None,
 ) -> None:
     """Track frenzy-slurm jobs: state, GPUs per component, elapsed and predicted remaining time."""
-    if (tail is not None or rank is not None or component is not None) and not show_log:
-        raise InputError("--tail, --rank and --component go with --log (fsqueue JOBID --log --tail 20)")
+    if (tail is not None or rank is not None or component is not None or follow) and not show_log:
+        raise InputError("--tail, --rank, --component and --follow go with --log (fsqueue JOBID --log --tail 20)")
+    if follow and as_json:
+        raise InputError("--follow prints lines as they are written; --json prints the output once: drop one")
     if show_log and jobid is None:
         raise InputError("--log needs a job: fsqueue JOBID --log")
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
@@ -100,7 +114,9 @@ def main(
         except SlurmUnavailable as exc:  # the job directory still knows the plan, progress and checkpoints
             jobs, unreachable = [], exc
     else:
-        jobs = frenzy_jobs(query_jobs_cached(cluster, None if all_users else (user or getpass.getuser())))
+        # the plain table shows nothing a job directory holds but the predicted run time: no other file is read
+        queue = query_jobs_cached(cluster, None if all_users else (user or getpass.getuser()))
+        jobs = frenzy_jobs(queue, files=as_json)
     if jobid is None:
         if as_json:
             print_json([_job_json(t) for t in jobs])
@@ -137,6 +153,8 @@ def main(
                 f"Slurm did not answer ({unreachable.message.split(': ', 1)[-1]}); shown is what "
                 "the job directory records",
             )
+    if show_log and follow:
+        _follow_logs(t, cluster, tail, rank, component)
     if show_log:
         _print_logs(t, tail, rank, component, as_json)
         return
@@ -172,6 +190,7 @@ def main(
         echo("  " + ", ".join(progress))
     compared = comparison(t)
     if compared:
+        from frenzy_slurm.cli.plan_view import fmt_gib  # planning's modules: only where a comparison is shown
 
         def show(value: float | None, unit: str) -> str:
             if value is None:
@@ -215,3 +234,48 @@ def _print_logs(t: TrackedJob, tail: int | None, rank: int | None, component: in
             echo(printable(line.replace("\t", "    ")))
     for n in logs.notes:
         echo(f"note: {n}", err=True)
+
+
+def _follow_logs(
+    t: TrackedJob, cluster: SlurmBackend, tail: int | None, rank: int | None, component: int | None
+) -> None:
+    """fsqueue JOBID --log --follow: what --log prints, then each new line as it is written (a section header
+    where the rank changes), until the job ends: exits with the job's status (sys.exit), 130 on Ctrl-C."""
+    import sys
+
+    from frenzy_slurm.api import Job
+    from frenzy_slurm.follow import OutputReader, follow_job
+    from frenzy_slurm.track import group_lines, own_job_dir
+
+    reader = OutputReader(own_job_dir(t), t.job_id, rank, component, t.name)
+    job = Job(t.job_id, own_job_dir(t), cluster)
+    current = None  # the section whose lines are being printed
+
+    def emit(lines: list[tuple[int | None, str]]) -> None:
+        nonlocal current
+        for r, text in lines:
+            if reader.title(r) != current:
+                current = reader.title(r)
+                echo(f"==> {current} <==")
+            echo(printable(text.replace("\t", "    ")))
+
+    try:
+        first = reader.poll()
+        echo(f"job {t.job_id} {printable(t.name)}: {t.state}; output {', '.join(map(str, reader.files)) or '-'}")
+        for s in group_lines(first, reader.ranks, rank, component) if reader.files else []:
+            current = s.title
+            echo(f"==> {current} <==")
+            for line in s.lines if tail is None else s.lines[-tail:] if tail > 0 else []:
+                echo(printable(line.replace("\t", "    ")))
+        if not reader.files:
+            echo(f"fsqueue: job {t.job_id} is {t.state}; waiting for its output (Ctrl-C stops)", err=True)
+        state = follow_job(job, reader, emit, state=t.state)
+    except KeyboardInterrupt:  # as tail -f: Ctrl-C ends the follow quietly; the job runs on
+        sys.exit(130)
+    if not reader.files:
+        reader.notes.append("the job wrote no output file (it never started, or Slurm writes it elsewhere)")
+    for n in reader.notes:
+        echo(f"note: {n}", err=True)
+    code = job.wait_exit_code(state)
+    echo(f"fsqueue: job {t.job_id} ended {state}, exit code {code}", err=True)
+    sys.exit(code)

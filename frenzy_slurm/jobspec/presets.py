@@ -9,6 +9,7 @@ from importlib import resources
 import yaml
 
 from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.yamlfile import SHIPPED_DATA_LOADER
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class Preset:
 
 @cache
 def presets() -> dict[str, Preset]:
-    raw = yaml.safe_load(resources.files("frenzy_slurm").joinpath("data/presets.yaml").read_text())
+    text = resources.files("frenzy_slurm").joinpath("data/presets.yaml").read_text()
+    raw = yaml.load(text, Loader=SHIPPED_DATA_LOADER)
     return {
         name: Preset(name=name, source=entry["source"], params_b=entry["params_b"], arch=Architecture(**entry["arch"]))
         for name, entry in raw.items()

@@ -173,6 +173,34 @@ def probe(python: str, packages: tuple[str, ...], prefix: tuple[str, ...] = ()) 
     return {str(k): bool(v) for k, v in answer.items()}
 
 
+def probe_here(packages: tuple[str, ...]) -> dict[str, bool] | None:
+    """`probe`'s answer where the job's Python is the one running fsbatch, from this interpreter: the same
+    find_spec over the same path less sys.path[0] (the script's directory, which the probe's -P leaves out),
+    without starting another interpreter (a tenth of a dry run's time). None where only a child process may
+    ask: a dotted name's find_spec imports its parent package (torch, say), which fsbatch never imports."""
+    if any("." in name for n in packages for name in n.split("|")):
+        return None
+    import importlib.util
+
+    def found(name: str) -> bool:
+        if name in sys.modules:  # imported already, perhaps from sys.path[0]: the child process decides
+            raise LookupError(name)
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    saved = sys.path[:]
+    try:
+        if not sys.flags.safe_path and sys.path:
+            del sys.path[0]
+        return {n: any(found(name) for name in n.split("|")) for n in packages}
+    except LookupError:
+        return None
+    finally:
+        sys.path[:] = saved
+
+
 def check_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str]:
     """Notes about the job's environment; InputError (exit 2) for what would kill the job, with mode "refuse"."""
     if mode == "off":
@@ -197,7 +225,8 @@ def check_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str
     elif not jp.path.exists():
         problem = f"the job's Python {jp.path} ({jp.source}) does not exist"
     else:
-        answer = probe(str(jp.path), need)
+        here = probe_here(need) if jp.path == Path(sys.executable) else None
+        answer = here if here is not None else probe(str(jp.path), need)
         if isinstance(answer, str):
             problem = f"the job's Python {jp.path} ({jp.source}) could not be asked for {', '.join(need)}: {answer}"
         else:

@@ -1,4 +1,4 @@
-"""The built-in trainer: DeepSpeed over the plan HAS chose, with checkpoints, resume and metrics.json.
+"""The built-in trainer: DeepSpeed over the plan HAS chose, with checkpoints, resume, metrics.json and progress.json.
 
 Pipeline plans use a PipelineModule with HAS's exact layer split; ranks are laid out pipe-major
 (stage s holds ranks s*dp .. s*dp+dp-1), which is component order in the hetjob step. Data
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.marp.plan import checkpoint_route
+from frenzy_slurm.progress import ProgressRecorder
 from frenzy_slurm.records import write_json
 from frenzy_slurm.render.planfile import PlanFile, read_plan
 from frenzy_slurm.runtime import checkpoints, signals
@@ -186,6 +187,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
 
     step = start_step
     recorder = CpuMemoryRecorder().start() if device.type == "cpu" else None  # from a step before the measured one
+    progress = ProgressRecorder(job_dir, t.total_steps)  # progress.json for fsbatch --wait's line (rank 0's)
     while step < t.total_steps:
         t0 = time.perf_counter()
         measure = step == start_step + 1 or (t.total_steps - start_step == 1)
@@ -200,6 +202,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         losses.append([step, loss])
         if dist.rank == 0:
             print(f"frenzy-slurm: step {step}/{t.total_steps} loss {loss:.4f} {step_times[-1]:.3f}s", flush=True)
+            progress.step(step, loss, step_times[-1])
         stop = _stop["signal"]
         if step % interval == 0 or step == t.total_steps or stop:
             engine.save_checkpoint(str(ckpt_dir), tag=checkpoints.tag(step), client_state={"step": step})

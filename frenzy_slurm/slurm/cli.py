@@ -1,6 +1,7 @@
 """Slurm backend over the command-line tools: `sinfo`, `squeue`, `scontrol`, `sbatch`, `scancel`, `sacct`.
 
-Version-specific behaviour is decided once, from `sinfo --version`, by the FEATURES table; the text
+Version-specific behaviour is decided once, from `sinfo --version` (its answer kept per sinfo binary, so a
+command asks it once per Slurm installation: `version_answer`), by the FEATURES table; the text
 formats (`sinfo -O ...:|`, `squeue -o ...|`) serve versions without JSON and can be forced for tests.
 A view is one command per kind of data (nodes, jobs, partitions, run in parallel) plus the cluster
 name, never one per node; a job-state query is one `squeue`, accounting one `sacct` for many jobs.
@@ -13,7 +14,6 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +76,72 @@ SMALL_ANSWER = 1 << 20  # sinfo --version, sbatch --parsable and --test-only, sc
 CONFIG_ANSWER = 16 << 20  # scontrol show config / show partition
 # sbatch gives up by itself after slurm.conf's MessageTimeout (10 s by default) and retries a busy controller
 SUBMIT_TIMEOUT_S = 60.0
+
+
+MAX_VERSION_ANSWER = 256  # `slurm-wlm 22.05.8`
+
+
+def _version_cache() -> tuple[Path, str] | None:
+    """Where `sinfo --version`'s answer is kept, and the key it is kept under: the `sinfo` on PATH by path,
+    inode, size and modification time (an upgrade replaces the binary, and the key with it); None where no
+    sinfo is found (then it is run, and fails as it would)."""
+    import hashlib
+    import shutil
+
+    sinfo = shutil.which("sinfo")
+    try:
+        st = os.stat(sinfo) if sinfo else None
+    except OSError:
+        st = None
+    if sinfo is None or st is None:
+        return None
+    key = f"{os.path.realpath(sinfo)}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frenzy-slurm"
+    return base / f"slurm-version-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json", key
+
+
+def _read_private(path: Path) -> bytes | None:
+    """A small regular file of this user that no one else can write, never through a link; else None."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None
+        return os.read(fd, 4 * MAX_VERSION_ANSWER)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def version_answer(timeout: float) -> str:
+    """`sinfo --version`'s answer, kept per sinfo binary (`_version_cache`): a command such as `fsqueue`
+    asks Slurm one question (squeue), not two; the version is asked again once sinfo changes."""
+    where = _version_cache()
+    if where is not None:
+        raw = _read_private(where[0])
+        try:
+            kept = json.loads(raw) if raw else None
+        except ValueError:
+            kept = None
+        if isinstance(kept, dict) and kept.get("key") == where[1] and isinstance(kept.get("answer"), str):
+            return kept["answer"][:MAX_VERSION_ANSWER]
+    out = run(["sinfo", "--version"], timeout=timeout, max_bytes=SMALL_ANSWER).stdout
+    if where is not None and len(out) <= MAX_VERSION_ANSWER:
+        try:
+            parse_version(out)  # only a readable answer is kept
+            from frenzy_slurm.records import write_atomic
+
+            where[0].parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_atomic(where[0], json.dumps({"key": where[1], "answer": out}))
+        except (SlurmUnexpected, OSError):
+            pass  # unreadable: parse_version's caller says so; a read-only home asks each time
+    return out
 
 
 def features_for(version: tuple[int, int]) -> Features:
@@ -387,7 +453,7 @@ class SlurmCliBackend:
             conf = os.environ.get("SLURM_CONF")
             if conf and not Path(conf).is_file():  # the tools would spend ~20 s on DNS SRV look-ups first
                 raise SlurmUnavailable(f"SLURM_CONF={conf} does not exist; point it at the cluster's slurm.conf.")
-            out = run(["sinfo", "--version"], timeout=self.timeout, max_bytes=SMALL_ANSWER).stdout
+            out = version_answer(self.timeout)
             version = parse_version(out)
             self.version = out.strip().split()[-1][:40] if out.strip() else None
             self._features = features_for(version)
@@ -416,6 +482,8 @@ class SlurmCliBackend:
             cmds = {"nodes": ["sinfo", "-N", "-h", "-O", SINFO_TEXT_FIELDS]}
         cmds["jobs"] = self._squeue_argv([])
         cmds["partitions"] = ["scontrol", "-o", "show", "partition"]
+        from concurrent.futures import ThreadPoolExecutor  # here: fsqueue, which asks only squeue, never loads it
+
         with ThreadPoolExecutor(max_workers=3) as pool:
             env = dict(os.environ, **TIME_ENV)
             futures = {

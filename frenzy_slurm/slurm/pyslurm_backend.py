@@ -56,6 +56,12 @@ def slurm_config_present() -> bool:
 
 def pyslurm_version() -> str | None:
     """The installed pyslurm's version, read from its metadata (no import)."""
+    import importlib.util
+
+    # where no pyslurm is on the path (most sites), say so without scanning every installed distribution's
+    # metadata: a look-up in the path finders' caches, not the tens of milliseconds of importlib.metadata
+    if importlib.util.find_spec("pyslurm") is None:
+        return None
     try:
         return metadata.version("pyslurm")
     except metadata.PackageNotFoundError:

@@ -119,7 +119,9 @@ class PoolKey(NamedTuple):
 
 
 class _M(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # defer_build: a model's validator is built when it first validates, not at import; `fsqueue` validates Job
+    # rows only and never pays for ClusterView, Node, Partition or the QOS models (behaviour is the same)
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Partition(_M):

@@ -41,7 +41,7 @@ FILE_MODE = 0o600
 SCRIPT_MODE = 0o700
 GROUP_READABLE = 0o050  # added to directories (r-x) where the site file says job_dirs_group_readable; 0o040 to files
 # What a job (or Slurm for it) writes: a directory holding any of these belongs to a job that was submitted.
-_JOB_OUTPUT = ("submission.json", "started.json", "finished.json", "metrics.json", "checkpoints")
+_JOB_OUTPUT = ("submission.json", "started.json", "finished.json", "metrics.json", "progress.json", "checkpoints")
 # What fsbatch itself writes before the job runs: the only names an existing directory may hold to be reused.
 _RENDERED = ("job.sbatch", "plan.json", "model.yaml", "ds_config.json", "calibration.json", "rejected.json")
 
