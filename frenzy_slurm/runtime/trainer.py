@@ -340,9 +340,6 @@ def _resume_source(job_dir: Path, pf: PlanFile, dist: DistEnv) -> ResumeSource |
 def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEnv) -> ResumeSource:
     """Rank 0 converts the checkpoint (checked against its manifest) to DeepSpeed's universal checkpoint in this
     job's checkpoints/ (a new directory each run: nothing there is loaded that this run did not write)."""
-    import subprocess
-    import sys
-
     import torch
 
     name = f"moved-{job_id}-{source.name}-universal-r{os.environ.get('SLURM_RESTART_COUNT', '0')}"
@@ -351,30 +348,11 @@ def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEn
     if dist.rank == 0:
         (job_dir / "checkpoints").mkdir(mode=0o700, exist_ok=True)
         work = job_dir / "checkpoints" / f".{name}.tmp-{os.getpid()}"
-        argv = [
-            sys.executable,
-            "-m",
-            "deepspeed.checkpoint.ds_to_universal",
-            "--input_folder",
-            str(source),
-            "--output_folder",
-            str(work),
-            "--inject_missing_state",  # the built-in model carries no universal_checkpoint_info
-            "--num_extract_workers",
-            "1",
-            "--num_merge_workers",
-            "1",
-        ]
         t0 = time.time()
-        # the job directory is named through this process's descriptor (/proc/self/fd/N): the converter keeps it
-        fds = (int(job_dir.name),) if str(job_dir).startswith("/proc/self/fd/") else ()
-        done = subprocess.run(argv, capture_output=True, text=True, pass_fds=fds, check=False)
-        if done.returncode == 0:
+        failed = convert_to_universal(source, work, job_dir)
+        if not failed:
             os.rename(work, target)
             print(f"frenzy-slurm: converted {source.name} to a universal checkpoint in {time.time() - t0:.1f} s")
-        else:
-            lines = (done.stderr or done.stdout).strip().splitlines()
-            failed = lines[-1] if lines else f"exit {done.returncode}"
     said = [failed]
     torch.distributed.broadcast_object_list(said, src=0)
     if said[0]:
@@ -385,6 +363,47 @@ def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEn
             f"(deepspeed.checkpoint.ds_to_universal: {said[0]}). Submit again with fsbatch."
         )
     return ResumeSource(job_dir / "checkpoints", name, step, universal=True)
+
+
+def converter_argv(source: Path, work: Path) -> list[str]:
+    """DeepSpeed's converter from `source` (a checkpoint tag) to a universal checkpoint in `work`, run as
+    frenzy-slurm's other children are: -P, so that neither the working directory nor the script's directory
+    lands on sys.path (a deepspeed/ or torch.py planted in the job directory would be imported otherwise)."""
+    import sys
+
+    return [
+        sys.executable,
+        "-P",
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(source),
+        "--output_folder",
+        str(work),
+        "--inject_missing_state",  # the built-in model carries no universal_checkpoint_info
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
+
+
+def convert_to_universal(source: Path, work: Path, job_dir: Path) -> str:
+    """Run the converter from "/" (not the job directory, the job's working directory) with PYTHONPATH's empty
+    and relative entries dropped (-P does not drop those: '' means the working directory); "" on success, else
+    its last line of output."""
+    import subprocess
+
+    from frenzy_slurm.runtime.children import child_env
+
+    # the job directory is named through this process's descriptor (/proc/self/fd/N): the converter keeps it
+    fds = (int(job_dir.name),) if str(job_dir).startswith("/proc/self/fd/") else ()
+    argv = converter_argv(source, work)
+    done = subprocess.run(argv, capture_output=True, text=True, pass_fds=fds, cwd="/", env=child_env(), check=False)
+    if done.returncode == 0:
+        return ""
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit {done.returncode}"
 
 
 def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv, named: str | None = None) -> str | None:
