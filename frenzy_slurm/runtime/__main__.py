@@ -44,6 +44,7 @@ def _run(argv: list[str] | None) -> int:
     ap.add_argument("--script", type=Path)
     ap.add_argument("args", nargs=argparse.REMAINDER)
     ns = ap.parse_args(argv)
+    drop_inherited()
     dist = from_environ()
     dist.export()
     trusted = open_job_dir(ns.job_dir)  # before anything there is read
@@ -85,6 +86,17 @@ def _run(argv: list[str] | None) -> int:
     from frenzy_slurm.runtime.trainer import run_training
 
     return run_training(trusted.via_fd, dist)  # through the directory checked, whatever its path names later
+
+
+# What the runtime alone tells the job: sbatch exports the submitter's environment (--export=ALL), so a value left in
+# the login shell (an earlier job's, or one set on purpose) would otherwise reach a job it was never meant for.
+RUNTIME_SET = ("FRENZY_RESUME_DIR", "FRENZY_STOP_SIGNAL")
+
+
+def drop_inherited() -> None:
+    """Forget RUNTIME_SET as inherited; the runtime sets each again only from what it checked itself."""
+    for key in RUNTIME_SET:
+        os.environ.pop(key, None)
 
 
 def moved_checkpoints(job_dir: Path) -> Path | None:
