@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,41 @@ def test_every_python_child_the_package_starts_passes_P():
             if isinstance(second, ast.Constant) and str(second.value).startswith("-") and second.value != "-P":
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, offenders
+
+
+FAKE_PYNVML = (
+    "from tests.nvml_fake import FakeNvml\n"
+    "_fake = FakeNvml('pcie-4xa10.json')\n"
+    "def __getattr__(name):\n"
+    "    return getattr(_fake, name)\n"
+)
+
+
+def test_the_nvml_sampler_never_holds_the_steps_output(tmp_path):
+    """slurmstepd forwards a task's stdout/stderr to srun until every process holding them has closed them: a
+    sampler that inherited them kept the step open for up to a sample after the script ended (or for ever, if
+    it hung). Here the sampler (on a fake NVML) sleeps 30 s between samples; its starter's pipes must close
+    when the starter exits."""
+    import time
+
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "pynvml.py").write_text(FAKE_PYNVML)
+    job = tmp_path / "job"
+    job.mkdir(mode=0o700)
+    # the starter (the script, in a job) ends once the sampler has taken its first sample and sleeps
+    code = (
+        "import time\nfrom pathlib import Path\nfrom frenzy_slurm.runtime.nvml_sampler import start_beside\n"
+        f"job = Path({str(job)!r})\nstart_beside(job, interval=30)\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not list(job.glob('nvml-*.json')) and time.monotonic() < deadline:\n    time.sleep(0.2)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{fake}:{ROOT}"}
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    took = time.monotonic() - t0
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == "", res.stderr
+    assert took < 25, f"the starter's output stayed open {took:.0f} s: the sampler held it"
+    assert list(job.glob("nvml-*.json")), "the sampler did not sample (so the check above proves nothing)"
+    (log,) = job.glob("nvml-*.log")
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
