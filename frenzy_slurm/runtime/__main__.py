@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from frenzy_slurm.runtime import signals
 
@@ -114,12 +115,29 @@ def moved_checkpoints(job_dir: Path) -> Path | None:
     return Path(moved.job_dir) / "checkpoints"
 
 
+def run_and_finish(argv: list[str] | None = None) -> NoReturn:
+    """main(), then end as runtime/ending.py says: the process group down on every path, and an exit status
+    decided here, never by the interpreter's teardown (std::terminate in a C++ destructor turned finished runs
+    into FAILED ones). An unexpected exception prints its traceback and exits 1; the group is down by then."""
+    from frenzy_slurm.runtime import ending
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's --help and usage errors
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - reported, then the exit below
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    try:
+        ending.close_process_group(barrier=False)  # the trainer closed it already where it could wait for peers
+    except Exception as exc:  # noqa: BLE001 - the outcome is decided: report and go on to the exit
+        print(f"frenzy-slurm: closing the process group: {exc}", file=sys.stderr)
+    ending.finish(code)
+
+
 if __name__ == "__main__":
-    code = main()
-    if code != 0:
-        # A refusal after torch's distributed start-up: gloo's threads may still run, and the interpreter's
-        # teardown then aborts (std::terminate, SIGABRT) instead of exiting with the refusal's code (seen in CI).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    run_and_finish()

@@ -252,10 +252,11 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         write_json(job_dir / "metrics.json", metrics)
         if os.environ.get("SLURM_JOB_ID") and (_stop["signal"] == "SIGUSR2" or _preempted()):
             _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
-    torch.distributed.barrier()
-    # every rank is done: take the process group down, which joins gloo's threads; an interpreter that exits with
-    # them running aborts in std::terminate (SIGABRT, exit 134) after a successful run
-    torch.distributed.destroy_process_group()
+    # every rank is done: the group down after a barrier (runtime/ending.py; `python -m frenzy_slurm.runtime` then
+    # exits with os._exit, so no C++ destructor at interpreter exit can turn this finished run into a failed one)
+    from frenzy_slurm.runtime.ending import close_process_group
+
+    close_process_group(barrier=True)
     return 0
 
 
