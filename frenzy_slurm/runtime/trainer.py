@@ -109,16 +109,12 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     from frenzy_slurm.units import GiB
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
-    if backend == "gloo":
-        from frenzy_slurm.runtime.shm import claim_allreduce_segment, uses_shm_allreduce
+    from frenzy_slurm.runtime.shm import start_deepspeed_comm, uses_shm_allreduce
 
-        if uses_shm_allreduce(dist.world_size):  # every rank names its own segment before the rendezvous
-            claim_allreduce_segment(dist.rank)
-    deepspeed.init_distributed(dist_backend=backend)
-    if backend == "gloo":  # DeepSpeed's CPU accelerator may have made a shared-memory segment per rank
-        from frenzy_slurm.runtime.shm import release_allreduce_segment
-
-        release_allreduce_segment(dist.rank)
+    if backend == "gloo" and uses_shm_allreduce(dist.world_size):  # DeepSpeed will make shared-memory segments
+        start_deepspeed_comm(dist.rank, dist.world_size, partial(deepspeed.init_distributed, dist_backend=backend))
+    else:
+        deepspeed.init_distributed(dist_backend=backend)
     torch.manual_seed(t.seed)
     ds_config = json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
