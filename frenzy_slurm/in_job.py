@@ -17,7 +17,8 @@ job but is missed (import this module first); one that came before the script st
 (`requeue()`, rank 0 only: one request per job) and the next run finds its checkpoint with
 `latest_checkpoint()`. After TERM it is not: Slurm requeues a preempted job itself, and scancel means stop.
 
-Only the standard library is imported here (and frenzy-slurm's Slurm seam when requeueing), never torch:
+Only the standard library is imported here (and frenzy-slurm's Slurm seam when requeueing, its directory checks
+when resuming from a moved job's checkpoints), never torch:
 import it first, before the seconds-long imports a signal could otherwise interrupt.
 """
 
@@ -80,9 +81,26 @@ def latest_checkpoint() -> Path | None:
     ($FRENZY_RESUME_DIR) until it has saved one of its own; saves still go to checkpoint_dir()."""
     own = _latest_in(checkpoint_dir())
     moved = os.environ.get("FRENZY_RESUME_DIR")
-    if own is None and moved and Path(moved).is_dir():
+    if own is None and moved and _private_checkpoints(Path(moved)):
         return _latest_in(Path(moved))
     return own
+
+
+def _private_checkpoints(path: Path) -> bool:
+    """Whether a moved job's checkpoints/ may be resumed from: it and its job directory are this user's and
+    writable by no one else, as is every directory above (submit.jobdir.check_private_dir). Else a note on stderr
+    and False: loading another user's files would run their code (torch.load unpickles)."""
+    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.submit.jobdir import check_private_dir
+
+    try:
+        if not path.is_dir():
+            return False
+        check_private_dir(path, "FRENZY_RESUME_DIR")
+    except FrenzyError as exc:
+        print(f"frenzy-slurm: not resuming from {path}: {exc.message}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def _latest_in(base: Path) -> Path | None:

@@ -27,7 +27,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
 
     deepspeed.init_distributed(dist_backend="gloo")
     existed = segment_path(rank).exists()
-    removed = release_allreduce_segment(rank)
+    removed = release_allreduce_segment(segment_path(rank))
     t = torch.full((4,), float(rank + 1))
     deepspeed.comm.all_reduce(t)  # the job goes on after the names are gone
     Path(out, f"{rank}").write_text(f"{existed} {removed} {t[0].item()}")

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from frenzy_slurm.runtime import signals
 
@@ -44,6 +45,7 @@ def _run(argv: list[str] | None) -> int:
     ap.add_argument("--script", type=Path)
     ap.add_argument("args", nargs=argparse.REMAINDER)
     ns = ap.parse_args(argv)
+    drop_inherited()
     dist = from_environ()
     dist.export()
     trusted = open_job_dir(ns.job_dir)  # before anything there is read
@@ -87,6 +89,17 @@ def _run(argv: list[str] | None) -> int:
     return run_training(trusted.via_fd, dist)  # through the directory checked, whatever its path names later
 
 
+# What the runtime alone tells the job: sbatch exports the submitter's environment (--export=ALL), so a value left in
+# the login shell (an earlier job's, or one set on purpose) would otherwise reach a job it was never meant for.
+RUNTIME_SET = ("FRENZY_RESUME_DIR", "FRENZY_STOP_SIGNAL")
+
+
+def drop_inherited() -> None:
+    """Forget RUNTIME_SET as inherited; the runtime sets each again only from what it checked itself."""
+    for key in RUNTIME_SET:
+        os.environ.pop(key, None)
+
+
 def moved_checkpoints(job_dir: Path) -> Path | None:
     """The checkpoints/ of the job `frenzy-slurm watch` moved to this one (plan.json's `moved_from`), once that
     directory is checked to be the user's and writable by no one else; None for a job that was not moved."""
@@ -102,12 +115,29 @@ def moved_checkpoints(job_dir: Path) -> Path | None:
     return Path(moved.job_dir) / "checkpoints"
 
 
+def run_and_finish(argv: list[str] | None = None) -> NoReturn:
+    """main(), then end as runtime/ending.py says: the process group down on every path, and an exit status
+    decided here, never by the interpreter's teardown (std::terminate in a C++ destructor turned finished runs
+    into FAILED ones). An unexpected exception prints its traceback and exits 1; the group is down by then."""
+    from frenzy_slurm.runtime import ending
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's --help and usage errors
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - reported, then the exit below
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    try:
+        ending.close_process_group(barrier=False)  # the trainer closed it already where it could wait for peers
+    except Exception as exc:  # noqa: BLE001 - the outcome is decided: report and go on to the exit
+        print(f"frenzy-slurm: closing the process group: {exc}", file=sys.stderr)
+    ending.finish(code)
+
+
 if __name__ == "__main__":
-    code = main()
-    if code != 0:
-        # A refusal after torch's distributed start-up: gloo's threads may still run, and the interpreter's
-        # teardown then aborts (std::terminate, SIGABRT) instead of exiting with the refusal's code (seen in CI).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    run_and_finish()

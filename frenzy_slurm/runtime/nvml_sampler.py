@@ -237,10 +237,26 @@ def start_beside(job_dir: Path, interval: float = 2.0) -> None:
     import subprocess
 
     # -P and cwd="/": the job's working directory (and an empty PYTHONPATH entry, which means it) never
-    # reaches sys.path, so a pynvml.py or frenzy_slurm/ planted there is not imported (docs/security.md)
-    subprocess.Popen(
-        sampler_argv(Path(job_dir).absolute(), os.getpid(), interval), stdin=subprocess.DEVNULL, close_fds=True, cwd="/"
+    # reaches sys.path, so a pynvml.py or frenzy_slurm/ planted there is not imported (docs/security.md).
+    # Its output goes to its own file, never to the step's stdout/stderr: slurmstepd forwards those to srun
+    # until every holder has closed them, so a sampler outliving the script by a sample would hold the step open.
+    job_dir = Path(job_dir).absolute()
+    log = os.open(
+        job_dir / f"nvml-{socket.gethostname()}.log",
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
     )
+    try:
+        subprocess.Popen(
+            sampler_argv(job_dir, os.getpid(), interval),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            close_fds=True,
+            cwd="/",
+        )
+    finally:
+        os.close(log)
 
 
 def sampler_argv(job_dir: Path, watch_pid: int, interval: float) -> list[str]:

@@ -110,16 +110,12 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     from frenzy_slurm.units import GiB
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
-    if backend == "gloo":
-        from frenzy_slurm.runtime.shm import claim_allreduce_segment, uses_shm_allreduce
+    from frenzy_slurm.runtime.shm import start_deepspeed_comm, uses_shm_allreduce
 
-        if uses_shm_allreduce(dist.world_size):  # every rank names its own segment before the rendezvous
-            claim_allreduce_segment(dist.rank)
-    deepspeed.init_distributed(dist_backend=backend)
-    if backend == "gloo":  # DeepSpeed's CPU accelerator may have made a shared-memory segment per rank
-        from frenzy_slurm.runtime.shm import release_allreduce_segment
-
-        release_allreduce_segment(dist.rank)
+    if backend == "gloo" and uses_shm_allreduce(dist.world_size):  # DeepSpeed will make shared-memory segments
+        start_deepspeed_comm(dist.rank, dist.world_size, partial(deepspeed.init_distributed, dist_backend=backend))
+    else:
+        deepspeed.init_distributed(dist_backend=backend)
     torch.manual_seed(t.seed)
     ds_config = json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
@@ -255,10 +251,11 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         write_json(job_dir / "metrics.json", metrics)
         if os.environ.get("SLURM_JOB_ID") and (_stop["signal"] == "SIGUSR2" or _preempted()):
             _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
-    torch.distributed.barrier()
-    # every rank is done: take the process group down, which joins gloo's threads; an interpreter that exits with
-    # them running aborts in std::terminate (SIGABRT, exit 134) after a successful run
-    torch.distributed.destroy_process_group()
+    # every rank is done: the group down after a barrier (runtime/ending.py; `python -m frenzy_slurm.runtime` then
+    # exits with os._exit, so no C++ destructor at interpreter exit can turn this finished run into a failed one)
+    from frenzy_slurm.runtime.ending import close_process_group
+
+    close_process_group(barrier=True)
     return 0
 
 
@@ -343,9 +340,6 @@ def _resume_source(job_dir: Path, pf: PlanFile, dist: DistEnv) -> ResumeSource |
 def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEnv) -> ResumeSource:
     """Rank 0 converts the checkpoint (checked against its manifest) to DeepSpeed's universal checkpoint in this
     job's checkpoints/ (a new directory each run: nothing there is loaded that this run did not write)."""
-    import subprocess
-    import sys
-
     import torch
 
     name = f"moved-{job_id}-{source.name}-universal-r{os.environ.get('SLURM_RESTART_COUNT', '0')}"
@@ -354,30 +348,11 @@ def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEn
     if dist.rank == 0:
         (job_dir / "checkpoints").mkdir(mode=0o700, exist_ok=True)
         work = job_dir / "checkpoints" / f".{name}.tmp-{os.getpid()}"
-        argv = [
-            sys.executable,
-            "-m",
-            "deepspeed.checkpoint.ds_to_universal",
-            "--input_folder",
-            str(source),
-            "--output_folder",
-            str(work),
-            "--inject_missing_state",  # the built-in model carries no universal_checkpoint_info
-            "--num_extract_workers",
-            "1",
-            "--num_merge_workers",
-            "1",
-        ]
         t0 = time.time()
-        # the job directory is named through this process's descriptor (/proc/self/fd/N): the converter keeps it
-        fds = (int(job_dir.name),) if str(job_dir).startswith("/proc/self/fd/") else ()
-        done = subprocess.run(argv, capture_output=True, text=True, pass_fds=fds, check=False)
-        if done.returncode == 0:
+        failed = convert_to_universal(source, work, job_dir)
+        if not failed:
             os.rename(work, target)
             print(f"frenzy-slurm: converted {source.name} to a universal checkpoint in {time.time() - t0:.1f} s")
-        else:
-            lines = (done.stderr or done.stdout).strip().splitlines()
-            failed = lines[-1] if lines else f"exit {done.returncode}"
     said = [failed]
     torch.distributed.broadcast_object_list(said, src=0)
     if said[0]:
@@ -388,6 +363,47 @@ def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEn
             f"(deepspeed.checkpoint.ds_to_universal: {said[0]}). Submit again with fsbatch."
         )
     return ResumeSource(job_dir / "checkpoints", name, step, universal=True)
+
+
+def converter_argv(source: Path, work: Path) -> list[str]:
+    """DeepSpeed's converter from `source` (a checkpoint tag) to a universal checkpoint in `work`, run as
+    frenzy-slurm's other children are: -P, so that neither the working directory nor the script's directory
+    lands on sys.path (a deepspeed/ or torch.py planted in the job directory would be imported otherwise)."""
+    import sys
+
+    return [
+        sys.executable,
+        "-P",
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(source),
+        "--output_folder",
+        str(work),
+        "--inject_missing_state",  # the built-in model carries no universal_checkpoint_info
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
+
+
+def convert_to_universal(source: Path, work: Path, job_dir: Path) -> str:
+    """Run the converter from "/" (not the job directory, the job's working directory) with PYTHONPATH's empty
+    and relative entries dropped (-P does not drop those: '' means the working directory); "" on success, else
+    its last line of output."""
+    import subprocess
+
+    from frenzy_slurm.runtime.children import child_env
+
+    # the job directory is named through this process's descriptor (/proc/self/fd/N): the converter keeps it
+    fds = (int(job_dir.name),) if str(job_dir).startswith("/proc/self/fd/") else ()
+    argv = converter_argv(source, work)
+    done = subprocess.run(argv, capture_output=True, text=True, pass_fds=fds, cwd="/", env=child_env(), check=False)
+    if done.returncode == 0:
+        return ""
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit {done.returncode}"
 
 
 def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv, named: str | None = None) -> str | None:
