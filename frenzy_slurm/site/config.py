@@ -51,13 +51,13 @@ _MAX_GPUS_PER_NODE = 256
 _MAX_CPUS_PER_GPU = 1024
 _MAX_OVERHEAD_MIN = 525_600.0  # one year, in minutes
 # units, shown with a value's allowed range when it is out of it (yamlfile.allowed_range)
-GIB: JsonDict = {"unit": "GiB"}
-TFLOPS: JsonDict = {"unit": "TFLOP/s"}
-GBS: JsonDict = {"unit": "GB/s"}
-SECONDS: JsonDict = {"unit": "s"}
-FRACTION: JsonDict = {"unit": "(a fraction)"}
-PER_NODE: JsonDict = {"unit": "GPUs per node"}
-PER_GPU: JsonDict = {"unit": "CPUs per GPU"}
+IN_GIB: JsonDict = {"unit": "GiB"}
+IN_TFLOPS: JsonDict = {"unit": "TFLOP/s"}
+IN_GBS: JsonDict = {"unit": "GB/s"}
+IN_SECONDS: JsonDict = {"unit": "s"}
+IN_FRACTION: JsonDict = {"unit": "(a fraction)"}
+IN_GPUS_PER_NODE: JsonDict = {"unit": "GPUs per node"}
+IN_CPUS_PER_GPU: JsonDict = {"unit": "CPUs per GPU"}
 # Slurm partition and GRES type names reach job.sbatch (`#SBATCH --partition=`, `--gres=gpu:TYPE:N`): plain
 # words, matched in full (a trailing newline would end the #SBATCH line)
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+@%-]{1,256}\Z")
@@ -76,26 +76,36 @@ def _slurm_name(what: str, value: str) -> str:
 class GpuOverrides(_M):
     """Any catalog value, replaced for this site (e.g. a power-capped part)."""
 
-    memory_gib: float | None = Field(None, gt=0, le=_MAX_GIB, json_schema_extra=GIB, description="Device memory, GiB.")
-    fp32: float | None = Field(None, gt=0, le=_MAX_TFLOPS, json_schema_extra=TFLOPS, description="Peak FP32 TFLOP/s.")
-    tf32: float | None = Field(None, gt=0, le=_MAX_TFLOPS, json_schema_extra=TFLOPS, description="Peak TF32 TFLOP/s.")
-    bf16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, json_schema_extra=TFLOPS, description="Peak BF16 TFLOP/s.")
-    fp16: float | None = Field(None, gt=0, le=_MAX_TFLOPS, json_schema_extra=TFLOPS, description="Peak FP16 TFLOP/s.")
+    memory_gib: float | None = Field(
+        None, gt=0, le=_MAX_GIB, json_schema_extra=IN_GIB, description="Device memory, GiB."
+    )
+    fp32: float | None = Field(
+        None, gt=0, le=_MAX_TFLOPS, json_schema_extra=IN_TFLOPS, description="Peak FP32 TFLOP/s."
+    )
+    tf32: float | None = Field(
+        None, gt=0, le=_MAX_TFLOPS, json_schema_extra=IN_TFLOPS, description="Peak TF32 TFLOP/s."
+    )
+    bf16: float | None = Field(
+        None, gt=0, le=_MAX_TFLOPS, json_schema_extra=IN_TFLOPS, description="Peak BF16 TFLOP/s."
+    )
+    fp16: float | None = Field(
+        None, gt=0, le=_MAX_TFLOPS, json_schema_extra=IN_TFLOPS, description="Peak FP16 TFLOP/s."
+    )
     mem_bw_gbs: float | None = Field(
-        None, gt=0, le=_MAX_GBS, json_schema_extra=GBS, description="Memory bandwidth, GB/s."
+        None, gt=0, le=_MAX_GBS, json_schema_extra=IN_GBS, description="Memory bandwidth, GB/s."
     )
     efficiency: float | None = Field(
-        None, ge=0.01, le=1, json_schema_extra=FRACTION, description="Training utilisation assumed for step time."
+        None, ge=0.01, le=1, json_schema_extra=IN_FRACTION, description="Training utilisation assumed for step time."
     )
     step_overhead_s: float | None = Field(
         None,
         ge=0,
         le=_MAX_S,
-        json_schema_extra=SECONDS,
+        json_schema_extra=IN_SECONDS,
         description="Fixed seconds per optimizer step (usually written by `frenzy-slurm calibrate`).",
     )
     microbatch_overhead_s: float | None = Field(
-        None, ge=0, le=_MAX_S, json_schema_extra=SECONDS, description="Fixed seconds per micro-batch slot."
+        None, ge=0, le=_MAX_S, json_schema_extra=IN_SECONDS, description="Fixed seconds per micro-batch slot."
     )
 
 
@@ -104,11 +114,11 @@ class SiteDefaults(_M):
         25.0,
         gt=0,
         le=_MAX_GBS,
-        json_schema_extra=GBS,
+        json_schema_extra=IN_GBS,
         description="Network bandwidth per GPU between nodes, GB/s (25 = 200 Gb/s).",
     )
     usable_fraction: float = Field(
-        0.95, gt=0.5, le=1.0, json_schema_extra=FRACTION, description="Share of GPU memory plans may use."
+        0.95, gt=0.5, le=1.0, json_schema_extra=IN_FRACTION, description="Share of GPU memory plans may use."
     )
 
 
@@ -123,20 +133,22 @@ class Pool(_M):
         "which model they are, and jobs ask for them as --gres=gpu:N.",
     )
     gpu: str = Field(description="GPU model from the catalog (`frenzy-slurm site catalog`), e.g. A100-80GB.")
-    gpus_per_node: int = Field(gt=0, le=_MAX_GPUS_PER_NODE, json_schema_extra=PER_NODE, description="GPUs per node.")
+    gpus_per_node: int = Field(
+        gt=0, le=_MAX_GPUS_PER_NODE, json_schema_extra=IN_GPUS_PER_NODE, description="GPUs per node."
+    )
     intra_node: IntraLink | float = Field(description="GPU-to-GPU link in a node: nvlink1-5, pcie3-5, or GB/s.")
     cpus_per_gpu: int = Field(
         4,
         gt=0,
         le=_MAX_CPUS_PER_GPU,
-        json_schema_extra=PER_GPU,
+        json_schema_extra=IN_CPUS_PER_GPU,
         description="CPUs requested per GPU (one task per GPU).",
     )
     inter_node_gbs: float | None = Field(
-        None, gt=0, le=_MAX_GBS, json_schema_extra=GBS, description="Network GB/s per GPU; default from `defaults`."
+        None, gt=0, le=_MAX_GBS, json_schema_extra=IN_GBS, description="Network GB/s per GPU; default from `defaults`."
     )
     usable_fraction: float | None = Field(
-        None, gt=0.5, le=1.0, json_schema_extra=FRACTION, description="Default from `defaults`."
+        None, gt=0.5, le=1.0, json_schema_extra=IN_FRACTION, description="Default from `defaults`."
     )
     overrides: GpuOverrides = Field(default_factory=GpuOverrides, description="Catalog values replaced for this site.")
     unconfirmed: list[Literal["gpu", "intra_node"]] = Field(
@@ -239,7 +251,7 @@ class Preemption(_M):
         None,
         gt=0,
         le=1,
-        json_schema_extra=FRACTION,
+        json_schema_extra=IN_FRACTION,
         description="The most of one pool's GPUs HAS gives a preemptible job; null: the site's max_job_share. "
         "A larger share lets it use idle GPUs, which the jobs that arrive later take back by preempting it "
         "(in simulation it measured no better than the site's share, docs/simulation-model.md).",
@@ -248,7 +260,7 @@ class Preemption(_M):
         None,
         gt=0,
         le=1,
-        json_schema_extra=FRACTION,
+        json_schema_extra=IN_FRACTION,
         description="The most of one pool's GPUs `frenzy-slurm watch` moves a running preemptible job onto while "
         "no job waits anywhere (idle GPUs; the next job to arrive preempts it); null: max_job_share holds it "
         "(1.0 measured best in simulation, docs/simulation.md).",
@@ -257,7 +269,7 @@ class Preemption(_M):
         300.0,
         gt=0,
         le=86400,
-        json_schema_extra=SECONDS,
+        json_schema_extra=IN_SECONDS,
         description="What `frenzy-slurm watch` takes a move of a running job to cost, seconds: the checkpoint's "
         "save, the new job's start-up and the restore. A move is made only where it still finishes the job "
         "sooner.",
@@ -291,7 +303,7 @@ class SiteConfig(_M):
         0.5,
         gt=0,
         le=1,
-        json_schema_extra=FRACTION,
+        json_schema_extra=IN_FRACTION,
         description="The most of one pool's GPUs HAS gives one job, unless it needs more to fit "
         "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
         "1.0 lets one job take a whole pool when that finishes it soonest.",
