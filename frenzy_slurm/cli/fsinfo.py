@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import cluster_options, reports_errors, table
+from frenzy_slurm.cli.common import QuietPipeCommand, cluster_options, reports_errors, table
 from frenzy_slurm.gpus import match_gpu
 from frenzy_slurm.site.config import load_site
 from frenzy_slurm.site.tools import find_site
@@ -48,7 +48,7 @@ def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:
     return rows
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=QuietPipeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster view (a reusable snapshot) with a summary.")
 @click.version_option(__version__, prog_name="fsinfo")

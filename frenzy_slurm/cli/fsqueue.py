@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, print_json, printable, reports_errors, table
+from frenzy_slurm.cli.common import QuietPipeCommand, backend_options, print_json, printable, reports_errors, table
 from frenzy_slurm.cli.plan_view import fmt_gib, hms
 from frenzy_slurm.errors import InputError
 
@@ -59,7 +59,7 @@ def _job_json(t: TrackedJob) -> dict:
     }
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=QuietPipeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("jobid", required=False, type=int)
 @click.option("-u", "--user", help="Show this user's jobs (default: yours).")
 @click.option("--all", "all_users", is_flag=True, help="Show every user's frenzy-slurm jobs.")
