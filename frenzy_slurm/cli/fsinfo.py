@@ -59,10 +59,18 @@ def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) 
     site_path = find_site(site)
     site_cfg = load_site(site_path) if site_path else None
     if site_cfg is not None:  # a pool whose partition Slurm lacks is in no row: say so (stderr keeps --json clean)
-        from frenzy_slurm.has.pools import missing_partition_notes, unmapped_untyped_notes
+        from frenzy_slurm.has.pools import (
+            missing_partition_notes,
+            type_disagreements,
+            undescribed_type_notes,
+            unmapped_untyped_notes,
+        )
 
         notes = missing_partition_notes(view, site_cfg, f"site file {site_path}")
-        for note in notes + unmapped_untyped_notes(view, site_cfg):
+        # what fsbatch refuses to plan on (exit 2), shown here as the rows it explains
+        differ = type_disagreements(view, site_cfg)
+        notes += [f"site file {site_path} disagrees with the cluster on GPU types: {d.line()}" for d in differ]
+        for note in notes + unmapped_untyped_notes(view, site_cfg) + undescribed_type_notes(view, site_cfg):
             click.echo(f"fsinfo: note: {note}", err=True)
     rows = summarize(view, site_cfg)
     if as_json:
