@@ -29,11 +29,12 @@ EXPECTED_ALLOCATION = {"examples/llama2-7b.yaml": "8xA100-40GB(a100)"}
 
 
 def readme_commands() -> list[str]:
-    """The command lines of README.md's indented code blocks, without a `$ ` prompt or a trailing `# comment`."""
+    """The command lines of README.md's indented code blocks, without a trailing `# comment`. A line with a `$ `
+    prompt is an example shown with its output (test_readme_error_example_prints_what_the_readme_shows)."""
     out = []
     for line in README.read_text().splitlines():
-        if line.startswith("    ") and line.strip():
-            out.append(re.split(r"\s+#\s", line.strip().removeprefix("$ "), maxsplit=1)[0].strip())
+        if line.startswith("    ") and line.strip() and not line.strip().startswith("$ "):
+            out.append(re.split(r"\s+#\s", line.strip(), maxsplit=1)[0].strip())
     return out
 
 
