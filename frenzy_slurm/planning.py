@@ -26,7 +26,13 @@ from frenzy_slurm.calibration import Applied, for_job, job_record
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.has import Decision, Requirements, decide
 from frenzy_slurm.has.decide import short_time_note
-from frenzy_slurm.has.pools import check_gpu_types, missing_partition_notes, unmapped_untyped_notes
+from frenzy_slurm.has.pools import (
+    check_gpu_types,
+    check_site_types,
+    missing_partition_notes,
+    undescribed_type_notes,
+    unmapped_untyped_notes,
+)
 from frenzy_slurm.has.qos import qos_wait_note
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
@@ -40,6 +46,7 @@ from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.sbatch_env import check_sbatch_env
 from frenzy_slurm.site.config import SiteConfig, load_site, require_measured_memory
 from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
+from frenzy_slurm.slurm.static import StaticBackend
 from frenzy_slurm.slurm.view import ClusterView
 
 
@@ -271,6 +278,7 @@ def prepare(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanOp
     env_notes = check_sbatch_env(options.slurm)  # before asking Slurm: a refusal needs no cluster
     env_notes += check_environment(job.spec, job.path.parent, options.env_check)  # the job's Python finds torch...
     view = backend.load()
+    check_site_types(view, site.config, view_source(backend, view), site_name(site))  # never plan on what is left
     # the QOS the job will run under (-q, model.yaml's slurm.qos, sbatch's SBATCH_QOS, else the default) limits
     # its GPUs; Slurm's --test-only ignores those limits, so HAS plans within them (has/qos.py)
     view = view.model_copy(update={"qos": backend.qos_limits(options.slurm.qos or os.environ.get("SBATCH_QOS"))})
@@ -344,11 +352,23 @@ def finish(
     return request_of(rendered, force=options.force, earlier_job_dir=earlier, group_readable=shared, notes=notes)
 
 
+def site_name(site: SiteFile) -> str:
+    return f"site file {site.path}" if site.path is not None else "the site file"
+
+
+def view_source(backend: SlurmBackend, view: ClusterView) -> str:
+    """Where the cluster view came from, as messages name it: the snapshot file, or the live cluster."""
+    if isinstance(backend, StaticBackend):
+        return f"snapshot {backend.path}"
+    return f"Slurm cluster {view.cluster}" if view.cluster else "the Slurm cluster"
+
+
 def site_notes(site: SiteFile, view: ClusterView) -> list[str]:
-    """A line for each pool of the site file whose partition Slurm does not have, and for each partition of untyped
-    GPUs the site file maps to no model (fsbatch and fsinfo say so)."""
-    where = f"site file {site.path}" if site.path is not None else "the site file"
-    return missing_partition_notes(view, site.config, where) + unmapped_untyped_notes(view, site.config)
+    """A line for each pool of the site file whose partition Slurm does not have, for each partition of untyped
+    GPUs the site file maps to no model, and for each GRES type it does not describe on a partition it describes
+    (fsbatch and fsinfo say so)."""
+    notes = missing_partition_notes(view, site.config, site_name(site)) + unmapped_untyped_notes(view, site.config)
+    return notes + undescribed_type_notes(view, site.config)
 
 
 def plan_notes(site: SiteFile, view: ClusterView, requirements: Requirements, decision: Decision) -> tuple[str, ...]:

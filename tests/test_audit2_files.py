@@ -490,7 +490,9 @@ def _cpu_snapshot(tmp_path: Path) -> Path:
     site = yaml.safe_load((ROOT / "site_configs" / "devcluster-cpu.yaml").read_text())
     pools = [(p["partition"], p["gpu"], 2, p["gpus_per_node"]) for p in site["pools"]]
     snap = tmp_path / "cpu-snap.json"
-    snap.write_text(synthetic(pools).model_dump_json())
+    snap.write_text(
+        synthetic(pools, gres_types={p["partition"]: p["gres_type"] for p in site["pools"]}).model_dump_json()
+    )
     return snap
 
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.cli.simulate import DEV_TRACE
-from frenzy_slurm.sim import ErrorModel, parse_compact, sample_philly
+from frenzy_slurm.sim import ErrorModel, load_workload, parse_compact
 from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.metrics import summarize
 from frenzy_slurm.sim.runner import Runner
@@ -27,6 +26,9 @@ from frenzy_slurm.slurm.releases import GpuTimeline, ReleaseIndex
 
 decide_module = importlib.import_module("frenzy_slurm.has.decide")  # frenzy_slurm.has.decide is also a function
 INF = float("inf")
+# workloads sampled from the Philly trace (sample_philly(trace, SEED, JOBS)), shipped so that a checkout without
+# ../shared/data runs these tests; tests/test_shipped_workloads.py checks them against the trace where it is
+WORKLOADS = Path(__file__).parent / "data" / "sim"
 
 
 def _sweep_windows(busy: list[tuple[float, float, int]], capacity: int, now: float, gpus: int, duration: float):
@@ -180,7 +182,7 @@ def test_the_simulated_controllers_cached_view_and_estimates_equal_fresh_ones():
 
 def test_a_simulation_keeping_the_index_between_decisions_decides_as_one_building_it_each_time(monkeypatch):
     cluster = parse_compact("A100-80GB:2x8,V100-32GB:2x8,T4:2x4")
-    wl = sample_philly(DEV_TRACE, 2, 80)  # arriving 6x faster than 48 GPUs serve them: a long queue
+    wl = load_workload(WORKLOADS / "philly-seed2-80.yaml")  # arriving 6x faster than 48 GPUs serve them: a long queue
 
     def run():
         r = Runner(wl, cluster, "has", 2, load=6.0, errors=ErrorModel(truth="published"), plain_share=0.3).run()
@@ -197,7 +199,7 @@ def test_a_simulation_keeping_the_index_between_decisions_decides_as_one_buildin
 def test_the_kept_index_serves_several_decisions_on_one_view(policy, monkeypatch):
     """Decisions that reuse the kept index (extended view to view) are those made with a fresh index each time."""
     cluster = parse_compact("A100-80GB:1x8,T4:1x4")
-    wl = sample_philly(DEV_TRACE, 4, 30)
+    wl = load_workload(WORKLOADS / "philly-seed4-30.yaml")
     runs = []
     for fresh in (False, True):
         if fresh:

@@ -142,7 +142,7 @@ def test_offline_snapshot_matches_the_dev_cluster_shape():
     from tests.helpers import ROOT
 
     view = open_backend("static", ROOT / "examples/offline/cluster.json").load()
-    expected = synthetic(LOCAL).model_copy(update={"cluster": "frenzydev"})
+    expected = synthetic(LOCAL, gres_types={p: p for p, *_ in LOCAL}).model_copy(update={"cluster": "frenzydev"})
     assert view.model_dump() == expected.model_dump()
 
 

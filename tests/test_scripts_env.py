@@ -149,7 +149,7 @@ def test_the_default_python_passes_here():
 
 def _fsbatch(tmp_path: Path, model: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     snap = tmp_path / "snap.json"
-    snap.write_text(synthetic(LOCAL).model_dump_json())
+    snap.write_text(synthetic(LOCAL, gres_types={p: p for p, *_ in LOCAL}).model_dump_json())  # the site's GRES
     site = Path(__file__).resolve().parent.parent / "site_configs" / "devcluster-cpu.yaml"
     code = "import sys; from frenzy_slurm.cli.fsbatch import main; sys.argv[0] = 'fsbatch'; main()"
     return subprocess.run(

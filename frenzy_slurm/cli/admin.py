@@ -12,7 +12,15 @@ from typing import Any, Literal
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, cluster_options, print_json, reports_errors, table, unchecked_file
+from frenzy_slurm.cli.common import (
+    QuietPipeGroup,
+    backend_options,
+    cluster_options,
+    print_json,
+    reports_errors,
+    table,
+    unchecked_file,
+)
 from frenzy_slurm.cli.plan_view import (
     candidate_json,
     candidate_rows,
@@ -36,7 +44,7 @@ from frenzy_slurm.marp.plan import Metric
 from frenzy_slurm.units import GiB
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=QuietPipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="frenzy-slurm")
 def main() -> None:
     """frenzy-slurm admin and expert tools: memory estimates, model presets, site files."""

@@ -8,7 +8,8 @@ import json
 import os
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -78,10 +79,8 @@ def reports_errors(prog: str, *, json_errors: bool = False) -> Callable[[F], F]:
             except KeyboardInterrupt:
                 click.echo(f"{prog}: interrupted", err=True)
                 sys.exit(130)
-            except BrokenPipeError:  # `fsqueue | head`: the reader left; say nothing more
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-                sys.exit(EXIT_FAILURE)
+            except BrokenPipeError:  # `fsqueue | head`: the reader left; the command class ends it quietly
+                raise
             except OSError as exc:
                 echo(f"{prog}: error: {os_error_message(exc)}", err=True)
                 if as_json:
@@ -91,6 +90,66 @@ def reports_errors(prog: str, *, json_errors: bool = False) -> Callable[[F], F]:
         return inner  # type: ignore[return-value]  # wraps fn: same signature, as functools.wraps says
 
     return wrap
+
+
+def _silence(stream: Any) -> None:
+    """Point a stream's file descriptor at /dev/null, so that what is still buffered (and the flush at interpreter
+    exit) goes nowhere instead of failing again: the recipe of the Python docs' "Note on SIGPIPE"."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (click's test runner): nothing to redirect
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _flush_or_silence() -> None:
+    """Flush stdout and stderr now, while a closed pipe can still be handled: at interpreter exit Python would
+    print "Exception ignored ... BrokenPipeError" and exit 120."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            _silence(stream)
+        except (AttributeError, OSError, ValueError):  # a closed or detached stream
+            pass
+
+
+@contextmanager
+def _closed_pipe_ends_quietly() -> Iterator[None]:
+    """`fsbatch ... | head -n 1`: when the reader of our output closes the pipe, the command ends at once, says
+    nothing and exits 0, as `cat` or `grep` do for the shell (`set -o pipefail` scripts depend on it); a command
+    that was already exiting with its own code (a failure) keeps it."""
+    try:
+        try:
+            yield
+        finally:
+            _flush_or_silence()
+    except BrokenPipeError:
+        _silence(sys.stdout)
+        _flush_or_silence()
+        raise click.exceptions.Exit(0) from None
+
+
+class QuietPipeCommand(click.Command):
+    """Every frenzy-slurm console command's class (`@click.command(cls=QuietPipeCommand)`): a closed output pipe
+    ends the command quietly with exit 0 (`_closed_pipe_ends_quietly`), in --help as in the command itself. Click's
+    own handler would exit 1."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _closed_pipe_ends_quietly():  # --help and --version print while the arguments are parsed
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _closed_pipe_ends_quietly():
+            return super().invoke(ctx)
+
+
+class QuietPipeGroup(QuietPipeCommand, click.Group):
+    """QuietPipeCommand for a command group (`frenzy-slurm`): its subcommands run inside the group's invoke."""
 
 
 def print_json(data: Any) -> None:

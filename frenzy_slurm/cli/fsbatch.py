@@ -23,7 +23,15 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.api import summary_line
-from frenzy_slurm.cli.common import cluster_options, echo, print_json, reports_errors, table, unchecked_file
+from frenzy_slurm.cli.common import (
+    QuietPipeCommand,
+    cluster_options,
+    echo,
+    print_json,
+    reports_errors,
+    table,
+    unchecked_file,
+)
 from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
 from frenzy_slurm.errors import FrenzyError
 from frenzy_slurm.sweeps import MAX_COMBINATIONS
@@ -69,7 +77,7 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     echo(f"{done.job_id};{done.cluster}" if done.cluster else str(done.job_id))
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=QuietPipeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model_yaml", type=unchecked_file)
 @click.option("--dry-run", is_flag=True, help="Do everything but submit: print the script that would run.")
 @click.option(

@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, echo, print_json, printable, reports_errors
+from frenzy_slurm.cli.common import QuietPipeCommand, backend_options, echo, print_json, printable, reports_errors
 from frenzy_slurm.errors import EXIT_FAILURE, InputError
 
 
@@ -45,7 +45,7 @@ _SAID = {
 }
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=QuietPipeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("jobids", nargs=-1, metavar="[JOBID]...")
 @click.option("-n", "--name", help="Cancel your pending and running frenzy-slurm jobs of this name.")
 @click.option("--mine", is_flag=True, help="Cancel all your pending and running frenzy-slurm jobs.")

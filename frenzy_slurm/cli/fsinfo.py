@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import cluster_options, echo, reports_errors, table
+from frenzy_slurm.cli.common import QuietPipeCommand, cluster_options, echo, reports_errors, table
 from frenzy_slurm.gpus import match_gpu
 from frenzy_slurm.site.config import load_site
 from frenzy_slurm.site.tools import find_site
@@ -48,7 +48,7 @@ def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:
     return rows
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=QuietPipeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print the cluster view (a reusable snapshot) with a summary.")
 @click.version_option(__version__, prog_name="fsinfo")
@@ -59,10 +59,18 @@ def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) 
     site_path = find_site(site)
     site_cfg = load_site(site_path) if site_path else None
     if site_cfg is not None:  # a pool whose partition Slurm lacks is in no row: say so (stderr keeps --json clean)
-        from frenzy_slurm.has.pools import missing_partition_notes, unmapped_untyped_notes
+        from frenzy_slurm.has.pools import (
+            missing_partition_notes,
+            type_disagreements,
+            undescribed_type_notes,
+            unmapped_untyped_notes,
+        )
 
         notes = missing_partition_notes(view, site_cfg, f"site file {site_path}")
-        for note in notes + unmapped_untyped_notes(view, site_cfg):
+        # what fsbatch refuses to plan on (exit 2), shown here as the rows it explains
+        differ = type_disagreements(view, site_cfg)
+        notes += [f"site file {site_path} disagrees with the cluster on GPU types: {d.line()}" for d in differ]
+        for note in notes + unmapped_untyped_notes(view, site_cfg) + undescribed_type_notes(view, site_cfg):
             echo(f"fsinfo: note: {note}", err=True)
     rows = summarize(view, site_cfg)
     if as_json:

@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING
 import click
 
 from frenzy_slurm import __version__
-from frenzy_slurm.cli.common import backend_options, echo, print_json, printable, reports_errors, table
+from frenzy_slurm.cli.common import (
+    QuietPipeCommand,
+    backend_options,
+    echo,
+    print_json,
+    printable,
+    reports_errors,
+    table,
+)
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
 
@@ -65,7 +73,7 @@ def _job_json(t: TrackedJob) -> dict:
     }
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=QuietPipeCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("jobid", required=False, type=int)
 @click.option("-u", "--user", help="Show this user's jobs (default: yours).")
 @click.option("--all", "all_users", is_flag=True, help="Show every user's frenzy-slurm jobs.")

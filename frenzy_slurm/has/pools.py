@@ -64,6 +64,81 @@ def unmapped_untyped_notes(view: ClusterView, site: SiteConfig) -> list[str]:
     return [untyped_note(live) for live in view.pools() if live.gpu_type is None and site.pool(*live.key) is None]
 
 
+def _gres(gres_type: str | None) -> str:
+    return f"gpu:{gres_type}" if gres_type else "untyped gpu"
+
+
+@dataclass(frozen=True)
+class TypeDisagreement:
+    """One partition whose GPUs the site file names by GRES types the cluster does not show there, while the
+    cluster shows GRES types there that the site file does not describe (a100_40gb in Slurm, a100 in the site)."""
+
+    partition: str
+    cluster_types: tuple[str | None, ...]  # the partition's undescribed GRES types, as Slurm shows them
+    site_types: tuple[str | None, ...]  # the site file's types for it that Slurm does not show there
+
+    def line(self) -> str:
+        return (
+            f"partition {self.partition}: the cluster has {', '.join(map(_gres, self.cluster_types))}, "
+            f"the site file describes {', '.join(map(_gres, self.site_types))}"
+        )
+
+
+def type_disagreements(view: ClusterView, site: SiteConfig) -> list[TypeDisagreement]:
+    """The partitions where the site file and the cluster disagree on GPU types: the site describes the partition,
+    but none of the GRES types it gives there is one Slurm shows, and Slurm shows types there it does not describe.
+
+    Planning on the rest would silently put a job on the GPUs that are left (issue 28: Llama-2-7B on 16 T4s for 23
+    days instead of 8 A100s). A partition the site file does not name at all is not a disagreement (a site may
+    describe only the partitions frenzy-slurm is to use; `site validate` lists them), nor are GPUs of a type the
+    site has not described beside a type it has (those stay unused with a note, `undescribed_type_notes`); nor
+    untyped GPUs of a partition the site does not map (`unmapped_untyped_notes`)."""
+    live: dict[str, set[str | None]] = {}
+    for p in view.pools():
+        live.setdefault(p.partition, set()).add(p.gpu_type)
+    described: dict[str, set[str | None]] = {}
+    for sp in site.pools:
+        described.setdefault(sp.partition, set()).add(sp.gres_type)
+    out = []
+    for partition, site_types in described.items():
+        cluster_types = live.get(partition, set())
+        if cluster_types and not site_types & cluster_types:
+            out.append(TypeDisagreement(partition, _sorted(cluster_types), _sorted(site_types)))
+    return out
+
+
+def _sorted(types: set[str | None]) -> tuple[str | None, ...]:
+    return tuple(sorted(types, key=lambda t: (t is None, t or "")))
+
+
+def check_site_types(view: ClusterView, site: SiteConfig, cluster_name: str, site_name: str) -> None:
+    """InputError (exit 2) when the site file and the cluster disagree on GPU types (`type_disagreements`):
+    `cluster_name` says where the view came from (a snapshot file, or the live cluster), `site_name` the site file."""
+    found = type_disagreements(view, site)
+    if not found:
+        return
+    raise InputError(
+        f"{cluster_name} and {site_name} disagree on GPU types: {'; '.join(d.line() for d in found)}. "
+        "Planning on the other GPUs would put the job on the wrong ones.\n"
+        f"Fix: give each pool of {site_name} the gres_type Slurm shows for its partition (`sinfo -o '%P %G'`; "
+        "`frenzy-slurm site validate` lists every difference), or plan against a snapshot of the cluster the site "
+        "file describes (`fsinfo --json > FILE`)."
+    )
+
+
+def undescribed_type_notes(view: ClusterView, site: SiteConfig) -> list[str]:
+    """A line for each pool of typed GPUs that the site file does not describe, on a partition whose other GPUs
+    it does describe (a GRES type added to a partition after the site file was written): they are not used.
+    A partition where the two disagree altogether is `type_disagreements`' (an error for planning)."""
+    named = {sp.partition for sp in site.pools} - {d.partition for d in type_disagreements(view, site)}
+    return [
+        f"{live.key}: partition {live.partition} has {live.gpus_total} GPUs of GRES type {live.gpu_type}, which the "
+        f"site file does not describe, so they are not used (add a pool for them: `frenzy-slurm site validate`)"
+        for live in view.pools()
+        if live.gpu_type is not None and live.partition in named and site.pool(*live.key) is None
+    ]
+
+
 def known_gpu_types(view: ClusterView, site: SiteConfig) -> dict[str, list[str]]:
     """What limits.gpu_types may name, per kind: GRES types, catalog GPU models and partitions of the site
     file's pools and of the cluster's GPU pools (as written; matching is case-insensitive)."""

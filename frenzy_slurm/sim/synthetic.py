@@ -6,21 +6,28 @@ A view at one instant, without a clock; `slurm.SimSlurm` is the simulated contro
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 from frenzy_slurm.site.config import IntraLink, Pool, SiteConfig
 from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition
 
 
 def synthetic(
-    pools: list[tuple[str, str, int, int]], busy: float = 0.0, seed: int = 0, now: float = 1.8e9, job_minutes: int = 60
+    pools: list[tuple[str, str, int, int]],
+    busy: float = 0.0,
+    seed: int = 0,
+    now: float = 1.8e9,
+    job_minutes: int = 60,
+    gres_types: Mapping[str, str] | None = None,
 ) -> ClusterView:
     """pools: (partition, catalog GPU, nodes, GPUs per node). `busy` of the GPUs are held by running jobs
-    that end at random times within `job_minutes`."""
+    that end at random times within `job_minutes`. A partition's GRES type is `gres_types[partition]` where given
+    (the dev cluster names them after the partitions: gpu:a100), else the GPU's name (a100_40gb)."""
     rng = random.Random(seed)
     nodes, parts, jobs = [], [], []
     job_id = 1
     for partition, gpu, count, gpn in pools:
-        gres = gpu.lower().replace("-", "_")
+        gres = (gres_types or {}).get(partition) or gpu.lower().replace("-", "_")
         names = [f"{partition}-{i}" for i in range(1, count + 1)]
         parts.append(Partition(name=partition, nodes=names, default_time_min=60))
         for name in names:
