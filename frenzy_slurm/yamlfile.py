@@ -213,6 +213,13 @@ def _inner_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _bound(value: float) -> str:
+    """A bound as a person writes it: whole numbers in full (2**30 as 1073741824, not 1.07374e+09)."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}"
+
+
 def allowed_range(model: type[BaseModel], loc: Loc) -> str | None:
     """`0 < value <= 16384 GiB`: the bounds (and unit, a field's json_schema_extra `unit`) of the numeric field
     at `loc`, for a message that says what to write; None where the field has no bounds."""
@@ -233,10 +240,10 @@ def allowed_range(model: type[BaseModel], loc: Loc) -> str | None:
     for m in info.metadata:
         for attr, side in (("gt", "<"), ("ge", "<=")):
             if getattr(m, attr, None) is not None:
-                low = f"{getattr(m, attr):g} {side} "
+                low = f"{_bound(getattr(m, attr))} {side} "
         for attr, side in (("lt", "<"), ("le", "<=")):
             if getattr(m, attr, None) is not None:
-                high = f" {side} {getattr(m, attr):g}"
+                high = f" {side} {_bound(getattr(m, attr))}"
     if not (low or high):
         return None
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
@@ -285,7 +292,7 @@ def format_validation_error(
             msg = msg[len("Value error, ") :]
         if model is not None and err["type"] in _BOUND_ERRORS:
             allowed = allowed_range(model, loc)
-            msg += f" (allowed: {allowed}, a finite number)" if allowed else ""
+            msg += f" (allowed: {allowed})" if allowed else ""
         where = f"{source}:{line}" if line else source
         out.append(f"{where}: {field}: {msg}")
     return "\n".join(out)
