@@ -16,7 +16,6 @@ import click
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import QuietPipeCommand, cluster_options, echo, reports_errors, table
 from frenzy_slurm.gpus import match_gpu
-from frenzy_slurm.site.config import load_site
 from frenzy_slurm.site.tools import find_site
 from frenzy_slurm.slurm import open_backend
 
@@ -57,7 +56,13 @@ def main(backend: str, snapshot: Path | None, site: Path | None, as_json: bool) 
     """Per partition and GPU type: nodes up/down, GPUs total/free/pending, memory and peak bf16 TFLOP/s."""
     view = open_backend(backend, snapshot).load()
     site_path = find_site(site)
-    site_cfg = load_site(site_path) if site_path else None
+    site_cfg = None
+    if site_path is not None:
+        # here, not at the top: the site file's models import the planning stages, which a listing without a
+        # site file never needs (start-up time)
+        from frenzy_slurm.site.config import load_site
+
+        site_cfg = load_site(site_path)
     if site_cfg is not None:  # a pool whose partition Slurm lacks is in no row: say so (stderr keeps --json clean)
         from frenzy_slurm.has.pools import (
             missing_partition_notes,

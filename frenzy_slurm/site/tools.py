@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from frenzy_slurm.gpus import GpuSpec, gpu_candidates
-from frenzy_slurm.site.config import LINK_GBS, SiteConfig, load_site, unconfirmed_values
-from frenzy_slurm.slurm.view import ClusterView
+
+if TYPE_CHECKING:  # site.config (and through it the planning stages) is imported where a site file is read:
+    from frenzy_slurm.site.config import SiteConfig  # `fsinfo` without one (find_site) never needs it
+    from frenzy_slurm.slurm.view import ClusterView
 
 DEFAULT_SITE_PATHS = (Path("/etc/frenzy-slurm/site.yaml"),)
 
@@ -23,6 +26,8 @@ def find_site(explicit: Path | None) -> Path | None:
 
 
 def maybe_load_site(explicit: Path | None) -> SiteConfig | None:
+    from frenzy_slurm.site.config import load_site  # start-up time: see the imports above
+
     path = find_site(explicit)
     return load_site(path) if path else None
 
@@ -33,6 +38,8 @@ CATALOG_HINT = "run `frenzy-slurm site detect` on a node with NVML, or set gpu: 
 def link_name(spec: GpuSpec) -> str | float:
     """The catalog's link for this model as a site file writes it: the name of that speed, else GB/s. A T4's
     is PCIe 3 (16 GB/s), an A100's NVLink 3."""
+    from frenzy_slurm.site.config import LINK_GBS  # start-up time: see the imports above
+
     return next((name for name, gbs in LINK_GBS.items() if gbs == spec.link_gbs), spec.link_gbs)
 
 
@@ -101,6 +108,8 @@ def _gres(gres_type: str | None) -> str:
 
 def validate_site(site: SiteConfig, view: ClusterView) -> list[str]:
     """Every disagreement between the site file and the live cluster, as one line each."""
+    from frenzy_slurm.site.config import unconfirmed_values  # start-up time: see the imports above
+
     problems = []
     if site.cluster and view.cluster and site.cluster != view.cluster:
         problems.append(f"cluster: site file says '{site.cluster}', Slurm says '{view.cluster}'")

@@ -14,19 +14,43 @@ queries accounting through the CLI backend), `static` (a saved view, reads only)
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.slurm.backend import (
-    AccountingRecord,
-    BatchJob,
-    ComponentRequest,
-    PoolKey,
-    SbatchAnswer,
-    SlurmBackend,
-    StartEstimate,
-)
-from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
-from frenzy_slurm.slurm.view import ClusterView, GpuPool, Job, Node, Partition, group_het_jobs, job_phase
+
+# The names below are loaded on first use (PEP 562 `__getattr__`), so that importing one small module of the seam
+# (`frenzy_slurm.slurm.timefmt`, as `fsqueue` does) does not build the view's pydantic models: start-up time.
+_LAZY = {
+    "AccountingRecord": "backend",
+    "BatchJob": "backend",
+    "ComponentRequest": "backend",
+    "PoolKey": "backend",
+    "SbatchAnswer": "backend",
+    "SlurmBackend": "backend",
+    "StartEstimate": "backend",
+    "SlurmCommandError": "run",
+    "SlurmUnavailable": "run",
+    "ClusterView": "view",
+    "GpuPool": "view",
+    "Job": "view",
+    "Node": "view",
+    "Partition": "view",
+    "group_het_jobs": "view",
+    "job_phase": "view",
+}
+
+if TYPE_CHECKING:
+    from frenzy_slurm.slurm.backend import (
+        AccountingRecord,
+        BatchJob,
+        ComponentRequest,
+        PoolKey,
+        SbatchAnswer,
+        SlurmBackend,
+        StartEstimate,
+    )
+    from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
+    from frenzy_slurm.slurm.view import ClusterView, GpuPool, Job, Node, Partition, group_het_jobs, job_phase
 
 __all__ = [
     "AccountingRecord",
@@ -50,6 +74,14 @@ __all__ = [
 ]
 
 BACKENDS = ("auto", "cli", "pyslurm", "static")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f"frenzy_slurm.slurm.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'frenzy_slurm.slurm' has no attribute {name!r}")
 
 
 def open_backend(name: str = "auto", snapshot: Path | None = None) -> SlurmBackend:
