@@ -8,17 +8,14 @@ ended, the rest of its output is read and the follow ends with the job's final s
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.track import MAX_LOG_BYTES, LogSection, log_ranks, output_files, rank_of_line
+from frenzy_slurm.track import MAX_LOG_BYTES, LogSection, log_ranks, output_files, rank_of_line, read_own_file
 
 if TYPE_CHECKING:
     from frenzy_slurm.api import Job
@@ -31,27 +28,10 @@ UNSEEN_LOOKS = 3  # a job neither in the queue nor recorded anywhere this many l
 
 
 def read_from(path: Path, offset: int, max_bytes: int = MAX_LOG_BYTES) -> tuple[bytes, int]:
-    """At most `max_bytes` of a regular file of this user from `offset` on, never through a link (as
-    track.read_tail), and the file's size now. InputError names the file otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        why = "it is a symbolic link, which is not followed" if exc.errno == errno.ELOOP else exc.strerror
-        raise InputError(f"output file {path}: cannot read it ({why})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise InputError(f"output file {path} is not a regular file of yours: not read")
-        if offset >= st.st_size:
-            return b"", st.st_size
-        os.lseek(fd, offset, os.SEEK_SET)
-        chunks, left = [], min(max_bytes, st.st_size - offset)
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks), st.st_size
+    """At most `max_bytes` of a regular file of this user from `offset` on, never through a link
+    (`track.read_own_file`), and the file's size now. InputError names the file otherwise."""
+    data, _, size = read_own_file(path, offset, max_bytes)
+    return data, size
 
 
 @dataclass

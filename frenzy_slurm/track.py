@@ -618,10 +618,10 @@ class JobLogs:
         }
 
 
-def read_tail(path: Path, max_bytes: int = MAX_LOG_BYTES) -> tuple[str, bool]:
-    """The last `max_bytes` of a regular file of this user, never through a link (a job directory's file may
-    have been replaced by one to /dev/zero or a FIFO): its text (invalid UTF-8 replaced) and whether the start
-    was cut (then from the first whole line). InputError names the file otherwise."""
+def read_own_file(path: Path, offset: int | None, max_bytes: int = MAX_LOG_BYTES) -> tuple[bytes, int, int]:
+    """At most `max_bytes` of a regular file of this user, never through a link (a job directory's file may
+    have been replaced by one to /dev/zero or a FIFO): from `offset` on, or (None) its last `max_bytes`.
+    Returns the bytes, where they start, and the file's size now. InputError names the file otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -631,15 +631,23 @@ def read_tail(path: Path, max_bytes: int = MAX_LOG_BYTES) -> tuple[str, bool]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             raise InputError(f"output file {path} is not a regular file of yours: not read")
-        start = max(0, st.st_size - max_bytes)
+        start = max(0, st.st_size - max_bytes) if offset is None else offset
+        if start >= st.st_size:
+            return b"", start, st.st_size
         os.lseek(fd, start, os.SEEK_SET)
-        chunks, left = [], max_bytes
+        chunks, left = [], min(max_bytes, st.st_size - start)
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)
             left -= len(chunk)
     finally:
         os.close(fd)
-    data = b"".join(chunks)
+    return b"".join(chunks), start, st.st_size
+
+
+def read_tail(path: Path, max_bytes: int = MAX_LOG_BYTES) -> tuple[str, bool]:
+    """The last `max_bytes` of a regular file of this user (`read_own_file`): its text (invalid UTF-8
+    replaced) and whether the start was cut (then from the first whole line)."""
+    data, start, _ = read_own_file(path, None, max_bytes)
     if start > 0:
         data = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
     return data.decode("utf-8", errors="replace"), start > 0
