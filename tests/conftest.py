@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from .slurm_fixture import clean_queue, slurm_cluster  # noqa: F401  (fixtures)
+# Each fixture is defined once, here: a test module that imports one defines a second fixture of the same name,
+# and a session-scoped cluster would be started once per such module, on the same ports
+from .slurm_fixture import clean_queue, live_slurm, slurm_cluster, slurm_cluster_2511  # noqa: F401  (fixtures)
 from .users import other_user  # noqa: F401  (fixture)
 
 

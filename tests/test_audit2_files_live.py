@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from .helpers import run_cli
-from .slurm_fixture import sh, slurm_cluster_2511, wait_for  # noqa: F401 (fixture)
+from .slurm_fixture import sh, wait_for
 from .test_audit2_files import _finished, _me
 from .test_calibrate_cli import _job_dir, offline  # noqa: F401 (fixture: snapshot and site file)
 from .users import other_user  # noqa: F401 (fixture)

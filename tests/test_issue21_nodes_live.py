@@ -14,7 +14,7 @@ from frenzy_slurm.slurm import open_backend
 from frenzy_slurm.slurm.cli import SlurmCliBackend
 
 from .helpers import fsbatch_json, payload_spec_file, run_cli, wait_done
-from .slurm_fixture import live_slurm, sh, slurm_cluster_2511, wait_for  # noqa: F401  (fixtures)
+from .slurm_fixture import sh, wait_for
 
 pytestmark = pytest.mark.live
 

@@ -25,7 +25,10 @@ BIN = Path(sys.executable).parent  # fsbatch and frenzy-slurm, as the README's `
 # The allocation each README model.yaml must get on the dev cluster's shape (live, or the offline snapshot of it):
 # Llama-2-7B fits 8 A100-40GB at ZeRO-2 and runs there in a fraction of the time any other pool takes. A README line
 # planning a model not listed here fails below until its expected plan is added.
-EXPECTED_ALLOCATION = {"examples/llama2-7b.yaml": "8xA100-40GB(a100)"}
+EXPECTED_ALLOCATION = {
+    "examples/llama2-7b.yaml": "8xA100-40GB(a100)",
+    "examples/tiny-apptainer.yaml": "2xA100-40GB(a100)",  # the CPU site: tiny, two pipeline stages
+}
 
 
 def readme_commands() -> list[str]:

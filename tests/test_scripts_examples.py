@@ -49,7 +49,7 @@ def test_example_passes_the_environment_check(path: Path):
 def test_tiny_examples_plan_offline(tmp_path):
     """fsbatch --dry-run of each tiny example against a snapshot: exit 0, the script handed the plan."""
     snap = tmp_path / "snap.json"
-    snap.write_text(synthetic(LOCAL).model_dump_json())
+    snap.write_text(synthetic(LOCAL, gres_types={p: p for p, *_ in LOCAL}).model_dump_json())  # the site's GRES
     site = EXAMPLES.parent / "site_configs" / "devcluster-cpu.yaml"
     for name in ("hf_trainer_full", "peft_lora", "torch_ddp"):
         code = "import sys; from frenzy_slurm.cli.fsbatch import main; sys.argv[0] = 'fsbatch'; main()"

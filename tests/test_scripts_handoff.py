@@ -193,7 +193,7 @@ def test_unknown_name_refused_at_plan_time_exit_2(tmp_path):
 
 def _snapshot(tmp_path: Path) -> Path:
     snap = tmp_path / "snap.json"
-    snap.write_text(synthetic(LOCAL).model_dump_json())
+    snap.write_text(synthetic(LOCAL, gres_types={p: p for p, *_ in LOCAL}).model_dump_json())  # the site's GRES
     return snap
 
 

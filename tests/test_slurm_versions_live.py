@@ -18,7 +18,7 @@ import yaml
 from frenzy_slurm.slurm import pyslurm_backend
 
 from .helpers import EXAMPLES, ROOT, run_cli
-from .slurm_fixture import live_slurm, occupy_gpus, sh, slurm_cluster_2511, wait_for  # noqa: F401  (fixtures)
+from .slurm_fixture import occupy_gpus, sh, wait_for
 
 pytestmark = pytest.mark.live
 

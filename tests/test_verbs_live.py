@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from .helpers import ROOT, fsbatch_json, run_cli, wait_done
-from .slurm_fixture import occupy_gpus, sh, slurm_cluster_2511, wait_for  # noqa: F401  (a fixture)
+from .slurm_fixture import occupy_gpus, sh, wait_for
 
 pytestmark = pytest.mark.live
 

@@ -144,7 +144,7 @@ def test_installed_wheel_plans_a_job_outside_the_checkout(wheel, tmp_path):
     from frenzy_slurm.sim.synthetic import synthetic
 
     snap = tmp_path / "snap.json"
-    snap.write_text(synthetic(LOCAL).model_dump_json())
+    snap.write_text(synthetic(LOCAL, gres_types={p: p for p, *_ in LOCAL}).model_dump_json())  # the site's GRES
     job_dir = outside / "jobs" / "j"
     res = _run(
         [
