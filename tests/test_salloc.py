@@ -28,9 +28,10 @@ def test_homogeneous_plan_as_salloc_options():
     (c,) = req.decision.chosen.components
     gres = f"gpu:{c.gpu_type}:{c.gpus_per_node}"
     assert salloc_command(req, ["hostname"]) == [
-        "salloc", f"--partition={c.partition}", f"--nodes={c.nodes}", f"--ntasks-per-node={c.gpus_per_node}",
-        f"--gres={gres}", f"--cpus-per-task={c.cpus_per_task}", f"--time={req.plan.time_min}", "--job-name=t",
-        "--account=proj1", "--qos=normal", "--constraint=nvlink", "--exclusive", "hostname",
+        "salloc", f"--partition={c.partition}", f"--nodes={c.nodes}", f"--gres={gres}",
+        f"--ntasks-per-node={c.gpus_per_node}", f"--cpus-per-task={c.cpus_per_task}",
+        f"--time={req.plan.time_min}", "--job-name=t", "--account=proj1", "--qos=normal",
+        "--constraint=nvlink", "--exclusive", "hostname",
     ]  # fmt: skip
 
 
@@ -46,12 +47,12 @@ def test_heterogeneous_plan_is_colon_separated_components():
     first, second = " ".join(argv[1:]).split(" : ")
     a, b = req.decision.chosen.components
     assert first == (
-        f"--partition={a.partition} --nodes=1 --ntasks-per-node=2 --gres=gpu:{a.gpu_type}:2 "
+        f"--partition={a.partition} --nodes=1 --gres=gpu:{a.gpu_type}:2 --ntasks-per-node=2 "
         f"--cpus-per-task={a.cpus_per_task} --time={req.plan.time_min} --job-name=t --constraint=ib"
     )
     # the time limit and name propagate to later components (Slurm's heterogeneous_jobs.html); -C does not
     assert second == (
-        f"--partition={b.partition} --nodes=1 --ntasks-per-node=2 --gres=gpu:{b.gpu_type}:2 "
+        f"--partition={b.partition} --nodes=1 --gres=gpu:{b.gpu_type}:2 --ntasks-per-node=2 "
         f"--cpus-per-task={b.cpus_per_task} --constraint=ib"
     )
 

@@ -25,6 +25,7 @@ from frenzy_slurm.slurm.backend import (
     SbatchAnswer,
     StartEstimate,
 )
+from frenzy_slurm.slurm.commands import component_options
 from frenzy_slurm.slurm.parse import (
     SlurmUnexpected,
     default_qos,
@@ -519,16 +520,8 @@ class SlurmCliBackend:
         for i, c in enumerate(components):
             if i:
                 argv.append(":")
-            gres = f"gpu:{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else f"gpu:{c.gpus_per_node}"
-            argv += [
-                f"--partition={c.partition}",
-                f"--nodes={c.nodes}",
-                f"--gres={gres}",
-                f"--ntasks-per-node={c.gpus_per_node}",
-                f"--cpus-per-task={c.cpus_per_gpu}",
-                f"--mem-per-cpu={c.mem_per_gpu_mb}M",
-                f"--time={c.time_min}",
-            ]
+            argv += component_options(c.partition, c.nodes, c.gpus_per_node, c.gpu_type, c.cpus_per_gpu)
+            argv += [f"--mem-per-cpu={c.mem_per_gpu_mb}M", f"--time={c.time_min}"]
             argv += [f"--constraint={c.constraint}"] if c.constraint else []
             argv += ["--exclusive"] if c.exclusive else []
         # the answer is on stderr; a refused request fails with the reason, which run() reports

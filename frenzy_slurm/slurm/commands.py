@@ -47,6 +47,19 @@ class AllocComponent:
     cpus_per_task: int
 
 
+def component_options(partition: str, nodes: int, gpus_per_node: int, gpu_type: str | None, cpus: int) -> list[str]:
+    """One component's shape as sbatch and salloc both read it: partition, nodes, GRES, one task per GPU and
+    CPUs per task (`sbatch --test-only`'s estimate and `frenzy-slurm salloc` ask for the same allocation)."""
+    gres = f"gpu:{gpu_type}:{gpus_per_node}" if gpu_type else f"gpu:{gpus_per_node}"
+    return [
+        f"--partition={partition}",
+        f"--nodes={nodes}",
+        f"--gres={gres}",
+        f"--ntasks-per-node={gpus_per_node}",
+        f"--cpus-per-task={cpus}",
+    ]
+
+
 def salloc_argv(
     components: Sequence[AllocComponent],
     time_min: int,
@@ -61,14 +74,7 @@ def salloc_argv(
     for i, c in enumerate(components):
         if i:
             argv.append(":")
-        gres = f"gpu:{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else f"gpu:{c.gpus_per_node}"
-        argv += [
-            f"--partition={c.partition}",
-            f"--nodes={c.nodes}",
-            f"--ntasks-per-node={c.gpus_per_node}",
-            f"--gres={gres}",
-            f"--cpus-per-task={c.cpus_per_task}",
-        ]
+        argv += component_options(c.partition, c.nodes, c.gpus_per_node, c.gpu_type, c.cpus_per_task)
         if i == 0:
             argv += [f"--time={time_min}", f"--job-name={job_name}", *flags]
         argv += list(component_flags)
