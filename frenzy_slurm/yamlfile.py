@@ -25,7 +25,7 @@ Loc = tuple[str | int, ...]
 
 # The package's own data files (data/presets.yaml, data/gpus.yaml) are trusted and plain: libyaml's parser reads
 # them 6-8x faster than the pure-Python one, which was a tenth of `fsbatch --dry-run`'s time, into the same data
-# (tests/test_command_latency.py compares). Users' files keep the Python loader: read_yaml's node checks and error
+# (tests/test_cli_latency.py compares). Users' files keep the Python loader: read_yaml's node checks and error
 # lines are written against it.
 SHIPPED_DATA_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

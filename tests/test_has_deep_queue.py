@@ -27,7 +27,7 @@ from frenzy_slurm.slurm.releases import GpuTimeline, ReleaseIndex
 decide_module = importlib.import_module("frenzy_slurm.has.decide")  # frenzy_slurm.has.decide is also a function
 INF = float("inf")
 # workloads sampled from the Philly trace (sample_philly(trace, SEED, JOBS)), shipped so that a checkout without
-# ../shared/data runs these tests; tests/test_shipped_workloads.py checks them against the trace where it is
+# ../shared/data runs these tests; tests/test_sim_shipped_workloads.py checks them against the trace where it is
 WORKLOADS = Path(__file__).parent / "data" / "sim"
 
 

@@ -60,7 +60,7 @@ class Features:
 SCONTROL_NODES = ("scontrol", "--json", "show", "nodes")
 # (major, minor) from which each set of features applies; the last row at or below the version wins.
 # Rows from 22.05 on are facts read off the real answers recorded in tests/data/slurm-*/ (index.json says
-# which command gave each file); tests/test_slurm_versions.py checks every recorded version against this table.
+# which command gave each file); tests/test_seam_slurm_versions.py checks every recorded version against this table.
 FEATURES = [
     ((0, 0), Features(json=False, numbers_are_objects=False)),
     ((21, 8), Features(json=True, numbers_are_objects=False)),

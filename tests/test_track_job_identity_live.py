@@ -1,6 +1,6 @@
 """On the real local cluster: a plain `sbatch --comment frenzy:...` job is not a frenzy-slurm job for fsqueue,
 fscancel --name/--mine or `frenzy-slurm watch`, even with the comment and working directory of a real fsbatch job,
-while that real job is still handled (tests/test_job_identity.py has the rules against the fake Slurm)."""
+while that real job is still handled (tests/test_track_job_identity.py has the rules against the fake Slurm)."""
 
 from __future__ import annotations
 

@@ -111,7 +111,8 @@ def test_the_watcher_moves_a_running_job_which_resumes_its_checkpoint_elsewhere(
     """`frenzy-slurm watch`'s move on real Slurm: the successor is submitted with afterany on the job, the job's
     steps get SIGTERM and the trainer saves and exits (no requeue: nothing preempted it), then the successor
     starts on the other partition and resumes that checkpoint. HAS's choice to move is forced here (the tiny
-    model's predicted steps are too short for a move to pay); has/moves.py's decision is tested in test_watch.py."""
+    model's predicted steps are too short for a move to pay); has/moves.py's decision is tested in
+    test_track_watch.py."""
     from dataclasses import replace
 
     from frenzy_slurm import watch

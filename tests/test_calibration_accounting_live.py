@@ -12,8 +12,8 @@ import pytest
 
 from .helpers import run_cli
 from .slurm_fixture import sh, wait_for
-from .test_audit2_files import _finished, _me
-from .test_calibrate_cli import _job_dir, offline  # noqa: F401 (fixture: snapshot and site file)
+from .test_calibration_accounting import _finished, _me
+from .test_calibration_cli import _job_dir, offline  # noqa: F401 (fixture: snapshot and site file)
 from .users import other_user  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.live  # slurm_cluster_2511 is not among the fixtures conftest marks live by name

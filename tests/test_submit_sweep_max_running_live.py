@@ -1,6 +1,6 @@
 """On the real local cluster: `fsbatch --set ... --max-running 2` submits every job at once, and Slurm's afterany
 chains start each job past the first two only once the one two before it has ended; at most two run at once
-(tests/test_sweep_max_running.py has the rules against the fake Slurm)."""
+(tests/test_submit_sweep_max_running.py has the rules against the fake Slurm)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from .helpers import run_cli, wait_done
 from .slurm_fixture import sh
-from .test_job_identity_live import sleeping_spec
+from .test_track_job_identity_live import sleeping_spec
 
 pytestmark = pytest.mark.live
 

@@ -1,7 +1,7 @@
 """Which jobs are frenzy-slurm's: what fsbatch recorded (submission.json in the user's own job directory, naming the
 job id and the submission its comment carries), not a `frenzy:` comment anyone can type. fscancel --name once
 cancelled a plain job of the user's whose comment started with `frenzy:`. Against FakeSlurm; the live test is
-tests/test_job_identity_live.py."""
+tests/test_track_job_identity_live.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Issue 21 section 3, `fsqueue JOBID --log`: the job's output per component and rank (srun --label marks each
 rank's lines), the batch script's own lines first, --tail/--rank/--component, --json bounded, and only regular
 files of the user's own job directory read. Against FakeSlurm with output files written as srun writes them;
-tests/test_verbs_live.py reads a real job's."""
+tests/test_track_cancel_and_log_live.py reads a real job's."""
 
 from __future__ import annotations
 

@@ -208,7 +208,7 @@ def test_malformed_json_documents(value):
         within_seam(_reader(version, "nodes"), json.dumps({"nodes": [value]}, allow_nan=True))
 
 
-HUGE = 1_000_000  # 1 MB of each shape (test_audit2_seam.py reads the audit's 4 MB scontrol line)
+HUGE = 1_000_000  # 1 MB of each shape (test_seam_hostile_answers.py reads the audit's 4 MB scontrol line)
 HUGE_ANSWERS = {
     "word run": "PartitionName=p Nodes=n1 " + "a" * HUGE,
     "digit run": "1" * HUGE,

@@ -4,7 +4,7 @@ sbatch can end without a job id (item 9), a full disk and signals during sbatch 
 Slurm's answers come from stand-in tools on PATH that print the answers the real Slurm 22.05 gave
 (tests/data/slurm-22.05/), with one hostile job or line spliced in; the submission paths run against FakeSlurm
 (a controller that creates the job and then fails cannot be produced on demand). The live counterparts are in
-test_audit2_seam_live.py.
+test_seam_non_utf8_names_live.py.
 """
 
 from __future__ import annotations

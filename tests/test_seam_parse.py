@@ -29,7 +29,7 @@ from frenzy_slurm.slurm.view import ClusterView, job_phase
 
 DATA = (
     Path(__file__).parent / "data" / "slurm-22.05" / "earlier"
-)  # hand-made 22.05 captures; all releases: test_slurm_versions.py
+)  # hand-made 22.05 captures; all releases: test_seam_slurm_versions.py
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,8 @@ def test_hetjob_constraint_and_exclusive_in_every_component():
     from frenzy_slurm.render import render_job
 
     # a heterogeneous plan (made with -C: the synthetic nodes' features are not known, so all are kept), rendered
-    # with --exclusive too: under --exclusive HAS would not plan on these half-used nodes (test_issue21_nodes.py)
+    # with --exclusive too: under --exclusive HAS would not plan on these half-used nodes
+    # (test_has_constraint_exclusive.py)
     spec = make_spec(**HETERO_SPEC)
     shared = rendered(spec, hetero_view(), options=SlurmOptions(constraint="ib"))
     assert shared.kind == "heterogeneous"

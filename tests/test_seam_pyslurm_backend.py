@@ -1,7 +1,7 @@
 """The pyslurm backend's reading and its guarded import, without pyslurm: the same meaning whether it is installed.
 
 The stand-in objects carry the attribute names and values pyslurm 25.11.2 returned against a real Slurm 25.11.7
-(shared/docs/pyslurm-25.11.md; the live tests in test_slurm_versions_live.py compare the real thing with the
+(shared/docs/pyslurm-25.11.md; the live tests in test_seam_slurm_versions_live.py compare the real thing with the
 CLI backend). The import guard is exercised for real: a child interpreter imports pyslurm against an unusable
 slurm.conf, and whatever happens there (ImportError without pyslurm, `fatal:` and exit 1 with it), this
 process goes on and gets a reason.

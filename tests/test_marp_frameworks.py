@@ -398,7 +398,7 @@ def frozen_predictions() -> dict:
 
 
 def test_predictions_stay_frozen():
-    """Regenerate after a deliberate change: python -c 'import json, tests.test_frameworks as t;
+    """Regenerate after a deliberate change: python -c 'import json, tests.test_marp_frameworks as t;
     print(json.dumps(t.frozen_predictions(), indent=1, sort_keys=True))' > tests/data/marp_frozen.json"""
     frozen = json.loads(FROZEN.read_text())
     now = frozen_predictions()

@@ -1,7 +1,7 @@
-"""Issue 21 section 3, reruns: fsbatch refuses a submission only while its earlier job lives (queued, running,
-or not yet visible to Slurm shortly after sbatch); once that job has ended it submits a rerun into a new job
-directory and says which job it follows. Against FakeSlurm: each state (and a rebuilt cluster that reuses the
-job id) is set on demand, which real Slurm cannot do; tests/test_verbs_live.py runs the same on the live cluster."""
+"""Reruns: fsbatch refuses a submission only while its earlier job lives (queued, running, or not yet visible
+to Slurm shortly after sbatch); once that job has ended it submits a rerun into a new job directory and says
+which job it follows. Against FakeSlurm: each state (and a rebuilt cluster that reuses the job id) is set on
+demand, which real Slurm cannot do; tests/test_submit_rerun_live.py runs the same on the live cluster."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def _ours(port: int) -> list[Path]:
 
 
 def test_a_job_trains_beside_segments_planted_under_its_predictable_names(tmp_path, other_user):
-    from .test_moved_resume import _job_dir
+    from .test_runtime_moved_resume import _job_dir
 
     port = free_port()
     planted = [segment_path(r, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for r in range(2)]

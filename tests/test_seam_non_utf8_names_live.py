@@ -1,6 +1,6 @@
 """Issue 19 on the real local cluster: a job named with non-UTF-8 bytes (item 3), sbatch's own timeout against a
 paused slurmctld (item 9) and a SIGTERM while sbatch runs (item 15). The unit tests of the same rules are in
-test_audit2_seam.py."""
+test_seam_hostile_answers.py."""
 
 from __future__ import annotations
 

@@ -45,7 +45,8 @@ def test_homogeneous_job_completes(jobs_dir, tmp_path):
 
 
 def test_dry_run_submits_nothing_and_repeat_is_refused(jobs_dir, tmp_path):
-    # a job that is still running when the repeat comes: once it has ended, a repeat is a rerun (test_verbs_live.py)
+    # a job that is still running when the repeat comes: once it has ended, a repeat is a rerun
+    # (test_submit_rerun_live.py)
     script = tmp_path / "sleep.py"
     script.write_text("import time\ntime.sleep(120)\n")
     data = yaml.safe_load(spec_file(tmp_path, "twice").read_text())

@@ -1,6 +1,6 @@
 """`frenzy-slurm watch` stopped at every step of a move, then run again: one live copy, nothing held for ever.
 
-Each test makes one step of a move fail on the fake Slurm (tests/test_watch.py's cluster: a pending job that
+Each test makes one step of a move fail on the fake Slurm (tests/test_track_watch.py's cluster: a pending job that
 the A100s, freed, finish sooner): the watcher killed (an exception no handler catches, as SIGKILL leaves
 things), a lost reply, a full disk. The pass stops there; the next pass must leave exactly one live copy of
 the run, no job held, moved.json naming the live successor where there is one, and no open intent.
@@ -20,7 +20,7 @@ import frenzy_slurm.watch_journal as journal
 from frenzy_slurm.slurm.run import SlurmUnavailable
 from frenzy_slurm.watch import MOVED, watch_once
 
-from .test_watch import HOUR, _hold_pool, _submit, world  # noqa: F401 (fixture)
+from .test_track_watch import HOUR, _hold_pool, _submit, world  # noqa: F401 (fixture)
 
 
 class Killed(BaseException):

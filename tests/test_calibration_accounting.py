@@ -507,7 +507,7 @@ def test_template_owned_by_another_user_is_refused(tmp_path, other_user):
 
 # ---------------------------------------------------------------- item 5: calibrate trusts only jobs Slurm knows
 
-from .test_calibrate_cli import _job_dir, offline  # noqa: E402,F401 (fixture: snapshot and site file)
+from .test_calibration_cli import _job_dir, offline  # noqa: E402,F401 (fixture: snapshot and site file)
 
 
 def _finished(d: Path, job_id: int, peak_gib: float = 0.005) -> Path:

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from tests.nvml_fake import FakeNvml
-from tests.test_epilog import FAKE_SMI
+from tests.test_site_epilog import FAKE_SMI
 
 ROOT = Path(__file__).resolve().parent.parent
 EPILOG = ROOT / "contrib" / "slurm" / "epilog"

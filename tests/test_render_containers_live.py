@@ -3,7 +3,7 @@ singularity-container (`apt-cache policy` has no candidate), so a stand-in `appt
 is on PATH: it records each argv and runs the command after the image on the host. The test checks the exact
 invocations job.sbatch made (the rendezvous port on the batch node, then one per task) and that the job
 COMPLETES, trained. Pyxis is a SPANK plugin of srun and has no stand-in: its rendered line and checks are
-tests/test_containers.py's."""
+tests/test_render_containers.py's."""
 
 from __future__ import annotations
 

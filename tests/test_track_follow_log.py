@@ -22,7 +22,7 @@ from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submit import submit
 
 from .helpers import LOCAL, ROOT, fill, make_spec, planned
-from .test_verbs_log import HETERO_SPEC
+from .test_track_log import HETERO_SPEC
 
 
 @pytest.fixture(autouse=True)

@@ -430,7 +430,7 @@ def test_an_existing_segment_name_is_never_reused(shm_env):
 
 def test_a_segment_planted_by_another_user_is_never_used(shm_env, other_user):
     """The audit's attack: a world-writable segment made first under the job's name. It is not used (the job
-    draws another name, test_shm_private_names.py) and left to its owner, never written."""
+    draws another name, test_runtime_shm_private_names.py) and left to its owner, never written."""
     import sys
 
     from frenzy_slurm.runtime.shm import claim_allreduce_segment, segment_path

@@ -3,7 +3,7 @@
 A run that trained every step ended FAILED when a rank died in std::terminate at interpreter exit (a C++ thread
 of gloo still joinable). Here a `sitecustomize` aborts the process at exit (atexit -> os.abort), standing for any
 destructor or finaliser that fails after the outcome is written: the runtime must not get that far
-(runtime/ending.py). The live counterpart runs the tiny job on Slurm many times (test_clean_exit_live.py).
+(runtime/ending.py). The live counterpart runs the tiny job on Slurm many times (test_runtime_clean_exit_live.py).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_every_exit_of_the_runtime_keeps_its_status(tmp_path, args, code):
 @pytest.mark.slow
 def test_a_finished_run_exits_0_on_every_rank(tmp_path):
     pytest.importorskip("deepspeed", reason="training tests need the train extra (pip install -e '.[dev]')")
-    from .test_moved_resume import _job_dir
+    from .test_runtime_moved_resume import _job_dir
 
     job = _job_dir(tmp_path / "job", 2, ParallelPlan(dp=2, zero=1, micro_batch=2, grad_accum=2))
     port = str(free_port())

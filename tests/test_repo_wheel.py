@@ -1,6 +1,6 @@
 """The wheel a `pip install frenzy-slurm` would get: built, installed in a fresh venv, used outside the checkout.
 
-    .venv/bin/python -m pytest tests/test_wheel.py      # about a minute on 2 cores; needs the `build` package
+    .venv/bin/python -m pytest tests/test_repo_wheel.py      # about a minute on 2 cores; needs the `build` package
 
 What it owns: that `python -m build --wheel` packs the templates (frenzy_slurm/templates is a symlink to
 ../templates: the wheel must hold the .j2 files, not a link) and the data tables, that the core dependencies

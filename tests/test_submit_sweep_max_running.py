@@ -1,7 +1,7 @@
 """A sweep with a cap on its running jobs (`fsbatch --set ... --max-running N`, `fs.sweep(..., max_running=N)`,
 as submitit's slurm_array_parallelism): job i waits (afterany) for job i-N, N chains that Slurm runs with nothing
 left waiting on the login node. Planned offline and submitted to the in-memory fake Slurm; the live test is
-tests/test_sweep_max_running_live.py."""
+tests/test_submit_sweep_max_running_live.py."""
 
 from __future__ import annotations
 
