@@ -1,4 +1,4 @@
-"""Issue 19 item 5 on a real cluster with accounting (Slurm 25.11 with slurmdbd; the 22.05 test cluster keeps
+"""On a real cluster with accounting (Slurm 25.11 with slurmdbd; the 22.05 test cluster keeps
 none): `frenzy-slurm calibrate` accepts a job directory only if sacct knows its job, run by the directory's
 owner, in that directory."""
 

@@ -1,4 +1,5 @@
-"""Issue 21 (sections 3 and 4): --parsable, errors as JSON in --json mode, the offline example, shell completion."""
+"""Output for scripts: `fsbatch --parsable` prints only the job id (nothing on a dry run, refused with
+--json), and a failed --json run prints its error as one JSON object on stdout (stdout empty without --json)."""
 
 from __future__ import annotations
 
@@ -107,74 +108,3 @@ def test_errors_without_json_keep_stdout_empty(tmp_path):
     bad.write_text("{not json")
     res = CliRunner().invoke(main, ["--backend", "static", "--snapshot", str(bad)])
     assert res.exit_code == 2 and res.stdout == ""
-
-
-def _readme_line(prefix: str) -> list[str]:
-    """The README line that starts with `prefix`, as argv."""
-    import shlex
-
-    from tests.helpers import ROOT
-
-    lines = [ln.strip() for ln in (ROOT / "README.md").read_text().splitlines() if ln.strip().startswith(prefix)]
-    assert len(lines) == 1, f"README.md should have one line starting {prefix!r}"
-    return shlex.split(lines[0])
-
-
-def test_readme_offline_quick_start_runs(monkeypatch):
-    """The README's offline line, exactly as written, from the checkout's root: exit 0 and a plan."""
-    from frenzy_slurm.cli.fsbatch import main
-    from tests.helpers import ROOT
-
-    argv = _readme_line("fsbatch examples/llama2-7b.yaml --dry-run --backend static --snapshot examples/offline/")
-    assert argv[0] == "fsbatch"
-    monkeypatch.chdir(ROOT)
-    monkeypatch.delenv("FRENZY_SITE", raising=False)
-    res = CliRunner().invoke(main, argv[1:])
-    assert res.exit_code == 0, res.stderr
-    assert "llama2-7b" in res.stdout and "(not submitted)" in res.stdout
-
-
-def test_offline_snapshot_matches_the_dev_cluster_shape():
-    """examples/offline/cluster.json loads as a static snapshot and is the dev cluster's shape (regenerate it as
-    examples/offline/README.md says if the snapshot format changes)."""
-    from frenzy_slurm.sim.synthetic import synthetic
-    from frenzy_slurm.slurm import open_backend
-    from tests.helpers import ROOT
-
-    view = open_backend("static", ROOT / "examples/offline/cluster.json").load()
-    expected = synthetic(LOCAL, gres_types={p: p for p, *_ in LOCAL}).model_copy(update={"cluster": "frenzydev"})
-    assert view.model_dump() == expected.model_dump()
-
-
-@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
-@pytest.mark.parametrize(
-    ("prog", "module"),
-    [("fsbatch", "fsbatch"), ("fsqueue", "fsqueue"), ("fsinfo", "fsinfo"), ("frenzy-slurm", "admin")],
-)
-def test_shell_completion_source_is_produced(prog, module, shell):
-    """README's `eval "$(_FSBATCH_COMPLETE=bash_source fsbatch)"`: click prints the shell's completion script."""
-    import importlib
-
-    main = importlib.import_module(f"frenzy_slurm.cli.{module}").main
-    var = f"_{prog.replace('-', '_').upper()}_COMPLETE"
-    res = CliRunner().invoke(main, [], prog_name=prog, env={var: f"{shell}_source"})
-    assert res.exit_code == 0, res.output
-    assert f"_{prog.replace('-', '_')}_completion" in res.stdout and var in res.stdout
-
-
-def test_bash_completion_completes_an_option():
-    from frenzy_slurm.cli.fsbatch import main
-
-    env = {"_FSBATCH_COMPLETE": "bash_complete", "COMP_WORDS": "fsbatch --parsa", "COMP_CWORD": "1"}
-    res = CliRunner().invoke(main, [], prog_name="fsbatch", env=env)
-    assert res.exit_code == 0
-    assert "plain,--parsable" in res.stdout.splitlines()
-
-
-def test_readme_documents_completion():
-    from tests.helpers import ROOT
-
-    readme = (ROOT / "README.md").read_text()
-    assert "### Shell completion" in readme
-    for shell in ("bash", "zsh", "fish"):
-        assert f"_FSBATCH_COMPLETE={shell}_source fsbatch" in readme

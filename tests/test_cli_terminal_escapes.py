@@ -119,3 +119,10 @@ def _me() -> str:
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def test_table_cells_cannot_drive_the_terminal():
+    from frenzy_slurm.cli.common import table
+
+    text = table([["1", "a\x1b[2Jb\nc\td"]], ["ID", "NAME"])
+    assert "\x1b" not in text and text.splitlines()[1].split() == ["1", r"a\x1b[2Jb\nc\td"]

@@ -1,4 +1,4 @@
-"""Issue 21 on the real local cluster: HAS plans -C/--constraint and --exclusive as Slurm will run them.
+"""On the real local cluster: HAS plans -C/--constraint and --exclusive as Slurm will run them.
 
 Node features are set at run time with `scontrol update NodeName=v100-2 AvailableFeatures=...` (as an admin
 may) and cleared after each test; the devcluster's configuration is unchanged."""
@@ -10,15 +10,11 @@ import time
 
 import pytest
 
-from frenzy_slurm.slurm import open_backend
-from frenzy_slurm.slurm.cli import SlurmCliBackend
-
 from .helpers import fsbatch_json, payload_spec_file, run_cli, wait_done
 from .slurm_fixture import sh, wait_for
 
-pytestmark = pytest.mark.live
-
 NODE = "v100-2"
+
 FEATURES = "fsfeat,ib"
 
 
@@ -70,16 +66,3 @@ def test_exclusive_waits_for_a_node_another_job_uses(featured, tmp_path):
         assert "#SBATCH --exclusive\n" in out["script"]
     finally:
         subprocess.run(["scancel", holder], capture_output=True, timeout=30)
-
-
-def test_node_features_are_read_on_every_live_version(live_slurm):
-    """22.05's sinfo --json gives features as a string, 23.11+'s scontrol --json as a list, pyslurm as a list."""
-    _set_features(FEATURES)
-    try:
-        backends = [SlurmCliBackend(), open_backend("auto")]
-        for backend in backends:
-            nodes = {n.name: n for n in backend.load().nodes}
-            assert nodes[NODE].features == ["fsfeat", "ib"], backend.name
-            assert nodes["v100-1"].features == [], backend.name
-    finally:
-        _set_features("")

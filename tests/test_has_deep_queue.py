@@ -1,4 +1,4 @@
-"""HAS on a deep queue (issue 20): what makes a decision cheap gives the answers the plain computation gives.
+"""HAS on a deep queue: what makes a decision cheap gives the answers the plain computation gives.
 
 - `GpuTimeline.windows` comes from per-node free ranges cached across durations: compared with the sweep it
   replaced, on random intervals;

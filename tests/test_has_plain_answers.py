@@ -1,4 +1,4 @@
-"""Issue 21, "No silent wrong answers" (HAS side): what fsbatch and fsinfo say instead of answering wrongly.
+"""No silent wrong answers from planning: what fsbatch and fsinfo say instead of answering wrongly.
 
 - a site-file pool whose partition Slurm does not have is named (never dropped without a word);
 - an unknown limits.gpu_types entry is refused as bad input (exit 2), naming the known types;

@@ -1,4 +1,4 @@
-"""The opt-in preemptible mode (issue 20): `fsbatch --preemptible` / model.yaml's `slurm.preemptible` runs a job in
+"""The opt-in preemptible mode: `fsbatch --preemptible` / model.yaml's `slurm.preemptible` runs a job in
 the site's preemptible QOS (the site file's `preemption:`), with up to `preemption.max_job_share` of a pool."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The opt-in preemptible mode on a real Slurm cluster with QOS preemption (issue 20).
+"""The opt-in preemptible mode on a real Slurm cluster with QOS preemption.
 
 The cluster (devcluster up --accounting --preemption: `PreemptType=preempt/qos`, `PreemptMode=REQUEUE`, a QOS
 `preemptible` with GraceTime that the normal QOS preempts, as docs/admin.md sets it up) runs on Debian's

@@ -1,24 +1,22 @@
-"""Issue 19, job directories (items 1, 10, 11, 12 and parts of 14, 15): the directories above a job directory
-are checked as OpenSSH's StrictModes checks them, the job trusts only the directory and files its submission
-made, `--job-dir .` never overwrites the user's files, DeepSpeed's shared-memory segments are the job's own,
-and the rendezvous port is a free one."""
+"""Job directories are trusted as OpenSSH's StrictModes trusts a directory: every directory above the jobs
+directory (and the lock directory) is yours or root's and writable by no one else (a sticky /tmp is a fine
+ancestor, not a jobs directory); an existing directory is reused only for this submission's own files, so
+`--job-dir .` never overwrites the user's; job.sbatch records the directory's inode and its files' digests."""
 
 from __future__ import annotations
 
 import getpass
 import os
-import stat
 from pathlib import Path
 
 import pytest
 
 from frenzy_slurm.errors import EXIT_BAD_INPUT, FrenzyError
-from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submit import jobdir, submit
 
-from .helpers import LOCAL, deepspeed_rank_env, make_spec, plan, planned
+from .helpers import LOCAL, make_spec, plan, planned
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
 
@@ -55,7 +53,7 @@ def _refusal(fn, *args, **kw) -> tuple[int, str]:
     return exc.value.exit_code, exc.value.message
 
 
-# --- item 1: every directory above the jobs directory ------------------------------------------------------------
+# --- every directory above the jobs directory ------------------------------------------------------------
 
 
 def test_group_writable_directory_above_the_jobs_directory_is_refused(world, tmp_path, monkeypatch):
@@ -126,7 +124,7 @@ def test_resolved_path_is_checked_too(tmp_path, monkeypatch):
     assert code == EXIT_BAD_INPUT and f"the directory {shared} above it is writable by its group" in msg
 
 
-# --- item 14: the lock directory's parents --------------------------------------------------------------------
+# --- the lock directory's parents --------------------------------------------------------------------
 
 
 def test_lock_directory_under_a_shared_directory_is_refused(world, tmp_path, monkeypatch):
@@ -140,7 +138,7 @@ def test_lock_directory_under_a_shared_directory_is_refused(world, tmp_path, mon
     assert "FRENZY_LOCK_DIR" in msg
 
 
-# --- item 10: an existing directory is reused only for this submission's own files ------------------------------
+# --- an existing directory is reused only for this submission's own files ------------------------------
 
 
 def test_job_dir_dot_never_overwrites_the_users_files(world, tmp_path):
@@ -177,9 +175,7 @@ def test_a_refused_submissions_directory_and_an_empty_one_are_reused(world, tmp_
     assert submit(request(world, empty, training__steps=9), fake(world[0])).job_dir == empty
 
 
-# --- item 1 in the job: the directory and files the submission recorded -----------------------------------------
-
-ROOT = Path(__file__).resolve().parent.parent
+# --- job.sbatch records the directory and the digests of the files it wrote ------------------------------
 
 
 def _job_env(script: str) -> dict[str, str]:
@@ -195,13 +191,6 @@ def _job_env(script: str) -> dict[str, str]:
     return env
 
 
-def written(world, job_dir: Path):
-    """A job directory as fsbatch writes it (fake Slurm), and the environment its script gives the job."""
-    req = request(world, job_dir)
-    submit(req, fake(world[0]))
-    return req, _job_env((job_dir / "job.sbatch").read_text())
-
-
 def test_script_records_the_directory_and_the_plans_digest(world, tmp_path):
     import hashlib
 
@@ -214,285 +203,3 @@ def test_script_records_the_directory_and_the_plans_digest(world, tmp_path):
     assert done.script == (req.job_dir / "job.sbatch").read_text()  # what submit reports is what was written
     # ...which is the request's script with the directory's identity recorded, and nothing else changed
     assert done.script == jobdir.bind_identity(req.script, os.stat(req.job_dir).st_ino, req.files)
-
-
-def test_job_refuses_a_directory_swapped_in_its_place(world, tmp_path):
-    """The audit's attack: the victim's directory renamed away, a copy with a planted plan.json in its place."""
-    import shutil
-
-    from frenzy_slurm.runtime.trust import open_job_dir
-
-    req, env = written(world, tmp_path / "jobs" / "a")
-    open_job_dir(req.job_dir, env)  # the real one passes
-    req.job_dir.rename(tmp_path / "jobs" / "moved")
-    shutil.copytree(tmp_path / "jobs" / "moved", req.job_dir)  # same files, another directory
-    os.chmod(req.job_dir, 0o700)
-    code, msg = _refusal(open_job_dir, req.job_dir, env)
-    assert code == EXIT_BAD_INPUT and "is not the one fsbatch wrote (inode" in msg
-
-
-def test_job_refuses_a_changed_plan(world, tmp_path):
-    from frenzy_slurm.runtime.trust import open_job_dir
-
-    req, env = written(world, tmp_path / "jobs" / "a")
-    plan = req.job_dir / "plan.json"
-    plan.write_text(plan.read_text().replace('"steps": 100', '"steps": 101'))
-    code, msg = _refusal(open_job_dir, req.job_dir, env)
-    assert code == EXIT_BAD_INPUT and f"{plan} is not the file fsbatch wrote" in msg
-
-
-def test_runtime_stops_with_one_message_before_reading_a_swapped_directory(world, tmp_path):
-    """The runtime entry point: exit 2 and the reason on stderr, no traceback, nothing of the directory used."""
-    import subprocess
-    import sys
-
-    req, env = written(world, tmp_path / "jobs" / "a")
-    (req.job_dir / "plan.json").write_text("{}")
-    res = subprocess.run(
-        [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(req.job_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=req.job_dir,
-        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-    )
-    assert res.returncode == EXIT_BAD_INPUT and "Traceback" not in res.stderr, res.stderr
-    assert "plan.json is not the file fsbatch wrote" in res.stderr
-
-
-# --- item 1 in the trainer: only the job's own checkpoints are loaded ------------------------------------------
-
-
-def _tiny_job(tmp_path: Path, steps: int, interval: int):
-    """tiny-cpu rendered for one CPU rank and written as fsbatch writes it; its script's environment."""
-    from frenzy_slurm.jobspec import load_job_spec
-
-    text = (
-        (ROOT / "examples" / "tiny-cpu.yaml")
-        .read_text()
-        .replace("  steps: 6\n", f"  steps: {steps}\n  checkpoint_interval: {interval}\n")
-    )
-    (tmp_path / "tiny.yaml").write_text(text + "limits:\n  max_gpus: 1\n")  # one CPU rank
-    spec = load_job_spec(tmp_path / "tiny.yaml")
-    view = synthetic(LOCAL)
-    job = planned(
-        spec, view, tmp_path / "jobs" / "t", spec_path=tmp_path / "tiny.yaml", model=resolve_model(spec, tmp_path)
-    )
-    submit(job, fake(view))
-    return job.job_dir, _job_env((job.job_dir / "job.sbatch").read_text())
-
-
-def _train(job_dir: Path, env: dict[str, str]):
-    import subprocess
-    import sys
-
-    from frenzy_slurm.runtime.dist import free_port
-
-    run_env = {
-        **os.environ,
-        **env,
-        "PYTHONPATH": str(ROOT),
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    for key in ("SLURM_PROCID", "SLURM_JOB_ID", "LOCAL_SIZE"):
-        run_env.pop(key, None)
-    return subprocess.run(
-        [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=job_dir,
-        env=run_env,
-    )
-
-
-@pytest.mark.slow
-def test_resume_loads_only_checkpoints_the_job_wrote(tmp_path):
-    import json
-
-    pytest.importorskip("deepspeed")
-    from frenzy_slurm.runtime import checkpoints
-
-    job_dir, env = _tiny_job(tmp_path, steps=4, interval=2)
-    first = _train(job_dir, env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    ckpt = job_dir / "checkpoints"
-    manifest = json.loads((ckpt / "step4" / checkpoints.MANIFEST).read_text())
-    assert manifest["files"] and all(len(v) == 64 for v in manifest["files"].values())
-    # a longer run of the same directory (a requeue) resumes from its own checkpoint
-    (ckpt / "latest").write_text("step2")
-    plan = json.loads((job_dir / "plan.json").read_text())
-    assert plan["spec"]["training"]["steps"] == 4
-    again = _train(job_dir, env)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((job_dir / "metrics.json").read_text())["resumed_from_step"] == 4
-    # a pickle put in place of one of its files is refused before DeepSpeed loads (unpickles) it
-    victim = next(n for n in manifest["files"] if n.endswith("model_states.pt"))
-    (ckpt / "step4" / victim).write_bytes(b"planted pickle")
-    bad = _train(job_dir, env)
-    assert bad.returncode == EXIT_BAD_INPUT and "Traceback" not in bad.stderr, bad.stderr[-3000:]
-    assert (
-        f"checkpoint checkpoints/step4 is not what this job wrote ({job_dir}/checkpoints/step4/{victim} "
-        "differs from what this job wrote" in bad.stderr
-    )
-    # so is a file added beside the job's own
-    (ckpt / "step4" / victim).unlink()
-    (ckpt / "step4" / "zz_extra_optim_states.pt").write_bytes(b"planted")
-    bad = _train(job_dir, env)
-    assert bad.returncode == EXIT_BAD_INPUT and "zz_extra_optim_states.pt was not written by this job" in bad.stderr
-
-
-# --- item 12: the rendezvous port ---------------------------------------------------------------------------------
-
-
-def test_script_picks_a_free_port_on_the_first_node(world, tmp_path):
-    script = request(world, tmp_path / "jobs" / "a").script
-    assert "20000 +" not in script and "SLURM_JOB_ID} % 20000" not in script
-    assert "-P -m frenzy_slurm.runtime.dist free-port) ||" in script and "\nexport MASTER_PORT\n" in script
-
-
-def test_free_port_skips_a_port_in_use_and_stays_below_the_ephemeral_range():
-    import random
-    import socket
-
-    from frenzy_slurm.runtime import dist
-
-    low, _ = dist.ephemeral_range()
-    with socket.socket() as busy:
-        busy.bind(("0.0.0.0", 0 if low <= dist.PORT_FLOOR + 1 else random.randint(dist.PORT_FLOOR, low - 1)))
-        busy.listen()
-        taken = busy.getsockname()[1]
-
-        class Picks(random.Random):
-            seq = [taken, taken]
-
-            def randint(self, a, b):
-                return self.seq.pop(0) if self.seq else super().randint(a, b)
-
-        port = dist.free_port(rng=Picks(7))
-        assert port != taken
-        assert dist.PORT_FLOOR <= port < low
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", port))  # it is free
-
-
-def test_free_port_command_prints_one_port(tmp_path):
-    import subprocess
-    import sys
-
-    res = subprocess.run(
-        [sys.executable, "-P", "-m", "frenzy_slurm.runtime.dist", "free-port"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert res.returncode == 0 and 1024 < int(res.stdout) < 65536, res.stderr
-
-
-# --- item 11: DeepSpeed's shared-memory segments are the job's own --------------------------------------------------
-
-
-@pytest.fixture
-def shm_env():
-    import random
-
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(random.randint(40000, 60000))}
-    from frenzy_slurm.runtime.shm import segment_path
-
-    yield env
-    for rank in range(2):
-        segment_path(rank, env).unlink(missing_ok=True)
-
-
-def test_segment_is_created_private_and_exclusive(shm_env):
-    from frenzy_slurm.runtime.shm import claim_allreduce_segment
-
-    path = claim_allreduce_segment(0, shm_env)
-    st = os.lstat(path)
-    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
-
-
-def test_an_existing_segment_name_is_never_reused(shm_env):
-    """Names carry a random token now (runtime/shm.py): a name that exists is a collision, left alone."""
-    from frenzy_slurm.runtime.shm import claim_allreduce_segment, segment_path
-
-    old = segment_path(1, shm_env)
-    old.write_bytes(b"old run")
-    assert claim_allreduce_segment(1, shm_env) is None and old.read_bytes() == b"old run"
-
-
-def test_a_segment_planted_by_another_user_is_never_used(shm_env, other_user):
-    """The audit's attack: a world-writable segment made first under the job's name. It is not used (the job
-    draws another name, test_runtime_shm_private_names.py) and left to its owner, never written."""
-    import sys
-
-    from frenzy_slurm.runtime.shm import claim_allreduce_segment, segment_path
-
-    from .users import as_user
-
-    planted = segment_path(0, shm_env)
-    code = (
-        f"import os; os.close(os.open({str(planted)!r}, os.O_CREAT | os.O_RDWR, 0o666)); "
-        f"os.chmod({str(planted)!r}, 0o666)"
-    )
-    res = as_user(other_user, [sys.executable, "-c", code], cwd=Path("/"))
-    assert res.returncode == 0, res.stderr
-    assert os.stat(planted).st_uid == other_user.uid
-    assert claim_allreduce_segment(0, shm_env) is None
-    assert os.stat(planted).st_uid == other_user.uid and os.stat(planted).st_size == 0
-
-
-def test_shm_is_used_only_where_local_size_says_so():
-    from frenzy_slurm.runtime.shm import uses_shm_allreduce
-
-    assert (
-        uses_shm_allreduce(2, {"LOCAL_SIZE": "2"})
-        and not uses_shm_allreduce(2, {})
-        and not uses_shm_allreduce(4, {"LOCAL_SIZE": "2"})
-    )
-
-
-def _claiming_rank(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(deepspeed_rank_env(rank, world, port))
-    import deepspeed
-    import torch
-
-    from frenzy_slurm.runtime.shm import segment_path, start_deepspeed_comm
-
-    seen = {}
-
-    def start() -> None:  # as the trainer does: the names claimed, DeepSpeed's comm started on them
-        deepspeed.init_distributed(dist_backend="gloo")
-        seen["st"] = os.stat(segment_path(rank))
-
-    used = start_deepspeed_comm(rank, world, start)
-    st = seen["st"]
-    assert used is not None and not used.exists()
-    t = torch.full((4,), float(rank + 1))
-    deepspeed.comm.all_reduce(t)
-    Path(out, f"{rank}").write_text(f"{stat.S_IMODE(st.st_mode):o} {st.st_size > 0} {t[0].item()}")
-    torch.distributed.barrier()  # then the group down, joining gloo's threads (else the exit may abort)
-    torch.distributed.destroy_process_group()
-
-
-@pytest.mark.slow
-def test_deepspeed_runs_on_segments_the_ranks_claimed(tmp_path):
-    """DeepSpeed opens (O_CREAT without O_EXCL) and fills the empty 0600 segments the ranks made first."""
-    pytest.importorskip("deepspeed")
-    import torch.multiprocessing as mp
-
-    from frenzy_slurm.runtime.dist import free_port
-    from frenzy_slurm.runtime.shm import segment_path
-
-    port = free_port()
-    mp.spawn(_claiming_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
-    assert [(tmp_path / str(r)).read_text() for r in (0, 1)] == ["600 True 3.0"] * 2
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    assert not any(segment_path(r, env).exists() for r in (0, 1))

@@ -1,4 +1,4 @@
-"""Issue 18 section 1: the framework profiles. model.yaml names how the job runs (entry.framework); its profile
+"""The framework profiles. model.yaml names how the job runs (entry.framework); its profile
 turns the spec into MARP's Workload and the search's plans; the accuracy benchmark and the CPU grid predict
 through the same functions as fsbatch, from model.yaml files a user could save and run."""
 

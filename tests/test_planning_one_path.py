@@ -1,4 +1,4 @@
-"""Issue 17 section 1, one planning path: `planning.plan_job` returns the frozen, final request; `fsbatch --dry-run`
+"""One planning path: `planning.plan_job` returns the frozen, final request; `fsbatch --dry-run`
 prints exactly it, `submit` takes only it, and the simulator's decision is the same step of the same function."""
 
 from __future__ import annotations

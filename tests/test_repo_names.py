@@ -1,4 +1,4 @@
-"""Issue 17, section 3: names that say where things are (which module owns what, one definition of each)."""
+"""Names that say where things are (which module owns what, one definition of each)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 19's fuzz test of the Slurm seam: random bytes, huge answers and malformed JSON in place of what Slurm
+"""The fuzz test of the Slurm seam: random bytes, huge answers and malformed JSON in place of what Slurm
 prints. Whatever the answer: a result, or SlurmUnexpected (exit 6) with its one message; never another
 exception, and never more than a time cap (the parsers are linear). Bounded: a fixed seed (derandomize), a few
 dozen examples per kind, a deadline per example; the whole file runs in a few seconds.

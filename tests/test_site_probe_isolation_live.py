@@ -1,4 +1,4 @@
-"""Issue 19 item 2 on the real local cluster: `frenzy-slurm site detect` run from a directory holding a planted
+"""On the real local cluster: `frenzy-slurm site detect` run from a directory holding a planted
 `pynvml.py` (as an admin might, as root) never imports it on the compute node."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 10's fuzz test: hostile model.yaml files, site files and fsbatch flags, through `fsbatch --dry-run`
+"""The fuzz test of inputs: hostile model.yaml files, site files and fsbatch flags, through `fsbatch --dry-run`
 on a static cluster. Whatever the input: an exit code from the documented set, never a traceback, a message
 that names the file (and field) or the flag, and an answer within a time cap. Bounded (a fixed seed, a few
 dozen examples per input kind, a deadline per example) so it runs in well under a minute."""

@@ -1,4 +1,4 @@
-"""Issue 21: a Mixture-of-Experts config.json is refused (exit 2, naming file and key), never planned as dense."""
+"""A Mixture-of-Experts config.json is refused (exit 2, naming file and key), never planned as dense."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 21 section 3, fscancel: your frenzy-slurm jobs by id, name or all of them, a heterogeneous job as one
+"""fscancel: your frenzy-slurm jobs by id, name or all of them, a heterogeneous job as one
 job, job directories kept, an outage exit 4. Against FakeSlurm (an outage and another user's job on demand);
 tests/test_track_cancel_and_log_live.py cancels real jobs."""
 

@@ -1,4 +1,4 @@
-"""Issue 21 section 3, `fsqueue JOBID --log`: the job's output per component and rank (srun --label marks each
+"""`fsqueue JOBID --log`: the job's output per component and rank (srun --label marks each
 rank's lines), the batch script's own lines first, --tail/--rank/--component, --json bounded, and only regular
 files of the user's own job directory read. Against FakeSlurm with output files written as srun writes them;
 tests/test_track_cancel_and_log_live.py reads a real job's."""
