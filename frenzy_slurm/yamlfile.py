@@ -301,7 +301,7 @@ def format_validation_error(
 _KEY_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
-def with_overrides(path: Path, data: dict, overrides: Mapping[str, Any]) -> dict:
+def with_overrides(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """`data` with each dotted key (`training.learning_rate`) set to its value, the mappings on the way made
     where the file has none (`limits.max_gpus` in a file without `limits:`). The file's data is not changed."""
     out = copy.deepcopy(data)
