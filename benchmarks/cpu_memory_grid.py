@@ -15,7 +15,7 @@ events and, without that accounting, never subtracts from the total either (mult
 seemed to grow from step to step). Gloo's own buffers are outside torch's allocator, as NCCL's are on a GPU.
 
 The result is a dataset: every point with the MARP inputs that describe it (architecture, workload
-options, the parallel plan) and the measured bytes per rank. tests/test_cpu_memory_grid.py predicts each
+options, the parallel plan) and the measured bytes per rank. tests/test_marp_cpu_memory_grid.py predicts each
 point with MARP and requires 3% agreement; this script is the only thing that trains.
 """
 

@@ -12,7 +12,7 @@ Each point trains the built-in model as a PipelineModule (the runtime's `models.
 exact layer split), one process and one thread per stage, for `--steps` optimizer steps, and records the
 median of the steps after the first. The single-stage points calibrate what the model cannot know about
 this CPU: the effective FLOP/s (from the per-micro-batch slope over grad_accum) and the fixed cost of a
-step (the intercept). tests/test_pipeline_step.py then predicts every two-stage point through
+step (the intercept). tests/test_has_pipeline_step.py then predicts every two-stage point through
 `step_time` with those two numbers and requires agreement within the tolerance it states; this script is
 the only thing that trains. The result goes to a JSON dataset (the points, the machine, the command).
 """

@@ -4,7 +4,7 @@ A script that passes `$FRENZY_FRAMEWORK_ARGS` to its framework's parser runs the
 split, parallel degrees, sharding, activation checkpointing, precision, steps) without the user copying the
 numbers. Each builder reads the FRENZY_* variables of the plan (scriptenv.PLAN_NAMES) and the runtime's paths
 and Slurm's task layout, and writes the flags of the framework release its profile describes
-(marp/frameworks.py); each was checked against that release's own parser (tests/test_framework_argv.py, where
+(marp/frameworks.py); each was checked against that release's own parser (tests/test_runtime_framework_argv.py, where
 the framework is installed; docs/runtime.md, "What the script is handed"). Standard library only, like
 scriptenv: the runtime calls it before torch is imported.
 

@@ -115,7 +115,7 @@ class JobRequest:
         return self.plan.decision
 
     @property
-    def calibration(self) -> dict | None:
+    def calibration(self) -> dict[str, Any] | None:
         text = self.files.get("calibration.json")
         return json.loads(text) if text is not None else None
 

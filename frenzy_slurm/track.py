@@ -22,7 +22,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -393,7 +393,7 @@ def find_job_dir(job_id: int, roots: list[Path]) -> Path | None:
     return None
 
 
-def comparison(t: TrackedJob) -> list[dict]:
+def comparison(t: TrackedJob) -> list[dict[str, Any]]:
     """Predicted versus measured per GPU type (the largest rank of each), and step time, from metrics.json.
 
     Memory is compared like for like: each rank's MARP prediction of the quantity it measured
@@ -464,7 +464,7 @@ class Cancelled:
     outcome: str
     detail: str = ""
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
             "name": self.name,
@@ -593,7 +593,7 @@ class LogSection:
         where = f"component {self.component} ({self.partition}) " if self.component is not None else ""
         return f"{where}rank {self.rank}"
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "component": self.component, "partition": self.partition, "lines": self.lines}
 
 
@@ -607,7 +607,7 @@ class JobLogs:
     truncated: bool = False  # a file was longer than MAX_LOG_BYTES: only its end was read
     notes: list[str] = field(default_factory=list)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
             "files": [str(f) for f in self.files],

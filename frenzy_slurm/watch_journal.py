@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -94,7 +94,7 @@ def successor_of(intent: MoveIntent, backend: SlurmBackend, user: str) -> Job | 
     )
 
 
-def moved_record(job_dir: Path) -> dict | None:
+def moved_record(job_dir: Path) -> dict[str, Any] | None:
     """moved.json of a job the watcher moved (None: not moved)."""
     data = read_job_record_or_none(job_dir / MOVED)
     return data if isinstance(data, dict) else None

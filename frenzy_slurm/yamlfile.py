@@ -25,7 +25,7 @@ Loc = tuple[str | int, ...]
 
 # The package's own data files (data/presets.yaml, data/gpus.yaml) are trusted and plain: libyaml's parser reads
 # them 6-8x faster than the pure-Python one, which was a tenth of `fsbatch --dry-run`'s time, into the same data
-# (tests/test_command_latency.py compares). Users' files keep the Python loader: read_yaml's node checks and error
+# (tests/test_cli_latency.py compares). Users' files keep the Python loader: read_yaml's node checks and error
 # lines are written against it.
 SHIPPED_DATA_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -301,7 +301,7 @@ def format_validation_error(
 _KEY_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
-def with_overrides(path: Path, data: dict, overrides: Mapping[str, Any]) -> dict:
+def with_overrides(path: Path, data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """`data` with each dotted key (`training.learning_rate`) set to its value, the mappings on the way made
     where the file has none (`limits.max_gpus` in a file without `limits:`). The file's data is not changed."""
     out = copy.deepcopy(data)

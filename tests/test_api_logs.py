@@ -15,7 +15,7 @@ from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submit import submit
 
 from .helpers import LOCAL, fill, make_spec, planned
-from .test_verbs_log import HETERO_SPEC
+from .test_track_log import HETERO_SPEC
 
 WRITTEN = "frenzy-slurm: job started\n0: rank 0 step 1\n2: rank 2 step 1\n0: rank 0 step 2\nsrun: done\n"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_audit2_files import _accounting, _calibrate, _finished, _me
-from .test_calibrate_cli import _job_dir, offline  # noqa: F401 (fixture: snapshot and site file)
+from .test_calibration_accounting import _accounting, _calibrate, _finished, _me
+from .test_calibration_cli import _job_dir, offline  # noqa: F401 (fixture: snapshot and site file)
 from .users import other_user  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

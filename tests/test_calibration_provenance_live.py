@@ -18,8 +18,8 @@ import pytest
 
 from .helpers import run_cli
 from .slurm_fixture import sh, wait_for
-from .test_audit2_files import _finished
-from .test_calibrate_cli import _job_dir, offline  # noqa: F401 (fixture: snapshot and site file)
+from .test_calibration_accounting import _finished
+from .test_calibration_cli import _job_dir, offline  # noqa: F401 (fixture: snapshot and site file)
 from .test_calibration_provenance import EPILOG, _submitted, _tag
 from .users import other_user  # noqa: F401 (fixture)
 

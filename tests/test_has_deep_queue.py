@@ -1,4 +1,4 @@
-"""HAS on a deep queue (issue 20): what makes a decision cheap gives the answers the plain computation gives.
+"""HAS on a deep queue: what makes a decision cheap gives the answers the plain computation gives.
 
 - `GpuTimeline.windows` comes from per-node free ranges cached across durations: compared with the sweep it
   replaced, on random intervals;
@@ -27,7 +27,7 @@ from frenzy_slurm.slurm.releases import GpuTimeline, ReleaseIndex
 decide_module = importlib.import_module("frenzy_slurm.has.decide")  # frenzy_slurm.has.decide is also a function
 INF = float("inf")
 # workloads sampled from the Philly trace (sample_philly(trace, SEED, JOBS)), shipped so that a checkout without
-# ../shared/data runs these tests; tests/test_shipped_workloads.py checks them against the trace where it is
+# ../shared/data runs these tests; tests/test_sim_shipped_workloads.py checks them against the trace where it is
 WORKLOADS = Path(__file__).parent / "data" / "sim"
 
 

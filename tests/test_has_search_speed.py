@@ -217,7 +217,7 @@ def test_search_ends_groups_where_the_plain_loop_does(huge_mb, monkeypatch):
 def test_simulation_is_the_same_with_the_plain_search(policy, monkeypatch):
     """A whole simulated run (30 jobs, prediction errors, OOMs and resubmissions, a pending queue) places
     every job the same way with the faster search as with the plain one. (When GPUs free up has one engine,
-    `slurm.releases.GpuTimeline`, checked against its definition in tests/test_release_engine.py.)"""
+    `slurm.releases.GpuTimeline`, checked against its definition in tests/test_seam_release_engine.py.)"""
     from pathlib import Path
 
     from frenzy_slurm.sim import ErrorModel, ilp, load_workload, parse_compact, policies, simulate

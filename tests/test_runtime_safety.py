@@ -1,4 +1,4 @@
-"""Issue 10, in the job: the stop signals are caught from the first line, user scripts survive an early
+"""In the job: the stop signals are caught from the first line, user scripts survive an early
 USR2, old checkpoints are pruned, and a module planted in the job directory never runs."""
 
 from __future__ import annotations

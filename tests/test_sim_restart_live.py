@@ -22,7 +22,7 @@ from frenzy_slurm.runtime.checkpoints import latest_step
 
 from .helpers import fsbatch_json, wait_done
 from .slurm_fixture import release_requeued, sh, wait_for
-from .test_training_e2e import SITE, jobs_dir, tiny  # noqa: F401  (jobs_dir: a fixture)
+from .test_runtime_training_e2e import SITE, jobs_dir, tiny  # noqa: F401  (jobs_dir: a fixture)
 
 pytest.importorskip("deepspeed", reason="training tests need the train extra (pip install -e '.[dev]')")
 pytestmark = [pytest.mark.live, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Issue 21 on a real Slurm cluster with accounting and enforced limits: untyped GRES (`Gres=gpu:4`) is seen and
+"""On a real Slurm cluster with accounting and enforced limits: untyped GRES (`Gres=gpu:4`) is seen and
 planned on through the site file, and HAS keeps within the QOS's GPU limits (MaxTRESPerJob, MaxTRESPerUser).
 
 The cluster is started once per Slurm version for this module (devcluster up --accounting --enforce-limits,

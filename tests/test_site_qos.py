@@ -1,4 +1,4 @@
-"""Issue 21: HAS plans within the QOS's GPU limits (MaxTRESPerJob, MaxTRESPerUser, GrpTRES on gres/gpu), read
+"""HAS plans within the QOS's GPU limits (MaxTRESPerJob, MaxTRESPerUser, GrpTRES on gres/gpu), read
 through the seam (`qos_limits`); without accounting nothing changes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 21: clusters whose GPU GRES has no type (`Gres=gpu:4`) are planned on once the site file says which GPU
+"""Clusters whose GPU GRES has no type (`Gres=gpu:4`) are planned on once the site file says which GPU
 they are (a pool with `untyped: true`), and say plainly what to add when it does not."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 10 item 8 on the real local cluster: slurmctld is paused while sbatch runs, sbatch times out, the
+"""On the real local cluster: slurmctld is paused while sbatch runs, sbatch times out, the
 job appears once slurmctld resumes; fsbatch's submission finds it by its tag and records it (it used to
 report "Slurm unreachable" and write no submission.json)."""
 

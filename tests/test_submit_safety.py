@@ -1,4 +1,4 @@
-"""Issue 10, submission: job directories and locks safe on shared file systems, --force never deleting a
+"""Submission: job directories and locks safe on shared file systems, --force never deleting a
 job's files, one job per user and submission whatever the directory, and an sbatch timeout that created
 the job. Against FakeSlurm (a timeout after the job exists cannot be produced on demand by real Slurm)."""
 

@@ -1,4 +1,4 @@
-"""Issue 10, tracking: a requeued job does not show its killed run's finished.json, fsqueue shows restarts
+"""Tracking: a requeued job does not show its killed run's finished.json, fsqueue shows restarts
 and the last checkpoint, and `fsqueue JOBID` with slurmctld down shows what the job directory knows."""
 
 from __future__ import annotations

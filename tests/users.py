@@ -1,4 +1,4 @@
-"""A second local user for the tests that need one (issue 19: an attacker beside the victim on a shared login node).
+"""A second local user for the tests that need one (an attacker beside the victim on a shared login node).
 
 The tests run as root (the dev cluster needs it); `other_user` creates, once per machine, an unprivileged account
 `fsaudit` with its own home and group, and `as_user` runs a command as that account with setpriv, as a real

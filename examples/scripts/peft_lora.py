@@ -113,7 +113,7 @@ class TokenData(torch.utils.data.Dataset):
 
 
 def write_summary(summary: dict) -> None:
-    """JOBDIR/example-result.json (what tests/test_examples_live.py reads) and one line in the job's output."""
+    """JOBDIR/example-result.json (what tests/test_repo_examples_live.py reads) and one line in the job's output."""
     Path(os.environ["FRENZY_JOB_DIR"], "example-result.json").write_text(json.dumps(summary) + "\n")
     last = summary["loss"][-1] if summary["loss"] else float("nan")
     print(f"frenzy-example: step {summary['step']}/{summary['max_steps']}, loss {last:.4f}", flush=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.calibration.model import CalibrationFile, calibration_path, load_calibration
 from frenzy_slurm.site.config import SiteConfig
@@ -34,7 +34,7 @@ class Applied:
     memory_mode: str = ""
     pools: dict[str, dict] = field(default_factory=dict)  # "partition/gres" -> the correction applied
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "created_at": self.created_at,
@@ -111,7 +111,7 @@ def for_job(
 
 def job_record(
     applied: Applied | None, raw_site: SiteConfig, w: Workload, decision: Decision, global_batch: int
-) -> dict:
+) -> dict[str, Any]:
     """calibration.json of a job directory: the calibration used, and the chosen plan's raw and calibrated step."""
     from frenzy_slurm.calibration.observe import raw_step_parts
 
@@ -124,7 +124,7 @@ def job_record(
     }
 
 
-def explain_lines(record: dict) -> list[str]:
+def explain_lines(record: dict[str, Any]) -> list[str]:
     """What --explain prints about calibration: raw and calibrated numbers side by side."""
     cal = record.get("calibration")
     raw, step = record.get("raw_step_time_s"), record["step_time_s"]

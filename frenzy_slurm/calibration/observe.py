@@ -12,13 +12,13 @@ import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.site.config import SiteConfig
 
 if TYPE_CHECKING:
     from frenzy_slurm.has.model import Allocation
-    from frenzy_slurm.marp.plan import Workload
+    from frenzy_slurm.marp.plan import ParallelPlan, Workload
     from frenzy_slurm.render.planfile import PlanFile
 
 WARMUP_STEPS = 1
@@ -34,7 +34,7 @@ def steady_step_time(step_times: list[float], profiled: list[int] | None = None)
     return statistics.median(steady or step_times)
 
 
-def measured_step_time(metrics: dict) -> float | None:
+def measured_step_time(metrics: dict[str, Any]) -> float | None:
     """The steady step time of a metrics.json: the trainer's own where it says which steps it profiled
     (it then leaves them out), else from its list of step times."""
     if "profiled_steps" in metrics and metrics.get("step_time_s") is not None:
@@ -88,12 +88,12 @@ def raw_step_parts(w: Workload, chosen: Allocation, global_batch: int, site: Sit
     return compute, full - compute
 
 
-def _plan_of(chosen):
+def _plan_of(chosen: Allocation) -> ParallelPlan:
     plan = chosen.plan
     return plan.to_plan() if hasattr(plan, "to_plan") else plan  # plan.json before/after ParallelPlan was stored as-is
 
 
-def read_epilog_dir(directory: Path) -> dict[str, list[dict]]:
+def read_epilog_dir(directory: Path) -> dict[str, list[dict[str, Any]]]:
     """The site epilog's records (contrib/slurm/epilog): job id -> one record per node."""
     from frenzy_slurm.errors import InputError
     from frenzy_slurm.records import read_job_record
@@ -142,7 +142,7 @@ def _job_id_of(job_dir: Path) -> str | None:
 def observe(
     job_dir: Path,
     site: SiteConfig,
-    epilog: dict[str, list[dict]] | None = None,
+    epilog: dict[str, list[dict[str, Any]]] | None = None,
     sacct_gib: dict[int, float] | None = None,
 ) -> Observation | str:
     """The job's observation, or why it cannot be used (one line). For jobs whose directory records no

@@ -36,7 +36,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import _group_private_to, _owner_name
@@ -134,7 +134,7 @@ def _sha256(path: Path) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict]], str | None]:
+def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
     """The site epilog's records (job id -> one per node) and, where the directory cannot be trusted, why not:
     only root may have written them (a directory or record another user could write proves nothing)."""
     from frenzy_slurm.calibration.observe import MAX_EPILOG_BYTES
@@ -193,7 +193,7 @@ def _script_problem(d: Path, records: list[dict]) -> str | None:
     return None
 
 
-def epilog_problem(d: Path, owner: str, records: list[dict]) -> str | None:
+def epilog_problem(d: Path, owner: str, records: list[dict[str, Any]]) -> str | None:
     """Why the site epilog's record of the job does not vouch for this directory's measurements, or None."""
     users = {r.get("user") for r in records}
     if users != {owner}:
@@ -285,7 +285,9 @@ def _judge(
     return None, f"job {job_id} of {owner}, " + ", ".join(checked)
 
 
-def verify_jobs(dirs: list[Path], backend: SlurmBackend | None, epilog: dict[str, list[dict]] | None = None) -> Verdict:
+def verify_jobs(
+    dirs: list[Path], backend: SlurmBackend | None, epilog: dict[str, list[dict[str, Any]]] | None = None
+) -> Verdict:
     """Accept or reject each job directory as evidence for a calibration (see the module docstring); `epilog`:
     the site epilog's records (trusted_epilog_records)."""
     verdict = Verdict()

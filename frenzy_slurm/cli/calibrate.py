@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -340,7 +340,7 @@ def site_device(site: Path | None) -> Literal["cuda", "cpu"]:
     return load_site(path).device if path is not None and path.exists() else "cuda"
 
 
-def memory_plan_calibration(found: Found, spec: JobSpec, est: MemoryEstimate) -> dict | None:
+def memory_plan_calibration(found: Found, spec: JobSpec, est: MemoryEstimate) -> dict[str, Any] | None:
     """`frenzy-slurm memory --plan`: the breakdown's peak raw and with the site's memory factor."""
     if found is None:
         return None
@@ -358,7 +358,7 @@ def memory_plan_calibration(found: Found, spec: JobSpec, est: MemoryEstimate) ->
     }
 
 
-def memory_plan_line(info: dict) -> str:
+def memory_plan_line(info: dict[str, Any]) -> str:
     if info["jobs"] == 0:
         return (
             f"calibration {info['path']}: no memory correction for {info['mode']}; "

@@ -198,7 +198,7 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     """Text columns like sinfo's: numeric columns right-aligned, the rest left-aligned.
 
     The layout is tabulate's "plain" format (which this replaced, for start-up time: the same text, see
-    tests/test_command_latency.py): each cell stripped of surrounding spaces, a column as wide as its widest
+    tests/test_cli_latency.py): each cell stripped of surrounding spaces, a column as wide as its widest
     cell or its header plus 2, columns two spaces apart, a short row filled with empty cells. Values print
     exactly as the caller formatted them. Cells pass through `printable`.
     """

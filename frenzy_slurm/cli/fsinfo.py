@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from frenzy_slurm.slurm.view import ClusterView
 
 
-def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict]:
+def summarize(view: ClusterView, site: SiteConfig | None) -> list[dict[str, Any]]:
     rows = []
     for pool in view.pools():
         sp = site.pool(pool.partition, pool.gpu_type) if site else None

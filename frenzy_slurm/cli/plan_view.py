@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from pathlib import Path
+from typing import Any
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
@@ -76,7 +77,7 @@ def memory_rows(est: MemoryEstimate) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def memory_json(est: MemoryEstimate) -> dict:
+def memory_json(est: MemoryEstimate) -> dict[str, Any]:
     return {
         "plan": est.plan.short(),
         "metric": est.metric,
@@ -109,7 +110,7 @@ def candidate_rows(cands: dict[Hashable, list[Candidate]], top: int) -> tuple[li
     return header, rows
 
 
-def candidate_json(cands: dict[Hashable, list[Candidate]]) -> dict:
+def candidate_json(cands: dict[Hashable, list[Candidate]]) -> dict[str, list[dict[str, Any]]]:
     return {
         str(gpu): [
             {

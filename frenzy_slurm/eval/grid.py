@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.marp import pinned_plan, workload_from_spec
@@ -49,11 +50,11 @@ PHASE_PARTS = {
 }
 
 
-def spec_of(point: dict) -> JobSpec:
+def spec_of(point: dict[str, Any]) -> JobSpec:
     return JobSpec.model_validate(point["spec"])
 
 
-def workload_of(point: dict) -> tuple[Workload, ParallelPlan]:
+def workload_of(point: dict[str, Any]) -> tuple[Workload, ParallelPlan]:
     """The point's Workload and plan, as fsbatch derives them from its model.yaml (on the CPU)."""
     spec = spec_of(point)
     assert spec.model.arch is not None
@@ -62,7 +63,7 @@ def workload_of(point: dict) -> tuple[Workload, ParallelPlan]:
     return w, pinned_plan(spec, w, len(world))
 
 
-def predict(point: dict) -> list[GridRank]:
+def predict(point: dict[str, Any]) -> list[GridRank]:
     """Per pipeline stage: the largest peak over its ranks (what every GPU of the stage must hold) and MARP's."""
     w, plan = workload_of(point)
     est = estimate_memory(w, plan, "allocated")
@@ -84,5 +85,5 @@ def predict(point: dict) -> list[GridRank]:
     ]
 
 
-def load_grid(path: Path) -> list[dict]:
+def load_grid(path: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text())["points"]

@@ -158,7 +158,7 @@ def step_time(
     the slowest stage's (the steady state), each stage's time its layers' share of the work at its rate
     (`rates`, one per stage; the last stage also carries the output layer, `head_equiv` blocks), plus the
     gradient all-reduce, the activations sent between stages and the groups' fixed costs. Checked against
-    real DeepSpeed pipelines on the CPU by tests/test_pipeline_step.py (benchmarks/pipeline_step.py)."""
+    real DeepSpeed pipelines on the CPU by tests/test_has_pipeline_step.py (benchmarks/pipeline_step.py)."""
     a = w.arch
     per_token = flops_per_token(w, plan.recompute)
     tokens_mb = plan.micro_batch * w.seq_len

@@ -755,7 +755,7 @@ class JobSpec(_Strict):
     """The whole model.yaml."""
 
     # pydantic's `pattern` runs on the Rust regex crate, whose `$` is the end of the text (a trailing newline is
-    # refused: tests/test_audit2_inputs.py checks it)
+    # refused: tests/test_spec_no_newlines.py checks it)
     name: str = Field(
         description="Job name (Slurm job name and job directory).", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
     )

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import jinja2.sandbox
@@ -102,7 +103,7 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset(["*", "**"])
     MAX_OUTPUT = 1 << 20  # a job script is a few KB
 
-    def call_binop(self, context, operator, left, right):
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
         if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
             raise jinja2.sandbox.SecurityError(f"exponent {right} is too large for a template")
         if operator == "*":
@@ -233,7 +234,7 @@ def render_job(
     job_dir: Path | None = None,
     template_dir: Path | None = None,
     group_readable: bool = False,
-    calibration: dict | None = None,
+    calibration: dict[str, Any] | None = None,
     moved_from: MovedFrom | None = None,
     user_options: SlurmOptions | None = None,
 ) -> Rendered:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -90,7 +91,7 @@ class CpuMemoryRecorder:
         return float(self._baseline + peak - first), result
 
 
-def trace_events(prof: torch.profiler.profile) -> list[dict]:
+def trace_events(prof: torch.profiler.profile) -> list[dict[str, Any]]:
     """The events of a finished profile, as its Chrome trace holds them (a profile exports once)."""
     import json
     import os
@@ -107,7 +108,7 @@ def trace_events(prof: torch.profiler.profile) -> list[dict]:
 
 
 def trace_timeline(
-    prof: torch.profiler.profile | None = None, events: list[dict] | None = None
+    prof: torch.profiler.profile | None = None, events: list[dict[str, Any]] | None = None
 ) -> tuple[list[tuple[float, int, int]], dict[str, tuple[float, float]]]:
     """(time us, allocator's total allocated bytes, bytes of the event) for every CPU allocator event of a
     finished profile, and the (start, end) of every named range.
@@ -158,7 +159,7 @@ def part_of_step(ranges: list[str]) -> str:
 
 
 def peak_context(
-    events: list[dict], timeline: list[tuple[float, int, int]], window: tuple[float, float]
+    events: list[dict[str, Any]], timeline: list[tuple[float, int, int]], window: tuple[float, float]
 ) -> dict[str, object]:
     """Where in the step `window` its allocated peak fell: the time from the step's start, the profiler ranges
     open at that instant (outermost first), the part of the step the innermost of them names (forward, loss,

@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 NVML_CALLS = (
@@ -59,7 +60,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _try(fn, *args, default=None):
+def _try(fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
     """An optional NVML query: NotSupported (or any NVML error) means 'not known', not failure."""
     try:
         return fn(*args)
@@ -67,7 +68,7 @@ def _try(fn, *args, default=None):
         return default
 
 
-def probe(nvml: Any) -> dict:
+def probe(nvml: Any) -> dict[str, Any]:
     """The node's GPUs as NVML reports them; `nvml` is the pynvml module (or the tests' fake)."""
     out: dict[str, Any] = {"host": socket.gethostname(), "nvml": False}
     try:

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from frenzy_slurm.units import GiB
 
@@ -106,7 +106,7 @@ class Sampler:
                 d["util_sum"] += util.gpu
                 d["max_util_pct"] = max(d["max_util_pct"], util.gpu)
 
-    def report(self, host: str, interval: float) -> dict:
+    def report(self, host: str, interval: float) -> dict[str, Any]:
         devices = []
         for d in self.devices.values():
             if not d["ours"]:
@@ -129,7 +129,7 @@ def _atomic_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2) + "\n")  # O_EXCL temporary + rename: never through a link
 
 
-def merge_metrics(job_dir: Path) -> dict | None:
+def merge_metrics(job_dir: Path) -> dict[str, Any] | None:
     """metrics.json from every node's nvml-*.json, with MARP's device-memory prediction per GPU model.
 
     Returns None (and writes nothing) when the built-in trainer already wrote metrics.json.
@@ -207,7 +207,7 @@ def run(job_dir: Path, watch_pid: int, interval: float, nvml: Any) -> int:
         print(f"frenzy-slurm sampler: no NVML on {host} ({exc.__class__.__name__}); not sampling", file=sys.stderr)
         return 0
 
-    def _stop(*_):
+    def _stop(*_: object) -> NoReturn:
         raise _Stopped  # interrupts the sleep: the step's end leaves only KillWait seconds to write
 
     signal.signal(signal.SIGTERM, _stop)

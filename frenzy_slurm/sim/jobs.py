@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from frenzy_slurm.has.requirements import Requirements
-from frenzy_slurm.jobspec import resolve_model
+from frenzy_slurm.jobspec import JobSpec, resolve_model
 from frenzy_slurm.jobspec.presets import presets
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.marp.candidates import SearchSpace
@@ -36,7 +36,7 @@ class Attempt:
     max_gpus: int | None = None  # limits.max_gpus of the job's model.yaml (simulate --max-gpus)
 
     @cached_property
-    def spec(self):
+    def spec(self) -> JobSpec:
         return job_spec(self.job, steps=self.steps, max_gpus=self.max_gpus)
 
     @cached_property

@@ -15,7 +15,7 @@ from collections import defaultdict
 from itertools import pairwise
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.sim.runner import RunResult
 
@@ -37,7 +37,7 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs) if xs else float("nan")
 
 
-def summarize(r: RunResult) -> dict:
+def summarize(r: RunResult) -> dict[str, Any]:
     done = [x for x in r.records if x.state == "done"]
     jct = [x.jct for x in done if x.jct is not None]
     queue = [x.jct - x.run_s for x in done if x.jct is not None]
@@ -97,7 +97,7 @@ def summarize(r: RunResult) -> dict:
     }
 
 
-def aggregate(rows: list[dict]) -> list[dict]:
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and standard deviation over seeds, per (policy, cluster)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
@@ -125,7 +125,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     return out
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict[str, Any]]) -> str:
     """One line per (cluster size, policy): mean (and standard deviation over seeds where several)."""
     multi = any(r.get("seeds", 1) > 1 for r in rows)
 
@@ -280,7 +280,9 @@ def _finish(plt: ModuleType, fig: Figure, ax: Axes, xlabel: str, ylabel: str, ti
     return path
 
 
-def paired(rows: list[dict], policy: str, baseline: str, key: str = "avg_jct_s", resamples: int = 10_000) -> dict:
+def paired(
+    rows: list[dict[str, Any]], policy: str, baseline: str, key: str = "avg_jct_s", resamples: int = 10_000
+) -> dict[str, Any]:
     """`policy` against `baseline` on the runs both made (same cluster, load and seed: same jobs, same truth).
 
     Per pair the relative reduction 1 - policy/baseline (positive: `policy` is better) and the difference in

@@ -21,6 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.sim.runner import RunResult
@@ -164,7 +165,7 @@ def live_replay(
     return times
 
 
-def compare(sim: dict[int, tuple[float, float]], live: dict[int, tuple[float, float]]) -> dict:
+def compare(sim: dict[int, tuple[float, float]], live: dict[int, tuple[float, float]]) -> dict[str, Any]:
     """Start and end differences (live - simulated), and the median start difference as a share of the
     replay's makespan (the issue's goal: under 5%)."""
     ids = sorted(set(sim) & set(live))

@@ -71,7 +71,11 @@ def _product_family(product: str) -> str:
 
 
 def interpret(
-    partition: str, gres_type: str | None, slurm_gpus_per_node: int, answer: dict | None, failure: str | None = None
+    partition: str,
+    gres_type: str | None,
+    slurm_gpus_per_node: int,
+    answer: dict[str, Any] | None,
+    failure: str | None = None,
 ) -> Detected:
     """A pool from one node's probe answer (None with `failure` when the probe step did not run)."""
     det = Detected(partition, gres_type, slurm_gpus_per_node, "slurm")

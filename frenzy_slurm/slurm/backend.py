@@ -3,7 +3,7 @@
 Implementations: `cli.SlurmCliBackend` (Slurm's command-line tools, any version), `pyslurm_backend`
 (reads through pyslurm; submits through the CLI backend, since pyslurm cannot express hetjobs),
 `static.StaticBackend` (a saved view; reads only), `fake.FakeSlurm` (in memory, for unit tests) and
-the simulator's `sim.slurm.SimSlurm` (a trace-driven Slurm; tests/test_backend_protocol.py checks all five
+the simulator's `sim.slurm.SimSlurm` (a trace-driven Slurm; tests/test_seam_backend_protocol.py checks all five
 against this protocol). Callers never run a Slurm command or import pyslurm themselves.
 """
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from frenzy_slurm.slurm.backend import (
     AccountingRecord,
@@ -60,7 +61,7 @@ class Features:
 SCONTROL_NODES = ("scontrol", "--json", "show", "nodes")
 # (major, minor) from which each set of features applies; the last row at or below the version wins.
 # Rows from 22.05 on are facts read off the real answers recorded in tests/data/slurm-*/ (index.json says
-# which command gave each file); tests/test_slurm_versions.py checks every recorded version against this table.
+# which command gave each file); tests/test_seam_slurm_versions.py checks every recorded version against this table.
 FEATURES = [
     ((0, 0), Features(json=False, numbers_are_objects=False)),
     ((21, 8), Features(json=True, numbers_are_objects=False)),
@@ -182,7 +183,7 @@ def node_state(state: object, extra_flags: list[str] | None = None) -> tuple[str
     return base, flags
 
 
-def node_from_json(n: dict) -> Node:
+def node_from_json(n: dict[str, Any]) -> Node:
     base, flags = node_state(n.get("state", "unknown"), n.get("state_flags"))
     gtype, total = parse_gpu_gres(n.get("gres"))
     _, used = parse_gpu_gres(n.get("gres_used"))
@@ -221,7 +222,7 @@ def job_gpus(tres_per_node: str | None, tres_per_job: str | None, node_count: in
     return gtype, gpn
 
 
-def job_from_json(j: dict) -> Job:
+def job_from_json(j: dict[str, Any]) -> Job:
     state = j.get("job_state", "UNKNOWN")
     state = (state[0] if state else "UNKNOWN") if isinstance(state, list) else str(state)
     het = num(j.get("het_job_id")) or None
@@ -259,7 +260,7 @@ def qos_from_tres(name: str, user: str, per_job: str, per_user: str, group: str)
     return QosLimits(name=name, user=user, per_job=limit(per_job), per_user=limit(per_user), group=limit(group))
 
 
-def json_list(text: str, key: str, argv: list[str]) -> list[dict]:
+def json_list(text: str, key: str, argv: list[str]) -> list[dict[str, Any]]:
     """The `key` list of a Slurm JSON answer, every item an object. Slurm 22.05 answers a controller outage with
     exit 0, an `errors` list and an empty list (tests/data/slurm-22.05/down-*.out): that is an outage, not an
     empty cluster. Any other shape is SlurmUnexpected (exit 6).

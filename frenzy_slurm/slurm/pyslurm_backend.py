@@ -182,7 +182,7 @@ def _gpu_type(gres: dict | None) -> str | None:
 class PyslurmBackend:
     name = "pyslurm"
 
-    def __init__(self, module=None):
+    def __init__(self, module: Any = None) -> None:
         self.pyslurm = module or try_import()
         if self.pyslurm is None:
             raise SlurmUnavailable(

@@ -121,7 +121,7 @@ class Followed:
     job_dir: Path
     state: str
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "job_dir": str(self.job_dir), "state": self.state}
 
 
@@ -159,7 +159,7 @@ def earlier_jobs(
     req: JobRequest,
     tagged: list[Job],
     backend: SlurmBackend | None,
-    earlier: list[dict] | None = None,
+    earlier: list[dict[str, Any]] | None = None,
     now: float | None = None,
 ) -> list[EarlierJob]:
     """Every earlier job of this submission the user's registry (`jobdir.registered`) or the request's directory

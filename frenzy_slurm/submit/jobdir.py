@@ -31,6 +31,7 @@ import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import ancestors, unsafe_ancestor
@@ -182,7 +183,7 @@ def _registry(key: str) -> Path:
     return lock_dir() / f"submitted-{key}.json"
 
 
-def registered(key: str) -> list[dict]:
+def registered(key: str) -> list[dict[str, Any]]:
     """Earlier submissions of `key` by this user whose job directory still records that job.
 
     A directory the user has since deleted (or whose record names another job) no longer counts: removing
