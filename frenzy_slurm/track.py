@@ -16,21 +16,20 @@ from __future__ import annotations
 import errno
 import getpass
 import hashlib
+import json
 import os
 import re
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.inputfile import read_config_text
 from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmCommandError, SlurmUnavailable, group_het_jobs
-from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES
+from frenzy_slurm.slurm.job import ACTIVE_JOB_STATES
 
 if TYPE_CHECKING:  # plan.json's models (the spec, MARP's plan, HAS's decision) are imported when one is read:
     from frenzy_slurm.render.planfile import PlanFile  # a plain `fsqueue` listing needs none of them
@@ -40,18 +39,26 @@ _STEP_TAG = re.compile(r"step(\d{1,18})")  # DeepSpeed's tag as the trainer name
 MAX_CACHE_BYTES = 64 << 20  # a queue of tens of thousands of jobs
 
 
-class _QueueCache(BaseModel):
-    """The queue cache file: which question it answers, when it was written (its age is judged by this, not only
-    by the file's mtime), and Slurm's answer."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    key: str = Field(description="The question: user=NAME or user=None.")
-    written_at: float = Field(description="When the answer was received, epoch seconds.")
-    jobs: list[Job] = Field(description="The queue's jobs, as the backend returned them.")
+def _cache_text(key: str, jobs: list[Job]) -> bytes:
+    """The queue cache file: which question it answers (`user=NAME` or `user=None`), when the answer was received
+    (epoch seconds; its age is judged by this, not only by the file's mtime), and Slurm's answer, each job's fields
+    as the backend returned them. Plain JSON, no pydantic: the listing's start-up time."""
+    return json.dumps({"key": key, "written_at": time.time(), "jobs": [asdict(j) for j in jobs]}).encode()
 
 
-_CACHE = TypeAdapter(_QueueCache)
+def _cache_jobs(raw: bytes, key: str) -> tuple[float, list[Job]] | None:
+    """The cache file's time and jobs where it answers `key` and every job is well formed (Job checks its
+    fields), else None: a cache that is not exactly ours is asked again, never shown."""
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or set(data) != {"key", "written_at", "jobs"} or data["key"] != key:
+            return None
+        written, rows = data["written_at"], data["jobs"]
+        if isinstance(written, bool) or not isinstance(written, int | float) or not isinstance(rows, list):
+            return None
+        return float(written), [Job(**row) for row in rows]
+    except (ValueError, TypeError):  # not JSON, a row that is not an object, an unknown or ill-typed field
+        return None
 
 
 def _cache_path(backend: SlurmBackend, key: str) -> Path:
@@ -92,14 +99,13 @@ def _read_cache(path: Path, key: str, max_age: float) -> list[Job] | None:
         return None
     finally:
         os.close(fd)
-    try:
-        data = _CACHE.validate_json(raw)
-    except ValueError:
+    cached = _cache_jobs(raw, key)
+    if cached is None:
         return None
-    age = time.time() - data.written_at
-    if data.key != key or not 0 <= age < max_age or not 0 <= time.time() - st.st_mtime < max_age + 1:
+    written_at, jobs = cached
+    if not 0 <= time.time() - written_at < max_age or not 0 <= time.time() - st.st_mtime < max_age + 1:
         return None
-    return data.jobs
+    return jobs
 
 
 def query_jobs_cached(backend: SlurmBackend, user: str | None, max_age: float = CACHE_SECONDS) -> list[Job]:
@@ -116,7 +122,7 @@ def query_jobs_cached(backend: SlurmBackend, user: str | None, max_age: float = 
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             usable = _cache_dir_ok(path.parent)
         if usable:
-            write_atomic(path, _CACHE.dump_json(_QueueCache(key=key, written_at=time.time(), jobs=jobs)))
+            write_atomic(path, _cache_text(key, jobs))
     except OSError:
         pass  # a read-only home only costs the cache
     return jobs

@@ -99,7 +99,7 @@ def test_no_pyslurm_is_found_without_scanning_metadata(monkeypatch):
     def scan(name: str) -> str:
         raise AssertionError("importlib.metadata scanned")
 
-    monkeypatch.setattr(pb.metadata, "version", scan)
+    monkeypatch.setattr("importlib.metadata.version", scan)
     assert pb.pyslurm_version() is None
 
 

@@ -5,6 +5,7 @@ pydantic model. The table they print is laid out as tabulate's "plain" format di
 
 from __future__ import annotations
 
+import getpass
 import json
 import random
 import subprocess
@@ -74,6 +75,49 @@ def test_the_plain_fsqueue_listing_imports_nothing_heavy(tmp_path):
     modules, out = imported_by(run_main("fsqueue"), tmp_path, "--backend", "cli", path=f"{bindir}:/usr/bin:/bin")
     assert out.split() == ["JOBID", "NAME", "STATE", "GPUS", "ELAPSED", "REMAINING(pred)", "JOBDIR"]
     assert heavy(modules) == [] and "yaml" not in modules
+
+
+SQUEUE_ONE_JOB = {
+    "jobs": [
+        {
+            "job_id": 41,
+            "job_state": "RUNNING",
+            "name": "caf\u00e9",
+            "user_name": getpass.getuser(),  # fsqueue asks for the caller's jobs
+            "partition": "a100",
+            "nodes": "a100-[1-2]",
+            "node_count": 2,
+            "tres_per_node": "gres:gpu:a100:4",
+            "start_time": 1700000000,
+            "time_limit": 60,
+        }
+    ]
+}
+
+
+def test_the_plain_fsqueue_listing_imports_no_pydantic(tmp_path):
+    """Slurm's answer is read into the seam's `Job` records, and the queue cache written and read back, without
+    pydantic (importing and building its validators was half of a listing's time): two listings in a row, the
+    second from the cache, whose file holds the job as squeue listed it."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    answer = json.dumps(SQUEUE_ONE_JOB)
+    for tool, body in {"sinfo": "echo 'slurm 22.05.8'", "squeue": f"cat <<'EOF'\n{answer}\nEOF"}.items():
+        (bindir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / tool).chmod(0o755)
+    twice = run_main("fsqueue") + run_main("fsqueue").replace("from frenzy_slurm.cli.fsqueue import main\n", "")
+    modules, out = imported_by(twice, tmp_path, "--backend", "cli", path=f"{bindir}:/usr/bin:/bin")
+    assert "pydantic" not in modules and "frenzy_slurm.slurm.view" not in modules
+    assert out.split() == ["JOBID", "NAME", "STATE", "GPUS", "ELAPSED", "REMAINING(pred)", "JOBDIR"] * 2
+    (cache,) = (tmp_path / "cache" / "frenzy-slurm").glob("jobs-*.json")
+    (job,) = json.loads(cache.read_text())["jobs"]
+    assert (job["job_id"], job["name"], job["nodes"], job["gpu_type"], job["gpus_per_node"]) == (
+        41,
+        "caf\u00e9",
+        ["a100-1", "a100-2"],
+        "a100",
+        4,
+    )
 
 
 def test_fsinfo_without_a_site_file_imports_no_planning_stage(tmp_path):

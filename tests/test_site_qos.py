@@ -3,6 +3,7 @@ through the seam (`qos_limits`); without accounting nothing changes."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -196,7 +197,7 @@ def test_within_qos_hetjob_total_and_group_limits():
     assert why is None and (alloc.start, alloc.start_source) == (600, QOS_START_SOURCE)  # GrpTRES: QOS q's jobs
     alloc, why = within_qos(_view(qos, other), _alloc(("v", "v100", 2)))
     assert why is None and alloc.start == 0  # the typed limit does not hold other types
-    endless = other.model_copy(update={"end_time": None})
+    endless = dataclasses.replace(other, end_time=None)
     assert "no end time" in (within_qos(_view(qos, endless), _alloc(("a", "a100", 2)))[1] or "")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_forged_cache_with_a_future_mtime_is_not_shown(cache_home):
     backend = _fake(_me())
     path = _cache_path(backend, f"user={_me()}")
     path.parent.mkdir(parents=True, mode=0o700)
-    fake = [Job(job_id=999, state="RUNNING", user=_me(), comment="frenzy:forged").model_dump(mode="json")]
+    fake = [asdict(Job(job_id=999, state="RUNNING", user=_me(), comment="frenzy:forged"))]
     path.write_text(json.dumps(fake))
     path.chmod(0o600)
     future = time.time() + 365 * 86400
@@ -66,7 +67,7 @@ def test_fresh_cache_is_reused_and_its_age_is_its_content(cache_home):
     data = json.loads(path.read_text())
     assert data["key"] == f"user={_me()}" and abs(data["written_at"] - time.time()) < 5
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    data["jobs"] = [Job(job_id=5, state="RUNNING", user=_me()).model_dump(mode="json")]
+    data["jobs"] = [asdict(Job(job_id=5, state="RUNNING", user=_me()))]
     path.write_text(json.dumps(data))
     path.chmod(0o600)
     assert [j.job_id for j in query_jobs_cached(backend, _me())] == [5]  # within its age: reused
@@ -86,7 +87,7 @@ def test_cache_in_a_directory_others_can_write_is_neither_read_nor_written(cache
     planted = {
         "key": f"user={_me()}",
         "written_at": time.time(),
-        "jobs": [Job(job_id=6, state="RUNNING", user=_me()).model_dump(mode="json")],
+        "jobs": [asdict(Job(job_id=6, state="RUNNING", user=_me()))],
     }
     path.write_text(json.dumps(planted))
     path.chmod(0o600)
@@ -105,7 +106,7 @@ def test_cache_owned_by_another_user_is_not_read(cache_home, other_user):
             {
                 "key": f"user={_me()}",
                 "written_at": time.time(),
-                "jobs": [Job(job_id=7, state="RUNNING", user=_me()).model_dump(mode="json")],
+                "jobs": [asdict(Job(job_id=7, state="RUNNING", user=_me()))],
             }
         )
     )

@@ -24,7 +24,7 @@ _LAZY = {
     "AccountingRecord": "backend",
     "BatchJob": "backend",
     "ComponentRequest": "backend",
-    "PoolKey": "backend",
+    "PoolKey": "view",
     "SbatchAnswer": "backend",
     "SlurmBackend": "backend",
     "StartEstimate": "backend",
@@ -32,11 +32,11 @@ _LAZY = {
     "SlurmUnavailable": "run",
     "ClusterView": "view",
     "GpuPool": "view",
-    "Job": "view",
+    "Job": "job",
     "Node": "view",
     "Partition": "view",
-    "group_het_jobs": "view",
-    "job_phase": "view",
+    "group_het_jobs": "job",
+    "job_phase": "job",
 }
 
 if TYPE_CHECKING:
@@ -44,13 +44,13 @@ if TYPE_CHECKING:
         AccountingRecord,
         BatchJob,
         ComponentRequest,
-        PoolKey,
         SbatchAnswer,
         SlurmBackend,
         StartEstimate,
     )
+    from frenzy_slurm.slurm.job import Job, group_het_jobs, job_phase
     from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
-    from frenzy_slurm.slurm.view import ClusterView, GpuPool, Job, Node, Partition, group_het_jobs, job_phase
+    from frenzy_slurm.slurm.view import ClusterView, GpuPool, Node, Partition, PoolKey
 
 __all__ = [
     "AccountingRecord",

@@ -12,15 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
-from frenzy_slurm.slurm.view import ClusterView, Job, PoolKey, QosLimits
+if TYPE_CHECKING:  # the view's pydantic models: not imported by a plain `fsqueue` listing (start-up time)
+    from frenzy_slurm.slurm.job import Job
+    from frenzy_slurm.slurm.view import ClusterView, PoolKey, QosLimits
 
 __all__ = [
     "AccountingRecord",
     "BatchJob",
     "ComponentRequest",
-    "PoolKey",
     "ReadOnlyBackend",
     "SbatchAnswer",
     "SlurmBackend",

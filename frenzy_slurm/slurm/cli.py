@@ -16,17 +16,17 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.slurm.backend import (
     AccountingRecord,
     BatchJob,
     ComponentRequest,
-    PoolKey,
     SbatchAnswer,
     StartEstimate,
 )
 from frenzy_slurm.slurm.commands import component_options
+from frenzy_slurm.slurm.job import Job
 from frenzy_slurm.slurm.parse import (
     SlurmUnexpected,
     default_qos,
@@ -41,8 +41,11 @@ from frenzy_slurm.slurm.parse import (
     reading,
 )
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
-from frenzy_slurm.slurm.view import ClusterView, GpuLimit, Job, Node, Partition, QosLimits
 from frenzy_slurm.units import GiB
+
+if TYPE_CHECKING:  # the view's pydantic models, imported where a node, partition or QOS is read: a plain `fsqueue`
+    # listing reads only jobs and so never imports pydantic (start-up time, benchmarks/fsbatch_latency.py --listing)
+    from frenzy_slurm.slurm.view import ClusterView, GpuLimit, Node, Partition, PoolKey, QosLimits
 
 
 def sbatch_argv(script: Path) -> list[str]:
@@ -184,6 +187,8 @@ def node_state(state: object, extra_flags: list[str] | None = None) -> tuple[str
 
 
 def node_from_json(n: dict[str, Any]) -> Node:
+    from frenzy_slurm.slurm.view import Node  # see the TYPE_CHECKING import above
+
     base, flags = node_state(n.get("state", "unknown"), n.get("state_flags"))
     gtype, total = parse_gpu_gres(n.get("gres"))
     _, used = parse_gpu_gres(n.get("gres_used"))
@@ -252,6 +257,7 @@ def job_from_json(j: dict[str, Any]) -> Job:
 
 def qos_from_tres(name: str, user: str, per_job: str, per_user: str, group: str) -> QosLimits:
     """A QOS's GPU limits from its MaxTRESPerJob, MaxTRESPerUser and GrpTRES strings."""
+    from frenzy_slurm.slurm.view import GpuLimit, QosLimits  # see the TYPE_CHECKING import above
 
     def limit(text: str) -> GpuLimit:
         total, by_type = parse_tres_gpus(text)
@@ -333,6 +339,8 @@ def scontrol_fields(line: str) -> dict[str, str]:
 
 
 def partitions_from_scontrol(text: str) -> list[Partition]:
+    from frenzy_slurm.slurm.view import Partition  # see the TYPE_CHECKING import above
+
     out = []
     for line in text.splitlines():
         if not line.strip():
@@ -371,6 +379,8 @@ def _rows(text: str, fields: int, tool: str) -> Iterator[list[str]]:
 
 
 def nodes_from_text(text: str) -> list[Node]:
+    from frenzy_slurm.slurm.view import Node  # see the TYPE_CHECKING import above
+
     nodes: dict[str, Node] = {}
     for f in _rows(text, 9, "sinfo"):
         name, part, state, cpus_state, mem, alloc_mem, gres, gres_used, reason = f[:9]
@@ -477,6 +487,8 @@ class SlurmCliBackend:
             return jobs_from_text(text)
 
     def load(self) -> ClusterView:
+        from frenzy_slurm.slurm.view import ClusterView  # see the TYPE_CHECKING import above
+
         use_json = self._use_json()
         if use_json:
             cmds = {"nodes": list(self.features().nodes_json)}

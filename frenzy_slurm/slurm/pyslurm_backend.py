@@ -25,22 +25,24 @@ import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Iterable  # pyslurm is untyped: its objects are Any here
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.slurm.backend import (
     AccountingRecord,
     BatchJob,
     ComponentRequest,
-    PoolKey,
     SbatchAnswer,
     StartEstimate,
 )
 from frenzy_slurm.slurm.cli import SlurmCliBackend, node_features, node_state, parse_version
+from frenzy_slurm.slurm.job import Job
 from frenzy_slurm.slurm.parse import SlurmUnexpected, expand_hostlist, parse_gpu_gres, parse_time_minutes, reading
 from frenzy_slurm.slurm.run import SlurmUnavailable, run
-from frenzy_slurm.slurm.view import ClusterView, Job, Node, Partition, QosLimits
+
+if TYPE_CHECKING:  # the view's pydantic models, imported where a view is built (`_view`): `open_backend` imports
+    # this module to probe pyslurm, and a plain `fsqueue` listing builds no view (start-up time)
+    from frenzy_slurm.slurm.view import ClusterView, PoolKey, QosLimits
 
 PROBE_TIMEOUT = 30.0
 
@@ -62,6 +64,8 @@ def pyslurm_version() -> str | None:
     # metadata: a look-up in the path finders' caches, not the tens of milliseconds of importlib.metadata
     if importlib.util.find_spec("pyslurm") is None:
         return None
+    from importlib import metadata
+
     try:
         return metadata.version("pyslurm")
     except metadata.PackageNotFoundError:
@@ -257,6 +261,8 @@ class PyslurmBackend:
         self, config: Any, gpu_tres: bool, jobs: list[Job], used: dict[str, int], nodes_raw: Any, parts_raw: Any
     ) -> ClusterView:
         """The view of one pyslurm load: its nodes and partitions, with the jobs already read."""
+        from frenzy_slurm.slurm.view import ClusterView, Node, Partition  # see the TYPE_CHECKING import above
+
         nodes = []
         for n in nodes_raw.values():
             gtype, total = parse_gpu_gres(_gres_dict_to_str(n.configured_gres))

@@ -6,11 +6,20 @@ It is also the file format of `fsinfo --json` and of the static backend, so it i
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Annotated, NamedTuple
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+# a job as the queue lists it lives in its own pydantic-free module (the plain `fsqueue` listing builds only jobs)
+from frenzy_slurm.slurm.job import (  # noqa: F401 (re-exported: the view's names)
+    ACTIVE_JOB_STATES,
+    JOB_STATES,
+    Job,
+    clean_text,
+    group_het_jobs,
+    job_phase,
+)
 
 # Node base states that take a node out of free capacity (Slurm's node_states plus flags we fold in).
 UNAVAILABLE_NODE_STATES = {
@@ -32,64 +41,6 @@ UNAVAILABLE_NODE_STATES = {
     "reboot_issued",
     "inval",
 }
-
-# Every Slurm job state (slurm.h job_states and flags as squeue prints them) in one table.
-JOB_STATES = {
-    "PENDING": "pending",
-    "RUNNING": "running",
-    "SUSPENDED": "suspended",
-    "COMPLETED": "completed",
-    "CANCELLED": "cancelled",
-    "FAILED": "failed",
-    "TIMEOUT": "timeout",
-    "NODE_FAIL": "failed",
-    "PREEMPTED": "cancelled",
-    "BOOT_FAIL": "failed",
-    "DEADLINE": "timeout",
-    "OUT_OF_MEMORY": "failed",
-    "COMPLETING": "running",
-    "CONFIGURING": "pending",
-    "REQUEUED": "pending",
-    "REQUEUE_FED": "pending",
-    "REQUEUE_HOLD": "pending",
-    "RESIZING": "running",
-    "RESV_DEL_HOLD": "pending",
-    "REVOKED": "cancelled",
-    "SIGNALING": "running",
-    "SPECIAL_EXIT": "failed",
-    "STAGE_OUT": "running",
-    "STOPPED": "suspended",
-    "UPDATE_DB": "running",
-    "POWER_UP_NODE": "pending",
-    "LAUNCH_FAILED": "failed",
-    "RECONFIG_FAIL": "failed",
-}
-ACTIVE_JOB_STATES = {"pending", "running", "suspended"}
-
-
-def job_phase(state: str) -> str:
-    """pending/running/suspended/completed/cancelled/failed/timeout, or unknown (never an error)."""
-    return JOB_STATES.get(state.upper().split()[0] if state else "", "unknown")
-
-
-def clean_text(value: object) -> object:
-    """Text that can always be printed and written as JSON: bytes decoded as UTF-8 and lone surrogates (from a
-    `surrogateescape` decoding, as pyslurm or a snapshot may hand over) replaced by U+FFFD. Names, comments and
-    directories of jobs come from any user of the cluster (`sbatch -J $'caf\\xe9'`); one of them must not
-    break the tools for everyone."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if not isinstance(value, str) or value.isascii():
-        return value
-    try:
-        value.encode("utf-8")
-        return value
-    except UnicodeEncodeError:
-        try:
-            return value.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
-        except UnicodeEncodeError:  # a surrogate no decoder made: replace it too
-            return value.encode("utf-8", errors="replace").decode("utf-8")
-
 
 Text = Annotated[str, BeforeValidator(clean_text)]
 
@@ -174,42 +125,6 @@ class Node(_M):
     @property
     def gpus_free(self) -> int:
         return max(0, self.gpus_total - self.gpus_used) if self.available else 0
-
-
-class Job(_M):
-    job_id: int = Field(description="Slurm job id (for a hetjob component, its own id).")
-    het_job_id: int | None = Field(None, description="Leader id of a heterogeneous job; null otherwise.")
-    het_job_offset: int | None = Field(None, description="Component index within the heterogeneous job.")
-    name: Text = Field("", description="Job name.")
-    user: Text = Field("", description="Owner.")
-    state: Text = Field(description="Slurm job state as reported (RUNNING, PENDING, ...).")
-    reason: Text | None = Field(None, description="Pending reason.")
-    partition: Text = Field("", description="Partition (component's).")
-    nodes: list[Text] = Field(default_factory=list, description="Allocated nodes (expanded).")
-    node_count: int = Field(0, ge=0, description="Nodes requested or allocated.")
-    gpu_type: Text | None = Field(None, description="Requested GPU type, if typed.")
-    gpus_per_node: int = Field(0, ge=0, description="GPUs per node requested.")
-    start_time: int | None = Field(None, description="Start (or expected start for pending jobs), epoch seconds.")
-    end_time: int | None = Field(None, description="End (or expected end), epoch seconds.")
-    time_limit_min: int | None = Field(None, description="Time limit in minutes.")
-    comment: Text = Field("", description="Job comment.")
-    workdir: Text | None = Field(None, description="Working directory (frenzy-slurm's job directory).")
-    qos: Text | None = Field(None, description="The job's QOS; null where the backend does not say.")
-
-    @property
-    def phase(self) -> str:
-        return job_phase(self.state)
-
-    @property
-    def gpus(self) -> int:
-        return self.gpus_per_node * max(self.node_count, 1)
-
-    @property
-    def display_id(self) -> str:
-        """`1234` or `1234+1` as squeue shows hetjob components."""
-        if self.het_job_id:
-            return f"{self.het_job_id}+{self.het_job_offset or 0}"
-        return str(self.job_id)
 
 
 class GpuLimit(_M):
@@ -329,13 +244,3 @@ class GpuPool:
         self.gpus_total += gpus_total
         self.gpus_free += gpus_free
         self.gpus_per_node = max(self.gpus_per_node, gpus_total)
-
-
-def group_het_jobs(jobs: list[Job]) -> dict[int, list[Job]]:
-    """Jobs keyed by the id users see: a heterogeneous job's components under its leader's id."""
-    out: dict[int, list[Job]] = defaultdict(list)
-    for j in jobs:
-        out[j.het_job_id or j.job_id].append(j)
-    for comps in out.values():
-        comps.sort(key=lambda j: j.het_job_offset or 0)
-    return dict(out)
