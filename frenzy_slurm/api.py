@@ -13,7 +13,7 @@
 
 Every step is the one fsbatch runs: `planning.plan_job` plans, `submit.submit` submits, `track` says the
 state. fsbatch is this module's caller (`plan_jobs`, `submit`, `Job.wait`, `summary_line`); errors are the
-typed exceptions of `frenzy_slurm.errors` and the stages (each with its `exit_code`), never `sys.exit`.
+typed exceptions of `frenzy_slurm.core.errors` and the stages (each with its `exit_code`), never `sys.exit`.
 Imports of the stages are deferred to the calls: `import frenzy_slurm` stays cheap and never imports torch.
 """
 
@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.errors import EXIT_FAILURE, FrenzyError, InputError
+from frenzy_slurm.core.errors import EXIT_FAILURE, FrenzyError, InputError
 
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec import ResolvedModel
+    from frenzy_slurm.jobspec.sweeps import Combination
     from frenzy_slurm.planning import JobRequest, SiteFile
     from frenzy_slurm.render.environment import EnvCheck
     from frenzy_slurm.slurm import SlurmBackend
     from frenzy_slurm.slurm.view import ClusterView
-    from frenzy_slurm.submit import Submitted
-    from frenzy_slurm.sweeps import Combination
-    from frenzy_slurm.track import Cancelled, TrackedJob
+    from frenzy_slurm.submission import Submitted
+    from frenzy_slurm.track.jobs import Cancelled, TrackedJob
 
 __all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep", "wait_all"]
 
@@ -258,15 +258,15 @@ def plan_jobs(
     (docs/runtime.md, "The job's environment"). `max_running`: at most this many of the sweep's jobs run at
     once; each job past the first N waits for the one N before it (`Plan.waits_for`, afterany at submission).
     """
+    from frenzy_slurm.jobspec.sweeps import check_max_running, waits_for
     from frenzy_slurm.planning import PlanOptions, load_job, plan_job, submission_of, traced
-    from frenzy_slurm.sweeps import check_max_running, waits_for
 
     path = Path(model_yaml)
     unknown = sorted(set(slurm or {}) - set(SLURM_FLAGS))
     if unknown:
         raise InputError(f"slurm options {', '.join(unknown)} are not known; use {', '.join(SLURM_FLAGS)}.")
     if not combinations:
-        from frenzy_slurm.sweeps import combinations as product
+        from frenzy_slurm.jobspec.sweeps import combinations as product
 
         combinations = product({})
     if len(combinations) > 1 and job_dir is not None:
@@ -323,7 +323,7 @@ def plan_jobs(
 def _force_turn(submission: str) -> Any:
     """The lock that serialises `--force` runs of one submission, from choosing the directory to submitting,
     so each sees the directory the other took."""
-    from frenzy_slurm.submit.jobdir import user_lock
+    from frenzy_slurm.jobdir.safety import user_lock
 
     return user_lock(f"{submission}-force")
 
@@ -383,7 +383,7 @@ def sweep(
     most sweeps.MAX_COMBINATIONS. Submit each with `submit`, in order. `max_running=N` (as fsbatch
     --max-running, submitit's slurm_array_parallelism): at most N of them run at once, each job past the
     first N starting after the one N before it ends (Slurm's afterany: nothing waits on the login node)."""
-    from frenzy_slurm.sweeps import combinations, grid_of
+    from frenzy_slurm.jobspec.sweeps import combinations, grid_of
 
     return plan_jobs(
         model_yaml,
@@ -428,7 +428,7 @@ class Job:
     def tracked(self) -> TrackedJob:
         """What fsqueue JOBID shows: the queue's view (every hetjob component), else the job directory's with
         accounting once the job has left the queue."""
-        from frenzy_slurm.track import frenzy_jobs, from_job_dirs
+        from frenzy_slurm.track.jobs import frenzy_jobs, from_job_dirs
 
         found = frenzy_jobs(self.backend.jobs(job_ids=[self.job_id]))
         t = next((t for t in found if t.job_id == self.job_id), None)
@@ -487,7 +487,7 @@ class Job:
 
     def metrics(self) -> Metrics | None:
         """metrics.json as the job wrote it (at its end; None before then, or where it wrote none)."""
-        from frenzy_slurm.records import read_job_record_or_none
+        from frenzy_slurm.core.records import read_job_record_or_none
 
         raw = read_job_record_or_none(self.job_dir / "metrics.json")
         if not isinstance(raw, dict):
@@ -522,7 +522,7 @@ class Job:
         the last `tail` lines of each. `merged=True`: the output files as Slurm wrote them (every rank's lines
         interleaved, srun's `R: ` labels kept). "" before the job has written anything. Reads the last
         `max_bytes` of each file (regular files of your own job directory only); InputError otherwise."""
-        from frenzy_slurm.track import job_logs, output_files, read_tail
+        from frenzy_slurm.track.jobs import job_logs, output_files, read_tail
 
         if merged:
             if rank is not None or component is not None or tail is not None:
@@ -546,7 +546,7 @@ class Job:
         return self._read_stream("error", max_bytes)
 
     def _read_stream(self, kind: str, max_bytes: int) -> str | None:
-        from frenzy_slurm.track import output_streams, read_tail
+        from frenzy_slurm.track.jobs import output_streams, read_tail
 
         streams, notes = output_streams(self.job_dir, self.job_id)
         path = streams.get(kind)
@@ -560,8 +560,8 @@ class Job:
         """Cancel the job (every component of a hetjob; with `signal`, send it that signal instead) as fscancel
         JOBID does (track.cancel_jobs); its directory is kept. The outcome says what happened: cancelled,
         signalled, ended (nothing to do), not running, or failed (Slurm refused: SlurmRejected is raised)."""
-        from frenzy_slurm.submit import SlurmRejected
-        from frenzy_slurm.track import cancel_jobs
+        from frenzy_slurm.submission import SlurmRejected
+        from frenzy_slurm.track.jobs import cancel_jobs
 
         (done,) = cancel_jobs(self.backend, [self.job_id], signal=signal)
         if done.outcome == "failed":
@@ -617,7 +617,7 @@ def wait_all(
 def _look(jobs: Sequence[Job]) -> Sequence[Job]:
     """Each job's state now into `job._last`: one queue query per backend for all of them, then their job
     directories (with one accounting query) for those that have left the queue."""
-    from frenzy_slurm.track import frenzy_jobs, from_job_dirs
+    from frenzy_slurm.track.jobs import frenzy_jobs, from_job_dirs
 
     by_backend: dict[int, list[Job]] = {}
     for j in jobs:
@@ -649,7 +649,7 @@ def submit(plan: Plan | JobRequest, backend: str | SlurmBackend | None = None) -
     """Submit a plan (`plan`, `sweep`) through submit.submit, once per submission: AlreadySubmitted (exit 7)
     if it already has a job, unless planned with force=True. A JobRequest needs the backend to submit to."""
     from frenzy_slurm.planning import JobRequest
-    from frenzy_slurm.submit import submit as submit_request
+    from frenzy_slurm.submission import submit as submit_request
 
     after = None
     if isinstance(plan, Plan):
@@ -671,7 +671,7 @@ def _chained_after(plan: Plan) -> int | None:
     directory records it (a sweep is submitted in order); InputError if that one has not been submitted."""
     if plan.waits_for is None:
         return None
-    from frenzy_slurm.track import submitted_job_id
+    from frenzy_slurm.track.jobs import submitted_job_id
 
     try:
         return submitted_job_id(plan.waits_for.job_dir)
@@ -684,7 +684,7 @@ def _chained_after(plan: Plan) -> int | None:
 
 def job(job_dir: str | Path, backend: str | SlurmBackend = "auto", snapshot: str | Path | None = None) -> Job:
     """The job a job directory records (submission.json), to follow from another process."""
-    from frenzy_slurm.track import submitted_job_id
+    from frenzy_slurm.track.jobs import submitted_job_id
 
     path = Path(job_dir).absolute()
     return Job(submitted_job_id(path), path, open_backend(backend, snapshot))

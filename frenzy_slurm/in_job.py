@@ -90,8 +90,8 @@ def _private_checkpoints(path: Path) -> bool:
     """Whether a moved job's checkpoints/ may be resumed from: it and its job directory are this user's and
     writable by no one else, as is every directory above (submit.jobdir.check_private_dir). Else a note on stderr
     and False: loading another user's files would run their code (torch.load unpickles)."""
-    from frenzy_slurm.errors import FrenzyError
-    from frenzy_slurm.submit.jobdir import check_private_dir
+    from frenzy_slurm.core.errors import FrenzyError
+    from frenzy_slurm.jobdir.safety import check_private_dir
 
     try:
         if not path.is_dir():
@@ -126,7 +126,7 @@ def preempted() -> bool:
     jid = job_id()
     if jid is None:
         return False
-    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.slurm import open_backend
 
     try:
@@ -152,7 +152,7 @@ def requeue() -> bool:
     jid = job_id()
     if rank() != 0 or jid is None:
         return False
-    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.slurm import open_backend
 
     try:

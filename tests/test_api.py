@@ -11,7 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 from .helpers import EXAMPLES, ROOT
 
@@ -166,7 +166,7 @@ def test_job_reattaches_from_its_directory(fake):
 
 def test_resubmitting_the_same_plan_is_refused(fake):
     import frenzy_slurm as fs
-    from frenzy_slurm.submit import AlreadySubmitted
+    from frenzy_slurm.submission import AlreadySubmitted
 
     fs.submit(fs.plan(TINY, site=SITE, backend=fake))
     with pytest.raises(AlreadySubmitted) as again:

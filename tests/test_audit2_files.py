@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.slurm.view import Job
 
 from .helpers import EXAMPLES, LOCAL, ROOT, make_spec, planned, run_cli
@@ -121,7 +121,7 @@ def test_fsqueue_own_job_directory_fifo_and_device_are_refused_promptly(tmp_path
 
 
 def test_checkpoint_tag_is_not_read_through_a_link(tmp_path):
-    from frenzy_slurm.track import last_checkpoint
+    from frenzy_slurm.track.jobs import last_checkpoint
 
     (tmp_path / "elsewhere").write_text("step7")
     (tmp_path / "ckpt").mkdir()
@@ -137,7 +137,7 @@ def test_checkpoint_tag_is_not_read_through_a_link(tmp_path):
 def test_job_directory_owned_by_someone_else_is_not_read_for_your_job(tmp_path, other_user):
     """A job of yours whose working directory belongs to another user (they control its files): not read, and
     not taken for a frenzy-slurm job (fsbatch's job directories are the user's own), whatever its record says."""
-    from frenzy_slurm.track import frenzy_jobs
+    from frenzy_slurm.track.jobs import frenzy_jobs
 
     d = tmp_path / "theirs"
     d.mkdir()
@@ -149,7 +149,7 @@ def test_job_directory_owned_by_someone_else_is_not_read_for_your_job(tmp_path, 
 
 
 def test_find_job_dir_ignores_a_malformed_submission(tmp_path):
-    from frenzy_slurm.track import find_job_dir
+    from frenzy_slurm.track.jobs import find_job_dir
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "submission.json").write_text(json.dumps({"job_id": "x1"}))  # int() raised before
@@ -177,7 +177,7 @@ def _fake(user: str):
 
 def test_forged_cache_with_a_future_mtime_is_not_shown(cache_home):
     """A cache file (the old format, a bare job list) dated a year ahead showed its fake jobs forever."""
-    from frenzy_slurm.track import _cache_path, query_jobs_cached
+    from frenzy_slurm.track.jobs import _cache_path, query_jobs_cached
 
     backend = _fake(_me())
     path = _cache_path(backend, f"user={_me()}")
@@ -196,7 +196,7 @@ def test_forged_cache_with_a_future_mtime_is_not_shown(cache_home):
 
 
 def test_fresh_cache_is_reused_and_its_age_is_its_content(cache_home):
-    from frenzy_slurm.track import _cache_path, query_jobs_cached
+    from frenzy_slurm.track.jobs import _cache_path, query_jobs_cached
 
     backend = _fake(_me())
     assert query_jobs_cached(backend, _me()) == []
@@ -215,7 +215,7 @@ def test_fresh_cache_is_reused_and_its_age_is_its_content(cache_home):
 
 
 def test_cache_in_a_directory_others_can_write_is_neither_read_nor_written(cache_home):
-    from frenzy_slurm.track import _cache_path, query_jobs_cached
+    from frenzy_slurm.track.jobs import _cache_path, query_jobs_cached
 
     backend = _fake(_me())
     path = _cache_path(backend, f"user={_me()}")
@@ -233,7 +233,7 @@ def test_cache_in_a_directory_others_can_write_is_neither_read_nor_written(cache
 
 
 def test_cache_owned_by_another_user_is_not_read(cache_home, other_user):
-    from frenzy_slurm.track import _cache_path, query_jobs_cached
+    from frenzy_slurm.track.jobs import _cache_path, query_jobs_cached
 
     backend = _fake(_me())
     path = _cache_path(backend, f"user={_me()}")

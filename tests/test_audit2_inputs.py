@@ -497,7 +497,7 @@ def test_non_finite_numbers_in_model_yaml_are_refused(offline, tmp_path, text, w
 
 
 def test_learning_rate_inf_never_reaches_plan_json_as_null(tmp_path):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.jobspec import load_job_spec
 
     model = tmp_path / "model.yaml"
@@ -507,7 +507,7 @@ def test_learning_rate_inf_never_reaches_plan_json_as_null(tmp_path):
 
 
 def test_non_finite_factory_kwargs_are_refused(tmp_path):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.jobspec import load_job_spec
 
     model = tmp_path / "model.yaml"
@@ -542,7 +542,7 @@ def test_duplicate_keys_in_a_site_file_are_refused(offline, tmp_path):
 
 
 def test_merge_keys_may_still_override(tmp_path):
-    from frenzy_slurm.yamlfile import read_yaml
+    from frenzy_slurm.core.yamlfile import read_yaml
 
     path = tmp_path / "x.yaml"
     path.write_text("base: &b {a: 1, b: 2}\nuse:\n  <<: *b\n  b: 3\n")
@@ -631,7 +631,7 @@ def installed(tmp_path, monkeypatch):
 
 
 def test_factory_from_installed_software_is_refused_before_import(installed):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.marp.trace import load_factory
 
     with pytest.raises(InputError) as err:
@@ -641,7 +641,7 @@ def test_factory_from_installed_software_is_refused_before_import(installed):
 
 
 def test_a_users_module_re_exporting_installed_code_is_refused(installed, tmp_path, monkeypatch):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.marp.trace import load_factory
 
     mine = tmp_path / "mine"
@@ -657,14 +657,14 @@ def test_site_allow_list_admits_an_installed_factory(installed):
     assert load_factory("hubby:load", {}, allowed=["hubby:load"])() == "."
     assert installed.exists()
     assert load_factory("hubby:load", {}, allowed=["hubby"]) is not None
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
 
     with pytest.raises(InputError):
         load_factory("hubby:load", {}, allowed=["hubby:other", "hubbyx"])
 
 
 def test_factory_in_a_world_writable_directory_is_refused(tmp_path, monkeypatch):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.marp.trace import load_factory
 
     shared = tmp_path / "shared"
@@ -677,7 +677,7 @@ def test_factory_in_a_world_writable_directory_is_refused(tmp_path, monkeypatch)
 
 
 def test_factory_owned_by_another_user_is_refused(tmp_path, monkeypatch, other_user):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.marp.trace import load_factory
 
     theirs = tmp_path / "theirs"

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import frenzy_slurm.records as records
-import frenzy_slurm.submit as submit_stage
-import frenzy_slurm.watch_journal as journal
+import frenzy_slurm.core.records as records
+import frenzy_slurm.submission as submit_stage
+import frenzy_slurm.track.watch_journal as journal
 from frenzy_slurm.slurm.run import SlurmUnavailable
-from frenzy_slurm.watch import MOVED, watch_once
+from frenzy_slurm.track.watch import MOVED, watch_once
 
 from .test_watch import HOUR, _hold_pool, _submit, world  # noqa: F401 (fixture)
 

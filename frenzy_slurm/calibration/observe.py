@@ -18,8 +18,8 @@ from frenzy_slurm.site.config import SiteConfig
 
 if TYPE_CHECKING:
     from frenzy_slurm.has.model import Allocation
+    from frenzy_slurm.jobdir.planfile import PlanFile
     from frenzy_slurm.marp.plan import Workload
-    from frenzy_slurm.render.planfile import PlanFile
 
 WARMUP_STEPS = 1
 MAX_EPILOG_BYTES = 1 << 20  # one node's epilog record: a few KB
@@ -95,8 +95,8 @@ def _plan_of(chosen):
 
 def read_epilog_dir(directory: Path) -> dict[str, list[dict]]:
     """The site epilog's records (contrib/slurm/epilog): job id -> one record per node."""
-    from frenzy_slurm.errors import InputError
-    from frenzy_slurm.records import read_job_record
+    from frenzy_slurm.core.errors import InputError
+    from frenzy_slurm.core.records import read_job_record
 
     out: dict[str, list[dict]] = {}
     for f in sorted(directory.glob("*.json")):
@@ -110,7 +110,7 @@ def read_epilog_dir(directory: Path) -> dict[str, list[dict]]:
 
 def _epilog_metrics(records: list[dict], components: list) -> dict:
     """metrics.json-shaped ranks from epilog records: NVML's per-process peak per GPU vs MARP's device peak."""
-    from frenzy_slurm.gpus import match_gpu
+    from frenzy_slurm.core.gpus import match_gpu
 
     ranks = []
     for rec in records:
@@ -148,8 +148,8 @@ def observe(
     """The job's observation, or why it cannot be used (one line). For jobs whose directory records no
     memory (a user's script without NVML in its Python): `epilog`, read_epilog_dir()'s records, and
     `sacct_gib`, Slurm's own per-job GPU memory peaks (SlurmBackend.gpu_memory_peaks)."""
-    from frenzy_slurm.errors import FrenzyError
-    from frenzy_slurm.records import read_job_record
+    from frenzy_slurm.core.errors import FrenzyError
+    from frenzy_slurm.core.records import read_job_record
 
     job_id = _job_id_of(job_dir)
     records = (epilog or {}).get(job_id or "", [])
@@ -217,10 +217,10 @@ def _read_plan(path: Path) -> PlanFile:
     """plan.json as a job directory holds it: a bounded read of a regular file, not through a link."""
     from pydantic import ValidationError
 
-    from frenzy_slurm.errors import InputError
-    from frenzy_slurm.records import read_job_record
-    from frenzy_slurm.render.planfile import PlanFile
-    from frenzy_slurm.yamlfile import format_validation_error
+    from frenzy_slurm.core.errors import InputError
+    from frenzy_slurm.core.records import read_job_record
+    from frenzy_slurm.core.yamlfile import format_validation_error
+    from frenzy_slurm.jobdir.planfile import PlanFile
 
     data = read_job_record(path, "plan")
     try:

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import _group_private_to, _owner_name
-from frenzy_slurm.records import MAX_JOB_RECORD_BYTES, read_job_record, read_job_record_or_none
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import _group_private_to, _owner_name
+from frenzy_slurm.core.records import MAX_JOB_RECORD_BYTES, read_job_record, read_job_record_or_none
 
 if TYPE_CHECKING:
     from frenzy_slurm.slurm.backend import AccountingRecord, SlurmBackend
@@ -120,7 +120,7 @@ def _accounting(backend: SlurmBackend | None, ids: list[int]) -> dict[int, Accou
 
 def _read(path: Path) -> str | None:
     """A job directory's file: a regular file read bounded, never through a link nor waiting on a FIFO."""
-    from frenzy_slurm.inputfile import read_config_text
+    from frenzy_slurm.core.inputfile import read_config_text
 
     try:
         return read_config_text(path, path.name, MAX_JOB_RECORD_BYTES, follow_symlinks=False)
@@ -167,7 +167,7 @@ def _script_problem(d: Path, records: list[dict]) -> str | None:
     import shlex
 
     from frenzy_slurm.calibration.observe import _read_plan
-    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.core.errors import FrenzyError
 
     ran = {r.get("script_sha256") for r in records} - {None}
     if not ran:
@@ -223,7 +223,7 @@ def _measured_seconds(d: Path) -> float:
 def accounting_problem(d: Path, rec: AccountingRecord) -> str | None:
     """Why Slurm's record of the job contradicts plan.json or metrics.json (allocation, run time), or None."""
     from frenzy_slurm.calibration.observe import _read_plan
-    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.core.errors import FrenzyError
 
     try:
         comps = _read_plan(d / "plan.json").decision.chosen.components

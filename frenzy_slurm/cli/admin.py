@@ -30,7 +30,8 @@ from frenzy_slurm.cli.plan_view import (
     memory_json,
     memory_rows,
 )
-from frenzy_slurm.errors import InputError, NoFitError
+from frenzy_slurm.core.errors import InputError, NoFitError
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp import (
     estimate_memory,
     parse_plan,
@@ -41,7 +42,6 @@ from frenzy_slurm.marp import (
 )
 from frenzy_slurm.marp.frameworks import PROFILES, profile_lines, profile_summary
 from frenzy_slurm.marp.plan import Metric
-from frenzy_slurm.units import GiB
 
 
 @click.group(cls=QuietPipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -288,7 +288,7 @@ def site_init(backend: str, snapshot: Path | None, output: Path | None, force: b
     else:
         if output.exists() and not force:
             raise InputError(f"{output} exists; use --force to overwrite it.")
-        from frenzy_slurm.records import write_atomic
+        from frenzy_slurm.core.records import write_atomic
 
         write_atomic(output, text, mode=0o644)  # never leave a half-written site file; admins share it
         click.echo(f"wrote {output}", err=True)
@@ -383,7 +383,7 @@ def site_validate(backend: str, snapshot: Path | None, site: Path | None, site_f
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def site_catalog(as_json: bool) -> None:
     """List the built-in GPU catalog (names usable as `gpu:` in site files)."""
-    from frenzy_slurm.gpus import catalog
+    from frenzy_slurm.core.gpus import catalog
 
     if as_json:
         print_json({n: s.model_dump() for n, s in catalog().items()})
@@ -417,7 +417,7 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     import os
 
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
-    from frenzy_slurm.track import from_job_dirs
+    from frenzy_slurm.track.jobs import from_job_dirs
 
     dirs = list(job_dirs)
     if not dirs:

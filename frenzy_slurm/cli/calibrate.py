@@ -23,7 +23,7 @@ import click
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import echo, print_json, reports_errors, table
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 if TYPE_CHECKING:  # the command imports these when it runs
     from frenzy_slurm.calibration import CalibrationFile
@@ -72,8 +72,8 @@ def previous_calibration(path: Path) -> CalibrationFile | None:
     """The calibration a new one replaces (its corrections move by at most --max-change), if one parses there.
     A stale one counts too: staleness says when to refit, not that the values were wrong."""
     from frenzy_slurm.calibration import CalibrationFile
-    from frenzy_slurm.inputfile import check_trusted
-    from frenzy_slurm.yamlfile import load_model_file
+    from frenzy_slurm.core.inputfile import check_trusted
+    from frenzy_slurm.core.yamlfile import load_model_file
 
     if not os.path.lexists(path):
         return None

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from pathlib import Path
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import GpuSpec, catalog, match_gpu
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate, with_exact_params
 from frenzy_slurm.marp.memory import COMPONENTS

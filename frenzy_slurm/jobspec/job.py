@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.slurm.constraint import parse_constraint
 from frenzy_slurm.slurm.timefmt import parse_slurm_time  # the seam owns Slurm's time format

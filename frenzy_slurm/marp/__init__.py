@@ -6,7 +6,7 @@ est = estimate_memory(workload_from_spec(spec, model), ParallelPlan(dp=4, zero=1
 
 from __future__ import annotations
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
 
 _STDLIB = frozenset(sys.stdlib_module_names) | frozenset(sys.builtin_module_names)

@@ -26,15 +26,15 @@ import jinja2.sandbox
 import yaml
 
 from frenzy_slurm import __version__
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import check_trusted
 from frenzy_slurm.has.model import Decision
-from frenzy_slurm.inputfile import check_trusted
+from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
 from frenzy_slurm.render.container import ContainerLaunch, launch, runtime_argv
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.environment import job_python
-from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.render.script import check_script_entry, plan_env
 from frenzy_slurm.slurm.cli import sbatch_argv
 from frenzy_slurm.slurm.view import pool_label

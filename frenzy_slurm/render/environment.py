@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec import JobSpec
 
 CHECK_TIMEOUT_S = 30.0  # a cold interpreter on a network file system starts slowly; torch's find_spec does not load it

@@ -6,7 +6,7 @@ Sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from Slurm's variables and the device, 
 (runtime/trust.py: the directory and files fsbatch recorded, else the job stops before reading them), then
 runs the built-in trainer, or execs the user's script with FRENZY_DS_CONFIG / FRENZY_PLAN / FRENZY_JOB_DIR /
 FRENZY_CHECKPOINT_DIR set (beside the plan's FRENZY_* variables job.sbatch exports), its arguments' `$FRENZY_*`
-expanded from them (frenzy_slurm/scriptenv.py), with the job's Python ($FRENZY_JOB_PYTHON, from
+expanded from them (frenzy_slurm/jobdir/scriptenv.py), with the job's Python ($FRENZY_JOB_PYTHON, from
 entry.environment; default this one).
 """
 
@@ -27,7 +27,7 @@ from frenzy_slurm.runtime.dist import from_environ  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     """Run one task; a refusal (FrenzyError) is one message on stderr and its exit code, never a traceback."""
-    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.core.errors import FrenzyError
 
     try:
         return _run(argv)
@@ -62,9 +62,9 @@ def _run(argv: list[str] | None) -> int:
         moved = moved_checkpoints(trusted.via_fd)
         if moved is not None:  # in_job.latest_checkpoint() looks there while this job has saved none
             os.environ["FRENZY_RESUME_DIR"] = str(moved)
-        from frenzy_slurm.errors import InputError
-        from frenzy_slurm.framework_argv import framework_args
-        from frenzy_slurm.scriptenv import ArgsError, expand_args
+        from frenzy_slurm.core.errors import InputError
+        from frenzy_slurm.jobdir.scriptenv import ArgsError, expand_args
+        from frenzy_slurm.runtime.framework_argv import framework_args
 
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
         if signals.pending():  # tell the script a stop was already requested
@@ -103,8 +103,8 @@ def drop_inherited() -> None:
 def moved_checkpoints(job_dir: Path) -> Path | None:
     """The checkpoints/ of the job `frenzy-slurm watch` moved to this one (plan.json's `moved_from`), once that
     directory is checked to be the user's and writable by no one else; None for a job that was not moved."""
-    from frenzy_slurm.render.planfile import read_plan
-    from frenzy_slurm.submit.jobdir import check_private_dir
+    from frenzy_slurm.jobdir.planfile import read_plan
+    from frenzy_slurm.jobdir.safety import check_private_dir
 
     if not (job_dir / "plan.json").exists():
         return None  # a runtime started by hand on a directory without a plan

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from frenzy_slurm.units import GiB
+from frenzy_slurm.core.units import GiB
 
 
 def count_all_threads() -> bool:

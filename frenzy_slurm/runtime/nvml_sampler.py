@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from frenzy_slurm.units import GiB
+from frenzy_slurm.core.units import GiB
 
 SAMPLER_CALLS = (
     "nvmlInit",
@@ -124,7 +124,7 @@ class Sampler:
 
 
 def _atomic_json(path: Path, data: dict) -> None:
-    from frenzy_slurm.records import write_atomic
+    from frenzy_slurm.core.records import write_atomic
 
     write_atomic(path, json.dumps(data, indent=2) + "\n")  # O_EXCL temporary + rename: never through a link
 
@@ -134,7 +134,7 @@ def merge_metrics(job_dir: Path) -> dict | None:
 
     Returns None (and writes nothing) when the built-in trainer already wrote metrics.json.
     """
-    from frenzy_slurm.gpus import match_gpu
+    from frenzy_slurm.core.gpus import match_gpu
 
     target = job_dir / "metrics.json"
     # O_NOFOLLOW, no O_TRUNC: a link planted at the lock's name is refused, never followed and truncated

@@ -27,12 +27,12 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frenzy_slurm.core.records import write_json
+from frenzy_slurm.jobdir.planfile import PlanFile, read_plan
 from frenzy_slurm.marp.plan import checkpoint_route
-from frenzy_slurm.progress import ProgressRecorder
-from frenzy_slurm.records import write_json
-from frenzy_slurm.render.planfile import PlanFile, read_plan
 from frenzy_slurm.runtime import checkpoints, signals
 from frenzy_slurm.runtime.dist import DistEnv
+from frenzy_slurm.track.progress import ProgressRecorder
 
 if TYPE_CHECKING:  # torch is imported inside the functions: the job imports it only after the signal handlers
     import torch
@@ -103,11 +103,11 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     import deepspeed
     import torch
 
+    from frenzy_slurm.core.units import GiB
     from frenzy_slurm.models.gpt import GPT, lm_loss
     from frenzy_slurm.models.pipe import pipeline_module
     from frenzy_slurm.runtime.data import Batches
     from frenzy_slurm.runtime.memory import CpuMemoryRecorder, gpu_peaks
-    from frenzy_slurm.units import GiB
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
     from frenzy_slurm.runtime.shm import start_deepspeed_comm, uses_shm_allreduce
@@ -311,7 +311,7 @@ def _resume_source(job_dir: Path, pf: PlanFile, dist: DistEnv) -> ResumeSource |
     moved = pf.moved_from
     if moved is None:
         return None
-    from frenzy_slurm.submit.jobdir import check_private_dir
+    from frenzy_slurm.jobdir.safety import check_private_dir
 
     there = Path(moved.job_dir)
     check_private_dir(there, "the job directory this job was moved from")  # the user's, writable by no one else
@@ -328,7 +328,7 @@ def _resume_source(job_dir: Path, pf: PlanFile, dist: DistEnv) -> ResumeSource |
     if route == "as-is":
         return ResumeSource(there / "checkpoints", tag, step)  # DeepSpeed loads it as it is
     if route is None:  # has/moves.py `resumable` never plans such a move
-        from frenzy_slurm.errors import InputError
+        from frenzy_slurm.core.errors import InputError
 
         raise InputError(
             f"job {moved.job_id}'s checkpoint {tag} ({old.short()}) cannot be loaded with this plan ({new.short()}). "
@@ -356,7 +356,7 @@ def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEn
     said = [failed]
     torch.distributed.broadcast_object_list(said, src=0)
     if said[0]:
-        from frenzy_slurm.errors import InputError
+        from frenzy_slurm.core.errors import InputError
 
         raise InputError(
             f"could not convert job {job_id}'s checkpoint {source.name} for this plan "
@@ -411,7 +411,7 @@ def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv, named: str | None = None
     this job wrote; None to start afresh. A tag that differs stops the job (FrenzyError, on every rank)."""
     import torch
 
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
 
     tag, skipped = checkpoints.resume_tag(ckpt_dir)
     if skipped and dist.rank == 0:
@@ -450,7 +450,7 @@ def _preempted() -> bool:
 
 def _requeue(job_id: int) -> None:
     """Back into the queue after the time-limit checkpoint; a failure is logged, the checkpoint is kept."""
-    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.slurm import open_backend
 
     try:
@@ -461,10 +461,10 @@ def _requeue(job_id: int) -> None:
 
 def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> float | None:
     """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it."""
+    from frenzy_slurm.core.units import GiB
     from frenzy_slurm.jobspec import ResolvedModel
     from frenzy_slurm.marp import workload_from_spec
     from frenzy_slurm.marp.memory import estimate_memory
-    from frenzy_slurm.units import GiB
 
     w = workload_from_spec(
         pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params), device

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 UNSET = "unset"  # what a dry run's script shows: nothing recorded yet
 
@@ -65,7 +65,7 @@ def _recorded(env: Mapping[str, str], key: str) -> str | None:
 
 def open_job_dir(path: Path, env: dict[str, str] | None = None) -> TrustedDir:
     """Open and check the job directory as described above; InputError (the job stops) where it fails."""
-    from frenzy_slurm.submit.jobdir import _writable_by_others, check_private_dir
+    from frenzy_slurm.jobdir.safety import _writable_by_others, check_private_dir
 
     e = os.environ if env is None else env
     path = Path(os.path.abspath(path))

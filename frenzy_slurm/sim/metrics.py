@@ -159,7 +159,7 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from frenzy_slurm.errors import InputError
+        from frenzy_slurm.core.errors import InputError
 
         raise InputError("--plot needs matplotlib: pip install 'frenzy-slurm[sim]'") from None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -271,7 +271,7 @@ def _finish(plt: ModuleType, fig: Figure, ax: Axes, xlabel: str, ylabel: str, ti
     fig.tight_layout()
     import io
 
-    from frenzy_slurm.records import write_atomic
+    from frenzy_slurm.core.records import write_atomic
 
     png = io.BytesIO()
     fig.savefig(png, dpi=120, format="png")

@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from frenzy_slurm.errors import NoFitError
-from frenzy_slurm.gpus import catalog
+from frenzy_slurm.core.errors import NoFitError
+from frenzy_slurm.core.gpus import catalog
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.has.model import Allocation
 from frenzy_slurm.has.moves import (
     MAX_PER_PASS,
@@ -56,7 +57,6 @@ from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.site.config import Preemption, SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest
-from frenzy_slurm.units import GiB
 
 RULE_OF_THUMB_BYTES = {"full": 18.0, "lora": 2.4, "qlora": 0.66}
 USER_VARIANTS = ("fastest", "largest", "usual", "biggest")

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.gpus import catalog
-from frenzy_slurm.yamlfile import load_model_file
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import catalog
+from frenzy_slurm.core.yamlfile import load_model_file
 
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec.job import JobSpec, Method, Precision
@@ -135,7 +135,7 @@ def save_workload(wl: WorkloadFile, path: Path) -> None:
         text = f.getvalue()
     else:
         text = yaml.safe_dump(wl.model_dump(mode="json"), sort_keys=False, width=120)
-    from frenzy_slurm.records import write_atomic
+    from frenzy_slurm.core.records import write_atomic
 
     write_atomic(path, text, mode=0o644)  # O_EXCL temporary + rename: never through a planted link
 

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Literal
 
 from frenzy_slurm import __version__
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import _owner_name, ancestors, unsafe_ancestor
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import _owner_name, ancestors, unsafe_ancestor
 
 Outcome = Literal[
     "created", "updated", "installed", "unchanged", "would create", "would update", "would install", "note"
@@ -500,7 +500,7 @@ def install(opts: InstallOptions) -> InstallResult:
         check_target(path, flag)  # every refusal before anything is written
     site_data = None
     if opts.site_file is not None:
-        from frenzy_slurm.inputfile import read_config_text
+        from frenzy_slurm.core.inputfile import read_config_text
         from frenzy_slurm.site.config import load_site
 
         load_site(opts.site_file)  # refused here (exit 2, with the field) rather than installed broken

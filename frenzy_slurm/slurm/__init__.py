@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 # The names below are loaded on first use (PEP 562 `__getattr__`), so that importing one small module of the seam
 # (`frenzy_slurm.slurm.timefmt`, as `fsqueue` does) does not build the view's pydantic models: start-up time.

@@ -75,7 +75,7 @@ class BatchJob:
 @dataclass(frozen=True)
 class SbatchAnswer:
     """What sbatch answered: the job id (and cluster, from `jobid;cluster`) and the argv that was run. The
-    submit stage's own result, with the job directory, is `frenzy_slurm.submit.Submitted`."""
+    submit stage's own result, with the job directory, is `frenzy_slurm.submission.Submitted`."""
 
     job_id: int
     cluster: str | None

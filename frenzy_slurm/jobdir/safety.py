@@ -32,9 +32,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import ancestors, unsafe_ancestor
-from frenzy_slurm.records import read_json_or_none, write_atomic, write_json
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import ancestors, unsafe_ancestor
+from frenzy_slurm.core.records import read_json_or_none, write_atomic, write_json
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import read_config_text
-from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import read_config_text
+from frenzy_slurm.core.records import read_job_record, read_job_record_or_none, write_atomic
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmCommandError, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES
 
 if TYPE_CHECKING:  # plan.json's models (the spec, MARP's plan, HAS's decision) are imported when one is read:
-    from frenzy_slurm.render.planfile import PlanFile  # a plain `fsqueue` listing needs none of them
+    from frenzy_slurm.jobdir.planfile import PlanFile  # a plain `fsqueue` listing needs none of them
 
 CACHE_SECONDS = 5.0
 _STEP_TAG = re.compile(r"step(\d{1,18})")  # DeepSpeed's tag as the trainer names it (runtime.checkpoints.tag)
@@ -220,7 +220,7 @@ def last_checkpoint(ckpt_dir: Path) -> int | None:
 
 
 def _read_plan(path: Path) -> PlanFile:
-    from frenzy_slurm.render.planfile import plan_from
+    from frenzy_slurm.jobdir.planfile import plan_from
 
     return plan_from(read_job_record(path, "plan"), path)
 
@@ -246,7 +246,9 @@ def _attach_files(t: TrackedJob) -> None:
         if getattr(t, name) is not None and not isinstance(getattr(t, name), dict):
             setattr(t, name, None)  # a record that is JSON but not an object is no record
     t.last_checkpoint_step = last_checkpoint(t.job_dir / "checkpoints")
-    moved = read_job_record_or_none(t.job_dir / "moved.json")  # frenzy-slurm watch moved it (frenzy_slurm/watch.py)
+    moved = read_job_record_or_none(
+        t.job_dir / "moved.json"
+    )  # frenzy-slurm watch moved it (frenzy_slurm/track/watch.py)
     if isinstance(moved, dict) and str(moved.get("moved_to_job", "")).isdigit():
         t.notes.append(
             f"moved by frenzy-slurm watch to job {moved['moved_to_job']} ({moved.get('to', '?')}), which continues "

@@ -7,13 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.records import read_json
+from frenzy_slurm.core.yamlfile import format_validation_error
 from frenzy_slurm.has.model import Decision
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import JobSpec, SlurmOptions
 from frenzy_slurm.marp.plan import ParallelPlan
-from frenzy_slurm.records import read_json
-from frenzy_slurm.yamlfile import format_validation_error
 
 
 class MovedFrom(BaseModel):

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 # model.yaml and site files are a few KB; the largest Hugging Face config.json files are ~100 KB.
 MAX_CONFIG_BYTES = 1 << 20

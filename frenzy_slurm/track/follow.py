@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frenzy_slurm.track import MAX_LOG_BYTES, LogSection, log_ranks, output_files, rank_of_line, read_own_file
+from frenzy_slurm.track.jobs import MAX_LOG_BYTES, LogSection, log_ranks, output_files, rank_of_line, read_own_file
 
 if TYPE_CHECKING:
     from frenzy_slurm.api import Job
