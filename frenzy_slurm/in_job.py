@@ -33,6 +33,8 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from frenzy_slurm.jobdir.checkpoints import latest_tag  # standard library only, as this module
+
 _STOP: dict[str, str | None] = {"signal": os.environ.get("FRENZY_STOP_SIGNAL") or None}
 _STEP_NAME = re.compile(r"(\d+)$")  # step500, checkpoint-500, global_step500: the number at the end
 
@@ -104,11 +106,9 @@ def _private_checkpoints(path: Path) -> bool:
 
 
 def _latest_in(base: Path) -> Path | None:
-    latest = base / "latest"
-    if latest.is_file():
-        tag = latest.read_text().strip()
-        if tag and "/" not in tag and (base / tag).is_dir():
-            return base / tag
+    tag = latest_tag(base)
+    if tag and "/" not in tag and (base / tag).is_dir():
+        return base / tag
     numbered = [(int(m.group(1)), p) for p in base.iterdir() if p.is_dir() and (m := _STEP_NAME.search(p.name))]
     return max(numbered)[1] if numbered else None
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frenzy_slurm.core.errors import InputError
-from frenzy_slurm.core.inputfile import _group_private_to, _owner_name
+from frenzy_slurm.core.inputfile import group_private_to, owner_name
 from frenzy_slurm.core.records import MAX_JOB_RECORD_BYTES, read_job_record, read_job_record_or_none
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _owned_dir(d: Path) -> tuple[int, str | None]:
         return st.st_uid, "is a symbolic link; give the job directory itself"
     if not stat.S_ISDIR(st.st_mode):
         return st.st_uid, "is not a directory"
-    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _group_private_to(st.st_gid, st.st_uid)):
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not group_private_to(st.st_gid, st.st_uid)):
         return st.st_uid, (
             f"is writable by others (mode {stat.S_IMODE(st.st_mode):o}): anyone could have written its records"
         )
@@ -91,7 +91,7 @@ def _owned_dir(d: Path) -> tuple[int, str | None]:
             return st.st_uid, f"{name} is not a regular file (a link, FIFO or device)"
         if fst.st_uid != st.st_uid:
             return st.st_uid, (
-                f"{name} belongs to {_owner_name(fst.st_uid)}, not to the directory's owner {_owner_name(st.st_uid)}"
+                f"{name} belongs to {owner_name(fst.st_uid)}, not to the directory's owner {owner_name(st.st_uid)}"
             )
     return st.st_uid, None
 
@@ -146,7 +146,7 @@ def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict]], str 
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return {}, (
             f"epilog directory {directory} is not a directory of root's that only root can write "
-            f"(owner {_owner_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}): its records are not the epilog's"
+            f"(owner {owner_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}): its records are not the epilog's"
         )
     out: dict[str, list[dict]] = {}
     for f in sorted(directory.glob("*.json")):
@@ -247,7 +247,7 @@ def _judge(
     """(why rejected, or None; why accepted) for one candidate directory."""
     from frenzy_slurm.slurm.view import job_phase
 
-    owner, mine = _owner_name(uid), uid == os.geteuid()
+    owner, mine = owner_name(uid), uid == os.geteuid()
     checked: list[str] = []
     rec = records.get(int(job_id)) if records is not None and job_id is not None else None
     if records is not None and job_id is not None:
@@ -311,5 +311,5 @@ def verify_jobs(dirs: list[Path], backend: SlurmBackend | None, epilog: dict[str
         if job_id is not None:
             seen[job_id] = d
         verdict.accepted.append((d, job_id, why))
-        verdict.owners[d] = _owner_name(uid)
+        verdict.owners[d] = owner_name(uid)
     return verdict

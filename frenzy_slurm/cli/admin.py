@@ -32,6 +32,7 @@ from frenzy_slurm.cli.plan_view import (
 )
 from frenzy_slurm.core.errors import InputError, NoFitError
 from frenzy_slurm.core.units import GiB
+from frenzy_slurm.jobdir.paths import jobs_dir
 from frenzy_slurm.marp import (
     estimate_memory,
     parse_plan,
@@ -414,14 +415,13 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     JOB_DIRS default to every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs). Job states come
     from one accounting query for all of them (where the site keeps accounting).
     """
-    import os
 
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
     from frenzy_slurm.track.jobs import from_job_dirs
 
     dirs = list(job_dirs)
     if not dirs:
-        root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
+        root = jobs_dir()
         dirs = sorted(p.parent for p in root.glob("*/metrics.json"))
     rows: list[dict[str, Any]] = []
     accs: list[float] = []

@@ -24,6 +24,7 @@ import click
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import echo, print_json, reports_errors, table
 from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.jobdir.paths import jobs_dir
 
 if TYPE_CHECKING:  # the command imports these when it runs
     from frenzy_slurm.calibration import CalibrationFile
@@ -192,7 +193,7 @@ def calibrate(
     for d in job_dirs:  # a jobs root stands for the job directories in it
         dirs += [d] if (d / "plan.json").exists() or not d.is_dir() else (job_dirs_under(d) or [d])
     if not job_dirs:
-        root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
+        root = jobs_dir()
         dirs = job_dirs_under(root)
         if not dirs:
             raise InputError(f"no job directories under {root}: pass JOB_DIR arguments or set FRENZY_JOBS_DIR.")

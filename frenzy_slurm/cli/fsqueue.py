@@ -18,7 +18,6 @@ Ctrl-C stops following (exit 130), never the job (frenzy_slurm/track/follow.py).
 from __future__ import annotations
 
 import getpass
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +34,7 @@ from frenzy_slurm.cli.common import (
     table,
 )
 from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.jobdir.paths import jobs_dir
 from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
 
 if TYPE_CHECKING:  # track is imported when a command runs
@@ -145,7 +145,7 @@ def main(
         return
     t = next((t for t in jobs if t.job_id == jobid or any(c.job_id == jobid for c in t.components)), None)
     if t is None:
-        roots = [Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs")).absolute()]
+        roots = [jobs_dir().absolute()]
         job_dir = find_job_dir(jobid, roots)
         if job_dir is None:
             if unreachable is not None:

@@ -34,7 +34,9 @@ from frenzy_slurm.has.pools import (
     unmapped_untyped_notes,
 )
 from frenzy_slurm.has.qos import qos_wait_note
+from frenzy_slurm.jobdir.paths import default_job_dir
 from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
+from frenzy_slurm.jobdir.safety import job_outputs, next_free_dir
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.jobspec.sbatch_env import check_sbatch_env
@@ -42,7 +44,7 @@ from frenzy_slurm.marp import search_space_from_spec, with_exact_params, workloa
 from frenzy_slurm.marp.candidates import SearchSpace
 from frenzy_slurm.marp.frameworks import profile_summary
 from frenzy_slurm.marp.plan import Workload
-from frenzy_slurm.render import Rendered, default_job_dir, render_job, submission_hash
+from frenzy_slurm.render import Rendered, render_job, submission_hash
 from frenzy_slurm.render.environment import EnvCheck, check_environment
 from frenzy_slurm.site.config import SiteConfig, load_site, require_measured_memory
 from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
@@ -251,7 +253,6 @@ def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple
     """The job directory, and the used directory it moved from (or None). An earlier job's directory is
     never reused: a rerun, and --force (with or without --dry-run), go to the first free sibling NAME.2...;
     submit then refuses (exit 7) unless that earlier job has ended or --force says so."""
-    from frenzy_slurm.jobdir.safety import job_outputs, next_free_dir  # submit imports this module
 
     job_dir = (options.job_dir or default_job_dir(job.spec, submission)).absolute()
     if job_outputs(job_dir):

@@ -29,6 +29,7 @@ from frenzy_slurm import __version__
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.inputfile import check_trusted
 from frenzy_slurm.has.model import Decision
+from frenzy_slurm.jobdir.paths import default_job_dir
 from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
@@ -77,11 +78,6 @@ def submission_hash(spec: JobSpec, model: ResolvedModel, options: SlurmOptions) 
         default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def default_job_dir(spec: JobSpec, submission: str) -> Path:
-    base = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
-    return (base / f"{spec.name}-{submission[:8]}").absolute()
 
 
 def no_control_chars(what: str, value: str) -> str:

@@ -24,6 +24,8 @@ import shutil
 import stat
 from pathlib import Path
 
+from frenzy_slurm.jobdir.checkpoints import latest_step  # the one reader of `latest`
+
 _TAG = re.compile(r"^step(\d+)\Z")
 MANIFEST = "frenzy-manifest.json"
 _CHUNK = 1 << 20
@@ -39,15 +41,6 @@ def step_of(tag_name: str) -> int:
     if m is None:
         raise ValueError(f"{tag_name!r} is not a step<N> checkpoint tag")
     return int(m.group(1))
-
-
-def latest_step(ckpt_dir: Path) -> int | None:
-    """The step of the checkpoint `latest` names, or None (no checkpoint, or unreadable)."""
-    try:
-        m = _TAG.match((ckpt_dir / "latest").read_text().strip())
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(m.group(1)) if m else None
 
 
 def prune(ckpt_dir: Path, keep: int) -> list[Path]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.jobdir.safety import check_private_dir, writable_by_others
 
 UNSET = "unset"  # what a dry run's script shows: nothing recorded yet
 
@@ -65,8 +66,6 @@ def _recorded(env: Mapping[str, str], key: str) -> str | None:
 
 def open_job_dir(path: Path, env: dict[str, str] | None = None) -> TrustedDir:
     """Open and check the job directory as described above; InputError (the job stops) where it fails."""
-    from frenzy_slurm.jobdir.safety import _writable_by_others, check_private_dir
-
     e = os.environ if env is None else env
     path = Path(os.path.abspath(path))
     check_private_dir(path, "job directory")
@@ -76,7 +75,7 @@ def open_job_dir(path: Path, env: dict[str, str] | None = None) -> TrustedDir:
         raise InputError(f"job directory {path}: cannot open it ({exc.strerror}).") from None
     try:
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or _writable_by_others(st):
+        if st.st_uid != os.geteuid() or writable_by_others(st):
             raise InputError(
                 f"job directory {path} changed while it was checked (owner uid {st.st_uid}, mode "
                 f"{stat.S_IMODE(st.st_mode):o}); the job stops without reading it."

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.inputfile import read_config_text
 from frenzy_slurm.core.records import read_job_record, read_job_record_or_none, write_atomic
+from frenzy_slurm.jobdir.checkpoints import latest_step
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmCommandError, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:  # plan.json's models (the spec, MARP's plan, HAS's decision) 
     from frenzy_slurm.jobdir.planfile import PlanFile  # a plain `fsqueue` listing needs none of them
 
 CACHE_SECONDS = 5.0
-_STEP_TAG = re.compile(r"step(\d{1,18})")  # DeepSpeed's tag as the trainer names it (runtime.checkpoints.tag)
 MAX_CACHE_BYTES = 64 << 20  # a queue of tens of thousands of jobs
 
 
@@ -206,19 +206,6 @@ def _foreign_dir(t: TrackedJob) -> str | None:
     return None
 
 
-MAX_LATEST_BYTES = 4096  # `checkpoints/latest` holds one tag name
-
-
-def last_checkpoint(ckpt_dir: Path) -> int | None:
-    """The step of the checkpoint `latest` names (a bounded read of a regular file, no link), or None."""
-    try:
-        text = read_config_text(ckpt_dir / "latest", "checkpoint tag", MAX_LATEST_BYTES, follow_symlinks=False)
-    except InputError:
-        return None
-    m = _STEP_TAG.fullmatch(text.strip())
-    return int(m.group(1)) if m else None
-
-
 def _read_plan(path: Path) -> PlanFile:
     from frenzy_slurm.jobdir.planfile import plan_from
 
@@ -245,7 +232,7 @@ def _attach_files(t: TrackedJob) -> None:
     for name in ("finished", "metrics", "calibration", "started"):
         if getattr(t, name) is not None and not isinstance(getattr(t, name), dict):
             setattr(t, name, None)  # a record that is JSON but not an object is no record
-    t.last_checkpoint_step = last_checkpoint(t.job_dir / "checkpoints")
+    t.last_checkpoint_step = latest_step(t.job_dir / "checkpoints")
     moved = read_job_record_or_none(
         t.job_dir / "moved.json"
     )  # frenzy-slurm watch moved it (frenzy_slurm/track/watch.py)
