@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from frenzy_slurm.core.version import __version__
 
 # name -> the module that defines it; loaded by __getattr__ on first access
 _API = ("Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep", "wait_all")

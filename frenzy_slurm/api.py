@@ -27,6 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.core.errors import EXIT_FAILURE, FrenzyError, InputError
+from frenzy_slurm.core.units import fmt_gib
+from frenzy_slurm.slurm.backend import OneView
+from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
+from frenzy_slurm.slurm.view import ENDED
 
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec import ResolvedModel
@@ -34,13 +38,11 @@ if TYPE_CHECKING:
     from frenzy_slurm.planning import JobRequest, SiteFile
     from frenzy_slurm.render.environment import EnvCheck
     from frenzy_slurm.slurm import SlurmBackend
-    from frenzy_slurm.slurm.view import ClusterView
     from frenzy_slurm.submission import Submitted
     from frenzy_slurm.track.jobs import Cancelled, TrackedJob
 
 __all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep", "wait_all"]
 
-ENDED = ("completed", "cancelled", "failed", "timeout")  # job phases (slurm.view.JOB_STATES) a job does not leave
 FIRST_POLL_S = 2.0  # as sbatch --wait: the first look after 2 s, each later wait longer
 POLL_GROWTH = 2.0
 DEFAULT_POLL_S = 30.0  # the longest wait between two looks: slurmctld is shared, and a job's end is rarely urgent
@@ -153,8 +155,6 @@ class Plan:
 
 def summary_line(req: JobRequest) -> str:
     """One line: the chosen allocation, plan, memory per GPU, start and run time (fsbatch prints it)."""
-    from frenzy_slurm.cli.plan_view import fmt_gib, hms
-
     decision = req.decision
     chosen = decision.chosen
     memory = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in chosen.components)
@@ -163,28 +163,6 @@ def summary_line(req: JobRequest) -> str:
         f"{req.plan.spec.name}: {chosen.kind} {chosen.label()}, plan {chosen.plan.short()}, {memory} per GPU, "
         f"start {start}, run time {hms(chosen.run_time_s)} (decided in {decision.decision_ms:.0f} ms)"
     )
-
-
-class OneView:
-    """A backend whose cluster view is read once: every combination of a sweep is planned on the same view
-    (one set of sinfo/squeue queries, not one per job); the rest goes to the backend itself."""
-
-    def __init__(self, backend: SlurmBackend):
-        self._backend = backend
-        self._view: ClusterView | None = None
-        self.name = backend.name
-
-    @property
-    def inner(self) -> SlurmBackend:
-        return self._backend
-
-    def load(self) -> ClusterView:
-        if self._view is None:
-            self._view = self._backend.load()
-        return self._view
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
 
 
 def open_backend(backend: str | SlurmBackend = "auto", snapshot: str | Path | None = None) -> SlurmBackend:

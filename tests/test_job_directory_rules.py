@@ -39,6 +39,7 @@ def test_importing_in_job_loads_only_the_standard_library(tmp_path):
         "frenzy_slurm.core",
         "frenzy_slurm.core.errors",
         "frenzy_slurm.core.inputfile",
+        "frenzy_slurm.core.version",
     }
 
 
@@ -86,11 +87,7 @@ def test_the_default_jobs_folder_is_decided_once(monkeypatch, tmp_path):
     assert paths.jobs_dir() == Path("frenzy-jobs")
     monkeypatch.setenv("FRENZY_JOBS_DIR", str(tmp_path / "jobs"))
     assert paths.jobs_dir() == tmp_path / "jobs"
-
-    class Spec:
-        name = "tiny"
-
-    assert paths.default_job_dir(Spec(), "0123456789abcdef") == tmp_path / "jobs" / "tiny-01234567"  # type: ignore[arg-type]
+    assert paths.default_job_dir("tiny", "0123456789abcdef") == tmp_path / "jobs" / "tiny-01234567"
 
 
 def test_a_job_directory_trusts_only_your_own_private_group(monkeypatch):

@@ -172,6 +172,7 @@ def test_units_imports_nothing_and_the_sampler_stays_light():
         "frenzy_slurm.runtime.nvml_sampler",
         "frenzy_slurm.core",
         "frenzy_slurm.core.units",
+        "frenzy_slurm.core.version",
     }
 
 

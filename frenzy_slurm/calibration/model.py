@@ -191,7 +191,7 @@ def load_calibration(path: Path, site: SiteConfig, now: float | None = None) -> 
             f"{path}: stale calibration: it was fitted against a different version of the site file "
             f"({cal.site_file}, pools changed since). {fix}"
         )
-    from frenzy_slurm import __version__
+    from frenzy_slurm.core.version import __version__
 
     if cal.frenzy_version != __version__:
         # corrections are relative to the step-time and memory models of the version that fitted them

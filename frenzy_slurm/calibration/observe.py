@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from frenzy_slurm.calibration.verify import MAX_EPILOG_BYTES, submitted_job_id
+from frenzy_slurm.jobdir.planfile import read_job_plan
 from frenzy_slurm.site.config import SiteConfig
 
 if TYPE_CHECKING:
     from frenzy_slurm.has.model import Allocation
-    from frenzy_slurm.jobdir.planfile import PlanFile
     from frenzy_slurm.marp.plan import Workload
 
 WARMUP_STEPS = 1
-MAX_EPILOG_BYTES = 1 << 20  # one node's epilog record: a few KB
 
 
 def steady_step_time(step_times: list[float], profiled: list[int] | None = None) -> float | None:
@@ -134,8 +134,6 @@ def _epilog_metrics(records: list[dict], components: list) -> dict:
 
 
 def _job_id_of(job_dir: Path) -> str | None:
-    from frenzy_slurm.calibration.verify import submitted_job_id
-
     return submitted_job_id(job_dir)
 
 
@@ -157,7 +155,7 @@ def observe(
     if not os.path.lexists(job_dir / "metrics.json") and not records and slurm_peak is None:
         return "no metrics.json (not finished, or ran without the trainer or the NVML sampler) and no epilog record"
     try:
-        pf = _read_plan(job_dir / "plan.json")
+        pf = read_job_plan(job_dir / "plan.json")
         if os.path.lexists(job_dir / "metrics.json"):
             metrics = read_job_record(job_dir / "metrics.json", "metrics")  # bounded, regular, no link
             if not isinstance(metrics, dict):
@@ -211,22 +209,6 @@ def _memory_pairs(metrics: dict) -> list[tuple[float, float]]:
                 raise ValueError("not a positive number")
             pairs.append(pair)
     return pairs
-
-
-def _read_plan(path: Path) -> PlanFile:
-    """plan.json as a job directory holds it: a bounded read of a regular file, not through a link."""
-    from pydantic import ValidationError
-
-    from frenzy_slurm.core.errors import InputError
-    from frenzy_slurm.core.records import read_job_record
-    from frenzy_slurm.core.yamlfile import format_validation_error
-    from frenzy_slurm.jobdir.planfile import PlanFile
-
-    data = read_job_record(path, "plan")
-    try:
-        return PlanFile.model_validate(data)
-    except ValidationError as exc:
-        raise InputError(format_validation_error(str(path), exc)) from None
 
 
 def job_dirs_under(root: Path) -> list[Path]:

@@ -41,12 +41,14 @@ from typing import TYPE_CHECKING
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.inputfile import group_private_to, owner_name
 from frenzy_slurm.core.records import MAX_JOB_RECORD_BYTES, read_job_record, read_job_record_or_none
+from frenzy_slurm.jobdir.planfile import read_job_plan
 
 if TYPE_CHECKING:
     from frenzy_slurm.slurm.backend import AccountingRecord, SlurmBackend
 
 # what calibration reads from a job directory (metrics.json may be absent: epilog or sacct peaks instead)
 _JOB_FILES = ("plan.json", "submission.json", "metrics.json", "job.sbatch")
+MAX_EPILOG_BYTES = 1 << 20  # one node's epilog record: a few KB
 MAX_SUBMISSION_BYTES = 1 << 16  # a submission record is a few hundred bytes
 # sacct's ElapsedRaw is whole seconds, and a step's time is measured on another clock: this much is rounding
 ELAPSED_SLACK_S = 2.0
@@ -137,7 +139,6 @@ def _sha256(path: Path) -> str | None:
 def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict]], str | None]:
     """The site epilog's records (job id -> one per node) and, where the directory cannot be trusted, why not:
     only root may have written them (a directory or record another user could write proves nothing)."""
-    from frenzy_slurm.calibration.observe import MAX_EPILOG_BYTES
 
     try:
         st = os.lstat(directory)
@@ -166,7 +167,6 @@ def _script_problem(d: Path, records: list[dict]) -> str | None:
     """Why the epilog's record does not show that Slurm ran this directory's frenzy-slurm plan, or None."""
     import shlex
 
-    from frenzy_slurm.calibration.observe import _read_plan
     from frenzy_slurm.core.errors import FrenzyError
 
     ran = {r.get("script_sha256") for r in records} - {None}
@@ -175,7 +175,7 @@ def _script_problem(d: Path, records: list[dict]) -> str | None:
     if _sha256(d / "job.sbatch") not in ran:
         return "the batch script Slurm ran is not this directory's job.sbatch"
     try:
-        plan = _read_plan(d / "plan.json")
+        plan = read_job_plan(d / "plan.json")
     except FrenzyError as exc:
         return f"unreadable: {exc.message}"
     script = _read(d / "job.sbatch") or ""
@@ -222,11 +222,10 @@ def _measured_seconds(d: Path) -> float:
 
 def accounting_problem(d: Path, rec: AccountingRecord) -> str | None:
     """Why Slurm's record of the job contradicts plan.json or metrics.json (allocation, run time), or None."""
-    from frenzy_slurm.calibration.observe import _read_plan
     from frenzy_slurm.core.errors import FrenzyError
 
     try:
-        comps = _read_plan(d / "plan.json").decision.chosen.components
+        comps = read_job_plan(d / "plan.json").decision.chosen.components
     except FrenzyError as exc:
         return f"unreadable: {exc.message}"
     if len(comps) == 1:  # sacct's record of a heterogeneous job is its first component's alone

@@ -11,7 +11,6 @@ from typing import Any, Literal
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import (
     QuietPipeGroup,
     backend_options,
@@ -32,6 +31,7 @@ from frenzy_slurm.cli.plan_view import (
 )
 from frenzy_slurm.core.errors import InputError, NoFitError
 from frenzy_slurm.core.units import GiB
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.jobdir.paths import jobs_dir
 from frenzy_slurm.marp import (
     estimate_memory,

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Literal
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import echo, print_json, reports_errors, table
 from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.jobdir.paths import jobs_dir
 
 if TYPE_CHECKING:  # the command imports these when it runs

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.api import summary_line
 from frenzy_slurm.cli.common import (
     QuietPipeCommand,
@@ -32,8 +31,10 @@ from frenzy_slurm.cli.common import (
     table,
     unchecked_file,
 )
-from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
+from frenzy_slurm.cli.plan_view import factory_note, hms
 from frenzy_slurm.core.errors import FrenzyError
+from frenzy_slurm.core.units import fmt_gib
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.jobspec.sweeps import MAX_COMBINATIONS
 
 if TYPE_CHECKING:  # planning is imported when the command runs

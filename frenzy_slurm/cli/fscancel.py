@@ -17,9 +17,9 @@ from pathlib import Path
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import QuietPipeCommand, backend_options, echo, print_json, printable, reports_errors
 from frenzy_slurm.core.errors import EXIT_FAILURE, InputError
+from frenzy_slurm.core.version import __version__
 
 
 def signal_name(text: str) -> str:

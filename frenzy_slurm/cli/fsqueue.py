@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import (
     QuietPipeCommand,
     backend_options,
@@ -34,6 +33,8 @@ from frenzy_slurm.cli.common import (
     table,
 )
 from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.units import fmt_gib
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.jobdir.paths import jobs_dir
 from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
 
@@ -198,7 +199,6 @@ def main(
         echo("  " + ", ".join(progress))
     compared = comparison(t)
     if compared:
-        from frenzy_slurm.cli.plan_view import fmt_gib  # planning's modules: only where a comparison is shown
 
         def show(value: float | None, unit: str) -> str:
             if value is None:

@@ -18,8 +18,8 @@ from types import FrameType
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import backend_options, echo, reports_errors
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.slurm.run import SlurmUnavailable
 
 MIN_INTERVAL_S = 10  # slurmctld is shared: a pass reads the queue and the nodes once

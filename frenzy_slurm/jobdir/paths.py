@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # only the name is read; the spec's models are not imported for it
-    from frenzy_slurm.jobspec import JobSpec
 
 
 def jobs_dir() -> Path:
@@ -20,6 +16,7 @@ def jobs_dir() -> Path:
     return Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
 
 
-def default_job_dir(spec: JobSpec, submission: str) -> Path:
-    """The directory a job is planned into when none is given: `<jobs folder>/<name>-<submission hash[:8]>`."""
-    return (jobs_dir() / f"{spec.name}-{submission[:8]}").absolute()
+def default_job_dir(name: str, submission: str) -> Path:
+    """The directory a job (model.yaml's `name`) is planned into when none is given:
+    `<jobs folder>/<name>-<submission hash[:8]>`."""
+    return (jobs_dir() / f"{name}-{submission[:8]}").absolute()

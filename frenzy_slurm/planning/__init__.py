@@ -254,7 +254,7 @@ def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple
     never reused: a rerun, and --force (with or without --dry-run), go to the first free sibling NAME.2...;
     submit then refuses (exit 7) unless that earlier job has ended or --force says so."""
 
-    job_dir = (options.job_dir or default_job_dir(job.spec, submission)).absolute()
+    job_dir = (options.job_dir or default_job_dir(job.spec.name, submission)).absolute()
     if job_outputs(job_dir):
         return next_free_dir(job_dir), job_dir
     return job_dir, None

@@ -25,9 +25,9 @@ import jinja2
 import jinja2.sandbox
 import yaml
 
-from frenzy_slurm import __version__
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.inputfile import check_trusted
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.has.model import Decision
 from frenzy_slurm.jobdir.paths import default_job_dir
 from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
@@ -238,7 +238,7 @@ def render_job(
     the job this one continues (a move by `frenzy-slurm watch`), `user_options` the options as the user gave them
     (before a QOS HAS chose; default `options`)."""
     submission = submission_hash(spec, model, options)
-    job_dir = (job_dir or default_job_dir(spec, submission)).absolute()
+    job_dir = (job_dir or default_job_dir(spec.name, submission)).absolute()
     if not _SAFE_PATH.match(str(job_dir)):
         raise InputError(f"job directory '{job_dir}' has spaces or shell characters; choose another --job-dir")
     alloc = decision.chosen

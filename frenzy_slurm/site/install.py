@@ -40,9 +40,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from frenzy_slurm import __version__
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.inputfile import ancestors, owner_name, unsafe_ancestor
+from frenzy_slurm.core.version import __version__
 
 Outcome = Literal[
     "created", "updated", "installed", "unchanged", "would create", "would update", "would install", "note"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from frenzy_slurm.slurm.view import ClusterView, Job, PoolKey, QosLimits
 
@@ -207,3 +207,25 @@ class ReadOnlyBackend:
 
     def qos_limits(self, qos: str | None = None) -> QosLimits | None:
         return None  # a saved view keeps no accounting
+
+
+class OneView:
+    """A backend whose cluster view is read once: every combination of a sweep is planned on the same view
+    (one set of sinfo/squeue queries, not one per job); the rest goes to the backend itself."""
+
+    def __init__(self, backend: SlurmBackend):
+        self._backend = backend
+        self._view: ClusterView | None = None
+        self.name = backend.name
+
+    @property
+    def inner(self) -> SlurmBackend:
+        return self._backend
+
+    def load(self) -> ClusterView:
+        if self._view is None:
+            self._view = self._backend.load()
+        return self._view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)

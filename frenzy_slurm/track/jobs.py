@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.inputfile import read_config_text
-from frenzy_slurm.core.records import read_job_record, read_job_record_or_none, write_atomic
+from frenzy_slurm.core.records import read_job_record_or_none, write_atomic
 from frenzy_slurm.jobdir.checkpoints import latest_step
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmCommandError, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES
@@ -207,9 +207,9 @@ def _foreign_dir(t: TrackedJob) -> str | None:
 
 
 def _read_plan(path: Path) -> PlanFile:
-    from frenzy_slurm.jobdir.planfile import plan_from
+    from frenzy_slurm.jobdir.planfile import read_job_plan  # plan.json's models: not for a plain listing
 
-    return plan_from(read_job_record(path, "plan"), path)
+    return read_job_plan(path)
 
 
 def _attach_files(t: TrackedJob) -> None:

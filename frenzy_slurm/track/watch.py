@@ -147,8 +147,8 @@ def watch_once(
 ) -> list[Action]:
     """One pass over this user's preemptible jobs: the moves made (or, with `dry_run`, that would be made);
     `finished` gets a line for each move an earlier pass left open and this one finished."""
-    from frenzy_slurm.api import OneView
     from frenzy_slurm.jobdir.safety import user_lock
+    from frenzy_slurm.slurm.backend import OneView
 
     me = my_user_name()
     actions: list[Action] = []
