@@ -11,7 +11,7 @@
     job.cancel()                     # scancel, the job directory kept
     plans = fs.sweep("model.yaml", {"training.learning_rate": [1e-4, 3e-4]})   # one plan per combination
 
-Every step is the one fsbatch runs: `planning.plan_job` plans, `submit.submit` submits, `track` says the
+Every step is the one fsbatch runs: `planning.plan_job` plans, `submission.submit` submits, `track` says the
 state. fsbatch is this module's caller (`plan_jobs`, `submit`, `Job.wait`, `summary_line`); errors are the
 typed exceptions of `frenzy_slurm.core.errors` and the stages (each with its `exit_code`), never `sys.exit`.
 Imports of the stages are deferred to the calls: `import frenzy_slurm` stays cheap and never imports torch.
@@ -624,7 +624,7 @@ def _sleep(seconds: float) -> None:
 
 
 def submit(plan: Plan | JobRequest, backend: str | SlurmBackend | None = None) -> Job:
-    """Submit a plan (`plan`, `sweep`) through submit.submit, once per submission: AlreadySubmitted (exit 7)
+    """Submit a plan (`plan`, `sweep`) through submission.submit, once per submission: AlreadySubmitted (exit 7)
     if it already has a job, unless planned with force=True. A JobRequest needs the backend to submit to."""
     from frenzy_slurm.planning import JobRequest
     from frenzy_slurm.submission import submit as submit_request

@@ -90,7 +90,7 @@ def latest_checkpoint() -> Path | None:
 
 def _private_checkpoints(path: Path) -> bool:
     """Whether a moved job's checkpoints/ may be resumed from: it and its job directory are this user's and
-    writable by no one else, as is every directory above (submit.jobdir.check_private_dir). Else a note on stderr
+    writable by no one else, as is every directory above (jobdir.safety.check_private_dir). Else a note on stderr
     and False: loading another user's files would run their code (torch.load unpickles)."""
     from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.jobdir.safety import check_private_dir

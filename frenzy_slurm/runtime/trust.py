@@ -4,7 +4,7 @@ The job script records, when fsbatch writes the job directory, the directory's i
 plan.json and ds_config.json (`FRENZY_JOB_DIR_INODE`, `FRENZY_PLAN_SHA256`, `FRENZY_DS_CONFIG_SHA256`;
 Slurm keeps the script, so no one can change them). Before it reads anything there, the runtime opens
 the directory once (no link followed at its last step), checks it is the user's, writable by no one
-else, with every directory above it the user's or root's (`submit.jobdir.check_private_dir`), that it
+else, with every directory above it the user's or root's (`jobdir.safety.check_private_dir`), that it
 is the inode recorded, and that plan.json and ds_config.json have the recorded digests. The built-in
 trainer then works through that open directory (`/proc/self/fd/N`), so a rename of the path later (between
 requeues) changes nothing it reads or writes. A directory swapped in by another user, or a plan.json
