@@ -27,6 +27,7 @@ __all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "__version__", "job", "plan"
 
 def __getattr__(name: str) -> Any:
     if name in _API:
+        # the API on first use: `import frenzy_slurm` stays cheap (no planning stages, never torch)
         from frenzy_slurm import api
 
         return getattr(api, name)

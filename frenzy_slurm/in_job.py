@@ -92,6 +92,7 @@ def _private_checkpoints(path: Path) -> bool:
     """Whether a moved job's checkpoints/ may be resumed from: it and its job directory are this user's and
     writable by no one else, as is every directory above (jobdir.safety.check_private_dir). Else a note on stderr
     and False: loading another user's files would run their code (torch.load unpickles)."""
+    # not at import: in_job imports only the standard library (a user's script imports it first)
     from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.jobdir.safety import check_private_dir
 
@@ -126,6 +127,7 @@ def preempted() -> bool:
     jid = job_id()
     if jid is None:
         return False
+    # not at import: in_job imports only the standard library (a user's script imports it first)
     from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.slurm import open_backend
 
@@ -152,6 +154,7 @@ def requeue() -> bool:
     jid = job_id()
     if rank() != 0 or jid is None:
         return False
+    # not at import: in_job imports only the standard library (a user's script imports it first)
     from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.slurm import open_backend
 

@@ -38,10 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frenzy_slurm.core.errors import InputError
-from frenzy_slurm.core.inputfile import group_private_to, owner_name
+from frenzy_slurm.core.errors import FrenzyError, InputError
+from frenzy_slurm.core.inputfile import group_private_to, owner_name, read_config_text
 from frenzy_slurm.core.records import MAX_JOB_RECORD_BYTES, read_job_record, read_job_record_or_none
 from frenzy_slurm.jobdir.planfile import read_job_plan
+from frenzy_slurm.slurm import SlurmUnavailable
+from frenzy_slurm.slurm.view import job_phase
 
 if TYPE_CHECKING:
     from frenzy_slurm.slurm.backend import AccountingRecord, SlurmBackend
@@ -110,8 +112,6 @@ def submitted_job_id(d: Path) -> str | None:
 
 def _accounting(backend: SlurmBackend | None, ids: list[int]) -> dict[int, AccountingRecord] | None:
     """Slurm's records of these jobs (one sacct), or None where the site keeps none or it does not answer."""
-    from frenzy_slurm.slurm import SlurmUnavailable
-
     if backend is None:
         return None
     try:
@@ -122,8 +122,6 @@ def _accounting(backend: SlurmBackend | None, ids: list[int]) -> dict[int, Accou
 
 def _read(path: Path) -> str | None:
     """A job directory's file: a regular file read bounded, never through a link nor waiting on a FIFO."""
-    from frenzy_slurm.core.inputfile import read_config_text
-
     try:
         return read_config_text(path, path.name, MAX_JOB_RECORD_BYTES, follow_symlinks=False)
     except InputError:
@@ -166,8 +164,6 @@ def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict]], str 
 def _script_problem(d: Path, records: list[dict]) -> str | None:
     """Why the epilog's record does not show that Slurm ran this directory's frenzy-slurm plan, or None."""
     import shlex
-
-    from frenzy_slurm.core.errors import FrenzyError
 
     ran = {r.get("script_sha256") for r in records} - {None}
     if not ran:
@@ -222,8 +218,6 @@ def _measured_seconds(d: Path) -> float:
 
 def accounting_problem(d: Path, rec: AccountingRecord) -> str | None:
     """Why Slurm's record of the job contradicts plan.json or metrics.json (allocation, run time), or None."""
-    from frenzy_slurm.core.errors import FrenzyError
-
     try:
         comps = read_job_plan(d / "plan.json").decision.chosen.components
     except FrenzyError as exc:
@@ -244,8 +238,6 @@ def _judge(
     d: Path, uid: int, job_id: str | None, records: dict[int, AccountingRecord] | None, epilog: dict[str, list[dict]]
 ) -> tuple[str | None, str]:
     """(why rejected, or None; why accepted) for one candidate directory."""
-    from frenzy_slurm.slurm.view import job_phase
-
     owner, mine = owner_name(uid), uid == os.geteuid()
     checked: list[str] = []
     rec = records.get(int(job_id)) if records is not None and job_id is not None else None

@@ -30,6 +30,7 @@ from frenzy_slurm.cli.plan_view import (
     memory_rows,
 )
 from frenzy_slurm.core.errors import InputError, NoFitError
+from frenzy_slurm.core.records import write_atomic
 from frenzy_slurm.core.units import GiB
 from frenzy_slurm.core.version import __version__
 from frenzy_slurm.jobdir.paths import jobs_dir
@@ -289,7 +290,6 @@ def site_init(backend: str, snapshot: Path | None, output: Path | None, force: b
     else:
         if output.exists() and not force:
             raise InputError(f"{output} exists; use --force to overwrite it.")
-        from frenzy_slurm.core.records import write_atomic
 
         write_atomic(output, text, mode=0o644)  # never leave a half-written site file; admins share it
         click.echo(f"wrote {output}", err=True)
@@ -415,7 +415,6 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     JOB_DIRS default to every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs). Job states come
     from one accounting query for all of them (where the site keeps accounting).
     """
-
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
     from frenzy_slurm.track.jobs import from_job_dirs
 

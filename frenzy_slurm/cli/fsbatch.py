@@ -32,7 +32,7 @@ from frenzy_slurm.cli.common import (
     unchecked_file,
 )
 from frenzy_slurm.cli.plan_view import factory_note, hms
-from frenzy_slurm.core.errors import FrenzyError
+from frenzy_slurm.core.errors import FrenzyError, InputError
 from frenzy_slurm.core.units import fmt_gib
 from frenzy_slurm.core.version import __version__
 from frenzy_slurm.jobspec.sweeps import MAX_COMBINATIONS
@@ -209,7 +209,6 @@ def main(
     from contextlib import ExitStack
 
     from frenzy_slurm.api import plan_jobs, submit
-    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.jobspec.sweeps import combinations, parse_set
 
     if parsable and (as_json or explain):

@@ -19,6 +19,7 @@ from types import FrameType
 import click
 
 from frenzy_slurm.cli.common import backend_options, echo, reports_errors
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.version import __version__
 from frenzy_slurm.slurm.run import SlurmUnavailable
 
@@ -66,8 +67,6 @@ def watch(
 
     site_file = open_site(site)
     if site_file.config.preemption is None:
-        from frenzy_slurm.core.errors import InputError
-
         where = f"site file {site_file.path}" if site_file.path is not None else "the site file"
         raise InputError(
             f"{where} has no preemption: block, so no job can be marked preemptible and nothing would be moved. "

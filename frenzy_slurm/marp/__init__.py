@@ -47,6 +47,7 @@ def with_exact_params(spec: JobSpec, model: ResolvedModel, trusted: tuple[str, .
     site file's `trusted_factories` (factories allowed beside the user's own files)."""
     if spec.model.factory is None or model.exact_params is not None:
         return model
+    # imports torch: only to trace a factory (--trace-factory)
     from frenzy_slurm.marp.trace import count_factory_parameters
 
     exact = count_factory_parameters(spec.model.factory, spec.model.factory_kwargs, trusted)

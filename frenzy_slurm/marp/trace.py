@@ -224,6 +224,7 @@ def fake_step_peak(arch: Architecture, seq_len: int, micro_batch: int, steps: in
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    # imports torch at its top
     from frenzy_slurm.models.gpt import GPT, lm_loss
 
     with FakeTensorMode():

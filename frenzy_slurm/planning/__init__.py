@@ -47,6 +47,7 @@ from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.render import Rendered, render_job, submission_hash
 from frenzy_slurm.render.environment import EnvCheck, check_environment
 from frenzy_slurm.site.config import SiteConfig, load_site, require_measured_memory
+from frenzy_slurm.site.tools import find_site
 from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
 from frenzy_slurm.slurm.static import StaticBackend
 from frenzy_slurm.slurm.view import ClusterView
@@ -144,8 +145,6 @@ class JobRequest:
 
 def find_site_file(explicit: Path | None) -> SiteFile:
     """--site, else $FRENZY_SITE, else /etc/frenzy-slurm/site.yaml, found once and read; none is refused."""
-    from frenzy_slurm.site.tools import find_site
-
     path = find_site(explicit)
     if path is None:
         raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")

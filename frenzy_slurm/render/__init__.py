@@ -33,6 +33,7 @@ from frenzy_slurm.jobdir.paths import default_job_dir
 from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
+from frenzy_slurm.jobspec.sbatch_flags import ARRAYS, asks_for_array
 from frenzy_slurm.render.container import ContainerLaunch, launch, runtime_argv
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.environment import job_python
@@ -211,8 +212,6 @@ _SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
 def check_no_array(script: str, template: str) -> None:
     """Refuse a script whose #SBATCH lines ask for a job array (a --templates file may write any line): its
     tasks would run one plan in one job directory, writing over each other's records and checkpoints."""
-    from frenzy_slurm.jobspec.sbatch_flags import ARRAYS, asks_for_array
-
     for line in script.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             return  # sbatch reads #SBATCH lines up to the first command only

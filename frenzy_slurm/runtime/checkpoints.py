@@ -24,6 +24,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from frenzy_slurm.core.records import write_json
 from frenzy_slurm.jobdir.checkpoints import latest_step  # the one reader of `latest`
 
 _TAG = re.compile(r"^step(\d+)\Z")
@@ -93,8 +94,6 @@ def digest_share(tag_dir: Path, rank: int, world: int) -> dict[str, str]:
 
 def write_manifest(tag_dir: Path, digests: dict[str, str], submission: str | None) -> None:
     """Record what this job wrote in the tag (after every rank's share is gathered)."""
-    from frenzy_slurm.core.records import write_json
-
     write_json(tag_dir / MANIFEST, {"submission": submission, "files": dict(sorted(digests.items()))})
 
 

@@ -124,6 +124,7 @@ class Sampler:
 
 
 def _atomic_json(path: Path, data: dict) -> None:
+    # not at import: the sampler runs beside a user's script and stays light (tests/test_names.py)
     from frenzy_slurm.core.records import write_atomic
 
     write_atomic(path, json.dumps(data, indent=2) + "\n")  # O_EXCL temporary + rename: never through a link
@@ -134,6 +135,7 @@ def merge_metrics(job_dir: Path) -> dict | None:
 
     Returns None (and writes nothing) when the built-in trainer already wrote metrics.json.
     """
+    # not at import: the sampler runs beside a user's script and stays light (tests/test_names.py)
     from frenzy_slurm.core.gpus import match_gpu
 
     target = job_dir / "metrics.json"

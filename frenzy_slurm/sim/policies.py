@@ -54,7 +54,9 @@ from frenzy_slurm.marp.speed import plan_costs
 from frenzy_slurm.planning import decide_job, decide_preemptible
 from frenzy_slurm.sim.base import BasePolicy, Policy
 from frenzy_slurm.sim.context import Context
+from frenzy_slurm.sim.ilp import IlpPolicy
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
+from frenzy_slurm.sim.sia import SiaPolicy
 from frenzy_slurm.site.config import Preemption, SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest
 
@@ -516,8 +518,6 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
     if name == "slurm-multi":
         return SlurmMulti(k.get("slurm_multi_time_factor", 1.5), k.get("slurm_multi_max_slowdown"))
     if name == "sia":
-        from frenzy_slurm.sim.sia import SiaPolicy
-
         return SiaPolicy(
             k.get("sia_round_s", ilp_round_s),
             p=k.get("sia_p", 0.25),
@@ -552,8 +552,6 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
     if name == "fastest-fit":
         return FastestFit()
     if name == "ilp":
-        from frenzy_slurm.sim.ilp import IlpPolicy
-
         return IlpPolicy(ilp_round_s, speed_floor=k.get("ilp_speed_floor", 2.0))
     if name.startswith("user-fixed:"):
         return UserFixed(name.split(":", 1)[1])

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Literal
 
 from frenzy_slurm.core.errors import InputError
-from frenzy_slurm.core.inputfile import ancestors, owner_name, unsafe_ancestor
+from frenzy_slurm.core.inputfile import ancestors, owner_name, read_config_text, unsafe_ancestor
 from frenzy_slurm.core.version import __version__
+from frenzy_slurm.site.config import load_site
 
 Outcome = Literal[
     "created", "updated", "installed", "unchanged", "would create", "would update", "would install", "note"
@@ -500,9 +501,6 @@ def install(opts: InstallOptions) -> InstallResult:
         check_target(path, flag)  # every refusal before anything is written
     site_data = None
     if opts.site_file is not None:
-        from frenzy_slurm.core.inputfile import read_config_text
-        from frenzy_slurm.site.config import load_site
-
         load_site(opts.site_file)  # refused here (exit 2, with the field) rather than installed broken
         site_data = read_config_text(opts.site_file, "site file").encode()
     with tempfile.TemporaryDirectory(prefix="frenzy-install-") as private:  # root's, 0700

@@ -91,15 +91,18 @@ def open_backend(name: str = "auto", snapshot: Path | None = None) -> SlurmBacke
     if name == "static":
         if snapshot is None:
             raise InputError("--backend static needs --snapshot FILE (write one with `fsinfo --json > FILE`)")
+        # each backend only once chosen: pyslurm is an optional extra, and a listing starts faster
         from frenzy_slurm.slurm.static import StaticBackend
 
         return StaticBackend(snapshot)
     if name in ("auto", "pyslurm"):
+        # each backend only once chosen: pyslurm is an optional extra, and a listing starts faster
         from frenzy_slurm.slurm.pyslurm_backend import PyslurmBackend, try_import
 
         module = try_import()
         if module is not None or name == "pyslurm":
             return PyslurmBackend(module)
+    # each backend only once chosen: pyslurm is an optional extra, and a listing starts faster
     from frenzy_slurm.slurm.cli import SlurmCliBackend
 
     return SlurmCliBackend()

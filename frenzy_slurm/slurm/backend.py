@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
+from frenzy_slurm.slurm.run import SlurmUnavailable
 from frenzy_slurm.slurm.view import ClusterView, Job, PoolKey, QosLimits
 
 __all__ = [
@@ -171,7 +172,6 @@ class ReadOnlyBackend:
     name = "read-only"
 
     def _refuse(self, what: str) -> NoReturn:
-        from frenzy_slurm.slurm.run import SlurmUnavailable
 
         raise SlurmUnavailable(
             f"the {self.name} backend only reads a saved view; it cannot {what}. "

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from frenzy_slurm.core.records import write_atomic
 from frenzy_slurm.core.units import GiB
 from frenzy_slurm.slurm.backend import (
     AccountingRecord,
@@ -136,7 +137,6 @@ def version_answer(timeout: float) -> str:
     if where is not None and len(out) <= MAX_VERSION_ANSWER:
         try:
             parse_version(out)  # only a readable answer is kept
-            from frenzy_slurm.core.records import write_atomic
 
             where[0].parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             write_atomic(where[0], json.dumps({"key": where[1], "answer": out}))

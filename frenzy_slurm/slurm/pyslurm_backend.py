@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from frenzy_slurm.core.records import write_atomic
 from frenzy_slurm.slurm.backend import (
     AccountingRecord,
     BatchJob,
@@ -103,7 +104,6 @@ def probe_import(conf: Path, version: str) -> str | None:
         problem = f"importing pyslurm fails here ({lines[-1] if lines else f'exit {res.returncode}'})"
     try:
         cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        from frenzy_slurm.core.records import write_atomic
 
         write_atomic(cache, json.dumps({"key": key, "problem": problem}))
     except OSError:

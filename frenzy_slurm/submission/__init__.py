@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from frenzy_slurm.core.errors import EXIT_ALREADY_SUBMITTED, EXIT_FAILURE, EXIT_SLURM_REJECTED, FrenzyError, InputError
 from frenzy_slurm.core.records import read_json_or_none, write_json
 from frenzy_slurm.jobdir import safety as jobdir
+from frenzy_slurm.planning import JobRequest
 from frenzy_slurm.slurm import AccountingRecord, BatchJob, ComponentRequest, Job, SlurmBackend, SlurmCommandError
 from frenzy_slurm.slurm.parse import SlurmUnexpected
 from frenzy_slurm.slurm.run import SlurmUnavailable
@@ -355,8 +356,6 @@ def submit(
     With `req.force`, plan_job has planned into a fresh directory (`jobdir.next_free_dir`): nothing an
     earlier job wrote is touched. A timeout from sbatch is answered by looking the job up by its tag.
     """
-    from frenzy_slurm.planning import JobRequest
-
     if not isinstance(req, JobRequest):
         raise TypeError(f"submit() takes the JobRequest of frenzy_slurm.planning.plan_job, not {type(req).__name__}")
     script = req.entry_script

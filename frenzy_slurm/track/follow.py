@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from frenzy_slurm.slurm.view import ENDED, job_phase
 from frenzy_slurm.track.jobs import MAX_LOG_BYTES, LogSection, log_ranks, output_files, rank_of_line, read_own_file
 
 READ_EVERY_S = 1.0  # how often the output files are looked at: a stat, and a read of what is new
@@ -137,8 +138,6 @@ def follow_job(
     at once when finished.json appears. A job neither in the queue nor recorded for UNSEEN_LOOKS looks in a
     row ends the follow as UNKNOWN. `state`: the job's state as the caller just saw it (else one query).
     Ctrl-C (KeyboardInterrupt) is the caller's."""
-    from frenzy_slurm.slurm.view import ENDED, job_phase
-
     sleep = sleep or _sleep
     clock = clock or _clock
     finished = job.job_dir / "finished.json"
