@@ -17,8 +17,9 @@ job but is missed (import this module first); one that came before the script st
 (`requeue()`, rank 0 only: one request per job) and the next run finds its checkpoint with
 `latest_checkpoint()`. After TERM it is not: Slurm requeues a preempted job itself, and scancel means stop.
 
-Only the standard library is imported here (and frenzy-slurm's Slurm seam when requeueing, its directory checks
-when resuming from a moved job's checkpoints), never torch:
+Only the standard library is imported here, and frenzy-slurm's checkpoint reader (jobdir.checkpoints, itself
+standard library only); its Slurm seam when requeueing and its directory checks when resuming from a moved job's
+checkpoints; never torch:
 import it first, before the seconds-long imports a signal could otherwise interrupt.
 """
 

@@ -337,7 +337,7 @@ def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
     progress line per job (state, elapsed, step and loss from the trainer's progress.json), redrawn in place;
     elsewhere nothing but the line each ended job gets. Ctrl-C leaves the jobs running and says so (exit 130)."""
     from frenzy_slurm import api
-    from frenzy_slurm.slurm.view import job_phase
+    from frenzy_slurm.slurm.view import ENDED, job_phase
     from frenzy_slurm.track.progress import ProgressDisplay, WaitLines
 
     out = sys.stderr if as_json or parsable else sys.stdout  # stdout holds only the JSON or the job ids
@@ -351,7 +351,7 @@ def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
 
     def on_look(looked: Sequence[Job]) -> None:
         for j in looked:
-            if j.last_look is not None and j.job_id not in codes and job_phase(j.last_look.state) in api.ENDED:
+            if j.last_look is not None and j.job_id not in codes and job_phase(j.last_look.state) in ENDED:
                 ended(j, j.last_look.state)
         lines.update([j for j in looked if j.job_id not in codes])
 
