@@ -32,9 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from frenzy_slurm.core.units import GiB  # noqa: E402
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel  # noqa: E402
 from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory, pinned_plan, workload_from_spec  # noqa: E402
-from frenzy_slurm.units import GiB  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "benchmarks" / "data" / "cpu_memory_grid.json"

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from frenzy_slurm.core.units import GiB  # noqa: E402
 from frenzy_slurm.eval.dataset import RowError, interpret_row, read_measurements  # noqa: E402
 from frenzy_slurm.eval.reference import deepspeed_states, megatron_formula  # noqa: E402
 from frenzy_slurm.marp.memory import estimate_memory  # noqa: E402
-from frenzy_slurm.units import GiB  # noqa: E402
 
 # a goal for every category (pretraining too): full training and fine-tuning 95%, adapters 90%
 GOALS = {

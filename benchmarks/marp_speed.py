@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from frenzy_slurm.gpus import catalog  # noqa: E402
+from frenzy_slurm.core.gpus import catalog  # noqa: E402
 from frenzy_slurm.jobspec import JobSpec, resolve_model  # noqa: E402
 from frenzy_slurm.marp import GpuOption, ParallelPlan, estimate_memory, search, workload_from_spec  # noqa: E402
 

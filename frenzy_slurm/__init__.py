@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from frenzy_slurm.core.version import __version__
 
 # name -> the module that defines it; loaded by __getattr__ on first access
 _API = ("Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep", "wait_all")
@@ -27,6 +27,7 @@ __all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "__version__", "job", "plan"
 
 def __getattr__(name: str) -> Any:
     if name in _API:
+        # the API on first use: `import frenzy_slurm` stays cheap (no planning stages, never torch)
         from frenzy_slurm import api
 
         return getattr(api, name)

@@ -11,9 +11,9 @@
     job.cancel()                     # scancel, the job directory kept
     plans = fs.sweep("model.yaml", {"training.learning_rate": [1e-4, 3e-4]})   # one plan per combination
 
-Every step is the one fsbatch runs: `planning.plan_job` plans, `submit.submit` submits, `track` says the
+Every step is the one fsbatch runs: `planning.plan_job` plans, `submission.submit` submits, `track` says the
 state. fsbatch is this module's caller (`plan_jobs`, `submit`, `Job.wait`, `summary_line`); errors are the
-typed exceptions of `frenzy_slurm.errors` and the stages (each with its `exit_code`), never `sys.exit`.
+typed exceptions of `frenzy_slurm.core.errors` and the stages (each with its `exit_code`), never `sys.exit`.
 Imports of the stages are deferred to the calls: `import frenzy_slurm` stays cheap and never imports torch.
 """
 
@@ -26,21 +26,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.errors import EXIT_FAILURE, FrenzyError, InputError
+import frenzy_slurm.slurm as seam
+from frenzy_slurm.core.errors import EXIT_FAILURE, FrenzyError, InputError
+from frenzy_slurm.core.records import read_job_record_or_none
+from frenzy_slurm.core.units import fmt_gib
+from frenzy_slurm.jobdir.safety import user_lock
+from frenzy_slurm.jobspec.sweeps import check_max_running, combinations, grid_of, waits_for
+from frenzy_slurm.jobspec.sweeps import combinations as product
+from frenzy_slurm.slurm.backend import OneView, ReadOnlyBackend
+from frenzy_slurm.slurm.dependency import parse_dependency
+from frenzy_slurm.slurm.job import ENDED, job_phase
+from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
+from frenzy_slurm.track.jobs import (
+    cancel_jobs,
+    frenzy_jobs,
+    from_job_dirs,
+    job_logs,
+    output_files,
+    output_streams,
+    read_tail,
+    submitted_job_id,
+)
 
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec import ResolvedModel
+    from frenzy_slurm.jobspec.sweeps import Combination
     from frenzy_slurm.planning import JobRequest, SiteFile
     from frenzy_slurm.render.environment import EnvCheck
     from frenzy_slurm.slurm import SlurmBackend
-    from frenzy_slurm.slurm.view import ClusterView
-    from frenzy_slurm.submit import Submitted
-    from frenzy_slurm.sweeps import Combination
-    from frenzy_slurm.track import Cancelled, TrackedJob
+    from frenzy_slurm.submission import Submitted
+    from frenzy_slurm.track.jobs import Cancelled, TrackedJob
 
 __all__ = ["Job", "Metrics", "Plan", "WaitTimeout", "job", "plan", "submit", "sweep", "wait_all"]
 
-ENDED = ("completed", "cancelled", "failed", "timeout")  # job phases (slurm.view.JOB_STATES) a job does not leave
 FIRST_POLL_S = 2.0  # as sbatch --wait: the first look after 2 s, each later wait longer
 POLL_GROWTH = 2.0
 DEFAULT_POLL_S = 30.0  # the longest wait between two looks: slurmctld is shared, and a job's end is rarely urgent
@@ -153,8 +171,6 @@ class Plan:
 
 def summary_line(req: JobRequest) -> str:
     """One line: the chosen allocation, plan, memory per GPU, start and run time (fsbatch prints it)."""
-    from frenzy_slurm.cli.plan_view import fmt_gib, hms
-
     decision = req.decision
     chosen = decision.chosen
     memory = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in chosen.components)
@@ -165,39 +181,16 @@ def summary_line(req: JobRequest) -> str:
     )
 
 
-class OneView:
-    """A backend whose cluster view is read once: every combination of a sweep is planned on the same view
-    (one set of sinfo/squeue queries, not one per job); the rest goes to the backend itself."""
-
-    def __init__(self, backend: SlurmBackend):
-        self._backend = backend
-        self._view: ClusterView | None = None
-        self.name = backend.name
-
-    @property
-    def inner(self) -> SlurmBackend:
-        return self._backend
-
-    def load(self) -> ClusterView:
-        if self._view is None:
-            self._view = self._backend.load()
-        return self._view
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-
 def open_backend(backend: str | SlurmBackend = "auto", snapshot: str | Path | None = None) -> SlurmBackend:
     """A backend by name (`auto`, `cli`, `pyslurm`, `static` with a snapshot), or the one given."""
     if not isinstance(backend, str):
         return backend
-    from frenzy_slurm.slurm import open_backend as by_name
-
-    return by_name(backend, Path(snapshot) if snapshot is not None else None)
+    return seam.open_backend(backend, Path(snapshot) if snapshot is not None else None)
 
 
 def open_site(site: str | Path | SiteFile | None) -> SiteFile:
     """The site file: given, else $FRENZY_SITE, else /etc/frenzy-slurm/site.yaml (planning.find_site_file)."""
+    # planning's stages load only to plan: Job and fsqueue --follow use this module without them
     from frenzy_slurm.planning import SiteFile, find_site_file
 
     if isinstance(site, SiteFile):
@@ -209,9 +202,6 @@ def check_dependency_jobs(dependency: str | None, backend: SlurmBackend) -> None
     """The jobs a --dependency names exist in Slurm (one queue query); sbatch refuses one it cannot find
     (afterok/afternotok: a job that left the queue more than MinJobAge ago is not found either). A saved
     snapshot cannot say: nothing is checked there."""
-    from frenzy_slurm.slurm.backend import ReadOnlyBackend
-    from frenzy_slurm.slurm.dependency import parse_dependency
-
     if dependency is None:
         return
     ids = parse_dependency(dependency).job_ids
@@ -258,23 +248,20 @@ def plan_jobs(
     (docs/runtime.md, "The job's environment"). `max_running`: at most this many of the sweep's jobs run at
     once; each job past the first N waits for the one N before it (`Plan.waits_for`, afterany at submission).
     """
+    # planning's stages load only to plan: Job and fsqueue --follow use this module without them
     from frenzy_slurm.planning import PlanOptions, load_job, plan_job, submission_of, traced
-    from frenzy_slurm.sweeps import check_max_running, waits_for
 
     path = Path(model_yaml)
     unknown = sorted(set(slurm or {}) - set(SLURM_FLAGS))
     if unknown:
         raise InputError(f"slurm options {', '.join(unknown)} are not known; use {', '.join(SLURM_FLAGS)}.")
     if not combinations:
-        from frenzy_slurm.sweeps import combinations as product
-
         combinations = product({})
     if len(combinations) > 1 and job_dir is not None:
         raise InputError(
             "--job-dir names one job's directory; a sweep's jobs each get their own under $FRENZY_JOBS_DIR "
             "(or ./frenzy-jobs): set that instead."
         )
-    from frenzy_slurm.slurm.backend import ReadOnlyBackend
 
     # in fsbatch's order: every model.yaml (combination) read first, then the site file, the flags, Slurm
     loaded = []
@@ -323,8 +310,6 @@ def plan_jobs(
 def _force_turn(submission: str) -> Any:
     """The lock that serialises `--force` runs of one submission, from choosing the directory to submitting,
     so each sees the directory the other took."""
-    from frenzy_slurm.submit.jobdir import user_lock
-
     return user_lock(f"{submission}-force")
 
 
@@ -383,8 +368,6 @@ def sweep(
     most sweeps.MAX_COMBINATIONS. Submit each with `submit`, in order. `max_running=N` (as fsbatch
     --max-running, submitit's slurm_array_parallelism): at most N of them run at once, each job past the
     first N starting after the one N before it ends (Slurm's afterany: nothing waits on the login node)."""
-    from frenzy_slurm.sweeps import combinations, grid_of
-
     return plan_jobs(
         model_yaml,
         combinations(grid_of(grid)),
@@ -428,8 +411,6 @@ class Job:
     def tracked(self) -> TrackedJob:
         """What fsqueue JOBID shows: the queue's view (every hetjob component), else the job directory's with
         accounting once the job has left the queue."""
-        from frenzy_slurm.track import frenzy_jobs, from_job_dirs
-
         found = frenzy_jobs(self.backend.jobs(job_ids=[self.job_id]))
         t = next((t for t in found if t.job_id == self.job_id), None)
         if t is None:
@@ -449,7 +430,6 @@ class Job:
         return self.tracked().state
 
     def done(self) -> bool:
-        from frenzy_slurm.slurm.view import job_phase
 
         return job_phase(self.state) in ENDED
 
@@ -487,8 +467,6 @@ class Job:
 
     def metrics(self) -> Metrics | None:
         """metrics.json as the job wrote it (at its end; None before then, or where it wrote none)."""
-        from frenzy_slurm.records import read_job_record_or_none
-
         raw = read_job_record_or_none(self.job_dir / "metrics.json")
         if not isinstance(raw, dict):
             return None
@@ -522,8 +500,6 @@ class Job:
         the last `tail` lines of each. `merged=True`: the output files as Slurm wrote them (every rank's lines
         interleaved, srun's `R: ` labels kept). "" before the job has written anything. Reads the last
         `max_bytes` of each file (regular files of your own job directory only); InputError otherwise."""
-        from frenzy_slurm.track import job_logs, output_files, read_tail
-
         if merged:
             if rank is not None or component is not None or tail is not None:
                 raise InputError("logs(merged=True) is the files as written: rank, component and tail select sections")
@@ -546,7 +522,6 @@ class Job:
         return self._read_stream("error", max_bytes)
 
     def _read_stream(self, kind: str, max_bytes: int) -> str | None:
-        from frenzy_slurm.track import output_streams, read_tail
 
         streams, notes = output_streams(self.job_dir, self.job_id)
         path = streams.get(kind)
@@ -560,8 +535,8 @@ class Job:
         """Cancel the job (every component of a hetjob; with `signal`, send it that signal instead) as fscancel
         JOBID does (track.cancel_jobs); its directory is kept. The outcome says what happened: cancelled,
         signalled, ended (nothing to do), not running, or failed (Slurm refused: SlurmRejected is raised)."""
-        from frenzy_slurm.submit import SlurmRejected
-        from frenzy_slurm.track import cancel_jobs
+        # submission imports planning's stages: loaded only to tell a refusal
+        from frenzy_slurm.submission import SlurmRejected
 
         (done,) = cancel_jobs(self.backend, [self.job_id], signal=signal)
         if done.outcome == "failed":
@@ -582,8 +557,6 @@ def wait_all(
     2 s, then ever less often up to every `poll` seconds; `on_look(jobs)` is called after each (each job's
     `tracked()` answer is then `job._last`), `sleep` waits between looks. WaitTimeout after `timeout` seconds;
     a job neither in the queue nor recorded for UNSEEN_LOOKS looks in a row ends as UNKNOWN."""
-    from frenzy_slurm.slurm.view import job_phase
-
     if poll <= 0 or (timeout is not None and timeout < 0):
         raise InputError(f"wait(timeout={timeout}, poll={poll}): poll must be > 0 and timeout >= 0.")
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -617,8 +590,6 @@ def wait_all(
 def _look(jobs: Sequence[Job]) -> Sequence[Job]:
     """Each job's state now into `job._last`: one queue query per backend for all of them, then their job
     directories (with one accounting query) for those that have left the queue."""
-    from frenzy_slurm.track import frenzy_jobs, from_job_dirs
-
     by_backend: dict[int, list[Job]] = {}
     for j in jobs:
         by_backend.setdefault(id(j.backend), []).append(j)
@@ -646,10 +617,11 @@ def _sleep(seconds: float) -> None:
 
 
 def submit(plan: Plan | JobRequest, backend: str | SlurmBackend | None = None) -> Job:
-    """Submit a plan (`plan`, `sweep`) through submit.submit, once per submission: AlreadySubmitted (exit 7)
+    """Submit a plan (`plan`, `sweep`) through submission.submit, once per submission: AlreadySubmitted (exit 7)
     if it already has a job, unless planned with force=True. A JobRequest needs the backend to submit to."""
+    # planning's stages load only to plan: Job and fsqueue --follow use this module without them
     from frenzy_slurm.planning import JobRequest
-    from frenzy_slurm.submit import submit as submit_request
+    from frenzy_slurm.submission import submit as submit_request
 
     after = None
     if isinstance(plan, Plan):
@@ -671,7 +643,6 @@ def _chained_after(plan: Plan) -> int | None:
     directory records it (a sweep is submitted in order); InputError if that one has not been submitted."""
     if plan.waits_for is None:
         return None
-    from frenzy_slurm.track import submitted_job_id
 
     try:
         return submitted_job_id(plan.waits_for.job_dir)
@@ -684,7 +655,5 @@ def _chained_after(plan: Plan) -> int | None:
 
 def job(job_dir: str | Path, backend: str | SlurmBackend = "auto", snapshot: str | Path | None = None) -> Job:
     """The job a job directory records (submission.json), to follow from another process."""
-    from frenzy_slurm.track import submitted_job_id
-
     path = Path(job_dir).absolute()
     return Job(submitted_job_id(path), path, open_backend(backend, snapshot))

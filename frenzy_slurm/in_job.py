@@ -17,8 +17,9 @@ job but is missed (import this module first); one that came before the script st
 (`requeue()`, rank 0 only: one request per job) and the next run finds its checkpoint with
 `latest_checkpoint()`. After TERM it is not: Slurm requeues a preempted job itself, and scancel means stop.
 
-Only the standard library is imported here (and frenzy-slurm's Slurm seam when requeueing, its directory checks
-when resuming from a moved job's checkpoints), never torch:
+Only the standard library is imported here, and frenzy-slurm's checkpoint reader (jobdir.checkpoints, itself
+standard library only); its Slurm seam when requeueing and its directory checks when resuming from a moved job's
+checkpoints; never torch:
 import it first, before the seconds-long imports a signal could otherwise interrupt.
 """
 
@@ -32,6 +33,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
+
+from frenzy_slurm.jobdir.checkpoints import latest_tag  # standard library only, as this module
 
 _STOP: dict[str, str | None] = {"signal": os.environ.get("FRENZY_STOP_SIGNAL") or None}
 _STEP_NAME = re.compile(r"(\d+)$")  # step500, checkpoint-500, global_step500: the number at the end
@@ -88,10 +91,11 @@ def latest_checkpoint() -> Path | None:
 
 def _private_checkpoints(path: Path) -> bool:
     """Whether a moved job's checkpoints/ may be resumed from: it and its job directory are this user's and
-    writable by no one else, as is every directory above (submit.jobdir.check_private_dir). Else a note on stderr
+    writable by no one else, as is every directory above (jobdir.safety.check_private_dir). Else a note on stderr
     and False: loading another user's files would run their code (torch.load unpickles)."""
-    from frenzy_slurm.errors import FrenzyError
-    from frenzy_slurm.submit.jobdir import check_private_dir
+    # not at import: in_job imports only the standard library (a user's script imports it first)
+    from frenzy_slurm.core.errors import FrenzyError
+    from frenzy_slurm.jobdir.safety import check_private_dir
 
     try:
         if not path.is_dir():
@@ -104,11 +108,9 @@ def _private_checkpoints(path: Path) -> bool:
 
 
 def _latest_in(base: Path) -> Path | None:
-    latest = base / "latest"
-    if latest.is_file():
-        tag = latest.read_text().strip()
-        if tag and "/" not in tag and (base / tag).is_dir():
-            return base / tag
+    tag = latest_tag(base)
+    if tag and "/" not in tag and (base / tag).is_dir():
+        return base / tag
     numbered = [(int(m.group(1)), p) for p in base.iterdir() if p.is_dir() and (m := _STEP_NAME.search(p.name))]
     return max(numbered)[1] if numbered else None
 
@@ -126,7 +128,8 @@ def preempted() -> bool:
     jid = job_id()
     if jid is None:
         return False
-    from frenzy_slurm.errors import FrenzyError
+    # not at import: in_job imports only the standard library (a user's script imports it first)
+    from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.slurm import open_backend
 
     try:
@@ -152,7 +155,8 @@ def requeue() -> bool:
     jid = job_id()
     if rank() != 0 or jid is None:
         return False
-    from frenzy_slurm.errors import FrenzyError
+    # not at import: in_job imports only the standard library (a user's script imports it first)
+    from frenzy_slurm.core.errors import FrenzyError
     from frenzy_slurm.slurm import open_backend
 
     try:

@@ -9,10 +9,10 @@ import getpass
 import pytest
 
 from frenzy_slurm.api import Job
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import submit
+from frenzy_slurm.submission import submit
 
 from .helpers import LOCAL, fill, make_spec, planned
 from .test_track_log import HETERO_SPEC

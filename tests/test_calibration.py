@@ -20,7 +20,7 @@ from frenzy_slurm.calibration import (
     write_calibration,
 )
 from frenzy_slurm.calibration.fit import fit, fit_step_time
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.site.config import SiteConfig
 
 ROOT = Path(__file__).resolve().parent.parent

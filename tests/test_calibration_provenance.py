@@ -65,7 +65,7 @@ def _tag(d: Path) -> str:
 
 def _submitted(d: Path) -> bytes:
     """job.sbatch as fsbatch writes it: the directory's inode and plan.json's digest bound in."""
-    from frenzy_slurm.submit.jobdir import bind_identity
+    from frenzy_slurm.jobdir.safety import bind_identity
 
     files = {n: (d / n).read_text() for n in ("job.sbatch", "plan.json", "ds_config.json")}
     script = bind_identity(files["job.sbatch"], os.stat(d).st_ino, files)

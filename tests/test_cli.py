@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from frenzy_slurm.units import GiB
+from frenzy_slurm.core.units import GiB
 
 from .helpers import DEV_DATA, EXAMPLES, ROOT, run_cli
 

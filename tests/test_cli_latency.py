@@ -16,8 +16,8 @@ import yaml
 
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import submit
-from frenzy_slurm.track import frenzy_jobs
+from frenzy_slurm.submission import submit
+from frenzy_slurm.track.jobs import frenzy_jobs
 
 from .helpers import LOCAL, ROOT, make_spec, planned
 
@@ -81,7 +81,7 @@ def test_the_listing_reads_only_the_plans_run_time(queued):
 
 @pytest.mark.parametrize("name", ["presets.yaml", "gpus.yaml"])
 def test_shipped_data_reads_the_same_with_libyaml(name):
-    from frenzy_slurm.yamlfile import SHIPPED_DATA_LOADER
+    from frenzy_slurm.core.yamlfile import SHIPPED_DATA_LOADER
 
     text = (ROOT / "frenzy_slurm" / "data" / name).read_text()
     assert yaml.load(text, Loader=SHIPPED_DATA_LOADER) == yaml.load(text, Loader=yaml.SafeLoader)

@@ -10,7 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from frenzy_slurm.errors import (
+from frenzy_slurm.core.errors import (
     EXIT_FAILURE,
 )
 

@@ -24,8 +24,8 @@ def offline_cluster(tmp_path):
 
 
 def _fake_submit(cluster):
-    """A stand-in for frenzy_slurm.submit.submit: the static backend cannot run sbatch."""
-    from frenzy_slurm.submit import Submitted
+    """A stand-in for frenzy_slurm.submission.submit: the static backend cannot run sbatch."""
+    from frenzy_slurm.submission import Submitted
 
     def submit(req, backend, **_):
         return Submitted(job_id=4242, cluster=cluster, job_dir=req.job_dir)
@@ -37,7 +37,7 @@ def _fake_submit(cluster):
 def test_fsbatch_parsable_prints_only_the_job_id(offline_cluster, tmp_path, monkeypatch, cluster, expected):
     from frenzy_slurm.cli.fsbatch import main
 
-    monkeypatch.setattr("frenzy_slurm.submit.submit", _fake_submit(cluster))
+    monkeypatch.setattr("frenzy_slurm.submission.submit", _fake_submit(cluster))
     args = [str(EXAMPLES / "llama2-7b.yaml"), "--parsable", *offline_cluster, "--job-dir", str(tmp_path / "j")]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.stderr

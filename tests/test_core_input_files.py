@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, InputError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, InputError
 from frenzy_slurm.jobspec import load_job_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,14 +6,14 @@ import datetime as dt
 
 import pytest
 
-from frenzy_slurm.errors import NoFitError
+from frenzy_slurm.core.errors import NoFitError
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.has.hetero import StageGroup, build, split_layers
 from frenzy_slurm.has.pools import node_layout
 from frenzy_slurm.jobspec import presets
 from frenzy_slurm.marp import Workload
 from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site
 from frenzy_slurm.slurm.view import Job
-from frenzy_slurm.units import GiB
 
 from .helpers import LOCAL, fill, make_spec, plan
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_slurm.errors import NoFitError
+from frenzy_slurm.core.errors import NoFitError
 from frenzy_slurm.has.nodes import nodes_for
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.sim.synthetic import synthetic

@@ -14,7 +14,7 @@ import re
 import pytest
 import yaml
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, EXIT_NO_FIT, InputError, NoFitError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, EXIT_NO_FIT, InputError, NoFitError
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.planning import SiteFile
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site

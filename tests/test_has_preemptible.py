@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.job import SlurmOptions
+from frenzy_slurm.jobspec.sbatch_env import check_sbatch_env
 from frenzy_slurm.planning import SiteFile
-from frenzy_slurm.sbatch_env import check_sbatch_env
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.site.config import Preemption, SiteConfig
 

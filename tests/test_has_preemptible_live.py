@@ -115,10 +115,10 @@ def test_the_watcher_moves_a_running_job_which_resumes_its_checkpoint_elsewhere(
     test_track_watch.py."""
     from dataclasses import replace
 
-    from frenzy_slurm import watch
     from frenzy_slurm.planning import SiteFile
     from frenzy_slurm.site.config import load_site
     from frenzy_slurm.slurm import open_backend
+    from frenzy_slurm.track import watch
 
     monkeypatch.setenv("FRENZY_JOBS_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -14,6 +14,7 @@ from collections.abc import Hashable
 
 import pytest
 
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.has import Requirements, decide
 from frenzy_slurm.has.pools import usable_pools
 from frenzy_slurm.jobspec import resolve_model
@@ -23,7 +24,6 @@ from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 from frenzy_slurm.marp.speed import plan_costs
 from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site
-from frenzy_slurm.units import GiB
 from tests.helpers import LOCAL, fill, make_spec
 
 decide_module = importlib.import_module("frenzy_slurm.has.decide")  # the module (the package exports the function)

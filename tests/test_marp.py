@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.gpus import catalog
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import catalog
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.jobspec import presets
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload, estimate_memory, parse_plan, search
 from frenzy_slurm.marp.memory import _layer_activation_bytes
-from frenzy_slurm.units import GiB
 
 LLAMA7 = presets()["llama-2-7b"].arch
 GPT3ISH = Architecture(

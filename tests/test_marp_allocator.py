@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory, workload_from_spec
@@ -21,7 +22,6 @@ from frenzy_slurm.marp.allocator import (
 )
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import count_params
-from frenzy_slurm.units import GiB
 
 MiB = 1024**2
 EXPANDABLE = AllocatorConfig(expandable_segments=True)

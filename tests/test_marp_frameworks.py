@@ -14,14 +14,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.marp import pinned_plan, search_space_from_spec, workload_from_spec
 from frenzy_slurm.marp.candidates import plan_groups
 from frenzy_slurm.marp.frameworks import PROFILES, profile_summary
 from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
-from frenzy_slurm.units import GiB
 
 from .helpers import LOCAL, make_spec, plan
 

@@ -50,7 +50,7 @@ def installed(tmp_path, monkeypatch):
 
 
 def test_factory_from_installed_software_is_refused_before_import(installed):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.marp.trace import load_factory
 
     with pytest.raises(InputError) as err:
@@ -60,7 +60,7 @@ def test_factory_from_installed_software_is_refused_before_import(installed):
 
 
 def test_a_users_module_re_exporting_installed_code_is_refused(installed, tmp_path, monkeypatch):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.marp.trace import load_factory
 
     mine = tmp_path / "mine"
@@ -76,14 +76,14 @@ def test_site_allow_list_admits_an_installed_factory(installed):
     assert load_factory("hubby:load", {}, allowed=["hubby:load"])() == "."
     assert installed.exists()
     assert load_factory("hubby:load", {}, allowed=["hubby"]) is not None
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
 
     with pytest.raises(InputError):
         load_factory("hubby:load", {}, allowed=["hubby:other", "hubbyx"])
 
 
 def test_factory_in_a_world_writable_directory_is_refused(tmp_path, monkeypatch):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.marp.trace import load_factory
 
     shared = tmp_path / "shared"
@@ -96,7 +96,7 @@ def test_factory_in_a_world_writable_directory_is_refused(tmp_path, monkeypatch)
 
 
 def test_factory_owned_by_another_user_is_refused(tmp_path, monkeypatch, other_user):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.marp.trace import load_factory
 
     theirs = tmp_path / "theirs"

@@ -19,7 +19,7 @@ from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.slurm.cli import sbatch_argv
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import submit
+from frenzy_slurm.submission import submit
 
 from .helpers import EXAMPLES, LOCAL, make_spec, planned, snapshot
 
@@ -50,7 +50,7 @@ def cluster(tmp_path, monkeypatch):
         return real_submit(req, backend, **kw)
 
     monkeypatch.setattr(planning, "plan_job", plan_job)
-    monkeypatch.setattr("frenzy_slurm.submit.submit", submit_)
+    monkeypatch.setattr("frenzy_slurm.submission.submit", submit_)
     return site, seen
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.sim.synthetic import synthetic

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.sim.synthetic import synthetic
 

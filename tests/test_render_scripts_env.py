@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.job import Entry
 from frenzy_slurm.render.environment import check_environment, job_python, needed_packages, probe
 from frenzy_slurm.sim.synthetic import synthetic

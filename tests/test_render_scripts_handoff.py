@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.framework_argv import framework_args
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.jobdir.scriptenv import KNOWN_NAMES, ArgsError, check_args, expand_args
 from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.render.ds_config import ds_config
-from frenzy_slurm.scriptenv import KNOWN_NAMES, ArgsError, check_args, expand_args
+from frenzy_slurm.runtime.framework_argv import framework_args
 from frenzy_slurm.sim.synthetic import synthetic
 
 from .helpers import LOCAL, make_spec, planned

@@ -103,7 +103,7 @@ def test_submitted_is_only_the_submit_stages_result():
     from frenzy_slurm.slurm import SbatchAnswer
     from frenzy_slurm.slurm.fake import FakeSlurm
 
-    assert _classes_named("Submitted") == ["submit/__init__.py"]
+    assert _classes_named("Submitted") == ["submission/__init__.py"]
     assert _classes_named("SbatchAnswer") == ["slurm/backend.py"]
     assert SbatchAnswer.__dataclass_fields__.keys() == {"job_id", "cluster", "argv"}
     assert FakeSlurm.submit.__annotations__["return"] in ("SbatchAnswer", SbatchAnswer)
@@ -135,7 +135,7 @@ def test_missing_model_yaml_is_refused_by_the_projects_reader(argv, tmp_path):
 
 def _gib_definitions(root: Path) -> list[str]:
     """Where a module of `root` assigns a constant GiB (or GIB), or writes 2**30 as `1 << 30` / `2**30`
-    outside frenzy_slurm/units.py in a byte computation (divides by it or multiplies a size by it)."""
+    outside frenzy_slurm/core/units.py in a byte computation (divides by it or multiplies a size by it)."""
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -156,17 +156,24 @@ def _gib_definitions(root: Path) -> list[str]:
 
 
 def test_gib_is_defined_once_in_units():
-    from frenzy_slurm.units import GiB
+    from frenzy_slurm.core.units import GiB
 
     assert GiB == 1073741824.0
-    assert _gib_definitions(PKG) == ["frenzy_slurm/units.py:8"]
+    assert _gib_definitions(PKG) == ["frenzy_slurm/core/units.py:8"]
     assert _gib_definitions(ROOT / "tests") == [] and _gib_definitions(ROOT / "benchmarks") == []
 
 
 def test_units_imports_nothing_and_the_sampler_stays_light():
-    assert _imports(PKG / "units.py") == set()
+    assert _imports(PKG / "core" / "units.py") == set()
     loaded = _modules_after_import("frenzy_slurm.runtime.nvml_sampler")
-    assert loaded == {"frenzy_slurm", "frenzy_slurm.runtime", "frenzy_slurm.runtime.nvml_sampler", "frenzy_slurm.units"}
+    assert loaded == {
+        "frenzy_slurm",
+        "frenzy_slurm.runtime",
+        "frenzy_slurm.runtime.nvml_sampler",
+        "frenzy_slurm.core",
+        "frenzy_slurm.core.units",
+        "frenzy_slurm.core.version",
+    }
 
 
 # --- 5. No import cycle in the simulator ----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.units import GiB
+from frenzy_slurm.core.units import GiB
 
 from .helpers import ROOT
 

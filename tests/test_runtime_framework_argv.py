@@ -1,4 +1,4 @@
-"""`$FRENZY_FRAMEWORK_ARGS`: the plan in each framework's own flags (frenzy_slurm/framework_argv.py).
+"""`$FRENZY_FRAMEWORK_ARGS`: the plan in each framework's own flags (frenzy_slurm/runtime/framework_argv.py).
 
 The values are checked here; where the framework is installed (the `grid` extras, a framework's own venv) its
 own parser reads them back (torchtitan's tyro config, litgpt's and LightningCLI's jsonargparse, torchtune's
@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_slurm.framework_argv import BUILDERS, framework_args, lightning, litgpt, megatron, torchtitan, torchtune
-from frenzy_slurm.scriptenv import PLAN_NAMES
+from frenzy_slurm.jobdir.scriptenv import PLAN_NAMES
+from frenzy_slurm.runtime.framework_argv import (
+    BUILDERS,
+    framework_args,
+    lightning,
+    litgpt,
+    megatron,
+    torchtitan,
+    torchtune,
+)
 
 
 def plan(**over: str) -> dict[str, str]:

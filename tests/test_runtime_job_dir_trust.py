@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, FrenzyError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, FrenzyError
 from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import submit
+from frenzy_slurm.submission import submit
 
 from .helpers import LOCAL, make_spec, plan, planned
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from frenzy_slurm.jobdir.planfile import MovedFrom
 from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.planning import load_job
 from frenzy_slurm.render.ds_config import ds_config
-from frenzy_slurm.render.planfile import MovedFrom
 from frenzy_slurm.runtime.dist import free_port
 from frenzy_slurm.sim.synthetic import synthetic
 

@@ -100,7 +100,7 @@ def test_prune_never_deletes_what_latest_names(tmp_path):
 
 
 def test_keep_checkpoints_is_a_spec_field(write_yaml):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.jobspec import load_job_spec
 
     text = (ROOT / "examples" / "tiny-cpu.yaml").read_text()

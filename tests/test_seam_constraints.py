@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.has.nodes import nodes_for
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.jobspec.job import SlurmOptions

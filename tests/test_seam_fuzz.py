@@ -22,7 +22,7 @@ hypothesis = pytest.importorskip("hypothesis", reason="the fuzz test needs hypot
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from frenzy_slurm.errors import EXIT_SLURM_UNEXPECTED  # noqa: E402
+from frenzy_slurm.core.errors import EXIT_SLURM_UNEXPECTED  # noqa: E402
 from frenzy_slurm.slurm import cli as slurm_cli  # noqa: E402
 from frenzy_slurm.slurm.cli import (  # noqa: E402
     FEATURES,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import (
+from frenzy_slurm.core.errors import (
     EXIT_SLURM_UNEXPECTED,
 )
 from frenzy_slurm.slurm import run as run_mod

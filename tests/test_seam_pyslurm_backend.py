@@ -184,7 +184,7 @@ def test_problem_order_without_importing(tmp_path, monkeypatch):
 
 def test_track_cache_is_keyed_by_backend(tmp_path, monkeypatch):
     """A --backend cli query right after a pyslurm one must ask Slurm again, not reuse the pyslurm answer."""
-    from frenzy_slurm import track
+    from frenzy_slurm.track import jobs as track
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cli_like, pyslurm_like = SimpleNamespace(name="cli"), SimpleNamespace(name="pyslurm")

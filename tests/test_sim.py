@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from frenzy_slurm.cli.admin import main as admin
 from frenzy_slurm.cli.simulate import DEV_TRACE
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.marp.speed import flops_per_token

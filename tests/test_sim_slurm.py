@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.sim.clusters import SimCluster, SimPartition, load_cluster, parse_compact
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest

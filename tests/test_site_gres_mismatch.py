@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, InputError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, InputError
 from frenzy_slurm.has.pools import type_disagreements
 from frenzy_slurm.planning import SiteFile
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site

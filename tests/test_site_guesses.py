@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from frenzy_slurm.cli.admin import main
 from frenzy_slurm.cli.fsbatch import main as fsbatch
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.runtime.nvml_probe import probe
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.site.config import SiteConfig, load_site, require_measured_memory

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from frenzy_slurm import __version__
 from frenzy_slurm.calibration import CalibrationFile, load_calibration, site_fingerprint
 from frenzy_slurm.cli.admin import main
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.site.config import SiteConfig, load_site
 
 from .helpers import ROOT

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import yaml
 
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.runtime.nvml_probe import NVML_CALLS, probe
 from frenzy_slurm.runtime.nvml_sampler import SAMPLER_CALLS, Sampler, merge_metrics
 from frenzy_slurm.site.config import SiteConfig
 from frenzy_slurm.site.detect import interpret, merge_site
-from frenzy_slurm.units import GiB
 from tests.nvml_fake import FakeNvml
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import NoFitError
+from frenzy_slurm.core.errors import NoFitError
 from frenzy_slurm.has.model import Allocation, Component
 from frenzy_slurm.has.qos import QOS_START_SOURCE, cap, within_qos
 from frenzy_slurm.marp.plan import ParallelPlan

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from frenzy_slurm import __version__
 from frenzy_slurm.calibration import CalibrationFile, load_calibration, site_fingerprint, write_calibration
 from frenzy_slurm.cli.admin import main
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.render import environment
 from frenzy_slurm.site.config import load_site
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 from .helpers import EXAMPLES, LOCAL, ROOT, make_spec, planned, run_cli
 from .users import as_user, other_user  # noqa: F401 (fixture)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, EXIT_NO_FIT, NoFitError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, EXIT_NO_FIT, NoFitError
 from frenzy_slurm.site.config import Pool, SiteConfig, load_site
 from frenzy_slurm.slurm.cli import node_from_json
 from frenzy_slurm.slurm.parse import parse_gpu_gres
@@ -123,7 +123,7 @@ def _site_file(tmp_path, gpu: str):
 
 
 def test_unknown_gpu_for_untyped_pool_exits_2_naming_file_field_and_fix(tmp_path):
-    from frenzy_slurm.errors import FrenzyError
+    from frenzy_slurm.core.errors import FrenzyError
 
     path = _site_file(tmp_path, "a100-80gb")
     with pytest.raises(FrenzyError) as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec import load_job_spec, parse_slurm_time, resolve_model
 
 from .helpers import EXAMPLES, run_cli

@@ -8,10 +8,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, InputError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, InputError
 from frenzy_slurm.jobspec.job import SlurmOptions
+from frenzy_slurm.jobspec.sbatch_env import check_sbatch_env
 from frenzy_slurm.jobspec.sbatch_flags import refuse_sbatch_flag
-from frenzy_slurm.sbatch_env import check_sbatch_env
 
 from .helpers import EXAMPLES, ROOT
 

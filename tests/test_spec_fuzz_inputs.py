@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from frenzy_slurm.cli.fsbatch import main as fsbatch  # noqa: E402
-from frenzy_slurm.errors import EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_OK  # noqa: E402
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_OK  # noqa: E402
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, InputError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, InputError
 from frenzy_slurm.jobspec import load_job_spec, resolve_model
 from frenzy_slurm.jobspec.hf import architecture_from_hf_config
 

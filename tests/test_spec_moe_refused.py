@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, InputError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, InputError
 from frenzy_slurm.jobspec.hf import architecture_from_hf_config
 
 DENSE = {

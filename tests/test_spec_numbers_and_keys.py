@@ -38,7 +38,7 @@ def test_non_finite_numbers_in_model_yaml_are_refused(offline, tmp_path, text, w
 
 
 def test_learning_rate_inf_never_reaches_plan_json_as_null(tmp_path):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.jobspec import load_job_spec
 
     model = tmp_path / "model.yaml"
@@ -48,7 +48,7 @@ def test_learning_rate_inf_never_reaches_plan_json_as_null(tmp_path):
 
 
 def test_non_finite_factory_kwargs_are_refused(tmp_path):
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.core.errors import InputError
     from frenzy_slurm.jobspec import load_job_spec
 
     model = tmp_path / "model.yaml"
@@ -76,7 +76,7 @@ def test_duplicate_keys_are_refused_with_file_line_and_key(offline, tmp_path):
 
 
 def test_merge_keys_may_still_override(tmp_path):
-    from frenzy_slurm.yamlfile import read_yaml
+    from frenzy_slurm.core.yamlfile import read_yaml
 
     path = tmp_path / "x.yaml"
     path.write_text("base: &b {a: 1, b: 2}\nuse:\n  <<: *b\n  b: 3\n")

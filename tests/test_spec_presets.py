@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_slurm.gpus import catalog, match_gpu
+from frenzy_slurm.core.gpus import catalog, match_gpu
 from frenzy_slurm.jobspec import presets
 from frenzy_slurm.marp.params import count_params
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.sim.synthetic import synthetic
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 from .helpers import EXAMPLES, ROOT
 
@@ -30,7 +30,7 @@ def fsbatch(*args: str):
 
 
 def test_combinations_are_the_cartesian_product_in_flag_order():
-    from frenzy_slurm.sweeps import combinations, parse_set
+    from frenzy_slurm.jobspec.sweeps import combinations, parse_set
 
     combos = combinations(parse_set(["training.learning_rate=1e-4,3e-4", "training.seq_len=32, 64"]))
     assert [c.overrides for c in combos] == [
@@ -47,7 +47,7 @@ def test_combinations_are_the_cartesian_product_in_flag_order():
 
 def test_names_stay_valid_job_names():
     from frenzy_slurm.jobspec.job import JobSpec
-    from frenzy_slurm.sweeps import combinations, parse_set
+    from frenzy_slurm.jobspec.sweeps import combinations, parse_set
 
     pattern = JobSpec.model_fields["name"].metadata[0].pattern
     combos = combinations(parse_set(["slurm.constraint=a/b c,x" + "y" * 80]))
@@ -72,7 +72,7 @@ def test_names_stay_valid_job_names():
     ],
 )
 def test_bad_set_flags_are_refused(flags, why):
-    from frenzy_slurm.sweeps import combinations, parse_set
+    from frenzy_slurm.jobspec.sweeps import combinations, parse_set
 
     with pytest.raises(InputError, match=why.replace("(", r"\(").replace(")", r"\)")):
         combinations(parse_set(flags))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, InputError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, InputError
 from frenzy_slurm.jobspec import load_job_spec
 
 from .test_core_input_files import _run, offline  # noqa: F401

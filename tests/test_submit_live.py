@@ -14,7 +14,7 @@ from pathlib import Path
 from frenzy_slurm.site.config import load_site
 from frenzy_slurm.slurm import cli as slurm_cli
 from frenzy_slurm.slurm.cli import SlurmCliBackend
-from frenzy_slurm.submit import submit
+from frenzy_slurm.submission import submit
 
 from .helpers import ROOT, make_spec, planned
 from .slurm_fixture import sh

@@ -11,12 +11,12 @@ import threading
 
 import pytest
 
-import frenzy_slurm.submit as sub
-from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, FrenzyError
+import frenzy_slurm.submission as sub
+from frenzy_slurm.core.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, FrenzyError
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import SUBMIT_GRACE_S, submit
+from frenzy_slurm.submission import SUBMIT_GRACE_S, submit
 
 from .helpers import LOCAL, make_spec, planned
 

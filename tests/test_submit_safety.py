@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, EXIT_SLURM_UNAVAILABLE, FrenzyError
+from frenzy_slurm.core import inputfile
+from frenzy_slurm.core.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, EXIT_SLURM_UNAVAILABLE, FrenzyError
+from frenzy_slurm.jobdir.safety import next_free_dir
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import submit
-from frenzy_slurm.submit.jobdir import next_free_dir
+from frenzy_slurm.submission import submit
 
 from .helpers import LOCAL, make_spec, plan, planned
 
@@ -67,9 +68,8 @@ def test_job_directory_and_files_are_private(world, tmp_path):
 
 @pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
 def test_jobs_directory_writable_by_others_is_refused(world, tmp_path, mode, monkeypatch):
-    from frenzy_slurm.submit import jobdir
 
-    monkeypatch.setattr(jobdir, "_private_group", lambda gid: False)  # a shared project group
+    monkeypatch.setattr(inputfile, "group_private_to", lambda gid, uid: False)  # a shared project group
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(mode)
@@ -120,7 +120,7 @@ def test_symlinked_file_in_job_dir_is_replaced_not_followed(world, tmp_path):
 
 
 def test_force_never_touches_the_earlier_job(world, tmp_path):
-    from frenzy_slurm.submit.jobdir import job_outputs
+    from frenzy_slurm.jobdir.safety import job_outputs
 
     slurm = fake(world[0])
     first = request(world, tmp_path / "jobs" / "a")
@@ -273,13 +273,13 @@ def test_duplicate_from_another_directory_after_the_job_left_the_queue(world, tm
 
 
 def test_group_writable_is_accepted_only_for_a_user_private_group(monkeypatch, tmp_path):
-    from frenzy_slurm.submit import jobdir
+    from frenzy_slurm.jobdir import safety as jobdir
 
     d = tmp_path / "jobs"
     d.mkdir()
     d.chmod(0o770)
-    monkeypatch.setattr(jobdir, "_private_group", lambda gid: True)
+    monkeypatch.setattr(inputfile, "group_private_to", lambda gid, uid: True)
     jobdir.check_private_dir(d, "jobs directory")  # umask 002 with a user-private group: fine
-    monkeypatch.setattr(jobdir, "_private_group", lambda gid: False)
+    monkeypatch.setattr(inputfile, "group_private_to", lambda gid, uid: False)
     with pytest.raises(FrenzyError, match="writable by its group"):
         jobdir.check_private_dir(d, "jobs directory")

@@ -13,7 +13,7 @@ from frenzy_slurm.cli.admin import main
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm import commands
-from frenzy_slurm.submit.interactive import salloc_command
+from frenzy_slurm.submission.interactive import salloc_command
 
 from .helpers import EXAMPLES, LOCAL, ROOT, fill, make_spec, planned
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.errors import (
+from frenzy_slurm.core.errors import (
     EXIT_ALREADY_SUBMITTED,
     EXIT_FAILURE,
     EXIT_SLURM_UNAVAILABLE,
@@ -24,7 +24,7 @@ from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.slurm.parse import SlurmUnexpected
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
-from frenzy_slurm.submit import submit
+from frenzy_slurm.submission import submit
 
 from .helpers import LOCAL, make_spec, plan, planned
 
@@ -102,7 +102,7 @@ def test_sbatch_own_timeout_without_a_job_says_it_may_appear(world, tmp_path):
 
 
 def test_disk_full_after_sbatch_names_the_job_and_a_rerun_records_it(world, tmp_path, monkeypatch):
-    import frenzy_slurm.submit as sub
+    import frenzy_slurm.submission as sub
 
     slurm = FakeSlurm(world[0], user=getpass.getuser())
     req = request(world, tmp_path / "jobs" / "a")

@@ -17,7 +17,7 @@ import pytest
 from frenzy_slurm.site.config import load_site
 from frenzy_slurm.slurm import cli as slurm_cli
 from frenzy_slurm.slurm.cli import SlurmCliBackend
-from frenzy_slurm.submit import submit
+from frenzy_slurm.submission import submit
 
 from .helpers import DEV_SITE, make_spec, payload_spec_file, planned, run_cli
 from .slurm_fixture import sh

@@ -11,7 +11,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from frenzy_slurm.errors import EXIT_BAD_INPUT, InputError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, InputError
 
 from .helpers import EXAMPLES, ROOT
 

@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 import frenzy_slurm.slurm as seam
 from frenzy_slurm.cli.fscancel import main, signal_name
-from frenzy_slurm.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_SLURM_UNAVAILABLE, InputError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_SLURM_UNAVAILABLE, InputError
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm import BatchJob, ComponentRequest, SlurmCommandError
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.track import cancel_jobs, parse_job_ref
+from frenzy_slurm.track.jobs import cancel_jobs, parse_job_ref
 
 from .helpers import LOCAL
 

@@ -44,7 +44,7 @@ def submit_talking_hetjob(spec: Path, script: Path) -> tuple[int, Path]:
     from frenzy_slurm.jobspec.job import SlurmOptions
     from frenzy_slurm.planning import PlanOptions, find_site_file, load_job, plan_job
     from frenzy_slurm.slurm import open_backend
-    from frenzy_slurm.submit import submit
+    from frenzy_slurm.submission import submit
 
     backend = open_backend("cli")
     req = plan_job(load_job(spec), find_site_file(None), backend, PlanOptions(slurm=SlurmOptions()))

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 import frenzy_slurm.slurm as seam
-from frenzy_slurm import follow
 from frenzy_slurm.cli.fsqueue import main
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import submit
+from frenzy_slurm.submission import submit
+from frenzy_slurm.track import follow
 
 from .helpers import LOCAL, ROOT, fill, make_spec, planned
 from .test_track_log import HETERO_SPEC

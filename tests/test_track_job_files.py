@@ -118,7 +118,7 @@ def test_fsqueue_own_job_directory_fifo_and_device_are_refused_promptly(tmp_path
 
 
 def test_checkpoint_tag_is_not_read_through_a_link(tmp_path):
-    from frenzy_slurm.track import last_checkpoint
+    from frenzy_slurm.track.jobs import last_checkpoint
 
     (tmp_path / "elsewhere").write_text("step7")
     (tmp_path / "ckpt").mkdir()
@@ -134,7 +134,7 @@ def test_checkpoint_tag_is_not_read_through_a_link(tmp_path):
 def test_job_directory_owned_by_someone_else_is_not_read_for_your_job(tmp_path, other_user):
     """A job of yours whose working directory belongs to another user (they control its files): not read, and
     not taken for a frenzy-slurm job (fsbatch's job directories are the user's own), whatever its record says."""
-    from frenzy_slurm.track import frenzy_jobs
+    from frenzy_slurm.track.jobs import frenzy_jobs
 
     d = tmp_path / "theirs"
     d.mkdir()
@@ -146,7 +146,7 @@ def test_job_directory_owned_by_someone_else_is_not_read_for_your_job(tmp_path, 
 
 
 def test_find_job_dir_ignores_a_malformed_submission(tmp_path):
-    from frenzy_slurm.track import find_job_dir
+    from frenzy_slurm.track.jobs import find_job_dir
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "submission.json").write_text(json.dumps({"job_id": "x1"}))  # int() raised before

@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.track import cancel_jobs, frenzy_jobs, recorded_by_fsbatch
+from frenzy_slurm.track.jobs import cancel_jobs, frenzy_jobs, recorded_by_fsbatch
 
 from .helpers import LOCAL
 

@@ -58,10 +58,10 @@ def alive(job: int) -> bool:
 
 
 def test_a_forged_frenzy_comment_is_left_alone(live_jobs_dir, tmp_path, monkeypatch):
-    from frenzy_slurm import watch
     from frenzy_slurm.planning import SiteFile
     from frenzy_slurm.site.config import load_site
     from frenzy_slurm.slurm import open_backend
+    from frenzy_slurm.track import watch
 
     real = fsbatch_json(str(sleeping_spec(tmp_path, "twin", 120)))
     job_dir = Path(real["job_dir"])

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 
 import frenzy_slurm.slurm as seam
 from frenzy_slurm.cli.fsqueue import main
-from frenzy_slurm.errors import EXIT_BAD_INPUT
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import submit
-from frenzy_slurm.track import job_logs
+from frenzy_slurm.submission import submit
+from frenzy_slurm.track.jobs import job_logs
 
 from .helpers import LOCAL, fill, make_spec, planned
 

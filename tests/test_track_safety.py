@@ -14,8 +14,8 @@ import pytest
 
 from frenzy_slurm.sim.synthetic import synthetic
 from frenzy_slurm.slurm.fake import FakeSlurm
-from frenzy_slurm.submit import submit
-from frenzy_slurm.track import frenzy_jobs
+from frenzy_slurm.submission import submit
+from frenzy_slurm.track.jobs import frenzy_jobs
 
 from .helpers import LOCAL, make_spec, planned
 
@@ -50,7 +50,7 @@ def test_running_job_ignores_an_earlier_runs_finished_json(submitted):
 
 
 def test_requeued_run_record_makes_finished_json_stale(submitted):
-    from frenzy_slurm.track import from_job_dirs
+    from frenzy_slurm.track.jobs import from_job_dirs
 
     _, _, d = submitted
     t = from_job_dirs([d], None)[0]
@@ -124,7 +124,7 @@ def test_fsqueue_unknown_jobid_with_slurm_down_is_exit_4(tmp_path, slurm_down):
 
 def test_unreadable_job_directory_of_another_user_is_a_note(tmp_path, monkeypatch):
     """`fsqueue --all` lists other users' jobs; their job directories are private (0700) and must not crash it."""
-    import frenzy_slurm.track as track
+    import frenzy_slurm.track.jobs as track
     from frenzy_slurm.slurm.view import Job
 
     d = tmp_path / "theirs"

@@ -19,9 +19,10 @@ import pytest
 from click.testing import CliRunner
 
 import frenzy_slurm.slurm as seam
-from frenzy_slurm import api, progress
+from frenzy_slurm import api
 from frenzy_slurm.cli.fsbatch import main as fsbatch
-from frenzy_slurm.progress import ProgressDisplay, ProgressRecorder, progress_line, read_progress
+from frenzy_slurm.track import progress
+from frenzy_slurm.track.progress import ProgressDisplay, ProgressRecorder, progress_line, read_progress
 
 from .helpers import EXAMPLES, ROOT
 

@@ -1,4 +1,4 @@
-"""`frenzy-slurm watch` (frenzy_slurm/watch.py) and its decisions (frenzy_slurm/has/moves.py), on the fake Slurm.
+"""`frenzy-slurm watch` (frenzy_slurm/track/watch.py) and its decisions (frenzy_slurm/has/moves.py), on the fake Slurm.
 
 The cluster is tests/helpers.py's LOCAL shape: A100s (fast), V100s, T4s. Another user's long job holds every A100,
 so a long preemptible job first goes elsewhere; when the A100s free up, the watcher moves it there."""
@@ -12,20 +12,20 @@ import pytest
 
 from frenzy_slurm.has.moves import growth_site, resumable, with_own_gpus_free, without_job
 from frenzy_slurm.has.requirements import Requirements
+from frenzy_slurm.jobdir.planfile import read_plan
 from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.marp.candidates import SearchSpace
 from frenzy_slurm.marp.plan import ParallelPlan, checkpoint_route
 from frenzy_slurm.planning import JobFile, PlanOptions, SiteFile, plan_job
-from frenzy_slurm.render.planfile import read_plan
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.site.config import Preemption
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.slurm.run import SlurmCommandError
-from frenzy_slurm.submit import submit
-from frenzy_slurm.track import frenzy_jobs, my_user_name
-from frenzy_slurm.watch import MOVED, watch_once
+from frenzy_slurm.submission import submit
+from frenzy_slurm.track.jobs import frenzy_jobs, my_user_name
+from frenzy_slurm.track.watch import MOVED, watch_once
 
 from .helpers import LOCAL, make_spec
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import frenzy_slurm.records as records
-import frenzy_slurm.submit as submit_stage
-import frenzy_slurm.watch_journal as journal
+import frenzy_slurm.core.records as records
+import frenzy_slurm.track.watch as watch_stage
+import frenzy_slurm.track.watch_journal as journal
 from frenzy_slurm.slurm.run import SlurmUnavailable
-from frenzy_slurm.watch import MOVED, watch_once
+from frenzy_slurm.track.watch import MOVED, watch_once
 
 from .test_track_watch import HOUR, _hold_pool, _submit, world  # noqa: F401 (fixture)
 
@@ -107,12 +107,12 @@ def test_killed_after_the_hold_before_sbatch_the_job_is_released(world, monkeypa
     slurm, site, tmp = world
     old = _waiting(slurm, site, tmp)
     with monkeypatch.context() as m:
-        m.setattr(submit_stage, "submit", lambda req, backend: (_ for _ in ()).throw(Killed()))
+        m.setattr(watch_stage, "submit", lambda req, backend: (_ for _ in ()).throw(Killed()))
         with pytest.raises(Killed):
             watch_once(site, slurm, now=slurm.now)
         assert slurm.fake_jobs[old].held
         # a pass that cannot submit either: it releases the job, which waits as before (nothing new is submitted)
-        m.setattr(submit_stage, "submit", lambda req, backend: (_ for _ in ()).throw(SlurmUnavailable("down")))
+        m.setattr(watch_stage, "submit", lambda req, backend: (_ for _ in ()).throw(SlurmUnavailable("down")))
         (again,) = watch_once(site, slurm, now=slurm.now)
         assert again.new_job_id is None and "not moved" in again.note
     assert _assert_settled(slurm, tmp, "waiting", old) == old

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frenzy_slurm.calibration.model import CalibrationFile, calibration_path, load_calibration
+from frenzy_slurm.calibration.observe import raw_step_parts
 from frenzy_slurm.site.config import SiteConfig
 
 if TYPE_CHECKING:
@@ -113,8 +114,6 @@ def job_record(
     applied: Applied | None, raw_site: SiteConfig, w: Workload, decision: Decision, global_batch: int
 ) -> dict[str, Any]:
     """calibration.json of a job directory: the calibration used, and the chosen plan's raw and calibrated step."""
-    from frenzy_slurm.calibration.observe import raw_step_parts
-
     chosen = decision.chosen
     parts = raw_step_parts(w, chosen, global_batch, raw_site)
     return {

@@ -17,10 +17,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.records import write_atomic
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import check_trusted
+from frenzy_slurm.core.records import write_atomic
+from frenzy_slurm.core.version import __version__
+from frenzy_slurm.core.yamlfile import load_model_file
 from frenzy_slurm.site.config import SiteConfig
-from frenzy_slurm.yamlfile import load_model_file
 
 SITE_WIDE = "*"  # the `gpu` of a step-time correction fitted over every GPU type of the site
 
@@ -180,8 +182,6 @@ def calibration_path(site_path: Path) -> Path:
 
 def load_calibration(path: Path, site: SiteConfig, now: float | None = None) -> CalibrationFile:
     """Read and check a calibration file; stale or malformed is an InputError that says how to fix it."""
-    from frenzy_slurm.inputfile import check_trusted
-
     if os.path.lexists(path):
         check_trusted(path, "calibration file", "its factors change every job's memory and step-time predictions")
     cal = load_model_file(path, CalibrationFile)
@@ -191,7 +191,6 @@ def load_calibration(path: Path, site: SiteConfig, now: float | None = None) -> 
             f"{path}: stale calibration: it was fitted against a different version of the site file "
             f"({cal.site_file}, pools changed since). {fix}"
         )
-    from frenzy_slurm import __version__
 
     if cal.frenzy_version != __version__:
         # corrections are relative to the step-time and memory models of the version that fitted them

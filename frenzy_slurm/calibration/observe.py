@@ -14,15 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frenzy_slurm.calibration.verify import MAX_EPILOG_BYTES, submitted_job_id
+from frenzy_slurm.core.errors import FrenzyError, InputError
+from frenzy_slurm.core.gpus import match_gpu
+from frenzy_slurm.core.records import read_job_record
+from frenzy_slurm.jobdir.planfile import read_job_plan
+from frenzy_slurm.jobspec import ResolvedModel
+from frenzy_slurm.marp import workload_from_spec
+from frenzy_slurm.marp.speed import Links, plan_costs
 from frenzy_slurm.site.config import SiteConfig
 
 if TYPE_CHECKING:
     from frenzy_slurm.has.model import Allocation
     from frenzy_slurm.marp.plan import ParallelPlan, Workload
-    from frenzy_slurm.render.planfile import PlanFile
 
 WARMUP_STEPS = 1
-MAX_EPILOG_BYTES = 1 << 20  # one node's epilog record: a few KB
 
 
 def steady_step_time(step_times: list[float], profiled: list[int] | None = None) -> float | None:
@@ -71,8 +77,6 @@ def raw_step_parts(w: Workload, chosen: Allocation, global_batch: int, site: Sit
     The step-time model is linear in 1/efficiency, so two evaluations separate the compute part.
     Only homogeneous plans (else None): a heterogeneous step is the slowest stage's, mixing GPU types.
     """
-    from frenzy_slurm.marp.speed import Links, plan_costs
-
     if len(chosen.components) != 1:
         return None
     c = chosen.components[0]
@@ -95,9 +99,6 @@ def _plan_of(chosen: Allocation) -> ParallelPlan:
 
 def read_epilog_dir(directory: Path) -> dict[str, list[dict[str, Any]]]:
     """The site epilog's records (contrib/slurm/epilog): job id -> one record per node."""
-    from frenzy_slurm.errors import InputError
-    from frenzy_slurm.records import read_job_record
-
     out: dict[str, list[dict]] = {}
     for f in sorted(directory.glob("*.json")):
         try:
@@ -110,8 +111,6 @@ def read_epilog_dir(directory: Path) -> dict[str, list[dict[str, Any]]]:
 
 def _epilog_metrics(records: list[dict], components: list) -> dict:
     """metrics.json-shaped ranks from epilog records: NVML's per-process peak per GPU vs MARP's device peak."""
-    from frenzy_slurm.gpus import match_gpu
-
     ranks = []
     for rec in records:
         for g in rec.get("gpus", []):
@@ -134,8 +133,6 @@ def _epilog_metrics(records: list[dict], components: list) -> dict:
 
 
 def _job_id_of(job_dir: Path) -> str | None:
-    from frenzy_slurm.calibration.verify import submitted_job_id
-
     return submitted_job_id(job_dir)
 
 
@@ -148,16 +145,13 @@ def observe(
     """The job's observation, or why it cannot be used (one line). For jobs whose directory records no
     memory (a user's script without NVML in its Python): `epilog`, read_epilog_dir()'s records, and
     `sacct_gib`, Slurm's own per-job GPU memory peaks (SlurmBackend.gpu_memory_peaks)."""
-    from frenzy_slurm.errors import FrenzyError
-    from frenzy_slurm.records import read_job_record
-
     job_id = _job_id_of(job_dir)
     records = (epilog or {}).get(job_id or "", [])
     slurm_peak = (sacct_gib or {}).get(int(job_id)) if job_id and job_id.isdigit() else None
     if not os.path.lexists(job_dir / "metrics.json") and not records and slurm_peak is None:
         return "no metrics.json (not finished, or ran without the trainer or the NVML sampler) and no epilog record"
     try:
-        pf = _read_plan(job_dir / "plan.json")
+        pf = read_job_plan(job_dir / "plan.json")
         if os.path.lexists(job_dir / "metrics.json"):
             metrics = read_job_record(job_dir / "metrics.json", "metrics")  # bounded, regular, no link
             if not isinstance(metrics, dict):
@@ -169,8 +163,6 @@ def observe(
     chosen = pf.decision.chosen
     plan = chosen.plan
     t = pf.spec.training
-    from frenzy_slurm.jobspec import ResolvedModel
-    from frenzy_slurm.marp import workload_from_spec
 
     w = workload_from_spec(pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params))
     parts = raw_step_parts(w, chosen, t.global_batch, site)
@@ -211,22 +203,6 @@ def _memory_pairs(metrics: dict) -> list[tuple[float, float]]:
                 raise ValueError("not a positive number")
             pairs.append(pair)
     return pairs
-
-
-def _read_plan(path: Path) -> PlanFile:
-    """plan.json as a job directory holds it: a bounded read of a regular file, not through a link."""
-    from pydantic import ValidationError
-
-    from frenzy_slurm.errors import InputError
-    from frenzy_slurm.records import read_job_record
-    from frenzy_slurm.render.planfile import PlanFile
-    from frenzy_slurm.yamlfile import format_validation_error
-
-    data = read_job_record(path, "plan")
-    try:
-        return PlanFile.model_validate(data)
-    except ValidationError as exc:
-        raise InputError(format_validation_error(str(path), exc)) from None
 
 
 def job_dirs_under(root: Path) -> list[Path]:

@@ -38,15 +38,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import _group_private_to, _owner_name
-from frenzy_slurm.records import MAX_JOB_RECORD_BYTES, read_job_record, read_job_record_or_none
+from frenzy_slurm.core.errors import FrenzyError, InputError
+from frenzy_slurm.core.inputfile import group_private_to, owner_name, read_config_text
+from frenzy_slurm.core.records import MAX_JOB_RECORD_BYTES, read_job_record, read_job_record_or_none
+from frenzy_slurm.jobdir.planfile import read_job_plan
+from frenzy_slurm.slurm import SlurmUnavailable
+from frenzy_slurm.slurm.view import job_phase
 
 if TYPE_CHECKING:
     from frenzy_slurm.slurm.backend import AccountingRecord, SlurmBackend
 
 # what calibration reads from a job directory (metrics.json may be absent: epilog or sacct peaks instead)
 _JOB_FILES = ("plan.json", "submission.json", "metrics.json", "job.sbatch")
+MAX_EPILOG_BYTES = 1 << 20  # one node's epilog record: a few KB
 MAX_SUBMISSION_BYTES = 1 << 16  # a submission record is a few hundred bytes
 # sacct's ElapsedRaw is whole seconds, and a step's time is measured on another clock: this much is rounding
 ELAPSED_SLACK_S = 2.0
@@ -76,7 +80,7 @@ def _owned_dir(d: Path) -> tuple[int, str | None]:
         return st.st_uid, "is a symbolic link; give the job directory itself"
     if not stat.S_ISDIR(st.st_mode):
         return st.st_uid, "is not a directory"
-    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not _group_private_to(st.st_gid, st.st_uid)):
+    if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and not group_private_to(st.st_gid, st.st_uid)):
         return st.st_uid, (
             f"is writable by others (mode {stat.S_IMODE(st.st_mode):o}): anyone could have written its records"
         )
@@ -91,7 +95,7 @@ def _owned_dir(d: Path) -> tuple[int, str | None]:
             return st.st_uid, f"{name} is not a regular file (a link, FIFO or device)"
         if fst.st_uid != st.st_uid:
             return st.st_uid, (
-                f"{name} belongs to {_owner_name(fst.st_uid)}, not to the directory's owner {_owner_name(st.st_uid)}"
+                f"{name} belongs to {owner_name(fst.st_uid)}, not to the directory's owner {owner_name(st.st_uid)}"
             )
     return st.st_uid, None
 
@@ -108,8 +112,6 @@ def submitted_job_id(d: Path) -> str | None:
 
 def _accounting(backend: SlurmBackend | None, ids: list[int]) -> dict[int, AccountingRecord] | None:
     """Slurm's records of these jobs (one sacct), or None where the site keeps none or it does not answer."""
-    from frenzy_slurm.slurm import SlurmUnavailable
-
     if backend is None:
         return None
     try:
@@ -120,8 +122,6 @@ def _accounting(backend: SlurmBackend | None, ids: list[int]) -> dict[int, Accou
 
 def _read(path: Path) -> str | None:
     """A job directory's file: a regular file read bounded, never through a link nor waiting on a FIFO."""
-    from frenzy_slurm.inputfile import read_config_text
-
     try:
         return read_config_text(path, path.name, MAX_JOB_RECORD_BYTES, follow_symlinks=False)
     except InputError:
@@ -137,7 +137,6 @@ def _sha256(path: Path) -> str | None:
 def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict[str, Any]]], str | None]:
     """The site epilog's records (job id -> one per node) and, where the directory cannot be trusted, why not:
     only root may have written them (a directory or record another user could write proves nothing)."""
-    from frenzy_slurm.calibration.observe import MAX_EPILOG_BYTES
 
     try:
         st = os.lstat(directory)
@@ -146,7 +145,7 @@ def trusted_epilog_records(directory: Path) -> tuple[dict[str, list[dict[str, An
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return {}, (
             f"epilog directory {directory} is not a directory of root's that only root can write "
-            f"(owner {_owner_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}): its records are not the epilog's"
+            f"(owner {owner_name(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):o}): its records are not the epilog's"
         )
     out: dict[str, list[dict]] = {}
     for f in sorted(directory.glob("*.json")):
@@ -166,16 +165,13 @@ def _script_problem(d: Path, records: list[dict]) -> str | None:
     """Why the epilog's record does not show that Slurm ran this directory's frenzy-slurm plan, or None."""
     import shlex
 
-    from frenzy_slurm.calibration.observe import _read_plan
-    from frenzy_slurm.errors import FrenzyError
-
     ran = {r.get("script_sha256") for r in records} - {None}
     if not ran:
         return "the site epilog could not read the batch script Slurm ran (scontrol write batch_script)"
     if _sha256(d / "job.sbatch") not in ran:
         return "the batch script Slurm ran is not this directory's job.sbatch"
     try:
-        plan = _read_plan(d / "plan.json")
+        plan = read_job_plan(d / "plan.json")
     except FrenzyError as exc:
         return f"unreadable: {exc.message}"
     script = _read(d / "job.sbatch") or ""
@@ -222,11 +218,8 @@ def _measured_seconds(d: Path) -> float:
 
 def accounting_problem(d: Path, rec: AccountingRecord) -> str | None:
     """Why Slurm's record of the job contradicts plan.json or metrics.json (allocation, run time), or None."""
-    from frenzy_slurm.calibration.observe import _read_plan
-    from frenzy_slurm.errors import FrenzyError
-
     try:
-        comps = _read_plan(d / "plan.json").decision.chosen.components
+        comps = read_job_plan(d / "plan.json").decision.chosen.components
     except FrenzyError as exc:
         return f"unreadable: {exc.message}"
     if len(comps) == 1:  # sacct's record of a heterogeneous job is its first component's alone
@@ -245,9 +238,7 @@ def _judge(
     d: Path, uid: int, job_id: str | None, records: dict[int, AccountingRecord] | None, epilog: dict[str, list[dict]]
 ) -> tuple[str | None, str]:
     """(why rejected, or None; why accepted) for one candidate directory."""
-    from frenzy_slurm.slurm.view import job_phase
-
-    owner, mine = _owner_name(uid), uid == os.geteuid()
+    owner, mine = owner_name(uid), uid == os.geteuid()
     checked: list[str] = []
     rec = records.get(int(job_id)) if records is not None and job_id is not None else None
     if records is not None and job_id is not None:
@@ -313,5 +304,5 @@ def verify_jobs(
         if job_id is not None:
             seen[job_id] = d
         verdict.accepted.append((d, job_id, why))
-        verdict.owners[d] = _owner_name(uid)
+        verdict.owners[d] = owner_name(uid)
     return verdict

@@ -11,7 +11,6 @@ from typing import Any, Literal
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import (
     QuietPipeGroup,
     backend_options,
@@ -30,7 +29,11 @@ from frenzy_slurm.cli.plan_view import (
     memory_json,
     memory_rows,
 )
-from frenzy_slurm.errors import InputError, NoFitError
+from frenzy_slurm.core.errors import InputError, NoFitError
+from frenzy_slurm.core.records import write_atomic
+from frenzy_slurm.core.units import GiB
+from frenzy_slurm.core.version import __version__
+from frenzy_slurm.jobdir.paths import jobs_dir
 from frenzy_slurm.marp import (
     estimate_memory,
     parse_plan,
@@ -41,7 +44,6 @@ from frenzy_slurm.marp import (
 )
 from frenzy_slurm.marp.frameworks import PROFILES, profile_lines, profile_summary
 from frenzy_slurm.marp.plan import Metric
-from frenzy_slurm.units import GiB
 
 
 @click.group(cls=QuietPipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -288,7 +290,6 @@ def site_init(backend: str, snapshot: Path | None, output: Path | None, force: b
     else:
         if output.exists() and not force:
             raise InputError(f"{output} exists; use --force to overwrite it.")
-        from frenzy_slurm.records import write_atomic
 
         write_atomic(output, text, mode=0o644)  # never leave a half-written site file; admins share it
         click.echo(f"wrote {output}", err=True)
@@ -383,7 +384,7 @@ def site_validate(backend: str, snapshot: Path | None, site: Path | None, site_f
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def site_catalog(as_json: bool) -> None:
     """List the built-in GPU catalog (names usable as `gpu:` in site files)."""
-    from frenzy_slurm.gpus import catalog
+    from frenzy_slurm.core.gpus import catalog
 
     if as_json:
         print_json({n: s.model_dump() for n, s in catalog().items()})
@@ -414,14 +415,12 @@ def accuracy(job_dirs: tuple[Path, ...], as_json: bool, backend: str, snapshot: 
     JOB_DIRS default to every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs). Job states come
     from one accounting query for all of them (where the site keeps accounting).
     """
-    import os
-
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
-    from frenzy_slurm.track import from_job_dirs
+    from frenzy_slurm.track.jobs import from_job_dirs
 
     dirs = list(job_dirs)
     if not dirs:
-        root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
+        root = jobs_dir()
         dirs = sorted(p.parent for p in root.glob("*/metrics.json"))
     rows: list[dict[str, Any]] = []
     accs: list[float] = []

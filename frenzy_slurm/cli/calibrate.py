@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import echo, print_json, reports_errors, table
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.version import __version__
+from frenzy_slurm.jobdir.paths import jobs_dir
 
 if TYPE_CHECKING:  # the command imports these when it runs
     from frenzy_slurm.calibration import CalibrationFile
@@ -72,8 +73,8 @@ def previous_calibration(path: Path) -> CalibrationFile | None:
     """The calibration a new one replaces (its corrections move by at most --max-change), if one parses there.
     A stale one counts too: staleness says when to refit, not that the values were wrong."""
     from frenzy_slurm.calibration import CalibrationFile
-    from frenzy_slurm.inputfile import check_trusted
-    from frenzy_slurm.yamlfile import load_model_file
+    from frenzy_slurm.core.inputfile import check_trusted
+    from frenzy_slurm.core.yamlfile import load_model_file
 
     if not os.path.lexists(path):
         return None
@@ -192,7 +193,7 @@ def calibrate(
     for d in job_dirs:  # a jobs root stands for the job directories in it
         dirs += [d] if (d / "plan.json").exists() or not d.is_dir() else (job_dirs_under(d) or [d])
     if not job_dirs:
-        root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
+        root = jobs_dir()
         dirs = job_dirs_under(root)
         if not dirs:
             raise InputError(f"no job directories under {root}: pass JOB_DIR arguments or set FRENZY_JOBS_DIR.")

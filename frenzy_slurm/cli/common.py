@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from frenzy_slurm.errors import EXIT_FAILURE, FrenzyError
+from frenzy_slurm.core.errors import EXIT_FAILURE, FrenzyError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.api import summary_line
 from frenzy_slurm.cli.common import (
     QuietPipeCommand,
@@ -32,15 +31,17 @@ from frenzy_slurm.cli.common import (
     table,
     unchecked_file,
 )
-from frenzy_slurm.cli.plan_view import factory_note, fmt_gib, hms
-from frenzy_slurm.errors import FrenzyError
-from frenzy_slurm.sweeps import MAX_COMBINATIONS
+from frenzy_slurm.cli.plan_view import factory_note, hms
+from frenzy_slurm.core.errors import FrenzyError, InputError
+from frenzy_slurm.core.units import fmt_gib
+from frenzy_slurm.core.version import __version__
+from frenzy_slurm.jobspec.sweeps import MAX_COMBINATIONS
 
 if TYPE_CHECKING:  # planning is imported when the command runs
     from frenzy_slurm.api import Job, Plan
     from frenzy_slurm.has.model import Allocation, Decision
     from frenzy_slurm.planning import JobRequest
-    from frenzy_slurm.submit import Submitted
+    from frenzy_slurm.submission import Submitted
 
 
 def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:
@@ -208,8 +209,7 @@ def main(
     from contextlib import ExitStack
 
     from frenzy_slurm.api import plan_jobs, submit
-    from frenzy_slurm.errors import InputError
-    from frenzy_slurm.sweeps import combinations, parse_set
+    from frenzy_slurm.jobspec.sweeps import combinations, parse_set
 
     if parsable and (as_json or explain):
         raise InputError(
@@ -286,7 +286,7 @@ def _json(p: Plan, job: Job | None, dry_run: bool) -> dict:
         if job.submitted is not None and job.submitted.follows is not None:  # the ended job a rerun follows
             result["follows"] = job.submitted.follows.as_json()
         if p.waits_for is not None:  # --max-running: the job id it was submitted to wait for
-            from frenzy_slurm.track import submitted_job_id
+            from frenzy_slurm.track.jobs import submitted_job_id
 
             result["waits_for"]["job_id"] = submitted_job_id(p.waits_for.job_dir)
     return result
@@ -337,8 +337,8 @@ def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
     progress line per job (state, elapsed, step and loss from the trainer's progress.json), redrawn in place;
     elsewhere nothing but the line each ended job gets. Ctrl-C leaves the jobs running and says so (exit 130)."""
     from frenzy_slurm import api
-    from frenzy_slurm.progress import ProgressDisplay, WaitLines
-    from frenzy_slurm.slurm.view import job_phase
+    from frenzy_slurm.slurm.job import ENDED, job_phase
+    from frenzy_slurm.track.progress import ProgressDisplay, WaitLines
 
     out = sys.stderr if as_json or parsable else sys.stdout  # stdout holds only the JSON or the job ids
     display = ProgressDisplay(sys.stderr)
@@ -351,7 +351,7 @@ def _wait_all(jobs: list[Job], as_json: bool, parsable: bool) -> int:
 
     def on_look(looked: Sequence[Job]) -> None:
         for j in looked:
-            if j.last_look is not None and j.job_id not in codes and job_phase(j.last_look.state) in api.ENDED:
+            if j.last_look is not None and j.job_id not in codes and job_phase(j.last_look.state) in ENDED:
                 ended(j, j.last_look.state)
         lines.update([j for j in looked if j.job_id not in codes])
 

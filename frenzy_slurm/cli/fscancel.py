@@ -17,9 +17,9 @@ from pathlib import Path
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import QuietPipeCommand, backend_options, echo, print_json, printable, reports_errors
-from frenzy_slurm.errors import EXIT_FAILURE, InputError
+from frenzy_slurm.core.errors import EXIT_FAILURE, InputError
+from frenzy_slurm.core.version import __version__
 
 
 def signal_name(text: str) -> str:
@@ -65,7 +65,7 @@ def main(
 ) -> None:
     """Cancel frenzy-slurm jobs (a heterogeneous job as one job); their job directories are kept."""
     from frenzy_slurm.slurm import open_backend
-    from frenzy_slurm.track import cancel_jobs, parse_job_ref
+    from frenzy_slurm.track.jobs import cancel_jobs, parse_job_ref
 
     if sum(bool(x) for x in (jobids, name, mine)) != 1:
         raise InputError("name the jobs to cancel: JOBID..., --name NAME or --mine (one of them)")

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import QuietPipeCommand, cluster_options, echo, reports_errors, table
-from frenzy_slurm.gpus import match_gpu
+from frenzy_slurm.core.gpus import match_gpu
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.site.tools import find_site
 from frenzy_slurm.slurm import open_backend
 

@@ -12,19 +12,17 @@ component, the batch script's own lines first (srun --label marks each rank's li
 regular files of your own job directory only. `--follow` keeps printing new lines as they are written (a
 header where the rank changes, as `tail -f` does between files) until the job ends, then exits with the job's
 status as `fsbatch --wait` does (0 for COMPLETED, else the job's exit code, 1 where that is 0 or unknown);
-Ctrl-C stops following (exit 130), never the job (frenzy_slurm/follow.py).
+Ctrl-C stops following (exit 130), never the job (frenzy_slurm/track/follow.py).
 """
 
 from __future__ import annotations
 
 import getpass
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import (
     QuietPipeCommand,
     backend_options,
@@ -34,12 +32,15 @@ from frenzy_slurm.cli.common import (
     reports_errors,
     table,
 )
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.units import fmt_gib
+from frenzy_slurm.core.version import __version__
+from frenzy_slurm.jobdir.paths import jobs_dir
 from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
 
 if TYPE_CHECKING:  # track is imported when a command runs
     from frenzy_slurm.slurm import SlurmBackend
-    from frenzy_slurm.track import TrackedJob
+    from frenzy_slurm.track.jobs import TrackedJob
 
 
 def _job_json(t: TrackedJob) -> dict:
@@ -112,7 +113,7 @@ def main(
     if show_log and jobid is None:
         raise InputError("--log needs a job: fsqueue JOBID --log")
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
-    from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dirs, query_jobs_cached
+    from frenzy_slurm.track.jobs import comparison, find_job_dir, frenzy_jobs, from_job_dirs, query_jobs_cached
 
     cluster = open_backend(backend, snapshot)
     unreachable: SlurmUnavailable | None = None
@@ -145,7 +146,7 @@ def main(
         return
     t = next((t for t in jobs if t.job_id == jobid or any(c.job_id == jobid for c in t.components)), None)
     if t is None:
-        roots = [Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs")).absolute()]
+        roots = [jobs_dir().absolute()]
         job_dir = find_job_dir(jobid, roots)
         if job_dir is None:
             if unreachable is not None:
@@ -198,7 +199,6 @@ def main(
         echo("  " + ", ".join(progress))
     compared = comparison(t)
     if compared:
-        from frenzy_slurm.cli.plan_view import fmt_gib  # planning's modules: only where a comparison is shown
 
         def show(value: float | None, unit: str) -> str:
             if value is None:
@@ -229,7 +229,7 @@ def main(
 
 def _print_logs(t: TrackedJob, tail: int | None, rank: int | None, component: int | None, as_json: bool) -> None:
     """fsqueue JOBID --log: each section under a header, or one JSON object (paths, lines, notes)."""
-    from frenzy_slurm.track import tracked_logs
+    from frenzy_slurm.track.jobs import tracked_logs
 
     logs = tracked_logs(t, tail=tail, rank=rank, component=component)
     if as_json:
@@ -252,8 +252,8 @@ def _follow_logs(
     import sys
 
     from frenzy_slurm.api import Job
-    from frenzy_slurm.follow import OutputReader, follow_job
-    from frenzy_slurm.track import group_lines, own_job_dir
+    from frenzy_slurm.track.follow import OutputReader, follow_job
+    from frenzy_slurm.track.jobs import group_lines, own_job_dir
 
     reader = OutputReader(own_job_dir(t), t.job_id, rank, component, t.name)
     job = Job(t.job_id, own_job_dir(t), cluster)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import click
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.records import write_atomic
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp.memory import COMPONENTS, MemoryEstimate
-from frenzy_slurm.units import GiB
 
 # one glyph and one colour per part, so the bar reads without colour too (pipes, logs)
 _GLYPH = {
@@ -103,8 +104,6 @@ def plot_breakdown(est: MemoryEstimate, path: Path, title: str, usable_gib: floa
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     import io
-
-    from frenzy_slurm.records import write_atomic
 
     try:
         image = io.BytesIO()  # the format from the suffix, as savefig(path) would; written never through a link

@@ -6,8 +6,9 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.core.units import fmt_gib
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate, with_exact_params
 from frenzy_slurm.marp.memory import COMPONENTS
@@ -128,10 +129,3 @@ def candidate_json(cands: dict[Hashable, list[Candidate]]) -> dict[str, list[dic
 
 
 hms = format_slurm_time  # the tables print durations as Slurm does: [D-]HH:MM:SS
-
-
-def fmt_gib(value: float) -> str:
-    """Binary size with 3 significant digits: `38G`, `5.84M` (MiB below 0.1 GiB, for tiny test models)."""
-    if value < 0.1:
-        return f"{value * 1024:.3g}M"
-    return f"{value:.3g}G"

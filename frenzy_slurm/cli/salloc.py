@@ -62,7 +62,7 @@ def salloc(
     your shell. Inside, `bash $FRENZY_JOB_DIR/job.sbatch` runs the planned job."""
     from frenzy_slurm.api import plan_jobs, summary_line
     from frenzy_slurm.slurm.commands import exec_salloc
-    from frenzy_slurm.submit.interactive import salloc_command, write_for_allocation
+    from frenzy_slurm.submission.interactive import salloc_command, write_for_allocation
 
     flags = {"account": account, "qos": qos, "time": time_, "constraint": constraint, "exclusive": exclusive}
     (plan,) = plan_jobs(

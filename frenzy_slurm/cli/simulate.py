@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from frenzy_slurm.cli.common import reports_errors
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.records import write_atomic
 
 if TYPE_CHECKING:
     from frenzy_slurm.sim.workload import WorkloadFile
@@ -276,8 +277,6 @@ def simulate(
         if str(json_path) == "-":
             click.echo(text)
         else:
-            from frenzy_slurm.records import write_atomic
-
             write_atomic(json_path, text + "\n", mode=0o644)  # never through a planted link
     if plot_dir is not None:
         for p in plot(results, plot_dir):

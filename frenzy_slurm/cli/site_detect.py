@@ -19,7 +19,8 @@ from pathlib import Path
 import click
 
 from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.records import write_atomic
 
 
 @click.command("detect")
@@ -131,7 +132,6 @@ def site_detect(
             click.echo(text, nl=False)
         return
     assert path is not None
-    from frenzy_slurm.records import write_atomic
     from frenzy_slurm.site.config import load_site
 
     # the candidate is written (O_EXCL temporary + rename, never through a planted link) beside the site file

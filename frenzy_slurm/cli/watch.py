@@ -1,4 +1,4 @@
-"""`frenzy-slurm watch`: move this user's preemptible jobs as the cluster changes (frenzy_slurm/watch.py).
+"""`frenzy-slurm watch`: move this user's preemptible jobs as the cluster changes (frenzy_slurm/track/watch.py).
 
     frenzy-slurm watch [--once] [--interval SECONDS] [--dry-run] [--json] [--site FILE] [--backend ...]
 
@@ -18,8 +18,9 @@ from types import FrameType
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import backend_options, echo, reports_errors
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.slurm.run import SlurmUnavailable
 
 MIN_INTERVAL_S = 10  # slurmctld is shared: a pass reads the queue and the nodes once
@@ -62,12 +63,10 @@ def watch(
     (moved.json in its job directory says where it went).
     """
     from frenzy_slurm.api import open_backend, open_site
-    from frenzy_slurm.watch import watch_once
+    from frenzy_slurm.track.watch import watch_once
 
     site_file = open_site(site)
     if site_file.config.preemption is None:
-        from frenzy_slurm.errors import InputError
-
         where = f"site file {site_file.path}" if site_file.path is not None else "the site file"
         raise InputError(
             f"{where} has no preemption: block, so no job can be marked preemptible and nothing would be moved. "

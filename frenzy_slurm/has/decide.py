@@ -16,7 +16,8 @@ import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
-from frenzy_slurm.errors import NoFitError
+from frenzy_slurm.core.errors import NoFitError
+from frenzy_slurm.core.units import TFLOPS, GiB
 from frenzy_slurm.has import hetero
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 from frenzy_slurm.has.nodes import nodes_for
@@ -33,7 +34,6 @@ from frenzy_slurm.slurm.backend import ComponentRequest, SlurmBackend
 from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.slurm.run import SlurmCommandError
 from frenzy_slurm.slurm.view import ClusterView
-from frenzy_slurm.units import TFLOPS, GiB
 
 # The numbers HAS decides by. None is configurable; the ones marked "site-tunable policy" are choices a site could
 # reasonably make differently (they would belong in the site file if one ever needs to), the rest are bounds of

@@ -12,11 +12,11 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
 from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token, small_batch_penalty
-from frenzy_slurm.units import GiB
 
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec.arch import Architecture

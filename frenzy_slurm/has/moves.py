@@ -1,6 +1,6 @@
 """Where a job marked preemptible should move: the decisions of the watcher beside fsbatch.
 
-`frenzy-slurm watch` (frenzy_slurm/watch.py) and the simulator's `has-preempt` call these, so what the
+`frenzy-slurm watch` (frenzy_slurm/track/watch.py) and the simulator's `has-preempt` call these, so what the
 simulator measures is what the watcher does. Each is HAS's own decision (`decide`), on the cluster as it is
 now, compared with staying:
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from frenzy_slurm.errors import NoFitError
+from frenzy_slurm.core.errors import NoFitError
 from frenzy_slurm.has.decide import TIE_FRACTION, TIE_SECONDS, decide
 from frenzy_slurm.has.model import Allocation
 from frenzy_slurm.has.requirements import Requirements

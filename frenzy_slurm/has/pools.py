@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.gpus import catalog
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import catalog
 from frenzy_slurm.has.qos import cap, qos_lines
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.marp.candidates import GpuOption

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from frenzy_slurm.core.yamlfile import load_model_file
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.hf import architecture_from_hf_config
 from frenzy_slurm.jobspec.job import JobSpec, Training
 from frenzy_slurm.jobspec.presets import presets
 from frenzy_slurm.slurm.timefmt import parse_slurm_time
-from frenzy_slurm.yamlfile import load_model_file
 
 __all__ = [
     "Architecture",

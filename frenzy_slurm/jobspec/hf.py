@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import read_config_text
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import read_config_text
 from frenzy_slurm.jobspec.arch import Architecture
 
 # Field names differ between model families (GPT-2 uses n_layer, n_embd, ...).

@@ -12,9 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.jobspec.presets import presets
+from frenzy_slurm.jobspec.sbatch_flags import refuse_sbatch_flag
 from frenzy_slurm.slurm.constraint import parse_constraint
+from frenzy_slurm.slurm.dependency import parse_dependency
 from frenzy_slurm.slurm.timefmt import parse_slurm_time  # the seam owns Slurm's time format
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
@@ -58,8 +61,6 @@ def check_time_limit(minutes: int) -> int:
 def reserved_flag(flag: str) -> str | None:
     """Why `flag` may not be passed through to sbatch, or None when it may (parsed as sbatch parses it:
     short clusters, attached values, unique abbreviations; see jobspec/sbatch_flags.py)."""
-    from frenzy_slurm.jobspec.sbatch_flags import refuse_sbatch_flag
-
     return refuse_sbatch_flag(flag)
 
 
@@ -109,8 +110,6 @@ class ModelSource(_Strict):
             what = ", ".join(given) if given else "none"
             raise ValueError(f"give exactly one of preset, arch, hf_config, factory (got: {what})")
         if self.preset is not None:
-            from frenzy_slurm.jobspec.presets import presets
-
             if self.preset not in presets():
                 raise ValueError(f"unknown preset '{self.preset}'; known: {', '.join(sorted(presets()))}")
         if self.factory is not None:
@@ -347,8 +346,6 @@ class SlurmOptions(_Strict):
         """A dependency or constraint read with the seam's parser of Slurm's syntax: DependencyError and
         ConstraintError are ValueErrors, so pydantic names the field."""
         if v is not None:
-            from frenzy_slurm.slurm.dependency import parse_dependency
-
             (parse_dependency if info.field_name == "dependency" else parse_constraint)(v)
         return v
 

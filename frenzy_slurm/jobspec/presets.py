@@ -8,8 +8,8 @@ from importlib import resources
 
 import yaml
 
+from frenzy_slurm.core.yamlfile import SHIPPED_DATA_LOADER
 from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.yamlfile import SHIPPED_DATA_LOADER
 
 
 @dataclass(frozen=True)

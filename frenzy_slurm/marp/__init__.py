@@ -6,7 +6,7 @@ est = estimate_memory(workload_from_spec(spec, model), ParallelPlan(dp=4, zero=1
 
 from __future__ import annotations
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf
@@ -47,6 +47,7 @@ def with_exact_params(spec: JobSpec, model: ResolvedModel, trusted: tuple[str, .
     site file's `trusted_factories` (factories allowed beside the user's own files)."""
     if spec.model.factory is None or model.exact_params is not None:
         return model
+    # imports torch: only to trace a factory (--trace-factory)
     from frenzy_slurm.marp.trace import count_factory_parameters
 
     exact = count_factory_parameters(spec.model.factory, spec.model.factory_kwargs, trusted)

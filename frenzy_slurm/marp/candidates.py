@@ -12,11 +12,11 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from frenzy_slurm.gpus import GpuSpec
+from frenzy_slurm.core.gpus import GpuSpec
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
 from frenzy_slurm.marp.speed import Links, PlanCosts, PlanPricer, PlanShape, seconds_floor
-from frenzy_slurm.units import GiB
 
 FLOOR_MARGIN = 1e-9  # relative: a group is skipped only when its step-time floor is this much above the best
 

@@ -17,11 +17,11 @@ import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp import allocator
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import ParamCounts, count_params, lora_head_params, lora_params_per_layer
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
-from frenzy_slurm.units import GiB
 
 QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 with double-quantised absmax (QLoRA paper, section 3)
 NF4_PLAIN_BYTES_PER_PARAM = 4.5 / 8  # NF4 with an fp32 absmax per 64-element block (no double quantisation)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp.allocator import CUBLAS_HANDLES_PER_STEP, CUBLAS_WORKSPACE_HOPPER_MIB, MiB
-from frenzy_slurm.units import GiB
 
 # The CUDA context when every kernel of the loaded libraries is loaded at initialisation: no lazy module loading
 # (torch before 1.13, which set CUDA_MODULE_LOADING=LAZY when unset, or CUDA before 11.7; CUDA >= 12.2 loads lazily

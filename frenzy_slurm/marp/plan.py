@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Attention, DeepSpeedBuffers, Method, Optimizer, Precision
 

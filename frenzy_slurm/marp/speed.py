@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from frenzy_slurm.gpus import GpuSpec
+from frenzy_slurm.core.gpus import GpuSpec
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 

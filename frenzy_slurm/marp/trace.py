@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.arch import Architecture
 
 _STDLIB = frozenset(sys.stdlib_module_names) | frozenset(sys.builtin_module_names)
@@ -224,6 +224,7 @@ def fake_step_peak(arch: Architecture, seq_len: int, micro_batch: int, steps: in
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
+    # imports torch at its top
     from frenzy_slurm.models.gpt import GPT, lm_loss
 
     with FakeTensorMode():

@@ -26,16 +26,18 @@ import jinja2
 import jinja2.sandbox
 import yaml
 
-from frenzy_slurm import __version__
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import check_trusted
+from frenzy_slurm.core.version import __version__
 from frenzy_slurm.has.model import Decision
-from frenzy_slurm.inputfile import check_trusted
+from frenzy_slurm.jobdir.paths import default_job_dir
+from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
+from frenzy_slurm.jobspec.sbatch_flags import ARRAYS, asks_for_array
 from frenzy_slurm.render.container import ContainerLaunch, launch, runtime_argv
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.environment import job_python
-from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.render.script import check_script_entry, plan_env
 from frenzy_slurm.slurm.cli import sbatch_argv
 from frenzy_slurm.slurm.view import pool_label
@@ -78,11 +80,6 @@ def submission_hash(spec: JobSpec, model: ResolvedModel, options: SlurmOptions) 
         default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def default_job_dir(spec: JobSpec, submission: str) -> Path:
-    base = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
-    return (base / f"{spec.name}-{submission[:8]}").absolute()
 
 
 def no_control_chars(what: str, value: str) -> str:
@@ -216,8 +213,6 @@ _SBATCH_LINE = re.compile(r"#SBATCH\s+(.*)")
 def check_no_array(script: str, template: str) -> None:
     """Refuse a script whose #SBATCH lines ask for a job array (a --templates file may write any line): its
     tasks would run one plan in one job directory, writing over each other's records and checkpoints."""
-    from frenzy_slurm.jobspec.sbatch_flags import ARRAYS, asks_for_array
-
     for line in script.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             return  # sbatch reads #SBATCH lines up to the first command only
@@ -243,7 +238,7 @@ def render_job(
     the job this one continues (a move by `frenzy-slurm watch`), `user_options` the options as the user gave them
     (before a QOS HAS chose; default `options`)."""
     submission = submission_hash(spec, model, options)
-    job_dir = (job_dir or default_job_dir(spec, submission)).absolute()
+    job_dir = (job_dir or default_job_dir(spec.name, submission)).absolute()
     if not _SAFE_PATH.match(str(job_dir)):
         raise InputError(f"job directory '{job_dir}' has spaces or shell characters; choose another --job-dir")
     alloc = decision.chosen

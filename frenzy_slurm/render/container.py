@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frenzy_slurm.jobspec.job import Container
+from frenzy_slurm.slurm.commands import PYXIS_FLAG, srun_has_option
 
 RUNTIME_MODULE = ("-P", "-m", "frenzy_slurm.runtime")
 
@@ -118,8 +119,6 @@ def check_container(c: Container, spec_dir: Path) -> ContainerCheck:
     elif not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
         return ContainerCheck(f"container.image {path} is not readable by you", (), None)
     if c.runtime == "pyxis":
-        from frenzy_slurm.slurm.commands import PYXIS_FLAG, srun_has_option
-
         has = srun_has_option(PYXIS_FLAG)
         if has is False:
             return ContainerCheck(

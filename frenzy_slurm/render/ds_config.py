@@ -7,7 +7,7 @@ Its form depends on the framework that reads it. The built-in trainer and a Deep
 values. HF Trainer (`hf-trainer`) checks every concrete batch, optimizer and precision value against its own
 TrainingArguments and refuses a mismatch (transformers/integrations/deepspeed.py, `trainer_config_process`),
 so there those keys are "auto" and HF fills them from the arguments the plan hands the script
-(`$FRENZY_FRAMEWORK_ARGS`, scriptenv.py); what the plan decides and HF only fills where it is "auto" (ZeRO
+(`$FRENZY_FRAMEWORK_ARGS`, jobdir/scriptenv.py); what the plan decides and HF only fills where it is "auto" (ZeRO
 stage, offload, bucket sizes, stage3_max_reuse_distance) stays concrete. No scheduler block: the script's
 TrainingArguments (lr_scheduler_type, warmup_steps) keep the schedule.
 """

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec import JobSpec
+from frenzy_slurm.render.container import check_container
 
 CHECK_TIMEOUT_S = 30.0  # a cold interpreter on a network file system starts slowly; torch's find_spec does not load it
 EnvCheck = Literal["refuse", "note", "off"]
@@ -250,8 +251,6 @@ def check_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str
 def check_container_environment(spec: JobSpec, spec_dir: Path, mode: EnvCheck) -> list[str]:
     """entry.environment.container's checks (render/container.py), and the image's Python asked for frenzy_slurm and
     the framework's packages where the login node can run it; refused or noted as the job's Python is."""
-    from frenzy_slurm.render.container import check_container
-
     c = spec.entry.environment.container
     assert c is not None
     found = check_container(c, spec_dir)

@@ -7,10 +7,10 @@ digest). The runtime adds the paths (`scriptenv.RUNTIME_NAMES`) and expands entr
 
 from __future__ import annotations
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.jobdir.scriptenv import KNOWN_NAMES, ArgsError, check_args
 from frenzy_slurm.jobspec import JobSpec
 from frenzy_slurm.marp.plan import ParallelPlan
-from frenzy_slurm.scriptenv import KNOWN_NAMES, ArgsError, check_args
 
 
 def plan_env(spec: JobSpec, plan: ParallelPlan) -> dict[str, str]:

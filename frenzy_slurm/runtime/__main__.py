@@ -6,7 +6,7 @@ Sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from Slurm's variables and the device, 
 (runtime/trust.py: the directory and files fsbatch recorded, else the job stops before reading them), then
 runs the built-in trainer, or execs the user's script with FRENZY_DS_CONFIG / FRENZY_PLAN / FRENZY_JOB_DIR /
 FRENZY_CHECKPOINT_DIR set (beside the plan's FRENZY_* variables job.sbatch exports), its arguments' `$FRENZY_*`
-expanded from them (frenzy_slurm/scriptenv.py), with the job's Python ($FRENZY_JOB_PYTHON, from
+expanded from them (frenzy_slurm/jobdir/scriptenv.py), with the job's Python ($FRENZY_JOB_PYTHON, from
 entry.environment; default this one).
 """
 
@@ -22,13 +22,18 @@ from frenzy_slurm.runtime import signals
 
 signals.install()  # first: an early USR2/TERM must be recorded, not kill the job (see runtime/signals.py)
 
+from frenzy_slurm.core.errors import FrenzyError, InputError  # noqa: E402
+from frenzy_slurm.jobdir.planfile import read_plan  # noqa: E402
+from frenzy_slurm.jobdir.safety import check_private_dir  # noqa: E402
+from frenzy_slurm.jobdir.scriptenv import ArgsError, expand_args  # noqa: E402
+from frenzy_slurm.runtime import ending  # noqa: E402
 from frenzy_slurm.runtime.dist import from_environ  # noqa: E402
+from frenzy_slurm.runtime.framework_argv import framework_args  # noqa: E402
+from frenzy_slurm.runtime.trust import open_job_dir  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one task; a refusal (FrenzyError) is one message on stderr and its exit code, never a traceback."""
-    from frenzy_slurm.errors import FrenzyError
-
     try:
         return _run(argv)
     except FrenzyError as exc:
@@ -37,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
-    from frenzy_slurm.runtime.trust import open_job_dir
 
     signals.install()  # also when main() is called directly
     ap = argparse.ArgumentParser(prog="frenzy_slurm.runtime", description=__doc__.split("\n\n")[0])
@@ -62,9 +66,6 @@ def _run(argv: list[str] | None) -> int:
         moved = moved_checkpoints(trusted.via_fd)
         if moved is not None:  # in_job.latest_checkpoint() looks there while this job has saved none
             os.environ["FRENZY_RESUME_DIR"] = str(moved)
-        from frenzy_slurm.errors import InputError
-        from frenzy_slurm.framework_argv import framework_args
-        from frenzy_slurm.scriptenv import ArgsError, expand_args
 
         args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
         if signals.pending():  # tell the script a stop was already requested
@@ -84,6 +85,7 @@ def _run(argv: list[str] | None) -> int:
             os.execvp(python, [python, str(ns.script), *args])  # a bare name (entry.environment.python): on PATH
         except OSError as exc:
             raise InputError(f"cannot run the job's Python {python} ({exc.strerror}); see entry.environment") from None
+    # imports torch: the built-in trainer only, after the signal handlers
     from frenzy_slurm.runtime.trainer import run_training
 
     return run_training(trusted.via_fd, dist)  # through the directory checked, whatever its path names later
@@ -103,9 +105,6 @@ def drop_inherited() -> None:
 def moved_checkpoints(job_dir: Path) -> Path | None:
     """The checkpoints/ of the job `frenzy-slurm watch` moved to this one (plan.json's `moved_from`), once that
     directory is checked to be the user's and writable by no one else; None for a job that was not moved."""
-    from frenzy_slurm.render.planfile import read_plan
-    from frenzy_slurm.submit.jobdir import check_private_dir
-
     if not (job_dir / "plan.json").exists():
         return None  # a runtime started by hand on a directory without a plan
     moved = read_plan(job_dir / "plan.json").moved_from
@@ -119,8 +118,6 @@ def run_and_finish(argv: list[str] | None = None) -> NoReturn:
     """main(), then end as runtime/ending.py says: the process group down on every path, and an exit status
     decided here, never by the interpreter's teardown (std::terminate in a C++ destructor turned finished runs
     into FAILED ones). An unexpected exception prints its traceback and exits 1; the group is down by then."""
-    from frenzy_slurm.runtime import ending
-
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse's --help and usage errors

@@ -24,6 +24,9 @@ import shutil
 import stat
 from pathlib import Path
 
+from frenzy_slurm.core.records import write_json
+from frenzy_slurm.jobdir.checkpoints import latest_step  # the one reader of `latest`
+
 _TAG = re.compile(r"^step(\d+)\Z")
 MANIFEST = "frenzy-manifest.json"
 _CHUNK = 1 << 20
@@ -39,15 +42,6 @@ def step_of(tag_name: str) -> int:
     if m is None:
         raise ValueError(f"{tag_name!r} is not a step<N> checkpoint tag")
     return int(m.group(1))
-
-
-def latest_step(ckpt_dir: Path) -> int | None:
-    """The step of the checkpoint `latest` names, or None (no checkpoint, or unreadable)."""
-    try:
-        m = _TAG.match((ckpt_dir / "latest").read_text().strip())
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(m.group(1)) if m else None
 
 
 def prune(ckpt_dir: Path, keep: int) -> list[Path]:
@@ -100,8 +94,6 @@ def digest_share(tag_dir: Path, rank: int, world: int) -> dict[str, str]:
 
 def write_manifest(tag_dir: Path, digests: dict[str, str], submission: str | None) -> None:
     """Record what this job wrote in the tag (after every rank's share is gathered)."""
-    from frenzy_slurm.records import write_json
-
     write_json(tag_dir / MANIFEST, {"submission": submission, "files": dict(sorted(digests.items()))})
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from frenzy_slurm.units import GiB
+from frenzy_slurm.core.units import GiB
 
 
 def count_all_threads() -> bool:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from frenzy_slurm.units import GiB
+from frenzy_slurm.core.units import GiB
 
 SAMPLER_CALLS = (
     "nvmlInit",
@@ -124,7 +124,8 @@ class Sampler:
 
 
 def _atomic_json(path: Path, data: dict) -> None:
-    from frenzy_slurm.records import write_atomic
+    # not at import: the sampler runs beside a user's script and stays light (tests/test_names.py)
+    from frenzy_slurm.core.records import write_atomic
 
     write_atomic(path, json.dumps(data, indent=2) + "\n")  # O_EXCL temporary + rename: never through a link
 
@@ -134,7 +135,8 @@ def merge_metrics(job_dir: Path) -> dict[str, Any] | None:
 
     Returns None (and writes nothing) when the built-in trainer already wrote metrics.json.
     """
-    from frenzy_slurm.gpus import match_gpu
+    # not at import: the sampler runs beside a user's script and stays light (tests/test_names.py)
+    from frenzy_slurm.core.gpus import match_gpu
 
     target = job_dir / "metrics.json"
     # O_NOFOLLOW, no O_TRUNC: a link planted at the lock's name is refused, never followed and truncated

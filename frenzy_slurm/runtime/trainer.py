@@ -27,12 +27,21 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frenzy_slurm.core.errors import FrenzyError, InputError
+from frenzy_slurm.core.records import write_json
+from frenzy_slurm.core.units import GiB
+from frenzy_slurm.jobdir.planfile import PlanFile, read_plan
+from frenzy_slurm.jobdir.safety import check_private_dir
+from frenzy_slurm.jobspec import ResolvedModel
+from frenzy_slurm.marp import workload_from_spec
+from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import checkpoint_route
-from frenzy_slurm.progress import ProgressRecorder
-from frenzy_slurm.records import write_json
-from frenzy_slurm.render.planfile import PlanFile, read_plan
 from frenzy_slurm.runtime import checkpoints, signals
+from frenzy_slurm.runtime.children import child_env
 from frenzy_slurm.runtime.dist import DistEnv
+from frenzy_slurm.runtime.shm import start_deepspeed_comm, uses_shm_allreduce
+from frenzy_slurm.slurm import open_backend
+from frenzy_slurm.track.progress import ProgressRecorder
 
 if TYPE_CHECKING:  # torch is imported inside the functions: the job imports it only after the signal handlers
     import torch
@@ -103,14 +112,13 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     import deepspeed
     import torch
 
+    # torch's modules: imported only now, once the signal handlers are in place
     from frenzy_slurm.models.gpt import GPT, lm_loss
     from frenzy_slurm.models.pipe import pipeline_module
     from frenzy_slurm.runtime.data import Batches
     from frenzy_slurm.runtime.memory import CpuMemoryRecorder, gpu_peaks
-    from frenzy_slurm.units import GiB
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
-    from frenzy_slurm.runtime.shm import start_deepspeed_comm, uses_shm_allreduce
 
     if backend == "gloo" and uses_shm_allreduce(dist.world_size):  # DeepSpeed will make shared-memory segments
         start_deepspeed_comm(dist.rank, dist.world_size, partial(deepspeed.init_distributed, dist_backend=backend))
@@ -311,7 +319,6 @@ def _resume_source(job_dir: Path, pf: PlanFile, dist: DistEnv) -> ResumeSource |
     moved = pf.moved_from
     if moved is None:
         return None
-    from frenzy_slurm.submit.jobdir import check_private_dir
 
     there = Path(moved.job_dir)
     check_private_dir(there, "the job directory this job was moved from")  # the user's, writable by no one else
@@ -328,8 +335,6 @@ def _resume_source(job_dir: Path, pf: PlanFile, dist: DistEnv) -> ResumeSource |
     if route == "as-is":
         return ResumeSource(there / "checkpoints", tag, step)  # DeepSpeed loads it as it is
     if route is None:  # has/moves.py `resumable` never plans such a move
-        from frenzy_slurm.errors import InputError
-
         raise InputError(
             f"job {moved.job_id}'s checkpoint {tag} ({old.short()}) cannot be loaded with this plan ({new.short()}). "
             "Submit again with fsbatch."
@@ -356,8 +361,6 @@ def _universal(job_dir: Path, source: Path, job_id: int, step: int, dist: DistEn
     said = [failed]
     torch.distributed.broadcast_object_list(said, src=0)
     if said[0]:
-        from frenzy_slurm.errors import InputError
-
         raise InputError(
             f"could not convert job {job_id}'s checkpoint {source.name} for this plan "
             f"(deepspeed.checkpoint.ds_to_universal: {said[0]}). Submit again with fsbatch."
@@ -394,8 +397,6 @@ def convert_to_universal(source: Path, work: Path, job_dir: Path) -> str:
     its last line of output."""
     import subprocess
 
-    from frenzy_slurm.runtime.children import child_env
-
     # the job directory is named through this process's descriptor (/proc/self/fd/N): the converter keeps it
     fds = (int(job_dir.name),) if str(job_dir).startswith("/proc/self/fd/") else ()
     argv = converter_argv(source, work)
@@ -410,8 +411,6 @@ def _verified_resume_tag(ckpt_dir: Path, dist: DistEnv, named: str | None = None
     """The checkpoint tag to resume from, once every rank has checked its share of it against the manifest
     this job wrote; None to start afresh. A tag that differs stops the job (FrenzyError, on every rank)."""
     import torch
-
-    from frenzy_slurm.errors import InputError
 
     tag, skipped = checkpoints.resume_tag(ckpt_dir)
     if skipped and dist.rank == 0:
@@ -443,6 +442,7 @@ def _preempted() -> bool:
     stops the job). in_job is imported only now: importing it installs its own handler for the signals."""
     if _stop["signal"] != "SIGTERM":
         return False
+    # in_job installs its own signal handlers when imported: only now
     from frenzy_slurm import in_job
 
     return in_job.preempted()
@@ -450,9 +450,6 @@ def _preempted() -> bool:
 
 def _requeue(job_id: int) -> None:
     """Back into the queue after the time-limit checkpoint; a failure is logged, the checkpoint is kept."""
-    from frenzy_slurm.errors import FrenzyError
-    from frenzy_slurm.slurm import open_backend
-
     try:
         open_backend("cli").requeue(job_id)
     except FrenzyError as exc:
@@ -461,11 +458,6 @@ def _requeue(job_id: int) -> None:
 
 def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> float | None:
     """MARP's allocated-memory prediction for this rank's stage, as the built-in trainer runs it."""
-    from frenzy_slurm.jobspec import ResolvedModel
-    from frenzy_slurm.marp import workload_from_spec
-    from frenzy_slurm.marp.memory import estimate_memory
-    from frenzy_slurm.units import GiB
-
     w = workload_from_spec(
         pf.spec, ResolvedModel(arch=pf.arch, name=pf.model_name, exact_params=pf.exact_params), device
     )

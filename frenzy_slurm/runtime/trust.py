@@ -4,7 +4,7 @@ The job script records, when fsbatch writes the job directory, the directory's i
 plan.json and ds_config.json (`FRENZY_JOB_DIR_INODE`, `FRENZY_PLAN_SHA256`, `FRENZY_DS_CONFIG_SHA256`;
 Slurm keeps the script, so no one can change them). Before it reads anything there, the runtime opens
 the directory once (no link followed at its last step), checks it is the user's, writable by no one
-else, with every directory above it the user's or root's (`submit.jobdir.check_private_dir`), that it
+else, with every directory above it the user's or root's (`jobdir.safety.check_private_dir`), that it
 is the inode recorded, and that plan.json and ds_config.json have the recorded digests. The built-in
 trainer then works through that open directory (`/proc/self/fd/N`), so a rename of the path later (between
 requeues) changes nothing it reads or writes. A directory swapped in by another user, or a plan.json
@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.jobdir.safety import check_private_dir, writable_by_others
 
 UNSET = "unset"  # what a dry run's script shows: nothing recorded yet
 
@@ -65,8 +66,6 @@ def _recorded(env: Mapping[str, str], key: str) -> str | None:
 
 def open_job_dir(path: Path, env: dict[str, str] | None = None) -> TrustedDir:
     """Open and check the job directory as described above; InputError (the job stops) where it fails."""
-    from frenzy_slurm.submit.jobdir import _writable_by_others, check_private_dir
-
     e = os.environ if env is None else env
     path = Path(os.path.abspath(path))
     check_private_dir(path, "job directory")
@@ -76,7 +75,7 @@ def open_job_dir(path: Path, env: dict[str, str] | None = None) -> TrustedDir:
         raise InputError(f"job directory {path}: cannot open it ({exc.strerror}).") from None
     try:
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or _writable_by_others(st):
+        if st.st_uid != os.geteuid() or writable_by_others(st):
             raise InputError(
                 f"job directory {path} changed while it was checked (owner uid {st.st_uid}, mode "
                 f"{stat.S_IMODE(st.st_mode):o}); the job stops without reading it."

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.gpus import catalog, match_gpu
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import catalog, match_gpu
+from frenzy_slurm.core.yamlfile import load_model_file
 from frenzy_slurm.site.config import IntraLink, Pool, SiteConfig, SiteDefaults
-from frenzy_slurm.yamlfile import load_model_file
 
 if TYPE_CHECKING:
     from frenzy_slurm.slurm.view import ClusterView

@@ -17,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.records import write_atomic
 from frenzy_slurm.sim.runner import RunResult
 
 if TYPE_CHECKING:  # matplotlib is optional (the sim extra), imported only to plot
@@ -159,8 +161,6 @@ def plot(results: list[RunResult], out_dir: Path) -> list[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from frenzy_slurm.errors import InputError
-
         raise InputError("--plot needs matplotlib: pip install 'frenzy-slurm[sim]'") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -270,8 +270,6 @@ def _finish(plt: ModuleType, fig: Figure, ax: Axes, xlabel: str, ylabel: str, ti
     ax.legend(fontsize=7)
     fig.tight_layout()
     import io
-
-    from frenzy_slurm.records import write_atomic
 
     png = io.BytesIO()
     fig.savefig(png, dpi=120, format="png")

@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from frenzy_slurm.errors import NoFitError
-from frenzy_slurm.gpus import catalog
+from frenzy_slurm.core.errors import NoFitError
+from frenzy_slurm.core.gpus import catalog
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.has.model import Allocation
 from frenzy_slurm.has.moves import (
     MAX_PER_PASS,
@@ -53,10 +54,11 @@ from frenzy_slurm.marp.speed import plan_costs
 from frenzy_slurm.planning import decide_job, decide_preemptible
 from frenzy_slurm.sim.base import BasePolicy, Policy
 from frenzy_slurm.sim.context import Context
+from frenzy_slurm.sim.ilp import IlpPolicy
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
+from frenzy_slurm.sim.sia import SiaPolicy
 from frenzy_slurm.site.config import Preemption, SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest
-from frenzy_slurm.units import GiB
 
 RULE_OF_THUMB_BYTES = {"full": 18.0, "lora": 2.4, "qlora": 0.66}
 USER_VARIANTS = ("fastest", "largest", "usual", "biggest")
@@ -516,8 +518,6 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
     if name == "slurm-multi":
         return SlurmMulti(k.get("slurm_multi_time_factor", 1.5), k.get("slurm_multi_max_slowdown"))
     if name == "sia":
-        from frenzy_slurm.sim.sia import SiaPolicy
-
         return SiaPolicy(
             k.get("sia_round_s", ilp_round_s),
             p=k.get("sia_p", 0.25),
@@ -552,8 +552,6 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
     if name == "fastest-fit":
         return FastestFit()
     if name == "ilp":
-        from frenzy_slurm.sim.ilp import IlpPolicy
-
         return IlpPolicy(ilp_round_s, speed_floor=k.get("ilp_speed_floor", 2.0))
     if name.startswith("user-fixed:"):
         return UserFixed(name.split(":", 1)[1])

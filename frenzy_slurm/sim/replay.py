@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from frenzy_slurm.core.records import write_atomic
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.sim.runner import RunResult
 from frenzy_slurm.sim.slurm import SimSlurm
@@ -111,7 +112,6 @@ def write_script(job: ReplayJob, workdir: Path) -> Path:
             lines += [f"#SBATCH --job-name=replay-{job.id}", f"#SBATCH --output={workdir}/replay-{job.id}-%j.out"]
     lines.append(f"sleep {job.run_s:.2f}")
     path = workdir / f"replay-{job.id}.sbatch"
-    from frenzy_slurm.records import write_atomic
 
     write_atomic(path, "\n".join(lines) + "\n", mode=0o700)  # never through a planted link
     return path

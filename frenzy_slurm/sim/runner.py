@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from frenzy_slurm.gpus import catalog
+from frenzy_slurm.core.gpus import catalog
 from frenzy_slurm.sim.base import RoundPolicy
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.sim.context import Context

@@ -36,7 +36,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from frenzy_slurm.gpus import catalog
+from frenzy_slurm.core.gpus import catalog
 
 THROUGHPUT_SOURCES = Path(__file__).parent / "data" / "throughput_sources.yaml"
 

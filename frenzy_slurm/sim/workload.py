@@ -30,9 +30,15 @@ from typing import TYPE_CHECKING, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.gpus import catalog
-from frenzy_slurm.yamlfile import load_model_file
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import catalog
+from frenzy_slurm.core.records import write_atomic
+from frenzy_slurm.core.yamlfile import load_model_file
+from frenzy_slurm.jobspec import resolve_model
+from frenzy_slurm.jobspec.job import JobSpec
+from frenzy_slurm.jobspec.presets import presets
+from frenzy_slurm.marp import workload_from_spec
+from frenzy_slurm.marp.speed import flops_per_token
 
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec.job import JobSpec, Method, Precision
@@ -135,7 +141,6 @@ def save_workload(wl: WorkloadFile, path: Path) -> None:
         text = f.getvalue()
     else:
         text = yaml.safe_dump(wl.model_dump(mode="json"), sort_keys=False, width=120)
-    from frenzy_slurm.records import write_atomic
 
     write_atomic(path, text, mode=0o644)  # O_EXCL temporary + rename: never through a planted link
 
@@ -174,9 +179,6 @@ def _read_trace(path: Path) -> list[tuple[datetime, float, int, float, str]]:
 
 def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.5) -> WorkloadFile:
     """`jobs` consecutive Philly jobs from a seeded random point, mapped to LLM training jobs (see module doc)."""
-    from frenzy_slurm.marp import workload_from_spec
-    from frenzy_slurm.marp.speed import flops_per_token
-
     rows = _read_trace(trace)
     if len(rows) < jobs:
         raise InputError(f"{trace}: only {len(rows)} usable jobs, {jobs} asked for")
@@ -191,7 +193,6 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
         choices = next(c for top, c in MODEL_BINS if hours < top)
         model, method = rng.choice(choices)
         precision: Precision = "fp16-mixed" if method != "qlora" and rng.random() < fp16_share else "bf16-mixed"
-        from frenzy_slurm.jobspec.presets import presets
 
         max_pos = presets()[model].arch.max_positions or 2048
         seq = rng.choice([s for s in SEQ_LENS if s <= max_pos])
@@ -200,7 +201,6 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
                 id=i, submit_s=0, model=model, method=method, precision=precision, seq_len=seq, global_batch=32, steps=1
             )
         )
-        from frenzy_slurm.jobspec import resolve_model
 
         per_token = flops_per_token(workload_from_spec(spec, resolve_model(spec, Path("."))), "none")
         tokens = gpu_time * rate / per_token
@@ -229,8 +229,6 @@ def job_spec(
     job: WorkloadJob, steps: int | None = None, max_gpus: int | None = None, gpu_types: list[str] | None = None
 ) -> JobSpec:
     """The model.yaml a user would write for this job (their own training script: any parallelism)."""
-    from frenzy_slurm.jobspec.job import JobSpec
-
     return JobSpec.model_validate(
         {
             "name": f"sim-job-{job.id}",

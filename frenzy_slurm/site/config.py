@@ -16,11 +16,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.core.inputfile import check_trusted
+from frenzy_slurm.core.yamlfile import load_model_file
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.slurm.view import pool_label
-from frenzy_slurm.yamlfile import load_model_file
 
 # Per-GPU, one-direction bandwidth in GB/s (NVIDIA NVLink generations; PCIe x16 per generation).
 LINK_GBS: dict[str, float] = {
@@ -354,8 +355,6 @@ class SiteConfig(_M):
 
 def load_site(path: Path) -> SiteConfig:
     """The site file, refused unless it is yours or root's and no one else can write it (or its directory)."""
-    from frenzy_slurm.inputfile import check_trusted
-
     if os.path.lexists(path):  # a missing file gets read_yaml's own message
         check_trusted(path, "site file", "its pools, overheads and defaults decide every job's plan")
     return load_model_file(path, SiteConfig)

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.core.gpus import GpuSpec, catalog, match_gpu
+from frenzy_slurm.core.inputfile import read_config_text
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.site.tools import guess_from_gres, link_name
+from frenzy_slurm.slurm import SlurmCommandError, SlurmUnavailable
 from frenzy_slurm.slurm.view import gres_spelling, pool_label
-from frenzy_slurm.units import GiB
 
 if TYPE_CHECKING:
     from frenzy_slurm.slurm import SlurmBackend
@@ -290,8 +292,6 @@ def probe_pools(
 ) -> list[Detected]:
     """One probe step per (partition, GRES type) of the view, through the Slurm seam; a pool whose step
     fails (busy, refused, a read-only backend) is described from Slurm's GRES and says why."""
-    from frenzy_slurm.slurm import SlurmCommandError, SlurmUnavailable
-
     detected = []
     for pool in view.pools():
         if partitions and pool.partition not in partitions:
@@ -311,6 +311,4 @@ def probe_pools(
 
 def read_text(path: Path) -> str | None:
     """The site file being updated (a bounded read of a regular file), or None where there is none yet."""
-    from frenzy_slurm.inputfile import read_config_text
-
     return read_config_text(path, "site file") if path.exists() else None

@@ -40,9 +40,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from frenzy_slurm import __version__
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import _owner_name, ancestors, unsafe_ancestor
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import ancestors, owner_name, read_config_text, unsafe_ancestor
+from frenzy_slurm.core.version import __version__
+from frenzy_slurm.site.config import load_site
 
 Outcome = Literal[
     "created", "updated", "installed", "unchanged", "would create", "would update", "would install", "note"
@@ -136,7 +137,7 @@ def _check_dir(st: os.stat_result, p: Path, path: Path, flag: str) -> None:
         raise InputError(f"{flag} {path}: {p} is not a directory. To fix: give a directory path.")
     if st.st_uid not in _owners():
         raise InputError(
-            f"{flag} {path}: {p} belongs to {_owner_name(st.st_uid)} (uid {st.st_uid}), not root; its owner could "
+            f"{flag} {path}: {p} belongs to {owner_name(st.st_uid)} (uid {st.st_uid}), not root; its owner could "
             "rename what is installed below it and put their own in its place (slurmd runs the prolog as root). "
             f"Refused. To fix: `chown root: {p}`, or choose a directory whose every parent is root's."
         )
@@ -328,7 +329,7 @@ def _wheel_version(wheel: Path) -> str:
 def _trusted_file_problem(st: os.stat_result) -> str | None:
     """Why a file root runs or installs could have been written by someone else, or None."""
     if st.st_uid not in _owners():
-        return f"belongs to {_owner_name(st.st_uid)}, not root"
+        return f"belongs to {owner_name(st.st_uid)}, not root"
     who = _writable(st)
     return f"is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})" if who else None
 
@@ -377,7 +378,7 @@ def _check_venv(prefix: Path) -> None:
             p = Path(top) / name
             st = os.lstat(p)
             problem = (
-                (None if st.st_uid in _owners() else f"belongs to {_owner_name(st.st_uid)}")
+                (None if st.st_uid in _owners() else f"belongs to {owner_name(st.st_uid)}")
                 if stat.S_ISLNK(st.st_mode)
                 else _trusted_file_problem(st)
             )
@@ -500,9 +501,6 @@ def install(opts: InstallOptions) -> InstallResult:
         check_target(path, flag)  # every refusal before anything is written
     site_data = None
     if opts.site_file is not None:
-        from frenzy_slurm.inputfile import read_config_text
-        from frenzy_slurm.site.config import load_site
-
         load_site(opts.site_file)  # refused here (exit 2, with the field) rather than installed broken
         site_data = read_config_text(opts.site_file, "site file").encode()
     with tempfile.TemporaryDirectory(prefix="frenzy-install-") as private:  # root's, 0700

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frenzy_slurm.gpus import GpuSpec, gpu_candidates
+from frenzy_slurm.core.gpus import GpuSpec, gpu_candidates
 
 if TYPE_CHECKING:  # site.config (and through it the planning stages) is imported where a site file is read:
     from frenzy_slurm.site.config import SiteConfig  # `fsinfo` without one (find_site) never needs it

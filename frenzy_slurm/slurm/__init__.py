@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 # The names below are loaded on first use (PEP 562 `__getattr__`), so that importing one small module of the seam
 # (`frenzy_slurm.slurm.timefmt`, as `fsqueue` does) does not build the view's pydantic models: start-up time.
@@ -91,15 +91,18 @@ def open_backend(name: str = "auto", snapshot: Path | None = None) -> SlurmBacke
     if name == "static":
         if snapshot is None:
             raise InputError("--backend static needs --snapshot FILE (write one with `fsinfo --json > FILE`)")
+        # each backend only once chosen: pyslurm is an optional extra, and a listing starts faster
         from frenzy_slurm.slurm.static import StaticBackend
 
         return StaticBackend(snapshot)
     if name in ("auto", "pyslurm"):
+        # each backend only once chosen: pyslurm is an optional extra, and a listing starts faster
         from frenzy_slurm.slurm.pyslurm_backend import PyslurmBackend, try_import
 
         module = try_import()
         if module is not None or name == "pyslurm":
             return PyslurmBackend(module)
+    # each backend only once chosen: pyslurm is an optional extra, and a listing starts faster
     from frenzy_slurm.slurm.cli import SlurmCliBackend
 
     return SlurmCliBackend()

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+from frenzy_slurm.slurm.run import SlurmUnavailable
 
 if TYPE_CHECKING:  # the view's pydantic models: not imported by a plain `fsqueue` listing (start-up time)
     from frenzy_slurm.slurm.job import Job
@@ -76,7 +78,7 @@ class BatchJob:
 @dataclass(frozen=True)
 class SbatchAnswer:
     """What sbatch answered: the job id (and cluster, from `jobid;cluster`) and the argv that was run. The
-    submit stage's own result, with the job directory, is `frenzy_slurm.submit.Submitted`."""
+    submit stage's own result, with the job directory, is `frenzy_slurm.submission.Submitted`."""
 
     job_id: int
     cluster: str | None
@@ -172,8 +174,6 @@ class ReadOnlyBackend:
     name = "read-only"
 
     def _refuse(self, what: str) -> NoReturn:
-        from frenzy_slurm.slurm.run import SlurmUnavailable
-
         raise SlurmUnavailable(
             f"the {self.name} backend only reads a saved view; it cannot {what}. "
             "Use --backend cli (or auto) on a machine that reaches Slurm."
@@ -208,3 +208,25 @@ class ReadOnlyBackend:
 
     def qos_limits(self, qos: str | None = None) -> QosLimits | None:
         return None  # a saved view keeps no accounting
+
+
+class OneView:
+    """A backend whose cluster view is read once: every combination of a sweep is planned on the same view
+    (one set of sinfo/squeue queries, not one per job); the rest goes to the backend itself."""
+
+    def __init__(self, backend: SlurmBackend):
+        self._backend = backend
+        self._view: ClusterView | None = None
+        self.name = backend.name
+
+    @property
+    def inner(self) -> SlurmBackend:
+        return self._backend
+
+    def load(self) -> ClusterView:
+        if self._view is None:
+            self._view = self._backend.load()
+        return self._view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)

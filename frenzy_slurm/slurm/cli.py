@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.slurm.backend import (
     AccountingRecord,
     BatchJob,
@@ -41,7 +42,6 @@ from frenzy_slurm.slurm.parse import (
     reading,
 )
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable, raise_for_status, run
-from frenzy_slurm.units import GiB
 
 if TYPE_CHECKING:  # the view's pydantic models, imported where a node, partition or QOS is read: a plain `fsqueue`
     # listing reads only jobs and so never imports pydantic (start-up time, benchmarks/fsbatch_latency.py --listing)
@@ -140,7 +140,7 @@ def version_answer(timeout: float) -> str:
     if where is not None and len(out) <= MAX_VERSION_ANSWER:
         try:
             parse_version(out)  # only a readable answer is kept
-            from frenzy_slurm.records import write_atomic
+            from frenzy_slurm.core.records import write_atomic
 
             where[0].parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             write_atomic(where[0], json.dumps({"key": where[1], "answer": out}))

@@ -45,6 +45,7 @@ JOB_STATES = {
     "RECONFIG_FAIL": "failed",
 }
 ACTIVE_JOB_STATES = {"pending", "running", "suspended"}
+ENDED = ("completed", "cancelled", "failed", "timeout")  # job phases a job does not leave
 
 
 def job_phase(state: str) -> str:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from frenzy_slurm.errors import EXIT_SLURM_UNEXPECTED, FrenzyError
+from frenzy_slurm.core.errors import EXIT_SLURM_UNEXPECTED, FrenzyError
 from frenzy_slurm.slurm.timefmt import parse_slurm_time
 
 

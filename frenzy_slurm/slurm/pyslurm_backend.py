@@ -28,6 +28,7 @@ from collections.abc import Iterable  # pyslurm is untyped: its objects are Any 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frenzy_slurm.core.records import write_atomic
 from frenzy_slurm.slurm.backend import (
     AccountingRecord,
     BatchJob,
@@ -107,7 +108,6 @@ def probe_import(conf: Path, version: str) -> str | None:
         problem = f"importing pyslurm fails here ({lines[-1] if lines else f'exit {res.returncode}'})"
     try:
         cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        from frenzy_slurm.records import write_atomic
 
         write_atomic(cache, json.dumps({"key": key, "problem": problem}))
     except OSError:

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import IO
 
-from frenzy_slurm.errors import EXIT_SLURM_UNAVAILABLE, FrenzyError
+from frenzy_slurm.core.errors import EXIT_SLURM_UNAVAILABLE, FrenzyError
 from frenzy_slurm.slurm.parse import SlurmUnexpected
 
 _OUTAGE = (

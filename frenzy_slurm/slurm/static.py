@@ -7,12 +7,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.records import read_json
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.records import read_json
+from frenzy_slurm.core.yamlfile import format_validation_error
 from frenzy_slurm.slurm.backend import ComponentRequest, ReadOnlyBackend, StartEstimate
 from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.slurm.view import ClusterView, Job
-from frenzy_slurm.yamlfile import format_validation_error
 
 
 class StaticBackend(ReadOnlyBackend):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 # a job as the queue lists it lives in its own pydantic-free module (the plain `fsqueue` listing builds only jobs)
 from frenzy_slurm.slurm.job import (  # noqa: F401 (re-exported: the view's names)
     ACTIVE_JOB_STATES,
+    ENDED,
     JOB_STATES,
     Job,
     clean_text,

@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import read_config_text
 
 
 def write_atomic(path: Path, text: str | bytes, mode: int = 0o600) -> None:
@@ -44,8 +45,6 @@ MAX_RECORD_BYTES = 256 << 20  # a 2,000-node snapshot or a long run's metrics.js
 
 def read_json(path: Path, what: str = "file") -> Any:
     """A JSON file's content, or InputError naming the file, the line and what it should be."""
-    from frenzy_slurm.inputfile import read_config_text
-
     # a regular file of bounded size: a snapshot named /dev/zero (or a FIFO) must not be read forever
     text = read_config_text(path, what, MAX_RECORD_BYTES)
     try:
@@ -70,8 +69,6 @@ def read_job_record(path: Path, what: str = "job record", max_bytes: int = MAX_J
     """A job directory's JSON record, read as fsqueue and calibrate read what a job left behind: a regular file
     opened without following a link (O_NOFOLLOW) or waiting on a FIFO (O_NONBLOCK), of at most `max_bytes`;
     InputError naming the file otherwise."""
-    from frenzy_slurm.inputfile import read_config_text
-
     text = read_config_text(path, what, max_bytes, follow_symlinks=False)
     try:
         return json.loads(text)

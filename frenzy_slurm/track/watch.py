@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from frenzy_slurm.errors import FrenzyError, NoFitError
-from frenzy_slurm.has.model import Allocation
+from frenzy_slurm.core.errors import FrenzyError, NoFitError
+from frenzy_slurm.has.model import Allocation, Decision
 from frenzy_slurm.has.moves import (
     MAX_PER_PASS,
     growth_site,
@@ -41,14 +41,16 @@ from frenzy_slurm.has.moves import (
     with_own_gpus_free,
     without_job,
 )
+from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
+from frenzy_slurm.jobdir.safety import next_free_dir, user_lock
 from frenzy_slurm.jobspec import ResolvedModel
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.planning import JobFile, JobRequest, PlanOptions, Prepared, SiteFile, finish, prepare, start_estimator
-from frenzy_slurm.render.planfile import MovedFrom, PlanFile
-from frenzy_slurm.slurm.backend import SlurmBackend
+from frenzy_slurm.slurm.backend import OneView, SlurmBackend
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
-from frenzy_slurm.track import TrackedJob, frenzy_jobs, my_user_name, output_files, read_tail
-from frenzy_slurm.watch_journal import (
+from frenzy_slurm.submission import submit
+from frenzy_slurm.track.jobs import TrackedJob, frenzy_jobs, my_user_name, output_files, read_tail
+from frenzy_slurm.track.watch_journal import (
     MOVED,
     MoveIntent,
     drop,
@@ -147,9 +149,6 @@ def watch_once(
 ) -> list[Action]:
     """One pass over this user's preemptible jobs: the moves made (or, with `dry_run`, that would be made);
     `finished` gets a line for each move an earlier pass left open and this one finished."""
-    from frenzy_slurm.api import OneView
-    from frenzy_slurm.submit.jobdir import user_lock
-
     me = my_user_name()
     actions: list[Action] = []
     with user_lock("watch"):  # two watchers of one user take turns; moved.json stops a second move
@@ -252,9 +251,6 @@ def _move(
     action: Action,
 ) -> Action:
     """Submit the new job and stop the old one, in the order that never runs both nor loses either."""
-    from frenzy_slurm.has.model import Decision
-    from frenzy_slurm.submit.jobdir import next_free_dir, user_lock
-
     assert t.plan is not None and t.plan.slurm is not None and t.job_dir is not None
     running = action.kind == "running"
     user = t.plan.slurm
@@ -302,8 +298,6 @@ def _submit_and_stop(intent: MoveIntent, req: JobRequest, backend: SlurmBackend,
     """Submit the successor, then record the move and stop the old job. A failure (Slurm's, a full disk) is
     settled at once as the next pass would settle it: released where nothing was submitted, else stopped (Ctrl-C
     too, where Slurm answers); a kill leaves the intent to the next pass."""
-    from frenzy_slurm.submit import submit
-
     try:
         if intent.step == "hold":
             save(intent := intent.model_copy(update={"step": "submit"}))

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 # model.yaml and site files are a few KB; the largest Hugging Face config.json files are ~100 KB.
 MAX_CONFIG_BYTES = 1 << 20
@@ -92,7 +92,7 @@ def read_config_text(
     return text
 
 
-def _owner_name(uid: int) -> str:
+def owner_name(uid: int) -> str:
     try:
         import pwd
 
@@ -101,13 +101,14 @@ def _owner_name(uid: int) -> str:
         return str(uid)
 
 
-def _group_private_to(gid: int, uid: int) -> bool:
+def group_private_to(gid: int, uid: int) -> bool:
     """A user-private group of `uid` (Debian's USERGROUPS: named after the user, no other members): its write
-    bit gives no one else access, as OpenSSH's StrictModes also accepts (and as jobs directories do)."""
+    bit gives no one else access, as OpenSSH's StrictModes also accepts. The one such rule: trusted files,
+    job directories (jobdir.safety) and calibration records all ask it."""
     try:
         import grp
 
-        owner = _owner_name(uid)
+        owner = owner_name(uid)
         group = grp.getgrgid(gid)
     except (KeyError, ImportError):
         return False
@@ -117,22 +118,22 @@ def _group_private_to(gid: int, uid: int) -> bool:
 def _trusted_problem(path: Path, st: os.stat_result) -> str | None:
     """Why `path` (stat `st`) could have been written by someone other than you or root, or None."""
     if st.st_uid not in (os.geteuid(), 0):
-        return f"belongs to {_owner_name(st.st_uid)}, not to you or root"
+        return f"belongs to {owner_name(st.st_uid)}, not to you or root"
     if st.st_mode & stat.S_IWOTH:
         return f"is writable by everyone (mode {stat.S_IMODE(st.st_mode):o})"
-    if st.st_mode & stat.S_IWGRP and not _group_private_to(st.st_gid, st.st_uid):
+    if st.st_mode & stat.S_IWGRP and not group_private_to(st.st_gid, st.st_uid):
         return f"is writable by its group (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 
-def writable_by_others(st: os.stat_result) -> str | None:
+def writable_by_others(st: os.stat_result, private_to: tuple[int, ...] | None = None) -> str | None:
     """Who besides the owner (and root) may create, rename or delete entries of this directory ("everyone",
-    "its group"), or None. A user-private group of its owner or of you (USERGROUPS) gives no one else access."""
+    "its group"), or None. A user-private group (USERGROUPS) of one of `private_to` gives no one else access:
+    by default its owner or you; a job directory, which must be yours, only yours (jobdir.safety)."""
+    users = (st.st_uid, os.geteuid()) if private_to is None else private_to
     if st.st_mode & stat.S_IWOTH:
         return "everyone"
-    if st.st_mode & stat.S_IWGRP and not (
-        _group_private_to(st.st_gid, st.st_uid) or _group_private_to(st.st_gid, os.geteuid())
-    ):
+    if st.st_mode & stat.S_IWGRP and not any(group_private_to(st.st_gid, uid) for uid in users):
         return "its group"
     return None
 
@@ -156,7 +157,7 @@ def unsafe_ancestor(
     someone else rename what lies below it and put their own in its place, or None. `owners` are the accepted
     owners (you and root); a sticky directory (/tmp) is fine, since no one renames another's entry there."""
     if st.st_uid not in owners:
-        return f"belongs to {_owner_name(st.st_uid)}"
+        return f"belongs to {owner_name(st.st_uid)}"
     if stat.S_ISLNK(st.st_mode):
         return None  # a link cannot be changed, only replaced, and its directory is checked too
     who = writable(st)

@@ -14,8 +14,9 @@ EXIT_NO_FIT = 3  # the job fits nowhere within its limits
 EXIT_SLURM_UNAVAILABLE = 4  # controller down or Slurm commands missing
 EXIT_SLURM_REJECTED = 5  # Slurm refused the submission
 EXIT_SLURM_UNEXPECTED = 6  # Slurm answered something we cannot parse
-# this submission's earlier job is still alive: pending, running or not yet visible to Slurm (submit.SUBMIT_GRACE_S);
-# once it has ended, the same fsbatch submits a rerun into a new directory. --force submits another job anyway.
+# this submission's earlier job is still alive: pending, running or not yet visible to Slurm
+# (submission.SUBMIT_GRACE_S); once it has ended, the same fsbatch submits a rerun into a new directory. --force
+# submits another job anyway.
 EXIT_ALREADY_SUBMITTED = 7
 
 

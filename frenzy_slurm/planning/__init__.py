@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from frenzy_slurm.calibration import Applied, for_job, job_record
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.has import Decision, Requirements, decide
 from frenzy_slurm.has.decide import short_time_note
 from frenzy_slurm.has.pools import (
@@ -34,17 +34,20 @@ from frenzy_slurm.has.pools import (
     unmapped_untyped_notes,
 )
 from frenzy_slurm.has.qos import qos_wait_note
+from frenzy_slurm.jobdir.paths import default_job_dir
+from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
+from frenzy_slurm.jobdir.safety import job_outputs, next_free_dir
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.jobspec.job import SlurmOptions
+from frenzy_slurm.jobspec.sbatch_env import check_sbatch_env
 from frenzy_slurm.marp import search_space_from_spec, with_exact_params, workload_from_spec
 from frenzy_slurm.marp.candidates import SearchSpace
 from frenzy_slurm.marp.frameworks import profile_summary
 from frenzy_slurm.marp.plan import Workload
-from frenzy_slurm.render import Rendered, default_job_dir, render_job, submission_hash
+from frenzy_slurm.render import Rendered, render_job, submission_hash
 from frenzy_slurm.render.environment import EnvCheck, check_environment
-from frenzy_slurm.render.planfile import MovedFrom, PlanFile
-from frenzy_slurm.sbatch_env import check_sbatch_env
 from frenzy_slurm.site.config import SiteConfig, load_site, require_measured_memory
+from frenzy_slurm.site.tools import find_site
 from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
 from frenzy_slurm.slurm.static import StaticBackend
 from frenzy_slurm.slurm.view import ClusterView
@@ -142,8 +145,6 @@ class JobRequest:
 
 def find_site_file(explicit: Path | None) -> SiteFile:
     """--site, else $FRENZY_SITE, else /etc/frenzy-slurm/site.yaml, found once and read; none is refused."""
-    from frenzy_slurm.site.tools import find_site
-
     path = find_site(explicit)
     if path is None:
         raise InputError("no site file: pass --site FILE or set FRENZY_SITE (write one with `frenzy-slurm site init`).")
@@ -154,7 +155,7 @@ def find_site_file(explicit: Path | None) -> SiteFile:
 
 def load_job(path: Path, overrides: Mapping[str, Any] | None = None, name: str | None = None) -> JobFile:
     """model.yaml and its model, without running any user code; `overrides` (dotted key -> value) replace
-    values of the file before it is validated, `name` its name (a sweep's combination, `frenzy_slurm.sweeps`)."""
+    values of the file before it is validated, `name` its name (a sweep's combination, `jobspec.sweeps`)."""
     spec = load_job_spec(path, overrides)
     if name is not None:
         spec = spec.model_copy(update={"name": name})  # sweeps.Combination.name makes only names the field accepts
@@ -251,9 +252,8 @@ def choose_job_dir(job: JobFile, submission: str, options: PlanOptions) -> tuple
     """The job directory, and the used directory it moved from (or None). An earlier job's directory is
     never reused: a rerun, and --force (with or without --dry-run), go to the first free sibling NAME.2...;
     submit then refuses (exit 7) unless that earlier job has ended or --force says so."""
-    from frenzy_slurm.submit.jobdir import job_outputs, next_free_dir  # submit imports this module
 
-    job_dir = (options.job_dir or default_job_dir(job.spec, submission)).absolute()
+    job_dir = (options.job_dir or default_job_dir(job.spec.name, submission)).absolute()
     if job_outputs(job_dir):
         return next_free_dir(job_dir), job_dir
     return job_dir, None

@@ -9,7 +9,7 @@ from importlib import resources
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from frenzy_slurm.yamlfile import SHIPPED_DATA_LOADER
+from frenzy_slurm.core.yamlfile import SHIPPED_DATA_LOADER
 
 
 class GpuSpec(BaseModel):

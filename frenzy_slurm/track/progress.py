@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from frenzy_slurm.records import read_job_record_or_none, write_json
+from frenzy_slurm.core.records import read_job_record_or_none, write_json
 from frenzy_slurm.slurm.timefmt import format_slurm_time
 
 PROGRESS_FILE = "progress.json"

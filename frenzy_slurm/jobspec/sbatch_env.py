@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.jobspec.sbatch_flags import ARRAYS
 

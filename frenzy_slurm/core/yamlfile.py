@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import line_of, read_config_text
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import line_of, read_config_text
 
 M = TypeVar("M", bound=BaseModel)
 

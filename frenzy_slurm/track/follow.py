@@ -13,18 +13,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from frenzy_slurm.track import MAX_LOG_BYTES, LogSection, log_ranks, output_files, rank_of_line, read_own_file
-
-if TYPE_CHECKING:
-    from frenzy_slurm.api import Job
+from frenzy_slurm.slurm.job import ENDED, job_phase
+from frenzy_slurm.track.jobs import MAX_LOG_BYTES, LogSection, log_ranks, output_files, rank_of_line, read_own_file
 
 READ_EVERY_S = 1.0  # how often the output files are looked at: a stat, and a read of what is new
 FIRST_QUERY_S = 2.0  # Slurm is asked after 2 s (as sbatch --wait), each later time 1.5x later, at most every 15 s:
 QUERY_GROWTH = 1.5  # slurmctld is shared, and a few seconds' delay in seeing the end is what tail -f users accept
 LONGEST_QUERY_S = 15.0
 UNSEEN_LOOKS = 3  # a job neither in the queue nor recorded anywhere this many looks in a row is taken as gone
+
+
+class Job(Protocol):
+    """What following needs of a job (the API's `Job` is one; track sits below the API and does not import it)."""
+
+    @property
+    def job_dir(self) -> Path: ...
+
+    @property
+    def state(self) -> str: ...
 
 
 def read_from(path: Path, offset: int, max_bytes: int = MAX_LOG_BYTES) -> tuple[bytes, int]:
@@ -130,9 +138,6 @@ def follow_job(
     at once when finished.json appears. A job neither in the queue nor recorded for UNSEEN_LOOKS looks in a
     row ends the follow as UNKNOWN. `state`: the job's state as the caller just saw it (else one query).
     Ctrl-C (KeyboardInterrupt) is the caller's."""
-    from frenzy_slurm.api import ENDED
-    from frenzy_slurm.slurm.view import job_phase
-
     sleep = sleep or _sleep
     clock = clock or _clock
     finished = job.job_dir / "finished.json"

@@ -1,4 +1,8 @@
-"""plan.json: the full decision and everything the job needs, for --explain, fsqueue, the runtime and audit."""
+"""plan.json: the full decision and everything the job needs, for --explain, fsqueue, the runtime and audit.
+
+Its schema (`PlanFile`) and its readers: `read_plan` for the job's own directory (the runtime, checked by
+runtime.trust first), `read_job_plan` for a directory the reader did not make (fsqueue, calibration).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.records import read_job_record, read_json
+from frenzy_slurm.core.yamlfile import format_validation_error
 from frenzy_slurm.has.model import Decision
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import JobSpec, SlurmOptions
 from frenzy_slurm.marp.plan import ParallelPlan
-from frenzy_slurm.records import read_json
-from frenzy_slurm.yamlfile import format_validation_error
 
 
 class MovedFrom(BaseModel):
@@ -56,6 +60,11 @@ class PlanFile(BaseModel):
 
 def read_plan(path: Path) -> PlanFile:
     return plan_from(read_json(path, "plan"), path)
+
+
+def read_job_plan(path: Path) -> PlanFile:
+    """plan.json as a job directory holds it: a bounded read of a regular file, not through a link."""
+    return plan_from(read_job_record(path, "plan"), path)
 
 
 def plan_from(data: Any, path: Path) -> PlanFile:

@@ -25,8 +25,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from frenzy_slurm.errors import FrenzyError
-from frenzy_slurm.records import read_job_record_or_none, write_json
+from frenzy_slurm.core.errors import FrenzyError
+from frenzy_slurm.core.records import read_job_record_or_none, write_json
+from frenzy_slurm.jobdir.safety import lock_dir, make_private_dir
 from frenzy_slurm.slurm.backend import SlurmBackend
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 from frenzy_slurm.slurm.view import Job, job_phase
@@ -56,8 +57,6 @@ class MoveIntent(BaseModel):
 
 def journal_dir() -> Path:
     """`<lock directory>/watch`: private to the user, on a file system every login node sees."""
-    from frenzy_slurm.submit.jobdir import lock_dir, make_private_dir
-
     return make_private_dir(lock_dir() / "watch", "watch journal")
 
 

@@ -25,17 +25,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import read_config_text
-from frenzy_slurm.records import read_job_record, read_job_record_or_none, write_atomic
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import read_config_text
+from frenzy_slurm.core.records import read_job_record_or_none, write_atomic
+from frenzy_slurm.jobdir.checkpoints import latest_step
 from frenzy_slurm.slurm import AccountingRecord, Job, SlurmBackend, SlurmCommandError, SlurmUnavailable, group_het_jobs
 from frenzy_slurm.slurm.job import ACTIVE_JOB_STATES
 
 if TYPE_CHECKING:  # plan.json's models (the spec, MARP's plan, HAS's decision) are imported when one is read:
-    from frenzy_slurm.render.planfile import PlanFile  # a plain `fsqueue` listing needs none of them
+    from frenzy_slurm.jobdir.planfile import PlanFile  # a plain `fsqueue` listing needs none of them
 
 CACHE_SECONDS = 5.0
-_STEP_TAG = re.compile(r"step(\d{1,18})")  # DeepSpeed's tag as the trainer names it (runtime.checkpoints.tag)
 MAX_CACHE_BYTES = 64 << 20  # a queue of tens of thousands of jobs
 
 
@@ -212,23 +212,10 @@ def _foreign_dir(t: TrackedJob) -> str | None:
     return None
 
 
-MAX_LATEST_BYTES = 4096  # `checkpoints/latest` holds one tag name
-
-
-def last_checkpoint(ckpt_dir: Path) -> int | None:
-    """The step of the checkpoint `latest` names (a bounded read of a regular file, no link), or None."""
-    try:
-        text = read_config_text(ckpt_dir / "latest", "checkpoint tag", MAX_LATEST_BYTES, follow_symlinks=False)
-    except InputError:
-        return None
-    m = _STEP_TAG.fullmatch(text.strip())
-    return int(m.group(1)) if m else None
-
-
 def _read_plan(path: Path) -> PlanFile:
-    from frenzy_slurm.render.planfile import plan_from
+    from frenzy_slurm.jobdir.planfile import read_job_plan  # plan.json's models: not for a plain listing
 
-    return plan_from(read_job_record(path, "plan"), path)
+    return read_job_plan(path)
 
 
 def _attach_files(t: TrackedJob) -> None:
@@ -251,8 +238,10 @@ def _attach_files(t: TrackedJob) -> None:
     for name in ("finished", "metrics", "calibration", "started"):
         if getattr(t, name) is not None and not isinstance(getattr(t, name), dict):
             setattr(t, name, None)  # a record that is JSON but not an object is no record
-    t.last_checkpoint_step = last_checkpoint(t.job_dir / "checkpoints")
-    moved = read_job_record_or_none(t.job_dir / "moved.json")  # frenzy-slurm watch moved it (frenzy_slurm/watch.py)
+    t.last_checkpoint_step = latest_step(t.job_dir / "checkpoints")
+    moved = read_job_record_or_none(
+        t.job_dir / "moved.json"
+    )  # frenzy-slurm watch moved it (frenzy_slurm/track/watch.py)
     if isinstance(moved, dict) and str(moved.get("moved_to_job", "")).isdigit():
         t.notes.append(
             f"moved by frenzy-slurm watch to job {moved['moved_to_job']} ({moved.get('to', '?')}), which continues "

@@ -24,24 +24,23 @@ from __future__ import annotations
 import getpass
 import os
 import signal
-import sys
 import threading
 import time
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from frenzy_slurm.errors import EXIT_ALREADY_SUBMITTED, EXIT_FAILURE, EXIT_SLURM_REJECTED, FrenzyError, InputError
-from frenzy_slurm.records import read_json_or_none, write_json
+from frenzy_slurm.core.errors import EXIT_ALREADY_SUBMITTED, EXIT_FAILURE, EXIT_SLURM_REJECTED, FrenzyError, InputError
+from frenzy_slurm.core.records import read_json_or_none, write_json
+from frenzy_slurm.jobdir import safety as jobdir
+from frenzy_slurm.planning import JobRequest
 from frenzy_slurm.slurm import AccountingRecord, BatchJob, ComponentRequest, Job, SlurmBackend, SlurmCommandError
 from frenzy_slurm.slurm.parse import SlurmUnexpected
 from frenzy_slurm.slurm.run import SlurmUnavailable
 from frenzy_slurm.slurm.view import ACTIVE_JOB_STATES, job_phase
-from frenzy_slurm.submit import jobdir
 
 if TYPE_CHECKING:  # planning imports jobdir; the runtime imports jobdir without planning's stages
     from frenzy_slurm.planning import JobRequest
@@ -357,8 +356,6 @@ def submit(
     With `req.force`, plan_job has planned into a fresh directory (`jobdir.next_free_dir`): nothing an
     earlier job wrote is touched. A timeout from sbatch is answered by looking the job up by its tag.
     """
-    from frenzy_slurm.planning import JobRequest
-
     if not isinstance(req, JobRequest):
         raise TypeError(f"submit() takes the JobRequest of frenzy_slurm.planning.plan_job, not {type(req).__name__}")
     script = req.entry_script
@@ -483,17 +480,3 @@ def held_signals(req: JobRequest) -> Iterator[list[int]]:
         yield caught
     finally:
         restore()
-
-
-class _CallablePackage(types.ModuleType):
-    """`fs.submit(plan)`, the Python API's submit (frenzy_slurm.api.submit), and this package share the name
-    `frenzy_slurm.submit`: once the package is imported, Python makes that name the package, so calling the
-    package calls the API's submit."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from frenzy_slurm.api import submit as api_submit
-
-        return api_submit(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage

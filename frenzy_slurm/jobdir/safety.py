@@ -33,9 +33,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from frenzy_slurm.errors import InputError
-from frenzy_slurm.inputfile import ancestors, unsafe_ancestor
-from frenzy_slurm.records import read_json_or_none, write_atomic, write_json
+from frenzy_slurm.core import inputfile
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.inputfile import ancestors, owner_name, unsafe_ancestor
+from frenzy_slurm.core.records import read_json_or_none, write_atomic, write_json
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -47,42 +48,16 @@ _JOB_OUTPUT = ("submission.json", "started.json", "finished.json", "metrics.json
 _RENDERED = ("job.sbatch", "plan.json", "model.yaml", "ds_config.json", "calibration.json", "rejected.json")
 
 
-def _owner_name(uid: int) -> str:
-    try:
-        import pwd
-
-        return pwd.getpwuid(uid).pw_name
-    except (KeyError, ImportError):
-        return str(uid)
-
-
-def _private_group(gid: int) -> bool:
-    """A user-private group (Debian's USERGROUPS: named after the user, no other members): its write bit
-    gives no one else access, as OpenSSH's StrictModes also accepts."""
-    try:
-        import grp
-        import pwd
-
-        me = pwd.getpwuid(os.geteuid()).pw_name
-        group = grp.getgrgid(gid)
-    except (KeyError, ImportError):
-        return False
-    return group.gr_name == me and set(group.gr_mem) <= {me}
-
-
-def _writable_by_others(st: os.stat_result) -> str | None:
-    """Who besides the owner may create, rename or delete entries in this directory ("everyone", "its group")."""
-    if st.st_mode & stat.S_IWOTH:
-        return "everyone"
-    if st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid):
-        return "its group"
-    return None
+def writable_by_others(st: os.stat_result) -> str | None:
+    """Who besides you may create, rename or delete entries in this directory ("everyone", "its group"), or
+    None: only a user-private group of yours gives no one else access (`inputfile.writable_by_others`)."""
+    return inputfile.writable_by_others(st, (os.geteuid(),))
 
 
 def _unsafe_ancestor(path: Path, st: os.stat_result) -> str | None:
     """Why the directory (or symbolic link) `path` above a private directory lets someone else swap what lies
     below it, or None: the StrictModes rule every trusted path follows (`inputfile.unsafe_ancestor`)."""
-    return unsafe_ancestor(st, {os.geteuid(), 0}, _writable_by_others)
+    return unsafe_ancestor(st, {os.geteuid(), 0}, writable_by_others)
 
 
 def check_ancestors(path: Path, what: str) -> None:
@@ -114,10 +89,10 @@ def check_private_dir(path: Path, what: str) -> os.stat_result:
         raise InputError(f"{what} {path} is not a directory.")
     if st.st_uid != os.geteuid():
         raise InputError(
-            f"{what} {path} belongs to {_owner_name(st.st_uid)}, not to you; files written there could be "
+            f"{what} {path} belongs to {owner_name(st.st_uid)}, not to you; files written there could be "
             "read or replaced by its owner. Use a directory of your own (set FRENZY_JOBS_DIR or --job-dir)."
         )
-    who = _writable_by_others(st)
+    who = writable_by_others(st)
     if who:
         raise InputError(
             f"{what} {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}): another user could "
@@ -167,7 +142,7 @@ def user_lock(key: str) -> Iterator[None]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             raise InputError(
-                f"lock file {path} is not a plain file of yours (owner {_owner_name(st.st_uid)}); "
+                f"lock file {path} is not a plain file of yours (owner {owner_name(st.st_uid)}); "
                 "remove it and run fsbatch again."
             )
         fcntl.flock(fd, fcntl.LOCK_EX)

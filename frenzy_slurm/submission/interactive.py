@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.jobdir import safety as jobdir
 from frenzy_slurm.jobspec.job import SlurmOptions
 from frenzy_slurm.render import component_flags
 from frenzy_slurm.slurm.commands import AllocComponent, salloc_argv
-from frenzy_slurm.submit import jobdir
 
 if TYPE_CHECKING:  # as in submit/__init__.py: planning imports jobdir
     from frenzy_slurm.planning import JobRequest

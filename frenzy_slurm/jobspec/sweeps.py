@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from frenzy_slurm.errors import InputError
+from frenzy_slurm.core.errors import InputError
 
 MAX_COMBINATIONS = 256  # more jobs than anyone reviews from one command: refused, as a typo (1e-4,...,) would be
 NAME_MAX = 64  # JobSpec.name's pattern: 1 + up to 63 characters
