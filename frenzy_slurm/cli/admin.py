@@ -6,10 +6,12 @@ frenzy-slurm memory examples/llama2-7b.yaml --plan dp=8,zero=1,mb=2 --json
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 import click
+from pydantic import ValidationError
 
 from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import (
@@ -31,8 +33,10 @@ from frenzy_slurm.cli.plan_view import (
     memory_rows,
 )
 from frenzy_slurm.errors import InputError, NoFitError
+from frenzy_slurm.jobspec import JobSpec
 from frenzy_slurm.marp import (
     estimate_memory,
+    job_overheads,
     parse_plan,
     pinned_plan,
     search,
@@ -40,7 +44,7 @@ from frenzy_slurm.marp import (
     workload_from_spec,
 )
 from frenzy_slurm.marp.frameworks import PROFILES, profile_lines, profile_summary
-from frenzy_slurm.marp.plan import Metric
+from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload, plan_error
 from frenzy_slurm.units import GiB
 
 
@@ -64,15 +68,16 @@ def main() -> None:
     "plan_text",
     metavar="KEY=VALUE,...",
     help="Estimate one plan instead of searching. Keys: dp, tp, pp, cp (degrees), zero (0-3), mb (micro-batch), "
-    "ga (gradient accumulation; default: global batch / (dp x mb)), ckpt (none|selective|full), "
-    "sp (sequence parallel: 1/0), offload (none|opt|opt+param); e.g. dp=8,zero=1,mb=2.",
+    "ga (gradient accumulation; default: global batch / (dp x mb)), ckpt (none|selective|full|op; default: "
+    "model.yaml's activation_checkpointing where it names one), sp (sequence parallel: 1/0), offload "
+    "(none|opt|opt+param); e.g. dp=8,zero=1,mb=2. With --world: only the keys given change the pinned plan.",
 )
 @click.option(
     "--world",
     type=click.IntRange(min=1, max=1 << 20),
     metavar="N",
     help="Estimate the one plan model.yaml pins (parallel:, training.micro_batch, activation_checkpointing) "
-    "at N GPUs, as fsbatch's search builds it; refused when it pins several.",
+    "at N GPUs, as fsbatch's search builds it; refused when it pins several (then give the rest with --plan).",
 )
 @click.option(
     "--metric",
@@ -136,13 +141,11 @@ def memory(
         click.echo(note, err=True)  # say whether user code ran on this machine (stderr: tables stay parseable)
     found = calib.site_calibration(site)
     w = workload_from_spec(spec, model, device=device or calib.site_device(site))
-    if plan_text and world:
-        raise InputError("give --plan or --world, not both")
     profile = profile_summary(spec)
     if not as_json:
         click.echo("\n".join(profile_lines(spec)), err=True)  # which framework's defaults made this estimate
     if plan_text or world:
-        plan = parse_plan(plan_text) if plan_text else pinned_plan(spec, w, world or 1)
+        plan = one_plan(spec, w, plan_text, world)
         gb = spec.training.global_batch
         if gb % (plan.dp * plan.micro_batch):
             raise InputError(
@@ -155,7 +158,7 @@ def memory(
             raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
         if plan.pp > w.arch.layers:
             raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
-        est = estimate_memory(w, plan, metric)
+        est = estimate_memory(w, plan, metric, job_overheads(spec))
         calibrated = calib.memory_plan_calibration(found, spec, est)
         usable = min((o.usable_bytes for o in gpu_options(gpus, max_gpus)), default=None) if gpus else None
         if plot:
@@ -179,7 +182,7 @@ def memory(
             fits = "fits" if est.peak <= opt.usable_bytes else "does NOT fit"
             click.echo(f"{opt.name}: {est.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
         return
-    options = gpu_options(gpus, max_gpus)
+    options = [replace(o, overheads=job_overheads(spec, o.overheads)) for o in gpu_options(gpus, max_gpus)]
     cands = search(
         w, options, spec.training.global_batch, spec.training.total_steps, max_gpus, search_space_from_spec(spec)
     )
@@ -198,6 +201,40 @@ def memory(
             f"{spec.name} fits on none of the GPU types within {max_gpus} GPUs. To fix: allow more GPUs (--max-gpus), "
             "ZeRO-3/offload, a shorter seq_len, or LoRA."
         )
+
+
+def one_plan(spec: JobSpec, w: Workload, plan_text: str | None, world: int | None) -> ParallelPlan:
+    """The plan `memory --plan/--world` estimates. --world: the plan model.yaml pins at that many GPUs, with the keys
+    --plan gives changed. --plan alone: its keys, and model.yaml's activation checkpointing where --plan names
+    none (a setting the user wrote is never dropped)."""
+    given = parse_plan(plan_text) if plan_text else None
+    if world is None:
+        assert given is not None
+        t = spec.training
+        if "recompute" in given.model_fields_set or t.activation_checkpointing == "auto":
+            return given
+        layers = -(-w.arch.layers // given.pp)
+        every = layers // t.checkpoint_every if t.checkpoint_every and t.activation_checkpointing == "full" else None
+        try:
+            return given.with_(recompute=t.activation_checkpointing, recompute_layers=every)
+        except ValidationError as exc:
+            raise InputError(f"--plan {plan_text} with model.yaml's checkpointing: {plan_error(exc)}") from None
+    base = pinned_plan(spec, w, world)
+    if given is None:
+        return base
+    changed = {k: getattr(given, k) for k in given.model_fields_set}
+    if changed.keys() & {"dp", "micro_batch"} and "grad_accum" not in changed:
+        changed["grad_accum"] = 1  # recomputed from the global batch below
+    try:
+        plan = base.with_(**changed)
+    except ValidationError as exc:
+        raise InputError(f"--plan {plan_text} with --world {world}: {plan_error(exc)}") from None
+    if plan.world != world:
+        raise InputError(
+            f"--plan {plan_text} with --world {world}: the plan's degrees (dp x tp x pp x cp) make {plan.world} "
+            f"GPUs, not {world}; change the degrees or --world"
+        )
+    return plan
 
 
 @main.command()

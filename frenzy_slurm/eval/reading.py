@@ -88,7 +88,7 @@ class Parallelism:
     tp: int | None = None
     pp: int | None = None
     cp: int | None = None
-    sequence_parallel: bool = False
+    sequence_parallel: bool | None = None  # None: not stated
     virtual_stages: int | None = None
     schedule: Schedule | None = None
     device_map: bool = False  # naive model parallelism: layers spread over GPUs, one active at a time
@@ -142,9 +142,10 @@ def parallelism(text: str) -> Parallelism:
         out.shard_group = found["hsdp"] if found["hsdp"] and "fsdp" in found else out.shard_group
     out.shard_group = found.get("shard", out.shard_group)
     out.virtual_stages = found.get("vpp")
-    out.sequence_parallel = bool(re.search(r"\bsp\b|sequence[- ]parallel", t)) and not re.search(
-        r"no(?:t)?\s+(?:sp|sequence[- ]parallel)", t
-    )
+    if re.search(r"no(?:t)?\s+(?:sp|sequence[- ]parallel)", t):
+        out.sequence_parallel = False
+    elif re.search(r"\bsp\b|sequence[- ]parallel", t):
+        out.sequence_parallel = True
     if "interleav" in t:
         out.schedule = "interleaved"
     elif "gpipe" in t or "all-forward" in t:

@@ -20,7 +20,7 @@ from frenzy_slurm.marp.frameworks import (
 )
 from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
 from frenzy_slurm.marp.overheads import Overheads
-from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload, parse_plan
+from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload, parse_plan
 
 __all__ = [
     "Candidate",
@@ -31,9 +31,12 @@ __all__ = [
     "SearchSpace",
     "StageMemory",
     "Workload",
+    "eager_module_loading",
     "estimate_memory",
+    "job_overheads",
     "parse_plan",
     "pinned_plan",
+    "predict_pinned",
     "search",
     "search_space_from_spec",
     "with_exact_params",
@@ -282,3 +285,40 @@ def pinned_plan(spec: JobSpec, w: Workload, world: int) -> ParallelPlan:
             "training.micro_batch and activation_checkpointing to name exactly one"
         )
     return plans[0]
+
+
+# torch 1.13 set CUDA_MODULE_LOADING=LAZY where the job's environment leaves it unset
+LAZY_LOADING_TORCH = (1, 13)
+
+
+def eager_module_loading(spec: JobSpec) -> bool:
+    """Whether the job loads every CUDA kernel at start (the larger context): entry.env CUDA_MODULE_LOADING says so,
+    or entry.torch_version is older than torch 1.13. A version not stated is a current release (lazy)."""
+    said = spec.entry.env.get("CUDA_MODULE_LOADING")
+    if said is not None:
+        if said.upper() not in ("LAZY", "EAGER"):
+            raise InputError(
+                f"entry.env.CUDA_MODULE_LOADING {said!r}: CUDA reads LAZY or EAGER; write one of them, or leave "
+                "it unset"
+            )
+        return said.upper() == "EAGER"
+    version = version_tuple(spec.entry.torch_version)
+    return version is not None and version[:2] < LAZY_LOADING_TORCH
+
+
+def job_overheads(spec: JobSpec, pool: Overheads | None = None) -> Overheads:
+    """The device overheads this job meets on a pool (the site file's `pools[].overheads`; the defaults without a
+    site): the pool's, with the CUDA context of the job's module loading (`eager_module_loading`). fsbatch,
+    `frenzy-slurm memory` and the accuracy benchmark all take the context from here."""
+    return (pool or Overheads()).for_module_loading(eager_module_loading(spec))
+
+
+def predict_pinned(
+    spec: JobSpec, model: ResolvedModel, world: int, metric: Metric, pool: Overheads | None = None, device: str = "cuda"
+) -> tuple[Workload, ParallelPlan, MemoryEstimate]:
+    """The per-GPU peak of the one plan model.yaml pins at `world` GPUs, as `frenzy-slurm memory --world` shows it
+    and fsbatch's search predicts it: the job's Workload, its pinned plan, and the estimate of `metric` with the
+    job's overheads on `pool`. InputError when the file pins no plan, or several."""
+    w = workload_from_spec(spec, model, device=device)
+    plan = pinned_plan(spec, w, world)
+    return w, plan, estimate_memory(w, plan, metric, job_overheads(spec, pool))
