@@ -133,9 +133,11 @@ def pct(v: float | None) -> str:
 
 
 def print_report(results: list[dict], summary: dict) -> None:
-    print(f"{'case':8} {'class':10} {'conf':6} {'meas':>7} {'MARP':>7} {'acc':>7} {'DS':>7} {'Mega':>7}  plan / phase")
+    n = min(28, max([4] + [len(r["case"]) for r in results]))
+    cols = f"{'meas':>7} {'MARP':>7} {'acc':>7} {'DS':>7} {'Mega':>7}"
+    print(f"{'case':{n}} {'class':10} {'conf':6} {cols}  plan / phase")
     for r in results:
-        head = f"{r['case'][:8]:8} {r['class']:10} {r['confidence'][:6]:6} "
+        head = f"{r['case'][:n]:{n}} {r['class']:10} {r['confidence'][:6]:6} "
         meas = f"{r['measured_gib']:7.2f}" if r["measured_gib"] is not None else f"{'?':>7}"
         if r["failure"]:
             print(f"{head}{meas}  FAILED: {r['failure']}")

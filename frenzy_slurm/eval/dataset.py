@@ -488,10 +488,20 @@ def _metric(raw: dict[str, str]) -> Metric:
     raise RowError(f"metric '{raw['metric_type']}' is not one MARP predicts")
 
 
-def _parallel_block(plan: ParallelPlan, stated_sp: bool | None) -> dict[str, object]:
-    sharding = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[plan.zero]
+def _sharding(plan: ParallelPlan, raw: dict[str, str]) -> str:
+    """model.yaml's sharding name for the row's plan: DeepSpeed's ZeRO stages where the row names ZeRO or DeepSpeed,
+    FSDP's names otherwise (under hf-trainer the name picks the backend)."""
+    text = " ".join(raw[k] for k in ("parallelism", "sharding_offload", "other_settings")).lower()
+    if plan.zero == 0:
+        return "none"
     if plan.shard_group is not None and plan.zero == 3:
-        sharding = "hybrid-shard"
+        return "hybrid-shard"
+    if plan.zero == 1 or re.search(r"zero|deepspeed", text):
+        return f"zero{plan.zero}"
+    return {2: "shard-grad-op", 3: "full-shard"}[plan.zero]
+
+
+def _parallel_block(plan: ParallelPlan, stated_sp: bool | None, sharding: str) -> dict[str, object]:
     return {
         "sharding": sharding,
         "tp": plan.tp,
@@ -556,7 +566,7 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
         "name": re.sub(r"[^A-Za-z0-9._-]", "-", f"row-{row.row_id}")[:64],
         "model": {"arch": arch.model_dump(exclude_defaults=True)},
         "training": _training_block(raw, row, plan, act_offload),
-        "parallel": _parallel_block(plan, _stated_sequence_parallel(raw)),
+        "parallel": _parallel_block(plan, _stated_sequence_parallel(raw), _sharding(plan, raw)),
         "entry": {
             "trainer": "script",
             "script": "train.py",
@@ -568,10 +578,15 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
     return spec, plan, arch
 
 
+def _cells(row: MeasuredRow) -> dict[str, str]:
+    """The row's cells, with the optional columns a CSV may lack read as empty."""
+    return dict.fromkeys((*SETTING_COLUMNS, *OTHER_TEXT_COLUMNS), "") | {k: (v or "") for k, v in row.raw.items()}
+
+
 def interpret_row(row: MeasuredRow) -> Interpreted:
     """The row as the model.yaml its run's user would write, planned as fsbatch plans it; RowError with the reason
     when the row's words do not say enough (or say something model.yaml cannot state)."""
-    raw = {k: (v or "") for k, v in row.raw.items()}
+    raw = _cells(row)
     spec, plan, arch = _spec_data(row, raw)
     try:
         job = JobSpec.model_validate(spec)
@@ -590,7 +605,7 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
 
 def measurement(row: MeasuredRow) -> Measurement:
     """What the row measured, as a case file's `measurement:` block (RowError when the value is not a number)."""
-    raw = {k: (v or "") for k, v in row.raw.items()}
+    raw = _cells(row)
     if not math.isfinite(row.measured_gib) or row.measured_gib <= 0:
         raise RowError(f"measured value '{raw.get('value_GiB', '')}' is missing or not positive")
     gpus = reading.named_config_devices(raw["num_gpus"]) or _gpu_count(raw["num_gpus"])

@@ -6,6 +6,8 @@ est = estimate_memory(workload_from_spec(spec, model), ParallelPlan(dp=4, zero=1
 
 from __future__ import annotations
 
+from typing import Literal
+
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import Optimizer
@@ -39,6 +41,7 @@ __all__ = [
     "predict_pinned",
     "search",
     "search_space_from_spec",
+    "state_layout",
     "with_exact_params",
     "workload_from_spec",
 ]
@@ -111,7 +114,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         fused_linear_loss=t.fused_linear_loss,
         compile=t.compile,
         compile_loss=t.compile_loss if t.compile_loss is not None else (prof.compiles_plain_loss or chunks > 1),
-        framework=prof.family,
+        framework=state_layout(spec),
         fused_optimizer=fused,
         optimizer_in_backward=t.optimizer_in_backward,
         activation_offload=t.activation_offload,
@@ -159,6 +162,22 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         expandable_segments=_alloc_conf(spec).expandable_segments,
         caching_allocator=device != "cpu",
     )
+
+
+# Frameworks that run either DeepSpeed or FSDP underneath (Transformers Trainer / accelerate): model.yaml's sharding
+# name says which, ZeRO stages naming DeepSpeed's engine and FSDP's names torch's
+_DEEPSPEED_SHARDING = ("zero1", "zero2", "zero3")
+
+
+def state_layout(spec: JobSpec) -> Literal["deepspeed", "torch", "megatron"]:
+    """How the job lays out model states and buffers: its framework's family, except that under hf-trainer
+    (whose backend is DeepSpeed or FSDP) parallel.sharding zero1/zero2/zero3 names DeepSpeed's engine (fp32 master
+    copy in the optimizer, flat buffers, the `deepspeed:` block's buckets) and full-shard/shard-grad-op/
+    hybrid-shard/none/auto name FSDP or DDP."""
+    prof = profile_of(spec)
+    if prof.name == "hf-trainer" and spec.parallel.sharding in _DEEPSPEED_SHARDING:
+        return "deepspeed"
+    return prof.family
 
 
 def _alloc_conf(spec: JobSpec) -> AllocatorConfig:

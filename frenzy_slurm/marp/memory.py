@@ -104,6 +104,7 @@ def _bytes(w: Workload) -> tuple[float, float, float, float, float]:
         "sgd-momentum": sdt,
         "adafactor": sdt * (1.0 / h + 1.0 / f),  # factored second moment: rows + columns per matrix
         "adam-8bit": 2.0 + 2 * 4.0 / 2048,  # two uint8 states + fp32 absmax per 2048-element block
+        "adam-4bit": 2 * (0.5 + 4.0 / 128),  # torchao AdamW4bit: two 4-bit states + an fp32 scale per 128 values
     }[w.optimizer]
     return wb, gb, states, master, sdt
 

@@ -90,6 +90,12 @@ def _client_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) ->
         except ImportError:
             raise SystemExit("optimizer adam-8bit needs bitsandbytes in the job's Python environment") from None
         return bnb.optim.Adam8bit(params, lr=lr)
+    if name == "adam-4bit":
+        try:
+            from torchao.optim import AdamW4bit  # type: ignore[import-not-found]
+        except ImportError:
+            raise SystemExit("optimizer adam-4bit needs torchao (AdamW4bit) in the job's Python") from None
+        return AdamW4bit(params, lr=lr)
     return None  # adam/adamw come from ds_config.json
 
 
