@@ -182,3 +182,16 @@ def test_the_benchmark_sets_no_overheads_of_its_own():
     assert "Overheads" not in text and "for_torch" not in text and "context_gib" not in text
     code = (ROOT / "frenzy_slurm" / "eval" / "cases.py").read_text()
     assert "predict_pinned" in code and "Overheads" not in code
+
+
+def test_the_converter_command(tmp_path):
+    from frenzy_slurm.eval.convert import main as convert_main
+
+    csv_path = tmp_path / "m.csv"
+    _write_csv(csv_path, [ROW, ROW | {"row_id": "X2", "optimizer": "Shampoo"}])
+    res = CliRunner().invoke(convert_main, [str(csv_path), str(tmp_path / "out")])
+    assert res.exit_code == 0 and "1 case files and 1 unreadable rows" in res.output
+    assert load_case(tmp_path / "out" / "X1.yaml").measurement.world_size == 8
+    (tmp_path / "bad.csv").write_text("row_id,category\nX,LoRA\n")
+    res = CliRunner().invoke(convert_main, [str(tmp_path / "bad.csv"), str(tmp_path / "out2")])
+    assert res.exit_code == 2 and "missing columns" in res.output

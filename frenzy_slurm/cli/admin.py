@@ -44,6 +44,7 @@ from frenzy_slurm.marp import (
     workload_from_spec,
 )
 from frenzy_slurm.marp.frameworks import PROFILES, profile_lines, profile_summary
+from frenzy_slurm.marp.memory import MemoryEstimate
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload, plan_error
 from frenzy_slurm.units import GiB
 
@@ -132,9 +133,10 @@ def memory(
     """Per-GPU peak training memory of MODEL_YAML: one plan's breakdown, or the candidates per GPU type."""
     from frenzy_slurm.cli import calibrate as calib
 
-    if plot and not plan_text:
+    if plot and not (plan_text or world):
         raise InputError(
-            "--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png"
+            "--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png "
+            "(or --world N)"
         )
     spec, model = load(model_yaml, trace=trace_factory, site=site)
     if (note := factory_note(spec, model)) is not None and not as_json:
@@ -145,19 +147,7 @@ def memory(
     if not as_json:
         click.echo("\n".join(profile_lines(spec)), err=True)  # which framework's defaults made this estimate
     if plan_text or world:
-        plan = one_plan(spec, w, plan_text, world)
-        gb = spec.training.global_batch
-        if gb % (plan.dp * plan.micro_batch):
-            raise InputError(
-                f"--plan: global_batch({gb}) is not a multiple of dp({plan.dp}) * mb({plan.micro_batch}); "
-                "change dp or mb so that they divide it"
-            )
-        if plan.grad_accum == 1:
-            plan = plan.with_(grad_accum=gb // (plan.dp * plan.micro_batch))
-        if plan.tp > 1 and (w.arch.heads % plan.tp or w.arch.kv % plan.tp):
-            raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
-        if plan.pp > w.arch.layers:
-            raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
+        plan = _checked(spec, w, one_plan(spec, w, plan_text, world))
         est = estimate_memory(w, plan, metric, job_overheads(spec))
         calibrated = calib.memory_plan_calibration(found, spec, est)
         usable = min((o.usable_bytes for o in gpu_options(gpus, max_gpus)), default=None) if gpus else None
@@ -168,16 +158,8 @@ def memory(
         if as_json:
             print_json(memory_json(est) | {"profile": profile} | ({"calibration": calibrated} if calibrated else {}))
             return
-        header, rows = memory_rows(est)
         click.echo(f"{spec.name}: {model.name}, plan {plan.short()}, {metric} memory per GPU (GiB)")
-        click.echo(table(rows, header))
-        from frenzy_slurm.cli.memory_picture import terminal_bars
-
-        click.echo(terminal_bars(est, usable_gib=usable / GiB if usable else None))
-        if plot:
-            click.echo(f"breakdown drawn in {plot}")
-        if calibrated:
-            click.echo(calib.memory_plan_line(calibrated))
+        _echo_breakdown(est, usable, plot, calib.memory_plan_line(calibrated) if calibrated else None)
         for opt in gpu_options(gpus, max_gpus) if gpus else []:
             fits = "fits" if est.peak <= opt.usable_bytes else "does NOT fit"
             click.echo(f"{opt.name}: {est.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
@@ -189,9 +171,8 @@ def memory(
     if as_json:
         print_json(candidate_json(cands) | {"profile": profile})
     else:
-        header, rows = candidate_rows(cands, top)
         click.echo(f"{spec.name}: {model.name}; fastest plans per GPU type (device memory incl. overhead)")
-        click.echo(table(rows, header))
+        click.echo(table(*reversed(candidate_rows(cands, top))))
         both = calib.calibrated_search_rows(found, spec, w, options, max_gpus)
         if both and found is not None:  # rows come only with a calibration
             click.echo(f"raw and calibrated ({found[1]}):")
@@ -201,6 +182,35 @@ def memory(
             f"{spec.name} fits on none of the GPU types within {max_gpus} GPUs. To fix: allow more GPUs (--max-gpus), "
             "ZeRO-3/offload, a shorter seq_len, or LoRA."
         )
+
+
+def _checked(spec: JobSpec, w: Workload, plan: ParallelPlan) -> ParallelPlan:
+    """The plan with its gradient accumulation from the global batch; InputError where it cannot run this model."""
+    gb = spec.training.global_batch
+    if gb % (plan.dp * plan.micro_batch):
+        raise InputError(
+            f"--plan: global_batch({gb}) is not a multiple of dp({plan.dp}) * mb({plan.micro_batch}); "
+            "change dp or mb so that they divide it"
+        )
+    if plan.grad_accum == 1:
+        plan = plan.with_(grad_accum=gb // (plan.dp * plan.micro_batch))
+    if plan.tp > 1 and (w.arch.heads % plan.tp or w.arch.kv % plan.tp):
+        raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
+    if plan.pp > w.arch.layers:
+        raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
+    return plan
+
+
+def _echo_breakdown(est: MemoryEstimate, usable: float | None, plot: Path | None, calibrated: str | None) -> None:
+    header, rows = memory_rows(est)
+    click.echo(table(rows, header))
+    from frenzy_slurm.cli.memory_picture import terminal_bars
+
+    click.echo(terminal_bars(est, usable_gib=usable / GiB if usable else None))
+    if plot:
+        click.echo(f"breakdown drawn in {plot}")
+    if calibrated:
+        click.echo(calibrated)
 
 
 def one_plan(spec: JobSpec, w: Workload, plan_text: str | None, world: int | None) -> ParallelPlan:
