@@ -171,8 +171,9 @@ def memory(
     if as_json:
         print_json(candidate_json(cands) | {"profile": profile})
     else:
+        header, rows = candidate_rows(cands, top)
         click.echo(f"{spec.name}: {model.name}; fastest plans per GPU type (device memory incl. overhead)")
-        click.echo(table(*reversed(candidate_rows(cands, top))))
+        click.echo(table(rows, header))
         both = calib.calibrated_search_rows(found, spec, w, options, max_gpus)
         if both and found is not None:  # rows come only with a calibration
             click.echo(f"raw and calibrated ({found[1]}):")
