@@ -164,7 +164,6 @@ class LoraSpec(_Strict):
         "backward; from 0.43.2 it keeps only the 4-bit weight. Default: an older release (the input is saved).",
     )
 
-
     @field_validator("dora")
     @classmethod
     def _no_dora(cls, v: bool) -> bool:
