@@ -6,10 +6,12 @@ frenzy-slurm memory examples/llama2-7b.yaml --plan dp=8,zero=1,mb=2 --json
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 import click
+from pydantic import ValidationError
 
 from frenzy_slurm.cli.common import (
     QuietPipeGroup,
@@ -34,8 +36,10 @@ from frenzy_slurm.core.records import write_atomic
 from frenzy_slurm.core.units import GiB
 from frenzy_slurm.core.version import __version__
 from frenzy_slurm.jobdir.paths import jobs_dir
+from frenzy_slurm.jobspec import JobSpec
 from frenzy_slurm.marp import (
     estimate_memory,
+    job_overheads,
     parse_plan,
     pinned_plan,
     search,
@@ -43,7 +47,8 @@ from frenzy_slurm.marp import (
     workload_from_spec,
 )
 from frenzy_slurm.marp.frameworks import PROFILES, profile_lines, profile_summary
-from frenzy_slurm.marp.plan import Metric
+from frenzy_slurm.marp.memory import MemoryEstimate
+from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload, plan_error
 
 
 @click.group(cls=QuietPipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,15 +71,16 @@ def main() -> None:
     "plan_text",
     metavar="KEY=VALUE,...",
     help="Estimate one plan instead of searching. Keys: dp, tp, pp, cp (degrees), zero (0-3), mb (micro-batch), "
-    "ga (gradient accumulation; default: global batch / (dp x mb)), ckpt (none|selective|full), "
-    "sp (sequence parallel: 1/0), offload (none|opt|opt+param); e.g. dp=8,zero=1,mb=2.",
+    "ga (gradient accumulation; default: global batch / (dp x mb)), ckpt (none|selective|full|op; default: "
+    "model.yaml's activation_checkpointing where it names one), sp (sequence parallel: 1/0), offload "
+    "(none|opt|opt+param); e.g. dp=8,zero=1,mb=2. With --world: only the keys given change the pinned plan.",
 )
 @click.option(
     "--world",
     type=click.IntRange(min=1, max=1 << 20),
     metavar="N",
     help="Estimate the one plan model.yaml pins (parallel:, training.micro_batch, activation_checkpointing) "
-    "at N GPUs, as fsbatch's search builds it; refused when it pins several.",
+    "at N GPUs, as fsbatch's search builds it; refused when it pins several (then give the rest with --plan).",
 )
 @click.option(
     "--metric",
@@ -129,35 +135,22 @@ def memory(
     """Per-GPU peak training memory of MODEL_YAML: one plan's breakdown, or the candidates per GPU type."""
     from frenzy_slurm.cli import calibrate as calib
 
-    if plot and not plan_text:
+    if plot and not (plan_text or world):
         raise InputError(
-            "--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png"
+            "--plot draws one plan's breakdown: give the plan too, e.g. --plan dp=8,zero=1,mb=2 --plot mem.png "
+            "(or --world N)"
         )
     spec, model = load(model_yaml, trace=trace_factory, site=site)
     if (note := factory_note(spec, model)) is not None and not as_json:
         click.echo(note, err=True)  # say whether user code ran on this machine (stderr: tables stay parseable)
     found = calib.site_calibration(site)
     w = workload_from_spec(spec, model, device=device or calib.site_device(site))
-    if plan_text and world:
-        raise InputError("give --plan or --world, not both")
     profile = profile_summary(spec)
     if not as_json:
         click.echo("\n".join(profile_lines(spec)), err=True)  # which framework's defaults made this estimate
     if plan_text or world:
-        plan = parse_plan(plan_text) if plan_text else pinned_plan(spec, w, world or 1)
-        gb = spec.training.global_batch
-        if gb % (plan.dp * plan.micro_batch):
-            raise InputError(
-                f"--plan: global_batch({gb}) is not a multiple of dp({plan.dp}) * mb({plan.micro_batch}); "
-                "change dp or mb so that they divide it"
-            )
-        if plan.grad_accum == 1:
-            plan = plan.with_(grad_accum=gb // (plan.dp * plan.micro_batch))
-        if plan.tp > 1 and (w.arch.heads % plan.tp or w.arch.kv % plan.tp):
-            raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
-        if plan.pp > w.arch.layers:
-            raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
-        est = estimate_memory(w, plan, metric)
+        plan = _checked(spec, w, one_plan(spec, w, plan_text, world))
+        est = estimate_memory(w, plan, metric, job_overheads(spec))
         calibrated = calib.memory_plan_calibration(found, spec, est)
         usable = min((o.usable_bytes for o in gpu_options(gpus, max_gpus)), default=None) if gpus else None
         if plot:
@@ -167,21 +160,13 @@ def memory(
         if as_json:
             print_json(memory_json(est) | {"profile": profile} | ({"calibration": calibrated} if calibrated else {}))
             return
-        header, rows = memory_rows(est)
         click.echo(f"{spec.name}: {model.name}, plan {plan.short()}, {metric} memory per GPU (GiB)")
-        click.echo(table(rows, header))
-        from frenzy_slurm.cli.memory_picture import terminal_bars
-
-        click.echo(terminal_bars(est, usable_gib=usable / GiB if usable else None))
-        if plot:
-            click.echo(f"breakdown drawn in {plot}")
-        if calibrated:
-            click.echo(calib.memory_plan_line(calibrated))
+        _echo_breakdown(est, usable, plot, calib.memory_plan_line(calibrated) if calibrated else None)
         for opt in gpu_options(gpus, max_gpus) if gpus else []:
             fits = "fits" if est.peak <= opt.usable_bytes else "does NOT fit"
             click.echo(f"{opt.name}: {est.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
         return
-    options = gpu_options(gpus, max_gpus)
+    options = [replace(o, overheads=job_overheads(spec, o.overheads)) for o in gpu_options(gpus, max_gpus)]
     cands = search(
         w, options, spec.training.global_batch, spec.training.total_steps, max_gpus, search_space_from_spec(spec)
     )
@@ -200,6 +185,69 @@ def memory(
             f"{spec.name} fits on none of the GPU types within {max_gpus} GPUs. To fix: allow more GPUs (--max-gpus), "
             "ZeRO-3/offload, a shorter seq_len, or LoRA."
         )
+
+
+def _checked(spec: JobSpec, w: Workload, plan: ParallelPlan) -> ParallelPlan:
+    """The plan with its gradient accumulation from the global batch; InputError where it cannot run this model."""
+    gb = spec.training.global_batch
+    if gb % (plan.dp * plan.micro_batch):
+        raise InputError(
+            f"--plan: global_batch({gb}) is not a multiple of dp({plan.dp}) * mb({plan.micro_batch}); "
+            "change dp or mb so that they divide it"
+        )
+    if plan.grad_accum == 1:
+        plan = plan.with_(grad_accum=gb // (plan.dp * plan.micro_batch))
+    if plan.tp > 1 and (w.arch.heads % plan.tp or w.arch.kv % plan.tp):
+        raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
+    if plan.pp > w.arch.layers:
+        raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
+    return plan
+
+
+def _echo_breakdown(est: MemoryEstimate, usable: float | None, plot: Path | None, calibrated: str | None) -> None:
+    header, rows = memory_rows(est)
+    click.echo(table(rows, header))
+    from frenzy_slurm.cli.memory_picture import terminal_bars
+
+    click.echo(terminal_bars(est, usable_gib=usable / GiB if usable else None))
+    if plot:
+        click.echo(f"breakdown drawn in {plot}")
+    if calibrated:
+        click.echo(calibrated)
+
+
+def one_plan(spec: JobSpec, w: Workload, plan_text: str | None, world: int | None) -> ParallelPlan:
+    """The plan `memory --plan/--world` estimates. --world: the plan model.yaml pins at that many GPUs, with the keys
+    --plan gives changed. --plan alone: its keys, and model.yaml's activation checkpointing where --plan names
+    none (a setting the user wrote is never dropped)."""
+    given = parse_plan(plan_text) if plan_text else None
+    if world is None:
+        assert given is not None
+        t = spec.training
+        if "recompute" in given.model_fields_set or t.activation_checkpointing == "auto":
+            return given
+        layers = -(-w.arch.layers // given.pp)
+        every = layers // t.checkpoint_every if t.checkpoint_every and t.activation_checkpointing == "full" else None
+        try:
+            return given.with_(recompute=t.activation_checkpointing, recompute_layers=every)
+        except ValidationError as exc:
+            raise InputError(f"--plan {plan_text} with model.yaml's checkpointing: {plan_error(exc)}") from None
+    base = pinned_plan(spec, w, world)
+    if given is None:
+        return base
+    changed = {k: getattr(given, k) for k in given.model_fields_set}
+    if changed.keys() & {"dp", "micro_batch"} and "grad_accum" not in changed:
+        changed["grad_accum"] = 1  # recomputed from the global batch below
+    try:
+        plan = base.with_(**changed)
+    except ValidationError as exc:
+        raise InputError(f"--plan {plan_text} with --world {world}: {plan_error(exc)}") from None
+    if plan.world != world:
+        raise InputError(
+            f"--plan {plan_text} with --world {world}: the plan's degrees (dp x tp x pp x cp) make {plan.world} "
+            f"GPUs, not {world}; change the degrees or --world"
+        )
+    return plan
 
 
 @main.command()

@@ -1,16 +1,19 @@
-"""Reading published training-memory measurements (CSV) into MARP workloads.
+"""Reading published training-memory measurements (CSV) as the model.yaml each run's user would write.
 
-Each row of a measurements CSV (schema: shared/data/README.md) describes a run in
-free text. `interpret_row` turns it into (Workload, ParallelPlan, Metric) or a
-reason why it cannot, so the accuracy benchmark never drops a row silently.
+Each row of a measurements CSV (schema: shared/data/README.md) describes a run in free text. `interpret_row`
+turns it into a model.yaml (JobSpec) planned as fsbatch plans it, `measurement` into what was measured, or
+RowError with the reason, which the converter (eval/convert.py) records as a failure: no row is dropped.
 
-A row is read from its own settings columns only (eval/reading.py parses the phrasings): never from
-its source URL, location, notes or a year, so that a rule cannot be keyed to where a row came from.
+The run's settings are read from its settings columns (eval/reading.py parses the phrasings). The framework and
+torch version a row ran are named where its source names them: in the settings columns first, else in any other
+free-text column (metric, GPU, source, location, quote, notes), read as words, never matched to a
+particular source.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +22,13 @@ from pydantic import ValidationError
 
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.eval import reading
+from frenzy_slurm.eval.cases import Confidence, Measurement
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.jobspec.job import Attention, FrameworkName, Method, Optimizer
-from frenzy_slurm.marp import pinned_plan, workload_from_spec
+from frenzy_slurm.jobspec.job import FrameworkName, Method, Optimizer, OptimizerName
+from frenzy_slurm.marp import job_overheads, pinned_plan, workload_from_spec
 from frenzy_slurm.marp.frameworks import PROFILES
-from frenzy_slurm.marp.overheads import Overheads, for_torch
+from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
 
@@ -75,13 +79,17 @@ class MeasuredRow:
 @dataclass(frozen=True)
 class Interpreted:
     """A row as fsbatch would plan it: the model.yaml it describes (`spec`), the Workload and plan the product's
-    functions give for it, what was measured (`metric`), and the device overheads of the stack it ran on."""
+    functions give for it, and what was measured (`metric`)."""
 
     workload: Workload
     plan: ParallelPlan
     metric: Metric
-    overheads: Overheads
     spec: JobSpec
+
+    @property
+    def overheads(self) -> Overheads:
+        """The device overheads the product gives this model.yaml (the defaults of a pool without a site file)."""
+        return job_overheads(self.spec)
 
 
 def read_measurements(path: Path) -> list[MeasuredRow]:
@@ -109,6 +117,8 @@ def read_measurements(path: Path) -> list[MeasuredRow]:
     return rows
 
 
+# the free-text columns beside the settings, where a source may name the framework and its version
+OTHER_TEXT_COLUMNS = ("gpu", "metric_measured", "unit", "source", "location", "quote", "notes")
 SETTING_COLUMNS = (
     "model",
     "precision",
@@ -229,6 +239,24 @@ def _settings(raw: dict[str, str]) -> str:
     return " | ".join(raw.get(k, "") for k in SETTING_COLUMNS)
 
 
+def _other_text(raw: dict[str, str]) -> str:
+    return " | ".join(raw.get(k, "") for k in OTHER_TEXT_COLUMNS)
+
+
+def _named_frameworks(raw: dict[str, str]) -> set[str]:
+    """The frameworks the row names: a specific framework in its settings wins; where the settings name none (or
+    only plain PyTorch/FSDP), the frameworks its other free-text columns name."""
+    named = reading.frameworks(_settings(raw))
+    if named - {"torch"}:
+        return named
+    return named | reading.frameworks(_other_text(raw))
+
+
+def _torch_version(raw: dict[str, str]) -> tuple[int, int] | None:
+    """The torch version the row states, in its settings or else in its other free-text columns."""
+    return reading.torch_version(_settings(raw)) or reading.torch_version(_other_text(raw))
+
+
 def _zero_stage(text: str, sharded: bool) -> int:
     m = re.search(r"zero[- _]?(?:stage)?[- _]?([0-3])\b", text)
     if m:
@@ -270,20 +298,8 @@ def _plan(
         # FSDP HYBRID_SHARD shards within a node and replicates across nodes
         per_node = re.search(r"(\d+)\s*(?:gpus?)?\s*(?:per|/)\s*node", text + " " + raw["num_gpus"].lower())
         par.shard_group = min(dp, int(per_node.group(1)) if per_node else 8)
-    offload_text = raw["sharding_offload"].lower() + " " + raw["other_settings"].lower()
-    offload = bool(re.search(r"offload", offload_text)) and not re.search(
-        r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", offload_text
-    )
-    offload_params = offload and zero == 3 and bool(re.search(r"param|fsdp cpu offload|cpu offload \(", offload_text))
-    if local_batch and pp > 1:  # a local batch split into the pipeline's micro-batches
-        micro = par.microbatches or pp
-        mb, ga = max(1, local_batch // micro), micro
-    elif ga_stated is not None:
-        ga = ga_stated
-    elif gbs:
-        ga = max(1, gbs // (mb * dp))
-    else:
-        ga = par.microbatches or 1
+    offload, offload_params = _offload(raw, zero)
+    mb, ga = _accumulation(par, pp, dp, mb, ga_stated, gbs, local_batch)
     ac = raw["activation_ckpt"].lower()
     try:
         plan = ParallelPlan(
@@ -294,7 +310,8 @@ def _plan(
             zero=zero,
             micro_batch=mb,
             grad_accum=ga,
-            sequence_parallel=par.sequence_parallel and tp > 1,
+            # not stated: what model.yaml gives when it says nothing (on whenever tp > 1)
+            sequence_parallel=par.sequence_parallel is not False and tp > 1,
             recompute=_recompute(raw),
             offload_optimizer=offload and zero >= 1,
             offload_params=offload_params,
@@ -308,9 +325,36 @@ def _plan(
     return plan, act_offload
 
 
+def _stated_sequence_parallel(raw: dict[str, str]) -> bool | None:
+    text = " ".join(raw[k] for k in ("parallelism", "sharding_offload", "other_settings")).lower()
+    return reading.parallelism(text).sequence_parallel
+
+
+def _offload(raw: dict[str, str], zero: int) -> tuple[bool, bool]:
+    """(optimizer states offloaded, parameters offloaded too) as the row states them."""
+    text = raw["sharding_offload"].lower() + " " + raw["other_settings"].lower()
+    offload = bool(re.search(r"offload", text)) and not re.search(r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", text)
+    return offload, offload and zero == 3 and bool(re.search(r"param|fsdp cpu offload|cpu offload \(", text))
+
+
+def _accumulation(
+    par: reading.Parallelism, pp: int, dp: int, mb: int, ga_stated: int | None, gbs: int | None, local: int | None
+) -> tuple[int, int]:
+    """(micro-batch, gradient accumulation): a local batch split into the pipeline's micro-batches, the stated
+    accumulation, or the global batch over dp x micro-batch."""
+    if local and pp > 1:
+        micro = par.microbatches or pp
+        return max(1, local // micro), micro
+    if ga_stated is not None:
+        return mb, ga_stated
+    if gbs:
+        return mb, max(1, gbs // (mb * dp))
+    return mb, par.microbatches or 1
+
+
 def _recompute(raw: dict[str, str]) -> Recompute:
     ac = raw["activation_ckpt"].strip().lower()
-    framework = _framework(reading.frameworks(_settings(raw)))
+    framework = _framework(_named_frameworks(raw))
     if framework == "torchtitan" and ("selective" in ac or re.search(r"\bsac\b", ac)):
         # torchtitan's selective checkpointing is per op (SelectiveAC: every other matmul and the attention output
         # kept); a row that names a layer interval ("selective, every 2 layers") checkpoints whole blocks instead
@@ -342,28 +386,26 @@ def _lora(raw: dict[str, str], method: str, fws: set[str]) -> tuple[int, tuple[s
     return rank or 8, targets or ("q", "v")
 
 
-def interpret_row(row: MeasuredRow) -> Interpreted:
-    raw = {k: (v or "") for k, v in row.raw.items()}
-    settings = _settings(raw)
-    fws = reading.frameworks(settings)
-    cat = row.category.lower()
-    method: Method = "qlora" if "qlora" in cat else ("lora" if "lora" in cat else "full")
-    arch = _arch(raw)
-    stated = reading.batch(
+def _method(category: str) -> Method:
+    cat = category.lower()
+    return "qlora" if "qlora" in cat else ("lora" if "lora" in cat else "full")
+
+
+def _stated_batch(raw: dict[str, str]) -> reading.Batch:
+    return reading.batch(
         " ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch", "seq_len"))
     )
-    seq = _seq_len(raw["seq_len"], stated.seq_len)
-    mb_text = raw["micro_batch"].lower()
-    local_batch = stated.local_batch if "local" in mb_text else None
-    mb = local_batch or _first_int(raw["micro_batch"], "micro_batch")
-    # GPUs: the count stated, or the `devices` of the configuration file the row says it ran ("devices per X.yaml")
-    gpus = reading.named_config_devices(raw["num_gpus"]) or _gpu_count(raw["num_gpus"])
 
+
+def _precision(raw: dict[str, str]) -> reading.PrecisionReading:
     prec = reading.precision(raw["precision"] + " " + raw["other_settings"])
     if prec.precision is None:
         raise RowError(f"precision '{raw['precision']}' is not recognised")
-    precision = prec.precision
+    return prec
 
+
+def _optimizer(raw: dict[str, str]) -> tuple[OptimizerName, str | None, bool]:
+    """(model.yaml's optimizer name, its implementation where stated, stepped in backward) from the row's words."""
     for col in ("optimizer", "sharding_offload"):
         if raw[col].strip().lower().startswith(("unclear", "not stated", "unknown")):
             raise RowError(f"{col} is not stated by the source ('{raw[col]}')")
@@ -380,124 +422,172 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     elif not re.search(r"adam|lamb|\bdefault|\(config\)", opt_text) and opt_text.strip():
         raise RowError(f"optimizer '{raw['optimizer']}' has no state model in MARP")
     in_bwd = any(k in opt_text + raw["other_settings"].lower() for k in ("in bwd", "in_bwd", "into backward"))
-    paged = "paged" in opt_text
-
-    framework = _framework(fws)
-    # The optimizer implementation where the row states it; else the framework's default (its profile). A row
-    # that ran DeepSpeed ran its own config, whose Adam/AdamW is DeepSpeed's FusedAdam (the profile's default).
+    # The implementation where the row states it; else the framework's default (its profile). A row that ran
+    # DeepSpeed ran its own config, whose Adam/AdamW is DeepSpeed's FusedAdam (the profile's default).
     impl: str | None = None
     if re.search(r"foreach", opt_text):
         impl = "foreach"
     elif re.search(r"fused(?!\s*into)(?! in)|apex|adamw_torch_fused", opt_text) and not in_bwd:
         impl = "fused"
-    version = reading.torch_version(settings)
+    if "paged" not in opt_text:
+        return optimizer, impl, in_bwd
+    paged = {"adamw": "paged-adamw", "adam-8bit": "paged-adamw-8bit"}.get(optimizer)
+    if paged is None:
+        raise RowError(f"optimizer '{raw['optimizer']}' is paged but has no paged variant MARP models")
+    return paged, impl, in_bwd  # type: ignore[return-value]  # the literal names above
 
+
+def _row_plan(
+    raw: dict[str, str], stated: reading.Batch, gpus: int, mb: int, local_batch: int | None
+) -> tuple[ParallelPlan, bool]:
+    ga_cell = raw["grad_accum_or_global_batch"].strip()
+    ga = stated.grad_accum if stated.grad_accum is not None else (int(ga_cell) if ga_cell.isdigit() else None)
     named_gbs = reading.named_config_global_batch(
         " ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings"))
     )
-    plan, act_offload = _plan(
-        raw,
-        gpus,
-        mb,
-        stated.grad_accum
-        if stated.grad_accum is not None
-        else (int(raw["grad_accum_or_global_batch"]) if raw["grad_accum_or_global_batch"].strip().isdigit() else None),
-        stated.global_batch or named_gbs,
-        local_batch,
-    )
-    every = re.search(r"every\s*(\d+)(?:\w*\s*)?(?:layers?|blocks?)?", raw["activation_ckpt"].lower())
-    checkpoint_every = int(every.group(1)) if every and plan.recompute == "full" else None
+    return _plan(raw, gpus, mb, ga, stated.global_batch or named_gbs, local_batch)
 
+
+def _loss_chunks(raw: dict[str, str], framework: FrameworkName, config_defaults: bool) -> int | None:
+    """A row that says it ran a torchtune shipped config's defaults runs what those files set (the profile's
+    CEWithChunkedOutputLoss) unless it names its loss; a row that lists its own settings ran a plain loss unless
+    it names the chunked one. litgpt's scripts chunk the loss by 128 tokens whatever else is said (its profile)."""
     other = raw["other_settings"].lower()
-    # A torchtune row that says it ran a shipped config's defaults ("config default", "<config> defaults") runs
-    # what those files set where the row states nothing else (the torchtune profile's defaults:
-    # CEWithChunkedOutputLoss, lora_dropout 0.0); a row that lists its own settings ran a plain loss unless it
-    # names the chunked one, and the LoRA dropout of PEFT's examples
+    if framework == "litgpt":
+        return None
+    if "chunked" in other:
+        return 8  # torchtune's CEWithChunkedOutputLoss: 8 chunks
+    if not config_defaults or re.search(r"cross[- _]?entropy|\bce\b|\bloss\b", other):
+        return 1
+    return None
+
+
+def _lora_block(raw: dict[str, str], method: Method, fws: set[str], settings: str, config_defaults: bool) -> dict:
+    rank, targets = _lora(raw, method, fws) if method != "full" else (16, ("q", "v"))
+    text = settings.lower()
+    lora: dict[str, object] = {"rank": rank, "targets": list(targets)}
+    if not config_defaults:
+        lora["dropout"] = 0.05  # the LoRA dropout of PEFT's examples; torchtune's configs set 0.0 (its profile)
+    double_quant = bool(re.search(r"nf4[-_]dq|double[- _]quant", text))
+    if re.search(r"bnb|bitsandbytes", text):
+        lora["quantizer"] = "bitsandbytes"
+        lora["double_quant"] = double_quant
+    elif double_quant:
+        lora["double_quant"] = True
+    return lora
+
+
+def _metric(raw: dict[str, str]) -> Metric:
+    text = raw["metric_type"].lower()
+    if "nvml" in text or "nvidia-smi" in text:
+        return "device"
+    if "reserved" in text or "unspecified" in text:
+        return "reserved"
+    if "allocated" in text or "active" in text:
+        return "allocated"
+    raise RowError(f"metric '{raw['metric_type']}' is not one MARP predicts")
+
+
+def _sharding(plan: ParallelPlan, raw: dict[str, str]) -> str:
+    """model.yaml's sharding name for the row's plan: DeepSpeed's ZeRO stages where the row names ZeRO or DeepSpeed,
+    FSDP's names otherwise (under hf-trainer the name picks the backend)."""
+    text = " ".join(raw[k] for k in ("parallelism", "sharding_offload", "other_settings")).lower()
+    if plan.zero == 0:
+        return "none"
+    if plan.shard_group is not None and plan.zero == 3:
+        return "hybrid-shard"
+    if plan.zero == 1 or re.search(r"zero|deepspeed", text):
+        return f"zero{plan.zero}"
+    return {2: "shard-grad-op", 3: "full-shard"}[plan.zero]
+
+
+def _parallel_block(plan: ParallelPlan, stated_sp: bool | None, sharding: str) -> dict[str, object]:
+    return {
+        "sharding": sharding,
+        "tp": plan.tp,
+        "pp": plan.pp,
+        "cp": plan.cp,
+        **({"sequence_parallel": stated_sp} if stated_sp is not None and plan.tp > 1 else {}),
+        "schedule": plan.schedule,
+        "virtual_stages": plan.virtual_stages,
+        "offload_optimizer": plan.offload_optimizer,
+        "offload_params": plan.offload_params,
+        **({"shard_group": plan.shard_group} if plan.shard_group else {}),
+    }
+
+
+def _training_block(raw: dict[str, str], row: MeasuredRow, plan: ParallelPlan, act_offload: bool) -> dict:
+    settings = _settings(raw)
+    fws = _named_frameworks(raw)
+    framework = _framework(fws)
+    method = _method(row.category)
+    prec = _precision(raw)
+    optimizer, impl, in_bwd = _optimizer(raw)
     config_defaults = framework == "torchtune" and bool(
         re.search(
             r"\bconfig(?:uration)? defaults?\b|[\w/.-]+_(?:device|lora|qlora|full)\w*\s+defaults?\b", settings.lower()
         )
     )
-    chunks: int | None = None
-    if framework != "litgpt":  # litgpt's scripts chunk the loss by 128 tokens whatever else is said (its profile)
-        if "chunked" in other:
-            chunks = 8  # torchtune's CEWithChunkedOutputLoss: 8 chunks
-        elif not config_defaults or re.search(r"cross[- _]?entropy|\bce\b|\bloss\b", other):
-            chunks = 1
-    rank, targets = _lora(raw, method, fws) if method != "full" else (16, ("q", "v"))
-    text = settings.lower()
-    bnb = bool(re.search(r"bnb|bitsandbytes", text))
-    lora: dict[str, object] = {"rank": rank, "targets": list(targets)}
-    if not config_defaults:
-        lora["dropout"] = 0.05
-    if bnb:
-        lora["quantizer"] = "bitsandbytes"
-        lora["double_quant"] = bool(re.search(r"nf4[-_]dq|double[- _]quant", text))
-    elif re.search(r"nf4[-_]dq|double[- _]quant", text):
-        lora["double_quant"] = True
+    chunks = _loss_chunks(raw, framework, config_defaults)
+    every = re.search(r"every\s*(\d+)(?:\w*\s*)?(?:layers?|blocks?)?", raw["activation_ckpt"].lower())
+    checkpoint_every = int(every.group(1)) if every and plan.recompute == "full" else None
+    return {
+        "seq_len": _seq_len(raw["seq_len"], _stated_batch(raw).seq_len),
+        "global_batch": plan.micro_batch * plan.grad_accum * plan.dp,
+        "micro_batch": plan.micro_batch,
+        "steps": 1,
+        "precision": prec.precision,
+        "optimizer": optimizer,
+        "optimizer_in_backward": in_bwd,
+        "attention": "eager" if "eager" in raw["attention_impl"].lower() else "sdpa",
+        "activation_checkpointing": plan.recompute,
+        "activation_offload": act_offload,
+        "fp8": prec.fp8,
+        "compile": reading.yes_no(raw["compile"]) is True,
+        "method": method,
+        "lora": _lora_block(raw, method, fws, settings, config_defaults),
+        **({"optimizer_impl": impl} if impl else {}),
+        **({"loss_chunks": chunks} if chunks else {}),
+        **({"checkpoint_every": checkpoint_every} if checkpoint_every else {}),
+    }
 
-    metric_text = raw["metric_type"].lower()
-    metric: Metric
-    if "nvml" in metric_text or "nvidia-smi" in metric_text:
-        metric = "device"
-    elif "reserved" in metric_text or "unspecified" in metric_text:
-        metric = "reserved"
-    elif "allocated" in metric_text or "active" in metric_text:
-        metric = "allocated"
-    else:
-        raise RowError(f"metric '{raw['metric_type']}' is not one MARP predicts")
 
-    attn = raw["attention_impl"].lower()
-    attention: Attention = "eager" if "eager" in attn else "sdpa"
-    optimizer_name = {"adamw": "paged-adamw", "adam-8bit": "paged-adamw-8bit"}.get(optimizer) if paged else optimizer
-    if optimizer_name is None:
-        raise RowError(f"optimizer '{raw['optimizer']}' is paged but has no paged variant MARP models")
-    world = plan.world
-    sharding = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}[plan.zero]
-    if plan.shard_group is not None and plan.zero == 3:
-        sharding = "hybrid-shard"
+def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object], ParallelPlan, Architecture]:
+    """The model.yaml the row describes (as a mapping), the plan the row states, and its architecture."""
+    arch = _arch(raw)
+    stated = _stated_batch(raw)
+    local_batch = stated.local_batch if "local" in raw["micro_batch"].lower() else None
+    mb = local_batch or _first_int(raw["micro_batch"], "micro_batch")
+    # GPUs: the count stated, or the `devices` of the configuration file the row says it ran ("devices per X.yaml")
+    gpus = reading.named_config_devices(raw["num_gpus"]) or _gpu_count(raw["num_gpus"])
+    plan, act_offload = _row_plan(raw, stated, gpus, mb, local_batch)
+    version = _torch_version(raw)
     spec: dict[str, object] = {
         "name": re.sub(r"[^A-Za-z0-9._-]", "-", f"row-{row.row_id}")[:64],
         "model": {"arch": arch.model_dump(exclude_defaults=True)},
-        "training": {
-            "seq_len": seq,
-            "global_batch": plan.micro_batch * plan.grad_accum * plan.dp,
-            "micro_batch": plan.micro_batch,
-            "steps": 1,
-            "precision": precision,
-            "optimizer": optimizer_name,
-            "optimizer_in_backward": in_bwd,
-            "attention": attention,
-            "activation_checkpointing": plan.recompute,
-            "activation_offload": act_offload,
-            "fp8": prec.fp8,
-            "compile": reading.yes_no(raw["compile"]) is True,
-            "method": method,
-            "lora": lora,
-            **({"optimizer_impl": impl} if impl else {}),
-            **({"loss_chunks": chunks} if chunks else {}),
-            **({"checkpoint_every": checkpoint_every} if checkpoint_every else {}),
-        },
-        "parallel": {
-            "sharding": sharding,
-            "tp": plan.tp,
-            "pp": plan.pp,
-            "cp": plan.cp,
-            "sequence_parallel": plan.sequence_parallel,
-            "schedule": plan.schedule,
-            "virtual_stages": plan.virtual_stages,
-            "offload_optimizer": plan.offload_optimizer,
-            "offload_params": plan.offload_params,
-            **({"shard_group": plan.shard_group} if plan.shard_group else {}),
-        },
+        "training": _training_block(raw, row, plan, act_offload),
+        "parallel": _parallel_block(plan, _stated_sequence_parallel(raw), _sharding(plan, raw)),
         "entry": {
             "trainer": "script",
             "script": "train.py",
-            "framework": framework,
+            "framework": _framework(_named_frameworks(raw)),
             **({"torch_version": ".".join(map(str, version))} if version else {}),
         },
-        "limits": {"min_gpus": world, "max_gpus": world},
+        "limits": {"min_gpus": plan.world, "max_gpus": plan.world},
     }
+    return spec, plan, arch
+
+
+def _cells(row: MeasuredRow) -> dict[str, str]:
+    """The row's cells, with the optional columns a CSV may lack read as empty."""
+    return dict.fromkeys((*SETTING_COLUMNS, *OTHER_TEXT_COLUMNS), "") | {k: (v or "") for k, v in row.raw.items()}
+
+
+def interpret_row(row: MeasuredRow) -> Interpreted:
+    """The row as the model.yaml its run's user would write, planned as fsbatch plans it; RowError with the reason
+    when the row's words do not say enough (or say something model.yaml cannot state)."""
+    raw = _cells(row)
+    spec, plan, arch = _spec_data(row, raw)
     try:
         job = JobSpec.model_validate(spec)
     except ValidationError as exc:
@@ -505,13 +595,46 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
     # what fsbatch would do with that model.yaml: the same two functions, the plan from the same search
     try:
         workload = workload_from_spec(job, ResolvedModel(arch=arch, name=row.model))
-        planned = pinned_plan(job, workload, world)
+        planned = pinned_plan(job, workload, plan.world)
     except InputError as exc:
         raise RowError(f"the row's model.yaml cannot be planned: {exc.message}") from None
     if planned != plan:
         raise RowError(f"the row's plan {plan.short()} is not one its model.yaml gives ({planned.short()})")
-    # the CUDA context by the stack the row states (lazy module loading from torch 1.13); unstated: the larger one
-    return Interpreted(workload, plan, metric, for_torch(version), job)
+    return Interpreted(workload, plan, _metric(raw), job)
+
+
+def measurement(row: MeasuredRow) -> Measurement:
+    """What the row measured, as a case file's `measurement:` block (RowError when the value is not a number)."""
+    raw = _cells(row)
+    if not math.isfinite(row.measured_gib) or row.measured_gib <= 0:
+        raise RowError(f"measured value '{raw.get('value_GiB', '')}' is missing or not positive")
+    gpus = reading.named_config_devices(raw["num_gpus"]) or _gpu_count(raw["num_gpus"])
+    source = " ".join(x for x in (raw.get("source", "").strip(), raw.get("location", "").strip()) if x)
+    return Measurement(
+        world_size=gpus,
+        gpu=raw.get("gpu", "").strip() or "not stated",
+        metric=_metric(raw),
+        value_gib=row.measured_gib,
+        source=source or "not stated",
+        confidence=_confidence(row.confidence),
+        category=row.category,
+    )
+
+
+def to_case(row: MeasuredRow) -> dict[str, object]:
+    """The row as a case file's data: its model.yaml plus `measurement:` (RowError when it cannot be written)."""
+    it = interpret_row(row)
+    m = measurement(row).model_copy(update={"world_size": it.plan.world})
+    return it.spec.model_dump(mode="json", exclude_defaults=True) | {
+        "measurement": m.model_dump(mode="json", exclude_none=True)
+    }
+
+
+def _confidence(text: str) -> Confidence:
+    word = text.split()[0] if text.split() else ""
+    if word not in ("high", "medium", "low"):
+        raise RowError(f"confidence '{text}' is not high, medium or low")
+    return word  # type: ignore[return-value]  # checked above
 
 
 def _framework(fws: set[str]) -> FrameworkName:

@@ -88,7 +88,7 @@ class Parallelism:
     tp: int | None = None
     pp: int | None = None
     cp: int | None = None
-    sequence_parallel: bool = False
+    sequence_parallel: bool | None = None  # None: not stated
     virtual_stages: int | None = None
     schedule: Schedule | None = None
     device_map: bool = False  # naive model parallelism: layers spread over GPUs, one active at a time
@@ -99,11 +99,8 @@ class Parallelism:
         return any(v for v in (self.dp, self.fsdp, self.tp, self.pp, self.cp, self.device_map, self.single))
 
 
-def parallelism(text: str) -> Parallelism:
-    """Degrees in any common phrasing: `DP=8`, `TP=8 x PP=8`, `FSDP=4, CP=2`, `FSDP 32 x TP 8`,
-    `tensor parallel 2`, `8-way tensor parallel`, `DP(FSDP)=8`, `3D (TP=2, PP=4, DP=8)`, `device_map="auto"`."""
-    t = text.lower().replace("×", "x")
-    out = Parallelism()
+def _degrees(t: str) -> dict[str, int]:
+    """Each parallel degree a lower-cased text names, by its canonical name (dp, fsdp, tp, pp, cp, ep, vpp, ...)."""
     found: dict[str, int] = {}
     m: re.Match[str] | None  # each pattern's match in turn
     # NAME = 8 / NAME 8 / NAME(alias)=8 / NAME: 8 / NAME of 8
@@ -136,15 +133,26 @@ def parallelism(text: str) -> Parallelism:
     m = re.search(r"shard(?:ing)?\s*group\s*(?:size)?\s*(?:=|:|of)?\s*(\d+)", t)
     if m:
         found["shard"] = int(m.group(1))
+    return found
+
+
+def parallelism(text: str) -> Parallelism:
+    """Degrees in any common phrasing: `DP=8`, `TP=8 x PP=8`, `FSDP=4, CP=2`, `FSDP 32 x TP 8`,
+    `tensor parallel 2`, `8-way tensor parallel`, `DP(FSDP)=8`, `3D (TP=2, PP=4, DP=8)`, `device_map="auto"`."""
+    t = text.lower().replace("×", "x")
+    out = Parallelism()
+    found = _degrees(t)
+    m: re.Match[str] | None
     out.dp, out.tp, out.pp, out.cp = found.get("dp"), found.get("tp"), found.get("pp"), found.get("cp")
     out.fsdp = found.get("fsdp")
     if "hsdp" in found:
         out.shard_group = found["hsdp"] if found["hsdp"] and "fsdp" in found else out.shard_group
     out.shard_group = found.get("shard", out.shard_group)
     out.virtual_stages = found.get("vpp")
-    out.sequence_parallel = bool(re.search(r"\bsp\b|sequence[- ]parallel", t)) and not re.search(
-        r"no(?:t)?\s+(?:sp|sequence[- ]parallel)", t
-    )
+    if re.search(r"no(?:t)?\s+(?:sp|sequence[- ]parallel)", t):
+        out.sequence_parallel = False
+    elif re.search(r"\bsp\b|sequence[- ]parallel", t):
+        out.sequence_parallel = True
     if "interleav" in t:
         out.schedule = "interleaved"
     elif "gpipe" in t or "all-forward" in t:

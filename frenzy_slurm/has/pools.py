@@ -221,7 +221,7 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
             usable_fraction=site.usable_fraction(sp),
             inter_node_gbs=site.inter_node_gbs(sp),
             intra_node_gbs=sp.intra_node_gbs,
-            overheads=sp.overheads,
+            overheads=sp.overheads.for_module_loading(req.eager_module_loading),  # the job's CUDA context
         )
         free = tuple(sorted((n.gpus_free for n in nodes), reverse=True))
         out.append(UsablePool(live, sp, option, free, part.max_time_min if part else None))

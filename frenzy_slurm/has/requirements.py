@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from frenzy_slurm.jobspec.job import JobSpec, SlurmOptions
+from frenzy_slurm.marp import eager_module_loading
 from frenzy_slurm.slurm.timefmt import parse_slurm_time
 
 # --time when the user gives none: the prediction with this margin (run time is a prediction)
@@ -31,6 +32,7 @@ class Requirements:
     requested_time_min: int | None = None  # sbatch --time the user asked for; None: HAS chooses
     constraint: str | None = None  # sbatch -C: only nodes with these features (has/nodes.py)
     exclusive: bool = False  # sbatch --exclusive: whole nodes, none another job uses
+    eager_module_loading: bool = False  # the job's CUDA context is the eager one (marp.eager_module_loading)
 
     @classmethod
     def from_spec(cls, spec: JobSpec, time: str | int | None = None, slurm: SlurmOptions | None = None) -> Requirements:
@@ -51,6 +53,7 @@ class Requirements:
             requested_time_min=parse_slurm_time(want) if want is not None else None,
             constraint=opts.constraint,
             exclusive=opts.exclusive,
+            eager_module_loading=eager_module_loading(spec),
         )
 
     def time_min(self, run_time_s: float) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Upper bounds far beyond any model trained (the largest have ~10^2 layers, widths of ~10^4-10^5 and vocabularies
 # of ~10^6): a value past them is a typo or an attack, and would make the plan search run for hours on the
@@ -48,6 +48,24 @@ class Architecture(BaseModel):
         description="Output head: causal LM logits, BERT masked-LM head, or a pooled classifier "
         "(no vocabulary logits).",
     )
+    experts: int = Field(
+        1,
+        ge=1,
+        le=1 << 16,
+        description="Routed experts per FFN layer: 1 for a dense model. Mixture-of-Experts (more than 1) is not "
+        "modelled, so it is refused by name (a config.json with experts is refused likewise).",
+    )
+
+    @field_validator("experts")
+    @classmethod
+    def _no_moe(cls, v: int) -> int:
+        if v > 1:
+            raise ValueError(
+                f"experts: {v}: this is a Mixture-of-Experts model, and MoE is not modelled (experts, top-k routing "
+                "and expert parallelism change memory and step time); frenzy-slurm refuses it rather than plan it as "
+                "a dense model. Set experts: 1 for a dense model"
+            )
+        return v
 
     @model_validator(mode="after")
     def _check_shapes(self) -> Architecture:

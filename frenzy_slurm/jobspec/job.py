@@ -21,10 +21,10 @@ from frenzy_slurm.slurm.dependency import parse_dependency
 from frenzy_slurm.slurm.timefmt import parse_slurm_time  # the seam owns Slurm's time format
 
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
-Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit"]
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "adam-4bit"]
 # model.yaml's optimizer names: MARP's state models, plus bitsandbytes' paged variants (states in CUDA managed memory)
 OptimizerName = Literal[
-    "adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "paged-adamw", "paged-adamw-8bit"
+    "adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adam-8bit", "adam-4bit", "paged-adamw", "paged-adamw-8bit"
 ]
 Checkpointing = Literal["none", "selective", "full", "op", "auto"]
 Attention = Literal["flash", "sdpa", "eager"]
@@ -150,12 +150,29 @@ class LoraSpec(_Strict):
         description="QLoRA's 4-bit implementation: bitsandbytes or torchao's NF4 tensor (which saves no input). "
         "Default: torchao for torchtune, bitsandbytes otherwise.",
     )
+    dora: bool = Field(
+        False,
+        description="DoRA (PEFT use_dora): not modelled, so true is refused. Its magnitude step builds each adapted "
+        "weight (W + BA) in the forward and keeps the base layer's output for the magnitude's gradient, memory "
+        "that plain LoRA's prediction would leave out.",
+    )
     quantizer_version: str | None = Field(
         None,
         pattern=r"^\d+(\.\d+)*$",
         description="QLoRA: the bitsandbytes release, e.g. 0.45.2. Up to 0.43.1 its 4-bit matmul saved its input for "
         "backward; from 0.43.2 it keeps only the 4-bit weight. Default: an older release (the input is saved).",
     )
+
+    @field_validator("dora")
+    @classmethod
+    def _no_dora(cls, v: bool) -> bool:
+        if v:
+            raise ValueError(
+                "DoRA is not modelled (each adapted weight W + BA is built in the forward and the base output kept "
+                "for the magnitude's gradient), so frenzy-slurm refuses it rather than predict plain LoRA's memory; "
+                "set dora: false (plain LoRA), or plan the job without frenzy-slurm"
+            )
+        return v
 
 
 class Training(_Strict):
@@ -171,8 +188,11 @@ class Training(_Strict):
     )
     optimizer: OptimizerName = Field(
         "adamw",
-        description="Optimizer; decides the optimizer-state bytes per parameter (paged-*: bitsandbytes' paged "
-        "optimizers, states in CUDA managed memory outside PyTorch's allocator).",
+        description="Optimizer; decides the optimizer-state bytes per parameter: adamw/adam 2 states in the state "
+        "dtype (fp32 with mixed precision: 8 B), sgd-momentum 1, adafactor factored, adam-8bit two 8-bit states "
+        "(bitsandbytes Adam8bit / adamw_bnb_8bit: 2 B + absmax per 2048 values), adam-4bit two 4-bit states "
+        "(torchao AdamW4bit: 1 B + an fp32 scale per 128 values); paged-*: bitsandbytes' paged optimizers, states "
+        "in CUDA managed memory outside PyTorch's allocator.",
     )
     optimizer_impl: Literal["fused", "foreach"] | None = Field(
         None,
@@ -570,7 +590,9 @@ class Parallel(_Strict):
         "auto",
         description="none (DDP), zero1/zero2/zero3 (DeepSpeed ZeRO stages), full-shard (FSDP, = zero3), "
         "shard-grad-op (FSDP SHARD_GRAD_OP, = zero2), hybrid-shard (HSDP: full-shard within shard_group ranks, "
-        "replicated across groups), or auto.",
+        "replicated across groups), or auto. Under hf-trainer the name picks the backend: zero1/zero2/zero3 "
+        "predict Trainer with a DeepSpeed config (fp32 master copy, the `deepspeed:` buckets), the FSDP names and "
+        "auto predict accelerate's FSDP.",
     )
     shard_group: int | None = Field(
         None, ge=1, description="With hybrid-shard (or ZeRO++/MiCS): ranks one shard group spans (default: a node)."
@@ -586,6 +608,20 @@ class Parallel(_Strict):
     sequence_parallel: bool | None = Field(
         None, description="Megatron-style sequence parallelism with tp > 1 (default: on whenever tp > 1)."
     )
+    ep: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Expert-parallel degree of a Mixture-of-Experts model. MoE is not modelled (model.arch.experts), "
+        "so ep > 1 is refused.",
+    )
+    ulysses: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="DeepSpeed-Ulysses sequence parallelism (all-to-all over attention heads): not modelled, so a "
+        "degree > 1 is refused. Ring-attention context parallelism is `cp`; Megatron's is `sequence_parallel`.",
+    )
     schedule: Literal["1f1b", "interleaved", "gpipe"] = Field("1f1b", description="Pipeline schedule.")
     virtual_stages: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedule).")
     offload_optimizer: bool = Field(
@@ -598,6 +634,29 @@ class Parallel(_Strict):
         "GPU. Your script must build its stages from plan.json's layer_split, as the built-in trainer does. "
         "Default: on for the built-in trainer only.",
     )
+
+    @field_validator("ep")
+    @classmethod
+    def _no_ep(cls, v: int) -> int:
+        if v > 1:
+            raise ValueError(
+                "expert parallelism needs a Mixture-of-Experts model, and MoE is not modelled (experts, top-k routing "
+                "and all-to-all buffers change memory and step time); frenzy-slurm refuses it rather than plan the "
+                "model as dense. Set ep: 1 for a dense model"
+            )
+        return v
+
+    @field_validator("ulysses")
+    @classmethod
+    def _no_ulysses(cls, v: int) -> int:
+        if v > 1:
+            raise ValueError(
+                "DeepSpeed-Ulysses sequence parallelism is not modelled (its all-to-all over attention heads and "
+                "the sequence split across the group change activation memory); frenzy-slurm refuses it rather "
+                "than predict a run without it. Set ulysses: 1, or use cp (ring-attention context parallelism) "
+                "where your framework runs it"
+            )
+        return v
 
     @field_validator("tp", "pp")
     @classmethod
@@ -678,8 +737,10 @@ class Entry(_Strict):
     )
     torch_version: str | None = Field(
         None,
-        description="The job's torch version where it matters to memory (before 2.0 gradients were zeroed in place, "
-        "not freed). Default: a current release.",
+        description="The job's torch version where it matters to memory: before 1.13 CUDA kernels were loaded at "
+        "start (the larger CUDA context: the site pool's overheads.eager_context_gib, 1.3 GiB by default, instead of "
+        "context_gib, 0.5 GiB; entry.env CUDA_MODULE_LOADING overrides it), and before 2.0 gradients were zeroed in "
+        "place, not freed. Default: a current release.",
         pattern=r"^[0-9]+(\.[0-9]+){0,2}$",
     )
     framework_version: str | None = Field(

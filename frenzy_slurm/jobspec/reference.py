@@ -10,12 +10,14 @@ from pydantic_core import PydanticUndefined
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import (
     Container,
+    DeepSpeedBuffers,
     Entry,
     JobEnvironment,
     JobSpec,
     Limits,
     LoraSpec,
     ModelSource,
+    Parallel,
     SlurmOptions,
     Training,
 )
@@ -31,6 +33,8 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("entry", Entry),
     ("entry.environment", JobEnvironment),
     ("entry.environment.container", Container),
+    ("parallel", Parallel),
+    ("deepspeed", DeepSpeedBuffers),
 ]
 
 

@@ -44,8 +44,16 @@ class Overheads(BaseModel):
         ge=0,
         le=MAX_OVERHEAD_GIB,
         json_schema_extra={"unit": "GiB"},
-        description="CUDA context and loaded kernels, GiB (lazy module loading, "
-        "torch >= 2.0; measure with nvidia-smi on an idle process that touched the GPU).",
+        description="CUDA context and loaded kernels, GiB, of a job that loads CUDA modules lazily (torch >= 1.13, "
+        "the default; measure with nvidia-smi on a process after its first training step).",
+    )
+    eager_context_gib: float = Field(
+        EAGER_LOADING_CONTEXT_GIB,
+        ge=0,
+        le=MAX_OVERHEAD_GIB,
+        json_schema_extra={"unit": "GiB"},
+        description="CUDA context of a job that loads every kernel at start, GiB: model.yaml's entry.torch_version "
+        "before 1.13, or entry.env CUDA_MODULE_LOADING: EAGER (measure as context_gib, with that variable set).",
     )
     nccl_gib: float = Field(
         NCCL_DEFAULT_GIB,
@@ -89,10 +97,6 @@ class Overheads(BaseModel):
         so that the pool's measured overheads carry every fixed per-GPU term, and a CPU pool can set them to 0)."""
         return (self.context_gib + (self.nccl_gib if world > 1 else 0.0)) * GiB + self.cublas_workspace_mib * MiB
 
-
-def for_torch(version: tuple[int, int] | None) -> Overheads:
-    """Overheads of a stack whose torch version is `version`; None (not stated) assumes the larger, eager-loading
-    context, since under-predicting the context is an out-of-memory error on the GPU."""
-    if version is not None and version >= (1, 13):
-        return Overheads()
-    return Overheads(context_gib=EAGER_LOADING_CONTEXT_GIB)
+    def for_module_loading(self, eager: bool) -> Overheads:
+        """These overheads for a job that loads CUDA modules eagerly (`eager`: the larger context) or lazily."""
+        return self.model_copy(update={"context_gib": self.eager_context_gib}) if eager else self
