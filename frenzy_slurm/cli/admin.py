@@ -7,7 +7,7 @@ frenzy-slurm memory examples/llama2-7b.yaml --plan dp=8,zero=1,mb=2 --json
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -42,6 +42,11 @@ from frenzy_slurm.marp import (
 from frenzy_slurm.marp.frameworks import PROFILES, profile_lines, profile_summary
 from frenzy_slurm.marp.plan import Metric
 from frenzy_slurm.units import GiB
+
+if TYPE_CHECKING:
+    from frenzy_slurm.cli.calibrate import Found
+    from frenzy_slurm.jobspec import JobSpec
+    from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload
 
 
 @click.group(cls=QuietPipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -142,19 +147,7 @@ def memory(
     if not as_json:
         click.echo("\n".join(profile_lines(spec)), err=True)  # which framework's defaults made this estimate
     if plan_text or world:
-        plan = parse_plan(plan_text) if plan_text else pinned_plan(spec, w, world or 1)
-        gb = spec.training.global_batch
-        if gb % (plan.dp * plan.micro_batch):
-            raise InputError(
-                f"--plan: global_batch({gb}) is not a multiple of dp({plan.dp}) * mb({plan.micro_batch}); "
-                "change dp or mb so that they divide it"
-            )
-        if plan.grad_accum == 1:
-            plan = plan.with_(grad_accum=gb // (plan.dp * plan.micro_batch))
-        if plan.tp > 1 and (w.arch.heads % plan.tp or w.arch.kv % plan.tp):
-            raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
-        if plan.pp > w.arch.layers:
-            raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
+        plan = _checked_plan(spec, w, plan_text, world)
         est = estimate_memory(w, plan, metric)
         calibrated = calib.memory_plan_calibration(found, spec, est)
         usable = min((o.usable_bytes for o in gpu_options(gpus, max_gpus)), default=None) if gpus else None
@@ -179,7 +172,43 @@ def memory(
             fits = "fits" if est.peak <= opt.usable_bytes else "does NOT fit"
             click.echo(f"{opt.name}: {est.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
         return
-    options = gpu_options(gpus, max_gpus)
+    _show_candidates(spec, model.name, w, gpu_options(gpus, max_gpus), max_gpus, top, as_json, found, profile)
+
+
+def _checked_plan(spec: JobSpec, w: Workload, plan_text: str | None, world: int | None) -> ParallelPlan:
+    """--plan's plan (or the one model.yaml pins at --world GPUs), its grad_accum filled in from the global
+    batch; InputError where it cannot run this model."""
+    plan = parse_plan(plan_text) if plan_text else pinned_plan(spec, w, world or 1)
+    gb = spec.training.global_batch
+    if gb % (plan.dp * plan.micro_batch):
+        raise InputError(
+            f"--plan: global_batch({gb}) is not a multiple of dp({plan.dp}) * mb({plan.micro_batch}); "
+            "change dp or mb so that they divide it"
+        )
+    if plan.grad_accum == 1:
+        plan = plan.with_(grad_accum=gb // (plan.dp * plan.micro_batch))
+    if plan.tp > 1 and (w.arch.heads % plan.tp or w.arch.kv % plan.tp):
+        raise InputError(f"--plan: tp({plan.tp}) must divide heads({w.arch.heads}) and kv_heads({w.arch.kv})")
+    if plan.pp > w.arch.layers:
+        raise InputError(f"--plan: pp({plan.pp}) > layers({w.arch.layers})")
+    return plan
+
+
+def _show_candidates(
+    spec: JobSpec,
+    model_name: str,
+    w: Workload,
+    options: list[GpuOption],
+    max_gpus: int,
+    top: int,
+    as_json: bool,
+    found: Found,
+    profile: dict,
+) -> None:
+    """The fastest plans per GPU type (raw and calibrated where the site has a calibration); NoFitError where
+    none fits."""
+    from frenzy_slurm.cli import calibrate as calib
+
     cands = search(
         w, options, spec.training.global_batch, spec.training.total_steps, max_gpus, search_space_from_spec(spec)
     )
@@ -187,7 +216,7 @@ def memory(
         print_json(candidate_json(cands) | {"profile": profile})
     else:
         header, rows = candidate_rows(cands, top)
-        click.echo(f"{spec.name}: {model.name}; fastest plans per GPU type (device memory incl. overhead)")
+        click.echo(f"{spec.name}: {model_name}; fastest plans per GPU type (device memory incl. overhead)")
         click.echo(table(rows, header))
         both = calib.calibrated_search_rows(found, spec, w, options, max_gpus)
         if both and found is not None:  # rows come only with a calibration
