@@ -30,7 +30,7 @@ from frenzy_slurm.errors import EXIT_FAILURE, FrenzyError, InputError
 
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec import ResolvedModel
-    from frenzy_slurm.planning import JobRequest, SiteFile
+    from frenzy_slurm.planning import JobFile, JobRequest, SiteFile
     from frenzy_slurm.render.environment import EnvCheck
     from frenzy_slurm.slurm import SlurmBackend
     from frenzy_slurm.submit import Submitted
@@ -233,30 +233,14 @@ def plan_jobs(
     (docs/runtime.md, "The job's environment"). `max_running`: at most this many of the sweep's jobs run at
     once; each job past the first N waits for the one N before it (`Plan.waits_for`, afterany at submission).
     """
-    from frenzy_slurm.planning import PlanOptions, load_job, plan_job, submission_of, traced
+    from frenzy_slurm.planning import PlanOptions, plan_job, submission_of, traced
     from frenzy_slurm.sweeps import check_max_running, waits_for
 
-    path = Path(model_yaml)
     unknown = sorted(set(slurm or {}) - set(SLURM_FLAGS))
     if unknown:
         raise InputError(f"slurm options {', '.join(unknown)} are not known; use {', '.join(SLURM_FLAGS)}.")
-    if not combinations:
-        from frenzy_slurm.sweeps import combinations as product
-
-        combinations = product({})
-    if len(combinations) > 1 and job_dir is not None:
-        raise InputError(
-            "--job-dir names one job's directory; a sweep's jobs each get their own under $FRENZY_JOBS_DIR "
-            "(or ./frenzy-jobs): set that instead."
-        )
     # in fsbatch's order: every model.yaml (combination) read first, then the site file, the flags, Slurm
-    loaded = []
-    base_name: str | None = None
-    for combo in combinations:
-        values = {**(overrides or {}), **combo.overrides}
-        if combo.total > 1 and base_name is None:
-            base_name = load_job(path, values).spec.name
-        loaded.append((combo, load_job(path, values, combo.name(base_name) if base_name is not None else None)))
+    loaded = _load_combinations(Path(model_yaml), combinations, overrides, job_dir)
     site_file = open_site(site)
     prepared = []
     for combo, job in loaded:
@@ -293,6 +277,32 @@ def plan_jobs(
         waits = plans[before] if before is not None else None
         plans.append(Plan(request, cluster, combo.overrides, label, job.model, max_running, waits))
     return plans
+
+
+def _load_combinations(
+    path: Path, combinations: Sequence[Combination], overrides: Mapping[str, Any] | None, job_dir: str | Path | None
+) -> list[tuple[Combination, JobFile]]:
+    """model.yaml read once per combination (none: the file as it is, with `overrides`); a sweep's jobs are named
+    after the file's own name. A sweep cannot share one --job-dir."""
+    from frenzy_slurm.planning import load_job
+
+    if not combinations:
+        from frenzy_slurm.sweeps import combinations as product
+
+        combinations = product({})
+    if len(combinations) > 1 and job_dir is not None:
+        raise InputError(
+            "--job-dir names one job's directory; a sweep's jobs each get their own under $FRENZY_JOBS_DIR "
+            "(or ./frenzy-jobs): set that instead."
+        )
+    loaded = []
+    base_name: str | None = None
+    for combo in combinations:
+        values = {**(overrides or {}), **combo.overrides}
+        if combo.total > 1 and base_name is None:
+            base_name = load_job(path, values).spec.name
+        loaded.append((combo, load_job(path, values, combo.name(base_name) if base_name is not None else None)))
+    return loaded
 
 
 def _force_turn(submission: str) -> Any:
