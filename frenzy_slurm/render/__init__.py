@@ -267,6 +267,48 @@ def _predicted(alloc: Allocation) -> dict:
     return predicted | {"step_time_s": alloc.step_time_s}
 
 
+def _script_context(
+    spec: JobSpec,
+    spec_path: Path,
+    job_dir: Path,
+    submission: str,
+    alloc: Allocation,
+    options: SlurmOptions,
+    command: list[str],
+    in_image: ContainerLaunch | None,
+    group_readable: bool,
+) -> dict:
+    """What the batch script's template is given: names, paths, the time limit, the sbatch flags (those every
+    component takes apart), the components, the environment and the command."""
+    components = [c.model_dump() for c in alloc.components]
+    output = options.output or str(job_dir / "slurm-%j.out")
+    groups = ",".join(str(i) for i in range(len(components)))
+    umask = 0o027 if group_readable else 0o077
+    per_component = component_flags(options)
+    return dict(
+        version=__version__,
+        generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        name=options.job_name or spec.name,
+        submission=submission,
+        summary=f"{alloc.label()} | {alloc.plan.short()} | predicted {alloc.run_time_s / 3600:.2f} h",
+        job_dir=str(job_dir),
+        spec_path=str(spec_path.absolute()),
+        output=output,
+        error=options.error or output,
+        time_min=alloc.time_min,  # HAS decided it (the user's --time, or the prediction with margin)
+        signal_seconds=SIGNAL_SECONDS,
+        sbatch_flags=[f for f in options.flags() if f not in per_component],
+        component_flags=per_component,
+        components=components,
+        env=plan_env(spec, alloc.plan) | spec.entry.env,  # the plan's FRENZY_* for a script, then the user's
+        job_env=job_python(spec, spec_path.parent).template_context(),
+        umask=f"{umask:03o}",
+        command=command,
+        srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
+        container=None if in_image is None else in_image.template_context(),
+    )
+
+
 def render_job(
     spec: JobSpec,
     spec_path: Path,
@@ -289,43 +331,16 @@ def render_job(
     if not _SAFE_PATH.match(str(job_dir)):
         raise InputError(f"job directory '{job_dir}' has spaces or shell characters; choose another --job-dir")
     alloc = decision.chosen
-    minutes = alloc.time_min  # HAS decided it (the user's --time, or the prediction with margin)
-    output = options.output or str(job_dir / "slurm-%j.out")
-    error = options.error or output
     name = options.job_name or spec.name
-    components = [c.model_dump() for c in alloc.components]
     no_control_chars("model.yaml path", str(spec_path.absolute()))
     check_script_entry(spec)  # entry.args' $FRENZY_* names, entry.env not shadowing the plan's variables
     script_path = entry_script(spec, spec_path.parent)
     command = runtime_command(spec, job_dir, script_path)
     container = spec.entry.environment.container
     in_image = None if container is None else launch(container, spec_path.parent, job_dir, script_path)
-    groups = ",".join(str(i) for i in range(len(components)))
-    umask = 0o027 if group_readable else 0o077
     per_component = component_flags(options)
-    ctx = dict(
-        version=__version__,
-        generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        name=name,
-        submission=submission,
-        summary=f"{alloc.label()} | {alloc.plan.short()} | predicted {alloc.run_time_s / 3600:.2f} h",
-        job_dir=str(job_dir),
-        spec_path=str(spec_path.absolute()),
-        output=output,
-        error=error,
-        time_min=minutes,
-        signal_seconds=SIGNAL_SECONDS,
-        sbatch_flags=[f for f in options.flags() if f not in per_component],
-        component_flags=per_component,
-        components=components,
-        env=plan_env(spec, alloc.plan) | spec.entry.env,  # the plan's FRENZY_* for a script, then the user's
-        job_env=job_python(spec, spec_path.parent).template_context(),
-        umask=f"{umask:03o}",
-        command=command,
-        srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
-        container=None if in_image is None else in_image.template_context(),
-    )
-    script = _render_script(template_dir, ctx, per_component, len(components), in_image)
+    ctx = _script_context(spec, spec_path, job_dir, submission, alloc, options, command, in_image, group_readable)
+    script = _render_script(template_dir, ctx, per_component, len(alloc.components), in_image)
     plan = PlanFile(
         frenzy_version=__version__,
         submission=submission,
@@ -336,7 +351,7 @@ def render_job(
         model_name=model.name,
         exact_params=model.exact_params,
         decision=decision,
-        time_min=minutes,
+        time_min=alloc.time_min,
         sbatch_argv=sbatch_argv(job_dir / "job.sbatch"),
         command=command,
         predicted=_predicted(alloc),
