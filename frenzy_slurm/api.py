@@ -32,8 +32,6 @@ from frenzy_slurm.core.records import read_job_record_or_none
 from frenzy_slurm.core.units import fmt_gib
 from frenzy_slurm.jobdir.safety import user_lock
 from frenzy_slurm.jobspec.sweeps import check_max_running, combinations, grid_of, waits_for
-from frenzy_slurm.jobspec.sweeps import combinations as product
-from frenzy_slurm.slurm.backend import OneView, ReadOnlyBackend
 from frenzy_slurm.slurm.dependency import parse_dependency
 from frenzy_slurm.slurm.job import ENDED, job_phase
 from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
@@ -51,7 +49,7 @@ from frenzy_slurm.track.jobs import (
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec import ResolvedModel
     from frenzy_slurm.jobspec.sweeps import Combination
-    from frenzy_slurm.planning import JobRequest, SiteFile
+    from frenzy_slurm.planning import JobFile, JobRequest, SiteFile
     from frenzy_slurm.render.environment import EnvCheck
     from frenzy_slurm.slurm import SlurmBackend
     from frenzy_slurm.submission import Submitted
@@ -205,8 +203,7 @@ def check_dependency_jobs(dependency: str | None, backend: SlurmBackend) -> None
     if dependency is None:
         return
     ids = parse_dependency(dependency).job_ids
-    inner = backend.inner if isinstance(backend, OneView) else backend
-    if not ids or isinstance(inner, ReadOnlyBackend):
+    if not ids or backend.snapshot is not None:
         return
     known = {i for j in backend.jobs(job_ids=ids) for i in (j.job_id, j.het_job_id) if i is not None}
     missing = [i for i in ids if i not in known]
@@ -249,28 +246,13 @@ def plan_jobs(
     once; each job past the first N waits for the one N before it (`Plan.waits_for`, afterany at submission).
     """
     # planning's stages load only to plan: Job and fsqueue --follow use this module without them
-    from frenzy_slurm.planning import PlanOptions, load_job, plan_job, submission_of, traced
+    from frenzy_slurm.planning import PlanOptions, plan_job, submission_of, traced
 
-    path = Path(model_yaml)
     unknown = sorted(set(slurm or {}) - set(SLURM_FLAGS))
     if unknown:
         raise InputError(f"slurm options {', '.join(unknown)} are not known; use {', '.join(SLURM_FLAGS)}.")
-    if not combinations:
-        combinations = product({})
-    if len(combinations) > 1 and job_dir is not None:
-        raise InputError(
-            "--job-dir names one job's directory; a sweep's jobs each get their own under $FRENZY_JOBS_DIR "
-            "(or ./frenzy-jobs): set that instead."
-        )
-
     # in fsbatch's order: every model.yaml (combination) read first, then the site file, the flags, Slurm
-    loaded = []
-    base_name: str | None = None
-    for combo in combinations:
-        values = {**(overrides or {}), **combo.overrides}
-        if combo.total > 1 and base_name is None:
-            base_name = load_job(path, values).spec.name
-        loaded.append((combo, load_job(path, values, combo.name(base_name) if base_name is not None else None)))
+    loaded = _load_combinations(Path(model_yaml), combinations, overrides, job_dir)
     site_file = open_site(site)
     prepared = []
     for combo, job in loaded:
@@ -291,7 +273,9 @@ def plan_jobs(
         check_max_running(max_running, len(prepared), options.slurm.dependency)
     opened = open_backend(backend, snapshot)
     # a saved snapshot is one view already, and planning must still see it as read-only (planning.start_estimator)
-    cluster = opened if isinstance(opened, ReadOnlyBackend) else OneView(opened)
+    from frenzy_slurm.slurm.oneview import OneView
+
+    cluster = opened if opened.snapshot is not None else OneView(opened)
     # fsbatch -d, model.yaml's slurm.dependency, or a --set of it: each checked once, before anything is planned
     for dependency in dict.fromkeys(options.slurm.dependency for _, _, options in prepared):
         check_dependency_jobs(dependency, cluster)
@@ -305,6 +289,32 @@ def plan_jobs(
         waits = plans[before] if before is not None else None
         plans.append(Plan(request, cluster, combo.overrides, label, job.model, max_running, waits))
     return plans
+
+
+def _load_combinations(
+    path: Path, combinations: Sequence[Combination], overrides: Mapping[str, Any] | None, job_dir: str | Path | None
+) -> list[tuple[Combination, JobFile]]:
+    """model.yaml read once per combination (none: the file as it is, with `overrides`); a sweep's jobs are named
+    after the file's own name. A sweep cannot share one --job-dir."""
+    from frenzy_slurm.planning import load_job
+
+    if not combinations:
+        from frenzy_slurm.jobspec.sweeps import combinations as product
+
+        combinations = product({})
+    if len(combinations) > 1 and job_dir is not None:
+        raise InputError(
+            "--job-dir names one job's directory; a sweep's jobs each get their own under $FRENZY_JOBS_DIR "
+            "(or ./frenzy-jobs): set that instead."
+        )
+    loaded = []
+    base_name: str | None = None
+    for combo in combinations:
+        values = {**(overrides or {}), **combo.overrides}
+        if combo.total > 1 and base_name is None:
+            base_name = load_job(path, values).spec.name
+        loaded.append((combo, load_job(path, values, combo.name(base_name) if base_name is not None else None)))
+    return loaded
 
 
 def _force_turn(submission: str) -> Any:
@@ -633,6 +643,8 @@ def submit(plan: Plan | JobRequest, backend: str | SlurmBackend | None = None) -
         request, cluster = plan, open_backend(backend)
     else:
         raise InputError(f"submit() takes the Plan of fs.plan or fs.sweep, not {type(plan).__name__}.")
+    from frenzy_slurm.slurm.oneview import OneView
+
     follows = cluster.inner if isinstance(cluster, OneView) else cluster
     done = submit_request(request, follows, after=after)
     return Job(done.job_id, done.job_dir, follows, done.cluster, done)

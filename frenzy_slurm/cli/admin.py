@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 from pydantic import ValidationError
@@ -49,6 +49,11 @@ from frenzy_slurm.marp import (
 from frenzy_slurm.marp.frameworks import PROFILES, profile_lines, profile_summary
 from frenzy_slurm.marp.memory import MemoryEstimate
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload, plan_error
+
+if TYPE_CHECKING:
+    from frenzy_slurm.cli.calibrate import Found
+    from frenzy_slurm.jobspec import JobSpec
+    from frenzy_slurm.marp import GpuOption, ParallelPlan, Workload
 
 
 @click.group(cls=QuietPipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -167,6 +172,24 @@ def memory(
             click.echo(f"{opt.name}: {est.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
         return
     options = [replace(o, overheads=job_overheads(spec, o.overheads)) for o in gpu_options(gpus, max_gpus)]
+    _show_candidates(spec, model.name, w, options, max_gpus, top, as_json, found, profile)
+
+
+def _show_candidates(
+    spec: JobSpec,
+    model_name: str,
+    w: Workload,
+    options: list[GpuOption],
+    max_gpus: int,
+    top: int,
+    as_json: bool,
+    found: Found,
+    profile: dict,
+) -> None:
+    """The fastest plans per GPU type (raw and calibrated where the site has a calibration); NoFitError where
+    none fits."""
+    from frenzy_slurm.cli import calibrate as calib
+
     cands = search(
         w, options, spec.training.global_batch, spec.training.total_steps, max_gpus, search_space_from_spec(spec)
     )
@@ -174,7 +197,7 @@ def memory(
         print_json(candidate_json(cands) | {"profile": profile})
     else:
         header, rows = candidate_rows(cands, top)
-        click.echo(f"{spec.name}: {model.name}; fastest plans per GPU type (device memory incl. overhead)")
+        click.echo(f"{spec.name}: {model_name}; fastest plans per GPU type (device memory incl. overhead)")
         click.echo(table(rows, header))
         both = calib.calibrated_search_rows(found, spec, w, options, max_gpus)
         if both and found is not None:  # rows come only with a calibration

@@ -216,21 +216,11 @@ def simulate(
     """Replay WORKLOAD on a simulated Slurm cluster under each policy; print JCT, utilisation, overhead."""
     from frenzy_slurm.sim.clusters import load_cluster
     from frenzy_slurm.sim.metrics import aggregate, markdown, plot, summarize
-    from frenzy_slurm.sim.policies import expand_policies
     from frenzy_slurm.sim.runner import Runner
     from frenzy_slurm.sim.truth import ErrorModel
     from frenzy_slurm.sim.workload import save_workload as write_workload
 
-    try:
-        names = expand_policies(policies)
-    except ValueError as exc:
-        raise InputError(f"--policy: {exc}") from None
-    for needs_scipy in ("ilp", "sia"):
-        if needs_scipy in names:
-            try:
-                import scipy.optimize  # noqa: F401
-            except ImportError:
-                raise InputError(f"--policy {needs_scipy} needs scipy: pip install 'frenzy-slurm[sim]'") from None
+    names = _policies(policies)
     cluster = load_cluster(cluster_arg)
     wl, wl_seed = resolve_workload(workload, trace)
     if save_workload is not None:
@@ -273,14 +263,36 @@ def simulate(
     )
     click.echo(markdown(summary if len(seeds) > 1 else rows))
     if json_path is not None:
-        text = json.dumps({"runs": rows, "summary": summary}, indent=2, default=str)
-        if str(json_path) == "-":
-            click.echo(text)
-        else:
-            write_atomic(json_path, text + "\n", mode=0o644)  # never through a planted link
+        _write_json(json_path, {"runs": rows, "summary": summary})
     if plot_dir is not None:
         for p in plot(results, plot_dir):
             click.echo(f"wrote {p}")
+
+
+def _policies(text: str) -> list[str]:
+    """--policy's names, each known and with what it needs installed (ilp and sia solve with scipy)."""
+    from frenzy_slurm.sim.policies import expand_policies
+
+    try:
+        names = expand_policies(text)
+    except ValueError as exc:
+        raise InputError(f"--policy: {exc}") from None
+    for needs_scipy in ("ilp", "sia"):
+        if needs_scipy in names:
+            try:
+                import scipy.optimize  # noqa: F401
+            except ImportError:
+                raise InputError(f"--policy {needs_scipy} needs scipy: pip install 'frenzy-slurm[sim]'") from None
+    return names
+
+
+def _write_json(json_path: Path, data: dict) -> None:
+    """--json's results: to stdout for `-`, else to the file (never through a planted link)."""
+    text = json.dumps(data, indent=2, default=str)
+    if str(json_path) == "-":
+        click.echo(text)
+    else:
+        write_atomic(json_path, text + "\n", mode=0o644)
 
 
 def _progress(total: int) -> Any:  # a tqdm bar (tqdm is untyped and optional) or None

@@ -15,12 +15,16 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from frenzy_slurm.cli.common import cluster_options, print_json, reports_errors
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.records import write_atomic
+
+if TYPE_CHECKING:  # the command imports it when it runs
+    from frenzy_slurm.site.detect import Detected
 
 
 @click.command("detect")
@@ -90,30 +94,7 @@ def site_detect(
         read_text(path) if path else None, view.cluster or "unnamed", detected, time.strftime("%Y-%m-%d")
     )
     if as_json:
-        print_json(
-            {
-                "site_file": str(path) if path else None,
-                "written": not dry_run,
-                "changes": changes,
-                "pools": [
-                    {
-                        "pool": d.where,
-                        "source": d.source,
-                        "host": d.host,
-                        "product": d.product,
-                        "gpu": d.gpu.name if d.gpu else None,
-                        "memory_gib": d.memory_gib,
-                        "gpus_per_node": d.gpus_per_node,
-                        "intra_node": d.intra_node,
-                        "driver": d.driver,
-                        "cuda": d.cuda,
-                        "problems": d.problems,
-                    }
-                    for d in detected
-                ],
-                "text": text,
-            }
-        )
+        print_json(_report(path, dry_run, changes, detected, text))
     for d in detected:
         what = (
             f"{d.gpus_per_node} x {d.product} -> {d.gpu.name if d.gpu else 'NO CATALOG MATCH'}, {d.intra_node}, "
@@ -132,6 +113,40 @@ def site_detect(
             click.echo(text, nl=False)
         return
     assert path is not None
+    _replace_site_file(path, text)
+    for c in changes:
+        click.echo(f"changed: {c}", err=True)
+    click.echo(f"wrote {path} ({len(changes)} change(s))", err=True)
+
+
+def _report(path: Path | None, dry_run: bool, changes: list[str], detected: list[Detected], text: str) -> dict:
+    """--json's report: the site file, what changed, each pool as detected, and the file's text."""
+    return {
+        "site_file": str(path) if path else None,
+        "written": not dry_run,
+        "changes": changes,
+        "pools": [
+            {
+                "pool": d.where,
+                "source": d.source,
+                "host": d.host,
+                "product": d.product,
+                "gpu": d.gpu.name if d.gpu else None,
+                "memory_gib": d.memory_gib,
+                "gpus_per_node": d.gpus_per_node,
+                "intra_node": d.intra_node,
+                "driver": d.driver,
+                "cuda": d.cuda,
+                "problems": d.problems,
+            }
+            for d in detected
+        ],
+        "text": text,
+    }
+
+
+def _replace_site_file(path: Path, text: str) -> None:
+    """Write the detected site file over `path` only once it loads."""
     from frenzy_slurm.site.config import load_site
 
     # the candidate is written (O_EXCL temporary + rename, never through a planted link) beside the site file
@@ -148,6 +163,3 @@ def site_detect(
             f"{candidate}: fix the flagged pools there and move it to {path}."
         ) from None
     os.replace(candidate, path)
-    for c in changes:
-        click.echo(f"changed: {c}", err=True)
-    click.echo(f"wrote {path} ({len(changes)} change(s))", err=True)

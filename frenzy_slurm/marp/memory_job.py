@@ -70,10 +70,10 @@ class Job:
     mb_: float  # master-weight bytes per trainable parameter
     sdt: float  # bytes per optimizer-state element
     tokens: int  # tokens per micro-batch on this rank (seq / cp)
-    opt_div: int
-    grad_div: int
-    weight_div: int
-    amp: bool
+    opt_div: int  # ranks the optimizer states are sharded over (ZeRO >= 1)
+    grad_div: int  # ... the gradients (ZeRO >= 2)
+    weight_div: int  # ... the weights (ZeRO 3)
+    amp: bool  # torch autocast (marp.memory_job.autocast)
     per_layer_act: float  # bytes saved per token by one block
     r: float  # bytes per residual-stream element
     rep: int  # tensors outside TP regions are split only with sequence parallelism
@@ -87,6 +87,7 @@ class Job:
 
 
 def job(w: Workload, plan: ParallelPlan) -> Job:
+    """The `Job` of `w` under `plan`: bytes by precision and framework, divisors by ZeRO stage and shard group."""
     a = w.arch
     pc = count_params(a)
     wb, gb, sb, mb_, sdt = param_bytes(w)

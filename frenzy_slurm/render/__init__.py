@@ -29,7 +29,7 @@ import yaml
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.inputfile import check_trusted
 from frenzy_slurm.core.version import __version__
-from frenzy_slurm.has.model import Decision
+from frenzy_slurm.has.model import Allocation, Decision
 from frenzy_slurm.jobdir.paths import default_job_dir
 from frenzy_slurm.jobdir.planfile import MovedFrom, PlanFile
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
@@ -220,6 +220,91 @@ def check_no_array(script: str, template: str) -> None:
             raise InputError(f"template {template}: '{line.strip()}' asks sbatch for a job array ({word}): {ARRAYS}")
 
 
+def _render_script(
+    template_dir: Path | None,
+    ctx: dict,
+    per_component: list[str],
+    n_components: int,
+    in_image: ContainerLaunch | None,
+) -> str:
+    """The batch script from the job's template (heterogeneous for several components), refused where the
+    sandbox refuses it, where it drops the per-component flags or the container launch, or asks for an array."""
+    env = environment(template_dir)
+    template = "heterogeneous.sbatch.j2" if n_components > 1 else "homogeneous.sbatch.j2"
+    try:
+        script = env.get_template(template).render(**ctx)
+    except jinja2.sandbox.SecurityError as exc:
+        raise InputError(
+            f"template {template}: refused by the template sandbox ({exc}); templates may only "
+            "format the values they are given"
+        ) from None
+    except jinja2.TemplateError as exc:
+        raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
+    except RecursionError:
+        raise InputError(f"template {template}: recursion too deep (a macro or include that calls itself)") from None
+    check_component_flags(script, per_component, n_components, template)
+    if in_image is not None:
+        check_container_launch(script, in_image, template)
+    check_no_array(script, template)
+    return script
+
+
+def _predicted(alloc: Allocation) -> dict:
+    """plan.json's predictions: per pool (partition/GRES type: two partitions with the same GPU model are two
+    entries) the GPU model, peak and capacity, and the step time."""
+    predicted: dict = {
+        pool_label(c.partition, c.gpu_type): {
+            "gpu_model": c.gpu_model,
+            "peak_gib": c.peak_gib,
+            "capacity_gib": c.capacity_gib,
+        }
+        for c in alloc.components
+    }
+    return predicted | {"step_time_s": alloc.step_time_s}
+
+
+def _script_context(
+    spec: JobSpec,
+    spec_path: Path,
+    job_dir: Path,
+    submission: str,
+    alloc: Allocation,
+    options: SlurmOptions,
+    command: list[str],
+    in_image: ContainerLaunch | None,
+    group_readable: bool,
+) -> dict:
+    """What the batch script's template is given: names, paths, the time limit, the sbatch flags (those every
+    component takes apart), the components, the environment and the command."""
+    components = [c.model_dump() for c in alloc.components]
+    output = options.output or str(job_dir / "slurm-%j.out")
+    groups = ",".join(str(i) for i in range(len(components)))
+    umask = 0o027 if group_readable else 0o077
+    per_component = component_flags(options)
+    return dict(
+        version=__version__,
+        generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        name=options.job_name or spec.name,
+        submission=submission,
+        summary=f"{alloc.label()} | {alloc.plan.short()} | predicted {alloc.run_time_s / 3600:.2f} h",
+        job_dir=str(job_dir),
+        spec_path=str(spec_path.absolute()),
+        output=output,
+        error=options.error or output,
+        time_min=alloc.time_min,  # HAS decided it (the user's --time, or the prediction with margin)
+        signal_seconds=SIGNAL_SECONDS,
+        sbatch_flags=[f for f in options.flags() if f not in per_component],
+        component_flags=per_component,
+        components=components,
+        env=plan_env(spec, alloc.plan) | spec.entry.env,  # the plan's FRENZY_* for a script, then the user's
+        job_env=job_python(spec, spec_path.parent).template_context(),
+        umask=f"{umask:03o}",
+        command=command,
+        srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
+        container=None if in_image is None else in_image.template_context(),
+    )
+
+
 def render_job(
     spec: JobSpec,
     spec_path: Path,
@@ -242,68 +327,16 @@ def render_job(
     if not _SAFE_PATH.match(str(job_dir)):
         raise InputError(f"job directory '{job_dir}' has spaces or shell characters; choose another --job-dir")
     alloc = decision.chosen
-    minutes = alloc.time_min  # HAS decided it (the user's --time, or the prediction with margin)
-    output = options.output or str(job_dir / "slurm-%j.out")
-    error = options.error or output
     name = options.job_name or spec.name
-    components = [c.model_dump() for c in alloc.components]
     no_control_chars("model.yaml path", str(spec_path.absolute()))
     check_script_entry(spec)  # entry.args' $FRENZY_* names, entry.env not shadowing the plan's variables
     script_path = entry_script(spec, spec_path.parent)
     command = runtime_command(spec, job_dir, script_path)
     container = spec.entry.environment.container
     in_image = None if container is None else launch(container, spec_path.parent, job_dir, script_path)
-    groups = ",".join(str(i) for i in range(len(components)))
-    umask = 0o027 if group_readable else 0o077
     per_component = component_flags(options)
-    ctx = dict(
-        version=__version__,
-        generated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        name=name,
-        submission=submission,
-        summary=f"{alloc.label()} | {alloc.plan.short()} | predicted {alloc.run_time_s / 3600:.2f} h",
-        job_dir=str(job_dir),
-        spec_path=str(spec_path.absolute()),
-        output=output,
-        error=error,
-        time_min=minutes,
-        signal_seconds=SIGNAL_SECONDS,
-        sbatch_flags=[f for f in options.flags() if f not in per_component],
-        component_flags=per_component,
-        components=components,
-        env=plan_env(spec, alloc.plan) | spec.entry.env,  # the plan's FRENZY_* for a script, then the user's
-        job_env=job_python(spec, spec_path.parent).template_context(),
-        umask=f"{umask:03o}",
-        command=command,
-        srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
-        container=None if in_image is None else in_image.template_context(),
-    )
-    env = environment(template_dir)
-    template = "heterogeneous.sbatch.j2" if len(components) > 1 else "homogeneous.sbatch.j2"
-    try:
-        script = env.get_template(template).render(**ctx)
-    except jinja2.sandbox.SecurityError as exc:
-        raise InputError(
-            f"template {template}: refused by the template sandbox ({exc}); templates may only "
-            "format the values they are given"
-        ) from None
-    except jinja2.TemplateError as exc:
-        raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
-    except RecursionError:
-        raise InputError(f"template {template}: recursion too deep (a macro or include that calls itself)") from None
-    check_component_flags(script, per_component, len(components), template)
-    if in_image is not None:
-        check_container_launch(script, in_image, template)
-    check_no_array(script, template)
-    # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
-    predicted = {
-        pool_label(c.partition, c.gpu_type): {
-            "gpu_model": c.gpu_model,
-            "peak_gib": c.peak_gib,
-            "capacity_gib": c.capacity_gib,
-        }
-        for c in alloc.components
-    }
+    ctx = _script_context(spec, spec_path, job_dir, submission, alloc, options, command, in_image, group_readable)
+    script = _render_script(template_dir, ctx, per_component, len(alloc.components), in_image)
     plan = PlanFile(
         frenzy_version=__version__,
         submission=submission,
@@ -314,10 +347,10 @@ def render_job(
         model_name=model.name,
         exact_params=model.exact_params,
         decision=decision,
-        time_min=minutes,
+        time_min=alloc.time_min,
         sbatch_argv=sbatch_argv(job_dir / "job.sbatch"),
         command=command,
-        predicted=predicted | {"step_time_s": alloc.step_time_s},
+        predicted=_predicted(alloc),
         moved_from=moved_from,
         slurm=user_options if user_options is not None else options,
     )

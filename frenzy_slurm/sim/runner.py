@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -209,52 +209,18 @@ class Runner:
             worst = max(
                 self.truth.peak_gib(a.job.id, c.predicted_peak_gib) / c.predicted_peak_gib for c in p.components
             )
-            nxt = Attempt(
-                a.job,
-                a.steps,
-                a.number + 1,
-                max(a.mem_correction, worst * 1.05),
-                a.ooms + 1,
-                a.timeouts,
-                p.gpus,
-                _pool_of(p),
-                list(a.tried_pools),
-                a.max_gpus,
-            )
+            nxt = _again(a, p, number=a.number + 1, mem_correction=max(a.mem_correction, worst * 1.05), ooms=a.ooms + 1)
         elif sj.state == "TIMEOUT":
             rec.timeouts += 1
-            step = self._start_step.get(sj.job_id) or 1.0
-            done = max(0, int((sj.end - sj.start - self._start_cost.get(sj.job_id, 0.0)) // step))
-            nxt = Attempt(
-                a.job,
-                max(1, a.steps - done),
-                a.number + 1,
-                a.mem_correction,
-                a.ooms,
-                a.timeouts + 1,
-                p.gpus,
-                _pool_of(p),
-                list(a.tried_pools),
-                a.max_gpus,
+            nxt = _again(
+                a, p, steps=max(1, a.steps - self._steps_done(sj)), number=a.number + 1, timeouts=a.timeouts + 1
             )
         elif sj.job_id in self._moving or sj.state == "PREEMPTED":
             # checkpointed and stopped by a re-planning policy, or preempted (the runtime checkpoints at the
             # signal): the rest is resubmitted, a preempted job's by the policy's decision on the cluster now
             self._moving.discard(sj.job_id)
-            step = self._start_step.get(sj.job_id) or 1.0
-            done = max(0, int((sj.end - sj.start - self._start_cost.get(sj.job_id, 0.0)) // step))
-            moved = Attempt(
-                a.job,
-                max(1, a.steps - done),
-                a.number,  # a move is not a failure: it does not count towards MAX_ATTEMPTS
-                a.mem_correction,
-                a.ooms,
-                a.timeouts,
-                p.gpus,
-                _pool_of(p),
-                list(a.tried_pools),
-                a.max_gpus,
-            )
+            # (a move is not a failure: its number stays, and it does not count towards MAX_ATTEMPTS)
+            moved = _again(a, p, steps=max(1, a.steps - self._steps_done(sj)))
             if sj.state == "PREEMPTED":  # requeued: it keeps its place in the queue
                 # Slurm requeues the job as it was submitted: the same request, for the steps left; a watcher
                 # may then move it as any pending job (the pass right after the requeue: _run)
@@ -273,6 +239,12 @@ class Runner:
             self._done()
             return
         self._push(self.sim.now, "submit", nxt)
+
+    def _steps_done(self, sj: SimJob) -> int:
+        """Steps the run `sj` finished before it ended (its start-up and restore not counted)."""
+        assert sj.start is not None and sj.end is not None
+        step = self._start_step.get(sj.job_id) or 1.0
+        return max(0, int((sj.end - sj.start - self._start_cost.get(sj.job_id, 0.0)) // step))
 
     def _done(self) -> None:
         if self.progress:
@@ -527,3 +499,8 @@ def _pool_of(p: Placement) -> str:
 
 def simulate(workload: WorkloadFile, cluster: SimCluster, policy: str, seed: int = 0, **kw: Any) -> RunResult:
     return Runner(workload, cluster, policy, seed, **kw).run()
+
+
+def _again(a: Attempt, p: Placement, **changes: Any) -> Attempt:
+    """The next attempt of `a`'s job after its run on `p` (whose GPUs and pool it records), with `changes`."""
+    return replace(a, last_gpus=p.gpus, last_pool=_pool_of(p), tried_pools=list(a.tried_pools), **changes)

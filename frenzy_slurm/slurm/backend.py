@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from frenzy_slurm.slurm.run import SlurmUnavailable
 
@@ -103,6 +103,10 @@ class AccountingRecord:
 
 class SlurmBackend(Protocol):
     name: str
+    # The saved cluster view this backend reads (a snapshot file), or None where it asks a Slurm controller (a live
+    # one, the fake's or the simulator's). A saved view is the whole answer: no start estimates beyond its own
+    # timeline, no submissions, no queue to check a job in.
+    snapshot: Path | None
 
     def load(self) -> ClusterView:
         """One consistent snapshot of partitions, nodes and jobs."""
@@ -208,25 +212,3 @@ class ReadOnlyBackend:
 
     def qos_limits(self, qos: str | None = None) -> QosLimits | None:
         return None  # a saved view keeps no accounting
-
-
-class OneView:
-    """A backend whose cluster view is read once: every combination of a sweep is planned on the same view
-    (one set of sinfo/squeue queries, not one per job); the rest goes to the backend itself."""
-
-    def __init__(self, backend: SlurmBackend):
-        self._backend = backend
-        self._view: ClusterView | None = None
-        self.name = backend.name
-
-    @property
-    def inner(self) -> SlurmBackend:
-        return self._backend
-
-    def load(self) -> ClusterView:
-        if self._view is None:
-            self._view = self._backend.load()
-        return self._view
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)

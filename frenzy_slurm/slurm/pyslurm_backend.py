@@ -185,6 +185,7 @@ def _gpu_type(gres: dict | None) -> str | None:
 
 class PyslurmBackend:
     name = "pyslurm"
+    snapshot: Path | None = None  # asks Slurm
 
     def __init__(self, module: Any = None) -> None:
         self.pyslurm = module or try_import()

@@ -46,7 +46,7 @@ from frenzy_slurm.jobdir.safety import next_free_dir, user_lock
 from frenzy_slurm.jobspec import ResolvedModel
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.planning import JobFile, JobRequest, PlanOptions, Prepared, SiteFile, finish, prepare, start_estimator
-from frenzy_slurm.slurm.backend import OneView, SlurmBackend
+from frenzy_slurm.slurm.backend import SlurmBackend
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 from frenzy_slurm.submission import submit
 from frenzy_slurm.track.jobs import TrackedJob, frenzy_jobs, my_user_name, output_files, read_tail
@@ -149,6 +149,9 @@ def watch_once(
 ) -> list[Action]:
     """One pass over this user's preemptible jobs: the moves made (or, with `dry_run`, that would be made);
     `finished` gets a line for each move an earlier pass left open and this one finished."""
+    from frenzy_slurm.jobdir.safety import user_lock
+    from frenzy_slurm.slurm.oneview import OneView
+
     me = my_user_name()
     actions: list[Action] = []
     with user_lock("watch"):  # two watchers of one user take turns; moved.json stops a second move
