@@ -115,9 +115,11 @@ def _search(
     return {k: [c if c.steps == steps else replace(c, steps=steps) for c in cs] for k, cs in found.items()}
 
 
-def forget_kept() -> None:
-    """Drop the kept searches and release index (a benchmark timing decisions from cold)."""
-    _searches.clear()
+def forget_kept(searches: bool = True) -> None:
+    """Drop the kept searches (unless `searches` is False) and release index (a benchmark timing decisions from
+    cold, or a watcher's next pass: its process keeps the searches, the cluster has changed)."""
+    if searches:
+        _searches.clear()
     _last_index.clear()
 
 
@@ -222,8 +224,6 @@ def _heterogeneous(
     """
     steps = req.steps
     work = flops_per_token(w, "none") * req.global_batch * w.seq_len * steps
-    work_mb = flops_per_token(w, "none") * (space.micro_batch or 1) * w.seq_len  # one micro-batch, all layers
-    layer_mb = work_mb / (w.arch.layers + hetero.head_in_blocks(w.arch))
     free = [p for p in pools if p.free_by_node and p.free_by_node[0] > 0]
     free.sort(key=lambda p: p.option.usable_bytes, reverse=True)  # more memory first: stage 0 holds most activations
     gb = req.global_batch
@@ -254,24 +254,15 @@ def _heterogeneous(
                 if limit and (stages_a + nb) * dp > limit:
                     continue
                 ga = gb // (dp * mb)
-                # hetero.step_time is the stages' times once plus grad_accum - 1 times the slowest. Per
-                # micro-batch the slowest stage takes at least the average share of all stages' work and at
-                # least one layer's work on the slower GPU type; the stages together take at least all the
-                # work at the faster type's rate and at least one layer each at their own
-                share = work_mb / (stages_a * rates[pa.key] + nb * rates[pb.key])
-                slowest = max(share, layer_mb / min(rates[pa.key], rates[pb.key]))
-                each_once = max(
-                    work_mb / max(rates[pa.key], rates[pb.key]),
-                    layer_mb * (stages_a / rates[pa.key] + nb / rates[pb.key]),
-                    slowest,
-                )
-                ideal = steps * (each_once + (ga - 1) * slowest)
-                if now + ideal >= beat:
+                stage_rates = [rates[pa.key]] * stages_a + [rates[pb.key]] * nb
+                inter = min(p.option.links.inter_node_gbs for p in (pa, pb))
+                if now + steps * hetero.step_floor(w, stage_rates, mb, ga, inter) >= beat:
                     continue  # even a perfect split of these GPUs cannot win
                 cand = _hetero_candidate(w, req, [(pa, stages_a), (pb, nb)], dp, mb, recomputes, space, releases, now)
-                if cand is not None:
+                # kept only where it finishes sooner than every homogeneous allocation: the floor above then only
+                # saves work, it never decides (the order pipelines are tried in does not matter)
+                if cand is not None and cand.alloc.completion < beat:
                     out.append(cand)
-                    beat = min(beat, cand.alloc.completion)
     return out
 
 
