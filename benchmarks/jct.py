@@ -75,6 +75,12 @@ def main() -> int:
     )
     ap.add_argument("--truth", default="published", choices=["published", "marp"], help="the step-time truth")
     ap.add_argument(
+        "--cross-partition-loss",
+        type=float,
+        default=None,
+        help="the truth's step-time share added to a pipeline across partitions (default: the data file's, 0.20)",
+    )
+    ap.add_argument(
         "--plain-share",
         type=float,
         default=PLAIN_SHARE,
@@ -115,6 +121,8 @@ def main() -> int:
         errors = errors.model_copy(update={"startup_s": args.startup_s})
     if args.restart_s is not None:
         errors = errors.model_copy(update={"restart_s": args.restart_s})
+    if args.cross_partition_loss is not None:
+        errors = errors.model_copy(update={"cross_partition_loss": args.cross_partition_loss})
     rows, results = [], []
     for shape in shapes:
         cluster = parse_compact(SHAPES[shape])

@@ -7,16 +7,19 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from frenzy_slurm.gpus import catalog
 from frenzy_slurm.has import Requirements
 from frenzy_slurm.has.decide import forget_kept
 from frenzy_slurm.jobspec import load_job_spec, resolve_model
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
+from frenzy_slurm.marp.speed import flops_per_token
 from frenzy_slurm.planning import decide_job
 from frenzy_slurm.sim.jobs import Attempt
 from frenzy_slurm.sim.policies import HasPolicy
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.sim.workload import WorkloadJob
 from frenzy_slurm.slurm.view import ClusterView, Job
+from frenzy_slurm.units import TFLOPS
 
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = [("h100", "H100-SXM", 4, 8), ("a100", "A100-40GB", 4, 8)]
@@ -55,13 +58,16 @@ def _h100s_busy(free_nodes: int, hours: float) -> ClusterView:
     return v.model_copy(update={"nodes": nodes, "jobs": jobs})
 
 
-def _decide(view: ClusterView, heterogeneous: bool = True):
+def _decide(view: ClusterView, heterogeneous: bool = True, margin: float | None = None):
     req, w, space = _llama2_7b()
     assert space.heterogeneous  # the built-in trainer lays out stages per GPU type
     if not heterogeneous:
         space = replace(space, heterogeneous=False)
+    site = synthetic_site(POOLS)
+    if margin is not None:
+        site = site.model_copy(update={"pipeline_margin": margin})
     forget_kept()
-    return decide_job(req, w, space, view, synthetic_site(POOLS), None, view.taken_at, alternatives=40)
+    return decide_job(req, w, space, view, site, None, view.taken_at, alternatives=40)
 
 
 def test_a_pipeline_over_the_free_fast_gpus_and_the_slower_type_is_chosen_where_it_finishes_first():
@@ -77,6 +83,22 @@ def test_a_pipeline_over_the_free_fast_gpus_and_the_slower_type_is_chosen_where_
     split = d.chosen.plan.layer_split
     h100_stages = len(d.chosen.components[0].stages)
     assert split is not None and min(split[:h100_stages]) > max(split[h100_stages:])
+
+
+def test_a_pipeline_predicted_sooner_by_less_than_the_sites_margin_is_not_chosen():
+    # two H100 nodes free: the best pipeline (16 H100s and 24 A100s) is predicted about 21% sooner than the 16
+    # H100s alone, the narrowest (16 H100s and 8 A100s) about 9%
+    view = _h100s_busy(free_nodes=2, hours=24)
+    alone = _decide(view, heterogeneous=False).chosen
+
+    def gain(margin: float) -> float:
+        d = _decide(view, margin=margin).chosen
+        return 1.0 - (d.completion - view.taken_at) / (alone.completion - view.taken_at) if d.kind != alone.kind else 0.0
+
+    assert synthetic_site(POOLS).pipeline_margin == 0.2  # the default
+    assert 0.2 < gain(0.2) < 0.3
+    assert gain(0.3) == 0.0  # homogeneous
+    assert 0.0 < gain(0.0) < 0.2
 
 
 def test_no_pipeline_where_the_fast_type_alone_is_free_and_finishes_sooner():
@@ -105,3 +127,21 @@ def test_the_simulated_jobs_may_run_pipelines_across_types_and_has_homogeneous_m
     a = Attempt(job, steps=100)
     assert a.space.heterogeneous
     assert HasPolicy(heterogeneous=True).name == "has" and HasPolicy(heterogeneous=False).name == "has-homogeneous"
+
+
+def test_the_pipelines_model_flops_utilisation_is_not_above_one_type_alone():
+    """FlashFlex (arXiv 2409.01143, abstract; benchmarks/data/hetero_published.json): pipelines over unequal GPUs
+    reach at best about the model FLOPs utilisation of homogeneous GPUs of the same total peak, from 0.30% to
+    11.61% below at the least. HAS's model must not predict a pipeline more efficient than the fast type alone."""
+    req, w, _ = _llama2_7b()
+    work = flops_per_token(w, "none") * req.global_batch * w.seq_len * req.steps
+
+    def mfu(chosen) -> float:
+        peak = sum(catalog()[c.gpu_model].peak_tflops(w.precision) * TFLOPS * c.gpus for c in chosen.components)
+        return work / (chosen.run_time_s * peak)
+
+    pipeline = _decide(_h100s_busy(free_nodes=1, hours=24)).chosen
+    alone = _decide(_h100s_busy(free_nodes=4, hours=24)).chosen
+    assert pipeline.kind == "heterogeneous" and alone.kind == "homogeneous"
+    gap = 1.0 - mfu(pipeline) / mfu(alone)
+    assert 0.0 <= gap <= 0.25, gap

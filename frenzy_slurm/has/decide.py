@@ -2,7 +2,8 @@
 
 completion = predicted start + predicted run time, over homogeneous candidates (MARP's fastest plan per
 GPU count on each pool) and heterogeneous pipelines over pools with free GPUs now. A heterogeneous
-allocation is chosen only when it is predicted to finish strictly sooner. Start: now where enough GPUs
+allocation is chosen only when it is predicted to finish sooner than every homogeneous one by the site's
+`pipeline_margin` of the time to completion. Start: now where enough GPUs
 are free on enough nodes; else from running jobs' end times in the view; the leading candidates that
 cannot start now are re-estimated with Slurm's own `sbatch --test-only` when a live backend is given.
 A job gets at most the site's `max_job_share` of a pool unless it needs more (see `_leave_room`).
@@ -587,7 +588,8 @@ def decide(
     if req.exclusive:
         homogeneous = exclusive_nodes(homogeneous)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
-    beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now))  # a tie goes to the homogeneous allocation
+    # a tie goes to the homogeneous allocation, and a pipeline across types must win by the site's margin
+    beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now), site.pipeline_margin * (best - now))
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
     cands = homogeneous + (_heterogeneous(w, req, pools, releases, now, space, beat) if space.heterogeneous else [])
 
