@@ -123,7 +123,9 @@ class GpuTimeline:
         if nodes == 1:  # from the free ranges: no window lists for this duration
             found = _first_one([self.free_runs(n, per_node) for n in names], not_before, duration)
         else:
-            found = _first_covered_nodes([self.windows(n, per_node, duration) for n in names], nodes, not_before)
+            found = _first_covered_nodes(
+                _windows_of([self.free_runs(n, per_node) for n in names], duration), nodes, not_before
+            )
         if found is None:
             return None
         t, holding = found
@@ -191,6 +193,12 @@ def _first_one(runs: Sequence[list[Window]], not_before: float, duration: float)
     if first == INF:
         return None
     return first, {k for k, t in enumerate(starts) if t == first}
+
+
+def _windows_of(runs: Sequence[list[Window]], duration: float) -> list[list[Window]]:
+    """Each node's windows for `duration` from its free ranges (GpuTimeline.windows without keeping them: a
+    queue of jobs, each with its own time limit, asks each duration once, so kept lists were built and dropped)."""
+    return [[(a, b - duration) for a, b in rs if b - duration >= a] for rs in runs]
 
 
 def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: float) -> tuple[float, set[int]] | None:
