@@ -40,6 +40,8 @@ from frenzy_slurm.has.decide import forget_kept  # noqa: E402
 from frenzy_slurm.has.moves import MAX_PER_PASS, pending_move, without_job  # noqa: E402
 from frenzy_slurm.jobspec import load_job_spec, resolve_model  # noqa: E402
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec  # noqa: E402
+from frenzy_slurm.marp.candidates import SearchSpace  # noqa: E402
+from frenzy_slurm.marp.plan import Workload  # noqa: E402
 from frenzy_slurm.planning import decide_job  # noqa: E402
 from frenzy_slurm.sim.synthetic import LARGE, synthetic, synthetic_site, with_queue  # noqa: E402
 from frenzy_slurm.site.config import SiteConfig  # noqa: E402
@@ -52,7 +54,7 @@ MEDIUM_256 = [("a100", "A100-80GB", 8, 8), ("v100", "V100-32GB", 16, 8), ("t4", 
 EXAMPLES = ("tiny-cpu", "gpt2-medium", "llama3-8b-lora", "llama2-7b")
 
 
-def _job(example: str):
+def _job(example: str) -> tuple[Requirements, Workload, SearchSpace]:
     spec = load_job_spec(ROOT / "examples" / f"{example}.yaml")
     spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"gpu_types": None})})
     w = workload_from_spec(spec, resolve_model(spec, ROOT / "examples"))
@@ -88,7 +90,8 @@ class BusyProcesses:
     """`n` processes spinning on the CPU while the block runs (a loaded login node), ended on exit."""
 
     def __init__(self, n: int):
-        self.n, self.procs = n, []
+        self.n = n
+        self.procs: list[multiprocessing.Process] = []
 
     def __enter__(self) -> BusyProcesses:
         self.procs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(self.n)]

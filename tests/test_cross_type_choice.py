@@ -10,22 +10,25 @@ from pathlib import Path
 from frenzy_slurm.gpus import catalog
 from frenzy_slurm.has import Requirements
 from frenzy_slurm.has.decide import forget_kept
+from frenzy_slurm.has.model import Allocation, Decision
 from frenzy_slurm.jobspec import load_job_spec, resolve_model
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
+from frenzy_slurm.marp.candidates import SearchSpace
+from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.marp.speed import flops_per_token
 from frenzy_slurm.planning import decide_job
 from frenzy_slurm.sim.jobs import Attempt
 from frenzy_slurm.sim.policies import HasPolicy
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.sim.workload import WorkloadJob
-from frenzy_slurm.slurm.view import ClusterView, Job
+from frenzy_slurm.slurm.view import ClusterView, Job, Node
 from frenzy_slurm.units import TFLOPS
 
 ROOT = Path(__file__).resolve().parent.parent
 POOLS = [("h100", "H100-SXM", 4, 8), ("a100", "A100-40GB", 4, 8)]
 
 
-def _llama2_7b():
+def _llama2_7b() -> tuple[Requirements, Workload, SearchSpace]:
     spec = load_job_spec(ROOT / "examples" / "llama2-7b.yaml")
     spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"gpu_types": None})})
     w = workload_from_spec(spec, resolve_model(spec, ROOT / "examples"))
@@ -35,7 +38,8 @@ def _llama2_7b():
 def _h100s_busy(free_nodes: int, hours: float) -> ClusterView:
     """The H100 nodes but `free_nodes` held by running jobs for `hours`; the A100s all free."""
     v = synthetic(POOLS)
-    nodes, jobs = [], []
+    nodes: list[Node] = []
+    jobs: list[Job] = []
     h100 = [n for n in v.nodes if n.partitions == ["h100"]]
     for n in v.nodes:
         if n in h100[free_nodes:]:
@@ -58,7 +62,7 @@ def _h100s_busy(free_nodes: int, hours: float) -> ClusterView:
     return v.model_copy(update={"nodes": nodes, "jobs": jobs})
 
 
-def _decide(view: ClusterView, heterogeneous: bool = True, margin: float | None = None):
+def _decide(view: ClusterView, heterogeneous: bool = True, margin: float | None = None) -> Decision:
     req, w, space = _llama2_7b()
     assert space.heterogeneous  # the built-in trainer lays out stages per GPU type
     if not heterogeneous:
@@ -93,7 +97,9 @@ def test_a_pipeline_predicted_sooner_by_less_than_the_sites_margin_is_not_chosen
 
     def gain(margin: float) -> float:
         d = _decide(view, margin=margin).chosen
-        return 1.0 - (d.completion - view.taken_at) / (alone.completion - view.taken_at) if d.kind != alone.kind else 0.0
+        return (
+            1.0 - (d.completion - view.taken_at) / (alone.completion - view.taken_at) if d.kind != alone.kind else 0.0
+        )
 
     assert synthetic_site(POOLS).pipeline_margin == 0.2  # the default
     assert 0.2 < gain(0.2) < 0.3
@@ -136,7 +142,7 @@ def test_the_pipelines_model_flops_utilisation_is_not_above_one_type_alone():
     req, w, _ = _llama2_7b()
     work = flops_per_token(w, "none") * req.global_batch * w.seq_len * req.steps
 
-    def mfu(chosen) -> float:
+    def mfu(chosen: Allocation) -> float:
         peak = sum(catalog()[c.gpu_model].peak_tflops(w.precision) * TFLOPS * c.gpus for c in chosen.components)
         return work / (chosen.run_time_s * peak)
 
