@@ -107,9 +107,7 @@ class BusyProcesses:
 
 
 def decisions(repeat: int, results: dict) -> None:
-    print(
-        f"{'cluster':14} {'job':16} {'busy':>4} {'wall p50':>9} {'wall p95':>9} {'CPU p50':>8} {'CPU p95':>8}  chosen"
-    )
+    print(f"{'cluster job busy (ms)':46} {'wall p50':>8} {'p95':>8} {'CPU p50':>8} {'p95':>8}  chosen")
     for cname, pools in (("local-40gpu", LOCAL), ("synthetic-2048", LARGE)):
         site = synthetic_site(pools)
         for example in EXAMPLES:
