@@ -101,9 +101,9 @@ def test_a_pipeline_predicted_sooner_by_less_than_the_sites_margin_is_not_chosen
             1.0 - (d.completion - view.taken_at) / (alone.completion - view.taken_at) if d.kind != alone.kind else 0.0
         )
 
-    assert synthetic_site(POOLS).pipeline_margin == 0.2  # the default
+    assert synthetic_site(POOLS).pipeline_margin == 0.3  # the default
+    assert _decide(view).chosen.kind == "homogeneous"
     assert 0.2 < gain(0.2) < 0.3
-    assert gain(0.3) == 0.0  # homogeneous
     assert 0.0 < gain(0.0) < 0.2
 
 
