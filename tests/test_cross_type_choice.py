@@ -151,3 +151,15 @@ def test_the_pipelines_model_flops_utilisation_is_not_above_one_type_alone():
     assert pipeline.kind == "heterogeneous" and alone.kind == "homogeneous"
     gap = 1.0 - mfu(pipeline) / mfu(alone)
     assert 0.0 <= gap <= 0.25, gap
+
+
+def test_a_pipeline_is_chosen_where_no_single_type_holds_the_job():
+    """Llama-2-7B over 2 A100-40GBs and 4 V100-32GBs: neither pool alone holds it (a pipeline's stages do), so
+    there is no homogeneous completion to beat and the margin does not apply."""
+    pools = [("a100", "A100-40GB", 1, 2), ("v100", "V100-32GB", 1, 4)]
+    view = synthetic(pools)
+    req, w, space = _llama2_7b()
+    forget_kept()
+    d = decide_job(req, w, space, view, synthetic_site(pools), None, view.taken_at)
+    assert d.chosen.kind == "heterogeneous"
+    assert not [a for a in d.alternatives if a.allocation and a.allocation.kind == "homogeneous"]

@@ -588,8 +588,10 @@ def decide(
     if req.exclusive:
         homogeneous = exclusive_nodes(homogeneous)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
-    # a tie goes to the homogeneous allocation, and a pipeline across types must win by the site's margin
-    beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now), site.pipeline_margin * (best - now))
+    # a tie goes to the homogeneous allocation, and a pipeline across types must win by the site's margin; where
+    # no pool alone holds the job, any pipeline that does is a candidate
+    lead = best - now
+    beat = best - max(TIE_SECONDS, TIE_FRACTION * lead, site.pipeline_margin * lead) if best < math.inf else best
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
     cands = homogeneous + (_heterogeneous(w, req, pools, releases, now, space, beat) if space.heterogeneous else [])
 
