@@ -75,6 +75,12 @@ def main() -> int:
     )
     ap.add_argument("--truth", default="published", choices=["published", "marp"], help="the step-time truth")
     ap.add_argument(
+        "--cross-partition-loss",
+        type=float,
+        default=None,
+        help="the truth's step-time share added to a pipeline across partitions (default: the data file's, 0.20)",
+    )
+    ap.add_argument(
         "--plain-share",
         type=float,
         default=PLAIN_SHARE,
@@ -115,6 +121,8 @@ def main() -> int:
         errors = errors.model_copy(update={"startup_s": args.startup_s})
     if args.restart_s is not None:
         errors = errors.model_copy(update={"restart_s": args.restart_s})
+    if args.cross_partition_loss is not None:
+        errors = errors.model_copy(update={"cross_partition_loss": args.cross_partition_loss})
     rows, results = [], []
     for shape in shapes:
         cluster = parse_compact(SHAPES[shape])
@@ -145,7 +153,7 @@ def main() -> int:
                         f"done {s['completed']}/{s['jobs']}  per-job ms p50 {s['per_job_ms_median']:.1f} "
                         f"p95 {s['per_job_ms_p95']:.1f} (CPU p50 {s['per_job_cpu_ms_median']:.1f} p95 "
                         f"{s['per_job_cpu_ms_p95']:.1f})  queue at arrival p50 {s['queue_at_arrival_p50']:.0f} "
-                        f"max {s['queue_max']:.0f} "
+                        f"max {s['queue_max']:.0f} cross-type {s['heterogeneous_jobs']} "
                         f"({time.perf_counter() - t0:.0f} s)",
                         file=sys.stderr,
                         flush=True,
@@ -158,6 +166,8 @@ def main() -> int:
     print(queue_table(rows))
     print()
     print(comparisons(rows, args.include_tuning))
+    print()
+    print(cross_type(rows, results))
     print()
     print(goals(rows, args.include_tuning))
     if args.json:
@@ -244,6 +254,38 @@ def comparisons(rows: list[dict], include_tuning: bool) -> str:
             out.append(f"  {shape} load {load} vs {b}: {_fmt(paired(sub, 'has', b))}")
     for b in policies:
         out.append(f"  all held-out runs vs {b}: {_fmt(paired(use, 'has', b))}")
+    return "\n".join(out)
+
+
+def cross_type(rows: list[dict], results: list) -> str:
+    """Where `has` chose pipelines across GPU types (issue 30) and what they did to JCT, against `has-homogeneous`
+    on the same run (shape, load, seed): the cross-type jobs per run, the runs' average JCT, and the cross-type
+    jobs' own JCT against the same jobs' under has-homogeneous."""
+    runs = {(r["shape"], r["load"], r["seed"], r["policy"]): res for r, res in zip(rows, results, strict=False)}
+    out = [
+        "| shape | load | seed | cross-type jobs | avg JCT h has / has-homogeneous | those jobs' JCT h has / "
+        "has-homogeneous | their GPU types |",
+        "|" + "|".join(["---"] * 7) + "|",
+    ]
+    total = chosen = 0
+    for (shape, load, seed, policy), res in sorted(runs.items(), key=lambda kv: str(kv[0])):
+        homog = runs.get((shape, load, seed, "has-homogeneous"))
+        if policy != "has" or homog is None:
+            continue
+        total += 1
+        cross = [x for x in res.records if x.kind == "heterogeneous" and x.jct is not None]
+        chosen += len(cross)
+        by_id = {x.id: x for x in homog.records}
+        theirs = [by_id[x.id].jct for x in cross if by_id.get(x.id) and by_id[x.id].jct is not None]
+        ours = [x.jct for x in cross if by_id.get(x.id) and by_id[x.id].jct is not None]
+        avg = [_mean([x.jct for x in rr.records if x.jct is not None]) / 3600 for rr in (res, homog)]
+        types = sorted({x.label for x in cross})
+        out.append(
+            f"| {shape} | {load} | {seed} | {len(cross)} | {avg[0]:.3f} / {avg[1]:.3f} | "
+            + (f"{_mean(ours) / 3600:.2f} / {_mean(theirs) / 3600:.2f}" if ours else "-")
+            + f" | {'; '.join(types[:3]) or '-'} |"
+        )
+    out.insert(0, f"Cross-type jobs (has) in {total} runs paired with has-homogeneous: {chosen} chosen")
     return "\n".join(out)
 
 

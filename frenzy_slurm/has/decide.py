@@ -2,7 +2,8 @@
 
 completion = predicted start + predicted run time, over homogeneous candidates (MARP's fastest plan per
 GPU count on each pool) and heterogeneous pipelines over pools with free GPUs now. A heterogeneous
-allocation is chosen only when it is predicted to finish strictly sooner. Start: now where enough GPUs
+allocation is chosen only when it is predicted to finish sooner than every homogeneous one by the site's
+`pipeline_margin` of the time to completion. Start: now where enough GPUs
 are free on enough nodes; else from running jobs' end times in the view; the leading candidates that
 cannot start now are re-estimated with Slurm's own `sbatch --test-only` when a live backend is given.
 A job gets at most the site's `max_job_share` of a pool unless it needs more (see `_leave_room`).
@@ -84,9 +85,11 @@ MINUTES_SHOWN_BELOW_S = 7200.0
 MAX_TIME_REASON = "needs --time"
 
 
-def forget_kept() -> None:
-    """Drop what the process keeps between decisions (has/kept.py; a benchmark timing decisions from cold)."""
-    PROCESS_KEPT.forget()
+def forget_kept(searches: bool = True) -> None:
+    """Drop what the process keeps between decisions (has/kept.py): the searches (unless `searches` is False) and
+    the release index (a benchmark timing decisions from cold, or a watcher's next pass: its process keeps the
+    searches, the cluster has changed)."""
+    PROCESS_KEPT.forget(searches)
 
 
 @dataclass
@@ -190,8 +193,6 @@ def _heterogeneous(
     """
     steps = req.steps
     work = flops_per_token(w, "none") * req.global_batch * w.seq_len * steps
-    work_mb = flops_per_token(w, "none") * (space.micro_batch or 1) * w.seq_len  # one micro-batch, all layers
-    layer_mb = work_mb / (w.arch.layers + hetero.head_in_blocks(w.arch))
     free = [p for p in pools if p.free_by_node and p.free_by_node[0] > 0]
     free.sort(key=lambda p: p.option.usable_bytes, reverse=True)  # more memory first: stage 0 holds most activations
     gb = req.global_batch
@@ -222,24 +223,15 @@ def _heterogeneous(
                 if limit and (stages_a + nb) * dp > limit:
                     continue
                 ga = gb // (dp * mb)
-                # hetero.step_time is the stages' times once plus grad_accum - 1 times the slowest. Per
-                # micro-batch the slowest stage takes at least the average share of all stages' work and at
-                # least one layer's work on the slower GPU type; the stages together take at least all the
-                # work at the faster type's rate and at least one layer each at their own
-                share = work_mb / (stages_a * rates[pa.key] + nb * rates[pb.key])
-                slowest = max(share, layer_mb / min(rates[pa.key], rates[pb.key]))
-                each_once = max(
-                    work_mb / max(rates[pa.key], rates[pb.key]),
-                    layer_mb * (stages_a / rates[pa.key] + nb / rates[pb.key]),
-                    slowest,
-                )
-                ideal = steps * (each_once + (ga - 1) * slowest)
-                if now + ideal >= beat:
+                stage_rates = [rates[pa.key]] * stages_a + [rates[pb.key]] * nb
+                inter = min(p.option.links.inter_node_gbs for p in (pa, pb))
+                if now + steps * hetero.step_floor(w, stage_rates, mb, ga, inter) >= beat:
                     continue  # even a perfect split of these GPUs cannot win
                 cand = _hetero_candidate(w, req, [(pa, stages_a), (pb, nb)], dp, mb, recomputes, space, releases, now)
-                if cand is not None:
+                # kept only where it finishes sooner than every homogeneous allocation: the floor above then only
+                # saves work, it never decides (the order pipelines are tried in does not matter)
+                if cand is not None and cand.alloc.completion < beat:
                     out.append(cand)
-                    beat = min(beat, cand.alloc.completion)
     return out
 
 
@@ -567,7 +559,10 @@ def decide(
     if req.exclusive:
         homogeneous = exclusive_nodes(homogeneous)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
-    beat = best - max(TIE_SECONDS, TIE_FRACTION * (best - now))  # a tie goes to the homogeneous allocation
+    # a tie goes to the homogeneous allocation, and a pipeline across types must win by the site's margin; where
+    # no pool alone holds the job, any pipeline that does is a candidate
+    lead = best - now
+    beat = best - max(TIE_SECONDS, TIE_FRACTION * lead, site.pipeline_margin * lead) if best < math.inf else best
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
     cands = homogeneous + (_heterogeneous(w, req, pools, releases, now, space, beat) if space.heterogeneous else [])
 

@@ -194,6 +194,25 @@ def step_time(
     return step + (1.0 - DP_OVERLAP) * comm + p2p + fixed
 
 
+def step_floor(w: Workload, stage_rates: list[float], micro_batch: int, grad_accum: int, inter_gbs: float) -> float:
+    """A lower bound on `step_time` of any split of the layers over stages of these rates (one per stage, at least
+    one layer each), without building the plan: HAS skips a pipeline whose floor cannot beat what it has.
+
+    Per micro-batch (step_time's stage times, at the small-batch penalty of its micro-batch and without
+    recomputation, the cheapest setting): the slowest stage takes at least the average share of the work over
+    all stages' rates and at least one layer's work at the slowest rate; the stages together take at least the
+    whole work at the fastest rate and at least one layer each at its own. Plus step_time's sends between
+    stages, which do not depend on the split; the gradient all-reduce and the fixed costs count as nothing."""
+    a = w.arch
+    tokens_mb = micro_batch * w.seq_len
+    work_mb = flops_per_token(w, "none") * tokens_mb * small_batch_penalty(tokens_mb)
+    layer_mb = work_mb / (a.layers + head_in_blocks(a))
+    slowest = max(work_mb / sum(stage_rates), layer_mb / min(stage_rates))
+    each_once = max(work_mb / max(stage_rates), layer_mb * sum(1.0 / r for r in stage_rates), slowest)
+    p2p = 2.0 * (len(stage_rates) - 1) * grad_accum * tokens_mb * a.hidden * 2.0 / (inter_gbs * 1e9)
+    return each_once + (grad_accum - 1) * slowest + p2p
+
+
 def stage_peaks_gib(hp: HeteroPlan) -> list[float]:
     """Device memory per stage: reserved bytes plus the stage's GPU-type overhead."""
     extra = [g.overhead_bytes for g in hp.groups for _ in range(g.stages)]

@@ -74,8 +74,11 @@ class Kept:
         self.index = ReleaseIndex(view, now)
         return self.index
 
-    def forget(self) -> None:
-        self.searches.clear()
+    def forget(self, searches: bool = True) -> None:
+        """Drop the release index, and the searches unless `searches` is False (they depend on the job's shape
+        and the pools, not on the cluster's state)."""
+        if searches:
+            self.searches.clear()
         self.index = None
 
 

@@ -66,6 +66,30 @@ def synthetic(
     return ClusterView(cluster="synthetic", backend="static", taken_at=now, partitions=parts, nodes=nodes, jobs=jobs)
 
 
+def with_queue(view: ClusterView, pools: list[tuple[str, str, int, int]], pending: int, seed: int) -> ClusterView:
+    """`view` with `pending` jobs waiting in random partitions of `pools` (1-4 nodes of 1-8 GPUs, 1-24 h limits;
+    every third job the user "me"'s): a deep queue for the decision benchmark and the release index's tests."""
+    rng = random.Random(seed)
+    first = max((j.job_id for j in view.jobs), default=0) + 1
+    jobs = []
+    for i in range(pending):
+        part, gpu, _, gpn = rng.choice(pools)
+        jobs.append(
+            Job(
+                job_id=first + i,
+                name=f"queued-{i}",
+                user="me" if i % 3 == 0 else "someone",
+                state="PENDING",
+                partition=part,
+                node_count=rng.choice((1, 1, 1, 2, 4)),
+                gpu_type=gpu.lower().replace("-", "_"),
+                gpus_per_node=rng.choice([g for g in (1, 2, 4, 8) if g <= gpn]),
+                time_limit_min=rng.choice((60, 240, 720, 1440)),
+            )
+        )
+    return view.model_copy(update={"jobs": view.jobs + jobs})
+
+
 def synthetic_site(pools: list[tuple[str, str, int, int]]) -> SiteConfig:
     links: dict[str, IntraLink] = {"V100": "nvlink2", "A100": "nvlink3", "H100": "nvlink4", "H200": "nvlink4"}
     return SiteConfig(

@@ -228,7 +228,10 @@ def sample_philly(trace: Path, seed: int, jobs: int = 40, fp16_share: float = 0.
 def job_spec(
     job: WorkloadJob, steps: int | None = None, max_gpus: int | None = None, gpu_types: list[str] | None = None
 ) -> JobSpec:
-    """The model.yaml a user would write for this job (their own training script: any parallelism)."""
+    """The model.yaml a user would write for this job (their own training script: any parallelism, pipeline stages
+    across GPU types included: the script builds its stages from plan.json's layer_split as the built-in trainer
+    does, `parallel.heterogeneous: true`). A script's framework leaves that off by default, which made `has` and
+    `has-homogeneous` the same decision in every simulated run (issue 30); `has-homogeneous` turns it off."""
     return JobSpec.model_validate(
         {
             "name": f"sim-job-{job.id}",
@@ -240,6 +243,7 @@ def job_spec(
                 "method": job.method,
                 "precision": job.precision,
             },
+            "parallel": {"heterogeneous": True},
             "limits": {"max_gpus": max_gpus, "gpu_types": gpu_types},
             "entry": {"trainer": "script", "script": "train.py"},
         }

@@ -309,6 +309,17 @@ class SiteConfig(_M):
         "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
         "1.0 lets one job take a whole pool when that finishes it soonest.",
     )
+    pipeline_margin: float = Field(
+        0.3,
+        ge=0,
+        lt=1,
+        description="A pipeline across GPU types (one heterogeneous job) is chosen only where it is predicted to "
+        "finish this share of the time to completion sooner than every allocation of one type: it runs at its "
+        "slowest stage, so an error in any one type's speed slows all of it, and its stages send across "
+        "partitions. In simulation 0.2 still chose pipelines that finished later than one type alone, 0.3 "
+        "only ones that broke even; 0 chooses it wherever it is predicted sooner (docs/has.md, cross-type "
+        "pipelines).",
+    )
     preemption: Preemption | None = Field(
         None,
         description="The site's preemptible QOS for jobs their users mark preemptible; none: such jobs are "

@@ -61,6 +61,12 @@ class GpuTimeline:
         self._windows.pop(node, None)
         self._runs.pop(node, None)
 
+    def reset(self, node: str, busy: list[tuple[float, float, int]]) -> None:
+        """`node`'s busy intervals are `busy` (a copy is kept), as if added in that order."""
+        self.busy[node] = list(busy)
+        self._windows.pop(node, None)
+        self._runs.pop(node, None)
+
     def free(self, node: str, t0: float, t1: float) -> int:
         """GPUs of `node` free during all of [t0, t1)."""
         ivs = [iv for iv in self.busy[node] if iv[0] < t1 and iv[1] > t0]
@@ -117,7 +123,9 @@ class GpuTimeline:
         if nodes == 1:  # from the free ranges: no window lists for this duration
             found = _first_one([self.free_runs(n, per_node) for n in names], not_before, duration)
         else:
-            found = _first_covered_nodes([self.windows(n, per_node, duration) for n in names], nodes, not_before)
+            found = _first_covered_nodes(
+                _windows_of([self.free_runs(n, per_node) for n in names], duration), nodes, not_before
+            )
         if found is None:
             return None
         t, holding = found
@@ -170,19 +178,27 @@ def _first_one(runs: Sequence[list[Window]], not_before: float, duration: float)
     """_first_covered_nodes for one node, from each node's free ranges and without the sweep: a range [a, b)
     is the window [a, b - duration] where that is not empty (GpuTimeline.windows); a node's ranges are in time
     order, so its first window ending at or after not_before gives its earliest start, and the earliest of
-    those is the moment."""
-    first = INF
+    those is the moment. The nodes that can start then are those whose earliest start it is: none starts
+    sooner, and a node's windows do not overlap (one pass per queued job of a deep queue: issue 30)."""
+    starts = []
     for rs in runs:
+        start = INF
         for a, b in rs:
             last = b - duration
             if last >= a and last >= not_before:
-                first = min(first, max(a, not_before))
+                start = a if a > not_before else not_before
                 break
+        starts.append(start)
+    first = min(starts, default=INF)
     if first == INF:
         return None
-    return first, {
-        k for k, rs in enumerate(runs) if any(a <= first <= b - duration for a, b in rs if b - duration >= a)
-    }
+    return first, {k for k, t in enumerate(starts) if t == first}
+
+
+def _windows_of(runs: Sequence[list[Window]], duration: float) -> list[list[Window]]:
+    """Each node's windows for `duration` from its free ranges (GpuTimeline.windows without keeping them: a
+    queue of jobs, each with its own time limit, asks each duration once, so kept lists were built and dropped)."""
+    return [[(a, b - duration) for a, b in rs if b - duration >= a] for rs in runs]
 
 
 def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: float) -> tuple[float, set[int]] | None:
@@ -267,6 +283,10 @@ class ReleaseIndex:
             for end, gpus in releases:
                 if end > now:
                     self.timeline.add(name, now, end, gpus)
+        self._running = {name: list(ivs) for name, ivs in self.timeline.busy.items()}  # before any reservation
+        self._group: dict[str, int] | None = None  # partition -> its group of partitions sharing nodes (_groups)
+        self._first_in: dict[int | None, float] = {}  # group -> the earliest start a pending job was given there
+        self._queued_in: dict[int | None, int] = {}  # group -> its pending jobs given a reservation
         self.queued = 0  # pending jobs given a reservation
         self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the timeline
         self._cache: dict[tuple, tuple[float, list[str]] | None] = {}
@@ -293,6 +313,9 @@ class ReleaseIndex:
                         self.timeline.add(name, t, t + duration, per_node)
                     self.queued += 1
                     self._first_reservation = min(self._first_reservation, t)
+                    group = self._groups().get(partition)
+                    self._first_in[group] = min(self._first_in.get(group, INF), t)
+                    self._queued_in[group] = self._queued_in.get(group, 0) + 1
                     break
         self._pending += pending
         self._cache.clear()
@@ -319,12 +342,70 @@ class ReleaseIndex:
             return False
         pending = _pending_signature(view)
         if pending[: len(self._pending)] != self._pending:
-            return False
+            return now == self.now and self._refit(view, pending)
         self.view = view
         self.nodes = {n.name: n for n in view.nodes if n.available}
         self.now = now  # the timeline keeps its own now and windows (see above)
         self._reserve_pending(pending[len(self._pending) :])
         return True
+
+    def _groups(self) -> dict[str, int]:
+        """Partition -> its group: partitions that share a node are one group. A pending job reserves GPUs only on
+        nodes of its own partitions, so the reservations in one group never depend on the queue of another."""
+        if self._group is None:
+            parent: dict[str, str] = {}
+
+            def root(p: str) -> str:
+                while parent.setdefault(p, p) != p:
+                    p = parent[p]
+                return p
+
+            for n in self.nodes.values():
+                first = n.partitions[0] if n.partitions else None
+                for p in n.partitions:
+                    parent[root(p)] = root(first or p)
+            roots = sorted({root(p) for p in parent})
+            self._group = {p: roots.index(root(p)) for p in parent}
+        return self._group
+
+    def _refit(self, view: ClusterView, pending: list[tuple]) -> bool:
+        """extend() where pending jobs left the queue or joined it anywhere, not only behind (the watcher decides
+        each of a user's pending jobs on the view without it, issue 30): only the groups of partitions whose queue
+        changed are reserved again, from their running jobs, in queue order; the others' reservations are those a
+        new index would make, since a pending job reserves only nodes of its own partitions (_groups). A job
+        naming partitions of several groups makes this give up (False: build a new index)."""
+        old, new = self._by_group(self._pending), self._by_group(pending)
+        if old is None or new is None:
+            return False
+        changed = {g for g in old.keys() | new.keys() if old.get(g) != new.get(g)}
+        groups = self._groups()
+        for name, node in self.nodes.items():
+            if any(groups.get(p) in changed for p in node.partitions):
+                self.timeline.reset(name, self._running[name])
+                self.reserved.discard(name)
+        for g in changed:
+            self._first_in.pop(g, None)
+            self.queued -= self._queued_in.pop(g, 0)
+        self._first_reservation = min(self._first_in.values(), default=INF)
+        self.view = view
+        self._pending = []
+        self._reserve_pending([job for job in pending if self._group_of(job) in changed])
+        self._pending = pending
+        return True
+
+    def _group_of(self, job: tuple) -> int | None:
+        """The group of the partitions a pending job names (None: none of the nodes'); -1 where several."""
+        named = {self._groups().get(p) for p in filter(None, job[1].split(","))}
+        return next(iter(named), None) if len(named) <= 1 else -1
+
+    def _by_group(self, queue: list[tuple]) -> dict[int | None, list[tuple]] | None:
+        out: dict[int | None, list[tuple]] = {}
+        for job in queue:
+            g = self._group_of(job)
+            if g == -1:
+                return None
+            out.setdefault(g, []).append(job)
+        return out
 
     def _pool_nodes(self, partition: str, gpu_type: str | None, per_node: int) -> list[str]:
         """The pool's nodes that can hold `per_node` GPUs, by name (the order windows pick them in)."""
