@@ -40,7 +40,7 @@ def _fake(user: str):
 
 def test_forged_cache_with_a_future_mtime_is_not_shown(cache_home):
     """A cache file (the old format, a bare job list) dated a year ahead showed its fake jobs forever."""
-    from frenzy_slurm.track import _cache_path, query_jobs_cached
+    from frenzy_slurm.track.jobs import _cache_path, query_jobs_cached
 
     backend = _fake(_me())
     path = _cache_path(backend, f"user={_me()}")
@@ -59,7 +59,7 @@ def test_forged_cache_with_a_future_mtime_is_not_shown(cache_home):
 
 
 def test_fresh_cache_is_reused_and_its_age_is_its_content(cache_home):
-    from frenzy_slurm.track import _cache_path, query_jobs_cached
+    from frenzy_slurm.track.jobs import _cache_path, query_jobs_cached
 
     backend = _fake(_me())
     assert query_jobs_cached(backend, _me()) == []
@@ -78,7 +78,7 @@ def test_fresh_cache_is_reused_and_its_age_is_its_content(cache_home):
 
 
 def test_cache_in_a_directory_others_can_write_is_neither_read_nor_written(cache_home):
-    from frenzy_slurm.track import _cache_path, query_jobs_cached
+    from frenzy_slurm.track.jobs import _cache_path, query_jobs_cached
 
     backend = _fake(_me())
     path = _cache_path(backend, f"user={_me()}")
@@ -96,7 +96,7 @@ def test_cache_in_a_directory_others_can_write_is_neither_read_nor_written(cache
 
 
 def test_cache_owned_by_another_user_is_not_read(cache_home, other_user):
-    from frenzy_slurm.track import _cache_path, query_jobs_cached
+    from frenzy_slurm.track.jobs import _cache_path, query_jobs_cached
 
     backend = _fake(_me())
     path = _cache_path(backend, f"user={_me()}")
