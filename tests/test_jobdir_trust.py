@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from frenzy_slurm.core import inputfile
 from frenzy_slurm.core.errors import EXIT_BAD_INPUT, FrenzyError
 from frenzy_slurm.jobdir import safety as jobdir
 from frenzy_slurm.sim.synthetic import synthetic
@@ -59,7 +60,7 @@ def _refusal(fn, *args, **kw) -> tuple[int, str]:
 
 def test_group_writable_directory_above_the_jobs_directory_is_refused(world, tmp_path, monkeypatch):
     """A shared project directory (group-writable, not sticky): its members could rename the job directory away."""
-    monkeypatch.setattr(jobdir, "_private_group", lambda gid: False)  # a project group with other members
+    monkeypatch.setattr(inputfile, "group_private_to", lambda gid, uid: False)  # a project group with other members
     project = tmp_path / "project"
     project.mkdir()
     project.chmod(0o2775)
@@ -115,7 +116,7 @@ def test_symbolic_link_above_of_another_user_is_refused(tmp_path):
 
 def test_resolved_path_is_checked_too(tmp_path, monkeypatch):
     """A private link pointing into a shared directory: the directories the kernel walks are checked."""
-    monkeypatch.setattr(jobdir, "_private_group", lambda gid: False)
+    monkeypatch.setattr(inputfile, "group_private_to", lambda gid, uid: False)
     shared = tmp_path / "shared"
     (shared / "jobs").mkdir(parents=True)
     shared.chmod(0o775)

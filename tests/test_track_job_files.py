@@ -118,7 +118,7 @@ def test_fsqueue_own_job_directory_fifo_and_device_are_refused_promptly(tmp_path
 
 
 def test_checkpoint_tag_is_not_read_through_a_link(tmp_path):
-    from frenzy_slurm.track.jobs import last_checkpoint
+    from frenzy_slurm.jobdir.checkpoints import latest_step as last_checkpoint
 
     (tmp_path / "elsewhere").write_text("step7")
     (tmp_path / "ckpt").mkdir()
