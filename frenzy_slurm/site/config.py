@@ -308,6 +308,16 @@ class SiteConfig(_M):
         "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
         "1.0 lets one job take a whole pool when that finishes it soonest.",
     )
+    price_weight: float = Field(
+        2.0,
+        ge=0,
+        le=1000,
+        description="How much HAS weighs the delay an allocation causes the other jobs (those queued for its "
+        "GPU type and those expected to arrive while it runs, from Slurm's view) against the job's own completion: "
+        "1 is the sum of completion times in HAS's model of the queue, which leaves out the jobs' speed-ups "
+        "(Slurm's view does not have them), so the default weighs the delay twice; 0 is earliest completion "
+        'alone (docs/has.md, "GPU-type prices").',
+    )
     preemption: Preemption | None = Field(
         None,
         description="The site's preemptible QOS for jobs their users mark preemptible; none: such jobs are "
