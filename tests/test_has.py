@@ -74,9 +74,7 @@ def test_heterogeneous_only_when_sooner():
     # the same job when the GPUs free up soon: waiting for one type finishes first
     soon = fill(fill(fill(synthetic(LOCAL), "a100", minutes=1), "v100", {"v100-2": 2}), "t4", {"t4-4": 2})
     spec_long = spec.model_copy(update={"training": spec.training.model_copy(update={"steps": 2000})})
-    # (no GPU-type prices: the a100s' two 2-min jobs would price them as a pool serving a job a minute,
-    # has/pricing.py, and this asks only whether waiting for one type beats a pipeline)
-    d2 = plan(spec_long, soon, site=synthetic_site(LOCAL).model_copy(update={"price_weight": 0.0}))
+    d2 = plan(spec_long, soon)
     assert d2.chosen.kind == "homogeneous", d2.chosen.label()
     assert d2.chosen.start_source == "view" and d2.chosen.start == pytest.approx(soon.taken_at + 60)
 

@@ -65,7 +65,9 @@ def test_demand_per_pool_from_the_view():
     assert v100.arrivals_per_s == 0.0
     # G*T/C of the pool's work moves back, for each waiting job and half of it for each expected arrival
     push = 4 * 3600 / 8
-    assert pricing.delay_s(a100, 4, 3600) == pytest.approx(push * (2 + 0.5 * 3600 / (21 * 60)))
+    assert pricing.delay_s(a100, 4, 600) == pytest.approx(4 * 600 / 8 * (2 + 0.5 * 600 / (21 * 60)))
+    # at most as many arrivals as jobs run there now (one): a long job is not charged for a pool's every turnover
+    assert pricing.delay_s(a100, 4, 3600) == pytest.approx(push * (2 + 0.5 * 1))
     assert pricing.delay_s(None, 4, 3600) == 0.0
 
 

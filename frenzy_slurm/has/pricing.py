@@ -9,7 +9,10 @@ work behind it back by G*T/C; that delays
 - each job waiting for the pool now (a job queued on k pools counts 1/k on each), and
 - each job expected to arrive for it while the component runs: by Little's law, the pool's running jobs
   divided by their time limits per second, over T, each delayed by half of G*T/C on average, and only where the
-  pool is busy (the share of its GPUs running or asked for by its queue).
+  pool is busy (the share of its GPUs running or asked for by its queue). At most as many as run there now: a
+  job longer than those turns the pool over that many times, but the jobs arriving meanwhile do not all queue
+  behind it (they go to other pools; without the bound a job of days priced a pool of 3-hour jobs so high that
+  waiting 500 h for another one looked cheaper).
 
 The jobs' speed-ups on the types are not in Slurm's view of the queue (a pending job shows the partition and GPU
 count it asked for), so every job counts the same. All of it is read from the cluster view `fsbatch` reads;
@@ -32,6 +35,7 @@ class PoolDemand:
     gpus: int  # GPUs of the pool
     waiting: float  # jobs queued for the pool (1/k for a job queued on k pools)
     arrivals_per_s: float  # jobs expected to arrive for it per second (running jobs / their time limits)
+    running: int  # jobs running there: the most arrivals one allocation is charged for
     busy: float  # share of its GPUs running jobs or asked for by its queue, at most 1
 
 
@@ -40,6 +44,7 @@ def demand(view: ClusterView) -> dict[PoolKey, PoolDemand]:
     pools = {p.key: p for p in view.pools() if p.gpus_total}
     waiting = dict.fromkeys(pools, 0.0)
     rate = dict.fromkeys(pools, 0.0)
+    running = dict.fromkeys(pools, 0)
     for j in view.jobs:
         if not j.gpus_per_node:
             continue
@@ -52,8 +57,9 @@ def demand(view: ClusterView) -> dict[PoolKey, PoolDemand]:
                 waiting[k] += 1.0 / len(keys)
         elif phase == "running" and j.start_time is not None and j.end_time is not None and j.end_time > j.start_time:
             rate[keys[0]] += 1.0 / (j.end_time - j.start_time)
+            running[keys[0]] += 1
     busy = {k: min(1.0, (p.gpus_total - p.gpus_free + p.gpus_pending) / p.gpus_total) for k, p in pools.items()}
-    return {k: PoolDemand(p.gpus_total, waiting[k], rate[k], busy[k]) for k, p in pools.items()}
+    return {k: PoolDemand(p.gpus_total, waiting[k], rate[k], running[k], busy[k]) for k, p in pools.items()}
 
 
 def _key(view: ClusterView, pools: dict, partition: str, gpu_type: str | None) -> PoolKey | None:
@@ -69,5 +75,5 @@ def delay_s(pool: PoolDemand | None, gpus: int, run_time_s: float) -> float:
     if pool is None or gpus <= 0 or run_time_s <= 0:
         return 0.0
     push = gpus * run_time_s / pool.gpus  # how far the work behind it moves back
-    arriving = pool.arrivals_per_s * run_time_s * pool.busy
+    arriving = min(pool.arrivals_per_s * run_time_s, pool.running) * pool.busy
     return push * (pool.waiting + 0.5 * arriving)
