@@ -17,6 +17,11 @@ Tuning set: HAS's thresholds and the baselines' knobs (TUNED_KNOBS in frenzy_slu
 chosen on shape std64, load 0.8, seeds 1-5 (has-preempt's also on seeds 11-20). The default seeds (6-10),
 shape alt64 and load 1.2 were not used for tuning: rows from the tuning set are marked `tuned` and left out
 of the goals unless --include-tuning.
+`--case judge` is issue 30's judging set: four shapes drawn by a seeded generator (sim/clusters.py,
+`generated_shape`: 32-512 GPUs, 3-5 catalog types, shape seeds no tuning used) at a load drawn per shape in
+0.8-1.2, job seeds 101-110, has, has-preempt, sia and slurm-multi, at most 60 jobs per run (the machine's
+budget); `--case tune` is the set the GPU-type prices were tuned on (std64 and the tune-* shapes, seeds 1-5).
+Every comparison is given for all jobs, frenzy-slurm's users' (own) and the other users' (plain) apart.
 Needs the `sim` extra (scipy for ilp and sia, matplotlib for --plot).
 """
 
