@@ -106,7 +106,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", choices=sorted(CASES), help="a named case: its shapes, loads, seeds, jobs, policies")
     ap.add_argument("--shapes", default=None, help=f"any of {', '.join(SHAPES)} (default std64,alt64)")
-    ap.add_argument("--loads", default=None, help="offered loads (default 0.8,1.2)")
+    ap.add_argument(
+        "--loads", default=None, help="offered loads (default 0.8,1.2); auto: the one drawn per generated shape"
+    )
     ap.add_argument("--seeds", default=None, help="default 6,7,8,9,10")
     ap.add_argument("--jobs", type=int, default=None, help=f"jobs per 64 GPUs (default {JOBS_PER_64_GPUS}, capped)")
     ap.add_argument("--max-jobs", type=int, default=None, help="at most this many jobs per run (default 400)")
