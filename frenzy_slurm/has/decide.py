@@ -14,12 +14,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from frenzy_slurm.core.errors import NoFitError
 from frenzy_slurm.core.units import TFLOPS, GiB
-from frenzy_slurm.has import hetero
+from frenzy_slurm.has import hetero, pricing
 from frenzy_slurm.has.kept import PROCESS_KEPT, Kept, SearchKey
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 from frenzy_slurm.has.nodes import nodes_for
@@ -389,6 +389,21 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
     return kept, [(c, why[id(c)] or "") for c in cands if id(c) not in kept_ids]  # all with a reason: None is kept
 
 
+def _pricer(view: ClusterView, site: SiteConfig) -> Callable[[_Cand], float]:
+    """The delay a candidate causes the other jobs, weighted by the site's price_weight (0: none)."""
+    if site.price_weight <= 0:
+        return lambda c: 0.0
+    pools = pricing.demand(view)
+
+    def delay(c: _Cand) -> float:
+        run = c.alloc.run_time_s
+        return site.price_weight * sum(
+            pricing.delay_s(pools.get(p.key), n * g, run) for p, (n, g) in zip(c.pools, c.layouts, strict=True)
+        )
+
+    return delay
+
+
 def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:
     """Speed-up per extra GPU of `wide` over `narrow`, in time to completion (waiting included): 1.0 is perfect."""
     # a wide allocation completing at `now` (nothing to run) would divide by zero: count it as a nanosecond
@@ -397,13 +412,18 @@ def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> fl
     return (t_narrow / t_wide - 1) / extra if extra > 0 else float("inf")
 
 
-def _widest_worth_it(ordered: list[_Cand], now: float, tol: float) -> _Cand:
-    """From the fewest GPUs up, widen only while each step is worth its GPUs (MIN_MARGINAL_EFFICIENCY).
+def _widest_worth_it(
+    ordered: list[_Cand], now: float, tol: float, value: Callable[[_Cand], float] | None = None
+) -> _Cand:
+    """From the fewest GPUs up, widen only while each step is worth its GPUs (MIN_MARGINAL_EFFICIENCY) and
+    lowers `value` (default: the completion; decide passes the completion plus the delay the allocation causes
+    the other jobs, has/pricing.py: a wider allocation that finishes sooner may hold up more than it gains).
 
-    `ordered` is ranked by completion (ties: homogeneous, then fewer GPUs), so among allocations of one
+    `ordered` is ranked by that value (ties: homogeneous, then fewer GPUs), so among allocations of one
     size the first seen is the best. A narrower allocation that must wait is compared with its wait:
     a wide one that starts now wins when the wait is long.
     """
+    value = value or (lambda c: c.alloc.completion)
     best_of_size: dict[int, _Cand] = {}
     for c in ordered:
         best_of_size.setdefault(c.alloc.gpus, c)
@@ -411,16 +431,20 @@ def _widest_worth_it(ordered: list[_Cand], now: float, tol: float) -> _Cand:
     cur = best_of_size[sizes[0]]
     for g in sizes[1:]:
         c = best_of_size[g]
-        if (
-            c.alloc.completion < cur.alloc.completion - tol
-            and _marginal_efficiency(cur.alloc, c.alloc, now) >= MIN_MARGINAL_EFFICIENCY
-        ):
+        if value(c) < value(cur) - tol and _marginal_efficiency(cur.alloc, c.alloc, now) >= MIN_MARGINAL_EFFICIENCY:
             cur = c
     return cur
 
 
-def _why_lost(best: Allocation, other: Allocation, now: float) -> str:
+def _why_lost(best: Allocation, other: Allocation, now: float, extra_delay_s: float = 0.0) -> str:
+    """Why `other` lost to `best`; `extra_delay_s`: how much more `other` delays the other jobs (pricing.py)."""
     dt = other.completion - best.completion
+    width_lost = other.gpus > best.gpus and _marginal_efficiency(best, other, now) < MIN_MARGINAL_EFFICIENCY
+    if dt < -EXPLAIN_RESOLUTION_S and extra_delay_s > -dt and not width_lost:
+        return (
+            f"finishes {-dt / 60:.0f} min sooner but delays the jobs queued for and arriving at its GPUs by "
+            f"{extra_delay_s / 60:.0f} min more in all (the GPU-type price, site price_weight)"
+        )
     if dt < -EXPLAIN_RESOLUTION_S and other.gpus > best.gpus:
         eff = _marginal_efficiency(best, other, now)
         if eff < MIN_MARGINAL_EFFICIENCY:
@@ -565,14 +589,14 @@ def decide(
     beat = best - max(TIE_SECONDS, TIE_FRACTION * lead, site.pipeline_margin * lead) if best < math.inf else best
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
     cands = homogeneous + (_heterogeneous(w, req, pools, releases, now, space, beat) if space.heterogeneous else [])
-
+    delay = _pricer(usable, site)  # what each candidate costs the jobs queued for and arriving at its GPUs
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
     allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
-    ok = _rank(allowed, now)
+    ok = _rank(allowed, now, delay)
     rejected = [(c, why) for c, why in verdicts if why] + too_wide
     if backend is not None and ok and ok[0].alloc.start_source != "now":
         _refine(ok, backend, req)
-        ok = _rank(ok, now)
+        ok = _rank(ok, now, delay)
     too_long = [c for c, why in verdicts if why and why.startswith(MAX_TIME_REASON)]
     if not ok and too_long:  # MaxTime is checked last: these broke no other limit
         raise NoFitError(_max_time_message(req, too_long))
@@ -589,24 +613,26 @@ def decide(
             )
         )
     chosen = ok[0].alloc
-    alts = _alternatives(ok, rejected, skipped, now, alternatives)
+    alts = _alternatives(ok, rejected, skipped, now, alternatives, delay)
     return Decision(chosen=chosen, alternatives=alts, decided_at=now, decision_ms=(time.perf_counter() - t0) * 1e3)
 
 
-def _rank(items: list[_Cand], now: float) -> list[_Cand]:
-    """Earliest completion; within a tolerance, homogeneous first, then fewer GPUs (ties are noise)."""
+def _rank(items: list[_Cand], now: float, delay: Callable[[_Cand], float]) -> list[_Cand]:
+    """Earliest completion plus the delay caused to other jobs (`delay`, pricing.py); within a tolerance,
+    homogeneous first, then fewer GPUs (ties are noise)."""
     if not items:
         return items
-    first = min(c.alloc.completion for c in items)
+    value = {id(c): c.alloc.completion + delay(c) for c in items}
+    first = min(value.values())
     tol = max(TIE_SECONDS, TIE_FRACTION * (first - now))
 
     def key(c: _Cand) -> tuple[bool, bool, int, float]:
-        tied = c.alloc.completion <= first + tol
+        tied = value[id(c)] <= first + tol
         return (
             not tied,
             c.alloc.kind == "heterogeneous" if tied else False,
             c.alloc.gpus if tied else 0,
-            c.alloc.completion,
+            value[id(c)],
         )
 
     ordered = sorted(items, key=key)
@@ -614,15 +640,20 @@ def _rank(items: list[_Cand], now: float) -> list[_Cand]:
         groups: dict[tuple, list[_Cand]] = {}
         for c in ordered:
             groups.setdefault(tuple(p.key for p in c.pools), []).append(c)
-        picks = [_widest_worth_it(g, now, tol) for g in groups.values()]
+        picks = [_widest_worth_it(g, now, tol, lambda c: value[id(c)]) for g in groups.values()]
         choice = min(picks, key=lambda c: (key(c), ordered.index(c)))  # the earliest, ties as ranked
     else:
-        choice = _widest_worth_it(ordered, now, tol)
+        choice = _widest_worth_it(ordered, now, tol, lambda c: value[id(c)])
     return [choice] + [c for c in ordered if c is not choice]
 
 
 def _alternatives(
-    ok: list[_Cand], rejected: list[tuple[_Cand, str]], skipped: list[str], now: float, alternatives: int
+    ok: list[_Cand],
+    rejected: list[tuple[_Cand, str]],
+    skipped: list[str],
+    now: float,
+    alternatives: int,
+    delay: Callable[[_Cand], float],
 ) -> list[Alternative]:
     """What a Decision lists beside its choice: up to `alternatives` allowed candidates (one per label) and why
     each lost, the first refused ones and why, and the pools skipped."""
@@ -632,7 +663,10 @@ def _alternatives(
         label = c.alloc.label()
         if label in {a.description for a in alts} or len(alts) >= alternatives:
             continue
-        alts.append(Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(chosen, c.alloc, now)))
+        extra = delay(c) - delay(ok[0])
+        alts.append(
+            Alternative(allocation=c.alloc, description=label, lost_because=_why_lost(chosen, c.alloc, now, extra))
+        )
     for c, why in sorted(rejected, key=lambda cw: cw[0].alloc.completion)[:REFUSED_ALTERNATIVES_SHOWN]:
         alts.append(Alternative(allocation=c.alloc, description=c.alloc.label(), lost_because=why or ""))
     for line in skipped:

@@ -6,6 +6,8 @@ simulated Slurm schedules on and the site file HAS and MARP read, so both see th
 
 from __future__ import annotations
 
+import math
+import random
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -162,3 +164,47 @@ def load_cluster(arg: str) -> SimCluster:
 SMALL = "A100-80GB:2x8,V100-32GB:4x8,T4:4x4"
 MEDIUM = "A100-80GB:16x8,V100-32GB:32x8,T4:32x4"
 LARGE = "H100-SXM:32x8,A100-80GB:48x8,A100-40GB:48x8,L40S:48x4,A40:32x4,A10G:64x4,V100-32GB:32x8,T4:48x4"
+
+
+# The catalog's data-centre GPU models a generated shape draws from, with the GPUs per node such a node usually
+# has (SXM boards 8, PCIe cards 4 or 8). Consumer cards are left out: no site buys nodes of them for training.
+_GENERATED_TYPES: dict[str, tuple[int, ...]] = {
+    "H200": (8,),
+    "H100-SXM": (8,),
+    "H100-PCIe": (4, 8),
+    "A100-80GB": (8,),
+    "A100-40GB": (8,),
+    "L40S": (4, 8),
+    "A40": (4, 8),
+    "A10G": (4,),
+    "L4": (4, 8),
+    "V100-32GB": (8,),
+    "V100-16GB": (8,),
+    "T4": (4,),
+}
+
+
+def generated_shape(seed: int, min_gpus: int = 32, max_gpus: int = 512, types: tuple[int, int] = (3, 5)) -> str:
+    """A cluster shape drawn from `seed`, in the compact form: `types` (lo, hi) GPU models of the catalog, a size
+    of `min_gpus`..`max_gpus` GPUs (log-uniform), split over the types by random weights (each type one node at
+    least). The JCT benchmark judges HAS on shapes drawn with seeds its tuning never saw (benchmarks/jct.py)."""
+    rng = random.Random(f"shape/{seed}")
+    models = rng.sample(sorted(_GENERATED_TYPES), rng.randint(*types))
+    target = round(math.exp(rng.uniform(math.log(min_gpus), math.log(max_gpus))))
+    weights = [rng.uniform(0.5, 2.0) for _ in models]
+    parts = []
+    for model, w in zip(models, weights, strict=True):
+        gpn = rng.choice(_GENERATED_TYPES[model])
+        nodes = max(1, round(target * w / sum(weights) / gpn))
+        parts.append((model, nodes, gpn))
+    # rounding to whole nodes (one at least) may leave the size outside the bounds: the largest pool gives nodes
+    # back, or the smallest gets more, until it is within them
+    while sum(n * g for _, n, g in parts) > max_gpus and any(n > 1 for _, n, _ in parts):
+        k = max(range(len(parts)), key=lambda i: parts[i][1] * parts[i][2])
+        m, n, g = parts[k]
+        parts[k] = (m, n - 1, g)
+    while sum(n * g for _, n, g in parts) < min_gpus:
+        k = min(range(len(parts)), key=lambda i: parts[i][1] * parts[i][2])
+        m, n, g = parts[k]
+        parts[k] = (m, n + 1, g)
+    return ",".join(f"{m}:{n}x{g}" for m, n, g in parts)

@@ -132,6 +132,10 @@ class Runner:
         site = cluster.site()
         if max_job_share is not None:  # the site file's setting (validated: 0 < share <= 1)
             site = SiteConfig.model_validate({**site.model_dump(), "max_job_share": max_job_share})
+        # knobs named `site.FIELD` are the site file's settings (e.g. site.price_weight), validated as the file is
+        settings = {k.removeprefix("site."): v for k, v in (knobs or {}).items() if k.startswith("site.")}
+        if settings:
+            site = SiteConfig.model_validate({**site.model_dump(), **settings})
         self.ctx = Context(self.sim, site, self.truth)
         self.scale = time_scale(workload, cluster, load) if load else 1.0
         # queue realism: this share of the jobs (seeded) comes from users who do not use frenzy-slurm; they

@@ -320,6 +320,16 @@ class SiteConfig(_M):
         "only ones that broke even; 0 chooses it wherever it is predicted sooner (docs/has.md, cross-type "
         "pipelines).",
     )
+    price_weight: float = Field(
+        2.0,
+        ge=0,
+        le=1000,
+        description="How much HAS weighs the delay an allocation causes the other jobs (those queued for its "
+        "GPU type and those expected to arrive while it runs, from Slurm's view) against the job's own completion: "
+        "1 is the sum of completion times in HAS's model of the queue, which leaves out the jobs' speed-ups "
+        "(Slurm's view does not have them), so the default weighs the delay twice; 0 is earliest completion "
+        'alone (docs/has.md, "GPU-type prices").',
+    )
     preemption: Preemption | None = Field(
         None,
         description="The site's preemptible QOS for jobs their users mark preemptible; none: such jobs are "
