@@ -61,4 +61,4 @@ def test_the_walk_counts_methods_and_nested_functions_and_the_list_is_read():
     source = "class A:\n    def f(self):\n        def g():\n" + body + "        return g\n"
     assert long_in(source, "m.py") == {"m.py:A.f": 88, "m.py:A.f.g": 86}
     assert long_in("def short():\n    return 1\n", "m.py") == {}
-    assert "frenzy_slurm/eval/dataset.py:interpret_row" in listed()
+    assert "frenzy_slurm/slurm/constraint.py:parse_constraint" in listed()

@@ -5,6 +5,7 @@ the view without it, one after another, so this is its pass's common case (issue
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from frenzy_slurm.has.moves import without_job
@@ -20,7 +21,7 @@ def _with_queue(view: ClusterView, pending: int, seed: int, multi: bool = False)
     if multi:  # the first pending job may run in two partitions (sbatch -p a100,v100)
         jobs = list(out.jobs)
         j = next(j for j in jobs if j.state == "PENDING")
-        jobs[jobs.index(j)] = j.model_copy(update={"partition": "a100,v100"})
+        jobs[jobs.index(j)] = dataclasses.replace(j, partition="a100,v100")
         out = out.model_copy(update={"jobs": jobs})
     return out
 
@@ -54,7 +55,7 @@ def test_an_index_without_one_pending_job_after_another_equals_a_new_one():
 def test_a_job_joining_the_queue_ahead_of_others_is_refitted_too():
     view = _with_queue(synthetic(POOLS, busy=0.6, seed=4), 30, seed=4)
     pending = sorted((j for j in view.jobs if j.state == "PENDING"), key=lambda j: j.job_id)
-    early = pending[5].model_copy(update={"job_id": pending[4].job_id + 0})  # a copy of job 5 at job 4's place
+    early = dataclasses.replace(pending[5], job_id=pending[4].job_id + 0)  # a copy of job 5 at job 4's place
     without4 = view.model_copy(update={"jobs": [j for j in view.jobs if j.job_id != pending[4].job_id]})
     index = ReleaseIndex(without4, view.taken_at)
     joined = without4.model_copy(update={"jobs": [*without4.jobs, early]})

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from frenzy_slurm.slurm import open_backend
 from frenzy_slurm.slurm.cli import SlurmCliBackend
 
 from .slurm_fixture import sh
+
+pytestmark = pytest.mark.live
 
 NODE = "v100-2"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
+from frenzy_slurm.core.records import write_atomic
 from frenzy_slurm.eval.cases import UNREADABLE, Unreadable, UnreadableList
 from frenzy_slurm.eval.dataset import MeasuredRow, RowError, read_measurements, to_case
 
@@ -44,13 +45,15 @@ def convert(csv_path: Path, out: Path) -> tuple[int, list[Unreadable]]:
             failed.append(_unreadable(row, str(exc)))
             continue
         name = "".join(c if c.isalnum() or c in "._-" else "-" for c in row.row_id) or "row"
-        (out / f"{name}.yaml").write_text(
+        write_atomic(
+            out / f"{name}.yaml",
             f"# {row.row_id} of {csv_path.name}, written by python -m frenzy_slurm.eval.convert\n"
-            + yaml.safe_dump(data, sort_keys=False)
+            + yaml.safe_dump(data, sort_keys=False),
+            mode=0o644,
         )
         written += 1
     doc = UnreadableList(unreadable=failed).model_dump(mode="json", exclude_none=True)
-    (out / UNREADABLE).write_text(yaml.safe_dump(doc, sort_keys=False))
+    write_atomic(out / UNREADABLE, yaml.safe_dump(doc, sort_keys=False), mode=0o644)
     return written, failed
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from frenzy_slurm.core.units import GiB
-from frenzy_slurm.marp.memory_activations import in_flight, layer_activation_bytes, saved_activations
+from frenzy_slurm.marp.memory_activations import in_flight, layer_activation_bytes
 from frenzy_slurm.marp.memory_buffers import optimizer_step_buffers, pipeline_buffers, stage_buffers
 from frenzy_slurm.marp.memory_job import NF4_PLAIN_BYTES_PER_PARAM, QLORA_BYTES_PER_PARAM, Job, job
 from frenzy_slurm.marp.memory_loss import (
@@ -35,6 +35,7 @@ from frenzy_slurm.marp.memory_loss import (
 )
 from frenzy_slurm.marp.memory_moments import ActivationTerms, LossTerms, StageTerms, peak_moment
 from frenzy_slurm.marp.memory_reserved import allocator_overhead
+from frenzy_slurm.marp.memory_saved import saved_activations
 from frenzy_slurm.marp.memory_states import gradients_persist, model_states
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload
