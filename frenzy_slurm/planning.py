@@ -26,6 +26,7 @@ from frenzy_slurm.calibration import Applied, for_job, job_record
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.has import Decision, Requirements, decide
 from frenzy_slurm.has.decide import short_time_note
+from frenzy_slurm.has.fallback import oom_fallbacks
 from frenzy_slurm.has.pools import (
     check_gpu_types,
     check_site_types,
@@ -316,6 +317,12 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
             extra_notes.append(found.note or "")
     else:
         decision = decide_job(*inputs)
+    if slurm.oom_retry:  # where a run that runs out of memory anyway is submitted again (has/fallback.py)
+        universal = job.spec.entry.trainer == "builtin"  # the built-in trainer converts DeepSpeed's checkpoints
+        found = oom_fallbacks(
+            decision, ready.requirements, ready.workload, space, ready.view, ready.site, ready.now, universal
+        )
+        decision = decision.model_copy(update={"oom_fallbacks": found})
     return finish(job, site, options, ready, decision, slurm, tuple(extra_notes))
 
 

@@ -130,6 +130,12 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     help="Run in the site's preemptible QOS: other jobs may preempt it (it checkpoints, requeues and resumes); "
     "HAS may give it more of a pool.",
 )
+@click.option(
+    "--oom-retry/--no-oom-retry",
+    default=None,
+    help="Whether a run that ends out of memory is submitted again once, with more memory headroom, from its "
+    "last checkpoint (default: model.yaml's slurm.oom_retry, on).",
+)
 @click.option("--mail-type", help="sbatch --mail-type.")
 @click.option("--mail-user", help="sbatch --mail-user.")
 @click.option("-J", "--job-name", help="sbatch --job-name (default: model.yaml's name).")
@@ -193,6 +199,7 @@ def main(
     constraint: str | None,
     exclusive: bool | None,
     preemptible: bool | None,
+    oom_retry: bool | None,
     mail_type: str | None,
     mail_user: str | None,
     job_name: str | None,
@@ -227,6 +234,7 @@ def main(
         "constraint": constraint,
         "exclusive": exclusive,
         "preemptible": preemptible,
+        "oom_retry": oom_retry,
         "mail_type": mail_type,
         "mail_user": mail_user,
         "output": output,

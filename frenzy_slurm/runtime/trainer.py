@@ -31,7 +31,7 @@ from frenzy_slurm.marp.plan import checkpoint_route
 from frenzy_slurm.progress import ProgressRecorder
 from frenzy_slurm.records import write_json
 from frenzy_slurm.render.planfile import PlanFile, read_plan
-from frenzy_slurm.runtime import checkpoints, signals
+from frenzy_slurm.runtime import checkpoints, oom, signals
 from frenzy_slurm.runtime.dist import DistEnv
 
 if TYPE_CHECKING:  # torch is imported inside the functions: the job imports it only after the signal handlers
@@ -181,6 +181,18 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
             total += float(loss.detach())
         return total / plan.grad_accum
 
+    planned = _component_peak(pf, stage)
+
+    def guarded(step: int) -> float:
+        """One step; a CUDA out-of-memory error is recorded for the job's epilogue first (runtime/oom.py)."""
+        try:
+            oom.test_capacity_exceeded(step, planned)
+            return one_step(step)
+        except Exception as exc:
+            if oom.is_cuda_oom(exc):
+                oom.record(job_dir, exc, planned)
+            raise
+
     step = start_step
     recorder = CpuMemoryRecorder().start() if device.type == "cpu" else None  # from a step before the measured one
     progress = ProgressRecorder(job_dir, t.total_steps)  # progress.json for fsbatch --wait's line (rank 0's)
@@ -188,11 +200,11 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         t0 = time.perf_counter()
         measure = step == start_step + 1 or (t.total_steps - start_step == 1)
         if measure and recorder is not None:
-            peak_bytes, loss = recorder.peak_of(partial(one_step, step))
+            peak_bytes, loss = recorder.peak_of(partial(guarded, step))
             recorder = None
             peak = {"peak_gib": peak_bytes / GiB, "metric": "allocated (profiler)"}
         else:
-            loss = one_step(step)
+            loss = guarded(step)
         step_times.append(time.perf_counter() - t0)
         step += 1
         losses.append([step, loss])
@@ -457,6 +469,14 @@ def _requeue(job_id: int) -> None:
         open_backend("cli").requeue(job_id)
     except FrenzyError as exc:
         print(f"frenzy-slurm: could not requeue job {job_id}: {exc.message}", flush=True)
+
+
+def _component_peak(pf: PlanFile, stage: int) -> float | None:
+    """The device peak (GiB) HAS planned for the component that runs this stage."""
+    for c in pf.decision.chosen.components:
+        if stage in c.stages:
+            return c.peak_gib
+    return None
 
 
 def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> float | None:
