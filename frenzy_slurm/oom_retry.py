@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-id", type=int, required=True)
     ap.add_argument("--status", type=int, required=True)
     ns = ap.parse_args(argv)
+    _scrub_allocation(os.environ)  # this process submits the successor: none of this job's allocation may reach it
     try:
         line = retry(ns.job_dir, ns.job_id)
     except FrenzyError as exc:
@@ -169,7 +170,6 @@ def _submit(
     alloc = fallback.allocation
     note |= {"to": alloc.label(), "plan": alloc.plan.short(), "retry_dir": str(req.job_dir), "from_step": saved}
     write_json(job_dir / RECORD, note | {"note": "submitting"})
-    _scrub_allocation(os.environ)
     done = submit(req, backend or open_backend("cli"), after=job_id)
     write_json(job_dir / RECORD, note | {"retry_job": done.job_id, "note": "submitted"})
     start = f"from its checkpoint of step {saved}" if saved is not None else "from the start (it saved no checkpoint)"
