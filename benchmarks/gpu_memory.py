@@ -111,7 +111,7 @@ def run_deepspeed(spec_dict: dict, steps: int, device: Any) -> None:
     # as the runtime builds it: model.yaml's attention kernel, selective recomputation of its core
     model = GPT(spec.model.arch, plan.recompute == "full", spec.training.attention, plan.recompute == "selective")
     model = model.to(device)
-    cfg = ds_config(spec, plan, w.buckets)
+    cfg = ds_config(spec, plan, w.comm.buckets)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     for x in _batches(spec, steps * plan.grad_accum, plan.micro_batch, device):
         loss = lm_loss(engine(x[:, :-1]), x[:, 1:])

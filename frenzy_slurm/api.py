@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from frenzy_slurm.planning import JobRequest, SiteFile
     from frenzy_slurm.render.environment import EnvCheck
     from frenzy_slurm.slurm import SlurmBackend
-    from frenzy_slurm.slurm.view import ClusterView
     from frenzy_slurm.submit import Submitted
     from frenzy_slurm.sweeps import Combination
     from frenzy_slurm.track import Cancelled, TrackedJob
@@ -166,28 +165,6 @@ def summary_line(req: JobRequest) -> str:
     )
 
 
-class OneView:
-    """A backend whose cluster view is read once: every combination of a sweep is planned on the same view
-    (one set of sinfo/squeue queries, not one per job); the rest goes to the backend itself."""
-
-    def __init__(self, backend: SlurmBackend):
-        self._backend = backend
-        self._view: ClusterView | None = None
-        self.name = backend.name
-
-    @property
-    def inner(self) -> SlurmBackend:
-        return self._backend
-
-    def load(self) -> ClusterView:
-        if self._view is None:
-            self._view = self._backend.load()
-        return self._view
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-
 def open_backend(backend: str | SlurmBackend = "auto", snapshot: str | Path | None = None) -> SlurmBackend:
     """A backend by name (`auto`, `cli`, `pyslurm`, `static` with a snapshot), or the one given."""
     if not isinstance(backend, str):
@@ -210,14 +187,12 @@ def check_dependency_jobs(dependency: str | None, backend: SlurmBackend) -> None
     """The jobs a --dependency names exist in Slurm (one queue query); sbatch refuses one it cannot find
     (afterok/afternotok: a job that left the queue more than MinJobAge ago is not found either). A saved
     snapshot cannot say: nothing is checked there."""
-    from frenzy_slurm.slurm.backend import ReadOnlyBackend
     from frenzy_slurm.slurm.dependency import parse_dependency
 
     if dependency is None:
         return
     ids = parse_dependency(dependency).job_ids
-    inner = backend.inner if isinstance(backend, OneView) else backend
-    if not ids or isinstance(inner, ReadOnlyBackend):
+    if not ids or backend.snapshot is not None:
         return
     known = {i for j in backend.jobs(job_ids=ids) for i in (j.job_id, j.het_job_id) if i is not None}
     missing = [i for i in ids if i not in known]
@@ -275,8 +250,6 @@ def plan_jobs(
             "--job-dir names one job's directory; a sweep's jobs each get their own under $FRENZY_JOBS_DIR "
             "(or ./frenzy-jobs): set that instead."
         )
-    from frenzy_slurm.slurm.backend import ReadOnlyBackend
-
     # in fsbatch's order: every model.yaml (combination) read first, then the site file, the flags, Slurm
     loaded = []
     base_name: str | None = None
@@ -305,7 +278,9 @@ def plan_jobs(
         check_max_running(max_running, len(prepared), options.slurm.dependency)
     opened = open_backend(backend, snapshot)
     # a saved snapshot is one view already, and planning must still see it as read-only (planning.start_estimator)
-    cluster = opened if isinstance(opened, ReadOnlyBackend) else OneView(opened)
+    from frenzy_slurm.slurm.oneview import OneView
+
+    cluster = opened if opened.snapshot is not None else OneView(opened)
     # fsbatch -d, model.yaml's slurm.dependency, or a --set of it: each checked once, before anything is planned
     for dependency in dict.fromkeys(options.slurm.dependency for _, _, options in prepared):
         check_dependency_jobs(dependency, cluster)
@@ -662,6 +637,8 @@ def submit(plan: Plan | JobRequest, backend: str | SlurmBackend | None = None) -
         request, cluster = plan, open_backend(backend)
     else:
         raise InputError(f"submit() takes the Plan of fs.plan or fs.sweep, not {type(plan).__name__}.")
+    from frenzy_slurm.slurm.oneview import OneView
+
     follows = cluster.inner if isinstance(cluster, OneView) else cluster
     done = submit_request(request, follows, after=after)
     return Job(done.job_id, done.job_dir, follows, done.cluster, done)

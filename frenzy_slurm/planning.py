@@ -46,8 +46,7 @@ from frenzy_slurm.render.environment import EnvCheck, check_environment
 from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.sbatch_env import check_sbatch_env
 from frenzy_slurm.site.config import SiteConfig, load_site, require_measured_memory
-from frenzy_slurm.slurm.backend import ReadOnlyBackend, SlurmBackend
-from frenzy_slurm.slurm.static import StaticBackend
+from frenzy_slurm.slurm.backend import SlurmBackend
 from frenzy_slurm.slurm.view import ClusterView
 
 
@@ -188,7 +187,7 @@ def calibrate(job: JobFile, site: SiteFile, options: PlanOptions) -> tuple[SiteC
 def start_estimator(backend: SlurmBackend | None) -> SlurmBackend | None:
     """The backend HAS may ask when Slurm would start a request: none for a saved snapshot (a read-only
     backend), whose own estimate is the timeline HAS has already searched."""
-    return None if backend is None or isinstance(backend, ReadOnlyBackend) else backend
+    return None if backend is None or backend.snapshot is not None else backend
 
 
 def decide_job(
@@ -365,8 +364,8 @@ def site_name(site: SiteFile) -> str:
 
 def view_source(backend: SlurmBackend, view: ClusterView) -> str:
     """Where the cluster view came from, as messages name it: the snapshot file, or the live cluster."""
-    if isinstance(backend, StaticBackend):
-        return f"snapshot {backend.path}"
+    if backend.snapshot is not None:
+        return f"snapshot {backend.snapshot}"
     return f"Slurm cluster {view.cluster}" if view.cluster else "the Slurm cluster"
 
 

@@ -147,7 +147,7 @@ def watch_once(
 ) -> list[Action]:
     """One pass over this user's preemptible jobs: the moves made (or, with `dry_run`, that would be made);
     `finished` gets a line for each move an earlier pass left open and this one finished."""
-    from frenzy_slurm.api import OneView
+    from frenzy_slurm.slurm.oneview import OneView
     from frenzy_slurm.submit.jobdir import user_lock
 
     me = my_user_name()

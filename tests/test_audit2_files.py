@@ -677,6 +677,6 @@ def test_memory_outliers_are_left_out_by_median_and_mad(tmp_path):
     planted = [obs(f"fab{i}", 0.70) for i in range(2)]
     (corr,), notes = fit_memory(honest + planted, FitBounds(min_jobs=3))
     assert corr.factor == pytest.approx(1.005) and corr.jobs == 4
-    assert sum("(median/MAD test); left out" in n for n in notes) == 2
+    assert sum("(median/MAD test); left out" in n.text for n in notes) == 2
     assert reject_outliers([1.0, 1.0, 1.0, 1.01]) == ([0, 1, 2, 3], [])  # honest noise under 2% stays
     assert reject_outliers([1.0, 0.7]) == ([0, 1], [])  # two values: nothing to compare with

@@ -1,7 +1,8 @@
 """Every backend class implements the whole `SlurmBackend` protocol: by name and signature, and for a type checker.
 
-The backends: the CLI, pyslurm, static snapshot, in-memory fake and the simulator's controller. A method the
-protocol gains must be added to all of them (those that cannot do it refuse it, as the read-only ones do).
+The backends: the CLI, pyslurm, static snapshot, in-memory fake and the simulator's controller, and `OneView`, which
+wraps any of them. A method the protocol gains must be added to all of them (those that cannot do it refuse it, as
+the read-only ones do); what a backend can do is said by its attributes (`snapshot`), never asked by its type.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.slurm.backend import SlurmBackend
 from frenzy_slurm.slurm.cli import SlurmCliBackend
 from frenzy_slurm.slurm.fake import FakeSlurm
+from frenzy_slurm.slurm.oneview import OneView
 from frenzy_slurm.slurm.pyslurm_backend import PyslurmBackend
 from frenzy_slurm.slurm.static import StaticBackend
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKENDS = [SlurmCliBackend, PyslurmBackend, StaticBackend, FakeSlurm, SimSlurm]
+BACKENDS = [SlurmCliBackend, PyslurmBackend, StaticBackend, FakeSlurm, SimSlurm, OneView]
 
 
 def protocol_methods() -> list[str]:
@@ -46,7 +48,7 @@ def test_the_protocol_is_what_the_backends_are_checked_against():
         "qos_limits",
         "run_step",
     ]
-    assert SlurmBackend.__annotations__ == {"name": "str"}
+    assert SlurmBackend.__annotations__ == {"name": "str", "snapshot": "Path | None"}
 
 
 def _params(fn) -> list[tuple[str, object, object]]:
@@ -60,7 +62,21 @@ def test_every_method_of_the_protocol_with_its_signature(cls):
         impl = getattr(cls, name, None)
         assert inspect.isfunction(impl), f"{cls.__name__} lacks {name}()"
         assert _params(impl) == _params(getattr(SlurmBackend, name)), f"{cls.__name__}.{name}{inspect.signature(impl)}"
-    assert isinstance(cls.name, str) and cls.name
+    assert cls is OneView or (isinstance(cls.name, str) and cls.name)  # (a OneView is named as what it wraps)
+
+
+def test_what_a_backend_can_do_is_an_attribute_of_it_and_of_its_one_view(tmp_path):
+    """A saved snapshot says so (`snapshot`: its file), the backends that ask a controller say None, and a
+    OneView says what the backend it wraps says."""
+    from frenzy_slurm.sim.synthetic import synthetic
+
+    view = synthetic([("a100", "A100-40GB", 1, 4)])
+    path = tmp_path / "snap.json"
+    static = StaticBackend(path)
+    assert static.snapshot == path and OneView(static).snapshot == path
+    for live in (SlurmCliBackend(), FakeSlurm(view)):
+        assert live.snapshot is None and OneView(live).snapshot is None
+    assert SimSlurm.snapshot is None and PyslurmBackend.snapshot is None
 
 
 CHECK = """\
@@ -68,6 +84,7 @@ from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.slurm.backend import SlurmBackend
 from frenzy_slurm.slurm.cli import SlurmCliBackend
 from frenzy_slurm.slurm.fake import FakeSlurm
+from frenzy_slurm.slurm.oneview import OneView
 from frenzy_slurm.slurm.pyslurm_backend import PyslurmBackend
 from frenzy_slurm.slurm.static import StaticBackend
 
@@ -77,13 +94,14 @@ class Incomplete:  # the control: what a backend lacking methods looks like to t
 
 
 def check(cli: SlurmCliBackend, pyslurm: PyslurmBackend, static: StaticBackend, fake: FakeSlurm, sim: SimSlurm,
-          incomplete: Incomplete) -> None:
+          incomplete: Incomplete, one: OneView) -> None:
     a: SlurmBackend = cli
     b: SlurmBackend = pyslurm
     c: SlurmBackend = static
     d: SlurmBackend = fake
     e: SlurmBackend = sim
-    f: SlurmBackend = incomplete  # line 20
+    f: SlurmBackend = incomplete  # line 21
+    g: SlurmBackend = one
 """
 
 
@@ -115,5 +133,5 @@ def test_a_type_checker_accepts_every_backend_as_a_slurm_backend(tmp_path):
         timeout=300,
     )
     errors = [line for line in out.stdout.splitlines() if ": error:" in line]
-    assert errors and all(line.startswith("check_backends.py:20:") for line in errors), out.stdout + out.stderr
+    assert errors and all(line.startswith("check_backends.py:21:") for line in errors), out.stdout + out.stderr
     assert 'Incompatible types in assignment (expression has type "Incomplete"' in errors[0]

@@ -82,7 +82,7 @@ def test_fixed_overhead_dominates_tiny_steps():
     assert corr.microbatch_overhead_s == 0.0  # slots never varied: per-step only
     assert corr.step_overhead_s == pytest.approx(0.2, rel=0.05)
     assert corr.raw_error > 0.99 and corr.calibrated_error < 0.06
-    assert any("per-micro-batch" in n for n in notes)
+    assert any("per-micro-batch" in n.text and not n.refused for n in notes)
 
 
 def test_efficiency_and_microbatch_overhead_are_recovered_where_the_jobs_tell_them_apart():
@@ -100,14 +100,14 @@ def test_efficiency_and_microbatch_overhead_are_recovered_where_the_jobs_tell_th
 
 def test_too_few_jobs_and_out_of_bounds_are_reported_not_applied():
     corr, notes = fit_step_time([obs(0.2), obs(0.2)], "A100-40GB", "fp32", FitBounds(min_jobs=3))
-    assert corr is None and "fewer than min_jobs(3)" in notes[0]
+    assert corr is None and "fewer than min_jobs(3)" in notes[0].text and notes[0].refused
     # compute varies and matters, but would need a 10x efficiency cut: refused, overhead-only fit instead
     jobs = [obs(c * 10, compute=c, slots=5) for c in (1.0, 2.0, 4.0)]
     corr, notes = fit_step_time(jobs, "A100-40GB", "fp32", FitBounds(max_efficiency_factor=4))
     assert corr is not None and corr.efficiency_factor == 1.0
-    assert any("outside the bound" in n for n in notes)
+    assert any("outside the bound" in n.text and n.refused for n in notes)
     corr, notes = fit_step_time([obs(100.0)] * 3, "A100-40GB", "fp32", FitBounds(max_step_overhead_s=30))
-    assert corr is None and "exceeds the bound" in notes[-1]
+    assert corr is None and "exceeds the bound" in notes[-1].text and notes[-1].refused
 
 
 def test_memory_factor_bounded_and_per_mode():
@@ -115,7 +115,7 @@ def test_memory_factor_bounded_and_per_mode():
         [obs(0.2, memory=[(1.0, 1.2)])] * 3 + [obs(0.2, precision="bf16-mixed", memory=[(1.0, 3.0)])] * 3, FitBounds()
     )
     assert [(m.mode, round(m.factor, 3), m.jobs) for m in memory] == [("fp32/full", 1.2, 3)]
-    assert any("bf16-mixed/full" in n and "outside the bound" in n for n in notes)
+    assert any("bf16-mixed/full" in n.text and "outside the bound" in n.text and n.refused for n in notes)
     assert {(s.gpu, s.precision) for s in steps} == {
         ("A100-40GB", "fp32"),
         (SITE_WIDE, "fp32"),
@@ -134,7 +134,7 @@ def _cal(s: SiteConfig, **kw) -> CalibrationFile:
         frenzy_version=__version__,
         step_time=steps,
         memory=memory,
-        not_applied=notes,
+        not_applied=[n.text for n in notes],
     )
     return CalibrationFile(**(base | kw))
 

@@ -235,7 +235,7 @@ def test_one_users_many_jobs_are_one_vote_and_the_victim_is_not_the_outlier(tmp_
     mallory = [_obs(tmp_path, "mallory", i, 0.70) for i in range(9)]
     (corr,), notes = fit_memory(victim + honest + mallory, FitBounds(min_jobs=3))
     assert corr.factor == pytest.approx((1.0 + 1.015) / 2) and corr.jobs == 3
-    assert any("memory bf16-mixed/full: mallory measured/predicted x0.7 over 9 jobs" in n for n in notes), notes
+    assert any("memory bf16-mixed/full: mallory measured/predicted x0.7 over 9 jobs" in n.text for n in notes), notes
 
 
 def test_one_users_many_jobs_cannot_move_a_factor_beyond_the_bound(tmp_path):
@@ -247,8 +247,8 @@ def test_one_users_many_jobs_cannot_move_a_factor_beyond_the_bound(tmp_path):
     assert memory[0].factor == pytest.approx(0.8)  # not x0.70
     own = next(c for c in steps if c.gpu == "A100-40GB")
     assert own.step_overhead_s == pytest.approx(2.8 / 1.25)  # not 0.8 s
-    assert any("s/step fitted 0.799, previous calibration 2.8: moved to 2.24" in n for n in notes), notes
-    assert any("factor fitted x0.7, previous calibration x1: moved to x0.8" in n for n in notes), notes
+    assert any("s/step fitted 0.799, previous calibration 2.8: moved to 2.24" in n.text for n in notes), notes
+    assert any("factor fitted x0.7, previous calibration x1: moved to x0.8" in n.text for n in notes), notes
     # the first calibration has nothing to move from: only the fit's own bounds hold it
     _, first, _ = fit(jobs, FitBounds(min_jobs=3))
     assert first[0].factor == pytest.approx(0.70)

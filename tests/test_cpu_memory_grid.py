@@ -42,7 +42,7 @@ def test_grid_dataset_is_present_and_covers_the_modes():
     by_trainer = {p["name"]: p["trainer"] for p in POINTS}
     assert {pl.zero for n, pl in plans.items() if by_trainer[n] == "deepspeed" and pl.dp > 1} >= {0, 1, 2, 3}
     assert {pl.recompute for pl in plans.values()} >= {"none", "full", "selective"}
-    assert {w.attention for w in workloads.values()} >= {"sdpa", "eager"}
+    assert {w.activations.attention for w in workloads.values()} >= {"sdpa", "eager"}
     assert any(w.method == "lora" for w in workloads.values())
     # LoRA in the frameworks' own recipes (torchtune's lora_finetune_single_device, litgpt's finetune/lora.py, PEFT)
     # and litgpt's bitsandbytes QLoRA

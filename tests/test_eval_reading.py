@@ -179,8 +179,8 @@ def test_gpu_counts_and_hybrid_shard():
 
 
 def test_optimizers_by_state_count():
-    assert interpret_row(_row(optimizer="Lion")).workload.optimizer == "sgd-momentum"
-    assert interpret_row(_row(optimizer="LAMB")).workload.optimizer == "adamw"
+    assert interpret_row(_row(optimizer="Lion")).workload.states.optimizer == "sgd-momentum"
+    assert interpret_row(_row(optimizer="LAMB")).workload.states.optimizer == "adamw"
     with pytest.raises(RowError, match="no state model"):
         interpret_row(_row(optimizer="Shampoo"))
 
@@ -220,9 +220,9 @@ def test_separate_projections_by_family_and_framework():
         grad_accum_or_global_batch="1",
         seq_len="512",
     )
-    assert not interpret_row(_row(**hf)).workload.fused_projections  # HF BERT: query, key, value linears
-    assert interpret_row(_row()).workload.fused_projections  # Megatron fuses q/k/v
-    assert interpret_row(_row(**hf | dict(other_settings="litgpt"))).workload.fused_projections
+    assert not interpret_row(_row(**hf)).workload.activations.fused_projections  # HF BERT: query, key, value linears
+    assert interpret_row(_row()).workload.activations.fused_projections  # Megatron fuses q/k/v
+    assert interpret_row(_row(**hf | dict(other_settings="litgpt"))).workload.activations.fused_projections
 
 
 def test_devices_of_a_named_config_and_assumed_degrees():
@@ -274,24 +274,33 @@ def test_torchtune_recipe_behaviour():
     w = interpret_row(_row(**tt)).workload
     # recipes `del logits` before backward; rotary embedding before the transpose (no attention-output copy);
     # compile_loss's compiled copy of a plain loss is discarded by the recipes
-    assert (w.hold_logits, w.unfused_rope, w.compile, w.compile_loss) == (False, False, True, False)
+    assert (w.loss.hold_logits, w.activations.unfused_rope, w.activations.compile, w.loss.compile_loss) == (
+        False,
+        False,
+        True,
+        False,
+    )
     w = interpret_row(_row(**tt | dict(other_settings="packed; chunked CE"))).workload
-    assert (w.loss_chunks, w.compile_loss) == (8, True)
+    assert (w.loss.loss_chunks, w.loss.compile_loss) == (8, True)
     # a Hugging Face model class is read as the HF Trainer (framework hf-trainer): its compute_loss returns the loss
     # only, so the logits are not held; HF's model code rotates after the transpose
     hf = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B (LlamaForCausalLM)")))
     assert hf.spec.entry.framework == "hf-trainer"
-    assert (hf.workload.hold_logits, hf.workload.unfused_rope, hf.workload.compile_loss) == (False, True, True)
+    assert (hf.workload.loss.hold_logits, hf.workload.activations.unfused_rope, hf.workload.loss.compile_loss) == (
+        False,
+        True,
+        True,
+    )
     # a plain PyTorch loop over the same model binds its output through backward
     plain = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B", other_settings="pytorch")))
-    assert plain.spec.entry.framework == "torch" and plain.workload.hold_logits
+    assert plain.spec.entry.framework == "torch" and plain.workload.loss.hold_logits
     # a row that ran a shipped config's defaults runs that file's loss and adapters: CEWithChunkedOutputLoss,
     # lora_dropout 0.0; a row that states its loss, or does not say defaults, is read as it states
-    assert interpret_row(_row(**tt)).workload.lora_dropout
+    assert interpret_row(_row(**tt)).workload.adapters.lora_dropout
     w = interpret_row(_row(**tt | dict(activation_ckpt="config default", other_settings=""))).workload
-    assert (w.loss_chunks, w.lora_dropout) == (8, False)
+    assert (w.loss.loss_chunks, w.adapters.lora_dropout) == (8, False)
     w = interpret_row(_row(**tt | dict(activation_ckpt="config default", other_settings="standard CE loss"))).workload
-    assert w.loss_chunks == 1
+    assert w.loss.loss_chunks == 1
 
 
 def test_litgpt_keeps_an_untied_head_and_fabrics_fp32_logits():
@@ -319,9 +328,14 @@ def test_litgpt_keeps_an_untied_head_and_fabrics_fp32_logits():
         category="LoRA",
     )
     w = interpret_row(_row(**lit)).workload
-    assert not w.arch.tied_embeddings and w.loss_chunks == 4 and w.qlora_quantized_head
+    assert not w.arch.tied_embeddings and w.loss.loss_chunks == 4 and w.adapters.qlora_quantized_head
     # Lightning Fabric's precision plugin hands the logits back in fp32: the loop holds them and the loss runs on them
-    assert w.output_fp32 and w.loss_fp32
-    assert w.keeps_previous_output  # its fit loops bind `logits = model(...)` until the next forward returns
+    assert w.loss.output_fp32 and w.loss.loss_fp32
+    assert w.loss.keeps_previous_output  # its fit loops bind `logits = model(...)` until the next forward returns
     hf = interpret_row(_row(**lit | dict(attention_impl="sdpa", other_settings="transformers Trainer"))).workload
-    assert hf.arch.tied_embeddings and hf.loss_fp32 and not hf.qlora_quantized_head and not hf.keeps_previous_output
+    assert (
+        hf.arch.tied_embeddings
+        and hf.loss.loss_fp32
+        and not hf.adapters.qlora_quantized_head
+        and not hf.loss.keeps_previous_output
+    )

@@ -190,39 +190,49 @@ def test_nothing_adjusts_a_workload_after_the_profiles():
 
 
 def test_no_code_outside_the_profiles_builds_a_workload_from_settings():
-    """Workload(...) is constructed only by marp.workload_from_spec in the package and the benchmarks that report
-    accuracy (the grid and the dev set go through model.yaml)."""
+    """Workload(...) (or Workload.of) is constructed only by marp.workload_from_spec in the package and the
+    benchmarks that report accuracy (the grid and the dev set go through model.yaml)."""
     for path in [*ROOT.joinpath("frenzy_slurm").rglob("*.py"), *ROOT.joinpath("benchmarks").rglob("*.py")]:
         text = path.read_text()
-        calls = re.findall(r"\bWorkload\(", text)
+        calls = re.findall(r"\bWorkload(?:\.of)?\(", text)
         if path == ROOT / "frenzy_slurm" / "marp" / "__init__.py":
             assert len(calls) == 1
-        elif path.name != "plan.py":  # plan.py defines it
+        elif path.name != "workload.py":  # workload.py defines it
             assert not calls, f"{path} builds a Workload itself"
 
 
 def test_the_profiles_defaults_reach_the_workload():
     tt = workload_from_spec(s := script("torchtune", training__method="lora"), resolve_model(s, "."))
-    assert tt.loss_chunks == 8 and not tt.lora_dropout and not tt.hold_logits and not tt.nf4_saves_inputs
+    assert (
+        tt.loss.loss_chunks == 8
+        and not tt.adapters.lora_dropout
+        and not tt.loss.hold_logits
+        and not tt.adapters.nf4_saves_inputs
+    )
     lit = workload_from_spec(s := script("litgpt", training__seq_len=1000), resolve_model(s, "."))
-    assert lit.loss_chunks == 8 and lit.keeps_previous_output and lit.hold_logits and lit.fused_projections
+    assert (
+        lit.loss.loss_chunks == 8
+        and lit.loss.keeps_previous_output
+        and lit.loss.hold_logits
+        and lit.activations.fused_projections
+    )
     hf = workload_from_spec(s := script("hf-trainer"), resolve_model(s, "."))
     # Trainer.compute_loss returns the loss only; transformers 5's SDPA path takes the K/V heads as they are
-    assert hf.norm_upcast and hf.unfused_rope and not hf.fused_projections
-    assert not hf.hold_logits and not hf.gqa_expand
+    assert hf.activations.norm_upcast and hf.activations.unfused_rope and not hf.activations.fused_projections
+    assert not hf.loss.hold_logits and not hf.activations.gqa_expand
     old = script(
         "hf-trainer",
         entry={"trainer": "script", "script": "t.py", "framework": "hf-trainer", "framework_version": "4.46"},
     )
-    assert workload_from_spec(old, resolve_model(old, ".")).gqa_expand
+    assert workload_from_spec(old, resolve_model(old, ".")).activations.gqa_expand
     eager = script("hf-trainer", training__attention="eager")
-    assert workload_from_spec(eager, resolve_model(eager, ".")).gqa_expand
-    assert workload_from_spec(s := script("torch"), resolve_model(s, ".")).hold_logits  # a plain loop binds them
+    assert workload_from_spec(eager, resolve_model(eager, ".")).activations.gqa_expand
+    assert workload_from_spec(s := script("torch"), resolve_model(s, ".")).loss.hold_logits  # a plain loop binds them
     gpt2 = workload_from_spec(s := script("hf-trainer", model={"preset": "gpt2-medium"}), resolve_model(s, "."))
-    assert gpt2.fused_projections  # GPT-2's c_attn
+    assert gpt2.activations.fused_projections  # GPT-2's c_attn
     # torch's optimizers step per tensor on the CPU (foreach only for CUDA tensors)
-    assert not workload_from_spec(s := script("torch"), resolve_model(s, ".")).fused_optimizer
-    assert workload_from_spec(s, resolve_model(s, "."), device="cpu").fused_optimizer
+    assert not workload_from_spec(s := script("torch"), resolve_model(s, ".")).states.fused_optimizer
+    assert workload_from_spec(s, resolve_model(s, "."), device="cpu").states.fused_optimizer
     # litgpt's GPT has its own output matrix beside the embedding
     lit2 = workload_from_spec(s := script("litgpt", model={"preset": "gpt2-medium"}), resolve_model(s, "."))
     assert not lit2.arch.tied_embeddings

@@ -35,7 +35,7 @@ def test_layer_split_follows_speed():
 
 
 def test_hetero_build_respects_memory():
-    w = Workload(arch=presets()["llama-2-7b"].arch, seq_len=2048, precision="bf16-mixed")
+    w = Workload.of(arch=presets()["llama-2-7b"].arch, seq_len=2048, precision="bf16-mixed")
     fast_small = StageGroup(
         "a", 1, rate=300e12, usable_bytes=20 * GiB, overhead_bytes=0.0, intra_gbs=300, inter_gbs=25, gpus_per_node=8
     )

@@ -10,12 +10,12 @@
 
 from __future__ import annotations
 
-import importlib
 import random
 from pathlib import Path
 
 import pytest
 
+from frenzy_slurm.has.kept import Kept
 from frenzy_slurm.sim import ErrorModel, load_workload, parse_compact
 from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.metrics import summarize
@@ -24,7 +24,6 @@ from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.releases import GpuTimeline, ReleaseIndex
 
-decide_module = importlib.import_module("frenzy_slurm.has.decide")  # frenzy_slurm.has.decide is also a function
 INF = float("inf")
 # workloads sampled from the Philly trace (sample_philly(trace, SEED, JOBS)), shipped so that a checkout without
 # ../shared/data runs these tests; tests/test_shipped_workloads.py checks them against the trace where it is
@@ -190,7 +189,7 @@ def test_a_simulation_keeping_the_index_between_decisions_decides_as_one_buildin
 
     kept, r = run()
     assert summarize(r)["queue_max"] >= 20  # a queue deep enough for the index to be kept and extended
-    monkeypatch.setattr(decide_module, "_release_index", lambda view, now: ReleaseIndex(view, now))
+    monkeypatch.setattr(Kept, "release_index", lambda self, view, now: ReleaseIndex(view, now))
     fresh, _ = run()
     assert kept == fresh
 
@@ -203,7 +202,7 @@ def test_the_kept_index_serves_several_decisions_on_one_view(policy, monkeypatch
     runs = []
     for fresh in (False, True):
         if fresh:
-            monkeypatch.setattr(decide_module, "_release_index", lambda view, now: ReleaseIndex(view, now))
+            monkeypatch.setattr(Kept, "release_index", lambda self, view, now: ReleaseIndex(view, now))
         r = Runner(wl, cluster, policy, 4, load=4.0, errors=ErrorModel(truth="published")).run()
         runs.append([(x.id, x.label, x.jct) for x in r.records])
     assert runs[0] == runs[1]
@@ -211,6 +210,7 @@ def test_the_kept_index_serves_several_decisions_on_one_view(policy, monkeypatch
 
 def test_the_kept_search_of_a_job_shape_is_the_search_with_the_jobs_own_steps():
     from frenzy_slurm.has import Requirements
+    from frenzy_slurm.has.kept import SearchKey
     from frenzy_slurm.has.pools import usable_pools
     from frenzy_slurm.jobspec import load_job_spec, resolve_model
     from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
@@ -225,15 +225,18 @@ def test_the_kept_search_of_a_job_shape_is_the_search_with_the_jobs_own_steps():
     req = Requirements.from_spec(spec)
     pools, _ = usable_pools(req, synthetic(pools_spec, busy=0.5, seed=1), synthetic_site(pools_spec))
     options = [p.option for p in pools]
-    decide_module._searches.clear()
-    first = decide_module._search(w, options, req.global_batch, 100, req.max_gpus, space)
+    kept = Kept()
+
+    def kept_search(global_batch: int, steps: int) -> dict:
+        key = SearchKey.of(w, options, global_batch, req.max_gpus, space)
+        return kept.search(key, steps, lambda: search(w, options, global_batch, steps, req.max_gpus, space))
+
+    first = kept_search(req.global_batch, 100)
     assert first == search(w, options, req.global_batch, 100, req.max_gpus, space)
-    kept = decide_module._search(w, options, req.global_batch, 250, req.max_gpus, space)  # from the cache
-    assert len(decide_module._searches) == 1
+    again = kept_search(req.global_batch, 250)  # from the cache
+    assert len(kept.searches) == 1
     direct = search(w, options, req.global_batch, 250, req.max_gpus, space)
-    assert kept == direct and kept != first
-    assert [c.run_time_s for cs in kept.values() for c in cs] == [c.run_time_s for cs in direct.values() for c in cs]
-    other = decide_module._search(w, options, req.global_batch * 2, 250, req.max_gpus, space)  # another shape
-    assert len(decide_module._searches) == 2 and other == search(
-        w, options, req.global_batch * 2, 250, req.max_gpus, space
-    )
+    assert again == direct and again != first
+    assert [c.run_time_s for cs in again.values() for c in cs] == [c.run_time_s for cs in direct.values() for c in cs]
+    other = kept_search(req.global_batch * 2, 250)  # another shape
+    assert len(kept.searches) == 2 and other == search(w, options, req.global_batch * 2, 250, req.max_gpus, space)

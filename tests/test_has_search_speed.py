@@ -47,7 +47,7 @@ def _reference_plans(w: Workload, world: int, global_batch: int, space: SearchSp
                 if dp > 1 and zero < (1 if pp > 1 else 2) and (1 if pp > 1 else 2) in space.zero_stages:
                     continue
                 for rc in space.recompute:
-                    if rc == "selective" and w.attention != "eager":
+                    if rc == "selective" and w.activations.attention != "eager":
                         continue
                     mbs = (
                         [space.micro_batch]

@@ -31,20 +31,20 @@ GPT3ISH = Architecture(
 def test_korthikanti_activation_formula():
     # GPT-3 style block, 16-bit, eager attention, dropout: s*b*h*(34 + 5*a*s/h) bytes per layer
     s = 2048
-    w = Workload(arch=GPT3ISH, seq_len=s, attention="eager")
+    w = Workload.of(arch=GPT3ISH, seq_len=s, attention="eager")
     per_token = _layer_activation_bytes(w, tp=1, sp=False, recompute="none")
     assert per_token == pytest.approx(GPT3ISH.hidden * (34 + 5 * GPT3ISH.heads * s / GPT3ISH.hidden))
 
 
 def test_korthikanti_tensor_parallel_formulas():
     s, h, a, t = 2048, GPT3ISH.hidden, GPT3ISH.heads, 4
-    w = Workload(arch=GPT3ISH, seq_len=s, attention="eager")
+    w = Workload.of(arch=GPT3ISH, seq_len=s, attention="eager")
     assert _layer_activation_bytes(w, t, False, "none") == pytest.approx(h * (10 + 24 / t + 5 * a * s / (h * t)))
     assert _layer_activation_bytes(w, t, True, "none") == pytest.approx(h * (34 + 5 * a * s / h) / t)
     # selective recomputation drops exactly the attention-score terms
     assert _layer_activation_bytes(w, 1, False, "selective") == pytest.approx(34 * h)
     # flash attention: no s x s terms, output + log-sum-exp instead of scores
-    wf = Workload(arch=GPT3ISH, seq_len=s, attention="flash")
+    wf = Workload.of(arch=GPT3ISH, seq_len=s, attention="flash")
     assert _layer_activation_bytes(wf, 1, False, "none") == pytest.approx(34 * h + 4 * a)
 
 
@@ -54,19 +54,19 @@ def test_bytes_per_parameter_by_precision():
     plan = ParallelPlan(micro_batch=1)
 
     def states(precision):
-        st = estimate_memory(Workload(precision=precision, **base), plan, "allocated").stages[0]
+        st = estimate_memory(Workload.of(precision=precision, **base), plan, "allocated").stages[0]
         return (st.weights + st.optimizer) / n
 
     assert states("fp32") == pytest.approx(12.0)  # 4 weights + 8 Adam (grads counted separately)
     assert states("bf16-pure") == pytest.approx(6.0)
-    ds = estimate_memory(Workload(arch=LLAMA7, seq_len=1, precision="bf16-mixed"), plan, "allocated").stages[0]
+    ds = estimate_memory(Workload.of(arch=LLAMA7, seq_len=1, precision="bf16-mixed"), plan, "allocated").stages[0]
     # DeepSpeed mixed precision: 2 (bf16 weights) + 4 master + 8 Adam + 4 fp32 grad accumulation
     assert (ds.weights + ds.optimizer) / n == pytest.approx(18.0)
     assert ds.gradients / n == pytest.approx(2.0)
 
 
 def test_zero_stages_shard_what_they_should():
-    w = Workload(arch=LLAMA7, seq_len=2048)
+    w = Workload.of(arch=LLAMA7, seq_len=2048)
     n = 6_738_415_616
     # gradient accumulation keeps the gradients through the forward pass, so the peak moment shows them
     st = {z: estimate_memory(w, ParallelPlan(dp=8, zero=z, grad_accum=2), "allocated").stages[0] for z in (1, 2, 3)}
@@ -85,7 +85,7 @@ def _peak(w, **plan):
 )
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-pure"])
 def test_monotonic_properties(arch, precision):
-    w = Workload(arch=arch, seq_len=2048, precision=precision)
+    w = Workload.of(arch=arch, seq_len=2048, precision=precision)
     # more ZeRO sharding never costs memory at fixed micro-batch
     z = [_peak(w, dp=8, zero=k, micro_batch=2) for k in (0, 1, 2, 3)]
     assert z == sorted(z, reverse=True)
@@ -104,7 +104,7 @@ def test_monotonic_properties(arch, precision):
     # never shrinks with sequence length or micro-batch; grows once activations set the peak (sharded states)
     for plan in (dict(), dict(dp=8, zero=3)):
         seqs = [
-            _peak(Workload(arch=arch, seq_len=s, precision=precision), micro_batch=1, **plan)
+            _peak(Workload.of(arch=arch, seq_len=s, precision=precision), micro_batch=1, **plan)
             for s in (512, 1024, 2048, 4096, 8192)
         ]
         assert seqs == sorted(seqs)
@@ -116,7 +116,7 @@ def test_monotonic_properties(arch, precision):
 
 
 def test_pipeline_first_stage_holds_pp_microbatches():
-    w = Workload(arch=LLAMA7, seq_len=4096)
+    w = Workload.of(arch=LLAMA7, seq_len=4096)
     est = estimate_memory(w, ParallelPlan(pp=4, micro_batch=4, grad_accum=16), "allocated")
     acts = [s.activations for s in est.stages]
     assert acts[0] > acts[1] > acts[2]
@@ -126,7 +126,7 @@ def test_pipeline_first_stage_holds_pp_microbatches():
 
 
 def test_lora_and_qlora_reduce_memory():
-    full = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure")
+    full = Workload.of(arch=LLAMA7, seq_len=1024, precision="bf16-pure")
     lora = full.with_(method="lora")
     qlora = full.with_(method="qlora")
     p = dict(micro_batch=1)
@@ -140,16 +140,16 @@ def test_gqa_and_swiglu_change_activations():
     gqa = mha.model_copy(update={"kv_heads": 8})
     gelu = mha.model_copy(update={"activation": "gelu"})
     w = dict(seq_len=1024)
-    assert _layer_activation_bytes(Workload(arch=gqa, **w), 1, False, "none") < _layer_activation_bytes(
-        Workload(arch=mha, **w), 1, False, "none"
+    assert _layer_activation_bytes(Workload.of(arch=gqa, **w), 1, False, "none") < _layer_activation_bytes(
+        Workload.of(arch=mha, **w), 1, False, "none"
     )
-    assert _layer_activation_bytes(Workload(arch=gelu, **w), 1, False, "none") < _layer_activation_bytes(
-        Workload(arch=mha, **w), 1, False, "none"
+    assert _layer_activation_bytes(Workload.of(arch=gelu, **w), 1, False, "none") < _layer_activation_bytes(
+        Workload.of(arch=mha, **w), 1, False, "none"
     )
 
 
 def test_metric_overheads_order():
-    w = Workload(arch=LLAMA7, seq_len=2048)
+    w = Workload.of(arch=LLAMA7, seq_len=2048)
     alloc, res, dev = (
         estimate_memory(w, ParallelPlan(dp=2, zero=1), m).peak for m in ("allocated", "reserved", "device")
     )
@@ -165,7 +165,7 @@ def test_parse_plan():
 
 
 def test_candidates_fit_and_order():
-    w = Workload(arch=LLAMA7, seq_len=4096)
+    w = Workload.of(arch=LLAMA7, seq_len=4096)
     opts = [GpuOption("a100", catalog()["A100-80GB"], 16), GpuOption("t4", catalog()["T4"], 8)]
     cands = search(w, opts, global_batch=64, steps=10)
     assert cands["a100"], "a 7B model fits 16 A100-80GB"
@@ -181,14 +181,14 @@ def test_candidates_fit_and_order():
 @pytest.mark.parametrize("pp,ga,mb", [(2, 8, 1), (4, 3, 2), (8, 16, 1), (16, 32, 4)])
 def test_peak_stages_only_gives_same_peak(pp, ga, mb):
     for arch in (LLAMA7, presets()["llama-2-70b"].arch, presets()["llama-3.2-1b"].arch):
-        w = Workload(arch=arch, seq_len=2048)
+        w = Workload.of(arch=arch, seq_len=2048)
         plan = ParallelPlan(dp=2, pp=pp, zero=1, micro_batch=mb, grad_accum=ga)
         assert estimate_memory(w, plan, peak_stages_only=True).peak == estimate_memory(w, plan).peak
 
 
 def test_qlora_dequantises_one_block_linear_not_the_embedding():
     # bitsandbytes/torchao dequantise one 4-bit linear at a time; the 16-bit embedding is never dequantised
-    w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", method="qlora", framework="torch")
+    w = Workload.of(arch=LLAMA7, seq_len=1024, precision="bf16-pure", method="qlora", framework="torch")
     st = estimate_memory(w, ParallelPlan(), "allocated").stages[0]
     assert st.phase == "backward-start"
     # the largest block matrix, 16-bit: a fused q/k/v projection (h x 3h) is larger than the MLP's h x ffn here
@@ -205,10 +205,10 @@ def test_adapters_under_fsdp_gather_nf4_blocks_and_reduce_adapter_grads_only():
     plan = ParallelPlan(dp=8, zero=3, recompute="full")
     base = dict(arch=arch, seq_len=2048, precision="bf16-pure", framework="torch", lora_targets=("q", "v"))
     lora_grads = lora_params_per_layer(arch, 16, ("q", "v")) * 2.0
-    lora = estimate_memory(Workload(method="lora", **base), plan, "allocated").stages[0]
+    lora = estimate_memory(Workload.of(method="lora", **base), plan, "allocated").stages[0]
     # two gathered 16-bit blocks (the block is larger than the embedding) plus one block's adapter gradients
     assert lora.buffers == pytest.approx(2 * max(pc.per_layer, pc.largest_matrix) * 2.0 + lora_grads)
-    q = estimate_memory(Workload(method="qlora", **base), plan, "allocated").stages[0]
+    q = estimate_memory(Workload.of(method="qlora", **base), plan, "allocated").stages[0]
     block_nf4 = (pc.linear_per_layer * QLORA_BYTES_PER_PARAM + (pc.per_layer - pc.linear_per_layer) * 2.0) / 2.0
     gathered = 2 * max(block_nf4, pc.largest_matrix) * 2.0
     assert q.buffers == pytest.approx(gathered + lora_grads + pc.largest_linear * 2.0)
@@ -220,7 +220,7 @@ def test_reserved_fragments_per_step_bytes_not_long_lived_states():
 
     ov = Overheads()
     assert (ov.fragmentation, ov.step_fragmentation) == (0.0, 0.25)  # long-lived: the allocator model's packing
-    w = Workload(arch=LLAMA7, seq_len=2048, framework="torch", precision="bf16-pure", fused_optimizer=True)
+    w = Workload.of(arch=LLAMA7, seq_len=2048, framework="torch", precision="bf16-pure", fused_optimizer=True)
     plan = ParallelPlan(micro_batch=1, grad_accum=2)  # gradients kept between micro-batches: long-lived
     a, r = (estimate_memory(w, plan, m).stages[0] for m in ("allocated", "reserved"))
     assert a.phase == r.phase == "backward-start"
@@ -236,7 +236,7 @@ def test_reserved_fragments_per_step_bytes_not_long_lived_states():
 
 def test_autocast_casts_the_input_once_per_separate_projection():
     # autocast caches casts of leaf tensors (weights) only: q, k, v and gate, up each save their own 16-bit copy
-    w = Workload(arch=LLAMA7, seq_len=1024, framework="torch", precision="bf16-mixed")
+    w = Workload.of(arch=LLAMA7, seq_len=1024, framework="torch", precision="bf16-mixed")
     sep = _layer_activation_bytes(w, 1, False, "none", True)
     fused = _layer_activation_bytes(w.with_(fused_projections=True), 1, False, "none", True)
     assert sep - fused == pytest.approx((2 + 1) * 2.0 * LLAMA7.hidden)
@@ -249,11 +249,11 @@ def test_autocast_casts_the_input_once_per_separate_projection():
 def test_compile_keeps_three_swiglu_tensors_and_both_gelu_tensors():
     # measured on the CPU with inductor (torch 2.13): the partitioner keeps gate, up and the down projection's input
     # and recomputes only silu(gate); a GELU MLP keeps the fc output and the GELU output either way
-    w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch")
+    w = Workload.of(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch")
     eager = _layer_activation_bytes(w, 1, False, "none")
     comp = _layer_activation_bytes(w.with_(compile=True), 1, False, "none")
     assert eager - comp == pytest.approx(2.0 * LLAMA7.ffn)  # the silu output only
-    g = Workload(arch=GPT3ISH, seq_len=1024, precision="bf16-pure", framework="torch")
+    g = Workload.of(arch=GPT3ISH, seq_len=1024, precision="bf16-pure", framework="torch")
     assert _layer_activation_bytes(g, 1, False, "none") == _layer_activation_bytes(
         g.with_(compile=True), 1, False, "none"
     )
@@ -262,7 +262,7 @@ def test_compile_keeps_three_swiglu_tensors_and_both_gelu_tensors():
 def test_uncompiled_loss_beside_compiled_blocks():
     from frenzy_slurm.marp.memory import _logit_bytes_per_token
 
-    w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch", compile=True)
+    w = Workload.of(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch", compile=True)
     v = LLAMA7.vocab
     assert _logit_bytes_per_token(w, 1) == pytest.approx(2 * 4.0 * v)  # fused loss: saved fp32 input + its gradient
     assert _logit_bytes_per_token(w.with_(compile_loss=False), 1) == pytest.approx(3 * 4.0 * v)
@@ -284,7 +284,7 @@ def test_autocast_eager_attention_backward_holds_fp32_score_gradients():
         head="classification",
     )
     s, mb = 512, 4
-    w = Workload(arch=bert, seq_len=s, framework="torch", precision="fp16-mixed", attention="eager")
+    w = Workload.of(arch=bert, seq_len=s, framework="torch", precision="fp16-mixed", attention="eager")
     st = estimate_memory(w, ParallelPlan(micro_batch=mb), "allocated").stages[0]
     assert st.phase == "backward-start" and st.logits == 0
     t, h = s * mb, bert.hidden
@@ -300,7 +300,7 @@ def test_chunked_loss_peaks_measured_on_the_cpu():
     # per token over what was alive before the output layer
     from frenzy_slurm.marp.memory import _logit_bytes_per_token
 
-    w = Workload(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch", loss_chunks=8)
+    w = Workload.of(arch=LLAMA7, seq_len=1024, precision="bf16-pure", framework="torch", loss_chunks=8)
     v = LLAMA7.vocab
     assert _logit_bytes_per_token(w, 1) == pytest.approx(6.5 * v)
     assert _logit_bytes_per_token(w.with_(compile=True), 1) == pytest.approx(2.25 * v)
@@ -308,7 +308,7 @@ def test_chunked_loss_peaks_measured_on_the_cpu():
 
 def test_chunked_output_layer_sums_its_weight_gradient_beside_the_chunks():
     arch = Architecture(layers=2, hidden=3072, heads=24, kv_heads=8, ffn=8192, vocab=128256)
-    w = Workload(
+    w = Workload.of(
         arch=arch,
         seq_len=4096,
         precision="bf16-pure",
@@ -331,7 +331,7 @@ def test_chunked_16_bit_loss_held_logits():
     # litgpt: the loop keeps the logit chunks, the loss runs on them in 16 bits (4 chunks)
     from frenzy_slurm.marp.memory import _logit_bytes_per_token
 
-    w = Workload(
+    w = Workload.of(
         arch=LLAMA7,
         seq_len=512,
         precision="bf16-pure",
@@ -347,7 +347,7 @@ def test_qlora_with_a_quantised_output_layer():
     from frenzy_slurm.marp.memory import NF4_PLAIN_BYTES_PER_PARAM
 
     arch = Architecture(layers=2, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256)
-    w = Workload(
+    w = Workload.of(
         arch=arch, seq_len=512, precision="bf16-pure", framework="torch", method="qlora", nf4_double_quant=False
     )
     plain, quant = (
@@ -363,7 +363,7 @@ def test_previous_output_and_its_ctx_held_4bit_inputs_outlive_the_step():
     # ctx, outside the saved tensors that backward releases: at the end of the next forward both outputs and every
     # such input of the previous step are alive
     arch = Architecture(layers=4, hidden=1024, heads=8, kv_heads=8, ffn=2816, vocab=8192)
-    w = Workload(
+    w = Workload.of(
         arch=arch,
         seq_len=512,
         precision="bf16-pure",
@@ -450,7 +450,7 @@ def test_deepspeed_zero3_keeps_what_is_reused_soon_and_its_gradient_partition():
     # DeepSpeed ZeRO-3 releases a module's gathered parameters only when their next use is more than
     # stage3_max_reuse_distance elements away: the output layer and the last blocks stay gathered until backward
     arch = Architecture(layers=8, hidden=2048, heads=16, kv_heads=16, ffn=5504, vocab=32000)
-    w = Workload(arch=arch, seq_len=1024, precision="bf16-mixed", framework="deepspeed")
+    w = Workload.of(arch=arch, seq_len=1024, precision="bf16-mixed", framework="deepspeed")
     plan = ParallelPlan(dp=8, zero=3, micro_batch=1)
     from frenzy_slurm.marp.params import count_params
     from frenzy_slurm.marp.plan import DeepSpeedBuckets

@@ -108,7 +108,7 @@ def test_expandable_segments_from_the_job_environment():
     exp = workload_from_spec(
         _spec({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}), ResolvedModel(arch=LLAMA, name="x")
     )
-    assert not plain.expandable_segments and exp.expandable_segments
+    assert not plain.alloc.expandable_segments and exp.alloc.expandable_segments
     plan = ParallelPlan(dp=1, micro_batch=2, grad_accum=4)
     alloc = estimate_memory(plain, plan, "allocated").peak
     res_plain = estimate_memory(plain, plan, "reserved").peak
@@ -125,7 +125,7 @@ def test_expandable_segments_from_the_job_environment():
 
 
 def test_device_counts_the_cublas_workspace_context_and_nccl():
-    w = Workload(arch=LLAMA, seq_len=1024, framework="deepspeed")
+    w = Workload.of(arch=LLAMA, seq_len=1024, framework="deepspeed")
     plan = ParallelPlan(dp=2, zero=2, micro_batch=1)
     none = Overheads(step_fragmentation=0.0, cublas_workspace_mib=0.0)
     base = estimate_memory(w, plan, "reserved", none).peak

@@ -12,7 +12,7 @@ from .helpers import EXAMPLES, run_cli
 
 
 def test_bar_lengths_follow_the_peaks():
-    w = Workload(arch=presets()["llama-3.2-1b"].arch, seq_len=2048)
+    w = Workload.of(arch=presets()["llama-3.2-1b"].arch, seq_len=2048)
     est = estimate_memory(w, ParallelPlan(dp=2, pp=2, zero=1, micro_batch=2, grad_accum=8), "device")
     text = terminal_bars(est, width=50, colour=False)
     lines = text.splitlines()

@@ -98,7 +98,8 @@ def test_out_of_memory_is_seen_in_records_torch_messages_and_slurms_oom_kill(wor
     planned = max(c.peak_gib for c in pf.decision.chosen.components)
     assert detect(job_dir, pf, job_id, 0.0, "step 3 loss 2.1\nTraceback: RuntimeError: NCCL error") is None
     torch_line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
-    assert detect(job_dir, pf, job_id, 0.0, torch_line) == Evidence("cuda", "torch's out-of-memory message in the job's output")
+    seen_text = Evidence("cuda", "torch's out-of-memory message in the job's output")
+    assert detect(job_dir, pf, job_id, 0.0, torch_line) == seen_text
     host = "slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks have been OOM Killed."
     assert detect(job_dir, pf, job_id, 0.0, host).kind == "host"  # type: ignore[union-attr]
     assert detect(job_dir, pf, job_id, 0.0, "Detected 2 oom-kill event(s) in step 7.0").kind == "host"  # type: ignore[union-attr]
@@ -171,7 +172,10 @@ def test_the_test_hook_raises_torchs_error_only_above_its_size_and_from_its_step
 
 def test_a_script_that_imports_in_job_records_an_uncaught_out_of_memory_error(tmp_path):
     pytest.importorskip("torch")
-    script = "from frenzy_slurm import in_job\nimport torch\nraise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.00 GiB. x')\n"
+    script = (
+        "from frenzy_slurm import in_job\nimport torch\n"
+        "raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.00 GiB. x')\n"
+    )
     env = dict(os.environ, FRENZY_JOB_DIR=str(tmp_path), RANK="1", SLURM_JOB_ID="7", PYTHONPATH=str(ROOT))
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "torch.OutOfMemoryError" in res.stderr  # the traceback still printed

@@ -29,7 +29,7 @@ def _data() -> dict:
 
 
 def _workload(d: dict) -> Workload:
-    return Workload(arch=Architecture(**d["arch"]), seq_len=d["seq_len"], precision=d["precision"])
+    return Workload.of(arch=Architecture(**d["arch"]), seq_len=d["seq_len"], precision=d["precision"])
 
 
 def _calibrated(d: dict) -> tuple[float, float]:

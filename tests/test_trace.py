@@ -68,7 +68,7 @@ entry: {trainer: script, script: train.py}
 def test_analytic_matches_fake_tensor_step(arch, seq, mb):
     traced = fake_step_peak(arch, seq, mb)["Total"]
     # the built-in model on the CPU: composite RMSNorm, eager rotary embedding with per-block cos/sin
-    w = Workload(
+    w = Workload.of(
         arch=arch,
         seq_len=seq,
         precision="fp32",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 from frenzy_slurm.calibration.model import (
     SITE_WIDE,
@@ -51,6 +52,26 @@ ROBUST_SCALE = 0.1
 # (3.5, Iglewicz and Hoaglin's cut-off for the modified z-score), the deviation at least 2% of the median
 OUTLIER_MADS = 3.5
 MIN_SPREAD_REL = 0.02
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a fit says about a group: a correction it did not apply (`refused`: outside its bounds, or
+    on too few jobs), or a note on how it fitted one. `text` is the line the output and the file show."""
+
+    text: str
+    refused: bool = False
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _refused(text: str) -> Finding:
+    return Finding(text, refused=True)
+
+
+def _note(text: str) -> Finding:
+    return Finding(text)
 
 
 def reject_outliers(values: list[float]) -> tuple[list[int], list[int]]:
@@ -130,12 +151,12 @@ def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, f
 
 def fit_step_time(
     obs: list[Observation], gpu: str, precision: str, limits: FitBounds, previous: StepTimeCorrection | None = None
-) -> tuple[StepTimeCorrection | None, list[str]]:
-    """One group's correction (or None) and the findings not applied; `previous`: the previous calibration's
-    correction of this group, which the new one moves from by at most `limits.max_change`."""
+) -> tuple[StepTimeCorrection | None, list[Finding]]:
+    """One group's correction (or None) and its findings (`Finding.refused`: not applied); `previous`: the
+    previous calibration's correction of this group, which the new one moves from by at most `limits.max_change`."""
     where = f"step time {gpu if gpu != SITE_WIDE else 'site-wide'}/{precision}"
     if len(obs) < limits.min_jobs:
-        return None, [f"{where}: {len(obs)} job(s), fewer than min_jobs({limits.min_jobs}); not applied"]
+        return None, [_refused(f"{where}: {len(obs)} job(s), fewer than min_jobs({limits.min_jobs}); not applied")]
     meas = [_known(o.measured_step_s) for o in obs]
     comp = [_known(o.compute_s) for o in obs]
     slots = {o.slots for o in obs}
@@ -143,32 +164,41 @@ def fit_step_time(
     free_k = (
         max(comp) > MIN_SPREAD * min(comp) and max(c / m for c, m in zip(comp, meas, strict=True)) >= MIN_COMPUTE_SHARE
     )
-    notes: list[str] = []
+    notes: list[Finding] = []
     k, t, m = _solve(obs, free_k, free_m)
     factor = 1.0 / k
     if free_k and not (1 / limits.max_efficiency_factor <= factor <= limits.max_efficiency_factor):
         notes.append(
-            f"{where}: efficiency would move x{factor:.3g}, outside the bound x{1 / limits.max_efficiency_factor:.3g}"
-            f"..x{limits.max_efficiency_factor:g}; not applied (check the site file's GPU model and peaks)"
+            _refused(
+                f"{where}: efficiency would move x{factor:.3g}, outside the bound "
+                f"x{1 / limits.max_efficiency_factor:.3g}"
+                f"..x{limits.max_efficiency_factor:g}; not applied (check the site file's GPU model and peaks)"
+            )
         )
         k, t, m = _solve(obs, False, free_m)
         factor = 1.0
     if t > limits.max_step_overhead_s or m > limits.max_microbatch_overhead_s:
         notes.append(
-            f"{where}: fixed overhead {t:.3g} s/step + {m:.3g} s/micro-batch exceeds the bound "
-            f"({limits.max_step_overhead_s:g} s, {limits.max_microbatch_overhead_s:g} s); not applied "
-            "(are the jobs waiting on I/O or data loading?)"
+            _refused(
+                f"{where}: fixed overhead {t:.3g} s/step + {m:.3g} s/micro-batch exceeds the bound "
+                f"({limits.max_step_overhead_s:g} s, {limits.max_microbatch_overhead_s:g} s); not applied "
+                "(are the jobs waiting on I/O or data loading?)"
+            )
         )
         return None, notes
     if not free_m and len(obs) > 1:
         notes.append(
-            f"{where}: every job ran {next(iter(slots))} micro-batch slot(s) per step, so the per-micro-batch "
-            "overhead cannot be told apart from the per-step one; fitted as per-step only"
+            _note(
+                f"{where}: every job ran {next(iter(slots))} micro-batch slot(s) per step, so the per-micro-batch "
+                "overhead cannot be told apart from the per-step one; fitted as per-step only"
+            )
         )
     if not free_k:
         notes.append(
-            f"{where}: the jobs' predicted compute does not vary (or is negligible), so the FLOP-rate "
-            "efficiency keeps its catalog value"
+            _note(
+                f"{where}: the jobs' predicted compute does not vary (or is negligible), so the FLOP-rate "
+                "efficiency keeps its catalog value"
+            )
         )
     if previous is not None:
         factor, t, m, moved = _held(where, (factor, t, m), previous, limits.max_change)
@@ -176,7 +206,7 @@ def fit_step_time(
         k = 1.0 / factor
     users = len({voter(o) for o in obs})
     if users < len(obs):
-        notes.append(f"{where}: {len(obs)} job(s) of {users} user(s); each user's jobs weigh as one job")
+        notes.append(_note(f"{where}: {len(obs)} job(s) of {users} user(s); each user's jobs weigh as one job"))
     raw = [_known(o.raw_step_s) for o in obs]
     cal = [c * k + _known(o.other_s) + t + m * o.slots for c, o in zip(comp, obs, strict=True)]
     corr = StepTimeCorrection(
@@ -194,15 +224,17 @@ def fit_step_time(
 
 def _held(
     where: str, fitted: tuple[float, float, float], previous: StepTimeCorrection, max_change: float
-) -> tuple[float, float, float, list[str]]:
+) -> tuple[float, float, float, list[Finding]]:
     """(efficiency factor, step overhead, micro-batch overhead) held within max_change of the previous
     calibration's, and a note for each term the bound held."""
     names = ("efficiency", "s/step", "s/micro-batch")
     before = (previous.efficiency_factor, previous.step_overhead_s, previous.microbatch_overhead_s)
     held = tuple(bounded(v, p, max_change) for v, p in zip(fitted, before, strict=True))
     notes = [
-        f"{where}: {name} fitted {v:.4g}, previous calibration {p:.4g}: moved to {h:.4g}, at most x{max_change:g} "
-        "per calibration (--max-change); calibrate again with new jobs to go further"
+        _note(
+            f"{where}: {name} fitted {v:.4g}, previous calibration {p:.4g}: moved to {h:.4g}, at most x{max_change:g} "
+            "per calibration (--max-change); calibrate again with new jobs to go further"
+        )
         for name, v, p, h in zip(names, fitted, before, held, strict=True)
         if h != v
     ]
@@ -220,17 +252,20 @@ def _votes(group: list[Observation]) -> list[tuple[str, list[int], float]]:
 
 def fit_memory(
     obs: list[Observation], limits: FitBounds, previous: CalibrationFile | None = None
-) -> tuple[list[MemoryCorrection], list[str]]:
+) -> tuple[list[MemoryCorrection], list[Finding]]:
     """Each framework mode's factor: the median of its users' votes, held within `limits.max_change` of the
     previous calibration's factor; and the findings."""
     by_mode: dict[str, list[Observation]] = defaultdict(list)
     for o in obs:
         if o.memory:
             by_mode[o.mode].append(o)
-    out, notes = [], []
+    out: list[MemoryCorrection] = []
+    notes: list[Finding] = []
     for mode, group in sorted(by_mode.items()):
         if len(group) < limits.min_jobs:
-            notes.append(f"memory {mode}: {len(group)} job(s), fewer than min_jobs({limits.min_jobs}); not applied")
+            notes.append(
+                _refused(f"memory {mode}: {len(group)} job(s), fewer than min_jobs({limits.min_jobs}); not applied")
+            )
             continue
         votes = _votes(group)
         kept, outliers = reject_outliers([v for _, _, v in votes])
@@ -238,19 +273,23 @@ def fit_memory(
         for i in outliers:
             user, idx, v = votes[i]
             notes.append(
-                f"memory {mode}: {user if len(idx) > 1 else group[idx[0]].job_dir} measured/predicted x{v:.3g}"
-                f"{f' over {len(idx)} jobs' if len(idx) > 1 else ''}, far from the other users' median "
-                f"x{middle:.3g} (median/MAD test); left out"
+                _note(
+                    f"memory {mode}: {user if len(idx) > 1 else group[idx[0]].job_dir} measured/predicted x{v:.3g}"
+                    f"{f' over {len(idx)} jobs' if len(idx) > 1 else ''}, far from the other users' median "
+                    f"x{middle:.3g} (median/MAD test); left out"
+                )
             )
         votes = [votes[i] for i in kept]
         group = [group[i] for _, idx, _ in votes for i in idx]
         if len(votes) < len(group):
             shown = ", ".join(f"{u} x{v:.3g} ({len(i)} job(s))" for u, i, v in votes)
-            notes.append(f"memory {mode}: one vote per user: {shown}")
+            notes.append(_note(f"memory {mode}: one vote per user: {shown}"))
         if len(group) < limits.min_jobs:
             notes.append(
-                f"memory {mode}: {len(group)} job(s) without outliers, fewer than "
-                f"min_jobs({limits.min_jobs}); not applied"
+                _refused(
+                    f"memory {mode}: {len(group)} job(s) without outliers, fewer than "
+                    f"min_jobs({limits.min_jobs}); not applied"
+                )
             )
             continue
         factor = statistics.median(v for _, _, v in votes)
@@ -258,16 +297,20 @@ def fit_memory(
         held = bounded(factor, before.factor if before else None, limits.max_change)
         if held != factor and before is not None:
             notes.append(
-                f"memory {mode}: factor fitted x{factor:.3g}, previous calibration x{before.factor:.3g}: moved to "
-                f"x{held:.3g}, at most x{limits.max_change:g} per calibration (--max-change); calibrate again "
-                "with new jobs to go further"
+                _note(
+                    f"memory {mode}: factor fitted x{factor:.3g}, previous calibration x{before.factor:.3g}: moved to "
+                    f"x{held:.3g}, at most x{limits.max_change:g} per calibration (--max-change); calibrate again "
+                    "with new jobs to go further"
+                )
             )
             factor = held
         if not (1 / limits.max_memory_factor <= factor <= limits.max_memory_factor):
             notes.append(
-                f"memory {mode}: measured/predicted is x{factor:.3g}, outside the bound "
-                f"x{1 / limits.max_memory_factor:.3g}..x{limits.max_memory_factor:g}; not applied "
-                "(check the metric compared and the site's overheads)"
+                _refused(
+                    f"memory {mode}: measured/predicted is x{factor:.3g}, outside the bound "
+                    f"x{1 / limits.max_memory_factor:.3g}..x{limits.max_memory_factor:g}; not applied "
+                    "(check the metric compared and the site's overheads)"
+                )
             )
             continue
         out.append(MemoryCorrection(mode=mode, factor=factor, jobs=len(group), ranks=sum(len(o.memory) for o in group)))
@@ -276,12 +319,12 @@ def fit_memory(
 
 def fit(
     observations: list[Observation], limits: FitBounds, previous: CalibrationFile | None = None
-) -> tuple[list[StepTimeCorrection], list[MemoryCorrection], list[str]]:
-    """All corrections the observations support, and every finding that was not applied; `previous`: the
+) -> tuple[list[StepTimeCorrection], list[MemoryCorrection], list[Finding]]:
+    """All corrections the observations support, and every finding (`Finding.refused`: not applied); `previous`: the
     calibration this one replaces, whose corrections each move by at most `limits.max_change`."""
     timed = [o for o in observations if o.measured_step_s and o.compute_s is not None]
     steps: list[StepTimeCorrection] = []
-    notes: list[str] = []
+    notes: list[Finding] = []
     groups: dict[tuple[str, str], list[Observation]] = defaultdict(list)
     for o in timed:
         groups[(o.gpus[0], o.precision)].append(o)

@@ -13,20 +13,17 @@ accepted, rejected and held, and why.
 
 from __future__ import annotations
 
-import os
-import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import click
 
-from frenzy_slurm import __version__
 from frenzy_slurm.cli.common import echo, print_json, reports_errors, table
 from frenzy_slurm.errors import InputError
 
 if TYPE_CHECKING:  # the command imports these when it runs
     from frenzy_slurm.calibration import CalibrationFile
+    from frenzy_slurm.calibration.run import CalibrationRun
     from frenzy_slurm.jobspec import JobSpec
     from frenzy_slurm.marp import GpuOption, MemoryEstimate, Workload
     from frenzy_slurm.site.config import SiteConfig
@@ -35,7 +32,8 @@ if TYPE_CHECKING:  # the command imports these when it runs
     Found = tuple[CalibrationFile, Path] | None  # site_calibration(): a calibration and its path
 
 DEFAULT_VALID_DAYS = 90
-DEFAULT_EPILOG_DIR = Path("/var/spool/frenzy-slurm/gpu-peaks")  # contrib/slurm/epilog's FRENZY_SPOOL default
+# contrib/slurm/epilog's FRENZY_SPOOL default (calibration/run.py reads it; the help names it)
+DEFAULT_EPILOG_DIR = Path("/var/spool/frenzy-slurm/gpu-peaks")
 
 
 def accounting_backend() -> SlurmBackend:
@@ -43,45 +41,6 @@ def accounting_backend() -> SlurmBackend:
     from frenzy_slurm.slurm import open_backend
 
     return open_backend("cli")
-
-
-def _sacct_peaks(backend: SlurmBackend, job_ids: list[str | None]) -> dict[int, float] | None:
-    """Slurm's per-job GPU memory peaks for the accepted jobs: one sacct query, None without Slurm."""
-    from frenzy_slurm.slurm import SlurmUnavailable
-
-    ids = [int(j) for j in job_ids if j and j.isdigit()]
-    if not ids:
-        return None
-    try:
-        return backend.gpu_memory_peaks(ids)
-    except SlurmUnavailable:
-        return None
-
-
-def _epilog(epilog_dir: Path | None) -> tuple[dict[str, list[dict]], list[str]]:
-    """The site epilog's records (`--epilog-dir`, else the default spool where it exists), and why none."""
-    from frenzy_slurm.calibration.verify import trusted_epilog_records
-
-    if epilog_dir is None and not DEFAULT_EPILOG_DIR.is_dir():
-        return {}, []
-    records, problem = trusted_epilog_records(epilog_dir or DEFAULT_EPILOG_DIR)
-    return records, [problem] if problem else []
-
-
-def previous_calibration(path: Path) -> CalibrationFile | None:
-    """The calibration a new one replaces (its corrections move by at most --max-change), if one parses there.
-    A stale one counts too: staleness says when to refit, not that the values were wrong."""
-    from frenzy_slurm.calibration import CalibrationFile
-    from frenzy_slurm.inputfile import check_trusted
-    from frenzy_slurm.yamlfile import load_model_file
-
-    if not os.path.lexists(path):
-        return None
-    try:
-        check_trusted(path, "calibration file", "its factors bound the next calibration")
-        return load_model_file(path, CalibrationFile)
-    except InputError:
-        return None  # unreadable or not trusted: nothing to hold the fit to (the output says it is replaced)
 
 
 @click.command()
@@ -171,16 +130,8 @@ def calibrate(
     JOB_DIRS are job directories, or directories holding them (a user's frenzy-jobs, or several users'
     with a shell glob); default: every job directory under $FRENZY_JOBS_DIR (or ./frenzy-jobs).
     """
-    from frenzy_slurm.calibration import (
-        CalibrationFile,
-        FitBounds,
-        calibration_path,
-        observe,
-        site_fingerprint,
-        write_calibration,
-    )
-    from frenzy_slurm.calibration.fit import fit
-    from frenzy_slurm.calibration.observe import job_dirs_under
+    from frenzy_slurm.calibration import FitBounds, calibration_path
+    from frenzy_slurm.calibration import run as calibration
     from frenzy_slurm.site.config import load_site
     from frenzy_slurm.site.tools import find_site
 
@@ -188,96 +139,80 @@ def calibrate(
     if site_path is None:
         raise InputError("no site file: pass --site FILE or set FRENZY_SITE; the calibration is written beside it.")
     site_cfg = load_site(site_path)
-    dirs = []
-    for d in job_dirs:  # a jobs root stands for the job directories in it
-        dirs += [d] if (d / "plan.json").exists() or not d.is_dir() else (job_dirs_under(d) or [d])
-    if not job_dirs:
-        root = Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs"))
-        dirs = job_dirs_under(root)
-        if not dirs:
-            raise InputError(f"no job directories under {root}: pass JOB_DIR arguments or set FRENZY_JOBS_DIR.")
-    if since_days is not None:
-        cutoff = time.time() - since_days * 86400
-        dirs = [
-            d for d in dirs if os.path.lexists(d / "metrics.json") and os.lstat(d / "metrics.json").st_mtime >= cutoff
-        ]
-        if not dirs:
-            raise InputError(f"no job measured in the last {since_days:g} days among the directories given.")
+    dirs = calibration.job_dirs(job_dirs, since_days)
     try:
         import scipy  # noqa: F401
     except ImportError:
         raise InputError("fitting needs numpy and scipy: pip install 'frenzy-slurm[calibrate]'.") from None
-    from frenzy_slurm.calibration.verify import verify_jobs
-
-    epilog, skipped = _epilog(epilog_dir)
-    # a directory is evidence only if Slurm ran its plan (accounting, the site epilog's record) as it says
-    backend = accounting_backend()
-    verdict = verify_jobs(dirs, backend, epilog)
-    observations = []
-    sacct = _sacct_peaks(backend, [j for _, j, _ in verdict.accepted]) if use_sacct else None
-    for d in verdict.dirs:
-        got = observe(d, site_cfg, epilog, sacct)
-        if isinstance(got, str):
-            skipped.append(f"{d}: {got}")
-        else:
-            observations.append(replace(got, user=verdict.owners.get(d, "")))
-            if got.note:
-                skipped.append(f"{d}: {got.note}")
-    limits = FitBounds(
+    bounds = FitBounds(
         min_jobs=min_jobs,
         max_efficiency_factor=max_efficiency_factor,
         max_memory_factor=max_memory_factor,
         max_change=max_change,
     )
-    path = output or calibration_path(site_path)
-    previous = previous_calibration(path)
-    steps, memory, findings = fit(observations, limits, previous)
-    refused = [f for f in findings if "not applied" in f]
-    notes = [f for f in findings if "not applied" not in f]
-    now = time.time()
-    cal = CalibrationFile(
-        site_file=str(site_path),
-        site_fingerprint=site_fingerprint(site_cfg),
-        created_at=now,
-        valid_until=now + valid_days * 86400,
-        frenzy_version=__version__,
-        limits=limits,
-        step_time=steps,
-        memory=memory,
-        jobs=[str(o.job_dir) for o in observations],
-        not_applied=refused,
-        notes=notes,
+    run = calibration.calibrate(
+        site_path,
+        site_cfg,
+        dirs,
+        bounds,
+        output or calibration_path(site_path),
+        accounting_backend(),
+        epilog_dir,
+        use_sacct,
+        valid_days,
+        dry_run,
     )
-    empty = not steps and not memory
-    if not dry_run and not empty:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_calibration(path, cal)
     if as_json:
-        print_json(
-            {
-                "path": str(path),
-                "written": not dry_run and not empty,
-                "calibration": cal.model_dump(mode="json"),
-                "skipped": skipped,
-                "accounting": verdict.accounting,
-                "epilog_records": len(epilog),
-                "previous": str(path) if previous is not None else None,
-                "accepted": [{"job_dir": str(d), "job_id": j, "why": why} for d, j, why in verdict.accepted],
-                "rejected": [{"job_dir": str(d), "why": why} for d, why in verdict.rejected],
-            }
+        print_json(_as_json(run))
+    else:
+        _print_run(run, site_path, max_change, dry_run)
+
+
+def _as_json(run: CalibrationRun) -> dict:
+    return {
+        "path": str(run.path),
+        "written": run.written,
+        "calibration": run.calibration.model_dump(mode="json"),
+        "skipped": run.skipped,
+        "accounting": run.verdict.accounting,
+        "epilog_records": run.epilog_records,
+        "previous": str(run.path) if run.previous is not None else None,
+        "accepted": [{"job_dir": str(d), "job_id": j, "why": why} for d, j, why in run.verdict.accepted],
+        "rejected": [{"job_dir": str(d), "why": why} for d, why in run.verdict.rejected],
+    }
+
+
+def _print_run(run: CalibrationRun, site_path: Path, max_change: float, dry_run: bool) -> None:
+    users = len({o.user for o in run.observations})
+    click.echo(
+        f"{len(run.observations)} measured job(s) of {users} user(s) from {len(run.dirs)} director(ies); "
+        f"site file {site_path}"
+    )
+    if run.previous is not None:
+        click.echo(f"previous calibration {run.path}: each correction moves by at most x{max_change:g}")
+    for d, _, why in run.verdict.accepted:
+        echo(f"accepted: {d}: {why}")
+    for d, why in run.verdict.rejected:
+        echo(f"rejected: {d}: {why}")
+    _print_corrections(run.calibration)
+    for finding in run.refused:
+        echo(f"not applied: {finding.text}")
+    for finding in run.notes:
+        echo(f"note: {finding.text}")
+    for line in run.skipped:
+        echo(f"skipped: {line}", err=True)
+    if run.empty:
+        click.echo(
+            f"no correction met its bounds and minimum job count; nothing is applied and {run.path} is not "
+            "written" + (" (the calibration already there stays as it is)." if run.path.exists() else ".")
         )
         return
-    users = len({o.user for o in observations})
-    click.echo(
-        f"{len(observations)} measured job(s) of {users} user(s) from {len(dirs)} director(ies); site file {site_path}"
-    )
-    if previous is not None:
-        click.echo(f"previous calibration {path}: each correction moves by at most x{max_change:g}")
-    for d, _, why in verdict.accepted:
-        echo(f"accepted: {d}: {why}")
-    for d, why in verdict.rejected:
-        echo(f"rejected: {d}: {why}")
-    if steps:
+    click.echo(("would write " if dry_run else "wrote ") + str(run.path))
+
+
+def _print_corrections(cal: CalibrationFile) -> None:
+    """The step-time and memory corrections fitted, as tables."""
+    if cal.step_time:
         rows = [
             [
                 c.gpu if c.gpu != "*" else "site-wide",
@@ -289,7 +224,7 @@ def calibrate(
                 f"{c.raw_error:.1%}",
                 f"{c.calibrated_error:.1%}",
             ]
-            for c in steps
+            for c in cal.step_time
         ]
         click.echo(
             table(
@@ -297,26 +232,13 @@ def calibrate(
                 ["gpu", "precision", "efficiency", "s/step", "s/micro-batch", "jobs", "error before", "error after"],
             )
         )
-    if memory:
+    if cal.memory:
         click.echo(
             table(
-                [[m.mode, f"x{m.factor:.3f}", str(m.jobs), str(m.ranks)] for m in memory],
+                [[m.mode, f"x{m.factor:.3f}", str(m.jobs), str(m.ranks)] for m in cal.memory],
                 ["memory mode", "factor", "jobs", "ranks"],
             )
         )
-    for line in refused:
-        echo(f"not applied: {line}")
-    for line in notes:
-        echo(f"note: {line}")
-    for line in skipped:
-        echo(f"skipped: {line}", err=True)
-    if empty:
-        click.echo(
-            f"no correction met its bounds and minimum job count; nothing is applied and {path} is not "
-            "written" + (" (the calibration already there stays as it is)." if path.exists() else ".")
-        )
-        return
-    click.echo(("would write " if dry_run else "wrote ") + str(path))
 
 
 def site_calibration(site: Path | None) -> Found:

@@ -214,17 +214,10 @@ def main(
     """Plan the training job in MODEL_YAML and submit it to Slurm."""
     from contextlib import ExitStack
 
-    from frenzy_slurm.api import plan_jobs, submit
-    from frenzy_slurm.errors import InputError
+    from frenzy_slurm.api import plan_jobs
     from frenzy_slurm.sweeps import combinations, parse_set
 
-    if parsable and (as_json or explain):
-        raise InputError(
-            f"--parsable prints only the job id and cannot be combined with {'--json' if as_json else '--explain'}: "
-            "drop one of them."
-        )
-    if wait and dry_run:
-        raise InputError("--wait waits for a submitted job; --dry-run submits none: drop one of them.")
+    _check_output_flags(parsable, as_json, explain, wait, dry_run)
     combos = combinations(parse_set(settings))
     # fsbatch's flags override model.yaml's slurm: block; one options model for both (api.SLURM_FLAGS)
     flags = {
@@ -266,16 +259,7 @@ def main(
         for p in plans:
             for line in p.notes:
                 echo(f"fsbatch: note: {p.name + ': ' if p.label else ''}{line}", err=True)
-        jobs: list[Job | None] = [None] * len(plans)
-        if not dry_run:
-            for i, p in enumerate(plans):
-                try:
-                    jobs[i] = submit(p)
-                except FrenzyError as exc:
-                    if i:  # the sweep's earlier jobs exist: say which, with the reason the rest was not submitted
-                        done = ", ".join(f"{j.job_id} ({q.name})" for q, j in zip(plans, jobs, strict=False) if j)
-                        exc.message = f"{p.name}: {exc.message}\nSubmitted before this one: {done}; the rest not."
-                    raise
+        jobs: list[Job | None] = [None] * len(plans) if dry_run else _submit_all(plans)
     if as_json and len(plans) > 1:  # a sweep's --json: one list
         print_json([_json(p, job, dry_run) for p, job in zip(plans, jobs, strict=True)])
     else:
@@ -283,6 +267,35 @@ def main(
             _report(p, job, dry_run, as_json, parsable, explain)
     if wait:
         sys.exit(_wait_all([j for j in jobs if j is not None], as_json, parsable))
+
+
+def _check_output_flags(parsable: bool, as_json: bool, explain: bool, wait: bool, dry_run: bool) -> None:
+    """Refuse the flags that contradict each other."""
+    from frenzy_slurm.errors import InputError
+
+    if parsable and (as_json or explain):
+        raise InputError(
+            f"--parsable prints only the job id and cannot be combined with {'--json' if as_json else '--explain'}: "
+            "drop one of them."
+        )
+    if wait and dry_run:
+        raise InputError("--wait waits for a submitted job; --dry-run submits none: drop one of them.")
+
+
+def _submit_all(plans: list[Plan]) -> list[Job | None]:
+    """Submit each plan in order; where one is refused, the error names the sweep's jobs submitted before it."""
+    from frenzy_slurm.api import submit
+
+    jobs: list[Job | None] = [None] * len(plans)
+    for i, p in enumerate(plans):
+        try:
+            jobs[i] = submit(p)
+        except FrenzyError as exc:
+            if i:  # the sweep's earlier jobs exist: say which, with the reason the rest was not submitted
+                done = ", ".join(f"{j.job_id} ({q.name})" for q, j in zip(plans, jobs, strict=False) if j)
+                exc.message = f"{p.name}: {exc.message}\nSubmitted before this one: {done}; the rest not."
+            raise
+    return jobs
 
 
 def _json(p: Plan, job: Job | None, dry_run: bool) -> dict:

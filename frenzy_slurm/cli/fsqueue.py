@@ -38,7 +38,7 @@ from frenzy_slurm.errors import InputError
 from frenzy_slurm.slurm.timefmt import format_slurm_time as hms
 
 if TYPE_CHECKING:  # track is imported when a command runs
-    from frenzy_slurm.slurm import SlurmBackend
+    from frenzy_slurm.slurm import SlurmBackend, SlurmUnavailable
     from frenzy_slurm.track import TrackedJob
 
 
@@ -112,7 +112,7 @@ def main(
     if show_log and jobid is None:
         raise InputError("--log needs a job: fsqueue JOBID --log")
     from frenzy_slurm.slurm import SlurmUnavailable, open_backend
-    from frenzy_slurm.track import comparison, find_job_dir, frenzy_jobs, from_job_dirs, query_jobs_cached
+    from frenzy_slurm.track import comparison, frenzy_jobs, query_jobs_cached
 
     cluster = open_backend(backend, snapshot)
     unreachable: SlurmUnavailable | None = None
@@ -126,23 +126,47 @@ def main(
         queue = query_jobs_cached(cluster, None if all_users else (user or getpass.getuser()))
         jobs = frenzy_jobs(queue, files=as_json)
     if jobid is None:
-        if as_json:
-            print_json([_job_json(t) for t in jobs])
-            return
-        rows = [
-            [
-                str(t.job_id),
-                t.name,
-                t.state,
-                t.gpus_label,
-                hms(t.elapsed_s) if t.elapsed_s is not None else "-",
-                hms(t.predicted_remaining_s) if t.predicted_remaining_s is not None else "-",
-                str(t.job_dir or "-"),
-            ]
-            for t in jobs
-        ]
-        echo(table(rows, ["JOBID", "NAME", "STATE", "GPUS", "ELAPSED", "REMAINING(pred)", "JOBDIR"]))
+        _print_table(jobs, as_json)
         return
+    t = _tracked(jobid, jobs, cluster, unreachable)
+    if show_log and follow:
+        _follow_logs(t, cluster, tail, rank, component)
+    if show_log:
+        _print_logs(t, tail, rank, component, as_json)
+        return
+    if as_json:
+        print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
+        return
+    _print_job(t)
+
+
+def _print_table(jobs: list[TrackedJob], as_json: bool) -> None:
+    """The user's (or everyone's) frenzy-slurm jobs in the queue, one line each."""
+    if as_json:
+        print_json([_job_json(t) for t in jobs])
+        return
+    rows = [
+        [
+            str(t.job_id),
+            t.name,
+            t.state,
+            t.gpus_label,
+            hms(t.elapsed_s) if t.elapsed_s is not None else "-",
+            hms(t.predicted_remaining_s) if t.predicted_remaining_s is not None else "-",
+            str(t.job_dir or "-"),
+        ]
+        for t in jobs
+    ]
+    echo(table(rows, ["JOBID", "NAME", "STATE", "GPUS", "ELAPSED", "REMAINING(pred)", "JOBDIR"]))
+
+
+def _tracked(
+    jobid: int, jobs: list[TrackedJob], cluster: SlurmBackend, unreachable: SlurmUnavailable | None
+) -> TrackedJob:
+    """The job `jobid` names (a component's id names its job): from the queue, else from the job directory that
+    records it (what Slurm says of it where Slurm answers); InputError where neither knows it."""
+    from frenzy_slurm.track import find_job_dir, from_job_dirs
+
     t = next((t for t in jobs if t.job_id == jobid or any(c.job_id == jobid for c in t.components)), None)
     if t is None:
         roots = [Path(os.environ.get("FRENZY_JOBS_DIR", "frenzy-jobs")).absolute()]
@@ -161,14 +185,13 @@ def main(
                 f"Slurm did not answer ({unreachable.message.split(': ', 1)[-1]}); shown is what "
                 "the job directory records",
             )
-    if show_log and follow:
-        _follow_logs(t, cluster, tail, rank, component)
-    if show_log:
-        _print_logs(t, tail, rank, component, as_json)
-        return
-    if as_json:
-        print_json(_job_json(t) | {"comparison": comparison(t), "calibration": t.calibration})
-        return
+    return t
+
+
+def _print_job(t: TrackedJob) -> None:
+    """One job: its plan, components, progress, predictions against measurements, calibration and notes."""
+    from frenzy_slurm.track import comparison
+
     echo(
         f"job {t.job_id} {printable(t.name)}: {t.state}"
         + (f", exit code {t.finished.get('exit_code', '?')}" if t.finished else "")

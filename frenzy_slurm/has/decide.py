@@ -14,17 +14,18 @@ import itertools
 import math
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from frenzy_slurm.errors import NoFitError
 from frenzy_slurm.has import hetero
+from frenzy_slurm.has.kept import PROCESS_KEPT, Kept, SearchKey
 from frenzy_slurm.has.model import Allocation, Alternative, Component, Decision
 from frenzy_slurm.has.nodes import nodes_for
 from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usable_pools
 from frenzy_slurm.has.qos import qos_lines, within_qos
 from frenzy_slurm.has.requirements import TIME_MARGIN, TIME_SLACK_S, Requirements
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, STARTUP_S
-from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search
+from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import Overheads
 from frenzy_slurm.marp.plan import Recompute, Workload
 from frenzy_slurm.marp.speed import flops_per_token
@@ -83,50 +84,9 @@ MINUTES_SHOWN_BELOW_S = 7200.0
 MAX_TIME_REASON = "needs --time"
 
 
-# The last decision's ReleaseIndex, extended to the next view where that gives the index a new one would
-# (ReleaseIndex.extend checks it and says why): one decision after another on a deep queue (the simulator, a
-# burst of submissions) then reserves only the jobs queued since, not the whole queue again (issue 20). A process
-# decides one job at a time (fsbatch, the simulator); callers deciding in several threads would need their own.
-_last_index: list[ReleaseIndex] = []
-
-
-# MARP's search per job shape: its answer depends on the steps only through Candidate.steps (marp/candidates.py
-# builds each candidate with them and uses them for nothing else), so a job of the same model, plan space, batch
-# and pools with other steps gets the kept candidates with its steps. Jobs of one shape recur in a queue (the
-# simulator's Philly jobs: a few models, batches and sequence lengths); bounded, oldest dropped first.
-SEARCH_CACHE_SIZE = 512
-_searches: dict[str, dict[Hashable, list[Candidate]]] = {}
-
-
-def _search(
-    w: Workload,
-    options: list[GpuOption],
-    global_batch: int,
-    steps: int,
-    max_gpus: int | None,
-    space: SearchSpace,
-) -> dict[Hashable, list[Candidate]]:
-    key = repr((w, options, global_batch, max_gpus, space))  # dataclass reprs: every field, nested
-    found = _searches.get(key)
-    if found is None:
-        found = _searches[key] = search(w, options, global_batch, steps, max_gpus, space)
-        while len(_searches) > SEARCH_CACHE_SIZE:
-            del _searches[next(iter(_searches))]
-    return {k: [c if c.steps == steps else replace(c, steps=steps) for c in cs] for k, cs in found.items()}
-
-
 def forget_kept() -> None:
-    """Drop the kept searches and release index (a benchmark timing decisions from cold)."""
-    _searches.clear()
-    _last_index.clear()
-
-
-def _release_index(view: ClusterView, now: float) -> ReleaseIndex:
-    if _last_index and _last_index[0].extend(view, now):
-        return _last_index[0]
-    index = ReleaseIndex(view, now)
-    _last_index[:] = [index]
-    return index
+    """Drop what the process keeps between decisions (has/kept.py; a benchmark timing decisions from cold)."""
+    PROCESS_KEPT.forget()
 
 
 @dataclass
@@ -137,10 +97,18 @@ class _Cand:
 
 
 def _homogeneous(
-    w: Workload, req: Requirements, pools: list[UsablePool], releases: ReleaseIndex, now: float, space: SearchSpace
+    w: Workload,
+    req: Requirements,
+    pools: list[UsablePool],
+    releases: ReleaseIndex,
+    now: float,
+    space: SearchSpace,
+    kept: Kept,
 ) -> list[_Cand]:
     steps = req.steps
-    cands = _search(w, [p.option for p in pools], req.global_batch, steps, req.max_gpus, space)
+    options = [p.option for p in pools]
+    key = SearchKey.of(w, options, req.global_batch, req.max_gpus, space)
+    cands = kept.search(key, steps, lambda: search(w, options, req.global_batch, steps, req.max_gpus, space))
     out = []
     a = w.arch
     for pool in pools:
@@ -579,7 +547,10 @@ def decide(
     backend: SlurmBackend | None = None,
     now: float | None = None,
     alternatives: int = ALTERNATIVES_SHOWN,
+    kept: Kept = PROCESS_KEPT,
 ) -> Decision:
+    """The allocation predicted to finish the job soonest (the module docstring), with the alternatives
+    considered; `kept`: the searches and release index kept between this caller's decisions (has/kept.py)."""
     t0 = time.perf_counter()
     now = now if now is not None else view.taken_at
     # the nodes -C and --exclusive let the job use (has/nodes.py); the QOS below counts the whole view's jobs
@@ -591,8 +562,8 @@ def decide(
             f"{req.name}: no GPU pool can be used: "
             + "; ".join((skipped or ["the cluster has no GPUs"]) + qos_lines(view.qos))
         )
-    releases = _release_index(usable, now)
-    homogeneous = _homogeneous(w, req, pools, releases, now, space)
+    releases = kept.release_index(usable, now)
+    homogeneous = _homogeneous(w, req, pools, releases, now, space, kept)
     if req.exclusive:
         homogeneous = exclusive_nodes(homogeneous)
     best = min((c.alloc.completion for c in homogeneous), default=float("inf"))
@@ -600,40 +571,13 @@ def decide(
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
     cands = homogeneous + (_heterogeneous(w, req, pools, releases, now, space, beat) if space.heterogeneous else [])
 
-    def rank(items: list[_Cand]) -> list[_Cand]:
-        """Earliest completion; within a tolerance, homogeneous first, then fewer GPUs (ties are noise)."""
-        if not items:
-            return items
-        first = min(c.alloc.completion for c in items)
-        tol = max(TIE_SECONDS, TIE_FRACTION * (first - now))
-
-        def key(c: _Cand) -> tuple[bool, bool, int, float]:
-            tied = c.alloc.completion <= first + tol
-            return (
-                not tied,
-                c.alloc.kind == "heterogeneous" if tied else False,
-                c.alloc.gpus if tied else 0,
-                c.alloc.completion,
-            )
-
-        ordered = sorted(items, key=key)
-        if WIDTH_RULE == "per-pool":
-            groups: dict[tuple, list[_Cand]] = {}
-            for c in ordered:
-                groups.setdefault(tuple(p.key for p in c.pools), []).append(c)
-            picks = [_widest_worth_it(g, now, tol) for g in groups.values()]
-            choice = min(picks, key=lambda c: (key(c), ordered.index(c)))  # the earliest, ties as ranked
-        else:
-            choice = _widest_worth_it(ordered, now, tol)
-        return [choice] + [c for c in ordered if c is not choice]
-
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
     allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
-    ok = rank(allowed)
+    ok = _rank(allowed, now)
     rejected = [(c, why) for c, why in verdicts if why] + too_wide
     if backend is not None and ok and ok[0].alloc.start_source != "now":
         _refine(ok, backend, req)
-        ok = rank(ok)
+        ok = _rank(ok, now)
     too_long = [c for c, why in verdicts if why and why.startswith(MAX_TIME_REASON)]
     if not ok and too_long:  # MaxTime is checked last: these broke no other limit
         raise NoFitError(_max_time_message(req, too_long))
@@ -650,6 +594,44 @@ def decide(
             )
         )
     chosen = ok[0].alloc
+    alts = _alternatives(ok, rejected, skipped, now, alternatives)
+    return Decision(chosen=chosen, alternatives=alts, decided_at=now, decision_ms=(time.perf_counter() - t0) * 1e3)
+
+
+def _rank(items: list[_Cand], now: float) -> list[_Cand]:
+    """Earliest completion; within a tolerance, homogeneous first, then fewer GPUs (ties are noise)."""
+    if not items:
+        return items
+    first = min(c.alloc.completion for c in items)
+    tol = max(TIE_SECONDS, TIE_FRACTION * (first - now))
+
+    def key(c: _Cand) -> tuple[bool, bool, int, float]:
+        tied = c.alloc.completion <= first + tol
+        return (
+            not tied,
+            c.alloc.kind == "heterogeneous" if tied else False,
+            c.alloc.gpus if tied else 0,
+            c.alloc.completion,
+        )
+
+    ordered = sorted(items, key=key)
+    if WIDTH_RULE == "per-pool":
+        groups: dict[tuple, list[_Cand]] = {}
+        for c in ordered:
+            groups.setdefault(tuple(p.key for p in c.pools), []).append(c)
+        picks = [_widest_worth_it(g, now, tol) for g in groups.values()]
+        choice = min(picks, key=lambda c: (key(c), ordered.index(c)))  # the earliest, ties as ranked
+    else:
+        choice = _widest_worth_it(ordered, now, tol)
+    return [choice] + [c for c in ordered if c is not choice]
+
+
+def _alternatives(
+    ok: list[_Cand], rejected: list[tuple[_Cand, str]], skipped: list[str], now: float, alternatives: int
+) -> list[Alternative]:
+    """What a Decision lists beside its choice: up to `alternatives` allowed candidates (one per label) and why
+    each lost, the first refused ones and why, and the pools skipped."""
+    chosen = ok[0].alloc
     alts: list[Alternative] = []
     for c in ok[1:]:
         label = c.alloc.label()
@@ -660,4 +642,4 @@ def decide(
         alts.append(Alternative(allocation=c.alloc, description=c.alloc.label(), lost_because=why or ""))
     for line in skipped:
         alts.append(Alternative(description=line.split(":")[0], lost_because=line.split(":", 1)[1].strip()))
-    return Decision(chosen=chosen, alternatives=alts, decided_at=now, decision_ms=(time.perf_counter() - t0) * 1e3)
+    return alts

@@ -333,7 +333,7 @@ class SlurmOptions(_Strict):
         True,
         description="A run that ends out of memory (CUDA's, or Slurm's OUT_OF_MEMORY on the host) is submitted "
         "again once, on the plan fsbatch chose for it with more memory headroom, from its last checkpoint "
-        "(docs/runtime.md, \"Out of memory\"); false: it just fails (fsbatch --no-oom-retry).",
+        '(docs/runtime.md, "Out of memory"); false: it just fails (fsbatch --no-oom-retry).',
     )
     mail_type: str | None = Field(None, description="sbatch --mail-type.")
     mail_user: str | None = Field(None, description="sbatch --mail-user.")

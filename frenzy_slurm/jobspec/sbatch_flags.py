@@ -272,37 +272,6 @@ def refuse_sbatch_flag(flag: str) -> str | None:
         i += 1
         if word == "--":
             return f"'{flag}': '--' ends sbatch's options; every #SBATCH line after it would be refused"
-        if word.startswith("--"):
-            name, eq, _ = word[2:].partition("=")
-            candidates = _long_candidates(name)
-            why = _reserved_in(candidates, word.split("=", 1)[0])
-            if why:
-                return why
-            if len(candidates) > 1:
-                return (
-                    f"'{flag}': sbatch cannot tell which option --{name} abbreviates ("
-                    + ", ".join(f"--{c}" for c in candidates[:6])
-                    + "); write the option in full"
-                )
-            if not candidates:  # not sbatch's own (a SPANK plugin's?): it passes, a plain word after it as its value
-                if not eq and i < len(words) and not words[i].startswith("-"):
-                    if (why := _bad_value(flag, words[i])) is not None:
-                        return why
-                    i += 1
-                continue
-            kind = SBATCH_LONG_OPTIONS[candidates[0]]
-            if eq and kind == "no":
-                return f"'{flag}': --{candidates[0]} takes no value"
-            if not eq and kind == "required":
-                if i >= len(words):
-                    return (
-                        f"'{flag}': --{candidates[0]} needs a value in the same flag (--{candidates[0]}=VALUE); "
-                        "sbatch would take the next #SBATCH line's first word as its value"
-                    )
-                if (why := _bad_value(flag, words[i])) is not None:
-                    return why
-                i += 1  # the value, whatever it looks like (getopt takes the next word as it is)
-            continue
         if word == "-":
             return f"'{flag}': '-' is not an sbatch flag"
         if not word.startswith("-"):
@@ -312,27 +281,64 @@ def refuse_sbatch_flag(flag: str) -> str | None:
                 f"'{flag}': '{word}' is neither an sbatch flag nor a flag's value; sbatch stops reading "
                 "options there and refuses the script"
             )
-        for k, letter in enumerate(word[1:], start=2):
-            long = SBATCH_SHORT_OPTIONS.get(letter)
-            if long is None:
-                return f"'{flag}': -{letter} is not an sbatch option"
-            if long in RESERVED or long in REFUSED:
-                return _why(f"{word} (sbatch reads -{letter} as --{long})", long)
-            kind = SBATCH_LONG_OPTIONS[long]
-            if kind == "no":
-                continue
-            if word[k:] or kind == "optional":
-                break  # the rest of the word is the value (an optional value is only ever attached)
-            if i >= len(words):
-                return (
-                    f"'{flag}': -{letter} needs a value in the same flag (-{letter} VALUE); sbatch would take "
-                    "the next #SBATCH line's first word as its value"
-                )
-            if (why := _bad_value(flag, words[i])) is not None:
-                return why
-            i += 1
-            break
+        why, i = (_long_option if word.startswith("--") else _short_options)(flag, word, words, i)
+        if why is not None:
+            return why
     return None
+
+
+def _long_option(flag: str, word: str, words: list[str], i: int) -> tuple[str | None, int]:
+    """(why `word`, a `--name[=value]` of `flag`, may not pass, or None; the index of the word after it and the
+    value it takes)."""
+    name, eq, _ = word[2:].partition("=")
+    candidates = _long_candidates(name)
+    why = _reserved_in(candidates, word.split("=", 1)[0])
+    if why:
+        return why, i
+    if len(candidates) > 1:
+        return (
+            f"'{flag}': sbatch cannot tell which option --{name} abbreviates ("
+            + ", ".join(f"--{c}" for c in candidates[:6])
+            + "); write the option in full"
+        ), i
+    if not candidates:  # not sbatch's own (a SPANK plugin's?): it passes, a plain word after it as its value
+        if not eq and i < len(words) and not words[i].startswith("-"):
+            return _bad_value(flag, words[i]), i + 1
+        return None, i
+    kind = SBATCH_LONG_OPTIONS[candidates[0]]
+    if eq and kind == "no":
+        return f"'{flag}': --{candidates[0]} takes no value", i
+    if not eq and kind == "required":
+        if i >= len(words):
+            return (
+                f"'{flag}': --{candidates[0]} needs a value in the same flag (--{candidates[0]}=VALUE); "
+                "sbatch would take the next #SBATCH line's first word as its value"
+            ), i
+        return _bad_value(flag, words[i]), i + 1  # the value, whatever it looks like (getopt takes the next word)
+    return None, i
+
+
+def _short_options(flag: str, word: str, words: list[str], i: int) -> tuple[str | None, int]:
+    """(why `word`, a cluster of short options `-abc` of `flag`, may not pass, or None; the index of the word
+    after it and the value it takes): an option that takes a value takes the rest of the word or the next word."""
+    for k, letter in enumerate(word[1:], start=2):
+        long = SBATCH_SHORT_OPTIONS.get(letter)
+        if long is None:
+            return f"'{flag}': -{letter} is not an sbatch option", i
+        if long in RESERVED or long in REFUSED:
+            return _why(f"{word} (sbatch reads -{letter} as --{long})", long), i
+        kind = SBATCH_LONG_OPTIONS[long]
+        if kind == "no":
+            continue
+        if word[k:] or kind == "optional":
+            break  # the rest of the word is the value (an optional value is only ever attached)
+        if i >= len(words):
+            return (
+                f"'{flag}': -{letter} needs a value in the same flag (-{letter} VALUE); sbatch would take "
+                "the next #SBATCH line's first word as its value"
+            ), i
+        return _bad_value(flag, words[i]), i + 1
+    return None, i
 
 
 def asks_for_array(words: list[str]) -> str | None:

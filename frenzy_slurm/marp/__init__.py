@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from frenzy_slurm.errors import InputError
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
+from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
 from frenzy_slurm.marp.frameworks import (
+    FrameworkProfile,
     ModelCode,
     fused_projections,
     gelu_tanh_eager,
@@ -20,7 +22,16 @@ from frenzy_slurm.marp.frameworks import (
 )
 from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
 from frenzy_slurm.marp.overheads import Overheads
-from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload, parse_plan
+from frenzy_slurm.marp.plan import ParallelPlan, Recompute, parse_plan
+from frenzy_slurm.marp.workload import (
+    ActivationPolicy,
+    Adapters,
+    AllocatorPolicy,
+    Communication,
+    LossPolicy,
+    ModelStates,
+    Workload,
+)
 
 __all__ = [
     "Candidate",
@@ -60,13 +71,41 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
     ops that keeps its normalised output. The only constructor of a Workload from a job."""
     t = spec.training
     prof = profile_of(spec)
-    code = prof.code(spec)
     arch = model.arch
     if prof.unties_embeddings and arch.tied_embeddings and arch.head == "lm":
         arch = arch.model_copy(update={"tied_embeddings": False})
-    lora = t.lora
-    quantizer = lora.quantizer or prof.nf4_quantizer
-    bnb_qlora = t.method == "qlora" and quantizer == "bitsandbytes"
+    return Workload(
+        arch=arch,
+        seq_len=t.seq_len,
+        precision=t.precision,
+        framework=prof.family,
+        method=t.method,
+        exact_params=model.exact_params,
+        states=_model_states(spec, prof, device),
+        adapters=_adapters(spec, prof),
+        activations=_activation_policy(spec, prof, arch, device),
+        loss=_loss_policy(spec, prof),
+        comm=Communication(
+            buckets=spec.deepspeed,
+            reshard_after_forward=spec.parallel.reshard_after_forward is not False,
+            fsdp_tail_unit=prof.fsdp_tail_unit,
+            vocab_parallel=prof.code(spec).vocab_parallel,
+        ),
+        alloc=AllocatorPolicy(
+            expandable_segments=_alloc_conf(spec).expandable_segments, caching_allocator=device != "cpu"
+        ),
+    )
+
+
+def _quantizer(spec: JobSpec, prof: FrameworkProfile) -> str | None:
+    """QLoRA's NF4 implementation: model.yaml's `lora.quantizer`, else the framework's."""
+    return spec.training.lora.quantizer or prof.nf4_quantizer
+
+
+def _model_states(spec: JobSpec, prof: FrameworkProfile, device: str) -> ModelStates:
+    """The optimizer as the framework runs it, and when the loop frees and zeroes gradients."""
+    t = spec.training
+    bnb_qlora = t.method == "qlora" and _quantizer(spec, prof) == "bitsandbytes"
     # (bitsandbytes' paged optimizers page CUDA managed memory; on the CPU their states are ordinary tensors)
     bnb_paged = bnb_qlora and prof.qlora_paged_optimizer and t.optimizer == "adamw"
     paged = (t.optimizer.startswith("paged-") or bnb_paged) and device != "cpu"
@@ -82,37 +121,45 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
     else:
         # torch's optimizers default to foreach only for CUDA tensors: on the CPU they step per tensor
         fused = prof.fused_optimizer or device == "cpu"
-    if t.loss_chunks is not None:
-        chunks = t.loss_chunks
-    elif prof.loss_chunk_tokens:
-        # litgpt: finetune/full.py chunks the flattened logits (micro_batch x seq tokens) into 128-token pieces;
-        # lora.py has the model return 128-position chunks (lm_head_chunk_size=128) along the sequence
-        tokens = t.seq_len * (t.micro_batch if t.method == "full" and isinstance(t.micro_batch, int) else 1)
-        chunks = max(1, -(-tokens // prof.loss_chunk_tokens))
-    else:
-        chunks = prof.loss_chunks
-    bnb_version = version_tuple(lora.quantizer_version)
     torch_version = version_tuple(spec.entry.torch_version)
-    framework_version = version_tuple(spec.entry.framework_version)
-    return Workload(
-        arch=arch,
-        seq_len=t.seq_len,
-        precision=t.precision,
+    return ModelStates(
         optimizer=optimizer,
-        attention=t.attention,
-        method=t.method,
+        fused_optimizer=fused,
+        optimizer_in_backward=t.optimizer_in_backward,
+        paged_optimizer=paged,
+        zero_grad_to_none=torch_version is None or torch_version >= (2, 0),
+        zero_grad_after_forward=prof.zero_grad_after_forward,
+    )
+
+
+def _adapters(spec: JobSpec, prof: FrameworkProfile) -> Adapters:
+    """LoRA's adapters and QLoRA's NF4 base as model.yaml and the framework give them."""
+    lora = spec.training.lora
+    quantizer = _quantizer(spec, prof)
+    bnb_version = version_tuple(lora.quantizer_version)
+    return Adapters(
         lora_rank=lora.rank,
         lora_targets=tuple(lora.targets),
         lora_dropout=(lora.dropout if lora.dropout is not None else prof.lora_dropout) > 0,
-        loss_chunks=chunks,
-        fused_linear_loss=t.fused_linear_loss,
+        nf4_double_quant=lora.double_quant if lora.double_quant is not None else True,
+        nf4_torchao=quantizer == "torchao",
+        # bitsandbytes' MatMul4Bit kept its input on ctx up to 0.43.1 (ctx.tensors = (A, B)); 0.43.2 on keep (None, B)
+        nf4_saves_inputs=quantizer == "bitsandbytes" and (bnb_version is None or bnb_version < (0, 43, 2)),
+        qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
+        bnb_stable_embedding=prof.qlora_stable_embedding and quantizer == "bitsandbytes",
+        lora_qkv_scatter=prof.code(spec).lora_qkv_scatter,
+    )
+
+
+def _activation_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture, device: str) -> ActivationPolicy:
+    """What the framework's model code saves for backward (its `ModelCode`), on this device."""
+    t = spec.training
+    code = prof.code(spec)
+    framework_version = version_tuple(spec.entry.framework_version)
+    return ActivationPolicy(
+        attention=t.attention,
         compile=t.compile,
-        compile_loss=t.compile_loss if t.compile_loss is not None else (prof.compiles_plain_loss or chunks > 1),
-        framework=prof.family,
-        fused_optimizer=fused,
-        optimizer_in_backward=t.optimizer_in_backward,
         activation_offload=t.activation_offload,
-        paged_optimizer=paged,
         norm_upcast=code.norm_upcast
         and arch.norm == "rmsnorm"
         and (device == "cpu" or not code.norm_upcast_on_cpu_only),
@@ -121,40 +168,48 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         gqa_expand=code.gqa_expand
         and arch.kv < arch.heads
         and (t.attention == "eager" or not _sdpa_runs_gqa(code, framework_version)),
-        nf4_double_quant=lora.double_quant if lora.double_quant is not None else True,
-        # bitsandbytes' MatMul4Bit kept its input on ctx up to 0.43.1 (ctx.tensors = (A, B)); 0.43.2 on keep (None, B)
-        nf4_torchao=quantizer == "torchao",
-        nf4_saves_inputs=quantizer == "bitsandbytes" and (bnb_version is None or bnb_version < (0, 43, 2)),
-        qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
-        hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,
-        keeps_previous_output=prof.keeps_previous_output,
-        zero_grad_after_forward=prof.zero_grad_after_forward,
-        zero_grad_to_none=torch_version is None or torch_version >= (2, 0),
         unfused_rope=code.unfused_rope,
         rope_tables_per_layer=code.rope_tables_per_layer,
-        vocab_parallel=code.vocab_parallel,
         softmax_fp32=code.softmax_fp32_eager and t.attention == "eager",
         fp8=t.fp8,
-        reshard_after_forward=spec.parallel.reshard_after_forward is not False,
-        fsdp_tail_unit=prof.fsdp_tail_unit,
         tp_saves_gathered_inputs=prof.tp_saves_gathered_inputs,
-        loss_detaches_hidden=prof.loss_detaches_hidden and chunks > 1,
-        fused_projections=fused_projections(code, arch),
         gelu_tanh_eager=gelu_tanh_eager(code, arch),
         dropout_mask_full_width=device == "cpu",
+        fused_projections=fused_projections(code, arch),
+    )
+
+
+def _loss_chunks(spec: JobSpec, prof: FrameworkProfile) -> int:
+    """How many pieces the loss computes the logits in: model.yaml's, or the framework's."""
+    t = spec.training
+    if t.loss_chunks is not None:
+        return t.loss_chunks
+    if prof.loss_chunk_tokens:
+        # litgpt: finetune/full.py chunks the flattened logits (micro_batch x seq tokens) into 128-token pieces;
+        # lora.py has the model return 128-position chunks (lm_head_chunk_size=128) along the sequence
+        tokens = t.seq_len * (t.micro_batch if t.method == "full" and isinstance(t.micro_batch, int) else 1)
+        return max(1, -(-tokens // prof.loss_chunk_tokens))
+    return prof.loss_chunks
+
+
+def _loss_policy(spec: JobSpec, prof: FrameworkProfile) -> LossPolicy:
+    """The logits and the loss as the framework's loop holds them."""
+    t = spec.training
+    chunks = _loss_chunks(spec, prof)
+    return LossPolicy(
+        loss_chunks=chunks,
+        fused_linear_loss=t.fused_linear_loss,
+        compile_loss=t.compile_loss if t.compile_loss is not None else (prof.compiles_plain_loss or chunks > 1),
+        hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,
+        keeps_previous_output=prof.keeps_previous_output,
+        loss_detaches_hidden=prof.loss_detaches_hidden and chunks > 1,
+        output_fp32=prof.output_fp32 and t.precision != "fp32",
         loss_fp32=t.precision != "bf16-pure"
         or (
             spec.entry.loss_upcast
             if spec.entry.loss_upcast is not None
             else prof.loss_fp32_in_pure_bf16 or prof.output_fp32
         ),
-        output_fp32=prof.output_fp32 and t.precision != "fp32",
-        lora_qkv_scatter=code.lora_qkv_scatter,
-        bnb_stable_embedding=prof.qlora_stable_embedding and quantizer == "bitsandbytes",
-        exact_params=model.exact_params,
-        buckets=spec.deepspeed,
-        expandable_segments=_alloc_conf(spec).expandable_segments,
-        caching_allocator=device != "cpu",
     )
 
 

@@ -163,7 +163,7 @@ def plan_groups(
                 if zero != 3 and space.pinned.get("offload_params"):
                     continue
                 for rc in space.recompute:
-                    if rc == "selective" and w.attention != "eager" and len(space.recompute) > 1:
+                    if rc == "selective" and w.activations.attention != "eager" and len(space.recompute) > 1:
                         continue  # searched: flash/sdpa already skip the score matrix, same as none
                     pinned = tuple(space.pinned.items())
                     if space.shard_per_node:

@@ -1,4 +1,4 @@
-"""Parallel plans (how one job is laid over GPUs) and the MARP workload description.
+"""Parallel plans (how one job is laid over GPUs); the MARP workload (marp/workload.py) is importable from here too.
 
 `ParallelPlan` is the one plan type: MARP predicts for it, HAS chooses it, and `plan.json` stores it
 as-is (the in-job runtime reads it back from there), so it is a frozen pydantic model.
@@ -7,20 +7,21 @@ as-is (the in-job runtime reads it back from there), so it is a frozen pydantic 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.jobspec.job import Attention, DeepSpeedBuffers, Method, Optimizer, Precision
+
+# (defined in marp/workload.py; importable from here, as before the workload had a module of its own)
+from frenzy_slurm.marp.workload import DeepSpeedBuckets as DeepSpeedBuckets
+from frenzy_slurm.marp.workload import Framework as Framework
+from frenzy_slurm.marp.workload import Workload as Workload
 
 # op: torchtitan's per-op selective checkpointing (every block checkpointed, the outputs of every other matmul and of
 # the attention kernel saved, the rest recomputed)
 Recompute = Literal["none", "selective", "full", "op"]
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
-Framework = Literal["deepspeed", "torch", "megatron"]
 Metric = Literal["allocated", "reserved", "device"]
 
 
@@ -194,88 +195,3 @@ def parse_plan(text: str) -> ParallelPlan:
         return ParallelPlan(**kwargs)  # type: ignore[arg-type]  # parsed text; pydantic validates it
     except ValidationError as exc:
         raise InputError(f"--plan: {plan_error(exc)}") from None
-
-
-# DeepSpeed's buffer sizes as model.yaml's `deepspeed:` section gives them (and ds_config.json writes them)
-DeepSpeedBuckets = DeepSpeedBuffers
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Everything about a training run that decides memory, apart from the parallel plan."""
-
-    arch: Architecture
-    seq_len: int
-    precision: Precision = "bf16-mixed"
-    optimizer: Optimizer = "adamw"
-    attention: Attention = "flash"
-    method: Method = "full"
-    lora_rank: int = 16
-    lora_targets: tuple[str, ...] = ("q", "v")
-    lora_dropout: bool = True
-    loss_chunks: int = 1
-    # Liger's fused linear cross-entropy: chunks of ~hidden-size logits in the forward, no logits kept (marp/memory.py)
-    fused_linear_loss: bool = False
-    compile: bool = False
-    compile_loss: bool = True  # with compile: the loss is compiled too (False: the model's blocks only)
-    framework: Framework = "deepspeed"  # torch = plain PyTorch/FSDP training loop (AMP keeps fp32 weights)
-    fused_optimizer: bool = False  # False: foreach kernels (one optimizer-state-sized temporary at step)
-    optimizer_in_backward: bool = False
-    activation_offload: bool = False
-    paged_optimizer: bool = False  # states in CUDA managed memory, outside the caching allocator's counts
-    norm_upcast: bool = False  # norm computed on an fp32 copy of its input (HF/torchtune/litgpt RMSNorm, eager)
-    # the upcast norm keeps its normalised value in fp32 (torchtune's F.rms_norm(x.float(), weight=...)), not 16-bit
-    norm_fp32_normalized: bool = False
-    gqa_expand: bool = False  # K/V repeated to all query heads before the attention kernel (HF repeat_kv)
-    nf4_double_quant: bool = True  # QLoRA's double-quantised absmax (4.127 bits); False: plain NF4, 4.5 bits
-    nf4_torchao: bool = False  # QLoRA's NF4 is torchao's tensor subclass (dequantised in eager ops unless compiled)
-    nf4_saves_inputs: bool = True  # bitsandbytes' 4-bit matmul saves its input (torchao's NF4 linear does not)
-    qlora_quantized_head: bool = False  # QLoRA quantises the (untied) output layer too (litgpt's bitsandbytes plugin)
-    hold_logits: bool = False  # the training loop keeps the 16-bit logits alive (HF-style model outputs)
-    # the loop keeps the previous step's output bound until the next forward returns (litgpt's `logits = model(...)`):
-    # its 16-bit logits and, through their autograd graph, what custom functions stored on their ctx (bitsandbytes'
-    # 4-bit matmul inputs) are alive at the end of the next forward
-    keeps_previous_output: bool = False
-    # the loop zeroes gradients between the forward and the backward (Lightning's automatic optimization: its closure
-    # runs training_step, then zero_grad, then backward), so the previous step's gradients live through the forward
-    zero_grad_after_forward: bool = False
-    zero_grad_to_none: bool = True  # grads freed after each step (torch >= 2.0 default); False keeps zeroed buffers
-    unfused_rope: bool = (
-        False  # rotary embedding in eager ops (HF/litgpt/torchtune/built-in): rotated q, k are new tensors
-    )
-    rope_tables_per_layer: bool = False  # cos/sin built in every block (the built-in model) instead of once per forward
-    vocab_parallel: bool = True  # tp splits the embedding, output layer and logits (Megatron); False: replicated
-    softmax_fp32: bool = False  # eager attention's softmax(..., dtype=float32).to(dtype) (HF Llama-style eager)
-    fp8: bool = False  # float8 linears (torchao/Transformer Engine): fp8 copies of inputs and weights, amax history
-    reshard_after_forward: bool = True  # FSDP: False keeps each unit's gathered 16-bit weights from forward to backward
-    # FSDP2 units: the embedding on its own, the final norm and output layer in a tail unit gathered from its forward
-    # to its backward (accelerate); False: the root unit holds them (torch's examples)
-    fsdp_tail_unit: bool = False
-    # DTensor TP (torchtitan): the column-parallel linears save their all-gathered input (whole under SP)
-    tp_saves_gathered_inputs: bool = False
-    # the chunked loss's detached hidden-state chunks and fp32 gradient accumulator (torchtitan's ChunkedLossWrapper)
-    loss_detaches_hidden: bool = False
-    # GELU's tanh approximation in eager ops (HF's gelu_new, NewGELUActivation: GPT-2): 0.5*x*(1+tanh(...)) keeps
-    # tanh's output, 0.5*x and 1+tanh besides its input
-    gelu_tanh_eager: bool = False
-    output_fp32: bool = False  # the loop gets the model's output converted to fp32 (Lightning Fabric) and holds it
-    lora_qkv_scatter: bool = False  # fused-q/k/v LoRA scatters adapter outputs with index_copy (litgpt), saving them
-    # bitsandbytes QLoRA swaps in bitsandbytes' StableEmbedding after building the optimizer (litgpt): the old embedding
-    # stays, the new one's gradient is never freed, its fp32 LayerNorm saves an fp32 copy of its output
-    bnb_stable_embedding: bool = False
-    # dropout keeps a mask of its input's dtype (the CPU: torch's dropout multiplies by a noise tensor); False: the
-    # fused CUDA kernel's bool mask
-    dropout_mask_full_width: bool = False
-    fused_projections: bool = False  # q/k/v (and SwiGLU gate/up) are one fused linear (litgpt, GPT-2, NeoX, Megatron)
-    loss_fp32: bool = (
-        True  # cross-entropy computed on an fp32 upcast of the logits (torch's F.cross_entropy on .float())
-    )
-    exact_params: int | None = None  # from tracing: scales the analytic weights to the exact count
-    expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (marp/allocator.py)
-    # torch's CUDA caching allocator keeps freed blocks in its segments (reserved > allocated); the CPU allocator
-    # hands memory back to the C allocator, so on the CPU (the site's `device: cpu`) reserved is what is allocated
-    caching_allocator: bool = True
-    buckets: DeepSpeedBuckets = field(default_factory=DeepSpeedBuckets)
-
-    def with_(self, **changes: object) -> Workload:
-        return replace(self, **changes)  # type: ignore[arg-type]  # replace() checks names and types at run time

@@ -27,7 +27,7 @@ import yaml
 
 from frenzy_slurm import __version__
 from frenzy_slurm.errors import InputError
-from frenzy_slurm.has.model import Decision
+from frenzy_slurm.has.model import Allocation, Decision
 from frenzy_slurm.inputfile import check_trusted
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, SlurmOptions
@@ -232,6 +232,49 @@ def check_no_array(script: str, template: str) -> None:
             raise InputError(f"template {template}: '{line.strip()}' asks sbatch for a job array ({word}): {ARRAYS}")
 
 
+def _render_script(
+    template_dir: Path | None,
+    ctx: dict,
+    per_component: list[str],
+    n_components: int,
+    in_image: ContainerLaunch | None,
+) -> str:
+    """The batch script from the job's template (heterogeneous for several components), refused where the
+    sandbox refuses it, where it drops the per-component flags or the container launch, or asks for an array."""
+    env = environment(template_dir)
+    template = "heterogeneous.sbatch.j2" if n_components > 1 else "homogeneous.sbatch.j2"
+    try:
+        script = env.get_template(template).render(**ctx)
+    except jinja2.sandbox.SecurityError as exc:
+        raise InputError(
+            f"template {template}: refused by the template sandbox ({exc}); templates may only "
+            "format the values they are given"
+        ) from None
+    except jinja2.TemplateError as exc:
+        raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
+    except RecursionError:
+        raise InputError(f"template {template}: recursion too deep (a macro or include that calls itself)") from None
+    check_component_flags(script, per_component, n_components, template)
+    if in_image is not None:
+        check_container_launch(script, in_image, template)
+    check_no_array(script, template)
+    return script
+
+
+def _predicted(alloc: Allocation) -> dict:
+    """plan.json's predictions: per pool (partition/GRES type: two partitions with the same GPU model are two
+    entries) the GPU model, peak and capacity, and the step time."""
+    predicted: dict = {
+        pool_label(c.partition, c.gpu_type): {
+            "gpu_model": c.gpu_model,
+            "peak_gib": c.peak_gib,
+            "capacity_gib": c.capacity_gib,
+        }
+        for c in alloc.components
+    }
+    return predicted | {"step_time_s": alloc.step_time_s}
+
+
 def render_job(
     spec: JobSpec,
     spec_path: Path,
@@ -291,32 +334,7 @@ def render_job(
         container=None if in_image is None else in_image.template_context(),
         oom_retry=oom_retry_command(options, job_dir, in_image is not None),
     )
-    env = environment(template_dir)
-    template = "heterogeneous.sbatch.j2" if len(components) > 1 else "homogeneous.sbatch.j2"
-    try:
-        script = env.get_template(template).render(**ctx)
-    except jinja2.sandbox.SecurityError as exc:
-        raise InputError(
-            f"template {template}: refused by the template sandbox ({exc}); templates may only "
-            "format the values they are given"
-        ) from None
-    except jinja2.TemplateError as exc:
-        raise InputError(f"template {getattr(exc, 'name', None) or template}: {exc}") from None
-    except RecursionError:
-        raise InputError(f"template {template}: recursion too deep (a macro or include that calls itself)") from None
-    check_component_flags(script, per_component, len(components), template)
-    if in_image is not None:
-        check_container_launch(script, in_image, template)
-    check_no_array(script, template)
-    # keyed by pool (partition/GRES type): two partitions with the same GPU model are two entries
-    predicted = {
-        pool_label(c.partition, c.gpu_type): {
-            "gpu_model": c.gpu_model,
-            "peak_gib": c.peak_gib,
-            "capacity_gib": c.capacity_gib,
-        }
-        for c in alloc.components
-    }
+    script = _render_script(template_dir, ctx, per_component, len(components), in_image)
     plan = PlanFile(
         frenzy_version=__version__,
         submission=submission,
@@ -330,7 +348,7 @@ def render_job(
         time_min=minutes,
         sbatch_argv=sbatch_argv(job_dir / "job.sbatch"),
         command=command,
-        predicted=predicted | {"step_time_s": alloc.step_time_s},
+        predicted=_predicted(alloc),
         moved_from=moved_from,
         slurm=user_options if user_options is not None else options,
     )

@@ -94,20 +94,45 @@ def _client_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) ->
 
 
 def run_training(job_dir: Path, dist: DistEnv) -> int:
+    """Train the plan in `job_dir` on this rank: the engine (resumed from a verified checkpoint), the steps with
+    checkpoints at the interval and on a stop signal, then metrics.json (rank 0) and a requeue where asked."""
     pf: PlanFile = read_plan(job_dir / "plan.json")
-    spec, arch = pf.spec, pf.arch
-    plan = pf.decision.chosen.plan
-    t = spec.training
     device, backend = _device(dist)
-
-    import deepspeed
+    _init_distributed(dist, backend)
     import torch
 
-    from frenzy_slurm.models.gpt import GPT, lm_loss
-    from frenzy_slurm.models.pipe import pipeline_module
-    from frenzy_slurm.runtime.data import Batches
-    from frenzy_slurm.runtime.memory import CpuMemoryRecorder, gpu_peaks
-    from frenzy_slurm.units import GiB
+    torch.manual_seed(pf.spec.training.seed)
+    engine, start_step = _engine(job_dir, pf, dist)
+    run = _Run(job_dir, pf, dist, device, engine, start_step)
+    run.train()
+    stage = _stage_of(dist.rank, pf.decision.chosen.plan)
+    record = {
+        "rank": dist.rank,
+        "host": socket.gethostname(),
+        "stage": stage,
+        "device": device.type,
+        **_component_of(stage, pf.decision),
+        **run.peak,
+        "predicted_allocated_gib": _predicted_allocated(pf, stage, device.type),
+    }
+    gathered = [None] * dist.world_size
+    torch.distributed.all_gather_object(gathered, record)
+    if dist.rank == 0:
+        run.write_metrics(gathered)
+        if os.environ.get("SLURM_JOB_ID") and (_stop["signal"] == "SIGUSR2" or _preempted()):
+            _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
+    # every rank is done: the group down after a barrier (runtime/ending.py; `python -m frenzy_slurm.runtime` then
+    # exits with os._exit, so no C++ destructor at interpreter exit can turn this finished run into a failed one)
+    from frenzy_slurm.runtime.ending import close_process_group
+
+    close_process_group(barrier=True)
+    return 0
+
+
+def _init_distributed(dist: DistEnv, backend: str) -> None:
+    """DeepSpeed's process group; over gloo on one host, with the shared-memory segments DeepSpeed will make
+    created under this job's names first."""
+    import deepspeed
 
     signals.install()  # normally done already by `python -m frenzy_slurm.runtime`; idempotent
     from frenzy_slurm.runtime.shm import start_deepspeed_comm, uses_shm_allreduce
@@ -116,7 +141,19 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         start_deepspeed_comm(dist.rank, dist.world_size, partial(deepspeed.init_distributed, dist_backend=backend))
     else:
         deepspeed.init_distributed(dist_backend=backend)
-    torch.manual_seed(t.seed)
+
+
+def _engine(job_dir: Path, pf: PlanFile, dist: DistEnv) -> tuple[Any, int]:
+    """(the DeepSpeed engine over the built-in model as plan.json lays it out, the step it starts at): loaded from
+    the checkpoint this job may resume, converted to DeepSpeed's universal format where the plan changed."""
+    import deepspeed
+    import torch
+
+    from frenzy_slurm.models.gpt import GPT
+    from frenzy_slurm.models.pipe import pipeline_module
+
+    spec, arch, plan = pf.spec, pf.arch, pf.decision.chosen.plan
+    t = spec.training
     ds_config = json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
     # the attention kernel model.yaml names, and selective recomputation of its core: what MARP predicted
@@ -130,7 +167,6 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         model = model.to(torch.bfloat16)
     params = [p for p in model.parameters() if p.requires_grad]
     client_opt = _client_optimizer(t.optimizer, params, t.learning_rate)
-    ckpt_dir = job_dir / "checkpoints"
     source = _resume_source(job_dir, pf, dist)
     if source is not None and source.universal:
         ds_config.setdefault("checkpoint", {})["load_universal"] = True  # this run only: the files keep theirs
@@ -143,132 +179,137 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
         config=ds_config,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
     )
+    if source is None:
+        return engine, 0
+    _prefer_weights_only(engine)
+    _, client = engine.load_checkpoint(str(source.directory), tag=source.tag)
+    return engine, int((client or {}).get("step", source.step))
 
-    start_step = 0
-    if source is not None:
-        _prefer_weights_only(engine)
-        _, client = engine.load_checkpoint(str(source.directory), tag=source.tag)
-        start_step = int((client or {}).get("step", source.step))
-    stage = _stage_of(dist.rank, plan)
-    dp_rank = (dist.rank % (plan.dp * plan.tp)) // plan.tp
-    data = Batches(
-        arch.vocab,
-        t.seq_len,
-        plan.micro_batch,
-        t.seed,
-        Path(spec.entry.data) if spec.entry.data else None,
-        spec.entry.data_dtype,
-    )
-    interval = t.checkpoint_interval or 1000
-    prior = {}
-    if dist.rank == 0 and (job_dir / "metrics.json").exists():
-        prior = json.loads((job_dir / "metrics.json").read_text())
-    losses = list(prior.get("loss", [])) if start_step else []
-    step_times: list[float] = []
-    peak: dict[str, float | str | None] = {}
 
-    def one_step(step: int) -> float:
+class _Run:
+    """The steps of one run on this rank, from `start_step`: losses, step times, the memory peak measured."""
+
+    def __init__(
+        self, job_dir: Path, pf: PlanFile, dist: DistEnv, device: torch.device, engine: Any, start_step: int
+    ) -> None:
+        from frenzy_slurm.runtime.data import Batches
+
+        self.job_dir, self.pf, self.dist, self.device, self.engine = job_dir, pf, dist, device, engine
+        self.start_step = self.step = start_step
+        t, plan = pf.spec.training, pf.decision.chosen.plan
+        self.dp_rank = (dist.rank % (plan.dp * plan.tp)) // plan.tp
+        entry = pf.spec.entry
+        data_path = Path(entry.data) if entry.data else None
+        self.data = Batches(pf.arch.vocab, t.seq_len, plan.micro_batch, t.seed, data_path, entry.data_dtype)
+        prior = {}
+        if dist.rank == 0 and (job_dir / "metrics.json").exists():
+            prior = json.loads((job_dir / "metrics.json").read_text())
+        self.losses: list[Any] = list(prior.get("loss", [])) if start_step else []
+        self.step_times: list[float] = []
+        self.peak: dict[str, float | str | None] = {}
+
+    def one_step(self, step: int) -> float:
+        """One optimizer step's mean loss over its micro-batches (a pipeline's schedule runs them all)."""
+        from frenzy_slurm.models.gpt import lm_loss
+
+        plan, engine = self.pf.decision.chosen.plan, self.engine
         if plan.pp > 1:
-            it = iter([data.get(step, dp_rank, m) for m in range(plan.grad_accum)])
+            it = iter([self.data.get(step, self.dp_rank, m) for m in range(plan.grad_accum)])
             loss = engine.train_batch(data_iter=it)
             return float(loss.detach())
         total = 0.0
         for m in range(plan.grad_accum):
-            x, y = data.get(step, dp_rank, m)
-            loss = lm_loss(engine(x.to(device)), y.to(device))
+            x, y = self.data.get(step, self.dp_rank, m)
+            loss = lm_loss(engine(x.to(self.device)), y.to(self.device))
             engine.backward(loss)
             engine.step()
             total += float(loss.detach())
         return total / plan.grad_accum
 
-    planned = _component_peak(pf, stage)
-
-    def guarded(step: int) -> float:
-        """One step; a CUDA out-of-memory error is recorded for the job's epilogue first (runtime/oom.py)."""
+    def guarded(self, step: int) -> float:
+        """one_step; a CUDA out-of-memory error is recorded for the job's epilogue first (runtime/oom.py)."""
+        planned = _component_peak(self.pf, _stage_of(self.dist.rank, self.pf.decision.chosen.plan))
         try:
             oom.test_capacity_exceeded(step, planned)
-            return one_step(step)
+            return self.one_step(step)
         except Exception as exc:
             if oom.is_cuda_oom(exc):
-                oom.record(job_dir, exc, planned)
+                oom.record(self.job_dir, exc, planned)
             raise
 
-    step = start_step
-    recorder = CpuMemoryRecorder().start() if device.type == "cpu" else None  # from a step before the measured one
-    progress = ProgressRecorder(job_dir, t.total_steps)  # progress.json for fsbatch --wait's line (rank 0's)
-    while step < t.total_steps:
-        t0 = time.perf_counter()
-        measure = step == start_step + 1 or (t.total_steps - start_step == 1)
-        if measure and recorder is not None:
-            peak_bytes, loss = recorder.peak_of(partial(guarded, step))
-            recorder = None
-            peak = {"peak_gib": peak_bytes / GiB, "metric": "allocated (profiler)"}
-        else:
-            loss = guarded(step)
-        step_times.append(time.perf_counter() - t0)
-        step += 1
-        losses.append([step, loss])
-        if dist.rank == 0:
-            print(f"frenzy-slurm: step {step}/{t.total_steps} loss {loss:.4f} {step_times[-1]:.3f}s", flush=True)
-            progress.step(step, loss, step_times[-1])
-        stop = _stop["signal"]
-        if step % interval == 0 or step == t.total_steps or stop:
-            engine.save_checkpoint(str(ckpt_dir), tag=checkpoints.tag(step), client_state={"step": step})
-            torch.distributed.barrier()  # every rank's shards are written before they are digested
-            _record_checkpoint(ckpt_dir / checkpoints.tag(step), dist, pf.submission)
-            if dist.rank == 0:
-                checkpoints.prune(ckpt_dir, t.keep_checkpoints)
-        if stop:
-            break
-    if recorder is not None:  # stopped before the measured step
-        recorder.close()
-    if device.type == "cuda":
-        peak = gpu_peaks(device) | {"metric": "allocated"}
-        peak["peak_gib"] = peak["peak_allocated_gib"]
+    def train(self) -> None:
+        """Steps until total_steps or a stop signal, a checkpoint at the interval, the last step and a stop; the
+        CPU's peak measured on the step after the first (the only one when a single step is left)."""
+        from frenzy_slurm.runtime.memory import CpuMemoryRecorder, gpu_peaks
+        from frenzy_slurm.units import GiB
 
-    record = {
-        "rank": dist.rank,
-        "host": socket.gethostname(),
-        "stage": stage,
-        "device": device.type,
-        **_component_of(stage, pf.decision),
-        **peak,
-        "predicted_allocated_gib": _predicted_allocated(pf, stage, device.type),
-    }
-    gathered = [None] * dist.world_size
-    torch.distributed.all_gather_object(gathered, record)
-    if dist.rank == 0:
-        tokens = t.global_batch * t.seq_len
+        t = self.pf.spec.training
+        recorder = CpuMemoryRecorder().start() if self.device.type == "cpu" else None  # from a step before
+        progress = ProgressRecorder(self.job_dir, t.total_steps)  # progress.json for fsbatch --wait's line
+        while self.step < t.total_steps:
+            t0 = time.perf_counter()
+            measure = self.step == self.start_step + 1 or (t.total_steps - self.start_step == 1)
+            if measure and recorder is not None:
+                peak_bytes, loss = recorder.peak_of(partial(self.guarded, self.step))
+                recorder = None
+                self.peak = {"peak_gib": peak_bytes / GiB, "metric": "allocated (profiler)"}
+            else:
+                loss = self.guarded(self.step)
+            self.step_times.append(time.perf_counter() - t0)
+            self.step += 1
+            self.losses.append([self.step, loss])
+            if self.dist.rank == 0:
+                line = f"frenzy-slurm: step {self.step}/{t.total_steps} loss {loss:.4f} {self.step_times[-1]:.3f}s"
+                print(line, flush=True)
+                progress.step(self.step, loss, self.step_times[-1])
+            stop = _stop["signal"]
+            if self.step % (t.checkpoint_interval or 1000) == 0 or self.step == t.total_steps or stop:
+                self.checkpoint()
+            if stop:
+                break
+        if recorder is not None:  # stopped before the measured step
+            recorder.close()
+        if self.device.type == "cuda":
+            self.peak = gpu_peaks(self.device) | {"metric": "allocated"}
+            self.peak["peak_gib"] = self.peak["peak_allocated_gib"]
+
+    def checkpoint(self) -> None:
+        """Every rank's shards of this step, their digests and manifest, then the old checkpoints pruned."""
+        import torch
+
+        ckpt_dir = self.job_dir / "checkpoints"
+        tag = checkpoints.tag(self.step)
+        self.engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": self.step})
+        torch.distributed.barrier()  # every rank's shards are written before they are digested
+        _record_checkpoint(ckpt_dir / tag, self.dist, self.pf.submission)
+        if self.dist.rank == 0:
+            checkpoints.prune(ckpt_dir, self.pf.spec.training.keep_checkpoints)
+
+    def write_metrics(self, ranks: list[Any]) -> None:
+        """metrics.json (rank 0): the steady step time, throughput, losses and every rank's record."""
         # the steady state, which MARP predicts and calibration fits: without the warm-up step and the step
         # profiled for memory
         from frenzy_slurm.calibration.observe import steady_step_time
 
-        profiled = [0 if t.total_steps - start_step == 1 else 1]
-        med = steady_step_time(step_times, profiled)
+        t = self.pf.spec.training
+        profiled = [0 if t.total_steps - self.start_step == 1 else 1]
+        med = steady_step_time(self.step_times, profiled)
         metrics = {
             "job_id": os.environ.get("SLURM_JOB_ID"),
             "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
-            "resumed_from_step": start_step,
-            "step": step,
+            "resumed_from_step": self.start_step,
+            "step": self.step,
             "total_steps": t.total_steps,
-            "step_times_s": step_times,
+            "step_times_s": self.step_times,
             "profiled_steps": profiled,
             "step_time_s": med,
-            "tokens_per_s": tokens / med if med else None,
-            "loss": losses,
-            "ranks": gathered,
+            "tokens_per_s": t.global_batch * t.seq_len / med if med else None,
+            "loss": self.losses,
+            "ranks": ranks,
             "stopped_by": _stop["signal"],
             "written_at": time.time(),
         }
-        write_json(job_dir / "metrics.json", metrics)
-        if os.environ.get("SLURM_JOB_ID") and (_stop["signal"] == "SIGUSR2" or _preempted()):
-            _requeue(int(os.environ.get("SLURM_HET_JOB_ID") or os.environ["SLURM_JOB_ID"]))
-    # every rank is done: the group down after a barrier (runtime/ending.py; `python -m frenzy_slurm.runtime` then
-    # exits with os._exit, so no C++ destructor at interpreter exit can turn this finished run into a failed one)
-    from frenzy_slurm.runtime.ending import close_process_group
-
-    close_process_group(barrier=True)
-    return 0
+        write_json(self.job_dir / "metrics.json", metrics)
 
 
 def _record_checkpoint(tag_dir: Path, dist: DistEnv, submission: str) -> None:

@@ -36,6 +36,9 @@ from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.slurm.backend import ComponentRequest
 
+# one option of a round: (the held job's index, the pool, MARP's candidate, (nodes, GPUs per node))
+_Option = tuple[int, UsablePool, Candidate, tuple[int, int]]
+
 
 class IlpPolicy(RoundPolicy):
     name = "ilp"
@@ -55,18 +58,32 @@ class IlpPolicy(RoundPolicy):
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
         if not self.held:
             return []
-        import numpy as np
-        from scipy.optimize import Bounds, LinearConstraint, milp
-
         t0 = time.perf_counter()
+        options, values = self._options(ctx)
+        placed: list[tuple[Attempt, Placement]] = []
+        if options:
+            chosen = self._solve(options, values)
+            placed = self._place(options, values, chosen)
+            self.round_vars.append(len(options))
+        gone = {id(a) for a in self.unplaceable} | {id(a) for a, _ in placed}
+        self.held = [h for h in self.held if id(h[0]) not in gone]
+        for a, _ in placed:
+            self._cands.pop(id(a), None)
+        if options:  # a round with nothing to decide (no free GPUs fit any held job) is not a decision
+            self.round_ms.append((time.perf_counter() - t0) * 1e3)
+            self.round_jobs.append(len({o[0] for o in options}))
+        return placed
+
+    def _options(self, ctx: Context) -> tuple[list[_Option], list[float]]:
+        """Every held job's candidates that fit the free GPUs now (within the speed floor), each valued by its
+        waiting-weighted square-root speed-up over the job's smallest candidate; jobs with no candidate at all go
+        to `unplaceable`."""
         view = ctx.sim.load()
         now = ctx.sim.now
-        options: list[tuple[int, UsablePool, Candidate, tuple[int, int]]] = []
+        options: list[_Option] = []
         values: list[float] = []
-        pools_by_attempt = {}
         for i, (a, since) in enumerate(self.held):
             pools, _ = usable_pools(a.requirements, view, ctx.site_for(a))
-            pools_by_attempt[i] = pools
             cands = self._candidates(a, pools, ctx)
             every = [c for items in cands.values() for c in items]
             if not every:
@@ -86,81 +103,83 @@ class IlpPolicy(RoundPolicy):
                         continue
                     options.append((i, pool, c, layout))
                     values.append(weight * math.sqrt((1.0 / c.step_time_s) / rate_min))
-        placed: list[tuple[Attempt, Placement]] = []
-        if options:
-            n = len(options)
-            rows, lo, hi = [], [], []
-            for i in range(len(self.held)):  # one option per job
-                row = np.zeros(n)
-                for k, (j, *_rest) in enumerate(options):
-                    if j == i:
-                        row[k] = 1
-                if row.any():
-                    rows.append(row)
-                    lo.append(0)
-                    hi.append(1)
-            by_pool: dict = {}
-            for k, (_, pool, c, layout) in enumerate(options):
-                by_pool.setdefault(pool.key, (pool, []))[1].append((k, c, layout))
-            for pool, items in by_pool.values():
-                gpus = np.zeros(n)
-                whole = np.zeros(n)
-                for k, c, (nodes, _per_node) in items:
-                    gpus[k] = c.gpus
-                    if nodes > 1:
-                        whole[k] = nodes
-                rows.append(gpus)
+        return options, values
+
+    def _solve(self, options: list[_Option], values: list[float]) -> list[int]:
+        """The options the integer program chooses: one per job, within each pool's free GPUs and whole nodes."""
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
+        n = len(options)
+        rows, lo, hi = [], [], []
+        for i in range(len(self.held)):  # one option per job
+            row = np.zeros(n)
+            for k, (j, *_rest) in enumerate(options):
+                if j == i:
+                    row[k] = 1
+            if row.any():
+                rows.append(row)
                 lo.append(0)
-                hi.append(sum(pool.free_by_node))
-                full_free = sum(1 for f in pool.free_by_node if f == pool.site.gpus_per_node)
-                if whole.any():
-                    rows.append(whole)
-                    lo.append(0)
-                    hi.append(full_free)
-            t_solve = time.perf_counter()
-            res = milp(
-                c=-np.array(values),
-                integrality=np.ones(n),
-                bounds=Bounds(0, 1),
-                constraints=LinearConstraint(np.array(rows), lo, hi),
-                options={"time_limit": 10.0},
+                hi.append(1)
+        by_pool: dict = {}
+        for k, (_, pool, c, layout) in enumerate(options):
+            by_pool.setdefault(pool.key, (pool, []))[1].append((k, c, layout))
+        for pool, items in by_pool.values():
+            gpus = np.zeros(n)
+            whole = np.zeros(n)
+            for k, c, (nodes, _per_node) in items:
+                gpus[k] = c.gpus
+                if nodes > 1:
+                    whole[k] = nodes
+            rows.append(gpus)
+            lo.append(0)
+            hi.append(sum(pool.free_by_node))
+            full_free = sum(1 for f in pool.free_by_node if f == pool.site.gpus_per_node)
+            if whole.any():
+                rows.append(whole)
+                lo.append(0)
+                hi.append(full_free)
+        t_solve = time.perf_counter()
+        res = milp(
+            c=-np.array(values),
+            integrality=np.ones(n),
+            bounds=Bounds(0, 1),
+            constraints=LinearConstraint(np.array(rows), lo, hi),
+            options={"time_limit": 10.0},
+        )
+        self.solve_ms.append((time.perf_counter() - t_solve) * 1e3)
+        return [k for k in range(n) if res.x is not None and res.x[k] > 0.5]
+
+    def _place(self, options: list[_Option], values: list[float], chosen: list[int]) -> list[tuple[Attempt, Placement]]:
+        """The chosen options, most valuable first, packed onto the pools' free nodes (the program counts GPU
+        totals; packing can still refuse one)."""
+        placed: list[tuple[Attempt, Placement]] = []
+        free_now = {p.key: list(p.free_by_node) for p in {id(o[1]): o[1] for o in options}.values()}
+        for k in sorted(chosen, key=lambda k: -values[k]):
+            i, pool, c, (nodes, per_node) = options[k]
+            free = sorted(free_now[pool.key], reverse=True)
+            if len(free) < nodes or free[nodes - 1] < per_node:
+                continue  # the pool constraints are GPU totals; node packing can still say no
+            for x in range(nodes):
+                free[x] -= per_node
+            free_now[pool.key] = free
+            a = self.held[i][0]
+            req = ComponentRequest(
+                partition=pool.live.partition,
+                gpu_type=pool.live.gpu_type,
+                nodes=nodes,
+                gpus_per_node=per_node,
+                time_min=a.requirements.time_min(c.run_time_s),
+                cpus_per_gpu=pool.site.cpus_per_gpu,
             )
-            self.solve_ms.append((time.perf_counter() - t_solve) * 1e3)
-            chosen = [k for k in range(n) if res.x is not None and res.x[k] > 0.5]
-            free_now = {p.key: list(p.free_by_node) for p in {id(o[1]): o[1] for o in options}.values()}
-            for k in sorted(chosen, key=lambda k: -values[k]):
-                i, pool, c, (nodes, per_node) = options[k]
-                free = sorted(free_now[pool.key], reverse=True)
-                if len(free) < nodes or free[nodes - 1] < per_node:
-                    continue  # the pool constraints are GPU totals; node packing can still say no
-                for x in range(nodes):
-                    free[x] -= per_node
-                free_now[pool.key] = free
-                a = self.held[i][0]
-                req = ComponentRequest(
-                    partition=pool.live.partition,
-                    gpu_type=pool.live.gpu_type,
-                    nodes=nodes,
-                    gpus_per_node=per_node,
-                    time_min=a.requirements.time_min(c.run_time_s),
-                    cpus_per_gpu=pool.site.cpus_per_gpu,
+            placed.append(
+                (
+                    a,
+                    Placement(
+                        [PlacedComponent(req, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)],
+                        c.step_time_s,
+                        f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})",
+                    ),
                 )
-                placed.append(
-                    (
-                        a,
-                        Placement(
-                            [PlacedComponent(req, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)],
-                            c.step_time_s,
-                            f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})",
-                        ),
-                    )
-                )
-            self.round_vars.append(n)
-        gone = {id(a) for a in self.unplaceable} | {id(a) for a, _ in placed}
-        self.held = [h for h in self.held if id(h[0]) not in gone]
-        for a, _ in placed:
-            self._cands.pop(id(a), None)
-        if options:  # a round with nothing to decide (no free GPUs fit any held job) is not a decision
-            self.round_ms.append((time.perf_counter() - t0) * 1e3)
-            self.round_jobs.append(len({o[0] for o in options}))
+            )
         return placed

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from frenzy_slurm.has.pools import UsablePool, node_layout, usable_pools
 from frenzy_slurm.marp.candidates import Candidate, search
@@ -45,6 +46,9 @@ from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.sim.slurm import SimJob
 from frenzy_slurm.slurm.backend import ComponentRequest
+
+# one allocation a round may give a job: (the job's index, the pool, MARP's candidate, (nodes, GPUs per node))
+_Option = tuple[int, UsablePool, Candidate, tuple[int, int]]
 
 Option = tuple[str, int]  # (pool key, GPUs)
 
@@ -149,17 +153,35 @@ class SiaPolicy(RoundPolicy):
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
         if not self.jobs:
             return []
-        import numpy as np
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import coo_matrix
-
         t0 = time.perf_counter()
-        sim, now = ctx.sim, ctx.sim.now
         restart = self.restart_s
         if restart is None:  # what a move costs in the truth: the start-up and the checkpoint's restore
             restart = ctx.truth.model.startup_s + ctx.truth.model.restart_s if ctx.truth else 120.0
+        state = self._state(ctx, restart)
+        now = ctx.sim.now
+        if state == self._last_state and now - self._last_solve < self.idle_resolve_s:
+            return []
+        self._last_state, self._last_solve = state, now
+        jobs = list(self.jobs.values())
+        pools, opts, values, lower = self._choices(ctx, jobs, restart)
+        gone = {id(a) for a in self.unplaceable}
+        for jid in [k for k, j in self.jobs.items() if id(j.attempt) in gone]:
+            self.jobs.pop(jid)
+        if not opts:
+            return []
+        chosen, n_jobs = self._solve(ctx, jobs, pools, opts, values, lower)
+        placed = self._realise(ctx, jobs, opts, chosen)
+        self.round_ms.append((time.perf_counter() - t0) * 1e3)
+        self.round_jobs.append(n_jobs)
+        return placed
+
+    def _state(self, ctx: Context, restart: float) -> tuple:
+        """What a round's answer depends on: this policy's jobs (their allocations and whether each is pinned
+        by its recent start) and the other users' running jobs; a round in an unchanged state re-solves only
+        after `idle_resolve_s`."""
+        sim, now = ctx.sim, ctx.sim.now
         own_ids = {j.sim_id for j in self.jobs.values() if j.sim_id is not None}
-        state = (
+        return (
             tuple(
                 sorted(
                     (k, j.option, j.sim_id, j.started is not None and now - j.started < restart)
@@ -168,12 +190,16 @@ class SiaPolicy(RoundPolicy):
             ),
             tuple(sorted(x.job_id for x in sim.jobs_by_id.values() if _foreign(x, own_ids))),
         )
-        if state == self._last_state and now - self._last_solve < self.idle_resolve_s:
-            return []
-        self._last_state, self._last_solve = state, now
-        jobs = list(self.jobs.values())
+
+    def _choices(
+        self, ctx: Context, jobs: list[_Job], restart: float
+    ) -> tuple[dict[str, UsablePool], list[_Option], list[float], list[float]]:
+        """Every job's allocations this round (a job started within `restart` keeps its own), each with its
+        value (Sia's goodput gain to the power p, a move's gain cut by the restart factor) and its lower bound
+        (1 for a pinned job's own); jobs with no allocation at all go to `unplaceable`."""
+        now = ctx.sim.now
         pools: dict[str, UsablePool] = {}
-        opts: list[tuple[int, UsablePool, Candidate, tuple[int, int]]] = []
+        opts: list[_Option] = []
         values: list[float] = []
         lower: list[float] = []
         for i, j in enumerate(jobs):
@@ -199,55 +225,24 @@ class SiaPolicy(RoundPolicy):
                 opts.append((i, pool, c, layout))
                 values.append(gain**self.p + self.lambda_n)
                 lower.append(1.0 if pinned and current else 0.0)
-        gone = {id(a) for a in self.unplaceable}
-        for jid in [k for k, j in self.jobs.items() if id(j.attempt) in gone]:
-            self.jobs.pop(jid)
-        if not opts:
-            return []
+        return pools, opts, values, lower
+
+    def _solve(
+        self,
+        ctx: Context,
+        jobs: list[_Job],
+        pools: dict[str, UsablePool],
+        opts: list[_Option],
+        values: list[float],
+        lower: list[float],
+    ) -> tuple[dict[int, int], int]:
+        """({job index: its chosen option's index}, jobs with options): the integer program's answer, or where
+        it finds none in time every running job where it is."""
+        import numpy as np
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
         n = len(opts)
-        rows, cols, vals, lo, hi = [], [], [], [], []
-        row = 0
-        by_job: dict[int, list[int]] = {}
-        for k, (i, *_rest) in enumerate(opts):
-            by_job.setdefault(i, []).append(k)
-        for ks in by_job.values():  # at most one allocation per job
-            rows += [row] * len(ks)
-            cols += ks
-            vals += [1.0] * len(ks)
-            lo.append(0.0)
-            hi.append(1.0)
-            row += 1
-        own = {j.sim_id for j in jobs if j.sim_id is not None}
-        foreign_gpus: dict[str, int] = {}  # GPUs and whole nodes held by jobs that are not this policy's
-        foreign_nodes: dict[str, set[str]] = {}
-        for sj in sim.jobs_by_id.values():
-            if sj.state == "RUNNING" and sj.job_id not in own:
-                for comp, ns in zip(sj.components, sj.nodes, strict=True):
-                    key = f"{comp.partition}/{comp.gpu_type}"
-                    foreign_gpus[key] = foreign_gpus.get(key, 0) + comp.gpus_per_node * len(ns)
-                    foreign_nodes.setdefault(key, set()).update(ns)
-        by_pool: dict[str, list[int]] = {}
-        for k, (_, pool, _c, _l) in enumerate(opts):
-            by_pool.setdefault(str(pool.key), []).append(k)
-        for key, ks in by_pool.items():
-            pool = pools[key]
-            names = sim.by_pool.get((pool.live.partition, pool.live.gpu_type or ""), [])
-            up = [sim.nodes[x] for x in names if sim.nodes[x].up]
-            rows += [row] * len(ks)
-            cols += ks
-            vals += [float(opts[k][2].gpus) for k in ks]
-            lo.append(0.0)
-            hi.append(float(sum(x.gpus for x in up) - foreign_gpus.get(key, 0)))
-            row += 1
-            multi = [k for k in ks if opts[k][3][0] > 1]
-            if multi:  # a multi-node option takes whole nodes
-                rows += [row] * len(multi)
-                cols += multi
-                vals += [float(opts[k][3][0]) for k in multi]
-                lo.append(0.0)
-                hi.append(float(len([x for x in up if x.name not in foreign_nodes.get(key, set())])))
-                row += 1
-        a_mat = coo_matrix((vals, (rows, cols)), shape=(row, n)).tocsr()
+        a_mat, lo, hi, n_jobs = _constraints(ctx, jobs, pools, opts)
         t_solve = time.perf_counter()
         res = milp(
             c=-np.array(values),
@@ -268,16 +263,13 @@ class SiaPolicy(RoundPolicy):
             for k, (i, pool, c, _l) in enumerate(opts):
                 if jobs[i].option == (str(pool.key), c.gpus):
                     chosen[i] = k
-        placed = self._realise(ctx, jobs, opts, chosen)
-        self.round_ms.append((time.perf_counter() - t0) * 1e3)
-        self.round_jobs.append(len(by_job))
-        return placed
+        return chosen, n_jobs
 
     def _realise(
         self,
         ctx: Context,
         jobs: list[_Job],
-        opts: list[tuple[int, UsablePool, Candidate, tuple[int, int]]],
+        opts: list[_Option],
         chosen: dict[int, int],
     ) -> list[tuple[Attempt, Placement]]:
         """Stop what moves or loses its GPUs, pack the new allocations onto nodes, largest first."""
@@ -346,3 +338,62 @@ def restart_factor(age_s: float, restarts: int, restart_s: float) -> float:
     if age_s < restart_s:
         return 1.0
     return max(age_s - restarts * restart_s, 0.0) / (age_s + restart_s)
+
+
+def _constraints(
+    ctx: Context, jobs: list[_Job], pools: dict[str, UsablePool], opts: list[_Option]
+) -> tuple[Any, list[float], list[float], int]:
+    """(the constraint matrix, its lower and upper bounds, jobs with options): at most one allocation per job;
+    per pool, the GPUs of its up nodes less those other users' running jobs hold, and for multi-node options
+    the whole nodes no other user's job is on."""
+    from scipy.sparse import coo_matrix
+
+    sim = ctx.sim
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+    row = 0
+    by_job: dict[int, list[int]] = {}
+    for k, (i, *_rest) in enumerate(opts):
+        by_job.setdefault(i, []).append(k)
+    for ks in by_job.values():  # at most one allocation per job
+        rows += [row] * len(ks)
+        cols += ks
+        vals += [1.0] * len(ks)
+        lo.append(0.0)
+        hi.append(1.0)
+        row += 1
+    own = {j.sim_id for j in jobs if j.sim_id is not None}
+    foreign_gpus: dict[str, int] = {}  # GPUs and whole nodes held by jobs that are not this policy's
+    foreign_nodes: dict[str, set[str]] = {}
+    for sj in sim.jobs_by_id.values():
+        if sj.state == "RUNNING" and sj.job_id not in own:
+            for comp, ns in zip(sj.components, sj.nodes, strict=True):
+                key = f"{comp.partition}/{comp.gpu_type}"
+                foreign_gpus[key] = foreign_gpus.get(key, 0) + comp.gpus_per_node * len(ns)
+                foreign_nodes.setdefault(key, set()).update(ns)
+    by_pool: dict[str, list[int]] = {}
+    for k, (_, pool, _c, _l) in enumerate(opts):
+        by_pool.setdefault(str(pool.key), []).append(k)
+    for key, ks in by_pool.items():
+        pool = pools[key]
+        names = sim.by_pool.get((pool.live.partition, pool.live.gpu_type or ""), [])
+        up = [sim.nodes[x] for x in names if sim.nodes[x].up]
+        rows += [row] * len(ks)
+        cols += ks
+        vals += [float(opts[k][2].gpus) for k in ks]
+        lo.append(0.0)
+        hi.append(float(sum(x.gpus for x in up) - foreign_gpus.get(key, 0)))
+        row += 1
+        multi = [k for k in ks if opts[k][3][0] > 1]
+        if multi:  # a multi-node option takes whole nodes
+            rows += [row] * len(multi)
+            cols += multi
+            vals += [float(opts[k][3][0]) for k in multi]
+            lo.append(0.0)
+            hi.append(float(len([x for x in up if x.name not in foreign_nodes.get(key, set())])))
+            row += 1
+    a_mat = coo_matrix((vals, (rows, cols)), shape=(row, len(opts))).tocsr()
+    return a_mat, lo, hi, len(by_job)

@@ -36,6 +36,7 @@ import math
 import time as _time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
@@ -99,6 +100,7 @@ class SimSlurm:
     """The simulated controller; implements frenzy_slurm.slurm.backend.SlurmBackend."""
 
     name = "sim"
+    snapshot: Path | None = None  # the simulated controller, not a saved view
 
     def __init__(
         self,

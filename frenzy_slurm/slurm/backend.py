@@ -100,6 +100,10 @@ class AccountingRecord:
 
 class SlurmBackend(Protocol):
     name: str
+    # The saved cluster view this backend reads (a snapshot file), or None where it asks a Slurm controller (a live
+    # one, the fake's or the simulator's). A saved view is the whole answer: no start estimates beyond its own
+    # timeline, no submissions, no queue to check a job in.
+    snapshot: Path | None
 
     def load(self) -> ClusterView:
         """One consistent snapshot of partitions, nodes and jobs."""

@@ -442,6 +442,7 @@ def jobs_from_text(text: str) -> list[Job]:
 
 class SlurmCliBackend:
     name = "cli"
+    snapshot: Path | None = None  # asks Slurm
 
     def __init__(self, force_text: bool = False, timeout: float = 20.0):
         self.force_text = force_text

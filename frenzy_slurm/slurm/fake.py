@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
 from frenzy_slurm.slurm.releases import GpuTimeline
@@ -62,6 +63,7 @@ class FakeSlurm:
     """An in-memory cluster. Build it from a view (its nodes and partitions; its jobs are ignored)."""
 
     name = "fake"
+    snapshot: Path | None = None  # an in-memory controller, not a saved view
 
     def __init__(self, view: ClusterView, now: float | None = None, user: str = "user", accounting: bool = True):
         self.now = float(now if now is not None else view.taken_at)

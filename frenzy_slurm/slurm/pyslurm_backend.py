@@ -181,6 +181,7 @@ def _gpu_type(gres: dict | None) -> str | None:
 
 class PyslurmBackend:
     name = "pyslurm"
+    snapshot: Path | None = None  # asks Slurm
 
     def __init__(self, module=None):
         self.pyslurm = module or try_import()

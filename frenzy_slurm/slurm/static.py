@@ -20,6 +20,7 @@ class StaticBackend(ReadOnlyBackend):
 
     def __init__(self, path: Path):
         self.path = path
+        self.snapshot: Path | None = path  # (the protocol's: this backend reads a saved view)
         self._view: ClusterView | None = None
 
     def load(self) -> ClusterView:

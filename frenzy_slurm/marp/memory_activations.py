@@ -1,0 +1,290 @@
+"""Saved activations: the bytes one transformer block saves for backward per token, under each checkpointing
+policy, and what a stage holds of them with its micro-batches in flight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
+
+if TYPE_CHECKING:  # (memory_job computes every stage's per-block bytes with this module)
+    from frenzy_slurm.marp.memory_job import Job
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One transformer block's shapes and byte widths as the workload and plan save its tensors (per token)."""
+
+    w: Workload
+    tp: int
+    amp: bool
+    frozen_input: bool
+    s: int  # the tokens a rank attends over per token (eager score width): seq / cp
+    e: float  # matmul outputs / inputs
+    li: float  # a linear's saved input: float8 linears save their inputs as fp8 casts
+    rep: int  # tensors outside TP regions are split only with sequence parallelism
+    # a column-parallel linear's saved input: sharded under SP (Megatron gathers it again in backward), or the
+    # gathered whole where the all-gather is an op of its own (DTensor TP)
+    rep_in: int
+    mask: float  # bytes per dropout-mask element
+    adapters: frozenset[str]  # LoRA's adapted linears (none in full training)
+    tg: frozenset[str]  # linears whose input is saved
+    norm: float  # one norm's saved bytes
+
+    @classmethod
+    def of(cls, w: Workload, tp: int, sp: bool, amp: bool, cp: int, frozen_input: bool) -> _Block:
+        act = w.activations
+        e = 4.0 if w.precision == "fp32" else 2.0
+        r = 4.0 if amp else e  # residual stream and norm inputs (fp32 under autocast)
+        rep = tp if sp else 1
+        lora = w.method != "full"
+        adapters = frozenset(w.adapters.lora_targets) if lora else frozenset()
+        # Linear layers whose input is saved: trainable ones; under QLoRA all of them, since bitsandbytes'
+        # 4-bit matmul saves its input whenever the input needs a gradient, frozen weight or not.
+        only_adapters = w.method == "lora" or (w.method == "qlora" and not w.adapters.nf4_saves_inputs)
+        # A norm keeps its input; an eager fp32-upcast norm keeps the fp32 copy and the normalised 16-bit value
+        # instead. (A composite norm - CPU kernels, or an eager fp32 upcast - also keeps its normalised output for the
+        # weight's gradient: fp32 copy and normalised value; a fused kernel keeps only its input and per-row
+        # statistics.) (the normalised output is kept for the norm weight's gradient only: not under LoRA, where
+        # norms are frozen)
+        normalised = 4.0 if act.norm_fp32_normalized else e
+        upcast = act.norm_upcast and not act.compile
+        norm = ((4.0 if upcast else r) + (normalised if (upcast and not lora) else 0.0)) * w.arch.hidden / rep
+        return cls(
+            w=w,
+            tp=tp,
+            amp=amp,
+            frozen_input=frozen_input,
+            s=w.seq_len // cp,
+            e=e,
+            li=1.0 if act.fp8 else e,
+            rep=rep,
+            rep_in=1 if act.tp_saves_gathered_inputs else rep,
+            # dropout masks: torch's fused CUDA kernel keeps a bool mask; on the CPU dropout multiplies by a mask
+            # tensor of the input's dtype (measured on the CPU grid)
+            mask=e if act.dropout_mask_full_width else 1.0,
+            adapters=adapters,
+            tg=adapters if only_adapters else frozenset({"q", "k", "v", "o", "mlp"}),
+            norm=norm,
+        )
+
+    @property
+    def lora(self) -> bool:
+        return self.w.method != "full"
+
+    @property
+    def dropped(self) -> bool:
+        """Each adapter's lora_A reads its own dropped copy of the input (adapter dropout)."""
+        return self.lora and self.w.adapters.lora_dropout
+
+    @property
+    def base_saves(self) -> bool:
+        """The base linear keeps its input: full training, or bitsandbytes' 4-bit matmul under QLoRA."""
+        return not self.lora or (self.w.method == "qlora" and self.w.adapters.nf4_saves_inputs)
+
+    def adapter_inputs(self, n: int, shared: bool) -> float:
+        """Bytes per input element that `n` adapters reading one input keep, beside the base's `shared` copy.
+
+        Under LoRA the frozen base linears keep no input (their weight needs no gradient: bitsandbytes' 4-bit
+        matmul is the exception, `base_saves`); each adapter's lora_A keeps what it reads: the input it shares with
+        the others, once, or with adapter dropout its own dropped copy (PEFT, torchtune and litgpt give every
+        adapted linear its own dropout; litgpt's fused q/k/v one) and its mask; lora_B keeps lora_A's r-wide
+        output."""
+        if not n:
+            return 0.0
+        keep_mask = 0.0 if self.frozen_input else self.mask
+        return n * (self.e + keep_mask) if self.dropped else (0.0 if shared else self.li)
+
+
+@lru_cache(maxsize=4096)  # bounded: a long simulation sees many workloads
+def layer_activation_bytes(
+    w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False, cp: int = 1, frozen_input: bool = False
+) -> float:
+    """Bytes saved for backward by one transformer block, per token (Korthikanti et al. 2022, generalised).
+
+    With context parallelism each rank holds seq/cp tokens and attends over the whole sequence in blocks
+    (ring attention): per token the saved tensors are the same, the eager score matrix is s/cp wide.
+    `frozen_input`: the block's input needs no gradient (the first block behind LoRA's frozen embedding), so what
+    runs on it before the first trainable weight (the first norm, the adapters' dropout) saves nothing."""
+    b = _Block.of(w, tp, sp, amp, cp, frozen_input)
+    total = 0.0
+    # (added one by one in the block's order, so that every stage's bytes stay exactly what they were)
+    for term in (*_attention_terms(b, recompute), *_mlp_terms(b)):
+        total += term
+    return total
+
+
+def _attention_terms(b: _Block, recompute: Recompute) -> list[float]:
+    """The attention half's saved tensors in the order the block makes them: norm1, the q/k/v input, q/k/v, the
+    attention core's, o_proj's input and adapters, the residual dropout mask."""
+    act, a = b.w.activations, b.w.arch
+    h, e, li, tp = a.hidden, b.e, b.li, b.tp
+    kvd = a.kv * a.head_dim
+    drop = a.dropout > 0
+    terms = [0.0 if b.frozen_input else b.norm]  # norm1 (a frozen block input: nothing to differentiate)
+    # Under autocast each linear casts its fp32 input to 16 bits on its own (autocast caches only the casts of leaf
+    # tensors, the weights), so separate q/k/v projections save one copy each; a fused projection saves one.
+    casts_qkv = len(b.tg & {"q", "k", "v"}) if (b.amp and not act.fused_projections) else 1
+    if not b.lora and b.tg & {"q", "k", "v"}:
+        terms.append(casts_qkv * li * h / b.rep_in)  # QKV input (norm1 output)
+    elif b.lora:
+        n_qkv = len(b.adapters & {"q", "k", "v"})
+        shared = b.base_saves and not b.frozen_input  # (bitsandbytes saves its input only if that needs a gradient)
+        n_qkv = min(n_qkv, 1) if act.fused_projections else n_qkv  # (one adapter on a fused q/k/v linear)
+        terms.append(((li if shared else 0.0) + b.adapter_inputs(n_qkv, shared)) * h / b.rep)
+    terms.append(e * (h + 2 * (h if act.gqa_expand else kvd)) / tp)  # q, k, v (k, v at full width if expanded)
+    if act.attention == "eager":
+        if recompute != "selective":
+            soft = 4.0 if b.amp else e  # softmax runs in fp32 under autocast
+            if act.softmax_fp32 and not b.amp and e == 2.0:
+                soft = 4.0 + e  # softmax(..., dtype=float32).to(dtype): the fp32 output and its 16-bit copy
+            terms.append(a.heads * b.s * (soft + ((b.mask + e) if drop else 0)) / tp)
+        terms.append(li * h / tp)  # context (o_proj input)
+    else:
+        terms.append(e * h / tp + 4.0 * a.heads / tp)  # kernel output (also o_proj input) + log-sum-exp
+        if act.fp8:
+            terms.append(li * h / tp)  # o_proj's fp8 copy of its input
+        elif act.unfused_rope and a.position == "rope" and "o" in b.tg:  # (a frozen o_proj keeps no input)
+            # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the
+            # transpose back to (tokens, hidden) copies it: o_proj saves that copy as well
+            terms.append(e * h / tp)
+    if b.dropped and "o" in b.adapters:
+        terms.append((e + b.mask) * h / tp)  # output_proj adapter's dropped copy and mask
+    if drop:
+        terms.append(b.mask * h / b.rep)  # residual dropout mask
+    return terms
+
+
+def _mlp_terms(b: _Block) -> list[float]:
+    """The MLP half's saved tensors in order: norm2, the FFN input, the adapters', the MLP's, the dropout mask."""
+    act, a = b.w.activations, b.w.arch
+    h, e, li = a.hidden, b.e, b.li
+    terms = [b.norm]  # norm2
+    if not b.lora and "mlp" in b.tg:
+        # (SwiGLU's gate and up projections each cast the input under autocast, unless fused)
+        casts_mlp = 2 if (b.amp and not act.fused_projections and a.activation == "swiglu") else 1
+        terms.append(casts_mlp * li * h / b.rep_in)  # FFN input
+    down_in = li if "mlp" in b.tg else 0.0  # the product / activation output, saved by the down projection
+    if b.lora:
+        down_in = _lora_mlp_terms(b, terms)
+    # torch.compile's partitioner (measured on the CPU with inductor, torch 2.13) keeps the matmul outputs and the
+    # down projection's input and recomputes only silu(gate): 3 ffn-wide tensors for SwiGLU, 4 in eager; a GELU
+    # MLP keeps the fc output and the GELU output (the down projection's input) either way
+    if a.activation == "swiglu":
+        # gate and up outputs and the product (down-proj input); eager also keeps silu(gate)
+        terms.append((2 * e + (0.0 if act.compile else e) + down_in) * a.ffn / b.tp)
+    else:
+        # the tanh GELU in eager ops (HF's NewGELUActivation) also keeps tanh's output, 0.5*x and 1+tanh for backward
+        eager_gelu = 3 * e if (act.gelu_tanh_eager and not act.compile) else 0.0
+        terms.append((e + down_in + eager_gelu) * a.ffn / b.tp)
+    if a.dropout > 0:
+        terms.append(b.mask * h / b.rep)  # MLP dropout mask
+    return terms
+
+
+def _lora_mlp_terms(b: _Block, terms: list[float]) -> float:
+    """Appends LoRA's FFN-input, lora_A-output and scattered q/k/v terms; returns the down projection's saved
+    input bytes per ffn element."""
+    w, a = b.w, b.w.arch
+    h, e, li, tp = a.hidden, b.e, b.li, b.tp
+    base = li if b.base_saves else 0.0
+    n_in = (2 if a.activation == "swiglu" else 1) if "mlp" in b.adapters else 0  # gate and up / fc
+    terms.append((base + b.adapter_inputs(n_in, b.base_saves)) * h / b.rep)  # FFN input
+    down_in = base + b.adapter_inputs(1 if "mlp" in b.adapters else 0, b.base_saves)
+    qkv = b.adapters & {"q", "k", "v"}
+    mats = len(b.adapters & {"q", "k", "v", "o"}) + (n_in + 1 if n_in else 0)
+    terms.append(mats * e * w.adapters.lora_rank / tp)  # lora_A's outputs, saved by lora_B
+    if w.adapters.lora_qkv_scatter and w.activations.fused_projections and 0 < len(qkv) < 3:
+        # the adapted q/k/v outputs, scattered into the fused width by index_copy, which saves its source
+        terms.append(e * sum(h if t == "q" else a.kv * a.head_dim for t in qkv) / tp)
+    return down_in
+
+
+def op_checkpointed_bytes(w: Workload, tp: int, sp: bool, amp: bool) -> float:
+    """Bytes one block keeps per token under torchtitan's per-op selective checkpointing (SelectiveAC, read in
+    torchtitan 0.3's distributed/activation_checkpoint.py): the block's input (the checkpoint's), the attention
+    kernel's output and log-sum-exp, and the output of every other matmul, counted per block across steps: with an
+    odd number of matmuls per block (SwiGLU's 7) the saved set alternates between steps (q, v, gate, down / k, o,
+    up), so the peak holds the larger."""
+    a = w.arch
+    h, f, kvd = a.hidden, a.ffn, a.kv * a.head_dim
+    e = 4.0 if w.precision == "fp32" else 2.0
+    r = 4.0 if amp else e
+    rep = tp if sp else 1
+    total = r * h / rep + e * h / tp + 4.0 * a.heads / tp  # block input, attention output, log-sum-exp
+    # the linears in the order the block runs them: output bytes per token, and whether they carry a bias (a biased
+    # linear runs as aten.addmm, which the policy always saves and does not count among the matmuls)
+    qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
+    linears = [(e * h / tp, qkv_bias), (e * kvd / tp, qkv_bias), (e * kvd / tp, qkv_bias), (e * h, all_bias)]
+    ffn = [e * f / tp, e * f / tp, e * h] if a.activation == "swiglu" else [e * f / tp, e * h]  # (gate,) up, down
+    linears += [(b, all_bias) for b in ffn]
+    total += sum(b for b, biased in linears if biased)
+    mms = [b for b, biased in linears if not biased]
+    odd = sum(mms[0::2])  # the 1st, 3rd, ... matmul of a step's block (the policy saves odd counts)
+    even = sum(mms[1::2])
+    return total + (max(odd, even) if len(mms) % 2 else odd)
+
+
+def in_flight(plan: ParallelPlan, i: int) -> float:
+    """Micro-batches whose activations a pipeline stage holds at its peak: 1F1B keeps pp - stage of them, GPipe
+    all, interleaved 1F1B with v model chunks per rank (pp - stage - 1) * 2 + (v - 1) * pp + 1 chunk-micro-batches
+    in warm-up (Megatron's schedule), each 1/v of the stage's layers."""
+    ga = max(plan.grad_accum, 1)
+    if plan.pp == 1:
+        return 1.0
+    if plan.schedule == "gpipe":
+        return float(ga)
+    if plan.schedule == "interleaved" and plan.virtual_stages > 1:
+        v = plan.virtual_stages
+        return min(ga * v, (plan.pp - i - 1) * 2 + (v - 1) * plan.pp + 1) / v
+    return float(min(plan.pp - i, ga))
+
+
+def saved_activations(j: Job, i: int, n_layers: int, inflight: float) -> tuple[float, float, float]:
+    """(saved activations, the block recomputed in backward, one block's backward working set), per the
+    checkpointing policy: full recomputation keeps each checkpointed block's input (recompute_layers < all: the
+    rest keep everything), activation offload about two blocks' tensors in transfer; eager attention's backward
+    holds score-sized gradients."""
+    w, a, plan = j.w, j.w.arch, j.plan
+    tp, cp, tokens = plan.tp, plan.cp, j.tokens
+    per_layer_act = j.per_layer_act
+    layer_input = j.r * a.hidden / j.rep
+    recomputed = 0.0
+    if plan.recompute == "op":
+        kept_per_token = op_checkpointed_bytes(w, tp, plan.sequence_parallel, j.amp)
+        acts = n_layers * kept_per_token * tokens * inflight
+        # a block's backward: what its recomputation adds to the outputs it saved (those are reused, not made again)
+        recomputed = max(0.0, per_layer_act - kept_per_token) * tokens
+    elif plan.recompute == "full":
+        ck = n_layers if plan.recompute_layers is None else min(plan.recompute_layers, n_layers)
+        kept = (ck * layer_input + (n_layers - ck) * per_layer_act) * tokens * inflight
+        if w.activations.activation_offload:  # offloaded to host memory, with about two blocks' tensors in transfer
+            kept = min(2, n_layers) * layer_input * tokens
+        acts = kept
+        recomputed = per_layer_act * tokens  # one block recomputed during its backward (not while the loss runs)
+    elif w.activations.activation_offload:
+        acts = min(2, n_layers) * per_layer_act * tokens
+    else:
+        acts = n_layers * per_layer_act * tokens * inflight
+        stable_embedding = w.method == "qlora" and w.adapters.bnb_stable_embedding
+        if i == 0 and w.method != "full" and n_layers and not stable_embedding:
+            # the first block's input comes from LoRA's frozen embedding and needs no gradient
+            first = layer_activation_bytes(w, tp, plan.sequence_parallel, plan.recompute, j.amp, cp, frozen_input=True)
+            acts -= (per_layer_act - first) * tokens * inflight
+        if i == 0 and stable_embedding:
+            acts += 4.0 * a.hidden / j.rep * tokens * inflight  # StableEmbedding's fp32 LayerNorm input
+    work = 2 * max(a.ffn, a.hidden) * j.e_act * tokens / tp  # gradient working set of one block's backward
+    if w.activations.attention == "eager":
+        # eager attention's backward holds two score-sized gradients (probs', scores') beside the saved
+        # probabilities; selective recomputation rebuilds those probabilities first (one more)
+        units = 3 if plan.recompute == "selective" else 2
+        # (under autocast the softmax and its backward run in fp32, as its saved output is)
+        score = 4.0 if j.amp else j.e_act
+        work = max(work, units * a.heads * (w.seq_len // cp) * score * tokens / tp)
+    if i == 0 and a.dropout > 0:
+        acts += tokens  # embedding dropout mask (the embedding's output is the first block's saved input)
+    if w.activations.unfused_rope and a.position == "rope" and w.activations.rope_tables_per_layer:
+        acts += n_layers * inflight * 2 * w.seq_len * a.head_dim * j.e_act  # cos/sin of q and k, built per block
+    return acts, recomputed, work

@@ -1,0 +1,119 @@
+"""What every pipeline stage of one (workload, plan) shares, for the memory terms: byte widths per parameter
+and activation element, sharding divisors, tokens per micro-batch (`Job`, made by `job`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frenzy_slurm.marp.memory_activations import layer_activation_bytes
+from frenzy_slurm.marp.params import ParamCounts, count_params
+from frenzy_slurm.marp.plan import ParallelPlan, Workload
+
+QLORA_BYTES_PER_PARAM = 4.127 / 8  # NF4 with double-quantised absmax (QLoRA paper, section 3)
+NF4_PLAIN_BYTES_PER_PARAM = 4.5 / 8  # NF4 with an fp32 absmax per 64-element block (no double quantisation)
+
+
+def param_bytes(w: Workload) -> tuple[float, float, float, float, float]:
+    """(weight, grad, optimizer-state, master-weight, state dtype) bytes per trainable parameter.
+
+    torch FSDP mixed precision has the same bytes as autocast: fp32 sharded parameters (they are the master),
+    fp32 sharded gradients (reduce_dtype), fp32 states; the 16-bit copies are the per-unit gathered buffers.
+    Megatron keeps 16-bit weights, an fp32 `main_grad` buffer and an fp32 master inside its optimizer.
+    """
+    mixed = w.precision in ("bf16-mixed", "fp16-mixed")
+    if w.precision == "fp32":
+        wb, gb, sdt = 4.0, 4.0, 4.0
+    elif w.precision == "bf16-pure":
+        wb, gb, sdt = 2.0, 2.0, 2.0
+    elif w.framework == "torch":  # autocast / FSDP mixed precision: parameters and grads stay fp32
+        wb, gb, sdt = 4.0, 4.0, 4.0
+    elif w.framework == "megatron":
+        wb, gb, sdt = 2.0, 4.0, 4.0
+    else:  # DeepSpeed mixed precision: 16-bit model copy, fp32 master copy inside the optimizer
+        wb, gb, sdt = 2.0, 2.0, 4.0
+    master = 4.0 if mixed and w.framework in ("deepspeed", "megatron") else 0.0
+    h, f = w.arch.hidden, w.arch.ffn
+    states = {
+        "adamw": 2 * sdt,
+        "adam": 2 * sdt,
+        "sgd": 0.0,
+        "sgd-momentum": sdt,
+        "adafactor": sdt * (1.0 / h + 1.0 / f),  # factored second moment: rows + columns per matrix
+        "adam-8bit": 2.0 + 2 * 4.0 / 2048,  # two uint8 states + fp32 absmax per 2048-element block
+    }[w.states.optimizer]
+    return wb, gb, states, master, sdt
+
+
+def nf4_bytes(w: Workload) -> float:
+    """Bytes per quantised weight of a QLoRA base: NF4 with double-quantised or plain fp32 absmax."""
+    return QLORA_BYTES_PER_PARAM if w.adapters.nf4_double_quant else NF4_PLAIN_BYTES_PER_PARAM
+
+
+def autocast(w: Workload, plan: ParallelPlan) -> bool:
+    """torch mixed precision by autocast (fp32 residual stream, 16-bit matmuls); FSDP's mixed-precision policy
+    (ZeRO-3 under torch) instead runs the whole block in 16-bit on the gathered 16-bit weights."""
+    return w.framework == "torch" and w.precision in ("bf16-mixed", "fp16-mixed") and plan.zero < 3
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every stage of one (workload, plan) shares: byte widths, sharding divisors, per-token sizes."""
+
+    w: Workload
+    plan: ParallelPlan
+    pc: ParamCounts
+    scale: float  # exact / analytic parameters (a traced factory), else 1
+    wb: float  # bytes per weight
+    gb: float  # bytes per gradient
+    sb: float  # optimizer-state bytes per trainable parameter
+    mb_: float  # master-weight bytes per trainable parameter
+    sdt: float  # bytes per optimizer-state element
+    tokens: int  # tokens per micro-batch on this rank (seq / cp)
+    opt_div: int
+    grad_div: int
+    weight_div: int
+    amp: bool
+    per_layer_act: float  # bytes saved per token by one block
+    r: float  # bytes per residual-stream element
+    rep: int  # tensors outside TP regions are split only with sequence parallelism
+    mixed_ds: bool  # DeepSpeed mixed precision
+    e_act: float  # bytes per activation element
+
+    @property
+    def vtp(self) -> int:
+        """TP degree of the embedding, output layer and logits (vocab-parallel, else replicated)."""
+        return self.plan.tp if self.w.comm.vocab_parallel else 1
+
+
+def job(w: Workload, plan: ParallelPlan) -> Job:
+    a = w.arch
+    pc = count_params(a)
+    wb, gb, sb, mb_, sdt = param_bytes(w)
+    cp = plan.cp
+    # ZeRO/FSDP shard over the data-parallel ranks (times cp: context-parallel ranks hold the same weights), or
+    # over one shard group of HSDP/MiCS, replicated across groups
+    shard = plan.shard_group or plan.dp * cp
+    amp = autocast(w, plan)
+    if w.framework == "deepspeed" and plan.zero >= 1:
+        mb_ = 4.0  # the ZeRO optimizer keeps its own fp32 partition of the weights, in fp32 training too
+    return Job(
+        w=w,
+        plan=plan,
+        pc=pc,
+        scale=(w.exact_params / pc.total(a.layers)) if w.exact_params else 1.0,
+        wb=wb,
+        gb=gb,
+        sb=sb,
+        mb_=mb_,
+        sdt=sdt,
+        tokens=plan.micro_batch * w.seq_len // cp,  # context parallelism: each rank holds seq/cp of every sequence
+        opt_div=shard if plan.zero >= 1 else 1,
+        grad_div=shard if plan.zero >= 2 else 1,
+        weight_div=shard if plan.zero >= 3 else 1,
+        amp=amp,
+        per_layer_act=layer_activation_bytes(w, plan.tp, plan.sequence_parallel, plan.recompute, amp, cp),
+        r=4.0 if (amp or w.precision == "fp32") else 2.0,
+        rep=plan.tp if plan.sequence_parallel else 1,
+        mixed_ds=w.framework == "deepspeed" and w.precision in ("bf16-mixed", "fp16-mixed"),
+        e_act=4.0 if w.precision == "fp32" else 2.0,
+    )

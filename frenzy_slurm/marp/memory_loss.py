@@ -1,0 +1,131 @@
+"""The output layer's logits and the loss's tensors on the last stage, and what the training loop keeps of the
+previous step's output."""
+
+from __future__ import annotations
+
+import math
+
+from frenzy_slurm.marp.memory_job import Job
+from frenzy_slurm.marp.memory_states import States
+from frenzy_slurm.marp.plan import Workload
+
+
+def logit_bytes_per_token(w: Workload, tp: int) -> float:
+    """Output-layer logits and cross-entropy tensors alive at once, per token."""
+    a = w.arch
+    if a.head == "classification":
+        return 0.0
+    e = 4.0 if w.precision == "fp32" else 2.0
+    v = a.vocab / (tp if w.comm.vocab_parallel else 1)
+    f32 = 4.0 if w.loss.loss_fp32 else e
+    out = 4.0 if w.loss.output_fp32 else e  # the logits the loop holds: the model's, or the framework's fp32 copy
+    if w.loss.loss_chunks > 1:
+        c = w.loss.loss_chunks
+        if w.activations.compile and w.loss.compile_loss:
+            # the compiled per-chunk loss saves its 16-bit chunk (and a per-row log-sum-exp) and writes the chunk's
+            # 16-bit gradient in one kernel (measured on the CPU: 2.26 bytes x vocab per token for 8 chunks)
+            return v * e * (1.0 + 1.0 / c)
+        # eager: the loss's forward ends with every 16-bit chunk still alive (the model's output list), every
+        # chunk's fp32 log-softmax output saved and the last chunk's upcast (measured on the CPU: 6.5 bytes x vocab
+        # per token for 8 chunks); its backward holds the saved outputs and one chunk's two fp32 gradients and
+        # 16-bit gradient
+        # (logits the framework hands back in fp32, `out`, need no upcast for the loss)
+        upcast = f32 / c if out != f32 else 0.0
+        return v * max(out + f32 + upcast, (out if w.loss.hold_logits else 0.0) + f32 + (2 * f32 + out) / c)
+    # fp32 log-softmax output (saved) and, in backward, the gradients at both ends of log_softmax (a compiled loss
+    # fuses them into one kernel); plus the 16-bit logits where the loop keeps the model output alive. A 16-bit
+    # loss (no upcast) keeps the same three tensors at 2 bytes.
+    return v * (
+        (out if w.loss.hold_logits else 0.0) + (2 if (w.activations.compile and w.loss.compile_loss) else 3) * f32
+    )
+
+
+def fused_linear_loss_bytes(j: Job, head_grads: float) -> tuple[float, float]:
+    """(tensors, gradients) Liger's fused linear cross-entropy holds on the last stage, from its forward to the
+    backward (liger_kernel/ops/fused_linear_cross_entropy.py): the hidden states' gradient (`grad_input`, the
+    input's size and dtype) and the output layer's weight gradient (`grad_weight`, made in the forward) are kept
+    for backward; one chunk of 16-bit logits exists at a time, its gradient written in place by the cross-entropy
+    kernel. The chunk has next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, so about as many elements
+    as the hidden states (up to twice). No logits leave the function."""
+    a, tokens = j.w.arch, j.tokens
+    v = a.vocab / j.vtp
+    rows = 1 << max(0, math.ceil(math.log2(max(1.0, math.ceil(tokens / math.ceil(v / a.hidden))))))
+    chunk = min(rows, tokens) * v * j.e_act
+    grad_input = a.hidden * j.e_act * tokens
+    return chunk + grad_input, head_grads
+
+
+def loss_forward_bytes(j: Job) -> float:
+    """What the loss's forward holds at once on the last stage: the 16-bit logits, their fp32 upcast (none when
+    they are fp32 already) and the log-softmax output (chunked: one chunk's upcast)."""
+    w, a = j.w, j.w.arch
+    if a.head == "classification":
+        return 0.0
+    if w.loss.fused_linear_loss:
+        return sum(fused_linear_loss_bytes(j, 0.0))
+    v = a.vocab / j.vtp
+    f32 = 4.0 if w.loss.loss_fp32 else j.e_act
+    upcast = f32 if f32 != j.e_act else 0.0
+    if w.loss.loss_chunks > 1:
+        return v * (j.e_act + f32 + upcast / w.loss.loss_chunks) * j.tokens
+    return v * (j.e_act + upcast + f32) * j.tokens
+
+
+def logits_and_loss(j: Job, st: States, persistent: bool) -> tuple[float, float, float]:
+    """(logits and loss tensors, gradients the loss phase adds, the final norm's and head's saved inputs) on the
+    last stage. A chunked output layer's backward sums the chunks' weight gradients in one buffer (the sum and the
+    contribution being added) while the chunks' 16-bit logit gradients wait (measured on the CPU: + 2 x the head's
+    gradient over the compiled loss's peak)."""
+    w, a = j.w, j.w.arch
+    tokens = j.tokens
+    fused = w.loss.fused_linear_loss and a.head != "classification"
+    if fused:  # no logits and no saved head input (the final norm still keeps its own)
+        logits, loss_grads = fused_linear_loss_bytes(j, st.head_grads)
+    else:
+        logits, loss_grads = logit_bytes_per_token(w, j.plan.tp) * tokens, 0.0
+    if w.loss.loss_chunks > 1 and st.head_grads > 0 and not fused:
+        v_local = a.vocab / j.vtp
+        k = 1.0 if persistent else 2.0
+        chunk_phase = v_local * j.e_act * (1.0 + 1.0 / w.loss.loss_chunks) * tokens + k * st.head_grads
+        if chunk_phase > logits:
+            loss_grads = k * st.head_grads
+            logits = chunk_phase - loss_grads
+    if w.loss.loss_detaches_hidden and a.head != "classification" and not fused:
+        # the loop's detached copies of the hidden states and their fp32 gradient accumulator (the hidden states are
+        # replicated over TP before chunking: whole on every rank)
+        logits += (j.e_act + 4.0) * a.hidden * tokens
+    # (under LoRA the final norm's weight is frozen, so its normalised value is not kept; a frozen output layer keeps
+    # no input either, unless it is bitsandbytes' 4-bit one or carries an adapter)
+    lora = w.method != "full"
+    normalised = 0.0 if lora else (4.0 if w.activations.norm_fp32_normalized else j.e_act)
+    final_norm = (4.0 + normalised) if (w.activations.norm_upcast and not w.activations.compile) else j.r
+    head_saves = not fused and (
+        not lora
+        or "head" in w.adapters.lora_targets
+        or (w.method == "qlora" and w.adapters.nf4_saves_inputs and w.adapters.qlora_quantized_head and j.pc.head > 0)
+    )
+    head_in = (
+        a.hidden if w.activations.tp_saves_gathered_inputs else a.hidden / j.plan.tp
+    )  # (DTensor TP: the replicated input)
+    head_inputs = (final_norm * a.hidden / j.rep + (j.e_act * head_in if head_saves else 0.0)) * tokens
+    return logits, loss_grads, head_inputs
+
+
+def previous_output(j: Job, i: int, n_layers: int, inflight: float) -> tuple[float, float, float]:
+    """(this step's 16-bit output, the previous step's output, what the previous graph's custom functions hold)
+    where the loop keeps the previous step's output bound until the next forward returns (litgpt): at the end of
+    that forward both outputs are alive, and with them what the old graph's custom functions stored outside its
+    saved tensors (bitsandbytes' 4-bit matmul stored its input on ctx: q/k/v, o_proj, MLP and down inputs)."""
+    w, a, pc, plan = j.w, j.w.arch, j.pc, j.plan
+    last = i == plan.pp - 1
+    out_bytes = 4.0 if w.loss.output_fp32 else j.e_act  # (Lightning Fabric hands the output back in fp32)
+    has_logits = last and a.head != "classification" and not w.loss.fused_linear_loss  # (a fused loss returns none)
+    out16 = out_bytes * a.vocab / j.vtp * j.tokens if has_logits else 0.0
+    prev_logits = prev_inputs = 0.0
+    if w.loss.keeps_previous_output:
+        prev_logits = out16
+        if w.method == "qlora" and w.adapters.nf4_saves_inputs:
+            prev_inputs = n_layers * inflight * j.e_act * (3 * a.hidden + a.ffn) / plan.tp * j.tokens
+            if last and w.adapters.qlora_quantized_head and pc.head:
+                prev_inputs += j.e_act * a.hidden / j.rep * j.tokens  # lm_head's input (the final norm's output)
+    return out16, prev_logits, prev_inputs

@@ -1,0 +1,63 @@
+"""What the metric adds to the allocated peak: the caching allocator's reserved excess (marp/allocator.py) and,
+for the device metric, the CUDA context, NCCL buffers and cuBLAS workspaces."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from frenzy_slurm.marp import allocator
+from frenzy_slurm.marp.memory_job import Job
+from frenzy_slurm.marp.memory_moments import Moment, StageTerms
+from frenzy_slurm.marp.overheads import Overheads
+from frenzy_slurm.marp.plan import Metric
+
+parameter_shapes = lru_cache(maxsize=4096)(allocator.parameter_shapes)
+
+
+def allocator_overhead(
+    j: Job, i: int, n_layers: int, t: StageTerms, peak: Moment, metric: Metric, overheads: Overheads
+) -> float:
+    """What the metric adds to the allocated peak (docs/marp.md, "The caching allocator"): the caching allocator's
+    reserved excess - its segment packing of the long-lived tensors at their per-tensor sizes (DeepSpeed and
+    Megatron flatten them into a few buffers) and of the step's tensors, the measured excess beyond that
+    (`overheads.fragmentation`; `step_fragmentation` unless expandable segments), the previous step's freed
+    gradients that stay reserved beside the forward's activations - and for the device metric the CUDA context,
+    NCCL buffers and cuBLAS workspaces (`Overheads.device_bytes`)."""
+    if metric == "allocated":
+        return 0.0
+    if not j.w.alloc.caching_allocator:  # the CPU: nothing held beyond the tensors, no CUDA context or workspaces
+        return overheads.device_bytes(j.plan.world) if metric == "device" else 0.0
+    w, a, plan = j.w, j.w.arch, j.plan
+    cfg = allocator.AllocatorConfig(expandable_segments=w.alloc.expandable_segments)
+    st, resident = t.st, t.b.resident
+    grads = t.grads
+    long_lived = peak.weights + peak.optimizer + grads + resident
+    flat = w.framework in ("deepspeed", "megatron")
+    tensors: list[tuple[float, float]] = [(resident, 1.0)]
+    if flat:
+        tensors += [(peak.weights, 1.0), (peak.optimizer, 1.0), (grads, 1.0)]
+    else:
+        shapes = parameter_shapes(a, n_layers, i == 0, i == plan.pp - 1, plan.tp, j.vtp)
+        lora = w.method != "full"
+        trained = (
+            allocator.adapter_shapes(a, n_layers, w.adapters.lora_rank, w.adapters.lora_targets, plan.tp)
+            if lora
+            else shapes
+        )
+        states = 0 if j.sdt == 0 else round((j.sb + j.mb_) / j.sdt)  # state tensors per parameter (Adam: 2)
+        base = (4.0 if w.precision == "fp32" else 2.0) if lora else j.wb  # (QLoRA's NF4 counts as fewer tensors)
+        tensors += allocator.spread(peak.weights, shapes, base) + allocator.spread(grads, trained, j.gb)
+        tensors += allocator.spread(peak.optimizer, trained, j.sdt or 4.0, max(states, 1))
+    step = max(0.0, peak.allocated - long_lived)
+    if cfg.expandable_segments:
+        tensors.append((step, 1.0))  # one segment per pool, grown in pages
+    hidden_tensor = a.hidden * j.e_act * j.tokens / j.rep  # a hidden-wide tensor of the micro-batch
+    overhead = allocator.reserved_excess(tensors, cfg) + allocator.step_excess(step, hidden_tensor, cfg)
+    overhead += long_lived * overheads.fragmentation
+    if not cfg.expandable_segments:
+        overhead += step * overheads.step_fragmentation
+    if peak.phase == "backward-start" and not t.persistent and st.grads_all > st.head_grads:
+        overhead += st.grads_all - peak.gradients
+    if metric == "device":
+        overhead += overheads.device_bytes(plan.world)
+    return overhead

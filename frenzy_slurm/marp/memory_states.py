@@ -1,0 +1,94 @@
+"""Model states of one stage's rank: weights, gradients and optimizer states by precision, method and ZeRO/FSDP
+stage, and whether gradients are alive through the forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frenzy_slurm.marp.memory_job import Job, nf4_bytes
+from frenzy_slurm.marp.params import lora_head_params, lora_params_per_layer
+
+
+@dataclass(frozen=True)
+class States:
+    """Model states of one stage's rank: what the parameters, their gradients and the optimizer hold."""
+
+    params: int
+    linear: float  # parameters in the blocks' linear layers
+    trainable: float
+    weights: float
+    grads_all: float  # every local gradient, once backward has produced them all
+    optimizer: float
+    largest: float  # the largest matrix (per-tensor temporaries)
+    head_grads: float  # the output layer's gradient (the first produced by backward)
+
+
+def model_states(j: Job, i: int, n_layers: int) -> States:
+    """Weights, gradients and optimizer states by precision and ZeRO/FSDP stage (DeepSpeed keeps 16-bit weights
+    with an fp32 master in its optimizer; torch autocast/FSDP keep fp32 parameters and gradients; Megatron an fp32
+    main_grad); LoRA trains adapters over frozen 16-bit (QLoRA: NF4) weights; offload moves states to the host."""
+    w, plan, a, pc = j.w, j.plan, j.w.arch, j.pc
+    tp, pp = plan.tp, plan.pp
+    first, last = i == 0, i == pp - 1
+    lora = w.method != "full"
+    params = pc.per_layer * n_layers / tp
+    # Megatron splits the embedding and the output layer over tp (vocab-parallel); a replicated head holds them whole
+    if first:
+        params += pc.embedding / j.vtp
+    if last:
+        # a tied head on another stage than the embedding is its own copy of the token embedding
+        tied_copy = a.vocab * a.hidden if (pp > 1 and a.tied_embeddings and a.head != "classification") else 0
+        params += (pc.final + pc.head + tied_copy) / j.vtp
+    params = int(params * j.scale)
+    linear = pc.linear_per_layer * n_layers * j.scale / tp
+    if lora:
+        trainable = (
+            lora_params_per_layer(a, w.adapters.lora_rank, w.adapters.lora_targets) * n_layers
+            + (lora_head_params(a, w.adapters.lora_rank, w.adapters.lora_targets) if last else 0)
+        ) / tp
+        base_bytes = 4.0 if w.precision == "fp32" else 2.0
+        if w.method == "qlora":
+            # (litgpt's plugin quantises every nn.Linear, the untied output layer too)
+            q_head = (
+                a.vocab * a.hidden * j.scale / j.vtp if (last and w.adapters.qlora_quantized_head and pc.head) else 0.0
+            )
+            frozen = (linear + q_head) * nf4_bytes(w) + (params - linear - q_head) * base_bytes
+        else:
+            frozen = params * base_bytes
+        weights = frozen / j.weight_div + trainable * j.wb
+        if first and w.method == "qlora" and w.adapters.bnb_stable_embedding:
+            weights += a.vocab * a.hidden * j.scale / j.vtp * base_bytes  # the swapped-out embedding, still referenced
+    else:
+        trainable = float(params)
+        weights = params * j.wb / j.weight_div
+    if plan.offload_params:
+        weights = 0.0
+    optimizer = 0.0 if (plan.offload_optimizer or w.states.paged_optimizer) else trainable * (j.sb + j.mb_) / j.opt_div
+    if j.mixed_ds and plan.zero == 0:
+        optimizer += trainable * 4.0  # BF16/FP16 optimizer's fp32 gradient accumulation buffer
+    head_grads = (
+        (a.vocab * a.hidden * j.scale / j.vtp) * j.gb / j.grad_div
+        if (last and not lora and a.head != "classification")
+        else 0.0
+    )
+    return States(
+        params=params,
+        linear=linear,
+        trainable=trainable,
+        weights=weights,
+        # (stepped in backward, one parameter at a time: no full set of gradients is ever held)
+        grads_all=0.0 if w.states.optimizer_in_backward else trainable * j.gb / j.grad_div,
+        optimizer=optimizer,
+        largest=pc.largest_matrix * j.scale / tp,
+        head_grads=head_grads,
+    )
+
+
+def gradients_persist(j: Job, i: int) -> bool:
+    """Whether gradients are alive through the forward pass: with accumulation (a pipeline stage peaks at its
+    first backward with the most micro-batches in flight; its gradients exist then only if a forward follows a
+    backward at that depth, grad_accum > pp - stage), when zero_grad keeps zeroed buffers (torch < 2.0), or in
+    Megatron (its main_grad buffer is allocated once and kept). DeepSpeed and torch free .grad after the step."""
+    w, plan = j.w, j.plan
+    accumulating = plan.grad_accum > (plan.pp - i if plan.pp > 1 else 1)
+    return accumulating or not w.states.zero_grad_to_none or w.framework == "megatron"
