@@ -15,6 +15,7 @@ from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan
 from frenzy_slurm.marp.frameworks import (
     FrameworkProfile,
     ModelCode,
+    default_fused_optimizer,
     fused_projections,
     gelu_tanh_eager,
     profile_of,
@@ -90,6 +91,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
             reshard_after_forward=spec.parallel.reshard_after_forward is not False,
             fsdp_tail_unit=prof.fsdp_tail_unit,
             vocab_parallel=prof.code(spec).vocab_parallel,
+            # torchtitan's "default" reshard policy (model.yaml's parallel.reshard_after_forward unset)
+            fsdp_pp_unsharded=prof.fsdp_pp_unsharded and spec.parallel.reshard_after_forward is None,
         ),
         alloc=AllocatorPolicy(
             expandable_segments=_alloc_conf(spec).expandable_segments, caching_allocator=device != "cpu"
@@ -119,8 +122,7 @@ def _model_states(spec: JobSpec, prof: FrameworkProfile, device: str) -> ModelSt
     if t.optimizer_impl is not None:
         fused = t.optimizer_impl == "fused"
     else:
-        # torch's optimizers default to foreach only for CUDA tensors: on the CPU they step per tensor
-        fused = prof.fused_optimizer or device == "cpu"
+        fused = default_fused_optimizer(spec, device)  # the framework's default at these versions
     torch_version = version_tuple(spec.entry.torch_version)
     return ModelStates(
         optimizer=optimizer,
