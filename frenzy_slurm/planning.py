@@ -317,12 +317,16 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     else:
         decision = decide_job(*inputs)
     if slurm.oom_retry:  # where a run that runs out of memory anyway is submitted again (has/fallback.py)
-        universal = job.spec.entry.trainer == "builtin"  # the built-in trainer converts DeepSpeed's checkpoints
-        found = oom_fallbacks(
-            decision, ready.requirements, ready.workload, space, ready.view, ready.site, ready.now, universal
-        )
-        decision = decision.model_copy(update={"oom_fallbacks": found})
+        decision = with_fallbacks(job, ready, space, decision)
     return finish(job, site, options, ready, decision, slurm, tuple(extra_notes))
+
+
+def with_fallbacks(job: JobFile, ready: Prepared, space: SearchSpace, decision: Decision) -> Decision:
+    """The decision with the plans a run that runs out of memory is submitted again on (frenzy_slurm/oom_retry.py)."""
+    universal = job.spec.entry.trainer == "builtin"  # the built-in trainer converts DeepSpeed's checkpoints
+    r = ready
+    fallbacks = oom_fallbacks(decision, r.requirements, r.workload, space, r.view, r.site, r.now, universal)
+    return decision.model_copy(update={"oom_fallbacks": fallbacks})
 
 
 def finish(
