@@ -319,6 +319,7 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         heterogeneous=_heterogeneous(spec, can.heterogeneous, can.pp, fw),
         # hybrid-shard without a shard_group: FSDP's HYBRID_SHARD shards within a node, whatever its GPU count
         shard_per_node=par.sharding == "hybrid-shard" and par.shard_group is None,
+        shards_over_cp=can.fsdp_over_cp,
         pinned=pinned,
     )
 

@@ -148,6 +148,9 @@ class Capabilities:
     # pipeline stages sized to different GPU types in one job (frenzy's runtime lays out the stages itself)
     heterogeneous: bool = False
     max_zero_with_pp: int = 1  # DeepSpeed's pipeline engine refuses ZeRO-2/3; FSDP2 + PP (torchtitan) shards fully
+    # FSDP's mesh spans the context-parallel ranks too, so with cp > 1 the states are sharded even at dp 1
+    # (torchtitan 0.3.0: parallel_dims.py, fsdp = dp_shard * cp; llama3/parallelize.py always applies FSDP)
+    fsdp_over_cp: bool = False
 
 
 @dataclass(frozen=True)
@@ -274,7 +277,15 @@ PROFILES: dict[str, FrameworkProfile] = {
             "torchtitan 0.1-0.3 (CPU grid: 0.3.0, FSDP2)",
             "torch",
             "torchtitan",
-            Capabilities(tp="auto", pp="auto", cp="asked", zero_stages=(0, 3), max_zero_with_pp=3, op_recompute="auto"),
+            Capabilities(
+                tp="auto",
+                pp="auto",
+                cp="asked",
+                zero_stages=(0, 3),
+                max_zero_with_pp=3,
+                op_recompute="auto",
+                fsdp_over_cp=True,
+            ),
             # torch's AdamW as the described releases build it by default (foreach on a GPU); set
             # training.optimizer_impl: fused where optimizer.implementation says fused
             fused_optimizer=False,

@@ -77,3 +77,23 @@ def test_torchtitan_keeps_pipeline_stages_gathered_with_unsharded_fp32_gradients
         assert d - a > 3.0 * blocks  # the stage's fp32 gradient (4 B/param) beyond what resharding keeps
     # without pipeline stages the policy reshards as before
     assert _torchtitan_peaks(pp=1, reshard=None) == _torchtitan_peaks(pp=1, reshard=True)
+
+
+def test_torchtitan_shards_over_the_context_parallel_ranks_at_dp_1():
+    """torchtitan 0.3's FSDP mesh is dp_shard x cp and FSDP is always applied: two cp ranks at dp 1 hold half the
+    states each, and the search offers no replicated (ZeRO 0) plan there."""
+    from frenzy_slurm.marp import search_space_from_spec
+    from frenzy_slurm.marp.candidates import plan_groups
+
+    spec = _spec("torchtitan", parallel={"cp": 2, "tp": 1, "pp": 1})
+    w = workload_from_spec(spec, resolve_model(spec, "."))
+    groups = list(plan_groups(w, 2, 64, search_space_from_spec(spec), 8))
+    assert {(g.dp, g.zero) for g in groups} == {(1, 3)}
+    plan = groups[0].plan(groups[0].micro_batches[0])
+    sharded = estimate_memory(w, plan, "allocated").stages[0]
+    replicated = estimate_memory(w, plan.model_copy(update={"zero": 0}), "allocated").stages[0]
+    assert sharded.peak < replicated.peak
+    # a framework whose sharding is not over the cp ranks (Megatron's) keeps dp 1 unsharded
+    mega = _spec("megatron", parallel={"cp": 2, "tp": 1, "pp": 1})
+    wm = workload_from_spec(mega, resolve_model(mega, "."))
+    assert {(g.dp, g.zero) for g in plan_groups(wm, 2, 64, search_space_from_spec(mega), 8)} == {(1, 0)}
