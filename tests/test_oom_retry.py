@@ -67,6 +67,14 @@ def test_each_fallback_fits_an_error_that_breaks_the_chosen_plan(world):
         assert (f.allocation.label(), f.allocation.plan) != (chosen.label(), chosen.plan)
         if f.resumes:  # loads the chosen plan's checkpoint (as it is, or converted by the built-in trainer)
             assert checkpoint_route(chosen.plan, f.allocation.plan) != "none"
+        usable = {c.partition: c.capacity_gib for c in chosen.components}
+        for c in f.allocation.components:  # plan.json keeps the site's usable memory, not the scaled one
+            if c.partition in usable:
+                assert c.capacity_gib == pytest.approx(usable[c.partition], rel=1e-3)
+    from frenzy_slurm.cli.fsbatch import explain_rows
+
+    marks = [r[0] for r in explain_rows(decision)[1]]
+    assert marks.count("!") == len(fallbacks)  # --explain lists them
 
 
 def test_no_fallbacks_are_planned_when_the_user_turns_retries_off(world):

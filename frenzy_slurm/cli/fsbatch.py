@@ -62,6 +62,10 @@ def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:
                 f"{alt.description}: {alt.lost_because}" if alt.allocation is None else alt.lost_because,
             )
         )
+    for f in decision.oom_fallbacks:  # where a run out of memory is submitted again (docs/runtime.md "Out of memory")
+        resumes = "continues its checkpoint" if f.resumes else "restarts (before its first checkpoint)"
+        why = f"if out of memory: fits predictions x{f.memory_factor:.3g}; {resumes}"
+        rows.append(row("!", f.allocation, why))
     header = ["", "allocation", "plan", "memory/GPU used/usable", "start", "run time", "completion", "why"]
     return header, rows
 

@@ -73,8 +73,16 @@ def oom_fallbacks(
             except NoFitError:
                 continue
             if all(_differs(d.chosen, f.allocation) for f in out):
-                out.append(Fallback(memory_factor=round(factor, 4), resumes=resumes, allocation=d.chosen))
+                alloc = _real_capacity(d.chosen, factor)
+                out.append(Fallback(memory_factor=round(factor, 4), resumes=resumes, allocation=alloc))
     return out
+
+
+def _real_capacity(alloc: Allocation, factor: float) -> Allocation:
+    """The allocation as plan.json keeps it: each component's usable memory as the site has it, not as the scaled
+    site showed it (the predictions stay the model's own)."""
+    comps = [c.model_copy(update={"capacity_gib": c.capacity_gib * factor}) for c in alloc.components]
+    return alloc.model_copy(update={"components": comps})
 
 
 def _differs(a: Allocation, b: Allocation) -> bool:
