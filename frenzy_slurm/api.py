@@ -69,6 +69,7 @@ SLURM_FLAGS = (
     "constraint",
     "exclusive",
     "preemptible",
+    "oom_retry",
     "mail_type",
     "mail_user",
     "job_name",

@@ -17,6 +17,9 @@ job but is missed (import this module first); one that came before the script st
 (`requeue()`, rank 0 only: one request per job) and the next run finds its checkpoint with
 `latest_checkpoint()`. After TERM it is not: Slurm requeues a preempted job itself, and scancel means stop.
 
+An uncaught `torch.OutOfMemoryError` is recorded for the job's epilogue (`record_out_of_memory`), which
+submits the run again with more memory headroom (docs/runtime.md, "Out of memory").
+
 Only the standard library is imported here, and frenzy-slurm's checkpoint reader (jobdir.checkpoints, itself
 standard library only); its Slurm seam when requeueing and its directory checks when resuming from a moved job's
 checkpoints; never torch:
@@ -53,6 +56,34 @@ def install() -> None:
 
 
 install()
+
+
+def record_out_of_memory(exc: BaseException) -> bool:
+    """Record torch's out-of-memory error `exc` for the job's epilogue, which then submits the run again once
+    with more memory headroom (docs/runtime.md, "Out of memory"); False where `exc` is not one or no job
+    directory is set. Done for you where it ends the script (an uncaught exception); call it where you catch it."""
+    job_dir = os.environ.get("FRENZY_JOB_DIR")
+    if not job_dir:
+        return False
+    from frenzy_slurm.jobdir import oom  # standard library only (lint-imports checks it)
+
+    if not oom.is_cuda_oom(exc):
+        return False
+    try:
+        oom.record(Path(job_dir), exc)
+    except OSError:
+        return False
+    return True
+
+
+def _excepthook(kind: type[BaseException], exc: BaseException, tb: object) -> None:
+    record_out_of_memory(exc)
+    _previous_hook(kind, exc, tb)  # type: ignore[arg-type]  # sys.excepthook's own arguments
+
+
+_previous_hook = sys.excepthook
+if os.environ.get("FRENZY_JOB_DIR"):  # in a job: an uncaught out-of-memory error is recorded as it ends the script
+    sys.excepthook = _excepthook
 
 
 def stop_signal() -> str | None:

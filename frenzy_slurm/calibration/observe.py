@@ -132,6 +132,26 @@ def _epilog_metrics(records: list[dict], components: list) -> dict:
     return {"source": "epilog", "ranks": ranks, "step_times_s": []}
 
 
+def _oom_ranks(job_dir: Path) -> list[dict]:
+    """The ranks' out-of-memory records (jobdir/oom.py) that measured a peak."""
+    from frenzy_slurm.jobdir.oom import read_records
+
+    return [r for r in read_records(job_dir) if isinstance(r.get("peak_gib"), int | float) and r["peak_gib"] > 0]
+
+
+def _oom_metrics(records: list[dict], components: list) -> dict:
+    """metrics.json-shaped ranks from a run that ran out of memory: the peak each failing rank measured (what it
+    held plus what it could not get: the least it needed) against the component's planned peak. The largest
+    planned peak stands for a rank whose component is not known (a record has no stage)."""
+    planned = max(c.peak_gib for c in components)
+    ranks = [
+        {"host": r.get("host"), "peak_gib": float(r["peak_gib"]), "metric": "device (out of memory)",
+         "predicted_gib": planned}
+        for r in records
+    ]  # fmt: skip
+    return {"source": "out of memory", "job_id": records[0].get("job_id"), "ranks": ranks, "step_times_s": []}
+
+
 def _job_id_of(job_dir: Path) -> str | None:
     return submitted_job_id(job_dir)
 
@@ -148,11 +168,14 @@ def observe(
     job_id = _job_id_of(job_dir)
     records = (epilog or {}).get(job_id or "", [])
     slurm_peak = (sacct_gib or {}).get(int(job_id)) if job_id and job_id.isdigit() else None
-    if not os.path.lexists(job_dir / "metrics.json") and not records and slurm_peak is None:
+    ooms = _oom_ranks(job_dir)
+    if not os.path.lexists(job_dir / "metrics.json") and not records and slurm_peak is None and not ooms:
         return "no metrics.json (not finished, or ran without the trainer or the NVML sampler) and no epilog record"
     try:
         pf = read_job_plan(job_dir / "plan.json")
-        if os.path.lexists(job_dir / "metrics.json"):
+        if ooms and not os.path.lexists(job_dir / "metrics.json"):
+            metrics = _oom_metrics(ooms, pf.decision.chosen.components)
+        elif os.path.lexists(job_dir / "metrics.json"):
             metrics = read_job_record(job_dir / "metrics.json", "metrics")  # bounded, regular, no link
             if not isinstance(metrics, dict):
                 return "unreadable: metrics.json is not a JSON object"

@@ -63,6 +63,10 @@ def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:
                 f"{alt.description}: {alt.lost_because}" if alt.allocation is None else alt.lost_because,
             )
         )
+    for f in decision.oom_fallbacks:  # where a run out of memory is submitted again (docs/runtime.md "Out of memory")
+        resumes = "continues its checkpoint" if f.resumes else "restarts (before its first checkpoint)"
+        why = f"if out of memory: fits predictions x{f.memory_factor:.3g}; {resumes}"
+        rows.append(row("!", f.allocation, why))
     header = ["", "allocation", "plan", "memory/GPU used/usable", "start", "run time", "completion", "why"]
     return header, rows
 
@@ -131,6 +135,12 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     help="Run in the site's preemptible QOS: other jobs may preempt it (it checkpoints, requeues and resumes); "
     "HAS may give it more of a pool.",
 )
+@click.option(
+    "--oom-retry/--no-oom-retry",
+    default=None,
+    help="Whether a run that ends out of memory is submitted again once, with more memory headroom, from its "
+    "last checkpoint (default: model.yaml's slurm.oom_retry, on).",
+)
 @click.option("--mail-type", help="sbatch --mail-type.")
 @click.option("--mail-user", help="sbatch --mail-user.")
 @click.option("-J", "--job-name", help="sbatch --job-name (default: model.yaml's name).")
@@ -194,6 +204,7 @@ def main(
     constraint: str | None,
     exclusive: bool | None,
     preemptible: bool | None,
+    oom_retry: bool | None,
     mail_type: str | None,
     mail_user: str | None,
     job_name: str | None,
@@ -221,6 +232,7 @@ def main(
         "constraint": constraint,
         "exclusive": exclusive,
         "preemptible": preemptible,
+        "oom_retry": oom_retry,
         "mail_type": mail_type,
         "mail_user": mail_user,
         "output": output,

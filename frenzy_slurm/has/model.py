@@ -63,8 +63,26 @@ class Alternative(_M):
     lost_because: str
 
 
+class Fallback(_M):
+    """A plan to resubmit on when the chosen one runs out of memory anyway (has/fallback.py)."""
+
+    memory_factor: float = Field(
+        description="HAS decided this with every memory prediction multiplied by this factor: it fits where the "
+        "real use exceeds the predictions by up to that much, the chosen plan only up to less."
+    )
+    resumes: bool = Field(
+        description="Whether it loads the chosen plan's checkpoints; false: it fits only a run that saved none."
+    )
+    allocation: Allocation
+
+
 class Decision(_M):
     chosen: Allocation
     alternatives: list[Alternative] = Field(default_factory=list)
     decided_at: float
     decision_ms: float
+    oom_fallbacks: list[Fallback] = Field(
+        default_factory=list,
+        description="Where a run of the chosen plan that runs out of memory is submitted again (slurm.oom_retry), "
+        "most preferred first.",
+    )

@@ -7,7 +7,7 @@ runtime.trust first), `read_job_plan` for a directory the reader did not make (f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -21,13 +21,19 @@ from frenzy_slurm.marp.plan import ParallelPlan
 
 
 class MovedFrom(BaseModel):
-    """The job this one continues (`frenzy-slurm watch` moved it here): its checkpoints are resumed from."""
+    """The job this one continues (`frenzy-slurm watch` moved it here, or it ran out of memory): its checkpoints
+    are resumed from."""
 
     model_config = ConfigDict(extra="forbid")
 
     job_id: int = Field(description="The Slurm job that was moved.")
     job_dir: str = Field(description="Its job directory, whose checkpoints/ this job resumes from.")
     plan: ParallelPlan = Field(description="The plan its checkpoints were written with (their layout).")
+    reason: Literal["moved", "out of memory"] = Field(
+        "moved",
+        description="Why: `frenzy-slurm watch` moved it, or it ran out of memory and was submitted again on a "
+        "plan with more headroom (frenzy_slurm/runtime/oom_retry.py).",
+    )
 
 
 class PlanFile(BaseModel):

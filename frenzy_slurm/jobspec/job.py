@@ -348,6 +348,12 @@ class SlurmOptions(_Strict):
         "it checkpoints, is requeued and resumes. In exchange HAS may give it more of a pool. A job predicted "
         "to run less than the site's preemption.min_run_min stays in its own QOS.",
     )
+    oom_retry: bool = Field(
+        True,
+        description="A run that ends out of memory (CUDA's, or Slurm's OUT_OF_MEMORY on the host) is submitted "
+        "again once, on the plan fsbatch chose for it with more memory headroom, from its last checkpoint "
+        '(docs/runtime.md, "Out of memory"); false: it just fails (fsbatch --no-oom-retry).',
+    )
     mail_type: str | None = Field(None, description="sbatch --mail-type.")
     mail_user: str | None = Field(None, description="sbatch --mail-user.")
     job_name: str | None = Field(None, description="sbatch --job-name (default: the job's name).")

@@ -17,6 +17,7 @@ from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan
 from frenzy_slurm.marp.frameworks import (
     FrameworkProfile,
     ModelCode,
+    default_fused_optimizer,
     fused_projections,
     gelu_tanh_eager,
     profile_of,
@@ -97,6 +98,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
             reshard_after_forward=spec.parallel.reshard_after_forward is not False,
             fsdp_tail_unit=prof.fsdp_tail_unit,
             vocab_parallel=prof.code(spec).vocab_parallel,
+            # torchtitan's "default" reshard policy (model.yaml's parallel.reshard_after_forward unset)
+            fsdp_pp_unsharded=prof.fsdp_pp_unsharded and spec.parallel.reshard_after_forward is None,
         ),
         alloc=AllocatorPolicy(
             expandable_segments=_alloc_conf(spec).expandable_segments, caching_allocator=device != "cpu"
@@ -126,8 +129,7 @@ def _model_states(spec: JobSpec, prof: FrameworkProfile, device: str) -> ModelSt
     if t.optimizer_impl is not None:
         fused = t.optimizer_impl == "fused"
     else:
-        # torch's optimizers default to foreach only for CUDA tensors: on the CPU they step per tensor
-        fused = prof.fused_optimizer or device == "cpu"
+        fused = default_fused_optimizer(spec, device)  # the framework's default at these versions
     torch_version = version_tuple(spec.entry.torch_version)
     return ModelStates(
         optimizer=optimizer,
@@ -340,6 +342,7 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         heterogeneous=_heterogeneous(spec, can.heterogeneous, can.pp, fw),
         # hybrid-shard without a shard_group: FSDP's HYBRID_SHARD shards within a node, whatever its GPU count
         shard_per_node=par.sharding == "hybrid-shard" and par.shard_group is None,
+        shards_over_cp=can.fsdp_over_cp,
         pinned=pinned,
     )
 

@@ -84,6 +84,9 @@ class SearchSpace:
     max_zero_with_pp: int = 1  # the highest ZeRO/FSDP stage the framework combines with pipeline stages
     heterogeneous: bool = True  # pipeline stages across GPU types (HAS's heterogeneous plans)
     shard_per_node: bool = False  # HSDP: ZeRO-3 states sharded over one node's GPUs, replicated across nodes
+    # FSDP over the context-parallel ranks too (torchtitan): with cp > 1 the states are sharded even at dp 1, and
+    # never replicated (marp/frameworks.py Capabilities.fsdp_over_cp)
+    shards_over_cp: bool = False
     # ParallelPlan fields every plan carries as model.yaml pins them (cp, offload, schedule, shard_group, ...)
     pinned: dict[str, object] = field(default_factory=dict)
 
@@ -153,9 +156,12 @@ def plan_groups(
             group = min(dp, gpus_per_node) if space.shard_per_node else pinned_group
             if isinstance(group, int) and dp % group:
                 continue  # a shard group must divide the data-parallel ranks
+            over_cp = space.shards_over_cp and cp > 1
             for zero in space.zero_stages:
-                if (zero > 0 and dp == 1) or (zero > space.max_zero_with_pp and pp > 1):
+                if (zero > 0 and dp * (cp if over_cp else 1) == 1) or (zero > space.max_zero_with_pp and pp > 1):
                     continue  # ZeRO needs data parallelism; DeepSpeed refuses ZeRO-2/3 with pipelines
+                if over_cp and zero == 0 and any(z > 0 for z in space.zero_stages):
+                    continue  # FSDP over the cp ranks shards the states whatever dp is
                 if dp > 1 and zero < (1 if pp > 1 else 2) and (1 if pp > 1 else 2) in space.zero_stages:
                     continue  # dominated: ZeRO-1/2 move the same bytes as plain data parallelism, in less memory
                 if zero == 0 and (space.pinned.get("offload_optimizer") or space.pinned.get("offload_params")):

@@ -148,6 +148,9 @@ class Capabilities:
     # pipeline stages sized to different GPU types in one job (frenzy's runtime lays out the stages itself)
     heterogeneous: bool = False
     max_zero_with_pp: int = 1  # DeepSpeed's pipeline engine refuses ZeRO-2/3; FSDP2 + PP (torchtitan) shards fully
+    # FSDP's mesh spans the context-parallel ranks too, so with cp > 1 the states are sharded even at dp 1
+    # (torchtitan 0.3.0: parallel_dims.py, fsdp = dp_shard * cp; llama3/parallelize.py always applies FSDP)
+    fsdp_over_cp: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,12 @@ class FrameworkProfile:
     # collects their gradients in an fp32 buffer of the hidden states' size, both alive through its chunk loop
     # (torchtitan's ChunkedLossWrapper and GradAccumulator)
     loss_detaches_hidden: bool = False
+    # the default optimizer depends on the versions (marp/framework_facts.py): True for hf-trainer, whose
+    # TrainingArguments picks fused AdamW only from transformers 4.54 with torch 2.8; False: `fused_optimizer` always
+    optimizer_by_version: bool = False
+    # with pipeline stages, FSDP2 keeps each stage's weights gathered and its gradients unsharded over the step's
+    # micro-batches (torchtitan's default reshard policy with torch's PipelineStage; marp/framework_facts.py)
+    fsdp_pp_unsharded: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def code(self, spec: JobSpec) -> ModelCode:
@@ -237,7 +246,10 @@ PROFILES: dict[str, FrameworkProfile] = {
             "torch",
             "hf",
             Capabilities(tp="asked", offload=True),  # tp_plan="auto" models only when asked
-            fused_optimizer=True,  # TrainingArguments.optim defaults to adamw_torch_fused (4.45+ on CUDA)
+            # TrainingArguments.optim: adamw_torch_fused from transformers 4.54 with torch >= 2.8, else adamw_torch
+            # (foreach); the newest described release with a current torch is fused (marp/framework_facts.py)
+            fused_optimizer=True,
+            optimizer_by_version=True,
             # Trainer.compute_loss returns the loss only: the model output (logits) is gone before backward
             holds_logits=False,
             # accelerate 1.15 fsdp2_prepare_model: fully_shard(embedding), fully_shard([norm, lm_head],
@@ -265,7 +277,15 @@ PROFILES: dict[str, FrameworkProfile] = {
             "torchtitan 0.1-0.3 (CPU grid: 0.3.0, FSDP2)",
             "torch",
             "torchtitan",
-            Capabilities(tp="auto", pp="auto", cp="asked", zero_stages=(0, 3), max_zero_with_pp=3, op_recompute="auto"),
+            Capabilities(
+                tp="auto",
+                pp="auto",
+                cp="asked",
+                zero_stages=(0, 3),
+                max_zero_with_pp=3,
+                op_recompute="auto",
+                fsdp_over_cp=True,
+            ),
             # torch's AdamW as the described releases build it by default (foreach on a GPU); set
             # training.optimizer_impl: fused where optimizer.implementation says fused
             fused_optimizer=False,
@@ -277,6 +297,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             # (CPU grid: torchtitan-tp2-llama)
             tp_saves_gathered_inputs=True,
             loss_detaches_hidden=True,  # components/loss.py ChunkedLossWrapper (its default loss, 8 chunks)
+            fsdp_pp_unsharded=True,  # distributed/fsdp.py: reshard_after_forward = not pp_enabled (0.3.0)
         ),
         FrameworkProfile(
             "litgpt",
@@ -367,6 +388,20 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(p) for p in text.split(".")) if text else None
 
 
+def default_fused_optimizer(spec: JobSpec, device: str = "cuda") -> bool:
+    """Whether the framework's default optimizer steps fused (or per tensor): the profile's, or its versions'
+    rule; torch's optimizers default to foreach only for CUDA tensors, so on the CPU they step per tensor."""
+    from frenzy_slurm.marp.framework_facts import hf_trainer_fused_adamw
+
+    prof = profile_of(spec)
+    if device == "cpu":
+        return True
+    if prof.optimizer_by_version:
+        e = spec.entry
+        return hf_trainer_fused_adamw(version_tuple(e.framework_version), version_tuple(e.torch_version))
+    return prof.fused_optimizer
+
+
 def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
     """Which profile predicts this job and which of its defaults apply because model.yaml is silent (for
     `fsbatch --explain` and `frenzy-slurm memory`): the framework, the releases it describes, and each default
@@ -377,7 +412,7 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
     if e.model_code is None:
         taken["entry.model_code"] = prof.model_code
     if t.optimizer_impl is None:
-        taken["training.optimizer_impl"] = "fused" if prof.fused_optimizer or device == "cpu" else "foreach"
+        taken["training.optimizer_impl"] = "fused" if default_fused_optimizer(spec, device) else "foreach"
     if t.loss_chunks is None:
         taken["training.loss_chunks"] = (
             f"{prof.loss_chunk_tokens}-token chunks" if prof.loss_chunk_tokens else prof.loss_chunks

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frenzy_slurm.marp.framework_facts import FSDP_PP_REDUCE_BYTES
 from frenzy_slurm.marp.memory_job import Job, nf4_bytes
 from frenzy_slurm.marp.memory_states import States
 from frenzy_slurm.marp.params import lora_params_per_layer
@@ -61,14 +62,17 @@ def zero3_gathered(j: Job, i: int, n_layers: int, st: States) -> tuple[float, fl
             tied_head = last and a.tied_embeddings and a.head != "classification"  # (counted as the head)
             kept += (pc.embedding - (a.vocab * a.hidden if tied_head else 0)) * j.scale / j.vtp
         gathered = max(gathered, kept)
-    if not w.comm.reshard_after_forward:  # FSDP reshard_after_forward=False / ZeRO++-style: the stage's
-        gathered = max(gathered, st.params)  # gathered weights stay from forward until backward
+    pp_unsharded = w.comm.fsdp_pp_unsharded and plan.pp > 1
+    if not w.comm.reshard_after_forward or pp_unsharded:  # FSDP reshard_after_forward=False / ZeRO++-style, or
+        gathered = max(gathered, st.params)  # FSDP2 under pipeline stages: the stage's gathered weights stay
     # one unit's unsharded gradients before reduce-scatter: only its trainable (adapter) ones under LoRA
     unit_trainable = (
         (lora_params_per_layer(a, w.adapters.lora_rank, w.adapters.lora_targets) / tp)
         if w.method != "full"
         else layer_params
     )
+    if pp_unsharded:  # every unit's gradient kept unsharded in the reduce dtype over the step's micro-batches
+        return gathered * (2.0 if w.precision != "fp32" else 4.0), st.trainable * FSDP_PP_REDUCE_BYTES
     return gathered * (2.0 if w.precision != "fp32" else 4.0), unit_trainable * j.gb
 
 
@@ -79,7 +83,9 @@ def _gather_units(j: Job, i: int, n_layers: int, st: States, b: Buffers) -> None
     last = i == j.plan.pp - 1
     gathered, b.unit_grads = zero3_gathered(j, i, n_layers, st)
     b.fb += gathered
-    if w.framework == "torch" and w.comm.fsdp_tail_unit and w.comm.reshard_after_forward:
+    if w.comm.fsdp_pp_unsharded and j.plan.pp > 1:
+        pass  # FSDP2 under pipeline stages: nothing is resharded within the step (zero3_gathered)
+    elif w.framework == "torch" and w.comm.fsdp_tail_unit and w.comm.reshard_after_forward:
         # FSDP2 with the output layer in a tail unit (accelerate): while the loss runs every block is resharded
         # and only the tail (final norm, output layer) is gathered; a block's backward peaks in its MLP, when
         # the output projection's gradient is the only unsharded gradient it has made (CPU grid:

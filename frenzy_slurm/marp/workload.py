@@ -113,6 +113,9 @@ class Communication:
     # to its backward (accelerate); False: the root unit holds them (torch's examples)
     fsdp_tail_unit: bool = False
     vocab_parallel: bool = True  # tp splits the embedding, output layer and logits (Megatron); False: replicated
+    # FSDP2 under pipeline stages keeps the stage's weights gathered and its gradients unsharded, in fp32, over the
+    # micro-batches of a step (torchtitan's default policy; marp/framework_facts.py)
+    fsdp_pp_unsharded: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from frenzy_slurm.calibration import Applied, for_job, job_record
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.has import Decision, Requirements, decide
 from frenzy_slurm.has.decide import short_time_note
+from frenzy_slurm.has.fallback import oom_fallbacks
 from frenzy_slurm.has.pools import (
     check_gpu_types,
     check_site_types,
@@ -315,7 +316,17 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
             extra_notes.append(found.note or "")
     else:
         decision = decide_job(*inputs)
+    if slurm.oom_retry:  # where a run that runs out of memory anyway is submitted again (has/fallback.py)
+        decision = with_fallbacks(job, ready, space, decision)
     return finish(job, site, options, ready, decision, slurm, tuple(extra_notes))
+
+
+def with_fallbacks(job: JobFile, ready: Prepared, space: SearchSpace, decision: Decision) -> Decision:
+    """The decision with the plans a run that runs out of memory is submitted again on (runtime/oom_retry.py)."""
+    universal = job.spec.entry.trainer == "builtin"  # the built-in trainer converts DeepSpeed's checkpoints
+    r = ready
+    fallbacks = oom_fallbacks(decision, r.requirements, r.workload, space, r.view, r.site, r.now, universal)
+    return decision.model_copy(update={"oom_fallbacks": fallbacks})
 
 
 def finish(

@@ -178,6 +178,14 @@ def runtime_command(spec: JobSpec, job_dir: Path, script: Path | None) -> list[s
     return cmd
 
 
+def oom_retry_command(options: SlurmOptions, job_dir: Path, in_container: bool) -> list[str] | None:
+    """What job.sbatch runs after a failed step to submit a run that ran out of memory again (runtime/oom_retry.py);
+    None where the user turned that off, or in a container (the host may have no frenzy-slurm)."""
+    if not options.oom_retry or in_container:
+        return None
+    return [sys.executable, "-P", "-m", "frenzy_slurm.runtime.oom_retry", "--job-dir", str(job_dir)]
+
+
 def component_flags(options: SlurmOptions) -> list[str]:
     """The #SBATCH lines every component of the job carries: sbatch reads the lines before the first
     `#SBATCH hetjob` as the first component's only, so a node constraint or --exclusive written once in the
@@ -302,6 +310,7 @@ def _script_context(
         command=command,
         srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
         container=None if in_image is None else in_image.template_context(),
+        oom_retry=oom_retry_command(options, job_dir, in_image is not None),
     )
 
 

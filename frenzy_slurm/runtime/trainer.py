@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING, Any
 from frenzy_slurm.core.errors import FrenzyError, InputError
 from frenzy_slurm.core.records import write_json
 from frenzy_slurm.core.units import GiB
+from frenzy_slurm.jobdir import oom
 from frenzy_slurm.jobdir.planfile import PlanFile, read_plan
 from frenzy_slurm.jobdir.safety import check_private_dir
 from frenzy_slurm.jobspec import ResolvedModel
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import checkpoint_route
-from frenzy_slurm.runtime import checkpoints, signals
+from frenzy_slurm.runtime import checkpoints, oom_hook, signals
 from frenzy_slurm.runtime.children import child_env
 from frenzy_slurm.runtime.dist import DistEnv
 from frenzy_slurm.runtime.shm import start_deepspeed_comm, uses_shm_allreduce
@@ -240,6 +241,17 @@ class _Run:
             total += float(loss.detach())
         return total / plan.grad_accum
 
+    def guarded(self, step: int) -> float:
+        """one_step; a CUDA out-of-memory error is recorded for the job's epilogue first (jobdir/oom.py)."""
+        planned = _component_peak(self.pf, _stage_of(self.dist.rank, self.pf.decision.chosen.plan))
+        try:
+            oom_hook.test_capacity_exceeded(step, planned)
+            return self.one_step(step)
+        except Exception as exc:
+            if oom.is_cuda_oom(exc):
+                oom.record(self.job_dir, exc, planned)
+            raise
+
     def train(self) -> None:
         """Steps until total_steps or a stop signal, a checkpoint at the interval, the last step and a stop; the
         CPU's peak measured on the step after the first (the only one when a single step is left)."""
@@ -252,11 +264,11 @@ class _Run:
             t0 = time.perf_counter()
             measure = self.step == self.start_step + 1 or (t.total_steps - self.start_step == 1)
             if measure and recorder is not None:
-                peak_bytes, loss = recorder.peak_of(partial(self.one_step, self.step))
+                peak_bytes, loss = recorder.peak_of(partial(self.guarded, self.step))
                 recorder = None
                 self.peak = {"peak_gib": peak_bytes / GiB, "metric": "allocated (profiler)"}
             else:
-                loss = self.one_step(self.step)
+                loss = self.guarded(self.step)
             self.step_times.append(time.perf_counter() - t0)
             self.step += 1
             self.losses.append([self.step, loss])
@@ -501,6 +513,14 @@ def _requeue(job_id: int) -> None:
         open_backend("cli").requeue(job_id)
     except FrenzyError as exc:
         print(f"frenzy-slurm: could not requeue job {job_id}: {exc.message}", flush=True)
+
+
+def _component_peak(pf: PlanFile, stage: int) -> float | None:
+    """The device peak (GiB) HAS planned for the component that runs this stage."""
+    for c in pf.decision.chosen.components:
+        if stage in c.stages:
+            return c.peak_gib
+    return None
 
 
 def _predicted_allocated(pf: PlanFile, stage: int, device: str = "cuda") -> float | None:

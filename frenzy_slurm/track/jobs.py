@@ -247,6 +247,8 @@ def _attach_files(t: TrackedJob) -> None:
             f"moved by frenzy-slurm watch to job {moved['moved_to_job']} ({moved.get('to', '?')}), which continues "
             f"its training in {moved.get('moved_to_dir', '?')}"
         )
+    if (oom := oom_note(read_job_record_or_none(t.job_dir / "oom.json"))) is not None:
+        t.notes.append(oom)
     run = (t.started or {}).get("restart")
     if t.finished is not None and isinstance(run, int) and (t.finished.get("restart") or 0) < run:
         t.notes.append(
@@ -254,6 +256,22 @@ def _attach_files(t: TrackedJob) -> None:
             f"the job was requeued and is on restart {run}"
         )
         t.finished = None
+
+
+def oom_note(record: object) -> str | None:
+    """fsqueue's line for oom.json (runtime/oom_retry.py): the run ran out of memory, and what came of it."""
+    if not isinstance(record, dict):
+        return None
+    what = "ran out of host memory (Slurm's OUT_OF_MEMORY)" if record.get("kind") == "host" else "ran out of GPU memory"
+    retry = record.get("retry_job")
+    if isinstance(retry, int):
+        step = record.get("from_step")
+        start = f"from step {step}" if isinstance(step, int) else "from the start"
+        return (
+            f"{what}; submitted again as job {retry} on {record.get('to', '?')} ({record.get('plan', '?')}), "
+            f"{start}, in {record.get('retry_dir', '?')}"
+        )
+    return f"{what}; {record.get('note', '')}"
 
 
 def _drop_stale_finished(t: TrackedJob) -> None:

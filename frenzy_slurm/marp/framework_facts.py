@@ -1,0 +1,32 @@
+"""Framework defaults that change with the framework's or torch's version, each read from the source it names.
+
+The profiles (marp/frameworks.py) say what a framework does; where that depends on the release, the rule is
+here, keyed on model.yaml's `entry.framework_version` (None: the newest the profile describes) and
+`entry.torch_version` (None: a current release), with the file and versions it was read in.
+"""
+
+from __future__ import annotations
+
+# transformers' TrainingArguments.optim default (training_args.py, `default_optim`): "adamw_torch" (torch.optim.AdamW,
+# foreach on CUDA tensors) in every release up to 4.53 (read in 4.45.0, 4.50.0, 4.52.1, 4.53.0: the fused default is
+# commented out); from 4.54.0 "adamw_torch_fused" where `is_torch_greater_or_equal_than_2_8` (pytorch_utils.py),
+# else "adamw_torch" (read in 4.54.0, 4.55.0, 4.56.0, 4.57.1, 5.17.0)
+HF_FUSED_DEFAULT_FROM = (4, 54)
+HF_FUSED_DEFAULT_TORCH = (2, 8)
+
+
+def hf_trainer_fused_adamw(framework_version: tuple[int, ...] | None, torch_version: tuple[int, ...] | None) -> bool:
+    """Whether the Trainer's default optimizer is the fused AdamW for these transformers and torch versions."""
+    if framework_version is not None and framework_version[:2] < HF_FUSED_DEFAULT_FROM:
+        return False
+    return torch_version is None or torch_version[:2] >= HF_FUSED_DEFAULT_TORCH
+
+
+# FSDP2 with pipeline stages, as torchtitan runs it: its default `fsdp_reshard_after_forward` policy resolves to
+# `not pp_enabled` (torchtitan 0.3.0, distributed/fsdp.py get_fsdp_reshard_after_forward_policy), so a stage's blocks
+# stay gathered from forward to backward; torch's PipelineStage runs every micro-batch's backward but the last with
+# set_reshard_after_backward(False) and set_requires_gradient_sync(False) (torch 2.13,
+# distributed/pipelining/stage.py), and FSDP2 then keeps each unsharded gradient across micro-batches in the reduce
+# dtype (_fsdp_param.py to_accumulated_grad_if_needed; torchtitan's mixed_precision_reduce is float32, config/
+# configs.py): the stage's whole gradient, unsharded, in fp32, until the last micro-batch's reduce-scatter.
+FSDP_PP_REDUCE_BYTES = 4.0
