@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from frenzy_slurm.core.units import GiB  # (imports nothing: in_job stays standard library only)
+
 RECORD_GLOB = "oom-*.json"
-GIB = float(1 << 30)
 MAX_MESSAGE = 2000  # torch's message is a few hundred characters; a record stays small
 # torch's message for a failed CUDA allocation ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a
 # total capacity of 79.1 GiB of which ..."; c10/cuda/CUDACachingAllocator.cpp), and the amount it names
 TORCH_MESSAGE = re.compile(r"CUDA out of memory\. Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
-_UNITS = {"B": 1.0, "KiB": 1024.0, "MiB": 1024.0**2, "GiB": GIB, "TiB": 1024.0**4}
+_UNITS = {"B": 1.0, "KiB": 1024.0, "MiB": 1024.0**2, "GiB": GiB, "TiB": 1024.0**4}
 
 
 def is_cuda_oom(exc: BaseException) -> bool:
@@ -59,7 +60,7 @@ def record(job_dir: Path, exc: BaseException, planned_gib: float | None = None) 
     message = str(exc)[:MAX_MESSAGE]
     asked = requested_bytes(message)
     reserved = _reserved_bytes()
-    peak = (reserved or 0.0) + (asked or 0.0) if reserved is not None else planned_gib and planned_gib * GIB
+    peak = (reserved or 0.0) + (asked or 0.0) if reserved is not None else planned_gib and planned_gib * GiB
     rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
     data: dict[str, Any] = {
         "rank": int(rank) if rank.isdigit() else 0,
@@ -67,7 +68,7 @@ def record(job_dir: Path, exc: BaseException, planned_gib: float | None = None) 
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "kind": "cuda",
         "message": message,
-        "peak_gib": peak / GIB if peak else None,
+        "peak_gib": peak / GiB if peak else None,
         "at": time.time(),
     }
     path = job_dir / f"oom-{data['rank']}.json"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.has.fallback import ERROR_STEPS, failing_factor, pick
 from frenzy_slurm.has.model import Fallback
 from frenzy_slurm.jobdir import oom
@@ -170,7 +171,7 @@ def test_the_test_hook_raises_torchs_error_only_above_its_size_and_from_its_step
     with pytest.raises(torch.OutOfMemoryError) as caught:
         oom_hook.test_capacity_exceeded(3, 1.0)
     assert oom.is_cuda_oom(caught.value) and not oom.is_cuda_oom(RuntimeError("CUDA error"))
-    assert oom.requested_bytes(str(caught.value)) == pytest.approx(0.5 * 2**30)
+    assert oom.requested_bytes(str(caught.value)) == pytest.approx(0.5 * GiB)
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     path = oom.record(tmp_path, caught.value, planned_gib=1.0)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.marp import estimate_memory, workload_from_spec
 from frenzy_slurm.marp.frameworks import profile_summary
 from frenzy_slurm.marp.plan import ParallelPlan
 
 from .helpers import make_spec
-
-GiB = float(1 << 30)
 
 
 def _spec(framework: str, version: str | None = None, torch: str | None = None, **over: object):
