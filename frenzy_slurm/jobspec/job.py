@@ -329,6 +329,13 @@ class SlurmOptions(_Strict):
         "it checkpoints, is requeued and resumes. In exchange HAS may give it more of a pool. A job predicted "
         "to run less than the site's preemption.min_run_min stays in its own QOS.",
     )
+    replan: bool = Field(
+        False,
+        description="Let `frenzy-slurm watch` change this job's shape while it waits (scontrol update: partition, "
+        "nodes, GPUs per node), keeping its place in the queue: fsbatch records up to 3 shapes of the chosen GPU "
+        "type in plan.json and the job runs the one Slurm gave it. Homogeneous jobs of the built-in trainer only "
+        '(docs/has.md, "Re-planning waiting jobs").',
+    )
     mail_type: str | None = Field(None, description="sbatch --mail-type.")
     mail_user: str | None = Field(None, description="sbatch --mail-user.")
     job_name: str | None = Field(None, description="sbatch --job-name (default: the job's name).")

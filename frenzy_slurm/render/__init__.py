@@ -36,6 +36,7 @@ from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.environment import job_python
 from frenzy_slurm.render.planfile import MovedFrom, PlanFile
 from frenzy_slurm.render.script import check_script_entry, plan_env
+from frenzy_slurm.render.shapes import SRUN_AS_GIVEN, job_shapes
 from frenzy_slurm.slurm.cli import sbatch_argv
 from frenzy_slurm.slurm.view import pool_label
 
@@ -258,6 +259,7 @@ def render_job(
     container = spec.entry.environment.container
     in_image = None if container is None else launch(container, spec_path.parent, job_dir, script_path)
     groups = ",".join(str(i) for i in range(len(components)))
+    shapes = job_shapes(spec, decision) if options.replan else []
     umask = 0o027 if group_readable else 0o077
     per_component = component_flags(options)
     ctx = dict(
@@ -279,7 +281,7 @@ def render_job(
         job_env=job_python(spec, spec_path.parent).template_context(),
         umask=f"{umask:03o}",
         command=command,
-        srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
+        srun_groups=f"--het-group={groups} " if len(components) > 1 else (SRUN_AS_GIVEN if shapes else ""),
         container=None if in_image is None else in_image.template_context(),
     )
     env = environment(template_dir)
@@ -324,6 +326,7 @@ def render_job(
         predicted=predicted | {"step_time_s": alloc.step_time_s},
         moved_from=moved_from,
         slurm=user_options if user_options is not None else options,
+        shapes=shapes,
     )
     files = {
         "job.sbatch": script,

@@ -13,6 +13,7 @@ from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import JobSpec, SlurmOptions
 from frenzy_slurm.marp.plan import ParallelPlan
 from frenzy_slurm.records import read_json
+from frenzy_slurm.render.shapes import Shape
 from frenzy_slurm.yamlfile import format_validation_error
 
 
@@ -46,6 +47,11 @@ class PlanFile(BaseModel):
     )
     moved_from: MovedFrom | None = Field(
         None, description="The job this one continues, where `frenzy-slurm watch` moved it; null otherwise."
+    )
+    shapes: list[Shape] = Field(
+        default_factory=list,
+        description="slurm.replan: the shapes the job may be changed to while it waits, the chosen one first; "
+        "the runtime runs the one Slurm gave it (render/shapes.py). Empty: the chosen allocation only.",
     )
     slurm: SlurmOptions | None = Field(
         None,

@@ -31,6 +31,7 @@ from frenzy_slurm.marp.plan import checkpoint_route
 from frenzy_slurm.progress import ProgressRecorder
 from frenzy_slurm.records import write_json
 from frenzy_slurm.render.planfile import PlanFile, read_plan
+from frenzy_slurm.render.shapes import runs_as
 from frenzy_slurm.runtime import checkpoints, signals
 from frenzy_slurm.runtime.dist import DistEnv
 
@@ -94,7 +95,7 @@ def _client_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) ->
 
 
 def run_training(job_dir: Path, dist: DistEnv) -> int:
-    pf: PlanFile = read_plan(job_dir / "plan.json")
+    pf, shaped = runs_as(read_plan(job_dir / "plan.json"), os.environ)  # slurm.replan: the shape Slurm gave it
     spec, arch = pf.spec, pf.arch
     plan = pf.decision.chosen.plan
     t = spec.training
@@ -117,7 +118,7 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     else:
         deepspeed.init_distributed(dist_backend=backend)
     torch.manual_seed(t.seed)
-    ds_config = json.loads((job_dir / "ds_config.json").read_text())
+    ds_config = shaped if shaped is not None else json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
     # the attention kernel model.yaml names, and selective recomputation of its core: what MARP predicted
     core = plan.recompute == "selective"
