@@ -59,19 +59,27 @@ def _same_kind(a: Allocation, chosen: Allocation) -> bool:
 
 def shape_allocations(decision: Decision, limit: int = MAX_SHAPES) -> list[Allocation]:
     """The chosen allocation, then up to `limit - 1` of HAS's alternatives of the same GPU type and no longer
-    time limit (Slurm lets a user shorten a pending job's limit but not lengthen it), soonest completion first,
-    one per (partition, nodes, GPUs per node). Empty for a heterogeneous job."""
+    time limit (Slurm lets a user shorten a pending job's limit but not lengthen it), one per (partition, nodes,
+    GPUs per node): first the soonest in each other partition, then the soonest of the rest. Partitions first:
+    what frees up while the job waits is another partition's GPUs as often as its own, and a shape there is what
+    lets it follow them. Empty for a heterogeneous job."""
     chosen = decision.chosen
     if chosen.kind != "homogeneous" or len(chosen.components) != 1:
         return []
+    others = sorted(
+        (a.allocation for a in decision.alternatives if a.allocation is not None and _same_kind(a.allocation, chosen)),
+        key=lambda x: x.completion,
+    )
     out, seen = [chosen], {_key(chosen)}
-    others = [a.allocation for a in decision.alternatives if a.allocation is not None]
-    for a in sorted(others, key=lambda x: x.completion):
-        if len(out) >= limit:
-            break
-        if _same_kind(a, chosen) and _key(a) not in seen:
+    partitions = {chosen.components[0].partition}
+    for spread in (True, False):
+        for a in others:
+            part = a.components[0].partition
+            if len(out) >= limit or _key(a) in seen or (spread and part in partitions):
+                continue
             out.append(a)
             seen.add(_key(a))
+            partitions.add(part)
     return out
 
 
