@@ -15,6 +15,7 @@ import pytest
 from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.sim.synthetic import synthetic
+from frenzy_slurm.render.shapes import SRUN_AS_GIVEN
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.commands import update_pending_argv
 from frenzy_slurm.slurm.fake import FakeSlurm
@@ -96,7 +97,9 @@ SCRIPT = """#!/bin/bash
 #SBATCH --gres=gpu:a100:4
 #SBATCH --cpus-per-task=1
 #SBATCH --time=5
-echo "$SLURM_JOB_PARTITION $SLURM_JOB_NUM_NODES $SLURM_GPUS_ON_NODE $SLURM_CPUS_ON_NODE $SLURM_NTASKS" > {out}
+echo "$SLURM_JOB_PARTITION $SLURM_JOB_NUM_NODES $SLURM_GPUS_ON_NODE $SLURM_CPUS_ON_NODE $SLURM_NTASKS" > {out}.tmp
+srun {srun}--kill-on-bad-exit=1 printenv SLURM_PROCID > {out}.tasks
+mv {out}.tmp {out}
 """
 
 
@@ -109,13 +112,14 @@ def _fields(jid: int) -> dict[str, str]:
 def test_real_slurm_keeps_a_pending_jobs_place_when_its_shape_changes(clean_queue, tmp_path):
     """Two A100 nodes of four GPUs become one of two, with two CPUs a task: the job keeps its id, submit time and
     priority, and runs with the new shape. Slurm leaves SLURM_NTASKS as sbatch set it at submission (8 here): a
-    script that accepts several shapes must read SLURM_JOB_NUM_NODES and SLURM_GPUS_ON_NODE instead."""
+    script that accepts several shapes must read SLURM_JOB_NUM_NODES and SLURM_GPUS_ON_NODE instead, as the srun
+    line of a job with shapes does."""
     from frenzy_slurm.slurm import open_backend
 
     occupy_gpus({})  # every GPU held: the job waits
     out = tmp_path / "ran.txt"
     script = tmp_path / "j.sbatch"
-    script.write_text(SCRIPT.format(out=out))
+    script.write_text(SCRIPT.format(out=out, srun=SRUN_AS_GIVEN))
     jid = int(sh("sbatch", "--parsable", "-o", "/dev/null", "-D", str(tmp_path), str(script)).split(";")[0])
     before = wait_for(lambda: (f := _fields(jid))["state"] == "PENDING" and f, what="the job pending")
     smaller = ComponentRequest(partition="a100", gpu_type="a100", nodes=1, gpus_per_node=2, time_min=5, cpus_per_gpu=2)
@@ -131,3 +135,5 @@ def test_real_slurm_keeps_a_pending_jobs_place_when_its_shape_changes(clean_queu
         what=f"the job to run: {sh('scontrol', 'show', 'job', str(jid), check=False)}",
     )
     assert out.read_text().split() == ["a100", "1", "2", "4", "8"]
+    # srun as a job with shapes runs it (render/shapes.py): one task per GPU it got, not SLURM_NTASKS' eight
+    assert sorted(Path(f"{out}.tasks").read_text().split()) == ["0", "1"]
