@@ -99,8 +99,9 @@ def _options(t: TrackedJob, estimator: SlurmBackend, now: float) -> tuple[list[i
     kept, options = [], []
     for i in order:
         s = t.plan.shapes[i]
-        start = t.components[0].start_time if i == cur else None
-        if not start or start < now:
+        own = t.components[0].start_time if i == cur else None
+        start: float | None = float(own) if own else None
+        if start is None or start < now:
             try:
                 req = ComponentRequest(
                     partition=s.partition,
@@ -115,7 +116,7 @@ def _options(t: TrackedJob, estimator: SlurmBackend, now: float) -> tuple[list[i
                 if i == cur:
                     return None
                 continue  # Slurm refuses this shape now (a limit, a partition down): not an option
-        begin = max(now, float(start))
+        begin = max(now, start)
         kept.append(i)
         options.append(
             Option(
