@@ -53,6 +53,7 @@ SLURM_FLAGS = (
     "constraint",
     "exclusive",
     "preemptible",
+    "replan",
     "mail_type",
     "mail_user",
     "job_name",
