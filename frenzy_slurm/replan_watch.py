@@ -20,7 +20,7 @@ a later pass changes it again only where that pays again.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from frenzy_slurm.has.moves import MAX_PER_PASS
@@ -179,10 +179,10 @@ def _apply(t: TrackedJob, go: Shape, change: Reshape, backend: SlurmBackend) -> 
     try:
         backend.update_pending(t.job_id, req)
     except SlurmCommandError as exc:
-        return Reshape(**{**change.__dict__, "note": f"Slurm refused: {exc.stderr.strip()[:200] or exc}"})
+        return replace(change, note=f"Slurm refused: {exc.stderr.strip()[:200] or exc}")
     path = t.job_dir / REPLANNED
     history = read_job_record_or_none(path)
     entries = history.get("changes", []) if isinstance(history, dict) else []
     entries.append({"at": time.time(), "from": change.from_shape, "to": change.to_shape})
     write_json(path, {"job_id": t.job_id, "changes": entries})
-    return Reshape(**{**change.__dict__, "applied": True})
+    return replace(change, applied=True)

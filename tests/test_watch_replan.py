@@ -89,3 +89,19 @@ def test_a_job_not_marked_replan_is_left(tmp_path, monkeypatch):
     got: list = []
     watch_once(site, slurm, now=slurm.now, reshaped=got)
     assert got == [] and slurm.fake_jobs[jid].components[0].partition == "short"
+
+
+def test_a_job_that_started_meanwhile_refuses_and_nothing_is_recorded(waiting, monkeypatch):
+    from frenzy_slurm.slurm.run import SlurmCommandError
+
+    slurm, site, jid, job_dir = waiting
+
+    def started(job_id, component):
+        raise SlurmCommandError(["scontrol", "update"], 1, "Job is no longer pending execution")
+
+    monkeypatch.setattr(slurm, "update_pending", started)
+    got: list = []
+    watch_once(site, slurm, now=slurm.now, reshaped=got)
+    assert [(r.applied, r.note) for r in got] == [(False, "Slurm refused: Job is no longer pending execution")]
+    assert "not updated" in got[0].line()
+    assert not (job_dir / REPLANNED).exists()
