@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from frenzy_slurm.render.shapes import SRUN_AS_GIVEN
 from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.sim.synthetic import synthetic
-from frenzy_slurm.render.shapes import SRUN_AS_GIVEN
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.commands import update_pending_argv
 from frenzy_slurm.slurm.fake import FakeSlurm
