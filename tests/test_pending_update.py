@@ -137,3 +137,22 @@ def test_real_slurm_keeps_a_pending_jobs_place_when_its_shape_changes(clean_queu
     assert out.read_text().split() == ["a100", "1", "2", "4", "8"]
     # srun as a job with shapes runs it (render/shapes.py): one task per GPU it got, not SLURM_NTASKS' eight
     assert sorted(Path(f"{out}.tasks").read_text().split()) == ["0", "1"]
+
+
+def test_real_slurm_2205_cannot_change_a_pending_jobs_gpu_type(clean_queue, tmp_path):
+    """Why shapes keep the GPU type (render/shapes.py): Slurm 22.05 merges a job's GRES update with the GRES it
+    was submitted with, so an A100 job changed to the (free) T4s asks for both and is never runnable."""
+    from frenzy_slurm.slurm import open_backend
+
+    script = tmp_path / "j.sbatch"
+    script.write_text(SCRIPT.format(out=tmp_path / "ran.txt", srun=SRUN_AS_GIVEN))
+    jid = int(sh("sbatch", "--parsable", "--hold", "-o", "/dev/null", "-D", str(tmp_path), str(script)).split(";")[0])
+    open_backend("cli").update_pending(jid, _req("t4", "t4", 1, 4))
+    assert _fields(jid)["gres"].endswith("gpu:t4:4")  # what squeue shows is the new GRES only
+    sh("scontrol", "release", str(jid))
+    reason = wait_for(
+        lambda: (r := sh("squeue", "-h", "-j", str(jid), "-o", "%r")) not in ("None", "JobHeldUser", "") and r,
+        timeout=60,
+        what="a scheduling pass over the job",
+    )
+    assert reason == "BadConstraints"
