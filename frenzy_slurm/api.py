@@ -70,6 +70,7 @@ SLURM_FLAGS = (
     "exclusive",
     "preemptible",
     "oom_retry",
+    "replan",
     "mail_type",
     "mail_user",
     "job_name",

@@ -42,6 +42,7 @@ def test_the_protocol_is_what_the_backends_are_checked_against():
         "requeue",
         "hold",
         "release",
+        "update_pending",
         "preempted",
         "accounting",
         "gpu_memory_peaks",

@@ -6,7 +6,7 @@
 
 Validates model.yaml, predicts memory per plan (MARP), reads the cluster, picks the allocation that
 finishes soonest (HAS), renders job.sbatch / ds_config.json / plan.json and submits with sbatch.
-sbatch-style flags (-A, -q, -t, -C, --exclusive, --preemptible, --mail-*, -J, -o, -e, -d, --sbatch FLAG)
+sbatch-style flags (-A, -q, -t, -C, --exclusive, --preemptible, --replan, --mail-*, -J, -o, -e, -d, --sbatch FLAG)
 override model.yaml.
 The work is frenzy_slurm.api's (plan_jobs, submit, Job.wait), which the Python API offers too; this module
 parses flags and prints.
@@ -141,6 +141,13 @@ def _print_parsable(req: JobRequest, done: Submitted | None) -> None:
     help="Whether a run that ends out of memory is submitted again once, with more memory headroom, from its "
     "last checkpoint (default: model.yaml's slurm.oom_retry, on).",
 )
+@click.option(
+    "--replan",
+    is_flag=True,
+    default=None,
+    help="Let `frenzy-slurm watch` change the job's partition, nodes and GPUs per node while it waits, keeping its "
+    "place in the queue (model.yaml's slurm.replan; built-in trainer, homogeneous jobs).",
+)
 @click.option("--mail-type", help="sbatch --mail-type.")
 @click.option("--mail-user", help="sbatch --mail-user.")
 @click.option("-J", "--job-name", help="sbatch --job-name (default: model.yaml's name).")
@@ -205,6 +212,7 @@ def main(
     exclusive: bool | None,
     preemptible: bool | None,
     oom_retry: bool | None,
+    replan: bool | None,
     mail_type: str | None,
     mail_user: str | None,
     job_name: str | None,
@@ -233,6 +241,7 @@ def main(
         "exclusive": exclusive,
         "preemptible": preemptible,
         "oom_retry": oom_retry,
+        "replan": replan,
         "mail_type": mail_type,
         "mail_user": mail_user,
         "output": output,

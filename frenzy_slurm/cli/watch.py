@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
 
@@ -63,6 +64,7 @@ def watch(
     (moved.json in its job directory says where it went).
     """
     from frenzy_slurm.api import open_backend, open_site
+    from frenzy_slurm.track.replan_watch import Reshape
     from frenzy_slurm.track.watch import watch_once
 
     site_file = open_site(site)
@@ -82,8 +84,9 @@ def watch(
         signal.signal(sig, on_signal)
     while True:
         finished: list[str] = []  # moves an earlier pass left open (killed, a lost reply, a full disk)
+        reshaped: list[Reshape] = []  # waiting jobs marked slurm.replan, changed in place
         try:
-            moves = watch_once(site_file, slurm, dry_run=dry_run, finished=finished)
+            moves = watch_once(site_file, slurm, dry_run=dry_run, finished=finished, reshaped=reshaped)
         except SlurmUnavailable as exc:
             if once:
                 raise
@@ -91,12 +94,15 @@ def watch(
             moves = []
         if as_json:
             pass_record = {"at": time.time(), "dry_run": dry_run, "moves": [m.as_json() for m in moves]}
-            click.echo(json.dumps(pass_record | {"finished": finished}))
+            reshapes = [asdict(r) for r in reshaped]
+            click.echo(json.dumps(pass_record | {"finished": finished, "reshaped": reshapes}))
         else:
             for line in finished:
                 click.echo(line)
             for m in moves:
                 echo(m.line())
+            for r in reshaped:
+                echo(r.line())
         if once:
             return
         deadline = time.monotonic() + interval

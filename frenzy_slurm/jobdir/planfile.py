@@ -14,10 +14,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.records import read_job_record, read_json
 from frenzy_slurm.core.yamlfile import format_validation_error
-from frenzy_slurm.has.model import Decision
+from frenzy_slurm.has.model import Allocation, Decision
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import JobSpec, SlurmOptions
 from frenzy_slurm.marp.plan import ParallelPlan
+
+
+class Shape(BaseModel):
+    """One allocation a job marked slurm.replan may run as, with what it runs there (render/shapes.py chooses
+    them; the runtime runs the one Slurm gave the job)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: str = Field(description="Slurm partition.")
+    gpu_type: str | None = Field(description="Slurm GRES type; null for untyped GRES.")
+    nodes: int = Field(gt=0, description="Nodes.")
+    gpus_per_node: int = Field(gt=0, description="GPUs (and tasks) per node.")
+    allocation: Allocation = Field(description="HAS's allocation for this shape: its plan and predicted times.")
+    ds_config: dict[str, Any] = Field(description="The DeepSpeed config rendered for this shape's plan.")
+
+    def key(self) -> tuple[str, int, int]:
+        return (self.partition, self.nodes, self.gpus_per_node)
 
 
 class MovedFrom(BaseModel):
@@ -56,6 +73,11 @@ class PlanFile(BaseModel):
     )
     moved_from: MovedFrom | None = Field(
         None, description="The job this one continues, where `frenzy-slurm watch` moved it; null otherwise."
+    )
+    shapes: list[Shape] = Field(
+        default_factory=list,
+        description="slurm.replan: the shapes the job may be changed to while it waits, the chosen one first; "
+        "the runtime runs the one Slurm gave it (render/shapes.py). Empty: the chosen allocation only.",
     )
     slurm: SlurmOptions | None = Field(
         None,

@@ -354,6 +354,13 @@ class SlurmOptions(_Strict):
         "again once, on the plan fsbatch chose for it with more memory headroom, from its last checkpoint "
         '(docs/runtime.md, "Out of memory"); false: it just fails (fsbatch --no-oom-retry).',
     )
+    replan: bool = Field(
+        False,
+        description="Let `frenzy-slurm watch` change this job's shape while it waits (scontrol update: partition, "
+        "nodes, GPUs per node), keeping its place in the queue: fsbatch records up to 3 shapes of the chosen GPU "
+        "type in plan.json and the job runs the one Slurm gave it. Homogeneous jobs of the built-in trainer only "
+        '(docs/has.md, "Re-planning waiting jobs").',
+    )
     mail_type: str | None = Field(None, description="sbatch --mail-type.")
     mail_user: str | None = Field(None, description="sbatch --mail-user.")
     job_name: str | None = Field(None, description="sbatch --job-name (default: the job's name).")

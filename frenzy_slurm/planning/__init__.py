@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -299,6 +299,13 @@ def plan_job(job: JobFile, site: SiteFile, backend: SlurmBackend, options: PlanO
     ready = prepare(job, site, backend, options)
     slurm, extra_notes = options.slurm, []
     space = search_space_from_spec(job.spec)
+    if slurm.replan:  # its shapes (render/shapes.py) are one partition's GPUs each: scontrol update changes one
+        if job.spec.parallel.heterogeneous:
+            raise InputError(
+                "slurm.replan (fsbatch --replan) with parallel.heterogeneous: a job changed while it waits runs on "
+                "one partition's GPUs, not a pipeline across GPU types; drop one of them"
+            )
+        space = replace(space, heterogeneous=False)
     inputs = (ready.requirements, ready.workload, space, ready.view, ready.site, start_estimator(backend), ready.now)
     if slurm.preemptible:
         if ready.site.preemption is None:

@@ -39,6 +39,7 @@ from frenzy_slurm.render.container import ContainerLaunch, launch, runtime_argv
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.environment import job_python
 from frenzy_slurm.render.script import check_script_entry, plan_env
+from frenzy_slurm.render.shapes import SRUN_AS_GIVEN, job_shapes
 from frenzy_slurm.slurm.cli import sbatch_argv
 from frenzy_slurm.slurm.view import pool_label
 
@@ -281,6 +282,7 @@ def _script_context(
     command: list[str],
     in_image: ContainerLaunch | None,
     group_readable: bool,
+    shaped: bool = False,
 ) -> dict:
     """What the batch script's template is given: names, paths, the time limit, the sbatch flags (those every
     component takes apart), the components, the environment and the command."""
@@ -308,7 +310,8 @@ def _script_context(
         job_env=job_python(spec, spec_path.parent).template_context(),
         umask=f"{umask:03o}",
         command=command,
-        srun_groups=f"--het-group={groups} " if len(components) > 1 else "",
+        # a job of several shapes (slurm.replan): srun follows the shape Slurm gave it (render/shapes.py)
+        srun_groups=f"--het-group={groups} " if len(components) > 1 else (SRUN_AS_GIVEN if shaped else ""),
         container=None if in_image is None else in_image.template_context(),
         oom_retry=oom_retry_command(options, job_dir, in_image is not None),
     )
@@ -344,7 +347,10 @@ def render_job(
     container = spec.entry.environment.container
     in_image = None if container is None else launch(container, spec_path.parent, job_dir, script_path)
     per_component = component_flags(options)
-    ctx = _script_context(spec, spec_path, job_dir, submission, alloc, options, command, in_image, group_readable)
+    shapes = job_shapes(spec, decision) if options.replan else []
+    ctx = _script_context(
+        spec, spec_path, job_dir, submission, alloc, options, command, in_image, group_readable, bool(shapes)
+    )
     script = _render_script(template_dir, ctx, per_component, len(alloc.components), in_image)
     plan = PlanFile(
         frenzy_version=__version__,
@@ -362,6 +368,7 @@ def render_job(
         predicted=_predicted(alloc),
         moved_from=moved_from,
         slurm=user_options if user_options is not None else options,
+        shapes=shapes,
     )
     files = {
         "job.sbatch": script,

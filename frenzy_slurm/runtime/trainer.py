@@ -37,6 +37,7 @@ from frenzy_slurm.jobspec import ResolvedModel
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import checkpoint_route
+from frenzy_slurm.render.shapes import runs_as
 from frenzy_slurm.runtime import checkpoints, oom_hook, signals
 from frenzy_slurm.runtime.children import child_env
 from frenzy_slurm.runtime.dist import DistEnv
@@ -112,13 +113,13 @@ def _client_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) ->
 def run_training(job_dir: Path, dist: DistEnv) -> int:
     """Train the plan in `job_dir` on this rank: the engine (resumed from a verified checkpoint), the steps with
     checkpoints at the interval and on a stop signal, then metrics.json (rank 0) and a requeue where asked."""
-    pf: PlanFile = read_plan(job_dir / "plan.json")
+    pf, shaped = runs_as(read_plan(job_dir / "plan.json"), os.environ)  # slurm.replan: the shape Slurm gave it
     device, backend = _device(dist)
     _init_distributed(dist, backend)
     import torch
 
     torch.manual_seed(pf.spec.training.seed)
-    engine, start_step = _engine(job_dir, pf, dist)
+    engine, start_step = _engine(job_dir, pf, dist, shaped)
     run = _Run(job_dir, pf, dist, device, engine, start_step)
     run.train()
     stage = _stage_of(dist.rank, pf.decision.chosen.plan)
@@ -158,7 +159,7 @@ def _init_distributed(dist: DistEnv, backend: str) -> None:
         deepspeed.init_distributed(dist_backend=backend)
 
 
-def _engine(job_dir: Path, pf: PlanFile, dist: DistEnv) -> tuple[Any, int]:
+def _engine(job_dir: Path, pf: PlanFile, dist: DistEnv, shaped: dict[str, Any] | None = None) -> tuple[Any, int]:
     """(the DeepSpeed engine over the built-in model as plan.json lays it out, the step it starts at): loaded from
     the checkpoint this job may resume, converted to DeepSpeed's universal format where the plan changed."""
     import deepspeed
@@ -169,7 +170,7 @@ def _engine(job_dir: Path, pf: PlanFile, dist: DistEnv) -> tuple[Any, int]:
 
     spec, arch, plan = pf.spec, pf.arch, pf.decision.chosen.plan
     t = spec.training
-    ds_config = json.loads((job_dir / "ds_config.json").read_text())
+    ds_config = shaped if shaped is not None else json.loads((job_dir / "ds_config.json").read_text())
     recompute = plan.recompute == "full"
     # the attention kernel model.yaml names, and selective recomputation of its core: what MARP predicted
     core = plan.recompute == "selective"

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import time as _time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from frenzy_slurm.sim.clusters import SimCluster
@@ -326,6 +326,28 @@ class SimSlurm:
         if j is None or j.state != "PENDING":
             raise SlurmCommandError(["scontrol", "hold", str(job_id)], 1, "Job is no longer pending execution")
         j.held = True
+
+    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+        """As scontrol update of a pending job's shape: it keeps its id, submit time and place in the queue."""
+        j = self.jobs_by_id.get(job_id)
+        argv = ["scontrol", "update", f"JobId={job_id}"]
+        if j is None or j.state != "PENDING":
+            raise SlurmCommandError(argv, 1, "Job is no longer pending execution")
+        if len(j.components) != 1:
+            raise SlurmCommandError(argv, 1, "Job is a heterogeneous job: update its components")
+        old = j.components[0]
+        j.components = [
+            replace(
+                old,
+                partition=component.partition,
+                gpu_type=component.gpu_type,
+                nodes=component.nodes,
+                gpus_per_node=component.gpus_per_node,
+                cpus_per_gpu=component.cpus_per_gpu,
+            )
+        ]
+        j.alternatives = []  # the update names one partition
+        self.schedule()
 
     def release(self, job_id: int) -> None:
         j = self.jobs_by_id.get(job_id)

@@ -284,6 +284,28 @@ class Preemption(_M):
         return v
 
 
+class Replan(_M):
+    """How much an in-place change of a waiting job (model.yaml's slurm.replan) must gain: `frenzy-slurm watch`
+    changes a job's shape only where the new one is predicted to finish it sooner by more than both."""
+
+    margin_s: float = Field(
+        600.0,
+        ge=0,
+        le=86400,
+        json_schema_extra=IN_SECONDS,
+        description="The least a change must gain, seconds (predictions err by minutes; each change is an update "
+        "Slurm must take and a plan the job picks anew).",
+    )
+    margin_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        json_schema_extra=IN_FRACTION,
+        description="The least a change must gain, as a share of the time the job is predicted to take from now "
+        "as it waits (the same tolerance HAS's own ties use).",
+    )
+
+
 class SiteConfig(_M):
     cluster: str = Field(description="Cluster name (informational; `site validate` compares it).")
     defaults: SiteDefaults = Field(default_factory=SiteDefaults, description="Values every pool inherits.")
@@ -334,6 +356,12 @@ class SiteConfig(_M):
         None,
         description="The site's preemptible QOS for jobs their users mark preemptible; none: such jobs are "
         "refused (exit 2).",
+    )
+
+    replan: Replan = Field(
+        default_factory=Replan,
+        description="In-place re-planning of waiting jobs marked slurm.replan by `frenzy-slurm watch`: the gain a "
+        "change must bring.",
     )
 
     trusted_factories: list[str] = Field(

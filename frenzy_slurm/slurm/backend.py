@@ -143,6 +143,14 @@ class SlurmBackend(Protocol):
         """Let a held job start again (`scontrol release`)."""
         ...
 
+    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+        """Change a pending single-component job, in place, to `component`'s partition, GPU type, GPUs per node
+        (one task each) and node count, as `scontrol update JobId=N Partition=P NumNodes=M TasksPerNode=K
+        NumTasks=M*K CPUsPerTask=C Gres=gpu:TYPE:K`: it keeps its id, submit time and priority, its place in
+        the queue. Its time limit and memory stay as submitted. Raises SlurmCommandError where Slurm refuses
+        (the job started meanwhile, is unknown, or the partition does not take it)."""
+        ...
+
     def preempted(self, job_id: int) -> bool:
         """Whether Slurm is preempting the job (its PreemptTime is set): the SIGTERM its steps got is a
         preemption, which the job answers by requeueing after its checkpoint, not a scancel, which stops it."""
@@ -197,6 +205,9 @@ class ReadOnlyBackend:
 
     def release(self, job_id: int) -> None:
         self._refuse("release jobs")
+
+    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+        self._refuse("update pending jobs")
 
     def preempted(self, job_id: int) -> bool:
         self._refuse("ask Slurm about a running job")

@@ -26,7 +26,7 @@ from frenzy_slurm.slurm.backend import (
     SbatchAnswer,
     StartEstimate,
 )
-from frenzy_slurm.slurm.commands import component_options
+from frenzy_slurm.slurm.commands import component_options, update_pending_argv
 from frenzy_slurm.slurm.job import Job
 from frenzy_slurm.slurm.parse import (
     SlurmUnexpected,
@@ -593,6 +593,11 @@ class SlurmCliBackend:
 
     def release(self, job_id: int) -> None:
         run(["scontrol", "release", str(job_id)], timeout=self.timeout)
+
+    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+        c = component
+        argv = update_pending_argv(job_id, c.partition, c.nodes, c.gpus_per_node, c.gpu_type, c.cpus_per_gpu)
+        run(argv, timeout=self.timeout)
 
     def preempted(self, job_id: int) -> bool:
         """scontrol's PreemptTime (`None` until a preemption starts; every Slurm version since 2.x has it), of

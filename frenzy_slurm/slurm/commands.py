@@ -60,6 +60,31 @@ def component_options(partition: str, nodes: int, gpus_per_node: int, gpu_type: 
     ]
 
 
+def update_pending_argv(
+    job_id: int, partition: str, nodes: int, gpus_per_node: int, gpu_type: str | None, cpus: int
+) -> list[str]:
+    """`scontrol update` of a pending job to another shape, the one `component_options` submits: partition, exactly
+    `nodes` nodes, one task per GPU, `cpus` CPUs per task, and GRES. Slurm 22.05 keeps the job's CPU counts as
+    submitted unless told (NumCPUs, MinCPUsNode): fewer tasks per node than those counts need leave it never
+    runnable (BadConstraints). `Gres=` rather than `TresPerNode=`: scontrol prefixes it with the TRES type its
+    controller expects (`gres:` up to 23.02, `gres/` since 23.11)."""
+    gres = f"gpu:{gpu_type}:{gpus_per_node}" if gpu_type else f"gpu:{gpus_per_node}"
+    tasks = nodes * gpus_per_node
+    return [
+        "scontrol",
+        "update",
+        f"JobId={job_id}",
+        f"Partition={partition}",
+        f"NumNodes={nodes}-{nodes}",
+        f"TasksPerNode={gpus_per_node}",
+        f"NumTasks={tasks}",
+        f"NumCPUs={tasks * cpus}",
+        f"MinCPUsNode={gpus_per_node * cpus}",
+        f"CPUsPerTask={cpus}",
+        f"Gres={gres}",
+    ]
+
+
 def salloc_argv(
     components: Sequence[AllocComponent],
     time_min: int,

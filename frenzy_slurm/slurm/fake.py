@@ -14,7 +14,7 @@ refinement).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from frenzy_slurm.slurm.backend import AccountingRecord, BatchJob, ComponentRequest, SbatchAnswer, StartEstimate
@@ -339,6 +339,31 @@ class FakeSlurm:
         if j is None or j.state != "PENDING":
             raise SlurmCommandError(["scontrol", "hold", str(job_id)], 1, "Job is no longer pending execution")
         j.held = True
+
+    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+        """As scontrol update of a pending job's shape: its id, submit time and place stay; a job that is not
+        pending, a heterogeneous one or an unknown partition refuses."""
+        self._guard("update_pending")
+        j = self.fake_jobs.get(job_id)
+        argv = ["scontrol", "update", f"JobId={job_id}"]
+        if j is None or j.state != "PENDING":
+            raise SlurmCommandError(argv, 1, "Job is no longer pending execution")
+        if len(j.components) != 1:
+            raise SlurmCommandError(argv, 1, "Job is a heterogeneous job: update its components")
+        if component.partition not in {p.name for p in self.partitions}:
+            raise SlurmCommandError(argv, 1, "Invalid partition name specified")
+        old = j.components[0]
+        j.components = [
+            replace(
+                old,
+                partition=component.partition,
+                gpu_type=component.gpu_type,
+                nodes=component.nodes,
+                gpus_per_node=component.gpus_per_node,
+                cpus_per_gpu=component.cpus_per_gpu,
+            )
+        ]
+        self._schedule()
 
     def release(self, job_id: int) -> None:
         """As scontrol release: an unknown job refuses."""

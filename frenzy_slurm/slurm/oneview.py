@@ -54,6 +54,9 @@ class OneView:
     def hold(self, job_id: int) -> None:
         self.inner.hold(job_id)
 
+    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+        self.inner.update_pending(job_id, component)
+
     def release(self, job_id: int) -> None:
         self.inner.release(job_id)
 

@@ -343,6 +343,9 @@ class PyslurmBackend:
     def release(self, job_id: int) -> None:
         self._cli.release(job_id)
 
+    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+        self._cli.update_pending(job_id, component)  # scontrol's update: one command, as for hold and release
+
     def preempted(self, job_id: int) -> bool:
         return self._cli.preempted(job_id)  # asked once per stop, from inside the job: scontrol is enough
 

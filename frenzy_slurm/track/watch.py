@@ -50,6 +50,7 @@ from frenzy_slurm.slurm.backend import SlurmBackend
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 from frenzy_slurm.submission import submit
 from frenzy_slurm.track.jobs import TrackedJob, frenzy_jobs, my_user_name, output_files, read_tail
+from frenzy_slurm.track.replan_watch import Reshape, replan_pending
 from frenzy_slurm.track.watch_journal import (
     MOVED,
     MoveIntent,
@@ -146,9 +147,11 @@ def watch_once(
     dry_run: bool = False,
     now: float | None = None,
     finished: list[str] | None = None,
+    reshaped: list[Reshape] | None = None,
 ) -> list[Action]:
     """One pass over this user's preemptible jobs: the moves made (or, with `dry_run`, that would be made);
-    `finished` gets a line for each move an earlier pass left open and this one finished."""
+    `finished` gets a line for each move an earlier pass left open and this one finished, `reshaped` (where given)
+    the in-place changes of waiting jobs marked slurm.replan."""
     from frenzy_slurm.jobdir.safety import user_lock
     from frenzy_slurm.slurm.oneview import OneView
 
@@ -171,6 +174,12 @@ def watch_once(
                 continue
             if action is not None:
                 actions.append(action)
+        if reshaped is not None:  # slurm.replan: waiting jobs changed in place (replan_watch.py), not moved above
+            moved = {a.job_id for a in actions} | unfinished
+            tracked = [t for t in frenzy_jobs(cluster.load().jobs, user=me) if t.job_id not in moved]
+            reshaped += replan_pending(
+                tracked, cluster.load(), backend, site.config, dry_run=dry_run, now=now or time.time()
+            )
     return actions
 
 
