@@ -15,6 +15,8 @@ can load it (`has.moves.resumable`, as the watcher's moves); one that saved none
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from frenzy_slurm.core.errors import NoFitError
 from frenzy_slurm.has.decide import decide
 from frenzy_slurm.has.model import Allocation, Decision, Fallback
@@ -61,6 +63,11 @@ def oom_fallbacks(
     first = failing_factor(decision.chosen)
     if first is None:
         return []
+    if decision.chosen.kind == "homogeneous":
+        # a homogeneous job falls back to a homogeneous allocation: the headroom comes from more GPUs, sharding or
+        # checkpointing, and the search over pipelines across GPU types is most of a decision's time (fsbatch makes
+        # up to four of these decisions after its own: `fsbatch --dry-run` 0.54 -> 0.75 s with it, README's example)
+        space = replace(space, heterogeneous=False)
     spaces = [(True, resumable(space, req, decision.chosen.plan, universal)), (False, (space, req))]
     out: list[Fallback] = []
     for step in ERROR_STEPS:
