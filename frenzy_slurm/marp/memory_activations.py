@@ -112,6 +112,16 @@ def layer_activation_bytes(
     return total
 
 
+def layer_activation_terms(
+    w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False, cp: int = 1, frozen_input: bool = False
+) -> tuple[float, ...]:
+    """The bytes per token of each tensor (or group of tensors made together) one block saves for backward, in the
+    order its forward makes them: the terms `layer_activation_bytes` adds up. The allocator replay's request
+    sequence reads them (`marp/allocator_requests.py`)."""
+    b = _Block.of(w, tp, sp, amp, cp, frozen_input)
+    return (*_attention_terms(b, recompute), *_mlp_terms(b))
+
+
 def _attention_terms(b: _Block, recompute: Recompute) -> list[float]:
     """The attention half's saved tensors in the order the block makes them: norm1, the q/k/v input, q/k/v, the
     attention core's, o_proj's input and adapters, the residual dropout mask."""
