@@ -402,3 +402,60 @@ def test_an_unknown_free_and_a_double_alloc_are_refused():
         replay([free("never")])
     with pytest.raises(ValueError, match="still live"):
         replay([alloc("a", 512), alloc("a", 512)])
+
+
+def check_invariants(a: CachingAllocator, live_sizes: list[int]) -> None:
+    """What must hold after any sequence: allocated bytes are the live blocks', reserved bytes the segments',
+    blocks tile their segments without overlap."""
+    segments = a.segments()
+    assert a.stat("reserved_bytes") == sum(s.total_size for s in segments)
+    live = [b for s in segments for b in s.blocks if b.state == "active_allocated"]
+    assert sorted(b.requested_size for b in live) == sorted(live_sizes)
+    assert a.stat("allocated_bytes") == sum(b.size for b in live)
+    for s in segments:
+        assert [b.address for b in s.blocks] == [
+            s.address + sum(b.size for b in s.blocks[:i]) for i in range(len(s.blocks))
+        ]
+
+
+@pytest.mark.parametrize(
+    "settings", ["", "expandable_segments:True", "max_split_size_mb:40,roundup_power2_divisions:4"]
+)
+def test_allocator_fuzz(settings):
+    """test_allocator_fuzz: 10,000 random steps (seed 123, the test's own calls to `random`, so the same sequence)
+    of allocating 2-20 MiB int32 tensors, freeing a random one and, one time in 21, empty_cache, keeping under
+    100 MiB of elements alive. The PyTorch test checks the tensors' contents; here, that the replay's books
+    balance at every empty_cache and at the end, and that freeing everything and emptying the cache leaves
+    nothing reserved."""
+    import random
+
+    state = random.getstate()
+    random.seed(123)
+    a = CachingAllocator(settings)
+    mem: list[tuple[int, int]] = []
+    total = 0
+    try:
+        for _ in range(10_000):
+            while total >= 1024 * 1024 * 1024 / (4 * 10):
+                address, n = mem.pop(random.randrange(0, len(mem)))
+                a.free(address)
+                total -= n
+            (action,) = random.choices(["alloc", "free", "empty_cache"], weights=[1, 1 if mem else 0, 0.1])
+            if action == "alloc":
+                n = random.randrange(2 * 1024 * 1024 // 4, 20 * 1024 * 1024 // 4)
+                mem.append((a.malloc(n * 4), n))
+                total += n
+            elif action == "free":
+                address, n = mem.pop(random.randrange(0, len(mem)))
+                a.free(address)
+                total -= n
+            else:
+                a.empty_cache()
+                check_invariants(a, [n * 4 for _, n in mem])
+    finally:
+        random.setstate(state)
+    check_invariants(a, [n * 4 for _, n in mem])
+    for address, _ in mem:
+        a.free(address)
+    a.empty_cache()
+    assert (a.stat("reserved_bytes"), a.stat("allocated_bytes"), a.segments()) == (0, 0, [])

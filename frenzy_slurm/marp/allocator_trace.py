@@ -14,7 +14,9 @@ reusable: at once, or after the streams `record_stream` named), `segment_alloc`/
 cudaFree) and `segment_map`/`segment_unmap` (expandable segments' pages), `oom`, `snapshot` (ignored);
 `segments`, each with `device` and `total_size` (what the allocator held when the snapshot was taken); and
 `allocator_settings` (`expandable_segments`, `max_split_size`, `garbage_collection_threshold`,
-`roundup_power2_divisions` as {"1": v, "2": v, ..., "32768": v} per interval of MiB), the settings replayed.
+`roundup_power2_divisions` as {"1": v, "2": v, ..., "32768": v} per interval of MiB): the settings in force
+when the snapshot was taken, replayed for the whole trace (a program that changed them midway is replayed with
+its last ones; `--settings` replaces them).
 
 The replay sees only the requests: a run of segment frees that no allocation follows is an `empty_cache()` call,
 and is repeated; a trace that starts mid-run (the history is a ring buffer, 100,000 events by default) frees
