@@ -635,7 +635,13 @@ class Parallel(_Strict):
         description="DeepSpeed-Ulysses sequence parallelism (all-to-all over attention heads): not modelled, so a "
         "degree > 1 is refused. Ring-attention context parallelism is `cp`; Megatron's is `sequence_parallel`.",
     )
-    schedule: Literal["1f1b", "interleaved", "gpipe"] = Field("1f1b", description="Pipeline schedule.")
+    schedule: Literal["1f1b", "interleaved", "gpipe", "sequential"] = Field(
+        "1f1b",
+        description="Pipeline schedule: 1f1b, interleaved (virtual stages), gpipe, or sequential: naive model "
+        "parallelism (Hugging Face `device_map`, layers split over the GPUs and run one GPU at a time, no pipeline "
+        "schedule: the first stage holds the embeddings, the last the output layer and the loss). Under hf-trainer "
+        "pp > 1 is only this one.",
+    )
     virtual_stages: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedule).")
     offload_optimizer: bool = Field(
         False, description="Optimizer states in host memory (ZeRO-Offload, FSDP CPU offload); needs sharding."

@@ -134,7 +134,9 @@ class PlanGroup:
 
     def shape(self, mb: int) -> PlanShape:
         """What `PlanPricer.costs` reads of `plan(mb)`, without validating a ParallelPlan."""
-        return PlanShape(self.dp, self.tp, self.pp, self.zero, mb, self.global_batch // (self.dp * mb), self.recompute)
+        schedule = str(dict(self.pinned).get("schedule", "1f1b"))
+        ga = self.global_batch // (self.dp * mb)
+        return PlanShape(self.dp, self.tp, self.pp, self.zero, mb, ga, self.recompute, schedule=schedule)
 
 
 def plan_groups(
