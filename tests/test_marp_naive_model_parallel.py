@@ -115,3 +115,26 @@ def test_step_time_counts_one_gpu_active_at_a_time():
     # the search prices a group by its shape: the schedule travels with it
     (group,) = plan_groups(w, 2, 8, search_space_from_spec(spec), gpus_per_node=2)
     assert pricer.costs(group.shape(1)) == seq
+
+
+def test_one_process_drives_a_nodes_stages():
+    """fsbatch launches one task per pp GPUs for naive model parallelism (the script's device_map sees them)."""
+    from pathlib import Path
+
+    from frenzy_slurm.render.shapes import srun_as_given, tasks_per_node
+    from frenzy_slurm.sim.synthetic import synthetic
+
+    from .helpers import LOCAL, fill, planned
+
+    assert tasks_per_node(4, 2) == 2 and tasks_per_node(4, 1) == 4
+    with pytest.raises(InputError, match="puts 2 pipeline stages in one process"):
+        tasks_per_node(3, 2)
+    assert '--ntasks-per-node="$((SLURM_GPUS_ON_NODE / 2))"' in srun_as_given(2)
+    spec = _hf(pp=2, schedule="sequential").model_copy(deep=True)
+    spec.limits.min_gpus = spec.limits.max_gpus = 2
+    req = planned(spec, fill(synthetic(LOCAL), "a100"), Path("/scratch/jobs/seq-0001"))
+    assert req.decision.chosen.plan.schedule == "sequential"
+    c = req.decision.chosen.components[0]
+    assert (c.nodes, c.gpus_per_node) == (1, 2)
+    assert "#SBATCH --ntasks-per-node=1\n" in req.script
+    assert f"#SBATCH --cpus-per-task={2 * c.cpus_per_task}\n" in req.script

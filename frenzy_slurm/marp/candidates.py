@@ -152,6 +152,8 @@ def plan_groups(
         for pp in space.pp_degrees:
             if pp > a.layers or world % (tp * pp * cp):
                 continue
+            if space.pinned.get("schedule") == "sequential" and (pp > gpus_per_node or gpus_per_node % pp):
+                continue  # naive model parallelism: one process, on one node, drives all its stages' GPUs
             dp = world // (tp * pp * cp)
             if dp > global_batch or global_batch % dp:
                 continue
