@@ -138,3 +138,27 @@ def test_one_process_drives_a_nodes_stages():
     assert (c.nodes, c.gpus_per_node) == (1, 2)
     assert "#SBATCH --ntasks-per-node=1\n" in req.script
     assert f"#SBATCH --cpus-per-task={2 * c.cpus_per_task}\n" in req.script
+
+
+def test_the_trainer_gets_no_deepspeed_or_fsdp_over_a_device_map_model():
+    from frenzy_slurm.runtime.framework_argv import framework_args
+
+    env = {
+        "FRENZY_FRAMEWORK": "hf-trainer",
+        "FRENZY_MICRO_BATCH": "1",
+        "FRENZY_GRAD_ACCUM": "16",
+        "FRENZY_LEARNING_RATE": "0.0001",
+        "FRENZY_STEPS": "10",
+        "FRENZY_WARMUP_STEPS": "0",
+        "FRENZY_SEED": "7",
+        "FRENZY_CHECKPOINT_DIR": "/tmp/unused-ckpt",
+        "FRENZY_PRECISION": "bf16-pure",
+        "FRENZY_RECOMPUTE": "full",
+        "FRENZY_SHARDING": "none",
+        "FRENZY_DS_CONFIG": "/j/ds_config.json",
+        "FRENZY_PP": "2",
+    }
+    assert "--deepspeed" in framework_args(env | {"FRENZY_SCHEDULE": "1f1b"})
+    argv = framework_args(env | {"FRENZY_SCHEDULE": "sequential"})
+    assert "--deepspeed" not in argv and "--fsdp" not in argv
+    assert argv[argv.index("--gradient_accumulation_steps") + 1] == "16" and "--gradient_checkpointing" in argv
