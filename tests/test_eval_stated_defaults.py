@@ -101,3 +101,12 @@ def test_failures_count_as_zero_in_the_fail0_mean():
     assert s["failures"] == 2
     assert s["mean_accuracy"] == pytest.approx(0.85)
     assert s["mean_failures_as_zero"] == pytest.approx(0.425)  # (0.9 + 0.8 + 0 + 0) / 4
+
+
+def test_model_yaml_naming_an_unmodelled_framework_is_refused_with_the_reason():
+    from pydantic import ValidationError
+
+    from .helpers import make_spec
+
+    with pytest.raises(ValidationError, match=r"framework llm.c is not modelled: .*one cudaMalloc"):
+        make_spec(entry={"trainer": "script", "script": "train_gpt2.cu", "framework": "llm.c"})

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.jobspec.job import FrameworkName, JobSpec, ModelCodeName
+from frenzy_slurm.jobspec.job import UNMODELLED_FRAMEWORKS, FrameworkName, JobSpec, ModelCodeName
 
 Support = Literal["auto", "asked", "no"]  # the search tries it / only when model.yaml pins it / never
 
@@ -385,13 +385,8 @@ PROFILES: dict[str, FrameworkProfile] = {
 }
 
 
-# Training programs MARP has no profile for, by name, with why: their memory is not laid out by PyTorch's allocator
-# and modules, so no profile of a framework above predicts it
-UNMODELLED: dict[str, str] = {
-    "llm.c": "llm.c trains in its own C/CUDA code: it allocates every parameter, gradient, optimizer state and "
-    "activation buffer in one cudaMalloc at start-up, with a layout of its own, not through PyTorch's caching "
-    "allocator and modules, so none of MARP's framework profiles describes its memory",
-}
+# Training programs MARP has no profile for, by name, with why (model.yaml's entry.framework refuses them)
+UNMODELLED: dict[str, str] = UNMODELLED_FRAMEWORKS
 
 
 def profile_of(spec: JobSpec) -> FrameworkProfile:
