@@ -162,3 +162,16 @@ def test_the_trainer_gets_no_deepspeed_or_fsdp_over_a_device_map_model():
     argv = framework_args(env | {"FRENZY_SCHEDULE": "sequential"})
     assert "--deepspeed" not in argv and "--fsdp" not in argv
     assert argv[argv.index("--gradient_accumulation_steps") + 1] == "16" and "--gradient_checkpointing" in argv
+
+
+def test_explain_says_which_schedules_a_framework_runs():
+    from frenzy_slurm.marp.frameworks import profile_lines, profile_summary
+
+    assert profile_summary(_hf())["can_run"]["pipeline schedules"] == "sequential"  # type: ignore[index]
+    assert (
+        "pipeline schedules"
+        not in profile_summary(
+            _hf().model_copy(update={"entry": _hf().entry.model_copy(update={"framework": "torchtune"})})
+        )["can_run"]
+    )  # type: ignore[operator]
+    assert any("pipeline schedules sequential" in line for line in profile_lines(_hf()))

@@ -468,6 +468,8 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
         "zero stages": ",".join(map(str, can.zero_stages)),
         "heterogeneous pipelines": can.heterogeneous,
     }
+    if can.pp != "no":
+        runs["pipeline schedules"] = ",".join(can.schedules)  # parallel.schedule
     out: dict[str, object] = {
         "framework": prof.name,
         "title": prof.title,
