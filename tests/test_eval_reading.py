@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from frenzy_slurm.eval import reading
-from frenzy_slurm.eval.dataset import MeasuredRow, RowError, interpret_row
+from frenzy_slurm.eval.dataset import MeasuredRow, RowError, interpret_row, measurement
 
 
 @pytest.mark.parametrize(
@@ -162,8 +162,17 @@ def test_rows_skipped_with_reasons():
         interpret_row(_row(parallelism="TP=8 x PP=8", num_gpus="16"))
     with pytest.raises(RowError, match="encoder-decoder"):
         interpret_row(_row(model="flan-t5-xl"))
+    # litgpt has no single default (its FSDP strategy checkpoints blocks, its single-device scripts do not)
     with pytest.raises(RowError, match="not stated"):
-        interpret_row(_row(activation_ckpt="not stated"))
+        interpret_row(
+            _row(
+                activation_ckpt="not stated",
+                parallelism="DP=16",
+                sharding_offload="none",
+                other_settings="litgpt",
+                grad_accum_or_global_batch="",
+            )
+        )
 
 
 def test_gpu_counts_and_hybrid_shard():
@@ -241,15 +250,16 @@ def test_devices_of_a_named_config_and_assumed_degrees():
     it = interpret_row(_row(num_gpus="4 (machine 4xA10G; devices per phi-2/full.yaml)", **fsdp))
     assert (it.plan.dp, it.plan.zero) == (2, 3)
     assert interpret_row(_row(num_gpus="4", **fsdp)).plan.dp == 4
-    with pytest.raises(RowError, match="assumption of the row"):
-        interpret_row(
-            _row(
-                num_gpus="4 (4xA10G)",
-                parallelism="DP(FSDP)=4 (assumed)",
-                other_settings="litgpt",
-                sharding_offload="litgpt FSDP full shard",
-            )
-        )
+    # a degree the row marks as assumed is planned, and the measurement says it is assumed (scored low)
+    assumed = _row(
+        num_gpus="4 (4xA10G)",
+        parallelism="DP(FSDP)=4 (assumed)",
+        other_settings="litgpt",
+        sharding_offload="litgpt FSDP full shard",
+    )
+    assert (interpret_row(assumed).plan.dp, interpret_row(assumed).plan.zero) == (4, 3)
+    m = measurement(assumed)
+    assert m.assumed == ["parallelism"] and m.confidence == "high" and m.scored_confidence == "low"
 
 
 def test_torchtune_recipe_behaviour():

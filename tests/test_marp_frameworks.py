@@ -274,6 +274,8 @@ def test_pinned_settings_the_framework_cannot_run_are_refused():
     assert "op" not in search_space_from_spec(script("torch")).recompute  # a plain loop: only when pinned
     assert search_space_from_spec(script("torch", training__activation_checkpointing="op")).recompute == ("op",)
     with pytest.raises(InputError, match="runs no pipeline stages"):
+        search_space_from_spec(script("torchtune", parallel={"heterogeneous": True}))
+    with pytest.raises(InputError, match="runs its stages sequentially in one process"):
         search_space_from_spec(script("hf-trainer", parallel={"heterogeneous": True}))
     assert search_space_from_spec(script("deepspeed", parallel={"heterogeneous": True})).heterogeneous
     assert not search_space_from_spec(make_spec(parallel={"pp": 1})).heterogeneous

@@ -47,6 +47,17 @@ class Measurement(BaseModel):
     category: str | None = Field(
         None, description="The source's label for the run (pretraining, full finetune, LoRA, ...), shown only."
     )
+    assumed: list[str] = Field(
+        default_factory=list,
+        description="Settings of the model.yaml the source does not state: marked as assumed by whoever wrote the "
+        "measurement down, or left unstated and planned as the framework's default. The benchmark predicts the case "
+        "but scores it as low confidence.",
+    )
+
+    @property
+    def scored_confidence(self) -> Confidence:
+        """The confidence the benchmark scores: low where a setting is assumed, else the source's."""
+        return "low" if self.assumed else self.confidence
 
 
 class MeasuredCase(JobSpec):

@@ -27,7 +27,7 @@ from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import FrameworkName, Method, Optimizer, OptimizerName
 from frenzy_slurm.marp import job_overheads, pinned_plan, workload_from_spec
-from frenzy_slurm.marp.frameworks import PROFILES
+from frenzy_slurm.marp.frameworks import PROFILES, UNMODELLED
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
@@ -273,9 +273,7 @@ def _plan(
 ) -> tuple[ParallelPlan, bool]:
     """The parallel plan the row states; returns (plan, activation offload)."""
     text = " ".join(raw[k] for k in ("parallelism", "sharding_offload", "other_settings")).lower()
-    if re.search(r"\bassumed\b|\bguess(?:ed)?\b", raw["parallelism"].lower()):
-        # a degree the row marks as assumed is not one the source states; sharded states divide by it
-        raise RowError(f"parallelism '{raw['parallelism']}' is an assumption of the row, not stated by the source")
+    # (a degree the row marks as assumed is planned as written; the measurement records it as assumed)
     par = reading.parallelism(text)
     if re.search(r"if devices\s*>\s*1", text) and gpus == 1:
         par = reading.Parallelism(single=True)
@@ -316,7 +314,10 @@ def _plan(
             offload_optimizer=offload and zero >= 1,
             offload_params=offload_params,
             shard_group=par.shard_group if par.shard_group and dp % par.shard_group == 0 else None,
-            schedule=par.schedule or ("interleaved" if par.virtual_stages else "1f1b"),
+            # device_map: naive model parallelism, the stages run one after another (no pipeline schedule)
+            schedule="sequential"
+            if par.device_map
+            else par.schedule or ("interleaved" if par.virtual_stages else "1f1b"),
             virtual_stages=par.virtual_stages or 1,
         )
     except ValidationError as exc:
@@ -363,11 +364,39 @@ def _recompute(raw: dict[str, str]) -> Recompute:
         return "selective"
     said = reading.yes_no(ac)
     if said is None:
-        shipped = PROFILES[framework].shipped_checkpointing
-        if "default" in ac and shipped is not None:
-            return shipped  # what the framework's shipped configs set (torchtune's: enable_activation_checkpointing)
+        prof = PROFILES[framework]
+        if "default" in ac and prof.shipped_checkpointing is not None:
+            return (
+                prof.shipped_checkpointing
+            )  # what the shipped configs set (torchtune's enable_activation_checkpointing)
+        if _unstated(ac) and prof.unset_checkpointing is not None:
+            return prof.unset_checkpointing  # what the framework runs when nobody turns it on
         raise RowError(f"activation checkpointing is not stated ('{raw['activation_ckpt']}')")
     return "full" if said else "none"
+
+
+def _unstated(text: str) -> bool:
+    """A cell that says the source does not state the setting (or says only that it is a default)."""
+    t = text.strip().lower()
+    return not t or t.startswith(UNSTATED) or bool(re.search(r"\bdefault\b", t))
+
+
+# how a settings cell says the source leaves the setting out
+UNSTATED = ("unclear", "not stated", "unknown", "n/a")
+
+
+def assumed_settings(raw: dict[str, str]) -> list[str]:
+    """The settings a row marks as assumed by whoever wrote it down, or leaves unstated (then the framework's
+    default is planned): the measurement records them and the benchmark scores the row as low confidence."""
+    out = [
+        k for k in (*SETTING_COLUMNS, "num_gpus") if re.search(r"\bassumed\b|\bguess(?:ed)?\b", raw.get(k, "").lower())
+    ]
+    out += [
+        k
+        for k in ("optimizer", "sharding_offload", "activation_ckpt")
+        if raw.get(k, "").strip().lower().startswith(UNSTATED)
+    ]
+    return sorted(set(out))
 
 
 def _lora(raw: dict[str, str], method: str, fws: set[str]) -> tuple[int, tuple[str, ...]]:
@@ -406,10 +435,9 @@ def _precision(raw: dict[str, str]) -> reading.PrecisionReading:
 
 def _optimizer(raw: dict[str, str]) -> tuple[OptimizerName, str | None, bool]:
     """(model.yaml's optimizer name, its implementation where stated, stepped in backward) from the row's words."""
-    for col in ("optimizer", "sharding_offload"):
-        if raw[col].strip().lower().startswith(("unclear", "not stated", "unknown")):
-            raise RowError(f"{col} is not stated by the source ('{raw[col]}')")
     opt_text = raw["optimizer"].lower()
+    if opt_text.strip().startswith(UNSTATED):
+        return "adamw", None, False  # model.yaml's default, the frameworks' own (assumed_settings records it)
     optimizer: Optimizer = "adamw"
     if "8bit" in opt_text or "8-bit" in opt_text:
         optimizer = "adam-8bit"
@@ -554,6 +582,8 @@ def _training_block(raw: dict[str, str], row: MeasuredRow, plan: ParallelPlan, a
 
 def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object], ParallelPlan, Architecture]:
     """The model.yaml the row describes (as a mapping), the plan the row states, and its architecture."""
+    for name in sorted(_named_frameworks(raw) & UNMODELLED.keys()):
+        raise RowError(f"framework {name} is not modelled: {UNMODELLED[name]}")
     arch = _arch(raw)
     stated = _stated_batch(raw)
     local_batch = stated.local_batch if "local" in raw["micro_batch"].lower() else None
@@ -618,6 +648,7 @@ def measurement(row: MeasuredRow) -> Measurement:
         source=source or "not stated",
         confidence=_confidence(row.confidence),
         category=row.category,
+        assumed=assumed_settings(raw),
     )
 
 

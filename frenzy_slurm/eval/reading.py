@@ -298,6 +298,7 @@ FRAMEWORK_NAMES = {
     "torchtitan": "torchtitan",
     "fsdp": "torch",
     "pytorch": "torch",
+    "llm.c": "llm.c",  # not modelled (marp/frameworks.py UNMODELLED): the reader refuses it by name
 }
 # model classes named in a row are the Hugging Face implementation
 _HF_CLASS = re.compile(

@@ -39,7 +39,7 @@ PLAN_NAMES: dict[str, str] = {
     "FRENZY_ZERO": "ZeRO stage (FSDP: 3 full sharding, 2 SHARD_GRAD_OP)",
     "FRENZY_SHARD_GROUP": "ranks one copy of the model states is sharded over (hybrid-shard: fewer than FRENZY_DP)",
     "FRENZY_SEQUENCE_PARALLEL": "1 if activations outside the TP regions are split over the TP ranks, else 0",
-    "FRENZY_SCHEDULE": "pipeline schedule: 1f1b, interleaved or gpipe",
+    "FRENZY_SCHEDULE": "pipeline schedule: 1f1b, interleaved, gpipe or sequential (device_map model parallelism)",
     "FRENZY_VIRTUAL_STAGES": "model chunks per pipeline rank (interleaved schedule)",
     "FRENZY_SHARDING": "the stage in the framework's words: none, zero1-3, full-shard, shard-grad-op, hybrid-shard",
     "FRENZY_MICRO_BATCH": "sequences per rank per forward/backward",

@@ -35,6 +35,13 @@ LoraTarget = Literal["q", "k", "v", "o", "mlp", "head"]
 FrameworkName = Literal[
     "frenzy", "deepspeed", "hf-trainer", "torchtune", "torchtitan", "litgpt", "lightning", "megatron", "torch"
 ]
+# Training programs MARP has no profile for, by name, with why (model.yaml's entry.framework refuses them with this
+# reason; the measurement reader too): their memory is not laid out by PyTorch's allocator and modules
+UNMODELLED_FRAMEWORKS: dict[str, str] = {
+    "llm.c": "llm.c trains in its own C/CUDA code: it allocates every parameter, gradient, optimizer state and "
+    "activation buffer in one cudaMalloc at start-up, with a layout of its own, not through PyTorch's caching "
+    "allocator and modules, so none of MARP's framework profiles describes its memory",
+}
 # The model implementation a framework trains (marp/frameworks.py: how it computes norms, RoPE, GQA, projections)
 ModelCodeName = Literal["hf", "frenzy", "torchtune", "litgpt", "torchtitan", "megatron"]
 Sharding = Literal["auto", "none", "zero1", "zero2", "zero3", "full-shard", "shard-grad-op", "hybrid-shard"]
@@ -635,7 +642,13 @@ class Parallel(_Strict):
         description="DeepSpeed-Ulysses sequence parallelism (all-to-all over attention heads): not modelled, so a "
         "degree > 1 is refused. Ring-attention context parallelism is `cp`; Megatron's is `sequence_parallel`.",
     )
-    schedule: Literal["1f1b", "interleaved", "gpipe"] = Field("1f1b", description="Pipeline schedule.")
+    schedule: Literal["1f1b", "interleaved", "gpipe", "sequential"] = Field(
+        "1f1b",
+        description="Pipeline schedule: 1f1b, interleaved (virtual stages), gpipe, or sequential: naive model "
+        "parallelism (Hugging Face `device_map`, layers split over the GPUs and run one GPU at a time, no pipeline "
+        "schedule: the first stage holds the embeddings, the last the output layer and the loss). Under hf-trainer "
+        "pp > 1 is only this one.",
+    )
     virtual_stages: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedule).")
     offload_optimizer: bool = Field(
         False, description="Optimizer states in host memory (ZeRO-Offload, FSDP CPU offload); needs sharding."
@@ -729,7 +742,8 @@ class Entry(_Strict):
         "frenzy (the built-in trainer; the only choice with trainer: builtin), deepspeed (your DeepSpeed script), "
         "hf-trainer (Transformers Trainer/accelerate), torchtune, torchtitan, litgpt, lightning, megatron "
         "(Megatron-Core/NeMo) or torch (a plain DDP/FSDP loop). Default: frenzy for the built-in trainer, "
-        "deepspeed for a script. `frenzy-slurm frameworks` lists each profile's defaults.",
+        "deepspeed for a script. `frenzy-slurm frameworks` lists each profile's defaults. Programs with their own "
+        "CUDA memory layout (llm.c) are refused by name: no profile predicts them.",
     )
     model_code: ModelCodeName | None = Field(
         None,
@@ -779,6 +793,16 @@ class Entry(_Strict):
         "conda environment that runs your script. Default: the Python that runs fsbatch. fsbatch checks it can "
         "find the framework's packages (see docs/runtime.md).",
     )
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _modelled(cls, v: object) -> object:
+        if isinstance(v, str) and v.strip().lower() in UNMODELLED_FRAMEWORKS:
+            raise ValueError(
+                f"framework {v} is not modelled: {UNMODELLED_FRAMEWORKS[v.strip().lower()]}. frenzy-slurm cannot "
+                "predict its memory, so it does not plan it"
+            )
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> Entry:

@@ -15,6 +15,7 @@ from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
 from frenzy_slurm.marp.frameworks import (
+    Capabilities,
     FrameworkProfile,
     ModelCode,
     default_fused_optimizer,
@@ -273,16 +274,40 @@ def _degrees(value: int | str, support: str, auto: tuple[int, ...], what: str, f
     return (value,)
 
 
-def _heterogeneous(spec: JobSpec, default: bool, pp: str, framework: str) -> bool:
+def _heterogeneous(spec: JobSpec, default: bool, can: Capabilities, framework: str) -> bool:
     """Whether HAS may lay pipeline stages over several GPU types: the framework's default, or model.yaml's
-    parallel.heterogeneous where the framework runs pipelines at all."""
+    parallel.heterogeneous where the framework runs pipelines over processes at all (naive model parallelism's
+    stages are GPUs of one process, on one node)."""
     asked = spec.parallel.heterogeneous
-    if asked and pp == "no":
+    if asked and can.pp == "no":
         raise InputError(
             f"parallel.heterogeneous: {framework} runs no pipeline stages, so it cannot spread them over GPU types; "
             "set it false"
         )
+    if asked and (spec.parallel.schedule == "sequential" or can.schedules == ("sequential",)):
+        raise InputError(
+            f"parallel.heterogeneous: {framework} runs its stages sequentially in one process (device_map over one "
+            "node's GPUs), so it cannot spread them over GPU types in a heterogeneous job; set it false"
+        )
     return (default if asked is None else asked) and spec.parallel.pp != 1
+
+
+def _check_schedule(spec: JobSpec, can: Capabilities, framework: str) -> None:
+    """Refuses pipeline stages under a schedule the framework does not run (exit 2), naming the ones it does."""
+    par, schedules = spec.parallel, can.schedules
+    staged = par.pp > 1 if isinstance(par.pp, int) else can.pp == "auto"
+    if par.schedule in schedules or not staged:
+        return
+    if schedules == ("sequential",):
+        raise InputError(
+            f"parallel.schedule: {par.schedule}: {framework} runs pipeline stages only as naive model parallelism "
+            "(the model loaded with device_map over the GPUs, one active at a time); set parallel.schedule: "
+            "sequential, or pp: 1"
+        )
+    raise InputError(
+        f"parallel.schedule: {par.schedule} is not a schedule {framework} runs ({', '.join(schedules)}); "
+        "choose one of them, or name the framework that runs it (entry.framework)"
+    )
 
 
 def search_space_from_spec(spec: JobSpec) -> SearchSpace:
@@ -320,6 +345,7 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         raise InputError(f"parallel.offload_*: {fw} does not offload to host memory; set them false")
     if par.cp > 1 and can.cp == "no":
         raise InputError(f"parallel.cp: {par.cp}: {fw} has no context parallelism; set cp: 1")
+    _check_schedule(spec, can, fw)
     pinned: dict[str, object] = {
         "cp": par.cp,
         "offload_optimizer": par.offload_optimizer,
@@ -338,8 +364,9 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         zero_stages=zero or can.zero_stages,
         tp_degrees=_degrees(par.tp, can.tp, (1, 2, 4, 8), "tp", fw),
         pp_degrees=_degrees(par.pp, can.pp, (1, 2, 4, 8, 16), "pp", fw),
-        max_zero_with_pp=can.max_zero_with_pp,
-        heterogeneous=_heterogeneous(spec, can.heterogeneous, can.pp, fw),
+        # naive model parallelism puts one model over several GPUs of a process: FSDP and ZeRO shard none of it
+        max_zero_with_pp=0 if par.schedule == "sequential" else can.max_zero_with_pp,
+        heterogeneous=_heterogeneous(spec, can.heterogeneous, can, fw),
         # hybrid-shard without a shard_group: FSDP's HYBRID_SHARD shards within a node, whatever its GPU count
         shard_per_node=par.sharding == "hybrid-shard" and par.shard_group is None,
         shards_over_cp=can.fsdp_over_cp,

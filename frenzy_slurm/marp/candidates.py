@@ -134,7 +134,9 @@ class PlanGroup:
 
     def shape(self, mb: int) -> PlanShape:
         """What `PlanPricer.costs` reads of `plan(mb)`, without validating a ParallelPlan."""
-        return PlanShape(self.dp, self.tp, self.pp, self.zero, mb, self.global_batch // (self.dp * mb), self.recompute)
+        schedule = str(dict(self.pinned).get("schedule", "1f1b"))
+        ga = self.global_batch // (self.dp * mb)
+        return PlanShape(self.dp, self.tp, self.pp, self.zero, mb, ga, self.recompute, schedule=schedule)
 
 
 def plan_groups(
@@ -150,6 +152,8 @@ def plan_groups(
         for pp in space.pp_degrees:
             if pp > a.layers or world % (tp * pp * cp):
                 continue
+            if space.pinned.get("schedule") == "sequential" and (pp > gpus_per_node or gpus_per_node % pp):
+                continue  # naive model parallelism: one process, on one node, drives all its stages' GPUs
             dp = world // (tp * pp * cp)
             if dp > global_batch or global_batch % dp:
                 continue

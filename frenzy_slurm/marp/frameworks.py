@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from frenzy_slurm.jobspec.arch import Architecture
-from frenzy_slurm.jobspec.job import FrameworkName, JobSpec, ModelCodeName
+from frenzy_slurm.jobspec.job import UNMODELLED_FRAMEWORKS, FrameworkName, JobSpec, ModelCodeName
 
 Support = Literal["auto", "asked", "no"]  # the search tries it / only when model.yaml pins it / never
 
@@ -151,6 +151,9 @@ class Capabilities:
     # FSDP's mesh spans the context-parallel ranks too, so with cp > 1 the states are sharded even at dp 1
     # (torchtitan 0.3.0: parallel_dims.py, fsdp = dp_shard * cp; llama3/parallelize.py always applies FSDP)
     fsdp_over_cp: bool = False
+    # the pipeline schedules its stages run (parallel.schedule): a pipeline engine's, or "sequential" (naive model
+    # parallelism: Hugging Face's device_map, layers on several GPUs of one process run one after another)
+    schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,10 @@ class FrameworkProfile:
     qlora_paged_optimizer: bool = False
     # what the framework's shipped configs set, for a run described as "the defaults"
     shipped_checkpointing: Literal["none", "full"] | None = None
+    # what the framework runs when neither its configuration nor the user turns activation checkpointing on (its
+    # code's default, read from its source); None: no single default (it depends on the strategy or the release).
+    # A published run that does not state checkpointing ran this.
+    unset_checkpointing: Literal["none", "full"] | None = None
     unties_embeddings: bool = False  # its model class has its own output matrix: a tied checkpoint loads into two
     # FSDP2 wraps the embedding in a unit of its own and the final norm with the output layer in a tail unit kept
     # gathered from its forward to its backward (accelerate's fsdp2_prepare_model); False: the blocks are wrapped and
@@ -238,6 +245,9 @@ PROFILES: dict[str, FrameworkProfile] = {
             # $FRENZY_DS_CONFIG sets torch_adam instead (say training.optimizer_impl: foreach if you use it as is)
             fused_optimizer=True,
             holds_logits=False,
+            # activation checkpointing only where the script calls deepspeed.checkpointing or its config's
+            # activation_checkpointing section asks for it (off unless written)
+            unset_checkpointing="none",
         ),
         FrameworkProfile(
             "hf-trainer",
@@ -245,7 +255,10 @@ PROFILES: dict[str, FrameworkProfile] = {
             "transformers 4.40-5.17, accelerate 0.30-1.15 (CPU grid: 5.17)",
             "torch",
             "hf",
-            Capabilities(tp="asked", offload=True),  # tp_plan="auto" models only when asked
+            # tp_plan="auto" models only when asked; pipeline stages only as naive model parallelism: a model loaded
+            # with device_map over the process's GPUs (Trainer's is_model_parallel: it leaves the model where
+            # from_pretrained put it), which neither FSDP nor DeepSpeed can shard
+            Capabilities(tp="asked", pp="asked", offload=True, max_zero_with_pp=0, schedules=("sequential",)),
             # TrainingArguments.optim: adamw_torch_fused from transformers 4.54 with torch >= 2.8, else adamw_torch
             # (foreach); the newest described release with a current torch is fused (marp/framework_facts.py)
             fused_optimizer=True,
@@ -255,6 +268,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             # accelerate 1.15 fsdp2_prepare_model: fully_shard(embedding), fully_shard([norm, lm_head],
             # reshard_after_forward=False) besides the decoder layers (CPU grid: hf-trainer-fsdp2-*)
             fsdp_tail_unit=True,
+            unset_checkpointing="none",  # TrainingArguments.gradient_checkpointing: bool = False
         ),
         FrameworkProfile(
             "torchtune",
@@ -269,6 +283,8 @@ PROFILES: dict[str, FrameworkProfile] = {
             lora_dropout=0.0,  # the shipped LoRA configs' lora_dropout
             compiles_plain_loss=False,  # compile_loss compiles the chunked loss's per-chunk cross-entropy only
             shipped_checkpointing="full",  # shipped configs set enable_activation_checkpointing: True
+            # the recipes' cfg.get("enable_activation_checkpointing", False) (0.3-0.6 full_finetune_*, lora_finetune_*)
+            unset_checkpointing="none",
             nf4_quantizer="torchao",
         ),
         FrameworkProfile(
@@ -331,6 +347,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             # automatic optimization's closure: training_step, then optimizer.zero_grad, then backward (measured on
             # the CPU grid: the previous step's gradients are alive at the end of the forward)
             zero_grad_after_forward=True,
+            unset_checkpointing="none",  # none unless the LightningModule or the FSDP strategy's policy asks
         ),
         FrameworkProfile(
             "megatron",
@@ -341,6 +358,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             Capabilities(tp="auto", pp="auto", cp="asked", zero_stages=(0, 1), selective_recompute=True),
             fused_optimizer=True,  # Apex/TE FusedAdam; zero 1 = the distributed optimizer
             holds_logits=False,
+            unset_checkpointing="none",  # --recompute-granularity defaults to None (TransformerConfig: no recompute)
         ),
         FrameworkProfile(
             "torch",
@@ -350,13 +368,25 @@ PROFILES: dict[str, FrameworkProfile] = {
             "hf",
             # (torch.utils.checkpoint's selective contexts run torchtitan's per-op policy in any loop)
             Capabilities(
-                tp="asked", pp="asked", zero_stages=(0, 2, 3), offload=True, max_zero_with_pp=3, op_recompute="asked"
+                tp="asked",
+                pp="asked",
+                zero_stages=(0, 2, 3),
+                offload=True,
+                max_zero_with_pp=3,
+                op_recompute="asked",
+                # torch.distributed.pipelining's schedules, or a model moved layer by layer with .to(device)
+                schedules=("1f1b", "interleaved", "gpipe", "sequential"),
             ),
             fused_optimizer=False,  # torch.optim.AdamW's default: foreach on a GPU
             holds_logits=True,  # `logits = model(x); loss = f(logits, y); loss.backward()`
+            unset_checkpointing="none",  # torch.utils.checkpoint only where the loop calls it
         ),
     )
 }
+
+
+# Training programs MARP has no profile for, by name, with why (model.yaml's entry.framework refuses them)
+UNMODELLED: dict[str, str] = UNMODELLED_FRAMEWORKS
 
 
 def profile_of(spec: JobSpec) -> FrameworkProfile:
@@ -438,6 +468,8 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
         "zero stages": ",".join(map(str, can.zero_stages)),
         "heterogeneous pipelines": can.heterogeneous,
     }
+    if can.pp != "no":
+        runs["pipeline schedules"] = ",".join(can.schedules)  # parallel.schedule
     out: dict[str, object] = {
         "framework": prof.name,
         "title": prof.title,

@@ -236,9 +236,10 @@ def op_checkpointed_bytes(w: Workload, tp: int, sp: bool, amp: bool) -> float:
 def in_flight(plan: ParallelPlan, i: int) -> float:
     """Micro-batches whose activations a pipeline stage holds at its peak: 1F1B keeps pp - stage of them, GPipe
     all, interleaved 1F1B with v model chunks per rank (pp - stage - 1) * 2 + (v - 1) * pp + 1 chunk-micro-batches
-    in warm-up (Megatron's schedule), each 1/v of the stage's layers."""
+    in warm-up (Megatron's schedule), each 1/v of the stage's layers; sequential stages (naive model parallelism)
+    run each micro-batch's forward and backward through every stage before the next starts: one."""
     ga = max(plan.grad_accum, 1)
-    if plan.pp == 1:
+    if plan.pp == 1 or plan.schedule == "sequential":
         return 1.0
     if plan.schedule == "gpipe":
         return float(ga)

@@ -177,9 +177,10 @@ def pipeline_buffers(j: Job, i: int, inflight: float) -> float:
     """DeepSpeed's PipelineEngine keeps each micro-batch's stage output (the logits, on the last stage) in its pipe
     buffers, max(2, in-flight) of them, until the buffer is reused; and one more hidden-sized tensor per micro-batch
     in flight (the p2p copy of what is sent/received), plus its persistent receive buffers: activations (all but the
-    first stage) and gradients (all but the last)."""
+    first stage) and gradients (all but the last). Sequential stages (naive model parallelism) have no engine: a
+    stage's output moves to the next GPU with `.to()`, which keeps nothing for backward."""
     w, a, plan = j.w, j.w.arch, j.plan
-    if not (w.framework == "deepspeed" and plan.pp > 1):
+    if not (w.framework == "deepspeed" and plan.pp > 1) or plan.schedule == "sequential":
         return 0.0
     first, last = i == 0, i == plan.pp - 1
     nbuf = max(2, min(plan.pp - i, max(plan.grad_accum, 1)))

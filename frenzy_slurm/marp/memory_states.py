@@ -88,7 +88,9 @@ def gradients_persist(j: Job, i: int) -> bool:
     """Whether gradients are alive through the forward pass: with accumulation (a pipeline stage peaks at its
     first backward with the most micro-batches in flight; its gradients exist then only if a forward follows a
     backward at that depth, grad_accum > pp - stage), when zero_grad keeps zeroed buffers (torch < 2.0), or in
-    Megatron (its main_grad buffer is allocated once and kept). DeepSpeed and torch free .grad after the step."""
+    Megatron (its main_grad buffer is allocated once and kept). DeepSpeed and torch free .grad after the step.
+    Sequential stages (naive model parallelism) finish a micro-batch's backward before the next forward, as one
+    GPU does: gradients live through every forward after the first."""
     w, plan = j.w, j.plan
-    accumulating = plan.grad_accum > (plan.pp - i if plan.pp > 1 else 1)
+    accumulating = plan.grad_accum > (plan.pp - i if plan.pp > 1 and plan.schedule != "sequential" else 1)
     return accumulating or not w.states.zero_grad_to_none or w.framework == "megatron"

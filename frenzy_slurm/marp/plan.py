@@ -21,7 +21,9 @@ from frenzy_slurm.marp.workload import Workload as Workload
 # op: torchtitan's per-op selective checkpointing (every block checkpointed, the outputs of every other matmul and of
 # the attention kernel saved, the rest recomputed)
 Recompute = Literal["none", "selective", "full", "op"]
-Schedule = Literal["1f1b", "interleaved", "gpipe"]
+# sequential: naive model parallelism (Hugging Face `device_map`): the stages run one after another on each
+# micro-batch, one GPU active at a time, with no pipeline schedule (one micro-batch in flight per stage)
+Schedule = Literal["1f1b", "interleaved", "gpipe", "sequential"]
 Metric = Literal["allocated", "reserved", "device"]
 
 
@@ -66,7 +68,11 @@ class ParallelPlan(BaseModel):
     )
     offload_optimizer: bool = Field(False, description="Optimizer states (and fp32 master) kept in host memory.")
     offload_params: bool = Field(False, description="ZeRO-3 parameters kept in host memory.")
-    schedule: Schedule = Field("1f1b", description="Pipeline schedule: 1f1b, interleaved (virtual stages) or gpipe.")
+    schedule: Schedule = Field(
+        "1f1b",
+        description="Pipeline schedule: 1f1b, interleaved (virtual stages), gpipe, or sequential (naive model "
+        "parallelism: stages run one after another, one micro-batch in flight).",
+    )
     virtual_stages: int = Field(1, ge=1, description="Model chunks per pipeline rank (interleaved schedule).")
     layer_split: tuple[int, ...] | None = Field(
         None,

@@ -2,11 +2,12 @@
 
     compute   = flops_per_token * tokens_per_step / world / (peak_tflops * efficiency)
     bubble    = compute * (pp - 1) / grad_accum                      (1F1B pipeline fill and drain)
+              = compute * (pp - 1)                                   (sequential stages: one GPU active at a time)
     dp_comm   = 2 (dp-1)/dp * grad_bytes / bw   (x1.5 for ZeRO-3)    (ring all-reduce / reduce-scatter+gather)
     tp_comm   = 4 * layers/pp * grad_accum * 2 (tp-1)/tp * b*s*h*2 bytes / intra_bw
     pp_comm   = 2 * (pp-1) * grad_accum * b*s*h*2 bytes / inter_bw
     step      = compute + bubble + (1 - overlap) * dp_comm + tp_comm + pp_comm + offload
-              + step_overhead + microbatch_overhead * (grad_accum + pp - 1)
+              + step_overhead + microbatch_overhead * (grad_accum + pp - 1)   (sequential: grad_accum * pp)
 
 The two fixed overheads come from the GPU spec (0 in the catalog; a site calibration sets them): per-op
 dispatch, collective latency and optimizer bookkeeping dominate small models' steps, not FLOPs.
@@ -115,6 +116,7 @@ class PlanShape(NamedTuple):
     grad_accum: int
     recompute: str
     offload_optimizer: bool = False
+    schedule: str = "1f1b"  # sequential stages (naive model parallelism) run one at a time
 
     @property
     def world(self) -> int:
@@ -155,6 +157,7 @@ class PlanPricer:
         pp_bytes = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes
         offload = 0.0
         world = plan.world
+        sequential = plan.schedule == "sequential"
         if plan.offload_optimizer:
             local = n / world
             offload = local * 4.0 / (PCIE_GBS * 1e9) + local * 16.0 / (CPU_ADAM_GBS * 1e9)
@@ -163,7 +166,8 @@ class PlanPricer:
             * tokens
             / world
             * small_batch_penalty(plan.micro_batch * w.seq_len),
-            bubble_fraction=(plan.pp - 1) / max(plan.grad_accum, 1),
+            # sequential stages never overlap: each GPU idles while the pp - 1 others compute
+            bubble_fraction=(plan.pp - 1) / (1 if sequential else max(plan.grad_accum, 1)),
             dp_bytes=dp_bytes,
             tp_bytes=tp_bytes,
             pp_bytes=pp_bytes,
@@ -171,7 +175,7 @@ class PlanPricer:
             dp_span=plan.dp * plan.tp,
             world=world,
             precision=w.precision,
-            micro_slots=plan.grad_accum + plan.pp - 1,
+            micro_slots=plan.grad_accum * plan.pp if sequential else plan.grad_accum + plan.pp - 1,
         )
 
 

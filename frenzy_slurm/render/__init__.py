@@ -39,7 +39,7 @@ from frenzy_slurm.render.container import ContainerLaunch, launch, runtime_argv
 from frenzy_slurm.render.ds_config import ds_config
 from frenzy_slurm.render.environment import job_python
 from frenzy_slurm.render.script import check_script_entry, plan_env
-from frenzy_slurm.render.shapes import SRUN_AS_GIVEN, job_shapes
+from frenzy_slurm.render.shapes import gpus_per_process, job_shapes, srun_as_given, tasks_per_node
 from frenzy_slurm.slurm.cli import sbatch_argv
 from frenzy_slurm.slurm.view import pool_label
 
@@ -286,7 +286,12 @@ def _script_context(
 ) -> dict:
     """What the batch script's template is given: names, paths, the time limit, the sbatch flags (those every
     component takes apart), the components, the environment and the command."""
-    components = [c.model_dump() for c in alloc.components]
+    per_process = gpus_per_process(alloc.plan)
+    components = [
+        c.model_dump() | {"tasks_per_node": tasks_per_node(c.gpus_per_node, per_process)} for c in alloc.components
+    ]
+    # (a process driving several GPUs gets their CPUs too)
+    components = [c | {"cpus_per_task": c["cpus_per_task"] * per_process} for c in components]
     output = options.output or str(job_dir / "slurm-%j.out")
     groups = ",".join(str(i) for i in range(len(components)))
     umask = 0o027 if group_readable else 0o077
@@ -311,7 +316,7 @@ def _script_context(
         umask=f"{umask:03o}",
         command=command,
         # a job of several shapes (slurm.replan): srun follows the shape Slurm gave it (render/shapes.py)
-        srun_groups=f"--het-group={groups} " if len(components) > 1 else (SRUN_AS_GIVEN if shaped else ""),
+        srun_groups=f"--het-group={groups} " if len(components) > 1 else (srun_as_given(per_process) if shaped else ""),
         container=None if in_image is None else in_image.template_context(),
         oom_retry=oom_retry_command(options, job_dir, in_image is not None),
     )

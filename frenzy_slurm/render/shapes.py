@@ -21,6 +21,7 @@ from frenzy_slurm.core.errors import FrenzyError, InputError
 from frenzy_slurm.has.model import Allocation, Decision
 from frenzy_slurm.jobdir.planfile import PlanFile, Shape
 from frenzy_slurm.jobspec import JobSpec
+from frenzy_slurm.marp.plan import ParallelPlan
 
 MAX_SHAPES = 3  # the chosen allocation and up to two others: each is a DeepSpeed config the job carries
 # srun in a job that may have been changed: the shape it got, not SLURM_NTASKS, which Slurm leaves as sbatch set it
@@ -29,6 +30,34 @@ SRUN_AS_GIVEN = (
     '--nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="$SLURM_GPUS_ON_NODE" '
     '--ntasks="$((SLURM_JOB_NUM_NODES * SLURM_GPUS_ON_NODE))" '
 )
+
+
+def gpus_per_process(plan: ParallelPlan) -> int:
+    """GPUs one process of the job drives: one, except under naive model parallelism (`parallel.schedule:
+    sequential`), where one process holds all `pp` stages (Hugging Face's device_map over the GPUs it sees)."""
+    return plan.pp if plan.schedule == "sequential" else 1
+
+
+def tasks_per_node(gpus_per_node: int, per_process: int) -> int:
+    """srun tasks per node: one per `per_process` GPUs; InputError where a node's GPUs do not divide into them."""
+    if gpus_per_node % per_process:
+        raise InputError(
+            f"naive model parallelism puts {per_process} pipeline stages in one process, on one node, but a node "
+            f"of this allocation has {gpus_per_node} GPUs; use a pp that divides the GPUs per node "
+            "(limits.max_gpus, parallel.pp)"
+        )
+    return gpus_per_node // per_process
+
+
+def srun_as_given(per_process: int = 1) -> str:
+    """SRUN_AS_GIVEN with `per_process` GPUs to a task."""
+    if per_process == 1:
+        return SRUN_AS_GIVEN
+    tasks = f"$((SLURM_GPUS_ON_NODE / {per_process}))"
+    return (
+        f'--nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="{tasks}" '
+        f'--ntasks="$((SLURM_JOB_NUM_NODES * SLURM_GPUS_ON_NODE / {per_process}))" '
+    )
 
 
 def _same_kind(a: Allocation, chosen: Allocation) -> bool:

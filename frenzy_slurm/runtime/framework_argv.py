@@ -60,7 +60,7 @@ def hf_trainer(env: Env) -> list[str]:
     """TrainingArguments flags HfArgumentParser reads: the batch split, learning rate, steps, warm-up, seed,
     precision, gradient checkpointing, output directory, and --deepspeed with the rendered config (whose batch and
     optimizer values are "auto" so that HF fills them from these), or `--fsdp` where parallel.sharding names an
-    FSDP sharding."""
+    FSDP sharding; neither under naive model parallelism (FRENZY_SCHEDULE sequential)."""
     argv = [
         "--per_device_train_batch_size",
         env["FRENZY_MICRO_BATCH"],
@@ -86,7 +86,9 @@ def hf_trainer(env: Env) -> list[str]:
     if _interval(env) != "0":
         argv += ["--save_strategy", "steps", "--save_steps", _interval(env)]
     fsdp = HF_FSDP.get(env.get("FRENZY_SHARDING", ""))
-    if fsdp is not None:  # torch FSDP through the Trainer (accelerate's FSDP plugin) instead of DeepSpeed
+    if env.get("FRENZY_SCHEDULE") == "sequential":
+        pass  # naive model parallelism: the script's device_map places the model; neither DeepSpeed nor FSDP wraps it
+    elif fsdp is not None:  # torch FSDP through the Trainer (accelerate's FSDP plugin) instead of DeepSpeed
         argv += _hf_fsdp(fsdp, _on(env, "FRENZY_OFFLOAD_PARAMS"))
     elif env.get("FRENZY_DS_CONFIG"):
         argv += ["--deepspeed", env["FRENZY_DS_CONFIG"]]

@@ -1,0 +1,112 @@
+"""What the measurement reader does with settings a source leaves out or marks as assumed, frameworks it cannot
+model, and how the accuracy benchmark counts failures (fail=0)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from frenzy_slurm.eval.dataset import MeasuredRow, RowError, interpret_row, measurement
+from frenzy_slurm.marp.frameworks import PROFILES, UNMODELLED
+
+from .helpers import ROOT
+
+# a torchtune full fine-tune on one GPU whose source states neither checkpointing, optimizer nor sharding
+TORCHTUNE_ROW = dict(
+    row_id="T2",
+    category="full finetune",
+    model="Llama-3.2-1B",
+    params_B="1.24",
+    layers="16",
+    hidden="2048",
+    heads="32",
+    kv_heads="8",
+    ffn="8192",
+    vocab="128256",
+    tied_emb="yes",
+    seq_len="2048",
+    micro_batch="2",
+    grad_accum_or_global_batch="",
+    num_gpus="1",
+    gpu="A100",
+    precision="pure bf16",
+    optimizer="unclear",
+    parallelism="single GPU",
+    sharding_offload="unclear",
+    activation_ckpt="unclear",
+    attention_impl="SDPA",
+    compile="no",
+    other_settings="torchtune",
+    value_GiB="20",
+    metric_type="max_allocated",
+    source="https://example.org/t",
+    confidence="medium",
+    notes="",
+)
+
+
+def _row(**changes: str) -> MeasuredRow:
+    raw = TORCHTUNE_ROW | changes
+    return MeasuredRow(raw["row_id"], raw["category"], raw["confidence"], raw["model"], float(raw["value_GiB"]), raw)
+
+
+def test_profiles_state_what_runs_when_checkpointing_is_left_unset():
+    # read from the sources: TrainingArguments.gradient_checkpointing = False; torchtune's recipes
+    # cfg.get("enable_activation_checkpointing", False) (its shipped configs set True: shipped_checkpointing)
+    assert PROFILES["hf-trainer"].unset_checkpointing == "none"
+    assert PROFILES["torchtune"].unset_checkpointing == "none"
+    assert PROFILES["torchtune"].shipped_checkpointing == "full"
+    assert PROFILES["litgpt"].unset_checkpointing is None  # its FSDP strategy checkpoints blocks, one device does not
+
+
+def test_unstated_settings_resolve_to_the_frameworks_defaults_and_are_recorded_as_assumed():
+    it = interpret_row(_row())
+    assert it.plan.recompute == "none"  # the recipe's default, not the shipped configs'
+    assert it.spec.training.activation_checkpointing == "none"
+    assert it.workload.states.optimizer == "adamw" and it.plan.zero == 0 and not it.plan.offload_optimizer
+    m = measurement(_row())
+    assert m.assumed == ["activation_ckpt", "optimizer", "sharding_offload"]
+    assert (m.confidence, m.scored_confidence) == ("medium", "low")
+    # "config default" is the shipped configs' setting
+    assert interpret_row(_row(activation_ckpt="config default")).plan.recompute == "full"
+    # stated settings are not assumed
+    stated = _row(activation_ckpt="yes", optimizer="AdamW", sharding_offload="none")
+    assert measurement(stated).assumed == [] and measurement(stated).scored_confidence == "medium"
+
+
+def test_a_framework_the_product_cannot_model_is_refused_by_name():
+    assert "llm.c" in UNMODELLED
+    with pytest.raises(RowError, match=r"framework llm.c is not modelled: .*own C/CUDA code"):
+        interpret_row(_row(model="GPT-2 124M (llm.c)", other_settings="", activation_ckpt="no"))
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("marp_accuracy", ROOT / "benchmarks" / "marp_accuracy.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_failures_count_as_zero_in_the_fail0_mean():
+    bench = _benchmark()
+    rows = [
+        {"accuracy": 0.9, "confidence": "low", "predicted_gib": 9.0, "measured_gib": 10.0},
+        {"accuracy": 0.8, "confidence": "high", "predicted_gib": 8.0, "measured_gib": 10.0},
+        {"accuracy": None, "confidence": "low", "predicted_gib": None, "measured_gib": 10.0},
+        {"accuracy": None, "confidence": "low", "predicted_gib": None, "measured_gib": 10.0},
+    ]
+    s = bench.summarize(rows)
+    assert s["failures"] == 2
+    assert s["mean_accuracy"] == pytest.approx(0.85)
+    assert s["mean_failures_as_zero"] == pytest.approx(0.425)  # (0.9 + 0.8 + 0 + 0) / 4
+
+
+def test_model_yaml_naming_an_unmodelled_framework_is_refused_with_the_reason():
+    from pydantic import ValidationError
+
+    from .helpers import make_spec
+
+    with pytest.raises(ValidationError, match=r"framework llm.c is not modelled: .*one cudaMalloc"):
+        make_spec(entry={"trainer": "script", "script": "train_gpt2.cu", "framework": "llm.c"})
