@@ -114,24 +114,12 @@ class GpuTimeline:
 
     def free_runs(self, node: str, gpus: int) -> list[Window]:
         """[(open, close)]: maximal ranges of time from now on with `gpus` GPUs of `node` free (close may be inf)."""
-        runs = self._runs.setdefault(node, {})
-        if gpus in runs:
+        runs = self._runs.get(node)
+        if runs is None:
+            runs = self._runs[node] = {}
+        elif gpus in runs:
             return runs[gpus]
-        cap = self.capacity[node] - gpus
-        times, changes = self.profile(node)
-        out: list[Window] = []
-        used, open_at = 0, self.now
-        for t, change in zip(times, changes, strict=True):
-            was_ok = used <= cap
-            used += change
-            ok = used <= cap
-            if was_ok and not ok:  # the range closes at t
-                out.append((open_at, t))
-            elif ok and not was_ok:
-                open_at = t
-        if used <= cap:
-            out.append((open_at, float("inf")))
-        runs[gpus] = out
+        out = runs[gpus] = _free_ranges(self.profile(node), self.capacity[node] - gpus, self.now)
         return out
 
     def _earliest_one(
@@ -192,6 +180,23 @@ class GpuTimeline:
             else:
                 return t, chosen
         return None
+
+
+def _free_ranges(edges: tuple[list[float], list[int]], cap: int, now: float) -> list[Window]:
+    """The maximal ranges from `now` on during which a profile (GpuTimeline.profile) has at most `cap` GPUs in use."""
+    out: list[Window] = []
+    used, open_at, ok = 0, now, cap >= 0
+    for t, change in zip(*edges, strict=True):
+        used += change
+        if used <= cap:
+            if not ok:  # a range opens at t
+                open_at, ok = t, True
+        elif ok:  # the range closes at t
+            out.append((open_at, t))
+            ok = False
+    if ok:
+        out.append((open_at, INF))
+    return out
 
 
 def _add_edge(edges: tuple[list[float], list[int]], t: float, change: int) -> None:
@@ -371,6 +376,7 @@ class ReleaseIndex:
                     self.timeline.add(name, now, end, gpus)
         self._running = {name: list(ivs) for name, ivs in self.timeline.busy.items()}  # before any reservation
         self._group: dict[str, int] | None = None  # partition -> its group of partitions sharing nodes (_groups)
+        self._group_by_name: dict[str, int | None] = {}  # a pending job's partition list -> _group_of's answer
         self._first_in: dict[int | None, float] = {}  # group -> the earliest start a pending job was given there
         self._queued_in: dict[int | None, int] = {}  # group -> its pending jobs given a reservation
         self.queued = 0  # pending jobs given a reservation
@@ -483,8 +489,11 @@ class ReleaseIndex:
 
     def _group_of(self, job: tuple) -> int | None:
         """The group of the partitions a pending job names (None: none of the nodes'); -1 where several."""
-        named = {self._groups().get(p) for p in filter(None, job[1].split(","))}
-        return next(iter(named), None) if len(named) <= 1 else -1
+        partitions = job[1]
+        if partitions not in self._group_by_name:  # kept per partition list: a watcher pass asks it of the queue
+            named = {self._groups().get(p) for p in filter(None, partitions.split(","))}  # twice per decision
+            self._group_by_name[partitions] = next(iter(named), None) if len(named) <= 1 else -1
+        return self._group_by_name[partitions]
 
     def _by_group(self, queue: list[tuple]) -> dict[int | None, list[tuple]] | None:
         out: dict[int | None, list[tuple]] = {}
