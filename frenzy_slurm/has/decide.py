@@ -35,7 +35,7 @@ from frenzy_slurm.site.config import SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest, SlurmBackend
 from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.slurm.run import SlurmCommandError
-from frenzy_slurm.slurm.view import ClusterView
+from frenzy_slurm.slurm.view import ClusterView, GpuPool
 
 # The numbers HAS decides by. None is configurable; the ones marked "site-tunable policy" are choices a site could
 # reasonably make differently (they would belong in the site file if one ever needs to), the rest are bounds of
@@ -201,29 +201,31 @@ def _heterogeneous(
     # is tried only where the plan does not fit without it.
     mb = space.micro_batch or 1
     recomputes = [r for r in space.recompute if r != "selective"] or ["none"]
-    rates = {p.key: p.option.spec.peak_tflops(w.precision) * TFLOPS * p.option.spec.efficiency for p in free}
-    layouts: dict[tuple, tuple[int, int] | None] = {}  # _placeable_now per (pool, GPUs): bounded per pool, above
+    rates = [p.option.spec.peak_tflops(w.precision) * TFLOPS * p.option.spec.efficiency for p in free]
+    most = MAX_STAGES_PER_POOL * max(DP_DEGREES)  # GPUs per pool this search can use
+    free_gpus = [min(sum(p.free_by_node), most) for p in free]
+    # which stage counts fit now on each pool at each data-parallel degree, worked out once per decision by the
+    # pool's position in `free`: every pair a pool is in asks the same (it was most of this search at 2,048 GPUs)
+    fitting: dict[tuple[int, int], list[int]] = {}
 
-    def placeable(pool: UsablePool, gpus: int) -> tuple[int, int] | None:
-        if (pool.key, gpus) not in layouts:
-            layouts[pool.key, gpus] = _placeable_now(pool, gpus)
-        return layouts[pool.key, gpus]
+    def stage_counts(i: int, dp: int) -> list[int]:
+        if (i, dp) not in fitting:
+            fitting[i, dp] = [n for n in range(1, MAX_STAGES_PER_POOL + 1) if _placeable_now(free[i], n * dp)]
+        return fitting[i, dp]
 
     out = []
-    for pa, pb in itertools.combinations(free, 2):
-        most = MAX_STAGES_PER_POOL * max(DP_DEGREES)  # GPUs per pool this search can use
-        if now + work / sum(min(sum(p.free_by_node), most) * rates[p.key] for p in (pa, pb)) >= beat:
+    for (ia, pa), (ib, pb) in itertools.combinations(enumerate(free), 2):
+        if now + work / (free_gpus[ia] * rates[ia] + free_gpus[ib] * rates[ib]) >= beat:
             continue
         for dp in DP_DEGREES:
             if gb % dp or (gb // dp) % mb:
                 continue
-            stages_a = max((n for n in range(1, MAX_STAGES_PER_POOL + 1) if placeable(pa, n * dp)), default=0)
-            stages_b = max((n for n in range(1, MAX_STAGES_PER_POOL + 1) if placeable(pb, n * dp)), default=0)
-            for nb in (n for n in range(1, stages_b + 1) if stages_a and placeable(pb, n * dp)):
+            stages_a = max(stage_counts(ia, dp), default=0)
+            for nb in stage_counts(ib, dp) if stages_a else []:
                 if limit and (stages_a + nb) * dp > limit:
                     continue
                 ga = gb // (dp * mb)
-                stage_rates = [rates[pa.key]] * stages_a + [rates[pb.key]] * nb
+                stage_rates = [rates[ia]] * stages_a + [rates[ib]] * nb
                 inter = min(p.option.links.inter_node_gbs for p in (pa, pb))
                 if now + steps * hetero.step_floor(w, stage_rates, mb, ga, inter) >= beat:
                     continue  # even a perfect split of these GPUs cannot win
@@ -389,11 +391,12 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
     return kept, [(c, why[id(c)] or "") for c in cands if id(c) not in kept_ids]  # all with a reason: None is kept
 
 
-def _pricer(view: ClusterView, site: SiteConfig) -> Callable[[_Cand], float]:
-    """The delay a candidate causes the other jobs, weighted by the site's price_weight (0: none)."""
+def _pricer(view: ClusterView, site: SiteConfig, live: list[GpuPool]) -> Callable[[_Cand], float]:
+    """The delay a candidate causes the other jobs, weighted by the site's price_weight (0: none); `live`: the
+    view's pools (ClusterView.pools)."""
     if site.price_weight <= 0:
         return lambda c: 0.0
-    pools = pricing.demand(view)
+    pools = pricing.demand(view, live)
 
     def delay(c: _Cand) -> float:
         run = c.alloc.run_time_s
@@ -571,7 +574,8 @@ def decide(
     now = now if now is not None else view.taken_at
     # the nodes -C and --exclusive let the job use (has/nodes.py); the QOS below counts the whole view's jobs
     usable, node_notes = nodes_for(req, view)
-    pools, skipped = usable_pools(req, usable, site)
+    live = usable.pools()  # one pass over the view's nodes and jobs, for the pools and their prices
+    pools, skipped = usable_pools(req, usable, site, live)
     skipped += node_notes
     if not pools:
         raise NoFitError(
@@ -589,7 +593,7 @@ def decide(
     beat = best - max(TIE_SECONDS, TIE_FRACTION * lead, site.pipeline_margin * lead) if best < math.inf else best
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
     cands = homogeneous + (_heterogeneous(w, req, pools, releases, now, space, beat) if space.heterogeneous else [])
-    delay = _pricer(usable, site)  # what each candidate costs the jobs queued for and arriving at its GPUs
+    delay = _pricer(usable, site, live)  # what each candidate costs the jobs queued for and arriving at its GPUs
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
     allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
     ok = _rank(allowed, now, delay)

@@ -176,9 +176,12 @@ def check_gpu_types(req: Requirements, view: ClusterView, site: SiteConfig) -> l
     return [f"limits.gpu_types: {t} is a GPU model this cluster does not have (not used here)" for t in elsewhere]
 
 
-def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tuple[list[UsablePool], list[str]]:
+def usable_pools(
+    req: Requirements, view: ClusterView, site: SiteConfig, live_pools: list[GpuPool] | None = None
+) -> tuple[list[UsablePool], list[str]]:
     """Pools the job may use, and a line for each pool left out (and why), site-file pools whose partition
-    Slurm does not have among them. An unknown limits.gpu_types entry is refused (InputError)."""
+    Slurm does not have among them. An unknown limits.gpu_types entry is refused (InputError). `live_pools`:
+    `view.pools()` where the caller has it."""
     absent = check_gpu_types(req, view, site)
     allowed = set(req.gpu_types) if req.gpu_types else None
     limit = req.max_gpus
@@ -189,7 +192,7 @@ def usable_pools(req: Requirements, view: ClusterView, site: SiteConfig) -> tupl
         if n.available:
             for p in dict.fromkeys(n.partitions):
                 up.setdefault((p, n.gpu_type), []).append(n)
-    for live in view.pools():
+    for live in view.pools() if live_pools is None else live_pools:
         sp = site.pool(live.partition, live.gpu_type)
         where = str(live.key)
         if sp is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.slurm.view import ClusterView, PoolKey, job_phase
+from frenzy_slurm.slurm.view import ClusterView, GpuPool, PoolKey, job_phase
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,10 @@ class PoolDemand:
     busy: float  # share of its GPUs running jobs or asked for by its queue, at most 1
 
 
-def demand(view: ClusterView) -> dict[PoolKey, PoolDemand]:
-    """Each pool's demand, from the view's nodes and jobs (the pools as ClusterView.pools counts them)."""
-    pools = {p.key: p for p in view.pools() if p.gpus_total}
+def demand(view: ClusterView, live: list[GpuPool] | None = None) -> dict[PoolKey, PoolDemand]:
+    """Each pool's demand, from the view's nodes and jobs (the pools as ClusterView.pools counts them; `live`: its
+    answer where the caller has it, since it is a pass over the whole view)."""
+    pools = {p.key: p for p in (view.pools() if live is None else live) if p.gpus_total}
     waiting = dict.fromkeys(pools, 0.0)
     rate = dict.fromkeys(pools, 0.0)
     running = dict.fromkeys(pools, 0)

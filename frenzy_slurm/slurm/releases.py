@@ -24,6 +24,7 @@ pending queue, which is why HAS's view-based estimate is kept when it is later t
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Literal
@@ -54,18 +55,43 @@ class GpuTimeline:
         # node -> gpus -> the maximal ranges [open, close) during which that many GPUs are free; a window for a
         # duration is such a range shortened by it, so a new duration (every job asks its own) costs no sweep
         self._runs: dict[str, dict[int, list[Window]]] = {}
+        # node -> its usage profile from now on: the times at which its GPUs in use change, sorted, and the change
+        # at each; kept up to date by add() (a reservation inserts two times), so the free ranges of every GPU
+        # count are one pass over it, not a sort of the node's intervals each (issue 30)
+        self._edges: dict[str, tuple[list[float], list[int]]] = {}
 
     def add(self, node: str, start: float, end: float, gpus: int) -> None:
         """`gpus` GPUs of `node` are busy during [start, end)."""
         self.busy[node].append((start, end, gpus))
         self._windows.pop(node, None)
         self._runs.pop(node, None)
+        edges = self._edges.get(node)
+        if edges is not None and end > self.now:
+            _add_edge(edges, max(start, self.now), gpus)
+            _add_edge(edges, end, -gpus)
 
     def reset(self, node: str, busy: list[tuple[float, float, int]]) -> None:
         """`node`'s busy intervals are `busy` (a copy is kept), as if added in that order."""
         self.busy[node] = list(busy)
         self._windows.pop(node, None)
         self._runs.pop(node, None)
+        self._edges.pop(node, None)
+
+    def profile(self, node: str) -> tuple[list[float], list[int]]:
+        """(times, changes): from now on, `node`'s GPUs in use change by changes[i] at times[i] (sorted, each time
+        once; intervals that end by now left out, those begun before it counted from now)."""
+        edges = self._edges.get(node)
+        if edges is None:
+            by_time: dict[float, int] = {}
+            for s, e, g in self.busy[node]:
+                if e <= self.now:
+                    continue
+                s = max(s, self.now)
+                by_time[s] = by_time.get(s, 0) + g
+                by_time[e] = by_time.get(e, 0) - g
+            times = sorted(by_time)
+            edges = self._edges[node] = (times, [by_time[t] for t in times])
+        return edges
 
     def free(self, node: str, t0: float, t1: float) -> int:
         """GPUs of `node` free during all of [t0, t1)."""
@@ -88,30 +114,12 @@ class GpuTimeline:
 
     def free_runs(self, node: str, gpus: int) -> list[Window]:
         """[(open, close)]: maximal ranges of time from now on with `gpus` GPUs of `node` free (close may be inf)."""
-        runs = self._runs.setdefault(node, {})
-        if gpus in runs:
+        runs = self._runs.get(node)
+        if runs is None:
+            runs = self._runs[node] = {}
+        elif gpus in runs:
             return runs[gpus]
-        cap = self.capacity[node] - gpus
-        edges: dict[float, int] = {}
-        for s, e, g in self.busy[node]:
-            if e <= self.now:
-                continue
-            s = max(s, self.now)
-            edges[s] = edges.get(s, 0) + g
-            edges[e] = edges.get(e, 0) - g
-        out: list[Window] = []
-        used, open_at = 0, self.now
-        for t in sorted(edges):
-            was_ok = used <= cap
-            used += edges[t]
-            ok = used <= cap
-            if was_ok and not ok:  # the range closes at t
-                out.append((open_at, t))
-            elif ok and not was_ok:
-                open_at = t
-        if used <= cap:
-            out.append((open_at, float("inf")))
-        runs[gpus] = out
+        out = runs[gpus] = _free_ranges(self.profile(node), self.capacity[node] - gpus, self.now)
         return out
 
     def _earliest_one(
@@ -174,6 +182,34 @@ class GpuTimeline:
         return None
 
 
+def _free_ranges(edges: tuple[list[float], list[int]], cap: int, now: float) -> list[Window]:
+    """The maximal ranges from `now` on during which a profile (GpuTimeline.profile) has at most `cap` GPUs in use."""
+    out: list[Window] = []
+    used, open_at, ok = 0, now, cap >= 0
+    for t, change in zip(*edges, strict=True):
+        used += change
+        if used <= cap:
+            if not ok:  # a range opens at t
+                open_at, ok = t, True
+        elif ok:  # the range closes at t
+            out.append((open_at, t))
+            ok = False
+    if ok:
+        out.append((open_at, INF))
+    return out
+
+
+def _add_edge(edges: tuple[list[float], list[int]], t: float, change: int) -> None:
+    """Add `change` GPUs in use from `t` on to a profile (GpuTimeline.profile), in place."""
+    times, changes = edges
+    i = bisect_left(times, t)
+    if i < len(times) and times[i] == t:
+        changes[i] += change
+    else:
+        times.insert(i, t)
+        changes.insert(i, change)
+
+
 def _first_one(runs: Sequence[list[Window]], not_before: float, duration: float) -> tuple[float, set[int]] | None:
     """_first_covered_nodes for one node, from each node's free ranges and without the sweep: a range [a, b)
     is the window [a, b - duration] where that is not empty (GpuTimeline.windows); a node's ranges are in time
@@ -227,6 +263,61 @@ def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: f
         if found is None and count >= nodes:
             found = t
     return None if found is None else (found, open_now)
+
+
+class PoolRuns:
+    """One pool's free ranges for one GPU count per node, and what answers most questions without a sweep.
+
+    In a deep queue a pool's nodes are booked far ahead: each node's free ranges are a few holes between
+    reservations and a last range open to the end (its *tail*). A window of `duration` lies either in a hole at
+    least that long or in a tail; where no node has such a hole (97% of the reservations of the benchmark's deep
+    queue), the earliest start is the `nodes`-th earliest tail, found without a sweep. Otherwise the timeline's
+    own sweep runs over the kept ranges. A reservation changes a few nodes' ranges: only those are taken anew
+    (`dirty`), so a deep queue's reservations each cost the nodes they changed, not a pass over every node's
+    ranges (issue 30). Nodes are positions in the pool's node list (by name, the order `ReleaseIndex` picks them).
+    """
+
+    def __init__(self, timeline: GpuTimeline, names: list[str], per_node: int):
+        self.timeline, self.names, self.per_node = timeline, names, per_node
+        self.runs: list[list[Window]] = [[] for _ in names]  # each node's free ranges (GpuTimeline.free_runs)
+        self.tail = [INF] * len(names)  # where each node's range open to the end opens (inf: none)
+        self.longest = [-INF] * len(names)  # each node's longest closed range, b - a (-inf: none)
+        self.dirty: set[int] = set(range(len(names)))  # positions whose ranges changed in the timeline since
+
+    def _refresh(self) -> None:
+        for k in self.dirty:
+            runs = self.runs[k] = self.timeline.free_runs(self.names[k], self.per_node)
+            tail, longest = INF, -INF
+            for a, b in runs:
+                if b == INF:
+                    tail = a
+                elif b - a > longest:
+                    longest = b - a
+            self.tail[k], self.longest[k] = tail, longest
+        self.dirty.clear()
+
+    def earliest(self, nodes: int, duration: float, now: float) -> tuple[float, list[int]] | None:
+        """The earliest t >= now at which `nodes` nodes each hold a free range covering [t, t + duration), and the
+        first `nodes` positions that can start then: GpuTimeline.earliest's answer with pick "first".
+
+        A closed range [a, b) holds the windows [max(a, now), b - duration] only if b - a >= duration; a tail
+        holds every start from max(a, now) on. Where no closed range is that long, the nodes that can start at t
+        are those whose tail starts by t: the sweep's moment is the `nodes`-th earliest of those starts, and the
+        nodes it finds are all of them, of which the first `nodes` are taken."""
+        if nodes > len(self.names):
+            return None
+        self._refresh()
+        if max(self.longest) >= duration:  # a hole may hold the window: the timeline's own sweep
+            if nodes == 1:
+                found = _first_one(self.runs, now, duration)
+            else:
+                found = _first_covered_nodes(_windows_of(self.runs, duration), nodes, now)
+            return None if found is None else (found[0], sorted(found[1])[:nodes])
+        starts = [t if t > now else now for t in self.tail]
+        t = min(starts) if nodes == 1 else sorted(starts)[nodes - 1]
+        if t == INF:
+            return None
+        return t, [k for k, s in enumerate(starts) if s <= t][:nodes]
 
 
 @lru_cache(maxsize=256)
@@ -285,14 +376,16 @@ class ReleaseIndex:
                     self.timeline.add(name, now, end, gpus)
         self._running = {name: list(ivs) for name, ivs in self.timeline.busy.items()}  # before any reservation
         self._group: dict[str, int] | None = None  # partition -> its group of partitions sharing nodes (_groups)
+        self._group_by_name: dict[str, int | None] = {}  # a pending job's partition list -> _group_of's answer
         self._first_in: dict[int | None, float] = {}  # group -> the earliest start a pending job was given there
         self._queued_in: dict[int | None, int] = {}  # group -> its pending jobs given a reservation
         self.queued = 0  # pending jobs given a reservation
         self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the timeline
         self._cache: dict[tuple, tuple[float, list[str]] | None] = {}
-        # (partition, GRES type, GPUs per node) -> the pool's free ranges (a, b, node position) by a and by b;
-        # dropped whenever the timeline changes (pending jobs reserved)
-        self._sorted_runs: dict[tuple, tuple[list[tuple[float, float, int]], list[tuple[float, float, int]]]] = {}
+        # (partition, GRES type, GPUs per node) -> the pool's free ranges, kept up to date node by node (_touched)
+        # as pending jobs are reserved; node -> the PoolRuns it is in, and its position there
+        self._pool_runs: dict[tuple, PoolRuns] = {}
+        self._runs_of: dict[str, list[tuple[PoolRuns, int]]] = {}
         self._names: dict[tuple, list[str]] = {}  # _pool_nodes' answers (the nodes do not change)
         if queue:
             self._reserve_pending()
@@ -305,12 +398,13 @@ class ReleaseIndex:
             need = max(node_count, 1)
             duration = float(limit_min) * 60 if limit_min else PENDING_DEFAULT_LIMIT_S
             for partition in filter(None, partitions.split(",")):  # the first partition that can hold it
-                found = self._earliest(partition, gpu_type, need, per_node, duration)
+                found = self._earliest_kept(partition, gpu_type, need, per_node, duration)
                 if found is not None:
                     t, names = found
                     for name in names:
                         self.reserved.add(name)
                         self.timeline.add(name, t, t + duration, per_node)
+                        self._touched(name)
                     self.queued += 1
                     self._first_reservation = min(self._first_reservation, t)
                     group = self._groups().get(partition)
@@ -319,7 +413,6 @@ class ReleaseIndex:
                     break
         self._pending += pending
         self._cache.clear()
-        self._sorted_runs.clear()
 
     def extend(self, view: ClusterView, now: float) -> bool:
         """Make this index that of `view` at `now` (True), where that is this index plus pending jobs queued behind
@@ -382,6 +475,7 @@ class ReleaseIndex:
         for name, node in self.nodes.items():
             if any(groups.get(p) in changed for p in node.partitions):
                 self.timeline.reset(name, self._running[name])
+                self._touched(name)
                 self.reserved.discard(name)
         for g in changed:
             self._first_in.pop(g, None)
@@ -395,8 +489,11 @@ class ReleaseIndex:
 
     def _group_of(self, job: tuple) -> int | None:
         """The group of the partitions a pending job names (None: none of the nodes'); -1 where several."""
-        named = {self._groups().get(p) for p in filter(None, job[1].split(","))}
-        return next(iter(named), None) if len(named) <= 1 else -1
+        partitions = job[1]
+        if partitions not in self._group_by_name:  # kept per partition list: a watcher pass asks it of the queue
+            named = {self._groups().get(p) for p in filter(None, partitions.split(","))}  # twice per decision
+            self._group_by_name[partitions] = next(iter(named), None) if len(named) <= 1 else -1
+        return self._group_by_name[partitions]
 
     def _by_group(self, queue: list[tuple]) -> dict[int | None, list[tuple]] | None:
         out: dict[int | None, list[tuple]] = {}
@@ -421,7 +518,8 @@ class ReleaseIndex:
     def _earliest(
         self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration: float
     ) -> tuple[float, list[str]] | None:
-        """The timeline's earliest window on the pool's nodes; the first nodes by name that fit then."""
+        """The timeline's earliest window on the pool's nodes; the first nodes by name that fit then. What
+        `_earliest_kept` answers, from the timeline's own search (the tests compare the two)."""
         names = self._pool_nodes(partition, gpu_type, per_node)
         if len(names) < nodes:
             return None
@@ -440,54 +538,30 @@ class ReleaseIndex:
             duration_s = 0.0  # GPUs only ever free up there: the window's length does not matter
         key = (partition, gpu_type, nodes, per_node, round(duration_s))
         if key not in self._cache:
-            self._cache[key] = self._earliest_sorted(partition, gpu_type, nodes, per_node, max(duration_s, 1.0))
+            self._cache[key] = self._earliest_kept(partition, gpu_type, nodes, per_node, max(duration_s, 1.0))
         return self._cache[key]
 
-    def _earliest_sorted(
+    def _earliest_kept(
         self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration: float
     ) -> tuple[float, list[str]] | None:
-        """_earliest, from the pool's free ranges sorted once per timeline (HAS asks for every candidate, each
-        with its own duration: a deep queue made this most of a decision).
-
-        The same sweep as `_first_covered_nodes` over the same windows: a node's window for `duration` is a
-        free range [a, b) shortened to start times [a, b - duration], kept where b - duration >= max(a, now);
-        the sweep takes window openings max(a, now) and closings b - duration in time order, openings first at
-        one time. Subtracting one duration keeps the ranges' order by b, and max(a, now) their order by a, so
-        the two lists sorted once give that order with no sort per question.
-        """
+        """_earliest from the pool's free ranges kept per node (`PoolRuns`): what HAS asks for every candidate and
+        the index for every pending job it reserves (a deep queue made this most of a decision, issue 30)."""
         names = self._pool_nodes(partition, gpu_type, per_node)
         if len(names) < nodes:
             return None
         key = (partition, gpu_type, per_node)
-        if key not in self._sorted_runs:
-            runs = [(a, b, k) for k, n in enumerate(names) for a, b in self.timeline.free_runs(n, per_node)]
-            self._sorted_runs[key] = (sorted(runs, key=lambda r: r[0]), sorted(runs, key=lambda r: r[1]))
-        by_open, by_close = self._sorted_runs[key]
-        now = self.now
-        opens = [(max(a, now), k) for a, b, k in by_open if b - duration >= a and b - duration >= now]
-        closes = [(b - duration, k) for a, b, k in by_close if b - duration >= a and b - duration >= now]
-        i = j = count = 0
-        holding: set[int] = set()
-        found: float | None = None
-        while i < len(opens) or j < len(closes):
-            if i < len(opens) and (j >= len(closes) or opens[i][0] <= closes[j][0]):
-                t, k = opens[i]
-                i += 1
-                if found is not None and t > found:
-                    break
-                count += 1
-                holding.add(k)
-                if found is None and count >= nodes:
-                    found = t
-            else:
-                if found is not None:
-                    break  # the windows opening at the moment found are all in
-                count -= 1
-                holding.discard(closes[j][1])
-                j += 1
-        if found is None:
-            return None
-        return found, [names[k] for k in sorted(holding)][:nodes]  # the first by name, as _earliest picks
+        runs = self._pool_runs.get(key)
+        if runs is None:
+            runs = self._pool_runs[key] = PoolRuns(self.timeline, names, per_node)
+            for k, name in enumerate(names):
+                self._runs_of.setdefault(name, []).append((runs, k))
+        found = runs.earliest(nodes, duration, self.now)
+        return None if found is None else (found[0], [names[k] for k in found[1]])
+
+    def _touched(self, name: str) -> None:
+        """`name`'s intervals in the timeline changed: the pools' kept free ranges take its new ones when next asked."""
+        for runs, k in self._runs_of.get(name, ()):
+            runs.dirty.add(k)
 
     def start(
         self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration_s: float = 0.0
