@@ -5,8 +5,8 @@
 SNAPSHOT.json is the dictionary `torch.cuda.memory._snapshot()` returns (what `torch.cuda.memory._dump_snapshot`
 pickles) written as JSON, after `torch.cuda.memory._record_memory_history()` was on:
 
-    python -c "import json, pickle, sys; json.dump(pickle.load(open(sys.argv[1], 'rb')), open(sys.argv[2], 'w'))" \\
-        snapshot.pickle SNAPSHOT.json
+    python -c "import json, pickle, sys; json.dump(pickle.load(open(sys.argv[1], 'rb')), sys.stdout)" \\
+        snapshot.pickle > SNAPSHOT.json
 
 What is read: `device_traces`, one list per device of events `{"action", "addr", "size", "stream"}` where action
 is `alloc` (size: the bytes requested), `free_requested` (the tensor died), `free_completed` (its block is
