@@ -28,7 +28,7 @@ from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import FrameworkName, Method, Optimizer, OptimizerName
 from frenzy_slurm.marp import job_overheads, pinned_plan, workload_from_spec
 from frenzy_slurm.marp.frameworks import PROFILES, UNMODELLED
-from frenzy_slurm.marp.overheads import Overheads
+from frenzy_slurm.marp.overheads import EAGER_LOADING_CONTEXT_GIB, LAZY_LOADING_CONTEXT_GIB, Overheads
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, Workload
 
@@ -255,6 +255,17 @@ def _named_frameworks(raw: dict[str, str]) -> set[str]:
 def _torch_version(raw: dict[str, str]) -> tuple[int, int] | None:
     """The torch version the row states, in its settings or else in its other free-text columns."""
     return reading.torch_version(_settings(raw)) or reading.torch_version(_other_text(raw))
+
+
+def _module_loading(raw: dict[str, str]) -> dict[str, object]:
+    """entry.env's CUDA_MODULE_LOADING where the row states the size of the CUDA context its reading includes: a
+    context nearer the eager size (every kernel loaded at start) than the lazy one is what a user of that stack
+    writes as CUDA_MODULE_LOADING: EAGER (the pool's eager_context_gib then counts, as fsbatch counts it)."""
+    stated = reading.stated_context_gib(f"{_settings(raw)} | {_other_text(raw)}")
+    if stated is None:
+        return {}
+    eager = stated > (EAGER_LOADING_CONTEXT_GIB + LAZY_LOADING_CONTEXT_GIB) / 2
+    return {"env": {"CUDA_MODULE_LOADING": "EAGER" if eager else "LAZY"}}
 
 
 def _zero_stage(text: str, sharded: bool) -> int:
@@ -602,6 +613,7 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
             "script": "train.py",
             "framework": _framework(_named_frameworks(raw)),
             **({"torch_version": ".".join(map(str, version))} if version else {}),
+            **_module_loading(raw),
         },
         "limits": {"min_gpus": plan.world, "max_gpus": plan.world},
     }

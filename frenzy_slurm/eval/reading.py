@@ -411,6 +411,24 @@ def named_config_lora(text: str) -> tuple[int, tuple[str, ...]] | None:
     return None
 
 
+_CONTEXT_SIZE = r"~?\s*(\d[\d,]*(?:\.\d+)?)\s*(MiB|MB|GiB|GB)\b"
+_CONTEXT_PATTERNS = (
+    re.compile(_CONTEXT_SIZE + r"\s+(?:of\s+)?(?:the\s+)?CUDA context", re.IGNORECASE),  # "~1343 MiB CUDA context"
+    re.compile(r"CUDA context\s*(?:of|:|=|is|takes|uses)?\s*" + _CONTEXT_SIZE, re.IGNORECASE),  # "CUDA context: 1.3 GB"
+)
+
+
+def stated_context_gib(text: str) -> float | None:
+    """The CUDA context a row says its reading includes (`includes ~1343 MiB CUDA context`), in GiB; None where
+    it states no size. nvidia-smi's and NVML's MB are MiB (they divide by 1024**2)."""
+    for pattern in _CONTEXT_PATTERNS:
+        m = pattern.search(text)
+        if m:
+            value = float(m.group(1).replace(",", ""))
+            return value / 1024 if m.group(2).lower() in ("mib", "mb") else value
+    return None
+
+
 def torch_version(text: str) -> tuple[int, int] | None:
     """`torch 1.13`, `pytorch==2.1.0`, `PyTorch 2.4` -> (major, minor)."""
     m = re.search(r"(?:torch|pytorch)\s*(?:==|=|v|version)?\s*(\d+)\.(\d+)", text.lower())
