@@ -15,6 +15,7 @@ from functools import cached_property
 from frenzy_slurm.core.gpus import GpuSpec
 from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
+from frenzy_slurm.marp.memory_memo import TermMemo
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
 from frenzy_slurm.marp.speed import Links, PlanCosts, PlanPricer, PlanShape, seconds_floor
 
@@ -212,7 +213,8 @@ def search(
     the best found so far on some type it could run on (the plans skipped before it are estimated then, in
     order, so the group still ends where it would), and a group whose step-time floor (`seconds_floor`)
     beats no type's best is skipped whole. Neither shortcut depends on the memory model;
-    tests/test_has_search_speed.py compares the result with the plain loop.
+    tests/test_has_search_speed.py compares the result with the plain loop. The estimates share a `TermMemo`:
+    the terms their plans have in common are computed once per search, to the same bytes.
     """
     space = space or SearchSpace()
     limit = max_gpus or max((o.max_gpus for o in options), default=0)
@@ -222,11 +224,12 @@ def search(
     counts = {o.name: set(_counts(o, limit)) for o in options}
     worlds = sorted(set().union(*counts.values())) if counts else []
     price = PlanPricer(w, global_batch)
+    memo = TermMemo(w)  # the memory terms its plans share, for this search only (marp/memory_memo.py)
 
     def too_big(g: PlanGroup, mb: int, estimates: dict[int, MemoryEstimate]) -> bool:
         """Builds and estimates the group's plan at micro-batch `mb` into `estimates`; True if it fits on no
         GPU type, which ends its group."""
-        est = estimates[mb] = estimate_memory(w, g.plan(mb), "reserved", frag, peak_stages_only=True)
+        est = estimates[mb] = estimate_memory(w, g.plan(mb), "reserved", frag, peak_stages_only=True, memo=memo)
         return est.peak > largest
 
     for world in worlds:

@@ -33,10 +33,11 @@ from frenzy_slurm.marp.memory_loss import (
     loss_forward_bytes,
     previous_output,
 )
+from frenzy_slurm.marp.memory_memo import TermMemo
 from frenzy_slurm.marp.memory_moments import ActivationTerms, LossTerms, StageTerms, peak_moment
 from frenzy_slurm.marp.memory_reserved import allocator_overhead
 from frenzy_slurm.marp.memory_saved import saved_activations
-from frenzy_slurm.marp.memory_states import gradients_persist, model_states
+from frenzy_slurm.marp.memory_states import States, gradients_persist, model_states
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload
 
@@ -108,6 +109,7 @@ def estimate_memory(
     metric: Metric = "allocated",
     overheads: Overheads = Overheads(),
     peak_stages_only: bool = False,
+    memo: TermMemo | None = None,
 ) -> MemoryEstimate:
     """Per-stage peak bytes per rank: each term (model states, buffers, saved activations, logits and loss, the
     optimizer step's temporaries, the allocator's and the device's overheads) from its own function, summed at
@@ -116,8 +118,11 @@ def estimate_memory(
     `peak_stages_only` computes only the first and last pipeline stages. With the default split (earlier
     stages get the extra layers) every middle stage holds no more layers, no more in-flight micro-batches
     and no embedding, so one of those two is the peak; the candidate search uses this to stay fast.
+
+    `memo` (the candidate search's, for `w`): terms shared with other plans of `w` are looked up there
+    (marp/memory_memo.py says which, and why the estimate is the same as without it).
     """
-    j = job(w, plan)
+    j = job(w, plan, memo)
     stages = []
     for i, n_layers in enumerate(plan.stage_layers(w.arch.layers)):
         if peak_stages_only and plan.layer_split is None and 0 < i < plan.pp - 1:
@@ -136,7 +141,7 @@ def estimate_memory(
 def stage_terms(j: Job, i: int, n_layers: int) -> StageTerms:
     """What stage `i` (of `n_layers` blocks) holds, term by term: model states, buffers, activations, the loss's."""
     w, last = j.w, i == j.plan.pp - 1
-    st = model_states(j, i, n_layers)
+    st = model_states(j, i, n_layers) if j.memo is None else _memo_states(j, i, n_layers, j.memo)
     b = stage_buffers(j, i, n_layers, st)
     persistent = (gradients_persist(j, i) and not w.states.optimizer_in_backward) or b.keeps_grads
     inflight = in_flight(j.plan, i)
@@ -161,6 +166,15 @@ def stage_terms(j: Job, i: int, n_layers: int) -> StageTerms:
         acts=ActivationTerms(saved, recomputed, work, block=j.per_layer_act * j.tokens),
         loss=LossTerms(logits, loss_grads, out16, prev_logits, prev_inputs, fwd_grads),
     )
+
+
+def _memo_states(j: Job, i: int, n_layers: int, memo: TermMemo) -> States:
+    """`model_states(j, i, n_layers)` through the search's memo. It reads of the plan only the fields in the key
+    (the degrees, the ZeRO stage and shard group, offloading): the same stage's states at every micro-batch and
+    gradient accumulation, computed once."""
+    p = j.plan
+    key = (p.dp, p.tp, p.pp, p.cp, p.zero, p.shard_group, p.offload_optimizer, p.offload_params, i, n_layers)
+    return memo.get("states", key, lambda: model_states(j, i, n_layers))
 
 
 # the terms' functions under the names tests and benchmarks import them by (from before each term had its module)

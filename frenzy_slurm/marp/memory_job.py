@@ -3,9 +3,10 @@ and activation element, sharding divisors, tokens per micro-batch (`Job`, made b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from frenzy_slurm.marp.memory_activations import layer_activation_bytes
+from frenzy_slurm.marp.memory_memo import TermMemo
 from frenzy_slurm.marp.params import ParamCounts, count_params
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 
@@ -79,6 +80,8 @@ class Job:
     rep: int  # tensors outside TP regions are split only with sequence parallelism
     mixed_ds: bool  # DeepSpeed mixed precision
     e_act: float  # bytes per activation element
+    # the search's memo of terms shared between its estimates (marp/memory_memo.py); None: compute every term
+    memo: TermMemo | None = field(default=None, compare=False, repr=False)
 
     @property
     def vtp(self) -> int:
@@ -86,11 +89,22 @@ class Job:
         return self.plan.tp if self.w.comm.vocab_parallel else 1
 
 
-def job(w: Workload, plan: ParallelPlan) -> Job:
-    """The `Job` of `w` under `plan`: bytes by precision and framework, divisors by ZeRO stage and shard group."""
+def _workload_terms(w: Workload) -> tuple[ParamCounts, float, tuple[float, float, float, float, float]]:
+    """(parameter counts, exact / analytic parameter scale, `param_bytes`) of `w`: what no plan changes."""
     a = w.arch
     pc = count_params(a)
-    wb, gb, sb, mb_, sdt = param_bytes(w)
+    return pc, (w.exact_params / pc.total(a.layers)) if w.exact_params else 1.0, param_bytes(w)
+
+
+def job(w: Workload, plan: ParallelPlan, memo: TermMemo | None = None) -> Job:
+    """The `Job` of `w` under `plan`: bytes by precision and framework, divisors by ZeRO stage and shard group.
+
+    With `memo` (the candidate search's, for `w`), what depends on the workload alone and a block's saved bytes
+    per token (keyed by the arguments of `layer_activation_bytes`) are looked up there."""
+    if memo is not None and memo.workload is not w:
+        raise ValueError("a TermMemo holds the terms of one workload; this is another")
+    terms = _workload_terms(w) if memo is None else memo.get("workload", (), lambda: _workload_terms(w))
+    pc, scale, (wb, gb, sb, mb_, sdt) = terms
     cp = plan.cp
     # ZeRO/FSDP shard over the data-parallel ranks (times cp: context-parallel ranks hold the same weights), or
     # over one shard group of HSDP/MiCS, replicated across groups
@@ -98,11 +112,17 @@ def job(w: Workload, plan: ParallelPlan) -> Job:
     amp = autocast(w, plan)
     if w.framework == "deepspeed" and plan.zero >= 1:
         mb_ = 4.0  # the ZeRO optimizer keeps its own fp32 partition of the weights, in fp32 training too
+    act_args = (plan.tp, plan.sequence_parallel, plan.recompute, amp, cp)
+    per_layer_act = (
+        layer_activation_bytes(w, *act_args)
+        if memo is None
+        else memo.get("activations", act_args, lambda: layer_activation_bytes(w, *act_args))
+    )
     return Job(
         w=w,
         plan=plan,
         pc=pc,
-        scale=(w.exact_params / pc.total(a.layers)) if w.exact_params else 1.0,
+        scale=scale,
         wb=wb,
         gb=gb,
         sb=sb,
@@ -113,9 +133,10 @@ def job(w: Workload, plan: ParallelPlan) -> Job:
         grad_div=shard if plan.zero >= 2 else 1,
         weight_div=shard if plan.zero >= 3 else 1,
         amp=amp,
-        per_layer_act=layer_activation_bytes(w, plan.tp, plan.sequence_parallel, plan.recompute, amp, cp),
+        per_layer_act=per_layer_act,
         r=4.0 if (amp or w.precision == "fp32") else 2.0,
         rep=plan.tp if plan.sequence_parallel else 1,
         mixed_ds=w.framework == "deepspeed" and w.precision in ("bf16-mixed", "fp16-mixed"),
         e_act=4.0 if w.precision == "fp32" else 2.0,
+        memo=memo,
     )

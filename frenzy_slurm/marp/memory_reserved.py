@@ -52,7 +52,7 @@ def allocator_overhead(
     if cfg.expandable_segments:
         tensors.append((step, 1.0))  # one segment per pool, grown in pages
     hidden_tensor = a.hidden * j.e_act * j.tokens / j.rep  # a hidden-wide tensor of the micro-batch
-    overhead = allocator.reserved_excess(tensors, cfg) + allocator.step_excess(step, hidden_tensor, cfg)
+    overhead = _reserved_excess(tensors, cfg, j) + allocator.step_excess(step, hidden_tensor, cfg)
     overhead += long_lived * overheads.fragmentation
     if not cfg.expandable_segments:
         overhead += step * overheads.step_fragmentation
@@ -61,3 +61,13 @@ def allocator_overhead(
     if metric == "device":
         overhead += overheads.device_bytes(plan.world)
     return overhead
+
+
+def _reserved_excess(tensors: list[tuple[float, float]], cfg: allocator.AllocatorConfig, j: Job) -> float:
+    """`allocator.reserved_excess(tensors, cfg)`, through the search's memo when `j` has one: keyed by the
+    (bytes, count) pairs themselves (all floats here) and the config, its only inputs. A group's plans differ in
+    micro-batch, which changes none of the long-lived tensors, so most estimates find their packing there."""
+    if j.memo is None:
+        return allocator.reserved_excess(tensors, cfg)
+    key = (tuple(tensors), cfg)
+    return j.memo.get("reserved_excess", key, lambda: allocator.reserved_excess(key[0], cfg))
