@@ -111,7 +111,8 @@ def _homogeneous(
     steps = req.steps
     options = [p.option for p in pools]
     key = SearchKey.of(w, options, req.global_batch, req.max_gpus, space)
-    cands = kept.search(key, steps, lambda: search(w, options, req.global_batch, steps, req.max_gpus, space))
+    memo = kept.memo(w)  # shared with this caller's other searches of `w` (its fallback plans)
+    cands = kept.search(key, steps, lambda: search(w, options, req.global_batch, steps, req.max_gpus, space, memo))
     out = []
     a = w.arch
     for pool in pools:

@@ -11,6 +11,8 @@ Lifetime: `has.decide` takes a `Kept` from its caller; without one it uses `PROC
 as the process. fsbatch decides once per process; the simulator and the Python API decide many jobs in one
 and reuse it. A caller deciding in several threads passes one `Kept` per thread; `forget()` drops what is kept
 (a benchmark timing decisions from cold). Bounded: `SEARCH_CACHE_SIZE` searches, oldest dropped first, one index.
+`memo(w)`: the memory terms and estimates MARP's searches of one workload share (marp/memory_memo.py): fsbatch's
+fallback plans search the job's workload again over other usable memory (`MEMO_WORKLOADS` workloads kept).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields, replace
 
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace
+from frenzy_slurm.marp.memory_memo import TermMemo
 from frenzy_slurm.marp.plan import Workload
 from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.slurm.view import ClusterView
@@ -26,6 +29,10 @@ from frenzy_slurm.slurm.view import ClusterView
 # Jobs of one shape recur in a queue (the simulator's Philly jobs: a few models, batches and sequence lengths):
 # this many searches are kept, oldest dropped first.
 SEARCH_CACHE_SIZE = 512
+# Memos of MARP's memory terms and estimates (marp/memory_memo.py), one per workload, this many kept: fsbatch
+# searches one workload up to 5 times (its decision and the fallback plans, has/fallback.py), over other usable
+# memory and the same plans
+MEMO_WORKLOADS = 16
 
 Searched = dict[Hashable, list[Candidate]]  # marp.candidates.search's answer: candidates per GPU option
 
@@ -57,6 +64,17 @@ class Kept:
 
     searches: dict[SearchKey, Searched] = field(default_factory=dict)  # insertion order: oldest first
     index: ReleaseIndex | None = None
+    memos: dict[Workload, TermMemo] = field(default_factory=dict)  # by workload (by value), oldest first
+
+    def memo(self, w: Workload) -> TermMemo:
+        """The memo of `w`'s memory terms and plan estimates that this caller's searches share (a new one the
+        first time). An equal workload shares it: the estimates read nothing of a workload but its fields."""
+        found = self.memos.get(w)
+        if found is None:
+            found = self.memos[w] = TermMemo(w)
+            while len(self.memos) > MEMO_WORKLOADS:
+                del self.memos[next(iter(self.memos))]
+        return found
 
     def search(self, key: SearchKey, steps: int, run: Callable[[], Searched]) -> Searched:
         """The candidates of `key`'s shape with `steps` steps: kept ones, else `run()`'s (then kept)."""
@@ -79,6 +97,7 @@ class Kept:
         and the pools, not on the cluster's state)."""
         if searches:
             self.searches.clear()
+            self.memos.clear()
         self.index = None
 
 

@@ -204,6 +204,7 @@ def search(
     steps: int,
     max_gpus: int | None = None,
     space: SearchSpace | None = None,
+    memo: TermMemo | None = None,
 ) -> dict[Hashable, list[Candidate]]:
     """Per GPU type: the fastest fitting plan at each GPU count, ordered by step time (fastest first).
 
@@ -214,22 +215,27 @@ def search(
     order, so the group still ends where it would), and a group whose step-time floor (`seconds_floor`)
     beats no type's best is skipped whole. Neither shortcut depends on the memory model;
     tests/test_has_search_speed.py compares the result with the plain loop. The estimates share a `TermMemo`:
-    the terms their plans have in common are computed once per search, to the same bytes.
+    the terms their plans have in common are computed once per search, to the same bytes. A caller searching the
+    same workload again (HAS's fallback plans: other usable memory, the same plans) passes one `memo` to all its
+    searches, which then also keeps each plan's whole estimate (by its group, micro-batch and fragmentation).
     """
     space = space or SearchSpace()
     limit = max_gpus or max((o.max_gpus for o in options), default=0)
     largest = max((o.usable_bytes - o.overhead_bytes(1) for o in options), default=0.0)
-    frag = Overheads(fragmentation=space.fragmentation)
+    frag = Overheads(fragmentation=space.fragmentation)  # (the only input of the overheads: see too_big's key)
     out: dict[Hashable, list[Candidate]] = {o.name: [] for o in options}
     counts = {o.name: set(_counts(o, limit)) for o in options}
     worlds = sorted(set().union(*counts.values())) if counts else []
     price = PlanPricer(w, global_batch)
-    memo = TermMemo(w)  # the memory terms its plans share, for this search only (marp/memory_memo.py)
+    memo = memo or TermMemo(w)  # the memory terms its plans share (marp/memory_memo.py)
 
     def too_big(g: PlanGroup, mb: int, estimates: dict[int, MemoryEstimate]) -> bool:
         """Builds and estimates the group's plan at micro-batch `mb` into `estimates`; True if it fits on no
         GPU type, which ends its group."""
-        est = estimates[mb] = estimate_memory(w, g.plan(mb), "reserved", frag, peak_stages_only=True, memo=memo)
+        key = (g, mb, space.fragmentation)  # (frag is made of the fragmentation alone)
+        est = estimates[mb] = memo.get(
+            "estimates", key, lambda: estimate_memory(w, g.plan(mb), "reserved", frag, True, memo)
+        )
         return est.peak > largest
 
     for world in worlds:

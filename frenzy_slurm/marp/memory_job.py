@@ -101,7 +101,7 @@ def job(w: Workload, plan: ParallelPlan, memo: TermMemo | None = None) -> Job:
 
     With `memo` (the candidate search's, for `w`), what depends on the workload alone and a block's saved bytes
     per token (keyed by the arguments of `layer_activation_bytes`) are looked up there."""
-    if memo is not None and memo.workload is not w:
+    if memo is not None and memo.workload is not w and memo.workload != w:
         raise ValueError("a TermMemo holds the terms of one workload; this is another")
     terms = _workload_terms(w) if memo is None else memo.get("workload", (), lambda: _workload_terms(w))
     pc, scale, (wb, gb, sb, mb_, sdt) = terms

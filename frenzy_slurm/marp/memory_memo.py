@@ -10,7 +10,9 @@ Why a hit returns exactly what the call would have: each table is keyed by every
 for other than the workload, and a memo belongs to one workload (`job` refuses another). The functions are pure
 (their results are frozen dataclasses and floats, never changed after), so the results stay bit-identical;
 tests/test_marp_memory_memo.py compares every estimate of a search with and without the memo. A memo lives for
-one search (no process-wide cache keyed by a workload's repr, which would grow and cost a hash per lookup).
+one search, or for the searches of one workload that one caller makes together (has/kept.py `Kept.memo`:
+fsbatch's fallback plans search the job's workload again over other usable memory, and find each plan's whole
+estimate here); never a process-wide cache keyed by a workload's repr, which would grow and cost a hash a lookup.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class TermMemo:
     """Memory terms of one workload already computed, by table and by the inputs they depend on."""
 
     def __init__(self, workload: object):
-        self.workload = workload  # the one workload every entry is of (compared by identity)
+        self.workload = workload  # the one workload every entry is of (or of an equal one)
         self._tables: dict[str, dict[Hashable, Any]] = {}
         self.hits = 0
         self.misses = 0
