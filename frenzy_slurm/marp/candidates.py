@@ -227,15 +227,18 @@ def search(
     counts = {o.name: set(_counts(o, limit)) for o in options}
     worlds = sorted(set().union(*counts.values())) if counts else []
     price = PlanPricer(w, global_batch)
-    memo = memo or TermMemo(w)  # the memory terms its plans share (marp/memory_memo.py)
+    # the memory terms its plans share (marp/memory_memo.py); whole estimates only in a caller's memo, as no plan
+    # comes twice in one search
+    shared, memo = memo is not None, memo or TermMemo(w)
+
+    def estimate(g: PlanGroup, mb: int) -> MemoryEstimate:
+        return estimate_memory(w, g.plan(mb), "reserved", frag, True, memo)
 
     def too_big(g: PlanGroup, mb: int, estimates: dict[int, MemoryEstimate]) -> bool:
         """Builds and estimates the group's plan at micro-batch `mb` into `estimates`; True if it fits on no
         GPU type, which ends its group."""
         key = (g, mb, space.fragmentation)  # (frag is made of the fragmentation alone)
-        est = estimates[mb] = memo.get(
-            "estimates", key, lambda: estimate_memory(w, g.plan(mb), "reserved", frag, True, memo)
-        )
+        est = estimates[mb] = memo.get("estimates", key, lambda: estimate(g, mb)) if shared else estimate(g, mb)
         return est.peak > largest
 
     for world in worlds:

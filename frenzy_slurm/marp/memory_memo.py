@@ -35,11 +35,13 @@ class TermMemo:
     def get(self, table: str, key: Hashable, compute: Callable[[], T]) -> T:
         """The entry of `table` at `key`, computed by `compute()` the first time (the key must hold every input of
         `compute` besides the workload)."""
-        entries = self._tables.setdefault(table, {})
-        try:
-            value: T = entries[key]
+        entries = self._tables.get(table)
+        if entries is None:
+            entries = self._tables[table] = {}
+        elif key in entries:
             self.hits += 1
-        except KeyError:
-            value = entries[key] = compute()
-            self.misses += 1
+            hit: T = entries[key]  # what compute() returned for this key
+            return hit
+        value = entries[key] = compute()
+        self.misses += 1
         return value
