@@ -31,7 +31,7 @@ from frenzy_slurm.slurm.view import ClusterView
 SEARCH_CACHE_SIZE = 512
 # Memos of MARP's memory terms and estimates (marp/memory_memo.py), one per workload, this many kept: fsbatch
 # searches one workload up to 5 times (its decision and the fallback plans, has/fallback.py), over other usable
-# memory and the same plans
+# memory and the same plans (about 0.2 MB each after a 2,048-GPU decision of llama2-7b and its fallbacks)
 MEMO_WORKLOADS = 16
 
 Searched = dict[Hashable, list[Candidate]]  # marp.candidates.search's answer: candidates per GPU option

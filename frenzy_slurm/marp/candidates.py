@@ -197,6 +197,16 @@ def plan_groups(
                         yield PlanGroup(dp, tp, pp, zero, rc, mbs, global_batch, pinned)
 
 
+def _estimate(w: Workload, g: PlanGroup, mb: int, frag: Overheads, memo: TermMemo, shared: bool) -> MemoryEstimate:
+    """The reserved bytes of group `g`'s plan at micro-batch `mb` (first and last stages), with the search's memo
+    of shared terms (marp/memory_memo.py). A `shared` memo (the caller's, for several searches of `w`: HAS's
+    fallback plans search again over less usable memory, mostly the same plans) also keeps the whole estimate, by
+    all it is made of; a search's own memo does not, as no plan comes twice in one search."""
+    if not shared:
+        return estimate_memory(w, g.plan(mb), "reserved", frag, True, memo)
+    return memo.get("estimates", (g, mb, frag), lambda: estimate_memory(w, g.plan(mb), "reserved", frag, True, memo))
+
+
 def search(
     w: Workload,
     options: list[GpuOption],
@@ -213,32 +223,23 @@ def search(
     every plan in that order, with less work: a plan's memory is estimated only when its step time beats
     the best found so far on some type it could run on (the plans skipped before it are estimated then, in
     order, so the group still ends where it would), and a group whose step-time floor (`seconds_floor`)
-    beats no type's best is skipped whole. Neither shortcut depends on the memory model;
-    tests/test_has_search_speed.py compares the result with the plain loop. The estimates share a `TermMemo`:
-    the terms their plans have in common are computed once per search, to the same bytes. A caller searching the
-    same workload again (HAS's fallback plans: other usable memory, the same plans) passes one `memo` to all its
-    searches, which then also keeps each plan's whole estimate (by its group, micro-batch and fragmentation).
+    beats no type's best is skipped whole. Neither shortcut depends on the memory model; test_has_search_speed.py
+    compares the result with the plain loop. Estimates share a `memo` (`_estimate`), the caller's if it passes one.
     """
     space = space or SearchSpace()
     limit = max_gpus or max((o.max_gpus for o in options), default=0)
     largest = max((o.usable_bytes - o.overhead_bytes(1) for o in options), default=0.0)
-    frag = Overheads(fragmentation=space.fragmentation)  # (the only input of the overheads: see too_big's key)
+    frag = Overheads(fragmentation=space.fragmentation)
     out: dict[Hashable, list[Candidate]] = {o.name: [] for o in options}
     counts = {o.name: set(_counts(o, limit)) for o in options}
     worlds = sorted(set().union(*counts.values())) if counts else []
     price = PlanPricer(w, global_batch)
-    # the memory terms its plans share (marp/memory_memo.py); whole estimates only in a caller's memo, as no plan
-    # comes twice in one search
     shared, memo = memo is not None, memo or TermMemo(w)
-
-    def estimate(g: PlanGroup, mb: int) -> MemoryEstimate:
-        return estimate_memory(w, g.plan(mb), "reserved", frag, True, memo)
 
     def too_big(g: PlanGroup, mb: int, estimates: dict[int, MemoryEstimate]) -> bool:
         """Builds and estimates the group's plan at micro-batch `mb` into `estimates`; True if it fits on no
         GPU type, which ends its group."""
-        key = (g, mb, space.fragmentation)  # (frag is made of the fragmentation alone)
-        est = estimates[mb] = memo.get("estimates", key, lambda: estimate(g, mb)) if shared else estimate(g, mb)
+        est = estimates[mb] = _estimate(w, g, mb, frag, memo, shared)
         return est.peak > largest
 
     for world in worlds:
