@@ -8,6 +8,7 @@
         if in_job.stop_requested():  # USR2 300 s before the time limit, or TERM (scancel, preemption)
             save(in_job.checkpoint_dir() / f"step{step}")
             in_job.exit_for_requeue()  # rank 0 requeues after USR2; every rank exits 0
+    in_job.finish()  # the process group down after a barrier, then exit 0 without the interpreter's teardown
 
 The contract (docs/runtime.md "User scripts"): Slurm sends SIGUSR2 300 s before the time limit
 (`--signal=USR2@300`; NCCL owns USR1) and SIGTERM on scancel, preemption or `scontrol requeue`. The runtime
@@ -202,8 +203,26 @@ def requeue() -> bool:
 def exit_for_requeue() -> NoReturn:
     """After the stop checkpoint: requeue if the stop was the time-limit warning (USR2) or a preemption (rank 0
     asks), then exit 0 on every rank (a non-zero exit would make srun's --kill-on-bad-exit end the other ranks
-    before they save)."""
+    before they save). The process group comes down without a barrier: a rank that stopped elsewhere may
+    never reach one."""
     if rank() == 0 and requeue_wanted():
         requeue()
-    sys.stdout.flush()
-    sys.exit(0)
+    _end(0, barrier=False)
+
+
+def finish(code: int = 0) -> NoReturn:
+    """End this task once everything it writes is written: `in_job.finish(main())` where a script would end with
+    `sys.exit(main())`. torch.distributed's process group comes down after a barrier (through DeepSpeed's comm where
+    DeepSpeed started it), then the task exits with `code` skipping the interpreter's teardown: there, a rank
+    whose training finished can die in std::terminate (gloo's and the TCPStore's threads outlive their group),
+    srun's --kill-on-bad-exit ends the step and Slurm records FAILED. atexit handlers do not run: flush or
+    close what they would (stdout, stderr and logging are flushed here)."""
+    _end(code, barrier=True)
+
+
+def _end(code: int, barrier: bool) -> NoReturn:
+    # runtime.ending imports only the standard library; it reaches torch only where the script imported it
+    from frenzy_slurm.runtime import ending
+
+    ending.close_process_group(barrier=barrier)
+    ending.finish(code)

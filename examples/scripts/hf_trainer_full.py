@@ -124,4 +124,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # the process group down after a barrier, then exit without the interpreter's teardown, where a finished
+    # rank can abort on gloo's threads and make the job FAILED (in_job.finish)
+    in_job.finish(main())

@@ -19,7 +19,6 @@ from frenzy_slurm import in_job  # first: the USR2/TERM handler is in place befo
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -152,4 +151,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # the process group down after a barrier, then exit without the interpreter's teardown, where a finished
+    # rank can abort on gloo's threads and make the job FAILED (in_job.finish)
+    in_job.finish(main())
