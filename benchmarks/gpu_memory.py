@@ -15,6 +15,13 @@ MARP's allocated / reserved / device predictions. Without a GPU it says so and e
 the same points on the CPU (allocated bytes from the profiler's allocator events are not taken: the CPU
 figures printed are only what torch reports, to check the script end to end). One short run on an H200
 takes about two minutes.
+
+On a GPU each point's run is also recorded with `torch.cuda.memory._record_memory_history()` (events only, no
+stacks) and its allocation events are replayed through MARP's caching-allocator replayer
+(`frenzy_slurm/marp/allocator_replay.py`): the line under each point gives the replay's allocated and reserved
+peaks next to torch's, which checks the replayer on the real request sequence of a training step.
+`--snapshots DIR` keeps each point's snapshot as JSON (`python -m frenzy_slurm.marp.allocator_trace FILE`
+replays it again).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from frenzy_slurm.core.units import GiB  # noqa: E402
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel  # noqa: E402
 from frenzy_slurm.marp import ParallelPlan, Workload, estimate_memory, pinned_plan, workload_from_spec  # noqa: E402
+from frenzy_slurm.marp.allocator_trace import replay_trace, settings_from_snapshot  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "benchmarks" / "data" / "cpu_memory_grid.json"
@@ -47,6 +55,7 @@ GPU_SEQ = 1024
 METRICS = ("allocated", "reserved", "device")
 RESULT = "gpu_memory-result: "  # the worker's line with its peaks
 WORKER_TIMEOUT_S = 240  # one point, a few steps: well under a minute on an H100/H200
+TRACE_EVENTS = 1_000_000  # the recorder's ring: a few steps of a 0.5B model make tens of thousands of events
 
 
 def load_points(names: tuple[str, ...] = DEFAULT_POINTS, grid: Path = GRID) -> list[dict]:
@@ -164,7 +173,9 @@ def runner_of(point: dict) -> tuple[str, Any]:
     return RUNNERS[trainer]
 
 
-def measure(point: dict, spec_dict: dict, steps: int, device: str) -> dict[str, float] | str:
+def measure(
+    point: dict, spec_dict: dict, steps: int, device: str, snapshot: Path | None = None
+) -> dict[str, float] | str:
     """Peak allocated / reserved (torch) and NVML used bytes (GiB) of a few training steps in a process of its own
     (a fresh CUDA context and peak counters per point, and no distributed state left for the next point), or why
     none were taken."""
@@ -173,6 +184,7 @@ def measure(point: dict, spec_dict: dict, steps: int, device: str) -> dict[str, 
         return f"skipped: {module} is not importable"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec_dict)]
     cmd += ["--trainer", point.get("trainer", "deepspeed"), "--steps", str(steps), "--device", device]
+    cmd += ["--snapshot-to", str(snapshot)] if snapshot else []
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -184,7 +196,20 @@ def measure(point: dict, spec_dict: dict, steps: int, device: str) -> dict[str, 
     return f"worker failed (exit {out.returncode}): {(out.stderr or out.stdout).strip()[-300:]}"
 
 
-def worker(spec_dict: dict, trainer: str, steps: int, device_name: str) -> int:
+def replay_figures(snapshot: dict[str, Any], device: int = 0) -> dict[str, float]:
+    """The replayer's allocated and reserved peaks (GiB) for one device's recorded trace of a snapshot, with the
+    allocator settings the snapshot records; nan where the snapshot holds no trace for that device."""
+    traces = snapshot.get("device_traces") or []
+    if device >= len(traces) or not traces[device]:
+        return {"replay_allocated": float("nan"), "replay_reserved": float("nan")}
+    replay = replay_trace(traces[device], settings_from_snapshot(snapshot))
+    return {
+        "replay_allocated": replay.stats["allocated_bytes.all.peak"] / GiB,
+        "replay_reserved": replay.stats["reserved_bytes.all.peak"] / GiB,
+    }
+
+
+def worker(spec_dict: dict, trainer: str, steps: int, device_name: str, snapshot_to: str | None = None) -> int:
     """One point in this process: train it, print RESULT and the peaks as JSON (or the reason as a string)."""
     import torch
 
@@ -195,6 +220,8 @@ def worker(spec_dict: dict, trainer: str, steps: int, device_name: str) -> int:
     if cuda:
         torch.cuda.set_device(device)
         torch.cuda.reset_peak_memory_stats(device)
+        # the allocator's events only (no stack frames): what the replayer reads
+        torch.cuda.memory._record_memory_history(context=None, stacks="python", max_entries=TRACE_EVENTS)
     result: dict[str, float] | str
     try:
         RUNNERS[trainer][1](spec_dict, steps, device)
@@ -206,6 +233,10 @@ def worker(spec_dict: dict, trainer: str, steps: int, device_name: str) -> int:
                 "reserved": torch.cuda.max_memory_reserved(device) / GiB,
                 "device": _nvml_used_gib(device.index or 0),
             }
+            snapshot = torch.cuda.memory._snapshot(device)
+            result |= replay_figures(snapshot, device.index or 0)
+            if snapshot_to:
+                Path(snapshot_to).write_text(json.dumps(snapshot, default=str))
     except torch.cuda.OutOfMemoryError as exc:
         result = f"OOM: {exc}"[:160]
     print(RESULT + json.dumps(result), flush=True)
@@ -235,11 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=("gpu", "grid"), default="gpu", help="grid: the CPU grid's own small model")
     ap.add_argument("--predict-only", action="store_true", help="print MARP's predictions; run nothing")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--snapshots", type=Path, help="keep each point's allocator snapshot here, as JSON")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # one point's model.yaml (JSON), run in this process
     ap.add_argument("--trainer", help=argparse.SUPPRESS)
+    ap.add_argument("--snapshot-to", help=argparse.SUPPRESS)  # the worker's snapshot file
     args = ap.parse_args(argv)
     if args.worker:
-        return worker(json.loads(args.worker), args.trainer, args.steps, args.device)
+        return worker(json.loads(args.worker), args.trainer, args.steps, args.device, args.snapshot_to)
     try:
         points = load_points(tuple(args.points))
         for p in points:
@@ -263,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     for p in points:
         spec = scaled_spec(p, args.size)
         pred = predict(spec)
-        got = "not run (--predict-only)" if args.predict_only else measure(p, spec, args.steps, args.device)
+        snapshot = None
+        if args.snapshots:
+            args.snapshots.mkdir(parents=True, exist_ok=True)
+            snapshot = args.snapshots / f"{p['name']}.json"
+        got = "not run (--predict-only)" if args.predict_only else measure(p, spec, args.steps, args.device, snapshot)
         rows.append({"point": p["name"], "spec": spec, "predicted": pred, "measured": got})
         if isinstance(got, str):
             cells = [f"{pred[m]:6.2f}" for m in METRICS]
@@ -272,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         errors = ", ".join(f"{m} {(pred[m] - got[m]) / got[m]:+.1%}" for m in METRICS if got[m] == got[m])
         cells = " | ".join(f"{got[m]:6.2f} {pred[m]:6.2f}" for m in METRICS)
         print(f"{p['name']:30} | {cells}   {errors or 'ran (the CPU has no allocator peaks to compare)'}")
+        if got.get("replay_reserved", float("nan")) == got.get("replay_reserved"):
+            print(
+                f"{'  replay of its allocator trace':30} | {got['replay_allocated']:6.2f} {'':6} | "
+                f"{got['replay_reserved']:6.2f} {'':6} |   reserved {got['replay_reserved'] - got['reserved']:+.3f} GiB"
+                " against torch's"
+            )
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "rows": rows}, indent=2))
     return 0

@@ -94,3 +94,14 @@ def test_dry_run_on_the_cpu_trains_the_points():
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith(("hf-trainer-llama-1gpu ", "ds-llama-1gpu "))]
     assert len(lines) == 2 and all("ran (the CPU" in line for line in lines), out.stdout
+
+
+def test_a_recorded_trace_is_replayed_through_the_allocator_replayer():
+    """On a GPU each point's recorded allocator events go through MARP's replayer: the hand-made snapshot of
+    tests/data, whose own segment events peak at 40 MiB reserved, replays to the same peak."""
+    snapshot = json.loads((ROOT / "tests" / "data" / "allocator_trace_small.json").read_text())
+    got = gm.replay_figures(snapshot)
+    assert got["replay_reserved"] == pytest.approx(40 / 1024)
+    assert 0 < got["replay_allocated"] <= got["replay_reserved"]
+    missing = gm.replay_figures({"device_traces": []})
+    assert missing["replay_reserved"] != missing["replay_reserved"]  # nan: no trace for that device
