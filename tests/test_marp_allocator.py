@@ -53,9 +53,9 @@ def test_a_small_mid_request_reserves_a_20_mib_segment():
 def test_expandable_segments_reserve_the_bytes_rounded_to_pages():
     tensors = [(1.5 * MiB, 1), (33 * MiB, 2), (100 * 1024, 3)]
     allocated = sum(request_bytes(n) * c for n, c in tensors)
-    # the large pool: 67.5 MiB -> 68 MiB of pages; the small pool: 300 KiB -> one 2 MiB page
-    assert reserved_for(tensors, EXPANDABLE) == 68 * MiB + 2 * MiB
-    assert reserved_excess(tensors, EXPANDABLE) == pytest.approx(68 * MiB + 2 * MiB - allocated)
+    # the large pool: 67.5 MiB -> four 20 MiB pages; the small pool: 300 KiB -> one 2 MiB page
+    assert reserved_for(tensors, EXPANDABLE) == 80 * MiB + 2 * MiB
+    assert reserved_excess(tensors, EXPANDABLE) == pytest.approx(80 * MiB + 2 * MiB - allocated)
     assert reserved_excess(tensors) == pytest.approx(20 * MiB + 68 * MiB + 2 * MiB - allocated)
     assert step_excess(1000 * MiB, 11 * MiB, EXPANDABLE) == 0.0
     assert step_excess(1100 * MiB, 11 * MiB) == pytest.approx(100 * MiB)  # 100 tensors of 11 MiB, 1 MiB each
@@ -139,3 +139,16 @@ def test_device_counts_the_cublas_workspace_context_and_nccl():
     frag = estimate_memory(w, plan, "reserved", none.model_copy(update={"fragmentation": 0.1})).peak
     s = estimate_memory(w, plan, "allocated").stages[0]
     assert frag - base == pytest.approx(0.1 * (s.weights + s.optimizer), rel=0.05)
+
+
+def test_expandable_pages_agree_with_the_allocator_replayer():
+    """reserved_for's page rounding is what the port of PyTorch's allocator maps for the same requests."""
+    from frenzy_slurm.marp.allocator_replay import CachingAllocator
+    from frenzy_slurm.marp.allocator_settings import parse_settings
+
+    tensors = [(1.5 * MiB, 1), (33 * MiB, 2), (100 * 1024, 3), (10 * MiB + 512, 3)]
+    replay = CachingAllocator(parse_settings("expandable_segments:True"))
+    for n, count in tensors:
+        for _ in range(count):
+            replay.malloc(int(n))
+    assert reserved_for(tensors, EXPANDABLE) == replay.stat("reserved_bytes")

@@ -44,7 +44,12 @@ SMALL_SEGMENT = 2 * MiB  # kSmallBuffer: the small pool's segment
 LARGE_SEGMENT = 20 * MiB  # kLargeBuffer: the segment of a large-pool request under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc: from here a request gets a segment of its own
 ROUND_LARGE = 2 * MiB  # kRoundLarge: a segment of its own is rounded up to this
-PAGE = 2 * MiB  # expandable segments map physical memory in pages of this size
+# expandable segments map physical memory in pages of the segment size the pool would cudaMalloc: 2 MiB
+# (kSmallBuffer) for the small pool, 20 MiB (kLargeBuffer) for the large one (CUDACachingAllocator.cpp,
+# find_expandable_block; PyTorch's test_graph_memory_stats_and_use_result_after_destroy_graph: three
+# 10 MiB + 512 B tensors reserve 40 MiB; tests/test_marp_allocator_replay.py)
+SMALL_PAGE = 2 * MiB
+LARGE_PAGE = 20 * MiB
 
 # cuBLAS workspace per (handle, stream) that torch allocates through the caching allocator, when
 # CUBLAS_WORKSPACE_CONFIG is unset (aten/src/ATen/cuda/CublasHandlePool.cpp): ":4096:8" = 8 chunks of 4096 KiB on
@@ -103,7 +108,8 @@ def reserved_for(tensors: Iterable[tuple[float, float]], config: AllocatorConfig
 
     Small-pool and sub-10 MiB requests are packed into their pool's segments, largest first, each segment filled
     before the next is made (what best-fit splitting does when nothing is freed in between); larger requests
-    each own a segment rounded up to 2 MiB. With expandable segments each pool is one segment of whole pages.
+    each own a segment rounded up to 2 MiB. With expandable segments each pool is one segment of whole pages
+    (2 MiB in the small pool, 20 MiB in the large).
     A fractional count (a per-rank share of a sharded set) packs as that many tensors."""
     small: list[tuple[int, float]] = []
     mid: list[tuple[int, float]] = []
@@ -122,7 +128,10 @@ def reserved_for(tensors: Iterable[tuple[float, float]], config: AllocatorConfig
         else:
             total += segment_bytes(r) * count
     if config.expandable_segments:
-        return sum(math.ceil(sum(r * c for r, c in pool) / PAGE) * PAGE for pool in (small, mid))
+        return sum(
+            math.ceil(sum(r * c for r, c in pool) / page) * page
+            for pool, page in ((small, SMALL_PAGE), (mid, LARGE_PAGE))
+        )
     return total + _packed(small, SMALL_SEGMENT) + _packed(mid, LARGE_SEGMENT)
 
 
