@@ -22,8 +22,9 @@ An uncaught `torch.OutOfMemoryError` is recorded for the job's epilogue (`record
 submits the run again with more memory headroom (docs/runtime.md, "Out of memory").
 
 Only the standard library is imported here, and frenzy-slurm's checkpoint reader (jobdir.checkpoints, itself
-standard library only); its Slurm seam when requeueing and its directory checks when resuming from a moved job's
-checkpoints; never torch:
+standard library only); its Slurm seam when requeueing, its directory checks when resuming from a moved job's
+checkpoints, and `runtime.ending` (standard library; it reaches a torch the script already imported) in
+`finish()` and `exit_for_requeue()`; never torch itself:
 import it first, before the seconds-long imports a signal could otherwise interrupt.
 """
 

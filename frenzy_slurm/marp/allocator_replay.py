@@ -749,10 +749,6 @@ class ReplayResult:
         return self.stats["reserved_bytes.all.peak"]
 
     @property
-    def reserved_current(self) -> int:
-        return self.stats["reserved_bytes.all.current"]
-
-    @property
     def allocated_current(self) -> int:
         return self.stats["allocated_bytes.all.current"]
 
