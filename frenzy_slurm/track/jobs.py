@@ -525,6 +525,7 @@ def _select(
         for _, comps in sorted(groups.items())
         if (not comps[0].user or comps[0].user == user)
         and comps[0].phase in ACTIVE_JOB_STATES
+        and comps[0].state != "COMPLETING"  # ending already (just cancelled, say): nothing left to cancel
         and (mine or comps[0].name == name)
         and recorded_by_fsbatch(comps[0])
     ]
