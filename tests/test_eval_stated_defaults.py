@@ -110,3 +110,31 @@ def test_model_yaml_naming_an_unmodelled_framework_is_refused_with_the_reason():
 
     with pytest.raises(ValidationError, match=r"framework llm.c is not modelled: .*one cudaMalloc"):
         make_spec(entry={"trainer": "script", "script": "train_gpt2.cu", "framework": "llm.c"})
+
+
+def test_fsdp_over_one_data_parallel_rank_with_context_parallelism_still_shards():
+    # FSDP over 1 x CP 8: the mesh FSDP shards over spans the context-parallel ranks, so the states are sharded
+    row = interpret_row(
+        _row(
+            num_gpus="8",
+            parallelism="FSDP=1, CP=8",
+            sharding_offload="FSDP2 over 1",
+            other_settings="torchtitan; context parallel (ring attention) over CP ranks",
+            activation_ckpt="full",
+            optimizer="AdamW",
+        )
+    )
+    assert (row.plan.dp, row.plan.cp, row.plan.zero) == (1, 8, 3)
+    assert row.spec.parallel.sharding == "full-shard"
+    # a torchtitan run stated unsharded with CP is not one torchtitan runs: a counted failure naming why
+    with pytest.raises(RowError, match="torchtitan applies FSDP over the context-parallel ranks"):
+        interpret_row(
+            _row(
+                num_gpus="8",
+                parallelism="DP=1, CP=8",
+                sharding_offload="none",
+                other_settings="torchtitan",
+                activation_ckpt="full",
+                optimizer="AdamW",
+            )
+        )

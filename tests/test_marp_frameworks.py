@@ -266,6 +266,12 @@ def test_pinned_settings_the_framework_cannot_run_are_refused():
         search_space_from_spec(script("torchtune", parallel={"sharding": "zero2"}))
     with pytest.raises(InputError, match="no context parallelism"):
         search_space_from_spec(script("hf-trainer", parallel={"cp": 2}))
+    # torchtitan shards over the cp ranks whenever cp > 1 (parallel_dims.py): unsharded states are not its run
+    with pytest.raises(InputError, match="sharding: none with cp: 2: torchtitan applies FSDP over the context"):
+        search_space_from_spec(script("torchtitan", parallel={"cp": 2, "sharding": "none"}))
+    assert search_space_from_spec(script("torchtitan", parallel={"cp": 2, "sharding": "full-shard"})).zero_stages == (
+        3,
+    )
     with pytest.raises(
         InputError, match="op .torchtitan's per-op selective checkpointing. is not something hf-trainer"
     ):

@@ -302,7 +302,9 @@ def _plan(
     world = dp * tp * pp * cp
     if gpus and world != gpus:
         raise RowError(f"parallel degrees dp={dp} tp={tp} pp={pp} cp={cp} multiply to {world}, not num_gpus={gpus}")
-    zero = _zero_stage(text, sharded) if dp > 1 or par.shard_group else 0
+    # a sharded run shards over its data-parallel ranks, or over the context-parallel ones too where FSDP's
+    # mesh spans them (FSDP over 1 x CP 8 still shards the states over 8 ranks)
+    zero = _zero_stage(text, sharded) if dp > 1 or par.shard_group or (cp > 1 and sharded) else 0
     if par.shard_group is None and re.search(r"hybrid[_ ]shard|hsdp", text) and dp > 1:
         # FSDP HYBRID_SHARD shards within a node and replicates across nodes
         per_node = re.search(r"(\d+)\s*(?:gpus?)?\s*(?:per|/)\s*node", text + " " + raw["num_gpus"].lower())

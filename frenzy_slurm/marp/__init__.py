@@ -345,6 +345,13 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         raise InputError(f"parallel.offload_*: {fw} does not offload to host memory; set them false")
     if par.cp > 1 and can.cp == "no":
         raise InputError(f"parallel.cp: {par.cp}: {fw} has no context parallelism; set cp: 1")
+    if par.cp > 1 and can.fsdp_over_cp and zero == (0,):
+        # torchtitan 0.3.0 parallel_dims.py: fsdp_enabled = dp_shard_enabled or cp_enabled, and
+        # llama3/parallelize.py applies fully_shard over the dp_shard_cp mesh whenever it is
+        raise InputError(
+            f"parallel.sharding: none with cp: {par.cp}: {fw} applies FSDP over the context-parallel ranks whenever "
+            "cp > 1, so its states are sharded even at one data-parallel rank; set sharding: full-shard (or auto)"
+        )
     _check_schedule(spec, can, fw)
     pinned: dict[str, object] = {
         "cp": par.cp,
