@@ -155,11 +155,17 @@ def _gpu_count(text: str) -> int:
 def _seq_len(text: str, stated: int | None) -> int:
     t = text.strip().lower()
     if t.startswith("variable") or (not t and stated is None):
-        raise RowError(f"sequence length '{text}' is data-dependent and the longest sample is not stated")
+        raise RowError(
+            f"sequence length '{text}' is data-dependent and the longest sample (model.yaml's data.longest) is not "
+            "stated"
+        )
     if t.startswith("<="):
         if "truncat" in t:  # truncation at the bound: the longest padded batch reaches it
             return _first_int(t, "seq_len")
-        raise RowError(f"sequence length '{text[:40]}...' is padded to the longest sample, which is not stated")
+        raise RowError(
+            f"sequence length '{text[:40]}...' is padded to the longest sample, which is not stated (model.yaml's "
+            "data.longest)"
+        )
     if not re.search(r"\d", t) and stated is not None:
         return stated
     return _first_int(t, "seq_len")

@@ -78,7 +78,7 @@ def split_layers(layers: int, rates: list[float], head_equiv: float) -> list[int
 
 def _fits(est: MemoryEstimate, caps: list[float]) -> list[float]:
     """Headroom (bytes) per stage; negative where the stage does not fit."""
-    return [caps[i] - s.peak for i, s in enumerate(est.stages)]
+    return [caps[i] - s.needed for i, s in enumerate(est.stages)]
 
 
 def _balanced(layers: int, rates: list[float], head_equiv: float, max_layers: list[int]) -> list[int] | None:
@@ -139,8 +139,8 @@ def build(
     )
     max_layers = []
     for i in range(pp):
-        slope = max(more.stages[i].peak - base.stages[i].peak, 1.0)
-        max_layers.append(split[i] + int((caps[i] - base.stages[i].peak) // slope))
+        slope = max(more.stages[i].needed - base.stages[i].needed, 1.0)
+        max_layers.append(split[i] + int((caps[i] - base.stages[i].needed) // slope))
     balanced = _balanced(a.layers, rates, head_equiv, max_layers)
     if balanced is None:
         return None

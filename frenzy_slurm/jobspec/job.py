@@ -734,6 +734,40 @@ class DeepSpeedBuffers(_Strict):
     )
 
 
+class Data(_Strict):
+    """How the training data is cut into sequences, as far as memory depends on it (docs/model-yaml.md, "data")."""
+
+    lengths: Literal["fixed", "variable"] = Field(
+        "fixed",
+        description="fixed: every sequence is training.seq_len tokens (packed, or padded to seq_len). variable: each "
+        "micro-batch is as long as its longest sample (a collator padding to the longest, or one unpadded sample per "
+        "micro-batch), so steps differ in length and the longest sets the peak.",
+    )
+    longest: int | None = Field(
+        None,
+        gt=0,
+        le=1 << 30,
+        description="With lengths: variable, the longest sample in tokens after truncation (at most "
+        "training.seq_len, its default).",
+    )
+    median: int | None = Field(
+        None,
+        gt=0,
+        le=1 << 30,
+        description="With lengths: variable, the median sample in tokens after truncation: the caching allocator "
+        "keeps a shorter step's blocks when a longer one comes, which reserved memory shows. Default: half the "
+        "longest.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Data:
+        if self.lengths == "fixed" and (self.longest is not None or self.median is not None):
+            raise ValueError("longest and median describe variable lengths; set lengths: variable or remove them")
+        if self.longest is not None and self.median is not None and self.median > self.longest:
+            raise ValueError(f"median {self.median} is longer than longest {self.longest}; swap them")
+        return self
+
+
 class Entry(_Strict):
     trainer: Literal["builtin", "script"] = Field("builtin", description="The built-in trainer or your own script.")
     framework: FrameworkName | None = Field(
@@ -863,6 +897,33 @@ class JobSpec(_Strict):
     deepspeed: DeepSpeedBuffers = Field(
         default_factory=DeepSpeedBuffers, description="DeepSpeed buffer sizes (frameworks that run DeepSpeed)."
     )
+    data: Data = Field(
+        default_factory=Data, description="How the data is cut into sequences (fixed or variable lengths)."
+    )
+
+    @model_validator(mode="after")
+    def _data_within_seq_len(self) -> JobSpec:
+        for name in ("longest", "median"):
+            value = getattr(self.data, name)
+            if value is not None and value > self.training.seq_len:
+                raise ValueError(
+                    f"data.{name}: {value} is longer than training.seq_len {self.training.seq_len}, to which samples "
+                    f"are truncated; give the length after truncation (at most {self.training.seq_len})"
+                )
+        return self
+
+    @property
+    def longest_tokens(self) -> int:
+        """The tokens of the longest sequence a step trains on: what sets the memory peak."""
+        return self.data.longest or self.training.seq_len
+
+    @property
+    def median_tokens(self) -> int | None:
+        """With variable lengths, a typical step's sequence length (the data block's median, else half the longest);
+        None with fixed lengths."""
+        if self.data.lengths == "fixed":
+            return None
+        return self.data.median or max(1, self.longest_tokens // 2)
 
     @model_validator(mode="after")
     def _trainer_supports(self) -> JobSpec:
@@ -870,6 +931,11 @@ class JobSpec(_Strict):
             raise ValueError(
                 f"the built-in trainer trains all weights; training.method {self.training.method} needs "
                 "entry.trainer: script (your LoRA code), or use method: full"
+            )
+        if self.entry.trainer == "builtin" and self.data.lengths == "variable":
+            raise ValueError(
+                "the built-in trainer packs its data into training.seq_len-token sequences (fixed lengths); "
+                "data.lengths: variable describes your own script's batches (entry.trainer: script)"
             )
         if self.entry.trainer == "builtin" and self.model.factory is not None:
             raise ValueError(

@@ -10,6 +10,7 @@ from pydantic_core import PydanticUndefined
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import (
     Container,
+    Data,
     DeepSpeedBuffers,
     Entry,
     JobEnvironment,
@@ -35,6 +36,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("entry.environment.container", Container),
     ("parallel", Parallel),
     ("deepspeed", DeepSpeedBuffers),
+    ("data", Data),
 ]
 
 

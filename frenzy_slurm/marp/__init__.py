@@ -85,7 +85,9 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         arch = arch.model_copy(update={"tied_embeddings": False})
     return Workload(
         arch=arch,
-        seq_len=t.seq_len,
+        # padded to the longest of each micro-batch: the longest sample sets the peak (data.lengths: variable)
+        seq_len=spec.longest_tokens,
+        median_seq_len=spec.median_tokens,
         precision=t.precision,
         framework=state_layout(spec),
         method=t.method,
@@ -197,7 +199,7 @@ def _loss_chunks(spec: JobSpec, prof: FrameworkProfile) -> int:
     if prof.loss_chunk_tokens:
         # litgpt: finetune/full.py chunks the flattened logits (micro_batch x seq tokens) into 128-token pieces;
         # lora.py has the model return 128-position chunks (lm_head_chunk_size=128) along the sequence
-        tokens = t.seq_len * (t.micro_batch if t.method == "full" and isinstance(t.micro_batch, int) else 1)
+        tokens = spec.longest_tokens * (t.micro_batch if t.method == "full" and isinstance(t.micro_batch, int) else 1)
         return max(1, -(-tokens // prof.loss_chunk_tokens))
     return prof.loss_chunks
 

@@ -240,7 +240,7 @@ def search(
         """Builds and estimates the group's plan at micro-batch `mb` into `estimates`; True if it fits on no
         GPU type, which ends its group."""
         est = estimates[mb] = _estimate(w, g, mb, frag, memo, shared)
-        return est.peak > largest
+        return est.needed > largest
 
     for world in worlds:
         # (option, device overhead, usable bytes) of each type searched at this count, computed once
@@ -279,7 +279,7 @@ def search(
                 skipped.clear()
                 est = estimates[mb]
                 for o, extra, usable, t in faster:
-                    if est.peak + extra > usable:
+                    if est.needed + extra > usable:
                         continue
                     best[o.name] = Candidate(o.name, world, est.plan, est, usable / GiB, t, steps, extra / GiB)
         for name, cand in best.items():

@@ -479,6 +479,8 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
     }
     if e.framework_version is not None:
         out["version"] = e.framework_version
+    if spec.median_tokens is not None:  # data.lengths: variable
+        out["data"] = {"lengths": "variable", "longest": spec.longest_tokens, "median": spec.median_tokens}
     return out
 
 
@@ -496,4 +498,11 @@ def profile_lines(spec: JobSpec, device: str = "cuda") -> list[str]:
         "  plans it can run: "
         + ", ".join(f"{k} {'searched' if v == 'auto' else 'if pinned' if v == 'asked' else v}" for k, v in runs.items())
     )
+    data = s.get("data")
+    if isinstance(data, dict):
+        lines.append(
+            f"data: variable lengths, longest {data['longest']} tokens, median {data['median']}: memory is that of "
+            f"the longest step; reserved adds what a median-length step before it leaves cached (replayed through "
+            f"the caching allocator), which decides no fit: the allocator frees it before reporting out of memory"
+        )
     return lines

@@ -35,7 +35,7 @@ from frenzy_slurm.marp.memory_loss import (
 )
 from frenzy_slurm.marp.memory_memo import TermMemo
 from frenzy_slurm.marp.memory_moments import ActivationTerms, LossTerms, StageTerms, peak_moment
-from frenzy_slurm.marp.memory_reserved import allocator_overhead
+from frenzy_slurm.marp.memory_reserved import allocator_overhead, length_change_cache
 from frenzy_slurm.marp.memory_saved import saved_activations
 from frenzy_slurm.marp.memory_states import States, gradients_persist, model_states
 from frenzy_slurm.marp.overheads import Overheads
@@ -70,6 +70,8 @@ class StageMemory:
     buffers: float  # DeepSpeed/FSDP communication buckets, gathered ZeRO-3 params, optimizer temporaries
     overhead: float  # CUDA context, workspaces, allocator fragmentation (by metric)
     phase: str
+    # of the overhead: what shorter steps' blocks keep cached under variable lengths, freed before an out-of-memory
+    cached: float = 0.0
 
     @cached_property
     def peak(self) -> float:
@@ -82,6 +84,11 @@ class StageMemory:
             + self.buffers
             + self.overhead
         )
+
+    @property
+    def needed(self) -> float:
+        """What the rank must be able to hold: the peak less the cache the allocator frees before it fails."""
+        return self.peak - self.cached
 
     def gib(self) -> dict[str, float]:
         return {c: getattr(self, c) / GiB for c in COMPONENTS} | {"peak": self.peak / GiB}
@@ -97,6 +104,11 @@ class MemoryEstimate:
     def peak(self) -> float:
         """The largest per-rank peak over stages: what every GPU of the allocation must hold."""
         return max(s.peak for s in self.stages)
+
+    @cached_property
+    def needed(self) -> float:
+        """The largest per-rank need over stages (StageMemory.needed): what decides whether a GPU type fits."""
+        return max(s.needed for s in self.stages)
 
     @property
     def peak_gib(self) -> float:
@@ -129,10 +141,17 @@ def estimate_memory(
             continue
         t = stage_terms(j, i, n_layers)
         peak = peak_moment(t)
-        overhead = allocator_overhead(j, i, n_layers, t, peak, metric, overheads)
+        cached = length_change_cache(j, peak, metric)
+        overhead = allocator_overhead(j, i, n_layers, t, peak, metric, overheads) + cached
         stages.append(
             StageMemory(
-                stage=i, layers=n_layers, params=t.st.params, overhead=overhead, phase=peak.phase, **peak.parts()
+                stage=i,
+                layers=n_layers,
+                params=t.st.params,
+                overhead=overhead,
+                phase=peak.phase,
+                cached=cached,
+                **peak.parts(),
             )
         )
     return MemoryEstimate(plan=plan, metric=metric, stages=tuple(stages))

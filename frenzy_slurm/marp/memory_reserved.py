@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from frenzy_slurm.marp import allocator
+from frenzy_slurm.marp.allocator_requests import length_change_fraction
 from frenzy_slurm.marp.memory_job import Job
 from frenzy_slurm.marp.memory_moments import Moment, StageTerms
 from frenzy_slurm.marp.overheads import Overheads
@@ -71,3 +72,22 @@ def _reserved_excess(tensors: list[tuple[float, float]], cfg: allocator.Allocato
         return allocator.reserved_excess(tensors, cfg)
     key = (tuple(tensors), cfg)
     return j.memo.get("reserved_excess", key, lambda: allocator.reserved_excess(key[0], cfg))
+
+
+def length_change_cache(j: Job, peak: Moment, metric: Metric) -> float:
+    """Reserved bytes a shorter step's freed blocks keep cached when a step at the longest length comes (model.yaml's
+    `data.lengths: variable`; marp/allocator_requests.length_change_fraction replays a median-length step before the
+    longest), a fraction of the peak's saved activations. They show in the reserved reading and in nvidia-smi, but
+    the allocator frees cached blocks and retries before it reports out of memory, so they decide no fit
+    (MemoryEstimate.needed leaves them out)."""
+    w = j.w
+    if metric == "allocated" or not w.alloc.caching_allocator or w.median_seq_len is None:
+        return 0.0
+    if w.median_seq_len >= w.seq_len:
+        return 0.0
+    plan = j.plan
+    settings = "expandable_segments:True" if w.alloc.expandable_segments else ""
+    fraction = length_change_fraction(
+        w, plan.tp, plan.sequence_parallel, plan.recompute, plan.micro_batch, plan.cp, w.median_seq_len, j.amp, settings
+    )
+    return fraction * peak.activations

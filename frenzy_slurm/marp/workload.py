@@ -156,6 +156,9 @@ class Workload:
     loss: LossPolicy = LossPolicy()
     comm: Communication = Communication()
     alloc: AllocatorPolicy = AllocatorPolicy()
+    # variable sequence lengths (model.yaml's data block): a typical step's length beside seq_len, the longest; the
+    # caching allocator keeps the shorter step's blocks when the longest comes (memory_reserved.length_change_excess)
+    median_seq_len: int | None = None
 
     @classmethod
     def of(cls, arch: Architecture, seq_len: int, **settings: object) -> Workload:
