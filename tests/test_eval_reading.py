@@ -353,3 +353,39 @@ def test_litgpt_keeps_an_untied_head_and_fabrics_fp32_logits():
         and not hf.adapters.qlora_quantized_head
         and not hf.loss.keeps_previous_output
     )
+
+
+def test_ms_swift_runs_the_transformers_trainer_its_release_pins():
+    # ms-swift trains with transformers' Trainer (swift/trainers/trainers.py); its 1.x requirements pin
+    # transformers < 4.39 and its 2.x < 4.48, so a row naming the release line ran a Trainer older than 4.54,
+    # whose default optimizer is adamw_torch (foreach), not the fused one (marp/framework_facts.py)
+    assert reading.frameworks("https://github.com/modelscope/ms-swift/blob/<v1.x>/docs/Benchmark.md") == {
+        "transformers"
+    }
+    assert reading.transformers_version("https://github.com/modelscope/ms-swift/blob/<v1.x>/docs/x.md") == (4, 38)
+    assert reading.transformers_version("ms-swift v2.x") == (4, 47)
+    assert reading.transformers_version("ms-swift 1.7") == (4, 38)
+    assert reading.transformers_version("transformers==4.36.2, ms-swift 2.6") == (4, 36)  # its own release wins
+    assert reading.transformers_version("ms-swift/blob/main/README.md") is None  # no release: the newest
+    assert reading.transformers_version("ms-swift v9.1") is None  # a line whose pin was not read
+    row = _row(
+        category="full finetune",
+        other_settings="",
+        parallelism="single GPU",
+        sharding_offload="none",
+        num_gpus="1",
+        micro_batch="1",
+        grad_accum_or_global_batch="GA 16",
+        precision="bf16 model weights (AdamW states in param dtype)",
+        optimizer="AdamW",
+        metric_type="max_reserved",
+        source="https://github.com/modelscope/ms-swift/blob/<v1.x>/docs/source_en/LLM/Benchmark.md",
+    )
+    it = interpret_row(row)
+    assert it.spec.entry.framework == "hf-trainer" and it.spec.entry.framework_version == "4.38"
+    assert not it.workload.states.fused_optimizer  # foreach: a state-sized temporary at the step
+    newest = interpret_row(_row(**(row.raw | {"source": "https://github.com/modelscope/ms-swift/blob/main/x.md"})))
+    assert newest.spec.entry.framework_version is None and newest.workload.states.fused_optimizer
+    # a Megatron run that ms-swift's tests drive stays Megatron (the framework that lays out the states)
+    mega = interpret_row(_row(notes="ms-swift v2.x test script"))
+    assert mega.workload.framework == "megatron" and mega.spec.entry.framework_version is None

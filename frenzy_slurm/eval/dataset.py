@@ -263,6 +263,15 @@ def _torch_version(raw: dict[str, str]) -> tuple[int, int] | None:
     return reading.torch_version(_settings(raw)) or reading.torch_version(_other_text(raw))
 
 
+def _framework_version(raw: dict[str, str], framework: FrameworkName) -> tuple[int, int] | None:
+    """entry.framework_version of a Hugging Face row: the transformers release it states or its framework's release
+    pins (reading.transformers_version), in its settings or else its other free-text columns; None otherwise (the
+    newest release the profile describes, as for any model.yaml that does not say)."""
+    if framework != "hf-trainer":
+        return None
+    return reading.transformers_version(_settings(raw)) or reading.transformers_version(_other_text(raw))
+
+
 def _module_loading(raw: dict[str, str]) -> dict[str, object]:
     """entry.env's CUDA_MODULE_LOADING where the row states the size of the CUDA context its reading includes: a
     context nearer the eager size (every kernel loaded at start) than the lazy one is what a user of that stack
@@ -611,6 +620,8 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
     gpus = reading.named_config_devices(raw["num_gpus"]) or _gpu_count(raw["num_gpus"])
     plan, act_offload = _row_plan(raw, stated, gpus, mb, local_batch)
     version = _torch_version(raw)
+    framework = _framework(_named_frameworks(raw))
+    release = _framework_version(raw, framework)
     spec: dict[str, object] = {
         "name": re.sub(r"[^A-Za-z0-9._-]", "-", f"row-{row.row_id}")[:64],
         "model": {"arch": arch.model_dump(exclude_defaults=True)},
@@ -619,7 +630,8 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
         "entry": {
             "trainer": "script",
             "script": "train.py",
-            "framework": _framework(_named_frameworks(raw)),
+            "framework": framework,
+            **({"framework_version": ".".join(map(str, release))} if release else {}),
             **({"torch_version": ".".join(map(str, version))} if version else {}),
             **_module_loading(raw),
         },

@@ -292,6 +292,9 @@ FRAMEWORK_NAMES = {
     "axolotl": "transformers",
     "llama-factory": "transformers",
     "unsloth": "transformers",
+    # ModelScope's ms-swift trains with transformers' Trainer: swift/trainers/trainers.py `class Seq2SeqTrainer(...,
+    # HfSeq2SeqTrainer)`, its compute_loss calling transformers' (read at v1.5.0.dev, commit 306fa15a, and v2.x)
+    "ms-swift": "transformers",
     "deepspeed": "deepspeed",
     "megatron": "megatron",
     "nemo": "megatron",
@@ -433,3 +436,26 @@ def torch_version(text: str) -> tuple[int, int] | None:
     """`torch 1.13`, `pytorch==2.1.0`, `PyTorch 2.4` -> (major, minor)."""
     m = re.search(r"(?:torch|pytorch)\s*(?:==|=|v|version)?\s*(\d+)\.(\d+)", text.lower())
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# The newest transformers release each line of a Trainer-based framework allows (its requirements/framework.txt
+# pin), for a row that names the framework's release and not transformers' own: ms-swift 1.x `transformers>=4.33,
+# <4.37` (v1.5.0) ... `<4.39` (v1.7.3); 2.x `<4.41` (v2.0.0) ... `<4.48` (v2.6.1).
+TRANSFORMERS_PINNED_BY = {("ms-swift", 1): (4, 38), ("ms-swift", 2): (4, 47)}
+
+
+def transformers_version(text: str) -> tuple[int, int] | None:
+    """The transformers release a row ran: `transformers 4.36`, `transformers==4.36.2` -> (4, 36); else, for a
+    named release line of a framework built on transformers' Trainer (`ms-swift v1.x`, `ms-swift/blob/v1.7.3`,
+    `ms-swift 2.6`), the newest transformers its requirements allow (TRANSFORMERS_PINNED_BY)."""
+    t = text.lower()
+    m = re.search(r"transformers\s*(?:==|=|v|version)?\s*(\d+)\.(\d+)", t)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    for (name, major), pinned in TRANSFORMERS_PINNED_BY.items():
+        # the release after the name: "ms-swift v1.x", "ms-swift 2.6", a repository ref "ms-swift/blob/<v1.x>"
+        pattern = re.escape(name) + r"(?:/(?:blob|tree)/)?[\s<@=]*v?(\d+)(?:\.(?:\d+|x))"
+        for m in re.finditer(pattern, t):
+            if int(m.group(1)) == major:
+                return pinned
+    return None
