@@ -138,3 +138,28 @@ def test_fsdp_over_one_data_parallel_rank_with_context_parallelism_still_shards(
                 optimizer="AdamW",
             )
         )
+
+
+def test_a_stated_fsdp_cpu_offload_offloads_the_parameters_too():
+    row = interpret_row(
+        _row(
+            num_gpus="2",
+            parallelism="DP=2",
+            sharding_offload="FSDP full shard + CPU offload",
+            activation_ckpt="full",
+            optimizer="AdamW",
+            other_settings="",
+        )
+    )
+    assert (row.plan.zero, row.plan.offload_optimizer, row.plan.offload_params) == (3, True, True)
+    zero = interpret_row(
+        _row(
+            num_gpus="2",
+            parallelism="DP=2",
+            sharding_offload="DeepSpeed ZeRO-3 + CPU offload",
+            activation_ckpt="full",
+            optimizer="AdamW",
+            other_settings="",
+        )
+    )
+    assert (zero.plan.zero, zero.plan.offload_optimizer, zero.plan.offload_params) == (3, True, False)

@@ -516,3 +516,18 @@ def test_a_fused_linear_loss_keeps_no_logits_and_makes_the_head_gradient_in_the_
     # the loss no longer makes the peak: it moves to the optimizer step, 1.4 GiB lower here
     assert e_plain.stages[-1].phase == "backward-start" and e_fused.stages[-1].phase == "optimizer-step"
     assert e_fused.peak < e_plain.peak - GiB
+
+
+def test_fsdp_cpu_offload_moves_the_parameters_with_the_optimizer():
+    # FSDP's CPUOffload(offload_params=True) is its one offload switch, and the rendered run turns it on for either
+    # setting (runtime/framework_argv.py): the optimizer alone is never offloaded under FSDP
+    fsdp = script("torch", parallel={"sharding": "full-shard", "offload_optimizer": True})
+    space = search_space_from_spec(fsdp)
+    assert space.pinned["offload_params"] is True
+    assert "parallel.offload_params" in profile_summary(fsdp)["defaults_taken"]
+    # DeepSpeed's ZeRO offloads the optimizer alone (hf-trainer's ZeRO names run DeepSpeed's engine)
+    zero = script("hf-trainer", parallel={"sharding": "zero3", "offload_optimizer": True})
+    assert search_space_from_spec(zero).pinned["offload_params"] is False
+    assert "parallel.offload_params" not in profile_summary(zero)["defaults_taken"]
+    with pytest.raises(InputError, match="shard-grad-op: FSDP's CPU offload moves the parameters too"):
+        search_space_from_spec(script("torch", parallel={"sharding": "shard-grad-op", "offload_optimizer": True}))

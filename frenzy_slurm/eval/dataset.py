@@ -363,7 +363,10 @@ def _offload(raw: dict[str, str], zero: int) -> tuple[bool, bool]:
     """(optimizer states offloaded, parameters offloaded too) as the row states them."""
     text = raw["sharding_offload"].lower() + " " + raw["other_settings"].lower()
     offload = bool(re.search(r"offload", text)) and not re.search(r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", text)
-    return offload, offload and zero == 3 and bool(re.search(r"param|fsdp cpu offload|cpu offload \(", text))
+    # FSDP's CPU offload is one switch that moves the parameters with the optimizer (marp.frameworks
+    # fsdp_offloads_parameters); DeepSpeed's ZeRO offloads the optimizer alone unless the parameters are named
+    fsdp = "fsdp" in text and not re.search(r"zero|deepspeed", text)
+    return offload, offload and zero == 3 and (fsdp or bool(re.search(r"param|fsdp cpu offload|cpu offload \(", text)))
 
 
 def _accumulation(

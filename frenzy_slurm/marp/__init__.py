@@ -19,6 +19,7 @@ from frenzy_slurm.marp.frameworks import (
     FrameworkProfile,
     ModelCode,
     default_fused_optimizer,
+    fsdp_offloads_parameters,
     fused_projections,
     gelu_tanh_eager,
     profile_of,
@@ -345,6 +346,11 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         )
     if (par.offload_optimizer or par.offload_params) and not can.offload:
         raise InputError(f"parallel.offload_*: {fw} does not offload to host memory; set them false")
+    if fsdp_offloads_parameters(spec) and par.sharding == "shard-grad-op":
+        raise InputError(
+            "parallel.offload_optimizer with sharding: shard-grad-op: FSDP's CPU offload moves the parameters too, "
+            "which MARP plans with full sharding; set sharding: full-shard (or auto)"
+        )
     if par.cp > 1 and can.cp == "no":
         raise InputError(f"parallel.cp: {par.cp}: {fw} has no context parallelism; set cp: 1")
     if par.cp > 1 and can.fsdp_over_cp and zero == (0,):
@@ -358,7 +364,7 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
     pinned: dict[str, object] = {
         "cp": par.cp,
         "offload_optimizer": par.offload_optimizer,
-        "offload_params": par.offload_params,
+        "offload_params": par.offload_params or fsdp_offloads_parameters(spec),
         "schedule": par.schedule,
         "virtual_stages": par.virtual_stages,
     }

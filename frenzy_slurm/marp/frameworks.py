@@ -432,6 +432,18 @@ def default_fused_optimizer(spec: JobSpec, device: str = "cuda") -> bool:
     return prof.fused_optimizer
 
 
+def fsdp_offloads_parameters(spec: JobSpec) -> bool:
+    """Whether model.yaml's optimizer offload also moves the parameters to the host: under FSDP (a torch-family
+    framework with FSDP's sharding names, not DeepSpeed's ZeRO stages) CPU offload is one switch, FSDP's
+    `CPUOffload(offload_params=True)` (FSDP2: `CPUOffloadPolicy`): sharded parameters and their gradients live on
+    the host and the optimizer steps there (torch 2.x `torch/distributed/fsdp/api.py`); there is no optimizer-only
+    offload, and the rendered run turns on that switch (runtime/framework_argv.py)."""
+    par = spec.parallel
+    if not par.offload_optimizer or par.offload_params or par.sharding in ("zero1", "zero2", "zero3"):
+        return False
+    return profile_of(spec).family == "torch"
+
+
 def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
     """Which profile predicts this job and which of its defaults apply because model.yaml is silent (for
     `fsbatch --explain` and `frenzy-slurm memory`): the framework, the releases it describes, and each default
@@ -460,6 +472,8 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
             taken["training.lora.double_quant"] = True
     if t.compile and t.compile_loss is None:
         taken["training.compile_loss"] = prof.compiles_plain_loss
+    if fsdp_offloads_parameters(spec):
+        taken["parallel.offload_params"] = "true (FSDP's CPU offload moves the parameters with the optimizer)"
     can = prof.can
     runs = {
         "tp": can.tp,
