@@ -531,3 +531,23 @@ def test_fsdp_cpu_offload_moves_the_parameters_with_the_optimizer():
     assert "parallel.offload_params" not in profile_summary(zero)["defaults_taken"]
     with pytest.raises(InputError, match="shard-grad-op: FSDP's CPU offload moves the parameters too"):
         search_space_from_spec(script("torch", parallel={"sharding": "shard-grad-op", "offload_optimizer": True}))
+
+
+def test_deepspeeds_16_bit_engine_computes_the_loss_as_the_model_code_does():
+    # DeepSpeed's fp16/bf16 engine casts the module and runs no autocast: the logits reach the loss in 16 bits and
+    # are upcast only where the model code does (entry.loss_upcast, a current Transformers' loss by default)
+    model = ResolvedModel(arch=resolve_model(script("deepspeed"), Path(".")).arch, name="m")
+    entry = {"trainer": "script", "script": "t.py", "framework": "deepspeed"}
+    upcast = workload_from_spec(script("deepspeed", training__precision="fp16-mixed"), model)
+    assert upcast.loss.loss_fp32
+    as_returned = script("deepspeed", training__precision="fp16-mixed", entry=entry | {"loss_upcast": False})
+    assert not workload_from_spec(as_returned, model).loss.loss_fp32
+    search_space_from_spec(as_returned)  # a setting that takes effect is accepted
+    # under autocast the loss is fp32 whatever the model code does: a loss_upcast there would be dropped
+    fsdp = script(
+        "hf-trainer",
+        training__precision="bf16-mixed",
+        entry={"trainer": "script", "script": "t.py", "framework": "hf-trainer", "loss_upcast": False},
+    )
+    with pytest.raises(InputError, match="entry.loss_upcast: false: with training.precision bf16-mixed under"):
+        search_space_from_spec(fsdp)

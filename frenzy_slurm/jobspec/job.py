@@ -792,7 +792,8 @@ class Entry(_Strict):
     )
     loss_upcast: bool | None = Field(
         None,
-        description="With training.precision bf16-pure: the cross-entropy runs on an fp32 copy of the logits "
+        description="With training.precision bf16-pure, or DeepSpeed's fp16/bf16 engine (the module cast to 16 bits, "
+        "no autocast): the cross-entropy runs on an fp32 copy of the logits "
         "(`logits.float()`: Transformers' loss, torchtune's chunked loss, Lightning Fabric's fp32 output); false: on "
         "the 16-bit logits as the model returns them. Default: the framework's (an fp32 copy for every profile).",
     )

@@ -217,13 +217,23 @@ def _loss_policy(spec: JobSpec, prof: FrameworkProfile) -> LossPolicy:
         keeps_previous_output=prof.keeps_previous_output,
         loss_detaches_hidden=prof.loss_detaches_hidden and chunks > 1,
         output_fp32=prof.output_fp32 and t.precision != "fp32",
-        loss_fp32=t.precision != "bf16-pure"
+        loss_fp32=not sixteen_bit_module(spec)
         or (
             spec.entry.loss_upcast
             if spec.entry.loss_upcast is not None
             else prof.loss_fp32_in_pure_bf16 or prof.output_fp32
         ),
     )
+
+
+def sixteen_bit_module(spec: JobSpec) -> bool:
+    """Whether the model runs in 16 bits without autocast, so the loss sees the logits as the model code returns
+    them (fp32 only where it upcasts: entry.loss_upcast): pure bf16, or DeepSpeed's engine in fp16 or bf16, which
+    casts the module itself (deepspeed/runtime/engine.py `_configure_distributed_model`: `module.half()` /
+    `module.bfloat16()`, DeepSpeed 0.14-0.19) and runs no autocast unless its config's `torch_autocast` section
+    asks. Under autocast (bf16-mixed/fp16-mixed elsewhere) cross-entropy runs in fp32 whatever the model does."""
+    precision = spec.training.precision
+    return precision == "bf16-pure" or (precision in ("fp16-mixed", "bf16-mixed") and state_layout(spec) == "deepspeed")
 
 
 # Frameworks that run either DeepSpeed or FSDP underneath (Transformers Trainer / accelerate): model.yaml's sharding
@@ -346,6 +356,12 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         )
     if (par.offload_optimizer or par.offload_params) and not can.offload:
         raise InputError(f"parallel.offload_*: {fw} does not offload to host memory; set them false")
+    if spec.entry.loss_upcast is not None and not sixteen_bit_module(spec):
+        raise InputError(
+            f"entry.loss_upcast: {str(spec.entry.loss_upcast).lower()}: with training.precision "
+            f"{spec.training.precision} under {fw} the loss runs under autocast, in fp32 whatever the model does; "
+            "remove it (it matters for bf16-pure, and for DeepSpeed's fp16/bf16 engine)"
+        )
     if fsdp_offloads_parameters(spec) and par.sharding == "shard-grad-op":
         raise InputError(
             "parallel.offload_optimizer with sharding: shard-grad-op: FSDP's CPU offload moves the parameters too, "
