@@ -89,6 +89,9 @@ def test_annotated_architecture_cells():
 def test_lora_settings_and_named_configs():
     assert reading.lora_setting("LoRA r=8 on query+value") == (8, ("q", "v"))
     assert reading.lora_setting("lora_r: 64, all linear layers") == (64, ("q", "k", "v", "o", "mlp"))
+    # a list of module names: the MLP's gate/up/down count as the MLP
+    assert reading.lora_setting("LoRA rank 64, targets q,k,v,gate,up,down") == (64, ("q", "k", "v", "mlp"))
+    assert reading.lora_setting("r=16 on q_proj, v_proj, down_proj") == (16, ("q", "v", "mlp"))
     assert reading.named_config_lora("llama3_2/3B_lora_single_device defaults") == (64, ("q", "v", "o", "mlp"))
     assert reading.named_config_lora("config_hub/finetune/llama-2-7b/lora.yaml") == (32, ("q", "v"))
     assert reading.named_config_lora("phi-2/qlora.yaml: bnb nf4 base") == (8, ("q", "k", "v", "o", "mlp", "head"))

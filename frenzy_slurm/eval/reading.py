@@ -391,7 +391,8 @@ def lora_setting(text: str) -> tuple[int | None, tuple[str, ...] | None]:
             "k": r"\bk(?:_proj)?\b|\bkey\b",
             "v": r"\bv(?:_proj)?\b|value",
             "o": r"\bo(?:_proj)?\b|output_proj|out_proj|\bprojection\b|\bdense\b",
-            "mlp": r"mlp|ffn|feed[- ]forward|gate_proj|up_proj",
+            # (a list of module names: `q,k,v,gate,up,down`; gate exists only in the MLP)
+            "mlp": r"mlp|ffn|feed[- ]forward|gate_proj|up_proj|down_proj|\bgate\b",
         }
         for name, pat in names.items():
             if re.search(pat, t):
