@@ -163,3 +163,15 @@ def test_a_stated_fsdp_cpu_offload_offloads_the_parameters_too():
         )
     )
     assert (zero.plan.zero, zero.plan.offload_optimizer, zero.plan.offload_params) == (3, True, False)
+
+
+def test_the_optimizer_in_backward_is_read_from_what_names_the_optimizer():
+    def in_bwd(optimizer: str, other: str) -> bool:
+        row = interpret_row(_row(optimizer=optimizer, other_settings=other, activation_ckpt="full"))
+        return row.spec.training.optimizer_in_backward
+
+    assert in_bwd("torch AdamW in bwd", "torchtune")
+    assert in_bwd("AdamW", "torchtune; optimizer_in_bwd")
+    assert in_bwd("AdamW fused into backward", "torchtune")
+    # torchao's Float8 setting recomputes a weight's fp8 cast in backward: nothing of the optimizer
+    assert not in_bwd("AdamW", "torchtune; Float8 + force_recompute_fp8_weight_in_bwd")

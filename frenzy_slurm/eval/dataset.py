@@ -480,7 +480,12 @@ def _optimizer(raw: dict[str, str]) -> tuple[OptimizerName, str | None, bool]:
         optimizer = "sgd-momentum"  # one state per parameter (Lion's momentum, Adagrad's sum, RMSprop's square avg)
     elif not re.search(r"adam|lamb|\bdefault|\(config\)", opt_text) and opt_text.strip():
         raise RowError(f"optimizer '{raw['optimizer']}' has no state model in MARP")
-    in_bwd = any(k in opt_text + raw["other_settings"].lower() for k in ("in bwd", "in_bwd", "into backward"))
+    # the optimizer stepped in backward (torchtune's optimizer_in_bwd, "AdamW fused into backward"); another
+    # setting's identifier that ends in _in_bwd (torchao's force_recompute_fp8_weight_in_bwd) says nothing of it
+    said = re.sub(
+        r"\b(?!optimi[sz]er)[a-z0-9]+(?:_[a-z0-9]+)*_in_bwd\b", " ", opt_text + " " + raw["other_settings"].lower()
+    )
+    in_bwd = any(k in said for k in ("in bwd", "in_bwd", "into backward"))
     # The implementation where the row states it; else the framework's default (its profile). A row that ran
     # DeepSpeed ran its own config, whose Adam/AdamW is DeepSpeed's FusedAdam (the profile's default).
     impl: str | None = None
