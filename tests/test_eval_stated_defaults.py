@@ -175,3 +175,21 @@ def test_the_optimizer_in_backward_is_read_from_what_names_the_optimizer():
     assert in_bwd("AdamW fused into backward", "torchtune")
     # torchao's Float8 setting recomputes a weight's fp8 cast in backward: nothing of the optimizer
     assert not in_bwd("AdamW", "torchtune; Float8 + force_recompute_fp8_weight_in_bwd")
+
+
+def test_no_distributed_optimizer_keeps_the_states_whole():
+    def zero(sharding: str) -> int:
+        row = interpret_row(
+            _row(
+                num_gpus="8",
+                parallelism="DP=8",
+                sharding_offload=sharding,
+                other_settings="torchtune",
+                activation_ckpt="full",
+                optimizer="AdamW",
+            )
+        )
+        return row.plan.zero
+
+    assert zero("Megatron distributed optimizer (ZeRO-1-like) over 8") == 1
+    assert zero("none (no distributed optimizer)") == 0

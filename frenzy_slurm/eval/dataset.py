@@ -289,7 +289,8 @@ def _zero_stage(text: str, sharded: bool) -> int:
         return int(m.group(1))
     if re.search(r"shard_grad_op|grad(?:ient)?s? and optimizer|zero2", text):
         return 2
-    if re.search(r"distributed optimi[sz]er|optimizer state sharding|zero1", text):
+    # (Megatron's "no distributed optimizer" keeps every state on every data-parallel rank)
+    if re.search(r"(?<!no )(?<!without )(?<!not )distributed optimi[sz]er|optimizer state sharding|zero1", text):
         return 1
     return 3 if sharded else 0
 
