@@ -5,15 +5,19 @@ SwiGLU) and the GPT-2-style one (LayerNorm, learned positions, biases, GELU, tie
 
 Tolerances, per phase (forward, loss, backward, optimizer), over requests above 4 bytes per token (scalars and
 index vectors, which no size of the model scales, are not generated):
-- allocated bytes within 6 % of the recorded, and >= 94 % of the recorded bytes matched by a generated request
-  of the same size (each used once). Measured: forward, loss and optimizer match exactly; the backward is
-  1.8 % (Llama) and 5.1 % (GPT-2) short, 96.0 % / 94.9 % matched: autograd's composite-norm and attention
-  backward make temporaries the generator leaves out (LayerNorm's and SDPA's backward scratch on the CPU).
-- order of frees: the longest common subsequence of the phase's free sizes is >= 80 % of the longer sequence
-  (measured 100 % forward and loss, 82-91 % backward and optimizer: the backward frees some of a block's
-  temporaries in another order than the generator, and zero_grad's frees interleave differently).
-- both sequences replayed twice through the caching-allocator replayer: allocated and reserved peaks within
-  1 % (measured: reserved equal, allocated within 0.01 %).
+- allocated bytes within 0.5 % of the recorded, and >= 99 % of the recorded requests matched by a generated
+  request of the same size (each used once). Measured: both exact, request for request, in every phase of both
+  points. Every class of tensor the step makes recurs in each of the 4 blocks (or is one of a phase's few
+  requests), so leaving one class out leaves >= 4 of a phase's <= 233 requests unmatched (>= 1.7 %) and fails,
+  even the smallest in bytes (the attention's log-sum-exp, 0.1 % of the forward's bytes).
+- order: the longest common subsequence of the phase's allocation sizes, and of its free sizes, is >= 90 % of the
+  longer sequence. Measured: 100 % everywhere but the backward: allocations 96.6 % (Llama) and 100 % (GPT-2),
+  frees 95.8 % and 96.4 %. What is left is the order within one backward function: the SDPA backward releases
+  its saved q, k, v, output and log-sum-exp in another order than the generator, and around RoPE the
+  head-major copies of the projections' gradients come a step earlier or later.
+- both sequences replayed twice through the caching-allocator replayer: allocated peaks within 0.1 % and reserved
+  peaks within 1 % (one 2 MiB segment more would be 10-14 %). Measured: reserved equal (14.0 and 20.0 MiB),
+  allocated 1 KiB apart (scalars of the recorded step, which the generator does not make, each a 512-byte block).
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ from frenzy_slurm.marp.step_requests import PHASES, alive_at_forward_end, compar
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "benchmarks" / "data" / "cpu_memory_grid.json"
 POINTS = ("torch-llama-1gpu", "torch-gpt2-1gpu-mb4")
-BYTES_TOLERANCE = 0.06
-MATCHED_AT_LEAST = 0.94
-FREE_ORDER_AT_LEAST = 0.80
-PEAK_TOLERANCE = 0.01
+BYTES_TOLERANCE = 0.005
+MATCHED_AT_LEAST = 0.99
+ORDER_AT_LEAST = 0.90
+ALLOCATED_PEAK_TOLERANCE = 0.001
+RESERVED_PEAK_TOLERANCE = 0.01
 
 
 def _point(name: str) -> dict:
@@ -86,9 +91,10 @@ def test_the_recorded_step_matches_the_generated_one(name):
         c = result[phase]
         assert c.recorded_requests > 0, phase
         assert abs(c.bytes_error) <= BYTES_TOLERANCE, (phase, str(c))
-        assert c.matched_fraction >= MATCHED_AT_LEAST, (phase, str(c))
-        assert c.free_order >= FREE_ORDER_AT_LEAST, (phase, str(c))
+        assert c.matched_requests >= MATCHED_AT_LEAST * c.recorded_requests, (phase, str(c))
+        assert c.alloc_order >= ORDER_AT_LEAST, (phase, str(c))
+        assert c.free_order >= ORDER_AT_LEAST, (phase, str(c))
     rec_alloc, rec_reserved = replay_peaks(recorded)
     gen_alloc, gen_reserved = replay_peaks(generated)
-    assert gen_alloc == pytest.approx(rec_alloc, rel=PEAK_TOLERANCE)
-    assert gen_reserved == pytest.approx(rec_reserved, rel=PEAK_TOLERANCE)
+    assert gen_alloc == pytest.approx(rec_alloc, rel=ALLOCATED_PEAK_TOLERANCE)
+    assert gen_reserved == pytest.approx(rec_reserved, rel=RESERVED_PEAK_TOLERANCE)

@@ -6,16 +6,19 @@ What this module owns: the step's tensors, each allocated when an op makes it an
 any more, as torch's autograd does it, phase by phase:
 
 - `forward`: per block, in order, every op's output; a tensor no later op reads and no backward function saves
-  is freed after its last reader (the transients: the norm's square and mean, RoPE's halves, the attention
-  output before the residual add, the kernel's workspace). What stays alive is the block's saved tensors: their
-  bytes are `memory_activations.layer_activation_bytes` (plus the built-in model's per-block RoPE tables,
-  `memory_saved`), which tests/test_marp_step_requests.py asserts, so the sequence agrees with MARP's totals.
+  is freed after its last reader, a view keeps its base alive (the transients: the norm's square and mean,
+  RoPE's products, the attention output before the residual add, SDPA's workspace). What stays alive is the
+  block's saved tensors: their bytes are `memory_activations.layer_activation_bytes` (plus the built-in
+  model's per-block RoPE tables, `memory_saved`), which tests/test_marp_step_requests.py asserts, so the
+  sequence agrees with MARP's totals.
 - `loss`: the final norm, the output layer's logits, their fp32 copy where the loss upcasts 16-bit logits, and
   the log-softmax output the loss saves (`memory_loss.logit_bytes_per_token`'s tensors).
-- `backward`: the ops in reverse; each allocates the gradients of its inputs that need one (an input's second
-  gradient is added into the first in place, as autograd's InputBuffer does for a tensor nothing else holds,
-  so it is allocated and freed), the weight's and bias's gradients (kept for the optimizer), then frees its
-  output's gradient and the saved tensors no later backward function reads.
+- `backward`: the ops in reverse, as torch/csrc/autograd/engine.cpp runs them. Each function allocates its
+  workspaces, its parameters' gradients (kept for the optimizer) and its inputs' gradients, and lets go of its
+  output's gradient, then its saved tensors no earlier function reads. Only then are its gradients added into
+  the ones pending (autograd's InputBuffer): in place where the pending one is neither a view (a linear's
+  input gradient is mm's output viewed as 3-d) nor shared, else into a new sum. An add hands its output's
+  gradient on unallocated; a tied head's second weight gradient is summed out of place.
 - `optimizer`: torch's single-tensor AdamW on the CPU (AdamW is Adam with decoupled decay: torch 2.13's
   torch/optim/adam.py `_single_tensor_adam`, what `foreach=None` picks for CPU tensors): per parameter in model
   order, `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` makes two parameter-sized tensors, alive
@@ -79,7 +82,12 @@ class _Op:
     scratch: tuple[int, int] = (0, 0)
     holds: tuple[str, ...] = ()  # tensors the Python code still binds until this op has run (e.g. `logits`)
     elementwise: bool = False  # its parameter gradients are reductions of output-sized products, after its input's
-    passthrough: bool = False  # an add: its backward hands the output's gradient to its inputs unallocated
+    params_last: bool = False  # its parameter gradients are made after its input's
+    passthrough: tuple[str, ...] = ()  # inputs its backward hands the output's gradient to as it is (an add)
+    view: bool = False  # its output shares its first input's storage: nothing is allocated, the input stays alive
+    view_grads: bool = False  # the input gradients it makes are views (a linear on 3-d input: mm on a flattening)
+    bscratch: int = 1  # how many backward workspaces of `scratch[1]` bytes it makes
+    bscratch_last: bool = False  # its backward makes its workspace after its input gradients (a kernel's buffer)
 
 
 @dataclass
@@ -90,8 +98,13 @@ class _Graph:
     sizes: dict[str, int] = field(default_factory=dict)
     layer_of: dict[str, int] = field(default_factory=dict)
     phase_of: dict[str, str] = field(default_factory=dict)  # op name -> forward phase
+    base: dict[str, str] = field(default_factory=dict)  # view -> the tensor whose storage it shares
     layer: int = -1
     phase: str = "forward"
+
+    def storage(self, k: str) -> str:
+        """The tensor whose storage `k` is (itself, or a view's base)."""
+        return self.base.get(k, k)
 
     def op(
         self,
@@ -106,10 +119,15 @@ class _Graph:
         scratch: tuple[float, float] = (0, 0),
         holds: Sequence[str] = (),
         elementwise: bool = False,
-        passthrough: bool = False,
+        params_last: bool = False,
+        passthrough: Sequence[str] = (),
+        view: bool = False,
+        view_grads: bool = False,
+        bscratch: int = 1,
+        bscratch_last: bool = False,
     ) -> str:
         """Appends an op of the current block and phase; returns its output's key (`SELF` in `saves` names it).
-        Parameter names are made the block's own."""
+        Parameter names are made the op's own (`name@op`), unless they name another op's already."""
         out = f"{name}.L{self.layer}"
         while out in self.sizes:  # (a second norm in the block)
             out += "'"
@@ -124,13 +142,20 @@ class _Graph:
             saves=tuple(out if k == SELF else k for k in saves),
             grads=tuple(grads),
             reduce=tuple(reduce),
-            params=tuple((p if ".L" in p else f"{p}.L{self.layer}", int(b)) for p, b in params),
+            params=tuple((p if "@" in p else f"{p}@{out}", int(b)) for p, b in params),
             scratch=(int(scratch[0]), int(scratch[1])),
             holds=tuple(holds),
             elementwise=elementwise,
-            passthrough=passthrough,
+            params_last=params_last or elementwise,
+            passthrough=tuple(passthrough),
+            view=view,
+            view_grads=view_grads,
+            bscratch=bscratch,
+            bscratch_last=bscratch_last,
         )
         self.ops.append(op)
+        if view:
+            self.base[out] = self.storage(inputs[0])
         return out
 
 
@@ -164,8 +189,8 @@ def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float) -> str:
     (output; mean and rstd saved); both save the input."""
     h = w.arch.hidden
     if w.arch.norm == "rmsnorm":
-        # (pow's backward: 2 * x, then times the gradient)
-        sq = g.op("pow", [x], e * h * tokens, grads=(x,), saves=(x,), scratch=(0, e * h * tokens))
+        # (pow's backward: x.pow(1), times 2, then times the gradient)
+        sq = g.op("pow", [x], e * h * tokens, grads=(x,), saves=(x,), scratch=(0, e * h * tokens), bscratch=2)
         mean = g.op("mean", [sq], e * tokens, grads=(sq,))
         # (at::rms_norm's composite: the square and its mean are temporaries of one expression, freed after it)
         rstd = g.op("rsqrt", [mean], e * tokens, grads=(mean,), saves=(SELF,), holds=(sq,))
@@ -182,7 +207,10 @@ def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float) -> str:
 
 def _linear(g: _Graph, name: str, x: str, n_in: int, n_out: int, tokens: int, e: float, bias: bool) -> str:
     params = ((name, int(e * n_in * n_out)),) + (((name + ".bias", int(e * n_out)),) if bias else ())
-    return g.op(name, [x], e * n_out * tokens, grads=(x,), saves=(x,), params=params)
+    # (its input's gradient is mm's 2-d output viewed as 3-d: a second gradient is added out of place. Without a
+    # bias MmBackward0 writes the weight's gradient first, with one AddmmBackward0 the input's: as the CPU step's
+    # profile shows)
+    return g.op(name, [x], e * n_out * tokens, grads=(x,), saves=(x,), params=params, view_grads=True, params_last=bias)
 
 
 def _rope(
@@ -196,13 +224,20 @@ def _rope(
     cos = g.op("cos" + tag, [angles], e * table)
     sin = g.op("sin" + tag, [angles], e * table, holds=(angles,))
     half = e * width / 2 * tokens
+    # x1, x2 = x[..., 0::2], x[..., 1::2]: views, whose gradients are scattered into a zeroed full-size tensor
+    x1 = g.op("even" + tag, [x], half, grads=(x,), view=True)
+    x2 = g.op("odd" + tag, [x], half, grads=(x,), view=True)
     parts = []
-    for k in range(2):
-        t1 = g.op(f"rot{k}a" + tag, [x, cos if k == 0 else sin], half, grads=(x,), saves=(cos if k == 0 else sin,))
-        t2 = g.op(f"rot{k}b" + tag, [x, sin if k == 0 else cos], half, grads=(x,), saves=(sin if k == 0 else cos,))
-        parts.append(g.op(f"rot{k}" + tag, [t1, t2], half, grads=(t1, t2)))
-    # (the angles live until the call returns; `holds`: the projections the caller rebinds after it)
-    return g.op("rope" + tag, parts, e * width * tokens, grads=tuple(parts), holds=(angles, *holds))
+    for k, (a1, a2) in enumerate(((cos, sin), (sin, cos))):  # x1 * cos - x2 * sin, x1 * sin + x2 * cos
+        t1 = g.op(f"rot{k}a" + tag, [x1, a1], half, grads=(x1,), saves=(a1,))
+        t2 = g.op(f"rot{k}b" + tag, [x2, a2], half, grads=(x2,), saves=(a2,))
+        # (a difference negates its second input's gradient: a new tensor; a sum hands both on)
+        parts.append(g.op(f"rot{k}" + tag, [t1, t2], half, grads=(t1, t2), passthrough=(t1,) if k == 0 else (t1, t2)))
+    # torch.stack's backward unbinds: views of the gradient. (The angles live until the call returns; `holds`: the
+    # projections the caller rebinds after it.)
+    out = g.op("rope" + tag, parts, e * width * tokens, grads=tuple(parts), passthrough=tuple(parts))
+    g.ops[-1] = replace(g.ops[-1], holds=(angles, *holds))
+    return out
 
 
 def _sdpa_scratch(w: Workload, threads: int) -> tuple[int, int]:
@@ -226,19 +261,25 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
     k = _linear(g, "k", y, h, kvd, tokens, e, qkv_bias)
     v = _linear(g, "v", y, h, kvd, tokens, e, qkv_bias)
     if a.position == "rope":
+        # (the head-major views of the projections: RoPE's gradient comes back head-major, and viewing it as
+        # (tokens, width) again copies it)
+        qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
+        kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
         # (`q, k = _rope(q), _rope(k)`: the projections are let go once both calls have returned)
-        q, k = _rope(g, w, q, h, tokens, e, "q"), _rope(g, w, k, kvd, tokens, e, "k", holds=(k, q))
-    # SDPA's CPU flash kernel: output and per-row log-sum-exp (fp32) saved, with q, k and v
-    att = g.op("sdpa", [q, k, v], e * h * tokens, grads=(q, k, v), saves=(q, k, v), scratch=_sdpa_scratch(w, threads))
-    lse = g.op("lse", [att], 4 * a.heads * tokens)
+        q, k = _rope(g, w, qh, h, tokens, e, "q"), _rope(g, w, kh, kvd, tokens, e, "k", holds=(k, q))
+    # SDPA's CPU flash kernel: output and per-row log-sum-exp (fp32) saved, with q, k and v; its backward zeroes
+    # the gradients of q, k and v, then takes its buffer
+    sdpa = _sdpa_scratch(w, threads)
+    att = g.op("sdpa", [q, k, v], e * h * tokens, grads=(q, k, v), scratch=(0, sdpa[1]), bscratch_last=True)
+    lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))  # (the buffer after both outputs)
     g.ops[-2] = replace(g.ops[-2], saves=(q, k, v, att, lse))  # (the kernel makes both; its backward reads both)
     o_in = att
     if a.position == "rope" and w.activations.unfused_rope:
         # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the transpose back
         # to (tokens, hidden) copies it (memory_activations' o_proj term); otherwise it is a view
-        o_in = g.op("transpose", [att], e * h * tokens, grads=(att,))
+        o_in = g.op("transpose", [att], e * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
     o = _linear(g, "o", o_in, h, h, tokens, e, all_bias)
-    x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=True)
+    x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
     y = _norm(g, w, x, tokens, e)
     if a.activation == "swiglu":
         gate = _linear(g, "gate", y, h, f, tokens, e, False)
@@ -249,7 +290,7 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
         up = _linear(g, "up", y, h, f, tokens, e, all_bias)
         m = g.op("gelu", [up], e * f * tokens, grads=(up,), saves=(up,))
     d = _linear(g, "down", m, f, h, tokens, e, all_bias)
-    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=True)
+    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
 
 
 def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[tuple[str, int]]]:
@@ -262,15 +303,16 @@ def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[
     if a.position == "learned":
         positions = g.op("positions", [], 8 * w.seq_len)  # (the arange of positions: int64)
         pos = g.op("pos", [positions], e * a.hidden * w.seq_len, params=(("pos", e * a.max_positions * a.hidden),))
-        # (`x = x + self.pos(...)`: the position embedding is let go before the token embedding's output)
-        x = g.op("embed_sum", [pos, x], e * a.hidden * tokens, grads=(x, pos), passthrough=True)
+        # (`x = x + self.pos(...)`: the position embedding is let go before the token embedding's output; it is
+        # broadcast over the batch, so its gradient is a sum over the batch, a new tensor)
+        x = g.op("embed_sum", [pos, x], e * a.hidden * tokens, grads=(x, pos), passthrough=(x,))
     for i in range(a.layers):
         g.layer = i
         x = _block(g, w, x, tokens, e, threads)
     g.layer, g.phase = -1, "loss"
     y = _norm(g, w, x, tokens, e)
     # (a tied head's weight gradient is the embedding's: named alike, it is added into it)
-    head = ("embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
+    head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
     logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
     if e != 4.0 or not w.loss.loss_fp32:
         logits = g.op("upcast", [logits], 4 * a.vocab * tokens, grads=(logits,))  # logits.float()
@@ -301,18 +343,19 @@ class _Emitter:
 def _forward(g: _Graph, em: _Emitter) -> None:
     """Each op's output and scratch; a tensor is freed after its last reader unless a backward function saves
     it."""
-    saved = {k for op in g.ops for k in op.saves}
+    saved = {g.storage(k) for op in g.ops for k in op.saves}
     last_read: dict[str, int] = {}
     for n, op in enumerate(g.ops):
         for k in (*op.inputs, *op.holds):
-            last_read[k] = n
+            last_read[g.storage(k)] = n  # (reading a view reads its base's storage)
     for n, op in enumerate(g.ops):
         phase, layer = g.phase_of[op.out], g.layer_of[op.out]
-        em.alloc(phase, layer, op.out, op.size)
+        if not op.view:
+            em.alloc(phase, layer, op.out, op.size)
         if op.scratch[0]:
-            em.alloc(phase, layer, op.out + ".scratch", int(op.scratch[0]))
+            em.alloc(phase, layer, op.out + ".scratch", op.scratch[0])
             em.free(phase, layer, op.out + ".scratch")
-        for k in dict.fromkeys((*op.inputs, *op.holds, op.out)):
+        for k in dict.fromkeys(g.storage(k) for k in (*op.inputs, *op.holds, op.out)):
             if last_read.get(k, n) <= n and k not in saved:
                 em.free(phase, layer, k)
 
@@ -325,16 +368,19 @@ class _Grads:
         self.em = em
         self.of: dict[str, str] = {}
         self.refs: Counter[str] = Counter()
+        self.views: set[str] = set()
 
-    def give(self, layer: int, k: str, key: str) -> None:
-        """Tensor `k` receives gradient `key`: its first, or added into the one pending: in place where nothing
-        else holds that one (autograd's InputBuffer::accumulate), else a new sum."""
-        self.refs[key] += 1
+    def give(self, layer: int, k: str, key: str, view: bool = False) -> None:
+        """Tensor `k` receives gradient `key` (`view`: a view of another tensor; the caller counted the reference):
+        its first, or added into the one pending: in place where that one is no view and nothing else holds it
+        (autograd's InputBuffer::accumulate), else into a new sum."""
+        if view:
+            self.views.add(key)
         if k not in self.of:
             self.of[k] = key
             return
         old = self.of[k]
-        if self.refs[old] > 1:
+        if self.refs[old] > 1 or old in self.views:
             total = f"{key}.sum"
             self.em.alloc("backward", layer, total, self.em.live.get(old, 0))
             self.refs[total] += 1
@@ -348,18 +394,24 @@ class _Grads:
             self.em.free("backward", layer, key)
 
 
-def _backward_op(g: _Graph, em: _Emitter, gr: _Grads, op: _Op, have_param: set[str]) -> None:
-    """One op's backward: scratch, parameter gradients (a linear's backward writes its weight's before its
-    input's, as the CPU step's profile shows), input gradients, then its output's gradient is let go."""
+def _backward_op(g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str, str]) -> list[tuple[str, str, bool]]:
+    """One op's backward as autograd's engine runs it (torch/csrc/autograd/engine.cpp `evaluate_function`): the
+    function makes its scratch, parameter and input gradients (in the op's order), and lets go of its output's
+    gradient; returns the input gradients
+    (tensor, gradient, is a view), which the engine adds into the pending ones only after the function's saved
+    tensors are released."""
     layer = g.layer_of[op.out]
-    if op.scratch[1]:
-        em.alloc("backward", layer, op.out + ".bscratch", int(op.scratch[1]))
-    if not op.elementwise:
-        _param_grads(em, op, layer, have_param)
+    scratch = [f"{op.out}.bscratch{n}" for n in range(op.bscratch if op.scratch[1] else 0)]
+    for key in [] if op.bscratch_last else scratch:
+        em.alloc("backward", layer, key, op.scratch[1])
+    if not op.params_last:
+        _param_grads(em, op, layer, grad_of)
     out_grad = gr.of.pop(op.out)
+    made = []
     for k in dict.fromkeys(op.grads):
-        if op.passthrough:  # (an add hands its output's gradient on as it is)
-            gr.give(layer, k, out_grad)
+        if k in op.passthrough:  # (the output's gradient itself, held one more time)
+            gr.refs[out_grad] += 1
+            made.append((k, out_grad, False))
             continue
         if k in op.reduce:  # an output-sized product summed down to the broadcast input
             em.alloc("backward", layer, f"{op.out}.reduce.{k}", op.size)
@@ -367,33 +419,41 @@ def _backward_op(g: _Graph, em: _Emitter, gr: _Grads, op: _Op, have_param: set[s
         key = f"grad.{k}.from.{op.out}"
         em.alloc("backward", layer, key, g.sizes.get(k, 0))
         if key in em.live:
-            gr.give(layer, k, key)
-    if op.elementwise:
-        _param_grads(em, op, layer, have_param)
-    if op.scratch[1]:
-        em.free("backward", layer, op.out + ".bscratch")
+            gr.refs[key] += 1
+            made.append((k, key, op.view_grads))
+    for key in scratch if op.bscratch_last else []:
+        em.alloc("backward", layer, key, op.scratch[1])
+    if op.params_last:
+        _param_grads(em, op, layer, grad_of)
+    for key in scratch:
+        em.free("backward", layer, key)
     gr.release(layer, out_grad)
+    return made
 
 
-def _param_grads(em: _Emitter, op: _Op, layer: int, have_param: set[str]) -> None:
-    """The parameters' gradients of `op` (kept for the optimizer; a tied weight's second is added into .grad). An
-    elementwise op's (a norm's scale) is an output-sized product summed down to the parameter's shape."""
+def _param_grads(em: _Emitter, op: _Op, layer: int, grad_of: dict[str, str]) -> None:
+    """The parameters' gradients of `op`, kept for the optimizer (`grad_of`: each parameter's .grad). A tied
+    weight's second gradient is added to the first into a new tensor (AccumulateGrad's `grad + new_grad`, as the
+    CPU step's profile shows). An elementwise op's (a norm's scale) is an output-sized product summed down to the
+    parameter's shape."""
     for p, size in op.params:
         if op.elementwise:
             em.alloc("backward", layer, f"{op.out}.reduce.{p}", op.size)
-        if p in have_param:
-            em.alloc("backward", layer, f"grad.{p}.again", size)
-            em.free("backward", layer, f"grad.{p}.again")
-        else:
-            em.alloc("backward", layer, "grad." + p, size)
-        have_param.add(p)
+        key = f"grad.{p}.from.{op.out}"
+        em.alloc("backward", layer, key, size)
+        if p in grad_of:
+            em.alloc("backward", layer, key + ".sum", size)
+            em.free("backward", layer, grad_of[p])
+            em.free("backward", layer, key)
+            key += ".sum"
+        grad_of[p] = key
         if op.elementwise:
             em.free("backward", layer, f"{op.out}.reduce.{p}")
 
 
-def _backward(g: _Graph, em: _Emitter) -> None:
+def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
     """The ops in reverse from the loss's gradient (`_backward_op`); after each, the saved tensors no op before
-    it reads."""
+    it reads. Returns each parameter's .grad key."""
     last_saver: dict[str, int] = {}
     for n, op in enumerate(g.ops):
         for k in op.saves:
@@ -401,26 +461,34 @@ def _backward(g: _Graph, em: _Emitter) -> None:
     gr = _Grads(em)
     loss_grad = "grad." + g.ops[-1].out
     em.alloc("backward", -1, loss_grad, 4)
+    gr.refs[loss_grad] += 1
     gr.give(-1, g.ops[-1].out, loss_grad)
-    have_param: set[str] = set()
+    grad_of: dict[str, str] = {}  # parameter -> its .grad's key
     for n in range(len(g.ops) - 1, -1, -1):
         op = g.ops[n]
-        if op.out in gr.of:
-            _backward_op(g, em, gr, op, have_param)
+        made = _backward_op(g, em, gr, op, grad_of) if op.out in gr.of else []
         for k in op.saves:
             if last_saver.get(k) == n:
-                em.free("backward", g.layer_of.get(k, g.layer_of[op.out]), k)
+                em.free("backward", g.layer_of.get(k, g.layer_of[op.out]), g.storage(k))
+        for k, key, view in made:
+            gr.give(g.layer_of[op.out], k, key, view)
+    return grad_of
 
 
-def _optimizer(params: list[tuple[str, int]], em: _Emitter) -> None:
-    """torch's single-tensor AdamW (CPU): per parameter, sqrt(exp_avg_sq) and the denominator, then zero_grad."""
+def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str]) -> None:
+    """torch's single-tensor AdamW (CPU): per parameter, sqrt(exp_avg_sq) and the denominator; the loop's `denom`
+    keeps each denominator until the next parameter's is assigned (the last one until the step returns); then
+    zero_grad."""
+    previous = ""
     for p, size in params:
         em.alloc("optimizer", -1, f"sqrt.{p}", size)
         em.alloc("optimizer", -1, f"denom.{p}", size)
         em.free("optimizer", -1, f"sqrt.{p}")
-        em.free("optimizer", -1, f"denom.{p}")
+        em.free("optimizer", -1, previous)
+        previous = f"denom.{p}"
+    em.free("optimizer", -1, previous)
     for p, _ in params:
-        em.free("optimizer", -1, "grad." + p)
+        em.free("optimizer", -1, grad_of[p])
 
 
 def step_requests(w: Workload, plan: ParallelPlan, step: int = 0, threads: int = 1) -> list[Request]:
@@ -431,8 +499,7 @@ def step_requests(w: Workload, plan: ParallelPlan, step: int = 0, threads: int =
     g, params = _graph(w, plan, threads)
     em = _Emitter(step)
     _forward(g, em)
-    _backward(g, em)
-    _optimizer(params, em)
+    _optimizer(params, em, _backward(g, em))
     return em.out
 
 
@@ -446,6 +513,7 @@ class PhaseMatch:
     recorded_requests: int
     matched_requests: int
     free_order: float  # longest common subsequence of the two phases' free sizes / the longer's length
+    alloc_order: float  # the same of their allocation sizes
 
     @property
     def bytes_error(self) -> float:
@@ -460,7 +528,7 @@ class PhaseMatch:
         return (
             f"bytes {self.recorded_bytes} recorded, {self.generated_bytes} generated ({self.bytes_error:+.1%}); "
             f"{self.matched_fraction:.1%} of the bytes and {self.matched_requests}/{self.recorded_requests} requests "
-            f"matched by size; free order {self.free_order:.1%}"
+            f"matched by size; order of allocations {self.alloc_order:.1%}, of frees {self.free_order:.1%}"
         )
 
 
@@ -476,9 +544,9 @@ def _lcs(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def compare(recorded: Iterable[Request], generated: Iterable[Request], tokens: int) -> dict[str, PhaseMatch]:
-    """Per phase: allocated bytes, the multiset of allocation sizes matched exactly, and the order of the frees'
-    sizes, over requests larger than 4 bytes per token (smaller ones are scalars and index vectors no size of the
-    model scales, which the generator does not make)."""
+    """Per phase: allocated bytes, the multiset of allocation sizes matched exactly, and the order of the
+    allocations' and the frees' sizes, over requests larger than 4 bytes per token (smaller ones are scalars and
+    index vectors no size of the model scales, which the generator does not make)."""
     floor = 4 * tokens
     rec, gen = list(recorded), list(generated)
     out = {}
@@ -495,6 +563,7 @@ def compare(recorded: Iterable[Request], generated: Iterable[Request], tokens: i
             recorded_requests=len(ra),
             matched_requests=sum(common.values()),
             free_order=_lcs(rf, gf) / max(len(rf), len(gf), 1),
+            alloc_order=_lcs(ra, ga) / max(len(ra), len(ga), 1),
         )
     return out
 
