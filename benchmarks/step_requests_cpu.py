@@ -1,0 +1,164 @@
+"""The allocation requests of one real training step on the CPU, by phase, next to MARP's generated ones.
+
+    python benchmarks/step_requests_cpu.py [--point torch-llama-1gpu] [--show]     # seconds on 1 core
+
+Runs a CPU grid point's plain PyTorch loop (benchmarks/cpu_memory_grid.py's `torch` trainer: the built-in model,
+`frenzy_slurm.models.gpt.GPT`, `lm_loss`, torch's AdamW, `zero_grad(set_to_none=True)`) for three steps under the
+profiler with `profile_memory=True`, as the grid measures, and reads the last (steady) step's allocator events:
+each `[memory]` event's address and bytes (positive: an allocation, negative: a free). Profiler ranges around the
+step's parts give each event its phase: `forward` (the embedding and the blocks, one range per block), `loss` (the
+final norm, the output layer and the loss: MARP counts the final norm's and the head's saved inputs with the
+loss), `backward` (`loss.backward()`) and `optimizer` (`step()` and `zero_grad`). An address is a tensor from
+its allocation to its free; a free of a block allocated before the step (an optimizer state, a gradient) keeps
+the size of its allocation.
+
+`--show` prints both sequences side by side per phase; without it, the comparison
+(`frenzy_slurm.marp.step_requests.compare`) and both replays' peaks. tests/test_marp_step_requests.py runs the
+same comparison with its tolerances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from frenzy_slurm.marp.step_requests import Request  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+GRID = ROOT / "benchmarks" / "data" / "cpu_memory_grid.json"
+STEPS = 3  # the first creates the optimizer states; the last is read
+
+
+def grid_point(name: str) -> dict[str, Any]:
+    """The stored grid point `name` (its model.yaml, `spec`, and its measured ranks)."""
+    points = json.loads(GRID.read_text())["points"]
+    return next(p for p in points if p["name"] == name)
+
+
+def record_step(point: dict[str, Any]) -> list[Request]:
+    """The steady step's allocator requests of the grid point's plain PyTorch loop, in order, by phase."""
+    import torch
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    from frenzy_slurm.jobspec.arch import Architecture
+    from frenzy_slurm.models.gpt import GPT, lm_loss
+    from frenzy_slurm.runtime.memory import trace_events
+
+    spec = point["spec"]
+    training = spec["training"]
+    if spec["entry"].get("framework") != "torch" or training["activation_checkpointing"] != "none":
+        raise ValueError(f"{point['name']}: the recorder runs the grid's plain torch loop without checkpointing")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    arch = Architecture(**spec["model"]["arch"])
+    mb, seq = training["micro_batch"], training["seq_len"]
+    model = GPT(arch, attention=training["attention"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # as the grid's torch trainer
+    gen = torch.Generator().manual_seed(0)
+    ranges: list[Any] = []
+
+    def enter(name: str) -> None:
+        ranges.append(record_function(name).__enter__())
+
+    def leave() -> None:
+        ranges.pop().__exit__(None, None, None)
+
+    step_no = [0]
+    for i, blk in enumerate(model.blocks):
+        blk.register_forward_pre_hook(lambda _m, _a, i=i: enter(f"s{step_no[0]}.layer{i}"))
+        blk.register_forward_hook(lambda _m, _a, _o: leave())
+
+    def to_loss(_m: Any, _a: Any) -> None:  # the final norm starts the loss phase
+        leave()
+        enter(f"s{step_no[0]}.loss")
+
+    model.norm.register_forward_pre_hook(to_loss)
+
+    def step(n: int) -> None:
+        step_no[0] = n
+        x = torch.randint(0, arch.vocab, (mb, seq), generator=gen)
+        y = torch.roll(x, -1, 1)
+        enter(f"s{n}.forward")
+        logits = model(x)
+        loss = lm_loss(logits, y)
+        del logits
+        leave()
+        with record_function(f"s{n}.backward"):
+            loss.backward()
+            del loss
+        with record_function(f"s{n}.optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        for n in range(STEPS):
+            step(n)
+    return requests_of(trace_events(prof), f"s{STEPS - 1}.")
+
+
+def requests_of(events: list[dict[str, Any]], prefix: str) -> list[Request]:
+    """The requests of the step whose ranges start with `prefix`, from a profile's Chrome-trace events."""
+    windows = {
+        e["name"][len(prefix) :]: (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"].startswith(prefix)
+    }
+    phases = [(name, a, b) for name, (a, b) in windows.items() if not name.startswith("layer")]
+    layers = [(int(name[5:]), a, b) for name, (a, b) in windows.items() if name.startswith("layer")]
+    mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0]
+    mem.sort(key=lambda e: e["ts"])  # (stable: events of one instant keep the trace's order)
+    live: dict[int, tuple[str, int]] = {}
+    out: list[Request] = []
+    serial = 0
+    for e in mem:
+        t, addr, size = e["ts"], int(e["args"]["Addr"]), int(e["args"]["Bytes"])
+        phase = next((name for name, a, b in phases if a <= t <= b), "")
+        layer = next((i for i, a, b in layers if a <= t <= b), -1)
+        if size > 0:
+            serial += 1
+            key = f"r{serial}"
+            live[addr] = (key, size)
+            if phase:
+                out.append(Request(phase, layer, "alloc", key, size))
+        elif addr in live:
+            key, was = live.pop(addr)
+            if phase:
+                out.append(Request(phase, layer, "free", key, was))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--point", default="torch-llama-1gpu", help="a grid point of the plain torch loop")
+    ap.add_argument("--show", action="store_true", help="print both sequences per phase")
+    args = ap.parse_args()
+    from frenzy_slurm.eval.grid import workload_of
+    from frenzy_slurm.marp.step_requests import PHASES, compare, replay_peaks, step_requests
+
+    point = grid_point(args.point)
+    recorded = record_step(point)
+    w, plan = workload_of(point)
+    generated = step_requests(w, plan)
+    if args.show:
+        for phase in PHASES:
+            print(f"== {phase}")
+            floor = 4 * plan.micro_batch * w.seq_len  # (what `compare` leaves out)
+            rec = [f"{r.action[0]}{r.size}" for r in recorded if r.phase == phase and r.size > floor]
+            gen = [f"{r.action[0]}{r.size}" for r in generated if r.phase == phase and r.size > floor]
+            for k in range(max(len(rec), len(gen))):
+                print(f"{rec[k] if k < len(rec) else '':>12} {gen[k] if k < len(gen) else '':>12}")
+    for phase, c in compare(recorded, generated, tokens=plan.micro_batch * w.seq_len).items():
+        print(f"{phase:10} {c}")
+    print(f"replay (recorded): {replay_peaks(recorded)}")
+    print(f"replay (generated): {replay_peaks(generated)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

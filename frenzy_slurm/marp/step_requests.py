@@ -1,0 +1,606 @@
+"""The allocation requests of one whole training step, by phase, for the allocator replay (issue 29): generated
+from the model's op sequence, checked against MARP's terms and the sequence a real step makes on the CPU
+(benchmarks/step_requests_cpu.py, tests/test_marp_step_requests.py). Not used by predictions yet.
+
+What this module owns: the step's tensors, each allocated when an op makes it and freed when nothing needs it
+any more, as torch's autograd does it, phase by phase:
+
+- `forward`: per block, in order, every op's output; a tensor no later op reads and no backward function saves
+  is freed after its last reader, a view keeps its base alive (the transients: the norm's square and mean,
+  RoPE's products, the attention output before the residual add, SDPA's workspace). What stays alive is the
+  block's saved tensors: their bytes are `memory_activations.layer_activation_bytes` (plus the built-in
+  model's per-block RoPE tables, `memory_saved`), which tests/test_marp_step_requests.py asserts, so the
+  sequence agrees with MARP's totals.
+- `loss`: the final norm, the output layer's logits, their fp32 copy where the loss upcasts 16-bit logits, and
+  the log-softmax output the loss saves (`memory_loss.logit_bytes_per_token`'s tensors).
+- `backward`: the ops in reverse, as torch/csrc/autograd/engine.cpp runs them. Each function allocates its
+  workspaces, its parameters' gradients (kept for the optimizer) and its inputs' gradients, and lets go of its
+  output's gradient, then its saved tensors no earlier function reads. Only then are its gradients added into
+  the ones pending (autograd's InputBuffer): in place where the pending one is neither a view (a linear's
+  input gradient is mm's output viewed as 3-d) nor shared, else into a new sum. An add hands its output's
+  gradient on unallocated; a tied head's second weight gradient is summed out of place.
+- `optimizer`: torch's single-tensor AdamW on the CPU (AdamW is Adam with decoupled decay: torch 2.13's
+  torch/optim/adam.py `_single_tensor_adam`, what `foreach=None` picks for CPU tensors): per parameter in model
+  order, `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)` makes two parameter-sized tensors, alive
+  together for an instant (MARP's `optimizer_step_buffers` counts one); then `zero_grad(set_to_none=True)` frees
+  every gradient in parameter order.
+
+Scope: the built-in model's blocks (frenzy_slurm/models/gpt.py: RMSNorm or LayerNorm, q/k/v projections, RoPE
+or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says, a tied or untied head) under a
+plain torch loop on one rank, fp32, no checkpointing, no dropout, full training: the CPU grid's `torch` points.
+Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
+model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
+token.
+
+Why an op sequence and not MARP's terms cut into requests (allocator_requests.py does that for one layer): a term
+stands for several tensors made and freed at different times (a norm's input and normalised value; q, k and v),
+and the transients and gradients have no term at all. The sequence is checked against the terms instead: what
+the forward still holds at its end is `memory_saved.saved_activations` (tests/test_marp_step_requests.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from frenzy_slurm.marp.allocator_replay import Event, alloc, free, replay
+from frenzy_slurm.marp.plan import ParallelPlan, Workload
+
+PHASES = ("forward", "loss", "backward", "optimizer")
+SELF = "@out"  # in an op's `saves`: its own output
+
+
+@dataclass(frozen=True)
+class Request:
+    """One allocator request of a step: `phase`, the block it belongs to (-1: outside the blocks), alloc or free of
+    tensor `key` of `size` bytes (a free carries its tensor's size)."""
+
+    phase: str
+    layer: int
+    action: Literal["alloc", "free"]
+    key: str
+    size: int
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One forward op: reads `inputs`, makes `out` (`size` bytes). `saves`: what its backward function keeps;
+    `grads`: the inputs it gives a gradient to; `reduce`: inputs broadcast into the output, whose gradient is an
+    output-sized product summed down (a temporary); `params`: the parameter gradients it makes (bytes); `scratch`:
+    a workspace it allocates and frees while it runs (forward, backward)."""
+
+    name: str
+    inputs: tuple[str, ...]
+    out: str
+    size: int
+    saves: tuple[str, ...] = ()
+    grads: tuple[str, ...] = ()
+    reduce: tuple[str, ...] = ()
+    params: tuple[tuple[str, int], ...] = ()
+    scratch: tuple[int, int] = (0, 0)
+    holds: tuple[str, ...] = ()  # tensors the Python code still binds until this op has run (e.g. `logits`)
+    elementwise: bool = False  # its parameter gradients are reductions of output-sized products, after its input's
+    params_last: bool = False  # its parameter gradients are made after its input's
+    passthrough: tuple[str, ...] = ()  # inputs its backward hands the output's gradient to as it is (an add)
+    view: bool = False  # its output shares its first input's storage: nothing is allocated, the input stays alive
+    view_grads: bool = False  # the input gradients it makes are views (a linear on 3-d input: mm on a flattening)
+    bscratch: int = 1  # how many backward workspaces of `scratch[1]` bytes it makes
+    bscratch_last: bool = False  # its backward makes its workspace after its input gradients (a kernel's buffer)
+
+
+@dataclass
+class _Graph:
+    """The step's forward ops with each tensor's size and block."""
+
+    ops: list[_Op] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)
+    layer_of: dict[str, int] = field(default_factory=dict)
+    phase_of: dict[str, str] = field(default_factory=dict)  # op name -> forward phase
+    base: dict[str, str] = field(default_factory=dict)  # view -> the tensor whose storage it shares
+    layer: int = -1
+    phase: str = "forward"
+
+    def storage(self, k: str) -> str:
+        """The tensor whose storage `k` is (itself, or a view's base)."""
+        return self.base.get(k, k)
+
+    def op(
+        self,
+        name: str,
+        inputs: Sequence[str],
+        size: float,
+        *,
+        saves: Sequence[str] = (),
+        grads: Sequence[str] = (),
+        reduce: Sequence[str] = (),
+        params: Sequence[tuple[str, float]] = (),
+        scratch: tuple[float, float] = (0, 0),
+        holds: Sequence[str] = (),
+        elementwise: bool = False,
+        params_last: bool = False,
+        passthrough: Sequence[str] = (),
+        view: bool = False,
+        view_grads: bool = False,
+        bscratch: int = 1,
+        bscratch_last: bool = False,
+    ) -> str:
+        """Appends an op of the current block and phase; returns its output's key (`SELF` in `saves` names it).
+        Parameter names are made the op's own (`name@op`), unless they name another op's already."""
+        out = f"{name}.L{self.layer}"
+        while out in self.sizes:  # (a second norm in the block)
+            out += "'"
+        self.sizes[out] = int(size)
+        self.layer_of[out] = self.layer
+        self.phase_of[out] = self.phase
+        op = _Op(
+            name=out,
+            inputs=tuple(inputs),
+            out=out,
+            size=int(size),
+            saves=tuple(out if k == SELF else k for k in saves),
+            grads=tuple(grads),
+            reduce=tuple(reduce),
+            params=tuple((p if "@" in p else f"{p}@{out}", int(b)) for p, b in params),
+            scratch=(int(scratch[0]), int(scratch[1])),
+            holds=tuple(holds),
+            elementwise=elementwise,
+            params_last=params_last or elementwise,
+            passthrough=tuple(passthrough),
+            view=view,
+            view_grads=view_grads,
+            bscratch=bscratch,
+            bscratch_last=bscratch_last,
+        )
+        self.ops.append(op)
+        if view:
+            self.base[out] = self.storage(inputs[0])
+        return out
+
+
+def _check_scope(w: Workload, plan: ParallelPlan) -> None:
+    reasons = []
+    if w.framework != "torch":
+        reasons.append(f"framework {w.framework}")
+    if w.precision != "fp32":
+        reasons.append(f"precision {w.precision}")
+    if w.method != "full":
+        reasons.append(f"method {w.method}")
+    if plan.recompute != "none":
+        reasons.append(f"recompute {plan.recompute}")
+    if plan.world > 1:
+        reasons.append(f"{plan.world} ranks")
+    if w.activations.attention not in ("sdpa", "flash"):
+        reasons.append(f"attention {w.activations.attention}")
+    if w.arch.head == "classification" or w.loss.loss_chunks > 1 or w.loss.fused_linear_loss:
+        reasons.append("a loss other than one cross-entropy over the whole logits")
+    if w.arch.dropout > 0:
+        reasons.append(f"dropout {w.arch.dropout}")
+    if reasons:
+        raise ValueError(
+            "step_requests generates the built-in model's step under a plain torch loop on one rank (fp32, full "
+            f"training, no checkpointing, SDPA, no dropout); not yet: {', '.join(reasons)}"
+        )
+
+
+def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float) -> str:
+    """RMSNorm as the CPU composite runs it (square, mean, rsqrt, x * rstd, * weight), or LayerNorm's kernel
+    (output; mean and rstd saved); both save the input."""
+    h = w.arch.hidden
+    if w.arch.norm == "rmsnorm":
+        # (pow's backward: x.pow(1), times 2, then times the gradient)
+        sq = g.op("pow", [x], e * h * tokens, grads=(x,), saves=(x,), scratch=(0, e * h * tokens), bscratch=2)
+        mean = g.op("mean", [sq], e * tokens, grads=(sq,))
+        # (at::rms_norm's composite: the square and its mean are temporaries of one expression, freed after it)
+        rstd = g.op("rsqrt", [mean], e * tokens, grads=(mean,), saves=(SELF,), holds=(sq,))
+        xhat = g.op("xhat", [x, rstd], e * h * tokens, grads=(x, rstd), reduce=(rstd,), saves=(x, rstd))
+        return g.op(
+            "scale", [xhat], e * h * tokens, grads=(xhat,), saves=(xhat,), params=(("norm", e * h),), elementwise=True
+        )
+    y = g.op("layernorm", [x], e * h * tokens, grads=(x,), params=(("norm", e * h), ("norm.bias", e * h)))
+    mean = g.op("mean", [y], 4 * tokens)  # (the kernel's fp32 row statistics, made with its output)
+    rstd = g.op("rstd", [y], 4 * tokens)
+    g.ops[-3] = replace(g.ops[-3], saves=(x, mean, rstd))
+    return y
+
+
+def _linear(g: _Graph, name: str, x: str, n_in: int, n_out: int, tokens: int, e: float, bias: bool) -> str:
+    params = ((name, int(e * n_in * n_out)),) + (((name + ".bias", int(e * n_out)),) if bias else ())
+    # (its input's gradient is mm's 2-d output viewed as 3-d: a second gradient is added out of place. Without a
+    # bias MmBackward0 writes the weight's gradient first, with one AddmmBackward0 the input's: as the CPU step's
+    # profile shows)
+    return g.op(name, [x], e * n_out * tokens, grads=(x,), saves=(x,), params=params, view_grads=True, params_last=bias)
+
+
+def _rope(
+    g: _Graph, w: Workload, x: str, width: int, tokens: int, e: float, tag: str, holds: tuple[str, ...] = ()
+) -> str:
+    """The built-in model's `_rope`: cos/sin tables of seq x head_dim/2 built in every call (kept: the products
+    save them), the halves' four products and their sum/difference (transients), stacked into the output."""
+    a = w.arch
+    table = a.head_dim // 2 * w.seq_len
+    angles = g.op("angles" + tag, [], 4 * table)  # (fp32 outer product, freed when the call returns)
+    cos = g.op("cos" + tag, [angles], e * table)
+    sin = g.op("sin" + tag, [angles], e * table, holds=(angles,))
+    half = e * width / 2 * tokens
+    # x1, x2 = x[..., 0::2], x[..., 1::2]: views, whose gradients are scattered into a zeroed full-size tensor
+    x1 = g.op("even" + tag, [x], half, grads=(x,), view=True)
+    x2 = g.op("odd" + tag, [x], half, grads=(x,), view=True)
+    parts = []
+    for k, (a1, a2) in enumerate(((cos, sin), (sin, cos))):  # x1 * cos - x2 * sin, x1 * sin + x2 * cos
+        t1 = g.op(f"rot{k}a" + tag, [x1, a1], half, grads=(x1,), saves=(a1,))
+        t2 = g.op(f"rot{k}b" + tag, [x2, a2], half, grads=(x2,), saves=(a2,))
+        # (a difference negates its second input's gradient: a new tensor; a sum hands both on)
+        parts.append(g.op(f"rot{k}" + tag, [t1, t2], half, grads=(t1, t2), passthrough=(t1,) if k == 0 else (t1, t2)))
+    # torch.stack's backward unbinds: views of the gradient. (The angles live until the call returns; `holds`: the
+    # projections the caller rebinds after it.)
+    out = g.op("rope" + tag, parts, e * width * tokens, grads=tuple(parts), passthrough=tuple(parts))
+    g.ops[-1] = replace(g.ops[-1], holds=(angles, *holds))
+    return out
+
+
+def _sdpa_scratch(w: Workload, threads: int) -> tuple[int, int]:
+    """(forward, backward) workspace of SDPA's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
+    torch 2.13), per thread in fp32: forward the q-block x kv-block scores, a row max and sum per q row and the
+    q-block's output accumulator; backward the block's probabilities and their gradient. The q block is 256 rows
+    from 768 queries, 64 from 192, else 32; the kv block 512 keys, at most the sequence. (fp32 inputs: a 16-bit
+    run adds reduced-precision copies, not generated.)"""
+    s, d = w.seq_len, w.arch.head_dim
+    qs = 256 if s >= 768 else 64 if s >= 192 else 32
+    kvs = min(512, s)
+    return threads * 4 * (qs * kvs + 2 * qs + qs * d), threads * 4 * 2 * qs * kvs
+
+
+def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -> str:
+    a = w.arch
+    h, kvd, f = a.hidden, a.kv * a.head_dim, a.ffn
+    qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
+    y = _norm(g, w, x, tokens, e)
+    q = _linear(g, "q", y, h, h, tokens, e, qkv_bias)
+    k = _linear(g, "k", y, h, kvd, tokens, e, qkv_bias)
+    v = _linear(g, "v", y, h, kvd, tokens, e, qkv_bias)
+    if a.position == "rope":
+        # (the head-major views of the projections: RoPE's gradient comes back head-major, and viewing it as
+        # (tokens, width) again copies it)
+        qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
+        kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
+        # (`q, k = _rope(q), _rope(k)`: the projections are let go once both calls have returned)
+        q, k = _rope(g, w, qh, h, tokens, e, "q"), _rope(g, w, kh, kvd, tokens, e, "k", holds=(k, q))
+    # SDPA's CPU flash kernel: output and per-row log-sum-exp (fp32) saved, with q, k and v; its backward zeroes
+    # the gradients of q, k and v, then takes its buffer
+    sdpa = _sdpa_scratch(w, threads)
+    att = g.op("sdpa", [q, k, v], e * h * tokens, grads=(q, k, v), scratch=(0, sdpa[1]), bscratch_last=True)
+    lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))  # (the buffer after both outputs)
+    g.ops[-2] = replace(g.ops[-2], saves=(q, k, v, att, lse))  # (the kernel makes both; its backward reads both)
+    o_in = att
+    if a.position == "rope" and w.activations.unfused_rope:
+        # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the transpose back
+        # to (tokens, hidden) copies it (memory_activations' o_proj term); otherwise it is a view
+        o_in = g.op("transpose", [att], e * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
+    o = _linear(g, "o", o_in, h, h, tokens, e, all_bias)
+    x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
+    y = _norm(g, w, x, tokens, e)
+    if a.activation == "swiglu":
+        gate = _linear(g, "gate", y, h, f, tokens, e, False)
+        act = g.op("silu", [gate], e * f * tokens, grads=(gate,), saves=(gate,))
+        up = _linear(g, "up", y, h, f, tokens, e, all_bias)
+        m = g.op("product", [act, up], e * f * tokens, grads=(act, up), saves=(act, up))
+    else:
+        up = _linear(g, "up", y, h, f, tokens, e, all_bias)
+        m = g.op("gelu", [up], e * f * tokens, grads=(up,), saves=(up,))
+    d = _linear(g, "down", m, f, h, tokens, e, all_bias)
+    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
+
+
+def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[tuple[str, int]]]:
+    """The step's forward ops, and the parameters (name, bytes) in the model's order."""
+    a = w.arch
+    tokens = plan.micro_batch * w.seq_len
+    e = 4.0 if w.precision == "fp32" else 2.0
+    g = _Graph()
+    x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
+    if a.position == "learned":
+        positions = g.op("positions", [], 8 * w.seq_len)  # (the arange of positions: int64)
+        pos = g.op("pos", [positions], e * a.hidden * w.seq_len, params=(("pos", e * a.max_positions * a.hidden),))
+        # (`x = x + self.pos(...)`: the position embedding is let go before the token embedding's output; it is
+        # broadcast over the batch, so its gradient is a sum over the batch, a new tensor)
+        x = g.op("embed_sum", [pos, x], e * a.hidden * tokens, grads=(x, pos), passthrough=(x,))
+    for i in range(a.layers):
+        g.layer = i
+        x = _block(g, w, x, tokens, e, threads)
+    g.layer, g.phase = -1, "loss"
+    y = _norm(g, w, x, tokens, e)
+    # (a tied head's weight gradient is the embedding's: named alike, it is added into it)
+    head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
+    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
+    if e != 4.0 or not w.loss.loss_fp32:
+        logits = g.op("upcast", [logits], 4 * a.vocab * tokens, grads=(logits,))  # logits.float()
+    lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
+    g.op("nll", [lsm], 4, grads=(lsm,), holds=(logits,))
+    return g, list(dict.fromkeys(p for op in g.ops for p in op.params))
+
+
+class _Emitter:
+    """Appends requests and keeps the live tensors' sizes."""
+
+    def __init__(self, step: int) -> None:
+        self.out: list[Request] = []
+        self.live: dict[str, int] = {}
+        self.step = step
+
+    def alloc(self, phase: str, layer: int, key: str, size: int) -> None:
+        if size <= 0:
+            return
+        self.live[key] = size
+        self.out.append(Request(phase, layer, "alloc", f"s{self.step}.{key}", size))
+
+    def free(self, phase: str, layer: int, key: str) -> None:
+        if key in self.live:
+            self.out.append(Request(phase, layer, "free", f"s{self.step}.{key}", self.live.pop(key)))
+
+
+def _forward(g: _Graph, em: _Emitter) -> None:
+    """Each op's output and scratch; a tensor is freed after its last reader unless a backward function saves
+    it."""
+    saved = {g.storage(k) for op in g.ops for k in op.saves}
+    last_read: dict[str, int] = {}
+    for n, op in enumerate(g.ops):
+        for k in (*op.inputs, *op.holds):
+            last_read[g.storage(k)] = n  # (reading a view reads its base's storage)
+    for n, op in enumerate(g.ops):
+        phase, layer = g.phase_of[op.out], g.layer_of[op.out]
+        if not op.view:
+            em.alloc(phase, layer, op.out, op.size)
+        if op.scratch[0]:
+            em.alloc(phase, layer, op.out + ".scratch", op.scratch[0])
+            em.free(phase, layer, op.out + ".scratch")
+        for k in dict.fromkeys(g.storage(k) for k in (*op.inputs, *op.holds, op.out)):
+            if last_read.get(k, n) <= n and k not in saved:
+                em.free(phase, layer, k)
+
+
+class _Grads:
+    """The pending gradients of the backward: tensor -> its gradient's key, each gradient with the number of
+    tensors it is pending for (a residual add hands its output's gradient to both inputs, unallocated)."""
+
+    def __init__(self, em: _Emitter) -> None:
+        self.em = em
+        self.of: dict[str, str] = {}
+        self.refs: Counter[str] = Counter()
+        self.views: set[str] = set()
+
+    def give(self, layer: int, k: str, key: str, view: bool = False) -> None:
+        """Tensor `k` receives gradient `key` (`view`: a view of another tensor; the caller counted the reference):
+        its first, or added into the one pending: in place where that one is no view and nothing else holds it
+        (autograd's InputBuffer::accumulate), else into a new sum."""
+        if view:
+            self.views.add(key)
+        if k not in self.of:
+            self.of[k] = key
+            return
+        old = self.of[k]
+        if self.refs[old] > 1 or old in self.views:
+            total = f"{key}.sum"
+            self.em.alloc("backward", layer, total, self.em.live.get(old, 0))
+            self.refs[total] += 1
+            self.of[k] = total
+            self.release(layer, old)
+        self.release(layer, key)
+
+    def release(self, layer: int, key: str) -> None:
+        self.refs[key] -= 1
+        if self.refs[key] <= 0:
+            self.em.free("backward", layer, key)
+
+
+def _backward_op(g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str, str]) -> list[tuple[str, str, bool]]:
+    """One op's backward as autograd's engine runs it (torch/csrc/autograd/engine.cpp `evaluate_function`): the
+    function makes its scratch, parameter and input gradients (in the op's order), and lets go of its output's
+    gradient; returns the input gradients
+    (tensor, gradient, is a view), which the engine adds into the pending ones only after the function's saved
+    tensors are released."""
+    layer = g.layer_of[op.out]
+    scratch = [f"{op.out}.bscratch{n}" for n in range(op.bscratch if op.scratch[1] else 0)]
+    for key in [] if op.bscratch_last else scratch:
+        em.alloc("backward", layer, key, op.scratch[1])
+    if not op.params_last:
+        _param_grads(em, op, layer, grad_of)
+    out_grad = gr.of.pop(op.out)
+    made = []
+    for k in dict.fromkeys(op.grads):
+        if k in op.passthrough:  # (the output's gradient itself, held one more time)
+            gr.refs[out_grad] += 1
+            made.append((k, out_grad, False))
+            continue
+        if k in op.reduce:  # an output-sized product summed down to the broadcast input
+            em.alloc("backward", layer, f"{op.out}.reduce.{k}", op.size)
+            em.free("backward", layer, f"{op.out}.reduce.{k}")
+        key = f"grad.{k}.from.{op.out}"
+        em.alloc("backward", layer, key, g.sizes.get(k, 0))
+        if key in em.live:
+            gr.refs[key] += 1
+            made.append((k, key, op.view_grads))
+    for key in scratch if op.bscratch_last else []:
+        em.alloc("backward", layer, key, op.scratch[1])
+    if op.params_last:
+        _param_grads(em, op, layer, grad_of)
+    for key in scratch:
+        em.free("backward", layer, key)
+    gr.release(layer, out_grad)
+    return made
+
+
+def _param_grads(em: _Emitter, op: _Op, layer: int, grad_of: dict[str, str]) -> None:
+    """The parameters' gradients of `op`, kept for the optimizer (`grad_of`: each parameter's .grad). A tied
+    weight's second gradient is added to the first into a new tensor (AccumulateGrad's `grad + new_grad`, as the
+    CPU step's profile shows). An elementwise op's (a norm's scale) is an output-sized product summed down to the
+    parameter's shape."""
+    for p, size in op.params:
+        if op.elementwise:
+            em.alloc("backward", layer, f"{op.out}.reduce.{p}", op.size)
+        key = f"grad.{p}.from.{op.out}"
+        em.alloc("backward", layer, key, size)
+        if p in grad_of:
+            em.alloc("backward", layer, key + ".sum", size)
+            em.free("backward", layer, grad_of[p])
+            em.free("backward", layer, key)
+            key += ".sum"
+        grad_of[p] = key
+        if op.elementwise:
+            em.free("backward", layer, f"{op.out}.reduce.{p}")
+
+
+def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
+    """The ops in reverse from the loss's gradient (`_backward_op`); after each, the saved tensors no op before
+    it reads. Returns each parameter's .grad key."""
+    last_saver: dict[str, int] = {}
+    for n, op in enumerate(g.ops):
+        for k in op.saves:
+            last_saver.setdefault(k, n)  # (the earliest saver runs last in backward)
+    gr = _Grads(em)
+    loss_grad = "grad." + g.ops[-1].out
+    em.alloc("backward", -1, loss_grad, 4)
+    gr.refs[loss_grad] += 1
+    gr.give(-1, g.ops[-1].out, loss_grad)
+    grad_of: dict[str, str] = {}  # parameter -> its .grad's key
+    for n in range(len(g.ops) - 1, -1, -1):
+        op = g.ops[n]
+        made = _backward_op(g, em, gr, op, grad_of) if op.out in gr.of else []
+        for k in op.saves:
+            if last_saver.get(k) == n:
+                em.free("backward", g.layer_of.get(k, g.layer_of[op.out]), g.storage(k))
+        for k, key, view in made:
+            gr.give(g.layer_of[op.out], k, key, view)
+    return grad_of
+
+
+def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str]) -> None:
+    """torch's single-tensor AdamW (CPU): per parameter, sqrt(exp_avg_sq) and the denominator; the loop's `denom`
+    keeps each denominator until the next parameter's is assigned (the last one until the step returns); then
+    zero_grad."""
+    previous = ""
+    for p, size in params:
+        em.alloc("optimizer", -1, f"sqrt.{p}", size)
+        em.alloc("optimizer", -1, f"denom.{p}", size)
+        em.free("optimizer", -1, f"sqrt.{p}")
+        em.free("optimizer", -1, previous)
+        previous = f"denom.{p}"
+    em.free("optimizer", -1, previous)
+    for p, _ in params:
+        em.free("optimizer", -1, grad_of[p])
+
+
+def step_requests(w: Workload, plan: ParallelPlan, step: int = 0, threads: int = 1) -> list[Request]:
+    """One training step's requests, phase by phase (the module docstring); keys carry `step`, so that several
+    steps can be replayed one after another; `threads`: the CPU threads SDPA's kernel takes a workspace for.
+    ValueError outside the module's scope."""
+    _check_scope(w, plan)
+    g, params = _graph(w, plan, threads)
+    em = _Emitter(step)
+    _forward(g, em)
+    _optimizer(params, em, _backward(g, em))
+    return em.out
+
+
+@dataclass(frozen=True)
+class PhaseMatch:
+    """How one phase's generated requests match the recorded ones (requests above the size floor only)."""
+
+    recorded_bytes: int  # allocated in the phase
+    generated_bytes: int
+    matched_bytes: int  # of the recorded, by a generated request of the same size (each used once)
+    recorded_requests: int
+    matched_requests: int
+    free_order: float  # longest common subsequence of the two phases' free sizes / the longer's length
+    alloc_order: float  # the same of their allocation sizes
+
+    @property
+    def bytes_error(self) -> float:
+        return (self.generated_bytes - self.recorded_bytes) / max(self.recorded_bytes, 1)
+
+    @property
+    def matched_fraction(self) -> float:
+        """Of the recorded bytes, the part a generated request of the same size stands for."""
+        return self.matched_bytes / max(self.recorded_bytes, 1)
+
+    def __str__(self) -> str:
+        return (
+            f"bytes {self.recorded_bytes} recorded, {self.generated_bytes} generated ({self.bytes_error:+.1%}); "
+            f"{self.matched_fraction:.1%} of the bytes and {self.matched_requests}/{self.recorded_requests} requests "
+            f"matched by size; order of allocations {self.alloc_order:.1%}, of frees {self.free_order:.1%}"
+        )
+
+
+def _lcs(a: Sequence[int], b: Sequence[int]) -> int:
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev = 0
+        for j, y in enumerate(b):
+            cur = row[j + 1]
+            row[j + 1] = prev + 1 if x == y else max(row[j + 1], row[j])
+            prev = cur
+    return row[-1]
+
+
+def compare(recorded: Iterable[Request], generated: Iterable[Request], tokens: int) -> dict[str, PhaseMatch]:
+    """Per phase: allocated bytes, the multiset of allocation sizes matched exactly, and the order of the
+    allocations' and the frees' sizes, over requests larger than 4 bytes per token (smaller ones are scalars and
+    index vectors no size of the model scales, which the generator does not make)."""
+    floor = 4 * tokens
+    rec, gen = list(recorded), list(generated)
+    out = {}
+    for phase in PHASES:
+        ra = [r.size for r in rec if r.phase == phase and r.action == "alloc" and r.size > floor]
+        ga = [r.size for r in gen if r.phase == phase and r.action == "alloc" and r.size > floor]
+        common = Counter(ra) & Counter(ga)
+        rf = [r.size for r in rec if r.phase == phase and r.action == "free" and r.size > floor]
+        gf = [r.size for r in gen if r.phase == phase and r.action == "free" and r.size > floor]
+        out[phase] = PhaseMatch(
+            recorded_bytes=sum(ra),
+            generated_bytes=sum(ga),
+            matched_bytes=sum(size * n for size, n in common.items()),
+            recorded_requests=len(ra),
+            matched_requests=sum(common.values()),
+            free_order=_lcs(rf, gf) / max(len(rf), len(gf), 1),
+            alloc_order=_lcs(ra, ga) / max(len(ra), len(ga), 1),
+        )
+    return out
+
+
+def events_of(requests: Iterable[Request], repeat: int = 1) -> list[Event]:
+    """Allocator events of `requests`, `repeat` times over (keys made distinct per repetition); a free of a tensor
+    allocated before the requests began (a recorded step's free of an older block) is left out."""
+    reqs = list(requests)
+    out: list[Event] = []
+    for n in range(repeat):
+        live: set[str] = set()
+        for r in reqs:
+            key = f"{n}.{r.key}"
+            if r.action == "alloc":
+                live.add(key)
+                out.append(alloc(key, r.size))
+            elif key in live:
+                live.discard(key)
+                out.append(free(key))
+    return out
+
+
+def replay_peaks(requests: Iterable[Request], repeat: int = 2, settings: str = "") -> tuple[int, int]:
+    """(allocated peak, reserved peak) of `requests` replayed `repeat` times through a fresh caching allocator."""
+    result = replay(events_of(requests, repeat), settings)
+    return result.allocated_peak, result.reserved_peak
+
+
+def alive_at_forward_end(requests: Iterable[Request]) -> int:
+    """Bytes the step's forward allocated and still holds when it ends: the saved activations (and the last
+    block's output), what MARP's `saved_activations` counts for the blocks."""
+    live: dict[str, int] = {}
+    for r in requests:
+        if r.phase != "forward":
+            break
+        if r.action == "alloc":
+            live[r.key] = r.size
+        else:
+            live.pop(r.key, None)
+    return sum(live.values())
