@@ -112,56 +112,36 @@ def test_model_yaml_naming_an_unmodelled_framework_is_refused_with_the_reason():
         make_spec(entry={"trainer": "script", "script": "train_gpt2.cu", "framework": "llm.c"})
 
 
-def test_fsdp_over_one_data_parallel_rank_with_context_parallelism_still_shards():
-    # FSDP over 1 x CP 8: the mesh FSDP shards over spans the context-parallel ranks, so the states are sharded
-    row = interpret_row(
+def _sharded_row(gpus: str, parallelism: str, sharding: str, other: str = "") -> MeasuredRow:
+    """A row that states its checkpointing and optimizer, with the parallel and sharding words given."""
+    return interpret_row(
         _row(
-            num_gpus="8",
-            parallelism="FSDP=1, CP=8",
-            sharding_offload="FSDP2 over 1",
-            other_settings="torchtitan; context parallel (ring attention) over CP ranks",
+            num_gpus=gpus,
+            parallelism=parallelism,
+            sharding_offload=sharding,
+            other_settings=other,
             activation_ckpt="full",
             optimizer="AdamW",
         )
+    )
+
+
+def test_fsdp_over_one_data_parallel_rank_with_context_parallelism_still_shards():
+    # FSDP over 1 x CP 8: the mesh FSDP shards over spans the context-parallel ranks, so the states are sharded
+    row = _sharded_row(
+        "8", "FSDP=1, CP=8", "FSDP2 over 1", "torchtitan; context parallel (ring attention) over CP ranks"
     )
     assert (row.plan.dp, row.plan.cp, row.plan.zero) == (1, 8, 3)
     assert row.spec.parallel.sharding == "full-shard"
     # a torchtitan run stated unsharded with CP is not one torchtitan runs: a counted failure naming why
     with pytest.raises(RowError, match="torchtitan applies FSDP over the context-parallel ranks"):
-        interpret_row(
-            _row(
-                num_gpus="8",
-                parallelism="DP=1, CP=8",
-                sharding_offload="none",
-                other_settings="torchtitan",
-                activation_ckpt="full",
-                optimizer="AdamW",
-            )
-        )
+        _sharded_row("8", "DP=1, CP=8", "none", "torchtitan")
 
 
 def test_a_stated_fsdp_cpu_offload_offloads_the_parameters_too():
-    row = interpret_row(
-        _row(
-            num_gpus="2",
-            parallelism="DP=2",
-            sharding_offload="FSDP full shard + CPU offload",
-            activation_ckpt="full",
-            optimizer="AdamW",
-            other_settings="",
-        )
-    )
+    row = _sharded_row("2", "DP=2", "FSDP full shard + CPU offload")
     assert (row.plan.zero, row.plan.offload_optimizer, row.plan.offload_params) == (3, True, True)
-    zero = interpret_row(
-        _row(
-            num_gpus="2",
-            parallelism="DP=2",
-            sharding_offload="DeepSpeed ZeRO-3 + CPU offload",
-            activation_ckpt="full",
-            optimizer="AdamW",
-            other_settings="",
-        )
-    )
+    zero = _sharded_row("2", "DP=2", "DeepSpeed ZeRO-3 + CPU offload")
     assert (zero.plan.zero, zero.plan.offload_optimizer, zero.plan.offload_params) == (3, True, False)
 
 
@@ -178,18 +158,5 @@ def test_the_optimizer_in_backward_is_read_from_what_names_the_optimizer():
 
 
 def test_no_distributed_optimizer_keeps_the_states_whole():
-    def zero(sharding: str) -> int:
-        row = interpret_row(
-            _row(
-                num_gpus="8",
-                parallelism="DP=8",
-                sharding_offload=sharding,
-                other_settings="torchtune",
-                activation_ckpt="full",
-                optimizer="AdamW",
-            )
-        )
-        return row.plan.zero
-
-    assert zero("Megatron distributed optimizer (ZeRO-1-like) over 8") == 1
-    assert zero("none (no distributed optimizer)") == 0
+    assert _sharded_row("8", "DP=8", "Megatron distributed optimizer (ZeRO-1-like) over 8", "torchtune").plan.zero == 1
+    assert _sharded_row("8", "DP=8", "none (no distributed optimizer)", "torchtune").plan.zero == 0
