@@ -199,6 +199,22 @@ def _free_ranges(edges: tuple[list[float], list[int]], cap: int, now: float) -> 
     return out
 
 
+def _tail_and_longest(edges: tuple[list[float], list[int]], cap: int, now: float) -> tuple[float, float]:
+    """(tail, longest) of `_free_ranges(edges, cap, now)` without building the ranges: where its range open to the
+    end opens (inf: none) and the length of its longest closed range (-inf: none). The same walk, the same sums."""
+    used, open_at, ok, longest = 0, now, cap >= 0, -INF
+    for t, change in zip(*edges, strict=True):
+        used += change
+        if used <= cap:
+            if not ok:  # a range opens at t
+                open_at, ok = t, True
+        elif ok:  # the range [open_at, t) closes
+            if t - open_at > longest:
+                longest = t - open_at
+            ok = False
+    return (open_at if ok else INF), longest
+
+
 def _add_edge(edges: tuple[list[float], list[int]], t: float, change: int) -> None:
     """Add `change` GPUs in use from `t` on to a profile (GpuTimeline.profile), in place."""
     times, changes = edges
@@ -279,21 +295,20 @@ class PoolRuns:
 
     def __init__(self, timeline: GpuTimeline, names: list[str], per_node: int):
         self.timeline, self.names, self.per_node = timeline, names, per_node
-        self.runs: list[list[Window]] = [[] for _ in names]  # each node's free ranges (GpuTimeline.free_runs)
         self.tail = [INF] * len(names)  # where each node's range open to the end opens (inf: none)
         self.longest = [-INF] * len(names)  # each node's longest closed range, b - a (-inf: none)
         self.dirty: set[int] = set(range(len(names)))  # positions whose ranges changed in the timeline since
 
     def _refresh(self) -> None:
+        # tail and longest straight from each node's profile: the ranges themselves are built (and kept by the
+        # timeline) only where a hole is long enough to need the sweep, which a deep queue's reservations and
+        # HAS's candidates rarely are (they were most of the objects a decision allocated, issue 30)
+        timeline, per_node = self.timeline, self.per_node
         for k in self.dirty:
-            runs = self.runs[k] = self.timeline.free_runs(self.names[k], self.per_node)
-            tail, longest = INF, -INF
-            for a, b in runs:
-                if b == INF:
-                    tail = a
-                elif b - a > longest:
-                    longest = b - a
-            self.tail[k], self.longest[k] = tail, longest
+            name = self.names[k]
+            self.tail[k], self.longest[k] = _tail_and_longest(
+                timeline.profile(name), timeline.capacity[name] - per_node, timeline.now
+            )
         self.dirty.clear()
 
     def earliest(self, nodes: int, duration: float, now: float) -> tuple[float, list[int]] | None:
@@ -308,10 +323,11 @@ class PoolRuns:
             return None
         self._refresh()
         if max(self.longest) >= duration:  # a hole may hold the window: the timeline's own sweep
+            runs = [self.timeline.free_runs(name, self.per_node) for name in self.names]
             if nodes == 1:
-                found = _first_one(self.runs, now, duration)
+                found = _first_one(runs, now, duration)
             else:
-                found = _first_covered_nodes(_windows_of(self.runs, duration), nodes, now)
+                found = _first_covered_nodes(_windows_of(runs, duration), nodes, now)
             return None if found is None else (found[0], sorted(found[1])[:nodes])
         starts = [t if t > now else now for t in self.tail]
         t = min(starts) if nodes == 1 else sorted(starts)[nodes - 1]
