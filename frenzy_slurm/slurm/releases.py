@@ -295,6 +295,7 @@ class PoolRuns:
 
     def __init__(self, timeline: GpuTimeline, names: list[str], per_node: int):
         self.timeline, self.names, self.per_node = timeline, names, per_node
+        self.position = {name: k for k, name in enumerate(names)}
         self.tail = [INF] * len(names)  # where each node's range open to the end opens (inf: none)
         self.longest = [-INF] * len(names)  # each node's longest closed range, b - a (-inf: none)
         self.dirty: set[int] = set(range(len(names)))  # positions whose ranges changed in the timeline since
@@ -373,7 +374,10 @@ class ReleaseIndex:
     def __init__(self, view: ClusterView, now: float, queue: bool = True):
         self.view, self.now = view, now
         self.nodes: dict[str, Node] = {n.name: n for n in view.nodes if n.available}
-        self._base = _base_signature(view)
+        # _base_signature(view), taken when extend() first compares a view with it: a decision from cold never
+        # does (a tuple per node and running job); `self.view` has the same signature whenever it is taken
+        # (extend adopts a view only where they are equal, and a view is not changed once read)
+        self._base: tuple | None = None
         self._pending: list[tuple] = []  # the queue reserved so far, as _pending_signature lists it
         self._first_reservation = float("inf")  # the earliest start a pending job was given
         self._queue = queue
@@ -390,7 +394,9 @@ class ReleaseIndex:
             for end, gpus in releases:
                 if end > now:
                     self.timeline.add(name, now, end, gpus)
-        self._running = {name: list(ivs) for name, ivs in self.timeline.busy.items()}  # before any reservation
+        # each node's intervals before any reservation: the first this many of its busy list, which reservations
+        # only append to (_refit resets a node to them); a count, not a copy of every node's list
+        self._running = {name: len(ivs) for name, ivs in self.timeline.busy.items()}
         self._group: dict[str, int] | None = None  # partition -> its group of partitions sharing nodes (_groups)
         self._group_by_name: dict[str, int | None] = {}  # a pending job's partition list -> _group_of's answer
         self._first_in: dict[int | None, float] = {}  # group -> the earliest start a pending job was given there
@@ -399,9 +405,9 @@ class ReleaseIndex:
         self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the timeline
         self._cache: dict[tuple, tuple[float, list[str]] | None] = {}
         # (partition, GRES type, GPUs per node) -> the pool's free ranges, kept up to date node by node (_touched)
-        # as pending jobs are reserved; node -> the PoolRuns it is in, and its position there
+        # as pending jobs are reserved; node -> the PoolRuns it is in (its position there: PoolRuns.position)
         self._pool_runs: dict[tuple, PoolRuns] = {}
-        self._runs_of: dict[str, list[tuple[PoolRuns, int]]] = {}
+        self._runs_of: dict[str, list[PoolRuns]] = {}
         self._names: dict[tuple, list[str]] = {}  # _pool_nodes' answers (the nodes do not change)
         if queue:
             self._reserve_pending()
@@ -447,7 +453,11 @@ class ReleaseIndex:
         in use at any t >= the new now are the same either way, and every question starts at the index's now
         (not_before), so a range from the older now, cut there, is the range computed from the new one.
         """
-        if not self._queue or now < self.now or self._first_reservation < now or _base_signature(view) != self._base:
+        if not self._queue or now < self.now or self._first_reservation < now:
+            return False
+        if self._base is None:
+            self._base = _base_signature(self.view)
+        if _base_signature(view) != self._base:
             return False
         pending = _pending_signature(view)
         if pending[: len(self._pending)] != self._pending:
@@ -490,7 +500,7 @@ class ReleaseIndex:
         groups = self._groups()
         for name, node in self.nodes.items():
             if any(groups.get(p) in changed for p in node.partitions):
-                self.timeline.reset(name, self._running[name])
+                self.timeline.reset(name, self.timeline.busy[name][: self._running[name]])
                 self._touched(name)
                 self.reserved.discard(name)
         for g in changed:
@@ -569,15 +579,15 @@ class ReleaseIndex:
         runs = self._pool_runs.get(key)
         if runs is None:
             runs = self._pool_runs[key] = PoolRuns(self.timeline, names, per_node)
-            for k, name in enumerate(names):
-                self._runs_of.setdefault(name, []).append((runs, k))
+            for name in names:
+                self._runs_of.setdefault(name, []).append(runs)
         found = runs.earliest(nodes, duration, self.now)
         return None if found is None else (found[0], [names[k] for k in found[1]])
 
     def _touched(self, name: str) -> None:
         """`name`'s intervals in the timeline changed: the pools' kept free ranges take its new ones when next asked."""
-        for runs, k in self._runs_of.get(name, ()):
-            runs.dirty.add(k)
+        for runs in self._runs_of.get(name, ()):
+            runs.dirty.add(runs.position[name])
 
     def start(
         self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration_s: float = 0.0
