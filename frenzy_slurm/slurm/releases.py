@@ -409,6 +409,7 @@ class ReleaseIndex:
         self._pool_runs: dict[tuple, PoolRuns] = {}
         self._runs_of: dict[str, list[PoolRuns]] = {}
         self._names: dict[tuple, list[str]] = {}  # _pool_nodes' answers (the nodes do not change)
+        self._in_partition: dict[str, list[Node]] | None = None  # partition -> its nodes, by name (_pool_nodes)
         if queue:
             self._reserve_pending()
 
@@ -534,11 +535,16 @@ class ReleaseIndex:
         """The pool's nodes that can hold `per_node` GPUs, by name (the order windows pick them in)."""
         key = (partition, gpu_type, per_node)  # a few keys per pool: per_node is at most its GPUs per node
         if key not in self._names:
-            self._names[key] = sorted(
-                name
-                for name, n in self.nodes.items()
-                if partition in n.partitions and gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node
-            )
+            if self._in_partition is None:  # each pool's nodes from its partition's, not from every node's
+                self._in_partition = {}
+                for name in sorted(self.nodes):
+                    for p in set(self.nodes[name].partitions):  # a partition named twice is one
+                        self._in_partition.setdefault(p, []).append(self.nodes[name])
+            self._names[key] = [
+                n.name
+                for n in self._in_partition.get(partition, ())
+                if gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node
+            ]
         return self._names[key]
 
     def _earliest(
