@@ -27,6 +27,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from itertools import islice
 from typing import Literal
 
 from frenzy_slurm.slurm.view import ClusterView, Node, job_phase
@@ -330,11 +331,13 @@ class PoolRuns:
             else:
                 found = _first_covered_nodes(_windows_of(runs, duration), nodes, now)
             return None if found is None else (found[0], sorted(found[1])[:nodes])
-        starts = [t if t > now else now for t in self.tail]
-        t = min(starts) if nodes == 1 else sorted(starts)[nodes - 1]
+        # a node's start is max(tail, now), which keeps the tails' order: the `nodes`-th earliest start is that of
+        # the `nodes`-th earliest tail, and a node can start by t >= now exactly where its tail is by t
+        kth = min(self.tail) if nodes == 1 else sorted(self.tail)[nodes - 1]
+        t = kth if kth > now else now
         if t == INF:
             return None
-        return t, [k for k, s in enumerate(starts) if s <= t][:nodes]
+        return t, list(islice((k for k, tail in enumerate(self.tail) if tail <= t), nodes))
 
 
 @lru_cache(maxsize=256)
