@@ -283,15 +283,16 @@ def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: f
 
 
 class PoolRuns:
-    """One pool's free ranges for one GPU count per node, and what answers most questions without a sweep.
+    """One pool's tails and longest holes for one GPU count per node: what answers most questions without a sweep.
 
     In a deep queue a pool's nodes are booked far ahead: each node's free ranges are a few holes between
     reservations and a last range open to the end (its *tail*). A window of `duration` lies either in a hole at
     least that long or in a tail; where no node has such a hole (97% of the reservations of the benchmark's deep
     queue), the earliest start is the `nodes`-th earliest tail, found without a sweep. Otherwise the timeline's
-    own sweep runs over the kept ranges. A reservation changes a few nodes' ranges: only those are taken anew
-    (`dirty`), so a deep queue's reservations each cost the nodes they changed, not a pass over every node's
-    ranges (issue 30). Nodes are positions in the pool's node list (by name, the order `ReleaseIndex` picks them).
+    own sweep runs over the nodes' free ranges (GpuTimeline.free_runs, kept there until a node changes). A
+    reservation changes a few nodes: only their tails and holes are taken anew (`dirty`), so a deep queue's
+    reservations each cost the nodes they changed, not a pass over every node (issue 30). Nodes are positions in
+    the pool's node list (by name, the order `ReleaseIndex` picks them; `position` maps a name to its own).
     """
 
     def __init__(self, timeline: GpuTimeline, names: list[str], per_node: int):
