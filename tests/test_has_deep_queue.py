@@ -21,6 +21,7 @@ from frenzy_slurm.sim.clusters import SimCluster, SimPartition
 from frenzy_slurm.sim.metrics import summarize
 from frenzy_slurm.sim.runner import Runner
 from frenzy_slurm.sim.slurm import SimSlurm
+from frenzy_slurm.sim.synthetic import synthetic, with_queue
 from frenzy_slurm.slurm.backend import BatchJob, ComponentRequest
 from frenzy_slurm.slurm.releases import GpuTimeline, ReleaseIndex
 
@@ -159,6 +160,43 @@ def test_an_index_is_not_extended_where_a_new_one_would_differ():
     sim.advance(3600.0)  # the running job ends, the next starts: the running jobs differ
     assert not index.extend(sim.load(), sim.now)
     assert not ReleaseIndex(sim.load(), sim.now, queue=False).extend(sim.load(), sim.now)  # built without a queue
+
+
+def test_an_index_compares_its_own_views_running_jobs_the_first_time_it_is_extended():
+    """The index takes its view's signature (nodes, running jobs) only when extend() first asks for it: that is
+    still the signature of the view it was built from, whatever view extend() is first given."""
+    sim = SimSlurm(_cluster(), now=0.0)
+    for i in range(6):
+        sim.submit(_job(i, "a100", 4, 8, 60))
+    built_on = sim.load()
+    index = ReleaseIndex(built_on, sim.now)
+    sim.advance(3600.0)  # the running job ends, the next starts
+    assert not index.extend(sim.load(), sim.now)  # refused: other running jobs, though asked first with them
+    assert index.extend(built_on, 0.0)  # its own view still is the index's (nothing new to reserve)
+
+
+def test_a_pools_nodes_are_those_of_its_partition_type_and_size_by_name():
+    """ReleaseIndex groups the nodes by partition once; each pool filters its partition's: the same nodes in the
+    same order as a pass over every node, with nodes in several partitions (one named twice) and one drained."""
+    pools = [("a100", "A100-80GB", 4, 8), ("t4", "T4", 5, 4)]
+    view = with_queue(synthetic(pools, busy=0.5, seed=3), pools, 20, seed=3)
+    extra = {"a100-2": ["a100", "shared"], "t4-3": ["shared", "t4", "shared"], "t4-5": ["t4", "shared"]}
+    nodes = [n.model_copy(update={"partitions": extra.get(n.name, n.partitions)}) for n in view.nodes]
+    nodes[0] = nodes[0].model_copy(update={"state": "drained"})
+    view = view.model_copy(update={"nodes": nodes})
+    index = ReleaseIndex(view, view.taken_at)
+    for partition in ("a100", "t4", "shared", "none"):
+        for gpu_type in (None, "a100_80gb", "t4"):
+            for per_node in (1, 4, 8):
+                want = sorted(
+                    n.name
+                    for n in view.nodes
+                    if n.available
+                    and partition in n.partitions
+                    and gpu_type in (None, n.gpu_type)
+                    and n.gpus_total >= per_node
+                )
+                assert index._pool_nodes(partition, gpu_type, per_node) == want
 
 
 def test_the_simulated_controllers_cached_view_and_estimates_equal_fresh_ones():

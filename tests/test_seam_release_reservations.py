@@ -10,7 +10,14 @@ from __future__ import annotations
 import random
 
 from frenzy_slurm.sim.synthetic import synthetic, with_queue
-from frenzy_slurm.slurm.releases import PENDING_DEFAULT_LIMIT_S, GpuTimeline, PoolRuns, ReleaseIndex
+from frenzy_slurm.slurm.releases import (
+    INF,
+    PENDING_DEFAULT_LIMIT_S,
+    GpuTimeline,
+    PoolRuns,
+    ReleaseIndex,
+    _tail_and_longest,
+)
 from frenzy_slurm.slurm.view import ClusterView
 
 POOLS = [("a100", "A100-80GB", 6, 8), ("v100", "V100-32GB", 5, 8), ("t4", "T4", 8, 4)]
@@ -92,6 +99,26 @@ def test_the_kept_usage_profile_is_the_one_built_afresh():
             assert timeline.profile(name) == fresh.profile(name)
             for gpus in (1, 3, 4, 8):
                 assert timeline.free_runs(name, gpus) == fresh.free_runs(name, gpus)
+
+
+def test_tail_and_longest_are_those_of_the_free_ranges():
+    """PoolRuns takes each node's tail and longest hole straight from its profile, without the ranges: the same
+    numbers as the ranges give, on random timelines, for every GPU count (some above the node's, no range)."""
+    rng = random.Random(33)
+    seen = set()
+    for _ in range(60):
+        timeline = _random_timeline(rng, 4)
+        for name, cap in timeline.capacity.items():
+            for gpus in range(1, 10):
+                ranges = timeline.free_runs(name, gpus)
+                tail = next((a for a, b in ranges if b == INF), INF)
+                longest = max((b - a for a, b in ranges if b != INF), default=-INF)
+                got = _tail_and_longest(timeline.profile(name), cap - gpus, NOW)
+                assert got == (tail, longest)
+                seen.add((tail == INF, longest == -INF))
+    # with a tail and with or without a closed range, and neither (more GPUs than the node has); every interval
+    # ends, so a node that can hold the GPUs at all has a tail
+    assert seen == {(False, False), (False, True), (True, True)}
 
 
 def _brute_reservations(view: ClusterView) -> GpuTimeline:

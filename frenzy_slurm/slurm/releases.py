@@ -27,6 +27,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from itertools import islice
 from typing import Literal
 
 from frenzy_slurm.slurm.view import ClusterView, Node, job_phase
@@ -199,6 +200,22 @@ def _free_ranges(edges: tuple[list[float], list[int]], cap: int, now: float) -> 
     return out
 
 
+def _tail_and_longest(edges: tuple[list[float], list[int]], cap: int, now: float) -> tuple[float, float]:
+    """(tail, longest) of `_free_ranges(edges, cap, now)` without building the ranges: where its range open to the
+    end opens (inf: none) and the length of its longest closed range (-inf: none). The same walk, the same sums."""
+    used, open_at, ok, longest = 0, now, cap >= 0, -INF
+    for t, change in zip(*edges, strict=True):
+        used += change
+        if used <= cap:
+            if not ok:  # a range opens at t
+                open_at, ok = t, True
+        elif ok:  # the range [open_at, t) closes
+            if t - open_at > longest:
+                longest = t - open_at
+            ok = False
+    return (open_at if ok else INF), longest
+
+
 def _add_edge(edges: tuple[list[float], list[int]], t: float, change: int) -> None:
     """Add `change` GPUs in use from `t` on to a profile (GpuTimeline.profile), in place."""
     times, changes = edges
@@ -266,34 +283,35 @@ def _first_covered_nodes(wins: Sequence[list[Window]], nodes: int, not_before: f
 
 
 class PoolRuns:
-    """One pool's free ranges for one GPU count per node, and what answers most questions without a sweep.
+    """One pool's tails and longest holes for one GPU count per node: what answers most questions without a sweep.
 
     In a deep queue a pool's nodes are booked far ahead: each node's free ranges are a few holes between
     reservations and a last range open to the end (its *tail*). A window of `duration` lies either in a hole at
     least that long or in a tail; where no node has such a hole (97% of the reservations of the benchmark's deep
     queue), the earliest start is the `nodes`-th earliest tail, found without a sweep. Otherwise the timeline's
-    own sweep runs over the kept ranges. A reservation changes a few nodes' ranges: only those are taken anew
-    (`dirty`), so a deep queue's reservations each cost the nodes they changed, not a pass over every node's
-    ranges (issue 30). Nodes are positions in the pool's node list (by name, the order `ReleaseIndex` picks them).
+    own sweep runs over the nodes' free ranges (GpuTimeline.free_runs, kept there until a node changes). A
+    reservation changes a few nodes: only their tails and holes are taken anew (`dirty`), so a deep queue's
+    reservations each cost the nodes they changed, not a pass over every node (issue 30). Nodes are positions in
+    the pool's node list (by name, the order `ReleaseIndex` picks them; `position` maps a name to its own).
     """
 
     def __init__(self, timeline: GpuTimeline, names: list[str], per_node: int):
         self.timeline, self.names, self.per_node = timeline, names, per_node
-        self.runs: list[list[Window]] = [[] for _ in names]  # each node's free ranges (GpuTimeline.free_runs)
+        self.position = {name: k for k, name in enumerate(names)}
         self.tail = [INF] * len(names)  # where each node's range open to the end opens (inf: none)
         self.longest = [-INF] * len(names)  # each node's longest closed range, b - a (-inf: none)
         self.dirty: set[int] = set(range(len(names)))  # positions whose ranges changed in the timeline since
 
     def _refresh(self) -> None:
+        # tail and longest straight from each node's profile: the ranges themselves are built (and kept by the
+        # timeline) only where a hole is long enough to need the sweep, which a deep queue's reservations and
+        # HAS's candidates rarely are (they were most of the objects a decision allocated, issue 30)
+        timeline, per_node = self.timeline, self.per_node
         for k in self.dirty:
-            runs = self.runs[k] = self.timeline.free_runs(self.names[k], self.per_node)
-            tail, longest = INF, -INF
-            for a, b in runs:
-                if b == INF:
-                    tail = a
-                elif b - a > longest:
-                    longest = b - a
-            self.tail[k], self.longest[k] = tail, longest
+            name = self.names[k]
+            self.tail[k], self.longest[k] = _tail_and_longest(
+                timeline.profile(name), timeline.capacity[name] - per_node, timeline.now
+            )
         self.dirty.clear()
 
     def earliest(self, nodes: int, duration: float, now: float) -> tuple[float, list[int]] | None:
@@ -308,16 +326,19 @@ class PoolRuns:
             return None
         self._refresh()
         if max(self.longest) >= duration:  # a hole may hold the window: the timeline's own sweep
+            runs = [self.timeline.free_runs(name, self.per_node) for name in self.names]
             if nodes == 1:
-                found = _first_one(self.runs, now, duration)
+                found = _first_one(runs, now, duration)
             else:
-                found = _first_covered_nodes(_windows_of(self.runs, duration), nodes, now)
+                found = _first_covered_nodes(_windows_of(runs, duration), nodes, now)
             return None if found is None else (found[0], sorted(found[1])[:nodes])
-        starts = [t if t > now else now for t in self.tail]
-        t = min(starts) if nodes == 1 else sorted(starts)[nodes - 1]
+        # a node's start is max(tail, now), which keeps the tails' order: the `nodes`-th earliest start is that of
+        # the `nodes`-th earliest tail, and a node can start by t >= now exactly where its tail is by t
+        kth = min(self.tail) if nodes == 1 else sorted(self.tail)[nodes - 1]
+        t = kth if kth > now else now
         if t == INF:
             return None
-        return t, [k for k, s in enumerate(starts) if s <= t][:nodes]
+        return t, list(islice((k for k, tail in enumerate(self.tail) if tail <= t), nodes))
 
 
 @lru_cache(maxsize=256)
@@ -357,7 +378,10 @@ class ReleaseIndex:
     def __init__(self, view: ClusterView, now: float, queue: bool = True):
         self.view, self.now = view, now
         self.nodes: dict[str, Node] = {n.name: n for n in view.nodes if n.available}
-        self._base = _base_signature(view)
+        # _base_signature(view), taken when extend() first compares a view with it: a decision from cold never
+        # does (a tuple per node and running job); `self.view` has the same signature whenever it is taken
+        # (extend adopts a view only where they are equal, and a view is not changed once read)
+        self._base: tuple | None = None
         self._pending: list[tuple] = []  # the queue reserved so far, as _pending_signature lists it
         self._first_reservation = float("inf")  # the earliest start a pending job was given
         self._queue = queue
@@ -374,7 +398,9 @@ class ReleaseIndex:
             for end, gpus in releases:
                 if end > now:
                     self.timeline.add(name, now, end, gpus)
-        self._running = {name: list(ivs) for name, ivs in self.timeline.busy.items()}  # before any reservation
+        # each node's intervals before any reservation: the first this many of its busy list, which reservations
+        # only append to (_refit resets a node to them); a count, not a copy of every node's list
+        self._running = {name: len(ivs) for name, ivs in self.timeline.busy.items()}
         self._group: dict[str, int] | None = None  # partition -> its group of partitions sharing nodes (_groups)
         self._group_by_name: dict[str, int | None] = {}  # a pending job's partition list -> _group_of's answer
         self._first_in: dict[int | None, float] = {}  # group -> the earliest start a pending job was given there
@@ -383,10 +409,11 @@ class ReleaseIndex:
         self.reserved: set[str] = set()  # nodes where a pending job holds GPUs in the timeline
         self._cache: dict[tuple, tuple[float, list[str]] | None] = {}
         # (partition, GRES type, GPUs per node) -> the pool's free ranges, kept up to date node by node (_touched)
-        # as pending jobs are reserved; node -> the PoolRuns it is in, and its position there
+        # as pending jobs are reserved; node -> the PoolRuns it is in (its position there: PoolRuns.position)
         self._pool_runs: dict[tuple, PoolRuns] = {}
-        self._runs_of: dict[str, list[tuple[PoolRuns, int]]] = {}
+        self._runs_of: dict[str, list[PoolRuns]] = {}
         self._names: dict[tuple, list[str]] = {}  # _pool_nodes' answers (the nodes do not change)
+        self._in_partition: dict[str, list[Node]] | None = None  # partition -> its nodes, by name (_pool_nodes)
         if queue:
             self._reserve_pending()
 
@@ -431,7 +458,11 @@ class ReleaseIndex:
         in use at any t >= the new now are the same either way, and every question starts at the index's now
         (not_before), so a range from the older now, cut there, is the range computed from the new one.
         """
-        if not self._queue or now < self.now or self._first_reservation < now or _base_signature(view) != self._base:
+        if not self._queue or now < self.now or self._first_reservation < now:
+            return False
+        if self._base is None:
+            self._base = _base_signature(self.view)
+        if _base_signature(view) != self._base:
             return False
         pending = _pending_signature(view)
         if pending[: len(self._pending)] != self._pending:
@@ -474,7 +505,7 @@ class ReleaseIndex:
         groups = self._groups()
         for name, node in self.nodes.items():
             if any(groups.get(p) in changed for p in node.partitions):
-                self.timeline.reset(name, self._running[name])
+                self.timeline.reset(name, self.timeline.busy[name][: self._running[name]])
                 self._touched(name)
                 self.reserved.discard(name)
         for g in changed:
@@ -508,11 +539,16 @@ class ReleaseIndex:
         """The pool's nodes that can hold `per_node` GPUs, by name (the order windows pick them in)."""
         key = (partition, gpu_type, per_node)  # a few keys per pool: per_node is at most its GPUs per node
         if key not in self._names:
-            self._names[key] = sorted(
-                name
-                for name, n in self.nodes.items()
-                if partition in n.partitions and gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node
-            )
+            if self._in_partition is None:  # each pool's nodes from its partition's, not from every node's
+                self._in_partition = {}
+                for name in sorted(self.nodes):
+                    for p in set(self.nodes[name].partitions):  # a partition named twice is one
+                        self._in_partition.setdefault(p, []).append(self.nodes[name])
+            self._names[key] = [
+                n.name
+                for n in self._in_partition.get(partition, ())
+                if gpu_type in (None, n.gpu_type) and n.gpus_total >= per_node
+            ]
         return self._names[key]
 
     def _earliest(
@@ -553,15 +589,15 @@ class ReleaseIndex:
         runs = self._pool_runs.get(key)
         if runs is None:
             runs = self._pool_runs[key] = PoolRuns(self.timeline, names, per_node)
-            for k, name in enumerate(names):
-                self._runs_of.setdefault(name, []).append((runs, k))
+            for name in names:
+                self._runs_of.setdefault(name, []).append(runs)
         found = runs.earliest(nodes, duration, self.now)
         return None if found is None else (found[0], [names[k] for k in found[1]])
 
     def _touched(self, name: str) -> None:
         """`name`'s intervals in the timeline changed: the pools' kept free ranges take its new ones when next asked."""
-        for runs, k in self._runs_of.get(name, ()):
-            runs.dirty.add(k)
+        for runs in self._runs_of.get(name, ()):
+            runs.dirty.add(runs.position[name])
 
     def start(
         self, partition: str, gpu_type: str | None, nodes: int, per_node: int, duration_s: float = 0.0
