@@ -35,6 +35,7 @@ from frenzy_slurm.jobdir.planfile import Shape
 from frenzy_slurm.slurm.backend import ComponentRequest, SlurmBackend
 from frenzy_slurm.slurm.run import SlurmCommandError
 from frenzy_slurm.slurm.view import ClusterView
+from frenzy_slurm.track.jobs import my_user_name
 
 if TYPE_CHECKING:
     from frenzy_slurm.site.config import SiteConfig
@@ -157,8 +158,8 @@ def replan_pending(
     """The pass over `tracked` (the user's frenzy jobs, those `eligible` taken); the caller holds the lock.
     `allowed` (where given) keeps the shapes a job may change to; `record` keeps each change Slurm accepted
     (default: replanned.json in the job's directory). Where Slurm refuses because the caller may not change the
-    job (`SlurmCommandError.not_permitted`: another user's job, without operator rights) the error is raised:
-    no other user's job would fare better."""
+    job (`SlurmCommandError.not_permitted`) and the job is another user's, the error is raised: without operator
+    rights no other user's job would fare better."""
     jobs = sorted((t for t in tracked if eligible(t)), key=lambda x: x.job_id)[:MAX_PER_PASS]
     priced: dict[int, tuple[TrackedJob, list[int]]] = {}
     pending: list[PendingJob] = []
@@ -199,8 +200,8 @@ def _apply(
     try:
         backend.update_pending(t.job_id, req)
     except SlurmCommandError as exc:
-        if exc.not_permitted:
-            raise
+        if exc.not_permitted and t.user and t.user != my_user_name():
+            raise  # another user's job: the site-wide pass says what right is missing
         return replace(change, note=f"Slurm refused: {exc.stderr.strip()[:200] or exc}")
     done = replace(change, applied=True)
     record(t, done)
