@@ -181,8 +181,9 @@ def replan_site(
         except SlurmCommandError as exc:
             if not exc.not_permitted:
                 raise
+            said = " ".join(exc.stderr.split())[:200]  # one line
             raise NotOperator(
-                f"Slurm refused to change another user's job ({exc.stderr.strip()[:200]}): only Slurm operators and "
+                f"Slurm refused to change another user's job ({said}): only Slurm operators and "
                 f"administrators may; an administrator grants it with `sacctmgr modify user {me} set "
                 'AdminLevel=Operator` (docs/admin.md, "Re-planning waiting jobs in place")'
             ) from None
