@@ -27,12 +27,19 @@ def line_of(data: bytes | str, offset: int) -> int:
 
 
 def read_config_text(
-    path: Path, what: str = "file", max_bytes: int = MAX_CONFIG_BYTES, follow_symlinks: bool = True
+    path: Path,
+    what: str = "file",
+    max_bytes: int = MAX_CONFIG_BYTES,
+    follow_symlinks: bool = True,
+    owner: int | None = None,
 ) -> str:
     """The text of a small regular file, or InputError (not regular, too big, not UTF-8, NUL bytes).
 
     `follow_symlinks=False` for files in directories frenzy-slurm did not choose (a job directory of
     someone else's job): a link planted there must not make us read a file of the link's choosing.
+    `owner`: the file, as opened, must belong to this uid and be writable by no one else (checked on the open
+    file, so a name swapped after a check is still refused): what an operator's watcher reads from another
+    user's job directory is that user's word, and no one else's.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if not follow_symlinks:
@@ -57,6 +64,10 @@ def read_config_text(
                 else "a socket or special file"
             )
             raise InputError(f"{path}: the {what} is {kind}, not a regular file; give the path of a real file.")
+        if owner is not None and st.st_uid != owner:
+            raise InputError(f"{path}: the {what} belongs to {owner_name(st.st_uid)}, not to {owner_name(owner)}.")
+        if owner is not None and (who := writable_by_others(st, (owner,))):
+            raise InputError(f"{path}: the {what} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}).")
         if st.st_size > max_bytes:
             raise InputError(
                 f"{path}: the {what} is {st.st_size} bytes; more than the {max_bytes} allowed "

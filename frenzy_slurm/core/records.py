@@ -65,20 +65,23 @@ def read_json_or_none(path: Path) -> Any:
 MAX_JOB_RECORD_BYTES = 64 << 20
 
 
-def read_job_record(path: Path, what: str = "job record", max_bytes: int = MAX_JOB_RECORD_BYTES) -> Any:
+def read_job_record(
+    path: Path, what: str = "job record", max_bytes: int = MAX_JOB_RECORD_BYTES, owner: int | None = None
+) -> Any:
     """A job directory's JSON record, read as fsqueue and calibrate read what a job left behind: a regular file
-    opened without following a link (O_NOFOLLOW) or waiting on a FIFO (O_NONBLOCK), of at most `max_bytes`;
-    InputError naming the file otherwise."""
-    text = read_config_text(path, what, max_bytes, follow_symlinks=False)
+    opened without following a link (O_NOFOLLOW) or waiting on a FIFO (O_NONBLOCK), of at most `max_bytes`
+    (and, with `owner`, of that uid's and writable by no one else); InputError naming the file otherwise."""
+    text = read_config_text(path, what, max_bytes, follow_symlinks=False, owner=owner)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}: the {what} is not valid JSON: {exc.msg}.") from None
 
 
-def read_job_record_or_none(path: Path, max_bytes: int = MAX_JOB_RECORD_BYTES) -> Any:
-    """An optional job record: its content, or None if absent, not a regular file, too large or not JSON."""
+def read_job_record_or_none(path: Path, max_bytes: int = MAX_JOB_RECORD_BYTES, owner: int | None = None) -> Any:
+    """An optional job record: its content, or None if absent, not a regular file, too large or not JSON (or, with
+    `owner`, not of that uid's alone)."""
     try:
-        return read_job_record(path, max_bytes=max_bytes)
+        return read_job_record(path, max_bytes=max_bytes, owner=owner)
     except InputError:
         return None

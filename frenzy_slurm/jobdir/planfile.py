@@ -90,9 +90,10 @@ def read_plan(path: Path) -> PlanFile:
     return plan_from(read_json(path, "plan"), path)
 
 
-def read_job_plan(path: Path) -> PlanFile:
-    """plan.json as a job directory holds it: a bounded read of a regular file, not through a link."""
-    return plan_from(read_job_record(path, "plan"), path)
+def read_job_plan(path: Path, owner: int | None = None) -> PlanFile:
+    """plan.json as a job directory holds it: a bounded read of a regular file, not through a link (with
+    `owner`: of that uid's and writable by no one else, as `read_config_text` checks it)."""
+    return plan_from(read_job_record(path, "plan", owner=owner), path)
 
 
 def plan_from(data: Any, path: Path) -> PlanFile:

@@ -83,6 +83,7 @@ class FakeSlurm:
         self.step_output: dict[PoolKey, str] = {}  # what a job step on a pool prints (site detection)
         self.qos: dict[str, QosLimits] = {}  # the QOS table (name -> limits) accounting would hold
         self.default_qos = "normal"  # what a job gets without --qos
+        self.operator = False  # a Slurm operator (AdminLevel=Operator) may update other users' jobs
 
     # -- the clock ---------------------------------------------------------------------------------
     def advance(self, seconds: float) -> None:
@@ -342,12 +343,14 @@ class FakeSlurm:
 
     def update_pending(self, job_id: int, component: ComponentRequest) -> None:
         """As scontrol update of a pending job's shape: its id, submit time and place stay; a job that is not
-        pending, a heterogeneous one or an unknown partition refuses."""
+        pending, another user's (unless `operator`), a heterogeneous one or an unknown partition refuses."""
         self._guard("update_pending")
         j = self.fake_jobs.get(job_id)
         argv = ["scontrol", "update", f"JobId={job_id}"]
         if j is None or j.state != "PENDING":
             raise SlurmCommandError(argv, 1, "Job is no longer pending execution")
+        if j.user != self.user and not self.operator:  # slurmctld's ESLURM_USER_ID_MISSING, as 22.05 words it
+            raise SlurmCommandError(argv, 1, f"Invalid user id for job {job_id}")
         if len(j.components) != 1:
             raise SlurmCommandError(argv, 1, "Job is a heterogeneous job: update its components")
         if component.partition not in {p.name for p in self.partitions}:

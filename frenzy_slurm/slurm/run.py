@@ -56,6 +56,15 @@ class SlurmCommandError(FrenzyError):
         self.argv, self.returncode, self.stderr = argv, returncode, stderr
         super().__init__(f"{' '.join(argv)} failed (exit {returncode}): {stderr.strip()[:2000] or 'no message'}")
 
+    @property
+    def not_permitted(self) -> bool:
+        """Whether Slurm refused because the caller may not act on this job: another user's job changed without
+        operator rights. slurmctld answers ESLURM_USER_ID_MISSING ("Invalid user id for job N", Slurm 22.05's
+        `scontrol update` of another user's job, measured on the dev cluster) or ESLURM_ACCESS_DENIED
+        ("Access/permission denied")."""
+        text = self.stderr.lower()
+        return "invalid user id" in text or "access/permission denied" in text
+
 
 @dataclass(frozen=True)
 class Result:

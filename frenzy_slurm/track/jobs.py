@@ -305,7 +305,12 @@ def recorded_by_fsbatch(lead: Job) -> bool:
         return False
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         return False
-    record = read_job_record_or_none(job_dir / "submission.json", max_bytes=1 << 16)  # a few hundred bytes
+    return names_job(read_job_record_or_none(job_dir / "submission.json", max_bytes=1 << 16), lead)
+
+
+def names_job(record: object, lead: Job) -> bool:
+    """Whether a submission.json's content (a few hundred bytes) names this job (a hetjob's leader): its id, and the
+    submission its comment `frenzy:<submission>` carries."""
     return (
         isinstance(record, dict)
         and record.get("job_id") == (lead.het_job_id or lead.job_id)

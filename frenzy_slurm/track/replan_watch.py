@@ -13,6 +13,9 @@ its lock (`user_lock("watch")`, so two watchers of one user never update a job a
    and age. A job that started meanwhile refuses and is left. Each change is recorded in the job directory's
    `replanned.json` (what, when), after Slurm accepted it.
 
+The site-wide mode (`watch --all-users`, track/replan_site.py) runs this same pass over every user's jobs it
+could read and trust, recording each change in the operator's own state directory instead (`record`).
+
 A change is idempotent (the same shape twice is no change) and a job that was changed waits as its new shape, so
 a later pass changes it again only where that pays again.
 """
@@ -20,7 +23,9 @@ a later pass changes it again only where that pays again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frenzy_slurm.core.records import read_job_record_or_none, write_json
@@ -30,6 +35,7 @@ from frenzy_slurm.jobdir.planfile import Shape
 from frenzy_slurm.slurm.backend import ComponentRequest, SlurmBackend
 from frenzy_slurm.slurm.run import SlurmCommandError
 from frenzy_slurm.slurm.view import ClusterView
+from frenzy_slurm.track.jobs import my_user_name
 
 if TYPE_CHECKING:
     from frenzy_slurm.site.config import SiteConfig
@@ -50,13 +56,15 @@ class Reshape:
     predicted_end_changed: float
     applied: bool
     note: str = ""
+    user: str = ""  # the job's user, where the pass covers every user's jobs (replan_site.py)
 
     def line(self) -> str:
         gain = (self.predicted_end_staying - self.predicted_end_changed) / 3600
         how = "updated in place" if self.applied else "(dry run)" if not self.note else "not updated"
+        whose = f"{self.user}'s " if self.user else ""
         return (
-            f"job {self.job_id} (pending): {self.from_shape} -> {self.to_shape} {how}, predicted {gain:.2f} h sooner"
-            + (f"; {self.note}" if self.note else "")
+            f"{whose}job {self.job_id} (pending): {self.from_shape} -> {self.to_shape} {how}, "
+            f"predicted {gain:.2f} h sooner" + (f"; {self.note}" if self.note else "")
         )
 
 
@@ -89,8 +97,11 @@ def _current(t: TrackedJob) -> int | None:
     return next((i for i, s in enumerate(t.plan.shapes) if s.key() == got), None)
 
 
-def _options(t: TrackedJob, estimator: SlurmBackend, now: float) -> tuple[list[int], list[Option]] | None:
-    """The job's shapes it may take, the current one first, each priced; None where it waits as none of them."""
+def _options(
+    t: TrackedJob, estimator: SlurmBackend, now: float, allowed: Callable[[TrackedJob, Shape], bool] | None = None
+) -> tuple[list[int], list[Option]] | None:
+    """The job's shapes it may take (those `allowed`, where given), the current one first, each priced; None where
+    it waits as none of them."""
     assert t.plan is not None
     cur = _current(t)
     if cur is None:
@@ -99,6 +110,8 @@ def _options(t: TrackedJob, estimator: SlurmBackend, now: float) -> tuple[list[i
     kept, options = [], []
     for i in order:
         s = t.plan.shapes[i]
+        if i != cur and allowed is not None and not allowed(t, s):
+            continue
         own = t.components[0].start_time if i == cur else None
         start: float | None = float(own) if own else None
         if start is None or start < now:
@@ -139,13 +152,19 @@ def replan_pending(
     *,
     dry_run: bool,
     now: float,
+    record: Callable[[TrackedJob, Reshape], None] | None = None,
+    allowed: Callable[[TrackedJob, Shape], bool] | None = None,
 ) -> list[Reshape]:
-    """The pass over `tracked` (the user's frenzy jobs, those `eligible` taken); the caller holds the lock."""
+    """The pass over `tracked` (the user's frenzy jobs, those `eligible` taken); the caller holds the lock.
+    `allowed` (where given) keeps the shapes a job may change to; `record` keeps each change Slurm accepted
+    (default: replanned.json in the job's directory). Where Slurm refuses because the caller may not change the
+    job (`SlurmCommandError.not_permitted`) and the job is another user's, the error is raised: without operator
+    rights no other user's job would fare better."""
     jobs = sorted((t for t in tracked if eligible(t)), key=lambda x: x.job_id)[:MAX_PER_PASS]
     priced: dict[int, tuple[TrackedJob, list[int]]] = {}
     pending: list[PendingJob] = []
     for t in jobs:
-        got = _options(t, backend, now)
+        got = _options(t, backend, now, allowed)
         if got is None or len(got[1]) < 2:
             continue
         priced[t.job_id] = (t, got[0])
@@ -161,12 +180,14 @@ def replan_pending(
         change = Reshape(
             jid, _label(stay), _label(go), by_id[jid].options[0].completion, by_id[jid].options[k].completion, False
         )
-        out.append(change if dry_run else _apply(t, go, change, backend))
+        out.append(change if dry_run else _apply(t, go, change, backend, record or record_in_job_dir))
     return out
 
 
-def _apply(t: TrackedJob, go: Shape, change: Reshape, backend: SlurmBackend) -> Reshape:
-    """`scontrol update` the job to `go`; recorded in replanned.json once Slurm accepted it."""
+def _apply(
+    t: TrackedJob, go: Shape, change: Reshape, backend: SlurmBackend, record: Callable[[TrackedJob, Reshape], None]
+) -> Reshape:
+    """`scontrol update` the job to `go`; recorded once Slurm accepted it."""
     assert t.job_dir is not None
     req = ComponentRequest(
         partition=go.partition,
@@ -179,10 +200,23 @@ def _apply(t: TrackedJob, go: Shape, change: Reshape, backend: SlurmBackend) -> 
     try:
         backend.update_pending(t.job_id, req)
     except SlurmCommandError as exc:
+        if exc.not_permitted and t.user and t.user != my_user_name():
+            raise  # another user's job: the site-wide pass says what right is missing
         return replace(change, note=f"Slurm refused: {exc.stderr.strip()[:200] or exc}")
-    path = t.job_dir / REPLANNED
+    done = replace(change, applied=True)
+    record(t, done)
+    return done
+
+
+def record_in_job_dir(t: TrackedJob, change: Reshape) -> None:
+    """The change, appended to replanned.json in the job's own directory (the per-user watcher's record)."""
+    assert t.job_dir is not None
+    append_change(t.job_dir / REPLANNED, {"job_id": t.job_id}, change)
+
+
+def append_change(path: Path, head: dict[str, object], change: Reshape) -> None:
+    """`change` appended to the record at `path` (`head` and its `changes`, oldest first), written atomically."""
     history = read_job_record_or_none(path)
     entries = history.get("changes", []) if isinstance(history, dict) else []
     entries.append({"at": time.time(), "from": change.from_shape, "to": change.to_shape})
-    write_json(path, {"job_id": t.job_id, "changes": entries})
-    return replace(change, applied=True)
+    write_json(path, head | {"changes": entries})
