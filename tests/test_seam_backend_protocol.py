@@ -43,6 +43,7 @@ def test_the_protocol_is_what_the_backends_are_checked_against():
         "hold",
         "release",
         "update_pending",
+        "is_operator",
         "preempted",
         "accounting",
         "gpu_memory_peaks",

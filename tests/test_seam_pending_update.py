@@ -59,6 +59,12 @@ def test_the_fake_changes_a_pending_job_and_keeps_its_id_and_submit_time():
     jid = slurm.submit(_job(_req("a100", "a100_40gb", 1, 4))).job_id
     submitted = slurm.fake_jobs[jid].submitted
     assert slurm.fake_jobs[jid].state == "PENDING"
+    # TasksPerNode is an operator's to change: a plain user's update naming it is refused, as slurmctld does
+    with pytest.raises(SlurmCommandError, match="Access/permission denied"):
+        slurm.update_pending(jid, _req("v100", "v100_32gb", 1, 8))
+    assert not slurm.is_operator()
+    slurm.operator = True
+    assert slurm.is_operator()
     slurm.update_pending(jid, _req("v100", "v100_32gb", 1, 8))
     j = slurm.fake_jobs[jid]
     assert (j.job_id, j.submitted, j.state) == (jid, submitted, "RUNNING")  # the V100s were free: it started
@@ -67,6 +73,20 @@ def test_the_fake_changes_a_pending_job_and_keeps_its_id_and_submit_time():
         slurm.update_pending(blocker, _req("t4", "t4", 1, 4))  # a running job keeps its shape
     with pytest.raises(SlurmCommandError, match="partition"):
         slurm.update_pending(slurm.submit(_job(_req("a100", "a100_40gb", 2, 4))).job_id, _req("h100", None, 1, 1))
+
+
+def test_a_plain_users_update_leaves_the_tasks_per_node_and_more_gpus_per_node_never_run():
+    # measured on 22.05 as a plain user (docs/admin.md): without TasksPerNode a 1x4 job changed to 1x2 runs with 2
+    # tasks; one changed to more GPUs per node than it was submitted with is taken but never runs (BadConstraints)
+    assert "TasksPerNode=2" not in update_pending_argv(7, "gpu", 1, 2, None, 1, restate_tasks=False)
+    slurm = FakeSlurm(synthetic(LOCAL))
+    slurm.submit(_job(_req("a100", "a100_40gb", 2, 4)))  # every A100 busy
+    small = slurm.submit(_job(_req("a100", "a100_40gb", 1, 2))).job_id
+    slurm.update_pending(small, _req("v100", "v100_32gb", 1, 4), restate_tasks=False)
+    assert slurm.fake_jobs[small].state == "PENDING"  # the V100s are free, but 4 tasks on a node of 2 never run
+    shrunk = slurm.submit(_job(_req("a100", "a100_40gb", 1, 4))).job_id
+    slurm.update_pending(shrunk, _req("v100", "v100_32gb", 1, 2), restate_tasks=False)
+    assert slurm.fake_jobs[shrunk].state == "RUNNING"
 
 
 def test_the_simulator_changes_a_pending_job_in_place():

@@ -153,3 +153,20 @@ def test_slurm_refuses_another_users_update_to_a_non_operator_in_words_the_seam_
     err = SlurmCommandError(argv, res.returncode, res.stderr)
     assert err.not_permitted, res.stderr
     assert res.stderr.strip() == f"Invalid user id for job {jid}"
+
+
+def test_a_plain_users_own_update_leaves_the_tasks_per_node_out(base, other_user):  # noqa: F811
+    # slurmctld lets only operators change TasksPerNode: the plain user's update that names it is refused, the one
+    # without it (what the per-user watcher sends for a plain user) is taken and the job keeps its id and place
+    occupy_gpus({})  # every GPU held: the job waits
+    submit = ["sbatch", "--parsable", "-p", "t4", "-N", "1", "--ntasks-per-node=4", "--cpus-per-task=1"]
+    res = _as_user(other_user, [*submit, "--gres=gpu:t4:4", "-t", "5", "-o", "/dev/null", "--wrap", "true"], base, base)
+    assert res.returncode == 0, res.stderr
+    jid = int(res.stdout.strip().split(";")[0])
+    submitted = sh("squeue", "-h", "-j", str(jid), "-o", "%V")
+    refused = _as_user(other_user, update_pending_argv(jid, "t4", 1, 2, "t4", 1), base, Path("/"))
+    assert refused.returncode != 0 and "Access/permission denied" in refused.stderr, refused.stderr
+    sh("scontrol", "update", f"JobId={jid}", "NumTasks=4", "NumCPUs=4", "MinCPUsNode=4", "Gres=gpu:t4:4")  # undo
+    taken = _as_user(other_user, update_pending_argv(jid, "t4", 1, 2, "t4", 1, restate_tasks=False), base, Path("/"))
+    assert taken.returncode == 0, taken.stderr
+    assert sh("squeue", "-h", "-j", str(jid), "-o", "%V %b %T") == f"{submitted} gres:gpu:t4:2 PENDING"

@@ -42,6 +42,7 @@ def waiting(tmp_path, monkeypatch):
     jid = submit(plan_job(job, site, slurm, opts), slurm).job_id
     assert slurm.fake_jobs[jid].components[0].partition == "short"
     slurm.cancel(long_holder)
+    slurm.operator = True  # the job grows from 1 to 4 GPUs per node: a change of tasks per node, an operator's
     return slurm, site, jid, tmp_path / "jobs" / "w"
 
 
@@ -64,6 +65,20 @@ def test_a_waiting_job_moves_in_place_to_the_partition_that_freed_up(waiting):
     again: list = []
     watch_once(site, slurm, now=slurm.now, reshaped=again)
     assert again == []  # running now: nothing to change, nothing changed twice
+
+
+def test_a_plain_user_is_not_offered_more_gpus_per_node_than_the_job_was_submitted_with(waiting):
+    # slurmctld lets only operators change a job's tasks per node, and refuses a plain user's update that names it
+    # after applying the fields before it; without it, more GPUs per node than submitted never run (docs/admin.md)
+    slurm, site, jid, job_dir = waiting
+    slurm.operator = False
+    assert slurm.fake_jobs[jid].components[0].gpus_per_node == 1
+    done: list = []
+    watch_once(site, slurm, now=slurm.now, reshaped=done)
+    assert done == []
+    j = slurm.fake_jobs[jid]
+    assert (j.components[0].partition, j.components[0].gpus_per_node, j.bad_constraints) == ("short", 1, False)
+    assert not (job_dir / REPLANNED).exists()
 
 
 def test_a_gain_within_the_sites_margin_is_not_taken(waiting):
@@ -96,7 +111,7 @@ def test_a_job_that_started_meanwhile_refuses_and_nothing_is_recorded(waiting, m
 
     slurm, site, jid, job_dir = waiting
 
-    def started(job_id, component):
+    def started(job_id, component, restate_tasks=True):
         raise SlurmCommandError(["scontrol", "update"], 1, "Job is no longer pending execution")
 
     monkeypatch.setattr(slurm, "update_pending", started)

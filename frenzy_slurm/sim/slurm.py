@@ -317,6 +317,9 @@ class SimSlurm:
             j.state, j.end = "CANCELLED", self.now
         self.schedule()
 
+    def is_operator(self) -> bool:
+        return True  # the simulated cluster's watcher may change what it plans
+
     def preempted(self, job_id: int) -> bool:
         """False: a simulated job runs no code that could ask (its preemption is the runner's PREEMPTED end)."""
         return False
@@ -327,8 +330,9 @@ class SimSlurm:
             raise SlurmCommandError(["scontrol", "hold", str(job_id)], 1, "Job is no longer pending execution")
         j.held = True
 
-    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
-        """As scontrol update of a pending job's shape: it keeps its id, submit time and place in the queue."""
+    def update_pending(self, job_id: int, component: ComponentRequest, restate_tasks: bool = True) -> None:
+        """As scontrol update of a pending job's shape: it keeps its id, submit time and place in the queue (the
+        simulated users' watcher runs with an operator's rights, `is_operator`)."""
         j = self.jobs_by_id.get(job_id)
         argv = ["scontrol", "update", f"JobId={job_id}"]
         if j is None or j.state != "PENDING":

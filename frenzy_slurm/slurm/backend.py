@@ -143,12 +143,20 @@ class SlurmBackend(Protocol):
         """Let a held job start again (`scontrol release`)."""
         ...
 
-    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+    def update_pending(self, job_id: int, component: ComponentRequest, restate_tasks: bool = True) -> None:
         """Change a pending single-component job, in place, to `component`'s partition, GPU type, GPUs per node
         (one task each) and node count, as `scontrol update JobId=N Partition=P NumNodes=M TasksPerNode=K
         NumTasks=M*K CPUsPerTask=C Gres=gpu:TYPE:K`: it keeps its id, submit time and priority, its place in
         the queue. Its time limit and memory stay as submitted. Raises SlurmCommandError where Slurm refuses
-        (the job started meanwhile, is unknown, or the partition does not take it)."""
+        (the job started meanwhile, is unknown, or the partition does not take it). `restate_tasks=False` (a
+        plain user's update) leaves out TasksPerNode, which only operators may change: the job keeps its
+        submitted tasks per node as a bound, so only shapes with no more GPUs per node than it was submitted
+        with run (more leave it BadConstraints)."""
+        ...
+
+    def is_operator(self) -> bool:
+        """Whether this user may change what only Slurm's operators may (another user's job, a pending job's
+        tasks per node): AdminLevel Operator or Administrator in accounting, or root. False where it cannot say."""
         ...
 
     def preempted(self, job_id: int) -> bool:
@@ -206,8 +214,11 @@ class ReadOnlyBackend:
     def release(self, job_id: int) -> None:
         self._refuse("release jobs")
 
-    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+    def update_pending(self, job_id: int, component: ComponentRequest, restate_tasks: bool = True) -> None:
         self._refuse("update pending jobs")
+
+    def is_operator(self) -> bool:
+        return False  # a saved view changes no job
 
     def preempted(self, job_id: int) -> bool:
         self._refuse("ask Slurm about a running job")

@@ -594,10 +594,26 @@ class SlurmCliBackend:
     def release(self, job_id: int) -> None:
         run(["scontrol", "release", str(job_id)], timeout=self.timeout)
 
-    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+    def update_pending(self, job_id: int, component: ComponentRequest, restate_tasks: bool = True) -> None:
         c = component
-        argv = update_pending_argv(job_id, c.partition, c.nodes, c.gpus_per_node, c.gpu_type, c.cpus_per_gpu)
+        argv = update_pending_argv(
+            job_id, c.partition, c.nodes, c.gpus_per_node, c.gpu_type, c.cpus_per_gpu, restate_tasks
+        )
         run(argv, timeout=self.timeout)
+
+    def is_operator(self) -> bool:
+        """root, or AdminLevel Operator/Administrator in `sacctmgr show user` (False where accounting does not
+        answer: nothing is then tried that only an operator may do)."""
+        import pwd
+
+        if os.geteuid() == 0:
+            return True  # Slurm's super user
+        user = pwd.getpwuid(os.getuid()).pw_name
+        try:
+            res = run(["sacctmgr", "-n", "-P", "show", "user", user, "format=AdminLevel"], timeout=self.timeout)
+        except (SlurmCommandError, SlurmUnavailable):
+            return False
+        return res.stdout.strip().splitlines()[:1] in (["Operator"], ["Administrator"])
 
     def preempted(self, job_id: int) -> bool:
         """scontrol's PreemptTime (`None` until a preemption starts; every Slurm version since 2.x has it), of

@@ -61,13 +61,21 @@ def component_options(partition: str, nodes: int, gpus_per_node: int, gpu_type: 
 
 
 def update_pending_argv(
-    job_id: int, partition: str, nodes: int, gpus_per_node: int, gpu_type: str | None, cpus: int
+    job_id: int,
+    partition: str,
+    nodes: int,
+    gpus_per_node: int,
+    gpu_type: str | None,
+    cpus: int,
+    restate_tasks: bool = True,
 ) -> list[str]:
     """`scontrol update` of a pending job to another shape, the one `component_options` submits: partition, exactly
     `nodes` nodes, one task per GPU, `cpus` CPUs per task, and GRES. Slurm 22.05 keeps the job's CPU counts as
     submitted unless told (NumCPUs, MinCPUsNode): fewer tasks per node than those counts need leave it never
     runnable (BadConstraints). `Gres=` rather than `TresPerNode=`: scontrol prefixes it with the TRES type its
-    controller expects (`gres:` up to 23.02, `gres/` since 23.11)."""
+    controller expects (`gres:` up to 23.02, `gres/` since 23.11). `restate_tasks=False` leaves out
+    `TasksPerNode`, which slurmctld lets only operators change: it refuses a plain user's update that names it after
+    applying the fields before it (measured on 22.05, docs/admin.md), so a plain user's update must not."""
     gres = f"gpu:{gpu_type}:{gpus_per_node}" if gpu_type else f"gpu:{gpus_per_node}"
     tasks = nodes * gpus_per_node
     return [
@@ -76,7 +84,7 @@ def update_pending_argv(
         f"JobId={job_id}",
         f"Partition={partition}",
         f"NumNodes={nodes}-{nodes}",
-        f"TasksPerNode={gpus_per_node}",
+        *([f"TasksPerNode={gpus_per_node}"] if restate_tasks else []),
         f"NumTasks={tasks}",
         f"NumCPUs={tasks * cpus}",
         f"MinCPUsNode={gpus_per_node * cpus}",

@@ -51,6 +51,10 @@ class FakeJob:
     start: float | None = None
     end: float | None = None
     nodes: list[list[str]] = field(default_factory=list)
+    # a plain user's update (no TasksPerNode) to more GPUs per node than the job was submitted with is accepted but
+    # leaves it never runnable, as slurmctld's BadConstraints (measured on 22.05, docs/admin.md)
+    bad_constraints: bool = False
+    submitted_per_node: int = 0  # the first component's tasks (GPUs) per node as submitted
     held: bool = False  # scontrol hold: not started until released
     after: list[int] = field(default_factory=list)  # --dependency=afterany:ID[:ID...]: starts once those ended
 
@@ -154,7 +158,7 @@ class FakeSlurm:
         """Priority FIFO: pending jobs in submission order; the first that cannot start blocks the rest."""
         used = self._used()
         for j in sorted(self.fake_jobs.values(), key=lambda j: (j.submitted, j.job_id)):
-            if j.state != "PENDING" or j.held or self._waiting(j):
+            if j.state != "PENDING" or j.held or j.bad_constraints or self._waiting(j):
                 continue  # as Slurm: a job whose dependency is unmet does not block the queue behind it
             placed = self._place(j.components, used)
             if placed is None:
@@ -278,6 +282,7 @@ class FakeSlurm:
         self.fake_jobs[jid] = FakeJob(
             job_id=jid,
             components=list(job.components),
+            submitted_per_node=job.components[0].gpus_per_node,
             name=job.name,
             comment=job.comment,
             user=self.user,
@@ -341,9 +346,11 @@ class FakeSlurm:
             raise SlurmCommandError(["scontrol", "hold", str(job_id)], 1, "Job is no longer pending execution")
         j.held = True
 
-    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
+    def update_pending(self, job_id: int, component: ComponentRequest, restate_tasks: bool = True) -> None:
         """As scontrol update of a pending job's shape: its id, submit time and place stay; a job that is not
-        pending, another user's (unless `operator`), a heterogeneous one or an unknown partition refuses."""
+        pending, another user's (unless `operator`), a heterogeneous one or an unknown partition refuses, and so
+        does TasksPerNode (`restate_tasks`) from anyone but an operator. Without it, more GPUs per node than the job
+        was submitted with are taken but leave it never runnable (BadConstraints)."""
         self._guard("update_pending")
         j = self.fake_jobs.get(job_id)
         argv = ["scontrol", "update", f"JobId={job_id}"]
@@ -355,7 +362,11 @@ class FakeSlurm:
             raise SlurmCommandError(argv, 1, "Job is a heterogeneous job: update its components")
         if component.partition not in {p.name for p in self.partitions}:
             raise SlurmCommandError(argv, 1, "Invalid partition name specified")
+        if restate_tasks and not self.operator:
+            raise SlurmCommandError(argv, 1, f"Access/permission denied for job {job_id}")
         old = j.components[0]
+        if not restate_tasks and component.gpus_per_node > j.submitted_per_node:
+            j.bad_constraints = True
         j.components = [
             replace(
                 old,
@@ -367,6 +378,9 @@ class FakeSlurm:
             )
         ]
         self._schedule()
+
+    def is_operator(self) -> bool:
+        return self.operator
 
     def release(self, job_id: int) -> None:
         """As scontrol release: an unknown job refuses."""

@@ -54,11 +54,14 @@ class OneView:
     def hold(self, job_id: int) -> None:
         self.inner.hold(job_id)
 
-    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
-        self.inner.update_pending(job_id, component)
+    def update_pending(self, job_id: int, component: ComponentRequest, restate_tasks: bool = True) -> None:
+        self.inner.update_pending(job_id, component, restate_tasks)
 
     def release(self, job_id: int) -> None:
         self.inner.release(job_id)
+
+    def is_operator(self) -> bool:
+        return self.inner.is_operator()
 
     def preempted(self, job_id: int) -> bool:
         return self.inner.preempted(job_id)

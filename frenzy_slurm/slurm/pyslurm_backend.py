@@ -343,8 +343,13 @@ class PyslurmBackend:
     def release(self, job_id: int) -> None:
         self._cli.release(job_id)
 
-    def update_pending(self, job_id: int, component: ComponentRequest) -> None:
-        self._cli.update_pending(job_id, component)  # scontrol's update: one command, as for hold and release
+    def update_pending(self, job_id: int, component: ComponentRequest, restate_tasks: bool = True) -> None:
+        self._cli.update_pending(
+            job_id, component, restate_tasks
+        )  # scontrol's update: one command, as for hold and release
+
+    def is_operator(self) -> bool:
+        return self._cli.is_operator()  # sacctmgr's answer, as for the QOS limits
 
     def preempted(self, job_id: int) -> bool:
         return self._cli.preempted(job_id)  # asked once per stop, from inside the job: scontrol is enough

@@ -176,7 +176,7 @@ def replan_site(
         allowed = _within_request(site)
         try:
             reshaped = replan_pending(
-                tracked, view, backend, site, dry_run=dry_run, now=now, record=record, allowed=allowed
+                tracked, view, backend, site, dry_run=dry_run, now=now, record=record, allowed=allowed, operator=True
             )
         except SlurmCommandError as exc:
             if not exc.not_permitted:

@@ -154,17 +154,24 @@ def replan_pending(
     now: float,
     record: Callable[[TrackedJob, Reshape], None] | None = None,
     allowed: Callable[[TrackedJob, Shape], bool] | None = None,
+    operator: bool = False,
 ) -> list[Reshape]:
     """The pass over `tracked` (the user's frenzy jobs, those `eligible` taken); the caller holds the lock.
     `allowed` (where given) keeps the shapes a job may change to; `record` keeps each change Slurm accepted
     (default: replanned.json in the job's directory). Where Slurm refuses because the caller may not change the
     job (`SlurmCommandError.not_permitted`) and the job is another user's, the error is raised: without operator
-    rights no other user's job would fare better."""
+    rights no other user's job would fare better.
+
+    `operator`: the caller has Slurm's operator rights (the site-wide watcher) and restates the tasks per node.
+    A plain user may not change them (slurmctld refuses the update after applying the fields before, measured on
+    22.05), so their update leaves them out, and the job then runs only with no more GPUs per node than it was
+    submitted with (its first shape): the others are not offered."""
     jobs = sorted((t for t in tracked if eligible(t)), key=lambda x: x.job_id)[:MAX_PER_PASS]
     priced: dict[int, tuple[TrackedJob, list[int]]] = {}
     pending: list[PendingJob] = []
+    may = allowed if operator else _within_submitted_tasks(allowed)
     for t in jobs:
-        got = _options(t, backend, now, allowed)
+        got = _options(t, backend, now, may)
         if got is None or len(got[1]) < 2:
             continue
         priced[t.job_id] = (t, got[0])
@@ -180,12 +187,29 @@ def replan_pending(
         change = Reshape(
             jid, _label(stay), _label(go), by_id[jid].options[0].completion, by_id[jid].options[k].completion, False
         )
-        out.append(change if dry_run else _apply(t, go, change, backend, record or record_in_job_dir))
+        out.append(change if dry_run else _apply(t, go, change, backend, record or record_in_job_dir, operator))
     return out
 
 
+def _within_submitted_tasks(
+    allowed: Callable[[TrackedJob, Shape], bool] | None,
+) -> Callable[[TrackedJob, Shape], bool]:
+    """`allowed`, and no more GPUs (tasks) per node than the job's first shape, the one it was submitted as."""
+
+    def may(t: TrackedJob, s: Shape) -> bool:
+        assert t.plan is not None
+        return s.gpus_per_node <= t.plan.shapes[0].gpus_per_node and (allowed is None or allowed(t, s))
+
+    return may
+
+
 def _apply(
-    t: TrackedJob, go: Shape, change: Reshape, backend: SlurmBackend, record: Callable[[TrackedJob, Reshape], None]
+    t: TrackedJob,
+    go: Shape,
+    change: Reshape,
+    backend: SlurmBackend,
+    record: Callable[[TrackedJob, Reshape], None],
+    operator: bool,
 ) -> Reshape:
     """`scontrol update` the job to `go`; recorded once Slurm accepted it."""
     assert t.job_dir is not None
@@ -198,7 +222,7 @@ def _apply(
         cpus_per_gpu=go.allocation.components[0].cpus_per_task,
     )
     try:
-        backend.update_pending(t.job_id, req)
+        backend.update_pending(t.job_id, req, restate_tasks=operator)
     except SlurmCommandError as exc:
         if exc.not_permitted and t.user and t.user != my_user_name():
             raise  # another user's job: the site-wide pass says what right is missing

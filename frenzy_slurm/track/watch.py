@@ -50,7 +50,7 @@ from frenzy_slurm.slurm.backend import SlurmBackend
 from frenzy_slurm.slurm.run import SlurmCommandError, SlurmUnavailable
 from frenzy_slurm.submission import submit
 from frenzy_slurm.track.jobs import TrackedJob, frenzy_jobs, my_user_name, output_files, read_tail
-from frenzy_slurm.track.replan_watch import Reshape, replan_pending
+from frenzy_slurm.track.replan_watch import Reshape, eligible, replan_pending
 from frenzy_slurm.track.watch_journal import (
     MOVED,
     MoveIntent,
@@ -178,7 +178,14 @@ def watch_once(
             moved = {a.job_id for a in actions} | unfinished
             tracked = [t for t in frenzy_jobs(cluster.load().jobs, user=me) if t.job_id not in moved]
             reshaped += replan_pending(
-                tracked, cluster.load(), backend, site.config, dry_run=dry_run, now=now or time.time()
+                tracked,
+                cluster.load(),
+                backend,
+                site.config,
+                dry_run=dry_run,
+                now=now or time.time(),
+                # only an operator may change a job's tasks per node (asked only where a job may change)
+                operator=any(eligible(t) for t in tracked) and backend.is_operator(),
             )
     return actions
 
