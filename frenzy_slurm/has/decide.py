@@ -56,10 +56,9 @@ REFINE_WITH_TEST_ONLY = 3
 TIE_SECONDS = 60.0
 TIE_FRACTION = 0.01
 # A wider allocation is taken only if each extra GPU buys at least this much of a GPU's worth of speed-up
-# (in time to completion from the sooner start, start-up included: _marginal_efficiency): the GPUs one job
-# takes for a small gain are what the jobs behind it wait for. 0.5 is the usual parallel-efficiency floor of
-# HPC allocation policies; 1.0 while jobs wait was measured worse (docs/has.md, step 5). Site-tunable policy;
-# from cf5a83d (the simulator's findings).
+# (time to completion, waiting included): the GPUs one job takes for a small gain are what the jobs
+# behind it wait for. 0.5 is the usual parallel-efficiency floor of HPC allocation policies; 1.0 while jobs
+# wait was measured worse (docs/has.md, step 5). Site-tunable policy; from cf5a83d (the simulator's findings).
 MIN_MARGINAL_EFFICIENCY = 0.5
 # Where the width rule applies (issue 20): "per-pool" widens within each set of pools (one GPU type, or one
 # pair of a pipeline) and then takes the earliest completion of those choices; "all" widens across every
@@ -410,16 +409,9 @@ def _pricer(view: ClusterView, site: SiteConfig, live: list[GpuPool]) -> Callabl
 
 
 def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:
-    """Speed-up per extra GPU of `wide` over `narrow`, 1.0 is perfect: in the time each takes from the sooner of
-    their two starts to its end, a wait only one of them has and the start-up each run pays included."""
-    # A wait both share buys nothing and holds no GPU: counted, it diluted the speed-up of a job that scales well
-    # (2 GPUs for 15.6 min against 8 GPUs for 3.6 min, both in 12 min, read as 24% of a GPU per extra GPU), and
-    # HAS kept such jobs on 1-2 GPUs where Sia gave them 8 (issue 30). Start-up (STARTUP_S before the first step,
-    # the same for every width) is part of each run: left out, a job of minutes looked to speed up 8x on 8 GPUs.
-    since = max(now, min(narrow.start, wide.start))
-    # a wide allocation with nothing to run would divide by zero: count it as a nanosecond
-    t_narrow = narrow.completion - since + STARTUP_S
-    t_wide = max(wide.completion - since + STARTUP_S, 1e-9)
+    """Speed-up per extra GPU of `wide` over `narrow`, in time to completion (waiting included): 1.0 is perfect."""
+    # a wide allocation completing at `now` (nothing to run) would divide by zero: count it as a nanosecond
+    t_narrow, t_wide = narrow.completion - now, max(wide.completion - now, 1e-9)
     extra = wide.gpus / narrow.gpus - 1
     return (t_narrow / t_wide - 1) / extra if extra > 0 else float("inf")
 
