@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.cli.simulate import trace_path  # noqa: E402
 from frenzy_slurm.sim.clusters import LARGE, MEDIUM, SMALL, generated_shape, parse_compact  # noqa: E402
-from frenzy_slurm.sim.metrics import paired, plot, summarize  # noqa: E402
+from frenzy_slurm.sim.metrics import paired, paired_common, plot, summarize  # noqa: E402
 from frenzy_slurm.sim.policies import TUNED_KNOBS  # noqa: E402
 from frenzy_slurm.sim.runner import Runner  # noqa: E402
 from frenzy_slurm.sim.truth import ErrorModel  # noqa: E402
@@ -313,6 +313,18 @@ def comparisons(rows: list[dict], include_tuning: bool) -> str:
     for b in policies:
         for who, key in USERS:
             out.append(f"  all held-out runs vs {b} {who}: {_fmt(paired(use, 'has', b, key=key))}")
+    # a run's average counts the jobs a policy completed: one that completes a job the other never places or
+    # finishes is averaged over one job more (a long one); the same comparison over the jobs both completed
+    out.append("  over the jobs both policies completed in each run:")
+    for b in policies:
+        for who, _ in USERS:
+            p = paired_common(use, "has", b, who)
+            if p.get("pairs"):
+                out.append(f"    vs {b:12s} {who:5s}: {_fmt(p)}")
+        if b == "sia" and "has-preempt" in policies:
+            p = paired_common(use, "has-preempt", "sia")
+            if p.get("pairs"):
+                out.append(f"    has-preempt vs sia  all  : {_fmt(p)}")
     return "\n".join(out)
 
 

@@ -70,6 +70,8 @@ def summarize(r: RunResult) -> dict[str, Any]:
         "avg_jct_own_s": _mean([x.jct for x in done if x.jct is not None and not x.plain]),
         "avg_jct_plain_s": _mean([x.jct for x in done if x.jct is not None and x.plain]),
         "plain_jobs": sum(x.plain for x in r.records),
+        # each completed job's JCT and whether a plain user's: comparisons over the jobs two policies both completed
+        "done_jct": {str(x.id): [x.jct, x.plain] for x in done if x.jct is not None},
         "p50_jct_s": _pct(jct, 0.5),
         "p95_jct_s": _pct(jct, 0.95),
         "p99_jct_s": _pct(jct, 0.99),
@@ -286,8 +288,6 @@ def paired(
     Per pair the relative reduction 1 - policy/baseline (positive: `policy` is better) and the difference in
     hours; their mean with a 95% interval from Student's t over the pairs and from a seeded percentile
     bootstrap (`resamples` resamples of the pairs)."""
-    import random
-
     idx = {(r["cluster"], r.get("load"), r["seed"], r["policy"]): r for r in rows}
     rel: list[float] = []
     diff_h: list[float] = []
@@ -299,6 +299,38 @@ def paired(
             continue
         rel.append(1.0 - r[key] / b[key])
         diff_h.append((r[key] - b[key]) / 3600.0)
+    return _reductions(policy, baseline, rel, diff_h, resamples)
+
+
+def paired_common(
+    rows: list[dict[str, Any]], policy: str, baseline: str, who: str = "all", resamples: int = 10_000
+) -> dict[str, Any]:
+    """`paired`, each run's average JCT taken over the jobs both policies completed in it (`who`: all, own or
+    plain users' jobs). A run's average counts only its completed jobs, so a policy that completes a job the other
+    never places or finishes (a very long one) has a higher average for it; here both average the same jobs. Runs
+    without per-job records (an older --reuse file) are left out."""
+    idx = {(r["cluster"], r.get("load"), r["seed"], r["policy"]): r for r in rows}
+    rel: list[float] = []
+    diff_h: list[float] = []
+    for (cluster, load, seed, name), r in sorted(idx.items(), key=lambda kv: str(kv[0])):
+        b = idx.get((cluster, load, seed, baseline))
+        if name != policy or b is None or "done_jct" not in r or "done_jct" not in b:
+            continue
+        mine, theirs = r["done_jct"], b["done_jct"]
+        both = [j for j in mine if j in theirs and (who == "all" or mine[j][1] == (who == "plain"))]
+        if not both:
+            continue
+        m, t = statistics.fmean(mine[j][0] for j in both), statistics.fmean(theirs[j][0] for j in both)
+        rel.append(1.0 - m / t)
+        diff_h.append((m - t) / 3600.0)
+    return _reductions(policy, baseline, rel, diff_h, resamples) | {"common": True}
+
+
+def _reductions(policy: str, baseline: str, rel: list[float], diff_h: list[float], resamples: int) -> dict[str, Any]:
+    """The mean relative reduction and hour difference over the pairs, each with its Student's t and bootstrap
+    95% intervals."""
+    import random
+
     out: dict = {"policy": policy, "baseline": baseline, "pairs": len(rel)}
     if not rel:
         return out
