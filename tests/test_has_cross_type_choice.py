@@ -62,7 +62,9 @@ def _h100s_busy(free_nodes: int, hours: float) -> ClusterView:
     return v.model_copy(update={"nodes": nodes, "jobs": jobs})
 
 
-def _decide(view: ClusterView, heterogeneous: bool = True, margin: float | None = None) -> Decision:
+def _decide(
+    view: ClusterView, heterogeneous: bool = True, margin: float | None = None, share: float | None = None
+) -> Decision:
     req, w, space = _llama2_7b()
     assert space.heterogeneous  # the built-in trainer lays out stages per GPU type
     if not heterogeneous:
@@ -70,17 +72,21 @@ def _decide(view: ClusterView, heterogeneous: bool = True, margin: float | None 
     site = synthetic_site(POOLS)
     if margin is not None:
         site = site.model_copy(update={"pipeline_margin": margin})
+    if share is not None:
+        site = site.model_copy(update={"max_job_share": share})
     forget_kept()
     return decide_job(req, w, space, view, site, None, view.taken_at, alternatives=40)
 
 
 def test_a_pipeline_over_the_free_fast_gpus_and_the_slower_type_is_chosen_where_it_finishes_first():
+    # (the site's max_job_share off, as in the tests below about the pipeline's own model: the pipeline takes
+    # more than half of the A100s; test_a_pipeline_takes_at_most_the_sites_share... holds it to the share)
     view = _h100s_busy(free_nodes=1, hours=24)
-    d = _decide(view)
+    d = _decide(view, share=1.0)
     assert d.chosen.kind == "heterogeneous"
     assert [c.gpu_model for c in d.chosen.components] == ["H100-SXM", "A100-40GB"]
     assert d.chosen.start == view.taken_at  # on GPUs free now
-    homogeneous = _decide(view, heterogeneous=False).chosen
+    homogeneous = _decide(view, heterogeneous=False, share=1.0).chosen
     # sooner than what HAS chooses without pipelines, by more than the tie tolerance (60 s, 1%)
     assert d.chosen.completion < homogeneous.completion - max(60.0, 0.01 * (homogeneous.completion - view.taken_at))
     # the faster type's stages hold more layers: each stage's share follows its speed
@@ -93,16 +99,16 @@ def test_a_pipeline_predicted_sooner_by_less_than_the_sites_margin_is_not_chosen
     # two H100 nodes free: the best pipeline (16 H100s and 24 A100s) is predicted about 21% sooner than the 16
     # H100s alone, the narrowest (16 H100s and 8 A100s) about 9%
     view = _h100s_busy(free_nodes=2, hours=24)
-    alone = _decide(view, heterogeneous=False).chosen
+    alone = _decide(view, heterogeneous=False, share=1.0).chosen
 
     def gain(margin: float) -> float:
-        d = _decide(view, margin=margin).chosen
+        d = _decide(view, margin=margin, share=1.0).chosen
         return (
             1.0 - (d.completion - view.taken_at) / (alone.completion - view.taken_at) if d.kind != alone.kind else 0.0
         )
 
     assert synthetic_site(POOLS).pipeline_margin == 0.3  # the default
-    assert _decide(view).chosen.kind == "homogeneous"
+    assert _decide(view, share=1.0).chosen.kind == "homogeneous"
     assert 0.2 < gain(0.2) < 0.3
     assert 0.0 < gain(0.0) < 0.2
 
@@ -146,8 +152,8 @@ def test_the_pipelines_model_flops_utilisation_is_not_above_one_type_alone():
         peak = sum(catalog()[c.gpu_model].peak_tflops(w.precision) * TFLOPS * c.gpus for c in chosen.components)
         return work / (chosen.run_time_s * peak)
 
-    pipeline = _decide(_h100s_busy(free_nodes=1, hours=24)).chosen
-    alone = _decide(_h100s_busy(free_nodes=4, hours=24)).chosen
+    pipeline = _decide(_h100s_busy(free_nodes=1, hours=24), share=1.0).chosen
+    alone = _decide(_h100s_busy(free_nodes=4, hours=24), share=1.0).chosen
     assert pipeline.kind == "heterogeneous" and alone.kind == "homogeneous"
     gap = 1.0 - mfu(pipeline) / mfu(alone)
     assert 0.0 <= gap <= 0.25, gap
@@ -163,3 +169,32 @@ def test_a_pipeline_is_chosen_where_no_single_type_holds_the_job():
     d = decide_job(req, w, space, view, synthetic_site(pools), None, view.taken_at)
     assert d.chosen.kind == "heterogeneous"
     assert not [a for a in d.alternatives if a.allocation and a.allocation.kind == "homogeneous"]
+
+
+def test_a_pipeline_takes_at_most_the_sites_share_of_each_pool_where_one_within_it_holds_the_job():
+    """With the default max_job_share (half a pool): one H100 node free and the A100s free. The pipeline of the
+    test above takes more than half of the A100s, and the job fits within half of a pool, so that pipeline is
+    refused as a homogeneous allocation over the share is; a pipeline within the share of both pools stays a
+    candidate (the first pool's stages are tried within the share too). Before, a pair of pools with no candidate
+    within the share kept its smallest, so a pipeline took whole pools for a job a share of one holds, and the
+    users who do not plan with frenzy-slurm waited (docs/has.md, "Where has loses to sia")."""
+    view = _h100s_busy(free_nodes=3, hours=24)
+    d = _decide(view)
+    share = synthetic_site(POOLS).max_job_share
+    assert d.chosen.kind == "homogeneous"
+    kept = [
+        a.allocation
+        for a in d.alternatives
+        if a.allocation and a.allocation.kind == "heterogeneous" and "max_job_share" not in a.lost_because
+    ]
+    refused = [
+        a.allocation
+        for a in d.alternatives
+        if a.allocation and a.allocation.kind == "heterogeneous" and "max_job_share" in a.lost_because
+    ]
+    assert refused, "the pipelines over the share are refused, with the share as the reason"
+    for alloc in kept:
+        for c in alloc.components:
+            assert c.nodes * c.gpus_per_node <= share * 32, (c.partition, c.nodes, c.gpus_per_node)
+    # with the share off, the same view takes the whole-pool pipeline
+    assert _decide(view, share=1.0).chosen.kind == "heterogeneous"

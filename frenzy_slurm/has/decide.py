@@ -186,11 +186,14 @@ def _heterogeneous(
     now: float,
     space: SearchSpace,
     beat: float,
+    share: float = 1.0,
 ) -> list[_Cand]:
     """Two-pool pipelines on GPUs that are free now (the case where waiting for one type loses).
 
     A pair is skipped when even a perfect split (all its free GPUs at full rate, no bubble, no communication)
-    could not finish before `beat`, the best homogeneous completion.
+    could not finish before `beat`, the best homogeneous completion. The first pool is tried with the most stages
+    that fit now within `share` of it (the site's max_job_share, which `_leave_room` holds every candidate to) and
+    with the most that fit at all (`_first_pool_stages`).
     """
     steps = req.steps
     work = flops_per_token(w, "none") * req.global_batch * w.seq_len * steps
@@ -221,8 +224,8 @@ def _heterogeneous(
         for dp in DP_DEGREES:
             if gb % dp or (gb // dp) % mb:
                 continue
-            stages_a = max(stage_counts(ia, dp), default=0)
-            for nb in stage_counts(ib, dp) if stages_a else []:
+            firsts = _first_pool_stages(stage_counts(ia, dp), dp, max(share * pa.live.gpus_total, 1))
+            for stages_a, nb in itertools.product(firsts, stage_counts(ib, dp)):
                 if limit and (stages_a + nb) * dp > limit:
                     continue
                 ga = gb // (dp * mb)
@@ -236,6 +239,14 @@ def _heterogeneous(
                 if cand is not None and cand.alloc.completion < beat:
                     out.append(cand)
     return out
+
+
+def _first_pool_stages(counts: list[int], dp: int, cap: float) -> list[int]:
+    """The first pool's stage counts a pipeline is tried with: the most that fit within `cap` GPUs of it (the
+    site's share), and the most that fit at all, where that is more (kept only where nothing within the share
+    is: `_leave_room`)."""
+    within = [n for n in counts if n * dp <= cap]
+    return sorted({max(within, default=0), max(counts, default=0)} - {0})
 
 
 def _hetero_candidate(
@@ -359,11 +370,14 @@ def _refine(cands: list[_Cand], backend: SlurmBackend, req: Requirements) -> Non
 
 
 def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tuple[_Cand, str]]]:
-    """Candidates within `share` of each pool they use; of a set of pools where none is, the fewest GPUs.
+    """Candidates within `share` of each pool they use; of a pool where none is, the fewest GPUs (the job needs
+    that many of it); a pipeline over the share only where nothing else is kept.
 
     HAS sees the jobs queued now, not those that will arrive: a job that scales well would otherwise take a
     whole pool for hours, and every job arriving meanwhile waits for its end (docs/simulation.md, "Room for
-    later jobs"). Returns the kept candidates and the dropped ones with the reason.
+    later jobs"). A pipeline over the share is not what the job needs where a share of some pool holds it: kept
+    as for one pool, it held whole pools for such jobs and the users who do not plan with frenzy-slurm waited
+    (docs/has.md, "Where has loses to sia"). Returns the kept candidates and the dropped ones with the reason.
     """
 
     def over(c: _Cand) -> str | None:
@@ -381,13 +395,20 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
     why = {id(c): over(c) for c in cands}
     kept = [c for c in cands if why[id(c)] is None]
     covered = {pools_of(c) for c in kept}
-    # a set of pools with no candidate within the share keeps its smallest: the job needs that many
-    smallest: dict[tuple, _Cand] = {}
-    for c in cands:
-        key = pools_of(c)
-        if key not in covered and (key not in smallest or c.alloc.gpus < smallest[key].alloc.gpus):
-            smallest[key] = c
-    kept += smallest.values()
+
+    def smallest_over(single: bool) -> list[_Cand]:
+        """Of each set of pools (one pool, or several) with no candidate within the share: the fewest GPUs."""
+        best: dict[tuple, _Cand] = {}
+        for c in cands:
+            key = pools_of(c)
+            if (len(key) == 1) == single and key not in covered:
+                if key not in best or c.alloc.gpus < best[key].alloc.gpus:
+                    best[key] = c
+        return list(best.values())
+
+    kept += smallest_over(single=True)  # a pool with no candidate within the share: the job needs that many
+    if not kept:
+        kept = smallest_over(single=False)  # only a pipeline over the share holds the job
     kept_ids = {id(c) for c in kept}
     return kept, [(c, why[id(c)] or "") for c in cands if id(c) not in kept_ids]  # all with a reason: None is kept
 
@@ -593,7 +614,9 @@ def decide(
     lead = best - now
     beat = best - max(TIE_SECONDS, TIE_FRACTION * lead, site.pipeline_margin * lead) if best < math.inf else best
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
-    cands = homogeneous + (_heterogeneous(w, req, pools, releases, now, space, beat) if space.heterogeneous else [])
+    cands = homogeneous + (
+        _heterogeneous(w, req, pools, releases, now, space, beat, site.max_job_share) if space.heterogeneous else []
+    )
     delay = _pricer(usable, site, live)  # what each candidate costs the jobs queued for and arriving at its GPUs
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
     allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
