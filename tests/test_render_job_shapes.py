@@ -69,12 +69,15 @@ def test_a_shape_that_was_not_planned_is_refused_with_what_was(planned):
         pick(shapes, {"SLURM_JOB_PARTITION": "t4", "SLURM_JOB_NUM_NODES": "1"})
 
 
-def _request(tmp, replan: bool, **spec_over):
+def _request(tmp, replan: bool, share: float | None = None, **spec_over):
     slurm = FakeSlurm(synthetic(POOLS))
     spec = make_spec(name="r", model={"preset": "gpt2-medium"}, training__steps=2000, **spec_over)
     job = JobFile(tmp / "r.yaml", spec, resolve_model(spec, "."))
     opts = PlanOptions(slurm=SlurmOptions(replan=replan), job_dir=tmp / "jobs" / "r", now=slurm.now, env_check="off")
-    return plan_job(job, SiteFile(synthetic_site(POOLS)), slurm, opts)
+    site = synthetic_site(POOLS)
+    if share is not None:
+        site = site.model_copy(update={"max_job_share": share})
+    return plan_job(job, SiteFile(site), slurm, opts)
 
 
 def test_slurm_replan_records_the_shapes_and_launches_the_shape_slurm_gave(tmp_path):
@@ -108,9 +111,10 @@ def test_slurm_replan_is_refused_for_a_script_job(tmp_path):
 
 
 def test_a_job_marked_replan_is_planned_on_one_partition_and_not_with_a_pipeline_asked_for(tmp_path):
-    """Without slurm.replan HAS lays this job over both A100 partitions (a pipeline finishing sooner); with it, on one
-    partition, so that its shapes exist; asking for both is refused by name."""
-    assert _request(tmp_path / "a", replan=False).plan.decision.chosen.kind == "heterogeneous"
-    assert _request(tmp_path / "b", replan=True).plan.decision.chosen.kind == "homogeneous"
+    """Without slurm.replan (and a site letting one job take whole pools: a pipeline is held to max_job_share of
+    each pool, as any allocation) HAS lays this job over both A100 partitions (a pipeline finishing sooner); with
+    it, on one partition, so that its shapes exist; asking for both is refused by name."""
+    assert _request(tmp_path / "a", replan=False, share=1.0).plan.decision.chosen.kind == "heterogeneous"
+    assert _request(tmp_path / "b", replan=True, share=1.0).plan.decision.chosen.kind == "homogeneous"
     with pytest.raises(InputError, match="slurm.replan .* parallel.heterogeneous"):
         _request(tmp_path / "c", replan=True, parallel__heterogeneous=True)

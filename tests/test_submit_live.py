@@ -69,7 +69,9 @@ def test_concurrent_submissions_from_five_directories_give_one_job(clean_queue, 
     import yaml
 
     script = tmp_path / "train.py"
-    script.write_text("print('trained')\n")
+    # the job runs until the test ends (clean_queue cancels it): one that has ended by the time a slower fsbatch
+    # checks is submitted again, as a rerun (exit 0, by design), which a loaded machine made happen in CI
+    script.write_text("import time\ntime.sleep(600)\n")
     spec = tmp_path / "model.yaml"
     spec.write_text(
         yaml.safe_dump(
