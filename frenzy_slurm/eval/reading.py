@@ -433,10 +433,15 @@ def stated_context_gib(text: str) -> float | None:
     return None
 
 
+def _named_release(name: str, text: str) -> tuple[int, int] | None:
+    """(major, minor) of the release written after `name` (a regex): `NAME 2.4`, `NAME==2.1.0`, `NAME v4.36`."""
+    m = re.search(name + r"\s*(?:==|=|v|version)?\s*(\d+)\.(\d+)", text.lower())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def torch_version(text: str) -> tuple[int, int] | None:
     """`torch 1.13`, `pytorch==2.1.0`, `PyTorch 2.4` -> (major, minor)."""
-    m = re.search(r"(?:torch|pytorch)\s*(?:==|=|v|version)?\s*(\d+)\.(\d+)", text.lower())
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    return _named_release(r"(?:torch|pytorch)", text)
 
 
 # The newest transformers release each line of a Trainer-based framework allows (its requirements/framework.txt
@@ -449,10 +454,10 @@ def transformers_version(text: str) -> tuple[int, int] | None:
     """The transformers release a row ran: `transformers 4.36`, `transformers==4.36.2` -> (4, 36); else, for a
     named release line of a framework built on transformers' Trainer (`ms-swift v1.x`, `ms-swift/blob/v1.7.3`,
     `ms-swift 2.6`), the newest transformers its requirements allow (TRANSFORMERS_PINNED_BY)."""
+    stated = _named_release("transformers", text)
+    if stated:
+        return stated
     t = text.lower()
-    m = re.search(r"transformers\s*(?:==|=|v|version)?\s*(\d+)\.(\d+)", t)
-    if m:
-        return int(m.group(1)), int(m.group(2))
     for (name, major), pinned in TRANSFORMERS_PINNED_BY.items():
         # the release after the name: "ms-swift v1.x", "ms-swift 2.6", a repository ref "ms-swift/blob/<v1.x>"
         pattern = re.escape(name) + r"(?:/(?:blob|tree)/)?[\s<@=]*v?(\d+)(?:\.(?:\d+|x))"

@@ -15,6 +15,7 @@ from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
 from frenzy_slurm.marp.frameworks import (
+    DEEPSPEED_SHARDING,
     Capabilities,
     FrameworkProfile,
     ModelCode,
@@ -236,18 +237,13 @@ def sixteen_bit_module(spec: JobSpec) -> bool:
     return precision == "bf16-pure" or (precision in ("fp16-mixed", "bf16-mixed") and state_layout(spec) == "deepspeed")
 
 
-# Frameworks that run either DeepSpeed or FSDP underneath (Transformers Trainer / accelerate): model.yaml's sharding
-# name says which, ZeRO stages naming DeepSpeed's engine and FSDP's names torch's
-_DEEPSPEED_SHARDING = ("zero1", "zero2", "zero3")
-
-
 def state_layout(spec: JobSpec) -> Literal["deepspeed", "torch", "megatron"]:
     """How the job lays out model states and buffers: its framework's family, except that under hf-trainer
     (whose backend is DeepSpeed or FSDP) parallel.sharding zero1/zero2/zero3 names DeepSpeed's engine (fp32 master
     copy in the optimizer, flat buffers, the `deepspeed:` block's buckets) and full-shard/shard-grad-op/
     hybrid-shard/none/auto name FSDP or DDP."""
     prof = profile_of(spec)
-    if prof.name == "hf-trainer" and spec.parallel.sharding in _DEEPSPEED_SHARDING:
+    if prof.name == "hf-trainer" and spec.parallel.sharding in DEEPSPEED_SHARDING:
         return "deepspeed"
     return prof.family
 

@@ -432,6 +432,11 @@ def default_fused_optimizer(spec: JobSpec, device: str = "cuda") -> bool:
     return prof.fused_optimizer
 
 
+# Frameworks that run either DeepSpeed or FSDP underneath (Transformers Trainer / accelerate, Lightning): model.yaml's
+# sharding name says which, ZeRO stages naming DeepSpeed's engine and FSDP's names torch's
+DEEPSPEED_SHARDING = ("zero1", "zero2", "zero3")
+
+
 def fsdp_offloads_parameters(spec: JobSpec) -> bool:
     """Whether model.yaml's optimizer offload also moves the parameters to the host: under FSDP (a torch-family
     framework with FSDP's sharding names, not DeepSpeed's ZeRO stages) CPU offload is one switch, FSDP's
@@ -439,7 +444,7 @@ def fsdp_offloads_parameters(spec: JobSpec) -> bool:
     the host and the optimizer steps there (torch 2.x `torch/distributed/fsdp/api.py`); there is no optimizer-only
     offload, and the rendered run turns on that switch (runtime/framework_argv.py)."""
     par = spec.parallel
-    if not par.offload_optimizer or par.offload_params or par.sharding in ("zero1", "zero2", "zero3"):
+    if not par.offload_optimizer or par.offload_params or par.sharding in DEEPSPEED_SHARDING:
         return False
     return profile_of(spec).family == "torch"
 
