@@ -134,6 +134,13 @@ def test_every_workload_field_is_reachable_from_model_yaml():
         if getattr(workload_from_spec(builtin, resolve_model(builtin, "."), device="cpu"), f.name)
         != getattr(base, f.name)
     }
+    # llm.c's static layout (marp/llmc.py): a GPT-2 run by its train_gpt2cu
+    llmc = script("llm.c", model={"preset": "gpt2"})
+    reached |= {
+        f.name
+        for f in dataclasses.fields(Workload)
+        if getattr(workload_from_spec(llmc, resolve_model(llmc, ".")), f.name) != getattr(base, f.name)
+    }
     assert reached == {f.name for f in dataclasses.fields(Workload)}
 
 

@@ -263,10 +263,13 @@ def _torch_version(raw: dict[str, str]) -> tuple[int, int] | None:
     return reading.torch_version(_settings(raw)) or reading.torch_version(_other_text(raw))
 
 
-def _framework_version(raw: dict[str, str], framework: FrameworkName) -> tuple[int, int] | None:
+def _framework_version(raw: dict[str, str], framework: FrameworkName) -> tuple[int, ...] | None:
     """entry.framework_version of a Hugging Face row: the transformers release it states or its framework's release
-    pins (reading.transformers_version), in its settings or else its other free-text columns; None otherwise (the
+    pins (reading.transformers_version), in its settings or else its other free-text columns; of an llm.c row (a
+    program without releases, versioned by the date of its source) the date the row states; None otherwise (the
     newest release the profile describes, as for any model.yaml that does not say)."""
+    if framework == "llm.c":
+        return reading.stated_date(_settings(raw)) or reading.stated_date(_other_text(raw))
     if framework != "hf-trainer":
         return None
     return reading.transformers_version(_settings(raw)) or reading.transformers_version(_other_text(raw))
@@ -310,7 +313,7 @@ def _plan(
     sharded = (
         bool(par.fsdp)
         or bool(re.search(r"fsdp|full[ _]shard|fully_shard|zero|hsdp|sharded", text))
-        and not re.search(r"no (?:fsdp|zero|shard)", text)
+        and not re.search(r"no (?:fsdp|zero|shard)|zero[- ]?(?:off|disabled)", text)
     )
     dp = par.fsdp or par.dp or max(1, gpus // (tp * pp * cp))
     if par.single:
@@ -546,6 +549,10 @@ def _metric(raw: dict[str, str]) -> Metric:
     text = raw["metric_type"].lower()
     if "nvml" in text or "nvidia-smi" in text:
         return "device"
+    if not re.search(r"reserved|unspecified|allocated|active", text) and re.search(
+        r"device memory|nvidia-smi|nvml|cudamemgetinfo", raw.get("metric_measured", "").lower()
+    ):
+        return "device"  # a program's own report of its device memory (the process's share of the GPU)
     if "reserved" in text or "unspecified" in text:
         return "reserved"
     if "allocated" in text or "active" in text:
@@ -710,10 +717,12 @@ def _confidence(text: str) -> Confidence:
 
 
 def _framework(fws: set[str]) -> FrameworkName:
-    """The framework a row ran, from the names in its settings (the first that applies: DeepSpeed and Megatron
+    """The framework a row ran, from the names in its settings (the first that applies: llm.c is a program of its
+    own; DeepSpeed and Megatron
     decide how states are laid out whatever trains on top; torchtitan, torchtune and litgpt bring their own
     model code; Hugging Face otherwise; a plain PyTorch loop when nothing is named)."""
     for name, framework in (
+        ("llm.c", "llm.c"),  # its own program: nothing else named runs its memory
         ("deepspeed", "deepspeed"),
         ("megatron", "megatron"),
         ("torchtitan", "torchtitan"),

@@ -301,7 +301,7 @@ FRAMEWORK_NAMES = {
     "torchtitan": "torchtitan",
     "fsdp": "torch",
     "pytorch": "torch",
-    "llm.c": "llm.c",  # not modelled (marp/frameworks.py UNMODELLED): the reader refuses it by name
+    "llm.c": "llm.c",  # its own CUDA program, predicted from its static buffer layout (marp/llmc.py)
 }
 # model classes named in a row are the Hugging Face implementation
 _HF_CLASS = re.compile(
@@ -448,6 +448,13 @@ def torch_version(text: str) -> tuple[int, int] | None:
 # pin), for a row that names the framework's release and not transformers' own: ms-swift 1.x `transformers>=4.33,
 # <4.37` (v1.5.0) ... `<4.39` (v1.7.3); 2.x `<4.41` (v2.0.0) ... `<4.48` (v2.6.1).
 TRANSFORMERS_PINNED_BY = {("ms-swift", 1): (4, 38), ("ms-swift", 2): (4, 47)}
+
+
+def stated_date(text: str) -> tuple[int, int, int] | None:
+    """The first calendar date a row's text states (`2024-05-13`, `2024/05/13`): when its run was reported, which
+    names the source of a program versioned by date rather than by release (llm.c)."""
+    m = re.search(r"\b(20\d\d)[-/](\d\d)[-/](\d\d)\b", text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
 def transformers_version(text: str) -> tuple[int, int] | None:

@@ -33,17 +33,14 @@ LoraTarget = Literal["q", "k", "v", "o", "mlp", "head"]
 # How the job runs, in model.yaml's words (marp/frameworks.py holds each one's profile: its defaults and what it can
 # parallelise): frenzy = the built-in DeepSpeed trainer; the others name the framework a user's script trains with.
 FrameworkName = Literal[
-    "frenzy", "deepspeed", "hf-trainer", "torchtune", "torchtitan", "litgpt", "lightning", "megatron", "torch"
+    "frenzy", "deepspeed", "hf-trainer", "torchtune", "torchtitan", "litgpt", "lightning", "megatron", "torch", "llm.c"
 ]
 # Training programs MARP has no profile for, by name, with why (model.yaml's entry.framework refuses them with this
-# reason; the measurement reader too): their memory is not laid out by PyTorch's allocator and modules
-UNMODELLED_FRAMEWORKS: dict[str, str] = {
-    "llm.c": "llm.c trains in its own C/CUDA code: it allocates every parameter, gradient, optimizer state and "
-    "activation buffer in one cudaMalloc at start-up, with a layout of its own, not through PyTorch's caching "
-    "allocator and modules, so none of MARP's framework profiles describes its memory",
-}
+# reason; the measurement reader too). None at present: llm.c, which lays out its own CUDA memory, has a profile of
+# that layout (marp/llmc.py).
+UNMODELLED_FRAMEWORKS: dict[str, str] = {}
 # The model implementation a framework trains (marp/frameworks.py: how it computes norms, RoPE, GQA, projections)
-ModelCodeName = Literal["hf", "frenzy", "torchtune", "litgpt", "torchtitan", "megatron"]
+ModelCodeName = Literal["hf", "frenzy", "torchtune", "litgpt", "torchtitan", "megatron", "llm.c"]
 Sharding = Literal["auto", "none", "zero1", "zero2", "zero3", "full-shard", "shard-grad-op", "hybrid-shard"]
 
 # The job script asks Slurm for USR2 this long before the time limit (--signal=USR2@300) so the runtime can
@@ -768,6 +765,19 @@ class Data(_Strict):
         return self
 
 
+class LlmcFlags(_Strict):
+    """llm.c's train_gpt2.cu flags that decide its memory and have no model.yaml field of their own."""
+
+    recompute: Literal[0, 1, 2] | None = Field(
+        None,
+        description="-r: recompute in backward nothing (0), the GELU (1) or the GELU and the layer norms (2). "
+        "Default: llm.c's at entry.framework_version (1 from 2024.05.16, when -r came; 0 before).",
+    )
+    master_weights: bool = Field(
+        True, description="-w: keep an fp32 master copy of the parameters (llm.c's default, 1)."
+    )
+
+
 class Entry(_Strict):
     trainer: Literal["builtin", "script"] = Field("builtin", description="The built-in trainer or your own script.")
     framework: FrameworkName | None = Field(
@@ -775,9 +785,10 @@ class Entry(_Strict):
         description="What the job trains with, which decides what MARP predicts and which plans are proposed: "
         "frenzy (the built-in trainer; the only choice with trainer: builtin), deepspeed (your DeepSpeed script), "
         "hf-trainer (Transformers Trainer/accelerate), torchtune, torchtitan, litgpt, lightning, megatron "
-        "(Megatron-Core/NeMo) or torch (a plain DDP/FSDP loop). Default: frenzy for the built-in trainer, "
-        "deepspeed for a script. `frenzy-slurm frameworks` lists each profile's defaults. Programs with their own "
-        "CUDA memory layout (llm.c) are refused by name: no profile predicts them.",
+        "(Megatron-Core/NeMo), torch (a plain DDP/FSDP loop) or llm.c (karpathy/llm.c's train_gpt2.cu: entry.script "
+        "is its binary, MARP sums the buffers its source allocates; entry.llmc gives its -r and -w). Default: "
+        "frenzy for the built-in trainer, deepspeed for a script. `frenzy-slurm frameworks` lists each profile's "
+        "defaults.",
     )
     model_code: ModelCodeName | None = Field(
         None,
@@ -808,8 +819,15 @@ class Entry(_Strict):
     framework_version: str | None = Field(
         None,
         description="The framework's version, e.g. '4.57' (defaults change between releases; a profile says which "
-        "versions it describes, and a version outside them is noted). Default: the newest the profile describes.",
+        "versions it describes, and a version outside them is noted); for llm.c, which has no releases, the date of "
+        "the train_gpt2.cu built as YYYY.MM.DD, e.g. '2024.05.13'. Default: the newest the profile describes.",
         pattern=r"^[0-9]+(\.[0-9]+){0,2}$",
+    )
+    llmc: LlmcFlags = Field(
+        default_factory=lambda: LlmcFlags(),
+        description="llm.c's own flags that decide its memory (framework llm.c only); the others map onto "
+        "model.yaml: -b training.micro_batch, -t training.seq_len, -z parallel.sharding (none or zero1), "
+        "USE_CUDNN=1 training.attention flash (eager: llm.c's own attention kernels).",
     )
     script: str | None = Field(None, description="Path of your training script (trainer: script).")
     args: list[str] = Field(default_factory=list, description="Arguments passed to the script.")
@@ -857,6 +875,10 @@ class Entry(_Strict):
             raise ValueError(
                 f"framework {self.framework} runs your own script: set trainer: script and script: path/to/train.py "
                 "(the built-in trainer is framework frenzy)"
+            )
+        if self.framework != "llm.c" and self.llmc != LlmcFlags():
+            raise ValueError(
+                "llmc: llm.c's flags are read only with framework: llm.c; remove the llmc block or set framework: llm.c"
             )
         if self.trainer == "script" and self.framework == "frenzy":
             raise ValueError(

@@ -26,6 +26,7 @@ from frenzy_slurm.marp.frameworks import (
     profile_of,
     version_tuple,
 )
+from frenzy_slurm.marp.llmc import layout_from_spec
 from frenzy_slurm.marp.memory import MemoryEstimate, StageMemory, estimate_memory
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Recompute, parse_plan
@@ -109,6 +110,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         alloc=AllocatorPolicy(
             expandable_segments=_alloc_conf(spec).expandable_segments, caching_allocator=device != "cpu"
         ),
+        llmc=layout_from_spec(spec, arch) if prof.family == "llm.c" else None,
     )
 
 
@@ -237,7 +239,7 @@ def sixteen_bit_module(spec: JobSpec) -> bool:
     return precision == "bf16-pure" or (precision in ("fp16-mixed", "bf16-mixed") and state_layout(spec) == "deepspeed")
 
 
-def state_layout(spec: JobSpec) -> Literal["deepspeed", "torch", "megatron"]:
+def state_layout(spec: JobSpec) -> Literal["deepspeed", "torch", "megatron", "llm.c"]:
     """How the job lays out model states and buffers: its framework's family, except that under hf-trainer
     (whose backend is DeepSpeed or FSDP) parallel.sharding zero1/zero2/zero3 names DeepSpeed's engine (fp32 master
     copy in the optimizer, flat buffers, the `deepspeed:` block's buckets) and full-shard/shard-grad-op/
@@ -319,16 +321,14 @@ def _check_schedule(spec: JobSpec, can: Capabilities, framework: str) -> None:
     )
 
 
-def search_space_from_spec(spec: JobSpec) -> SearchSpace:
-    """The plans the job's framework can run, within what model.yaml pins (`parallel:`, micro-batch,
-    checkpointing); refuses a pinned setting the framework cannot run (exit 2)."""
+def _recompute_choices(spec: JobSpec, can: Capabilities, fw: str) -> tuple[Recompute, ...]:
+    """The checkpointing the search may try: the one model.yaml pins, or under auto what the framework runs;
+    InputError for a pinned one the framework does not do."""
     t = spec.training
-    par = spec.parallel
-    prof = profile_of(spec)
-    can = prof.can
-    fw = prof.name
     recompute: tuple[Recompute, ...]
-    if t.activation_checkpointing == "auto":
+    if t.activation_checkpointing == "auto" and not can.block_recompute:
+        recompute = ("none",)
+    elif t.activation_checkpointing == "auto":
         recompute = ("none", "selective", "full") if can.selective_recompute else ("none", "full")
         if can.op_recompute == "auto":
             recompute += ("op",)
@@ -338,12 +338,29 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
                 f"training.activation_checkpointing: op (torchtitan's per-op selective checkpointing) is not something "
                 f"{fw} does; use full (with checkpoint_every for every k-th block) or none"
             )
+        if t.activation_checkpointing == "full" and not can.block_recompute:
+            raise InputError(
+                f"training.activation_checkpointing: full: {fw} checkpoints no blocks (llm.c's -r recomputes the GELU "
+                "or the layer norms: entry.llmc.recompute); set none or auto"
+            )
         if t.activation_checkpointing == "selective" and not can.selective_recompute:
             raise InputError(
                 f"training.activation_checkpointing: selective (Megatron-style attention-core recomputation) is not "
                 f"something {fw} does; use full (with checkpoint_every for every k-th block) or none"
             )
         recompute = (t.activation_checkpointing,)
+    return recompute
+
+
+def search_space_from_spec(spec: JobSpec) -> SearchSpace:
+    """The plans the job's framework can run, within what model.yaml pins (`parallel:`, micro-batch,
+    checkpointing); refuses a pinned setting the framework cannot run (exit 2)."""
+    t = spec.training
+    par = spec.parallel
+    prof = profile_of(spec)
+    can = prof.can
+    fw = prof.name
+    recompute = _recompute_choices(spec, can, fw)
     zero = par.zero_stages
     if zero is not None and any(z not in can.zero_stages for z in zero):
         raise InputError(

@@ -131,6 +131,8 @@ MODEL_CODES: dict[str, ModelCode] = {
     ),
     # Megatron-Core with Transformer Engine: fused kernels, fused qkv
     "megatron": ModelCode("megatron", norm_upcast=False, gqa_expand=False, unfused_rope=False),
+    # llm.c's train_gpt2.cu: GPT-2 in its own CUDA kernels, fused qkv; its memory is its static layout (marp/llmc.py)
+    "llm.c": ModelCode("llm.c", norm_upcast=False, gqa_expand=False, unfused_rope=False, vocab_parallel=False),
 }
 
 
@@ -154,6 +156,8 @@ class Capabilities:
     # the pipeline schedules its stages run (parallel.schedule): a pipeline engine's, or "sequential" (naive model
     # parallelism: Hugging Face's device_map, layers on several GPUs of one process run one after another)
     schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
+    # it can checkpoint whole blocks (activation_checkpointing: full); llm.c cannot (its -r recomputes GELU and norms)
+    block_recompute: bool = True
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,7 @@ class FrameworkProfile:
     name: FrameworkName
     title: str
     describes: str  # the releases read, e.g. "transformers 4.40-4.57, accelerate 1.x"
-    family: Literal["deepspeed", "torch", "megatron"]  # how MARP lays out model states and buffers
+    family: Literal["deepspeed", "torch", "megatron", "llm.c"]  # how MARP lays out model states and buffers
     model_code: ModelCodeName
     can: Capabilities
     fused_optimizer: bool  # the optimizer it builds by default: fused/per-tensor kernels (no state-sized temporary)
@@ -380,6 +384,18 @@ PROFILES: dict[str, FrameworkProfile] = {
             fused_optimizer=False,  # torch.optim.AdamW's default: foreach on a GPU
             holds_logits=True,  # `logits = model(x); loss = f(logits, y); loss.backward()`
             unset_checkpointing="none",  # torch.utils.checkpoint only where the loop calls it
+        ),
+        FrameworkProfile(
+            "llm.c",
+            "llm.c's train_gpt2.cu (GPT-2 in CUDA C; MPI/NCCL data parallelism)",
+            "karpathy/llm.c train_gpt2.cu, master 2024.05.13 (PR #309) to 2024.08.16 (0ddedf9)",
+            "llm.c",
+            "llm.c",
+            # -z 0 or 1 (set_zero_configs: stages 2 and 3 "are not yet supported"); no tp, pp, cp or offload
+            Capabilities(zero_stages=(0, 1), block_recompute=False),
+            fused_optimizer=True,  # adamw_kernel3: one kernel over the flat parameters, no temporaries
+            holds_logits=False,  # the output buffer is among its static buffers (marp/llmc.py)
+            unset_checkpointing="none",  # it checkpoints no blocks (its -r is entry.llmc.recompute)
         ),
     )
 }

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from frenzy_slurm.core.units import GiB
+from frenzy_slurm.marp.llmc import breakdown, parameter_count
 from frenzy_slurm.marp.memory_activations import in_flight, layer_activation_bytes
 from frenzy_slurm.marp.memory_buffers import optimizer_step_buffers, pipeline_buffers, stage_buffers
 from frenzy_slurm.marp.memory_job import NF4_PLAIN_BYTES_PER_PARAM, QLORA_BYTES_PER_PARAM, Job, job
@@ -134,6 +135,12 @@ def estimate_memory(
     `memo` (the candidate search's, for `w`): terms shared with other plans of `w` are looked up there
     (marp/memory_memo.py says which, and why the estimate is the same as without it).
     """
+    if w.llmc is not None:  # llm.c: its buffers, allocated once at start-up, are alive at every moment
+        parts = breakdown(w.arch, w.llmc, plan, w.seq_len, metric, overheads)
+        stage = StageMemory(
+            stage=0, layers=w.arch.layers, params=parameter_count(w.arch, w.llmc), phase="start-up", **parts
+        )
+        return MemoryEstimate(plan=plan, metric=metric, stages=(stage,))
     j = job(w, plan, memo)
     stages = []
     for i, n_layers in enumerate(plan.stage_layers(w.arch.layers)):

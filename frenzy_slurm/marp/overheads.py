@@ -95,7 +95,12 @@ class Overheads(BaseModel):
         """Fixed bytes per GPU of a job with `world` ranks, beside the tensors: the CUDA context and NCCL's buffers
         (outside the caching allocator) and the cuBLAS workspaces (inside it, in max_memory_reserved; counted here
         so that the pool's measured overheads carry every fixed per-GPU term, and a CPU pool can set them to 0)."""
-        return (self.context_gib + (self.nccl_gib if world > 1 else 0.0)) * GiB + self.cublas_workspace_mib * MiB
+        return self.driver_bytes(world) + self.cublas_workspace_mib * MiB
+
+    def driver_bytes(self, world: int) -> float:
+        """The fixed bytes per GPU outside any framework's allocations: the CUDA context and, with `world` > 1,
+        NCCL's buffers (a program that brings its own cuBLAS workspace, llm.c, counts that among its buffers)."""
+        return (self.context_gib + (self.nccl_gib if world > 1 else 0.0)) * GiB
 
     def for_module_loading(self, eager: bool) -> Overheads:
         """These overheads for a job that loads CUDA modules eagerly (`eager`: the larger context) or lazily."""

@@ -20,7 +20,8 @@ from typing import Any, Literal
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Attention, DeepSpeedBuffers, Method, Optimizer, Precision
 
-Framework = Literal["deepspeed", "torch", "megatron"]
+Framework = Literal["deepspeed", "torch", "megatron", "llm.c"]
+Date = tuple[int, int, int]  # YYYY, MM, DD
 
 # DeepSpeed's buffer sizes as model.yaml's `deepspeed:` section gives them (and ds_config.json writes them)
 DeepSpeedBuckets = DeepSpeedBuffers
@@ -128,6 +129,20 @@ class AllocatorPolicy:
     caching_allocator: bool = True
 
 
+@dataclass(frozen=True)
+class LlmcLayout:
+    """What sizes llm.c's buffers beside the architecture and the plan (marp/llmc.py): its flags and its source's
+    date. A Workload with one is predicted from llm.c's static layout, not from the moments of a PyTorch step."""
+
+    version: Date  # the date of the train_gpt2.cu built (llm.c has no releases)
+    recompute: int  # -r: 0 none, 1 the GELU, 2 the GELU and the layer norms
+    cudnn: bool  # USE_CUDNN=1: cuDNN's attention keeps (B, NH, T) fp32 statistics, not the (B, NH, T, T) matrix
+    master_weights: bool  # -w: an fp32 master copy of the parameters beside AdamW's m and v
+    floatx: int  # bytes of floatX (the PRECISION build): parameters, gradients, activations
+    padded_vocab: int  # Vp: the vocabulary padded to a multiple of 128 (train_gpt2.py pad_vocab)
+    max_seq: int  # maxT: the positional embedding's rows
+
+
 _GROUPS: dict[str, type] = {
     "states": ModelStates,
     "adapters": Adapters,
@@ -159,6 +174,8 @@ class Workload:
     # variable sequence lengths (model.yaml's data block): a typical step's length beside seq_len, the longest; the
     # caching allocator keeps the shorter step's blocks when the longest comes (memory_reserved.length_change_excess)
     median_seq_len: int | None = None
+    # llm.c's layout (framework llm.c): its buffers, not PyTorch's tensors, make the memory (marp/llmc.py)
+    llmc: LlmcLayout | None = None
 
     @classmethod
     def of(cls, arch: Architecture, seq_len: int, **settings: object) -> Workload:

@@ -46,6 +46,7 @@ FRAMEWORK_PACKAGES: dict[str, tuple[str, ...]] = {
     "lightning": ("torch", "lightning|pytorch_lightning"),
     "megatron": ("torch", "megatron.core"),
     "torch": ("torch",),
+    "llm.c": (),  # its compiled train_gpt2cu: the job's Python runs only frenzy-slurm's runtime, which execs it
 }
 
 # find_spec of each name given (a|b: either); a missing parent package is "not found", never an exception

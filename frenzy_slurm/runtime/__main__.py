@@ -81,6 +81,16 @@ def _run(argv: list[str] | None) -> int:
 
             start_beside(job_dir)
         signals.prepare_exec()
+        if os.environ.get("FRENZY_FRAMEWORK") == "llm.c":
+            # llm.c's train_gpt2cu is a compiled program: it runs itself, one per task srun started (its MPI
+            # initialises from Slurm's PMI); no Python between it and the GPU
+            try:
+                os.execv(str(ns.script), [str(ns.script), *args])
+            except OSError as exc:
+                raise InputError(
+                    f"cannot run llm.c's program {ns.script} ({exc.strerror}); build it (make "
+                    "train_gpt2cu) and make it executable"
+                ) from None
         try:
             os.execvp(python, [python, str(ns.script), *args])  # a bare name (entry.environment.python): on PATH
         except OSError as exc:
