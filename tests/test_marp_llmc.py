@@ -244,3 +244,14 @@ def test_example_is_planned():
     )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["stages"][0]["peak"] == pytest.approx(15532.3 * MiB / GiB, rel=1e-3)
+
+
+def test_framework_args_are_llmc_flags_at_its_date():
+    from frenzy_slurm.render.script import plan_env
+    from frenzy_slurm.runtime.framework_argv import framework_args
+
+    plan = ParallelPlan(dp=4, zero=1, micro_batch=2, grad_accum=2)
+    old = plan_env(_spec(sharding="zero1", training={"global_batch": 16}), plan)
+    assert framework_args(old) == ["-b", "2", "-t", "64", "-z", "1", "-l", "0.0003", "-x", "1", "-w", "1"]
+    new = plan_env(_spec(version="2024.08.16", entry={"llmc": {"recompute": 2, "master_weights": False}}), plan)
+    assert framework_args(new)[10:] == ["-w", "0", "-r", "2", "-d", str(8 * 64)]

@@ -73,7 +73,16 @@ def test_the_plan_variables_the_builders_read_are_documented():
         PLAN_NAMES
     )
     assert "FRENZY_DOUBLE_QUANT" in PLAN_NAMES
-    assert set(BUILDERS) == {"hf-trainer", "deepspeed", "torchtune", "torchtitan", "litgpt", "lightning", "megatron"}
+    assert set(BUILDERS) == {
+        "hf-trainer",
+        "deepspeed",
+        "torchtune",
+        "torchtitan",
+        "litgpt",
+        "lightning",
+        "megatron",
+        "llm.c",
+    }
     assert (
         framework_args(plan(FRENZY_FRAMEWORK="torch")) == [] and framework_args(plan(FRENZY_FRAMEWORK="frenzy")) == []
     )

@@ -59,6 +59,10 @@ PLAN_NAMES: dict[str, str] = {
     "FRENZY_OFFLOAD_PARAMS": "1 if ZeRO-3 parameters live in host memory, else 0",
     "FRENZY_SEED": "training.seed",
     "FRENZY_CHECKPOINT_INTERVAL": "save every this many steps (0: only at the end and at the stop signal)",
+    # llm.c jobs only (framework llm.c): its flags that have no model.yaml field of their own
+    "FRENZY_LLMC_RECOMPUTE": "llm.c's -r (entry.llmc.recompute or its default; empty where its source has no -r)",
+    "FRENZY_LLMC_MASTER_WEIGHTS": "llm.c's -w: 1 to keep an fp32 master copy, else 0",
+    "FRENZY_LLMC_ACCUMULATES": "1 where llm.c's source takes -d (the total batch in tokens), else 0",
 }
 
 FRAMEWORK_ARGS = "FRENZY_FRAMEWORK_ARGS"  # a whole argument: the framework's own flags (framework_argv.py)

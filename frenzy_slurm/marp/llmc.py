@@ -55,7 +55,7 @@ VOCAB_PADDING = 128  # train_gpt2.py pad_vocab(multiple=128): the checkpoint's p
 BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}  # floatX: PRECISION=FP32 / BF16 (default) / FP16 builds
 
 
-def _date(text: str | None) -> Date:
+def llmc_version(text: str | None) -> Date:
     if text is None:
         return NEWEST
     parts = tuple(int(p) for p in text.split("."))
@@ -148,7 +148,7 @@ def layout_from_spec(spec: JobSpec, arch: Architecture) -> LlmcLayout:
             f"asserts T <= maxT, the positional embedding's {arch.max_positions} rows (model.arch.max_positions)",
             "train at most that many tokens per sample",
         )
-    version = _date(spec.entry.framework_version)
+    version = llmc_version(spec.entry.framework_version)
     said = spec.entry.llmc.recompute
     if said is not None and said > 0 and version < RECOMPUTE_GELU:
         raise _refuse(
@@ -162,16 +162,21 @@ def layout_from_spec(spec: JobSpec, arch: Architecture) -> LlmcLayout:
             "train_gpt2.cu has -r 2 (layernorm recomputation) from 2024.05.31 (60a1037)",
             "set 0 or 1, or a later entry.framework_version",
         )
-    recompute = said if said is not None else (1 if version >= RECOMPUTE_GELU else 0)
     return LlmcLayout(
         version=version,
-        recompute=recompute,
+        recompute=recompute_level(spec, version),
         cudnn=spec.training.attention != "eager",
         master_weights=spec.entry.llmc.master_weights,
         floatx=BYTES[spec.training.precision],
         padded_vocab=-(-arch.vocab // VOCAB_PADDING) * VOCAB_PADDING,
         max_seq=arch.max_positions,
     )
+
+
+def recompute_level(spec: JobSpec, version: Date) -> int:
+    """llm.c's -r for this job: entry.llmc.recompute, else its default at `version` (1 from bd7dc7a, 0 before)."""
+    said = spec.entry.llmc.recompute
+    return said if said is not None else (1 if version >= RECOMPUTE_GELU else 0)
 
 
 def parameter_count(arch: Architecture, lay: LlmcLayout) -> int:

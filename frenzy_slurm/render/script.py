@@ -10,6 +10,7 @@ from __future__ import annotations
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.jobdir.scriptenv import KNOWN_NAMES, ArgsError, check_args
 from frenzy_slurm.jobspec import JobSpec
+from frenzy_slurm.marp.llmc import LOSSES_BUFFER, RECOMPUTE_GELU, llmc_version, recompute_level
 from frenzy_slurm.marp.plan import ParallelPlan
 
 
@@ -19,6 +20,7 @@ def plan_env(spec: JobSpec, plan: ParallelPlan) -> dict[str, str]:
         return {}
     t = spec.training
     return {
+        **_llmc_env(spec),
         "FRENZY_FRAMEWORK": spec.entry.runs_with,
         "FRENZY_FRAMEWORK_VERSION": spec.entry.framework_version or "",
         "FRENZY_DP": str(plan.dp),
@@ -49,6 +51,19 @@ def plan_env(spec: JobSpec, plan: ParallelPlan) -> dict[str, str]:
         "FRENZY_OFFLOAD_PARAMS": "1" if plan.offload_params else "0",
         "FRENZY_SEED": str(t.seed),
         "FRENZY_CHECKPOINT_INTERVAL": str(t.checkpoint_interval or 0),
+    }
+
+
+def _llmc_env(spec: JobSpec) -> dict[str, str]:
+    """llm.c's own flags for its framework_argv builder, as its source at entry.framework_version takes them."""
+    if spec.entry.runs_with != "llm.c":
+        return {}
+    version = llmc_version(spec.entry.framework_version)
+    level = recompute_level(spec, version)
+    return {
+        "FRENZY_LLMC_RECOMPUTE": "" if version < RECOMPUTE_GELU else str(level),
+        "FRENZY_LLMC_MASTER_WEIGHTS": "1" if spec.entry.llmc.master_weights else "0",
+        "FRENZY_LLMC_ACCUMULATES": "1" if version >= LOSSES_BUFFER else "0",
     }
 
 

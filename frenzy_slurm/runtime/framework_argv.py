@@ -330,6 +330,20 @@ def megatron(env: Env) -> list[str]:
     return argv
 
 
+def llmc(env: Env) -> list[str]:
+    """train_gpt2cu's flags (karpathy/llm.c train_gpt2.cu, read at 750c5fd and 0ddedf9): -b micro-batch, -t
+    sequence length, -z ZeRO stage, -l learning rate, -x steps, -w master weights; -r where its source takes it
+    (from 2024.05.16) and -d, the total batch in tokens (gradient accumulation, from 2024.05.15)."""
+    argv = ["-b", env["FRENZY_MICRO_BATCH"], "-t", env["FRENZY_SEQ_LEN"], "-z", env.get("FRENZY_ZERO", "0")]
+    argv += ["-l", env["FRENZY_LEARNING_RATE"], "-x", env["FRENZY_STEPS"]]
+    argv += ["-w", env.get("FRENZY_LLMC_MASTER_WEIGHTS", "1")]
+    if env.get("FRENZY_LLMC_RECOMPUTE"):
+        argv += ["-r", env["FRENZY_LLMC_RECOMPUTE"]]
+    if _on(env, "FRENZY_LLMC_ACCUMULATES"):
+        argv += ["-d", str(int(env["FRENZY_GLOBAL_BATCH"]) * int(env["FRENZY_SEQ_LEN"]))]
+    return argv
+
+
 BUILDERS: dict[str, Callable[[Env], list[str]]] = {
     "hf-trainer": hf_trainer,
     "deepspeed": deepspeed,
@@ -338,6 +352,7 @@ BUILDERS: dict[str, Callable[[Env], list[str]]] = {
     "litgpt": litgpt,
     "lightning": lightning,
     "megatron": megatron,
+    "llm.c": llmc,
 }
 
 
