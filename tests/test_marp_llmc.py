@@ -255,3 +255,11 @@ def test_framework_args_are_llmc_flags_at_its_date():
     assert framework_args(old) == ["-b", "2", "-t", "64", "-z", "1", "-l", "0.0003", "-x", "1", "-w", "1"]
     new = plan_env(_spec(version="2024.08.16", entry={"llmc": {"recompute": 2, "master_weights": False}}), plan)
     assert framework_args(new)[10:] == ["-w", "0", "-r", "2", "-d", str(8 * 64)]
+
+
+def test_explain_names_the_llmc_defaults_taken():
+    from frenzy_slurm.marp.frameworks import profile_summary
+
+    taken = profile_summary(_spec(entry={"framework_version": None}))["defaults_taken"]
+    assert taken == {"entry.framework_version": "2024.08.16 (the newest layout described)", "entry.llmc.recompute": 1}
+    assert profile_summary(_spec())["defaults_taken"] == {"entry.llmc.recompute": 0}  # no -r before 2024.05.16

@@ -495,6 +495,8 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
         taken["training.compile_loss"] = prof.compiles_plain_loss
     if fsdp_offloads_parameters(spec):
         taken["parallel.offload_params"] = "true (FSDP's CPU offload moves the parameters with the optimizer)"
+    if prof.family == "llm.c":  # a static layout: the PyTorch loop's settings above say nothing of it
+        taken = llmc_defaults(spec)
     can = prof.can
     runs = {
         "tp": can.tp,
@@ -517,6 +519,18 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
     if spec.median_tokens is not None:  # data.lengths: variable
         out["data"] = {"lengths": "variable", "longest": spec.longest_tokens, "median": spec.median_tokens}
     return out
+
+
+def llmc_defaults(spec: JobSpec) -> dict[str, object]:
+    """The llm.c settings model.yaml leaves to llm.c's defaults at the date of its source (marp/llmc.py)."""
+    from frenzy_slurm.marp.llmc import NEWEST, llmc_version, recompute_level
+
+    taken: dict[str, object] = {}
+    if spec.entry.framework_version is None:
+        taken["entry.framework_version"] = "{}.{:02d}.{:02d} (the newest layout described)".format(*NEWEST)
+    if spec.entry.llmc.recompute is None:
+        taken["entry.llmc.recompute"] = recompute_level(spec, llmc_version(spec.entry.framework_version))
+    return taken
 
 
 def profile_lines(spec: JobSpec, device: str = "cuda") -> list[str]:
