@@ -17,13 +17,14 @@ from frenzy_slurm.marp.llmc import buffer_bytes, parameter_count, printed_mib
 from frenzy_slurm.marp.overheads import Overheads
 from frenzy_slurm.marp.plan import ParallelPlan
 
-from .helpers import EXAMPLES, ROOT, run_cli
+from .helpers import ROOT, run_cli
 
 GPT2 = dict(
     activation="gelu", norm="layernorm", position="learned", bias="all", tied_embeddings=True, max_positions=1024
 )
 SMALL = Architecture(layers=2, hidden=64, heads=4, ffn=256, vocab=300, **GPT2)  # Vp = 384
 GPT2_124M = Architecture(layers=12, hidden=768, heads=12, ffn=3072, vocab=50257, **GPT2)
+DATA = ROOT / "tests" / "data"
 DEV2 = ROOT.parent / "shared" / "data" / "memory_measurements_dev2.csv"
 
 
@@ -213,7 +214,7 @@ def test_fsbatch_dry_run_renders_an_llmc_job(tmp_path):
     snap.write_text(synthetic(pools).model_dump_json())
     site.write_text(yaml.safe_dump(synthetic_site(pools).model_dump(mode="json")))
     model = tmp_path / "llmc.yaml"
-    model.write_text((EXAMPLES / "llmc-gpt2.yaml").read_text())
+    model.write_text((DATA / "llmc-gpt2.yaml").read_text())
     (tmp_path / "llm.c").mkdir()
     (tmp_path / "llm.c" / "train_gpt2cu").write_text("")
     res = run_cli(
@@ -240,7 +241,7 @@ def test_fsbatch_dry_run_renders_an_llmc_job(tmp_path):
 
 def test_example_is_planned():
     res = run_cli(
-        "frenzy-slurm", "memory", str(EXAMPLES / "llmc-gpt2.yaml"), "--world", "4", "--metric", "device", "--json"
+        "frenzy-slurm", "memory", str(DATA / "llmc-gpt2.yaml"), "--world", "4", "--metric", "device", "--json"
     )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["stages"][0]["peak"] == pytest.approx(15532.3 * MiB / GiB, rel=1e-3)
@@ -263,3 +264,40 @@ def test_explain_names_the_llmc_defaults_taken():
     taken = profile_summary(_spec(entry={"framework_version": None}))["defaults_taken"]
     assert taken == {"entry.framework_version": "2024.08.16 (the newest layout described)", "entry.llmc.recompute": 1}
     assert profile_summary(_spec())["defaults_taken"] == {"entry.llmc.recompute": 0}  # no -r before 2024.05.16
+
+
+def test_runtime_execs_the_llmc_program_itself_with_its_flags(tmp_path):
+    """llm.c's train_gpt2cu is a compiled program: the runtime execs it, not the job's Python on it."""
+    import os
+    import subprocess
+    import sys
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(mode=0o700)
+    program = tmp_path / "train_gpt2cu"
+    program.write_text('#!/bin/sh\necho "$0 $*"\n')
+    program.chmod(0o755)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "FRENZY_NVML_SAMPLER": "0",
+        **{k: v for k, v in _env_of(_spec(version="2024.08.16")).items()},
+    }
+    res = subprocess.run(
+        [sys.executable, "-P", "-m", "frenzy_slurm.runtime", "--job-dir", str(job_dir), "--script", str(program)]
+        + ["--", "$FRENZY_FRAMEWORK_ARGS", "-i", "train_*.bin"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    got = res.stdout.strip().splitlines()[-1]
+    assert got == f"{program} -b 2 -t 64 -z 0 -l 0.0003 -x 1 -w 1 -r 1 -d 512 -i train_*.bin"
+
+
+def _env_of(spec: JobSpec) -> dict[str, str]:
+    from frenzy_slurm.render.script import plan_env
+
+    return plan_env(spec, ParallelPlan(dp=4, micro_batch=2))
