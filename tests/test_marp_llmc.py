@@ -162,6 +162,7 @@ def test_predict_pinned_searches_only_what_llmc_runs():
         (dict(training={"precision": "bf16-pure"}), "entry.llmc.master_weights: false"),
         (dict(training={"optimizer": "sgd"}), "training.optimizer: llm.c steps with its own AdamW"),
         (dict(training={"compile": True}), "training.compile/fp8"),
+        (dict(training={"precision": "fp32"}), "cuDNN is not supported in FP32 mode"),
         (dict(entry={"framework_version": "2.3"}), "as YYYY.MM.DD"),
         (dict(entry={"framework_version": "2024.04.20"}), "describes llm.c's train_gpt2.cu from 2024.05.13"),
         (dict(entry={"llmc": {"recompute": 1}}), "no -r before 2024.05.16"),

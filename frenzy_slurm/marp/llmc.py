@@ -6,7 +6,7 @@ gradients, AdamW's m and v, the fp32 master copy, the cuBLASLt workspace), sized
 `fill_in_activation_sizes` and (until June 2024) `fill_in_grad_act_sizes`, and keeps them to the end. So its peak
 is the sum of those buffers, whatever the step does, and "allocated" and "reserved" are the same figure.
 
-The layout changed over 2024 (`CHANGES`, each from the master commit that made it, dates as YYYY.MM.DD): model.yaml's
+The layout changed over 2024 (the dates below, each that of the master commit that made it, YYYY.MM.DD): model.yaml's
 `entry.framework_version` is the date of the train_gpt2.cu the job builds (llm.c has no releases); the default is
 the newest described. `layout_from_spec` maps model.yaml onto llm.c's flags and refuses what llm.c cannot run;
 `buffer_bytes` sizes every buffer of one rank; `breakdown` groups them into MARP's seven parts.
@@ -23,11 +23,8 @@ from frenzy_slurm.marp.plan import Metric, ParallelPlan
 from frenzy_slurm.marp.workload import Date, LlmcLayout
 
 # karpathy/llm.c master (first-parent) commits that changed what train_gpt2.cu allocates on the device
-PR_309: Date = (
-    2024,
-    5,
-    13,
-)  # 750c5fd, "Merge pull request #309 from ahrefs/zero-stage1": ZeRO-1 (m, v, master sharded)
+# 750c5fd, "Merge pull request #309 from ahrefs/zero-stage1": ZeRO-1 (m, v and the master copy sharded)
+PR_309: Date = (2024, 5, 13)
 LOSSES_BUFFER: Date = (2024, 5, 15)  # 0f48a28 (#412, gradient accumulation): a (B, T) `losses` activation
 RECOMPUTE_GELU: Date = (2024, 5, 16)  # bd7dc7a (#422): -r, default 1: fch_gelu one layer's (B, T, 4C), not L of them
 ONE_CUBLASLT_WORKSPACE: Date = (2024, 5, 17)  # f226a2c (b24279c "remove duplicate workspace allocation")
@@ -37,18 +34,6 @@ NO_GRAD_ACTS: Date = (2024, 6, 13)  # 2bc0b47 (#590): grad-activation buffers re
 FP32_STATS: Date = (2024, 6, 27)  # 2cf7c5b (mixed dtypes): layernorm means/rstds and losses in fp32
 NO_PROJ_ACTS: Date = (2024, 7, 1)  # 79223b9 (optimize_attproj_fcproj): no per-layer attproj and fcproj
 NEWEST: Date = (2024, 8, 16)  # 0ddedf9 (#745): the last master change to train_gpt2.cu
-CHANGES: tuple[tuple[Date, str], ...] = (
-    (PR_309, "750c5fd: ZeRO-1 shards m, v and the master copy"),
-    (LOSSES_BUFFER, "0f48a28: a (B, T) losses buffer"),
-    (RECOMPUTE_GELU, "bd7dc7a: -r 1 (default) keeps one layer's GELU output"),
-    (ONE_CUBLASLT_WORKSPACE, "f226a2c: one 32 MiB cuBLASLt workspace (two before)"),
-    (RECOMPUTE_LAYERNORM, "60a1037: -r 2 keeps one layer's layernorm outputs"),
-    (LAYERNORM_INTO_LNF, "d17893b: -r 2 keeps no layernorm outputs"),
-    (NO_GRAD_ACTS, "2bc0b47: scratch_bt4c and scratch_btc replace the activation-gradient buffers"),
-    (FP32_STATS, "2cf7c5b: layernorm statistics and losses in fp32"),
-    (NO_PROJ_ACTS, "79223b9: no attproj/fcproj activations"),
-    (NEWEST, "0ddedf9: m, v, master fall back to cudaMallocManaged when the GPU is full"),
-)
 
 CUBLASLT_WORKSPACE = 32 * 1024 * 1024  # llmc/cublas_common.h (train_gpt2.cu before June): cublaslt_workspace_size
 VOCAB_PADDING = 128  # train_gpt2.py pad_vocab(multiple=128): the checkpoint's padded_vocab_size
@@ -56,6 +41,8 @@ BYTES = {"fp32": 4, "bf16-mixed": 2, "fp16-mixed": 2}  # floatX: PRECISION=FP32 
 
 
 def llmc_version(text: str | None) -> Date:
+    """entry.framework_version as the date of llm.c's source (the newest described when unset); InputError for a
+    version that is not a date, or a date before the layouts MARP describes."""
     if text is None:
         return NEWEST
     parts = tuple(int(p) for p in text.split("."))
@@ -122,6 +109,13 @@ def _check_training(spec: JobSpec) -> None:
             "training.activation_offload/optimizer_in_backward/fused_linear_loss/loss_chunks",
             "has none of these",
             "remove them",
+        ),
+        (
+            t.precision == "fp32" and t.attention != "eager",
+            f"training.precision: fp32 with attention: {t.attention}",
+            "builds cuDNN's attention (USE_CUDNN=1) only in 16 bits (cudnn_att.cpp: static_assert, 'cuDNN is not "
+            "supported in FP32 mode')",
+            "set attention: eager (llm.c's own attention kernels) or precision: bf16-mixed",
         ),
         (
             spec.data.lengths == "variable",
