@@ -178,12 +178,12 @@ def parameter_shapes(
     per element come from the memory model's totals."""
     h, f, kvd = a.hidden, a.ffn, a.kv * a.head_dim
     norm_tensors = 2 if a.norm == "layernorm" else 1  # weight (+ bias)
-    mlp = [(h * f / tp, 3 if a.activation == "swiglu" else 2)]
-    block: list[tuple[float, float]] = [(h * h / tp, 2), (h * kvd / tp, 2), *mlp, (h, 2 * norm_tensors)]
+    mlp = [(h * f / tp, 3 if a.gated else 2)]
+    block: list[tuple[float, float]] = [(h * a.inner / tp, 2), (h * kvd / tp, 2), *mlp, (h, 2 * norm_tensors)]
     if a.bias in ("qkv", "all"):
         block += [(h / tp, 1), (kvd / tp, 2)]
     if a.bias == "all":
-        block += [(h, 2), (f / tp, 2 if a.activation == "swiglu" else 1)]
+        block += [(h, 2), (f / tp, 2 if a.gated else 1)]
     out = [(n, c * n_layers) for n, c in block]
     if first:
         out.append((a.vocab * h / vtp, 1))
@@ -202,7 +202,7 @@ def adapter_shapes(
     """(elements, count) of the LoRA adapters of one stage's blocks: A (rank x in) and B (out x rank) per matrix."""
     h, f, kvd = a.hidden, a.ffn, a.kv * a.head_dim
     mats = {"q": [(h, h)], "k": [(h, kvd)], "v": [(h, kvd)], "o": [(h, h)]}
-    mats["mlp"] = [(h, f), (h, f), (f, h)] if a.activation == "swiglu" else [(h, f), (f, h)]
+    mats["mlp"] = [(h, f), (h, f), (f, h)] if a.gated else [(h, f), (f, h)]
     out: list[tuple[float, float]] = []
     for t in targets:
         for i, o in mats.get(t, []):
