@@ -62,10 +62,11 @@ def blocks(j: Job) -> EncDecBlocks:
 
 
 def encdec_saved_activations(j: Job, n_layers: int, inflight: float) -> tuple[float, float, float, float]:
-    """(saved activations, the block recomputed in backward, one block's backward working set, what the last block
-    backward runs, with every gradient made, holds) of an encoder-decoder model's `n_layers` decoder blocks and its whole encoder (one stage: its
-    plans have pp = 1). Full recomputation keeps each block's input, and the encoder output the decoder's
-    checkpoints read; selective recomputation drops the eager score matrices (memory_activations)."""
+    """(saved activations, the block recomputed in backward, one block's backward working set, what the last
+    block's backward to run with (nearly) every gradient made holds) of an encoder-decoder model's `n_layers` decoder
+    blocks and its whole encoder (one stage: its plans have pp = 1). Full recomputation keeps each block's input,
+    the encoder output the decoder's checkpoints read, and the masks and biases they take; selective
+    recomputation drops the eager score matrices (memory_activations)."""
     w, plan, a = j.w, j.plan, j.w.arch
     if plan.pp > 1 or plan.cp > 1:
         raise ValueError(
