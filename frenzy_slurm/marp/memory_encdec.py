@@ -86,7 +86,9 @@ def encdec_saved_activations(j: Job, n_layers: int, inflight: float) -> tuple[fl
             + (n_layers - ck_dec) * dec_block
             + k.encoder_output * src
         )
-        recomputed = max(enc_block, dec_block)
+        recomputed = (
+            dec_block  # the decoder's top block, recomputed as the backward starts (the encoder's: first_block)
+        )
         # each checkpoint holds its block's inputs until its backward: beside the hidden states, the attention masks
         # (eager: float, batch x 1 x query x key; SDPA: bool) and the shared position biases of its stack (T5: the
         # relative bias, 1 x heads x query x key, and the cross-attention's zero bias, made to need a gradient
@@ -114,11 +116,18 @@ def encdec_saved_activations(j: Job, n_layers: int, inflight: float) -> tuple[fl
         # each stack's relative-bias look-up (T5Attention.compute_bias) saves its bucket indices: int64, query x key
         # positions, one set per stack whatever the batch
         kept += 8.0 * (w.seq_len**2 + w.decoder_len**2)
+    # one block's backward working set: the decoder's while the loss's and the decoder's backward run (the
+    # backward-start moments), the encoder's in the encoder's backward, with every decoder tensor freed (the
+    # backward-end moment: `first_block` carries what it adds over the decoder's)
     e = j.e_act
-    work = 2 * max(a.ffn, a.hidden) * e * max(src, tgt) / plan.tp
+    dec_work = 2 * max(a.ffn, a.hidden) * e * tgt / plan.tp
+    enc_work = 2 * max(a.ffn, a.hidden) * e * src / plan.tp
     if w.activations.attention == "eager":
         units = 3 if plan.recompute == "selective" else 2
         score = 4.0 if j.amp else e
-        widest = max(w.seq_len * src, w.decoder_len * tgt, w.seq_len * tgt)  # encoder, decoder self, cross scores
-        work = max(work, units * a.heads * score * widest / plan.tp)
+        scores = units * a.heads * score / plan.tp
+        dec_work = max(dec_work, scores * max(w.seq_len, w.decoder_len) * tgt)  # cross or self scores
+        enc_work = max(enc_work, scores * w.seq_len * src)
+    work = dec_work
+    first_block += max(0.0, enc_work - dec_work)
     return kept * inflight, recomputed, work, first_block
