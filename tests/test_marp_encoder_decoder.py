@@ -344,3 +344,18 @@ def test_training_step_peak_is_predicted(proj, drop, attn, ckpt):
     w = workload_from_spec(spec, ResolvedModel(arch=arch, name="t5"), device="cpu")
     predicted = estimate_memory(w, pinned_plan(spec, w, 1), "allocated").peak
     assert predicted == pytest.approx(measured, rel=PEAK_TOLERANCE)
+
+
+def test_the_allocator_sees_both_stacks_tensors():
+    """The caching allocator's replay packs the tensors of both stacks and of the cross-attention, and the
+    adapters of every attention PEFT adapts (the two relative-bias tables, 2 x 32 x 32 elements, are too small to
+    matter and are left out)."""
+    from frenzy_slurm.marp.allocator import adapter_shapes, parameter_shapes
+
+    a = Architecture(**T5_3B)
+    shapes = parameter_shapes(a, 24, True, True, 1, 1)
+    assert sum(n * c for n, c in shapes) == count_params(a).total(a.layers) - 2 * 32 * 32
+    adapters = adapter_shapes(a, 24, 8, ("q", "v"), 1)
+    assert sum(n * c for n, c in adapters) == lora_params_per_layer(a, 8, ("q", "v")) * 24 + lora_encoder_params(
+        a, 8, ("q", "v")
+    )
