@@ -359,3 +359,13 @@ def test_the_allocator_sees_both_stacks_tensors():
     assert sum(n * c for n, c in adapters) == lora_params_per_layer(a, 8, ("q", "v")) * 24 + lora_encoder_params(
         a, 8, ("q", "v")
     )
+
+
+def test_a_pipeline_plan_given_by_hand_is_an_input_error():
+    """`frenzy-slurm memory --plan pp=2` of such a model: exit 2 with the reason, no traceback."""
+    from frenzy_slurm.marp.plan import ParallelPlan
+
+    a = Architecture(**T5_3B)
+    w = workload_from_spec(_spec(a, 512, 128, 1), ResolvedModel(arch=a, name="t5"))
+    with pytest.raises(InputError, match="pipeline stages and context parallelism of an encoder-decoder model"):
+        estimate_memory(w, ParallelPlan(dp=1, pp=2, micro_batch=1, grad_accum=2))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.marp.memory_activations import cross_attention_bytes, layer_activation_bytes
 from frenzy_slurm.marp.memory_job import Job
 
@@ -69,8 +70,9 @@ def encdec_saved_activations(j: Job, n_layers: int, inflight: float) -> tuple[fl
     recomputation drops the eager score matrices (memory_activations)."""
     w, plan, a = j.w, j.plan, j.w.arch
     if plan.pp > 1 or plan.cp > 1:
-        raise ValueError(
-            f"{plan.short()}: an encoder-decoder model's pipeline or context-parallel plans are not modelled"
+        raise InputError(
+            f"plan {plan.short()}: pipeline stages and context parallelism of an encoder-decoder model (T5, BART) are "
+            "not modelled; plan it with pp=1 and cp=1"
         )
     src = plan.micro_batch * w.seq_len  # source tokens per micro-batch
     tgt = j.tokens
