@@ -172,7 +172,10 @@ def _core_terms(b: _Block, recompute: Recompute, keys: int) -> list[float]:
             if act.softmax_fp32 and not b.amp and e == 2.0:
                 soft = 4.0 + e  # softmax(..., dtype=float32).to(dtype): the fp32 output and its 16-bit copy
             terms.append(a.heads * keys * (soft + ((b.mask + e) if drop else 0)) / tp)
-        terms.append(li * inner / tp)  # context (o_proj input)
+        if b.base_saves or ("o" in b.adapters and not b.dropped):
+            # the context (probs @ v, made contiguous) is kept by o_proj, or by its adapter's lora_A reading it
+            # undropped; a frozen o_proj keeps only its weight, and probs @ v saves probs and v, not its output
+            terms.append(li * inner / tp)
     else:
         terms.append(e * inner / tp + 4.0 * a.heads / tp)  # kernel output (also o_proj input) + log-sum-exp
         if a.position == "relative":
