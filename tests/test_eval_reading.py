@@ -301,12 +301,12 @@ def test_torchtune_recipe_behaviour():
     w = interpret_row(_row(**tt | dict(other_settings="packed; chunked CE"))).workload
     assert (w.loss.loss_chunks, w.loss.compile_loss) == (8, True)
     # a Hugging Face model class is read as the HF Trainer (framework hf-trainer): its compute_loss returns the loss
-    # only, so the logits are not held; HF's model code rotates after the transpose
+    # only, so the logits are not held; HF's rotation keeps q/k sequence-major (no attention-output copy)
     hf = interpret_row(_row(**tt | dict(attention_impl="sdpa", model="Llama-3.2-3B (LlamaForCausalLM)")))
     assert hf.spec.entry.framework == "hf-trainer"
     assert (hf.workload.loss.hold_logits, hf.workload.activations.unfused_rope, hf.workload.loss.compile_loss) == (
         False,
-        True,
+        False,
         True,
     )
     # a plain PyTorch loop over the same model binds its output through backward

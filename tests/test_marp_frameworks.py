@@ -230,7 +230,7 @@ def test_the_profiles_defaults_reach_the_workload():
     )
     hf = workload_from_spec(s := script("hf-trainer"), resolve_model(s, "."))
     # Trainer.compute_loss returns the loss only; transformers 5's SDPA path takes the K/V heads as they are
-    assert hf.activations.norm_upcast and hf.activations.unfused_rope and not hf.activations.fused_projections
+    assert hf.activations.norm_upcast and not hf.activations.unfused_rope and not hf.activations.fused_projections
     assert not hf.loss.hold_logits and not hf.activations.gqa_expand
     old = script(
         "hf-trainer",

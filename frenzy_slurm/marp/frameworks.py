@@ -70,12 +70,15 @@ class ModelCode:
 
 MODEL_CODES: dict[str, ModelCode] = {
     # transformers 4.40-4.57 modeling_llama.py / modeling_gpt2.py (eager RMSNorm upcast, repeat_kv, apply_rotary_pos_emb
-    # on the transposed q/k)
+    # on the transposed q/k). `q * cos + rotate_half(q) * sin` keeps q's sequence-major layout (the first operand's
+    # strides decide), and the SDPA kernels write their output sequence-major, so the transpose back is a view that
+    # o_proj saves with the kernel's own output: no copy (measured per block against transformers 5.17's Llama on
+    # the CPU, fp32, bf16 and autocast: tests/test_marp_lora_eager_context.py)
     "hf": ModelCode(
         "hf",
         norm_upcast=True,
         gqa_expand=True,
-        unfused_rope=True,
+        unfused_rope=False,
         fused_projections="by-model",
         # eager_attention_forward: softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)
         softmax_fp32_eager=True,

@@ -47,7 +47,8 @@ class _Block:
         # weight's gradient: fp32 copy and normalised value; a fused kernel keeps only its input and per-row
         # statistics.) (the normalised output is kept for the norm weight's gradient only: not under LoRA, where
         # norms are frozen)
-        normalised = 4.0 if act.norm_fp32_normalized else e
+        # (`weight * x.to(input_dtype)`: the normalised value in the norm input's dtype, fp32 under autocast)
+        normalised = 4.0 if act.norm_fp32_normalized else r
         upcast = act.norm_upcast and not act.compile
         norm = ((4.0 if upcast else r) + (normalised if (upcast and not lora) else 0.0)) * w.arch.hidden / rep
         return cls(
@@ -168,9 +169,11 @@ def _core_terms(b: _Block, recompute: Recompute, keys: int) -> list[float]:
     terms: list[float] = []
     if act.attention == "eager":
         if recompute != "selective":
-            soft = 4.0 if b.amp else e  # softmax runs in fp32 under autocast
-            if act.softmax_fp32 and not b.amp and e == 2.0:
-                soft = 4.0 + e  # softmax(..., dtype=float32).to(dtype): the fp32 output and its 16-bit copy
+            soft = e
+            if b.amp or (act.softmax_fp32 and e == 2.0):
+                # the fp32 softmax (autocast runs softmax in fp32; HF's softmax(..., dtype=float32)) and the 16-bit
+                # copy the probs @ v matmul reads (autocast's cast, or HF's .to(dtype)): each saved
+                soft = 4.0 + e
             terms.append(a.heads * keys * (soft + ((b.mask + e) if drop else 0)) / tp)
         if b.base_saves or ("o" in b.adapters and not b.dropped):
             # the context (probs @ v, made contiguous) is kept by o_proj, or by its adapter's lora_A reading it

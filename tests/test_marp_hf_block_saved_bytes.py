@@ -1,0 +1,130 @@
+"""One transformer block's saved-for-backward bytes against Hugging Face's Llama (and PEFT's LoRA) on the CPU.
+
+The saved storages of a 2-block model less those of a 1-block model (the second block's input needs a gradient,
+as every block's but the first does behind a frozen embedding under LoRA) against `layer_activation_bytes` for
+the same model.yaml, read through `workload_from_spec` as fsbatch reads it. Under autocast the bf16 copies of the
+weights (autocast's cast cache, which MARP counts with the weights, not per token) are left out.
+
+What it pins (transformers 5.17, peft 0.21, torch 2.13):
+- a frozen nn.Linear saves only its weight, and `probs @ v` saves probs and v, not its output: under LoRA with
+  eager attention the context is kept only where o_proj trains or its adapter's lora_A reads it undropped;
+- HF's rotary embedding (`q * cos + rotate_half(q) * sin`) keeps q and k sequence-major, and the SDPA kernel
+  writes its output sequence-major, so o_proj saves the kernel's output itself: no copy;
+- under autocast the RMSNorm's normalised value is fp32 (`weight * x.to(input_dtype)`, the residual stream's
+  dtype), and eager attention keeps the fp32 softmax beside the 16-bit copy `probs @ v` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel
+from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.marp import workload_from_spec
+from frenzy_slurm.marp.memory_activations import layer_activation_bytes
+
+TINY = dict(layers=2, hidden=64, heads=4, kv_heads=4, ffn=176, vocab=128)
+SEQ, BATCH = 24, 2  # 48 tokens: no activation has a weight's shape
+PEFT_NAMES = {
+    "q": ["q_proj"],
+    "k": ["k_proj"],
+    "v": ["v_proj"],
+    "o": ["o_proj"],
+    "mlp": ["gate_proj", "up_proj", "down_proj"],
+}
+
+
+def _model(layers: int, attention: str, precision: str, targets: list[str] | None):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=TINY["vocab"],
+        hidden_size=TINY["hidden"],
+        intermediate_size=TINY["ffn"],
+        num_hidden_layers=layers,
+        num_attention_heads=TINY["heads"],
+        num_key_value_heads=TINY["kv_heads"],
+        attn_implementation=attention,
+    )
+    model = LlamaForCausalLM(cfg).train()
+    if precision == "bf16-pure":
+        model = model.to(torch.bfloat16)
+    if targets is None:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    names = [n for t in targets for n in PEFT_NAMES[t]]
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=names))
+
+
+def _saved_bytes(model, precision: str) -> int:
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    weight_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
+    weight_shapes |= {s[::-1] for s in weight_shapes}
+    seen: dict[int, int] = {}
+
+    def pack(x):
+        st = x.untyped_storage()
+        cast_weight = precision == "bf16-mixed" and tuple(x.shape) in weight_shapes
+        if st.data_ptr() not in params and not cast_weight:
+            seen[st.data_ptr()] = st.nbytes()
+        return x.detach()  # keeps the storage alive, so no later tensor reuses its address
+
+    ids = torch.randint(0, TINY["vocab"], (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16-mixed" else contextlib.nullcontext()
+    with amp, torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        model(input_ids=ids)
+    return sum(seen.values())
+
+
+def _predicted(attention: str, precision: str, targets: list[str] | None) -> float:
+    arch = Architecture(**TINY, activation="swiglu", norm="rmsnorm", bias="none", position="rope")
+    lora = {} if targets is None else {"method": "lora", "lora": {"rank": 4, "targets": targets, "dropout": 0.0}}
+    spec = JobSpec.model_validate(
+        {
+            "name": "hf-block",
+            "model": {"arch": arch.model_dump(exclude_defaults=True)},
+            "training": {
+                "seq_len": SEQ,
+                "global_batch": BATCH,
+                "micro_batch": BATCH,
+                "steps": 1,
+                "precision": precision,
+                "attention": attention,
+                "activation_checkpointing": "none",
+                **lora,
+            },
+            "parallel": {"sharding": "none", "tp": 1, "pp": 1},
+            "entry": {"trainer": "script", "script": "train.py", "framework": "hf-trainer"},
+        }
+    )
+    w = workload_from_spec(spec, ResolvedModel(arch=arch, name="tiny-llama"), device="cpu")
+    return layer_activation_bytes(w, 1, False, "none", precision == "bf16-mixed") * SEQ * BATCH
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-pure", "bf16-mixed"])
+@pytest.mark.parametrize("targets", [None, ["q", "v"], ["q", "v", "o"]], ids=["full", "lora-qv", "lora-qvo"])
+def test_one_blocks_saved_bytes_are_hf_s(attention, precision, targets):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if targets is not None:
+        pytest.importorskip("peft")
+        if precision != "fp32":
+            pytest.skip("PEFT keeps 16-bit models' adapters in fp32 (autocast_adapter_dtype): not this test's subject")
+    measured = _saved_bytes(_model(2, attention, precision, targets), precision)
+    measured -= _saved_bytes(_model(1, attention, precision, targets), precision)
+    assert _predicted(attention, precision, targets) == pytest.approx(measured, rel=0.02)
+
+
+def test_the_context_is_the_difference():
+    """Adapting o_proj under eager attention adds the context (tokens x hidden, fp32), which its lora_A keeps,
+    and lora_A's rank-wide output, which its lora_B keeps."""
+    diff = _predicted("eager", "fp32", ["q", "v", "o"]) - _predicted("eager", "fp32", ["q", "v"])
+    assert diff == SEQ * BATCH * (TINY["hidden"] + 4) * 4
