@@ -241,10 +241,7 @@ def test_the_watcher_decides_each_running_job_on_the_cluster_the_moves_before_it
     at a time, after the moves before it were submitted (on one view, several jobs moved onto the same GPUs)."""
     one = {"precision": "bf16-mixed", "seq_len": 1024, "global_batch": 64}
     jobs = [WorkloadJob(id=0, submit_s=0, model="gpt2", steps=2000, **one)]
-    jobs += [
-        WorkloadJob(id=i, submit_s=60 * i, model="gpt2-medium", steps=40000, **one)
-        for i in range(1, 4)
-    ]
+    jobs += [WorkloadJob(id=i, submit_s=60 * i, model="gpt2-medium", steps=40000, **one) for i in range(1, 4)]
     runner = Runner(
         WorkloadFile(jobs=jobs), parse_compact("A100-80GB:1x8,V100-32GB:1x8,T4:1x8"), "has-preempt", seed=1, load=None
     )
