@@ -234,3 +234,29 @@ def test_the_preemptible_qos_ranks_below_the_normal_one():
     late = s.submit(30, 2)
     s.sim.advance(65 * MIN)
     assert s.state(late) == "RUNNING" and s.state(early) == "PENDING"
+
+
+def test_the_watcher_decides_each_running_job_on_the_cluster_the_moves_before_it_left():
+    """frenzy-slurm watch reads the cluster again after each move; the simulated watcher likewise decides one job
+    at a time, after the moves before it were submitted (on one view, several jobs moved onto the same GPUs)."""
+    one = {"precision": "bf16-mixed", "seq_len": 1024, "global_batch": 64}
+    jobs = [WorkloadJob(id=0, submit_s=0, model="gpt2", steps=2000, **one)]
+    jobs += [WorkloadJob(id=i, submit_s=60 * i, model="gpt2-medium", steps=40000, **one) for i in range(1, 4)]
+    runner = Runner(
+        WorkloadFile(jobs=jobs), parse_compact("A100-80GB:1x8,V100-32GB:1x8,T4:1x8"), "has-preempt", seed=1, load=None
+    )
+    calls: list[tuple[float, int, int, int]] = []
+    move = runner.policy.move  # type: ignore[attr-defined]
+
+    def seen(ctx: Context, running: list) -> list:
+        out = move(ctx, running)
+        calls.append((ctx.sim.now, len(running), ctx.sim.next_job_id, len(out)))
+        return out
+
+    runner.policy.move = seen  # type: ignore[attr-defined]
+    r = runner.run()
+    assert all(x.state == "done" for x in r.records)
+    assert {n for _, n, _, _ in calls} == {1}  # one running job per decision
+    # a move is submitted before the next job of the same pass is decided: that decision sees the new job
+    after_a_move = [(a, b) for a, b in zip(calls, calls[1:], strict=False) if a[0] == b[0] and a[3]]
+    assert after_a_move and all(b[2] > a[2] for a, b in after_a_move)

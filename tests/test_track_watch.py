@@ -269,3 +269,24 @@ def test_the_command_checks_its_site_and_flags_and_prints_one_object_per_pass(tm
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["moves"] == [] and out["dry_run"] is True
+
+
+def test_a_pass_reads_the_cluster_again_after_each_move(world):
+    """Two running jobs that would both finish sooner on the 4 A100s just freed: the first moves there, and the
+    second is decided on the cluster with the first's successor on them. On the view the pass began with, both
+    were moved onto the same 4 A100s."""
+    slurm, site, tmp = world
+    other = _hold_pool(slurm, "a100", "a100_40gb", 1, 4, 500)
+    _hold_pool(slurm, "a100", "a100_40gb", 1, 4, 500)  # the other A100 node stays held
+    first, second = _submit(slurm, site, tmp, "first"), _submit(slurm, site, tmp, "second")
+    assert all(slurm.fake_jobs[j].state == "RUNNING" and _pool(slurm, j) != "a100" for j in (first, second))
+    slurm.advance(HOUR)
+    slurm.cancel(other)
+    dry = watch_once(site, slurm, dry_run=True, now=slurm.now)
+    assert [(a.job_id, a.to_allocation) for a in dry] == [(first, "4xA100-40GB(a100)"), (second, "4xA100-40GB(a100)")]
+    moves = watch_once(site, slurm, now=slurm.now)
+    # the second sees the first's successor on those A100s: it queues for 2 of them after it, which the
+    # predictions still say beats staying (on one view it too took the 4 held by then, and waited for nothing)
+    assert [(m.job_id, m.to_allocation) for m in moves] == [(first, "4xA100-40GB(a100)"), (second, "2xA100-40GB(a100)")]
+    assert moves[1].predicted_end_moved > moves[0].predicted_end_moved
+    assert [slurm.fake_jobs[m.new_job_id or 0].state for m in moves] == ["RUNNING", "PENDING"]

@@ -354,17 +354,20 @@ class Runner:
         if not pending:
             return
         t0, c0 = time.perf_counter(), time.process_time()
-        updates = self.policy.replan(self.ctx, pending)  # type: ignore[attr-defined]  # replans is True
+        # one job at a time, on the cluster as the moves before it left it (as _move_running)
+        for entry in pending[: getattr(self.policy, "max_per_change", len(pending))]:
+            if self.sim.jobs_by_id[entry[0]].state != "PENDING":
+                continue  # started since the pass began
+            for jid, p in self.policy.replan(self.ctx, [entry]):  # type: ignore[attr-defined]  # replans is True
+                if self.sim.jobs_by_id[jid].state != "PENDING":
+                    continue  # started meanwhile: the watcher's hold fails, and it leaves the job
+                # the watcher submits the new plan and cancels the job: it joins the queue anew
+                a, _old = self.running.pop(jid)
+                self.sim.cancel(jid)
+                self._requeued.pop(a.job.id, None)
+                self._submit(a, p)
         self.policy_cpu_s += time.process_time() - c0
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
-        for jid, p in updates:
-            if self.sim.jobs_by_id[jid].state != "PENDING":
-                continue  # started meanwhile: the watcher's hold fails, and it leaves the job
-            # the watcher submits the new plan and cancels the job: it joins the queue anew
-            a, _old = self.running.pop(jid)
-            self.sim.cancel(jid)
-            self._requeued.pop(a.job.id, None)
-            self._submit(a, p)
 
     def _move_running(self) -> None:
         """The opt-in preemptible mode (has-preempt): running jobs the policy wants elsewhere are checkpointed,
@@ -381,18 +384,24 @@ class Runner:
         if not running:
             return
         t0, c0 = time.perf_counter(), time.process_time()
-        moves = self.policy.move(self.ctx, running)  # type: ignore[attr-defined]  # moves_running is True
+        # one job at a time, each decided on the cluster as the moves before it left it (the watcher reads the
+        # cluster again after each move it makes): on one view, every job that would run sooner on GPUs just
+        # freed was moved onto them, and all but the first stopped for nothing (std64 seed 2: five at once)
+        limit = getattr(self.policy, "max_per_change", len(running))
+        for entry in running[:limit]:
+            if self.sim.jobs_by_id[entry[0]].state != "RUNNING":
+                continue  # ended since the pass began
+            for jid, p in self.policy.move(self.ctx, [entry]):  # type: ignore[attr-defined]  # moves_running
+                if jid not in self.running or self.sim.jobs_by_id[jid].state != "RUNNING":
+                    continue
+                a = self.running[jid][0]
+                self._moving.add(jid)
+                self.sim.cancel(jid)  # checkpointed at the signal: _on_end files the rest under self._moved
+                rest = self._moved.pop(a.job.id, None)
+                if rest is not None:
+                    self._submit(rest, p)
         self.policy_cpu_s += time.process_time() - c0
         self.decision_ms.append((time.perf_counter() - t0) * 1e3)
-        for jid, p in moves:
-            if jid not in self.running or self.sim.jobs_by_id[jid].state != "RUNNING":
-                continue
-            a = self.running[jid][0]
-            self._moving.add(jid)
-            self.sim.cancel(jid)  # checkpointed at the signal: _on_end files the rest under self._moved
-            rest = self._moved.pop(a.job.id, None)
-            if rest is not None:
-                self._submit(rest, p)
 
     def run(self) -> RunResult:
         with _timing_marp_search() as marp_s:

@@ -174,6 +174,10 @@ def watch_once(
                 continue
             if action is not None:
                 actions.append(action)
+                if not dry_run:
+                    # the cluster as this move left it: on the view the pass began with, every job that would
+                    # finish sooner on GPUs just freed was moved onto them, all but the first for nothing
+                    cluster = OneView(backend)
         if reshaped is not None:  # slurm.replan: waiting jobs changed in place (replan_watch.py), not moved above
             moved = {a.job_id for a in actions} | unfinished
             tracked = [t for t in frenzy_jobs(cluster.load().jobs, user=me) if t.job_id not in moved]
