@@ -127,6 +127,10 @@ def test_every_workload_field_is_reachable_from_model_yaml():
         reached |= changed
     # the built-in trainer on a site whose ranks run on the CPU (the site file's `device: cpu`, which fsbatch
     # hands to workload_from_spec: test_the_site_device_is_what_fsbatch_predicts_with)
+    # an encoder-decoder model's decoder length (training.target_len)
+    t5 = {"layers": 2, "encoder_layers": 2, "hidden": 64, "heads": 4, "ffn": 128, "vocab": 256, "position": "relative"}
+    encdec = script("hf-trainer", model={"arch": t5}, training__target_len=16)
+    reached |= {"target_len"} if workload_from_spec(encdec, resolve_model(encdec, ".")).target_len == 16 else set()
     builtin = make_spec(model={"preset": "llama-3.2-1b"})
     reached |= {
         f.name

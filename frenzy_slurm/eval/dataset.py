@@ -173,7 +173,20 @@ def _seq_len(text: str, stated: int | None) -> int:
 
 # Architecture families by model name: the layer types their public implementations use.
 _FAMILIES: tuple[tuple[str, str, dict[str, object]], ...] = (
-    (r"\bt5\b|flan[- ]t5|\bbart\b|\bmt5\b|pegasus|encoder[- ]decoder", "encoder-decoder", {}),
+    # encoder-decoder models as Hugging Face transformers 5.17 builds them (jobspec/hf.py: their config keys):
+    # T5 and its descendants (mT5, Flan-T5, T0) with the relative position bias, RMS-style norms, no biases and
+    # dropout_rate inside the FFN too; BART/mBART with learned positions, LayerNorm, biases, GELU
+    (
+        r"\bt5\b|flan[- ]t5|\bmt5\b|\bt0(?:_|\b)|\bumt5\b",
+        "t5",
+        dict(position="relative", norm="rmsnorm", bias="none", dropout=0.1, activation_dropout=0.1),
+    ),
+    (
+        r"\bm?bart\b",
+        "bart",
+        dict(position="learned", norm="layernorm", bias="all", dropout=0.1, max_positions=1024, tied_embeddings=True),
+    ),
+    (r"pegasus|marian|encoder[- ]decoder", "encoder-decoder", {}),
     (
         r"\bbert\b|roberta|electra|deberta|bert[- ]",
         "bert",
@@ -200,10 +213,13 @@ def _arch(raw: dict[str, str]) -> Architecture:
     family, extra = _family(raw)
     if family == "encoder-decoder":
         raise RowError(
-            "encoder-decoder model (T5/BART family): the decoder's cross-attention over a separate encoder "
-            "sequence is not modelled"
+            "encoder-decoder model of a family MARP does not model (T5 and BART families are): its position "
+            "encoding and layer types are not known"
         )
     cells = {k: reading.annotated_int(raw[k]) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")}
+    if family in ("t5", "bart"):  # the layer cell gives both stacks (`24+24`)
+        both = reading.stacks(raw["layers"])
+        cells["layers"], extra["encoder_layers"] = (both[1], both[0]) if both else (None, 0)
     missing = [k for k in ("layers", "hidden", "heads", "ffn", "vocab") if cells[k] is None]
     if missing:
         raise RowError(f"architecture columns {', '.join(missing)} are not numbers")
@@ -222,19 +238,25 @@ def _arch(raw: dict[str, str]) -> Architecture:
     if family == "gpt2":
         extra["tied_embeddings"] = base["tied_embeddings"] or not raw["tied_emb"].strip().lower().startswith("no")
     base.update(extra)
-    acts: tuple[str, ...]
-    if family in ("bert", "gpt2"):
-        acts = ("gelu",)
-    else:  # the FFN's shape (gated with 3 matrices, or 2) is chosen by matching the published parameter count
-        acts = ("swiglu", "gelu")
+    # the FFN's shape (gated with 3 matrices, or 2) and T5's head size (d_kv: 64 in t5-small to -large, 128 in
+    # t5-3b and -11b, not hidden / heads) are chosen by matching the published parameter count
+    shapes: list[dict[str, object]]
+    if family in ("bert", "gpt2", "bart"):
+        shapes = [{"activation": "gelu"}]
+    elif family == "t5":
+        h, n = int(cells["hidden"] or 0), int(cells["heads"] or 1)
+        sizes = sorted({64, 128, h // n} - {0})
+        shapes = [{"activation": act, "d_kv": d} for act in ("relu", "geglu") for d in sizes]
+    else:
+        shapes = [{"activation": "swiglu"}, {"activation": "gelu"}]
     try:
         target = float(raw["params_B"]) * 1e9
     except ValueError:
         target = 0.0
     options = []
-    for act in acts:
+    for shape in shapes:
         try:
-            arch = Architecture.model_validate({**base, "activation": act})  # the row's cells, validated
+            arch = Architecture.model_validate({**base, **shape})  # the row's cells, validated
         except ValidationError as exc:
             raise RowError(f"architecture is inconsistent: {exc.errors()[0]['msg']}") from None
         options.append((abs(count_params(arch).total(arch.layers) - target), arch))
@@ -588,7 +610,23 @@ def _parallel_block(plan: ParallelPlan, stated_sp: bool | None, sharding: str) -
     }
 
 
-def _training_block(raw: dict[str, str], row: MeasuredRow, plan: ParallelPlan, act_offload: bool) -> dict:
+def _target_len(raw: dict[str, str], arch: Architecture) -> dict[str, int]:
+    """training.target_len of an encoder-decoder row: the decoder length its settings state (RowError where none
+    does: the decoder's activations, logits and loss scale with it); nothing for other models."""
+    if not arch.encoder_decoder:
+        return {}
+    stated = reading.target_length(" ".join(raw[k] for k in ("seq_len", "other_settings", "micro_batch")))
+    if stated is None:
+        raise RowError(
+            f"decoder (target) length is not stated (seq_len '{raw['seq_len']}', other_settings "
+            f"'{raw['other_settings'][:60]}'): model.yaml's training.target_len"
+        )
+    return {"target_len": stated}
+
+
+def _training_block(
+    raw: dict[str, str], row: MeasuredRow, plan: ParallelPlan, act_offload: bool, arch: Architecture
+) -> dict:
     settings = _settings(raw)
     fws = _named_frameworks(raw)
     framework = _framework(fws)
@@ -605,6 +643,7 @@ def _training_block(raw: dict[str, str], row: MeasuredRow, plan: ParallelPlan, a
     checkpoint_every = int(every.group(1)) if every and plan.recompute == "full" else None
     return {
         "seq_len": _seq_len(raw["seq_len"], _stated_batch(raw).seq_len),
+        **_target_len(raw, arch),
         "global_batch": plan.micro_batch * plan.grad_accum * plan.dp,
         "micro_batch": plan.micro_batch,
         "steps": 1,
@@ -641,7 +680,7 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
     spec: dict[str, object] = {
         "name": re.sub(r"[^A-Za-z0-9._-]", "-", f"row-{row.row_id}")[:64],
         "model": {"arch": arch.model_dump(exclude_defaults=True)},
-        "training": _training_block(raw, row, plan, act_offload),
+        "training": _training_block(raw, row, plan, act_offload, arch),
         "parallel": _parallel_block(plan, _stated_sequence_parallel(raw), _sharding(plan, raw)),
         "entry": {
             "trainer": "script",

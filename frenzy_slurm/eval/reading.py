@@ -472,3 +472,30 @@ def transformers_version(text: str) -> tuple[int, int] | None:
             if int(m.group(1)) == major:
                 return pinned
     return None
+
+
+def stacks(text: str) -> tuple[int, int] | None:
+    """An encoder-decoder model's layer cell: `24+24`, `12 + 12`, `6 enc / 6 dec` -> (encoder, decoder) blocks;
+    a single number is each stack's (T5's num_decoder_layers defaults to num_layers); None without a number."""
+    t = text.replace(",", "").lower()
+    m = re.search(r"(\d+)\s*(?:enc\w*)?\s*(?:\+|/|and)\s*(\d+)", t)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    n = annotated_int(t)
+    return (n, n) if n else None
+
+
+def target_length(text: str) -> int | None:
+    """The decoder (target) length of an encoder-decoder run: `max_target_length=128`, `target length 128`,
+    `decoder length: 64`, `labels truncated to 128 tokens`, `source/target 512/128`; None where not stated."""
+    t = text.lower().replace(",", "")
+    m = re.search(
+        r"(?:target|decoder|label|output)s?[ _-]*(?:seq(?:uence)?[ _-]*)?(?:len(?:gth)?|tokens)\D{0,12}(\d+)", t
+    )
+    if m:
+        return int(m.group(1))
+    m = re.search(r"max[ _-]*(?:target|decoder|label|output)s?[ _-]*(?:len(?:gth)?)?\s*[=:]?\s*(\d+)", t)
+    if m:
+        return int(m.group(1))
+    m = re.search(r"source\s*/\s*target\D{0,12}\d+\s*/\s*(\d+)", t)
+    return int(m.group(1)) if m else None

@@ -615,7 +615,9 @@ def decide(
     beat = best - max(TIE_SECONDS, TIE_FRACTION * lead, site.pipeline_margin * lead) if best < math.inf else best
     # pipeline stages across GPU types only where the job's framework lays out such stages (space.heterogeneous)
     cands = homogeneous + (
-        _heterogeneous(w, req, pools, releases, now, space, beat, site.max_job_share) if space.heterogeneous else []
+        _heterogeneous(w, req, pools, releases, now, space, beat, site.max_job_share)
+        if space.heterogeneous and not w.arch.encoder_decoder  # (pipelines of encoder-decoder models: not modelled)
+        else []
     )
     delay = _pricer(usable, site, live)  # what each candidate costs the jobs queued for and arriving at its GPUs
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]

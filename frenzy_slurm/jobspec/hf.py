@@ -57,6 +57,64 @@ def _refuse_moe(path: Path, cfg: dict[str, Any]) -> None:
         )
 
 
+def _encoder_decoder_values(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """An encoder-decoder config's sizes under our field names, with the config's key for each; None for other
+    models. T5/mT5/UMT5 (transformers 5.17 models/t5/configuration_t5.py): num_layers is the encoder's,
+    num_decoder_layers the decoder's (num_layers where null), d_kv the head size, feed_forward_proj relu or
+    gated-gelu, relative_attention_num_buckets, dropout_rate (also inside the FFN), RMS-style T5LayerNorm, no
+    biases, tie_word_embeddings (true for the original T5, false for v1.1 / Flan-T5 / mT5). BART/mBART/PEGASUS/
+    Marian (models/bart/configuration_bart.py): encoder_layers, decoder_layers, d_model, encoder_attention_heads,
+    decoder_ffn_dim, learned positions (BartLearnedPositionalEmbedding), LayerNorm, biases everywhere, the LM head
+    tied to the shared embedding."""
+    model_type = str(cfg.get("model_type", ""))
+    if model_type in ("t5", "mt5", "umt5", "longt5"):
+        keys = {
+            "encoder_layers": "num_layers",
+            "layers": "num_decoder_layers" if cfg.get("num_decoder_layers") is not None else "num_layers",
+            "hidden": "d_model",
+            "heads": "num_heads",
+            "d_kv": "d_kv",
+            "ffn": "d_ff",
+            "vocab": "vocab_size",
+            "relative_buckets": "relative_attention_num_buckets",
+        }
+        proj = str(cfg.get("feed_forward_proj", "relu"))
+        values = {f: cfg[k] for f, k in keys.items() if cfg.get(k) is not None}
+        values.update(
+            activation="geglu" if proj.startswith("gated") else ("gelu" if "gelu" in proj else "relu"),
+            position="relative",
+            norm="rmsnorm",
+            bias="none",
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        )
+        rate = cfg.get("dropout_rate", 0.1)
+        values["dropout"] = values["activation_dropout"] = rate
+        return values, {**{f: k for f, k in keys.items()}, "dropout": "dropout_rate"}
+    if cfg.get("is_encoder_decoder") and cfg.get("encoder_layers") is not None:
+        keys = {
+            "encoder_layers": "encoder_layers",
+            "layers": "decoder_layers",
+            "hidden": "d_model",
+            "heads": "encoder_attention_heads",
+            "ffn": "decoder_ffn_dim",
+            "vocab": "vocab_size",
+            "max_positions": "max_position_embeddings",
+        }
+        values = {f: cfg[k] for f, k in keys.items() if cfg.get(k) is not None}
+        act = str(cfg.get("activation_function", "gelu"))
+        values.update(
+            activation="relu" if act == "relu" else "gelu",
+            position="learned",
+            norm="layernorm",
+            bias="all",
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            dropout=cfg.get("dropout", 0.1),
+            activation_dropout=cfg.get("activation_dropout", 0.0),
+        )
+        return values, {**{f: k for f, k in keys.items()}, "dropout": "dropout"}
+    return None
+
+
 def architecture_from_hf_config(path: Path) -> Architecture:
     """config.json -> Architecture: sizes under each family's own key names; MoE configs refused."""
     text = read_config_text(path, "Hugging Face config")
@@ -69,6 +127,9 @@ def architecture_from_hf_config(path: Path) -> Architecture:
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: a Hugging Face config.json is a JSON object, not {type(cfg).__name__}.")
     _refuse_moe(path, cfg)
+    encdec = _encoder_decoder_values(cfg)
+    if encdec is not None:
+        return _validated(path, *encdec)
     values: dict[str, Any] = {}  # config.json's values (parsed JSON), checked here and by Architecture
     source: dict[str, str] = {}  # our field -> the config's key, so errors name what the user sees in the file
     for field, names in _ALIASES.items():
@@ -77,13 +138,6 @@ def architecture_from_hf_config(path: Path) -> Architecture:
                 values[field] = cfg[name]
                 source[field] = name
                 break
-    for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_positions"):
-        v = values.get(field)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise InputError(
-                f"{path}: {source[field]}: {v!r} is not a whole number; a config.json states sizes as "
-                "integers. Fix the file or describe the model with arch: in model.yaml."
-            )
     model_type = str(cfg.get("model_type", ""))
     act = str(cfg.get("hidden_act") or cfg.get("activation_function") or "silu")
     values["activation"] = "gelu" if act in _GELU else "swiglu"
@@ -104,6 +158,22 @@ def architecture_from_hf_config(path: Path) -> Architecture:
         raise InputError(f"{path}: {key}: {dropout!r} is not a number between 0 and 1.")
     values["dropout"] = float(dropout or 0.0)
     source["dropout"] = key or "dropout"
+    return _validated(path, values, source)
+
+
+def _validated(path: Path, values: dict[str, Any], source: dict[str, str]) -> Architecture:
+    """The Architecture of a config's values; InputError naming the config's own keys where they do not fit."""
+    for field in ("layers", "encoder_layers", "hidden", "heads", "kv_heads", "d_kv", "ffn", "vocab", "max_positions"):
+        v = values.get(field)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise InputError(
+                f"{path}: {source.get(field, field)}: {v!r} is not a whole number; a config.json states sizes as "
+                "integers. Fix the file or describe the model with arch: in model.yaml."
+            )
+    for field in ("dropout", "activation_dropout"):
+        v = values.get(field)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise InputError(f"{path}: {source.get(field, field)}: {v!r} is not a number between 0 and 1.")
     try:
         return Architecture(**values)
     except ValidationError as exc:
@@ -117,7 +187,7 @@ def architecture_from_hf_config(path: Path) -> Architecture:
         if missing:
             problems.append(
                 f"{path}: the config has no key for {', '.join(missing)} (looked for "
-                + "; ".join(f"{f}: {'/'.join(_ALIASES[f])}" for f in missing)
+                + "; ".join(f"{f}: {source.get(f) or '/'.join(_ALIASES[f])}" for f in missing)
                 + ")"
             )
         raise InputError("\n".join(problems)) from None

@@ -180,7 +180,17 @@ class LoraSpec(_Strict):
 
 
 class Training(_Strict):
-    seq_len: int = Field(gt=0, le=1 << 30, description="Tokens per sample.")
+    seq_len: int = Field(
+        gt=0, le=1 << 30, description="Tokens per sample (an encoder-decoder model's encoder input, the source)."
+    )
+    target_len: int | None = Field(
+        None,
+        gt=0,
+        le=1 << 30,
+        description="Decoder (target) tokens per sample of an encoder-decoder model (arch.encoder_layers > 0: T5, "
+        "BART), padded or truncated to this length (max_target_length); the logits and the loss run over them. "
+        "Required for such a model, refused for others.",
+    )
     global_batch: int = Field(gt=0, le=1 << 30, description="Samples per optimizer step, over all data-parallel ranks.")
     micro_batch: int | Literal["auto"] = Field(
         "auto", description="Samples per GPU per forward pass, or auto (largest that fits)."

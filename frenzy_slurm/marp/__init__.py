@@ -84,6 +84,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
     t = spec.training
     prof = profile_of(spec)
     arch = model.arch
+    _check_encoder_decoder(spec, arch)
     if prof.unties_embeddings and arch.tied_embeddings and arch.head == "lm":
         arch = arch.model_copy(update={"tied_embeddings": False})
     return Workload(
@@ -91,6 +92,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         # padded to the longest of each micro-batch: the longest sample sets the peak (data.lengths: variable)
         seq_len=spec.longest_tokens,
         median_seq_len=spec.median_tokens,
+        target_len=t.target_len,
         precision=t.precision,
         framework=state_layout(spec),
         method=t.method,
@@ -112,6 +114,50 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         ),
         llmc=layout_from_spec(spec, arch) if prof.family == "llm.c" else None,
     )
+
+
+def _check_encoder_decoder(spec: JobSpec, arch: Architecture) -> None:
+    """An encoder-decoder model needs its decoder's length and runs as one pipeline stage without context
+    parallelism; the settings MARP does not model for it are refused by name (InputError), as is a target length
+    given for a model without an encoder."""
+    t, par = spec.training, spec.parallel
+    if not arch.encoder_decoder:
+        if t.target_len is not None:
+            raise InputError(
+                f"training.target_len: {t.target_len}: the model has no encoder (arch.encoder_layers: 0), so its "
+                "length is training.seq_len alone; remove target_len"
+            )
+        return
+    refused = [
+        (
+            t.target_len is None,
+            "training.target_len is not given: the decoder's (target) length sets its "
+            "activations, logits and loss; give it (the max_target_length the data is padded or truncated to)",
+        ),
+        (
+            isinstance(par.pp, int) and par.pp > 1,
+            f"parallel.pp: {par.pp}: pipeline stages of an encoder-decoder model are not modelled; set pp: 1",
+        ),
+        (
+            par.cp > 1,
+            f"parallel.cp: {par.cp}: context parallelism of an encoder-decoder model is not modelled; set cp: 1",
+        ),
+        (
+            t.activation_checkpointing == "op",
+            "training.activation_checkpointing: op (torchtitan's per-op policy) is "
+            "not modelled for an encoder-decoder model; use full, selective or none",
+        ),
+        (t.activation_offload, "training.activation_offload is not modelled for an encoder-decoder model"),
+        (
+            spec.entry.trainer == "builtin",
+            "entry.trainer: builtin trains decoder-only models; an encoder-decoder model needs entry.trainer: script",
+        ),
+    ]
+    problems = [why for bad, why in refused if bad]
+    if problems:
+        raise InputError(
+            f"{spec.name}: encoder-decoder model (arch.encoder_layers {arch.encoder_layers}): " + "; ".join(problems)
+        )
 
 
 def _quantizer(spec: JobSpec, prof: FrameworkProfile) -> str | None:

@@ -178,17 +178,22 @@ def parameter_shapes(
     per element come from the memory model's totals."""
     h, f, kvd = a.hidden, a.ffn, a.kv * a.head_dim
     norm_tensors = 2 if a.norm == "layernorm" else 1  # weight (+ bias)
-    mlp = [(h * f / tp, 3 if a.activation == "swiglu" else 2)]
-    block: list[tuple[float, float]] = [(h * h / tp, 2), (h * kvd / tp, 2), *mlp, (h, 2 * norm_tensors)]
+    mlp = [(h * f / tp, 3 if a.gated else 2)]
+    block: list[tuple[float, float]] = [(h * a.inner / tp, 2), (h * kvd / tp, 2), *mlp, (h, 2 * norm_tensors)]
     if a.bias in ("qkv", "all"):
         block += [(h / tp, 1), (kvd / tp, 2)]
     if a.bias == "all":
-        block += [(h, 2), (f / tp, 2 if a.activation == "swiglu" else 1)]
+        block += [(h, 2), (f / tp, 2 if a.gated else 1)]
     out = [(n, c * n_layers) for n, c in block]
+    if a.encoder_decoder:
+        # a decoder block's cross-attention (q, k, v, o and its norm); the encoder's blocks and final norm (its
+        # plans have one stage)
+        out += [(h * a.inner / tp, 2 * n_layers), (h * kvd / tp, 2 * n_layers), (h, norm_tensors * n_layers)]
+        out += [(n, c * a.encoder_layers) for n, c in block] + [(h, norm_tensors)]
     if first:
         out.append((a.vocab * h / vtp, 1))
         if a.position == "learned":
-            out.append((a.max_positions * h, 1))
+            out.append((a.max_positions * h, 2 if a.encoder_decoder else 1))
     if last:
         out.append((h, norm_tensors))
         if not a.tied_embeddings and a.head == "lm":
@@ -201,12 +206,15 @@ def adapter_shapes(
 ) -> list[tuple[float, float]]:
     """(elements, count) of the LoRA adapters of one stage's blocks: A (rank x in) and B (out x rank) per matrix."""
     h, f, kvd = a.hidden, a.ffn, a.kv * a.head_dim
-    mats = {"q": [(h, h)], "k": [(h, kvd)], "v": [(h, kvd)], "o": [(h, h)]}
-    mats["mlp"] = [(h, f), (h, f), (f, h)] if a.activation == "swiglu" else [(h, f), (f, h)]
+    mats = {"q": [(h, a.inner)], "k": [(h, kvd)], "v": [(h, kvd)], "o": [(a.inner, h)]}
+    mats["mlp"] = [(h, f), (h, f), (f, h)] if a.gated else [(h, f), (f, h)]
+    # an encoder-decoder model: a decoder block's two attentions, and the encoder's blocks (params.py)
+    attn = n_layers * (2 if a.encoder_decoder else 1) + a.encoder_layers
     out: list[tuple[float, float]] = []
     for t in targets:
+        n = n_layers + a.encoder_layers if t == "mlp" else attn
         for i, o in mats.get(t, []):
-            out += [(rank * i / tp, n_layers), (rank * o, n_layers)]
+            out += [(rank * i / tp, n), (rank * o, n)]
     return out
 
 

@@ -151,8 +151,8 @@ def plan_groups(
         if tp > world or tp > gpus_per_node or a.heads % tp or a.kv % tp or world % tp:
             continue
         for pp in space.pp_degrees:
-            if pp > a.layers or world % (tp * pp * cp):
-                continue
+            if pp > a.layers or world % (tp * pp * cp) or (pp > 1 and a.encoder_decoder):
+                continue  # (an encoder-decoder model's stages are not modelled: its plans have pp 1)
             if space.pinned.get("schedule") == "sequential" and (pp > gpus_per_node or gpus_per_node % pp):
                 continue  # naive model parallelism: one process, on one node, drives all its stages' GPUs
             dp = world // (tp * pp * cp)

@@ -420,14 +420,19 @@ def fused_projections(code: ModelCode, arch: Architecture) -> bool:
 
 def gelu_tanh_eager(code: ModelCode, arch: Architecture) -> bool:
     """Whether the GELU is the tanh approximation in eager ops: Hugging Face's GPT-2 class (learned positions,
-    layer norm, an LM head) runs `gelu_new` (NewGELUActivation); measured on the CPU grid (hf-trainer-gpt2-1gpu)."""
-    return (
-        code.gelu == "by-model"
-        and arch.activation == "gelu"
+    layer norm, an LM head) runs `gelu_new` (NewGELUActivation); measured on the CPU grid (hf-trainer-gpt2-1gpu).
+    T5 v1.1 / Flan-T5's gated-gelu FFN is `gelu_new` too (transformers 5.17 models/t5/configuration_t5.py:
+    feed_forward_proj "gated-gelu" sets dense_act_fn "gelu_new"); BART's `gelu` is the exact one (one kernel)."""
+    if code.gelu != "by-model":
+        return False
+    gpt2 = (
+        arch.activation == "gelu"
         and arch.position == "learned"
         and arch.norm == "layernorm"
         and arch.head == "lm"
+        and not arch.encoder_decoder
     )
+    return gpt2 or (arch.activation == "geglu" and arch.position == "relative")
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:

@@ -26,6 +26,7 @@ from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp.llmc import breakdown, parameter_count
 from frenzy_slurm.marp.memory_activations import in_flight, layer_activation_bytes
 from frenzy_slurm.marp.memory_buffers import optimizer_step_buffers, pipeline_buffers, stage_buffers
+from frenzy_slurm.marp.memory_encdec import encdec_saved_activations
 from frenzy_slurm.marp.memory_job import NF4_PLAIN_BYTES_PER_PARAM, QLORA_BYTES_PER_PARAM, Job, job
 from frenzy_slurm.marp.memory_loss import (
     fused_linear_loss_bytes,
@@ -171,7 +172,11 @@ def stage_terms(j: Job, i: int, n_layers: int) -> StageTerms:
     b = stage_buffers(j, i, n_layers, st)
     persistent = (gradients_persist(j, i) and not w.states.optimizer_in_backward) or b.keeps_grads
     inflight = in_flight(j.plan, i)
-    saved, recomputed, work = saved_activations(j, i, n_layers, inflight)
+    if w.arch.encoder_decoder:
+        saved, recomputed, work, block = encdec_saved_activations(j, n_layers, inflight)
+    else:
+        saved, recomputed, work = saved_activations(j, i, n_layers, inflight)
+        block = j.per_layer_act * j.tokens
     logits = loss_grads = 0.0
     if last:
         logits, loss_grads, head_inputs = logits_and_loss(j, st, persistent)
@@ -189,7 +194,7 @@ def stage_terms(j: Job, i: int, n_layers: int) -> StageTerms:
         persistent=persistent,
         fb_buffers=b.fb + pipeline_buffers(j, i, inflight),
         step_buffers=optimizer_step_buffers(j, st),
-        acts=ActivationTerms(saved, recomputed, work, block=j.per_layer_act * j.tokens),
+        acts=ActivationTerms(saved, recomputed, work, block=block),
         loss=LossTerms(logits, loss_grads, out16, prev_logits, prev_inputs, fwd_grads),
     )
 

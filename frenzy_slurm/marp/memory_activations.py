@@ -30,7 +30,9 @@ class _Block:
     norm: float  # one norm's saved bytes
 
     @classmethod
-    def of(cls, w: Workload, tp: int, sp: bool, amp: bool, cp: int, frozen_input: bool) -> _Block:
+    def of(
+        cls, w: Workload, tp: int, sp: bool, amp: bool, cp: int, frozen_input: bool, keys: int | None = None
+    ) -> _Block:
         act = w.activations
         e = 4.0 if w.precision == "fp32" else 2.0
         r = 4.0 if amp else e  # residual stream and norm inputs (fp32 under autocast)
@@ -53,7 +55,7 @@ class _Block:
             tp=tp,
             amp=amp,
             frozen_input=frozen_input,
-            s=w.seq_len // cp,
+            s=(keys or w.seq_len) // cp,
             e=e,
             li=1.0 if act.fp8 else e,
             rep=rep,
@@ -96,15 +98,24 @@ class _Block:
 
 @lru_cache(maxsize=4096)  # bounded: a long simulation sees many workloads
 def layer_activation_bytes(
-    w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool = False, cp: int = 1, frozen_input: bool = False
+    w: Workload,
+    tp: int,
+    sp: bool,
+    recompute: Recompute,
+    amp: bool = False,
+    cp: int = 1,
+    frozen_input: bool = False,
+    keys: int | None = None,
 ) -> float:
     """Bytes saved for backward by one transformer block, per token (Korthikanti et al. 2022, generalised).
 
     With context parallelism each rank holds seq/cp tokens and attends over the whole sequence in blocks
     (ring attention): per token the saved tensors are the same, the eager score matrix is s/cp wide.
     `frozen_input`: the block's input needs no gradient (the first block behind LoRA's frozen embedding), so what
-    runs on it before the first trainable weight (the first norm, the adapters' dropout) saves nothing."""
-    b = _Block.of(w, tp, sp, amp, cp, frozen_input)
+    runs on it before the first trainable weight (the first norm, the adapters' dropout) saves nothing.
+    `keys`: the positions each token attends over, where they are not the workload's sequence (an encoder-decoder
+    model's decoder block attends over its target: memory_encdec)."""
+    b = _Block.of(w, tp, sp, amp, cp, frozen_input, keys)
     total = 0.0
     # (added one by one in the block's order, so that every stage's bytes stay exactly what they were)
     for term in (*_attention_terms(b, recompute), *_mlp_terms(b)):
@@ -126,9 +137,8 @@ def _attention_terms(b: _Block, recompute: Recompute) -> list[float]:
     """The attention half's saved tensors in the order the block makes them: norm1, the q/k/v input, q/k/v, the
     attention core's, o_proj's input and adapters, the residual dropout mask."""
     act, a = b.w.activations, b.w.arch
-    h, e, li, tp = a.hidden, b.e, b.li, b.tp
+    h, li = a.hidden, b.li
     kvd = a.kv * a.head_dim
-    drop = a.dropout > 0
     terms = [0.0 if b.frozen_input else b.norm]  # norm1 (a frozen block input: nothing to differentiate)
     # Under autocast each linear casts its fp32 input to 16 bits on its own (autocast caches only the casts of leaf
     # tensors, the weights), so separate q/k/v projections save one copy each; a fused projection saves one.
@@ -140,27 +150,80 @@ def _attention_terms(b: _Block, recompute: Recompute) -> list[float]:
         shared = b.base_saves and not b.frozen_input  # (bitsandbytes saves its input only if that needs a gradient)
         n_qkv = min(n_qkv, 1) if act.fused_projections else n_qkv  # (one adapter on a fused q/k/v linear)
         terms.append(((li if shared else 0.0) + b.adapter_inputs(n_qkv, shared)) * h / b.rep)
-    terms.append(e * (h + 2 * (h if act.gqa_expand else kvd)) / tp)  # q, k, v (k, v at full width if expanded)
+    inner = a.inner  # heads x head size: hidden, except where the head size is set on its own (T5's d_kv)
+    terms.append(b.e * (inner + 2 * (inner if act.gqa_expand else kvd)) / b.tp)  # q, k, v (k, v full if expanded)
+    terms += _core_terms(b, recompute, b.s)
+    return terms
+
+
+def _core_terms(b: _Block, recompute: Recompute, keys: int) -> list[float]:
+    """What the attention core and o_proj save per query token, over `keys` key positions: the eager scores'
+    softmax (and dropout) or the kernel's output and log-sum-exp, o_proj's input and adapters, the residual dropout
+    mask. T5's relative position bias under SDPA: transformers 5.17's integrations/sdpa_attention.py
+    `create_position_bias_mask` makes each layer's float mask (the bias where the padding or causal mask allows:
+    heads x keys per query token, per sample), which the kernel keeps for backward (the bias needs a gradient)."""
+    act, a = b.w.activations, b.w.arch
+    e, li, tp, inner = b.e, b.li, b.tp, a.inner
+    drop = a.dropout > 0
+    terms: list[float] = []
     if act.attention == "eager":
         if recompute != "selective":
             soft = 4.0 if b.amp else e  # softmax runs in fp32 under autocast
             if act.softmax_fp32 and not b.amp and e == 2.0:
                 soft = 4.0 + e  # softmax(..., dtype=float32).to(dtype): the fp32 output and its 16-bit copy
-            terms.append(a.heads * b.s * (soft + ((b.mask + e) if drop else 0)) / tp)
-        terms.append(li * h / tp)  # context (o_proj input)
+            terms.append(a.heads * keys * (soft + ((b.mask + e) if drop else 0)) / tp)
+        if b.base_saves or ("o" in b.adapters and not b.dropped):
+            # the context (probs @ v, made contiguous) is kept by o_proj, or by its adapter's lora_A reading it
+            # undropped; a frozen o_proj keeps only its weight, and probs @ v saves probs and v, not its output
+            terms.append(li * inner / tp)
     else:
-        terms.append(e * h / tp + 4.0 * a.heads / tp)  # kernel output (also o_proj input) + log-sum-exp
+        terms.append(e * inner / tp + 4.0 * a.heads / tp)  # kernel output (also o_proj input) + log-sum-exp
+        if a.position == "relative":
+            terms.append(e * a.heads * keys / tp)  # the position-bias mask the kernel keeps
         if act.fp8:
-            terms.append(li * h / tp)  # o_proj's fp8 copy of its input
+            terms.append(li * inner / tp)  # o_proj's fp8 copy of its input
         elif act.unfused_rope and a.position == "rope" and "o" in b.tg:  # (a frozen o_proj keeps no input)
             # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the
             # transpose back to (tokens, hidden) copies it: o_proj saves that copy as well
-            terms.append(e * h / tp)
+            terms.append(e * inner / tp)
     if b.dropped and "o" in b.adapters:
-        terms.append((e + b.mask) * h / tp)  # output_proj adapter's dropped copy and mask
+        terms.append((e + b.mask) * inner / tp)  # output_proj adapter's dropped copy and mask
     if drop:
-        terms.append(b.mask * h / b.rep)  # residual dropout mask
+        terms.append(b.mask * a.hidden / b.rep)  # residual dropout mask
     return terms
+
+
+@lru_cache(maxsize=4096)
+def cross_attention_bytes(
+    w: Workload, tp: int, sp: bool, recompute: Recompute, amp: bool, source_len: int
+) -> tuple[float, float]:
+    """(bytes per target token, bytes per source token) one decoder block's cross-attention saves for backward
+    (transformers 5.17 models/t5/modeling_t5.py T5LayerCrossAttention, models/bart/modeling_bart.py
+    BartDecoderLayer.encoder_attn): over the target, its norm, q's input, q, the core over `source_len` keys and
+    o_proj's input; over the source, k and v projected from the encoder's output (which every decoder block's k
+    and v linears save: one tensor, counted once for the stack by the caller), under autocast each linear's own
+    16-bit cast of it. LoRA: the frozen k/v save nothing, an adapter on k or v its input (dropped copy) and its
+    r-wide lora_A output over the source."""
+    b = _Block.of(w, tp, sp, amp, 1, False)
+    act, a = w.activations, w.arch
+    h, e, li, kvd = a.hidden, b.e, b.li, a.kv * a.head_dim
+    target = [b.norm]
+    if not b.lora and "q" in b.tg:
+        target.append(li * h / b.rep_in)  # q's input (the norm's output)
+    elif b.lora:
+        shared = b.base_saves
+        target.append(((li if shared else 0.0) + b.adapter_inputs(int("q" in b.adapters), shared)) * h / b.rep)
+        target.append(int("q" in b.adapters) * e * w.adapters.lora_rank / tp)  # lora_A's output
+    target.append(e * a.inner / tp)  # q
+    target += _core_terms(b, recompute, source_len)
+    kv_width = a.inner if act.gqa_expand else kvd
+    source = [e * 2 * kv_width / tp]  # k, v
+    if not b.lora:
+        source.append((2 * li * h / b.rep_in) if b.amp and not act.fused_projections else 0.0)  # k's and v's casts
+    else:
+        n_kv = len(b.adapters & {"k", "v"})
+        source.append(b.adapter_inputs(n_kv, True) * h / b.rep + n_kv * e * w.adapters.lora_rank / tp)
+    return sum(target), sum(source)
 
 
 def _mlp_terms(b: _Block) -> list[float]:
@@ -170,7 +233,7 @@ def _mlp_terms(b: _Block) -> list[float]:
     terms = [b.norm]  # norm2
     if not b.lora and "mlp" in b.tg:
         # (SwiGLU's gate and up projections each cast the input under autocast, unless fused)
-        casts_mlp = 2 if (b.amp and not act.fused_projections and a.activation == "swiglu") else 1
+        casts_mlp = 2 if (b.amp and not act.fused_projections and a.gated) else 1
         terms.append(casts_mlp * li * h / b.rep_in)  # FFN input
     down_in = li if "mlp" in b.tg else 0.0  # the product / activation output, saved by the down projection
     if b.lora:
@@ -178,13 +241,20 @@ def _mlp_terms(b: _Block) -> list[float]:
     # torch.compile's partitioner (measured on the CPU with inductor, torch 2.13) keeps the matmul outputs and the
     # down projection's input and recomputes only silu(gate): 3 ffn-wide tensors for SwiGLU, 4 in eager; a GELU
     # MLP keeps the fc output and the GELU output (the down projection's input) either way
-    if a.activation == "swiglu":
-        # gate and up outputs and the product (down-proj input); eager also keeps silu(gate)
-        terms.append((2 * e + (0.0 if act.compile else e) + down_in) * a.ffn / b.tp)
+    # the tanh GELU in eager ops (HF's NewGELUActivation) also keeps tanh's output, 0.5*x and 1+tanh for backward
+    eager_gelu = 3 * e if (act.gelu_tanh_eager and not act.compile) else 0.0
+    # dropout after the activation (T5's DenseActDense / DenseGatedActDense, BART's activation_dropout): an ffn-wide
+    # mask, and the down projection saves the dropped copy instead of the activation's output
+    act_drop = b.mask if a.activation_dropout > 0 else 0.0
+    if a.gated:
+        # gate and up outputs and the product (down-proj input); eager also keeps silu(gate) / gelu(gate)
+        terms.append((2 * e + (0.0 if act.compile else e) + down_in + act_drop + eager_gelu) * a.ffn / b.tp)
+    elif a.activation == "relu":
+        # ReLU keeps its output (threshold_backward reads it), which is also the down projection's input unless
+        # a dropout comes between them
+        terms.append((e + (down_in if act_drop else 0.0) + act_drop) * a.ffn / b.tp)
     else:
-        # the tanh GELU in eager ops (HF's NewGELUActivation) also keeps tanh's output, 0.5*x and 1+tanh for backward
-        eager_gelu = 3 * e if (act.gelu_tanh_eager and not act.compile) else 0.0
-        terms.append((e + down_in + eager_gelu) * a.ffn / b.tp)
+        terms.append((e + down_in + eager_gelu + act_drop) * a.ffn / b.tp)
     if a.dropout > 0:
         terms.append(b.mask * h / b.rep)  # MLP dropout mask
     return terms
@@ -196,7 +266,7 @@ def _lora_mlp_terms(b: _Block, terms: list[float]) -> float:
     w, a = b.w, b.w.arch
     h, e, li, tp = a.hidden, b.e, b.li, b.tp
     base = li if b.base_saves else 0.0
-    n_in = (2 if a.activation == "swiglu" else 1) if "mlp" in b.adapters else 0  # gate and up / fc
+    n_in = (2 if a.gated else 1) if "mlp" in b.adapters else 0  # gate and up / fc
     terms.append((base + b.adapter_inputs(n_in, b.base_saves)) * h / b.rep)  # FFN input
     down_in = base + b.adapter_inputs(1 if "mlp" in b.adapters else 0, b.base_saves)
     qkv = b.adapters & {"q", "k", "v"}
@@ -224,7 +294,7 @@ def op_checkpointed_bytes(w: Workload, tp: int, sp: bool, amp: bool) -> float:
     # linear runs as aten.addmm, which the policy always saves and does not count among the matmuls)
     qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
     linears = [(e * h / tp, qkv_bias), (e * kvd / tp, qkv_bias), (e * kvd / tp, qkv_bias), (e * h, all_bias)]
-    ffn = [e * f / tp, e * f / tp, e * h] if a.activation == "swiglu" else [e * f / tp, e * h]  # (gate,) up, down
+    ffn = [e * f / tp, e * f / tp, e * h] if a.gated else [e * f / tp, e * h]  # (gate,) up, down
     linears += [(b, all_bias) for b in ffn]
     total += sum(b for b, biased in linears if biased)
     mms = [b for b, biased in linears if not biased]

@@ -70,7 +70,7 @@ class Job:
     sb: float  # optimizer-state bytes per trainable parameter
     mb_: float  # master-weight bytes per trainable parameter
     sdt: float  # bytes per optimizer-state element
-    tokens: int  # tokens per micro-batch on this rank (seq / cp)
+    tokens: int  # tokens per micro-batch on this rank (seq / cp; an encoder-decoder model's decoder tokens)
     opt_div: int  # ranks the optimizer states are sharded over (ZeRO >= 1)
     grad_div: int  # ... the gradients (ZeRO >= 2)
     weight_div: int  # ... the weights (ZeRO 3)
@@ -128,7 +128,9 @@ def job(w: Workload, plan: ParallelPlan, memo: TermMemo | None = None) -> Job:
         sb=sb,
         mb_=mb_,
         sdt=sdt,
-        tokens=plan.micro_batch * w.seq_len // cp,  # context parallelism: each rank holds seq/cp of every sequence
+        # context parallelism: each rank holds seq/cp of every sequence; an encoder-decoder model's output layer and
+        # loss run over its target (the encoder's tokens: memory_encdec)
+        tokens=plan.micro_batch * w.decoder_len // cp,
         opt_div=shard if plan.zero >= 1 else 1,
         grad_div=shard if plan.zero >= 2 else 1,
         weight_div=shard if plan.zero >= 3 else 1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from frenzy_slurm.marp.memory_job import Job, nf4_bytes
-from frenzy_slurm.marp.params import lora_head_params, lora_params_per_layer
+from frenzy_slurm.marp.params import lora_encoder_params, lora_head_params, lora_params_per_layer
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,18 @@ def model_states(j: Job, i: int, n_layers: int) -> States:
     params = pc.per_layer * n_layers / tp
     # Megatron splits the embedding and the output layer over tp (vocab-parallel); a replicated head holds them whole
     if first:
-        params += pc.embedding / j.vtp
+        params += pc.embedding / j.vtp + pc.encoder / tp  # (an encoder-decoder model's encoder: its plans have pp 1)
     if last:
         # a tied head on another stage than the embedding is its own copy of the token embedding
         tied_copy = a.vocab * a.hidden if (pp > 1 and a.tied_embeddings and a.head != "classification") else 0
         params += (pc.final + pc.head + tied_copy) / j.vtp
     params = int(params * j.scale)
-    linear = pc.linear_per_layer * n_layers * j.scale / tp
+    linear = (pc.linear_per_layer * n_layers + (pc.encoder_linear if first else 0)) * j.scale / tp
     if lora:
         trainable = (
             lora_params_per_layer(a, w.adapters.lora_rank, w.adapters.lora_targets) * n_layers
             + (lora_head_params(a, w.adapters.lora_rank, w.adapters.lora_targets) if last else 0)
+            + (lora_encoder_params(a, w.adapters.lora_rank, w.adapters.lora_targets) if first else 0)
         ) / tp
         base_bytes = 4.0 if w.precision == "fp32" else 2.0
         if w.method == "qlora":

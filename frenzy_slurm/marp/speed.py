@@ -44,8 +44,33 @@ class Links:
     gpus_per_node: int = 8
 
 
-def flops_per_token(w: Workload, recompute: str = "none") -> float:
+def _encdec_forward(w: Workload) -> tuple[float, float]:
+    """(matmul FLOPs of the weights, of attention) in one forward of one sample of an encoder-decoder model: the
+    encoder's blocks over the source, the decoder's over the target, except its cross-attention's k and v, which
+    project the encoder's output (source tokens); the LM head over the target; attention scores and their product
+    with v for the encoder (source x source), the decoder (target x target) and the cross-attention (target x
+    source). Embedding look-ups are not matmuls."""
     a = w.arch
+    pc = count_params(a)
+    s, t, kv_w = w.seq_len, w.decoder_len, 2 * a.hidden * a.kv * a.head_dim
+    linear = 2.0 * pc.encoder * s + 2.0 * (pc.per_layer - kv_w) * a.layers * t + 2.0 * kv_w * a.layers * s
+    linear += 2.0 * (pc.head or a.vocab * a.hidden) * t
+    attn = 4.0 * a.inner * (a.encoder_layers * s * s + a.layers * t * t + a.layers * t * s)
+    if w.exact_params:  # a traced factory: its exact count scales the weights' FLOPs
+        linear *= w.exact_params / pc.total(a.layers)
+    return linear, attn
+
+
+def flops_per_token(w: Workload, recompute: str = "none") -> float:
+    """FLOPs per token of `w.seq_len` (an encoder-decoder model's per sample, over its source length: the step's
+    tokens are counted as global_batch x seq_len)."""
+    a = w.arch
+    if a.encoder_decoder:
+        lin, attn = _encdec_forward(w)
+        fwd = lin + attn
+        bwd = 2.0 * fwd if w.method == "full" else (lin + 2.0 * attn)
+        extra = {"full": fwd, "selective": attn, "op": lin / 2 + attn}.get(recompute, 0.0)
+        return (fwd + bwd + extra) / w.seq_len
     n = w.exact_params or count_params(a).total(a.layers)
     attn = 4.0 * a.layers * a.hidden * w.seq_len  # forward QK^T and AV, multiply-adds x 2
     fwd = 2.0 * n + attn
@@ -150,7 +175,7 @@ class PlanPricer:
             dp_bytes = 2.0 * (plan.dp - 1) / plan.dp * grad_bytes * (1.5 if plan.zero == 3 else 1.0)
         act_bytes = plan.micro_batch * w.seq_len * a.hidden * 2.0
         tp_bytes = (
-            4.0 * a.layers / plan.pp * plan.grad_accum * 2.0 * (plan.tp - 1) / plan.tp * act_bytes
+            4.0 * (a.layers + a.encoder_layers) / plan.pp * plan.grad_accum * 2.0 * (plan.tp - 1) / plan.tp * act_bytes
             if plan.tp > 1
             else 0.0
         )

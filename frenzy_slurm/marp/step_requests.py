@@ -281,7 +281,7 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
     o = _linear(g, "o", o_in, h, h, tokens, e, all_bias)
     x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
     y = _norm(g, w, x, tokens, e)
-    if a.activation == "swiglu":
+    if a.gated:
         gate = _linear(g, "gate", y, h, f, tokens, e, False)
         act = g.op("silu", [gate], e * f * tokens, grads=(gate,), saves=(gate,))
         up = _linear(g, "up", y, h, f, tokens, e, all_bias)

@@ -176,6 +176,13 @@ class Workload:
     median_seq_len: int | None = None
     # llm.c's layout (framework llm.c): its buffers, not PyTorch's tensors, make the memory (marp/llmc.py)
     llmc: LlmcLayout | None = None
+    # an encoder-decoder model's decoder (target) tokens per sample; seq_len is then the encoder's input length
+    target_len: int | None = None
+
+    @property
+    def decoder_len(self) -> int:
+        """Tokens per sample the output layer and the loss run over: the target of an encoder-decoder model."""
+        return self.target_len if (self.arch.encoder_decoder and self.target_len) else self.seq_len
 
     @classmethod
     def of(cls, arch: Architecture, seq_len: int, **settings: object) -> Workload:
