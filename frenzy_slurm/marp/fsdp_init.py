@@ -1,9 +1,10 @@
 """FSDP1's reserved memory beyond the step's tensors: what `FullyShardedDataParallel.__init__` leaves cached when it
 builds each unit's flat parameter on the GPU, and the unshard stream's pool of all-gather buffers (issue 29).
 
-Not wired into predictions yet: `docs/marp.md` ("FSDP1: the wrap-time cache and the unshard stream") says what
-these terms explain on the fsdp_qlora rows and what wiring them needs (a model.yaml fact for how the model reaches
-the GPU, and for FSDP1 against FSDP2).
+Wired into the reserved estimate of FSDP1 jobs (model.yaml's `parallel.fsdp_version: 1`, or the framework's
+default; marp/memory_reserved.py `fsdp1_reserved`): `stage_units` lays a job's stage out as FSDP1 units, and
+`docs/marp.md` ("FSDP1: the wrap-time cache and the unshard stream") says what the terms explain on the fsdp_qlora
+rows.
 
 **Wrap time** (torch/distributed/fsdp/_init_utils.py `_init_param_handle_from_module`, _flat_param.py, torch 2.x
 FSDP1; read in the 2.13 source, the same sequence as the 2.2 of March 2024): FSDP wraps bottom-up, each unit in turn
@@ -38,9 +39,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
+from frenzy_slurm.marp.allocator import adapter_shapes, parameter_shapes
 from frenzy_slurm.marp.allocator_replay import Event, alloc, allocation_size, free, replay
 from frenzy_slurm.marp.allocator_settings import MiB, parse_settings, round_size
+from frenzy_slurm.marp.memory_job import Job, nf4_bytes
 
 BROADCAST_BUCKET = 250 * MiB  # torch/distributed/fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
 BROADCASTS_IN_FLIGHT = 2  # torch/csrc/distributed/c10d/comm.cpp broadcast_coalesced: max_in_flight
@@ -75,8 +79,10 @@ def _buckets(sizes: Sequence[int]) -> list[list[int]]:
     return out + [cur] if cur else out
 
 
-def _unit_requests(u: int, sizes: Sequence[int], world: int, sync: bool) -> list[Event]:
-    """One unit's wrap from host-resident parameters of `sizes` bytes (one dtype): the events of steps 1-4."""
+def _unit_requests(u: int, sizes: Sequence[int], world: int, sync: bool, offload: bool = False) -> list[Event]:
+    """One unit's wrap from host-resident parameters of `sizes` bytes (one dtype): the events of steps 1-4; with
+    `offload` (CPU offload of parameters) the shard moves to the host as soon as it is made (`_init_utils.py`
+    `_init_param_handle_from_params`: `handle.flat_param_to(torch.device("cpu"))` after `handle.shard()`)."""
     events = [alloc(f"u{u}p{i}", s) for i, s in enumerate(sizes)]
     if sync:
         in_flight: list[str] = []
@@ -92,27 +98,48 @@ def _unit_requests(u: int, sizes: Sequence[int], world: int, sync: bool) -> list
     # (a chunk short of `shard` is padded by F.pad, a second tensor of the same size: at most world - 1 elements
     # short, which sizes in bytes cannot see and the allocator's 512-byte rounding hides)
     events += [alloc(f"u{u}flat", total), alloc(f"u{u}shard", shard), free(f"u{u}flat")]
+    if offload:
+        events.append(free(f"u{u}shard"))
     return events + [free(f"u{u}p{i}") for i in range(len(sizes))]
 
 
 def wrap_requests(
-    units: Sequence[Sequence[int]], world: int, sync_module_states: bool = True, resident: Sequence[int] = ()
+    units: Sequence[Sequence[int]],
+    world: int,
+    sync_module_states: bool = True,
+    resident: Sequence[int] = (),
+    offload: bool = False,
 ) -> list[Event]:
     """The default stream's requests of wrapping `units` (in wrap order: the nested units first, the root last;
     each the byte sizes of its parameters as moved, in module order) on a rank of `world`, after `resident`
-    tensors already on the GPU (e.g. bitsandbytes' quantization states, which are not FSDP parameters)."""
+    tensors already on the GPU (e.g. bitsandbytes' quantization states, which are not FSDP parameters). A unit
+    built on the meta device is materialised on the GPU tensor by tensor (`_materialize_meta_module`), the same
+    requests as a move without the broadcast."""
     events = [alloc(f"r{i}", s) for i, s in enumerate(resident)]
     for u, sizes in enumerate(units):
-        events += _unit_requests(u, sizes, world, sync_module_states)
+        events += _unit_requests(u, sizes, world, sync_module_states, offload)
     return events
 
 
-def wrap_cache(
-    units: Sequence[Sequence[int]], world: int, sync_module_states: bool = True, resident: Sequence[int] = ()
+@lru_cache(maxsize=256)
+def _cached_wrap(
+    units: tuple[tuple[int, ...], ...], world: int, sync: bool, resident: tuple[int, ...], offload: bool
 ) -> WrapCache:
-    """What the caching allocator holds after FSDP1 wrapped `units` from the host (see `wrap_requests`)."""
-    stats = replay(wrap_requests(units, world, sync_module_states, resident)).stats
+    stats = replay(wrap_requests(units, world, sync, resident, offload)).stats
     return WrapCache(stats["allocated_bytes.all.current"], stats["reserved_bytes.all.current"])
+
+
+def wrap_cache(
+    units: Sequence[Sequence[int]],
+    world: int,
+    sync_module_states: bool = True,
+    resident: Sequence[int] = (),
+    offload: bool = False,
+) -> WrapCache:
+    """What the caching allocator holds after FSDP1 wrapped `units` from the host (see `wrap_requests`); memoised,
+    since every plan of a search with the same sharding wraps the same units."""
+    key = tuple(tuple(u) for u in units)
+    return _cached_wrap(key, world, sync_module_states, tuple(resident), offload)
 
 
 def unshard_pool(root_bytes: int, unit_bytes: Sequence[int]) -> int:
@@ -126,3 +153,52 @@ def unshard_pool(root_bytes: int, unit_bytes: Sequence[int]) -> int:
 
     largest = max(unit_bytes, default=0)
     return segment(root_bytes) + UNSHARD_BUFFERS_HELD * segment(largest)
+
+
+@dataclass(frozen=True)
+class StageUnits:
+    """A stage laid out as FSDP1 units: `units` in wrap order (each block, then the root), each its parameters' byte
+    sizes as stored; `resident` what is on the GPU before wrapping (QLoRA's quantization states); `root_gathered`
+    and `unit_gathered` the all-gather sizes of the root and of one block."""
+
+    units: tuple[tuple[int, ...], ...]
+    resident: tuple[int, ...]
+    root_gathered: int
+    unit_gathered: int
+
+
+def stage_units(j: Job, n_layers: int) -> StageUnits:
+    """The units FSDP1's transformer wrap policy makes of one stage (accelerate's TRANSFORMER_BASED_WRAP, Lightning's
+    and litgpt's `auto_wrap_policy={Block}`): every block with its LoRA adapters (`use_orig_params=True` lets one
+    flat parameter hold frozen and trained tensors), and the root with the embedding, final norm and untied head.
+    Parameters are stored in their dtype (QLoRA's NF4 linears as 4-bit storage, their quantization states outside
+    FSDP, resident) and gathered in 16 bits (fp32 under fp32 training)."""
+    w, a, plan = j.w, j.w.arch, j.plan
+    tp, vtp, s = plan.tp, j.vtp, j.scale
+    lora, qlora = w.method != "full", w.method == "qlora"
+    base = (4.0 if w.precision == "fp32" else 2.0) if lora else j.wb
+    gathered = 4.0 if w.precision == "fp32" else 2.0
+    block = [(n * s, c) for n, c in parameter_shapes(a, 1, False, False, tp, vtp)]
+    nf4 = nf4_bytes(w)
+    stored: list[int] = []
+    resident: list[int] = []
+    gathered_bytes = 0.0
+    for n, c in block:
+        matrix = qlora and n > a.hidden + a.ffn  # a weight matrix, quantised (norms and biases are not)
+        for _ in range(int(c)):
+            stored.append(int(n * (0.5 if matrix else base)))
+            gathered_bytes += n * (0.5 if matrix else gathered)
+            if matrix:
+                resident.append(int(n * (nf4 - 0.5)))
+    if lora:
+        for n, c in adapter_shapes(a, 1, w.adapters.lora_rank, w.adapters.lora_targets, tp):
+            stored += [int(n * j.wb)] * int(c)
+            gathered_bytes += n * c * gathered
+    root = [(n * s, c) for n, c in parameter_shapes(a, 0, True, True, tp, vtp)]
+    root_stored = [int(n * base) for n, c in root for _ in range(int(c))]
+    return StageUnits(
+        units=(tuple(stored),) * n_layers + (tuple(root_stored),),
+        resident=tuple(resident * n_layers),
+        root_gathered=int(sum(n * c for n, c in root) * gathered),
+        unit_gathered=int(gathered_bytes),
+    )
