@@ -595,6 +595,15 @@ def _sharding(plan: ParallelPlan, raw: dict[str, str]) -> str:
     return {2: "shard-grad-op", 3: "full-shard"}[plan.zero]
 
 
+def _fsdp_version(raw: dict[str, str], framework: FrameworkName, sharding: str) -> dict[str, int]:
+    """parallel.fsdp_version where the row's settings name one FSDP API's own names (reading.fsdp_api) and its
+    framework runs both; nothing otherwise (the framework's default at its version: marp.frameworks)."""
+    if sharding not in ("full-shard", "shard-grad-op", "hybrid-shard") or len(PROFILES[framework].fsdp_versions) < 2:
+        return {}
+    stated = reading.fsdp_api(" ".join(raw[k] for k in ("parallelism", "sharding_offload", "other_settings")))
+    return {"fsdp_version": stated} if stated else {}
+
+
 def _parallel_block(plan: ParallelPlan, stated_sp: bool | None, sharding: str) -> dict[str, object]:
     return {
         "sharding": sharding,
@@ -677,11 +686,13 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
     version = _torch_version(raw)
     framework = _framework(_named_frameworks(raw))
     release = _framework_version(raw, framework)
+    sharding = _sharding(plan, raw)
     spec: dict[str, object] = {
         "name": re.sub(r"[^A-Za-z0-9._-]", "-", f"row-{row.row_id}")[:64],
         "model": {"arch": arch.model_dump(exclude_defaults=True)},
         "training": _training_block(raw, row, plan, act_offload, arch),
-        "parallel": _parallel_block(plan, _stated_sequence_parallel(raw), _sharding(plan, raw)),
+        "parallel": _parallel_block(plan, _stated_sequence_parallel(raw), sharding)
+        | _fsdp_version(raw, framework, sharding),
         "entry": {
             "trainer": "script",
             "script": "train.py",

@@ -439,6 +439,23 @@ def _named_release(name: str, text: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# FSDP's two APIs by the names only one of them has: FSDP2 is `fully_shard` (torch.distributed.fsdp, 2.6; _composable
+# in 2.4-2.5); FSDP1 is the `FullyShardedDataParallel` class, whose `sharding_strategy` takes ShardingStrategy's
+# FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD (FSDP2 has none: it reshards after forward or not, over a 1- or 2-D mesh)
+_FSDP2_NAMES = re.compile(r"\bfsdp2\b|\bfully_shard\b")
+_FSDP1_NAMES = re.compile(
+    r"\bfsdp1\b|fullyshardeddataparallel|sharding_?strategy|\b(?:full|hybrid)[_ ]shard|\bshard[_ ]grad[_ ]op\b"
+)
+
+
+def fsdp_api(text: str) -> int | None:
+    """The FSDP API a row's settings name (1: FullyShardedDataParallel and its sharding strategies, 2: fully_shard
+    / FSDP2), or None where they name neither (or both)."""
+    t = text.lower()
+    two, one = bool(_FSDP2_NAMES.search(t)), bool(_FSDP1_NAMES.search(t))
+    return 2 if two and not one else 1 if one and not two else None
+
+
 def torch_version(text: str) -> tuple[int, int] | None:
     """`torch 1.13`, `pytorch==2.1.0`, `PyTorch 2.4` -> (major, minor)."""
     return _named_release(r"(?:torch|pytorch)", text)

@@ -629,6 +629,16 @@ class Parallel(_Strict):
         description="FSDP: free each unit's gathered weights after its forward (true, FSDP's default) or keep "
         "them until backward (false: SHARD_GRAD_OP-like memory).",
     )
+    fsdp_version: Literal[1, 2] | None = Field(
+        None,
+        description="Which FSDP API shards the model (accelerate's name for the same choice): 1, "
+        "FullyShardedDataParallel (flat parameters per wrapped unit: MARP adds the cache its wrapping leaves and "
+        "its all-gathers' stream pool to the reserved estimate), or 2, fully_shard (per-parameter sharding). "
+        "Only with an FSDP sharding (full-shard, shard-grad-op, hybrid-shard, or auto). Default: what the "
+        "framework runs at its version (`frenzy-slurm frameworks`): FSDP1 for Lightning's FSDPStrategy, litgpt and "
+        "hf-trainer before transformers 5.10; FSDP2 for torchtune, torchtitan, hf-trainer from 5.10 and a plain "
+        "torch loop from torch 2.4 (FSDP1 before it).",
+    )
     tp: int | Literal["auto"] = Field("auto", description="Tensor-parallel degree, or auto.")
     pp: int | Literal["auto"] = Field("auto", description="Pipeline stages, or auto.")
     cp: int = Field(1, ge=1, description="Context-parallel degree (the sequence split across ranks).")
@@ -708,6 +718,13 @@ class Parallel(_Strict):
             raise ValueError("offload_optimizer needs sharding (zero1 or more)")
         if self.shard_group is not None and self.sharding not in ("hybrid-shard", "zero1", "zero2", "zero3"):
             raise ValueError("shard_group needs sharding: hybrid-shard (or a ZeRO stage)")
+        if self.fsdp_version is not None and self.sharding in ("none", "zero1", "zero2", "zero3"):
+            raise ValueError(
+                f"fsdp_version: {self.fsdp_version} needs an FSDP sharding (full-shard, shard-grad-op, hybrid-shard "
+                f"or auto); sharding: {self.sharding} is "
+                + ("DDP" if self.sharding == "none" else "DeepSpeed's ZeRO")
+                + ", which runs no FSDP. Remove fsdp_version or name FSDP's sharding"
+            )
         return self
 
     @property
@@ -810,6 +827,13 @@ class Entry(_Strict):
         None,
         description="Your loop keeps the model output bound through backward (`logits = model(x); loss = "
         "f(logits, y); loss.backward()`), so the 16-bit logits stay alive. Default: the framework's.",
+    )
+    empty_cache_after_setup: bool | None = Field(
+        None,
+        description="The program calls torch.cuda.empty_cache() after FSDP has wrapped the model and before the "
+        "measured steps, returning what wrapping left cached (read only for parallel.fsdp_version 1, whose wrap "
+        "leaves the shards scattered over segments the step starts from). Default: the framework's (Lightning's "
+        "Trainer does, in resume_end after its strategy's setup; accelerate, Fabric and litgpt do not).",
     )
     loss_upcast: bool | None = Field(
         None,

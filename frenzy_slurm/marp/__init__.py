@@ -20,10 +20,13 @@ from frenzy_slurm.marp.frameworks import (
     FrameworkProfile,
     ModelCode,
     default_fused_optimizer,
+    empties_cache_after_setup,
     fsdp_offloads_parameters,
+    fsdp_version,
     fused_projections,
     gelu_tanh_eager,
     profile_of,
+    runs_fsdp,
     version_tuple,
 )
 from frenzy_slurm.marp.llmc import layout_from_spec
@@ -87,6 +90,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
     _check_encoder_decoder(spec, arch)
     if prof.unties_embeddings and arch.tied_embeddings and arch.head == "lm":
         arch = arch.model_copy(update={"tied_embeddings": False})
+    fsdp1 = fsdp_version(spec) == 1
     return Workload(
         arch=arch,
         # padded to the longest of each micro-batch: the longest sample sets the peak (data.lengths: variable)
@@ -104,10 +108,14 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         comm=Communication(
             buckets=spec.deepspeed,
             reshard_after_forward=spec.parallel.reshard_after_forward is not False,
-            fsdp_tail_unit=prof.fsdp_tail_unit,
+            # accelerate's tail unit is its FSDP2 wrapping; under FSDP1 the root holds the output layer
+            fsdp_tail_unit=prof.fsdp_tail_unit and fsdp1 is False,
             vocab_parallel=prof.code(spec).vocab_parallel,
             # torchtitan's "default" reshard policy (model.yaml's parallel.reshard_after_forward unset)
             fsdp_pp_unsharded=prof.fsdp_pp_unsharded and spec.parallel.reshard_after_forward is None,
+            fsdp1=fsdp1,
+            fsdp1_cache_emptied=empties_cache_after_setup(spec),
+            fsdp1_sync=prof.fsdp1_sync_module_states,
         ),
         alloc=AllocatorPolicy(
             expandable_segments=_alloc_conf(spec).expandable_segments, caching_allocator=device != "cpu"
@@ -425,6 +433,13 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         raise InputError(
             "parallel.offload_optimizer with sharding: shard-grad-op: FSDP's CPU offload moves the parameters too, "
             "which MARP plans with full sharding; set sharding: full-shard (or auto)"
+        )
+    if par.fsdp_version is not None and runs_fsdp(spec) and par.fsdp_version not in prof.fsdp_versions:
+        api = {1: "FullyShardedDataParallel (FSDP1)", 2: "fully_shard (FSDP2)"}
+        raise InputError(
+            f"parallel.fsdp_version: {par.fsdp_version}: {fw} ({prof.describes}) shards only with "
+            + " or ".join(api[v] for v in prof.fsdp_versions)
+            + f"; set fsdp_version: {prof.fsdp_versions[0]} or remove it"
         )
     if par.cp > 1 and can.cp == "no":
         raise InputError(f"parallel.cp: {par.cp}: {fw} has no context parallelism; set cp: 1")

@@ -219,6 +219,17 @@ class FrameworkProfile:
     # with pipeline stages, FSDP2 keeps each stage's weights gathered and its gradients unsharded over the step's
     # micro-batches (torchtitan's default reshard policy with torch's PipelineStage; marp/framework_facts.py)
     fsdp_pp_unsharded: bool = False
+    # the FSDP APIs it can run (parallel.fsdp_version: 1 FullyShardedDataParallel, 2 fully_shard) and the one it runs
+    # when model.yaml does not say; `fsdp2_from`: a release of the framework (of torch for the plain loop) before which
+    # its default is FSDP1 (each profile below cites where it is read; docs/marp.md lists them)
+    fsdp_versions: tuple[int, ...] = (1, 2)
+    fsdp_default: int = 2
+    fsdp2_from: tuple[int, ...] | None = None
+    # FSDP1 wrapping: the units' parameters are broadcast from rank 0 (sync_module_states) as they are moved
+    fsdp1_sync_module_states: bool = True
+    # torch.cuda.empty_cache() runs between FSDP's wrapping and the training steps (model.yaml's
+    # entry.empty_cache_after_setup says otherwise)
+    empties_cache_after_setup: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def code(self, spec: JobSpec) -> ModelCode:
@@ -276,6 +287,10 @@ PROFILES: dict[str, FrameworkProfile] = {
             # reshard_after_forward=False) besides the decoder layers (CPU grid: hf-trainer-fsdp2-*)
             fsdp_tail_unit=True,
             unset_checkpointing="none",  # TrainingArguments.gradient_checkpointing: bool = False
+            # FSDP1 before transformers 5.10 (4.x: accelerate's FullyShardedDataParallelPlugin, FSDP_VERSION unset ->
+            # 1; 5.0-5.9: fsdp_config "version" default 1), FSDP2 from 5.10 (fsdp_config.get("version", 2))
+            fsdp_default=2,
+            fsdp2_from=(5, 10),
         ),
         FrameworkProfile(
             "torchtune",
@@ -293,6 +308,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             # the recipes' cfg.get("enable_activation_checkpointing", False) (0.3-0.6 full_finetune_*, lora_finetune_*)
             unset_checkpointing="none",
             nf4_quantizer="torchao",
+            fsdp_versions=(2,),  # training.shard_model: fully_shard on each layer, then the model (0.3-0.6)
         ),
         FrameworkProfile(
             "torchtitan",
@@ -321,6 +337,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             tp_saves_gathered_inputs=True,
             loss_detaches_hidden=True,  # components/loss.py ChunkedLossWrapper (its default loss, 8 chunks)
             fsdp_pp_unsharded=True,  # distributed/fsdp.py: reshard_after_forward = not pp_enabled (0.3.0)
+            fsdp_versions=(2,),  # apply_fsdp: fully_shard only
         ),
         FrameworkProfile(
             "litgpt",
@@ -340,6 +357,12 @@ PROFILES: dict[str, FrameworkProfile] = {
             qlora_stable_embedding=True,  # finetune/lora.py under BitsandbytesPrecision (read in litgpt 0.5.13)
             qlora_paged_optimizer=True,  # instantiate_bnb_optimizer: bitsandbytes.optim.PagedAdamW
             unties_embeddings=True,  # GPT has lm_head beside wte, and the fine-tuning scripts do not tie them
+            # Fabric's FSDPStrategy wraps with FullyShardedDataParallel (lightning 2.6 fabric/strategies/fsdp.py
+            # setup_module); the scripts build the model on the meta device (init_module(empty_init=world > 1)),
+            # so wrapping materialises each unit on the GPU, with no broadcast, and nothing empties the cache
+            fsdp_versions=(1,),
+            fsdp_default=1,
+            fsdp1_sync_module_states=False,
         ),
         FrameworkProfile(
             "lightning",
@@ -355,6 +378,13 @@ PROFILES: dict[str, FrameworkProfile] = {
             # the CPU grid: the previous step's gradients are alive at the end of the forward)
             zero_grad_after_forward=True,
             unset_checkpointing="none",  # none unless the LightningModule or the FSDP strategy's policy asks
+            # FSDPStrategy: FullyShardedDataParallel (lightning 2.6 pytorch/strategies/fsdp.py _setup_model);
+            # ModelParallelStrategy (2.4 on) runs fully_shard. The Trainer empties the cache after wrapping:
+            # trainer.py _run calls strategy.setup (the wrap) and then checkpoint_connector.resume_end, which calls
+            # torch.cuda.empty_cache(); FSDPStrategy passes no sync_module_states
+            fsdp_default=1,
+            fsdp1_sync_module_states=False,
+            empties_cache_after_setup=True,
         ),
         FrameworkProfile(
             "megatron",
@@ -387,6 +417,12 @@ PROFILES: dict[str, FrameworkProfile] = {
             fused_optimizer=False,  # torch.optim.AdamW's default: foreach on a GPU
             holds_logits=True,  # `logits = model(x); loss = f(logits, y); loss.backward()`
             unset_checkpointing="none",  # torch.utils.checkpoint only where the loop calls it
+            # fully_shard from torch 2.4 (torch.distributed._composable.fsdp; torch.distributed.fsdp from 2.6), which
+            # torch's FSDP tutorial teaches; before it only FullyShardedDataParallel. The version is entry.torch_version
+            fsdp_default=2,
+            fsdp2_from=(2, 4),
+            # FullyShardedDataParallel(sync_module_states=False): torch's default (fully_sharded_data_parallel.py)
+            fsdp1_sync_module_states=False,
         ),
         FrameworkProfile(
             "llm.c",
@@ -473,6 +509,38 @@ def fsdp_offloads_parameters(spec: JobSpec) -> bool:
     return profile_of(spec).family == "torch"
 
 
+def runs_fsdp(spec: JobSpec) -> bool:
+    """Whether the job may shard with FSDP: a torch-family framework whose sharding is one of FSDP's names or auto
+    (not DDP's `none`, not DeepSpeed's ZeRO stages)."""
+    return profile_of(spec).family == "torch" and spec.parallel.sharding not in ("none", *DEEPSPEED_SHARDING)
+
+
+def default_fsdp_version(spec: JobSpec) -> int:
+    """The FSDP API the framework runs at the versions model.yaml names (the newest described when it names none):
+    its profile's default, FSDP1 before `fsdp2_from` (a framework release; torch's own for the plain loop)."""
+    prof = profile_of(spec)
+    if prof.fsdp2_from is not None:
+        named = spec.entry.torch_version if prof.name == "torch" else spec.entry.framework_version
+        version = version_tuple(named)
+        if version is not None and version < prof.fsdp2_from:
+            return 1
+    return prof.fsdp_default
+
+
+def fsdp_version(spec: JobSpec) -> int | None:
+    """parallel.fsdp_version, else the framework's default; None where the job runs no FSDP (`runs_fsdp`). A
+    version the framework cannot run is refused where the plans are searched (search_space_from_spec)."""
+    if not runs_fsdp(spec):
+        return None
+    return spec.parallel.fsdp_version or default_fsdp_version(spec)
+
+
+def empties_cache_after_setup(spec: JobSpec) -> bool:
+    """entry.empty_cache_after_setup, else what the framework does between wrapping and the steps."""
+    stated = spec.entry.empty_cache_after_setup
+    return profile_of(spec).empties_cache_after_setup if stated is None else stated
+
+
 def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
     """Which profile predicts this job and which of its defaults apply because model.yaml is silent (for
     `fsbatch --explain` and `frenzy-slurm memory`): the framework, the releases it describes, and each default
@@ -501,6 +569,10 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
             taken["training.lora.double_quant"] = True
     if t.compile and t.compile_loss is None:
         taken["training.compile_loss"] = prof.compiles_plain_loss
+    if spec.parallel.fsdp_version is None and runs_fsdp(spec):
+        taken["parallel.fsdp_version"] = default_fsdp_version(spec)
+    if fsdp_version(spec) == 1 and spec.entry.empty_cache_after_setup is None:
+        taken["entry.empty_cache_after_setup"] = prof.empties_cache_after_setup
     if fsdp_offloads_parameters(spec):
         taken["parallel.offload_params"] = "true (FSDP's CPU offload moves the parameters with the optimizer)"
     if prof.family == "llm.c":  # a static layout: the PyTorch loop's settings above say nothing of it

@@ -23,6 +23,7 @@ class Buffers:
     flat: float = 0.0  # DeepSpeed ZeRO-0's flattened gradients (after backward)
     keeps_grads: bool = False  # the buffers keep every gradient alive (ZeRO-3's optimizer)
     released_at_loss: float = 0.0  # part of `fb` not gathered while the loss runs (FSDP2 resharded the blocks)
+    gathered: float = 0.0  # part of `fb`: the ZeRO-3/FSDP parameters gathered at a time (zero3_gathered)
 
 
 def zero3_gathered(j: Job, i: int, n_layers: int, st: States) -> tuple[float, float]:
@@ -83,6 +84,7 @@ def _gather_units(j: Job, i: int, n_layers: int, st: States, b: Buffers) -> None
     last = i == j.plan.pp - 1
     gathered, b.unit_grads = zero3_gathered(j, i, n_layers, st)
     b.fb += gathered
+    b.gathered = gathered
     if w.comm.fsdp_pp_unsharded and j.plan.pp > 1:
         pass  # FSDP2 under pipeline stages: nothing is resharded within the step (zero3_gathered)
     elif w.framework == "torch" and w.comm.fsdp_tail_unit and w.comm.reshard_after_forward:

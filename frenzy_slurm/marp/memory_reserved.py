@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from frenzy_slurm.marp import allocator
+from frenzy_slurm.marp.fsdp_init import stage_units, unshard_pool, wrap_cache
 from frenzy_slurm.marp.memory_job import Job
 from frenzy_slurm.marp.memory_moments import Moment, StageTerms
 from frenzy_slurm.marp.overheads import Overheads
@@ -58,9 +59,30 @@ def allocator_overhead(
         overhead += step * overheads.step_fragmentation
     if peak.phase == "backward-start" and not t.persistent and st.grads_all > st.head_grads:
         overhead += st.grads_all - peak.gradients
+    if w.comm.fsdp1 and plan.zero == 3 and plan.pp == 1 and not a.encoder_decoder:
+        overhead = fsdp1_reserved(j, n_layers, t, peak, overhead)
     if metric == "device":
         overhead += overheads.device_bytes(plan.world)
     return overhead
+
+
+def fsdp1_reserved(j: Job, n_layers: int, t: StageTerms, peak: Moment, overhead: float) -> float:
+    """The reserved excess of an FSDP1 job (marp/fsdp_init.py; docs/marp.md, "FSDP1: the wrap-time cache and the
+    unshard stream"), from `overhead`, the excess as if every tensor shared one pool. The gathered parameters live
+    in the unshard stream's pool (the root's buffer and three blocks', `unshard_pool`), not in the compute
+    stream's, whose reserved bytes never read below what wrapping left cached (`wrap_cache`), unless the program
+    empties the cache after wrapping (model.yaml's entry.empty_cache_after_setup, or the framework's habit).
+    Pipeline stages, SHARD_GRAD_OP and encoder-decoder models are not laid out as units here (their callers
+    leave `overhead` as it is). The allocated peak is unchanged: of the pool's buffers only those
+    `zero3_gathered` counts are allocated at once; the others are freed blocks waiting for their streams."""
+    units = stage_units(j, n_layers)
+    pool = unshard_pool(units.root_gathered, [units.unit_gathered])
+    live = 0.0 if peak.phase == "optimizer-step" else t.b.gathered  # the gathered weights, alive at the peak
+    compute = peak.allocated + overhead - live
+    if not j.w.comm.fsdp1_cache_emptied:
+        wrap = wrap_cache(units.units, j.weight_div, j.w.comm.fsdp1_sync, units.resident, j.plan.offload_params)
+        compute = max(compute, wrap.reserved)
+    return compute + pool - peak.allocated
 
 
 def _reserved_excess(tensors: list[tuple[float, float]], cfg: allocator.AllocatorConfig, j: Job) -> float:

@@ -117,6 +117,12 @@ class Communication:
     # FSDP2 under pipeline stages keeps the stage's weights gathered and its gradients unsharded, in fp32, over the
     # micro-batches of a step (torchtitan's default policy; marp/framework_facts.py)
     fsdp_pp_unsharded: bool = False
+    # FSDP1 (FullyShardedDataParallel): its wrap leaves a cache the reserved peak never reads below (unless
+    # `fsdp1_cache_emptied`: the program empties it before the steps) and its all-gathers hold a stream pool of
+    # their own (marp/fsdp_init.py); `fsdp1_sync`: the wrap broadcasts each unit from rank 0 (sync_module_states)
+    fsdp1: bool = False
+    fsdp1_cache_emptied: bool = False
+    fsdp1_sync: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,204 @@
+"""FSDP1's reserved memory beyond the step's tensors: what `FullyShardedDataParallel.__init__` leaves cached when it
+builds each unit's flat parameter on the GPU, and the unshard stream's pool of all-gather buffers (issue 29).
+
+Wired into the reserved estimate of FSDP1 jobs (model.yaml's `parallel.fsdp_version: 1`, or the framework's
+default; marp/memory_reserved.py `fsdp1_reserved`): `stage_units` lays a job's stage out as FSDP1 units, and
+`docs/marp.md` ("FSDP1: the wrap-time cache and the unshard stream") says what the terms explain on the fsdp_qlora
+rows.
+
+**Wrap time** (torch/distributed/fsdp/_init_utils.py `_init_param_handle_from_module`, _flat_param.py, torch 2.x
+FSDP1; read in the 2.13 source, the same sequence as the 2.2 of March 2024): FSDP wraps bottom-up, each unit in turn
+on the default stream. For a unit whose parameters are on the host (a model loaded to CPU and wrapped with
+`device_id`, as with `sync_module_states=True` from rank 0) it
+
+1. moves each parameter to the GPU (`_move_module_to_device`, one tensor each);
+2. with `sync_module_states`, broadcasts them from rank 0 in buckets (`_sync_module_params_and_buffers` ->
+   `dist._broadcast_coalesced`, `PARAM_BROADCAST_BUCKET_SIZE` = 250 MiB; a bucket closes once it reaches the size,
+   at most two in flight; a bucket of several tensors is flattened into a new one, a single tensor is sent as is);
+3. concatenates them into the unsharded flat parameter (`FlatParamHandle.flatten_tensors`, `torch.cat`);
+4. clones its rank's chunk (`_get_shard`, `chunk.clone()`), then frees the unsharded flat parameter
+   (`shard`: `_typed_storage()._resize_(0)`) and, when the function returns, the moved parameters.
+
+Every clone is carved out of the blocks the earlier units freed (best fit), so the shards end up scattered over
+segments whose free rests are too small for the next unit's concatenation: reserved after wrapping is well above
+the shards' bytes, and nothing returns it unless the program calls `torch.cuda.empty_cache()`.
+`torch.cuda.reset_peak_memory_stats()` sets the reserved peak to the current reserved bytes, so a peak measured
+from there never reads below this cache.
+
+**The unshard stream** (_runtime_utils.py `_unshard`, _flat_param.py `_alloc_padded_unsharded_flat_param` and
+`_free_unsharded_flat_param`, _limiter_utils.py): each unit's all-gather output is allocated under
+`stream(unshard_stream)`, so its block belongs to that stream's pool, which the compute stream's requests never
+reuse; it is freed after `record_stream` on the compute stream. With `limit_all_gathers=True` at most two freed
+all-gather buffers wait for their free events before the next all-gather (`_max_num_inflight_all_gathers = 2`). In
+backward with `BackwardPrefetch.BACKWARD_PRE` (the default) the unit being computed, the one prefetched and the one
+just resharded are held at once; the root unit is not resharded after forward (`not state._is_root`), so its
+buffer is held through the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from frenzy_slurm.marp.allocator import adapter_shapes, parameter_shapes
+from frenzy_slurm.marp.allocator_replay import Event, alloc, allocation_size, free, replay
+from frenzy_slurm.marp.allocator_settings import MiB, parse_settings, round_size
+from frenzy_slurm.marp.memory_job import Job, nf4_bytes
+
+BROADCAST_BUCKET = 250 * MiB  # torch/distributed/fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
+BROADCASTS_IN_FLIGHT = 2  # torch/csrc/distributed/c10d/comm.cpp broadcast_coalesced: max_in_flight
+# all-gather buffers of the unshard stream held at once in backward: the unit computed, the one prefetched
+# (BACKWARD_PRE) and the one just resharded whose free event the rate limiter has not waited for yet
+UNSHARD_BUFFERS_HELD = 3
+
+
+@dataclass(frozen=True)
+class WrapCache:
+    """Bytes after FSDP1 wrapped every unit: `allocated` (the shards and whatever was resident before), `reserved`
+    (the segments the caching allocator holds), `cached` = reserved - allocated (free blocks of the default
+    stream, which the step's compute-stream tensors may reuse and the unshard stream's cannot)."""
+
+    allocated: int
+    reserved: int
+
+    @property
+    def cached(self) -> int:
+        return self.reserved - self.allocated
+
+
+def _buckets(sizes: Sequence[int]) -> list[list[int]]:
+    """`compute_bucket_assignment_by_size` with one limit: a bucket closes once it reaches the limit."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for s in sizes:
+        cur.append(s)
+        if sum(cur) >= BROADCAST_BUCKET:
+            out.append(cur)
+            cur = []
+    return out + [cur] if cur else out
+
+
+def _unit_requests(u: int, sizes: Sequence[int], world: int, sync: bool, offload: bool = False) -> list[Event]:
+    """One unit's wrap from host-resident parameters of `sizes` bytes (one dtype): the events of steps 1-4; with
+    `offload` (CPU offload of parameters) the shard moves to the host as soon as it is made (`_init_utils.py`
+    `_init_param_handle_from_params`: `handle.flat_param_to(torch.device("cpu"))` after `handle.shard()`)."""
+    events = [alloc(f"u{u}p{i}", s) for i, s in enumerate(sizes)]
+    if sync:
+        in_flight: list[str] = []
+        for b, bucket in enumerate(_buckets(sizes)):
+            if len(in_flight) >= BROADCASTS_IN_FLIGHT:
+                events.append(free(in_flight.pop(0)))
+            if len(bucket) > 1:  # flatten_dense_tensors: a lone tensor is sent as a view
+                events.append(alloc(f"u{u}b{b}", sum(bucket)))
+                in_flight.append(f"u{u}b{b}")
+        events += [free(k) for k in in_flight]
+    total = sum(sizes)
+    shard = -(-total // world)
+    # (a chunk short of `shard` is padded by F.pad, a second tensor of the same size: at most world - 1 elements
+    # short, which sizes in bytes cannot see and the allocator's 512-byte rounding hides)
+    events += [alloc(f"u{u}flat", total), alloc(f"u{u}shard", shard), free(f"u{u}flat")]
+    if offload:
+        events.append(free(f"u{u}shard"))
+    return events + [free(f"u{u}p{i}") for i in range(len(sizes))]
+
+
+def wrap_requests(
+    units: Sequence[Sequence[int]],
+    world: int,
+    sync_module_states: bool = True,
+    resident: Sequence[int] = (),
+    offload: bool = False,
+) -> list[Event]:
+    """The default stream's requests of wrapping `units` (in wrap order: the nested units first, the root last;
+    each the byte sizes of its parameters as moved, in module order) on a rank of `world`, after `resident`
+    tensors already on the GPU (e.g. bitsandbytes' quantization states, which are not FSDP parameters). A unit
+    built on the meta device is materialised on the GPU tensor by tensor (`_materialize_meta_module`), the same
+    requests as a move without the broadcast."""
+    events = [alloc(f"r{i}", s) for i, s in enumerate(resident)]
+    for u, sizes in enumerate(units):
+        events += _unit_requests(u, sizes, world, sync_module_states, offload)
+    return events
+
+
+@lru_cache(maxsize=256)
+def _cached_wrap(
+    units: tuple[tuple[int, ...], ...], world: int, sync: bool, resident: tuple[int, ...], offload: bool
+) -> WrapCache:
+    stats = replay(wrap_requests(units, world, sync, resident, offload)).stats
+    return WrapCache(stats["allocated_bytes.all.current"], stats["reserved_bytes.all.current"])
+
+
+def wrap_cache(
+    units: Sequence[Sequence[int]],
+    world: int,
+    sync_module_states: bool = True,
+    resident: Sequence[int] = (),
+    offload: bool = False,
+) -> WrapCache:
+    """What the caching allocator holds after FSDP1 wrapped `units` from the host (see `wrap_requests`); memoised,
+    since every plan of a search with the same sharding wraps the same units."""
+    key = tuple(tuple(u) for u in units)
+    return _cached_wrap(key, world, sync_module_states, tuple(resident), offload)
+
+
+def unshard_pool(root_bytes: int, unit_bytes: Sequence[int]) -> int:
+    """Reserved bytes of the unshard stream's pool over a step: the root's all-gather buffer (held through the
+    step) and `UNSHARD_BUFFERS_HELD` buffers of the largest nested unit, each a segment of its own rounded as the
+    allocator rounds it. `root_bytes` and `unit_bytes` are unsharded (all-gathered) flat-parameter sizes."""
+    settings = parse_settings("")
+
+    def segment(n: int) -> int:
+        return allocation_size(round_size(n, settings)) if n else 0
+
+    largest = max(unit_bytes, default=0)
+    return segment(root_bytes) + UNSHARD_BUFFERS_HELD * segment(largest)
+
+
+@dataclass(frozen=True)
+class StageUnits:
+    """A stage laid out as FSDP1 units: `units` in wrap order (each block, then the root), each its parameters' byte
+    sizes as stored; `resident` what is on the GPU before wrapping (QLoRA's quantization states); `root_gathered`
+    and `unit_gathered` the all-gather sizes of the root and of one block."""
+
+    units: tuple[tuple[int, ...], ...]
+    resident: tuple[int, ...]
+    root_gathered: int
+    unit_gathered: int
+
+
+def stage_units(j: Job, n_layers: int) -> StageUnits:
+    """The units FSDP1's transformer wrap policy makes of one stage (accelerate's TRANSFORMER_BASED_WRAP, Lightning's
+    and litgpt's `auto_wrap_policy={Block}`): every block with its LoRA adapters (`use_orig_params=True` lets one
+    flat parameter hold frozen and trained tensors), and the root with the embedding, final norm and untied head.
+    Parameters are stored in their dtype (QLoRA's NF4 linears as 4-bit storage, their quantization states outside
+    FSDP, resident) and gathered in 16 bits (fp32 under fp32 training)."""
+    w, a, plan = j.w, j.w.arch, j.plan
+    tp, vtp, s = plan.tp, j.vtp, j.scale
+    lora, qlora = w.method != "full", w.method == "qlora"
+    base = (4.0 if w.precision == "fp32" else 2.0) if lora else j.wb
+    gathered = 4.0 if w.precision == "fp32" else 2.0
+    block = [(n * s, c) for n, c in parameter_shapes(a, 1, False, False, tp, vtp)]
+    nf4 = nf4_bytes(w)
+    stored: list[int] = []
+    resident: list[int] = []
+    gathered_bytes = 0.0
+    for n, c in block:
+        matrix = qlora and n > a.hidden + a.ffn  # a weight matrix, quantised (norms and biases are not)
+        for _ in range(int(c)):
+            stored.append(int(n * (0.5 if matrix else base)))
+            gathered_bytes += n * (0.5 if matrix else gathered)
+            if matrix:
+                resident.append(int(n * (nf4 - 0.5)))
+    if lora:
+        for n, c in adapter_shapes(a, 1, w.adapters.lora_rank, w.adapters.lora_targets, tp):
+            stored += [int(n * j.wb)] * int(c)
+            gathered_bytes += n * c * gathered
+    root = [(n * s, c) for n, c in parameter_shapes(a, 0, True, True, tp, vtp)]
+    root_stored = [int(n * base) for n, c in root for _ in range(int(c))]
+    return StageUnits(
+        units=(tuple(stored),) * n_layers + (tuple(root_stored),),
+        resident=tuple(resident * n_layers),
+        root_gathered=int(sum(n * c for n, c in root) * gathered),
+        unit_gathered=int(gathered_bytes),
+    )
