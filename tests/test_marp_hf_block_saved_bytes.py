@@ -12,6 +12,12 @@ What it pins (transformers 5.17, peft 0.21, torch 2.13):
   writes its output sequence-major, so o_proj saves the kernel's output itself: no copy;
 - under autocast the RMSNorm's normalised value is fp32 (`weight * x.to(input_dtype)`, the residual stream's
   dtype), and eager attention keeps the fp32 softmax beside the 16-bit copy `probs @ v` reads.
+- PEFT 0.21 keeps a bf16 model's adapters in fp32 (get_peft_model's autocast_adapter_dtype, from peft 0.12) and
+  casts each adapter's input to them (lora/layer.py Linear.forward, `_cast_input_dtype`): each adapter keeps an
+  fp32 copy of its own and an fp32 lora_A output; under autocast each adapter's matmul casts its input to bf16 by
+  itself (autocast caches only the casts of leaf tensors), so there too the adapters share no saved input.
+- QLoRA on bitsandbytes 0.50's NF4 (pure bf16; skipped without bitsandbytes): its 4-bit matmul keeps no input and
+  PEFT's Linear4bit casts like Linear outside autocast, so the bytes are LoRA's over a bf16 base.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ PEFT_NAMES = {
 }
 
 
-def _model(layers: int, attention: str, precision: str, targets: list[str] | None):
+def _model(
+    layers: int, attention: str, precision: str, targets: list[str] | None, dropout: float = 0.0, fp32_adapters=True
+):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -58,7 +66,9 @@ def _model(layers: int, attention: str, precision: str, targets: list[str] | Non
     from peft import LoraConfig, get_peft_model
 
     names = [n for t in targets for n in PEFT_NAMES[t]]
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=names))
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=names)
+    # autocast_adapter_dtype=False: what peft before 0.12 did (adapters in the base weights' dtype)
+    return get_peft_model(model, config, autocast_adapter_dtype=fp32_adapters)
 
 
 def _saved_bytes(model, precision: str) -> int:
@@ -83,9 +93,12 @@ def _saved_bytes(model, precision: str) -> int:
     return sum(seen.values())
 
 
-def _predicted(attention: str, precision: str, targets: list[str] | None) -> float:
+def _predicted(
+    attention: str, precision: str, targets: list[str] | None, dropout: float = 0.0, peft: str | None = None
+) -> float:
     arch = Architecture(**TINY, activation="swiglu", norm="rmsnorm", bias="none", position="rope")
-    lora = {} if targets is None else {"method": "lora", "lora": {"rank": 4, "targets": targets, "dropout": 0.0}}
+    adapters = {"rank": 4, "targets": targets, "dropout": dropout, "peft_version": peft}
+    lora = {} if targets is None else {"method": "lora", "lora": adapters}
     spec = JobSpec.model_validate(
         {
             "name": "hf-block",
@@ -110,17 +123,51 @@ def _predicted(attention: str, precision: str, targets: list[str] | None) -> flo
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16-pure", "bf16-mixed"])
-@pytest.mark.parametrize("targets", [None, ["q", "v"], ["q", "v", "o"]], ids=["full", "lora-qv", "lora-qvo"])
+@pytest.mark.parametrize(
+    "targets",
+    [None, ["q", "v"], ["q", "v", "o"], ["q", "k", "v", "o", "mlp"]],
+    ids=["full", "lora-qv", "lora-qvo", "lora-all"],
+)
 def test_one_blocks_saved_bytes_are_hf_s(attention, precision, targets):
+    """PEFT 0.21 keeps a 16-bit model's adapters in fp32 and casts each adapter's input to them: every adapter
+    keeps an fp32 copy of its own and an fp32 lora_A output; under autocast each adapter's matmul casts its input
+    to 16 bits by itself, so the adapters share no saved input either."""
+    _need(targets)
+    measured = _saved_bytes(_model(2, attention, precision, targets), precision)
+    measured -= _saved_bytes(_model(1, attention, precision, targets), precision)
+    assert _predicted(attention, precision, targets) == pytest.approx(measured, rel=0.02)
+
+
+def _need(targets) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     if targets is not None:
         pytest.importorskip("peft")
-        if precision != "fp32":
-            pytest.skip("PEFT keeps 16-bit models' adapters in fp32 (autocast_adapter_dtype): not this test's subject")
-    measured = _saved_bytes(_model(2, attention, precision, targets), precision)
-    measured -= _saved_bytes(_model(1, attention, precision, targets), precision)
-    assert _predicted(attention, precision, targets) == pytest.approx(measured, rel=0.02)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("precision", ["bf16-pure", "bf16-mixed"])
+def test_adapters_in_the_base_dtype_before_peft_0_12(attention, precision):
+    """peft 0.11 built the adapters in the base weights' dtype (get_peft_model(autocast_adapter_dtype=False) does
+    the same in 0.21): under pure bf16 the q/k/v/gate/up adapters share one bf16 input again."""
+    targets = ["q", "k", "v", "o", "mlp"]
+    _need(targets)
+    measured = _saved_bytes(_model(2, attention, precision, targets, fp32_adapters=False), precision)
+    measured -= _saved_bytes(_model(1, attention, precision, targets, fp32_adapters=False), precision)
+    assert _predicted(attention, precision, targets, peft="0.11.1") == pytest.approx(measured, rel=0.02)
+    if precision == "bf16-pure":
+        assert _predicted(attention, precision, targets, peft="0.11.1") < _predicted(attention, precision, targets)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-pure", "bf16-mixed"])
+def test_adapter_dropout_keeps_a_mask_as_wide_as_its_input(precision):
+    """With adapter dropout each adapter keeps its dropped copy and the mask, which on the CPU has the dropout
+    input's dtype: fp32 where PEFT casts to fp32 adapters or autocast leaves the residual side in fp32."""
+    targets = ["q", "k", "v", "o", "mlp"]
+    _need(targets)
+    measured = _saved_bytes(_model(2, "sdpa", precision, targets, dropout=0.1), precision)
+    measured -= _saved_bytes(_model(1, "sdpa", precision, targets, dropout=0.1), precision)
+    assert _predicted("sdpa", precision, targets, dropout=0.1) == pytest.approx(measured, rel=0.02)
 
 
 def test_the_context_is_the_difference():
@@ -128,3 +175,72 @@ def test_the_context_is_the_difference():
     and lora_A's rank-wide output, which its lora_B keeps."""
     diff = _predicted("eager", "fp32", ["q", "v", "o"]) - _predicted("eager", "fp32", ["q", "v"])
     assert diff == SEQ * BATCH * (TINY["hidden"] + 4) * 4
+
+
+def _qlora_model(layers: int, attention: str, targets: list[str], fp32_adapters: bool, where):
+    """A bitsandbytes NF4 Llama (bf16 compute and non-quantised weights), loaded as from_pretrained loads a
+    checkpoint, with PEFT's adapters."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=TINY["vocab"],
+        hidden_size=TINY["hidden"],
+        intermediate_size=TINY["ffn"],
+        num_hidden_layers=layers,
+        num_attention_heads=TINY["heads"],
+        num_key_value_heads=TINY["kv_heads"],
+    )
+    path = where / f"llama-{layers}"
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    nf4 = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_use_double_quant=True,
+    )
+    model = LlamaForCausalLM.from_pretrained(
+        path, quantization_config=nf4, dtype=torch.bfloat16, attn_implementation=attention, device_map="cpu"
+    ).train()
+    names = [n for t in targets for n in PEFT_NAMES[t]]
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=names)
+    return get_peft_model(model, config, autocast_adapter_dtype=fp32_adapters)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("peft", ["0.21.0", "0.11.1"])
+def test_qlora_adapters_on_bitsandbytes_nf4(attention, peft, tmp_path):
+    """QLoRA in pure bf16: bitsandbytes 0.50's 4-bit matmul keeps no input (from 0.43.2), and PEFT's Linear4bit
+    casts each adapter's input to the adapters' dtype outside autocast (lora/bnb.py `requires_conversion`): the
+    same bytes as LoRA over a bf16 base, fp32 copies from peft 0.12, one shared bf16 input before."""
+    targets = ["q", "k", "v", "o", "mlp"]
+    _need(targets)
+    pytest.importorskip("bitsandbytes", minversion="0.50")  # (its CPU 4-bit kernels; the `grid-litgpt` extra)
+    fp32 = peft != "0.11.1"
+    measured = _saved_bytes(_qlora_model(2, attention, targets, fp32, tmp_path), "bf16-pure")
+    measured -= _saved_bytes(_qlora_model(1, attention, targets, fp32, tmp_path), "bf16-pure")
+    arch = Architecture(**TINY, activation="swiglu", norm="rmsnorm", bias="none", position="rope")
+    lora = {"rank": 4, "targets": targets, "dropout": 0.0, "quantizer": "bitsandbytes", "quantizer_version": "0.50.2"}
+    spec = JobSpec.model_validate(
+        {
+            "name": "hf-block-qlora",
+            "model": {"arch": arch.model_dump(exclude_defaults=True)},
+            "training": {
+                "seq_len": SEQ,
+                "global_batch": BATCH,
+                "micro_batch": BATCH,
+                "steps": 1,
+                "precision": "bf16-pure",
+                "attention": attention,
+                "activation_checkpointing": "none",
+                "method": "qlora",
+                "lora": {**lora, "peft_version": peft},
+            },
+            "parallel": {"sharding": "none", "tp": 1, "pp": 1},
+            "entry": {"trainer": "script", "script": "train.py", "framework": "hf-trainer"},
+        }
+    )
+    w = workload_from_spec(spec, ResolvedModel(arch=arch, name="tiny-llama"), device="cpu")
+    assert layer_activation_bytes(w, 1, False, "none") * SEQ * BATCH == pytest.approx(measured, rel=0.02)

@@ -166,6 +166,15 @@ class LoraSpec(_Strict):
         description="QLoRA: the bitsandbytes release, e.g. 0.45.2. Up to 0.43.1 its 4-bit matmul saved its input for "
         "backward; from 0.43.2 it keeps only the 4-bit weight. Default: an older release (the input is saved).",
     )
+    peft_version: str | None = Field(
+        None,
+        pattern=r"^\d+(\.\d+)*$",
+        description="The PEFT release that builds the adapters (frameworks on Hugging Face models: hf-trainer, "
+        "lightning, torch, deepspeed), e.g. 0.11.1. From 0.12 get_peft_model keeps the adapters of a bf16/fp16 "
+        "model in fp32 (autocast_adapter_dtype), so each adapted linear keeps its own fp32 copy of its input and "
+        "the adapters' gradients and optimizer states are fp32; before it they take the base weights' dtype. "
+        "Default: a current release (0.12 or later).",
+    )
 
     @field_validator("dora")
     @classmethod

@@ -207,6 +207,7 @@ def _adapters(spec: JobSpec, prof: FrameworkProfile) -> Adapters:
     lora = spec.training.lora
     quantizer = _quantizer(spec, prof)
     bnb_version = version_tuple(lora.quantizer_version)
+    peft_version = version_tuple(lora.peft_version)
     return Adapters(
         lora_rank=lora.rank,
         lora_targets=tuple(lora.targets),
@@ -218,6 +219,14 @@ def _adapters(spec: JobSpec, prof: FrameworkProfile) -> Adapters:
         qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
         bnb_stable_embedding=prof.qlora_stable_embedding and quantizer == "bitsandbytes",
         lora_qkv_scatter=prof.code(spec).lora_qkv_scatter,
+        lora_input_cast=prof.lora_by_peft,
+        # peft 0.12 (PR #1706) added get_peft_model(autocast_adapter_dtype=True), which upcasts bf16/fp16 adapter
+        # weights to fp32 (tuners_utils.py cast_adapter_dtype); 0.11 built them in the base weight's dtype
+        # (lora/layer.py update_layer: self.to(weight.device, dtype=weight.dtype)). DeepSpeed's engine casts the whole
+        # module, adapters too, back to its 16-bit dtype (engine.py _configure_distributed_model: module.bfloat16())
+        lora_fp32=prof.lora_by_peft
+        and state_layout(spec) != "deepspeed"
+        and (peft_version is None or peft_version >= (0, 12)),
     )
 
 

@@ -193,6 +193,9 @@ class FrameworkProfile:
     qlora_stable_embedding: bool = False
     # bitsandbytes QLoRA steps with bitsandbytes' paged AdamW (states in CUDA managed memory)
     qlora_paged_optimizer: bool = False
+    # LoRA/QLoRA adapters are PEFT's (get_peft_model on a Hugging Face model); False: the framework's own LoRA modules
+    # (torchtune's LoRALinear, litgpt's lora.py, frenzy's), built in the model's dtype, with no cast of their input
+    lora_by_peft: bool = False
     # what the framework's shipped configs set, for a run described as "the defaults"
     shipped_checkpointing: Literal["none", "full"] | None = None
     # what the framework runs when neither its configuration nor the user turns activation checkpointing on (its
@@ -266,6 +269,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             # activation checkpointing only where the script calls deepspeed.checkpointing or its config's
             # activation_checkpointing section asks for it (off unless written)
             unset_checkpointing="none",
+            lora_by_peft=True,  # (the engine casts the whole module, adapters too, to its 16-bit dtype)
         ),
         FrameworkProfile(
             "hf-trainer",
@@ -291,6 +295,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             # 1; 5.0-5.9: fsdp_config "version" default 1), FSDP2 from 5.10 (fsdp_config.get("version", 2))
             fsdp_default=2,
             fsdp2_from=(5, 10),
+            lora_by_peft=True,  # (TRL's SFTTrainer and ms-swift call peft's get_peft_model too)
         ),
         FrameworkProfile(
             "torchtune",
@@ -385,6 +390,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             fsdp_default=1,
             fsdp1_sync_module_states=False,
             empties_cache_after_setup=True,
+            lora_by_peft=True,  # Lightning has no LoRA of its own: a LightningModule wraps its model with PEFT
         ),
         FrameworkProfile(
             "megatron",
@@ -423,6 +429,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             fsdp2_from=(2, 4),
             # FullyShardedDataParallel(sync_module_states=False): torch's default (fully_sharded_data_parallel.py)
             fsdp1_sync_module_states=False,
+            lora_by_peft=True,
         ),
         FrameworkProfile(
             "llm.c",

@@ -28,6 +28,7 @@ class _Block:
     adapters: frozenset[str]  # LoRA's adapted linears (none in full training)
     tg: frozenset[str]  # linears whose input is saved
     norm: float  # one norm's saved bytes
+    ae: float  # an adapter's compute width: its saved input and lora_A's r-wide output (fp32 adapters: 4)
 
     @classmethod
     def of(
@@ -67,6 +68,9 @@ class _Block:
             adapters=adapters,
             tg=adapters if only_adapters else frozenset({"q", "k", "v", "o", "mlp"}),
             norm=norm,
+            # PEFT's fp32 adapters over a 16-bit model without autocast compute in fp32 (under autocast lora_A's
+            # matmul runs in 16 bits whatever the adapters' dtype)
+            ae=4.0 if (lora and w.adapters.lora_fp32 and e == 2.0 and not amp) else e,
         )
 
     @property
@@ -83,18 +87,36 @@ class _Block:
         """The base linear keeps its input: full training, or bitsandbytes' 4-bit matmul under QLoRA."""
         return not self.lora or (self.w.method == "qlora" and self.w.adapters.nf4_saves_inputs)
 
-    def adapter_inputs(self, n: int, shared: bool) -> float:
+    def own_copies(self, residual: bool) -> bool:
+        """Each adapter reads a copy of its input of its own: PEFT's cast to fp32 adapters (`_cast_input_dtype`),
+        or under autocast lora_A's cast to 16 bits, which autocast makes afresh for every op (it caches only the
+        casts of leaf tensors). `residual`: an input from the fp32 residual side under autocast (the norm's output,
+        the q/k/v and gate/up inputs), which every adapter's matmul casts; o's and down's 16-bit inputs are cast
+        only where PEFT first casts them to the fp32 adapters' dtype (its plain Linear always; its bitsandbytes
+        Linear4bit only outside autocast: peft 0.21 tuners/lora/bnb.py `requires_conversion`)."""
+        if self.ae != self.e:
+            return True
+        peft_cast = self.w.adapters.lora_input_cast and self.w.method == "lora"
+        return self.amp and (residual or peft_cast)
+
+    def adapter_inputs(self, n: int, shared: bool, residual: bool = True, frozen: bool | None = None) -> float:
         """Bytes per input element that `n` adapters reading one input keep, beside the base's `shared` copy.
 
         Under LoRA the frozen base linears keep no input (their weight needs no gradient: bitsandbytes' 4-bit
         matmul is the exception, `base_saves`); each adapter's lora_A keeps what it reads: the input it shares with
-        the others, once, or with adapter dropout its own dropped copy (PEFT, torchtune and litgpt give every
-        adapted linear its own dropout; litgpt's fused q/k/v one) and its mask; lora_B keeps lora_A's r-wide
-        output."""
+        the others, once, or a copy of its own (`own_copies`: cast to the adapter's dtype, or with adapter dropout
+        its dropped copy, whose mask is as wide as the dropout's input: PEFT, torchtune and litgpt give every
+        adapted linear its own dropout; litgpt's fused q/k/v one); lora_B keeps lora_A's r-wide output.
+        `frozen`: the input needs no gradient, so dropout keeps no mask (default: the block's input's)."""
         if not n:
             return 0.0
-        keep_mask = 0.0 if self.frozen_input else self.mask
-        return n * (self.e + keep_mask) if self.dropped else (0.0 if shared else self.li)
+        own = self.own_copies(residual)
+        if self.dropped:
+            mask = 4.0 if (own and self.w.activations.dropout_mask_full_width) else self.mask
+            return n * (self.ae + (0.0 if (self.frozen_input if frozen is None else frozen) else mask))
+        if own:
+            return n * self.ae
+        return 0.0 if shared else self.li
 
 
 @lru_cache(maxsize=4096)  # bounded: a long simulation sees many workloads
@@ -177,20 +199,26 @@ def _core_terms(b: _Block, recompute: Recompute, keys: int) -> list[float]:
             terms.append(a.heads * keys * (soft + ((b.mask + e) if drop else 0)) / tp)
         if b.base_saves or ("o" in b.adapters and not b.dropped):
             # the context (probs @ v, made contiguous) is kept by o_proj, or by its adapter's lora_A reading it
-            # undropped; a frozen o_proj keeps only its weight, and probs @ v saves probs and v, not its output
-            terms.append(li * inner / tp)
+            # undropped (or its own cast of it); a frozen o_proj keeps only its weight, and probs @ v saves probs
+            # and v, not its output
+            base = li if b.base_saves else 0.0
+            o_ad = b.adapter_inputs(1, b.base_saves, residual=False) if "o" in b.adapters else 0.0
+            terms.append((base + o_ad) * inner / tp)
     else:
         terms.append(e * inner / tp + 4.0 * a.heads / tp)  # kernel output (also o_proj input) + log-sum-exp
         if a.position == "relative":
             terms.append(e * a.heads * keys / tp)  # the position-bias mask the kernel keeps
         if act.fp8:
             terms.append(li * inner / tp)  # o_proj's fp8 copy of its input
+        elif "o" in b.adapters and not b.dropped and b.own_copies(False):
+            terms.append(b.ae * inner / tp)  # o's adapter's own cast of the kernel's output
         elif act.unfused_rope and a.position == "rope" and "o" in b.tg:  # (a frozen o_proj keeps no input)
             # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the
             # transpose back to (tokens, hidden) copies it: o_proj saves that copy as well
             terms.append(e * inner / tp)
     if b.dropped and "o" in b.adapters:
-        terms.append((e + b.mask) * inner / tp)  # output_proj adapter's dropped copy and mask
+        # o's adapter's dropped copy and mask (the context needs a gradient behind q/k/v's adapters, in any block)
+        terms.append(b.adapter_inputs(1, False, residual=False, frozen=False) * inner / tp)
     if drop:
         terms.append(b.mask * a.hidden / b.rep)  # residual dropout mask
     return terms
@@ -216,7 +244,7 @@ def cross_attention_bytes(
     elif b.lora:
         shared = b.base_saves
         target.append(((li if shared else 0.0) + b.adapter_inputs(int("q" in b.adapters), shared)) * h / b.rep)
-        target.append(int("q" in b.adapters) * e * w.adapters.lora_rank / tp)  # lora_A's output
+        target.append(int("q" in b.adapters) * b.ae * w.adapters.lora_rank / tp)  # lora_A's output
     target.append(e * a.inner / tp)  # q
     target += _core_terms(b, recompute, source_len)
     kv_width = a.inner if act.gqa_expand else kvd
@@ -225,7 +253,7 @@ def cross_attention_bytes(
         source.append((2 * li * h / b.rep_in) if b.amp and not act.fused_projections else 0.0)  # k's and v's casts
     else:
         n_kv = len(b.adapters & {"k", "v"})
-        source.append(b.adapter_inputs(n_kv, True) * h / b.rep + n_kv * e * w.adapters.lora_rank / tp)
+        source.append(b.adapter_inputs(n_kv, True) * h / b.rep + n_kv * b.ae * w.adapters.lora_rank / tp)
     return sum(target), sum(source)
 
 
@@ -271,10 +299,10 @@ def _lora_mlp_terms(b: _Block, terms: list[float]) -> float:
     base = li if b.base_saves else 0.0
     n_in = (2 if a.gated else 1) if "mlp" in b.adapters else 0  # gate and up / fc
     terms.append((base + b.adapter_inputs(n_in, b.base_saves)) * h / b.rep)  # FFN input
-    down_in = base + b.adapter_inputs(1 if "mlp" in b.adapters else 0, b.base_saves)
+    down_in = base + b.adapter_inputs(1 if "mlp" in b.adapters else 0, b.base_saves, residual=False)
     qkv = b.adapters & {"q", "k", "v"}
     mats = len(b.adapters & {"q", "k", "v", "o"}) + (n_in + 1 if n_in else 0)
-    terms.append(mats * e * w.adapters.lora_rank / tp)  # lora_A's outputs, saved by lora_B
+    terms.append(mats * b.ae * w.adapters.lora_rank / tp)  # lora_A's outputs, saved by lora_B
     if w.adapters.lora_qkv_scatter and w.activations.fused_projections and 0 < len(qkv) < 3:
         # the adapted q/k/v outputs, scattered into the fused width by index_copy, which saves its source
         terms.append(e * sum(h if t == "q" else a.kv * a.head_dim for t in qkv) / tp)

@@ -24,6 +24,8 @@ def param_bytes(w: Workload) -> tuple[float, float, float, float, float]:
     mixed = w.precision in ("bf16-mixed", "fp16-mixed")
     if w.precision == "fp32":
         wb, gb, sdt = 4.0, 4.0, 4.0
+    elif w.precision == "bf16-pure" and w.method != "full" and w.adapters.lora_fp32:
+        wb, gb, sdt = 4.0, 4.0, 4.0  # PEFT's fp32 adapters (the trainable parameters) over the 16-bit base
     elif w.precision == "bf16-pure":
         wb, gb, sdt = 2.0, 2.0, 2.0
     elif w.framework == "torch":  # autocast / FSDP mixed precision: parameters and grads stay fp32

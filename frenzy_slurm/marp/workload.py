@@ -56,6 +56,12 @@ class Adapters:
     # stays, the new one's gradient is never freed, its fp32 LayerNorm saves an fp32 copy of its output
     bnb_stable_embedding: bool = False
     lora_qkv_scatter: bool = False  # fused-q/k/v LoRA scatters adapter outputs with index_copy (litgpt), saving them
+    # PEFT's LoRA layers (peft/tuners/lora/layer.py Linear.forward: `x = self._cast_input_dtype(x,
+    # lora_A.weight.dtype)`) cast each adapter's input to the adapter weights' dtype: a copy of its own per adapter
+    # wherever the dtypes differ
+    lora_input_cast: bool = False
+    # the adapters are fp32 over a 16-bit base (PEFT >= 0.12: get_peft_model's autocast_adapter_dtype)
+    lora_fp32: bool = False
 
 
 @dataclass(frozen=True)
