@@ -94,11 +94,18 @@ def _saved_bytes(model, precision: str) -> int:
 
 
 def _predicted(
-    attention: str, precision: str, targets: list[str] | None, dropout: float = 0.0, peft: str | None = None
+    attention: str,
+    precision: str,
+    targets: list[str] | None,
+    dropout: float = 0.0,
+    peft: str | None = None,
+    method: str = "lora",
+    **adapter_settings: object,
 ) -> float:
+    """One block's saved bytes for these settings, as fsbatch derives them from a model.yaml."""
     arch = Architecture(**TINY, activation="swiglu", norm="rmsnorm", bias="none", position="rope")
-    adapters = {"rank": 4, "targets": targets, "dropout": dropout, "peft_version": peft}
-    lora = {} if targets is None else {"method": "lora", "lora": adapters}
+    adapters = {"rank": 4, "targets": targets, "dropout": dropout, "peft_version": peft, **adapter_settings}
+    lora = {} if targets is None else {"method": method, "lora": adapters}
     spec = JobSpec.model_validate(
         {
             "name": "hf-block",
@@ -221,26 +228,7 @@ def test_qlora_adapters_on_bitsandbytes_nf4(attention, peft, tmp_path):
     fp32 = peft != "0.11.1"
     measured = _saved_bytes(_qlora_model(2, attention, targets, fp32, tmp_path), "bf16-pure")
     measured -= _saved_bytes(_qlora_model(1, attention, targets, fp32, tmp_path), "bf16-pure")
-    arch = Architecture(**TINY, activation="swiglu", norm="rmsnorm", bias="none", position="rope")
-    lora = {"rank": 4, "targets": targets, "dropout": 0.0, "quantizer": "bitsandbytes", "quantizer_version": "0.50.2"}
-    spec = JobSpec.model_validate(
-        {
-            "name": "hf-block-qlora",
-            "model": {"arch": arch.model_dump(exclude_defaults=True)},
-            "training": {
-                "seq_len": SEQ,
-                "global_batch": BATCH,
-                "micro_batch": BATCH,
-                "steps": 1,
-                "precision": "bf16-pure",
-                "attention": attention,
-                "activation_checkpointing": "none",
-                "method": "qlora",
-                "lora": {**lora, "peft_version": peft},
-            },
-            "parallel": {"sharding": "none", "tp": 1, "pp": 1},
-            "entry": {"trainer": "script", "script": "train.py", "framework": "hf-trainer"},
-        }
+    predicted = _predicted(
+        attention, "bf16-pure", targets, peft=peft, method="qlora", quantizer="bitsandbytes", quantizer_version="0.50.2"
     )
-    w = workload_from_spec(spec, ResolvedModel(arch=arch, name="tiny-llama"), device="cpu")
-    assert layer_activation_bytes(w, 1, False, "none") * SEQ * BATCH == pytest.approx(measured, rel=0.02)
+    assert predicted == pytest.approx(measured, rel=0.02)
