@@ -40,6 +40,20 @@ def grid_point(name: str) -> dict[str, Any]:
     return next(p for p in points if p["name"] == name)
 
 
+def variant(point: dict[str, Any], recompute: str = "", micro_batch: int = 0, seq_len: int = 0) -> dict[str, Any]:
+    """The grid point with its training's activation checkpointing, micro-batch or sequence length changed (the
+    others as they are); its name says what changed."""
+    out = json.loads(json.dumps(point))
+    training = out["spec"]["training"]
+    if micro_batch:  # (the global batch grows with it: the same number of micro-batches)
+        training["global_batch"] = training["global_batch"] // training["micro_batch"] * micro_batch
+    for key, value in (("activation_checkpointing", recompute), ("micro_batch", micro_batch), ("seq_len", seq_len)):
+        if value:
+            training[key] = value
+            out["name"] += f"+{key}={value}"
+    return out
+
+
 def record_step(point: dict[str, Any]) -> list[Request]:
     """The steady step's allocator requests of the grid point's plain PyTorch loop, in order, by phase."""
     import torch
@@ -52,13 +66,15 @@ def record_step(point: dict[str, Any]) -> list[Request]:
 
     spec = point["spec"]
     training = spec["training"]
-    if spec["entry"].get("framework") != "torch" or training["activation_checkpointing"] != "none":
-        raise ValueError(f"{point['name']}: the recorder runs the grid's plain torch loop without checkpointing")
+    recompute = training["activation_checkpointing"]
+    if spec["entry"].get("framework") != "torch" or recompute not in ("none", "full"):
+        raise ValueError(f"{point['name']}: the recorder runs the grid's plain torch loop, no or full checkpointing")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     arch = Architecture(**spec["model"]["arch"])
     mb, seq = training["micro_batch"], training["seq_len"]
-    model = GPT(arch, attention=training["attention"])
+    # (the grid's torch trainer: `GPT(arch, checkpoint=...)`, torch.utils.checkpoint per block, non-reentrant)
+    model = GPT(arch, checkpoint=recompute == "full", attention=training["attention"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # as the grid's torch trainer
     gen = torch.Generator().manual_seed(0)
     ranges: list[Any] = []
@@ -71,8 +87,10 @@ def record_step(point: dict[str, Any]) -> list[Request]:
 
     step_no = [0]
     for i, blk in enumerate(model.blocks):
+        # (a checkpointed block runs again in backward, and its recomputation stops with an exception after the
+        # last saved tensor: `always_call` closes its range then too)
         blk.register_forward_pre_hook(lambda _m, _a, i=i: enter(f"s{step_no[0]}.layer{i}"))
-        blk.register_forward_hook(lambda _m, _a, _o: leave())
+        blk.register_forward_hook(lambda _m, _a, _o: leave(), always_call=True)
 
     def to_loss(_m: Any, _a: Any) -> None:  # the final norm starts the loss phase
         leave()
@@ -104,13 +122,14 @@ def record_step(point: dict[str, Any]) -> list[Request]:
 
 def requests_of(events: list[dict[str, Any]], prefix: str) -> list[Request]:
     """The requests of the step whose ranges start with `prefix`, from a profile's Chrome-trace events."""
-    windows = {
-        e["name"][len(prefix) :]: (e["ts"], e["ts"] + e.get("dur", 0))
+    windows = [
+        (e["name"][len(prefix) :], e["ts"], e["ts"] + e.get("dur", 0))
         for e in events
         if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"].startswith(prefix)
-    }
-    phases = [(name, a, b) for name, (a, b) in windows.items() if not name.startswith("layer")]
-    layers = [(int(name[5:]), a, b) for name, (a, b) in windows.items() if name.startswith("layer")]
+    ]
+    phases = [(name, a, b) for name, a, b in windows if not name.startswith("layer")]
+    # (a block's range twice where its recomputation runs in backward)
+    layers = [(int(name[5:]), a, b) for name, a, b in windows if name.startswith("layer")]
     mem = [e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0]
     mem.sort(key=lambda e: e["ts"])  # (stable: events of one instant keep the trace's order)
     live: dict[int, tuple[str, int]] = {}
@@ -137,11 +156,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--point", default="torch-llama-1gpu", help="a grid point of the plain torch loop")
     ap.add_argument("--show", action="store_true", help="print both sequences per phase")
+    ap.add_argument("--recompute", default="", help="the point with this activation checkpointing (none, full)")
+    ap.add_argument("--micro-batch", type=int, default=0, help="the point with this micro-batch")
+    ap.add_argument("--seq-len", type=int, default=0, help="the point with this sequence length")
     args = ap.parse_args()
     from frenzy_slurm.eval.grid import workload_of
     from frenzy_slurm.marp.step_requests import PHASES, compare, replay_peaks, step_requests
 
-    point = grid_point(args.point)
+    point = variant(grid_point(args.point), args.recompute, args.micro_batch, args.seq_len)
     recorded = record_step(point)
     w, plan = workload_of(point)
     generated = step_requests(w, plan)

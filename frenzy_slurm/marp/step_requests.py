@@ -25,9 +25,17 @@ any more, as torch's autograd does it, phase by phase:
   together for an instant (MARP's `optimizer_step_buffers` counts one); then `zero_grad(set_to_none=True)` frees
   every gradient in parameter order.
 
+With full activation checkpointing (`recompute: full`, torch.utils.checkpoint non-reentrant per block, as the
+built-in model does it), the forward's blocks save nothing: each block's tensors go with their last reader or
+Block.forward's locals, and its checkpoint keeps the block's input and a stash of the CPU generator's state. In
+backward, the first function of a block that unpacks a saved tensor recomputes the block up to the last op that
+saves one (early stop), under a second stash; each recomputed tensor then goes with the function that unpacks it,
+before that function lets go of its output's gradient, and the block's input and stash with its first op.
+
 Scope: the built-in model's blocks (frenzy_slurm/models/gpt.py: RMSNorm or LayerNorm, q/k/v projections, RoPE
 or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says, a tied or untied head) under a
-plain torch loop on one rank, fp32, no checkpointing, no dropout, full training: the CPU grid's `torch` points.
+plain torch loop on one rank, fp32, no or full checkpointing (of every block), no dropout, full training: the CPU
+grid's `torch` points, and those with full recomputation.
 Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
 model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
 token.
@@ -49,6 +57,7 @@ from frenzy_slurm.marp.allocator_replay import Event, alloc, free, replay
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 
 PHASES = ("forward", "loss", "backward", "optimizer")
+RNG_STATE_BYTES = 5056  # torch.get_rng_state() of the CPU generator (at::CPUGeneratorImpl's state; measured)
 SELF = "@out"  # in an op's `saves`: its own output
 
 
@@ -99,6 +108,8 @@ class _Graph:
     layer_of: dict[str, int] = field(default_factory=dict)
     phase_of: dict[str, str] = field(default_factory=dict)  # op name -> forward phase
     base: dict[str, str] = field(default_factory=dict)  # view -> the tensor whose storage it shares
+    checkpointed: dict[str, int] = field(default_factory=dict)  # op -> its block, where the block is recomputed
+    checkpoint: bool = False  # the blocks' ops made now are recomputed in backward
     layer: int = -1
     phase: str = "forward"
 
@@ -154,6 +165,8 @@ class _Graph:
             bscratch_last=bscratch_last,
         )
         self.ops.append(op)
+        if self.checkpoint:
+            self.checkpointed[out] = self.layer
         if view:
             self.base[out] = self.storage(inputs[0])
         return out
@@ -167,8 +180,10 @@ def _check_scope(w: Workload, plan: ParallelPlan) -> None:
         reasons.append(f"precision {w.precision}")
     if w.method != "full":
         reasons.append(f"method {w.method}")
-    if plan.recompute != "none":
+    if plan.recompute not in ("none", "full"):
         reasons.append(f"recompute {plan.recompute}")
+    elif plan.recompute == "full" and plan.recompute_layers not in (None, w.arch.layers):
+        reasons.append(f"recompute full of {plan.recompute_layers} of {w.arch.layers} blocks")
     if plan.world > 1:
         reasons.append(f"{plan.world} ranks")
     if w.activations.attention not in ("sdpa", "flash"):
@@ -180,7 +195,7 @@ def _check_scope(w: Workload, plan: ParallelPlan) -> None:
     if reasons:
         raise ValueError(
             "step_requests generates the built-in model's step under a plain torch loop on one rank (fp32, full "
-            f"training, no checkpointing, SDPA, no dropout); not yet: {', '.join(reasons)}"
+            f"training, none or full checkpointing, SDPA, no dropout); not yet: {', '.join(reasons)}"
         )
 
 
@@ -236,7 +251,7 @@ def _rope(
     # torch.stack's backward unbinds: views of the gradient. (The angles live until the call returns; `holds`: the
     # projections the caller rebinds after it.)
     out = g.op("rope" + tag, parts, e * width * tokens, grads=tuple(parts), passthrough=tuple(parts))
-    g.ops[-1] = replace(g.ops[-1], holds=(angles, *holds))
+    g.ops[-1] = replace(g.ops[-1], holds=(angles, cos, sin, *holds))  # (`_rope`'s locals ang, cos, sin)
     return out
 
 
@@ -280,7 +295,8 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
         o_in = g.op("transpose", [att], e * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
     o = _linear(g, "o", o_in, h, h, tokens, e, all_bias)
     x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
-    y = _norm(g, w, x, tokens, e)
+    y1, y = y, _norm(g, w, x, tokens, e)
+    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, y1))  # (`h = self.norm2(x)` rebinds the first)
     if a.gated:
         gate = _linear(g, "gate", y, h, f, tokens, e, False)
         act = g.op("silu", [gate], e * f * tokens, grads=(gate,), saves=(gate,))
@@ -290,7 +306,9 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
         up = _linear(g, "up", y, h, f, tokens, e, all_bias)
         m = g.op("gelu", [up], e * f * tokens, grads=(up,), saves=(up,))
     d = _linear(g, "down", m, f, h, tokens, e, all_bias)
-    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
+    # (Block.forward's locals x, h, q, k, v, att, m, let go in that order when it returns: where the block is
+    # checkpointed they are what keeps its tensors alive to its end)
+    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d), holds=(x, y, q, k, v, att, m))
 
 
 def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[tuple[str, int]]]:
@@ -307,9 +325,15 @@ def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[
         # broadcast over the batch, so its gradient is a sum over the batch, a new tensor)
         x = g.op("embed_sum", [pos, x], e * a.hidden * tokens, grads=(x, pos), passthrough=(x,))
     for i in range(a.layers):
-        g.layer = i
+        if plan.recompute == "full":
+            # torch.utils.checkpoint (non-reentrant, torch 2.13 torch/utils/checkpoint.py): `preserve_rng_state`
+            # stashes the CPU generator's state (a byte tensor), and the frame keeps it and the block's input
+            # until the block's backward is done (`_CheckpointFrame.save_inputs`)
+            g.layer, g.checkpoint = -1, False
+            g.op("rng_state", [x], RNG_STATE_BYTES, saves=(SELF, x))
+        g.layer, g.checkpoint = i, plan.recompute == "full"
         x = _block(g, w, x, tokens, e, threads)
-    g.layer, g.phase = -1, "loss"
+    g.layer, g.phase, g.checkpoint = -1, "loss", False
     y = _norm(g, w, x, tokens, e)
     # (a tied head's weight gradient is the embedding's: named alike, it is added into it)
     head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
@@ -342,22 +366,55 @@ class _Emitter:
 
 def _forward(g: _Graph, em: _Emitter) -> None:
     """Each op's output and scratch; a tensor is freed after its last reader unless a backward function saves
-    it."""
-    saved = {g.storage(k) for op in g.ops for k in op.saves}
+    it. A checkpointed block's ops save nothing: their saved tensors are packed into placeholders
+    (`_checkpoint_hook`), so only the block's input stays, kept by its checkpoint."""
+    saved = {g.storage(k) for op in g.ops if op.out not in g.checkpointed for k in op.saves}
+    _run(g, em, range(len(g.ops)), saved, "forward")
+
+
+def _run(g: _Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: str) -> None:
+    """Ops `ops` of the forward, in order (phase `phase`, else the op's own): outputs and scratch, each tensor freed
+    after its last reader among them unless in `saved`."""
     last_read: dict[str, int] = {}
-    for n, op in enumerate(g.ops):
-        for k in (*op.inputs, *op.holds):
+    for n in ops:
+        for k in (*g.ops[n].inputs, *g.ops[n].holds):
             last_read[g.storage(k)] = n  # (reading a view reads its base's storage)
-    for n, op in enumerate(g.ops):
-        phase, layer = g.phase_of[op.out], g.layer_of[op.out]
+    for n in ops:
+        op = g.ops[n]
+        where, layer = g.phase_of[op.out] if phase == "forward" else phase, g.layer_of[op.out]
         if not op.view:
-            em.alloc(phase, layer, op.out, op.size)
+            em.alloc(where, layer, op.out, op.size)
         if op.scratch[0]:
-            em.alloc(phase, layer, op.out + ".scratch", op.scratch[0])
-            em.free(phase, layer, op.out + ".scratch")
-        for k in dict.fromkeys(g.storage(k) for k in (*op.inputs, *op.holds, op.out)):
+            em.alloc(where, layer, op.out + ".scratch", op.scratch[0])
+            em.free(where, layer, op.out + ".scratch")
+        # (the temporaries first, then what the Python code binds)
+        for k in dict.fromkeys(g.storage(k) for k in (*(k for k in op.inputs if k not in op.holds), *op.holds, op.out)):
             if last_read.get(k, n) <= n and k not in saved:
-                em.free(phase, layer, k)
+                em.free(where, layer, k)
+
+
+def _recompute(g: _Graph, em: _Emitter, block: int) -> None:
+    """The checkpointed block's forward again, when its backward first unpacks a saved tensor
+    (`_checkpoint_hook.unpack_hook`): under `torch.random.fork_rng` (a second stash of the generator's state,
+    freed when the recomputation ends), the block's ops up to the last one that saves a tensor, which keep what
+    they save (`_recomputation_hook`). There the recomputation stops (`_StopRecomputationError`, early stop: after
+    packing the last op's inputs, before its output unless it saves that), and whatever else it still holds is let
+    go."""
+    ops = [n for n, op in enumerate(g.ops) if g.checkpointed.get(op.out) == block]
+    last = max(n for n in ops if g.ops[n].saves)
+    ops = [n for n in ops if n <= last]
+    saved = {g.storage(k) for n in ops for k in g.ops[n].saves}
+    stop = g.ops[last]
+    if stop.out not in stop.saves:  # (its output is never made: the inputs were packed first)
+        ops.pop()
+    key = f"rng_state.recompute.L{block}"
+    em.alloc("backward", -1, key, RNG_STATE_BYTES)
+    _run(g, em, ops, saved, "backward")
+    for n in ops:
+        k = g.storage(g.ops[n].out)
+        if k not in saved:
+            em.free("backward", block, k)
+    em.free("backward", -1, key)
 
 
 class _Grads:
@@ -394,12 +451,14 @@ class _Grads:
             self.em.free("backward", layer, key)
 
 
-def _backward_op(g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str, str]) -> list[tuple[str, str, bool]]:
+def _backward_op(
+    g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str, str], unpacked: Sequence[str] = ()
+) -> list[tuple[str, str, bool]]:
     """One op's backward as autograd's engine runs it (torch/csrc/autograd/engine.cpp `evaluate_function`): the
-    function makes its scratch, parameter and input gradients (in the op's order), and lets go of its output's
-    gradient; returns the input gradients
-    (tensor, gradient, is a view), which the engine adds into the pending ones only after the function's saved
-    tensors are released."""
+    function makes its scratch, parameter and input gradients (in the op's order), lets go of `unpacked` (a
+    checkpointed op's saved tensors: only the function's locals still hold them), and of its output's gradient;
+    returns the input gradients (tensor, gradient, is a view), which the engine adds into the pending ones only
+    after the function's saved tensors are released."""
     layer = g.layer_of[op.out]
     scratch = [f"{op.out}.bscratch{n}" for n in range(op.bscratch if op.scratch[1] else 0)]
     for key in [] if op.bscratch_last else scratch:
@@ -427,6 +486,8 @@ def _backward_op(g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str
         _param_grads(em, op, layer, grad_of)
     for key in scratch:
         em.free("backward", layer, key)
+    for k in unpacked:
+        em.free("backward", layer, k)
     gr.release(layer, out_grad)
     return made
 
@@ -451,25 +512,50 @@ def _param_grads(em: _Emitter, op: _Op, layer: int, grad_of: dict[str, str]) -> 
             em.free("backward", layer, f"{op.out}.reduce.{p}")
 
 
+def _saved_frees(g: _Graph) -> dict[int, list[str]]:
+    """Per op, the saved tensors (storage) let go after its backward: those no op before it saves (the earliest
+    saver runs last in backward). A checkpointed block's frame (its stashed generator state and its input) dies
+    with the block's first op, the last of its graph to run."""
+    out: dict[int, list[str]] = {}
+    seen: set[str] = set()
+    first: dict[int, int] = {}
+    for n, op in enumerate(g.ops):
+        block = g.checkpointed.get(op.out)
+        if block is not None:
+            first.setdefault(block, n)
+        for k in op.saves:
+            if k not in seen:
+                seen.add(k)
+                out.setdefault(n, []).append(g.storage(k))
+    for n, op in enumerate(g.ops):
+        if op.name.startswith("rng_state"):  # (the frame of the block that follows it)
+            out.setdefault(first[g.checkpointed[g.ops[n + 1].out]], []).extend(out.pop(n, []))
+    return out
+
+
 def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
     """The ops in reverse from the loss's gradient (`_backward_op`); after each, the saved tensors no op before
     it reads. Returns each parameter's .grad key."""
-    last_saver: dict[str, int] = {}
-    for n, op in enumerate(g.ops):
-        for k in op.saves:
-            last_saver.setdefault(k, n)  # (the earliest saver runs last in backward)
+    frees = _saved_frees(g)
     gr = _Grads(em)
     loss_grad = "grad." + g.ops[-1].out
     em.alloc("backward", -1, loss_grad, 4)
     gr.refs[loss_grad] += 1
     gr.give(-1, g.ops[-1].out, loss_grad)
     grad_of: dict[str, str] = {}  # parameter -> its .grad's key
+    recomputed: set[int] = set()
     for n in range(len(g.ops) - 1, -1, -1):
         op = g.ops[n]
-        made = _backward_op(g, em, gr, op, grad_of) if op.out in gr.of else []
-        for k in op.saves:
-            if last_saver.get(k) == n:
-                em.free("backward", g.layer_of.get(k, g.layer_of[op.out]), g.storage(k))
+        block = g.checkpointed.get(op.out)
+        if block is not None and block not in recomputed and op.saves and op.out in gr.of:
+            recomputed.add(block)
+            _recompute(g, em, block)
+        # (a checkpointed op's saved tensors are the recomputed ones it unpacked: they go with its locals)
+        ran = op.out in gr.of
+        unpacked = frees.pop(n, []) if block is not None and ran else []
+        made = _backward_op(g, em, gr, op, grad_of, unpacked) if ran else []
+        for k in frees.pop(n, []):
+            em.free("backward", g.layer_of.get(k, g.layer_of[op.out]), k)
         for k, key, view in made:
             gr.give(g.layer_of[op.out], k, key, view)
     return grad_of
