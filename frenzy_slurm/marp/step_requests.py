@@ -199,7 +199,7 @@ def _check_scope(w: Workload, plan: ParallelPlan) -> None:
         )
 
 
-def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float) -> str:
+def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -> str:
     """RMSNorm as the CPU composite runs it (square, mean, rsqrt, x * rstd, * weight), or LayerNorm's kernel
     (output; mean and rstd saved); both save the input."""
     h = w.arch.hidden
@@ -213,7 +213,18 @@ def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float) -> str:
         return g.op(
             "scale", [xhat], e * h * tokens, grads=(xhat,), saves=(xhat,), params=(("norm", e * h),), elementwise=True
         )
-    y = g.op("layernorm", [x], e * h * tokens, grads=(x,), params=(("norm", e * h), ("norm.bias", e * h)))
+    # (its backward, aten/src/ATen/native/cpu/layer_norm_kernel.cpp, torch 2.13: dX, dgamma and dbeta, then a
+    # per-thread buffer of both parameters' partial sums)
+    y = g.op(
+        "layernorm",
+        [x],
+        e * h * tokens,
+        grads=(x,),
+        params=(("norm", e * h), ("norm.bias", e * h)),
+        params_last=True,
+        scratch=(0, threads * 2 * e * h),
+        bscratch_last=True,
+    )
     mean = g.op("mean", [y], 4 * tokens)  # (the kernel's fp32 row statistics, made with its output)
     rstd = g.op("rstd", [y], 4 * tokens)
     g.ops[-3] = replace(g.ops[-3], saves=(x, mean, rstd))
@@ -271,7 +282,7 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
     a = w.arch
     h, kvd, f = a.hidden, a.kv * a.head_dim, a.ffn
     qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
-    y = _norm(g, w, x, tokens, e)
+    y = _norm(g, w, x, tokens, e, threads)
     q = _linear(g, "q", y, h, h, tokens, e, qkv_bias)
     k = _linear(g, "k", y, h, kvd, tokens, e, qkv_bias)
     v = _linear(g, "v", y, h, kvd, tokens, e, qkv_bias)
@@ -295,7 +306,7 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
         o_in = g.op("transpose", [att], e * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
     o = _linear(g, "o", o_in, h, h, tokens, e, all_bias)
     x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
-    y1, y = y, _norm(g, w, x, tokens, e)
+    y1, y = y, _norm(g, w, x, tokens, e, threads)
     g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, y1))  # (`h = self.norm2(x)` rebinds the first)
     if a.gated:
         gate = _linear(g, "gate", y, h, f, tokens, e, False)
@@ -334,7 +345,7 @@ def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[
         g.layer, g.checkpoint = i, plan.recompute == "full"
         x = _block(g, w, x, tokens, e, threads)
     g.layer, g.phase, g.checkpoint = -1, "loss", False
-    y = _norm(g, w, x, tokens, e)
+    y = _norm(g, w, x, tokens, e, threads)
     # (a tied head's weight gradient is the embedding's: named alike, it is added into it)
     head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
     logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
@@ -480,10 +491,10 @@ def _backward_op(
         if key in em.live:
             gr.refs[key] += 1
             made.append((k, key, op.view_grads))
-    for key in scratch if op.bscratch_last else []:
-        em.alloc("backward", layer, key, op.scratch[1])
     if op.params_last:
         _param_grads(em, op, layer, grad_of)
+    for key in scratch if op.bscratch_last else []:
+        em.alloc("backward", layer, key, op.scratch[1])
     for key in scratch:
         em.free("backward", layer, key)
     for k in unpacked:
