@@ -1,6 +1,8 @@
 """The allocation requests of one real training step on the CPU, by phase, next to MARP's generated ones.
 
-    python benchmarks/step_requests_cpu.py [--point torch-llama-1gpu] [--show]     # seconds on 1 core
+    python benchmarks/step_requests_cpu.py [--point torch-llama-1gpu] [--recompute full] [--micro-batch N]
+        [--seq-len N] [--show]                                                      # seconds on 1 core
+    python benchmarks/step_requests_cpu.py --point hf-trainer-llama-1gpu
 
 Runs a CPU grid point's plain PyTorch loop (benchmarks/cpu_memory_grid.py's `torch` trainer: the built-in model,
 `frenzy_slurm.models.gpt.GPT`, `lm_loss`, torch's AdamW, `zero_grad(set_to_none=True)`) for three steps under the
@@ -12,6 +14,10 @@ loss), `backward` (`loss.backward()`) and `optimizer` (`step()` and `zero_grad`)
 its allocation to its free; a free of a block allocated before the step (an optimizer state, a gradient) keeps
 the size of its allocation.
 
+`--recompute full` runs the point with the built-in model's per-block checkpointing (torch.utils.checkpoint, as the
+grid's trainers do), `--micro-batch` / `--seq-len` at another shape. `--point hf-trainer-llama-1gpu` runs the grid's
+Hugging Face Trainer instead (`record_hf_step`), and generates with the "hf" model code and the fused AdamW.
+
 `--show` prints both sequences side by side per phase; without it, the comparison
 (`frenzy_slurm.marp.step_requests.compare`) and both replays' peaks. tests/test_marp_step_requests.py runs the
 same comparison with its tolerances.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,6 +59,32 @@ def variant(point: dict[str, Any], recompute: str = "", micro_batch: int = 0, se
             training[key] = value
             out["name"] += f"+{key}={value}"
     return out
+
+
+def record(point: dict[str, Any]) -> list[Request]:
+    """The steady step's requests of the point, by its trainer: the plain torch loop or the Trainer."""
+    if point["spec"]["entry"].get("framework") == "hf-trainer":
+        return record_hf_step(point)
+    return record_step(point)
+
+
+def generate(point: dict[str, Any]) -> list[Request]:
+    """MARP's generated requests of the point's step: its framework's model code profile, and for the Trainer the
+    optimizer its versions default to (the installed transformers and torch)."""
+    from importlib.metadata import version
+
+    from frenzy_slurm.eval.grid import spec_of, workload_of
+    from frenzy_slurm.marp.framework_facts import hf_trainer_fused_adamw
+    from frenzy_slurm.marp.frameworks import profile_of, version_tuple
+    from frenzy_slurm.marp.step_requests import step_requests
+
+    spec = spec_of(point)
+    w, plan = workload_of(point)
+    code = profile_of(spec).code(spec).name
+    fused = spec.entry.framework == "hf-trainer" and hf_trainer_fused_adamw(
+        version_tuple(version("transformers").split("+")[0]), version_tuple(version("torch").split("+")[0])
+    )
+    return step_requests(w, plan, code=code, fused_adamw=fused)
 
 
 def record_step(point: dict[str, Any]) -> list[Request]:
@@ -120,6 +153,105 @@ def record_step(point: dict[str, Any]) -> list[Request]:
     return requests_of(trace_events(prof), f"s{STEPS - 1}.")
 
 
+def record_hf_step(point: dict[str, Any]) -> list[Request]:
+    """The steady step's allocator requests of the grid's Hugging Face Trainer point (benchmarks/cpu_memory_grid.py
+    `_hf_trainer`: transformers' own model class built from the point's architecture, its own Trainer, one process),
+    in order, by phase. Model hooks mark the forward, its blocks and the loss (the final norm on); the backward
+    runs from the end of the model's forward to the Trainer's `on_pre_optimizer_step` (the gradient clipping with
+    it), the optimizer phase from there to `on_step_end` (step, scheduler, `model.zero_grad()`)."""
+    import importlib.util
+    import tempfile
+
+    import torch
+    import transformers
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    from frenzy_slurm.runtime.memory import trace_events
+
+    spec = point["spec"]
+    training = spec["training"]
+    if (
+        spec["entry"].get("framework") != "hf-trainer"
+        or training["activation_checkpointing"] != "none"
+        or training["precision"] != "fp32"
+        or training["method"] != "full"
+        or {r["rank"] for r in point["ranks"]} != {0}
+    ):
+        raise ValueError(
+            f"{point['name']}: the recorder runs the grid's Trainer in one process, fp32, no checkpointing"
+        )
+    loader = importlib.util.spec_from_file_location("cpu_memory_grid", ROOT / "benchmarks" / "cpu_memory_grid.py")
+    assert loader and loader.loader
+    grid = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(grid)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(key, None)  # (one process, as the grid runs it: no DDP wrapper)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    arch = spec["model"]["arch"]
+    model = grid._hf_model({"arch": arch, "attention": training["attention"]})
+    ranges: list[Any] = []
+    step_no = [0]
+
+    def enter(name: str) -> None:
+        ranges.append(record_function(f"s{step_no[0]}.{name}").__enter__())
+
+    def leave() -> None:
+        ranges.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(lambda _m, _a: enter("forward"))
+    for i, blk in enumerate(model.model.layers):
+        blk.register_forward_pre_hook(lambda _m, _a, i=i: enter(f"layer{i}"))
+        blk.register_forward_hook(lambda _m, _a, _o: leave(), always_call=True)
+
+    def to_loss(_m: Any, _a: Any) -> None:  # the final norm starts the loss phase
+        leave()
+        enter("loss")
+
+    def to_backward(_m: Any, _a: Any, _o: Any) -> None:
+        leave()
+        enter("backward")
+
+    model.model.norm.register_forward_pre_hook(to_loss)
+    model.register_forward_hook(to_backward)
+
+    class Phases(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001 - transformers' callback signature
+            step_no[0] = state.global_step
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):  # noqa: ANN001
+            leave()
+            enter("optimizer")
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            leave()
+
+    gen = torch.Generator().manual_seed(0)
+    mb, seq = training["micro_batch"], training["seq_len"]
+    data = [
+        {"input_ids": (x := torch.randint(0, arch["vocab"], (seq,), generator=gen)), "labels": x}
+        for _ in range(mb * STEPS)
+    ]
+    with tempfile.TemporaryDirectory() as out:
+        args = transformers.TrainingArguments(  # (as the grid's)
+            output_dir=out,
+            max_steps=STEPS,
+            per_device_train_batch_size=mb,
+            learning_rate=1e-3,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            use_cpu=True,
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[Phases()])
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+            trainer.train()
+    return requests_of(trace_events(prof), f"s{STEPS - 1}.")
+
+
 def requests_of(events: list[dict[str, Any]], prefix: str) -> list[Request]:
     """The requests of the step whose ranges start with `prefix`, from a profile's Chrome-trace events."""
     windows = [
@@ -161,12 +293,12 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=0, help="the point with this sequence length")
     args = ap.parse_args()
     from frenzy_slurm.eval.grid import workload_of
-    from frenzy_slurm.marp.step_requests import PHASES, compare, replay_peaks, step_requests
+    from frenzy_slurm.marp.step_requests import PHASES, compare, replay_peaks
 
     point = variant(grid_point(args.point), args.recompute, args.micro_batch, args.seq_len)
-    recorded = record_step(point)
+    recorded = record(point)
     w, plan = workload_of(point)
-    generated = step_requests(w, plan)
+    generated = generate(point)
     if args.show:
         for phase in PHASES:
             print(f"== {phase}")

@@ -32,10 +32,18 @@ backward, the first function of a block that unpacks a saved tensor recomputes t
 saves one (early stop), under a second stash; each recomputed tensor then goes with the function that unpacks it,
 before that function lets go of its output's gradient, and the block's input and stash with its first op.
 
+transformers' Llama under its Trainer (`code="hf"`, MODEL_CODES' "hf" profile; transformers 5.17) has its own op
+list (`_hf_graph`): the position ids and the packed-sequence probe of its mask code, the rotary tables made once
+per forward and saved by every block, `apply_rotary_pos_emb` (`x * cos + cat(-x2, x1) * sin`), SDPA with
+`enable_gqa` whose output o_proj reads as a view, and a loss that pads and shifts the labels. The Trainer holds the
+logits until its `compute_loss` returns (the backward's first free), clips the gradients (per-parameter norms:
+scalars) and steps the fused AdamW, which allocates nothing (`fused_adamw`).
+
 Scope: the built-in model's blocks (frenzy_slurm/models/gpt.py: RMSNorm or LayerNorm, q/k/v projections, RoPE
 or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says, a tied or untied head) under a
 plain torch loop on one rank, fp32, no or full checkpointing (of every block), no dropout, full training: the CPU
-grid's `torch` points, and those with full recomputation.
+grid's `torch` points, and those with full recomputation; and the Trainer's transformers Llama on one process, fp32,
+no checkpointing (`hf-trainer-llama-1gpu`).
 Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
 model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
 token.
@@ -110,6 +118,7 @@ class _Graph:
     base: dict[str, str] = field(default_factory=dict)  # view -> the tensor whose storage it shares
     checkpointed: dict[str, int] = field(default_factory=dict)  # op -> its block, where the block is recomputed
     checkpoint: bool = False  # the blocks' ops made now are recomputed in backward
+    held: tuple[str, ...] = ()  # what the training loop holds from the forward into the backward's start
     layer: int = -1
     phase: str = "forward"
 
@@ -172,8 +181,19 @@ class _Graph:
         return out
 
 
-def _check_scope(w: Workload, plan: ParallelPlan) -> None:
+def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
     reasons = []
+    a = w.arch
+    if code not in ("frenzy", "hf"):
+        reasons.append(f"model code {code}")
+    elif code == "hf" and (
+        a.norm != "rmsnorm"
+        or a.position != "rope"
+        or a.activation != "swiglu"
+        or a.bias != "none"
+        or plan.recompute != "none"
+    ):
+        reasons.append("transformers' Llama only (RMSNorm, RoPE, SwiGLU, no biases), without checkpointing")
     if w.framework != "torch":
         reasons.append(f"framework {w.framework}")
     if w.precision != "fp32":
@@ -356,6 +376,97 @@ def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[
     return g, list(dict.fromkeys(p for op in g.ops for p in op.params))
 
 
+def _hf_rope(g: _Graph, x: str, width: int, tokens: int, e: float, cos: str, sin: str, tag: str) -> str:
+    """transformers' `apply_rotary_pos_emb` on one of q, k (head-major views): `x * cos + rotate_half(x) * sin`,
+    `rotate_half` = `cat((-x2, x1))` of the halves (views, whose gradients are scattered into full-size zeros);
+    the cos/sin tables are the model's, made once per forward."""
+    full, half = e * width * tokens, e * width / 2 * tokens
+    xc = g.op("xcos" + tag, [x], full, grads=(x,), saves=(cos,))
+    x1 = g.op("first" + tag, [x], half, grads=(x,), view=True)
+    x2 = g.op("second" + tag, [x], half, grads=(x,), view=True)
+    neg = g.op("neg" + tag, [x2], half, grads=(x2,))
+    # (cat's backward hands each input a slice of its gradient: views)
+    rot = g.op("cat" + tag, [neg, x1], full, grads=(neg, x1), passthrough=(neg, x1))
+    rs = g.op("rsin" + tag, [rot], full, grads=(rot,), saves=(sin,))
+    return g.op("rope" + tag, [xc, rs], full, grads=(xc, rs), passthrough=(xc, rs))
+
+
+def _hf_block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int, cos: str, sin: str) -> str:
+    """transformers 5.17's LlamaDecoderLayer (models/llama/modeling_llama.py), fp32, SDPA: RMSNorm as the
+    built-in model's composite (its `variance + eps` is one value per token, under the size floor), q/k/v
+    projections viewed head-major, `apply_rotary_pos_emb` on q and k, SDPA with `enable_gqa` (no repeat_kv:
+    integrations/sdpa_attention.py `use_gqa_in_sdpa`), whose sequence-major output o_proj reads as a view, the
+    SwiGLU MLP."""
+    a = w.arch
+    h, kvd = a.hidden, a.kv * a.head_dim
+    y = _norm(g, w, x, tokens, e, threads)
+    q = _linear(g, "q", y, h, h, tokens, e, False)
+    k = _linear(g, "k", y, h, kvd, tokens, e, False)
+    v = _linear(g, "v", y, h, kvd, tokens, e, False)
+    qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
+    kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
+    qr = _hf_rope(g, qh, h, tokens, e, cos, sin, "q")
+    kr = _hf_rope(g, kh, kvd, tokens, e, cos, sin, "k")
+    g.ops[-1] = replace(g.ops[-1], holds=(q, k))  # (`q, k = apply_rotary_pos_emb(q, k, ...)` rebinds both)
+    sdpa = _sdpa_scratch(w, threads)
+    att = g.op("sdpa", [qr, kr, v], e * h * tokens, grads=(qr, kr, v), scratch=(0, sdpa[1]), bscratch_last=True)
+    lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))
+    g.ops[-2] = replace(g.ops[-2], saves=(qr, kr, v, att, lse))
+    o = _linear(g, "o", att, h, h, tokens, e, False)
+    x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
+    y = _norm(g, w, x, tokens, e, threads)
+    gate = _linear(g, "gate", y, h, a.ffn, tokens, e, False)
+    act = g.op("silu", [gate], e * a.ffn * tokens, grads=(gate,), saves=(gate,))
+    up = _linear(g, "up", y, h, a.ffn, tokens, e, False)
+    m = g.op("product", [act, up], e * a.ffn * tokens, grads=(act, up), saves=(act, up))
+    d = _linear(g, "down", m, a.ffn, h, tokens, e, False)
+    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
+
+
+def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> _Graph:
+    """transformers 5.17's LlamaForCausalLM as the Trainer runs it (fp32, no cache, no attention mask), its
+    forward and loss ops."""
+    a = w.arch
+    b, s = plan.micro_batch, w.seq_len
+    tokens, e = b * s, 4.0
+    g = _Graph()
+    x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
+    # LlamaModel.forward: `position_ids = torch.arange(s) + past_seen_tokens` (int64), kept to its return
+    position_ids = g.op("position_ids", [g.op("positions_arange", [], 8 * s)], 8 * s)
+    # masking_utils.find_packed_sequence_indices (no cache, no mask): the position ids (1 x s, expanded over the
+    # batch) diffed with a prepended column (cat, then the difference) and `(diff != 1).cumsum(-1)` (its bool
+    # operand made int64 first, the result made before that copy): int64 per token, freed when it returns
+    cat = g.op("positions_cat", [], 8 * b * (s + 1))
+    diff = g.op("positions_diff", [cat], 8 * b * s)
+    cum = g.op("positions_cumsum", [], 8 * b * s)
+    g.op("positions_found", [g.op("positions_long", [], 8 * b * s)], 0, holds=(diff, cum))
+    # LlamaRotaryEmbedding: `freqs` (s x head_dim/2), `emb = cat((freqs, freqs))`, cos and sin of it each times
+    # `attention_scaling` (a new tensor): the two tables every block's rotation saves
+    freqs = g.op("freqs", [], 4 * s * a.head_dim // 2)
+    emb = g.op("emb", [freqs], 4 * s * a.head_dim)
+    cos = g.op("cos", [g.op("cos_raw", [emb], 4 * s * a.head_dim)], 4 * s * a.head_dim)
+    sin = g.op("sin", [g.op("sin_raw", [emb], 4 * s * a.head_dim)], 4 * s * a.head_dim, holds=(freqs, emb))
+    for i in range(a.layers):
+        g.layer = i
+        x = _hf_block(g, w, x, tokens, e, threads, cos, sin)
+    g.layer, g.phase = -1, "loss"
+    y = _norm(g, w, x, tokens, e, threads)
+    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, position_ids))  # (LlamaModel.forward returns)
+    head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
+    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
+    # loss/loss_utils.py ForCausalLMLoss: `labels = pad(labels, (0, 1), value=-100)`, `labels[..., 1:].contiguous()`
+    # (int64), fp32 logits used as they are; cross-entropy's log-softmax, nll saves the shifted labels. The
+    # padded labels go when the loss function returns; the model's output (the logits) when the Trainer's
+    # compute_loss does, after the forward
+    pad = g.op("labels_pad", [], 8 * b * (s + 1))
+    # (with one sequence the shifted slice is contiguous already: `.contiguous()` returns it, a view)
+    shift = g.op("labels_shift", [pad], 8 * b * s, view=b == 1)
+    lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
+    g.op("nll", [lsm, shift], 4, grads=(lsm,), saves=(shift,), holds=(pad,))
+    g.held = (logits,)
+    return g
+
+
 class _Emitter:
     """Appends requests and keeps the live tensors' sizes."""
 
@@ -380,7 +491,7 @@ def _forward(g: _Graph, em: _Emitter) -> None:
     it. A checkpointed block's ops save nothing: their saved tensors are packed into placeholders
     (`_checkpoint_hook`), so only the block's input stays, kept by its checkpoint."""
     saved = {g.storage(k) for op in g.ops if op.out not in g.checkpointed for k in op.saves}
-    _run(g, em, range(len(g.ops)), saved, "forward")
+    _run(g, em, range(len(g.ops)), saved | set(g.held), "forward")
 
 
 def _run(g: _Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: str) -> None:
@@ -548,6 +659,8 @@ def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
     """The ops in reverse from the loss's gradient (`_backward_op`); after each, the saved tensors no op before
     it reads. Returns each parameter's .grad key."""
     frees = _saved_frees(g)
+    for k in g.held:
+        em.free("backward", -1, k)
     gr = _Grads(em)
     loss_grad = "grad." + g.ops[-1].out
     em.alloc("backward", -1, loss_grad, 4)
@@ -572,12 +685,13 @@ def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
     return grad_of
 
 
-def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str]) -> None:
+def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str], fused: bool) -> None:
     """torch's single-tensor AdamW (CPU): per parameter, sqrt(exp_avg_sq) and the denominator; the loop's `denom`
     keeps each denominator until the next parameter's is assigned (the last one until the step returns); then
-    zero_grad."""
+    zero_grad. The fused AdamW (`fused=True`, aten/src/ATen/native/cpu/FusedAdamKernel.cpp) updates in place,
+    element by element: nothing but zero_grad."""
     previous = ""
-    for p, size in params:
+    for p, size in [] if fused else params:
         em.alloc("optimizer", -1, f"sqrt.{p}", size)
         em.alloc("optimizer", -1, f"denom.{p}", size)
         em.free("optimizer", -1, f"sqrt.{p}")
@@ -588,15 +702,24 @@ def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, s
         em.free("optimizer", -1, grad_of[p])
 
 
-def step_requests(w: Workload, plan: ParallelPlan, step: int = 0, threads: int = 1) -> list[Request]:
+def step_requests(
+    w: Workload, plan: ParallelPlan, step: int = 0, threads: int = 1, code: str = "frenzy", fused_adamw: bool = False
+) -> list[Request]:
     """One training step's requests, phase by phase (the module docstring); keys carry `step`, so that several
-    steps can be replayed one after another; `threads`: the CPU threads SDPA's kernel takes a workspace for.
+    steps can be replayed one after another; `threads`: the CPU threads SDPA's kernel takes a workspace for;
+    `code`: the model code profile (marp/frameworks.py MODEL_CODES: "frenzy", the built-in model; "hf",
+    transformers' Llama); `fused_adamw`: the optimizer is torch's fused AdamW (the Trainer's default from
+    transformers 4.54 with torch 2.8: framework_facts.hf_trainer_fused_adamw), else its single-tensor loop.
     ValueError outside the module's scope."""
-    _check_scope(w, plan)
-    g, params = _graph(w, plan, threads)
+    _check_scope(w, plan, code)
+    if code == "hf":
+        g = _hf_graph(w, plan, threads)
+        params = list(dict.fromkeys(p for op in g.ops for p in op.params))
+    else:
+        g, params = _graph(w, plan, threads)
     em = _Emitter(step)
     _forward(g, em)
-    _optimizer(params, em, _backward(g, em))
+    _optimizer(params, em, _backward(g, em), fused_adamw)
     return em.out
 
 
@@ -609,7 +732,7 @@ class PhaseMatch:
     matched_bytes: int  # of the recorded, by a generated request of the same size (each used once)
     recorded_requests: int
     matched_requests: int
-    free_order: float  # longest common subsequence of the two phases' free sizes / the longer's length
+    free_order: float  # longest common subsequence of the two phases' free sizes / the longer's length (1: none)
     alloc_order: float  # the same of their allocation sizes
 
     @property
@@ -659,8 +782,8 @@ def compare(recorded: Iterable[Request], generated: Iterable[Request], tokens: i
             matched_bytes=sum(size * n for size, n in common.items()),
             recorded_requests=len(ra),
             matched_requests=sum(common.values()),
-            free_order=_lcs(rf, gf) / max(len(rf), len(gf), 1),
-            alloc_order=_lcs(ra, ga) / max(len(ra), len(ga), 1),
+            free_order=_lcs(rf, gf) / max(len(rf), len(gf)) if rf or gf else 1.0,
+            alloc_order=_lcs(ra, ga) / max(len(ra), len(ga)) if ra or ga else 1.0,
         )
     return out
 
