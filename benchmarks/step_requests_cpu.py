@@ -3,6 +3,7 @@
     python benchmarks/step_requests_cpu.py [--point torch-llama-1gpu] [--recompute full] [--micro-batch N]
         [--seq-len N] [--show]                                                      # seconds on 1 core
     python benchmarks/step_requests_cpu.py --point hf-trainer-llama-1gpu
+    python benchmarks/step_requests_cpu.py --point ds-llama-1gpu                   # also ds-gpt2-1gpu, -full
 
 Runs a CPU grid point's plain PyTorch loop (benchmarks/cpu_memory_grid.py's `torch` trainer: the built-in model,
 `frenzy_slurm.models.gpt.GPT`, `lm_loss`, torch's AdamW, `zero_grad(set_to_none=True)`) for three steps under the
@@ -16,7 +17,9 @@ the size of its allocation.
 
 `--recompute full` runs the point with the built-in model's per-block checkpointing (torch.utils.checkpoint, as the
 grid's trainers do), `--micro-batch` / `--seq-len` at another shape. `--point hf-trainer-llama-1gpu` runs the grid's
-Hugging Face Trainer instead (`record_hf_step`), and generates with the "hf" model code and the fused AdamW.
+Hugging Face Trainer instead (`record_hf_step`), and generates with the "hf" model code and the fused AdamW. The
+one-rank DeepSpeed points (`ds-*-1gpu`, ZeRO-0) run the built-in model in the grid's engine (`engine.backward`,
+`engine.step`), with every thread's frees counted (gloo's thread may let go of the reduced bucket).
 
 `--show` prints both sequences side by side per phase; without it, the comparison
 (`frenzy_slurm.marp.step_requests.compare`) and both replays' peaks. tests/test_marp_step_requests.py runs the
@@ -100,15 +103,22 @@ def record_step(point: dict[str, Any]) -> list[Request]:
     spec = point["spec"]
     training = spec["training"]
     recompute = training["activation_checkpointing"]
-    if spec["entry"].get("framework") != "torch" or recompute not in ("none", "full"):
-        raise ValueError(f"{point['name']}: the recorder runs the grid's plain torch loop, no or full checkpointing")
+    # (DeepSpeed's engine on the built-in model: the grid's `builtin` trainer)
+    ds = spec["entry"].get("trainer") == "builtin" and spec["parallel"]["sharding"] == "none"
+    one_rank = {r["rank"] for r in point["ranks"]} == {0}
+    if not one_rank or (spec["entry"].get("framework") != "torch" and not ds) or recompute not in ("none", "full"):
+        raise ValueError(
+            f"{point['name']}: the recorder runs the grid's plain torch loop or DeepSpeed ZeRO-0 on one rank, no or "
+            "full checkpointing"
+        )
     torch.manual_seed(0)
     torch.set_num_threads(1)
     arch = Architecture(**spec["model"]["arch"])
     mb, seq = training["micro_batch"], training["seq_len"]
     # (the grid's torch trainer: `GPT(arch, checkpoint=...)`, torch.utils.checkpoint per block, non-reentrant)
     model = GPT(arch, checkpoint=recompute == "full", attention=training["attention"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # as the grid's torch trainer
+    engine = _deepspeed_engine(point, model) if ds else None
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if engine is None else None  # (the grid's torch trainer)
     gen = torch.Generator().manual_seed(0)
     ranges: list[Any] = []
 
@@ -136,21 +146,62 @@ def record_step(point: dict[str, Any]) -> list[Request]:
         x = torch.randint(0, arch.vocab, (mb, seq), generator=gen)
         y = torch.roll(x, -1, 1)
         enter(f"s{n}.forward")
-        logits = model(x)
+        logits = model(x) if engine is None else engine(x)
         loss = lm_loss(logits, y)
         del logits
         leave()
         with record_function(f"s{n}.backward"):
-            loss.backward()
+            if engine is None:
+                loss.backward()
+            else:
+                engine.backward(loss)
             del loss
         with record_function(f"s{n}.optimizer"):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            if engine is None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            else:
+                engine.step()
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         for n in range(STEPS):
             step(n)
     return requests_of(trace_events(prof), f"s{STEPS - 1}.")
+
+
+def _deepspeed_engine(point: dict[str, Any], model: Any) -> Any:
+    """DeepSpeed's engine around `model` as the grid builds it (its ds_config: torch's AdamW, its buckets), one rank
+    over gloo."""
+    import importlib.util
+    import logging
+    import socket
+
+    loader = importlib.util.spec_from_file_location("cpu_memory_grid", ROOT / "benchmarks" / "cpu_memory_grid.py")
+    assert loader and loader.loader
+    grid = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(grid)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    grid.rank_env(0, 1, port)
+    import deepspeed
+
+    from frenzy_slurm.runtime.memory import count_all_threads
+
+    # (gloo's work may let go of the reduced bucket on its own thread: counted, as the grid does)
+    count_all_threads()
+
+    from frenzy_slurm.runtime.shm import release_allreduce_segment, segment_path
+
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    deepspeed.init_distributed(dist_backend="gloo")
+    release_allreduce_segment(segment_path(0))  # (/dev/shm is RAM; DeepSpeed never unlinks it: runtime/shm.py)
+    training = point["spec"]["training"]
+    p = {"micro_batch": training["micro_batch"], "grad_accum": 1, "dp": 1, "zero": 0, "precision": "fp32"}
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=list(model.parameters()), config=grid._ds_config(p)
+    )
+    return engine
 
 
 def record_hf_step(point: dict[str, Any]) -> list[Request]:
@@ -185,6 +236,8 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
     assert loader and loader.loader
     grid = importlib.util.module_from_spec(loader)
     loader.loader.exec_module(grid)
+    if torch.distributed.is_initialized():  # (DeepSpeed's one-rank group stays for the process: its comm keeps it)
+        raise RuntimeError("record the Trainer's step before any DeepSpeed step in this process")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(key, None)  # (one process, as the grid runs it: no DDP wrapper)
     torch.manual_seed(0)
@@ -267,10 +320,22 @@ def requests_of(events: list[dict[str, Any]], prefix: str) -> list[Request]:
     live: dict[int, tuple[str, int]] = {}
     out: list[Request] = []
     serial = 0
+    total: int | None = None
     for e in mem:
         t, addr, size = e["ts"], int(e["args"]["Addr"]), int(e["args"]["Bytes"])
         phase = next((name for name, a, b in phases if a <= t <= b), "")
         layer = next((i for i, a, b in layers if a <= t <= b), -1)
+        reported = e["args"].get("Total Allocated")
+        if total is not None and reported is not None and total + size > reported:
+            # a free on another thread (gloo's, letting go of DeepSpeed's reduced bucket): the profiler records
+            # only its own threads, the running total (count_all_threads) all of them; the latest live block of
+            # that size is taken for it
+            gone = next((a for a in reversed(live) if live[a][1] == total + size - reported), None)
+            if gone is not None:
+                key, was = live.pop(gone)
+                if phase:
+                    out.append(Request(phase, layer, "free", key, was))
+        total = reported
         if size > 0:
             serial += 1
             key = f"r{serial}"

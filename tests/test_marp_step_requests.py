@@ -29,6 +29,10 @@ index vectors, which no size of the model scales, are not generated):
   allocates nothing, and the gradient clipping's norms are scalars). Measured: sizes and bytes exact in every
   phase; backward allocations 96.3 %, frees 95.3 %, elsewhere 100 %; reserved peaks equal (14.0 and 26.0 MiB),
   allocated 2.5 KiB apart.
+- DeepSpeed ZeRO-0 on one rank (the built-in model; its gradients all-reduced through a flat bucket), the same
+  tolerances. Measured: sizes and bytes exact in every phase; backward allocations 96.6-100 %, frees 95.5-95.8 %,
+  elsewhere 100 %; reserved peaks equal (34.0, 30.0 and 30.0 MiB: the bucket is a 3.3-3.5 MiB block), allocated
+  1.5-2.5 KiB apart. (The Trainer's cases run first: DeepSpeed's process group stays for the process.)
 - with full recomputation, the same tolerances. Measured: sizes and bytes exact in every phase; order 100 %
   outside the backward, in it allocations 98.0 % (Llama) and 100 % (GPT-2), frees 95.7 % and 93.7 %; reserved
   peaks equal (8.0 and 10.0 MiB), allocated 1 and 2 KiB apart.
@@ -72,6 +76,10 @@ CASES = [(name, "", 0, 0) for name in POINTS] + [
     # transformers' Trainer on its LlamaForCausalLM (model code "hf", fused AdamW)
     ("hf-trainer-llama-1gpu", "", 0, 0),
     ("hf-trainer-llama-1gpu", "", 1, 512),
+    # DeepSpeed ZeRO-0 on one rank (the built-in model; the gradients all-reduced through one flat bucket)
+    ("ds-llama-1gpu", "", 0, 0),
+    ("ds-llama-1gpu-full", "", 0, 0),
+    ("ds-gpt2-1gpu", "", 0, 0),
 ]
 BYTES_TOLERANCE = 0.005
 MATCHED_AT_LEAST = 0.99
@@ -115,6 +123,9 @@ def test_outside_its_scope_it_refuses_by_name():
         step_requests(w, plan, code="torchtune")
     with pytest.raises(ValueError, match="transformers' Llama only"):
         step_requests(w, plan.model_copy(update={"recompute": "full"}), code="hf")
+    zero1, zero1_plan = workload_of(_point("ds-llama-dp2-zero1"))
+    with pytest.raises(ValueError, match="framework deepspeed ZeRO-1"):
+        step_requests(zero1, zero1_plan)
     gpt2, gpt2_plan = workload_of(_point("torch-gpt2-1gpu-mb4"))
     with pytest.raises(ValueError, match="transformers' Llama only"):
         step_requests(gpt2, gpt2_plan, code="hf")

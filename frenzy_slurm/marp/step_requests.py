@@ -39,11 +39,16 @@ per forward and saved by every block, `apply_rotary_pos_emb` (`x * cos + cat(-x2
 logits until its `compute_loss` returns (the backward's first free), clips the gradients (per-parameter norms:
 scalars) and steps the fused AdamW, which allocates nothing (`fused_adamw`).
 
+DeepSpeed ZeRO-0 on one rank (the built-in model in its engine, torch's AdamW as `torch_adam` configures it) adds
+one request pair to the end of the backward: `engine.backward` all-reduces the gradients through flat buckets
+(`_allreduce_buckets`), even on one rank.
+
 Scope: the built-in model's blocks (frenzy_slurm/models/gpt.py: RMSNorm or LayerNorm, q/k/v projections, RoPE
 or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says, a tied or untied head) under a
 plain torch loop on one rank, fp32, no or full checkpointing (of every block), no dropout, full training: the CPU
 grid's `torch` points, and those with full recomputation; and the Trainer's transformers Llama on one process, fp32,
-no checkpointing (`hf-trainer-llama-1gpu`).
+no checkpointing (`hf-trainer-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank (`ds-llama-1gpu`, `ds-gpt2-1gpu`,
+`ds-llama-1gpu-full`).
 Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
 model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
 token.
@@ -194,8 +199,10 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         or plan.recompute != "none"
     ):
         reasons.append("transformers' Llama only (RMSNorm, RoPE, SwiGLU, no biases), without checkpointing")
-    if w.framework != "torch":
-        reasons.append(f"framework {w.framework}")
+    if w.framework not in ("torch", "deepspeed") or (w.framework == "deepspeed" and (plan.zero or plan.pp > 1)):
+        reasons.append(
+            f"framework {w.framework}" + (f" ZeRO-{plan.zero}, pp {plan.pp}" if plan.zero or plan.pp > 1 else "")
+        )
     if w.precision != "fp32":
         reasons.append(f"precision {w.precision}")
     if w.method != "full":
@@ -214,8 +221,9 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         reasons.append(f"dropout {w.arch.dropout}")
     if reasons:
         raise ValueError(
-            "step_requests generates the built-in model's step under a plain torch loop on one rank (fp32, full "
-            f"training, none or full checkpointing, SDPA, no dropout); not yet: {', '.join(reasons)}"
+            "step_requests generates the built-in model's step under a plain torch loop or DeepSpeed ZeRO-0, or "
+            "transformers' Llama under its Trainer, on one rank (fp32, full training, SDPA, no dropout; the built-in "
+            f"model with no or full checkpointing); not yet: {', '.join(reasons)}"
         )
 
 
@@ -719,8 +727,29 @@ def step_requests(
         g, params = _graph(w, plan, threads)
     em = _Emitter(step)
     _forward(g, em)
-    _optimizer(params, em, _backward(g, em), fused_adamw)
+    grad_of = _backward(g, em)
+    if w.framework == "deepspeed":
+        _allreduce_buckets(params, em)
+    _optimizer(params, em, grad_of, fused_adamw)
     return em.out
+
+
+DS_ALLREDUCE_ELEMENTS = 500_000_000  # deepspeed/runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE (DeepSpeed 0.19)
+
+
+def _allreduce_buckets(params: list[tuple[str, int]], em: _Emitter) -> None:
+    """DeepSpeed's ZeRO-0 gradient all-reduce at the end of `engine.backward` (engine.py `allreduce_no_retain`,
+    even on one rank): the gradients in parameter order, a bucket closed once it holds more than
+    `DS_ALLREDUCE_ELEMENTS`; each bucket flattened into one new tensor (`_flatten_dense_tensors`: torch.cat),
+    reduced in place, copied back into the gradients and let go."""
+    buckets: list[int] = [0]
+    for _, size in params:
+        buckets[-1] += size
+        if buckets[-1] / 4 > DS_ALLREDUCE_ELEMENTS:  # (fp32 gradients)
+            buckets.append(0)
+    for n, size in enumerate(b for b in buckets if b):
+        em.alloc("backward", -1, f"allreduce.bucket{n}", size)
+        em.free("backward", -1, f"allreduce.bucket{n}")
 
 
 @dataclass(frozen=True)
