@@ -52,5 +52,10 @@ def saved_activations(j: Job, i: int, n_layers: int, inflight: float) -> tuple[f
     if i == 0 and a.dropout > 0:
         acts += tokens  # embedding dropout mask (the embedding's output is the first block's saved input)
     if w.activations.unfused_rope and a.position == "rope" and w.activations.rope_tables_per_layer:
-        acts += n_layers * inflight * 2 * w.seq_len * a.head_dim * j.e_act  # cos/sin of q and k, built per block
+        # cos/sin of q and k, built per block; a fully recomputed block builds them again in backward, its forward
+        # keeps only its input (the recorded step, tests/test_marp_step_requests.py)
+        kept_layers = n_layers
+        if plan.recompute == "full" and not w.activations.activation_offload:
+            kept_layers -= n_layers if plan.recompute_layers is None else min(plan.recompute_layers, n_layers)
+        acts += kept_layers * inflight * 2 * w.seq_len * a.head_dim * j.e_act
     return acts, recomputed, work

@@ -25,9 +25,30 @@ any more, as torch's autograd does it, phase by phase:
   together for an instant (MARP's `optimizer_step_buffers` counts one); then `zero_grad(set_to_none=True)` frees
   every gradient in parameter order.
 
+With full activation checkpointing (`recompute: full`, torch.utils.checkpoint non-reentrant per block, as the
+built-in model does it), the forward's blocks save nothing: each block's tensors go with their last reader or
+Block.forward's locals, and its checkpoint keeps the block's input and a stash of the CPU generator's state. In
+backward, the first function of a block that unpacks a saved tensor recomputes the block up to the last op that
+saves one (early stop), under a second stash; each recomputed tensor then goes with the function that unpacks it,
+before that function lets go of its output's gradient, and the block's input and stash with its first op.
+
+transformers' Llama under its Trainer (`code="hf"`, MODEL_CODES' "hf" profile; transformers 5.17) has its own op
+list (`_hf_graph`): the position ids and the packed-sequence probe of its mask code, the rotary tables made once
+per forward and saved by every block, `apply_rotary_pos_emb` (`x * cos + cat(-x2, x1) * sin`), SDPA with
+`enable_gqa` whose output o_proj reads as a view, and a loss that pads and shifts the labels. The Trainer holds the
+logits until its `compute_loss` returns (the backward's first free), clips the gradients (per-parameter norms:
+scalars) and steps the fused AdamW, which allocates nothing (`fused_adamw`).
+
+DeepSpeed ZeRO-0 on one rank (the built-in model in its engine, torch's AdamW as `torch_adam` configures it) adds
+one request pair to the end of the backward: `engine.backward` all-reduces the gradients through flat buckets
+(`_allreduce_buckets`), even on one rank.
+
 Scope: the built-in model's blocks (frenzy_slurm/models/gpt.py: RMSNorm or LayerNorm, q/k/v projections, RoPE
 or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says, a tied or untied head) under a
-plain torch loop on one rank, fp32, no checkpointing, no dropout, full training: the CPU grid's `torch` points.
+plain torch loop on one rank, fp32, no or full checkpointing (of every block), no dropout, full training: the CPU
+grid's `torch` points, and those with full recomputation; and the Trainer's transformers Llama on one process, fp32,
+no checkpointing (`hf-trainer-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank (`ds-llama-1gpu`, `ds-gpt2-1gpu`,
+`ds-llama-1gpu-full`).
 Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
 model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
 token.
@@ -49,6 +70,7 @@ from frenzy_slurm.marp.allocator_replay import Event, alloc, free, replay
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 
 PHASES = ("forward", "loss", "backward", "optimizer")
+RNG_STATE_BYTES = 5056  # torch.get_rng_state() of the CPU generator (at::CPUGeneratorImpl's state; measured)
 SELF = "@out"  # in an op's `saves`: its own output
 
 
@@ -99,6 +121,9 @@ class _Graph:
     layer_of: dict[str, int] = field(default_factory=dict)
     phase_of: dict[str, str] = field(default_factory=dict)  # op name -> forward phase
     base: dict[str, str] = field(default_factory=dict)  # view -> the tensor whose storage it shares
+    checkpointed: dict[str, int] = field(default_factory=dict)  # op -> its block, where the block is recomputed
+    checkpoint: bool = False  # the blocks' ops made now are recomputed in backward
+    held: tuple[str, ...] = ()  # what the training loop holds from the forward into the backward's start
     layer: int = -1
     phase: str = "forward"
 
@@ -154,21 +179,38 @@ class _Graph:
             bscratch_last=bscratch_last,
         )
         self.ops.append(op)
+        if self.checkpoint:
+            self.checkpointed[out] = self.layer
         if view:
             self.base[out] = self.storage(inputs[0])
         return out
 
 
-def _check_scope(w: Workload, plan: ParallelPlan) -> None:
+def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
     reasons = []
-    if w.framework != "torch":
-        reasons.append(f"framework {w.framework}")
+    a = w.arch
+    if code not in ("frenzy", "hf"):
+        reasons.append(f"model code {code}")
+    elif code == "hf" and (
+        a.norm != "rmsnorm"
+        or a.position != "rope"
+        or a.activation != "swiglu"
+        or a.bias != "none"
+        or plan.recompute != "none"
+    ):
+        reasons.append("transformers' Llama only (RMSNorm, RoPE, SwiGLU, no biases), without checkpointing")
+    if w.framework not in ("torch", "deepspeed") or (w.framework == "deepspeed" and (plan.zero or plan.pp > 1)):
+        reasons.append(
+            f"framework {w.framework}" + (f" ZeRO-{plan.zero}, pp {plan.pp}" if plan.zero or plan.pp > 1 else "")
+        )
     if w.precision != "fp32":
         reasons.append(f"precision {w.precision}")
     if w.method != "full":
         reasons.append(f"method {w.method}")
-    if plan.recompute != "none":
+    if plan.recompute not in ("none", "full"):
         reasons.append(f"recompute {plan.recompute}")
+    elif plan.recompute == "full" and plan.recompute_layers not in (None, w.arch.layers):
+        reasons.append(f"recompute full of {plan.recompute_layers} of {w.arch.layers} blocks")
     if plan.world > 1:
         reasons.append(f"{plan.world} ranks")
     if w.activations.attention not in ("sdpa", "flash"):
@@ -179,12 +221,13 @@ def _check_scope(w: Workload, plan: ParallelPlan) -> None:
         reasons.append(f"dropout {w.arch.dropout}")
     if reasons:
         raise ValueError(
-            "step_requests generates the built-in model's step under a plain torch loop on one rank (fp32, full "
-            f"training, no checkpointing, SDPA, no dropout); not yet: {', '.join(reasons)}"
+            "step_requests generates the built-in model's step under a plain torch loop or DeepSpeed ZeRO-0, or "
+            "transformers' Llama under its Trainer, on one rank (fp32, full training, SDPA, no dropout; the built-in "
+            f"model with no or full checkpointing); not yet: {', '.join(reasons)}"
         )
 
 
-def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float) -> str:
+def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -> str:
     """RMSNorm as the CPU composite runs it (square, mean, rsqrt, x * rstd, * weight), or LayerNorm's kernel
     (output; mean and rstd saved); both save the input."""
     h = w.arch.hidden
@@ -198,7 +241,18 @@ def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float) -> str:
         return g.op(
             "scale", [xhat], e * h * tokens, grads=(xhat,), saves=(xhat,), params=(("norm", e * h),), elementwise=True
         )
-    y = g.op("layernorm", [x], e * h * tokens, grads=(x,), params=(("norm", e * h), ("norm.bias", e * h)))
+    # (its backward, aten/src/ATen/native/cpu/layer_norm_kernel.cpp, torch 2.13: dX, dgamma and dbeta, then a
+    # per-thread buffer of both parameters' partial sums)
+    y = g.op(
+        "layernorm",
+        [x],
+        e * h * tokens,
+        grads=(x,),
+        params=(("norm", e * h), ("norm.bias", e * h)),
+        params_last=True,
+        scratch=(0, threads * 2 * e * h),
+        bscratch_last=True,
+    )
     mean = g.op("mean", [y], 4 * tokens)  # (the kernel's fp32 row statistics, made with its output)
     rstd = g.op("rstd", [y], 4 * tokens)
     g.ops[-3] = replace(g.ops[-3], saves=(x, mean, rstd))
@@ -236,7 +290,7 @@ def _rope(
     # torch.stack's backward unbinds: views of the gradient. (The angles live until the call returns; `holds`: the
     # projections the caller rebinds after it.)
     out = g.op("rope" + tag, parts, e * width * tokens, grads=tuple(parts), passthrough=tuple(parts))
-    g.ops[-1] = replace(g.ops[-1], holds=(angles, *holds))
+    g.ops[-1] = replace(g.ops[-1], holds=(angles, cos, sin, *holds))  # (`_rope`'s locals ang, cos, sin)
     return out
 
 
@@ -256,7 +310,7 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
     a = w.arch
     h, kvd, f = a.hidden, a.kv * a.head_dim, a.ffn
     qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
-    y = _norm(g, w, x, tokens, e)
+    y = _norm(g, w, x, tokens, e, threads)
     q = _linear(g, "q", y, h, h, tokens, e, qkv_bias)
     k = _linear(g, "k", y, h, kvd, tokens, e, qkv_bias)
     v = _linear(g, "v", y, h, kvd, tokens, e, qkv_bias)
@@ -280,7 +334,8 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
         o_in = g.op("transpose", [att], e * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
     o = _linear(g, "o", o_in, h, h, tokens, e, all_bias)
     x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
-    y = _norm(g, w, x, tokens, e)
+    y1, y = y, _norm(g, w, x, tokens, e, threads)
+    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, y1))  # (`h = self.norm2(x)` rebinds the first)
     if a.gated:
         gate = _linear(g, "gate", y, h, f, tokens, e, False)
         act = g.op("silu", [gate], e * f * tokens, grads=(gate,), saves=(gate,))
@@ -290,7 +345,9 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) 
         up = _linear(g, "up", y, h, f, tokens, e, all_bias)
         m = g.op("gelu", [up], e * f * tokens, grads=(up,), saves=(up,))
     d = _linear(g, "down", m, f, h, tokens, e, all_bias)
-    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
+    # (Block.forward's locals x, h, q, k, v, att, m, let go in that order when it returns: where the block is
+    # checkpointed they are what keeps its tensors alive to its end)
+    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d), holds=(x, y, q, k, v, att, m))
 
 
 def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[tuple[str, int]]]:
@@ -307,10 +364,16 @@ def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[
         # broadcast over the batch, so its gradient is a sum over the batch, a new tensor)
         x = g.op("embed_sum", [pos, x], e * a.hidden * tokens, grads=(x, pos), passthrough=(x,))
     for i in range(a.layers):
-        g.layer = i
+        if plan.recompute == "full":
+            # torch.utils.checkpoint (non-reentrant, torch 2.13 torch/utils/checkpoint.py): `preserve_rng_state`
+            # stashes the CPU generator's state (a byte tensor), and the frame keeps it and the block's input
+            # until the block's backward is done (`_CheckpointFrame.save_inputs`)
+            g.layer, g.checkpoint = -1, False
+            g.op("rng_state", [x], RNG_STATE_BYTES, saves=(SELF, x))
+        g.layer, g.checkpoint = i, plan.recompute == "full"
         x = _block(g, w, x, tokens, e, threads)
-    g.layer, g.phase = -1, "loss"
-    y = _norm(g, w, x, tokens, e)
+    g.layer, g.phase, g.checkpoint = -1, "loss", False
+    y = _norm(g, w, x, tokens, e, threads)
     # (a tied head's weight gradient is the embedding's: named alike, it is added into it)
     head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
     logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
@@ -319,6 +382,97 @@ def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[
     lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
     g.op("nll", [lsm], 4, grads=(lsm,), holds=(logits,))
     return g, list(dict.fromkeys(p for op in g.ops for p in op.params))
+
+
+def _hf_rope(g: _Graph, x: str, width: int, tokens: int, e: float, cos: str, sin: str, tag: str) -> str:
+    """transformers' `apply_rotary_pos_emb` on one of q, k (head-major views): `x * cos + rotate_half(x) * sin`,
+    `rotate_half` = `cat((-x2, x1))` of the halves (views, whose gradients are scattered into full-size zeros);
+    the cos/sin tables are the model's, made once per forward."""
+    full, half = e * width * tokens, e * width / 2 * tokens
+    xc = g.op("xcos" + tag, [x], full, grads=(x,), saves=(cos,))
+    x1 = g.op("first" + tag, [x], half, grads=(x,), view=True)
+    x2 = g.op("second" + tag, [x], half, grads=(x,), view=True)
+    neg = g.op("neg" + tag, [x2], half, grads=(x2,))
+    # (cat's backward hands each input a slice of its gradient: views)
+    rot = g.op("cat" + tag, [neg, x1], full, grads=(neg, x1), passthrough=(neg, x1))
+    rs = g.op("rsin" + tag, [rot], full, grads=(rot,), saves=(sin,))
+    return g.op("rope" + tag, [xc, rs], full, grads=(xc, rs), passthrough=(xc, rs))
+
+
+def _hf_block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int, cos: str, sin: str) -> str:
+    """transformers 5.17's LlamaDecoderLayer (models/llama/modeling_llama.py), fp32, SDPA: RMSNorm as the
+    built-in model's composite (its `variance + eps` is one value per token, under the size floor), q/k/v
+    projections viewed head-major, `apply_rotary_pos_emb` on q and k, SDPA with `enable_gqa` (no repeat_kv:
+    integrations/sdpa_attention.py `use_gqa_in_sdpa`), whose sequence-major output o_proj reads as a view, the
+    SwiGLU MLP."""
+    a = w.arch
+    h, kvd = a.hidden, a.kv * a.head_dim
+    y = _norm(g, w, x, tokens, e, threads)
+    q = _linear(g, "q", y, h, h, tokens, e, False)
+    k = _linear(g, "k", y, h, kvd, tokens, e, False)
+    v = _linear(g, "v", y, h, kvd, tokens, e, False)
+    qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
+    kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
+    qr = _hf_rope(g, qh, h, tokens, e, cos, sin, "q")
+    kr = _hf_rope(g, kh, kvd, tokens, e, cos, sin, "k")
+    g.ops[-1] = replace(g.ops[-1], holds=(q, k))  # (`q, k = apply_rotary_pos_emb(q, k, ...)` rebinds both)
+    sdpa = _sdpa_scratch(w, threads)
+    att = g.op("sdpa", [qr, kr, v], e * h * tokens, grads=(qr, kr, v), scratch=(0, sdpa[1]), bscratch_last=True)
+    lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))
+    g.ops[-2] = replace(g.ops[-2], saves=(qr, kr, v, att, lse))
+    o = _linear(g, "o", att, h, h, tokens, e, False)
+    x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
+    y = _norm(g, w, x, tokens, e, threads)
+    gate = _linear(g, "gate", y, h, a.ffn, tokens, e, False)
+    act = g.op("silu", [gate], e * a.ffn * tokens, grads=(gate,), saves=(gate,))
+    up = _linear(g, "up", y, h, a.ffn, tokens, e, False)
+    m = g.op("product", [act, up], e * a.ffn * tokens, grads=(act, up), saves=(act, up))
+    d = _linear(g, "down", m, a.ffn, h, tokens, e, False)
+    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
+
+
+def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> _Graph:
+    """transformers 5.17's LlamaForCausalLM as the Trainer runs it (fp32, no cache, no attention mask), its
+    forward and loss ops."""
+    a = w.arch
+    b, s = plan.micro_batch, w.seq_len
+    tokens, e = b * s, 4.0
+    g = _Graph()
+    x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
+    # LlamaModel.forward: `position_ids = torch.arange(s) + past_seen_tokens` (int64), kept to its return
+    position_ids = g.op("position_ids", [g.op("positions_arange", [], 8 * s)], 8 * s)
+    # masking_utils.find_packed_sequence_indices (no cache, no mask): the position ids (1 x s, expanded over the
+    # batch) diffed with a prepended column (cat, then the difference) and `(diff != 1).cumsum(-1)` (its bool
+    # operand made int64 first, the result made before that copy): int64 per token, freed when it returns
+    cat = g.op("positions_cat", [], 8 * b * (s + 1))
+    diff = g.op("positions_diff", [cat], 8 * b * s)
+    cum = g.op("positions_cumsum", [], 8 * b * s)
+    g.op("positions_found", [g.op("positions_long", [], 8 * b * s)], 0, holds=(diff, cum))
+    # LlamaRotaryEmbedding: `freqs` (s x head_dim/2), `emb = cat((freqs, freqs))`, cos and sin of it each times
+    # `attention_scaling` (a new tensor): the two tables every block's rotation saves
+    freqs = g.op("freqs", [], 4 * s * a.head_dim // 2)
+    emb = g.op("emb", [freqs], 4 * s * a.head_dim)
+    cos = g.op("cos", [g.op("cos_raw", [emb], 4 * s * a.head_dim)], 4 * s * a.head_dim)
+    sin = g.op("sin", [g.op("sin_raw", [emb], 4 * s * a.head_dim)], 4 * s * a.head_dim, holds=(freqs, emb))
+    for i in range(a.layers):
+        g.layer = i
+        x = _hf_block(g, w, x, tokens, e, threads, cos, sin)
+    g.layer, g.phase = -1, "loss"
+    y = _norm(g, w, x, tokens, e, threads)
+    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, position_ids))  # (LlamaModel.forward returns)
+    head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
+    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
+    # loss/loss_utils.py ForCausalLMLoss: `labels = pad(labels, (0, 1), value=-100)`, `labels[..., 1:].contiguous()`
+    # (int64), fp32 logits used as they are; cross-entropy's log-softmax, nll saves the shifted labels. The
+    # padded labels go when the loss function returns; the model's output (the logits) when the Trainer's
+    # compute_loss does, after the forward
+    pad = g.op("labels_pad", [], 8 * b * (s + 1))
+    # (with one sequence the shifted slice is contiguous already: `.contiguous()` returns it, a view)
+    shift = g.op("labels_shift", [pad], 8 * b * s, view=b == 1)
+    lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
+    g.op("nll", [lsm, shift], 4, grads=(lsm,), saves=(shift,), holds=(pad,))
+    g.held = (logits,)
+    return g
 
 
 class _Emitter:
@@ -342,22 +496,55 @@ class _Emitter:
 
 def _forward(g: _Graph, em: _Emitter) -> None:
     """Each op's output and scratch; a tensor is freed after its last reader unless a backward function saves
-    it."""
-    saved = {g.storage(k) for op in g.ops for k in op.saves}
+    it. A checkpointed block's ops save nothing: their saved tensors are packed into placeholders
+    (`_checkpoint_hook`), so only the block's input stays, kept by its checkpoint."""
+    saved = {g.storage(k) for op in g.ops if op.out not in g.checkpointed for k in op.saves}
+    _run(g, em, range(len(g.ops)), saved | set(g.held), "forward")
+
+
+def _run(g: _Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: str) -> None:
+    """Ops `ops` of the forward, in order (phase `phase`, else the op's own): outputs and scratch, each tensor freed
+    after its last reader among them unless in `saved`."""
     last_read: dict[str, int] = {}
-    for n, op in enumerate(g.ops):
-        for k in (*op.inputs, *op.holds):
+    for n in ops:
+        for k in (*g.ops[n].inputs, *g.ops[n].holds):
             last_read[g.storage(k)] = n  # (reading a view reads its base's storage)
-    for n, op in enumerate(g.ops):
-        phase, layer = g.phase_of[op.out], g.layer_of[op.out]
+    for n in ops:
+        op = g.ops[n]
+        where, layer = g.phase_of[op.out] if phase == "forward" else phase, g.layer_of[op.out]
         if not op.view:
-            em.alloc(phase, layer, op.out, op.size)
+            em.alloc(where, layer, op.out, op.size)
         if op.scratch[0]:
-            em.alloc(phase, layer, op.out + ".scratch", op.scratch[0])
-            em.free(phase, layer, op.out + ".scratch")
-        for k in dict.fromkeys(g.storage(k) for k in (*op.inputs, *op.holds, op.out)):
+            em.alloc(where, layer, op.out + ".scratch", op.scratch[0])
+            em.free(where, layer, op.out + ".scratch")
+        # (the temporaries first, then what the Python code binds)
+        for k in dict.fromkeys(g.storage(k) for k in (*(k for k in op.inputs if k not in op.holds), *op.holds, op.out)):
             if last_read.get(k, n) <= n and k not in saved:
-                em.free(phase, layer, k)
+                em.free(where, layer, k)
+
+
+def _recompute(g: _Graph, em: _Emitter, block: int) -> None:
+    """The checkpointed block's forward again, when its backward first unpacks a saved tensor
+    (`_checkpoint_hook.unpack_hook`): under `torch.random.fork_rng` (a second stash of the generator's state,
+    freed when the recomputation ends), the block's ops up to the last one that saves a tensor, which keep what
+    they save (`_recomputation_hook`). There the recomputation stops (`_StopRecomputationError`, early stop: after
+    packing the last op's inputs, before its output unless it saves that), and whatever else it still holds is let
+    go."""
+    ops = [n for n, op in enumerate(g.ops) if g.checkpointed.get(op.out) == block]
+    last = max(n for n in ops if g.ops[n].saves)
+    ops = [n for n in ops if n <= last]
+    saved = {g.storage(k) for n in ops for k in g.ops[n].saves}
+    stop = g.ops[last]
+    if stop.out not in stop.saves:  # (its output is never made: the inputs were packed first)
+        ops.pop()
+    key = f"rng_state.recompute.L{block}"
+    em.alloc("backward", -1, key, RNG_STATE_BYTES)
+    _run(g, em, ops, saved, "backward")
+    for n in ops:
+        k = g.storage(g.ops[n].out)
+        if k not in saved:
+            em.free("backward", block, k)
+    em.free("backward", -1, key)
 
 
 class _Grads:
@@ -394,12 +581,14 @@ class _Grads:
             self.em.free("backward", layer, key)
 
 
-def _backward_op(g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str, str]) -> list[tuple[str, str, bool]]:
+def _backward_op(
+    g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str, str], unpacked: Sequence[str] = ()
+) -> list[tuple[str, str, bool]]:
     """One op's backward as autograd's engine runs it (torch/csrc/autograd/engine.cpp `evaluate_function`): the
-    function makes its scratch, parameter and input gradients (in the op's order), and lets go of its output's
-    gradient; returns the input gradients
-    (tensor, gradient, is a view), which the engine adds into the pending ones only after the function's saved
-    tensors are released."""
+    function makes its scratch, parameter and input gradients (in the op's order), lets go of `unpacked` (a
+    checkpointed op's saved tensors: only the function's locals still hold them), and of its output's gradient;
+    returns the input gradients (tensor, gradient, is a view), which the engine adds into the pending ones only
+    after the function's saved tensors are released."""
     layer = g.layer_of[op.out]
     scratch = [f"{op.out}.bscratch{n}" for n in range(op.bscratch if op.scratch[1] else 0)]
     for key in [] if op.bscratch_last else scratch:
@@ -421,12 +610,14 @@ def _backward_op(g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str
         if key in em.live:
             gr.refs[key] += 1
             made.append((k, key, op.view_grads))
-    for key in scratch if op.bscratch_last else []:
-        em.alloc("backward", layer, key, op.scratch[1])
     if op.params_last:
         _param_grads(em, op, layer, grad_of)
+    for key in scratch if op.bscratch_last else []:
+        em.alloc("backward", layer, key, op.scratch[1])
     for key in scratch:
         em.free("backward", layer, key)
+    for k in unpacked:
+        em.free("backward", layer, k)
     gr.release(layer, out_grad)
     return made
 
@@ -451,36 +642,64 @@ def _param_grads(em: _Emitter, op: _Op, layer: int, grad_of: dict[str, str]) -> 
             em.free("backward", layer, f"{op.out}.reduce.{p}")
 
 
+def _saved_frees(g: _Graph) -> dict[int, list[str]]:
+    """Per op, the saved tensors (storage) let go after its backward: those no op before it saves (the earliest
+    saver runs last in backward). A checkpointed block's frame (its stashed generator state and its input) dies
+    with the block's first op, the last of its graph to run."""
+    out: dict[int, list[str]] = {}
+    seen: set[str] = set()
+    first: dict[int, int] = {}
+    for n, op in enumerate(g.ops):
+        block = g.checkpointed.get(op.out)
+        if block is not None:
+            first.setdefault(block, n)
+        for k in op.saves:
+            if k not in seen:
+                seen.add(k)
+                out.setdefault(n, []).append(g.storage(k))
+    for n, op in enumerate(g.ops):
+        if op.name.startswith("rng_state"):  # (the frame of the block that follows it)
+            out.setdefault(first[g.checkpointed[g.ops[n + 1].out]], []).extend(out.pop(n, []))
+    return out
+
+
 def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
     """The ops in reverse from the loss's gradient (`_backward_op`); after each, the saved tensors no op before
     it reads. Returns each parameter's .grad key."""
-    last_saver: dict[str, int] = {}
-    for n, op in enumerate(g.ops):
-        for k in op.saves:
-            last_saver.setdefault(k, n)  # (the earliest saver runs last in backward)
+    frees = _saved_frees(g)
+    for k in g.held:
+        em.free("backward", -1, k)
     gr = _Grads(em)
     loss_grad = "grad." + g.ops[-1].out
     em.alloc("backward", -1, loss_grad, 4)
     gr.refs[loss_grad] += 1
     gr.give(-1, g.ops[-1].out, loss_grad)
     grad_of: dict[str, str] = {}  # parameter -> its .grad's key
+    recomputed: set[int] = set()
     for n in range(len(g.ops) - 1, -1, -1):
         op = g.ops[n]
-        made = _backward_op(g, em, gr, op, grad_of) if op.out in gr.of else []
-        for k in op.saves:
-            if last_saver.get(k) == n:
-                em.free("backward", g.layer_of.get(k, g.layer_of[op.out]), g.storage(k))
+        block = g.checkpointed.get(op.out)
+        if block is not None and block not in recomputed and op.saves and op.out in gr.of:
+            recomputed.add(block)
+            _recompute(g, em, block)
+        # (a checkpointed op's saved tensors are the recomputed ones it unpacked: they go with its locals)
+        ran = op.out in gr.of
+        unpacked = frees.pop(n, []) if block is not None and ran else []
+        made = _backward_op(g, em, gr, op, grad_of, unpacked) if ran else []
+        for k in frees.pop(n, []):
+            em.free("backward", g.layer_of.get(k, g.layer_of[op.out]), k)
         for k, key, view in made:
             gr.give(g.layer_of[op.out], k, key, view)
     return grad_of
 
 
-def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str]) -> None:
+def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str], fused: bool) -> None:
     """torch's single-tensor AdamW (CPU): per parameter, sqrt(exp_avg_sq) and the denominator; the loop's `denom`
     keeps each denominator until the next parameter's is assigned (the last one until the step returns); then
-    zero_grad."""
+    zero_grad. The fused AdamW (`fused=True`, aten/src/ATen/native/cpu/FusedAdamKernel.cpp) updates in place,
+    element by element: nothing but zero_grad."""
     previous = ""
-    for p, size in params:
+    for p, size in [] if fused else params:
         em.alloc("optimizer", -1, f"sqrt.{p}", size)
         em.alloc("optimizer", -1, f"denom.{p}", size)
         em.free("optimizer", -1, f"sqrt.{p}")
@@ -491,16 +710,46 @@ def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, s
         em.free("optimizer", -1, grad_of[p])
 
 
-def step_requests(w: Workload, plan: ParallelPlan, step: int = 0, threads: int = 1) -> list[Request]:
+def step_requests(
+    w: Workload, plan: ParallelPlan, step: int = 0, threads: int = 1, code: str = "frenzy", fused_adamw: bool = False
+) -> list[Request]:
     """One training step's requests, phase by phase (the module docstring); keys carry `step`, so that several
-    steps can be replayed one after another; `threads`: the CPU threads SDPA's kernel takes a workspace for.
+    steps can be replayed one after another; `threads`: the CPU threads SDPA's kernel takes a workspace for;
+    `code`: the model code profile (marp/frameworks.py MODEL_CODES: "frenzy", the built-in model; "hf",
+    transformers' Llama); `fused_adamw`: the optimizer is torch's fused AdamW (the Trainer's default from
+    transformers 4.54 with torch 2.8: framework_facts.hf_trainer_fused_adamw), else its single-tensor loop.
     ValueError outside the module's scope."""
-    _check_scope(w, plan)
-    g, params = _graph(w, plan, threads)
+    _check_scope(w, plan, code)
+    if code == "hf":
+        g = _hf_graph(w, plan, threads)
+        params = list(dict.fromkeys(p for op in g.ops for p in op.params))
+    else:
+        g, params = _graph(w, plan, threads)
     em = _Emitter(step)
     _forward(g, em)
-    _optimizer(params, em, _backward(g, em))
+    grad_of = _backward(g, em)
+    if w.framework == "deepspeed":
+        _allreduce_buckets(params, em)
+    _optimizer(params, em, grad_of, fused_adamw)
     return em.out
+
+
+DS_ALLREDUCE_ELEMENTS = 500_000_000  # deepspeed/runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE (DeepSpeed 0.19)
+
+
+def _allreduce_buckets(params: list[tuple[str, int]], em: _Emitter) -> None:
+    """DeepSpeed's ZeRO-0 gradient all-reduce at the end of `engine.backward` (engine.py `allreduce_no_retain`,
+    even on one rank): the gradients in parameter order, a bucket closed once it holds more than
+    `DS_ALLREDUCE_ELEMENTS`; each bucket flattened into one new tensor (`_flatten_dense_tensors`: torch.cat),
+    reduced in place, copied back into the gradients and let go."""
+    buckets: list[int] = [0]
+    for _, size in params:
+        buckets[-1] += size
+        if buckets[-1] / 4 > DS_ALLREDUCE_ELEMENTS:  # (fp32 gradients)
+            buckets.append(0)
+    for n, size in enumerate(b for b in buckets if b):
+        em.alloc("backward", -1, f"allreduce.bucket{n}", size)
+        em.free("backward", -1, f"allreduce.bucket{n}")
 
 
 @dataclass(frozen=True)
@@ -512,7 +761,7 @@ class PhaseMatch:
     matched_bytes: int  # of the recorded, by a generated request of the same size (each used once)
     recorded_requests: int
     matched_requests: int
-    free_order: float  # longest common subsequence of the two phases' free sizes / the longer's length
+    free_order: float  # longest common subsequence of the two phases' free sizes / the longer's length (1: none)
     alloc_order: float  # the same of their allocation sizes
 
     @property
@@ -562,8 +811,8 @@ def compare(recorded: Iterable[Request], generated: Iterable[Request], tokens: i
             matched_bytes=sum(size * n for size, n in common.items()),
             recorded_requests=len(ra),
             matched_requests=sum(common.values()),
-            free_order=_lcs(rf, gf) / max(len(rf), len(gf), 1),
-            alloc_order=_lcs(ra, ga) / max(len(ra), len(ga), 1),
+            free_order=_lcs(rf, gf) / max(len(rf), len(gf)) if rf or gf else 1.0,
+            alloc_order=_lcs(ra, ga) / max(len(ra), len(ga)) if ra or ga else 1.0,
         )
     return out
 
