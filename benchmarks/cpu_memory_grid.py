@@ -285,9 +285,9 @@ def _worker(rank: int, world: int, p: dict, port: int, out_dir: str) -> None:
 
             logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
             deepspeed.init_distributed(dist_backend="gloo")
-            from frenzy_slurm.runtime.shm import release_allreduce_segment
+            from frenzy_slurm.runtime.shm import release_allreduce_segment, segment_path
 
-            release_allreduce_segment(rank)  # /dev/shm is RAM; DeepSpeed never unlinks it (runtime/shm.py)
+            release_allreduce_segment(segment_path(rank))  # /dev/shm is RAM; DeepSpeed never unlinks it (shm.py)
             if trainer == "pipeline":
                 from frenzy_slurm.marp.plan import ParallelPlan
                 from frenzy_slurm.models.pipe import pipeline_module

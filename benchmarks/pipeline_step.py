@@ -61,13 +61,13 @@ def _worker(rank: int, world: int, p: dict, port: int, steps: int, out_dir: str)
 
     from frenzy_slurm.jobspec.arch import Architecture
     from frenzy_slurm.models.pipe import pipeline_module
-    from frenzy_slurm.runtime.shm import release_allreduce_segment
+    from frenzy_slurm.runtime.shm import release_allreduce_segment, segment_path
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     deepspeed.init_distributed(dist_backend="gloo")
-    release_allreduce_segment(rank)  # /dev/shm is RAM; DeepSpeed never unlinks it (runtime/shm.py)
+    release_allreduce_segment(segment_path(rank))  # /dev/shm is RAM; DeepSpeed never unlinks it (runtime/shm.py)
     arch = Architecture(**ARCH)
     ga = p["grad_accum"]
     model = pipeline_module(arch, p["split"], checkpoint=False)
