@@ -59,6 +59,11 @@ GENERATED = {
     "tune-a": (1, 32, 128),
     "tune-b": (2, 128, 512),
     "tune-c": (3, 32, 96),
+    # small-memory, slower types only (16-32 GB: V100, A10G, T4, L4), drawn to study where `has` lost to `sia`
+    # (docs/has.md, "Small, slow GPUs"): tuning shapes, shape seeds apart from the judging ones
+    "small-a": (2203, 32, 96),
+    "small-b": (2932, 32, 96),
+    "small-c": (2977, 32, 96),
     "judge-a": (1001, 32, 64),
     "judge-b": (1002, 64, 128),
     "judge-c": (1005, 128, 256),
@@ -68,7 +73,8 @@ GENERATED_LOADS = (0.8, 1.2)
 SHAPES |= {name: generated_shape(seed, lo, hi) for name, (seed, lo, hi) in GENERATED.items()}
 # seeds 11-20 too for has-preempt's site settings (seeds 1-5 preempt almost nothing: docs/simulation-model.md)
 TUNING = {"shape": "std64", "load": 0.8, "seeds": (1, 2, 3, 4, 5, *range(11, 21))}
-TUNING_SHAPES = ("tune-a", "tune-b", "tune-c")  # every load and seed of these is tuning
+# every load and seed of these is tuning
+TUNING_SHAPES = ("tune-a", "tune-b", "tune-c", "small-a", "small-b", "small-c")
 JOBS_PER_64_GPUS = 60
 # Queue realism: this share of the jobs comes from users who do not use frenzy-slurm (an assumption: the
 # simulated site has adopted it for most of its users, not all)
@@ -81,6 +87,8 @@ CASES = {
     "deep-queue": {"shapes": "large2048", "loads": "30", "seeds": "1", "jobs": 25, "max_jobs": 800, "policies": "has"},
     # issue 30's evidence: the tuning set of the prices, and the judging set (unseen shapes, seeds 101-110)
     "tune": {"shapes": "std64,tune-a,tune-b,tune-c", "loads": "auto", "seeds": "1,2,3,4,5", "jobs": 60, "max_jobs": 60},
+    # small-memory, slower GPU types only (docs/has.md, "Small, slow GPUs"): tuning, like `tune`
+    "small": {"shapes": "small-a,small-b,small-c", "loads": "auto", "seeds": "1,2,3,4,5", "jobs": 60, "max_jobs": 60},
     "judge": {
         "shapes": "judge-a,judge-b,judge-c,judge-d",
         "loads": "auto",

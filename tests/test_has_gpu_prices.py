@@ -116,3 +116,18 @@ def test_the_judging_set_is_apart_from_the_tuning_set():
     for s in judge_shapes:
         (load,) = jct.shape_load(s, "auto")
         assert 0.8 <= load <= 1.2
+
+
+def test_the_small_gpu_tuning_shapes_are_tuning_and_small():
+    """The `small` case (docs/has.md, "Small, slow GPUs") is tuning: its shapes are tuning shapes drawn from shape
+    seeds and run with job seeds the judging set does not use, of 16-32 GB types only, 32-96 GPUs."""
+    jct = _jct_benchmark()
+    small, judge = jct.CASES["small"], jct.CASES["judge"]
+    shapes = small["shapes"].split(",")
+    assert set(shapes) <= set(jct.TUNING_SHAPES)
+    assert not {jct.GENERATED[s][0] for s in shapes} & {jct.GENERATED[s][0] for s in judge["shapes"].split(",")}
+    assert not {int(s) for s in small["seeds"].split(",")} & {int(s) for s in judge["seeds"].split(",")}
+    for s in shapes:
+        cluster = parse_compact(jct.SHAPES[s])
+        assert 32 <= cluster.gpus <= 96
+        assert {p.split(":")[0] for p in jct.SHAPES[s].split(",")} <= {"V100-16GB", "V100-32GB", "A10G", "T4", "L4"}
