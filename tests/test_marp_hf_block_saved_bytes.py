@@ -42,22 +42,29 @@ PEFT_NAMES = {
 }
 
 
-def _model(
-    layers: int, attention: str, precision: str, targets: list[str] | None, dropout: float = 0.0, fp32_adapters=True
-):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _config(layers: int, **settings: object):
+    """The tiny Llama's transformers config with `layers` blocks."""
+    from transformers import LlamaConfig
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
+    return LlamaConfig(
         vocab_size=TINY["vocab"],
         hidden_size=TINY["hidden"],
         intermediate_size=TINY["ffn"],
         num_hidden_layers=layers,
         num_attention_heads=TINY["heads"],
         num_key_value_heads=TINY["kv_heads"],
-        attn_implementation=attention,
+        **settings,
     )
+
+
+def _model(
+    layers: int, attention: str, precision: str, targets: list[str] | None, dropout: float = 0.0, fp32_adapters=True
+):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = _config(layers, attn_implementation=attention)
     model = LlamaForCausalLM(cfg).train()
     if precision == "bf16-pure":
         model = model.to(torch.bfloat16)
@@ -189,17 +196,10 @@ def _qlora_model(layers: int, attention: str, targets: list[str], fp32_adapters:
     checkpoint, with PEFT's adapters."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import BitsAndBytesConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=TINY["vocab"],
-        hidden_size=TINY["hidden"],
-        intermediate_size=TINY["ffn"],
-        num_hidden_layers=layers,
-        num_attention_heads=TINY["heads"],
-        num_key_value_heads=TINY["kv_heads"],
-    )
+    cfg = _config(layers)
     path = where / f"llama-{layers}"
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
     nf4 = BitsAndBytesConfig(

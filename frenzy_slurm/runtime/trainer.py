@@ -97,7 +97,7 @@ def _client_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) ->
         return torch.optim.Adafactor(params, lr=lr)
     if name == "adam-8bit":
         try:
-            import bitsandbytes as bnb  # type: ignore[import-not-found]
+            import bitsandbytes as bnb  # type: ignore[import-not-found, unused-ignore]
         except ImportError:
             raise SystemExit("optimizer adam-8bit needs bitsandbytes in the job's Python environment") from None
         return bnb.optim.Adam8bit(params, lr=lr)
