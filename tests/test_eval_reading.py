@@ -393,3 +393,24 @@ def test_ms_swift_runs_the_transformers_trainer_its_release_pins():
     # a Megatron run that ms-swift's tests drive stays Megatron (the framework that lays out the states)
     mega = interpret_row(_row(notes="ms-swift v2.x test script"))
     assert mega.workload.framework == "megatron" and mega.spec.entry.framework_version is None
+
+
+def test_transformers_release_from_a_stated_year():
+    assert reading.transformers_of_year("eager (HF GPT2, 2022)") == (4, 25)
+    assert reading.transformers_of_year("Hugging Face transformers (2023)") == (4, 36)
+    assert reading.transformers_of_year("eager | 2022") is None  # no Hugging Face name before the year
+    assert reading.transformers_of_year("HF GPT2 | 2022") is None  # not in the same cell
+    assert reading.transformers_of_year("HF GPT2, 1999") is None
+    # a DeepSpeed script on Hugging Face's GPT-2 class: the release bounds the loss's dtype (transformers_version)
+    row = _row(
+        other_settings="DeepSpeed ZeRO-3",
+        sharding_offload="DeepSpeed ZeRO-3",
+        parallelism="DP=16",
+        attention_impl="eager (HF GPT2, 2022)",
+        precision="fp16 (DeepSpeed fp16)",
+    )
+    assert interpret_row(row).spec.entry.transformers_version == "4.25"
+    # under the Trainer the release is the framework's own (entry.framework_version), never transformers_version
+    trainer = interpret_row(_row(other_settings="HF Trainer", parallelism="DP=16", attention_impl="sdpa (HF, 2023)"))
+    assert trainer.spec.entry.framework == "hf-trainer"
+    assert trainer.spec.entry.transformers_version is None

@@ -562,3 +562,46 @@ def test_deepspeeds_16_bit_engine_computes_the_loss_as_the_model_code_does():
     )
     with pytest.raises(InputError, match="entry.loss_upcast: false: with training.precision bf16-mixed under"):
         search_space_from_spec(fsdp)
+
+
+@pytest.mark.parametrize(
+    ("preset", "release", "upcast"),
+    [
+        ("gpt2-medium", None, True),  # a current transformers: ForCausalLMLoss upcasts every causal LM
+        ("gpt2-medium", "4.25", False),  # GPT-2's own CrossEntropyLoss on its 16-bit logits
+        ("gpt2-medium", "4.48", False),
+        ("gpt2-medium", "4.49", True),  # GPT-2 calls self.loss_function from 4.49.0
+        ("llama-3.2-1b", "4.30", False),
+        ("llama-3.2-1b", "4.31", True),  # LlamaForCausalLM: logits = logits.float() from 4.31.0
+    ],
+)
+def test_hf_model_codes_loss_upcast_follows_its_transformers_release(preset, release, upcast):
+    # DeepSpeed's fp16 engine runs the module in 16 bits, so the loss is what the Hugging Face class computes
+    entry = {"trainer": "script", "script": "t.py", "framework": "deepspeed"}
+    if release:
+        entry["transformers_version"] = release
+    spec = script("deepspeed", training__precision="fp16-mixed", entry=entry, model={"preset": preset})
+    model = ResolvedModel(arch=resolve_model(spec, Path(".")).arch, name="m")
+    w = workload_from_spec(spec, model)
+    assert w.loss.loss_fp32 is upcast
+    search_space_from_spec(spec)  # accepted: it takes effect
+    # three vocabulary-sized tensors of the unchunked loss, at 4 or 2 bytes per logit element
+    per_token = w.arch.vocab * (3 * (4 if upcast else 2))
+    from frenzy_slurm.marp.memory_loss import logit_bytes_per_token
+
+    assert logit_bytes_per_token(w, 1) == pytest.approx(per_token)
+
+
+def test_transformers_version_is_refused_where_nothing_reads_it():
+    hf = script(
+        "hf-trainer",
+        entry={"trainer": "script", "script": "t.py", "framework": "hf-trainer", "transformers_version": "4.40"},
+    )
+    with pytest.raises(InputError, match="write entry.framework_version: '4.40' instead"):
+        search_space_from_spec(hf)
+    titan = script(
+        "torchtitan",
+        entry={"trainer": "script", "script": "t.py", "framework": "torchtitan", "transformers_version": "4.40"},
+    )
+    with pytest.raises(InputError, match="entry.transformers_version: 4.40: the job runs torchtitan model code"):
+        search_space_from_spec(titan)

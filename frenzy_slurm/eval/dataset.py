@@ -297,6 +297,19 @@ def _framework_version(raw: dict[str, str], framework: FrameworkName) -> tuple[i
     return reading.transformers_version(_settings(raw)) or reading.transformers_version(_other_text(raw))
 
 
+def _transformers_version(raw: dict[str, str], framework: FrameworkName) -> tuple[int, ...] | None:
+    """entry.transformers_version of a row whose framework runs Hugging Face's model classes but is not the Trainer
+    (whose release is entry.framework_version): the release it states, or the newest of the year it names beside
+    them (reading.transformers_of_year); None otherwise."""
+    if framework == "hf-trainer" or PROFILES[framework].model_code != "hf":
+        return None
+    for text in (_settings(raw), _other_text(raw)):
+        found = reading.transformers_version(text) or reading.transformers_of_year(text)
+        if found:
+            return found
+    return None
+
+
 def _module_loading(raw: dict[str, str]) -> dict[str, object]:
     """entry.env's CUDA_MODULE_LOADING where the row states the size of the CUDA context its reading includes: a
     context nearer the eager size (every kernel loaded at start) than the lazy one is what a user of that stack
@@ -686,6 +699,7 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
     version = _torch_version(raw)
     framework = _framework(_named_frameworks(raw))
     release = _framework_version(raw, framework)
+    hf = _transformers_version(raw, framework)
     sharding = _sharding(plan, raw)
     spec: dict[str, object] = {
         "name": re.sub(r"[^A-Za-z0-9._-]", "-", f"row-{row.row_id}")[:64],
@@ -699,6 +713,7 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
             "framework": framework,
             **({"framework_version": ".".join(map(str, release))} if release else {}),
             **({"torch_version": ".".join(map(str, version))} if version else {}),
+            **({"transformers_version": ".".join(map(str, hf))} if hf else {}),
             **_module_loading(raw),
         },
         "limits": {"min_gpus": plan.world, "max_gpus": plan.world},

@@ -467,6 +467,18 @@ def torch_version(text: str) -> tuple[int, int] | None:
 TRANSFORMERS_PINNED_BY = {("ms-swift", 1): (4, 38), ("ms-swift", 2): (4, 47)}
 
 
+# The last transformers release of each year (PyPI's release dates): a run that names Hugging Face's model code and a
+# year, but no release, ran at most that one.
+TRANSFORMERS_LAST_OF_YEAR = {2020: (4, 1), 2021: (4, 15), 2022: (4, 25), 2023: (4, 36), 2024: (4, 47)}
+
+
+def transformers_of_year(text: str) -> tuple[int, int] | None:
+    """`HF GPT2, 2022`, `Hugging Face transformers (2023)` -> the newest transformers release of that year
+    (TRANSFORMERS_LAST_OF_YEAR); the year must follow the name within one cell (`|` separates cells)."""
+    m = re.search(r"\b(?:hf|hugging\s?face|transformers)\b[^|]*?\b(20\d\d)\b", text.lower())
+    return TRANSFORMERS_LAST_OF_YEAR.get(int(m.group(1))) if m else None
+
+
 def stated_date(text: str) -> tuple[int, int, int] | None:
     """The first calendar date a row's text states (`2024-05-13`, `2024/05/13`): when its run was reported, which
     names the source of a program versioned by date rather than by release (llm.c)."""

@@ -851,6 +851,14 @@ class Entry(_Strict):
         "(`logits.float()`: Transformers' loss, torchtune's chunked loss, Lightning Fabric's fp32 output); false: on "
         "the 16-bit logits as the model returns them. Default: the framework's (an fp32 copy for every profile).",
     )
+    transformers_version: str | None = Field(
+        None,
+        description="The transformers release whose model classes the job runs (entry.model_code hf) under a "
+        "framework other than hf-trainer, whose entry.framework_version is it already, e.g. '4.25'. It decides "
+        "whether a 16-bit module's loss upcasts the logits: GPT-2/OPT-style classes ran a 16-bit loss before 4.49, "
+        "Llama-style ones before 4.31 (entry.loss_upcast overrides it). Default: a current release.",
+        pattern=r"^[0-9]+(\.[0-9]+){0,2}$",
+    )
     torch_version: str | None = Field(
         None,
         description="The job's torch version where it matters to memory: before 1.13 CUDA kernels were loaded at "

@@ -14,6 +14,7 @@ from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
+from frenzy_slurm.marp.framework_facts import hf_loss_upcasts
 from frenzy_slurm.marp.frameworks import (
     DEEPSPEED_SHARDING,
     Capabilities,
@@ -104,7 +105,7 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         states=_model_states(spec, prof, device),
         adapters=_adapters(spec, prof),
         activations=_activation_policy(spec, prof, arch, device),
-        loss=_loss_policy(spec, prof),
+        loss=_loss_policy(spec, prof, arch),
         comm=Communication(
             buckets=spec.deepspeed,
             reshard_after_forward=spec.parallel.reshard_after_forward is not False,
@@ -271,7 +272,28 @@ def _loss_chunks(spec: JobSpec, prof: FrameworkProfile) -> int:
     return prof.loss_chunks
 
 
-def _loss_policy(spec: JobSpec, prof: FrameworkProfile) -> LossPolicy:
+def transformers_release(spec: JobSpec) -> tuple[int, ...] | None:
+    """The transformers release whose model code the job runs: entry.transformers_version, or under hf-trainer
+    (the Trainer is transformers) entry.framework_version; None: a current one."""
+    e = spec.entry
+    if e.transformers_version is not None:
+        return version_tuple(e.transformers_version)
+    return version_tuple(e.framework_version) if profile_of(spec).name == "hf-trainer" else None
+
+
+def _default_loss_upcast(spec: JobSpec, prof: FrameworkProfile, arch: Architecture) -> bool:
+    """Whether a 16-bit module's loss runs on an fp32 copy of the logits by default: the framework's loop, or,
+    where the loss is the Hugging Face model's own (model code hf, a profile that leaves the loss to the model),
+    what that transformers release's class does (framework_facts.hf_loss_upcasts)."""
+    if prof.output_fp32:
+        return True
+    if prof.loss_fp32_in_pure_bf16 and prof.code(spec).name == "hf" and arch.head == "lm":
+        layer_norm_lm = arch.norm == "layernorm" and not arch.encoder_decoder
+        return hf_loss_upcasts(layer_norm_lm, transformers_release(spec))
+    return prof.loss_fp32_in_pure_bf16
+
+
+def _loss_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture) -> LossPolicy:
     """The logits and the loss as the framework's loop holds them."""
     t = spec.training
     chunks = _loss_chunks(spec, prof)
@@ -284,11 +306,7 @@ def _loss_policy(spec: JobSpec, prof: FrameworkProfile) -> LossPolicy:
         loss_detaches_hidden=prof.loss_detaches_hidden and chunks > 1,
         output_fp32=prof.output_fp32 and t.precision != "fp32",
         loss_fp32=not sixteen_bit_module(spec)
-        or (
-            spec.entry.loss_upcast
-            if spec.entry.loss_upcast is not None
-            else prof.loss_fp32_in_pure_bf16 or prof.output_fp32
-        ),
+        or (spec.entry.loss_upcast if spec.entry.loss_upcast is not None else _default_loss_upcast(spec, prof, arch)),
     )
 
 
@@ -415,6 +433,24 @@ def _recompute_choices(spec: JobSpec, can: Capabilities, fw: str) -> tuple[Recom
     return recompute
 
 
+def _check_transformers_version(spec: JobSpec, prof: FrameworkProfile) -> None:
+    """entry.transformers_version names the release of the Hugging Face model code a job runs under another
+    framework; refused where it would be read by nothing, naming what to write instead."""
+    given = spec.entry.transformers_version
+    if given is None:
+        return
+    if prof.name == "hf-trainer":
+        raise InputError(
+            f"entry.transformers_version: {given}: under hf-trainer the framework is transformers; write "
+            f"entry.framework_version: '{given}' instead"
+        )
+    if prof.code(spec).name != "hf":
+        raise InputError(
+            f"entry.transformers_version: {given}: the job runs {prof.code(spec).name} model code, not transformers' "
+            "(entry.model_code); remove it, or set entry.model_code: hf"
+        )
+
+
 def search_space_from_spec(spec: JobSpec) -> SearchSpace:
     """The plans the job's framework can run, within what model.yaml pins (`parallel:`, micro-batch,
     checkpointing); refuses a pinned setting the framework cannot run (exit 2)."""
@@ -438,6 +474,7 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
             f"{spec.training.precision} under {fw} the loss runs under autocast, in fp32 whatever the model does; "
             "remove it (it matters for bf16-pure, and for DeepSpeed's fp16/bf16 engine)"
         )
+    _check_transformers_version(spec, prof)
     if fsdp_offloads_parameters(spec) and par.sharding == "shard-grad-op":
         raise InputError(
             "parallel.offload_optimizer with sharding: shard-grad-op: FSDP's CPU offload moves the parameters too, "

@@ -30,3 +30,21 @@ def hf_trainer_fused_adamw(framework_version: tuple[int, ...] | None, torch_vers
 # dtype (_fsdp_param.py to_accumulated_grad_if_needed; torchtitan's mixed_precision_reduce is float32, config/
 # configs.py): the stage's whole gradient, unsharded, in fp32, until the last micro-batch's reduce-scatter.
 FSDP_PP_REDUCE_BYTES = 4.0
+
+
+# Whether transformers' causal-LM class computes its loss on an fp32 copy of the logits, read in the released wheels'
+# models/*/modeling_*.py: from 4.49.0 GPT-2 and OPT call `self.loss_function` (loss/loss_utils.py ForCausalLMLoss:
+# `logits = logits.float()`), as Llama does from 4.46.0; before, GPT-2 and OPT ran CrossEntropyLoss on their shifted
+# 16-bit logits (read in 4.25.1, 4.31.0, 4.45.2, 4.46.0, 4.48.0). Llama's forward upcast its logits
+# (`logits = logits.float()`) from 4.31.0 (not in 4.30.2), the Llama-style classes copied from it likewise.
+HF_LOSS_UPCAST_ALL_FROM = (4, 49)
+HF_LLAMA_UPCAST_FROM = (4, 31)
+
+
+def hf_loss_upcasts(layer_norm_lm: bool, transformers_version: tuple[int, ...] | None) -> bool:
+    """Whether a Hugging Face causal LM's own loss upcasts 16-bit logits to fp32 at this transformers release
+    (None: a current one). `layer_norm_lm`: a GPT-2/OPT-style class (LayerNorm, an LM head), which kept a 16-bit
+    loss until 4.49; the RMSNorm (Llama-style) classes upcast from 4.31."""
+    if transformers_version is None or transformers_version[:2] >= HF_LOSS_UPCAST_ALL_FROM:
+        return True
+    return not layer_norm_lm and transformers_version[:2] >= HF_LLAMA_UPCAST_FROM
