@@ -322,7 +322,7 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "torchtitan",
             "torchtitan (FSDP2, TP, PP, CP)",
-            "torchtitan 0.1-0.3 (CPU grid: 0.3.0, FSDP2)",
+            "torchtitan 0.1-0.3 and earlier snapshots by date (CPU grid: 0.3.0, FSDP2)",
             "torch",
             "torchtitan",
             Capabilities(
