@@ -288,10 +288,14 @@ def _torch_version(raw: dict[str, str]) -> tuple[int, int] | None:
 def _framework_version(raw: dict[str, str], framework: FrameworkName) -> tuple[int, ...] | None:
     """entry.framework_version of a Hugging Face row: the transformers release it states or its framework's release
     pins (reading.transformers_version), in its settings or else its other free-text columns; of an llm.c row (a
-    program without releases, versioned by the date of its source) the date the row states; None otherwise (the
-    newest release the profile describes, as for any model.yaml that does not say)."""
+    program without releases, versioned by the date of its source) the date the row states; of a torchtitan row
+    the date, or month, its run was reported (torchtitan had no release before 0.1.0, 2025-06, and a snapshot is
+    named by its date: marp/framework_facts.py); None otherwise (the newest release the profile describes, as for
+    any model.yaml that does not say)."""
     if framework == "llm.c":
         return reading.stated_date(_settings(raw)) or reading.stated_date(_other_text(raw))
+    if framework == "torchtitan":
+        return reading.stated_month(_settings(raw)) or reading.stated_month(_other_text(raw))
     if framework != "hf-trainer":
         return None
     return reading.transformers_version(_settings(raw)) or reading.transformers_version(_other_text(raw))

@@ -486,6 +486,16 @@ def stated_date(text: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
+def stated_month(text: str) -> tuple[int, int, int] | None:
+    """The first calendar date a row's text states, to the month where it gives no day (`2024-12-26`, `2025-06`,
+    a file name's `_202412_`): the first of that month. None where it states none."""
+    full = stated_date(text)
+    if full:
+        return full
+    m = re.search(r"(?<![\d.])(20\d\d)[-/_]?(0[1-9]|1[0-2])(?![\d.])", text)
+    return (int(m.group(1)), int(m.group(2)), 1) if m else None
+
+
 def transformers_version(text: str) -> tuple[int, int] | None:
     """The transformers release a row ran: `transformers 4.36`, `transformers==4.36.2` -> (4, 36); else, for a
     named release line of a framework built on transformers' Trainer (`ms-swift v1.x`, `ms-swift/blob/v1.7.3`,

@@ -20,6 +20,7 @@ from frenzy_slurm.marp.frameworks import (
     Capabilities,
     FrameworkProfile,
     ModelCode,
+    default_compile_loss,
     default_fused_optimizer,
     empties_cache_after_setup,
     fsdp_offloads_parameters,
@@ -300,10 +301,11 @@ def _loss_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture) -> L
     return LossPolicy(
         loss_chunks=chunks,
         fused_linear_loss=t.fused_linear_loss,
-        compile_loss=t.compile_loss if t.compile_loss is not None else (prof.compiles_plain_loss or chunks > 1),
+        compile_loss=t.compile_loss if t.compile_loss is not None else (default_compile_loss(spec) or chunks > 1),
         hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,
         keeps_previous_output=prof.keeps_previous_output,
         loss_detaches_hidden=prof.loss_detaches_hidden and chunks > 1,
+        dtensor_loss_parallel=prof.dtensor_loss_parallel,
         output_fp32=prof.output_fp32 and t.precision != "fp32",
         loss_fp32=not sixteen_bit_module(spec)
         or (spec.entry.loss_upcast if spec.entry.loss_upcast is not None else _default_loss_upcast(spec, prof, arch)),

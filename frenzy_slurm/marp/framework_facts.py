@@ -48,3 +48,27 @@ def hf_loss_upcasts(layer_norm_lm: bool, transformers_version: tuple[int, ...] |
     if transformers_version is None or transformers_version[:2] >= HF_LOSS_UPCAST_ALL_FROM:
         return True
     return not layer_norm_lm and transformers_version[:2] >= HF_LLAMA_UPCAST_FROM
+
+
+# torchtitan's loss under `training.compile`. At 9dec370 (2024-12-26, the commit benchmarks/
+# llama3_h100_202412_torchtitan.md names) train.py:131-138 builds `loss_fn` as `cross_entropy(pred.flatten(0, 1)
+# .float(), labels.flatten(0, 1))` and leaves `loss_fn = torch.compile(loss_fn)` commented out ("compiling loss
+# function causes CUDA errors"): only the blocks are compiled (parallelize_llama.py apply_compile). From bbb1b616e
+# (2025-04-02) components/loss.py `build_cross_entropy_loss` compiles it whenever training.compile is on (read at
+# e7c0cae, 2025-06-11, and 0.3.0). assets/version.txt read 0.0.2 from b889f3d50 (2024-04-16) to b461ea82c
+# (2025-06-05), 0.1.0 from it: the first release compiles the loss, and most of 0.0.2's snapshots do not (those
+# from 2025-04-02 to 2025-06-04 do: their users write training.compile_loss: true). torchtitan had no release
+# before 0.1.0, so a snapshot may be named by its date instead, `YYYY.MM.DD` as llm.c's are.
+TORCHTITAN_LOSS_COMPILED_FROM_RELEASE = (0, 1)
+TORCHTITAN_LOSS_COMPILED_FROM_DATE = (2025, 4, 2)
+SNAPSHOT_DATE_FROM_YEAR = 2000  # a framework_version whose first part is a year names a snapshot by its date
+
+
+def torchtitan_compiles_loss(framework_version: tuple[int, ...] | None) -> bool:
+    """Whether torchtitan's training.compile compiles its loss too, at the release or snapshot date named (None:
+    the newest release described)."""
+    if framework_version is None:
+        return True
+    if framework_version[0] >= SNAPSHOT_DATE_FROM_YEAR:
+        return framework_version[:3] >= TORCHTITAN_LOSS_COMPILED_FROM_DATE
+    return framework_version[:2] >= TORCHTITAN_LOSS_COMPILED_FROM_RELEASE

@@ -181,6 +181,10 @@ class FrameworkProfile:
     loss_chunk_tokens: int | None = None  # or: chunks of this many tokens (litgpt's chunked_cross_entropy)
     loss_fp32_in_pure_bf16: bool = True  # False: the loss runs on 16-bit logits when weights are pure bf16
     compiles_plain_loss: bool = True  # with compile: an unchunked loss is compiled too
+    # ... only from the release or snapshot date marp/framework_facts.py names (torchtitan: from 0.1.0 / 2025-04-02)
+    loss_compile_by_version: bool = False
+    # under tensor parallelism its unchunked loss runs as DTensor's loss_parallel (sharded over the vocabulary)
+    dtensor_loss_parallel: bool = False
     lora_dropout: float = 0.05  # PEFT's examples / the frameworks' LoRA configs
     qlora_quantized_head: bool = False  # QLoRA quantises the output layer too
     nf4_quantizer: Literal["bitsandbytes", "torchao"] = "bitsandbytes"
@@ -318,7 +322,7 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "torchtitan",
             "torchtitan (FSDP2, TP, PP, CP)",
-            "torchtitan 0.1-0.3 (CPU grid: 0.3.0, FSDP2)",
+            "torchtitan 0.1-0.3 and earlier snapshots by date (CPU grid: 0.3.0, FSDP2)",
             "torch",
             "torchtitan",
             Capabilities(
@@ -343,6 +347,11 @@ PROFILES: dict[str, FrameworkProfile] = {
             loss_detaches_hidden=True,  # components/loss.py ChunkedLossWrapper (its default loss, 8 chunks)
             fsdp_pp_unsharded=True,  # distributed/fsdp.py: reshard_after_forward = not pp_enabled (0.3.0)
             fsdp_versions=(2,),  # apply_fsdp: fully_shard only
+            # the loss is compiled with the blocks from 0.1.0 (bbb1b616e), not before (9dec370 train.py:137-138)
+            loss_compile_by_version=True,
+            # with tp: the loss under torch.distributed.tensor.parallel.loss_parallel (train.py's train_context at
+            # 9dec370, loss_parallel_enabled in 0.3.0's distributed/utils.py)
+            dtensor_loss_parallel=True,
         ),
         FrameworkProfile(
             "litgpt",
@@ -485,6 +494,17 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(p) for p in text.split(".")) if text else None
 
 
+def default_compile_loss(spec: JobSpec) -> bool:
+    """Whether the framework compiles an unchunked loss when model.yaml's training.compile is on and it says
+    nothing of the loss: the profile's, or its versions' rule (torchtitan: marp/framework_facts.py)."""
+    from frenzy_slurm.marp.framework_facts import torchtitan_compiles_loss
+
+    prof = profile_of(spec)
+    if prof.loss_compile_by_version:
+        return torchtitan_compiles_loss(version_tuple(spec.entry.framework_version))
+    return prof.compiles_plain_loss
+
+
 def default_fused_optimizer(spec: JobSpec, device: str = "cuda") -> bool:
     """Whether the framework's default optimizer steps fused (or per tensor): the profile's, or its versions'
     rule; torch's optimizers default to foreach only for CUDA tensors, so on the CPU they step per tensor."""
@@ -575,7 +595,7 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
         if t.lora.double_quant is None:
             taken["training.lora.double_quant"] = True
     if t.compile and t.compile_loss is None:
-        taken["training.compile_loss"] = prof.compiles_plain_loss
+        taken["training.compile_loss"] = default_compile_loss(spec)
     if spec.parallel.fsdp_version is None and runs_fsdp(spec):
         taken["parallel.fsdp_version"] = default_fsdp_version(spec)
     if fsdp_version(spec) == 1 and spec.entry.empty_cache_after_setup is None:

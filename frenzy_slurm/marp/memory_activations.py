@@ -314,7 +314,12 @@ def op_checkpointed_bytes(w: Workload, tp: int, sp: bool, amp: bool) -> float:
     torchtitan 0.3's distributed/activation_checkpoint.py): the block's input (the checkpoint's), the attention
     kernel's output and log-sum-exp, and the output of every other matmul, counted per block across steps: with an
     odd number of matmuls per block (SwiGLU's 7) the saved set alternates between steps (q, v, gate, down / k, o,
-    up), so the peak holds the larger."""
+    up), so the peak holds the larger. Compiled (training.compile: each block under torch.compile), AOTAutograd's
+    partitioner saves only what the backward graph reads, MUST_SAVE outputs included: the block's last matmul (the
+    down projection) writes into the residual sum, which no backward op reads, so it is not kept (measured on the
+    CPU, benchmarks/float8_sac_cpu.py: 3216 bytes per token compiled against 3728 eager, the down projection's
+    output; eager, the policy's cache keeps every MUST_SAVE output until the recomputation, torch/utils/
+    checkpoint.py _CachingTorchDispatchMode)."""
     a = w.arch
     h, f, kvd = a.hidden, a.ffn, a.kv * a.head_dim
     e = 4.0 if w.precision == "fp32" else 2.0
@@ -329,6 +334,8 @@ def op_checkpointed_bytes(w: Workload, tp: int, sp: bool, amp: bool) -> float:
     linears += [(b, all_bias) for b in ffn]
     total += sum(b for b, biased in linears if biased)
     mms = [b for b, biased in linears if not biased]
+    if w.activations.compile and mms and not linears[-1][1]:
+        mms[-1] = 0.0  # the down projection's output: saved by the policy, read by no backward op
     odd = sum(mms[0::2])  # the 1st, 3rd, ... matmul of a step's block (the policy saves odd counts)
     even = sum(mms[1::2])
     return total + (max(odd, even) if len(mms) % 2 else odd)

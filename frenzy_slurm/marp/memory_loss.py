@@ -32,12 +32,20 @@ def logit_bytes_per_token(w: Workload, tp: int) -> float:
         # (logits the framework hands back in fp32, `out`, need no upcast for the loss)
         upcast = f32 / c if out != f32 else 0.0
         return v * max(out + f32 + upcast, (out if w.loss.hold_logits else 0.0) + f32 + (2 * f32 + out) / c)
-    # fp32 log-softmax output (saved) and, in backward, the gradients at both ends of log_softmax (a compiled loss
-    # fuses them into one kernel); plus the 16-bit logits where the loop keeps the model output alive. A 16-bit
-    # loss (no upcast) keeps the same three tensors at 2 bytes.
-    return v * (
-        (out if w.loss.hold_logits else 0.0) + (2 if (w.activations.compile and w.loss.compile_loss) else 3) * f32
-    )
+    if w.activations.compile and w.loss.compile_loss:
+        # compiled, the upcast is inside the loss's graph: it saves its input, the logits as the model returns them
+        # (the tensor the loop may hold), and its backward writes their gradient in that dtype in one kernel (measured
+        # on the CPU for torchtitan's `cross_entropy(pred.flatten(0, 1).float(), labels)`: 2 + 2 bytes per logit in
+        # bf16, benchmarks/float8_sac_cpu.py)
+        return v * 2 * out
+    # fp32 log-softmax output (saved) and, in backward, the gradients at both ends of log_softmax; plus the 16-bit
+    # logits where the loop keeps the model output alive. A 16-bit loss (no upcast) keeps the same three tensors at
+    # 2 bytes. DTensor's loss_parallel over the vocabulary shards fuses the two backwards
+    # (torch/distributed/tensor/parallel/loss.py `_nll_loss_and_log_softmax_backward`, torch 2.13: `grad_input =
+    # zeros_like(x)`, then `(grad_input + torch.exp(x)) * grad_output`): beside the saved log-softmax output it holds
+    # the zeros, their sum with exp(x) and the product at once, four tensors.
+    held = 4 if (w.loss.dtensor_loss_parallel and w.comm.vocab_parallel and tp > 1) else 3
+    return v * ((out if w.loss.hold_logits else 0.0) + held * f32)
 
 
 def fused_linear_loss_bytes(j: Job, head_grads: float) -> tuple[float, float]:

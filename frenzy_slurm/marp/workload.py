@@ -108,6 +108,9 @@ class LossPolicy:
     loss_detaches_hidden: bool = False
     output_fp32: bool = False  # the loop gets the model's output converted to fp32 (Lightning Fabric) and holds it
     loss_fp32: bool = True  # cross-entropy on an fp32 upcast of the logits (torch's F.cross_entropy on .float())
+    # under tensor parallelism the eager loss runs as DTensor's loss_parallel (torchtitan), whose fused nll/log-softmax
+    # backward holds four vocab-shard-sized fp32 tensors, not three (marp/memory_loss.py)
+    dtensor_loss_parallel: bool = False
 
 
 @dataclass(frozen=True)
