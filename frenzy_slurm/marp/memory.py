@@ -149,7 +149,7 @@ def estimate_memory(
             continue
         t = stage_terms(j, i, n_layers)
         peak = peak_moment(t)
-        cached = length_change_cache(j, peak, metric)
+        cached = length_change_cache(j, peak, metric, last=i == plan.pp - 1)
         overhead = allocator_overhead(j, i, n_layers, t, peak, metric, overheads) + cached
         stages.append(
             StageMemory(
