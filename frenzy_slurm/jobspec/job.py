@@ -788,8 +788,8 @@ class Data(_Strict):
         gt=0,
         le=1 << 30,
         description="With lengths: variable, the median sample in tokens after truncation: the caching allocator "
-        "keeps a shorter step's blocks when a longer one comes, which reserved memory shows. Default: half the "
-        "longest.",
+        "keeps a shorter step's blocks when a longer one comes, which reserved memory shows. Default: the mean where "
+        "stated (at most the longest), else half the longest.",
     )
     mean: float | None = Field(
         None,
