@@ -127,9 +127,9 @@ def test_no_excess_when_every_step_is_the_longest_and_some_when_steps_vary():
 def test_a_recorded_variable_length_run_replays_to_the_generated_cache():
     """benchmarks/varlen_recorded_cpu.py: a tiny transformers Llama (vocabulary 32000) over 16 steps of 150 +- 100
     tokens truncated at 256, recorded with the profiler and replayed, against MARP's generated steps. Measured
-    (torch 2.13 CPU, transformers 5.17): 112 MiB recorded, 144 MiB generated at the same lengths; the generated steps leave out the
-    weights' gradients and AdamW's states, made during the first (shorter) step, which take some of its freed
-    loss blocks (docs/marp.md)."""
+    (torch 2.13 CPU, transformers 5.17): 112 MiB recorded, 144 MiB generated at the same lengths; the generated
+    steps leave out the weights' gradients and AdamW's states, made during the first (shorter) step, which take
+    some of its freed loss blocks (docs/marp.md)."""
     loader = importlib.util.spec_from_file_location(
         "varlen_recorded_cpu", ROOT / "benchmarks" / "varlen_recorded_cpu.py"
     )
