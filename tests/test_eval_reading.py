@@ -415,6 +415,7 @@ def test_transformers_release_from_a_stated_year():
     assert trainer.spec.entry.framework == "hf-trainer"
     assert trainer.spec.entry.transformers_version is None
 
+
 @pytest.mark.parametrize(
     "text,variable",
     [
