@@ -414,3 +414,42 @@ def test_transformers_release_from_a_stated_year():
     trainer = interpret_row(_row(other_settings="HF Trainer", parallelism="DP=16", attention_impl="sdpa (HF, 2023)"))
     assert trainer.spec.entry.framework == "hf-trainer"
     assert trainer.spec.entry.transformers_version is None
+
+
+@pytest.mark.parametrize(
+    "text,variable",
+    [
+        ("2048", False),
+        ("4096 (packed)", False),
+        ("max_length=2048", True),
+        ("max_seq_length 512 (truncated)", True),
+        ("<=512 (Alpaca2k, max_seq_length=512 truncation, padded to longest in batch)", True),
+        ("1044 (longest Alpaca sample for this tokenizer; batches padded to longest)", True),
+        ("2048 (padded to the longest in the batch)", True),
+        ("8192 (unpacked, truncated)", True),
+    ],
+)
+def test_a_truncation_limit_is_a_variable_length_statement(text, variable):
+    assert reading.variable_lengths(text) is variable
+
+
+def test_stated_length_statistics_are_read_in_any_column_phrasing():
+    assert reading.length_statistics("max_length=512 (dataset 3234±2548 tokens, truncated)") == (3234.0, 2548.0)
+    assert reading.length_statistics("samples 1,210 +- 830 tokens") == (1210.0, 830.0)
+    assert reading.length_statistics("mean 812.5 +/- 301 tokens per sample") == (812.5, 301.0)
+    assert reading.length_statistics("2048 tokens") is None
+    assert reading.length_statistics("loss 3.2 ± 0.1") is None  # not a length
+
+
+def test_a_truncated_row_is_written_with_variable_lengths_and_its_statistics():
+    it = interpret_row(_row(seq_len="max_length=1024 (dataset 900±400 tokens, truncated)"))
+    assert it.spec.data.lengths == "variable" and (it.spec.data.mean, it.spec.data.sd) == (900.0, 400.0)
+    assert (it.workload.seq_len, it.workload.length_mean, it.workload.length_sd) == (1024, 900.0, 400.0)
+    it = interpret_row(_row(seq_len="max_length=1024", notes="dataset lengths 700 +- 100 tokens"))
+    assert (it.spec.data.mean, it.spec.data.sd) == (700.0, 100.0)
+    it = interpret_row(_row(seq_len="max_length=1024"))
+    assert it.spec.data.lengths == "variable" and it.spec.data.mean is None and it.workload.median_seq_len == 512
+    assert interpret_row(_row()).spec.data.lengths == "fixed"  # a bare length
+    # a row whose longest is not stated stays unreadable (counted as a failure)
+    with pytest.raises(RowError, match="not stated"):
+        interpret_row(_row(seq_len="variable (unpacked)"))

@@ -56,6 +56,7 @@ VARIATIONS: list[tuple[str, dict]] = [
     ),
     ("framework torchtune", {"entry": {"trainer": "script", "script": "t.py", "framework": "torchtune"}}),
     ("variable sequence lengths", {"data": {"lengths": "variable", "median": 300}}),
+    ("stated length distribution", {"data": {"lengths": "variable", "mean": 900, "sd": 300}}),
     ("framework lightning", {"entry": {"trainer": "script", "script": "t.py", "framework": "lightning"}}),
     ("framework megatron", {"entry": {"trainer": "script", "script": "t.py", "framework": "megatron"}}),
     (

@@ -721,8 +721,21 @@ def _spec_data(row: MeasuredRow, raw: dict[str, str]) -> tuple[dict[str, object]
             **_module_loading(raw),
         },
         "limits": {"min_gpus": plan.world, "max_gpus": plan.world},
+        **_data_block(raw),
     }
     return spec, plan, arch
+
+
+def _data_block(raw: dict[str, str]) -> dict[str, object]:
+    """model.yaml's `data:` for a row whose lengths vary (a truncation limit, padding to the longest, a longest
+    sample): variable, with the samples' mean and standard deviation where the row states them."""
+    if not reading.variable_lengths(raw["seq_len"]):
+        return {}
+    data: dict[str, object] = {"lengths": "variable"}
+    stats = reading.length_statistics(" ".join(raw[k] for k in ("seq_len", "other_settings", "notes") if k in raw))
+    if stats:
+        data["mean"], data["sd"] = stats
+    return {"data": data}
 
 
 def _cells(row: MeasuredRow) -> dict[str, str]:

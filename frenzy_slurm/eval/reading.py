@@ -538,3 +538,25 @@ def target_length(text: str) -> int | None:
         return int(m.group(1))
     m = re.search(r"source\s*/\s*target\D{0,12}\d+\s*/\s*(\d+)", t)
     return int(m.group(1)) if m else None
+
+
+def variable_lengths(text: str) -> bool:
+    """Whether a sequence-length text states lengths that vary from batch to batch: a truncation limit
+    (`max_length=2048`, `max_seq_length=512 truncation`, `<=512 (truncated)`), padding to the longest of a batch,
+    or a longest sample (`1044 (longest Alpaca sample)`). A bare number, or packed/fixed sequences, is a fixed
+    length."""
+    t = text.lower()
+    if re.search(r"\b(packed|packing|fixed)\b", t) and not re.search(r"\bunpacked\b", t):
+        return False
+    return bool(
+        re.search(r"max[ _-]*(?:seq(?:uence)?[ _-]*)?len(?:gth)?\s*[=:]?\s*\d", t)
+        or re.search(r"truncat|pad\w*\s+to\s+(?:the\s+)?longest|longest\b.*\bsample|\bvariable\b|<=\s*\d", t)
+    )
+
+
+def length_statistics(text: str) -> tuple[float, float] | None:
+    """(mean, standard deviation) of the samples' lengths where a text states them as `MEAN±SD tokens` (or `+-`,
+    `+/-`; thousands separators allowed); None where not stated."""
+    t = text.lower().replace(",", "")
+    m = re.search(r"(\d+(?:\.\d+)?)\s*(?:±|\+-|\+/-)\s*(\d+(?:\.\d+)?)\s*tokens?\b", t)
+    return (float(m.group(1)), float(m.group(2))) if m else None

@@ -788,14 +788,33 @@ class Data(_Strict):
         gt=0,
         le=1 << 30,
         description="With lengths: variable, the median sample in tokens after truncation: the caching allocator "
-        "keeps a shorter step's blocks when a longer one comes, which reserved memory shows. Default: half the "
-        "longest.",
+        "keeps a shorter step's blocks when a longer one comes, which reserved memory shows. Default: the mean where "
+        "stated (at most the longest), else half the longest.",
+    )
+    mean: float | None = Field(
+        None,
+        gt=0,
+        le=1 << 30,
+        description="With lengths: variable, the mean sample length in tokens before truncation (with sd): the "
+        "replayed steps' lengths are drawn from that normal distribution, truncated at the longest "
+        '(docs/marp.md, "Variable sequence lengths", has the one-liner that computes both).',
+    )
+    sd: float | None = Field(
+        None,
+        ge=0,
+        le=1 << 30,
+        description="With lengths: variable and mean, the standard deviation of the sample lengths in tokens "
+        "before truncation.",
     )
 
     @model_validator(mode="after")
     def _consistent(self) -> Data:
-        if self.lengths == "fixed" and (self.longest is not None or self.median is not None):
-            raise ValueError("longest and median describe variable lengths; set lengths: variable or remove them")
+        stated = [n for n in ("longest", "median", "mean", "sd") if getattr(self, n) is not None]
+        if self.lengths == "fixed" and stated:
+            raise ValueError(f"{', '.join(stated)} describe variable lengths; set lengths: variable or remove them")
+        if (self.mean is None) != (self.sd is None):
+            given, missing = ("mean", "sd") if self.sd is None else ("sd", "mean")
+            raise ValueError(f"data.{given} needs data.{missing}: the lengths are drawn from both (or give neither)")
         if self.longest is not None and self.median is not None and self.median > self.longest:
             raise ValueError(f"median {self.median} is longer than longest {self.longest}; swap them")
         return self
@@ -998,6 +1017,8 @@ class JobSpec(_Strict):
         None with fixed lengths."""
         if self.data.lengths == "fixed":
             return None
+        if self.data.median is None and self.data.mean is not None:  # a normal's median is its mean
+            return max(1, min(self.longest_tokens, round(self.data.mean)))
         return self.data.median or max(1, self.longest_tokens // 2)
 
     @model_validator(mode="after")

@@ -98,6 +98,8 @@ def workload_from_spec(spec: JobSpec, model: ResolvedModel, device: str = "cuda"
         # padded to the longest of each micro-batch: the longest sample sets the peak (data.lengths: variable)
         seq_len=spec.longest_tokens,
         median_seq_len=spec.median_tokens,
+        length_mean=spec.data.mean,
+        length_sd=spec.data.sd,
         target_len=t.target_len,
         precision=t.precision,
         framework=state_layout(spec),

@@ -9,7 +9,7 @@ cheap and memory is not, so the search prices plans first and estimates only tho
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from frenzy_slurm.core.gpus import GpuSpec
@@ -202,9 +202,12 @@ def _estimate(w: Workload, g: PlanGroup, mb: int, frag: Overheads, memo: TermMem
     of shared terms (marp/memory_memo.py). A `shared` memo (the caller's, for several searches of `w`: HAS's
     fallback plans search again over less usable memory, mostly the same plans) also keeps the whole estimate, by
     all it is made of; a search's own memo does not, as no plan comes twice in one search."""
+    # (without the variable-length cache, which decides no fit: `search` adds it to the plans it keeps)
     if not shared:
-        return estimate_memory(w, g.plan(mb), "reserved", frag, True, memo)
-    return memo.get("estimates", (g, mb, frag), lambda: estimate_memory(w, g.plan(mb), "reserved", frag, True, memo))
+        return estimate_memory(w, g.plan(mb), "reserved", frag, True, memo, cache=False)
+    return memo.get(
+        "estimates", (g, mb, frag), lambda: estimate_memory(w, g.plan(mb), "reserved", frag, True, memo, cache=False)
+    )
 
 
 def search(
@@ -286,4 +289,17 @@ def search(
             out[name].append(cand)
     for name in out:
         out[name].sort(key=lambda c: c.step_time_s)
-    return out
+    return _with_cache(w, out, frag, memo)
+
+
+def _with_cache(
+    w: Workload, out: dict[Hashable, list[Candidate]], frag: Overheads, memo: TermMemo
+) -> dict[Hashable, list[Candidate]]:
+    """The kept plans' estimates with what variable lengths keep cached (left out while the search decided fits on
+    `needed`, which it is not part of); fixed lengths keep none."""
+    if w.median_seq_len is None:
+        return out
+    return {
+        name: [replace(c, memory=estimate_memory(w, c.plan, "reserved", frag, True, memo)) for c in cands]
+        for name, cands in out.items()
+    }

@@ -624,7 +624,10 @@ def profile_summary(spec: JobSpec, device: str = "cuda") -> dict[str, object]:
     if e.framework_version is not None:
         out["version"] = e.framework_version
     if spec.median_tokens is not None:  # data.lengths: variable
-        out["data"] = {"lengths": "variable", "longest": spec.longest_tokens, "median": spec.median_tokens}
+        data: dict[str, object] = {"lengths": "variable", "longest": spec.longest_tokens, "median": spec.median_tokens}
+        if spec.data.mean is not None:
+            data |= {"mean": spec.data.mean, "sd": spec.data.sd}
+        out["data"] = data
     return out
 
 
@@ -656,9 +659,15 @@ def profile_lines(spec: JobSpec, device: str = "cuda") -> list[str]:
     )
     data = s.get("data")
     if isinstance(data, dict):
+        replayed = (
+            f"steps drawn evenly from {data['mean']:g} +- {data['sd']:g} tokens truncated at the longest"
+            if "mean" in data
+            else "a median-length step before a longest one"
+        )
         lines.append(
             f"data: variable lengths, longest {data['longest']} tokens, median {data['median']}: memory is that of "
-            f"the longest step; reserved adds what a median-length step before it leaves cached (replayed through "
-            f"the caching allocator), which decides no fit: the allocator frees it before reporting out of memory"
+            f"the longest step; reserved adds what shorter steps leave cached ({replayed}, one layer's saved "
+            f"tensors and the loss's, replayed through the caching allocator), which decides no fit: the allocator "
+            f"frees it before reporting out of memory"
         )
     return lines

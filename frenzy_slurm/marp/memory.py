@@ -124,6 +124,7 @@ def estimate_memory(
     overheads: Overheads = Overheads(),
     peak_stages_only: bool = False,
     memo: TermMemo | None = None,
+    cache: bool = True,
 ) -> MemoryEstimate:
     """Per-stage peak bytes per rank: each term (model states, buffers, saved activations, logits and loss, the
     optimizer step's temporaries, the allocator's and the device's overheads) from its own function, summed at
@@ -135,6 +136,10 @@ def estimate_memory(
 
     `memo` (the candidate search's, for `w`): terms shared with other plans of `w` are looked up there
     (marp/memory_memo.py says which, and why the estimate is the same as without it).
+
+    `cache=False` leaves out what variable lengths keep cached (`cached`, a replay of the run's steps): `needed`,
+    which decides fits, is the same either way, so the candidate search decides without it and adds it to the
+    plans it keeps.
     """
     if w.llmc is not None:  # llm.c: its buffers, allocated once at start-up, are alive at every moment
         parts = breakdown(w.arch, w.llmc, plan, w.seq_len, metric, overheads)
@@ -149,7 +154,7 @@ def estimate_memory(
             continue
         t = stage_terms(j, i, n_layers)
         peak = peak_moment(t)
-        cached = length_change_cache(j, peak, metric)
+        cached = length_change_cache(j, peak, metric, last=i == plan.pp - 1) if cache else 0.0
         overhead = allocator_overhead(j, i, n_layers, t, peak, metric, overheads) + cached
         stages.append(
             StageMemory(

@@ -57,8 +57,7 @@ def fused_linear_loss_bytes(j: Job, head_grads: float) -> tuple[float, float]:
     as the hidden states (up to twice). No logits leave the function."""
     a, tokens = j.w.arch, j.tokens
     v = a.vocab / j.vtp
-    rows = 1 << max(0, math.ceil(math.log2(max(1.0, math.ceil(tokens / math.ceil(v / a.hidden))))))
-    chunk = min(rows, tokens) * v * j.e_act
+    chunk = fused_chunk_rows(tokens, v, a.hidden) * v * j.e_act
     grad_input = a.hidden * j.e_act * tokens
     return chunk + grad_input, head_grads
 
@@ -137,3 +136,96 @@ def previous_output(j: Job, i: int, n_layers: int, inflight: float) -> tuple[flo
             if last and w.adapters.qlora_quantized_head and pc.head:
                 prev_inputs += j.e_act * a.hidden / j.rep * j.tokens  # lm_head's input (the final norm's output)
     return out16, prev_logits, prev_inputs
+
+
+# one request of the loss phase: (allocate, else free; the tensor's name; bytes)
+LossRequest = tuple[bool, str, int]
+
+
+def fused_chunk_rows(tokens: int, vocab: float, hidden: int) -> int:
+    """Rows of one chunk of Liger's fused linear cross-entropy: next_power_of_2(ceil(tokens / ceil(vocab / hidden)))
+    (liger_kernel/ops/fused_linear_cross_entropy.py), at most the tokens."""
+    rows = 1 << max(0, math.ceil(math.log2(max(1.0, math.ceil(tokens / math.ceil(vocab / hidden))))))
+    return min(rows, tokens)
+
+
+def loss_requests(w: Workload, tp: int, tokens: int) -> tuple[list[LossRequest], list[LossRequest]]:
+    """(forward, backward): the loss phase's vocabulary-sized tensors at `tokens` tokens, in the order the
+    framework makes and frees them, from the same policy as `logit_bytes_per_token` and `loss_forward_bytes`
+    (tests/test_marp_allocator_steps.py replays them and checks their live peaks against those two terms). Only what
+    scales with the tokens: the head's weight gradient and the scalars are left out.
+
+    Forward: the model's 16-bit logits; the loss's fp32 upcast (none on fp32 logits), its log-softmax output (saved)
+    and the upcast freed; the loop's fp32 copy of the output where it gets one; the logits freed before backward
+    unless the loop holds them. Backward: the gradients at both ends of log-softmax (a compiled loss writes one),
+    the saved output freed, the gradient cast back to the logits' dtype, which the output layer's backward
+    consumes. Chunked: each chunk so, forward over all chunks and backward chunk by chunk in reverse."""
+    a = w.arch
+    if a.head == "classification":
+        return [], []
+    e = 4.0 if w.precision == "fp32" else 2.0
+    v = a.vocab / (tp if w.comm.vocab_parallel else 1)
+    f32 = 4.0 if w.loss.loss_fp32 else e
+    out = 4.0 if w.loss.output_fp32 else e
+
+    def n(per_token: float, share: int = 1) -> int:
+        return round(per_token * v * tokens / share)
+
+    fwd: list[LossRequest] = []
+    bwd: list[LossRequest] = []
+    if w.loss.loss_detaches_hidden:  # torchtitan's detached hidden states and their fp32 gradient accumulator
+        hidden = a.hidden * tokens
+        fwd += [(True, "hidden.detached", round(e * hidden)), (True, "hidden.grad", round(4 * hidden))]
+    if w.loss.fused_linear_loss:
+        rows = fused_chunk_rows(tokens, v, a.hidden)
+        fwd.append((True, "grad_input", round(a.hidden * e * tokens)))
+        for c in range(math.ceil(tokens / rows)):
+            fwd += [(True, f"chunk{c}", round(min(rows, tokens - c * rows) * v * e)), (False, f"chunk{c}", 0)]
+        bwd.append((False, "grad_input", 0))
+    else:
+        compiled = w.activations.compile and w.loss.compile_loss
+        chunks = max(1, w.loss.loss_chunks)
+        if compiled and chunks > 1:  # the compiled per-chunk loss saves its 16-bit chunk, its gradient 16-bit
+            f32 = out
+        upcast = out != f32
+        # the logits outlive the loss's forward where the loop holds them or the loss saves them as they are
+        held = w.loss.hold_logits or (compiled and not upcast)
+        for c in range(chunks):
+            fwd += _chunk_forward(f"c{c}.", n(out, chunks), n(f32, chunks), compiled, upcast)
+        for c in reversed(range(chunks)):
+            bwd += _chunk_backward(f"c{c}.", n(out, chunks), n(f32, chunks), compiled, upcast)
+        logits_freed = [(False, f"c{c}.logits", 0) for c in range(chunks)]
+        if held:
+            bwd += logits_freed
+        else:  # freed when the loss returns, before backward
+            fwd += logits_freed
+    if w.loss.loss_detaches_hidden:
+        bwd += [(False, "hidden.detached", 0), (False, "hidden.grad", 0)]
+    return fwd, bwd
+
+
+def _chunk_forward(p: str, out: int, f32: int, compiled: bool, upcast: bool) -> list[LossRequest]:
+    """One chunk's forward: its logits, and what the loss saves of them (the fp32 input, compiled; the log-softmax
+    output, eager, made from an upcast freed at once)."""
+    reqs: list[LossRequest] = [(True, f"{p}logits", out)]
+    if compiled:
+        return reqs + ([(True, f"{p}saved", f32)] if upcast else [])
+    if upcast:
+        reqs.append((True, f"{p}upcast", f32))
+    reqs.append((True, f"{p}saved", f32))
+    return reqs + ([(False, f"{p}upcast", 0)] if upcast else [])
+
+
+def _chunk_backward(p: str, out: int, f32: int, compiled: bool, upcast: bool) -> list[LossRequest]:
+    """One chunk's backward: the gradient(s) of the loss in fp32, the saved tensor freed, the gradient in the
+    logits' dtype for the output layer, which consumes it."""
+    saved: list[LossRequest] = [(False, f"{p}saved", 0)] if (upcast or not compiled) else []
+    if compiled:
+        reqs: list[LossRequest] = [(True, f"{p}grad", f32), *saved]
+    else:
+        reqs = [(True, f"{p}grad.out", f32), (True, f"{p}grad", f32), (False, f"{p}grad.out", 0), *saved]
+    if upcast:
+        reqs += [(True, f"{p}grad.logits", out), (False, f"{p}grad", 0), (False, f"{p}grad.logits", 0)]
+    else:
+        reqs.append((False, f"{p}grad", 0))
+    return reqs

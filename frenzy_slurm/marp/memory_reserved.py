@@ -95,23 +95,24 @@ def _reserved_excess(tensors: list[tuple[float, float]], cfg: allocator.Allocato
     return j.memo.get("reserved_excess", key, lambda: allocator.reserved_excess(key[0], cfg))
 
 
-def length_change_cache(j: Job, peak: Moment, metric: Metric) -> float:
-    """Reserved bytes a shorter step's freed blocks keep cached when a step at the longest length comes (model.yaml's
-    `data.lengths: variable`; marp/allocator_requests.length_change_fraction replays a median-length step before the
-    longest), a fraction of the peak's saved activations. They show in the reserved reading and in nvidia-smi, but
+def length_change_cache(j: Job, peak: Moment, metric: Metric, last: bool = True) -> float:
+    """Reserved bytes that shorter steps' freed blocks keep cached when steps of the longest length come (model.yaml's
+    `data.lengths: variable`; marp/allocator_steps.variable_length_excess replays a run of steps of the stated
+    lengths, two layers' saved tensors and, on the last stage, the loss's): a fraction of the peak's saved
+    activations plus, on the last stage, the loss's own. They show in the reserved reading and in nvidia-smi, but
     the allocator frees cached blocks and retries before it reports out of memory, so they decide no fit
     (MemoryEstimate.needed leaves them out)."""
     w = j.w
     if metric == "allocated" or not w.alloc.caching_allocator or w.median_seq_len is None:
         return 0.0
-    if w.median_seq_len >= w.seq_len:
+    if w.median_seq_len >= w.seq_len and w.length_mean is None:
         return 0.0
     # the replayer is imported only for variable lengths: it adds about 4 ms to every fsbatch --dry-run otherwise
-    from frenzy_slurm.marp.allocator_requests import length_change_fraction
+    from frenzy_slurm.marp.allocator_steps import variable_length_excess
 
     plan = j.plan
     settings = "expandable_segments:True" if w.alloc.expandable_segments else ""
-    fraction = length_change_fraction(
-        w, plan.tp, plan.sequence_parallel, plan.recompute, plan.micro_batch, plan.cp, w.median_seq_len, j.amp, settings
+    fraction, loss = variable_length_excess(
+        w, plan.tp, plan.sequence_parallel, plan.recompute, plan.micro_batch, plan.cp, j.amp, settings
     )
-    return fraction * peak.activations
+    return max(0.0, fraction * peak.activations + (loss if last else 0.0))

@@ -187,8 +187,12 @@ class Workload:
     comm: Communication = Communication()
     alloc: AllocatorPolicy = AllocatorPolicy()
     # variable sequence lengths (model.yaml's data block): a typical step's length beside seq_len, the longest; the
-    # caching allocator keeps the shorter step's blocks when the longest comes (memory_reserved.length_change_excess)
+    # caching allocator keeps the shorter step's blocks when the longest comes (memory_reserved.length_change_cache)
     median_seq_len: int | None = None
+    # the samples' lengths before truncation as model.yaml's data block states them (mean and standard deviation, in
+    # tokens): the replayed steps' lengths are drawn from them (marp/allocator_steps.py)
+    length_mean: float | None = None
+    length_sd: float | None = None
     # llm.c's layout (framework llm.c): its buffers, not PyTorch's tensors, make the memory (marp/llmc.py)
     llmc: LlmcLayout | None = None
     # an encoder-decoder model's decoder (target) tokens per sample; seq_len is then the encoder's input length
