@@ -1,7 +1,7 @@
 """The allocation requests of one real training step on the CPU, by phase, next to MARP's generated ones.
 
     python benchmarks/step_requests_cpu.py [--point torch-llama-1gpu] [--recompute full] [--micro-batch N]
-        [--seq-len N] [--show]                                                      # seconds on 1 core
+        [--seq-len N] [--dtype bf16-mixed|bf16-pure] [--show]                       # seconds on 1 core
     python benchmarks/step_requests_cpu.py --point hf-trainer-llama-1gpu
     python benchmarks/step_requests_cpu.py --point ds-llama-1gpu                   # also ds-gpt2-1gpu, -full
 
@@ -16,7 +16,10 @@ its allocation to its free; a free of a block allocated before the step (an opti
 the size of its allocation.
 
 `--recompute full` runs the point with the built-in model's per-block checkpointing (torch.utils.checkpoint, as the
-grid's trainers do), `--micro-batch` / `--seq-len` at another shape. `--point hf-trainer-llama-1gpu` runs the grid's
+grid's trainers do), `--micro-batch` / `--seq-len` at another shape. `--dtype bf16-mixed` runs the plain loop's
+forward and loss under `torch.autocast("cpu", dtype=torch.bfloat16)` over fp32 weights (the CPU's autocast stands
+for CUDA's: marp/step_dtypes.py), `--dtype bf16-pure` the model in bf16 (`model.to(torch.bfloat16)`, AdamW on bf16
+states); both with oneDNN off, whose 16-bit matmul takes a scratchpad per call that CUDA's cuBLAS does not. `--point hf-trainer-llama-1gpu` runs the grid's
 Hugging Face Trainer instead (`record_hf_step`), and generates with the "hf" model code and the fused AdamW. The
 one-rank DeepSpeed points (`ds-*-1gpu`, ZeRO-0) run the built-in model in the grid's engine (`engine.backward`,
 `engine.step`), with every thread's frees counted (gloo's thread may let go of the reduced bucket).
@@ -50,14 +53,22 @@ def grid_point(name: str) -> dict[str, Any]:
     return next(p for p in points if p["name"] == name)
 
 
-def variant(point: dict[str, Any], recompute: str = "", micro_batch: int = 0, seq_len: int = 0) -> dict[str, Any]:
-    """The grid point with its training's activation checkpointing, micro-batch or sequence length changed (the
-    others as they are); its name says what changed."""
+def variant(
+    point: dict[str, Any], recompute: str = "", micro_batch: int = 0, seq_len: int = 0, precision: str = ""
+) -> dict[str, Any]:
+    """The grid point with its training's activation checkpointing, micro-batch, sequence length or precision
+    changed (the others as they are); its name says what changed."""
     out = json.loads(json.dumps(point))
     training = out["spec"]["training"]
     if micro_batch:  # (the global batch grows with it: the same number of micro-batches)
         training["global_batch"] = training["global_batch"] // training["micro_batch"] * micro_batch
-    for key, value in (("activation_checkpointing", recompute), ("micro_batch", micro_batch), ("seq_len", seq_len)):
+    changes = (
+        ("activation_checkpointing", recompute),
+        ("micro_batch", micro_batch),
+        ("seq_len", seq_len),
+        ("precision", precision),
+    )
+    for key, value in changes:
         if value:
             training[key] = value
             out["name"] += f"+{key}={value}"
@@ -106,10 +117,17 @@ def record_step(point: dict[str, Any]) -> list[Request]:
     # (DeepSpeed's engine on the built-in model: the grid's `builtin` trainer)
     ds = spec["entry"].get("trainer") == "builtin" and spec["parallel"]["sharding"] == "none"
     one_rank = {r["rank"] for r in point["ranks"]} == {0}
-    if not one_rank or (spec["entry"].get("framework") != "torch" and not ds) or recompute not in ("none", "full"):
+    precision = training["precision"]
+    if (
+        not one_rank
+        or (spec["entry"].get("framework") != "torch" and not ds)
+        or recompute not in ("none", "full")
+        or precision not in ("fp32", "bf16-mixed", "bf16-pure")
+        or (ds and precision != "fp32")
+    ):
         raise ValueError(
-            f"{point['name']}: the recorder runs the grid's plain torch loop or DeepSpeed ZeRO-0 on one rank, no or "
-            "full checkpointing"
+            f"{point['name']}: the recorder runs the grid's plain torch loop (fp32, bf16 autocast or pure bf16) or "
+            "DeepSpeed ZeRO-0 (fp32) on one rank, no or full checkpointing"
         )
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -117,6 +135,11 @@ def record_step(point: dict[str, Any]) -> list[Request]:
     mb, seq = training["micro_batch"], training["seq_len"]
     # (the grid's torch trainer: `GPT(arch, checkpoint=...)`, torch.utils.checkpoint per block, non-reentrant)
     model = GPT(arch, checkpoint=recompute == "full", attention=training["attention"])
+    if precision == "bf16-pure":  # (bf16 weights, gradients and AdamW states: model.to(torch.bfloat16))
+        model = model.to(torch.bfloat16)
+    # bf16-mixed: fp32 weights, the forward and the loss under autocast (the CPU's stands for CUDA's: the same
+    # weight cache, cleared when the region exits; the backward runs outside it)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
     engine = _deepspeed_engine(point, model) if ds else None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if engine is None else None  # (the grid's torch trainer)
     gen = torch.Generator().manual_seed(0)
@@ -146,9 +169,10 @@ def record_step(point: dict[str, Any]) -> list[Request]:
         x = torch.randint(0, arch.vocab, (mb, seq), generator=gen)
         y = torch.roll(x, -1, 1)
         enter(f"s{n}.forward")
-        logits = model(x) if engine is None else engine(x)
-        loss = lm_loss(logits, y)
-        del logits
+        with autocast:
+            logits = model(x) if engine is None else engine(x)
+            loss = lm_loss(logits, y)
+            del logits
         leave()
         with record_function(f"s{n}.backward"):
             if engine is None:
@@ -163,9 +187,16 @@ def record_step(point: dict[str, Any]) -> list[Request]:
             else:
                 engine.step()
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
-        for n in range(STEPS):
-            step(n)
+    # (oneDNN's 16-bit matrix products take a scratchpad from the allocator in every call; with it off the CPU's
+    # own GEMM takes none, as on CUDA, where cuBLAS's workspace is taken once per handle, outside the step)
+    mkldnn = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = mkldnn and precision == "fp32"
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+            for n in range(STEPS):
+                step(n)
+    finally:
+        torch.backends.mkldnn.enabled = mkldnn
     return requests_of(trace_events(prof), f"s{STEPS - 1}.")
 
 
@@ -356,11 +387,14 @@ def main() -> int:
     ap.add_argument("--recompute", default="", help="the point with this activation checkpointing (none, full)")
     ap.add_argument("--micro-batch", type=int, default=0, help="the point with this micro-batch")
     ap.add_argument("--seq-len", type=int, default=0, help="the point with this sequence length")
+    ap.add_argument(
+        "--dtype", default="", help="the point with this precision: bf16-mixed (autocast over fp32 weights), bf16-pure"
+    )
     args = ap.parse_args()
     from frenzy_slurm.eval.grid import workload_of
     from frenzy_slurm.marp.step_requests import PHASES, compare, replay_peaks
 
-    point = variant(grid_point(args.point), args.recompute, args.micro_batch, args.seq_len)
+    point = variant(grid_point(args.point), args.recompute, args.micro_batch, args.seq_len, args.dtype)
     recorded = record(point)
     w, plan = workload_of(point)
     generated = generate(point)

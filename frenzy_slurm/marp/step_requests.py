@@ -43,11 +43,20 @@ DeepSpeed ZeRO-0 on one rank (the built-in model in its engine, torch's AdamW as
 one request pair to the end of the backward: `engine.backward` all-reduces the gradients through flat buckets
 (`_allreduce_buckets`), even on one rank.
 
+In 16 bits (marp/step_dtypes.py owns the dtypes): under bf16 autocast over fp32 weights each linear's weight is
+cast to bf16 (cached for the forward, saved by the product; its backward makes the fp32 gradient from the product's
+bf16 one) and its fp32 input cast afresh for every linear that reads it; the residual stream stays fp32 (an fp32
+residual plus a bf16 projection, on the CPU through an fp32 copy of the projection) and hands the backward's
+gradient to the projection as a new bf16 cast. With bf16 weights everything is bf16 but RMSNorm's composite, which
+upcasts its input (saving the fp32 copy, not the input) and casts its result back. RoPE's tables are made in fp32
+and cast; SDPA's CPU kernel adds its reduced-precision block copies; the loss upcasts the logits.
+
 Scope: the built-in model's blocks (frenzy_slurm/models/gpt.py: RMSNorm or LayerNorm, q/k/v projections, RoPE
 or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says, a tied or untied head) under a
 plain torch loop on one rank, fp32, no or full checkpointing (of every block), no dropout, full training: the CPU
-grid's `torch` points, and those with full recomputation; and the Trainer's transformers Llama on one process, fp32,
-no checkpointing (`hf-trainer-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank (`ds-llama-1gpu`, `ds-gpt2-1gpu`,
+grid's `torch` points, and those with full recomputation; in bf16 (autocast or bf16 weights) the built-in RMSNorm
+model without biases, no checkpointing; and the Trainer's transformers Llama on one process, fp32, no checkpointing
+(`hf-trainer-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank (`ds-llama-1gpu`, `ds-gpt2-1gpu`,
 `ds-llama-1gpu-full`).
 Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
 model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
@@ -68,10 +77,18 @@ from typing import Literal
 
 from frenzy_slurm.marp.allocator_replay import Event, alloc, free, replay
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
+from frenzy_slurm.marp.step_dtypes import (
+    StepDtypes,
+    promoted,
+    promotion_temporary,
+    sdpa_reduced_scratch,
+    step_dtypes,
+)
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 RNG_STATE_BYTES = 5056  # torch.get_rng_state() of the CPU generator (at::CPUGeneratorImpl's state; measured)
 SELF = "@out"  # in an op's `saves`: its own output
+FP32_STEP = StepDtypes()
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,7 @@ class _Op:
     view_grads: bool = False  # the input gradients it makes are views (a linear on 3-d input: mm on a flattening)
     bscratch: int = 1  # how many backward workspaces of `scratch[1]` bytes it makes
     bscratch_last: bool = False  # its backward makes its workspace after its input gradients (a kernel's buffer)
+    scratch2: tuple[int, int] = (0, 0)  # a second workspace (forward, backward), made after the first, gone before it
 
 
 @dataclass
@@ -150,6 +168,7 @@ class _Graph:
         view_grads: bool = False,
         bscratch: int = 1,
         bscratch_last: bool = False,
+        scratch2: tuple[float, float] = (0, 0),
     ) -> str:
         """Appends an op of the current block and phase; returns its output's key (`SELF` in `saves` names it).
         Parameter names are made the op's own (`name@op`), unless they name another op's already."""
@@ -177,6 +196,7 @@ class _Graph:
             view_grads=view_grads,
             bscratch=bscratch,
             bscratch_last=bscratch_last,
+            scratch2=(int(scratch2[0]), int(scratch2[1])),
         )
         self.ops.append(op)
         if self.checkpoint:
@@ -203,8 +223,16 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         reasons.append(
             f"framework {w.framework}" + (f" ZeRO-{plan.zero}, pp {plan.pp}" if plan.zero or plan.pp > 1 else "")
         )
-    if w.precision != "fp32":
+    if w.precision not in ("fp32", "bf16-mixed", "bf16-pure"):
         reasons.append(f"precision {w.precision}")
+    elif w.precision != "fp32" and (
+        code != "frenzy"
+        or w.framework != "torch"
+        or plan.recompute != "none"
+        or a.norm != "rmsnorm"
+        or a.bias != "none"
+    ):
+        reasons.append(f"precision {w.precision} beyond the built-in RMSNorm model without biases in a plain loop")
     if w.method != "full":
         reasons.append(f"method {w.method}")
     if plan.recompute not in ("none", "full"):
@@ -223,24 +251,29 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         raise ValueError(
             "step_requests generates the built-in model's step under a plain torch loop or DeepSpeed ZeRO-0, or "
             "transformers' Llama under its Trainer, on one rank (fp32, full training, SDPA, no dropout; the built-in "
-            f"model with no or full checkpointing); not yet: {', '.join(reasons)}"
+            "model with no or full checkpointing, and in bf16 autocast or bf16 weights without checkpointing); "
+            f"not yet: {', '.join(reasons)}"
         )
 
 
 def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -> str:
     """RMSNorm as the CPU composite runs it (square, mean, rsqrt, x * rstd, * weight), or LayerNorm's kernel
-    (output; mean and rstd saved); both save the input."""
+    (output; mean and rstd saved); both save the input. `e`: the weight's bytes per element. RMSNorm's composite
+    (`_fused_rms_norm`, torch 2.13) computes in fp32: a 16-bit input is upcast first (the copy is what it saves, not
+    the input) and the fp32 result cast back to the input's dtype."""
     h = w.arch.hidden
     if w.arch.norm == "rmsnorm":
+        n = 4 * h * tokens
+        narrow = g.sizes[x] < n
+        x = g.op("upcast", [x], n, grads=(x,)) if narrow else x
         # (pow's backward: x.pow(1), times 2, then times the gradient)
-        sq = g.op("pow", [x], e * h * tokens, grads=(x,), saves=(x,), scratch=(0, e * h * tokens), bscratch=2)
-        mean = g.op("mean", [sq], e * tokens, grads=(sq,))
+        sq = g.op("pow", [x], n, grads=(x,), saves=(x,), scratch=(0, n), bscratch=2)
+        mean = g.op("mean", [sq], 4 * tokens, grads=(sq,))
         # (at::rms_norm's composite: the square and its mean are temporaries of one expression, freed after it)
-        rstd = g.op("rsqrt", [mean], e * tokens, grads=(mean,), saves=(SELF,), holds=(sq,))
-        xhat = g.op("xhat", [x, rstd], e * h * tokens, grads=(x, rstd), reduce=(rstd,), saves=(x, rstd))
-        return g.op(
-            "scale", [xhat], e * h * tokens, grads=(xhat,), saves=(xhat,), params=(("norm", e * h),), elementwise=True
-        )
+        rstd = g.op("rsqrt", [mean], 4 * tokens, grads=(mean,), saves=(SELF,), holds=(sq,))
+        xhat = g.op("xhat", [x, rstd], n, grads=(x, rstd), reduce=(rstd,), saves=(x, rstd))
+        y = g.op("scale", [xhat], n, grads=(xhat,), saves=(xhat,), params=(("norm", e * h),), elementwise=True)
+        return g.op("downcast", [y], e * h * tokens, grads=(y,)) if narrow else y
     # (its backward, aten/src/ATen/native/cpu/layer_norm_kernel.cpp, torch 2.13: dX, dgamma and dbeta, then a
     # per-thread buffer of both parameters' partial sums)
     y = g.op(
@@ -259,12 +292,41 @@ def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -
     return y
 
 
-def _linear(g: _Graph, name: str, x: str, n_in: int, n_out: int, tokens: int, e: float, bias: bool) -> str:
-    params = ((name, int(e * n_in * n_out)),) + (((name + ".bias", int(e * n_out)),) if bias else ())
+def _linear(
+    g: _Graph, name: str, x: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes, bias: bool, param: str = ""
+) -> str:
+    """nn.Linear (`param`: its weight's name where another op's, a tied head's); under autocast
+    (`_autocast_linear`) on 16-bit casts of its weight and its fp32 input."""
+    e = dt.param
+    params = ((param or name, int(e * n_in * n_out)),) + (((name + ".bias", int(e * n_out)),) if bias else ())
+    if dt.autocast:
+        return _autocast_linear(g, name, x, n_in, n_out, tokens, dt, params)
     # (its input's gradient is mm's 2-d output viewed as 3-d: a second gradient is added out of place. Without a
     # bias MmBackward0 writes the weight's gradient first, with one AddmmBackward0 the input's: as the CPU step's
     # profile shows)
     return g.op(name, [x], e * n_out * tokens, grads=(x,), saves=(x,), params=params, view_grads=True, params_last=bias)
+
+
+def _autocast_linear(
+    g: _Graph, name: str, x: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes, params: Sequence[tuple[str, int]]
+) -> str:
+    """A linear under autocast (marp/step_dtypes.py): its weight cast to 16 bits (cached for the forward, the
+    weight's gradient made by the cast's backward in fp32 from the product's 16-bit one), then its input where fp32
+    (a new cast for every linear that reads it); the product saves both casts and makes the weight's gradient
+    first (no bias), then the input's. (Biases under autocast are out of scope: `_check_scope`.)"""
+    weight = g.op("wcast_" + name, [], dt.low * n_in * n_out, params=params)
+    low = dt.low * n_in * tokens
+    xc = x if g.sizes[g.storage(x)] <= low else g.op("xcast_" + name, [x], low, grads=(x,))
+    # (the caller's argument `x` is bound until the linear returns)
+    return g.op(
+        name,
+        [xc, weight],
+        dt.low * n_out * tokens,
+        grads=(weight, xc),
+        saves=(weight, xc),
+        view_grads=True,
+        holds=(x,),
+    )
 
 
 def _rope(
@@ -275,8 +337,11 @@ def _rope(
     a = w.arch
     table = a.head_dim // 2 * w.seq_len
     angles = g.op("angles" + tag, [], 4 * table)  # (fp32 outer product, freed when the call returns)
-    cos = g.op("cos" + tag, [angles], e * table)
-    sin = g.op("sin" + tag, [angles], e * table, holds=(angles,))
+    # (`ang.cos().to(x.dtype)`: fp32, then a 16-bit copy where x is 16-bit)
+    cos = g.op("cos" + tag, [angles], 4 * table)
+    cos = g.op("cos16" + tag, [cos], e * table) if e < 4 else cos
+    sin = g.op("sin" + tag, [angles], 4 * table, holds=(angles,))
+    sin = g.op("sin16" + tag, [sin], e * table) if e < 4 else sin
     half = e * width / 2 * tokens
     # x1, x2 = x[..., 0::2], x[..., 1::2]: views, whose gradients are scattered into a zeroed full-size tensor
     x1 = g.op("even" + tag, [x], half, grads=(x,), view=True)
@@ -294,67 +359,97 @@ def _rope(
     return out
 
 
-def _sdpa_scratch(w: Workload, threads: int) -> tuple[int, int]:
+def _sdpa_scratch(w: Workload, threads: int, dt: StepDtypes = FP32_STEP) -> tuple[tuple[int, int], tuple[int, int]]:
     """(forward, backward) workspace of SDPA's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
     torch 2.13), per thread in fp32: forward the q-block x kv-block scores, a row max and sum per q row and the
     q-block's output accumulator; backward the block's probabilities and their gradient. The q block is 256 rows
-    from 768 queries, 64 from 192, else 32; the kv block 512 keys, at most the sequence. (fp32 inputs: a 16-bit
-    run adds reduced-precision copies, not generated.)"""
+    from 768 queries, 64 from 192, else 32; the kv block 512 keys, at most the sequence. Second: a 16-bit run's
+    reduced-precision copies of the block (step_dtypes.sdpa_reduced_scratch). None on CUDA."""
     s, d = w.seq_len, w.arch.head_dim
     qs = 256 if s >= 768 else 64 if s >= 192 else 32
     kvs = min(512, s)
-    return threads * 4 * (qs * kvs + 2 * qs + qs * d), threads * 4 * 2 * qs * kvs
+    if dt.device != "cpu":
+        return (0, 0), (0, 0)
+    fp32 = (threads * 4 * (qs * kvs + 2 * qs + qs * d), threads * 4 * 2 * qs * kvs)
+    return fp32, sdpa_reduced_scratch(dt, qs, kvs, threads)
 
 
-def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -> str:
+def _block(g: _Graph, w: Workload, x: str, tokens: int, dt: StepDtypes, threads: int) -> str:
+    """One of the built-in model's blocks (frenzy_slurm/models/gpt.py Block.forward). The residual stream is in the
+    weights' dtype; the projections, RoPE, the attention and the MLP's activations in `dt.low` (under autocast the
+    products make bf16, and an fp32 residual plus a bf16 projection is fp32)."""
     a = w.arch
     h, kvd, f = a.hidden, a.kv * a.head_dim, a.ffn
+    e, lo = dt.param, dt.low
     qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
-    y = _norm(g, w, x, tokens, e, threads)
-    q = _linear(g, "q", y, h, h, tokens, e, qkv_bias)
-    k = _linear(g, "k", y, h, kvd, tokens, e, qkv_bias)
-    v = _linear(g, "v", y, h, kvd, tokens, e, qkv_bias)
+    x0, y = x, _norm(g, w, x, tokens, e, threads)
+    q = _linear(g, "q", y, h, h, tokens, dt, qkv_bias)
+    k = _linear(g, "k", y, h, kvd, tokens, dt, qkv_bias)
+    v = _linear(g, "v", y, h, kvd, tokens, dt, qkv_bias)
     if a.position == "rope":
         # (the head-major views of the projections: RoPE's gradient comes back head-major, and viewing it as
         # (tokens, width) again copies it)
-        qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
-        kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
+        qh = g.op("heads_q", [q], lo * h * tokens, grads=(q,), view=True)
+        kh = g.op("heads_k", [k], lo * kvd * tokens, grads=(k,), view=True)
         # (`q, k = _rope(q), _rope(k)`: the projections are let go once both calls have returned)
-        q, k = _rope(g, w, qh, h, tokens, e, "q"), _rope(g, w, kh, kvd, tokens, e, "k", holds=(k, q))
+        q, k = _rope(g, w, qh, h, tokens, lo, "q"), _rope(g, w, kh, kvd, tokens, lo, "k", holds=(k, q))
     # SDPA's CPU flash kernel: output and per-row log-sum-exp (fp32) saved, with q, k and v; its backward zeroes
-    # the gradients of q, k and v, then takes its buffer
-    sdpa = _sdpa_scratch(w, threads)
-    att = g.op("sdpa", [q, k, v], e * h * tokens, grads=(q, k, v), scratch=(0, sdpa[1]), bscratch_last=True)
-    lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))  # (the buffer after both outputs)
+    # the gradients of q, k and v, then takes its buffer (and in 16 bits its reduced copies)
+    sdpa, reduced = _sdpa_scratch(w, threads, dt)
+    att = g.op(
+        "sdpa",
+        [q, k, v],
+        lo * h * tokens,
+        grads=(q, k, v),
+        scratch=(0, sdpa[1]),
+        bscratch_last=True,
+        scratch2=(0, reduced[1]),
+    )
+    # (the buffer after both outputs)
+    lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0), scratch2=(reduced[0], 0))
     g.ops[-2] = replace(g.ops[-2], saves=(q, k, v, att, lse))  # (the kernel makes both; its backward reads both)
     o_in = att
     if a.position == "rope" and w.activations.unfused_rope:
         # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the transpose back
         # to (tokens, hidden) copies it (memory_activations' o_proj term); otherwise it is a view
-        o_in = g.op("transpose", [att], e * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
-    o = _linear(g, "o", o_in, h, h, tokens, e, all_bias)
-    x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
+        o_in = g.op("transpose", [att], lo * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
+    o = _linear(g, "o", o_in, h, h, tokens, dt, all_bias)
+    x = _residual(g, "residual1", x, o, h * tokens, dt)
     y1, y = y, _norm(g, w, x, tokens, e, threads)
     g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, y1))  # (`h = self.norm2(x)` rebinds the first)
     if a.gated:
-        gate = _linear(g, "gate", y, h, f, tokens, e, False)
-        act = g.op("silu", [gate], e * f * tokens, grads=(gate,), saves=(gate,))
-        up = _linear(g, "up", y, h, f, tokens, e, all_bias)
-        m = g.op("product", [act, up], e * f * tokens, grads=(act, up), saves=(act, up))
+        gate = _linear(g, "gate", y, h, f, tokens, dt, False)
+        act = g.op("silu", [gate], lo * f * tokens, grads=(gate,), saves=(gate,))
+        up = _linear(g, "up", y, h, f, tokens, dt, all_bias)
+        m = g.op("product", [act, up], lo * f * tokens, grads=(act, up), saves=(act, up))
     else:
-        up = _linear(g, "up", y, h, f, tokens, e, all_bias)
-        m = g.op("gelu", [up], e * f * tokens, grads=(up,), saves=(up,))
-    d = _linear(g, "down", m, f, h, tokens, e, all_bias)
+        up = _linear(g, "up", y, h, f, tokens, dt, all_bias)
+        m = g.op("gelu", [up], lo * f * tokens, grads=(up,), saves=(up,))
+    d = _linear(g, "down", m, f, h, tokens, dt, all_bias)
     # (Block.forward's locals x, h, q, k, v, att, m, let go in that order when it returns: where the block is
-    # checkpointed they are what keeps its tensors alive to its end)
-    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d), holds=(x, y, q, k, v, att, m))
+    # checkpointed they are what keeps its tensors alive to its end; its input, the caller's `x`, goes after)
+    return _residual(g, "residual2", x, d, h * tokens, dt, holds=(x, y, q, k, v, att, m, x0))
 
 
-def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[tuple[str, int]]]:
-    """The step's forward ops, and the parameters (name, bytes) in the model's order."""
+def _residual(g: _Graph, name: str, x: str, o: str, elements: int, dt: StepDtypes, holds: tuple[str, ...] = ()) -> str:
+    """`x + o`: the sum in the wider dtype (on the CPU the narrower input copied to it first, a temporary). Its
+    backward hands its gradient on, as it is, to an input of the sum's dtype, and as a new cast (autograd's engine,
+    `validate_outputs`) to a narrower one."""
+    a, b = g.sizes[x] / elements, g.sizes[o] / elements
+    out = promoted(a, b)
+    temporary = promotion_temporary(dt, a, b, elements)
+    keep = tuple(k for k, n in ((x, a), (o, b)) if n == out)
+    return g.op(name, [x, o], out * elements, grads=(x, o), passthrough=keep, scratch=(temporary, 0), holds=holds)
+
+
+def _graph(
+    w: Workload, plan: ParallelPlan, threads: int, dt: StepDtypes = FP32_STEP
+) -> tuple[_Graph, list[tuple[str, int]]]:
+    """The step's forward ops, and the parameters (name, bytes) in the model's order. The embeddings run in the
+    weights' dtype (autocast leaves them alone)."""
     a = w.arch
     tokens = plan.micro_batch * w.seq_len
-    e = 4.0 if w.precision == "fp32" else 2.0
+    e = dt.param
     g = _Graph()
     x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
     if a.position == "learned":
@@ -371,16 +466,22 @@ def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[
             g.layer, g.checkpoint = -1, False
             g.op("rng_state", [x], RNG_STATE_BYTES, saves=(SELF, x))
         g.layer, g.checkpoint = i, plan.recompute == "full"
-        x = _block(g, w, x, tokens, e, threads)
+        x = _block(g, w, x, tokens, dt, threads)
     g.layer, g.phase, g.checkpoint = -1, "loss", False
     y = _norm(g, w, x, tokens, e, threads)
     # (a tied head's weight gradient is the embedding's: named alike, it is added into it)
     head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
-    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
-    if e != 4.0 or not w.loss.loss_fp32:
+    if dt.autocast:
+        logits = _linear(g, "head", y, a.hidden, a.vocab, tokens, dt, False, param=head[0])
+    else:
+        logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
+    g.ops[-1] = replace(g.ops[-1], holds=(x,))  # (GPT.forward's `x`, the last block's output, to its return)
+    # (the loop binds the model's logits until after the loss; lm_loss's fp32 copy goes when the loss returns)
+    raw = logits
+    if dt.low != 4 or not w.loss.loss_fp32:
         logits = g.op("upcast", [logits], 4 * a.vocab * tokens, grads=(logits,))  # logits.float()
     lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
-    g.op("nll", [lsm], 4, grads=(lsm,), holds=(logits,))
+    g.op("nll", [lsm], 4, grads=(lsm,), holds=(raw,))
     return g, list(dict.fromkeys(p for op in g.ops for p in op.params))
 
 
@@ -408,26 +509,26 @@ def _hf_block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: in
     a = w.arch
     h, kvd = a.hidden, a.kv * a.head_dim
     y = _norm(g, w, x, tokens, e, threads)
-    q = _linear(g, "q", y, h, h, tokens, e, False)
-    k = _linear(g, "k", y, h, kvd, tokens, e, False)
-    v = _linear(g, "v", y, h, kvd, tokens, e, False)
+    q = _linear(g, "q", y, h, h, tokens, FP32_STEP, False)
+    k = _linear(g, "k", y, h, kvd, tokens, FP32_STEP, False)
+    v = _linear(g, "v", y, h, kvd, tokens, FP32_STEP, False)
     qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
     kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
     qr = _hf_rope(g, qh, h, tokens, e, cos, sin, "q")
     kr = _hf_rope(g, kh, kvd, tokens, e, cos, sin, "k")
     g.ops[-1] = replace(g.ops[-1], holds=(q, k))  # (`q, k = apply_rotary_pos_emb(q, k, ...)` rebinds both)
-    sdpa = _sdpa_scratch(w, threads)
+    sdpa, _ = _sdpa_scratch(w, threads)
     att = g.op("sdpa", [qr, kr, v], e * h * tokens, grads=(qr, kr, v), scratch=(0, sdpa[1]), bscratch_last=True)
     lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))
     g.ops[-2] = replace(g.ops[-2], saves=(qr, kr, v, att, lse))
-    o = _linear(g, "o", att, h, h, tokens, e, False)
+    o = _linear(g, "o", att, h, h, tokens, FP32_STEP, False)
     x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
     y = _norm(g, w, x, tokens, e, threads)
-    gate = _linear(g, "gate", y, h, a.ffn, tokens, e, False)
+    gate = _linear(g, "gate", y, h, a.ffn, tokens, FP32_STEP, False)
     act = g.op("silu", [gate], e * a.ffn * tokens, grads=(gate,), saves=(gate,))
-    up = _linear(g, "up", y, h, a.ffn, tokens, e, False)
+    up = _linear(g, "up", y, h, a.ffn, tokens, FP32_STEP, False)
     m = g.op("product", [act, up], e * a.ffn * tokens, grads=(act, up), saves=(act, up))
-    d = _linear(g, "down", m, a.ffn, h, tokens, e, False)
+    d = _linear(g, "down", m, a.ffn, h, tokens, FP32_STEP, False)
     return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
 
 
@@ -514,9 +615,10 @@ def _run(g: _Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: st
         where, layer = g.phase_of[op.out] if phase == "forward" else phase, g.layer_of[op.out]
         if not op.view:
             em.alloc(where, layer, op.out, op.size)
-        if op.scratch[0]:
-            em.alloc(where, layer, op.out + ".scratch", op.scratch[0])
-            em.free(where, layer, op.out + ".scratch")
+        em.alloc(where, layer, op.out + ".scratch", op.scratch[0])
+        em.alloc(where, layer, op.out + ".scratch2", op.scratch2[0])
+        em.free(where, layer, op.out + ".scratch2")
+        em.free(where, layer, op.out + ".scratch")
         # (the temporaries first, then what the Python code binds)
         for k in dict.fromkeys(g.storage(k) for k in (*(k for k in op.inputs if k not in op.holds), *op.holds, op.out)):
             if last_read.get(k, n) <= n and k not in saved:
@@ -614,6 +716,8 @@ def _backward_op(
         _param_grads(em, op, layer, grad_of)
     for key in scratch if op.bscratch_last else []:
         em.alloc("backward", layer, key, op.scratch[1])
+    em.alloc("backward", layer, f"{op.out}.bscratch2", op.scratch2[1])  # (its reduced-precision copies)
+    em.free("backward", layer, f"{op.out}.bscratch2")
     for key in scratch:
         em.free("backward", layer, key)
     for k in unpacked:
@@ -711,20 +815,27 @@ def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, s
 
 
 def step_requests(
-    w: Workload, plan: ParallelPlan, step: int = 0, threads: int = 1, code: str = "frenzy", fused_adamw: bool = False
+    w: Workload,
+    plan: ParallelPlan,
+    step: int = 0,
+    threads: int = 1,
+    code: str = "frenzy",
+    fused_adamw: bool = False,
+    device: str = "cpu",
 ) -> list[Request]:
     """One training step's requests, phase by phase (the module docstring); keys carry `step`, so that several
     steps can be replayed one after another; `threads`: the CPU threads SDPA's kernel takes a workspace for;
     `code`: the model code profile (marp/frameworks.py MODEL_CODES: "frenzy", the built-in model; "hf",
     transformers' Llama); `fused_adamw`: the optimizer is torch's fused AdamW (the Trainer's default from
-    transformers 4.54 with torch 2.8: framework_facts.hf_trainer_fused_adamw), else its single-tensor loop.
-    ValueError outside the module's scope."""
+    transformers 4.54 with torch 2.8: framework_facts.hf_trainer_fused_adamw), else its single-tensor loop;
+    `device`: whose kernels ("cpu", as recorded; "cuda" leaves out the CPU kernels' own buffers: SDPA's
+    workspaces, TensorIterator's promotion copies). ValueError outside the module's scope."""
     _check_scope(w, plan, code)
     if code == "hf":
         g = _hf_graph(w, plan, threads)
         params = list(dict.fromkeys(p for op in g.ops for p in op.params))
     else:
-        g, params = _graph(w, plan, threads)
+        g, params = _graph(w, plan, threads, step_dtypes(w.precision, device))
     em = _Emitter(step)
     _forward(g, em)
     grad_of = _backward(g, em)
