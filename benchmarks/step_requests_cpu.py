@@ -19,10 +19,11 @@ the size of its allocation.
 grid's trainers do), `--micro-batch` / `--seq-len` at another shape. `--dtype bf16-mixed` runs the plain loop's
 forward and loss under `torch.autocast("cpu", dtype=torch.bfloat16)` over fp32 weights (the CPU's autocast stands
 for CUDA's: marp/step_dtypes.py), `--dtype bf16-pure` the model in bf16 (`model.to(torch.bfloat16)`, AdamW on bf16
-states); both with oneDNN off, whose 16-bit matmul takes a scratchpad per call that CUDA's cuBLAS does not.
-`--point hf-trainer-llama-1gpu` runs the grid's Hugging Face Trainer instead (`record_hf_step`), and generates with the "hf" model code and the fused AdamW. The
-one-rank DeepSpeed points (`ds-*-1gpu`, ZeRO-0) run the built-in model in the grid's engine (`engine.backward`,
-`engine.step`), with every thread's frees counted (gloo's thread may let go of the reduced bucket).
+states); both with oneDNN off, whose 16-bit matmul takes a scratchpad per call that CUDA's cuBLAS does not. `--point
+hf-trainer-llama-1gpu` runs the grid's Hugging Face Trainer instead (`record_hf_step`), and generates with the "hf"
+model code and the fused AdamW. The one-rank DeepSpeed points (`ds-*-1gpu`, ZeRO-0) run the built-in model in the
+grid's engine (`engine.backward`, `engine.step`), with every thread's frees counted (gloo's thread may let go of the
+reduced bucket).
 
 `--show` prints both sequences side by side per phase; without it, the comparison
 (`frenzy_slurm.marp.step_requests.compare`) and both replays' peaks. tests/test_marp_step_requests.py runs the
