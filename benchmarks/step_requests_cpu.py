@@ -4,6 +4,7 @@
         [--seq-len N] [--dtype bf16-mixed|bf16-pure] [--show]                       # seconds on 1 core
     python benchmarks/step_requests_cpu.py --point hf-trainer-llama-1gpu
     python benchmarks/step_requests_cpu.py --point ds-llama-1gpu                   # also ds-gpt2-1gpu, -full
+    python benchmarks/step_requests_cpu.py --point lora-llama-1gpu  # the grid's PEFT-style LoRA, frozen base
 
 Runs a CPU grid point's plain PyTorch loop (benchmarks/cpu_memory_grid.py's `torch` trainer: the built-in model,
 `frenzy_slurm.models.gpt.GPT`, `lm_loss`, torch's AdamW, `zero_grad(set_to_none=True)`) for three steps under the
@@ -136,6 +137,9 @@ def record_step(point: dict[str, Any]) -> list[Request]:
     mb, seq = training["micro_batch"], training["seq_len"]
     # (the grid's torch trainer: `GPT(arch, checkpoint=...)`, torch.utils.checkpoint per block, non-reentrant)
     model = GPT(arch, checkpoint=recompute == "full", attention=training["attention"])
+    lora = spec["training"].get("lora", {}) if spec["training"].get("method") == "lora" else {}
+    if lora:  # (the grid's PEFT-style adapters on the built-in model: frozen base, A and B trainable)
+        model = _grid()._lora(model, lora["rank"], tuple(lora["targets"]))
     if precision == "bf16-pure":  # (bf16 weights, gradients and AdamW states: model.to(torch.bfloat16))
         model = model.to(torch.bfloat16)
     # bf16-mixed: fp32 weights, the forward and the loss under autocast (the CPU's stands for CUDA's: the same
@@ -199,6 +203,17 @@ def record_step(point: dict[str, Any]) -> list[Request]:
     finally:
         torch.backends.mkldnn.enabled = mkldnn
     return requests_of(trace_events(prof), f"s{STEPS - 1}.")
+
+
+def _grid() -> Any:
+    """benchmarks/cpu_memory_grid.py as a module (its trainers' helpers)."""
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("cpu_memory_grid", ROOT / "benchmarks" / "cpu_memory_grid.py")
+    assert loader and loader.loader
+    grid = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(grid)
+    return grid
 
 
 def _deepspeed_engine(point: dict[str, Any], model: Any) -> Any:

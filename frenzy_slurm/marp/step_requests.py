@@ -51,13 +51,18 @@ gradient to the projection as a new bf16 cast. With bf16 weights everything is b
 upcasts its input (saving the fp32 copy, not the input) and casts its result back. RoPE's tables are made in fp32
 and cast; SDPA's CPU kernel adds its reduced-precision block copies; the loss upcasts the logits.
 
+With LoRA (`method: lora`: the frozen base, adapters on the targeted linears, `_lora`) only what requires grad
+makes a graph: an op none of whose inputs requires grad and with no trainable weight saves nothing and has no
+backward; a frozen linear keeps no input, a frozen norm weight no normalised value; the adapters' dropout saves its
+noise (CPU) and A and B their inputs; AdamW steps the adapters only.
+
 Scope: the built-in model's blocks (frenzy_slurm/models/gpt.py: RMSNorm or LayerNorm, q/k/v projections, RoPE
 or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says, a tied or untied head) under a
 plain torch loop on one rank, fp32, no or full checkpointing (of every block), no dropout, full training: the CPU
-grid's `torch` points, and those with full recomputation; in bf16 (autocast or bf16 weights) the built-in RMSNorm
-model without biases, no checkpointing; and the Trainer's transformers Llama on one process, fp32, no checkpointing
-(`hf-trainer-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank (`ds-llama-1gpu`, `ds-gpt2-1gpu`,
-`ds-llama-1gpu-full`).
+grid's `torch` points, and those with full recomputation; in bf16 (autocast or bf16 weights), or with LoRA in fp32
+(`lora-llama-1gpu`), the built-in RMSNorm model without biases, no checkpointing; and the Trainer's transformers
+Llama on one process, fp32, no checkpointing (`hf-trainer-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank
+(`ds-llama-1gpu`, `ds-gpt2-1gpu`, `ds-llama-1gpu-full`).
 Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
 model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
 token.
@@ -128,6 +133,7 @@ class _Op:
     bscratch: int = 1  # how many backward workspaces of `scratch[1]` bytes it makes
     bscratch_last: bool = False  # its backward makes its workspace after its input gradients (a kernel's buffer)
     scratch2: tuple[int, int] = (0, 0)  # a second workspace (forward, backward), made after the first, gone before it
+    unwanted: tuple[str, ...] = ()  # inputs not requiring grad whose gradient its kernel makes anyway, then drops
 
 
 @dataclass
@@ -144,6 +150,8 @@ class _Graph:
     held: tuple[str, ...] = ()  # what the training loop holds from the forward into the backward's start
     layer: int = -1
     phase: str = "forward"
+    trainable: bool = True  # the parameters of the ops made now get gradients (False: LoRA's frozen base)
+    rg: set[str] = field(default_factory=set)  # the tensors that require grad
 
     def storage(self, k: str) -> str:
         """The tensor whose storage `k` is (itself, or a view's base)."""
@@ -169,12 +177,26 @@ class _Graph:
         bscratch: int = 1,
         bscratch_last: bool = False,
         scratch2: tuple[float, float] = (0, 0),
+        trainable: bool | None = None,
+        all_grads: bool = False,
     ) -> str:
         """Appends an op of the current block and phase; returns its output's key (`SELF` in `saves` names it).
-        Parameter names are made the op's own (`name@op`), unless they name another op's already."""
+        Parameter names are made the op's own (`name@op`), unless they name another op's already. `trainable`
+        (default the graph's): its parameters get gradients. An op none of whose inputs requires grad and which has
+        no trainable parameter is not recorded by autograd: it saves nothing and has no backward; one that is
+        gives gradients only to its inputs that require grad; `all_grads`: its backward kernel makes every input's
+        gradient, wanted or not. (What an op saves only for its parameters' gradients the caller leaves out where
+        they are frozen.)"""
         out = f"{name}.L{self.layer}"
         while out in self.sizes:  # (a second norm in the block)
             out += "'"
+        params = params if (self.trainable if trainable is None else trainable) else ()
+        if any(k in self.rg for k in inputs) or params:
+            self.rg.add(out)
+        else:
+            saves, reduce, passthrough = (), (), ()
+        unwanted = tuple(k for k in grads if k not in self.rg) if all_grads else ()
+        grads = [k for k in grads if k in self.rg or k in unwanted]
         self.sizes[out] = int(size)
         self.layer_of[out] = self.layer
         self.phase_of[out] = self.phase
@@ -197,6 +219,7 @@ class _Graph:
             bscratch=bscratch,
             bscratch_last=bscratch_last,
             scratch2=(int(scratch2[0]), int(scratch2[1])),
+            unwanted=unwanted,
         )
         self.ops.append(op)
         if self.checkpoint:
@@ -204,6 +227,28 @@ class _Graph:
         if view:
             self.base[out] = self.storage(inputs[0])
         return out
+
+
+def _variant_reasons(w: Workload, plan: ParallelPlan, code: str) -> list[str]:
+    """The 16-bit and LoRA steps the generator does not make: both only for the built-in RMSNorm model without
+    biases in a plain torch loop, without checkpointing; LoRA in fp32."""
+    plain = (
+        code == "frenzy"
+        and w.framework == "torch"
+        and plan.recompute == "none"
+        and w.arch.norm == "rmsnorm"
+        and w.arch.bias == "none"
+    )
+    reasons = []
+    if w.precision not in ("fp32", "bf16-mixed", "bf16-pure"):
+        reasons.append(f"precision {w.precision}")
+    elif w.precision != "fp32" and not plain:
+        reasons.append(f"precision {w.precision} beyond the built-in RMSNorm model without biases in a plain loop")
+    if w.method not in ("full", "lora"):
+        reasons.append(f"method {w.method}")
+    elif w.method == "lora" and not (plain and w.precision == "fp32"):
+        reasons.append("method lora beyond the built-in RMSNorm model without biases in a plain loop, fp32")
+    return reasons
 
 
 def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
@@ -223,18 +268,7 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         reasons.append(
             f"framework {w.framework}" + (f" ZeRO-{plan.zero}, pp {plan.pp}" if plan.zero or plan.pp > 1 else "")
         )
-    if w.precision not in ("fp32", "bf16-mixed", "bf16-pure"):
-        reasons.append(f"precision {w.precision}")
-    elif w.precision != "fp32" and (
-        code != "frenzy"
-        or w.framework != "torch"
-        or plan.recompute != "none"
-        or a.norm != "rmsnorm"
-        or a.bias != "none"
-    ):
-        reasons.append(f"precision {w.precision} beyond the built-in RMSNorm model without biases in a plain loop")
-    if w.method != "full":
-        reasons.append(f"method {w.method}")
+    reasons += _variant_reasons(w, plan, code)
     if plan.recompute not in ("none", "full"):
         reasons.append(f"recompute {plan.recompute}")
     elif plan.recompute == "full" and plan.recompute_layers not in (None, w.arch.layers):
@@ -251,7 +285,7 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         raise ValueError(
             "step_requests generates the built-in model's step under a plain torch loop or DeepSpeed ZeRO-0, or "
             "transformers' Llama under its Trainer, on one rank (fp32, full training, SDPA, no dropout; the built-in "
-            "model with no or full checkpointing, and in bf16 autocast or bf16 weights without checkpointing); "
+            "model with no or full checkpointing, and in bf16 autocast, bf16 weights or LoRA without checkpointing); "
             f"not yet: {', '.join(reasons)}"
         )
 
@@ -272,7 +306,9 @@ def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -
         # (at::rms_norm's composite: the square and its mean are temporaries of one expression, freed after it)
         rstd = g.op("rsqrt", [mean], 4 * tokens, grads=(mean,), saves=(SELF,), holds=(sq,))
         xhat = g.op("xhat", [x, rstd], n, grads=(x, rstd), reduce=(rstd,), saves=(x, rstd))
-        y = g.op("scale", [xhat], n, grads=(xhat,), saves=(xhat,), params=(("norm", e * h),), elementwise=True)
+        # (xhat is kept only for the weight's gradient: not where the weight is frozen)
+        keep = (xhat,) if g.trainable else ()
+        y = g.op("scale", [xhat], n, grads=(xhat,), saves=keep, params=(("norm", e * h),), elementwise=True)
         return g.op("downcast", [y], e * h * tokens, grads=(y,)) if narrow else y
     # (its backward, aten/src/ATen/native/cpu/layer_norm_kernel.cpp, torch 2.13: dX, dgamma and dbeta, then a
     # per-thread buffer of both parameters' partial sums)
@@ -301,6 +337,8 @@ def _linear(
     params = ((param or name, int(e * n_in * n_out)),) + (((name + ".bias", int(e * n_out)),) if bias else ())
     if dt.autocast:
         return _autocast_linear(g, name, x, n_in, n_out, tokens, dt, params)
+    if not g.trainable:  # (a frozen weight: the product keeps only the weight, for its input's gradient)
+        return g.op(name, [x], e * n_out * tokens, grads=(x,), view_grads=True)
     # (its input's gradient is mm's 2-d output viewed as 3-d: a second gradient is added out of place. Without a
     # bias MmBackward0 writes the weight's gradient first, with one AddmmBackward0 the input's: as the CPU step's
     # profile shows)
@@ -383,9 +421,9 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, dt: StepDtypes, threads:
     e, lo = dt.param, dt.low
     qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
     x0, y = x, _norm(g, w, x, tokens, e, threads)
-    q = _linear(g, "q", y, h, h, tokens, dt, qkv_bias)
-    k = _linear(g, "k", y, h, kvd, tokens, dt, qkv_bias)
-    v = _linear(g, "v", y, h, kvd, tokens, dt, qkv_bias)
+    q = _adapted(g, w, "q", y, h, h, tokens, dt, qkv_bias)
+    k = _adapted(g, w, "k", y, h, kvd, tokens, dt, qkv_bias)
+    v = _adapted(g, w, "v", y, h, kvd, tokens, dt, qkv_bias)
     if a.position == "rope":
         # (the head-major views of the projections: RoPE's gradient comes back head-major, and viewing it as
         # (tokens, width) again copies it)
@@ -404,6 +442,7 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, dt: StepDtypes, threads:
         scratch=(0, sdpa[1]),
         bscratch_last=True,
         scratch2=(0, reduced[1]),
+        all_grads=True,  # (the kernel zeroes q's, k's and v's gradients whichever are wanted)
     )
     # (the buffer after both outputs)
     lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0), scratch2=(reduced[0], 0))
@@ -413,22 +452,55 @@ def _block(g: _Graph, w: Workload, x: str, tokens: int, dt: StepDtypes, threads:
         # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the transpose back
         # to (tokens, hidden) copies it (memory_activations' o_proj term); otherwise it is a view
         o_in = g.op("transpose", [att], lo * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
-    o = _linear(g, "o", o_in, h, h, tokens, dt, all_bias)
+    o = _adapted(g, w, "o", o_in, h, h, tokens, dt, all_bias)
     x = _residual(g, "residual1", x, o, h * tokens, dt)
     y1, y = y, _norm(g, w, x, tokens, e, threads)
     g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, y1))  # (`h = self.norm2(x)` rebinds the first)
     if a.gated:
-        gate = _linear(g, "gate", y, h, f, tokens, dt, False)
+        gate = _adapted(g, w, "gate", y, h, f, tokens, dt, False)
         act = g.op("silu", [gate], lo * f * tokens, grads=(gate,), saves=(gate,))
-        up = _linear(g, "up", y, h, f, tokens, dt, all_bias)
+        up = _adapted(g, w, "up", y, h, f, tokens, dt, all_bias)
         m = g.op("product", [act, up], lo * f * tokens, grads=(act, up), saves=(act, up))
     else:
-        up = _linear(g, "up", y, h, f, tokens, dt, all_bias)
+        up = _adapted(g, w, "up", y, h, f, tokens, dt, all_bias)
         m = g.op("gelu", [up], lo * f * tokens, grads=(up,), saves=(up,))
-    d = _linear(g, "down", m, f, h, tokens, dt, all_bias)
+    d = _adapted(g, w, "down", m, f, h, tokens, dt, all_bias)
     # (Block.forward's locals x, h, q, k, v, att, m, let go in that order when it returns: where the block is
     # checkpointed they are what keeps its tensors alive to its end; its input, the caller's `x`, goes after)
     return _residual(g, "residual2", x, d, h * tokens, dt, holds=(x, y, q, k, v, att, m, x0))
+
+
+def _adapted(
+    g: _Graph, w: Workload, name: str, x: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes, bias: bool
+) -> str:
+    """A block's linear, with LoRA's adapter where model.yaml targets it (`_lora`)."""
+    base = _linear(g, name, x, n_in, n_out, tokens, dt, bias)
+    if w.method != "lora" or name not in w.adapters.lora_targets:
+        return base
+    return _lora(g, w, name, x, base, n_in, n_out, tokens, dt)
+
+
+def _lora(
+    g: _Graph, w: Workload, name: str, x: str, base: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes
+) -> str:
+    """LoRA's adapter beside a frozen linear (`base(x) + B(A(dropout(x))) * scaling`: peft 0.21's
+    tuners/lora/layer.py Linear.forward, the CPU grid's PEFT-style adapter): dropout on the adapter's input, A
+    (n_in -> rank) and B (rank -> n_out) trainable, each saving its input for its weight's gradient, the scaled B
+    output added to the base's. Dropout (torch 2.13 aten/src/ATen/native/Dropout.cpp): on the CPU `_dropout_impl`
+    draws a noise tensor of the input's dtype and multiplies (the product saves the noise); on CUDA the fused
+    `native_dropout` makes a bool mask (1 byte per element)."""
+    e, r = dt.low, w.adapters.lora_rank
+    n = n_in * tokens
+    if w.adapters.lora_dropout:
+        noise = g.op(f"lora_noise_{name}", [], (e if dt.device == "cpu" else 1) * n)
+        x = g.op(f"lora_drop_{name}", [x, noise], e * n, grads=(x,), saves=(noise,))
+    a_params, b_params = ((f"{name}.lora_A", e * n_in * r),), ((f"{name}.lora_B", e * r * n_out),)
+    a = g.op(f"lora_A_{name}", [x], e * r * tokens, grads=(x,), saves=(x,), params=a_params, trainable=True)
+    b = g.op(f"lora_B_{name}", [a], e * n_out * tokens, grads=(a,), saves=(a,), params=b_params, trainable=True)
+    scaled = g.op(f"lora_scale_{name}", [b], e * n_out * tokens, grads=(b,))
+    return g.op(
+        f"lora_sum_{name}", [base, scaled], e * n_out * tokens, grads=(base, scaled), passthrough=(base, scaled)
+    )
 
 
 def _residual(g: _Graph, name: str, x: str, o: str, elements: int, dt: StepDtypes, holds: tuple[str, ...] = ()) -> str:
@@ -450,7 +522,7 @@ def _graph(
     a = w.arch
     tokens = plan.micro_batch * w.seq_len
     e = dt.param
-    g = _Graph()
+    g = _Graph(trainable=w.method == "full")
     x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
     if a.position == "learned":
         positions = g.op("positions", [], 8 * w.seq_len)  # (the arange of positions: int64)
@@ -474,7 +546,8 @@ def _graph(
     if dt.autocast:
         logits = _linear(g, "head", y, a.hidden, a.vocab, tokens, dt, False, param=head[0])
     else:
-        logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
+        # (a frozen head keeps no input)
+        logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,) if g.trainable else (), params=(head,))
     g.ops[-1] = replace(g.ops[-1], holds=(x,))  # (GPT.forward's `x`, the last block's output, to its return)
     # (the loop binds the model's logits until after the loss; lm_loss's fp32 copy goes when the loss returns)
     raw = logits
@@ -709,7 +782,7 @@ def _backward_op(
             em.free("backward", layer, f"{op.out}.reduce.{k}")
         key = f"grad.{k}.from.{op.out}"
         em.alloc("backward", layer, key, g.sizes.get(k, 0))
-        if key in em.live:
+        if key in em.live and k not in op.unwanted:
             gr.refs[key] += 1
             made.append((k, key, op.view_grads))
     if op.params_last:
@@ -720,6 +793,8 @@ def _backward_op(
     em.free("backward", layer, f"{op.out}.bscratch2")
     for key in scratch:
         em.free("backward", layer, key)
+    for k in op.unwanted:  # (dropped as the function returns)
+        em.free("backward", layer, f"grad.{k}.from.{op.out}")
     for k in unpacked:
         em.free("backward", layer, k)
     gr.release(layer, out_grad)
