@@ -57,9 +57,9 @@ from frenzy_slurm.eval.grid import workload_of
 from frenzy_slurm.marp.memory_job import job
 from frenzy_slurm.marp.memory_saved import saved_activations
 from frenzy_slurm.marp.params import count_params
+from frenzy_slurm.marp.step_frenzy import RNG_STATE_BYTES
 from frenzy_slurm.marp.step_requests import (
     PHASES,
-    RNG_STATE_BYTES,
     alive_at_forward_end,
     compare,
     replay_peaks,

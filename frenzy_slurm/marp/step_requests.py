@@ -77,23 +77,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from frenzy_slurm.marp.allocator_replay import Event, alloc, free, replay
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
-from frenzy_slurm.marp.step_dtypes import (
-    StepDtypes,
-    promoted,
-    promotion_temporary,
-    sdpa_reduced_scratch,
-    step_dtypes,
-)
+from frenzy_slurm.marp.step_dtypes import step_dtypes
+from frenzy_slurm.marp.step_frenzy import FP32_STEP, RNG_STATE_BYTES, frenzy_graph, linear, norm, sdpa_scratch
+from frenzy_slurm.marp.step_graph import SELF, Graph, Op
 
 PHASES = ("forward", "loss", "backward", "optimizer")
-RNG_STATE_BYTES = 5056  # torch.get_rng_state() of the CPU generator (at::CPUGeneratorImpl's state; measured)
-SELF = "@out"  # in an op's `saves`: its own output
-FP32_STEP = StepDtypes()
 
 
 @dataclass(frozen=True)
@@ -106,127 +99,6 @@ class Request:
     action: Literal["alloc", "free"]
     key: str
     size: int
-
-
-@dataclass(frozen=True)
-class _Op:
-    """One forward op: reads `inputs`, makes `out` (`size` bytes). `saves`: what its backward function keeps;
-    `grads`: the inputs it gives a gradient to; `reduce`: inputs broadcast into the output, whose gradient is an
-    output-sized product summed down (a temporary); `params`: the parameter gradients it makes (bytes); `scratch`:
-    a workspace it allocates and frees while it runs (forward, backward)."""
-
-    name: str
-    inputs: tuple[str, ...]
-    out: str
-    size: int
-    saves: tuple[str, ...] = ()
-    grads: tuple[str, ...] = ()
-    reduce: tuple[str, ...] = ()
-    params: tuple[tuple[str, int], ...] = ()
-    scratch: tuple[int, int] = (0, 0)
-    holds: tuple[str, ...] = ()  # tensors the Python code still binds until this op has run (e.g. `logits`)
-    elementwise: bool = False  # its parameter gradients are reductions of output-sized products, after its input's
-    params_last: bool = False  # its parameter gradients are made after its input's
-    passthrough: tuple[str, ...] = ()  # inputs its backward hands the output's gradient to as it is (an add)
-    view: bool = False  # its output shares its first input's storage: nothing is allocated, the input stays alive
-    view_grads: bool = False  # the input gradients it makes are views (a linear on 3-d input: mm on a flattening)
-    bscratch: int = 1  # how many backward workspaces of `scratch[1]` bytes it makes
-    bscratch_last: bool = False  # its backward makes its workspace after its input gradients (a kernel's buffer)
-    scratch2: tuple[int, int] = (0, 0)  # a second workspace (forward, backward), made after the first, gone before it
-    unwanted: tuple[str, ...] = ()  # inputs not requiring grad whose gradient its kernel makes anyway, then drops
-
-
-@dataclass
-class _Graph:
-    """The step's forward ops with each tensor's size and block."""
-
-    ops: list[_Op] = field(default_factory=list)
-    sizes: dict[str, int] = field(default_factory=dict)
-    layer_of: dict[str, int] = field(default_factory=dict)
-    phase_of: dict[str, str] = field(default_factory=dict)  # op name -> forward phase
-    base: dict[str, str] = field(default_factory=dict)  # view -> the tensor whose storage it shares
-    checkpointed: dict[str, int] = field(default_factory=dict)  # op -> its block, where the block is recomputed
-    checkpoint: bool = False  # the blocks' ops made now are recomputed in backward
-    held: tuple[str, ...] = ()  # what the training loop holds from the forward into the backward's start
-    layer: int = -1
-    phase: str = "forward"
-    trainable: bool = True  # the parameters of the ops made now get gradients (False: LoRA's frozen base)
-    rg: set[str] = field(default_factory=set)  # the tensors that require grad
-
-    def storage(self, k: str) -> str:
-        """The tensor whose storage `k` is (itself, or a view's base)."""
-        return self.base.get(k, k)
-
-    def op(
-        self,
-        name: str,
-        inputs: Sequence[str],
-        size: float,
-        *,
-        saves: Sequence[str] = (),
-        grads: Sequence[str] = (),
-        reduce: Sequence[str] = (),
-        params: Sequence[tuple[str, float]] = (),
-        scratch: tuple[float, float] = (0, 0),
-        holds: Sequence[str] = (),
-        elementwise: bool = False,
-        params_last: bool = False,
-        passthrough: Sequence[str] = (),
-        view: bool = False,
-        view_grads: bool = False,
-        bscratch: int = 1,
-        bscratch_last: bool = False,
-        scratch2: tuple[float, float] = (0, 0),
-        trainable: bool | None = None,
-        all_grads: bool = False,
-    ) -> str:
-        """Appends an op of the current block and phase; returns its output's key (`SELF` in `saves` names it).
-        Parameter names are made the op's own (`name@op`), unless they name another op's already. `trainable`
-        (default the graph's): its parameters get gradients. An op none of whose inputs requires grad and which has
-        no trainable parameter is not recorded by autograd: it saves nothing and has no backward; one that is
-        gives gradients only to its inputs that require grad; `all_grads`: its backward kernel makes every input's
-        gradient, wanted or not. (What an op saves only for its parameters' gradients the caller leaves out where
-        they are frozen.)"""
-        out = f"{name}.L{self.layer}"
-        while out in self.sizes:  # (a second norm in the block)
-            out += "'"
-        params = params if (self.trainable if trainable is None else trainable) else ()
-        if any(k in self.rg for k in inputs) or params:
-            self.rg.add(out)
-        else:
-            saves, reduce, passthrough = (), (), ()
-        unwanted = tuple(k for k in grads if k not in self.rg) if all_grads else ()
-        grads = [k for k in grads if k in self.rg or k in unwanted]
-        self.sizes[out] = int(size)
-        self.layer_of[out] = self.layer
-        self.phase_of[out] = self.phase
-        op = _Op(
-            name=out,
-            inputs=tuple(inputs),
-            out=out,
-            size=int(size),
-            saves=tuple(out if k == SELF else k for k in saves),
-            grads=tuple(grads),
-            reduce=tuple(reduce),
-            params=tuple((p if "@" in p else f"{p}@{out}", int(b)) for p, b in params),
-            scratch=(int(scratch[0]), int(scratch[1])),
-            holds=tuple(holds),
-            elementwise=elementwise,
-            params_last=params_last or elementwise,
-            passthrough=tuple(passthrough),
-            view=view,
-            view_grads=view_grads,
-            bscratch=bscratch,
-            bscratch_last=bscratch_last,
-            scratch2=(int(scratch2[0]), int(scratch2[1])),
-            unwanted=unwanted,
-        )
-        self.ops.append(op)
-        if self.checkpoint:
-            self.checkpointed[out] = self.layer
-        if view:
-            self.base[out] = self.storage(inputs[0])
-        return out
 
 
 def _variant_reasons(w: Workload, plan: ParallelPlan, code: str) -> list[str]:
@@ -290,275 +162,7 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         )
 
 
-def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -> str:
-    """RMSNorm as the CPU composite runs it (square, mean, rsqrt, x * rstd, * weight), or LayerNorm's kernel
-    (output; mean and rstd saved); both save the input. `e`: the weight's bytes per element. RMSNorm's composite
-    (`_fused_rms_norm`, torch 2.13) computes in fp32: a 16-bit input is upcast first (the copy is what it saves, not
-    the input) and the fp32 result cast back to the input's dtype."""
-    h = w.arch.hidden
-    if w.arch.norm == "rmsnorm":
-        n = 4 * h * tokens
-        narrow = g.sizes[x] < n
-        x = g.op("upcast", [x], n, grads=(x,)) if narrow else x
-        # (pow's backward: x.pow(1), times 2, then times the gradient)
-        sq = g.op("pow", [x], n, grads=(x,), saves=(x,), scratch=(0, n), bscratch=2)
-        mean = g.op("mean", [sq], 4 * tokens, grads=(sq,))
-        # (at::rms_norm's composite: the square and its mean are temporaries of one expression, freed after it)
-        rstd = g.op("rsqrt", [mean], 4 * tokens, grads=(mean,), saves=(SELF,), holds=(sq,))
-        xhat = g.op("xhat", [x, rstd], n, grads=(x, rstd), reduce=(rstd,), saves=(x, rstd))
-        # (xhat is kept only for the weight's gradient: not where the weight is frozen)
-        keep = (xhat,) if g.trainable else ()
-        y = g.op("scale", [xhat], n, grads=(xhat,), saves=keep, params=(("norm", e * h),), elementwise=True)
-        return g.op("downcast", [y], e * h * tokens, grads=(y,)) if narrow else y
-    # (its backward, aten/src/ATen/native/cpu/layer_norm_kernel.cpp, torch 2.13: dX, dgamma and dbeta, then a
-    # per-thread buffer of both parameters' partial sums)
-    y = g.op(
-        "layernorm",
-        [x],
-        e * h * tokens,
-        grads=(x,),
-        params=(("norm", e * h), ("norm.bias", e * h)),
-        params_last=True,
-        scratch=(0, threads * 2 * e * h),
-        bscratch_last=True,
-    )
-    mean = g.op("mean", [y], 4 * tokens)  # (the kernel's fp32 row statistics, made with its output)
-    rstd = g.op("rstd", [y], 4 * tokens)
-    g.ops[-3] = replace(g.ops[-3], saves=(x, mean, rstd))
-    return y
-
-
-def _linear(
-    g: _Graph, name: str, x: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes, bias: bool, param: str = ""
-) -> str:
-    """nn.Linear (`param`: its weight's name where another op's, a tied head's); under autocast
-    (`_autocast_linear`) on 16-bit casts of its weight and its fp32 input."""
-    e = dt.param
-    params = ((param or name, int(e * n_in * n_out)),) + (((name + ".bias", int(e * n_out)),) if bias else ())
-    if dt.autocast:
-        return _autocast_linear(g, name, x, n_in, n_out, tokens, dt, params)
-    if not g.trainable:  # (a frozen weight: the product keeps only the weight, for its input's gradient)
-        return g.op(name, [x], e * n_out * tokens, grads=(x,), view_grads=True)
-    # (its input's gradient is mm's 2-d output viewed as 3-d: a second gradient is added out of place. Without a
-    # bias MmBackward0 writes the weight's gradient first, with one AddmmBackward0 the input's: as the CPU step's
-    # profile shows)
-    return g.op(name, [x], e * n_out * tokens, grads=(x,), saves=(x,), params=params, view_grads=True, params_last=bias)
-
-
-def _autocast_linear(
-    g: _Graph, name: str, x: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes, params: Sequence[tuple[str, int]]
-) -> str:
-    """A linear under autocast (marp/step_dtypes.py): its weight cast to 16 bits (cached for the forward, the
-    weight's gradient made by the cast's backward in fp32 from the product's 16-bit one), then its input where fp32
-    (a new cast for every linear that reads it); the product saves both casts and makes the weight's gradient
-    first (no bias), then the input's. (Biases under autocast are out of scope: `_check_scope`.)"""
-    weight = g.op("wcast_" + name, [], dt.low * n_in * n_out, params=params)
-    low = dt.low * n_in * tokens
-    xc = x if g.sizes[g.storage(x)] <= low else g.op("xcast_" + name, [x], low, grads=(x,))
-    # (the caller's argument `x` is bound until the linear returns)
-    return g.op(
-        name,
-        [xc, weight],
-        dt.low * n_out * tokens,
-        grads=(weight, xc),
-        saves=(weight, xc),
-        view_grads=True,
-        holds=(x,),
-    )
-
-
-def _rope(
-    g: _Graph, w: Workload, x: str, width: int, tokens: int, e: float, tag: str, holds: tuple[str, ...] = ()
-) -> str:
-    """The built-in model's `_rope`: cos/sin tables of seq x head_dim/2 built in every call (kept: the products
-    save them), the halves' four products and their sum/difference (transients), stacked into the output."""
-    a = w.arch
-    table = a.head_dim // 2 * w.seq_len
-    angles = g.op("angles" + tag, [], 4 * table)  # (fp32 outer product, freed when the call returns)
-    # (`ang.cos().to(x.dtype)`: fp32, then a 16-bit copy where x is 16-bit)
-    cos = g.op("cos" + tag, [angles], 4 * table)
-    cos = g.op("cos16" + tag, [cos], e * table) if e < 4 else cos
-    sin = g.op("sin" + tag, [angles], 4 * table, holds=(angles,))
-    sin = g.op("sin16" + tag, [sin], e * table) if e < 4 else sin
-    half = e * width / 2 * tokens
-    # x1, x2 = x[..., 0::2], x[..., 1::2]: views, whose gradients are scattered into a zeroed full-size tensor
-    x1 = g.op("even" + tag, [x], half, grads=(x,), view=True)
-    x2 = g.op("odd" + tag, [x], half, grads=(x,), view=True)
-    parts = []
-    for k, (a1, a2) in enumerate(((cos, sin), (sin, cos))):  # x1 * cos - x2 * sin, x1 * sin + x2 * cos
-        t1 = g.op(f"rot{k}a" + tag, [x1, a1], half, grads=(x1,), saves=(a1,))
-        t2 = g.op(f"rot{k}b" + tag, [x2, a2], half, grads=(x2,), saves=(a2,))
-        # (a difference negates its second input's gradient: a new tensor; a sum hands both on)
-        parts.append(g.op(f"rot{k}" + tag, [t1, t2], half, grads=(t1, t2), passthrough=(t1,) if k == 0 else (t1, t2)))
-    # torch.stack's backward unbinds: views of the gradient. (The angles live until the call returns; `holds`: the
-    # projections the caller rebinds after it.)
-    out = g.op("rope" + tag, parts, e * width * tokens, grads=tuple(parts), passthrough=tuple(parts))
-    g.ops[-1] = replace(g.ops[-1], holds=(angles, cos, sin, *holds))  # (`_rope`'s locals ang, cos, sin)
-    return out
-
-
-def _sdpa_scratch(w: Workload, threads: int, dt: StepDtypes = FP32_STEP) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(forward, backward) workspace of SDPA's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
-    torch 2.13), per thread in fp32: forward the q-block x kv-block scores, a row max and sum per q row and the
-    q-block's output accumulator; backward the block's probabilities and their gradient. The q block is 256 rows
-    from 768 queries, 64 from 192, else 32; the kv block 512 keys, at most the sequence. Second: a 16-bit run's
-    reduced-precision copies of the block (step_dtypes.sdpa_reduced_scratch). None on CUDA."""
-    s, d = w.seq_len, w.arch.head_dim
-    qs = 256 if s >= 768 else 64 if s >= 192 else 32
-    kvs = min(512, s)
-    if dt.device != "cpu":
-        return (0, 0), (0, 0)
-    fp32 = (threads * 4 * (qs * kvs + 2 * qs + qs * d), threads * 4 * 2 * qs * kvs)
-    return fp32, sdpa_reduced_scratch(dt, qs, kvs, threads)
-
-
-def _block(g: _Graph, w: Workload, x: str, tokens: int, dt: StepDtypes, threads: int) -> str:
-    """One of the built-in model's blocks (frenzy_slurm/models/gpt.py Block.forward). The residual stream is in the
-    weights' dtype; the projections, RoPE, the attention and the MLP's activations in `dt.low` (under autocast the
-    products make bf16, and an fp32 residual plus a bf16 projection is fp32)."""
-    a = w.arch
-    h, kvd, f = a.hidden, a.kv * a.head_dim, a.ffn
-    e, lo = dt.param, dt.low
-    qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
-    x0, y = x, _norm(g, w, x, tokens, e, threads)
-    q = _adapted(g, w, "q", y, h, h, tokens, dt, qkv_bias)
-    k = _adapted(g, w, "k", y, h, kvd, tokens, dt, qkv_bias)
-    v = _adapted(g, w, "v", y, h, kvd, tokens, dt, qkv_bias)
-    if a.position == "rope":
-        # (the head-major views of the projections: RoPE's gradient comes back head-major, and viewing it as
-        # (tokens, width) again copies it)
-        qh = g.op("heads_q", [q], lo * h * tokens, grads=(q,), view=True)
-        kh = g.op("heads_k", [k], lo * kvd * tokens, grads=(k,), view=True)
-        # (`q, k = _rope(q), _rope(k)`: the projections are let go once both calls have returned)
-        q, k = _rope(g, w, qh, h, tokens, lo, "q"), _rope(g, w, kh, kvd, tokens, lo, "k", holds=(k, q))
-    # SDPA's CPU flash kernel: output and per-row log-sum-exp (fp32) saved, with q, k and v; its backward zeroes
-    # the gradients of q, k and v, then takes its buffer (and in 16 bits its reduced copies)
-    sdpa, reduced = _sdpa_scratch(w, threads, dt)
-    att = g.op(
-        "sdpa",
-        [q, k, v],
-        lo * h * tokens,
-        grads=(q, k, v),
-        scratch=(0, sdpa[1]),
-        bscratch_last=True,
-        scratch2=(0, reduced[1]),
-        all_grads=True,  # (the kernel zeroes q's, k's and v's gradients whichever are wanted)
-    )
-    # (the buffer after both outputs)
-    lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0), scratch2=(reduced[0], 0))
-    g.ops[-2] = replace(g.ops[-2], saves=(q, k, v, att, lse))  # (the kernel makes both; its backward reads both)
-    o_in = att
-    if a.position == "rope" and w.activations.unfused_rope:
-        # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the transpose back
-        # to (tokens, hidden) copies it (memory_activations' o_proj term); otherwise it is a view
-        o_in = g.op("transpose", [att], lo * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
-    o = _adapted(g, w, "o", o_in, h, h, tokens, dt, all_bias)
-    x = _residual(g, "residual1", x, o, h * tokens, dt)
-    y1, y = y, _norm(g, w, x, tokens, e, threads)
-    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, y1))  # (`h = self.norm2(x)` rebinds the first)
-    if a.gated:
-        gate = _adapted(g, w, "gate", y, h, f, tokens, dt, False)
-        act = g.op("silu", [gate], lo * f * tokens, grads=(gate,), saves=(gate,))
-        up = _adapted(g, w, "up", y, h, f, tokens, dt, all_bias)
-        m = g.op("product", [act, up], lo * f * tokens, grads=(act, up), saves=(act, up))
-    else:
-        up = _adapted(g, w, "up", y, h, f, tokens, dt, all_bias)
-        m = g.op("gelu", [up], lo * f * tokens, grads=(up,), saves=(up,))
-    d = _adapted(g, w, "down", m, f, h, tokens, dt, all_bias)
-    # (Block.forward's locals x, h, q, k, v, att, m, let go in that order when it returns: where the block is
-    # checkpointed they are what keeps its tensors alive to its end; its input, the caller's `x`, goes after)
-    return _residual(g, "residual2", x, d, h * tokens, dt, holds=(x, y, q, k, v, att, m, x0))
-
-
-def _adapted(
-    g: _Graph, w: Workload, name: str, x: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes, bias: bool
-) -> str:
-    """A block's linear, with LoRA's adapter where model.yaml targets it (`_lora`)."""
-    base = _linear(g, name, x, n_in, n_out, tokens, dt, bias)
-    if w.method != "lora" or name not in w.adapters.lora_targets:
-        return base
-    return _lora(g, w, name, x, base, n_in, n_out, tokens, dt)
-
-
-def _lora(
-    g: _Graph, w: Workload, name: str, x: str, base: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes
-) -> str:
-    """LoRA's adapter beside a frozen linear (`base(x) + B(A(dropout(x))) * scaling`: peft 0.21's
-    tuners/lora/layer.py Linear.forward, the CPU grid's PEFT-style adapter): dropout on the adapter's input, A
-    (n_in -> rank) and B (rank -> n_out) trainable, each saving its input for its weight's gradient, the scaled B
-    output added to the base's. Dropout (torch 2.13 aten/src/ATen/native/Dropout.cpp): on the CPU `_dropout_impl`
-    draws a noise tensor of the input's dtype and multiplies (the product saves the noise); on CUDA the fused
-    `native_dropout` makes a bool mask (1 byte per element)."""
-    e, r = dt.low, w.adapters.lora_rank
-    n = n_in * tokens
-    if w.adapters.lora_dropout:
-        noise = g.op(f"lora_noise_{name}", [], (e if dt.device == "cpu" else 1) * n)
-        x = g.op(f"lora_drop_{name}", [x, noise], e * n, grads=(x,), saves=(noise,))
-    a_params, b_params = ((f"{name}.lora_A", e * n_in * r),), ((f"{name}.lora_B", e * r * n_out),)
-    a = g.op(f"lora_A_{name}", [x], e * r * tokens, grads=(x,), saves=(x,), params=a_params, trainable=True)
-    b = g.op(f"lora_B_{name}", [a], e * n_out * tokens, grads=(a,), saves=(a,), params=b_params, trainable=True)
-    scaled = g.op(f"lora_scale_{name}", [b], e * n_out * tokens, grads=(b,))
-    return g.op(
-        f"lora_sum_{name}", [base, scaled], e * n_out * tokens, grads=(base, scaled), passthrough=(base, scaled)
-    )
-
-
-def _residual(g: _Graph, name: str, x: str, o: str, elements: int, dt: StepDtypes, holds: tuple[str, ...] = ()) -> str:
-    """`x + o`: the sum in the wider dtype (on the CPU the narrower input copied to it first, a temporary). Its
-    backward hands its gradient on, as it is, to an input of the sum's dtype, and as a new cast (autograd's engine,
-    `validate_outputs`) to a narrower one."""
-    a, b = g.sizes[x] / elements, g.sizes[o] / elements
-    out = promoted(a, b)
-    temporary = promotion_temporary(dt, a, b, elements)
-    keep = tuple(k for k, n in ((x, a), (o, b)) if n == out)
-    return g.op(name, [x, o], out * elements, grads=(x, o), passthrough=keep, scratch=(temporary, 0), holds=holds)
-
-
-def _graph(
-    w: Workload, plan: ParallelPlan, threads: int, dt: StepDtypes = FP32_STEP
-) -> tuple[_Graph, list[tuple[str, int]]]:
-    """The step's forward ops, and the parameters (name, bytes) in the model's order. The embeddings run in the
-    weights' dtype (autocast leaves them alone)."""
-    a = w.arch
-    tokens = plan.micro_batch * w.seq_len
-    e = dt.param
-    g = _Graph(trainable=w.method == "full")
-    x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
-    if a.position == "learned":
-        positions = g.op("positions", [], 8 * w.seq_len)  # (the arange of positions: int64)
-        pos = g.op("pos", [positions], e * a.hidden * w.seq_len, params=(("pos", e * a.max_positions * a.hidden),))
-        # (`x = x + self.pos(...)`: the position embedding is let go before the token embedding's output; it is
-        # broadcast over the batch, so its gradient is a sum over the batch, a new tensor)
-        x = g.op("embed_sum", [pos, x], e * a.hidden * tokens, grads=(x, pos), passthrough=(x,))
-    for i in range(a.layers):
-        if plan.recompute == "full":
-            # torch.utils.checkpoint (non-reentrant, torch 2.13 torch/utils/checkpoint.py): `preserve_rng_state`
-            # stashes the CPU generator's state (a byte tensor), and the frame keeps it and the block's input
-            # until the block's backward is done (`_CheckpointFrame.save_inputs`)
-            g.layer, g.checkpoint = -1, False
-            g.op("rng_state", [x], RNG_STATE_BYTES, saves=(SELF, x))
-        g.layer, g.checkpoint = i, plan.recompute == "full"
-        x = _block(g, w, x, tokens, dt, threads)
-    g.layer, g.phase, g.checkpoint = -1, "loss", False
-    y = _norm(g, w, x, tokens, e, threads)
-    # (a tied head's weight gradient is the embedding's: named alike, it is added into it)
-    head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
-    if dt.autocast:
-        logits = _linear(g, "head", y, a.hidden, a.vocab, tokens, dt, False, param=head[0])
-    else:
-        # (a frozen head keeps no input)
-        logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,) if g.trainable else (), params=(head,))
-    g.ops[-1] = replace(g.ops[-1], holds=(x,))  # (GPT.forward's `x`, the last block's output, to its return)
-    # (the loop binds the model's logits until after the loss; lm_loss's fp32 copy goes when the loss returns)
-    raw = logits
-    if dt.low != 4 or not w.loss.loss_fp32:
-        logits = g.op("upcast", [logits], 4 * a.vocab * tokens, grads=(logits,))  # logits.float()
-    lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
-    g.op("nll", [lsm], 4, grads=(lsm,), holds=(raw,))
-    return g, list(dict.fromkeys(p for op in g.ops for p in op.params))
-
-
-def _hf_rope(g: _Graph, x: str, width: int, tokens: int, e: float, cos: str, sin: str, tag: str) -> str:
+def _hf_rope(g: Graph, x: str, width: int, tokens: int, e: float, cos: str, sin: str, tag: str) -> str:
     """transformers' `apply_rotary_pos_emb` on one of q, k (head-major views): `x * cos + rotate_half(x) * sin`,
     `rotate_half` = `cat((-x2, x1))` of the halves (views, whose gradients are scattered into full-size zeros);
     the cos/sin tables are the model's, made once per forward."""
@@ -573,7 +177,7 @@ def _hf_rope(g: _Graph, x: str, width: int, tokens: int, e: float, cos: str, sin
     return g.op("rope" + tag, [xc, rs], full, grads=(xc, rs), passthrough=(xc, rs))
 
 
-def _hf_block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int, cos: str, sin: str) -> str:
+def _hf_block(g: Graph, w: Workload, x: str, tokens: int, e: float, threads: int, cos: str, sin: str) -> str:
     """transformers 5.17's LlamaDecoderLayer (models/llama/modeling_llama.py), fp32, SDPA: RMSNorm as the
     built-in model's composite (its `variance + eps` is one value per token, under the size floor), q/k/v
     projections viewed head-major, `apply_rotary_pos_emb` on q and k, SDPA with `enable_gqa` (no repeat_kv:
@@ -581,37 +185,37 @@ def _hf_block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: in
     SwiGLU MLP."""
     a = w.arch
     h, kvd = a.hidden, a.kv * a.head_dim
-    y = _norm(g, w, x, tokens, e, threads)
-    q = _linear(g, "q", y, h, h, tokens, FP32_STEP, False)
-    k = _linear(g, "k", y, h, kvd, tokens, FP32_STEP, False)
-    v = _linear(g, "v", y, h, kvd, tokens, FP32_STEP, False)
+    y = norm(g, w, x, tokens, e, threads)
+    q = linear(g, "q", y, h, h, tokens, FP32_STEP, False)
+    k = linear(g, "k", y, h, kvd, tokens, FP32_STEP, False)
+    v = linear(g, "v", y, h, kvd, tokens, FP32_STEP, False)
     qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
     kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
     qr = _hf_rope(g, qh, h, tokens, e, cos, sin, "q")
     kr = _hf_rope(g, kh, kvd, tokens, e, cos, sin, "k")
     g.ops[-1] = replace(g.ops[-1], holds=(q, k))  # (`q, k = apply_rotary_pos_emb(q, k, ...)` rebinds both)
-    sdpa, _ = _sdpa_scratch(w, threads)
+    sdpa, _ = sdpa_scratch(w, threads)
     att = g.op("sdpa", [qr, kr, v], e * h * tokens, grads=(qr, kr, v), scratch=(0, sdpa[1]), bscratch_last=True)
     lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))
     g.ops[-2] = replace(g.ops[-2], saves=(qr, kr, v, att, lse))
-    o = _linear(g, "o", att, h, h, tokens, FP32_STEP, False)
+    o = linear(g, "o", att, h, h, tokens, FP32_STEP, False)
     x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
-    y = _norm(g, w, x, tokens, e, threads)
-    gate = _linear(g, "gate", y, h, a.ffn, tokens, FP32_STEP, False)
+    y = norm(g, w, x, tokens, e, threads)
+    gate = linear(g, "gate", y, h, a.ffn, tokens, FP32_STEP, False)
     act = g.op("silu", [gate], e * a.ffn * tokens, grads=(gate,), saves=(gate,))
-    up = _linear(g, "up", y, h, a.ffn, tokens, FP32_STEP, False)
+    up = linear(g, "up", y, h, a.ffn, tokens, FP32_STEP, False)
     m = g.op("product", [act, up], e * a.ffn * tokens, grads=(act, up), saves=(act, up))
-    d = _linear(g, "down", m, a.ffn, h, tokens, FP32_STEP, False)
+    d = linear(g, "down", m, a.ffn, h, tokens, FP32_STEP, False)
     return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
 
 
-def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> _Graph:
+def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> Graph:
     """transformers 5.17's LlamaForCausalLM as the Trainer runs it (fp32, no cache, no attention mask), its
     forward and loss ops."""
     a = w.arch
     b, s = plan.micro_batch, w.seq_len
     tokens, e = b * s, 4.0
-    g = _Graph()
+    g = Graph()
     x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
     # LlamaModel.forward: `position_ids = torch.arange(s) + past_seen_tokens` (int64), kept to its return
     position_ids = g.op("position_ids", [g.op("positions_arange", [], 8 * s)], 8 * s)
@@ -632,7 +236,7 @@ def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> _Graph:
         g.layer = i
         x = _hf_block(g, w, x, tokens, e, threads, cos, sin)
     g.layer, g.phase = -1, "loss"
-    y = _norm(g, w, x, tokens, e, threads)
+    y = norm(g, w, x, tokens, e, threads)
     g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, position_ids))  # (LlamaModel.forward returns)
     head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
     logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
@@ -668,7 +272,7 @@ class _Emitter:
             self.out.append(Request(phase, layer, "free", f"s{self.step}.{key}", self.live.pop(key)))
 
 
-def _forward(g: _Graph, em: _Emitter) -> None:
+def _forward(g: Graph, em: _Emitter) -> None:
     """Each op's output and scratch; a tensor is freed after its last reader unless a backward function saves
     it. A checkpointed block's ops save nothing: their saved tensors are packed into placeholders
     (`_checkpoint_hook`), so only the block's input stays, kept by its checkpoint."""
@@ -676,7 +280,7 @@ def _forward(g: _Graph, em: _Emitter) -> None:
     _run(g, em, range(len(g.ops)), saved | set(g.held), "forward")
 
 
-def _run(g: _Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: str) -> None:
+def _run(g: Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: str) -> None:
     """Ops `ops` of the forward, in order (phase `phase`, else the op's own): outputs and scratch, each tensor freed
     after its last reader among them unless in `saved`."""
     last_read: dict[str, int] = {}
@@ -698,7 +302,7 @@ def _run(g: _Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: st
                 em.free(where, layer, k)
 
 
-def _recompute(g: _Graph, em: _Emitter, block: int) -> None:
+def _recompute(g: Graph, em: _Emitter, block: int) -> None:
     """The checkpointed block's forward again, when its backward first unpacks a saved tensor
     (`_checkpoint_hook.unpack_hook`): under `torch.random.fork_rng` (a second stash of the generator's state,
     freed when the recomputation ends), the block's ops up to the last one that saves a tensor, which keep what
@@ -757,7 +361,7 @@ class _Grads:
 
 
 def _backward_op(
-    g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str, str], unpacked: Sequence[str] = ()
+    g: Graph, em: _Emitter, gr: _Grads, op: Op, grad_of: dict[str, str], unpacked: Sequence[str] = ()
 ) -> list[tuple[str, str, bool]]:
     """One op's backward as autograd's engine runs it (torch/csrc/autograd/engine.cpp `evaluate_function`): the
     function makes its scratch, parameter and input gradients (in the op's order), lets go of `unpacked` (a
@@ -801,7 +405,7 @@ def _backward_op(
     return made
 
 
-def _param_grads(em: _Emitter, op: _Op, layer: int, grad_of: dict[str, str]) -> None:
+def _param_grads(em: _Emitter, op: Op, layer: int, grad_of: dict[str, str]) -> None:
     """The parameters' gradients of `op`, kept for the optimizer (`grad_of`: each parameter's .grad). A tied
     weight's second gradient is added to the first into a new tensor (AccumulateGrad's `grad + new_grad`, as the
     CPU step's profile shows). An elementwise op's (a norm's scale) is an output-sized product summed down to the
@@ -821,7 +425,7 @@ def _param_grads(em: _Emitter, op: _Op, layer: int, grad_of: dict[str, str]) -> 
             em.free("backward", layer, f"{op.out}.reduce.{p}")
 
 
-def _saved_frees(g: _Graph) -> dict[int, list[str]]:
+def _saved_frees(g: Graph) -> dict[int, list[str]]:
     """Per op, the saved tensors (storage) let go after its backward: those no op before it saves (the earliest
     saver runs last in backward). A checkpointed block's frame (its stashed generator state and its input) dies
     with the block's first op, the last of its graph to run."""
@@ -842,7 +446,7 @@ def _saved_frees(g: _Graph) -> dict[int, list[str]]:
     return out
 
 
-def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
+def _backward(g: Graph, em: _Emitter) -> dict[str, str]:
     """The ops in reverse from the loss's gradient (`_backward_op`); after each, the saved tensors no op before
     it reads. Returns each parameter's .grad key."""
     frees = _saved_frees(g)
@@ -910,7 +514,7 @@ def step_requests(
         g = _hf_graph(w, plan, threads)
         params = list(dict.fromkeys(p for op in g.ops for p in op.params))
     else:
-        g, params = _graph(w, plan, threads, step_dtypes(w.precision, device))
+        g, params = frenzy_graph(w, plan, threads, step_dtypes(w.precision, device))
     em = _Emitter(step)
     _forward(g, em)
     grad_of = _backward(g, em)
