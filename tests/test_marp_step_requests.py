@@ -187,3 +187,27 @@ def test_the_recorded_step_matches_the_generated_one(case):
     gen_alloc, gen_reserved = replay_peaks(generated)
     assert gen_alloc == pytest.approx(rec_alloc, rel=ALLOCATED_PEAK_TOLERANCE)
     assert gen_reserved == pytest.approx(rec_reserved, rel=RESERVED_PEAK_TOLERANCE)
+
+
+def test_on_cuda_adamw_is_foreach_and_the_cpu_kernels_buffers_are_left_out():
+    """`device="cuda"`: the optimizer phase is the foreach AdamW's sqrt(exp_avg_sq), one tensor per trained
+    parameter alive together, then zero_grad; SDPA's CPU workspaces, the CPU's promotion copies of the residual
+    adds and the single-tensor loop's denominators are not made, so the step allocates less than on the CPU."""
+    w, plan = workload_of(_point("torch-llama-1gpu", precision="bf16-mixed"))
+    cpu, cuda = step_requests(w, plan), step_requests(w, plan, device="cuda")
+    params = 4 * (count_params(w.arch).linear_per_layer * w.arch.layers + w.arch.vocab * w.arch.hidden)
+    params += 4 * w.arch.hidden * (2 * w.arch.layers + 1) + (
+        0 if w.arch.tied_embeddings else 4 * w.arch.vocab * w.arch.hidden
+    )
+    sqrt = [r for r in cuda if r.phase == "optimizer" and r.action == "alloc"]
+    assert sum(r.size for r in sqrt) == params
+    live = 0
+    for r in cuda:  # (all of them alive at once)
+        live += r.size if r.action == "alloc" else -r.size
+        if r.phase == "optimizer" and r is sqrt[-1]:
+            break
+    assert live >= 2 * params  # (the gradients and the square roots)
+    assert sum(r.size for r in cuda if r.action == "alloc") < sum(r.size for r in cpu if r.action == "alloc")
+    cpu_buffers = [r for r in cuda if "scratch" in r.key and any(k in r.key for k in ("sdpa", "lse", "residual"))]
+    assert not cpu_buffers
+    assert [r for r in cpu if "scratch" in r.key and any(k in r.key for k in ("sdpa", "lse", "residual"))]

@@ -476,19 +476,30 @@ def _backward(g: Graph, em: _Emitter) -> dict[str, str]:
     return grad_of
 
 
-def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str], fused: bool) -> None:
+def _optimizer(
+    params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str], fused: bool, foreach: bool = False
+) -> None:
     """torch's single-tensor AdamW (CPU): per parameter, sqrt(exp_avg_sq) and the denominator; the loop's `denom`
     keeps each denominator until the next parameter's is assigned (the last one until the step returns); then
     zero_grad. The fused AdamW (`fused=True`, aten/src/ATen/native/cpu/FusedAdamKernel.cpp) updates in place,
-    element by element: nothing but zero_grad."""
-    previous = ""
-    for p, size in [] if fused else params:
-        em.alloc("optimizer", -1, f"sqrt.{p}", size)
-        em.alloc("optimizer", -1, f"denom.{p}", size)
-        em.free("optimizer", -1, f"sqrt.{p}")
+    element by element: nothing but zero_grad. The foreach AdamW (`foreach`, what torch picks for CUDA tensors:
+    torch 2.13 torch/optim/optimizer.py `_default_to_fused_or_foreach`; adam.py `_multi_tensor_adam`) makes
+    `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`, one tensor per parameter, updated in place and let go
+    together when the step returns."""
+    if foreach and not fused:
+        for p, size in params:
+            em.alloc("optimizer", -1, f"sqrt.{p}", size)
+        for p, _ in params:
+            em.free("optimizer", -1, f"sqrt.{p}")
+    elif not fused:
+        previous = ""
+        for p, size in params:
+            em.alloc("optimizer", -1, f"sqrt.{p}", size)
+            em.alloc("optimizer", -1, f"denom.{p}", size)
+            em.free("optimizer", -1, f"sqrt.{p}")
+            em.free("optimizer", -1, previous)
+            previous = f"denom.{p}"
         em.free("optimizer", -1, previous)
-        previous = f"denom.{p}"
-    em.free("optimizer", -1, previous)
     for p, _ in params:
         em.free("optimizer", -1, grad_of[p])
 
@@ -508,7 +519,7 @@ def step_requests(
     transformers' Llama); `fused_adamw`: the optimizer is torch's fused AdamW (the Trainer's default from
     transformers 4.54 with torch 2.8: framework_facts.hf_trainer_fused_adamw), else its single-tensor loop;
     `device`: whose kernels ("cpu", as recorded; "cuda" leaves out the CPU kernels' own buffers: SDPA's
-    workspaces, TensorIterator's promotion copies). ValueError outside the module's scope."""
+    workspaces, TensorIterator's promotion copies; AdamW is foreach). ValueError outside the module's scope."""
     _check_scope(w, plan, code)
     if code == "hf":
         g = _hf_graph(w, plan, threads)
@@ -520,7 +531,7 @@ def step_requests(
     grad_of = _backward(g, em)
     if w.framework == "deepspeed":
         _allreduce_buckets(params, em)
-    _optimizer(params, em, grad_of, fused_adamw)
+    _optimizer(params, em, grad_of, fused_adamw, foreach=device == "cuda")
     return em.out
 
 
