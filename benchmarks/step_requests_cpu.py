@@ -5,6 +5,7 @@
     python benchmarks/step_requests_cpu.py --point hf-trainer-llama-1gpu
     python benchmarks/step_requests_cpu.py --point ds-llama-1gpu                   # also ds-gpt2-1gpu, -full
     python benchmarks/step_requests_cpu.py --point lora-llama-1gpu  # the grid's PEFT-style LoRA, frozen base
+    python benchmarks/step_requests_cpu.py --point hf-trainer-peft-lora-llama-1gpu   # PEFT's LoRA, the Trainer
 
 Runs a CPU grid point's plain PyTorch loop (benchmarks/cpu_memory_grid.py's `torch` trainer: the built-in model,
 `frenzy_slurm.models.gpt.GPT`, `lm_loss`, torch's AdamW, `zero_grad(set_to_none=True)`) for three steps under the
@@ -256,7 +257,8 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
     `_hf_trainer`: transformers' own model class built from the point's architecture, its own Trainer, one process),
     in order, by phase. Model hooks mark the forward, its blocks and the loss (the final norm on); the backward
     runs from the end of the model's forward to the Trainer's `on_pre_optimizer_step` (the gradient clipping with
-    it), the optimizer phase from there to `on_step_end` (step, scheduler, `model.zero_grad()`)."""
+    it), the optimizer phase from there to `on_step_end` (step, scheduler, `model.zero_grad()`). A LoRA point gets
+    PEFT's adapters as the grid's `_hf_trainer` makes them (`get_peft_model`; the hooks go on the wrapped Llama)."""
     import importlib.util
     import tempfile
 
@@ -273,11 +275,12 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
         spec["entry"].get("framework") != "hf-trainer"
         or training["activation_checkpointing"] != "none"
         or training["precision"] != "fp32"
-        or training["method"] != "full"
+        or training["method"] not in ("full", "lora")
         or {r["rank"] for r in point["ranks"]} != {0}
     ):
         raise ValueError(
-            f"{point['name']}: the recorder runs the grid's Trainer in one process, fp32, no checkpointing"
+            f"{point['name']}: the recorder runs the grid's Trainer in one process, fp32, no checkpointing, full or "
+            "PEFT's LoRA"
         )
     loader = importlib.util.spec_from_file_location("cpu_memory_grid", ROOT / "benchmarks" / "cpu_memory_grid.py")
     assert loader and loader.loader
@@ -291,6 +294,19 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
     torch.set_num_threads(1)
     arch = spec["model"]["arch"]
     model = grid._hf_model({"arch": arch, "attention": training["attention"]})
+    if training["method"] == "lora":  # (PEFT's LoRA as the grid's `_hf_trainer` sets it up)
+        import peft
+
+        lora = training["lora"]
+        config = peft.LoraConfig(
+            r=lora["rank"],
+            lora_alpha=16,
+            lora_dropout=lora["dropout"],
+            target_modules=[f"{t}_proj" for t in lora["targets"]],
+            task_type="CAUSAL_LM",
+        )
+        model = peft.get_peft_model(model, config)
+    llama = model.get_base_model() if training["method"] == "lora" else model  # (the LlamaForCausalLM)
     ranges: list[Any] = []
     step_no = [0]
 
@@ -301,7 +317,7 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
         ranges.pop().__exit__(None, None, None)
 
     model.register_forward_pre_hook(lambda _m, _a: enter("forward"))
-    for i, blk in enumerate(model.model.layers):
+    for i, blk in enumerate(llama.model.layers):
         blk.register_forward_pre_hook(lambda _m, _a, i=i: enter(f"layer{i}"))
         blk.register_forward_hook(lambda _m, _a, _o: leave(), always_call=True)
 
@@ -313,7 +329,7 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
         leave()
         enter("backward")
 
-    model.model.norm.register_forward_pre_hook(to_loss)
+    llama.model.norm.register_forward_pre_hook(to_loss)
     model.register_forward_hook(to_backward)
 
     class Phases(transformers.TrainerCallback):

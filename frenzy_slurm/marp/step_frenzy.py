@@ -6,7 +6,7 @@ What this module owns: `frenzy_graph` (the embedding, the blocks, the final norm
 `norm` (RMSNorm's composite, LayerNorm's kernel), `linear` (with autocast's casts, frozen or trainable), LoRA's
 adapter (`_lora`, peft's vanilla forward), the built-in model's RoPE, the residual adds' dtype promotion, and
 `sdpa_scratch` (SDPA's CPU workspaces). transformers' Llama (`_hf_graph` in step_requests.py) reuses `norm`,
-`linear` and `sdpa_scratch`.
+`linear`, `adapted` (peft's LoRA layers compute what `_lora` does) and `sdpa_scratch`.
 """
 
 from __future__ import annotations
@@ -158,9 +158,9 @@ def _block(g: Graph, w: Workload, x: str, tokens: int, dt: StepDtypes, threads: 
     e, lo = dt.param, dt.low
     qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
     x0, y = x, norm(g, w, x, tokens, e, threads)
-    q = _adapted(g, w, "q", y, h, h, tokens, dt, qkv_bias)
-    k = _adapted(g, w, "k", y, h, kvd, tokens, dt, qkv_bias)
-    v = _adapted(g, w, "v", y, h, kvd, tokens, dt, qkv_bias)
+    q = adapted(g, w, "q", y, h, h, tokens, dt, qkv_bias)
+    k = adapted(g, w, "k", y, h, kvd, tokens, dt, qkv_bias)
+    v = adapted(g, w, "v", y, h, kvd, tokens, dt, qkv_bias)
     if a.position == "rope":
         # (the head-major views of the projections: RoPE's gradient comes back head-major, and viewing it as
         # (tokens, width) again copies it)
@@ -189,25 +189,25 @@ def _block(g: Graph, w: Workload, x: str, tokens: int, dt: StepDtypes, threads: 
         # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the transpose back
         # to (tokens, hidden) copies it (memory_activations' o_proj term); otherwise it is a view
         o_in = g.op("transpose", [att], lo * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
-    o = _adapted(g, w, "o", o_in, h, h, tokens, dt, all_bias)
+    o = adapted(g, w, "o", o_in, h, h, tokens, dt, all_bias)
     x = _residual(g, "residual1", x, o, h * tokens, dt)
     y1, y = y, norm(g, w, x, tokens, e, threads)
     g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, y1))  # (`h = self.norm2(x)` rebinds the first)
     if a.gated:
-        gate = _adapted(g, w, "gate", y, h, f, tokens, dt, False)
+        gate = adapted(g, w, "gate", y, h, f, tokens, dt, False)
         act = g.op("silu", [gate], lo * f * tokens, grads=(gate,), saves=(gate,))
-        up = _adapted(g, w, "up", y, h, f, tokens, dt, all_bias)
+        up = adapted(g, w, "up", y, h, f, tokens, dt, all_bias)
         m = g.op("product", [act, up], lo * f * tokens, grads=(act, up), saves=(act, up))
     else:
-        up = _adapted(g, w, "up", y, h, f, tokens, dt, all_bias)
+        up = adapted(g, w, "up", y, h, f, tokens, dt, all_bias)
         m = g.op("gelu", [up], lo * f * tokens, grads=(up,), saves=(up,))
-    d = _adapted(g, w, "down", m, f, h, tokens, dt, all_bias)
+    d = adapted(g, w, "down", m, f, h, tokens, dt, all_bias)
     # (Block.forward's locals x, h, q, k, v, att, m, let go in that order when it returns: where the block is
     # checkpointed they are what keeps its tensors alive to its end; its input, the caller's `x`, goes after)
     return _residual(g, "residual2", x, d, h * tokens, dt, holds=(x, y, q, k, v, att, m, x0))
 
 
-def _adapted(
+def adapted(
     g: Graph, w: Workload, name: str, x: str, n_in: int, n_out: int, tokens: int, dt: StepDtypes, bias: bool
 ) -> str:
     """A block's linear, with LoRA's adapter where model.yaml targets it (`_lora`)."""

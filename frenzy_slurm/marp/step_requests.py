@@ -61,7 +61,8 @@ or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says,
 plain torch loop on one rank, fp32, no or full checkpointing (of every block), no dropout, full training: the CPU
 grid's `torch` points, and those with full recomputation; in bf16 (autocast or bf16 weights), or with LoRA in fp32
 (`lora-llama-1gpu`), the built-in RMSNorm model without biases, no checkpointing; and the Trainer's transformers
-Llama on one process, fp32, no checkpointing (`hf-trainer-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank
+Llama on one process, fp32, no checkpointing, fully trained or with PEFT's LoRA (`hf-trainer-llama-1gpu`,
+`hf-trainer-peft-lora-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank
 (`ds-llama-1gpu`, `ds-gpt2-1gpu`, `ds-llama-1gpu-full`).
 Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
 model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
@@ -83,7 +84,7 @@ from typing import Literal
 from frenzy_slurm.marp.allocator_replay import Event, alloc, free, replay
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 from frenzy_slurm.marp.step_dtypes import step_dtypes
-from frenzy_slurm.marp.step_frenzy import FP32_STEP, RNG_STATE_BYTES, frenzy_graph, linear, norm, sdpa_scratch
+from frenzy_slurm.marp.step_frenzy import FP32_STEP, RNG_STATE_BYTES, adapted, frenzy_graph, norm, sdpa_scratch
 from frenzy_slurm.marp.step_graph import SELF, Graph, Op
 
 PHASES = ("forward", "loss", "backward", "optimizer")
@@ -102,8 +103,8 @@ class Request:
 
 
 def _variant_reasons(w: Workload, plan: ParallelPlan, code: str) -> list[str]:
-    """The 16-bit and LoRA steps the generator does not make: both only for the built-in RMSNorm model without
-    biases in a plain torch loop, without checkpointing; LoRA in fp32."""
+    """The 16-bit and LoRA steps the generator does not make: bf16 only for the built-in RMSNorm model without
+    biases in a plain torch loop, without checkpointing; LoRA for that model or the Trainer's Llama, in fp32."""
     plain = (
         code == "frenzy"
         and w.framework == "torch"
@@ -118,8 +119,8 @@ def _variant_reasons(w: Workload, plan: ParallelPlan, code: str) -> list[str]:
         reasons.append(f"precision {w.precision} beyond the built-in RMSNorm model without biases in a plain loop")
     if w.method not in ("full", "lora"):
         reasons.append(f"method {w.method}")
-    elif w.method == "lora" and not (plain and w.precision == "fp32"):
-        reasons.append("method lora beyond the built-in RMSNorm model without biases in a plain loop, fp32")
+    elif w.method == "lora" and not ((plain or code == "hf") and w.precision == "fp32"):
+        reasons.append("method lora beyond the built-in RMSNorm model in a plain loop or the Trainer's Llama, fp32")
     return reasons
 
 
@@ -186,26 +187,34 @@ def _hf_block(g: Graph, w: Workload, x: str, tokens: int, e: float, threads: int
     a = w.arch
     h, kvd = a.hidden, a.kv * a.head_dim
     y = norm(g, w, x, tokens, e, threads)
-    q = linear(g, "q", y, h, h, tokens, FP32_STEP, False)
-    k = linear(g, "k", y, h, kvd, tokens, FP32_STEP, False)
-    v = linear(g, "v", y, h, kvd, tokens, FP32_STEP, False)
+    q = adapted(g, w, "q", y, h, h, tokens, FP32_STEP, False)
+    k = adapted(g, w, "k", y, h, kvd, tokens, FP32_STEP, False)
+    v = adapted(g, w, "v", y, h, kvd, tokens, FP32_STEP, False)
     qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
     kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
     qr = _hf_rope(g, qh, h, tokens, e, cos, sin, "q")
     kr = _hf_rope(g, kh, kvd, tokens, e, cos, sin, "k")
     g.ops[-1] = replace(g.ops[-1], holds=(q, k))  # (`q, k = apply_rotary_pos_emb(q, k, ...)` rebinds both)
     sdpa, _ = sdpa_scratch(w, threads)
-    att = g.op("sdpa", [qr, kr, v], e * h * tokens, grads=(qr, kr, v), scratch=(0, sdpa[1]), bscratch_last=True)
+    att = g.op(
+        "sdpa",
+        [qr, kr, v],
+        e * h * tokens,
+        grads=(qr, kr, v),
+        scratch=(0, sdpa[1]),
+        bscratch_last=True,
+        all_grads=True,  # (the kernel zeroes q's, k's and v's gradients whichever are wanted)
+    )
     lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))
     g.ops[-2] = replace(g.ops[-2], saves=(qr, kr, v, att, lse))
-    o = linear(g, "o", att, h, h, tokens, FP32_STEP, False)
+    o = adapted(g, w, "o", att, h, h, tokens, FP32_STEP, False)
     x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
     y = norm(g, w, x, tokens, e, threads)
-    gate = linear(g, "gate", y, h, a.ffn, tokens, FP32_STEP, False)
+    gate = adapted(g, w, "gate", y, h, a.ffn, tokens, FP32_STEP, False)
     act = g.op("silu", [gate], e * a.ffn * tokens, grads=(gate,), saves=(gate,))
-    up = linear(g, "up", y, h, a.ffn, tokens, FP32_STEP, False)
+    up = adapted(g, w, "up", y, h, a.ffn, tokens, FP32_STEP, False)
     m = g.op("product", [act, up], e * a.ffn * tokens, grads=(act, up), saves=(act, up))
-    d = linear(g, "down", m, a.ffn, h, tokens, FP32_STEP, False)
+    d = adapted(g, w, "down", m, a.ffn, h, tokens, FP32_STEP, False)
     return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
 
 
@@ -215,7 +224,7 @@ def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> Graph:
     a = w.arch
     b, s = plan.micro_batch, w.seq_len
     tokens, e = b * s, 4.0
-    g = Graph()
+    g = Graph(trainable=w.method == "full")  # (PEFT freezes the base model)
     x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
     # LlamaModel.forward: `position_ids = torch.arange(s) + past_seen_tokens` (int64), kept to its return
     position_ids = g.op("position_ids", [g.op("positions_arange", [], 8 * s)], 8 * s)
@@ -232,23 +241,25 @@ def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> Graph:
     emb = g.op("emb", [freqs], 4 * s * a.head_dim)
     cos = g.op("cos", [g.op("cos_raw", [emb], 4 * s * a.head_dim)], 4 * s * a.head_dim)
     sin = g.op("sin", [g.op("sin_raw", [emb], 4 * s * a.head_dim)], 4 * s * a.head_dim, holds=(freqs, emb))
+    embeds = x  # (LlamaModel.forward's `inputs_embeds`, bound to its return: what keeps it under LoRA)
     for i in range(a.layers):
         g.layer = i
         x = _hf_block(g, w, x, tokens, e, threads, cos, sin)
     g.layer, g.phase = -1, "loss"
     y = norm(g, w, x, tokens, e, threads)
-    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, position_ids))  # (LlamaModel.forward returns)
+    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, position_ids, embeds))  # (LlamaModel.forward returns)
     head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
-    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
+    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,) if g.trainable else (), params=(head,))
     # loss/loss_utils.py ForCausalLMLoss: `labels = pad(labels, (0, 1), value=-100)`, `labels[..., 1:].contiguous()`
     # (int64), fp32 logits used as they are; cross-entropy's log-softmax, nll saves the shifted labels. The
     # padded labels go when the loss function returns; the model's output (the logits) when the Trainer's
-    # compute_loss does, after the forward
+    # compute_loss does, after the forward; the final norm's output (the model output's `last_hidden_state`: kept
+    # only by it where the head is frozen) when LlamaForCausalLM.forward returns
     pad = g.op("labels_pad", [], 8 * b * (s + 1))
     # (with one sequence the shifted slice is contiguous already: `.contiguous()` returns it, a view)
     shift = g.op("labels_shift", [pad], 8 * b * s, view=b == 1)
     lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
-    g.op("nll", [lsm, shift], 4, grads=(lsm,), saves=(shift,), holds=(pad,))
+    g.op("nll", [lsm, shift], 4, grads=(lsm,), saves=(shift,), holds=(pad, y))
     g.held = (logits,)
     return g
 
