@@ -7,15 +7,15 @@ What this module owns:
 - `StepDtypes`: the bytes per element of the weights (and of their gradients and AdamW's states) and of what the
   matrix products make, for fp32, bf16 autocast over fp32 weights (`bf16-mixed`) and bf16 weights (`bf16-pure`).
 - autocast's op lists, as far as the built-in model's ops go (`LOWER_PRECISION`, `FP32`): for CUDA the lists of
-  aten/src/ATen/autocast_mode.h as torch 2.13's wheel ships it (`AT_FORALL_LOWER_PRECISION_FP` / `AT_FORALL_FP32`
-  / `AT_FORALL_FP32_SET_OPT_DTYPE`), for the CPU `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)` of
-  aten/src/ATen/autocast_mode.cpp (pytorch/pytorch at 008ec6b1; the .cpp is not in the wheel, and the CPU
-  recording under torch 2.13 agrees with it for every op of the step). On both devices `linear` and `scaled_dot_product_attention` run
-  in the lower precision; every other op of the built-in model runs in its inputs' dtype, promoted (fp32 with
-  bf16 gives fp32). CUDA's fp32 list also names `rms_norm`, `layer_norm`, `pow`, `rsqrt`, `log_softmax`; in the
-  built-in model their inputs are fp32 already under autocast (the residual stream starts at the fp32
-  embedding, and an fp32 residual plus a bf16 projection is fp32; the loss upcasts the logits), so the list
-  casts nothing there and the step's tensors are the same on both devices.
+  aten/src/ATen/autocast_mode.h as torch 2.13's wheel ships it (`AT_FORALL_LOWER_PRECISION_FP` / `AT_FORALL_FP32` /
+  `AT_FORALL_FP32_SET_OPT_DTYPE`), for the CPU `TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)` of
+  aten/src/ATen/autocast_mode.cpp (pytorch/pytorch at 008ec6b1; the .cpp is not in the wheel, and the CPU recording
+  under torch 2.13 agrees with it for every op of the step). On both devices `linear` and
+  `scaled_dot_product_attention` run in the lower precision; every other op of the built-in model runs in its
+  inputs' dtype, promoted (fp32 with bf16 gives fp32). CUDA's fp32 list also names `rms_norm`, `layer_norm`, `pow`,
+  `rsqrt`, `log_softmax`; in the built-in model their inputs are fp32 already under autocast (the residual stream
+  starts at the fp32 embedding, and an fp32 residual plus a bf16 projection is fp32; the loss upcasts the logits),
+  so the list casts nothing there and the step's dtypes are the same on both devices.
 - autocast's casts (`cached_cast` in autocast_mode.cpp): an fp32 input of a lower-precision op is cast to bf16
   for each op that reads it (a new tensor each time: the norm's output is cast once for q, k and v each); a
   weight (an fp32 leaf that requires grad) is cast once per autocast region and cached. The cache is cleared
