@@ -1,9 +1,11 @@
 """The allocation requests of one real training step on the CPU, by phase, next to MARP's generated ones.
 
     python benchmarks/step_requests_cpu.py [--point torch-llama-1gpu] [--recompute full] [--micro-batch N]
-        [--seq-len N] [--show]                                                      # seconds on 1 core
+        [--seq-len N] [--dtype bf16-mixed|bf16-pure] [--show]                       # seconds on 1 core
     python benchmarks/step_requests_cpu.py --point hf-trainer-llama-1gpu
     python benchmarks/step_requests_cpu.py --point ds-llama-1gpu                   # also ds-gpt2-1gpu, -full
+    python benchmarks/step_requests_cpu.py --point lora-llama-1gpu  # the grid's PEFT-style LoRA, frozen base
+    python benchmarks/step_requests_cpu.py --point hf-trainer-peft-lora-llama-1gpu   # PEFT's LoRA, the Trainer
 
 Runs a CPU grid point's plain PyTorch loop (benchmarks/cpu_memory_grid.py's `torch` trainer: the built-in model,
 `frenzy_slurm.models.gpt.GPT`, `lm_loss`, torch's AdamW, `zero_grad(set_to_none=True)`) for three steps under the
@@ -16,10 +18,14 @@ its allocation to its free; a free of a block allocated before the step (an opti
 the size of its allocation.
 
 `--recompute full` runs the point with the built-in model's per-block checkpointing (torch.utils.checkpoint, as the
-grid's trainers do), `--micro-batch` / `--seq-len` at another shape. `--point hf-trainer-llama-1gpu` runs the grid's
-Hugging Face Trainer instead (`record_hf_step`), and generates with the "hf" model code and the fused AdamW. The
-one-rank DeepSpeed points (`ds-*-1gpu`, ZeRO-0) run the built-in model in the grid's engine (`engine.backward`,
-`engine.step`), with every thread's frees counted (gloo's thread may let go of the reduced bucket).
+grid's trainers do), `--micro-batch` / `--seq-len` at another shape. `--dtype bf16-mixed` runs the plain loop's
+forward and loss under `torch.autocast("cpu", dtype=torch.bfloat16)` over fp32 weights (the CPU's autocast stands
+for CUDA's: marp/step_dtypes.py), `--dtype bf16-pure` the model in bf16 (`model.to(torch.bfloat16)`, AdamW on bf16
+states); both with oneDNN off, whose 16-bit matmul takes a scratchpad per call that CUDA's cuBLAS does not. `--point
+hf-trainer-llama-1gpu` runs the grid's Hugging Face Trainer instead (`record_hf_step`), and generates with the "hf"
+model code and the fused AdamW. The one-rank DeepSpeed points (`ds-*-1gpu`, ZeRO-0) run the built-in model in the
+grid's engine (`engine.backward`, `engine.step`), with every thread's frees counted (gloo's thread may let go of the
+reduced bucket).
 
 `--show` prints both sequences side by side per phase; without it, the comparison
 (`frenzy_slurm.marp.step_requests.compare`) and both replays' peaks. tests/test_marp_step_requests.py runs the
@@ -50,14 +56,22 @@ def grid_point(name: str) -> dict[str, Any]:
     return next(p for p in points if p["name"] == name)
 
 
-def variant(point: dict[str, Any], recompute: str = "", micro_batch: int = 0, seq_len: int = 0) -> dict[str, Any]:
-    """The grid point with its training's activation checkpointing, micro-batch or sequence length changed (the
-    others as they are); its name says what changed."""
+def variant(
+    point: dict[str, Any], recompute: str = "", micro_batch: int = 0, seq_len: int = 0, precision: str = ""
+) -> dict[str, Any]:
+    """The grid point with its training's activation checkpointing, micro-batch, sequence length or precision
+    changed (the others as they are); its name says what changed."""
     out = json.loads(json.dumps(point))
     training = out["spec"]["training"]
     if micro_batch:  # (the global batch grows with it: the same number of micro-batches)
         training["global_batch"] = training["global_batch"] // training["micro_batch"] * micro_batch
-    for key, value in (("activation_checkpointing", recompute), ("micro_batch", micro_batch), ("seq_len", seq_len)):
+    changes = (
+        ("activation_checkpointing", recompute),
+        ("micro_batch", micro_batch),
+        ("seq_len", seq_len),
+        ("precision", precision),
+    )
+    for key, value in changes:
         if value:
             training[key] = value
             out["name"] += f"+{key}={value}"
@@ -106,10 +120,17 @@ def record_step(point: dict[str, Any]) -> list[Request]:
     # (DeepSpeed's engine on the built-in model: the grid's `builtin` trainer)
     ds = spec["entry"].get("trainer") == "builtin" and spec["parallel"]["sharding"] == "none"
     one_rank = {r["rank"] for r in point["ranks"]} == {0}
-    if not one_rank or (spec["entry"].get("framework") != "torch" and not ds) or recompute not in ("none", "full"):
+    precision = training["precision"]
+    if (
+        not one_rank
+        or (spec["entry"].get("framework") != "torch" and not ds)
+        or recompute not in ("none", "full")
+        or precision not in ("fp32", "bf16-mixed", "bf16-pure")
+        or (ds and precision != "fp32")
+    ):
         raise ValueError(
-            f"{point['name']}: the recorder runs the grid's plain torch loop or DeepSpeed ZeRO-0 on one rank, no or "
-            "full checkpointing"
+            f"{point['name']}: the recorder runs the grid's plain torch loop (fp32, bf16 autocast or pure bf16) or "
+            "DeepSpeed ZeRO-0 (fp32) on one rank, no or full checkpointing"
         )
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -117,6 +138,14 @@ def record_step(point: dict[str, Any]) -> list[Request]:
     mb, seq = training["micro_batch"], training["seq_len"]
     # (the grid's torch trainer: `GPT(arch, checkpoint=...)`, torch.utils.checkpoint per block, non-reentrant)
     model = GPT(arch, checkpoint=recompute == "full", attention=training["attention"])
+    lora = spec["training"].get("lora", {}) if spec["training"].get("method") == "lora" else {}
+    if lora:  # (the grid's PEFT-style adapters on the built-in model: frozen base, A and B trainable)
+        model = _grid()._lora(model, lora["rank"], tuple(lora["targets"]))
+    if precision == "bf16-pure":  # (bf16 weights, gradients and AdamW states: model.to(torch.bfloat16))
+        model = model.to(torch.bfloat16)
+    # bf16-mixed: fp32 weights, the forward and the loss under autocast (the CPU's stands for CUDA's: the same
+    # weight cache, cleared when the region exits; the backward runs outside it)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
     engine = _deepspeed_engine(point, model) if ds else None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if engine is None else None  # (the grid's torch trainer)
     gen = torch.Generator().manual_seed(0)
@@ -146,9 +175,10 @@ def record_step(point: dict[str, Any]) -> list[Request]:
         x = torch.randint(0, arch.vocab, (mb, seq), generator=gen)
         y = torch.roll(x, -1, 1)
         enter(f"s{n}.forward")
-        logits = model(x) if engine is None else engine(x)
-        loss = lm_loss(logits, y)
-        del logits
+        with autocast:
+            logits = model(x) if engine is None else engine(x)
+            loss = lm_loss(logits, y)
+            del logits
         leave()
         with record_function(f"s{n}.backward"):
             if engine is None:
@@ -163,10 +193,28 @@ def record_step(point: dict[str, Any]) -> list[Request]:
             else:
                 engine.step()
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
-        for n in range(STEPS):
-            step(n)
+    # (oneDNN's 16-bit matrix products take a scratchpad from the allocator in every call; with it off the CPU's
+    # own GEMM takes none, as on CUDA, where cuBLAS's workspace is taken once per handle, outside the step)
+    mkldnn = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = mkldnn and precision == "fp32"
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+            for n in range(STEPS):
+                step(n)
+    finally:
+        torch.backends.mkldnn.enabled = mkldnn
     return requests_of(trace_events(prof), f"s{STEPS - 1}.")
+
+
+def _grid() -> Any:
+    """benchmarks/cpu_memory_grid.py as a module (its trainers' helpers)."""
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("cpu_memory_grid", ROOT / "benchmarks" / "cpu_memory_grid.py")
+    assert loader and loader.loader
+    grid = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(grid)
+    return grid
 
 
 def _deepspeed_engine(point: dict[str, Any], model: Any) -> Any:
@@ -209,7 +257,8 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
     `_hf_trainer`: transformers' own model class built from the point's architecture, its own Trainer, one process),
     in order, by phase. Model hooks mark the forward, its blocks and the loss (the final norm on); the backward
     runs from the end of the model's forward to the Trainer's `on_pre_optimizer_step` (the gradient clipping with
-    it), the optimizer phase from there to `on_step_end` (step, scheduler, `model.zero_grad()`)."""
+    it), the optimizer phase from there to `on_step_end` (step, scheduler, `model.zero_grad()`). A LoRA point gets
+    PEFT's adapters as the grid's `_hf_trainer` makes them (`get_peft_model`; the hooks go on the wrapped Llama)."""
     import importlib.util
     import tempfile
 
@@ -226,11 +275,12 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
         spec["entry"].get("framework") != "hf-trainer"
         or training["activation_checkpointing"] != "none"
         or training["precision"] != "fp32"
-        or training["method"] != "full"
+        or training["method"] not in ("full", "lora")
         or {r["rank"] for r in point["ranks"]} != {0}
     ):
         raise ValueError(
-            f"{point['name']}: the recorder runs the grid's Trainer in one process, fp32, no checkpointing"
+            f"{point['name']}: the recorder runs the grid's Trainer in one process, fp32, no checkpointing, full or "
+            "PEFT's LoRA"
         )
     loader = importlib.util.spec_from_file_location("cpu_memory_grid", ROOT / "benchmarks" / "cpu_memory_grid.py")
     assert loader and loader.loader
@@ -244,6 +294,19 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
     torch.set_num_threads(1)
     arch = spec["model"]["arch"]
     model = grid._hf_model({"arch": arch, "attention": training["attention"]})
+    if training["method"] == "lora":  # (PEFT's LoRA as the grid's `_hf_trainer` sets it up)
+        import peft
+
+        lora = training["lora"]
+        config = peft.LoraConfig(
+            r=lora["rank"],
+            lora_alpha=16,
+            lora_dropout=lora["dropout"],
+            target_modules=[f"{t}_proj" for t in lora["targets"]],
+            task_type="CAUSAL_LM",
+        )
+        model = peft.get_peft_model(model, config)
+    llama = model.get_base_model() if training["method"] == "lora" else model  # (the LlamaForCausalLM)
     ranges: list[Any] = []
     step_no = [0]
 
@@ -254,7 +317,7 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
         ranges.pop().__exit__(None, None, None)
 
     model.register_forward_pre_hook(lambda _m, _a: enter("forward"))
-    for i, blk in enumerate(model.model.layers):
+    for i, blk in enumerate(llama.model.layers):
         blk.register_forward_pre_hook(lambda _m, _a, i=i: enter(f"layer{i}"))
         blk.register_forward_hook(lambda _m, _a, _o: leave(), always_call=True)
 
@@ -266,7 +329,7 @@ def record_hf_step(point: dict[str, Any]) -> list[Request]:
         leave()
         enter("backward")
 
-    model.model.norm.register_forward_pre_hook(to_loss)
+    llama.model.norm.register_forward_pre_hook(to_loss)
     model.register_forward_hook(to_backward)
 
     class Phases(transformers.TrainerCallback):
@@ -356,11 +419,14 @@ def main() -> int:
     ap.add_argument("--recompute", default="", help="the point with this activation checkpointing (none, full)")
     ap.add_argument("--micro-batch", type=int, default=0, help="the point with this micro-batch")
     ap.add_argument("--seq-len", type=int, default=0, help="the point with this sequence length")
+    ap.add_argument(
+        "--dtype", default="", help="the point with this precision: bf16-mixed (autocast over fp32 weights), bf16-pure"
+    )
     args = ap.parse_args()
     from frenzy_slurm.eval.grid import workload_of
     from frenzy_slurm.marp.step_requests import PHASES, compare, replay_peaks
 
-    point = variant(grid_point(args.point), args.recompute, args.micro_batch, args.seq_len)
+    point = variant(grid_point(args.point), args.recompute, args.micro_batch, args.seq_len, args.dtype)
     recorded = record(point)
     w, plan = workload_of(point)
     generated = generate(point)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from frenzy_slurm.core.units import GiB  # noqa: E402
 from frenzy_slurm.marp.allocator_replay import CachingAllocator  # noqa: E402
 
-GIB = 2**30
 TOKENS, VOCAB = 32768, 128256
 
 
@@ -28,7 +28,7 @@ def replay(settings: str) -> tuple[float, float]:
     if settings:
         a.set_settings(settings)
     b16, f32 = TOKENS * VOCAB * 2, TOKENS * VOCAB * 4
-    a.malloc(20 * GIB)  # states and the saved block inputs, alive through the step
+    a.malloc(20 * int(GiB))  # states and the saved block inputs, alive through the step
     pred = a.malloc(b16)  # the model's logits
     upcast = a.malloc(f32)  # pred.flatten(0, 1).float()
     saved = a.malloc(f32)  # log_softmax's output, saved for backward
@@ -40,7 +40,7 @@ def replay(settings: str) -> tuple[float, float]:
     a.free(saved)
     a.malloc(b16)  # the upcast's backward: the 16-bit logits' gradient
     a.free(grad)
-    return a.stat("allocated_bytes", kind="peak") / GIB, a.stat("reserved_bytes", kind="peak") / GIB
+    return a.stat("allocated_bytes", kind="peak") / GiB, a.stat("reserved_bytes", kind="peak") / GiB
 
 
 def main() -> None:

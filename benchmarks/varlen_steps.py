@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from frenzy_slurm.core.units import GiB  # noqa: E402
 from frenzy_slurm.jobspec import JobSpec, resolve_model  # noqa: E402
 from frenzy_slurm.marp import ParallelPlan, estimate_memory, workload_from_spec  # noqa: E402
 from frenzy_slurm.marp import allocator_steps as steps  # noqa: E402
 from frenzy_slurm.marp.allocator_steps import step_lengths  # noqa: E402
 
-GIB = 1 << 30
 # Qwen-7B (v1)'s config.json, as dev2's E rows state it
 QWEN_7B = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008, "vocab": 151936}
 
@@ -62,12 +62,12 @@ def main() -> int:
             args = (1, False, rc, 1, 1, True)
             fixed = steps.replayed_peak(w, (longest, longest), *args, True, "")
             conv = steps.convergence(w, *args[:5], True, (8, 16, 32, 48, 64, 128, 256))
-            row = " ".join(f"{n}:{(p - fixed) / GIB:.2f}" for n, p in conv)
+            row = " ".join(f"{n}:{(p - fixed) / GiB:.2f}" for n, p in conv)
             lengths = list(step_lengths(longest, None, 3234.0, 2548.0, 1, 48))
             shuffled = []
             for seed in range(5):
                 random.Random(seed).shuffle(lengths)
-                shuffled.append((steps.replayed_peak(w, tuple(lengths), *args, True, "") - fixed) / GIB)
+                shuffled.append((steps.replayed_peak(w, tuple(lengths), *args, True, "") - fixed) / GiB)
             steps.variable_length_excess.cache_clear()
             t0 = time.perf_counter()
             estimate_memory(w, plan, "reserved")

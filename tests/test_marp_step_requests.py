@@ -4,7 +4,8 @@ the CPU grid measures), for the grid's plain-torch points: the built-in Llama-st
 SwiGLU) and the GPT-2-style one (LayerNorm, learned positions, biases, GELU, tied head), fp32, AdamW; each also
 with full activation checkpointing (`recompute: full`), and at other micro-batches and sequence lengths; and the
 grid's Hugging Face Trainer point (transformers' LlamaForCausalLM, model code "hf", the fused AdamW) at its shape and
-at 1 x 512 tokens.
+at 1 x 512 tokens; and the built-in Llama in bf16 (autocast, and bf16 weights), and with LoRA (the grid's, and
+PEFT's on the Trainer's Llama).
 
 Tolerances, per phase (forward, loss, backward, optimizer), over requests above 4 bytes per token (scalars and
 index vectors, which no size of the model scales, are not generated):
@@ -33,6 +34,16 @@ index vectors, which no size of the model scales, are not generated):
   tolerances. Measured: sizes and bytes exact in every phase; backward allocations 96.6-100 %, frees 95.5-95.8 %,
   elsewhere 100 %; reserved peaks equal (34.0, 30.0 and 30.0 MiB: the bucket is a 3.3-3.5 MiB block), allocated
   1.5-2.5 KiB apart. (The Trainer's cases run first: DeepSpeed's process group stays for the process.)
+- bf16 on the built-in Llama (autocast over fp32 weights; bf16 weights), at the grid's shape, 1 x 512 and 4 x 128
+  tokens, the same tolerances. Measured: sizes and bytes exact in every phase; backward allocations 97.2 % and
+  96.9 %, frees 95.8 % and 96.1 %, elsewhere 100 %; reserved peaks equal (12.0/20.0 MiB autocast, 10.0/18.0 MiB
+  bf16 weights), allocated 1 KiB apart.
+- LoRA on the built-in Llama (the grid's `lora-llama-1gpu`: adapters on q and v, dropout 0.05, frozen base), at
+  its shape and 1 x 512, the same tolerances. Measured: sizes and bytes exact in every phase; backward allocations
+  96.7-96.8 %, frees 94.6 %, elsewhere 100 %; reserved peaks equal (12.0 and 22.0 MiB), allocated 5 KiB apart.
+- PEFT's LoRA on the Trainer's Llama (`hf-trainer-peft-lora-llama-1gpu`), at its shape and 1 x 512, the same
+  tolerances. Measured: sizes and bytes exact in every phase; forward frees 99.1 %, backward allocations 96.5 %,
+  frees 94.1 %, elsewhere 100 %; reserved peaks equal (12.0 and 22.0 MiB), allocated 6.5 KiB apart.
 - with full recomputation, the same tolerances. Measured: sizes and bytes exact in every phase; order 100 %
   outside the backward, in it allocations 98.0 % (Llama) and 100 % (GPT-2), frees 95.7 % and 93.7 %; reserved
   peaks equal (8.0 and 10.0 MiB), allocated 1 and 2 KiB apart.
@@ -49,9 +60,10 @@ import pytest
 from frenzy_slurm.eval.grid import workload_of
 from frenzy_slurm.marp.memory_job import job
 from frenzy_slurm.marp.memory_saved import saved_activations
+from frenzy_slurm.marp.params import count_params
+from frenzy_slurm.marp.step_frenzy import RNG_STATE_BYTES
 from frenzy_slurm.marp.step_requests import (
     PHASES,
-    RNG_STATE_BYTES,
     alive_at_forward_end,
     compare,
     replay_peaks,
@@ -61,8 +73,8 @@ from frenzy_slurm.marp.step_requests import (
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "benchmarks" / "data" / "cpu_memory_grid.json"
 POINTS = ("torch-llama-1gpu", "torch-gpt2-1gpu-mb4")
-# (point, activation checkpointing, micro-batch, seq_len): the points as the grid runs them, then each with full
-# recomputation, and other shapes (0: the point's own)
+# (point, activation checkpointing, micro-batch, seq_len[, precision]): the points as the grid runs them, then each
+# with full recomputation, and other shapes (0: the point's own), and in 16 bits
 CASES = [(name, "", 0, 0) for name in POINTS] + [
     ("torch-llama-1gpu", "full", 0, 0),
     ("torch-gpt2-1gpu-mb4", "full", 0, 0),
@@ -76,10 +88,21 @@ CASES = [(name, "", 0, 0) for name in POINTS] + [
     # transformers' Trainer on its LlamaForCausalLM (model code "hf", fused AdamW)
     ("hf-trainer-llama-1gpu", "", 0, 0),
     ("hf-trainer-llama-1gpu", "", 1, 512),
+    # PEFT's LoRA (peft 0.21, q_proj and v_proj, dropout 0.05) on the Trainer's Llama (before DeepSpeed's cases)
+    ("hf-trainer-peft-lora-llama-1gpu", "", 0, 0),
+    ("hf-trainer-peft-lora-llama-1gpu", "", 1, 512),
     # DeepSpeed ZeRO-0 on one rank (the built-in model; the gradients all-reduced through one flat bucket)
     ("ds-llama-1gpu", "", 0, 0),
     ("ds-llama-1gpu-full", "", 0, 0),
     ("ds-gpt2-1gpu", "", 0, 0),
+    # bf16: autocast over fp32 weights, and bf16 weights (the built-in Llama in the plain loop)
+    ("torch-llama-1gpu", "", 0, 0, "bf16-mixed"),
+    ("torch-llama-1gpu", "", 0, 0, "bf16-pure"),
+    ("torch-llama-1gpu", "", 1, 512, "bf16-mixed"),
+    ("torch-llama-1gpu", "", 4, 0, "bf16-pure"),
+    # LoRA on the built-in Llama (the grid's PEFT-style adapters on q and v, dropout 0.05; frozen base)
+    ("lora-llama-1gpu", "", 0, 0),
+    ("lora-llama-1gpu", "", 1, 512),
 ]
 BYTES_TOLERANCE = 0.005
 MATCHED_AT_LEAST = 0.99
@@ -88,9 +111,9 @@ ALLOCATED_PEAK_TOLERANCE = 0.001
 RESERVED_PEAK_TOLERANCE = 0.01
 
 
-def _point(name: str, recompute: str = "", micro_batch: int = 0, seq_len: int = 0) -> dict:
+def _point(name: str, recompute: str = "", micro_batch: int = 0, seq_len: int = 0, precision: str = "") -> dict:
     point = next(p for p in json.loads(GRID.read_text())["points"] if p["name"] == name)
-    return _recorder().variant(point, recompute, micro_batch, seq_len)
+    return _recorder().variant(point, recompute, micro_batch, seq_len, precision)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(v) for v in c if v))
@@ -98,15 +121,22 @@ def test_the_forward_holds_marps_saved_activations(case):
     """What the generated forward still holds when it ends is MARP's saved activations of the blocks (with the
     per-block RoPE tables; with full recomputation each block's input) plus the last block's output, within 1 %
     (the norms' per-row statistics, which MARP leaves out), and with full recomputation each checkpoint's stashed
-    generator state; every tensor of the step is freed by its end."""
+    generator state; under autocast also the blocks' 16-bit weight copies, which MARP counts among its buffers
+    (`memory_buffers`: 2 bytes per linear weight), and under the Trainer's LoRA the embedding's output, which its
+    model binds to the end of its forward; every tensor of the step is freed by its end."""
     point = _point(*case)
     w, plan = workload_of(point)
     requests = _recorder().generate(point)
     j = job(w, plan)
     saved, _, _ = saved_activations(j, 0, w.arch.layers, 1.0)
-    last_output = 4.0 * w.arch.hidden * j.tokens
+    last_output = (2.0 if w.precision == "bf16-pure" else 4.0) * w.arch.hidden * j.tokens
     stashes = RNG_STATE_BYTES * w.arch.layers if plan.recompute == "full" else 0
-    assert alive_at_forward_end(requests) == pytest.approx(saved + last_output + stashes, rel=0.01)
+    casts = 2 * count_params(w.arch).linear_per_layer * w.arch.layers if w.precision == "bf16-mixed" else 0
+    # (under LoRA the frozen embedding's output is saved by nothing; transformers' LlamaModel.forward still binds it
+    # as `inputs_embeds` until it returns, after the final norm: alive here, gone when the backward starts)
+    embeds = 4.0 * w.arch.hidden * j.tokens if case[0].startswith("hf-") and w.method == "lora" else 0
+    expected = saved + last_output + stashes + casts + embeds
+    assert alive_at_forward_end(requests) == pytest.approx(expected, rel=0.01)
     allocated = {r.key for r in requests if r.action == "alloc"}
     assert allocated == {r.key for r in requests if r.action == "free"}
 
@@ -117,8 +147,10 @@ def test_outside_its_scope_it_refuses_by_name():
         step_requests(w, plan.model_copy(update={"recompute": "selective"}))
     with pytest.raises(ValueError, match="recompute full of 2 of 4 blocks"):
         step_requests(w, plan.model_copy(update={"recompute": "full", "recompute_layers": 2}))
-    with pytest.raises(ValueError, match="precision bf16-mixed"):
-        step_requests(w.with_(precision="bf16-mixed"), plan)
+    with pytest.raises(ValueError, match="precision fp16-mixed"):
+        step_requests(w.with_(precision="fp16-mixed"), plan)
+    with pytest.raises(ValueError, match="precision bf16-mixed beyond"):
+        step_requests(w.with_(precision="bf16-mixed"), plan.model_copy(update={"recompute": "full"}))
     with pytest.raises(ValueError, match="model code torchtune"):
         step_requests(w, plan, code="torchtune")
     with pytest.raises(ValueError, match="transformers' Llama only"):
@@ -129,6 +161,13 @@ def test_outside_its_scope_it_refuses_by_name():
     gpt2, gpt2_plan = workload_of(_point("torch-gpt2-1gpu-mb4"))
     with pytest.raises(ValueError, match="transformers' Llama only"):
         step_requests(gpt2, gpt2_plan, code="hf")
+    with pytest.raises(ValueError, match="precision bf16-pure beyond"):
+        step_requests(gpt2.with_(precision="bf16-pure"), gpt2_plan)
+    lora, lora_plan = workload_of(_point("lora-llama-1gpu"))
+    with pytest.raises(ValueError, match="method lora beyond"):
+        step_requests(lora.with_(precision="bf16-mixed"), lora_plan)
+    with pytest.raises(ValueError, match="method qlora"):
+        step_requests(lora.with_(method="qlora"), lora_plan)
 
 
 def _recorder():
@@ -160,3 +199,27 @@ def test_the_recorded_step_matches_the_generated_one(case):
     gen_alloc, gen_reserved = replay_peaks(generated)
     assert gen_alloc == pytest.approx(rec_alloc, rel=ALLOCATED_PEAK_TOLERANCE)
     assert gen_reserved == pytest.approx(rec_reserved, rel=RESERVED_PEAK_TOLERANCE)
+
+
+def test_on_cuda_adamw_is_foreach_and_the_cpu_kernels_buffers_are_left_out():
+    """`device="cuda"`: the optimizer phase is the foreach AdamW's sqrt(exp_avg_sq), one tensor per trained
+    parameter alive together, then zero_grad; SDPA's CPU workspaces, the CPU's promotion copies of the residual
+    adds and the single-tensor loop's denominators are not made, so the step allocates less than on the CPU."""
+    w, plan = workload_of(_point("torch-llama-1gpu", precision="bf16-mixed"))
+    cpu, cuda = step_requests(w, plan), step_requests(w, plan, device="cuda")
+    params = 4 * (count_params(w.arch).linear_per_layer * w.arch.layers + w.arch.vocab * w.arch.hidden)
+    params += 4 * w.arch.hidden * (2 * w.arch.layers + 1) + (
+        0 if w.arch.tied_embeddings else 4 * w.arch.vocab * w.arch.hidden
+    )
+    sqrt = [r for r in cuda if r.phase == "optimizer" and r.action == "alloc"]
+    assert sum(r.size for r in sqrt) == params
+    live = 0
+    for r in cuda:  # (all of them alive at once)
+        live += r.size if r.action == "alloc" else -r.size
+        if r.phase == "optimizer" and r is sqrt[-1]:
+            break
+    assert live >= 2 * params  # (the gradients and the square roots)
+    assert sum(r.size for r in cuda if r.action == "alloc") < sum(r.size for r in cpu if r.action == "alloc")
+    cpu_buffers = [r for r in cuda if "scratch" in r.key and any(k in r.key for k in ("sdpa", "lse", "residual"))]
+    assert not cpu_buffers
+    assert [r for r in cpu if "scratch" in r.key and any(k in r.key for k in ("sdpa", "lse", "residual"))]

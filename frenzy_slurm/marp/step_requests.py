@@ -43,12 +43,27 @@ DeepSpeed ZeRO-0 on one rank (the built-in model in its engine, torch's AdamW as
 one request pair to the end of the backward: `engine.backward` all-reduces the gradients through flat buckets
 (`_allreduce_buckets`), even on one rank.
 
+In 16 bits (marp/step_dtypes.py owns the dtypes): under bf16 autocast over fp32 weights each linear's weight is
+cast to bf16 (cached for the forward, saved by the product; its backward makes the fp32 gradient from the product's
+bf16 one) and its fp32 input cast afresh for every linear that reads it; the residual stream stays fp32 (an fp32
+residual plus a bf16 projection, on the CPU through an fp32 copy of the projection) and hands the backward's
+gradient to the projection as a new bf16 cast. With bf16 weights everything is bf16 but RMSNorm's composite, which
+upcasts its input (saving the fp32 copy, not the input) and casts its result back. RoPE's tables are made in fp32
+and cast; SDPA's CPU kernel adds its reduced-precision block copies; the loss upcasts the logits.
+
+With LoRA (`method: lora`: the frozen base, adapters on the targeted linears, `_lora`) only what requires grad
+makes a graph: an op none of whose inputs requires grad and with no trainable weight saves nothing and has no
+backward; a frozen linear keeps no input, a frozen norm weight no normalised value; the adapters' dropout saves its
+noise (CPU) and A and B their inputs; AdamW steps the adapters only.
+
 Scope: the built-in model's blocks (frenzy_slurm/models/gpt.py: RMSNorm or LayerNorm, q/k/v projections, RoPE
 or learned positions, SDPA, SwiGLU or GELU MLP, biases as the architecture says, a tied or untied head) under a
 plain torch loop on one rank, fp32, no or full checkpointing (of every block), no dropout, full training: the CPU
-grid's `torch` points, and those with full recomputation; and the Trainer's transformers Llama on one process, fp32,
-no checkpointing (`hf-trainer-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank (`ds-llama-1gpu`, `ds-gpt2-1gpu`,
-`ds-llama-1gpu-full`).
+grid's `torch` points, and those with full recomputation; in bf16 (autocast or bf16 weights), or with LoRA in fp32
+(`lora-llama-1gpu`), the built-in RMSNorm model without biases, no checkpointing; and the Trainer's transformers
+Llama on one process, fp32, no checkpointing, fully trained or with PEFT's LoRA (`hf-trainer-llama-1gpu`,
+`hf-trainer-peft-lora-llama-1gpu`); and DeepSpeed ZeRO-0 on one rank
+(`ds-llama-1gpu`, `ds-gpt2-1gpu`, `ds-llama-1gpu-full`).
 Anything else is refused by name (`ValueError`), not approximated. Requests of a few bytes that no size of the
 model scales (scalars, index vectors) are not generated: `compare` leaves out requests of at most 4 bytes per
 token.
@@ -63,15 +78,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from frenzy_slurm.marp.allocator_replay import Event, alloc, free, replay
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
+from frenzy_slurm.marp.step_dtypes import step_dtypes
+from frenzy_slurm.marp.step_frenzy import FP32_STEP, RNG_STATE_BYTES, adapted, frenzy_graph, norm, sdpa_scratch
+from frenzy_slurm.marp.step_graph import SELF, Graph, Op
 
 PHASES = ("forward", "loss", "backward", "optimizer")
-RNG_STATE_BYTES = 5056  # torch.get_rng_state() of the CPU generator (at::CPUGeneratorImpl's state; measured)
-SELF = "@out"  # in an op's `saves`: its own output
 
 
 @dataclass(frozen=True)
@@ -86,104 +102,26 @@ class Request:
     size: int
 
 
-@dataclass(frozen=True)
-class _Op:
-    """One forward op: reads `inputs`, makes `out` (`size` bytes). `saves`: what its backward function keeps;
-    `grads`: the inputs it gives a gradient to; `reduce`: inputs broadcast into the output, whose gradient is an
-    output-sized product summed down (a temporary); `params`: the parameter gradients it makes (bytes); `scratch`:
-    a workspace it allocates and frees while it runs (forward, backward)."""
-
-    name: str
-    inputs: tuple[str, ...]
-    out: str
-    size: int
-    saves: tuple[str, ...] = ()
-    grads: tuple[str, ...] = ()
-    reduce: tuple[str, ...] = ()
-    params: tuple[tuple[str, int], ...] = ()
-    scratch: tuple[int, int] = (0, 0)
-    holds: tuple[str, ...] = ()  # tensors the Python code still binds until this op has run (e.g. `logits`)
-    elementwise: bool = False  # its parameter gradients are reductions of output-sized products, after its input's
-    params_last: bool = False  # its parameter gradients are made after its input's
-    passthrough: tuple[str, ...] = ()  # inputs its backward hands the output's gradient to as it is (an add)
-    view: bool = False  # its output shares its first input's storage: nothing is allocated, the input stays alive
-    view_grads: bool = False  # the input gradients it makes are views (a linear on 3-d input: mm on a flattening)
-    bscratch: int = 1  # how many backward workspaces of `scratch[1]` bytes it makes
-    bscratch_last: bool = False  # its backward makes its workspace after its input gradients (a kernel's buffer)
-
-
-@dataclass
-class _Graph:
-    """The step's forward ops with each tensor's size and block."""
-
-    ops: list[_Op] = field(default_factory=list)
-    sizes: dict[str, int] = field(default_factory=dict)
-    layer_of: dict[str, int] = field(default_factory=dict)
-    phase_of: dict[str, str] = field(default_factory=dict)  # op name -> forward phase
-    base: dict[str, str] = field(default_factory=dict)  # view -> the tensor whose storage it shares
-    checkpointed: dict[str, int] = field(default_factory=dict)  # op -> its block, where the block is recomputed
-    checkpoint: bool = False  # the blocks' ops made now are recomputed in backward
-    held: tuple[str, ...] = ()  # what the training loop holds from the forward into the backward's start
-    layer: int = -1
-    phase: str = "forward"
-
-    def storage(self, k: str) -> str:
-        """The tensor whose storage `k` is (itself, or a view's base)."""
-        return self.base.get(k, k)
-
-    def op(
-        self,
-        name: str,
-        inputs: Sequence[str],
-        size: float,
-        *,
-        saves: Sequence[str] = (),
-        grads: Sequence[str] = (),
-        reduce: Sequence[str] = (),
-        params: Sequence[tuple[str, float]] = (),
-        scratch: tuple[float, float] = (0, 0),
-        holds: Sequence[str] = (),
-        elementwise: bool = False,
-        params_last: bool = False,
-        passthrough: Sequence[str] = (),
-        view: bool = False,
-        view_grads: bool = False,
-        bscratch: int = 1,
-        bscratch_last: bool = False,
-    ) -> str:
-        """Appends an op of the current block and phase; returns its output's key (`SELF` in `saves` names it).
-        Parameter names are made the op's own (`name@op`), unless they name another op's already."""
-        out = f"{name}.L{self.layer}"
-        while out in self.sizes:  # (a second norm in the block)
-            out += "'"
-        self.sizes[out] = int(size)
-        self.layer_of[out] = self.layer
-        self.phase_of[out] = self.phase
-        op = _Op(
-            name=out,
-            inputs=tuple(inputs),
-            out=out,
-            size=int(size),
-            saves=tuple(out if k == SELF else k for k in saves),
-            grads=tuple(grads),
-            reduce=tuple(reduce),
-            params=tuple((p if "@" in p else f"{p}@{out}", int(b)) for p, b in params),
-            scratch=(int(scratch[0]), int(scratch[1])),
-            holds=tuple(holds),
-            elementwise=elementwise,
-            params_last=params_last or elementwise,
-            passthrough=tuple(passthrough),
-            view=view,
-            view_grads=view_grads,
-            bscratch=bscratch,
-            bscratch_last=bscratch_last,
-        )
-        self.ops.append(op)
-        if self.checkpoint:
-            self.checkpointed[out] = self.layer
-        if view:
-            self.base[out] = self.storage(inputs[0])
-        return out
+def _variant_reasons(w: Workload, plan: ParallelPlan, code: str) -> list[str]:
+    """The 16-bit and LoRA steps the generator does not make: bf16 only for the built-in RMSNorm model without
+    biases in a plain torch loop, without checkpointing; LoRA for that model or the Trainer's Llama, in fp32."""
+    plain = (
+        code == "frenzy"
+        and w.framework == "torch"
+        and plan.recompute == "none"
+        and w.arch.norm == "rmsnorm"
+        and w.arch.bias == "none"
+    )
+    reasons = []
+    if w.precision not in ("fp32", "bf16-mixed", "bf16-pure"):
+        reasons.append(f"precision {w.precision}")
+    elif w.precision != "fp32" and not plain:
+        reasons.append(f"precision {w.precision} beyond the built-in RMSNorm model without biases in a plain loop")
+    if w.method not in ("full", "lora"):
+        reasons.append(f"method {w.method}")
+    elif w.method == "lora" and not ((plain or code == "hf") and w.precision == "fp32"):
+        reasons.append("method lora beyond the built-in RMSNorm model in a plain loop or the Trainer's Llama, fp32")
+    return reasons
 
 
 def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
@@ -203,10 +141,7 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         reasons.append(
             f"framework {w.framework}" + (f" ZeRO-{plan.zero}, pp {plan.pp}" if plan.zero or plan.pp > 1 else "")
         )
-    if w.precision != "fp32":
-        reasons.append(f"precision {w.precision}")
-    if w.method != "full":
-        reasons.append(f"method {w.method}")
+    reasons += _variant_reasons(w, plan, code)
     if plan.recompute not in ("none", "full"):
         reasons.append(f"recompute {plan.recompute}")
     elif plan.recompute == "full" and plan.recompute_layers not in (None, w.arch.layers):
@@ -223,168 +158,12 @@ def _check_scope(w: Workload, plan: ParallelPlan, code: str) -> None:
         raise ValueError(
             "step_requests generates the built-in model's step under a plain torch loop or DeepSpeed ZeRO-0, or "
             "transformers' Llama under its Trainer, on one rank (fp32, full training, SDPA, no dropout; the built-in "
-            f"model with no or full checkpointing); not yet: {', '.join(reasons)}"
+            "model with no or full checkpointing, and in bf16 autocast, bf16 weights or LoRA without checkpointing); "
+            f"not yet: {', '.join(reasons)}"
         )
 
 
-def _norm(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -> str:
-    """RMSNorm as the CPU composite runs it (square, mean, rsqrt, x * rstd, * weight), or LayerNorm's kernel
-    (output; mean and rstd saved); both save the input."""
-    h = w.arch.hidden
-    if w.arch.norm == "rmsnorm":
-        # (pow's backward: x.pow(1), times 2, then times the gradient)
-        sq = g.op("pow", [x], e * h * tokens, grads=(x,), saves=(x,), scratch=(0, e * h * tokens), bscratch=2)
-        mean = g.op("mean", [sq], e * tokens, grads=(sq,))
-        # (at::rms_norm's composite: the square and its mean are temporaries of one expression, freed after it)
-        rstd = g.op("rsqrt", [mean], e * tokens, grads=(mean,), saves=(SELF,), holds=(sq,))
-        xhat = g.op("xhat", [x, rstd], e * h * tokens, grads=(x, rstd), reduce=(rstd,), saves=(x, rstd))
-        return g.op(
-            "scale", [xhat], e * h * tokens, grads=(xhat,), saves=(xhat,), params=(("norm", e * h),), elementwise=True
-        )
-    # (its backward, aten/src/ATen/native/cpu/layer_norm_kernel.cpp, torch 2.13: dX, dgamma and dbeta, then a
-    # per-thread buffer of both parameters' partial sums)
-    y = g.op(
-        "layernorm",
-        [x],
-        e * h * tokens,
-        grads=(x,),
-        params=(("norm", e * h), ("norm.bias", e * h)),
-        params_last=True,
-        scratch=(0, threads * 2 * e * h),
-        bscratch_last=True,
-    )
-    mean = g.op("mean", [y], 4 * tokens)  # (the kernel's fp32 row statistics, made with its output)
-    rstd = g.op("rstd", [y], 4 * tokens)
-    g.ops[-3] = replace(g.ops[-3], saves=(x, mean, rstd))
-    return y
-
-
-def _linear(g: _Graph, name: str, x: str, n_in: int, n_out: int, tokens: int, e: float, bias: bool) -> str:
-    params = ((name, int(e * n_in * n_out)),) + (((name + ".bias", int(e * n_out)),) if bias else ())
-    # (its input's gradient is mm's 2-d output viewed as 3-d: a second gradient is added out of place. Without a
-    # bias MmBackward0 writes the weight's gradient first, with one AddmmBackward0 the input's: as the CPU step's
-    # profile shows)
-    return g.op(name, [x], e * n_out * tokens, grads=(x,), saves=(x,), params=params, view_grads=True, params_last=bias)
-
-
-def _rope(
-    g: _Graph, w: Workload, x: str, width: int, tokens: int, e: float, tag: str, holds: tuple[str, ...] = ()
-) -> str:
-    """The built-in model's `_rope`: cos/sin tables of seq x head_dim/2 built in every call (kept: the products
-    save them), the halves' four products and their sum/difference (transients), stacked into the output."""
-    a = w.arch
-    table = a.head_dim // 2 * w.seq_len
-    angles = g.op("angles" + tag, [], 4 * table)  # (fp32 outer product, freed when the call returns)
-    cos = g.op("cos" + tag, [angles], e * table)
-    sin = g.op("sin" + tag, [angles], e * table, holds=(angles,))
-    half = e * width / 2 * tokens
-    # x1, x2 = x[..., 0::2], x[..., 1::2]: views, whose gradients are scattered into a zeroed full-size tensor
-    x1 = g.op("even" + tag, [x], half, grads=(x,), view=True)
-    x2 = g.op("odd" + tag, [x], half, grads=(x,), view=True)
-    parts = []
-    for k, (a1, a2) in enumerate(((cos, sin), (sin, cos))):  # x1 * cos - x2 * sin, x1 * sin + x2 * cos
-        t1 = g.op(f"rot{k}a" + tag, [x1, a1], half, grads=(x1,), saves=(a1,))
-        t2 = g.op(f"rot{k}b" + tag, [x2, a2], half, grads=(x2,), saves=(a2,))
-        # (a difference negates its second input's gradient: a new tensor; a sum hands both on)
-        parts.append(g.op(f"rot{k}" + tag, [t1, t2], half, grads=(t1, t2), passthrough=(t1,) if k == 0 else (t1, t2)))
-    # torch.stack's backward unbinds: views of the gradient. (The angles live until the call returns; `holds`: the
-    # projections the caller rebinds after it.)
-    out = g.op("rope" + tag, parts, e * width * tokens, grads=tuple(parts), passthrough=tuple(parts))
-    g.ops[-1] = replace(g.ops[-1], holds=(angles, cos, sin, *holds))  # (`_rope`'s locals ang, cos, sin)
-    return out
-
-
-def _sdpa_scratch(w: Workload, threads: int) -> tuple[int, int]:
-    """(forward, backward) workspace of SDPA's CPU flash kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
-    torch 2.13), per thread in fp32: forward the q-block x kv-block scores, a row max and sum per q row and the
-    q-block's output accumulator; backward the block's probabilities and their gradient. The q block is 256 rows
-    from 768 queries, 64 from 192, else 32; the kv block 512 keys, at most the sequence. (fp32 inputs: a 16-bit
-    run adds reduced-precision copies, not generated.)"""
-    s, d = w.seq_len, w.arch.head_dim
-    qs = 256 if s >= 768 else 64 if s >= 192 else 32
-    kvs = min(512, s)
-    return threads * 4 * (qs * kvs + 2 * qs + qs * d), threads * 4 * 2 * qs * kvs
-
-
-def _block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int) -> str:
-    a = w.arch
-    h, kvd, f = a.hidden, a.kv * a.head_dim, a.ffn
-    qkv_bias, all_bias = a.bias in ("qkv", "all"), a.bias == "all"
-    y = _norm(g, w, x, tokens, e, threads)
-    q = _linear(g, "q", y, h, h, tokens, e, qkv_bias)
-    k = _linear(g, "k", y, h, kvd, tokens, e, qkv_bias)
-    v = _linear(g, "v", y, h, kvd, tokens, e, qkv_bias)
-    if a.position == "rope":
-        # (the head-major views of the projections: RoPE's gradient comes back head-major, and viewing it as
-        # (tokens, width) again copies it)
-        qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
-        kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
-        # (`q, k = _rope(q), _rope(k)`: the projections are let go once both calls have returned)
-        q, k = _rope(g, w, qh, h, tokens, e, "q"), _rope(g, w, kh, kvd, tokens, e, "k", holds=(k, q))
-    # SDPA's CPU flash kernel: output and per-row log-sum-exp (fp32) saved, with q, k and v; its backward zeroes
-    # the gradients of q, k and v, then takes its buffer
-    sdpa = _sdpa_scratch(w, threads)
-    att = g.op("sdpa", [q, k, v], e * h * tokens, grads=(q, k, v), scratch=(0, sdpa[1]), bscratch_last=True)
-    lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))  # (the buffer after both outputs)
-    g.ops[-2] = replace(g.ops[-2], saves=(q, k, v, att, lse))  # (the kernel makes both; its backward reads both)
-    o_in = att
-    if a.position == "rope" and w.activations.unfused_rope:
-        # rotated q/k are new head-major tensors, so the kernel's output is head-major too and the transpose back
-        # to (tokens, hidden) copies it (memory_activations' o_proj term); otherwise it is a view
-        o_in = g.op("transpose", [att], e * h * tokens, grads=(att,), passthrough=(att,))  # (its backward: a view)
-    o = _linear(g, "o", o_in, h, h, tokens, e, all_bias)
-    x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
-    y1, y = y, _norm(g, w, x, tokens, e, threads)
-    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, y1))  # (`h = self.norm2(x)` rebinds the first)
-    if a.gated:
-        gate = _linear(g, "gate", y, h, f, tokens, e, False)
-        act = g.op("silu", [gate], e * f * tokens, grads=(gate,), saves=(gate,))
-        up = _linear(g, "up", y, h, f, tokens, e, all_bias)
-        m = g.op("product", [act, up], e * f * tokens, grads=(act, up), saves=(act, up))
-    else:
-        up = _linear(g, "up", y, h, f, tokens, e, all_bias)
-        m = g.op("gelu", [up], e * f * tokens, grads=(up,), saves=(up,))
-    d = _linear(g, "down", m, f, h, tokens, e, all_bias)
-    # (Block.forward's locals x, h, q, k, v, att, m, let go in that order when it returns: where the block is
-    # checkpointed they are what keeps its tensors alive to its end)
-    return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d), holds=(x, y, q, k, v, att, m))
-
-
-def _graph(w: Workload, plan: ParallelPlan, threads: int) -> tuple[_Graph, list[tuple[str, int]]]:
-    """The step's forward ops, and the parameters (name, bytes) in the model's order."""
-    a = w.arch
-    tokens = plan.micro_batch * w.seq_len
-    e = 4.0 if w.precision == "fp32" else 2.0
-    g = _Graph()
-    x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
-    if a.position == "learned":
-        positions = g.op("positions", [], 8 * w.seq_len)  # (the arange of positions: int64)
-        pos = g.op("pos", [positions], e * a.hidden * w.seq_len, params=(("pos", e * a.max_positions * a.hidden),))
-        # (`x = x + self.pos(...)`: the position embedding is let go before the token embedding's output; it is
-        # broadcast over the batch, so its gradient is a sum over the batch, a new tensor)
-        x = g.op("embed_sum", [pos, x], e * a.hidden * tokens, grads=(x, pos), passthrough=(x,))
-    for i in range(a.layers):
-        if plan.recompute == "full":
-            # torch.utils.checkpoint (non-reentrant, torch 2.13 torch/utils/checkpoint.py): `preserve_rng_state`
-            # stashes the CPU generator's state (a byte tensor), and the frame keeps it and the block's input
-            # until the block's backward is done (`_CheckpointFrame.save_inputs`)
-            g.layer, g.checkpoint = -1, False
-            g.op("rng_state", [x], RNG_STATE_BYTES, saves=(SELF, x))
-        g.layer, g.checkpoint = i, plan.recompute == "full"
-        x = _block(g, w, x, tokens, e, threads)
-    g.layer, g.phase, g.checkpoint = -1, "loss", False
-    y = _norm(g, w, x, tokens, e, threads)
-    # (a tied head's weight gradient is the embedding's: named alike, it is added into it)
-    head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
-    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
-    if e != 4.0 or not w.loss.loss_fp32:
-        logits = g.op("upcast", [logits], 4 * a.vocab * tokens, grads=(logits,))  # logits.float()
-    lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
-    g.op("nll", [lsm], 4, grads=(lsm,), holds=(logits,))
-    return g, list(dict.fromkeys(p for op in g.ops for p in op.params))
-
-
-def _hf_rope(g: _Graph, x: str, width: int, tokens: int, e: float, cos: str, sin: str, tag: str) -> str:
+def _hf_rope(g: Graph, x: str, width: int, tokens: int, e: float, cos: str, sin: str, tag: str) -> str:
     """transformers' `apply_rotary_pos_emb` on one of q, k (head-major views): `x * cos + rotate_half(x) * sin`,
     `rotate_half` = `cat((-x2, x1))` of the halves (views, whose gradients are scattered into full-size zeros);
     the cos/sin tables are the model's, made once per forward."""
@@ -399,7 +178,7 @@ def _hf_rope(g: _Graph, x: str, width: int, tokens: int, e: float, cos: str, sin
     return g.op("rope" + tag, [xc, rs], full, grads=(xc, rs), passthrough=(xc, rs))
 
 
-def _hf_block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: int, cos: str, sin: str) -> str:
+def _hf_block(g: Graph, w: Workload, x: str, tokens: int, e: float, threads: int, cos: str, sin: str) -> str:
     """transformers 5.17's LlamaDecoderLayer (models/llama/modeling_llama.py), fp32, SDPA: RMSNorm as the
     built-in model's composite (its `variance + eps` is one value per token, under the size floor), q/k/v
     projections viewed head-major, `apply_rotary_pos_emb` on q and k, SDPA with `enable_gqa` (no repeat_kv:
@@ -407,37 +186,45 @@ def _hf_block(g: _Graph, w: Workload, x: str, tokens: int, e: float, threads: in
     SwiGLU MLP."""
     a = w.arch
     h, kvd = a.hidden, a.kv * a.head_dim
-    y = _norm(g, w, x, tokens, e, threads)
-    q = _linear(g, "q", y, h, h, tokens, e, False)
-    k = _linear(g, "k", y, h, kvd, tokens, e, False)
-    v = _linear(g, "v", y, h, kvd, tokens, e, False)
+    y = norm(g, w, x, tokens, e, threads)
+    q = adapted(g, w, "q", y, h, h, tokens, FP32_STEP, False)
+    k = adapted(g, w, "k", y, h, kvd, tokens, FP32_STEP, False)
+    v = adapted(g, w, "v", y, h, kvd, tokens, FP32_STEP, False)
     qh = g.op("heads_q", [q], e * h * tokens, grads=(q,), view=True)
     kh = g.op("heads_k", [k], e * kvd * tokens, grads=(k,), view=True)
     qr = _hf_rope(g, qh, h, tokens, e, cos, sin, "q")
     kr = _hf_rope(g, kh, kvd, tokens, e, cos, sin, "k")
     g.ops[-1] = replace(g.ops[-1], holds=(q, k))  # (`q, k = apply_rotary_pos_emb(q, k, ...)` rebinds both)
-    sdpa = _sdpa_scratch(w, threads)
-    att = g.op("sdpa", [qr, kr, v], e * h * tokens, grads=(qr, kr, v), scratch=(0, sdpa[1]), bscratch_last=True)
+    sdpa, _ = sdpa_scratch(w, threads)
+    att = g.op(
+        "sdpa",
+        [qr, kr, v],
+        e * h * tokens,
+        grads=(qr, kr, v),
+        scratch=(0, sdpa[1]),
+        bscratch_last=True,
+        all_grads=True,  # (the kernel zeroes q's, k's and v's gradients whichever are wanted)
+    )
     lse = g.op("lse", [att], 4 * a.heads * tokens, scratch=(sdpa[0], 0))
     g.ops[-2] = replace(g.ops[-2], saves=(qr, kr, v, att, lse))
-    o = _linear(g, "o", att, h, h, tokens, e, False)
+    o = adapted(g, w, "o", att, h, h, tokens, FP32_STEP, False)
     x = g.op("residual1", [x, o], e * h * tokens, grads=(x, o), passthrough=(x, o))
-    y = _norm(g, w, x, tokens, e, threads)
-    gate = _linear(g, "gate", y, h, a.ffn, tokens, e, False)
+    y = norm(g, w, x, tokens, e, threads)
+    gate = adapted(g, w, "gate", y, h, a.ffn, tokens, FP32_STEP, False)
     act = g.op("silu", [gate], e * a.ffn * tokens, grads=(gate,), saves=(gate,))
-    up = _linear(g, "up", y, h, a.ffn, tokens, e, False)
+    up = adapted(g, w, "up", y, h, a.ffn, tokens, FP32_STEP, False)
     m = g.op("product", [act, up], e * a.ffn * tokens, grads=(act, up), saves=(act, up))
-    d = _linear(g, "down", m, a.ffn, h, tokens, e, False)
+    d = adapted(g, w, "down", m, a.ffn, h, tokens, FP32_STEP, False)
     return g.op("residual2", [x, d], e * h * tokens, grads=(x, d), passthrough=(x, d))
 
 
-def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> _Graph:
+def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> Graph:
     """transformers 5.17's LlamaForCausalLM as the Trainer runs it (fp32, no cache, no attention mask), its
     forward and loss ops."""
     a = w.arch
     b, s = plan.micro_batch, w.seq_len
     tokens, e = b * s, 4.0
-    g = _Graph()
+    g = Graph(trainable=w.method == "full")  # (PEFT freezes the base model)
     x = g.op("embed", ["tokens"], e * a.hidden * tokens, params=(("embed", e * a.vocab * a.hidden),))
     # LlamaModel.forward: `position_ids = torch.arange(s) + past_seen_tokens` (int64), kept to its return
     position_ids = g.op("position_ids", [g.op("positions_arange", [], 8 * s)], 8 * s)
@@ -454,23 +241,25 @@ def _hf_graph(w: Workload, plan: ParallelPlan, threads: int) -> _Graph:
     emb = g.op("emb", [freqs], 4 * s * a.head_dim)
     cos = g.op("cos", [g.op("cos_raw", [emb], 4 * s * a.head_dim)], 4 * s * a.head_dim)
     sin = g.op("sin", [g.op("sin_raw", [emb], 4 * s * a.head_dim)], 4 * s * a.head_dim, holds=(freqs, emb))
+    embeds = x  # (LlamaModel.forward's `inputs_embeds`, bound to its return: what keeps it under LoRA)
     for i in range(a.layers):
         g.layer = i
         x = _hf_block(g, w, x, tokens, e, threads, cos, sin)
     g.layer, g.phase = -1, "loss"
-    y = _norm(g, w, x, tokens, e, threads)
-    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, position_ids))  # (LlamaModel.forward returns)
+    y = norm(g, w, x, tokens, e, threads)
+    g.ops[-1] = replace(g.ops[-1], holds=(*g.ops[-1].holds, position_ids, embeds))  # (LlamaModel.forward returns)
     head = ("embed@embed.L-1" if a.tied_embeddings else "head", e * a.vocab * a.hidden)
-    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,), params=(head,))
+    logits = g.op("head", [y], e * a.vocab * tokens, grads=(y,), saves=(y,) if g.trainable else (), params=(head,))
     # loss/loss_utils.py ForCausalLMLoss: `labels = pad(labels, (0, 1), value=-100)`, `labels[..., 1:].contiguous()`
     # (int64), fp32 logits used as they are; cross-entropy's log-softmax, nll saves the shifted labels. The
     # padded labels go when the loss function returns; the model's output (the logits) when the Trainer's
-    # compute_loss does, after the forward
+    # compute_loss does, after the forward; the final norm's output (the model output's `last_hidden_state`: kept
+    # only by it where the head is frozen) when LlamaForCausalLM.forward returns
     pad = g.op("labels_pad", [], 8 * b * (s + 1))
     # (with one sequence the shifted slice is contiguous already: `.contiguous()` returns it, a view)
     shift = g.op("labels_shift", [pad], 8 * b * s, view=b == 1)
     lsm = g.op("log_softmax", [logits], 4 * a.vocab * tokens, grads=(logits,), saves=(SELF,))
-    g.op("nll", [lsm, shift], 4, grads=(lsm,), saves=(shift,), holds=(pad,))
+    g.op("nll", [lsm, shift], 4, grads=(lsm,), saves=(shift,), holds=(pad, y))
     g.held = (logits,)
     return g
 
@@ -494,7 +283,7 @@ class _Emitter:
             self.out.append(Request(phase, layer, "free", f"s{self.step}.{key}", self.live.pop(key)))
 
 
-def _forward(g: _Graph, em: _Emitter) -> None:
+def _forward(g: Graph, em: _Emitter) -> None:
     """Each op's output and scratch; a tensor is freed after its last reader unless a backward function saves
     it. A checkpointed block's ops save nothing: their saved tensors are packed into placeholders
     (`_checkpoint_hook`), so only the block's input stays, kept by its checkpoint."""
@@ -502,7 +291,7 @@ def _forward(g: _Graph, em: _Emitter) -> None:
     _run(g, em, range(len(g.ops)), saved | set(g.held), "forward")
 
 
-def _run(g: _Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: str) -> None:
+def _run(g: Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: str) -> None:
     """Ops `ops` of the forward, in order (phase `phase`, else the op's own): outputs and scratch, each tensor freed
     after its last reader among them unless in `saved`."""
     last_read: dict[str, int] = {}
@@ -514,16 +303,17 @@ def _run(g: _Graph, em: _Emitter, ops: Sequence[int], saved: set[str], phase: st
         where, layer = g.phase_of[op.out] if phase == "forward" else phase, g.layer_of[op.out]
         if not op.view:
             em.alloc(where, layer, op.out, op.size)
-        if op.scratch[0]:
-            em.alloc(where, layer, op.out + ".scratch", op.scratch[0])
-            em.free(where, layer, op.out + ".scratch")
+        em.alloc(where, layer, op.out + ".scratch", op.scratch[0])
+        em.alloc(where, layer, op.out + ".scratch2", op.scratch2[0])
+        em.free(where, layer, op.out + ".scratch2")
+        em.free(where, layer, op.out + ".scratch")
         # (the temporaries first, then what the Python code binds)
         for k in dict.fromkeys(g.storage(k) for k in (*(k for k in op.inputs if k not in op.holds), *op.holds, op.out)):
             if last_read.get(k, n) <= n and k not in saved:
                 em.free(where, layer, k)
 
 
-def _recompute(g: _Graph, em: _Emitter, block: int) -> None:
+def _recompute(g: Graph, em: _Emitter, block: int) -> None:
     """The checkpointed block's forward again, when its backward first unpacks a saved tensor
     (`_checkpoint_hook.unpack_hook`): under `torch.random.fork_rng` (a second stash of the generator's state,
     freed when the recomputation ends), the block's ops up to the last one that saves a tensor, which keep what
@@ -582,7 +372,7 @@ class _Grads:
 
 
 def _backward_op(
-    g: _Graph, em: _Emitter, gr: _Grads, op: _Op, grad_of: dict[str, str], unpacked: Sequence[str] = ()
+    g: Graph, em: _Emitter, gr: _Grads, op: Op, grad_of: dict[str, str], unpacked: Sequence[str] = ()
 ) -> list[tuple[str, str, bool]]:
     """One op's backward as autograd's engine runs it (torch/csrc/autograd/engine.cpp `evaluate_function`): the
     function makes its scratch, parameter and input gradients (in the op's order), lets go of `unpacked` (a
@@ -607,22 +397,26 @@ def _backward_op(
             em.free("backward", layer, f"{op.out}.reduce.{k}")
         key = f"grad.{k}.from.{op.out}"
         em.alloc("backward", layer, key, g.sizes.get(k, 0))
-        if key in em.live:
+        if key in em.live and k not in op.unwanted:
             gr.refs[key] += 1
             made.append((k, key, op.view_grads))
     if op.params_last:
         _param_grads(em, op, layer, grad_of)
     for key in scratch if op.bscratch_last else []:
         em.alloc("backward", layer, key, op.scratch[1])
+    em.alloc("backward", layer, f"{op.out}.bscratch2", op.scratch2[1])  # (its reduced-precision copies)
+    em.free("backward", layer, f"{op.out}.bscratch2")
     for key in scratch:
         em.free("backward", layer, key)
+    for k in op.unwanted:  # (dropped as the function returns)
+        em.free("backward", layer, f"grad.{k}.from.{op.out}")
     for k in unpacked:
         em.free("backward", layer, k)
     gr.release(layer, out_grad)
     return made
 
 
-def _param_grads(em: _Emitter, op: _Op, layer: int, grad_of: dict[str, str]) -> None:
+def _param_grads(em: _Emitter, op: Op, layer: int, grad_of: dict[str, str]) -> None:
     """The parameters' gradients of `op`, kept for the optimizer (`grad_of`: each parameter's .grad). A tied
     weight's second gradient is added to the first into a new tensor (AccumulateGrad's `grad + new_grad`, as the
     CPU step's profile shows). An elementwise op's (a norm's scale) is an output-sized product summed down to the
@@ -642,7 +436,7 @@ def _param_grads(em: _Emitter, op: _Op, layer: int, grad_of: dict[str, str]) -> 
             em.free("backward", layer, f"{op.out}.reduce.{p}")
 
 
-def _saved_frees(g: _Graph) -> dict[int, list[str]]:
+def _saved_frees(g: Graph) -> dict[int, list[str]]:
     """Per op, the saved tensors (storage) let go after its backward: those no op before it saves (the earliest
     saver runs last in backward). A checkpointed block's frame (its stashed generator state and its input) dies
     with the block's first op, the last of its graph to run."""
@@ -663,7 +457,7 @@ def _saved_frees(g: _Graph) -> dict[int, list[str]]:
     return out
 
 
-def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
+def _backward(g: Graph, em: _Emitter) -> dict[str, str]:
     """The ops in reverse from the loss's gradient (`_backward_op`); after each, the saved tensors no op before
     it reads. Returns each parameter's .grad key."""
     frees = _saved_frees(g)
@@ -693,44 +487,62 @@ def _backward(g: _Graph, em: _Emitter) -> dict[str, str]:
     return grad_of
 
 
-def _optimizer(params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str], fused: bool) -> None:
+def _optimizer(
+    params: list[tuple[str, int]], em: _Emitter, grad_of: dict[str, str], fused: bool, foreach: bool = False
+) -> None:
     """torch's single-tensor AdamW (CPU): per parameter, sqrt(exp_avg_sq) and the denominator; the loop's `denom`
     keeps each denominator until the next parameter's is assigned (the last one until the step returns); then
     zero_grad. The fused AdamW (`fused=True`, aten/src/ATen/native/cpu/FusedAdamKernel.cpp) updates in place,
-    element by element: nothing but zero_grad."""
-    previous = ""
-    for p, size in [] if fused else params:
-        em.alloc("optimizer", -1, f"sqrt.{p}", size)
-        em.alloc("optimizer", -1, f"denom.{p}", size)
-        em.free("optimizer", -1, f"sqrt.{p}")
+    element by element: nothing but zero_grad. The foreach AdamW (`foreach`, what torch picks for CUDA tensors:
+    torch 2.13 torch/optim/optimizer.py `_default_to_fused_or_foreach`; adam.py `_multi_tensor_adam`) makes
+    `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`, one tensor per parameter, updated in place and let go
+    together when the step returns."""
+    if foreach and not fused:
+        for p, size in params:
+            em.alloc("optimizer", -1, f"sqrt.{p}", size)
+        for p, _ in params:
+            em.free("optimizer", -1, f"sqrt.{p}")
+    elif not fused:
+        previous = ""
+        for p, size in params:
+            em.alloc("optimizer", -1, f"sqrt.{p}", size)
+            em.alloc("optimizer", -1, f"denom.{p}", size)
+            em.free("optimizer", -1, f"sqrt.{p}")
+            em.free("optimizer", -1, previous)
+            previous = f"denom.{p}"
         em.free("optimizer", -1, previous)
-        previous = f"denom.{p}"
-    em.free("optimizer", -1, previous)
     for p, _ in params:
         em.free("optimizer", -1, grad_of[p])
 
 
 def step_requests(
-    w: Workload, plan: ParallelPlan, step: int = 0, threads: int = 1, code: str = "frenzy", fused_adamw: bool = False
+    w: Workload,
+    plan: ParallelPlan,
+    step: int = 0,
+    threads: int = 1,
+    code: str = "frenzy",
+    fused_adamw: bool = False,
+    device: str = "cpu",
 ) -> list[Request]:
     """One training step's requests, phase by phase (the module docstring); keys carry `step`, so that several
     steps can be replayed one after another; `threads`: the CPU threads SDPA's kernel takes a workspace for;
     `code`: the model code profile (marp/frameworks.py MODEL_CODES: "frenzy", the built-in model; "hf",
     transformers' Llama); `fused_adamw`: the optimizer is torch's fused AdamW (the Trainer's default from
-    transformers 4.54 with torch 2.8: framework_facts.hf_trainer_fused_adamw), else its single-tensor loop.
-    ValueError outside the module's scope."""
+    transformers 4.54 with torch 2.8: framework_facts.hf_trainer_fused_adamw), else its single-tensor loop;
+    `device`: whose kernels ("cpu", as recorded; "cuda" leaves out the CPU kernels' own buffers: SDPA's
+    workspaces, TensorIterator's promotion copies; AdamW is foreach). ValueError outside the module's scope."""
     _check_scope(w, plan, code)
     if code == "hf":
         g = _hf_graph(w, plan, threads)
         params = list(dict.fromkeys(p for op in g.ops for p in op.params))
     else:
-        g, params = _graph(w, plan, threads)
+        g, params = frenzy_graph(w, plan, threads, step_dtypes(w.precision, device))
     em = _Emitter(step)
     _forward(g, em)
     grad_of = _backward(g, em)
     if w.framework == "deepspeed":
         _allreduce_buckets(params, em)
-    _optimizer(params, em, grad_of, fused_adamw)
+    _optimizer(params, em, grad_of, fused_adamw, foreach=device == "cuda")
     return em.out
 
 
