@@ -75,7 +75,8 @@ def test_torchtitan_runs_interleaved_with_two_chunks_per_rank():
     assert search_space_from_spec(make_spec(entry=titan, parallel={"pp": 2})).pinned["virtual_stages"] == 1
 
 
-def _titan_405b(schedule: str) -> tuple[float, float]:
+def _titan_405b(schedule: str) -> tuple[int, float, float]:
+    """(the peak stage, its allocated peak and activations in GiB) of torchtitan's Dec 2024 405B 3D run."""
     entry = {"trainer": "script", "script": "train.py", "framework": "torchtitan", "framework_version": "2024.12.26"}
     spec = make_spec(
         entry=entry,
@@ -93,15 +94,20 @@ def _titan_405b(schedule: str) -> tuple[float, float]:
         parallel={"sharding": "full-shard", "tp": 8, "pp": 8, "schedule": schedule},
     )
     w = workload_from_spec(spec, ResolvedModel(arch=resolve_model(spec, ".").arch, name="llama"))
-    est = estimate_memory(w, pinned_plan(spec, w, 512), "allocated")
-    return est.stages[0].peak / GiB, est.stages[0].activations / GiB
+    plan = pinned_plan(spec, w, 512)
+    # torchtitan's split (generate_split_points): the first and last stage one block fewer
+    assert plan.stage_layers(126) == (15, 16, 16, 16, 16, 16, 16, 15)
+    top = max(estimate_memory(w, plan, "allocated").stages, key=lambda s: s.peak)
+    return top.stage, top.peak / GiB, top.activations / GiB
 
 
 def test_interleaved_1f1b_holds_less_than_1f1b_under_fsdp2_pipelines():
-    one, one_acts = _titan_405b("1f1b")
-    inter, inter_acts = _titan_405b("interleaved")
-    # the first stage: 7 micro-batches of 16 blocks beside every unsharded gradient (1F1B), 3.5 beside them
-    # (interleaved: the second chunk's activations are gone when the first chunk makes its gradients)
+    one_at, one, one_acts = _titan_405b("1f1b")
+    inter_at, inter, inter_acts = _titan_405b("interleaved")
+    # the second stage (16 blocks, the first has 15 and the embedding): 7 micro-batches of 16 blocks beside every
+    # unsharded gradient (1F1B), 3.5 beside them (interleaved: the second chunk's activations are gone when the
+    # first chunk makes its gradients)
+    assert one_at == inter_at == 1
     assert one_acts == pytest.approx(17.41, abs=0.01)
     assert inter_acts == pytest.approx(10.41, abs=0.01)
     assert one - inter == pytest.approx(7.0, abs=0.01)  # 3.5 micro-batches of 16 checkpointed blocks
@@ -120,3 +126,20 @@ def test_torchs_schedules_on_the_cpu_peak_where_the_replay_says():
     one = bench.measure("1f1b", pp=2, n_mb=2, d=8)
     measured, replayed, before = one[0]
     assert measured == replayed == 640 and before == 768
+
+
+def test_torchtitans_split_puts_the_blocks_left_over_on_the_middle_stages():
+    # generate_split_points over pp x v stages: the first `layers // n`, the middle ones one more while the remainder
+    # lasts, the last the rest; rank r sums stages r, r + pp, ...
+    def split(layers: int, pp: int, v: int = 1) -> tuple[int, ...]:
+        schedule = "interleaved" if v > 1 else "1f1b"
+        return ParallelPlan(pp=pp, schedule=schedule, virtual_stages=v, layer_balance="middle").stage_layers(layers)
+
+    assert split(126, 8) == (15, 16, 16, 16, 16, 16, 16, 15)
+    assert split(126, 8, v=2) == (15, 16, 16, 16, 16, 16, 16, 15)  # 7, 8 x 14, 7 over 16 stages
+    assert split(32, 4) == (8, 8, 8, 8)
+    assert split(11, 4) == (2, 3, 3, 3)
+    assert ParallelPlan(pp=4).stage_layers(11) == (3, 3, 3, 2)  # the front split, the default
+    titan = {"trainer": "script", "script": "train.py", "framework": "torchtitan"}
+    assert search_space_from_spec(make_spec(entry=titan, parallel={"pp": 2})).pinned["layer_balance"] == "middle"
+    assert search_space_from_spec(make_spec(parallel={"pp": 2})).pinned["layer_balance"] == "front"

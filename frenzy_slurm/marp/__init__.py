@@ -515,6 +515,7 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         "offload_params": par.offload_params or fsdp_offloads_parameters(spec),
         "schedule": par.schedule,
         "virtual_stages": _virtual_stages(spec, prof),
+        "layer_balance": prof.layer_balance,
     }
     if par.shard_group is not None:
         pinned["shard_group"] = par.shard_group

@@ -229,6 +229,9 @@ class FrameworkProfile:
     # model chunks per pipeline rank under `parallel.schedule: interleaved` when model.yaml gives no
     # `virtual_stages` (torchtitan: 2 for its multi-stage schedules)
     interleaved_virtual_stages: int = 1
+    # where the default layer split puts the blocks left over (ParallelPlan.layer_balance): "front" (the first
+    # stages), "middle" (torchtitan: the first stage one block less, the middle ones one more, the last the rest)
+    layer_balance: str = "front"
     # the FSDP APIs it can run (parallel.fsdp_version: 1 FullyShardedDataParallel, 2 fully_shard) and the one it runs
     # when model.yaml does not say; `fsdp2_from`: a release of the framework (of torch for the plain loop) before which
     # its default is FSDP1 (each profile below cites where it is read; docs/marp.md lists them)
@@ -353,6 +356,7 @@ PROFILES: dict[str, FrameworkProfile] = {
             # (9dec370 parallelisms/pipelining_utils.py; v0.2.0 and main distributed/pipeline_parallel.py: "For
             # multi-stage schedules, default is 2 virtual stages per rank")
             interleaved_virtual_stages=2,
+            layer_balance="middle",  # 9dec370 pipelining_utils.py generate_split_points (126 blocks: 15, 16 x 6, 15)
             fsdp_versions=(2,),  # apply_fsdp: fully_shard only
             # the loss is compiled with the blocks from 0.1.0 (bbb1b616e), not before (9dec370 train.py:137-138)
             loss_compile_by_version=True,

@@ -131,7 +131,7 @@ def estimate_memory(
     optimizer step's temporaries, the allocator's and the device's overheads) from its own function, summed at
     each moment of the step (the module docstring); the breakdown is that of the largest.
 
-    `peak_stages_only` computes only the first and last pipeline stages. With the default split (earlier
+    `peak_stages_only` computes only the first and last pipeline stages. With the default front split (earlier
     stages get the extra layers) every middle stage holds no more layers, no more in-flight micro-batches
     and no embedding, so one of those two is the peak; the candidate search uses this to stay fast.
 
@@ -151,7 +151,7 @@ def estimate_memory(
     j = job(w, plan, memo)
     stages = []
     for i, n_layers in enumerate(plan.stage_layers(w.arch.layers)):
-        if peak_stages_only and plan.layer_split is None and 0 < i < plan.pp - 1:
+        if peak_stages_only and plan.layer_split is None and plan.layer_balance == "front" and 0 < i < plan.pp - 1:
             continue
         t = stage_terms(j, i, n_layers)
         peak = peak_moment(t)
