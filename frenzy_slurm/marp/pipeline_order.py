@@ -1,9 +1,9 @@
 """A pipeline rank's order of forwards and backwards per schedule, replayed for what is alive at each instant.
 
 Owns the schedules' op order as torch.distributed.pipelining writes it (torch 2.13 `distributed/pipelining/
-schedules.py`; the Dec 2024 nightly, torch 1963fc8, orders them the same where the micro-batches are a multiple of
-the pipeline degree) and `grad_moments`: the instants of a step at which a rank holds the most micro-batches'
-activations beside unsharded gradients that grow chunk by chunk. FSDP2 under torch's `PipelineStage` (torchtitan)
+schedules.py`; earlier versions of the file, read for the Dec 2024 benchmark's torch 1963fc8, order them the
+same where the micro-batches are a multiple of the pipeline degree) and `grad_moments`: the instants of a step at
+which a rank holds the most micro-batches' activations beside unsharded gradients that grow chunk by chunk. FSDP2 under torch's `PipelineStage` (torchtitan)
 keeps every unit's gradient unsharded from its first backward to the step's last one, so a stage's gradients appear
 as its model chunks run their first backward, and interleaved 1F1B, whose rank runs its last chunk's backwards
 before its first chunk's, has half of them while it holds the most activations.
@@ -32,7 +32,8 @@ def _interleaved_ops(pp: int, rank: int, n_mb: int, v: int) -> list[Op]:
     """ScheduleInterleaved1F1B (`_get_warmup_ops`, `_get_1f1b_rank_ops`): forwards run chunk by chunk in rounds of
     `microbatches_per_round`, backwards from the last chunk back; the warm-up holds
     (v - 1) * per_round + 2 * (pp - 1 - rank) forwards (at most all of them), then each forward is followed by a
-    backward. The Dec 2024 code used `pp` for `per_round`: the same when `n_mb` is a multiple of `pp`."""
+    backward. Earlier versions (List-typed, 2024) used `pp` for `per_round`: the same when `n_mb` is a multiple of
+    `pp`."""
     rounds = max(1, n_mb // pp)
     per_round = n_mb // rounds
     total = n_mb * v
