@@ -3,10 +3,11 @@
 Owns the schedules' op order as torch.distributed.pipelining writes it (torch 2.13 `distributed/pipelining/
 schedules.py`; earlier versions of the file, read for the Dec 2024 benchmark's torch 1963fc8, order them the
 same where the micro-batches are a multiple of the pipeline degree) and `grad_moments`: the instants of a step at
-which a rank holds the most micro-batches' activations beside unsharded gradients that grow chunk by chunk. FSDP2 under torch's `PipelineStage` (torchtitan)
-keeps every unit's gradient unsharded from its first backward to the step's last one, so a stage's gradients appear
-as its model chunks run their first backward, and interleaved 1F1B, whose rank runs its last chunk's backwards
-before its first chunk's, has half of them while it holds the most activations.
+which a rank holds the most micro-batches' activations beside unsharded gradients that grow chunk by chunk.
+FSDP2 under torch's `PipelineStage` (torchtitan) keeps every unit's gradient unsharded from its first backward to
+the step's last one, so a stage's gradients appear as its model chunks run their first backward, and interleaved
+1F1B, whose rank runs its last chunk's backwards before its first chunk's, has half of them while it holds the most
+activations.
 """
 
 from __future__ import annotations
