@@ -339,7 +339,14 @@ def test_pinned_plan_names_one_plan_or_says_what_to_pin():
     )
     w = workload_from_spec(spec, resolve_model(spec, "."))
     assert pinned_plan(spec, w, 8) == ParallelPlan(
-        dp=4, tp=2, zero=3, micro_batch=2, grad_accum=2, recompute="full", sequence_parallel=True
+        dp=4,
+        tp=2,
+        zero=3,
+        micro_batch=2,
+        grad_accum=2,
+        recompute="full",
+        sequence_parallel=True,
+        layer_balance="middle",  # torchtitan's split (generate_split_points)
     )
     with pytest.raises(InputError, match="pin parallel.sharding"):
         pinned_plan(script("torchtitan"), w, 8)

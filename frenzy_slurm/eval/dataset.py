@@ -629,7 +629,8 @@ def _parallel_block(plan: ParallelPlan, stated_sp: bool | None, sharding: str) -
         "cp": plan.cp,
         **({"sequence_parallel": stated_sp} if stated_sp is not None and plan.tp > 1 else {}),
         "schedule": plan.schedule,
-        "virtual_stages": plan.virtual_stages,
+        # chunks per rank only where the row states them: else the framework's own (torchtitan: 2 under interleaved)
+        **({"virtual_stages": plan.virtual_stages} if plan.virtual_stages > 1 else {}),
         "offload_optimizer": plan.offload_optimizer,
         "offload_params": plan.offload_params,
         **({"shard_group": plan.shard_group} if plan.shard_group else {}),
@@ -758,6 +759,12 @@ def interpret_row(row: MeasuredRow) -> Interpreted:
         planned = pinned_plan(job, workload, plan.world)
     except InputError as exc:
         raise RowError(f"the row's model.yaml cannot be planned: {exc.message}") from None
+    # what the row cannot state is the framework's: its default chunks per rank and where its split puts the
+    # blocks left over
+    unstated: dict[str, object] = {"layer_balance": planned.layer_balance}
+    if plan.virtual_stages == 1:
+        unstated["virtual_stages"] = planned.virtual_stages
+    plan = plan.with_(**unstated)
     if planned != plan:
         raise RowError(f"the row's plan {plan.short()} is not one its model.yaml gives ({planned.short()})")
     return Interpreted(workload, plan, _metric(raw), job)

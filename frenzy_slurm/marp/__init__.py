@@ -455,6 +455,14 @@ def _check_transformers_version(spec: JobSpec, prof: FrameworkProfile) -> None:
         )
 
 
+def _virtual_stages(spec: JobSpec, prof: FrameworkProfile) -> int:
+    """Model chunks per pipeline rank: model.yaml's `virtual_stages`, else the framework's own under interleaved."""
+    par = spec.parallel
+    if par.schedule != "interleaved" or "virtual_stages" in par.model_fields_set:
+        return par.virtual_stages
+    return prof.interleaved_virtual_stages
+
+
 def search_space_from_spec(spec: JobSpec) -> SearchSpace:
     """The plans the job's framework can run, within what model.yaml pins (`parallel:`, micro-batch,
     checkpointing); refuses a pinned setting the framework cannot run (exit 2)."""
@@ -506,7 +514,8 @@ def search_space_from_spec(spec: JobSpec) -> SearchSpace:
         "offload_optimizer": par.offload_optimizer,
         "offload_params": par.offload_params or fsdp_offloads_parameters(spec),
         "schedule": par.schedule,
-        "virtual_stages": par.virtual_stages,
+        "virtual_stages": _virtual_stages(spec, prof),
+        "layer_balance": prof.layer_balance,
     }
     if par.shard_group is not None:
         pinned["shard_group"] = par.shard_group

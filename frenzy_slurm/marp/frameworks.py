@@ -226,6 +226,12 @@ class FrameworkProfile:
     # with pipeline stages, FSDP2 keeps each stage's weights gathered and its gradients unsharded over the step's
     # micro-batches (torchtitan's default reshard policy with torch's PipelineStage; marp/framework_facts.py)
     fsdp_pp_unsharded: bool = False
+    # model chunks per pipeline rank under `parallel.schedule: interleaved` when model.yaml gives no
+    # `virtual_stages` (torchtitan: 2 for its multi-stage schedules)
+    interleaved_virtual_stages: int = 1
+    # where the default layer split puts the blocks left over (ParallelPlan.layer_balance): "front" (the first
+    # stages), "middle" (torchtitan: the first stage one block less, the middle ones one more, the last the rest)
+    layer_balance: str = "front"
     # the FSDP APIs it can run (parallel.fsdp_version: 1 FullyShardedDataParallel, 2 fully_shard) and the one it runs
     # when model.yaml does not say; `fsdp2_from`: a release of the framework (of torch for the plain loop) before which
     # its default is FSDP1 (each profile below cites where it is read; docs/marp.md lists them)
@@ -346,6 +352,11 @@ PROFILES: dict[str, FrameworkProfile] = {
             tp_saves_gathered_inputs=True,
             loss_detaches_hidden=True,  # components/loss.py ChunkedLossWrapper (its default loss, 8 chunks)
             fsdp_pp_unsharded=True,  # distributed/fsdp.py: reshard_after_forward = not pp_enabled (0.3.0)
+            # generate_split_points: num_stages_per_rank = 2 for a PipelineScheduleMulti without split points
+            # (9dec370 parallelisms/pipelining_utils.py; v0.2.0 and main distributed/pipeline_parallel.py: "For
+            # multi-stage schedules, default is 2 virtual stages per rank")
+            interleaved_virtual_stages=2,
+            layer_balance="middle",  # 9dec370 pipelining_utils.py generate_split_points (126 blocks: 15, 16 x 6, 15)
             fsdp_versions=(2,),  # apply_fsdp: fully_shard only
             # the loss is compiled with the blocks from 0.1.0 (bbb1b616e), not before (9dec370 train.py:137-138)
             loss_compile_by_version=True,

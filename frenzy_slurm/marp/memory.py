@@ -41,6 +41,7 @@ from frenzy_slurm.marp.memory_reserved import allocator_overhead, length_change_
 from frenzy_slurm.marp.memory_saved import saved_activations
 from frenzy_slurm.marp.memory_states import States, gradients_persist, model_states
 from frenzy_slurm.marp.overheads import Overheads
+from frenzy_slurm.marp.pipeline_order import grad_moments
 from frenzy_slurm.marp.plan import Metric, ParallelPlan, Workload
 
 __all__ = [
@@ -130,7 +131,7 @@ def estimate_memory(
     optimizer step's temporaries, the allocator's and the device's overheads) from its own function, summed at
     each moment of the step (the module docstring); the breakdown is that of the largest.
 
-    `peak_stages_only` computes only the first and last pipeline stages. With the default split (earlier
+    `peak_stages_only` computes only the first and last pipeline stages. With the default front split (earlier
     stages get the extra layers) every middle stage holds no more layers, no more in-flight micro-batches
     and no embedding, so one of those two is the peak; the candidate search uses this to stay fast.
 
@@ -150,7 +151,7 @@ def estimate_memory(
     j = job(w, plan, memo)
     stages = []
     for i, n_layers in enumerate(plan.stage_layers(w.arch.layers)):
-        if peak_stages_only and plan.layer_split is None and 0 < i < plan.pp - 1:
+        if peak_stages_only and plan.layer_split is None and plan.layer_balance == "front" and 0 < i < plan.pp - 1:
             continue
         t = stage_terms(j, i, n_layers)
         peak = peak_moment(t)
@@ -177,6 +178,8 @@ def stage_terms(j: Job, i: int, n_layers: int) -> StageTerms:
     b = stage_buffers(j, i, n_layers, st)
     persistent = (gradients_persist(j, i) and not w.states.optimizer_in_backward) or b.keeps_grads
     inflight = in_flight(j.plan, i)
+    if w.comm.fsdp_pp_unsharded and j.plan.pp > 1 and j.plan.schedule != "sequential" and not w.arch.encoder_decoder:
+        inflight, b.grad_share = _unsharded_grads_peak(j, i, n_layers, b.unit_grads)
     if w.arch.encoder_decoder:
         saved, recomputed, work, block = encdec_saved_activations(j, n_layers, inflight)
     else:
@@ -202,6 +205,14 @@ def stage_terms(j: Job, i: int, n_layers: int) -> StageTerms:
         acts=ActivationTerms(saved, recomputed, work, block=block),
         loss=LossTerms(logits, loss_grads, out16, prev_logits, prev_inputs, fwd_grads),
     )
+
+
+def _unsharded_grads_peak(j: Job, i: int, n_layers: int, grads: float) -> tuple[float, float]:
+    """(micro-batches in flight, share of the stage's unsharded gradients) at the instant of the schedule's replay
+    (marp/pipeline_order.py) where their saved activations and those gradients sum highest: FSDP2 under torch's
+    PipelineStage makes each chunk's unsharded gradients at its first backward and keeps them to the step's end."""
+    moments = grad_moments(j.plan, i)
+    return max(moments, key=lambda m: saved_activations(j, i, n_layers, m[0])[0] + m[1] * grads)
 
 
 def _memo_states(j: Job, i: int, n_layers: int, memo: TermMemo) -> States:

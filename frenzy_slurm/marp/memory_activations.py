@@ -345,7 +345,9 @@ def in_flight(plan: ParallelPlan, i: int) -> float:
     """Micro-batches whose activations a pipeline stage holds at its peak: 1F1B keeps pp - stage of them, GPipe
     all, interleaved 1F1B with v model chunks per rank (pp - stage - 1) * 2 + (v - 1) * pp + 1 chunk-micro-batches
     in warm-up (Megatron's schedule), each 1/v of the stage's layers; sequential stages (naive model parallelism)
-    run each micro-batch's forward and backward through every stage before the next starts: one."""
+    run each micro-batch's forward and backward through every stage before the next starts: one. Under FSDP2's
+    unsharded pipeline gradients (torchtitan) the stage's peak instant comes from the schedule's replay instead
+    (marp/pipeline_order.py grad_moments)."""
     ga = max(plan.grad_accum, 1)
     if plan.pp == 1 or plan.schedule == "sequential":
         return 1.0

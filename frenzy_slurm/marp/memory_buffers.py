@@ -24,6 +24,9 @@ class Buffers:
     keeps_grads: bool = False  # the buffers keep every gradient alive (ZeRO-3's optimizer)
     released_at_loss: float = 0.0  # part of `fb` not gathered while the loss runs (FSDP2 resharded the blocks)
     gathered: float = 0.0  # part of `fb`: the ZeRO-3/FSDP parameters gathered at a time (zero3_gathered)
+    # the share of `unit_grads` alive beside the in-flight micro-batches' activations: under FSDP2 with pipeline
+    # stages a rank's chunks make their unsharded gradients one chunk at a time (marp/pipeline_order.py)
+    grad_share: float = 1.0
 
 
 def zero3_gathered(j: Job, i: int, n_layers: int, st: States) -> tuple[float, float]:

@@ -124,7 +124,7 @@ def moments(t: StageTerms) -> list[Moment]:
             last_block_grads,
             a.saved + a.recomputed + a.work,
             0.0,
-            fb + b.unit_grads + b.bucket + b.resident,
+            fb + b.unit_grads * b.grad_share + b.bucket + b.resident,
         )
     )
     end_acts = a.work + a.block

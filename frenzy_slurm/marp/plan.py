@@ -77,7 +77,13 @@ class ParallelPlan(BaseModel):
     layer_split: tuple[int, ...] | None = Field(
         None,
         description="Blocks per pipeline stage, in order; None = as "
-        "even as possible (earlier stages take the remainder).",
+        "even as possible (earlier stages take the remainder, or the middle ones under layer_balance=middle).",
+    )
+    layer_balance: Literal["front", "middle"] = Field(
+        "front",
+        description="Where the default split puts the blocks left over: on the first stages (front), or on the "
+        "middle ones, the first stage one block less and the last the rest (middle: torchtitan's "
+        "generate_split_points, over pp x virtual_stages stages).",
     )
 
     @model_validator(mode="after")
@@ -106,6 +112,8 @@ class ParallelPlan(BaseModel):
     def stage_layers(self, layers: int) -> tuple[int, ...]:
         if self.layer_split is not None:
             return self.layer_split
+        if self.layer_balance == "middle":
+            return _middle_split(layers, self.pp, self.virtual_stages)
         base, extra = divmod(layers, self.pp)
         return tuple(base + (1 if i < extra else 0) for i in range(self.pp))
 
@@ -201,3 +209,19 @@ def parse_plan(text: str) -> ParallelPlan:
         return ParallelPlan(**kwargs)  # type: ignore[arg-type]  # parsed text; pydantic validates it
     except ValidationError as exc:
         raise InputError(f"--plan: {plan_error(exc)}") from None
+
+
+def _middle_split(layers: int, pp: int, v: int) -> tuple[int, ...]:
+    """Blocks per pipeline rank as torchtitan splits them without split points (9dec370
+    parallelisms/pipelining_utils.py generate_split_points): over pp x v stages, the first takes `layers // n`, each
+    middle one a block more while the remainder lasts, the last what is left; rank r runs stages r, r + pp, ..."""
+    n = pp * v
+    if n == 1:
+        return (layers,)
+    base, extra = divmod(layers, n)
+    sizes = [base]
+    for _ in range(n - 2):
+        sizes.append(base + (1 if extra > 0 else 0))
+        extra -= 1
+    sizes.append(layers - sum(sizes))
+    return tuple(sum(sizes[r::pp]) for r in range(pp))
