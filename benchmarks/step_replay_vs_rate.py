@@ -19,6 +19,7 @@ fused CUDA kernel), so the GPU-scale rows are the replay of that sequence, not o
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -26,8 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from frenzy_slurm.eval.grid import workload_of  # noqa: E402
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel  # noqa: E402
 from frenzy_slurm.jobspec.arch import Architecture  # noqa: E402
+from frenzy_slurm.marp import pinned_plan, workload_from_spec  # noqa: E402
 from frenzy_slurm.marp.allocator import parameter_shapes  # noqa: E402
 from frenzy_slurm.marp.allocator_replay import Event, alloc, replay  # noqa: E402
 from frenzy_slurm.marp.memory import estimate_memory  # noqa: E402
@@ -45,8 +47,31 @@ LLAMA2_7B = Architecture(
 )
 
 
+def _cuda_workload(spec_data: dict) -> tuple[Workload, ParallelPlan]:
+    """The Workload and one-GPU plan fsbatch derives from this model.yaml for a CUDA pool (the product's path)."""
+    spec = JobSpec.model_validate(spec_data)
+    assert spec.model.arch is not None
+    w = workload_from_spec(spec, ResolvedModel(arch=spec.model.arch, name=spec.name), device="cuda")
+    return w, pinned_plan(spec, w, 1)
+
+
+def _llama2_7b(mb: int, precision: str, method: str) -> dict:
+    """A plain torch loop's model.yaml for Llama-2-7B's shapes at mb x 4096 tokens (LoRA r16 on q and v, no dropout)."""
+    lora = {"lora": {"rank": 16, "targets": ["q", "v"], "dropout": 0.0}} if method == "lora" else {}
+    return {
+        "name": "llama2-7b",
+        "model": {"arch": LLAMA2_7B.model_dump(exclude_none=True)},
+        "training": {"seq_len": 4096, "global_batch": mb, "micro_batch": mb, "steps": 1, "precision": precision,
+                     "activation_checkpointing": "none",
+                     "method": method, **lora},
+        "entry": {"trainer": "script", "script": "train.py", "framework": "torch"},
+        "parallel": {"sharding": "none", "tp": 1, "pp": 1},
+    }  # fmt: skip
+
+
 def cases() -> list[tuple[str, Workload, ParallelPlan]]:
-    """(name, workload, plan): the grid's plain-loop points in fp32, bf16 and with LoRA, and Llama-2-7B shapes."""
+    """(name, workload, plan): the grid's plain-loop points in fp32, bf16 and with LoRA, and Llama-2-7B shapes, each
+    from the model.yaml a user would write, on a CUDA pool."""
     points = {p["name"]: p for p in json.loads(GRID.read_text())["points"]}
     out = []
     for name, precision in (
@@ -56,14 +81,13 @@ def cases() -> list[tuple[str, Workload, ParallelPlan]]:
         ("torch-gpt2-1gpu-mb4", "fp32"),
         ("lora-llama-1gpu", "fp32"),
     ):
-        w, plan = workload_of(points[name])
-        out.append((f"{name} {precision}", w.with_(precision=precision, caching_allocator=True), plan))
+        data = copy.deepcopy(points[name]["spec"])
+        data["training"]["precision"] = precision
+        w, plan = _cuda_workload(data)
+        out.append((f"{name} {precision}", w, plan))
     for mb in (1, 2):
-        plan = ParallelPlan(micro_batch=mb)
         for precision, method in (("bf16-mixed", "full"), ("bf16-pure", "full"), ("fp32", "lora")):
-            w = Workload.of(LLAMA2_7B, 4096, precision=precision, framework="torch", method=method, lora_rank=16).with_(
-                caching_allocator=True
-            )
+            w, plan = _cuda_workload(_llama2_7b(mb, precision, method))
             out.append((f"llama2-7b {mb}x4096 {precision} {method}", w, plan))
     return out
 
