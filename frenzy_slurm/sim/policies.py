@@ -42,6 +42,7 @@ from frenzy_slurm.has.moves import (
     pending_move,
     resumable,
     running_move,
+    shrink_move,
     with_own_gpus_free,
     without_job,
 )
@@ -59,6 +60,7 @@ from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.sim.sia import SiaPolicy
 from frenzy_slurm.site.config import Preemption, SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest
+from frenzy_slurm.slurm.view import ClusterView
 
 RULE_OF_THUMB_BYTES = {"full": 18.0, "lora": 2.4, "qlora": 0.66}
 USER_VARIANTS = ("fastest", "largest", "usual", "biggest")
@@ -119,6 +121,13 @@ def _resumable(a: Attempt, p: Placement) -> tuple[SearchSpace, Requirements] | N
     return resumable(a.space, a.requirements, p.plan, universal=True)
 
 
+def _staying(view: ClusterView, job_id: int, run_s: float, now: float) -> float:
+    """When a pending job is predicted to end where it waits, as the watcher reads it (`track.watch._staying`):
+    Slurm's expected start (squeue's: the backfill's reservation), at the earliest now, plus its run."""
+    start = next((j.start_time for j in view.jobs if j.job_id == job_id and j.start_time is not None), None)
+    return max(now, float(start or now)) + run_s
+
+
 class HasReplan(HasPolicy):
     """`has`, plus the re-planning of its pending jobs by the watcher beside fsbatch (`frenzy-slurm watch`,
     `has.moves.pending_move`): when the cluster changes (a job ended), each pending job is decided again on the
@@ -143,7 +152,15 @@ class HasReplan(HasPolicy):
                 continue
             space, requirements = where
             chosen = pending_move(
-                requirements, a.workload, space, without_job(full, jid), ctx.site_for(a), ctx.sim, ctx.sim.now, p.label
+                requirements,
+                a.workload,
+                space,
+                without_job(full, jid),
+                ctx.site_for(a),
+                ctx.sim,
+                ctx.sim.now,
+                p.label,
+                staying=_staying(full, jid, p.step_time_s * a.steps, ctx.sim.now),
             )
             if chosen is not None:
                 out.append((jid, from_allocation(chosen)))
@@ -239,20 +256,28 @@ class HasPreempt(HasReplan):
             space, requirements = where
             kept = self._verdict.get(a.job.id)
             in_qos = kept is not None and kept[1]
-            view = with_own_gpus_free(full, jid)
-            chosen = running_move(
-                requirements,
-                rest.workload,
-                space,
-                view,
-                growth_site(self._site(a, ctx), view, in_qos),
-                ctx.sim,
-                now,
-                p.label,
-                stay_until=now + left * p.step_time_s,
-                restart_s=restart,
-                gain=self.gain,
+            site = self._site(a, ctx)
+            # a job grown onto idle GPUs gives them back once another job waits (preemption.shrink)
+            chosen = (
+                shrink_move(requirements, rest.workload, space, full, site, ctx.sim, now, jid, p.label)
+                if in_qos
+                else None
             )
+            if chosen is None:
+                view = with_own_gpus_free(full, jid)
+                chosen = running_move(
+                    requirements,
+                    rest.workload,
+                    space,
+                    view,
+                    growth_site(site, view, in_qos),
+                    ctx.sim,
+                    now,
+                    p.label,
+                    stay_until=now + left * p.step_time_s,
+                    restart_s=restart,
+                    gain=self.gain,
+                )
             if chosen is None:
                 continue
             newp = from_allocation(chosen)
@@ -539,6 +564,7 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
                 min_run_min=int(minutes),
                 max_job_share=k.get("has_preempt_max_job_share"),
                 move_share=k.get("has_preempt_move_share"),
+                shrink=bool(k.get("has_preempt_shrink", False)),
             )
         )
         return HasPreempt(
