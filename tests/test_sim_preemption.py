@@ -179,47 +179,6 @@ def test_a_preemptible_job_grows_into_idle_gpus_only_while_nothing_waits_and_sta
     assert policy.move(ctx, [(jid, a, p, 0.0, 18_000)]) == []
 
 
-def test_a_grown_job_shrinks_to_its_share_once_a_job_waits_where_the_site_says_so():
-    """preemption.shrink: growth lends idle GPUs; once a job waits, the watcher gives them back, moving the job to
-    the best allocation within its share (the same function `frenzy-slurm watch` calls, `has.moves.shrink_move`)."""
-    cluster = parse_compact("A100-80GB:1x8,T4:1x4")
-    job = WorkloadJob(
-        id=0, submit_s=0, model="gpt2-medium", precision="bf16-mixed", seq_len=1024, global_batch=64, steps=20000
-    )
-    a = Attempt(job, job.steps)
-
-    def grown(shrink: bool, waiting: bool) -> list[tuple[int, Placement]]:
-        preemption = Preemption(qos="preemptible", min_run_min=60, max_job_share=0.5, move_share=1.0, shrink=shrink)
-        sim = SimSlurm(cluster)
-        ctx = Context(sim, cluster.site(), Truth(ErrorModel.exact(), 1))
-        policy = HasPreempt(preemption=preemption)
-        p = policy.place(a, ctx)
-        assert p is not None and p.gpus == 4
-        batch = BatchJob(
-            script=Path("x.sbatch"), workdir=Path("."), components=[c.request for c in p.components], name="j"
-        )
-        jid = sim.submit(batch).job_id
-        sim.advance(10 * MIN)
-        ((moved, wide),) = policy.move(ctx, [(jid, a, p, 0.0, 18_000)])  # nothing waits: onto all 8 A100s
-        assert moved == jid and wide.gpus == 8
-        sim.cancel(jid)
-        batch = BatchJob(
-            script=Path("x.sbatch"), workdir=Path("."), components=[c.request for c in wide.components], name="j"
-        )
-        big = sim.submit(batch).job_id
-        sim.advance(30 * MIN)
-        if waiting:
-            for name in ("t1", "t2"):  # the second waits for the T4s
-                t4 = ComponentRequest(partition="t4", gpu_type="t4", nodes=1, gpus_per_node=4, time_min=600)
-                sim.submit(BatchJob(script=Path("x.sbatch"), workdir=Path("."), components=[t4], name=name))
-        return policy.move(ctx, [(big, a, wide, 10 * MIN, 16_000)])
-
-    ((_, back),) = grown(shrink=True, waiting=True)
-    assert back.gpus == 4  # within the share again, though that finishes it later
-    assert grown(shrink=True, waiting=False) == []  # nothing waits: it keeps the idle GPUs
-    assert grown(shrink=False, waiting=True) == []  # a job of the normal QOS may preempt it whole, as before
-
-
 def test_the_watcher_knob_turns_off_moves_then_re_planning():
     full, pending, none = (make_policy("has-preempt", knobs={"has_preempt_watcher": w}) for w in (2, 1, 0))
     assert isinstance(full, HasPreempt) and isinstance(pending, HasPreempt) and isinstance(none, HasPreempt)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.has.moves import growth_site, over_share, resumable, with_own_gpus_free, without_job
+from frenzy_slurm.has.moves import growth_site, resumable, with_own_gpus_free, without_job
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.jobdir.planfile import read_plan
 from frenzy_slurm.jobspec import resolve_model
@@ -290,35 +290,3 @@ def test_a_pass_reads_the_cluster_again_after_each_move(world):
     assert [(m.job_id, m.to_allocation) for m in moves] == [(first, "4xA100-40GB(a100)"), (second, "2xA100-40GB(a100)")]
     assert moves[1].predicted_end_moved > moves[0].predicted_end_moved
     assert [slurm.fake_jobs[m.new_job_id or 0].state for m in moves] == ["RUNNING", "PENDING"]
-
-
-def test_a_job_grown_onto_idle_gpus_shrinks_to_its_share_once_a_job_waits(world):
-    """preemption.shrink: the watcher grows a running preemptible job onto a whole idle pool (move_share) and,
-    once another job waits, moves it back within its share (max_job_share), though that finishes it later."""
-    slurm, site, tmp = world
-    p = Preemption(qos="preemptible", min_run_min=60, restart_s=300, move_share=1.0, shrink=True)
-    site = SiteFile(site.config.model_copy(update={"preemption": p, "max_job_share": 0.5}))
-    for partition, nodes, per_node in (("v100", 2, 8), ("t4", 4, 4)):
-        _hold_pool(slurm, partition, {"v100": "v100_32gb"}.get(partition, partition), nodes, per_node, 500)
-    jid = _submit(slurm, site, tmp, "long")
-    assert slurm.fake_jobs[jid].state == "RUNNING" and _pool(slurm, jid) == "a100"
-    c = slurm.fake_jobs[jid].components[0]
-    assert c.nodes * c.gpus_per_node == 4  # half of the 8 A100s: the share
-    slurm.advance(HOUR)
-    (grow,) = watch_once(site, slurm, now=slurm.now)  # nothing waits: it grows onto the idle A100s
-    assert grow.to_allocation == "8xA100-40GB(a100)" and grow.note == ""
-    slurm.cancel(jid)  # it saved its checkpoint and ended: the successor starts
-    big = grow.new_job_id or 0
-    slurm.advance(2 * HOUR)
-    assert slurm.fake_jobs[big].state == "RUNNING"
-    view = slurm.load()
-    assert over_share(view, big, 0.5) == 8 and over_share(view, big, 1.0) == 0
-    assert watch_once(site, slurm, dry_run=True, now=slurm.now) == []  # nothing waits: it keeps them
-    _hold_pool(slurm, "t4", "t4", 1, 4, 1)  # another user's job waits (for the T4s)
-    (shrink,) = watch_once(site, slurm, dry_run=True, now=slurm.now)
-    assert shrink.job_id == big and shrink.to_allocation == "4xA100-40GB(a100)"
-    assert shrink.note == "shrunk to its share: a job waits"
-    assert shrink.predicted_end_moved > shrink.predicted_end_staying  # later for it: the 4 A100s go to others
-    # without preemption.shrink the job keeps the pool until a job of the normal QOS preempts it
-    kept = SiteFile(site.config.model_copy(update={"preemption": p.model_copy(update={"shrink": False})}))
-    assert watch_once(kept, slurm, dry_run=True, now=slurm.now) == []

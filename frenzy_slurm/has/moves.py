@@ -11,8 +11,6 @@ now, compared with staying:
 - `running_move`: a running job is decided again for the steps it has left, on the cluster with its own GPUs
   free; the move is taken only where the new allocation, plus the restart (the checkpoint's save, the new
   job's start-up and restore), finishes more than `gain` of the remaining time sooner than staying.
-- `shrink_move`: a running preemptible job grown past its share onto idle GPUs (`growth_site`) while another job
-  now waits is decided within its share and moved there, though that finishes it later (`preemption.shrink`).
 
 A job that has trained resumes from its checkpoint on the new plan, so only plans that can load that
 checkpoint are searched (`resumable`).
@@ -115,8 +113,9 @@ def pending_move(
     if d.chosen.label() == current:
         return None
     stay = next((x.allocation for x in d.alternatives if x.description == current and x.allocation), None)
-    # its own allocation is no longer among the candidates: one over the share (a preempted job requeued at the
-    # width it grew to: it waited for the whole pools again) or a pool gone; Slurm's expected start measures it
+    # its own allocation is not among the candidates listed: a pipeline over the share (a preempted job requeued at
+    # the width it grew to, which then waited for those pools again) or a pool gone; Slurm's expected start
+    # measures it
     end = stay.completion if stay is not None else staying
     if end is None:
         return None
@@ -162,52 +161,3 @@ def growth_site(site: SiteConfig, view: ClusterView, in_preemptible_qos: bool) -
     if p.move_share is not None and not anything_pending(view):
         share = max(share, p.move_share)
     return site.model_copy(update={"max_job_share": share})
-
-
-def over_share(view: ClusterView, job_id: int, share: float) -> int:
-    """The GPUs the running job holds where it holds more of some partition's GPUs than `share` of them (as
-    `_leave_room` counts a pool: at least one GPU is always within the share); 0 where it does not."""
-    total: dict[str, int] = {}
-    for n in view.nodes:
-        for part in n.partitions:
-            total[part] = total.get(part, 0) + n.gpus_total
-    held: dict[str, int] = {}
-    for j in view.jobs:
-        if _of_job(job_id, j.job_id, j.het_job_id) and j.state == "RUNNING":
-            held[j.partition] = held.get(j.partition, 0) + len(j.nodes) * j.gpus_per_node
-    over = any(g > max(share * total.get(part, 0), 1) for part, g in held.items())
-    return sum(held.values()) if over else 0
-
-
-def shrink_move(
-    requirements: Requirements,
-    workload: Workload,
-    space: SearchSpace,
-    view: ClusterView,
-    site: SiteConfig,
-    backend: SlurmBackend | None,
-    now: float,
-    job_id: int,
-    current: str,
-) -> Allocation | None:
-    """The allocation a running job in the preemptible QOS should shrink to, or None to leave it: where
-    `preemption.shrink` is set, another job waits and the job holds more of a pool than its share (it grew onto
-    idle GPUs, `growth_site`), the best allocation within the share, though that finishes this job later.
-
-    Growth lends idle GPUs while nothing waits; without this the loan comes back only when a job of the normal
-    QOS preempts the whole job, and a waiting preemptible job (which cannot preempt) waits for its end. Sia
-    shrinks a wide job as others arrive for the same reason. `view`: the cluster as it is, the job running."""
-    p = site.preemption
-    if p is None or not p.shrink or not anything_pending(without_job(view, job_id)):
-        return None
-    share = max(site.max_job_share, p.max_job_share or 0.0)
-    holds = over_share(view, job_id, share)
-    if not holds:
-        return None
-    within = site.model_copy(update={"max_job_share": share})
-    try:
-        d = decide(requirements, workload, with_own_gpus_free(view, job_id), within, space, backend=backend, now=now)
-    except NoFitError:
-        return None
-    # a job that needs more than the share (`_leave_room` keeps its smallest such allocation) is left where it is
-    return None if d.chosen.label() == current or d.chosen.gpus >= holds else d.chosen

@@ -42,7 +42,6 @@ from frenzy_slurm.has.moves import (
     pending_move,
     resumable,
     running_move,
-    shrink_move,
     with_own_gpus_free,
     without_job,
 )
@@ -256,28 +255,20 @@ class HasPreempt(HasReplan):
             space, requirements = where
             kept = self._verdict.get(a.job.id)
             in_qos = kept is not None and kept[1]
-            site = self._site(a, ctx)
-            # a job grown onto idle GPUs gives them back once another job waits (preemption.shrink)
-            chosen = (
-                shrink_move(requirements, rest.workload, space, full, site, ctx.sim, now, jid, p.label)
-                if in_qos
-                else None
+            view = with_own_gpus_free(full, jid)
+            chosen = running_move(
+                requirements,
+                rest.workload,
+                space,
+                view,
+                growth_site(self._site(a, ctx), view, in_qos),
+                ctx.sim,
+                now,
+                p.label,
+                stay_until=now + left * p.step_time_s,
+                restart_s=restart,
+                gain=self.gain,
             )
-            if chosen is None:
-                view = with_own_gpus_free(full, jid)
-                chosen = running_move(
-                    requirements,
-                    rest.workload,
-                    space,
-                    view,
-                    growth_site(site, view, in_qos),
-                    ctx.sim,
-                    now,
-                    p.label,
-                    stay_until=now + left * p.step_time_s,
-                    restart_s=restart,
-                    gain=self.gain,
-                )
             if chosen is None:
                 continue
             newp = from_allocation(chosen)
@@ -564,7 +555,6 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
                 min_run_min=int(minutes),
                 max_job_share=k.get("has_preempt_max_job_share"),
                 move_share=k.get("has_preempt_move_share"),
-                shrink=bool(k.get("has_preempt_shrink", False)),
             )
         )
         return HasPreempt(

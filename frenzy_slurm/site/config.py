@@ -266,13 +266,6 @@ class Preemption(_M):
         "no job waits anywhere (idle GPUs; the next job to arrive preempts it); null: max_job_share holds it "
         "(1.0 measured best in simulation, docs/simulation.md).",
     )
-    shrink: bool = Field(
-        False,
-        description="`frenzy-slurm watch` gives back what move_share lent: once a job waits, a running "
-        "preemptible job holding more of a pool than its share is moved to the best allocation within it (a "
-        "checkpoint and a narrower restart), as Sia shrinks a wide job when others arrive; otherwise it keeps "
-        "the pools until a job of the normal QOS preempts it whole.",
-    )
     restart_s: float = Field(
         300.0,
         gt=0,

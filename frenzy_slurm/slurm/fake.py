@@ -13,7 +13,6 @@ refinement).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,17 +33,6 @@ def _afterany(dependency: str | None) -> list[int]:
             raise SlurmCommandError(["sbatch"], 1, f"sbatch: error: FakeSlurm models only afterany:ID, not {term!r}")
         ids += [int(p) for p in rest.split(":")]
     return ids
-
-
-def _script_qos(script: Path) -> str | None:
-    """The QOS a batch script asks for (`#SBATCH --qos=NAME`), as sbatch reads it; None where it names none or
-    the script is not there (a test's placeholder path)."""
-    try:
-        text = script.read_text()
-    except OSError:
-        return None
-    found = re.search(r"^#SBATCH\s+--qos[= ](\S+)", text, re.MULTILINE)
-    return found.group(1) if found else None
 
 
 @dataclass
@@ -69,7 +57,6 @@ class FakeJob:
     submitted_per_node: int = 0  # the first component's tasks (GPUs) per node as submitted
     held: bool = False  # scontrol hold: not started until released
     after: list[int] = field(default_factory=list)  # --dependency=afterany:ID[:ID...]: starts once those ended
-    qos: str | None = None  # the script's #SBATCH --qos (squeue's QOS column); None: the default one
 
     @property
     def limit_s(self) -> float:
@@ -303,7 +290,6 @@ class FakeSlurm:
             submitted=self.now,
             run_s=None,
             after=after,
-            qos=_script_qos(job.script),
         )
         self._schedule()
         if self.submit_times_out:
@@ -478,7 +464,6 @@ class FakeSlurm:
                         time_limit_min=c.time_min,
                         comment=j.comment,
                         workdir=j.workdir,
-                        qos=j.qos,
                     )
                 )
         return rows

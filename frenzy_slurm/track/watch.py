@@ -38,7 +38,6 @@ from frenzy_slurm.has.moves import (
     pending_move,
     resumable,
     running_move,
-    shrink_move,
     with_own_gpus_free,
     without_job,
 )
@@ -228,38 +227,29 @@ def _consider(
         restart = p.restart_s if p is not None else 300.0
         if lead.start_time is None or now - lead.start_time < restart:
             return None  # still starting: a move now would cost more than it could save
+        view = with_own_gpus_free(view, t.job_id)
         stay = now + left * plan.decision.chosen.step_time_s
-        # a job grown onto idle GPUs gives them back once another job waits (preemption.shrink)
-        chosen = (
-            shrink_move(requirements, workload, space, view, ready.site, estimator, now, t.job_id, current)
-            if in_qos
-            else None
+        chosen = running_move(
+            requirements,
+            workload,
+            space,
+            view,
+            growth_site(ready.site, view, in_qos),
+            estimator,
+            now,
+            current,
+            stay_until=stay,
+            restart_s=restart,
         )
-        note = "" if chosen is None else "shrunk to its share: a job waits"
-        if not note:
-            view = with_own_gpus_free(view, t.job_id)
-            chosen = running_move(
-                requirements,
-                workload,
-                space,
-                view,
-                growth_site(ready.site, view, in_qos),
-                estimator,
-                now,
-                current,
-                stay_until=stay,
-                restart_s=restart,
-            )
         moved_end = None if chosen is None else chosen.completion + restart
     else:
         view = without_job(view, t.job_id)
         stay = _staying(plan, lead.start_time, now)
         chosen = pending_move(requirements, workload, space, view, ready.site, estimator, now, current, stay)
-        moved_end, note = (None if chosen is None else chosen.completion), ""
+        moved_end = None if chosen is None else chosen.completion
     if chosen is None or moved_end is None:
         return None
-    kind: Literal["pending", "running"] = "running" if running else "pending"
-    action = Action(t.job_id, kind, current, chosen.label(), left, stay, moved_end, note=note)
+    action = Action(t.job_id, "running" if running else "pending", current, chosen.label(), left, stay, moved_end)
     if dry_run:
         return action
     return _move(t, job, site, options, ready, chosen, in_qos, source, backend, action)
