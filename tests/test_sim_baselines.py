@@ -352,3 +352,29 @@ def test_has_preempt_moves_a_running_job_onto_gpus_that_finish_it_sooner():
     assert moved_id == jid and "A100" in there.label and policy.moves == 1
     # a job nearly done stays: the move's restart cost is not worth it
     assert policy.move(ctx, [(jid, a, on_t4, 0.0, 20)]) == []
+
+
+def test_a_pending_job_whose_allocation_is_no_candidate_is_measured_by_slurms_start():
+    """A pending job whose own allocation is not among a new decision's candidates (a preempted pipeline requeued
+    at the width it grew to, a pool gone) is measured by when Slurm expects it to end where it waits (the watcher's
+    `_staying`); before, it was never moved and waited for its old allocation."""
+    from frenzy_slurm.has.moves import pending_move, without_job
+
+    cluster = parse_compact("A100-80GB:1x8,V100-32GB:1x8")
+    sim = SimSlurm(cluster)
+    site = cluster.site()
+    sim.submit(_batch("a", _req("a10080gb", "a100_80gb", 8, 600)))  # the A100s for 10 h
+    job = WorkloadJob(
+        id=0, submit_s=0, model="gpt2-medium", precision="fp16-mixed", seq_len=1024, global_batch=64, steps=4000
+    )
+    a = Attempt(job, job.steps)
+    view = without_job(sim.load(), 0)
+    gone = "8xA100-80GB(a10080gb) + 8xH100(h100)"  # no such pool here: no candidate
+
+    def move(staying: float | None) -> str | None:
+        found = pending_move(a.requirements, a.workload, a.space, view, site, sim, sim.now, gone, staying)
+        return None if found is None else found.label()
+
+    assert move(None) is None  # nothing to measure it by: left where it is (Slurm says why)
+    assert move(sim.now + 10 * 3600.0) == "4xV100-32GB(v10032gb)"  # 10 h away: half the idle V100s (the share)
+    assert move(sim.now + 60.0) is None  # it would end in a minute where it waits

@@ -100,9 +100,12 @@ def pending_move(
     backend: SlurmBackend | None,
     now: float,
     current: str,
+    staying: float | None = None,
 ) -> Allocation | None:
     """The allocation a pending job should move to, or None to leave it. `view`: the cluster without the job
-    (`without_job`); `current`: its allocation's label (`Allocation.label()`)."""
+    (`without_job`); `current`: its allocation's label (`Allocation.label()`); `staying`: when it is predicted to
+    end where it waits (Slurm's expected start + its run), the measure where its own allocation is not among the
+    candidates."""
     try:
         d = decide(requirements, workload, view, site, space, backend=backend, now=now, alternatives=ALTERNATIVES)
     except NoFitError:
@@ -110,10 +113,14 @@ def pending_move(
     if d.chosen.label() == current:
         return None
     stay = next((x.allocation for x in d.alternatives if x.description == current and x.allocation), None)
-    if stay is None:
-        return None  # its own allocation is no longer among the candidates (a pool gone): Slurm says why
-    tol = max(TIE_SECONDS, TIE_FRACTION * (stay.completion - now))
-    return d.chosen if d.chosen.completion < stay.completion - tol else None
+    # its own allocation is not among the candidates listed: a pipeline over the share (a preempted job requeued at
+    # the width it grew to, which then waited for those pools again) or a pool gone; Slurm's expected start
+    # measures it
+    end = stay.completion if stay is not None else staying
+    if end is None:
+        return None
+    tol = max(TIE_SECONDS, TIE_FRACTION * (end - now))
+    return d.chosen if d.chosen.completion < end - tol else None
 
 
 def running_move(

@@ -59,6 +59,7 @@ from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
 from frenzy_slurm.sim.sia import SiaPolicy
 from frenzy_slurm.site.config import Preemption, SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest
+from frenzy_slurm.slurm.view import ClusterView
 
 RULE_OF_THUMB_BYTES = {"full": 18.0, "lora": 2.4, "qlora": 0.66}
 USER_VARIANTS = ("fastest", "largest", "usual", "biggest")
@@ -119,6 +120,13 @@ def _resumable(a: Attempt, p: Placement) -> tuple[SearchSpace, Requirements] | N
     return resumable(a.space, a.requirements, p.plan, universal=True)
 
 
+def _staying(view: ClusterView, job_id: int, run_s: float, now: float) -> float:
+    """When a pending job is predicted to end where it waits, as the watcher reads it (`track.watch._staying`):
+    Slurm's expected start (squeue's: the backfill's reservation), at the earliest now, plus its run."""
+    start = next((j.start_time for j in view.jobs if j.job_id == job_id and j.start_time is not None), None)
+    return max(now, float(start or now)) + run_s
+
+
 class HasReplan(HasPolicy):
     """`has`, plus the re-planning of its pending jobs by the watcher beside fsbatch (`frenzy-slurm watch`,
     `has.moves.pending_move`): when the cluster changes (a job ended), each pending job is decided again on the
@@ -143,7 +151,15 @@ class HasReplan(HasPolicy):
                 continue
             space, requirements = where
             chosen = pending_move(
-                requirements, a.workload, space, without_job(full, jid), ctx.site_for(a), ctx.sim, ctx.sim.now, p.label
+                requirements,
+                a.workload,
+                space,
+                without_job(full, jid),
+                ctx.site_for(a),
+                ctx.sim,
+                ctx.sim.now,
+                p.label,
+                staying=_staying(full, jid, p.step_time_s * a.steps, ctx.sim.now),
             )
             if chosen is not None:
                 out.append((jid, from_allocation(chosen)))

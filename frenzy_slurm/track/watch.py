@@ -244,8 +244,8 @@ def _consider(
         moved_end = None if chosen is None else chosen.completion + restart
     else:
         view = without_job(view, t.job_id)
-        chosen = pending_move(requirements, workload, space, view, ready.site, estimator, now, current)
         stay = _staying(plan, lead.start_time, now)
+        chosen = pending_move(requirements, workload, space, view, ready.site, estimator, now, current, stay)
         moved_end = None if chosen is None else chosen.completion
     if chosen is None or moved_end is None:
         return None
