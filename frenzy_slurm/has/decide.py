@@ -437,8 +437,9 @@ def _pricer(
 
 def _lost_when_full(pools: list[UsablePool], precision: str) -> dict[PoolKey, float]:
     """For each pool, the share of its run a job arriving to find it full loses: Slurm starts it on the fastest
-    other pool with a free GPU (1 - that pool's rate over this one's, at least 0), or it waits (1: none free).
-    The rates are the catalog's, as the users who list partitions fastest first know them."""
+    other pool with a free GPU (1 - that pool's rate over this one's, at least 0); where none has one it waits
+    whatever this job does, which the queue's price counts (0). The rates are the catalog's, as the users who list
+    partitions fastest first know them."""
     rate = {p.key: p.option.spec.peak_tflops(precision) * p.option.spec.efficiency for p in pools}
     lost = {}
     for p in pools:
