@@ -2,12 +2,15 @@
 
     python benchmarks/jct_jobs.py --case tune [--a has --b sia] [--top 5] [--knobs JSON]
     python benchmarks/jct_jobs.py --shapes std64 --seeds 1 --top 12
+    python benchmarks/jct_jobs.py --case tune --a has --b slurm-multi --who plain --top 8
 
 Runs both policies on the runs of benchmarks/jct.py (the same shapes, loads, jobs, truth and plain users as
 `--case tune` or `--case judge` give them) and prints, per run, the jobs whose completion time differs most, each
 with its GPU type and count, wait, last run and submissions under each policy (a `sia` job submitted more than
 once was moved while it ran). Then, over frenzy-slurm's users' jobs of all runs, the summed difference in JCT by
-what differed: the same GPU type with fewer GPUs under `a`, with as many or more, another type.
+what differed: the same GPU type with fewer GPUs under `a`, with as many or more, another type. `--who plain`
+does the same over the users who do not use frenzy-slurm (submitted as `slurm-multi` under every policy), whose
+request is the same under both policies: another type, or the same placement reached after a longer or shorter wait.
 """
 
 from __future__ import annotations
@@ -43,10 +46,20 @@ def _types(r: JobRecord) -> tuple[str, ...]:
     return tuple(sorted({c.gpu_type or "" for c in r.components}))
 
 
+def _wait(r: JobRecord) -> float:
+    return (r.first_start or r.submit) - r.submit
+
+
 def cause(a: JobRecord, b: JobRecord) -> str:
     """What differed between the two placements of one job (the last attempt's under each policy)."""
     if _types(a) != _types(b):
         return "another GPU type"
+    if a.plain and a.gpus == b.gpus:
+        # a plain job's request is the same under both policies: only its wait (and the truth's noise) differ
+        if _wait(a) > _wait(b) + 60:
+            return "same type, waited longer"
+        if _wait(a) < _wait(b) - 60:
+            return "same type, waited less"
     if a.gpus < b.gpus:
         return "same type, fewer GPUs"
     if a.gpus > b.gpus:
@@ -80,14 +93,15 @@ def one_run(shape: str, load: float, seed: int, args: argparse.Namespace, causes
         sa = sum(a[i].jct or 0.0 for i in both) / 3600
         sb = sum(b[i].jct or 0.0 for i in both) / 3600
         print(f"  {who:5s}: {len(both)} jobs done under both, summed JCT {sa:.1f} h against {sb:.1f} h")
-        if not plain:
+        if plain == (args.who == "plain"):
             for i in both:
                 d = ((a[i].jct or 0.0) - (b[i].jct or 0.0)) / 3600
                 causes.setdefault(cause(a[i], b[i]), []).append(d)
                 # submitted again with no failure: moved while it ran (sia's re-planning), or withdrawn waiting
                 if b[i].attempts > 1 + b[i].ooms + b[i].timeouts:
                     causes.setdefault(f"(of all: {args.b} moved it)", []).append(d)
-    ids = sorted(a, key=lambda i: -((a[i].jct or 0.0) - (b[i].jct or 0.0)))
+    ids = [i for i in a if args.who == "all" or a[i].plain == (args.who == "plain")]
+    ids.sort(key=lambda i: -((a[i].jct or 0.0) - (b[i].jct or 0.0)))
     print(f"  {'job':>4s} {'who':5s} {'model':14s} {'trace':>10s} | {args.a:56s} | {args.b}")
     for i in ids[: args.top]:
         j = spec[i]
@@ -107,6 +121,12 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--knobs", default=None, help="JSON object overriding TUNED_KNOBS (both policies)")
     ap.add_argument("--max-jobs", type=int, default=60)
+    ap.add_argument(
+        "--who",
+        choices=("own", "plain", "all"),
+        default="own",
+        help="whose jobs to list and sum by cause (own: frenzy-slurm's users; plain: the others; all lists both)",
+    )
     args = ap.parse_args()
     case = CASES[args.case] if args.case else {}
     shapes = (args.shapes or str(case.get("shapes", "std64"))).split(",")
@@ -116,9 +136,8 @@ def main() -> int:
         for load in shape_load(shape, args.loads):
             for seed in seeds:
                 one_run(shape, load, seed, args, causes)
-    print(
-        f"\nfrenzy-slurm's users' jobs, {args.a} against {args.b}, by what differed (summed JCT difference, + is lost):"
-    )
+    whose = "the plain users'" if args.who == "plain" else "frenzy-slurm's users'"
+    print(f"\n{whose} jobs, {args.a} against {args.b}, by what differed (summed JCT difference, + is lost):")
     for c, diffs in sorted(causes.items(), key=lambda kv: -sum(kv[1])):
         lost = sum(d for d in diffs if d > 0)
         won = sum(d for d in diffs if d < 0)

@@ -35,7 +35,7 @@ from frenzy_slurm.site.config import SiteConfig
 from frenzy_slurm.slurm.backend import ComponentRequest, SlurmBackend
 from frenzy_slurm.slurm.releases import ReleaseIndex
 from frenzy_slurm.slurm.run import SlurmCommandError
-from frenzy_slurm.slurm.view import ClusterView, GpuPool
+from frenzy_slurm.slurm.view import ClusterView, PoolKey
 
 # The numbers HAS decides by. None is configurable; the ones marked "site-tunable policy" are choices a site could
 # reasonably make differently (they would belong in the site file if one ever needs to), the rest are bounds of
@@ -413,20 +413,39 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
     return kept, [(c, why[id(c)] or "") for c in cands if id(c) not in kept_ids]  # all with a reason: None is kept
 
 
-def _pricer(view: ClusterView, site: SiteConfig, live: list[GpuPool]) -> Callable[[_Cand], float]:
-    """The delay a candidate causes the other jobs, weighted by the site's price_weight (0: none); `live`: the
-    view's pools (ClusterView.pools)."""
-    if site.price_weight <= 0:
+def _pricer(
+    site: SiteConfig, pools: dict[PoolKey, pricing.PoolDemand], lost: dict[PoolKey, float]
+) -> Callable[[_Cand], float]:
+    """The delay a candidate causes the other jobs: the queue's and the arrivals' wait weighted by the site's
+    price_weight, and the arrivals it leaves no free GPU (the share of their run each loses: `lost`) weighted by
+    its arrival_room (0 and 0: none); `pools`: each pool's demand (pricing.demand)."""
+    if site.price_weight <= 0 and site.arrival_room <= 0:
         return lambda c: 0.0
-    pools = pricing.demand(view, live)
 
     def delay(c: _Cand) -> float:
-        run = c.alloc.run_time_s
-        return site.price_weight * sum(
-            pricing.delay_s(pools.get(p.key), n * g, run) for p, (n, g) in zip(c.pools, c.layouts, strict=True)
-        )
+        run, now = c.alloc.run_time_s, c.alloc.start_source == "now"
+        total = 0.0
+        for p, (n, g) in zip(c.pools, c.layouts, strict=True):
+            demand = pools.get(p.key)
+            total += site.price_weight * pricing.delay_s(demand, n * g, run)
+            if now and site.arrival_room > 0:  # GPUs free now: what a later start leaves free is not known here
+                total += site.arrival_room * lost.get(p.key, 1.0) * pricing.displaced_s(demand, n * g, run)
+        return total
 
     return delay
+
+
+def _lost_when_full(pools: list[UsablePool], precision: str) -> dict[PoolKey, float]:
+    """For each pool, the share of its run a job arriving to find it full loses: Slurm starts it on the fastest
+    other pool with a free GPU (1 - that pool's rate over this one's, at least 0); where none has one it waits
+    whatever this job does, which the queue's price counts (0). The rates are the catalog's, as the users who list
+    partitions fastest first know them."""
+    rate = {p.key: p.option.spec.peak_tflops(precision) * p.option.spec.efficiency for p in pools}
+    lost = {}
+    for p in pools:
+        others = [rate[q.key] for q in pools if q.key != p.key and q.live.gpus_free > 0]
+        lost[p.key] = max(0.0, 1.0 - max(others) / rate[p.key]) if others and rate[p.key] > 0 else 0.0
+    return lost
 
 
 def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> float:
@@ -468,7 +487,7 @@ def _why_lost(best: Allocation, other: Allocation, now: float, extra_delay_s: fl
     if dt < -EXPLAIN_RESOLUTION_S and extra_delay_s > -dt and not width_lost:
         return (
             f"finishes {-dt / 60:.0f} min sooner but delays the jobs queued for and arriving at its GPUs by "
-            f"{extra_delay_s / 60:.0f} min more in all (the GPU-type price, site price_weight)"
+            f"{extra_delay_s / 60:.0f} min more in all (the GPU-type price, site price_weight and arrival_room)"
         )
     if dt < -EXPLAIN_RESOLUTION_S and other.gpus > best.gpus:
         eff = _marginal_efficiency(best, other, now)
@@ -619,7 +638,9 @@ def decide(
         if space.heterogeneous and not w.arch.encoder_decoder  # (pipelines of encoder-decoder models: not modelled)
         else []
     )
-    delay = _pricer(usable, site, live)  # what each candidate costs the jobs queued for and arriving at its GPUs
+    demand = pricing.demand(usable, live) if site.price_weight > 0 or site.arrival_room > 0 else {}
+    # what each candidate costs the jobs queued for and arriving at its GPUs
+    delay = _pricer(site, demand, _lost_when_full(pools, w.precision))
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
     allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
     ok = _rank(allowed, now, delay)

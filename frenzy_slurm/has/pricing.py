@@ -37,6 +37,7 @@ class PoolDemand:
     arrivals_per_s: float  # jobs expected to arrive for it per second (running jobs / their time limits)
     running: int  # jobs running there: the most arrivals one allocation is charged for
     busy: float  # share of its GPUs running jobs or asked for by its queue, at most 1
+    free: int = 0  # GPUs free now
 
 
 def demand(view: ClusterView, live: list[GpuPool] | None = None) -> dict[PoolKey, PoolDemand]:
@@ -60,7 +61,9 @@ def demand(view: ClusterView, live: list[GpuPool] | None = None) -> dict[PoolKey
             rate[keys[0]] += 1.0 / (j.end_time - j.start_time)
             running[keys[0]] += 1
     busy = {k: min(1.0, (p.gpus_total - p.gpus_free + p.gpus_pending) / p.gpus_total) for k, p in pools.items()}
-    return {k: PoolDemand(p.gpus_total, waiting[k], rate[k], running[k], busy[k]) for k, p in pools.items()}
+    return {
+        k: PoolDemand(p.gpus_total, waiting[k], rate[k], running[k], busy[k], p.gpus_free) for k, p in pools.items()
+    }
 
 
 def _key(view: ClusterView, pools: dict, partition: str, gpu_type: str | None) -> PoolKey | None:
@@ -71,10 +74,30 @@ def _key(view: ClusterView, pools: dict, partition: str, gpu_type: str | None) -
     return next((k for k in pools if k.partition == partition), None)
 
 
+def arrivals(pool: PoolDemand | None, run_time_s: float) -> float:
+    """Jobs expected to arrive for the pool over `run_time_s` (Little's law, at most as many as run there now)."""
+    if pool is None or run_time_s <= 0:
+        return 0.0
+    return min(pool.arrivals_per_s * run_time_s, pool.running)
+
+
+def displaced_s(pool: PoolDemand | None, gpus: int, run_time_s: float) -> float:
+    """Summed delay of the jobs expected to arrive while `gpus` of this pool, taken now, run for `run_time_s` and
+    find none of its GPUs free: each asking one GPU, the arrivals beyond the GPUs left free. Slurm starts a job
+    that lists several partitions on the first with room, so such a job runs on a slower type or waits; either
+    costs it a share of its run that Slurm's view does not show, counted as half of a typical run there (the
+    harmonic mean of the running jobs' time limits, Little's law's own)."""
+    if pool is None or gpus <= 0 or run_time_s <= 0 or pool.arrivals_per_s <= 0:
+        return 0.0
+    left = max(pool.free - gpus, 0)
+    short = max(arrivals(pool, run_time_s) - left, 0.0)
+    return short * 0.5 * pool.running / pool.arrivals_per_s
+
+
 def delay_s(pool: PoolDemand | None, gpus: int, run_time_s: float) -> float:
     """Summed delay, in seconds, that `gpus` of this pool held for `run_time_s` cause the other jobs."""
     if pool is None or gpus <= 0 or run_time_s <= 0:
         return 0.0
     push = gpus * run_time_s / pool.gpus  # how far the work behind it moves back
-    arriving = min(pool.arrivals_per_s * run_time_s, pool.running) * pool.busy
+    arriving = arrivals(pool, run_time_s) * pool.busy
     return push * (pool.waiting + 0.5 * arriving)

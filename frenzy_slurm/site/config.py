@@ -352,6 +352,17 @@ class SiteConfig(_M):
         "(Slurm's view does not have them), so the default weighs the delay twice; 0 is earliest completion "
         'alone (docs/has.md, "GPU-type prices").',
     )
+    arrival_room: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="How much HAS weighs, for a job that starts now, the jobs expected to arrive at its pool while "
+        "it runs (the pool's running jobs over their time limits, from Slurm's view) and find no GPU free there: "
+        "Slurm starts a job that lists several partitions on the first with room, so each runs on a slower type "
+        "while another pool has a free GPU, counted as half a typical run there times the share of speed it "
+        "loses (catalog rates). 0, the default, leaves it out: 1 passed the tuning shapes but not the judging set "
+        '(docs/has.md, "Plain users: room for arrivals").',
+    )
     preemption: Preemption | None = Field(
         None,
         description="The site's preemptible QOS for jobs their users mark preemptible; none: such jobs are "
