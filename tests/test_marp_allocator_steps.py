@@ -20,20 +20,14 @@ from frenzy_slurm.marp.allocator_steps import step_lengths, van_der_corput, vari
 from frenzy_slurm.marp.memory_loss import LossRequest, logit_bytes_per_token, loss_requests
 from frenzy_slurm.marp.workload import LossPolicy
 
-from .helpers import make_spec
+from .test_marp_variable_lengths import _spec
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN_7B = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008, "vocab": 151936}
 
 
 def _workload(data: dict | None = None, **over):
-    over.setdefault("model", {"preset": "llama-3.2-1b"})
-    over.setdefault("entry", {"trainer": "script", "script": "train.py", "framework": "hf-trainer"})
-    over.setdefault("training__seq_len", 2048)
-    over.setdefault("training__global_batch", 16)
-    if data is not None:
-        over["data"] = data
-    spec = make_spec(**over)
+    spec = _spec(data, **over)
     return workload_from_spec(spec, resolve_model(spec, Path(".")))
 
 
