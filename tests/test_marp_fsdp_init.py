@@ -1,5 +1,6 @@
 """FSDP1's wrap-time cache and unshard-stream pool (frenzy_slurm/marp/fsdp_init.py): the requests of wrapping
-host-resident units, replayed through the allocator replayer, and the all-gather buffers a step holds."""
+host-resident units, replayed through the allocator replayer, the all-gather buffers a step holds and, under CPU
+offload, the pre-unshard stream's copies of the host shards."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp.allocator_settings import MiB
-from frenzy_slurm.marp.fsdp_init import unshard_pool, wrap_cache, wrap_requests
+from frenzy_slurm.marp.fsdp_init import pre_unshard_pool, pre_unshard_requests, unshard_pool, wrap_cache, wrap_requests
 
 
 def test_each_units_shard_takes_a_segment_the_next_unit_cannot_use():
@@ -78,3 +79,25 @@ def test_unshard_pool_holds_the_root_and_three_unit_buffers():
     pool = unshard_pool(sum(units[-1]), [sum(u) for u in units[:-1]])
     assert pool / GiB == pytest.approx(1.627, abs=0.001)
     assert unshard_pool(0, []) == 0
+
+
+def test_pre_unshard_copies_two_pending_beside_the_new_one():
+    """CPU offload: each unshard copies the host shard to the GPU on the pre-unshard stream; a copy is freed once
+    two later copies exist (its all-gather may still read it). Root 100 MiB, three units of 40 MiB: the root's,
+    f0's and f1's copies are live at once (100 + 40 + 40 = 180 MiB of segments); f2 is then carved from the
+    root's freed block and every later copy reuses a freed one: 180 MiB. With a root smaller than a unit (10 MiB)
+    f2 finds only the root's 10 MiB block free and takes a fourth segment: 10 + 3 x 40 = 130 MiB."""
+    events = pre_unshard_requests(100 * MiB, (40 * MiB,) * 2)
+    assert [(e.action, e.key) for e in events] == [
+        ("alloc", "root"),
+        ("alloc", "f0"),
+        ("alloc", "f1"),
+        ("free", "root"),
+        ("alloc", "b1"),  # backward: the root is not resharded after forward, so not copied again
+        ("free", "f0"),
+        ("alloc", "b0"),
+        ("free", "f1"),
+    ]
+    assert pre_unshard_pool(100 * MiB, (40 * MiB,) * 3) == 180 * MiB
+    assert pre_unshard_pool(10 * MiB, (40 * MiB,) * 3) == 130 * MiB
+    assert pre_unshard_pool(0, ()) == 0

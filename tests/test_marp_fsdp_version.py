@@ -14,7 +14,7 @@ from frenzy_slurm.eval.dataset import MeasuredRow, interpret_row
 from frenzy_slurm.jobspec import ResolvedModel, resolve_model
 from frenzy_slurm.marp import search_space_from_spec, workload_from_spec
 from frenzy_slurm.marp.frameworks import fsdp_version, profile_summary
-from frenzy_slurm.marp.fsdp_init import stage_units, unshard_pool, wrap_cache
+from frenzy_slurm.marp.fsdp_init import pre_unshard_pool, stage_units, unshard_pool, wrap_cache
 from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.memory_job import job
 from frenzy_slurm.marp.plan import ParallelPlan
@@ -159,6 +159,51 @@ def test_an_emptied_cache_leaves_the_pool_alone():
     gathered blocks (8.10 - 2 x 0.385 = 7.35 GiB) plus the 1.65 GiB pool: 9.00 GiB."""
     r, _ = _reserved(_llama7_lora(1, entry_extra={"empty_cache_after_setup": True}))
     assert r / GiB == pytest.approx(8.999, abs=0.001)
+
+
+def _llama7_qlora(**lora):
+    return _script(
+        "torch",
+        parallel__fsdp_version=1,
+        model={"preset": "llama-2-7b"},
+        training={
+            "seq_len": 512,
+            "global_batch": 2,
+            "micro_batch": 1,
+            "steps": 1,
+            "precision": "bf16-pure",
+            "method": "qlora",
+            "activation_checkpointing": "full",
+            "lora": {"rank": 64, "targets": ["q", "k", "v", "mlp"], "peft_version": "0.10.0"} | lora,
+        },
+    )
+
+
+def _offloaded(spec, metric="reserved"):
+    w = workload_from_spec(spec, resolve_model(spec, "."))
+    plan = ParallelPlan(dp=2, zero=3, micro_batch=1, recompute="full", offload_optimizer=True, offload_params=True)
+    return w, plan, estimate_memory(w, plan, metric)
+
+
+def test_cpu_offload_keeps_bitsandbytes_quant_states_and_copies_host_shards():
+    """Llama-2-7B QLoRA r64, FSDP1 with CPU offload on 2 ranks. The weights left on the GPU are bitsandbytes'
+    quantization states, whole on each rank: 6.48e9 linear weights x (4.127/8 - 0.5) bytes = 0.0957 GiB (they
+    are not parameters, so FSDP neither shards nor offloads them); torchao's NF4 keeps its scales inside the
+    tensor, offloaded with it: nothing. The pre-unshard stream's host-shard copies: the root's (0.244 GiB, 250 MiB
+    as a segment) and two blocks' (52.5 MiB each): 0.352 GiB, in the reserved estimate (2.744 GiB) and not in
+    the allocated one (1.024 GiB)."""
+    w, plan, est = _offloaded(_llama7_qlora())
+    j = job(w, plan)
+    assert est.stages[0].gib()["weights"] == pytest.approx(0.0957, abs=1e-4)
+    units = stage_units(j, 32)
+    shards = tuple(-(-sum(u) // 2) for u in units.units)
+    assert shards[-1] / GiB == pytest.approx(0.2441, abs=1e-4)
+    assert shards[0] / GiB == pytest.approx(0.0513, abs=1e-4)
+    assert pre_unshard_pool(shards[-1], shards[:-1]) / GiB == pytest.approx(0.3516, abs=1e-4)
+    assert est.peak / GiB == pytest.approx(2.744, abs=0.001)
+    assert _offloaded(_llama7_qlora(), "allocated")[2].peak / GiB == pytest.approx(1.024, abs=0.001)
+    _, _, torchao = _offloaded(_llama7_qlora(quantizer="torchao"))
+    assert torchao.stages[0].gib()["weights"] == 0.0
 
 
 def test_reader_takes_fsdp_version_from_api_names_only():

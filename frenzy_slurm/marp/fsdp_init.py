@@ -33,6 +33,22 @@ all-gather buffers wait for their free events before the next all-gather (`_max_
 backward with `BackwardPrefetch.BACKWARD_PRE` (the default) the unit being computed, the one prefetched and the one
 just resharded are held at once; the root unit is not resharded after forward (`not state._is_root`), so its
 buffer is held through the step.
+
+**CPU offload of the parameters** (`CPUOffload(offload_params=True)`; _flat_param.py `pre_unshard`, `flat_param_to`,
+`_all_gather_flat_param`, `_use_unsharded_flat_param`; _runtime_utils.py `_unshard`, `_reduce_grad`,
+`_offload_grad`; read in the 2.13 source, and the same `flat_param_to` and `_unshard(..., pre_unshard_stream)` in
+the 2.0-era `flat_param.py`): the shard lives in pinned host memory (`_local_shard.pin_memory()`). Each unshard
+first copies it to the GPU under `stream(pre_unshard_stream)` (`flat_param_to(device, non_blocking=True)`: a new
+tensor, so a block of a third stream's pool), all-gathers from that copy (`record_stream` on the unshard stream)
+and drops it as soon as the flat parameter points at the gathered buffer: the copy is freed, pending until the
+all-gather is done. The rate limiter waits only after the copy is allocated and only on the all-gather outputs'
+free events, so the copy of the unit before (and, at the first block, the root's) may still be pending:
+`pre_unshard_pool` replays two pending copies beside the new one. The reduce-scattered gradient shard stays on the
+GPU (`_saved_grad_shard`, the post-backward stream's pool) until the backward's final callback
+(`prepare_gradient_for_optim` deletes it), after a non-blocking copy into the pinned `_cpu_grad`; under LoRA it is
+the adapters' shard, small, and is not a term here. What offloading does not move: bitsandbytes' quantization
+states are attributes of `Params4bit`, neither parameters nor buffers, so they stay on the GPU, whole on every rank
+(marp/memory_states.py).
 """
 
 from __future__ import annotations
@@ -51,6 +67,9 @@ BROADCASTS_IN_FLIGHT = 2  # torch/csrc/distributed/c10d/comm.cpp broadcast_coale
 # all-gather buffers of the unshard stream held at once in backward: the unit computed, the one prefetched
 # (BACKWARD_PRE) and the one just resharded whose free event the rate limiter has not waited for yet
 UNSHARD_BUFFERS_HELD = 3
+# host-shard copies of the pre-unshard stream (CPU offload) still pending when the next one is made: the unit
+# before's, and the root's at the first block (the rate limiter waits after the copy, on all-gather outputs only)
+PRE_UNSHARD_PENDING = 2
 
 
 @dataclass(frozen=True)
@@ -153,6 +172,31 @@ def unshard_pool(root_bytes: int, unit_bytes: Sequence[int]) -> int:
 
     largest = max(unit_bytes, default=0)
     return segment(root_bytes) + UNSHARD_BUFFERS_HELD * segment(largest)
+
+
+def pre_unshard_requests(
+    root_shard: int, unit_shards: Sequence[int], pending: int = PRE_UNSHARD_PENDING
+) -> list[Event]:
+    """The pre-unshard stream's requests over a step under CPU offload: each unit's host shard copied to the GPU
+    (`root_shard`, then `unit_shards` in forward order, then again in backward order: the root is not resharded
+    after forward), each copy freed once `pending` later copies have been made (until then its all-gather may still
+    be reading it)."""
+    order = [("root", root_shard)] + [(f"f{k}", s) for k, s in enumerate(unit_shards)]
+    order += [(f"b{k}", s) for k, s in reversed(list(enumerate(unit_shards)))]
+    events: list[Event] = []
+    for n, (key, size) in enumerate(order):
+        events.append(alloc(key, size))
+        if n >= pending:
+            events.append(free(order[n - pending][0]))
+    return events
+
+
+@lru_cache(maxsize=256)
+def pre_unshard_pool(root_shard: int, unit_shards: tuple[int, ...]) -> int:
+    """Reserved bytes of the pre-unshard stream's pool under CPU offload (`pre_unshard_requests` replayed)."""
+    if not root_shard and not unit_shards:
+        return 0
+    return replay(pre_unshard_requests(root_shard, unit_shards)).stats["reserved_bytes.all.peak"]
 
 
 @dataclass(frozen=True)

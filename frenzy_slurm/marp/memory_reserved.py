@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from frenzy_slurm.marp import allocator
-from frenzy_slurm.marp.fsdp_init import stage_units, unshard_pool, wrap_cache
+from frenzy_slurm.marp.fsdp_init import pre_unshard_pool, stage_units, unshard_pool, wrap_cache
 from frenzy_slurm.marp.memory_job import Job
 from frenzy_slurm.marp.memory_moments import Moment, StageTerms
 from frenzy_slurm.marp.overheads import Overheads
@@ -69,7 +69,8 @@ def allocator_overhead(
 def fsdp1_reserved(j: Job, n_layers: int, t: StageTerms, peak: Moment, overhead: float) -> float:
     """The reserved excess of an FSDP1 job (marp/fsdp_init.py; docs/marp.md, "FSDP1: the wrap-time cache and the
     unshard stream"), from `overhead`, the excess as if every tensor shared one pool. The gathered parameters live
-    in the unshard stream's pool (the root's buffer and three blocks', `unshard_pool`), not in the compute
+    in the unshard stream's pool (the root's buffer and three blocks', `unshard_pool`; under CPU offload also the
+    pre-unshard stream's host-shard copies, `pre_unshard_pool`), not in the compute
     stream's, whose reserved bytes never read below what wrapping left cached (`wrap_cache`), unless the program
     empties the cache after wrapping (model.yaml's entry.empty_cache_after_setup, or the framework's habit).
     Pipeline stages, SHARD_GRAD_OP and encoder-decoder models are not laid out as units here (their callers
@@ -77,6 +78,10 @@ def fsdp1_reserved(j: Job, n_layers: int, t: StageTerms, peak: Moment, overhead:
     `zero3_gathered` counts are allocated at once; the others are freed blocks waiting for their streams."""
     units = stage_units(j, n_layers)
     pool = unshard_pool(units.root_gathered, [units.unit_gathered])
+    if j.plan.offload_params:  # each unshard first copies the host shard to the GPU on a stream of its own
+        world = j.weight_div
+        shards = tuple(-(-sum(u) // world) for u in units.units)
+        pool += pre_unshard_pool(shards[-1], shards[:-1])
     live = 0.0 if peak.phase == "optimizer-step" else t.b.gathered  # the gathered weights, alive at the peak
     compute = peak.allocated + overhead - live
     if not j.w.comm.fsdp1_cache_emptied:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from frenzy_slurm.marp.memory_job import Job, nf4_bytes
 from frenzy_slurm.marp.params import lora_encoder_params, lora_head_params, lora_params_per_layer
 
+NF4_STORAGE_BYTES = 0.5  # a 4-bit weight's packed storage, the part of nf4_bytes that is the parameter itself
+
 
 @dataclass(frozen=True)
 class States:
@@ -63,7 +65,7 @@ def model_states(j: Job, i: int, n_layers: int) -> States:
         trainable = float(params)
         weights = params * j.wb / j.weight_div
     if plan.offload_params:
-        weights = 0.0
+        weights = _resident_quant_states(j, linear, last)
     optimizer = 0.0 if (plan.offload_optimizer or w.states.paged_optimizer) else trainable * (j.sb + j.mb_) / j.opt_div
     if j.mixed_ds and plan.zero == 0:
         optimizer += trainable * 4.0  # BF16/FP16 optimizer's fp32 gradient accumulation buffer
@@ -83,6 +85,20 @@ def model_states(j: Job, i: int, n_layers: int) -> States:
         largest=pc.largest_matrix * j.scale / tp,
         head_grads=head_grads,
     )
+
+
+def _resident_quant_states(j: Job, linear: float, last: bool) -> float:
+    """What stays on the GPU of a stage's weights when FSDP's CPU offload moves the parameters to the host:
+    bitsandbytes' quantization states (absmax and the double quantization's constants) are attributes of
+    `Params4bit`, neither parameters nor buffers, so FSDP neither shards nor offloads them (torch FSDP1
+    `_flat_param.py` flattens parameters only; fsdp_qlora `train.py` at 3afe102 l. 198-207 quantizes each weight on
+    the GPU, `.cuda(device)`, and moves only its `.data` to the host or meta device): every rank keeps them whole.
+    torchao's NF4 tensor carries its scales inside the tensor, sharded and offloaded with it: nothing stays."""
+    w, a = j.w, j.w.arch
+    if w.method != "qlora" or w.adapters.nf4_torchao:
+        return 0.0
+    q_head = a.vocab * a.hidden * j.scale / j.vtp if (last and w.adapters.qlora_quantized_head and j.pc.head) else 0.0
+    return (linear + q_head) * (nf4_bytes(w) - NF4_STORAGE_BYTES)
 
 
 def gradients_persist(j: Job, i: int) -> bool:
