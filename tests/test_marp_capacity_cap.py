@@ -120,3 +120,44 @@ def test_memory_with_world_and_gpu_reports_the_capped_peak(tmp_path):
     assert "A100-80GB: 80.0 GiB of 76.0 usable -> does NOT fit" in text.stdout
     roomy = json.loads(CliRunner().invoke(main, [*args, "--gpu", "H200"]).stdout)
     assert roomy["peak_gib"] == pytest.approx(bare["peak_gib"]) and "capped" not in roomy
+
+
+def test_fsbatch_shows_the_capped_peak_per_component(tmp_path):
+    """fsbatch's search knows each pool's GPU: the devcluster's A100-40GB reads 40 GiB, not the 49 GiB the
+    replayed cache would add to, and --explain and --json say the cache was capped."""
+    from frenzy_slurm.cli.fsbatch import main
+
+    from .test_marp_frameworks import ROOT
+
+    spec = _spec(
+        {"lengths": "variable", "mean": 1500, "sd": 1200},
+        training__seq_len=4096,
+        training__global_batch=16,
+        training__micro_batch=1,
+        training__activation_checkpointing="full",
+        parallel={"sharding": "none", "tp": 1, "pp": 1},
+        limits={"max_gpus": 1},
+    )
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
+    (tmp_path / "train.py").write_text("")
+    common = [
+        str(path),
+        "--dry-run",
+        "--backend",
+        "static",
+        "--snapshot",
+        str(ROOT / "examples" / "offline" / "cluster.json"),
+        "--site",
+        str(ROOT / "site_configs" / "devcluster.yaml"),
+    ]
+    out = CliRunner().invoke(main, [*common, "--json"])
+    assert out.exit_code == 0, out.output
+    (comp,) = json.loads(out.stdout)["decision"]["chosen"]["components"]
+    assert comp["gpu_model"] == "A100-40GB"
+    assert comp["peak_gib"] == pytest.approx(40.0)
+    assert comp["capped_gib"] == pytest.approx(48.96 - 40.0, abs=0.01)
+    shown = CliRunner().invoke(main, [*common, "--explain"])
+    assert shown.exit_code == 0, shown.output
+    assert "40G/38G (cache capped)" in shown.output
+    assert "on a known GPU it counts only up to the GPU's memory less the CUDA context, NCCL and cuBLAS" in shown.output

@@ -140,6 +140,7 @@ def _homogeneous(
                 stages=list(range(c.plan.pp)),
                 peak_gib=c.peak_gib,
                 capacity_gib=c.capacity_gib,
+                capped_gib=c.memory.released / GiB,
             )
             alloc = Allocation(
                 kind="homogeneous",
