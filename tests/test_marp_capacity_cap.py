@@ -161,3 +161,24 @@ def test_fsbatch_shows_the_capped_peak_per_component(tmp_path):
     assert shown.exit_code == 0, shown.output
     assert "40G/38G (cache capped)" in shown.output
     assert "on a known GPU it counts only up to the GPU's memory less the CUDA context, NCCL and cuBLAS" in shown.output
+
+
+def test_a_heterogeneous_pipelines_stages_are_capped_at_their_own_gpus():
+    from frenzy_slurm.has.hetero import HeteroPlan, StageGroup, stage_peaks_gib
+
+    w = _varied()
+    plan = ParallelPlan(dp=1, pp=2, micro_batch=1, grad_accum=16, layer_split=(8, 8))
+    est = estimate_memory(w, plan, "reserved")
+    extra = Overheads().device_bytes(2)
+
+    def group(name: str, memory_gib: float | None) -> StageGroup:
+        memory = None if memory_gib is None else memory_gib * GiB
+        return StageGroup(name, 1, 1e14, 70 * GiB, extra, 300, 25, 8, memory_bytes=memory)
+
+    small, roomy = group("small", 50.0), group("unknown", None)  # no memory known: as before
+    peaks = stage_peaks_gib(HeteroPlan(plan, (small, roomy), est, 1.0))
+    first, last = est.stages
+    assert first.peak + extra > 50 * GiB > first.needed + extra  # the first stage's cache overflows its GPU
+    assert peaks[0][0] == pytest.approx(50.0)
+    assert peaks[0][1] == pytest.approx((first.peak + extra) / GiB - 50.0)
+    assert peaks[1] == pytest.approx(((last.peak + extra) / GiB, 0.0))
