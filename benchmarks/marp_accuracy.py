@@ -64,6 +64,8 @@ def score_case(path: Path) -> dict:
         "accuracy": accuracy(est.peak_gib, m.value_gib),
         "plan": pred.plan.short(),
         "phase": max(est.stages, key=lambda s: s.peak).phase,
+        "gpu": pred.gpu,
+        "capped_gib": est.released / GiB,
     }
     for name, fn in (("deepspeed_states", deepspeed_states), ("megatron_formula", megatron_formula)):
         rec[f"{name}_gib"] = fn(pred.workload, pred.plan) / GiB

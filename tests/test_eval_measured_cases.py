@@ -82,12 +82,14 @@ def test_a_case_is_predicted_as_frenzy_slurm_memory_predicts_its_model_yaml(path
     from frenzy_slurm.cli.admin import main
 
     case = load_case(path)
-    got = predict_case(case, path).estimate.peak_gib
+    pred = predict_case(case, path)
+    got = pred.estimate.peak_gib
     model_yaml = tmp_path / "model.yaml"
     model_yaml.write_text(yaml.safe_dump(case.model_dump(mode="json", exclude={"measurement"}, exclude_defaults=True)))
     m = case.measurement
+    gpu = ["--gpu", pred.gpu] if pred.gpu else []  # the catalog GPU the measurement names (eval/gpu_reading.py)
     res = CliRunner().invoke(
-        main, ["memory", str(model_yaml), "--world", str(m.world_size), "--metric", m.metric, "--json"]
+        main, ["memory", str(model_yaml), "--world", str(m.world_size), "--metric", m.metric, "--json", *gpu]
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["peak_gib"] == pytest.approx(got, rel=1e-12)

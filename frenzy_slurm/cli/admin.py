@@ -25,6 +25,7 @@ from frenzy_slurm.cli.common import (
 from frenzy_slurm.cli.plan_view import (
     candidate_json,
     candidate_rows,
+    capped_note,
     factory_note,
     gpu_options,
     load,
@@ -69,7 +70,8 @@ def main() -> None:
     "gpus",
     multiple=True,
     metavar="TYPE[:COUNT]",
-    help="GPU type from the catalog (repeatable), optionally with how many exist. Default: every catalog GPU.",
+    help="GPU type from the catalog (repeatable), optionally with how many exist. Default: every catalog GPU. "
+    "With --plan/--world: the estimate on the smallest type named, the variable-length cache within its memory.",
 )
 @click.option(
     "--plan",
@@ -155,21 +157,31 @@ def memory(
         click.echo("\n".join(profile_lines(spec)), err=True)  # which framework's defaults made this estimate
     if plan_text or world:
         plan = _checked(spec, w, one_plan(spec, w, plan_text, world))
-        est = estimate_memory(w, plan, metric, job_overheads(spec))
+        overheads = job_overheads(spec)
+        raw = estimate_memory(w, plan, metric, overheads)
+        named = gpu_options(gpus, max_gpus) if gpus else []
+        # the breakdown on the smallest GPU named: what its allocator could reserve (MemoryEstimate.on_gpu)
+        smallest = min(named, key=lambda o: o.spec.memory_gib, default=None)
+        est = raw.on_gpu(smallest.spec.memory_gib * GiB, overheads) if smallest else raw
         calibrated = calib.memory_plan_calibration(found, spec, est)
-        usable = min((o.usable_bytes for o in gpu_options(gpus, max_gpus)), default=None) if gpus else None
+        usable = min((o.usable_bytes for o in named), default=None)
         if plot:
             from frenzy_slurm.cli.memory_picture import plot_breakdown
 
             plot_breakdown(est, plot, f"{spec.name}: {model.name}, {plan.short()}", usable / GiB if usable else None)
+        gpu = str(smallest.name) if smallest else None
         if as_json:
-            print_json(memory_json(est) | {"profile": profile} | ({"calibration": calibrated} if calibrated else {}))
+            extra = {"profile": profile} | ({"calibration": calibrated} if calibrated else {})
+            print_json(memory_json(est, gpu) | extra)
             return
         click.echo(f"{spec.name}: {model.name}, plan {plan.short()}, {metric} memory per GPU (GiB)")
         _echo_breakdown(est, usable, plot, calib.memory_plan_line(calibrated) if calibrated else None)
-        for opt in gpu_options(gpus, max_gpus) if gpus else []:
-            fits = "fits" if est.peak <= opt.usable_bytes else "does NOT fit"
-            click.echo(f"{opt.name}: {est.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
+        if (note := capped_note(est, gpu)) is not None:
+            click.echo(note)
+        for opt in named:
+            on = raw.on_gpu(opt.spec.memory_gib * GiB, overheads)
+            fits = "fits" if on.peak <= opt.usable_bytes else "does NOT fit"
+            click.echo(f"{opt.name}: {on.peak_gib:.1f} GiB of {opt.usable_bytes / GiB:.1f} usable -> {fits}")
         return
     options = [replace(o, overheads=job_overheads(spec, o.overheads)) for o in gpu_options(gpus, max_gpus)]
     _show_candidates(spec, model.name, w, options, max_gpus, top, as_json, found, profile)

@@ -50,7 +50,10 @@ def explain_rows(decision: Decision) -> tuple[list[str], list[list[str]]]:
     def row(mark: str, a: Allocation | None, why: str) -> list[str]:
         if a is None:
             return [mark, "-", "-", "-", "-", "-", "-", why]
-        mem = " + ".join(f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" for c in a.components)
+        mem = " + ".join(
+            f"{fmt_gib(c.peak_gib)}/{fmt_gib(c.capacity_gib)}" + (" (cache capped)" if c.capped_gib > 0 else "")
+            for c in a.components
+        )
         start = "now" if a.start_source == "now" else f"+{hms(a.start - now)} ({a.start_source})"
         return [mark, a.label(), a.plan.short(), mem, start, hms(a.run_time_s), f"+{hms(a.completion - now)}", why]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.gpus import GpuSpec, catalog, match_gpu
-from frenzy_slurm.core.units import fmt_gib
+from frenzy_slurm.core.units import GiB, fmt_gib
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel, load_job_spec, resolve_model
 from frenzy_slurm.marp import Candidate, GpuOption, MemoryEstimate, with_exact_params
 from frenzy_slurm.marp.memory import COMPONENTS
@@ -78,15 +78,40 @@ def memory_rows(est: MemoryEstimate) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def memory_json(est: MemoryEstimate) -> dict[str, Any]:
-    return {
+def memory_json(est: MemoryEstimate, gpu: str | None = None) -> dict[str, Any]:
+    """One plan's estimate; `gpu`: the GPU it was fitted to (`MemoryEstimate.on_gpu`), named in `capped`."""
+    out = {
         "plan": est.plan.short(),
         "metric": est.metric,
         "peak_gib": est.peak_gib,
+        "needed_gib": est.needed / GiB,
         "stages": [
-            {"stage": s.stage, "layers": s.layers, "params": s.params, "phase": s.phase, **s.gib()} for s in est.stages
+            {
+                "stage": s.stage,
+                "layers": s.layers,
+                "params": s.params,
+                "phase": s.phase,
+                **s.gib(),
+                "cached": s.cached / GiB,
+                "released": s.released / GiB,
+            }
+            for s in est.stages
         ],
     }
+    if est.released > 0:
+        out["capped"] = {"gpu": gpu, "released_gib": est.released / GiB, "note": capped_note(est, gpu)}
+    return out
+
+
+def capped_note(est: MemoryEstimate, gpu: str | None) -> str | None:
+    """The line saying that the variable-length cache was cut to what the GPU holds; None where nothing was."""
+    if est.released <= 0:
+        return None
+    return (
+        f"capped: {est.released / GiB:.2f} GiB of the variable-length cache left out on {gpu or 'this GPU'}: the "
+        "caching allocator frees its cache and retries before it reports out of memory, so the reading stays "
+        "within the GPU's memory less the CUDA context, NCCL and cuBLAS (needed unchanged)"
+    )
 
 
 def candidate_rows(cands: dict[Hashable, list[Candidate]], top: int) -> tuple[list[str], list[list[str]]]:
@@ -122,6 +147,7 @@ def candidate_json(cands: dict[Hashable, list[Candidate]]) -> dict[str, list[dic
                 "step_time_s": c.step_time_s,
                 "run_time_s": c.run_time_s,
             }
+            | ({"capped": {"released_gib": c.memory.released / GiB}} if c.memory.released > 0 else {})
             for c in items
         ]
         for gpu, items in cands.items()

@@ -2,9 +2,10 @@
 
 A case file is a model.yaml with one more top-level block, `measurement:` (world size, GPU, metric, value in
 GiB, source, confidence). The accuracy benchmark predicts each case through the product's own path
-(`frenzy_slurm.marp.predict_pinned`: the plan the file pins at the world size, the job's overheads), as
-`frenzy-slurm memory --world N --metric M` shows it. A directory of cases may hold `unreadable.yaml`: the rows a
-converter (eval/convert.py) could not write as a model.yaml, each with its reason; they count as failures.
+(`frenzy_slurm.marp.predict_pinned`: the plan the file pins at the world size, the job's overheads, the GPU), as
+`frenzy-slurm memory --world N --gpu TYPE --metric M` shows it, TYPE the catalog GPU `measurement.gpu` names. A
+directory of cases may hold `unreadable.yaml`: the rows a converter (eval/convert.py) could not write as a
+model.yaml, each with its reason; they count as failures.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from frenzy_slurm.core.errors import InputError
 from frenzy_slurm.core.yamlfile import load_model_file
+from frenzy_slurm.eval.gpu_reading import catalog_gpu
 from frenzy_slurm.jobspec import JobSpec, resolve_model
 from frenzy_slurm.jobspec.job import Method
 from frenzy_slurm.marp import predict_pinned
@@ -92,6 +94,7 @@ class Prediction:
     workload: Workload
     plan: ParallelPlan
     estimate: MemoryEstimate
+    gpu: str | None = None  # the catalog GPU `measurement.gpu` names (eval/gpu_reading.py), None where it pins none
 
 
 def load_case(path: Path) -> MeasuredCase:
@@ -100,11 +103,13 @@ def load_case(path: Path) -> MeasuredCase:
 
 
 def predict_case(case: MeasuredCase, path: Path) -> Prediction:
-    """The case's per-GPU peak of the measured metric, as `frenzy-slurm memory --world N --metric M` predicts it;
+    """The case's per-GPU peak of the measured metric, as `frenzy-slurm memory --world N --gpu TYPE --metric M`
+    predicts it, TYPE the catalog GPU its `measurement.gpu` names (`catalog_gpu`; without one, as without --gpu);
     InputError when its model.yaml cannot be planned at the measured world size."""
     m = case.measurement
-    w, plan, est = predict_pinned(case, resolve_model(case, path.parent), m.world_size, m.metric)
-    return Prediction(w, plan, est)
+    gpu = catalog_gpu(m.gpu)
+    w, plan, est = predict_pinned(case, resolve_model(case, path.parent), m.world_size, m.metric, gpu=gpu)
+    return Prediction(w, plan, est, gpu.name if gpu else None)
 
 
 def case_files(directory: Path) -> list[Path]:

@@ -140,6 +140,7 @@ def _homogeneous(
                 stages=list(range(c.plan.pp)),
                 peak_gib=c.peak_gib,
                 capacity_gib=c.capacity_gib,
+                capped_gib=c.memory.released / GiB,
             )
             alloc = Allocation(
                 kind="homogeneous",
@@ -273,6 +274,7 @@ def _hetero_candidate(
             p.site.gpus_per_node,
             p.option.spec.step_overhead_s,
             p.option.spec.microbatch_overhead_s,
+            p.option.spec.memory_gib * GiB,
         )
         for p, n in placement
     ]
@@ -294,8 +296,9 @@ def _hetero_candidate(
                     gpus_per_node=layout[1],
                     cpus_per_task=p.site.cpus_per_gpu,
                     stages=list(range(first, first + n)),
-                    peak_gib=max(peaks[first : first + n]),
+                    peak_gib=max(peak for peak, _ in peaks[first : first + n]),
                     capacity_gib=p.option.usable_bytes / GiB,
+                    capped_gib=max(capped for _, capped in peaks[first : first + n]),
                 )
             )
             layouts.append(layout)

@@ -48,6 +48,7 @@ class StageGroup:
     gpus_per_node: int
     step_overhead_s: float = 0.0  # the GPU spec's fixed costs per step and per micro-batch slot (calibration)
     microbatch_overhead_s: float = 0.0
+    memory_bytes: float | None = None  # the GPU's whole memory (catalog), which caps the variable-length cache
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,15 @@ def step_floor(w: Workload, stage_rates: list[float], micro_batch: int, grad_acc
     return each_once + (grad_accum - 1) * slowest + p2p
 
 
-def stage_peaks_gib(hp: HeteroPlan) -> list[float]:
-    """Device memory per stage: reserved bytes plus the stage's GPU-type overhead."""
-    extra = [g.overhead_bytes for g in hp.groups for _ in range(g.stages)]
-    return [(s.peak + extra[i]) / GiB for i, s in enumerate(hp.memory.stages)]
+def stage_peaks_gib(hp: HeteroPlan) -> list[tuple[float, float]]:
+    """(device memory, GiB of cache capped) per stage: reserved bytes plus the stage's GPU-type overhead, the
+    variable-length cache counted only up to the stage's GPU memory (`MemoryEstimate.within`: the allocator frees
+    it before it reports out of memory)."""
+    groups = [g for g in hp.groups for _ in range(g.stages)]
+    out = []
+    for s, g in zip(hp.memory.stages, groups, strict=True):
+        peak = s.peak
+        if g.memory_bytes is not None:
+            peak = max(s.needed, min(s.peak, g.memory_bytes - g.overhead_bytes))
+        out.append(((peak + g.overhead_bytes) / GiB, (s.peak - peak) / GiB))
+    return out

@@ -29,6 +29,12 @@ class Component(_M):
     stages: list[int] = Field(description="Pipeline stages this component runs.")
     peak_gib: float = Field(description="Predicted per-GPU peak (device memory) on this component.")
     capacity_gib: float = Field(description="Usable memory per GPU.")
+    capped_gib: float = Field(
+        0.0,
+        ge=0,
+        description="Of the variable-length cache, what peak_gib leaves out to stay within the GPU's memory (the "
+        "caching allocator frees its cache before it reports out of memory; it decides no fit).",
+    )
 
     @property
     def gpus(self) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Literal
 
 from frenzy_slurm.core.errors import InputError
+from frenzy_slurm.core.gpus import GpuSpec
+from frenzy_slurm.core.units import GiB
 from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Optimizer
@@ -583,11 +585,21 @@ def job_overheads(spec: JobSpec, pool: Overheads | None = None) -> Overheads:
 
 
 def predict_pinned(
-    spec: JobSpec, model: ResolvedModel, world: int, metric: Metric, pool: Overheads | None = None, device: str = "cuda"
+    spec: JobSpec,
+    model: ResolvedModel,
+    world: int,
+    metric: Metric,
+    pool: Overheads | None = None,
+    device: str = "cuda",
+    gpu: GpuSpec | None = None,
 ) -> tuple[Workload, ParallelPlan, MemoryEstimate]:
-    """The per-GPU peak of the one plan model.yaml pins at `world` GPUs, as `frenzy-slurm memory --world` shows it
-    and fsbatch's search predicts it: the job's Workload, its pinned plan, and the estimate of `metric` with the
-    job's overheads on `pool`. InputError when the file pins no plan, or several."""
+    """The per-GPU peak of the one plan model.yaml pins at `world` GPUs, as `frenzy-slurm memory --world [--gpu]`
+    shows it and fsbatch's search predicts it: the job's Workload, its pinned plan, and the estimate of `metric`
+    with the job's overheads on `pool`, on `gpu` where it is known (`MemoryEstimate.on_gpu`: the cache the
+    allocator frees before it fails does not count past the GPU's memory). InputError when the file pins no plan,
+    or several."""
     w = workload_from_spec(spec, model, device=device)
     plan = pinned_plan(spec, w, world)
-    return w, plan, estimate_memory(w, plan, metric, job_overheads(spec, pool))
+    overheads = job_overheads(spec, pool)
+    est = estimate_memory(w, plan, metric, overheads)
+    return w, plan, est.on_gpu(gpu.memory_gib * GiB, overheads) if gpu is not None else est

@@ -289,17 +289,30 @@ def search(
             out[name].append(cand)
     for name in out:
         out[name].sort(key=lambda c: c.step_time_s)
-    return _with_cache(w, out, frag, memo)
+    return _with_cache(w, out, frag, memo, {o.name: o for o in options})
 
 
 def _with_cache(
-    w: Workload, out: dict[Hashable, list[Candidate]], frag: Overheads, memo: TermMemo
+    w: Workload,
+    out: dict[Hashable, list[Candidate]],
+    frag: Overheads,
+    memo: TermMemo,
+    options: dict[Hashable, GpuOption],
 ) -> dict[Hashable, list[Candidate]]:
     """The kept plans' estimates with what variable lengths keep cached (left out while the search decided fits on
-    `needed`, which it is not part of); fixed lengths keep none."""
+    `needed`, which it is not part of), at most what the GPU type's memory leaves beside its device terms
+    (`MemoryEstimate.on_gpu`: the allocator frees its cache before it fails); fixed lengths keep none."""
     if w.median_seq_len is None:
         return out
     return {
-        name: [replace(c, memory=estimate_memory(w, c.plan, "reserved", frag, True, memo)) for c in cands]
+        name: [
+            replace(
+                c,
+                memory=estimate_memory(w, c.plan, "reserved", frag, True, memo).on_gpu(
+                    options[name].spec.memory_gib * GiB, options[name].overheads
+                ),
+            )
+            for c in cands
+        ]
         for name, cands in out.items()
     }

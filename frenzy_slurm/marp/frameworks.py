@@ -679,6 +679,7 @@ def profile_lines(spec: JobSpec, device: str = "cuda") -> list[str]:
             f"data: variable lengths, longest {data['longest']} tokens, median {data['median']}: memory is that of "
             f"the longest step; reserved adds what shorter steps leave cached ({replayed}, one layer's saved "
             f"tensors and the loss's, replayed through the caching allocator), which decides no fit: the allocator "
-            f"frees it before reporting out of memory"
+            f"frees it before reporting out of memory, so on a known GPU it counts only up to the GPU's memory less "
+            f"the CUDA context, NCCL and cuBLAS (capped)"
         )
     return lines

@@ -19,7 +19,7 @@ device's overheads, by metric). This module sums them per stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from frenzy_slurm.core.units import GiB
@@ -75,6 +75,8 @@ class StageMemory:
     phase: str
     # of the overhead: what shorter steps' blocks keep cached under variable lengths, freed before an out-of-memory
     cached: float = 0.0
+    # what the allocator gave back of that cache to stay within the GPU (`MemoryEstimate.within`), no longer counted
+    released: float = 0.0
 
     @cached_property
     def peak(self) -> float:
@@ -116,6 +118,39 @@ class MemoryEstimate:
     @property
     def peak_gib(self) -> float:
         return self.peak / GiB
+
+    @property
+    def released(self) -> float:
+        """Bytes of the variable-length cache left out to stay within the GPU (`within`), over stages."""
+        return max((s.released for s in self.stages), default=0.0)
+
+    def on_gpu(self, memory: float, overheads: Overheads) -> MemoryEstimate:
+        """This estimate on a GPU of `memory` bytes (the catalog's `memory_gib`) with the job's `overheads`: the
+        device metric reads at most all of it; the reserved one at most what the device terms (the CUDA context,
+        NCCL's buffers, the cuBLAS workspaces: `Overheads.device_bytes`, which that metric leaves out) leave of
+        it. `within` says what gives way."""
+        if self.metric == "allocated":  # nothing cached is counted: the allocated reading never exceeds the need
+            return self
+        outside = 0.0 if self.metric == "device" else overheads.device_bytes(self.plan.world)
+        return self.within(memory - outside)
+
+    def within(self, limit: float) -> MemoryEstimate:
+        """This estimate on a GPU whose memory lets the metric read at most `limit` bytes per rank (`gpu_limit`).
+
+        When cudaMalloc fails, PyTorch's caching allocator frees its cached blocks and retries before it reports
+        out of memory (c10/cuda/CUDACachingAllocator.cpp, `alloc_block` -> `release_cached_blocks`; the replayer's
+        `capacity`), so a run's reserved peak never exceeds what the device can map, and the variable-length cache
+        (`cached`) is what gives way first. Each stage keeps at most `limit`, down to its `needed`, which is
+        unchanged: a need past the GPU is an out of memory, not a smaller reading. The replayer itself is not
+        given the capacity: it replays one representative layer and the loss, not the step's other tensors, so it
+        does not know how much of the device they leave (docs/marp.md, "Variable sequence lengths")."""
+        stages = []
+        for s in self.stages:
+            cut = min(s.cached, max(0.0, s.peak - limit))
+            if cut > 0:
+                s = replace(s, overhead=s.overhead - cut, cached=s.cached - cut, released=s.released + cut)
+            stages.append(s)
+        return replace(self, stages=tuple(stages))
 
 
 def estimate_memory(
