@@ -370,7 +370,8 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "litgpt",
             "litgpt (finetune full / lora / qlora, pretrain)",
-            "litgpt 0.4-0.5 (CPU grid: 0.5.13, lightning 2.6.6, bitsandbytes 0.50.2)",
+            "litgpt 0.4-0.5 (CPU grid: 0.5.13, lightning 2.6.6, bitsandbytes 0.50.2); loop order and StableEmbedding "
+            "back to lit-gpt's 2023 snapshots, by date",
             "torch",
             "litgpt",
             Capabilities(zero_stages=(0, 3)),  # DDP or FSDP
