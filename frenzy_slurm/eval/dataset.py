@@ -27,6 +27,7 @@ from frenzy_slurm.jobspec import JobSpec, ResolvedModel
 from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import FrameworkName, Method, Optimizer, OptimizerName
 from frenzy_slurm.marp import job_overheads, pinned_plan, workload_from_spec
+from frenzy_slurm.marp.framework_facts import LITGPT_FIRST_RELEASE_DATE
 from frenzy_slurm.marp.frameworks import PROFILES, UNMODELLED
 from frenzy_slurm.marp.overheads import EAGER_LOADING_CONTEXT_GIB, LAZY_LOADING_CONTEXT_GIB, Overheads
 from frenzy_slurm.marp.params import count_params
@@ -290,12 +291,19 @@ def _framework_version(raw: dict[str, str], framework: FrameworkName) -> tuple[i
     pins (reading.transformers_version), in its settings or else its other free-text columns; of an llm.c row (a
     program without releases, versioned by the date of its source) the date the row states; of a torchtitan row
     the date, or month, its run was reported (torchtitan had no release before 0.1.0, 2025-06, and a snapshot is
-    named by its date: marp/framework_facts.py); None otherwise (the newest release the profile describes, as for
-    any model.yaml that does not say)."""
+    named by its date: marp/framework_facts.py); of a litgpt row the date it states, where that is before litgpt's
+    first release (lit-gpt's snapshots, named by date; a later date names no release); None otherwise (the newest
+    release the profile describes, as for any model.yaml that does not say)."""
     if framework == "llm.c":
         return reading.stated_date(_settings(raw)) or reading.stated_date(_other_text(raw))
     if framework == "torchtitan":
         return reading.stated_month(_settings(raw)) or reading.stated_month(_other_text(raw))
+    if framework == "litgpt":  # lit-gpt's snapshots before its first release are named by date (framework_facts)
+        for text in (_settings(raw), _other_text(raw)):
+            found = reading.stated_date(text) or reading.stated_us_date(text)
+            if found and found < LITGPT_FIRST_RELEASE_DATE:
+                return found
+        return None
     if framework != "hf-trainer":
         return None
     return reading.transformers_version(_settings(raw)) or reading.transformers_version(_other_text(raw))

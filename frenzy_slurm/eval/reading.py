@@ -486,6 +486,13 @@ def stated_date(text: str) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
+def stated_us_date(text: str) -> tuple[int, int, int] | None:
+    """The first calendar date a row's text states month first (`10/20/2023`, as litgpt's tutorials date their
+    tables); None where it states none."""
+    m = re.search(r"(?<![\d/])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])/(20\d\d)\b", text)
+    return (int(m.group(3)), int(m.group(1)), int(m.group(2))) if m else None
+
+
 def stated_month(text: str) -> tuple[int, int, int] | None:
     """The first calendar date a row's text states, to the month where it gives no day (`2024-12-26`, `2025-06`,
     a file name's `_202412_`): the first of that month. None where it states none."""

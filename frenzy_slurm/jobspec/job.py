@@ -891,7 +891,8 @@ class Entry(_Strict):
         description="The framework's version, e.g. '4.57' (defaults change between releases; a profile says which "
         "versions it describes, and a version outside them is noted); for llm.c, which has no releases, the date of "
         "the train_gpt2.cu built as YYYY.MM.DD, e.g. '2024.05.13'; for torchtitan before its first release (0.1.0), "
-        "the snapshot's date the same way, e.g. '2024.12.26'. Default: the newest the profile describes.",
+        "the snapshot's date the same way, e.g. '2024.12.26', as for litgpt before its first release (lit-gpt, "
+        "e.g. '2023.10.16'). Default: the newest the profile describes.",
         pattern=r"^[0-9]+(\.[0-9]+){0,2}$",
     )
     llmc: LlmcFlags = Field(

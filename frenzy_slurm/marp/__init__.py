@@ -16,7 +16,7 @@ from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
-from frenzy_slurm.marp.framework_facts import hf_loss_upcasts
+from frenzy_slurm.marp.framework_facts import hf_loss_upcasts, litgpt_longest_first, litgpt_stable_embedding
 from frenzy_slurm.marp.frameworks import (
     DEEPSPEED_SHARDING,
     Capabilities,
@@ -223,7 +223,9 @@ def _adapters(spec: JobSpec, prof: FrameworkProfile) -> Adapters:
         # bitsandbytes' MatMul4Bit kept its input on ctx up to 0.43.1 (ctx.tensors = (A, B)); 0.43.2 on keep (None, B)
         nf4_saves_inputs=quantizer == "bitsandbytes" and (bnb_version is None or bnb_version < (0, 43, 2)),
         qlora_quantized_head=lora.quantize_head if lora.quantize_head is not None else prof.qlora_quantized_head,
-        bnb_stable_embedding=prof.qlora_stable_embedding and quantizer == "bitsandbytes",
+        bnb_stable_embedding=prof.qlora_stable_embedding
+        and quantizer == "bitsandbytes"
+        and (not prof.loop_by_version or litgpt_stable_embedding(version_tuple(spec.entry.framework_version))),
         lora_qkv_scatter=prof.code(spec).lora_qkv_scatter,
         lora_input_cast=prof.lora_by_peft,
         # peft 0.12 (PR #1706) added get_peft_model(autocast_adapter_dtype=True), which upcasts bf16/fp16 adapter
@@ -307,12 +309,22 @@ def _loss_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture) -> L
         fused_linear_loss=t.fused_linear_loss,
         compile_loss=t.compile_loss if t.compile_loss is not None else (default_compile_loss(spec) or chunks > 1),
         hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,
-        keeps_previous_output=prof.keeps_previous_output,
+        keeps_previous_output=prof.keeps_previous_output and not _longest_first(spec, prof),
         loss_detaches_hidden=prof.loss_detaches_hidden and chunks > 1,
         dtensor_loss_parallel=prof.dtensor_loss_parallel,
         output_fp32=prof.output_fp32 and t.precision != "fp32",
         loss_fp32=not sixteen_bit_module(spec)
         or (spec.entry.loss_upcast if spec.entry.loss_upcast is not None else _default_loss_upcast(spec, prof, arch)),
+    )
+
+
+def _longest_first(spec: JobSpec, prof: FrameworkProfile) -> bool:
+    """Whether the step with the longest sample, which sets the peak, is the run's first (lit-gpt's 2023 loops:
+    marp/framework_facts.py), so nothing of a previous step is alive at the end of its forward."""
+    return (
+        prof.loop_by_version
+        and spec.data.lengths == "variable"
+        and litgpt_longest_first(version_tuple(spec.entry.framework_version))
     )
 
 

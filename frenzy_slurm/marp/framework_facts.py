@@ -72,3 +72,41 @@ def torchtitan_compiles_loss(framework_version: tuple[int, ...] | None) -> bool:
     if framework_version[0] >= SNAPSHOT_DATE_FROM_YEAR:
         return framework_version[:3] >= TORCHTITAN_LOSS_COMPILED_FROM_DATE
     return framework_version[:2] >= TORCHTITAN_LOSS_COMPILED_FROM_RELEASE
+
+
+# litgpt's fine-tuning loops, read in Lightning-AI/litgpt's history. Before its first release (0.2.0, 2024-03; the
+# repository was lit-gpt, its snapshots named by date, `YYYY.MM.DD`) finetune/{full,lora,adapter}.py put the longest
+# training sample into the first iteration, "so potential OOMs happen right away": `get_batch(fabric, train_data,
+# longest_seq_ix if iter_num == 0 else None)` (read at 8641822, 2023-10-16), from fa5d73e3 (2023-06-21, #184) until
+# the data refactor 73baa2d5 (2024-02-29, #950) moved the scripts onto a shuffled DataLoader (read in the 0.2.0,
+# 0.4.0 and 0.5.13 wheels). With variable lengths the step that sets the peak then follows no training step: no
+# previous output or graph is alive at the end of its forward. The step after it holds the longest step's graph
+# beside its own shorter one; that is the smaller moment wherever a step's saved tensors are at least twice what the
+# old graph's custom functions keep (bitsandbytes' 4-bit matmul inputs, (3 h + ffn) x 2 bytes a layer and token,
+# against a Llama block's ~34 h).
+LITGPT_LONGEST_FIRST_DATES = ((2023, 6, 21), (2024, 2, 29))
+LITGPT_FIRST_RELEASE_DATE = (2024, 3, 15)  # the 0.2.0 wheel's files (0.1.0 exists only as 0.1.0.dev1, lit_gpt)
+# The swap to bitsandbytes' StableEmbedding under bitsandbytes quantisation (finetune/lora.py, adapter.py,
+# adapter_v2.py: `model.transformer.wte = StableEmbedding(...)` after the optimizer is built) came with ae798aba
+# (2024-10-04, #1770), first released in 0.5.0 (absent from the 0.4.0 and 0.4.10 wheels, present in 0.5.0 and 0.5.13).
+LITGPT_STABLE_EMBEDDING_FROM_RELEASE = (0, 5)
+LITGPT_STABLE_EMBEDDING_FROM_DATE = (2024, 10, 4)
+
+
+def litgpt_longest_first(framework_version: tuple[int, ...] | None) -> bool:
+    """Whether litgpt's fine-tuning loop runs the longest sample first, at the release or snapshot date named (None:
+    the newest release described, which does not)."""
+    if framework_version is None or framework_version[0] < SNAPSHOT_DATE_FROM_YEAR:
+        return False
+    start, end = LITGPT_LONGEST_FIRST_DATES
+    return start <= framework_version[:3] < end
+
+
+def litgpt_stable_embedding(framework_version: tuple[int, ...] | None) -> bool:
+    """Whether litgpt's fine-tuning scripts swap in bitsandbytes' StableEmbedding under bitsandbytes quantisation, at
+    the release or snapshot date named (None: the newest release described, which does)."""
+    if framework_version is None:
+        return True
+    if framework_version[0] >= SNAPSHOT_DATE_FROM_YEAR:
+        return framework_version[:3] >= LITGPT_STABLE_EMBEDDING_FROM_DATE
+    return framework_version[:2] >= LITGPT_STABLE_EMBEDDING_FROM_RELEASE

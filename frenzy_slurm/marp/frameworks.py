@@ -195,6 +195,9 @@ class FrameworkProfile:
     # is built (litgpt's finetune/lora.py): the new one trains outside the optimizer (its gradient is never freed),
     # the old one stays referenced, and its fp32 LayerNorm saves an fp32 copy of the embedding output
     qlora_stable_embedding: bool = False
+    # the fine-tuning loop's order (the longest sample first) and its StableEmbedding swap follow the release or
+    # snapshot date entry.framework_version names (litgpt: marp/framework_facts.py)
+    loop_by_version: bool = False
     # bitsandbytes QLoRA steps with bitsandbytes' paged AdamW (states in CUDA managed memory)
     qlora_paged_optimizer: bool = False
     # LoRA/QLoRA adapters are PEFT's (get_peft_model on a Hugging Face model); False: the framework's own LoRA modules
@@ -367,7 +370,8 @@ PROFILES: dict[str, FrameworkProfile] = {
         FrameworkProfile(
             "litgpt",
             "litgpt (finetune full / lora / qlora, pretrain)",
-            "litgpt 0.4-0.5 (CPU grid: 0.5.13, lightning 2.6.6, bitsandbytes 0.50.2)",
+            "litgpt 0.4-0.5 (CPU grid: 0.5.13, lightning 2.6.6, bitsandbytes 0.50.2); loop order and StableEmbedding "
+            "back to lit-gpt's 2023 snapshots, by date",
             "torch",
             "litgpt",
             Capabilities(zero_stages=(0, 3)),  # DDP or FSDP
@@ -380,6 +384,8 @@ PROFILES: dict[str, FrameworkProfile] = {
             output_fp32=True,
             qlora_quantized_head=True,  # the bitsandbytes plugin replaces every nn.Linear, lm_head's too
             qlora_stable_embedding=True,  # finetune/lora.py under BitsandbytesPrecision (read in litgpt 0.5.13)
+            # lit-gpt's 2023 snapshots ran the longest sample first; the StableEmbedding swap came with 0.5.0
+            loop_by_version=True,
             qlora_paged_optimizer=True,  # instantiate_bnb_optimizer: bitsandbytes.optim.PagedAdamW
             unties_embeddings=True,  # GPT has lm_head beside wte, and the fine-tuning scripts do not tie them
             # Fabric's FSDPStrategy wraps with FullyShardedDataParallel (lightning 2.6 fabric/strategies/fsdp.py
