@@ -160,7 +160,4 @@ def growth_site(site: SiteConfig, view: ClusterView, in_preemptible_qos: bool) -
     share = max(site.max_job_share, p.max_job_share or 0.0)
     if p.move_share is not None and not anything_pending(view):
         share = max(share, p.move_share)
-        # growing prices the arrivals a grown job leaves no free GPU as a new start would (growth_room)
-        room = max(site.arrival_room, p.growth_room)
-        return site.model_copy(update={"max_job_share": share, "arrival_room": room})
     return site.model_copy(update={"max_job_share": share})

@@ -555,7 +555,6 @@ def make_policy(name: str, ilp_round_s: float = 60.0, knobs: dict[str, float] | 
                 min_run_min=int(minutes),
                 max_job_share=k.get("has_preempt_max_job_share"),
                 move_share=k.get("has_preempt_move_share"),
-                growth_room=k.get("has_preempt_growth_room", 0.0),
             )
         )
         return HasPreempt(

@@ -266,15 +266,6 @@ class Preemption(_M):
         "no job waits anywhere (idle GPUs; the next job to arrive preempts it); null: max_job_share holds it "
         "(1.0 measured best in simulation, docs/simulation.md).",
     )
-    growth_room: float = Field(
-        0.0,
-        ge=0,
-        le=10,
-        description="The site's arrival_room for a decision that grows a job past its share (move_share): the "
-        "jobs expected to arrive at a pool while the grown job runs there, beyond the GPUs it leaves free, weigh "
-        "against growing it; 0 (default): the site's arrival_room, so idle GPUs are taken whatever is expected "
-        "(docs/has.md, \"`has-preempt` with room for arrivals\").",
-    )
     restart_s: float = Field(
         300.0,
         gt=0,
