@@ -157,6 +157,14 @@ def test_fsbatch_shows_the_capped_peak_per_component(tmp_path):
     assert comp["gpu_model"] == "A100-40GB"
     assert comp["peak_gib"] == pytest.approx(40.0)
     assert comp["capped_gib"] == pytest.approx(48.96 - 40.0, abs=0.01)
+    # the fit, and so the out-of-memory fallbacks' error factor, is decided without the cache
+    from frenzy_slurm.has.fallback import failing_factor
+    from frenzy_slurm.has.model import Allocation
+
+    assert comp["needed_gib"] < comp["capacity_gib"] < comp["peak_gib"]
+    chosen = Allocation.model_validate(json.loads(out.stdout)["decision"]["chosen"])
+    assert failing_factor(chosen) == pytest.approx(comp["capacity_gib"] / comp["needed_gib"])
+    assert failing_factor(chosen) > 1.0
     shown = CliRunner().invoke(main, [*common, "--explain"])
     assert shown.exit_code == 0, shown.output
     assert "40G/38G (cache capped)" in shown.output

@@ -27,7 +27,7 @@ from frenzy_slurm.has.pools import UsablePool, fits_free_now, node_layout, usabl
 from frenzy_slurm.has.qos import qos_lines, within_qos
 from frenzy_slurm.has.requirements import TIME_MARGIN, TIME_SLACK_S, Requirements
 from frenzy_slurm.jobspec.job import SIGNAL_LEAD_S, STARTUP_S
-from frenzy_slurm.marp.candidates import GpuOption, SearchSpace, search
+from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, search
 from frenzy_slurm.marp.memory import Overheads
 from frenzy_slurm.marp.plan import Recompute, Workload
 from frenzy_slurm.marp.speed import flops_per_token
@@ -141,6 +141,7 @@ def _homogeneous(
                 peak_gib=c.peak_gib,
                 capacity_gib=c.capacity_gib,
                 capped_gib=c.memory.released / GiB,
+                needed_gib=_needed_gib(c),
             )
             alloc = Allocation(
                 kind="homogeneous",
@@ -370,6 +371,12 @@ def _refine(cands: list[_Cand], backend: SlurmBackend, req: Requirements) -> Non
         # the later estimate wins: --test-only ignores the pending queue, the view's does not
         if est.start >= c.alloc.start:
             c.alloc = c.alloc.model_copy(update={"start": est.start, "start_source": est.source})
+
+
+def _needed_gib(c: Candidate) -> float | None:
+    """What decides the candidate's fit, where its peak also holds a variable-length cache (None: the peak)."""
+    needed = c.memory.needed / GiB + c.overhead_gib
+    return needed if needed < c.peak_gib - 1e-9 else None
 
 
 def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tuple[_Cand, str]]]:

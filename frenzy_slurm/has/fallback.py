@@ -36,8 +36,9 @@ ERROR_STEPS = (1.15, 1.5)
 
 def failing_factor(chosen: Allocation) -> float | None:
     """The smallest factor on every memory prediction at which the chosen plan no longer fits: the tightest
-    component's usable memory over its predicted peak. None where a component predicts no memory."""
-    ratios = [c.capacity_gib / c.peak_gib for c in chosen.components if c.peak_gib > 0]
+    component's usable memory over what decides its fit (its peak, less a variable-length cache the allocator gives
+    back first). None where a component predicts no memory."""
+    ratios = [c.capacity_gib / (c.needed_gib or c.peak_gib) for c in chosen.components if c.peak_gib > 0]
     return min(ratios) if len(ratios) == len(chosen.components) else None
 
 

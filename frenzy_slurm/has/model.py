@@ -35,6 +35,11 @@ class Component(_M):
         description="Of the variable-length cache, what peak_gib leaves out to stay within the GPU's memory (the "
         "caching allocator frees its cache before it reports out of memory; it decides no fit).",
     )
+    needed_gib: float | None = Field(
+        None,
+        description="Of peak_gib, what decides the fit: the peak less the variable-length cache the allocator gives "
+        "back first; null where that is the whole peak.",
+    )
 
     @property
     def gpus(self) -> int:
