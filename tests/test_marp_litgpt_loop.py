@@ -161,4 +161,3 @@ def test_a_lit_gpt_row_is_versioned_by_the_date_it_states_before_the_first_relea
     assert (old.workload.loss.keeps_previous_output, old.workload.adapters.bnb_stable_embedding) == (False, False)
     # a date after the first release names no release: the newest described
     assert later.spec.entry.framework_version is None and bare.spec.entry.framework_version is None
-
