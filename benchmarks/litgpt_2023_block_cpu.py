@@ -3,6 +3,7 @@ measured on the CPU, next to MARP's `layer_activation_bytes` for the same shapes
 
     git -C LITGPT_GIT archive 8641822 lit_gpt | tar -x -C SRC
     python benchmarks/litgpt_2023_block_cpu.py SRC      # seconds
+    python benchmarks/litgpt_2023_block_cpu.py SRC cuda # the same on a GPU, against MARP's GPU count
 
 lit_gpt/utils.py and lit_gpt/__init__.py import lightning, which the block does not use: the script puts minimal
 stand-ins for them (and for lightning_utilities' RequirementCache: flash-attn absent) ahead of SRC on the path, and
@@ -61,7 +62,7 @@ def _load(src: Path) -> Any:
     return lit_gpt.lora
 
 
-def _saved_bytes(lora: Any, layers: int, groups: int) -> int:
+def _saved_bytes(lora: Any, layers: int, groups: int, device: str) -> int:
     cfg = lora.Config(
         name="tiny",
         block_size=128,
@@ -84,9 +85,11 @@ def _saved_bytes(lora: Any, layers: int, groups: int) -> int:
         to_value=True,
     )
     torch.set_default_dtype(torch.bfloat16)  # fabric.init_module() under bf16-true
-    model = lora.GPT(cfg)
+    with torch.device(device):
+        model = lora.GPT(cfg)
     torch.set_default_dtype(torch.float32)
-    model.max_seq_length = T  # train(): outside init_module, so cos/sin are rebuilt in fp32
+    with torch.device(device):
+        model.max_seq_length = T  # train(): outside init_module, so cos/sin are rebuilt in fp32
     lora.mark_only_lora_as_trainable(model)
     own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     seen: dict[int, int] = {}
@@ -97,13 +100,13 @@ def _saved_bytes(lora: Any, layers: int, groups: int) -> int:
             seen[st.data_ptr()] = st.nbytes()
         return x.detach()  # keeps the storage alive, so no later tensor reuses its address
 
-    ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(1)).to(device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         model(ids)
     return sum(seen.values())
 
 
-def _predicted(groups: int) -> float:
+def _predicted(groups: int, device: str) -> float:
     arch = Architecture(
         layers=2,
         hidden=H,
@@ -140,15 +143,16 @@ def _predicted(groups: int) -> float:
             },
         }
     )
-    w = workload_from_spec(spec, ResolvedModel(arch=arch, name="tiny-llama"), device="cpu")
+    w = workload_from_spec(spec, ResolvedModel(arch=arch, name="tiny-llama"), device=device)
     return layer_activation_bytes(w, 1, False, "none", False)
 
 
 def main() -> None:
     lora = _load(Path(sys.argv[1]))
+    device = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     for groups, label in ((HEADS, "MHA"), (2, "GQA 2 groups")):
-        block = (_saved_bytes(lora, 2, groups) - _saved_bytes(lora, 1, groups)) / (B * T)
-        marp = _predicted(groups)
+        block = (_saved_bytes(lora, 2, groups, device) - _saved_bytes(lora, 1, groups, device)) / (B * T)
+        marp = _predicted(groups, device)
         print(
             f"{label:>13}: lit-gpt 8641822 {block:7.0f} B/token ({block / H:5.2f} x hidden), "
             f"MARP {marp:7.0f} ({marp / H:5.2f} x hidden), {100 * (marp - block) / block:+.1f}%"
