@@ -10,10 +10,12 @@ import pytest
 from frenzy_slurm.core.units import GiB
 from frenzy_slurm.eval import reading
 from frenzy_slurm.eval.dataset import MeasuredRow, interpret_row
-from frenzy_slurm.jobspec import ResolvedModel, resolve_model
+from frenzy_slurm.jobspec import JobSpec, ResolvedModel, resolve_model
+from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.marp.framework_facts import litgpt_longest_first, litgpt_stable_embedding
 from frenzy_slurm.marp.memory import estimate_memory
+from frenzy_slurm.marp.memory_activations import layer_activation_bytes
 from frenzy_slurm.marp.memory_job import job
 from frenzy_slurm.marp.memory_loss import previous_output
 from frenzy_slurm.marp.plan import ParallelPlan
@@ -161,3 +163,43 @@ def test_a_lit_gpt_row_is_versioned_by_the_date_it_states_before_the_first_relea
     assert (old.workload.loss.keeps_previous_output, old.workload.adapters.bnb_stable_embedding) == (False, False)
     # a date after the first release names no release: the newest described
     assert later.spec.entry.framework_version is None and bare.spec.entry.framework_version is None
+
+
+# one Llama-style MHA block of lit-gpt 8641822's LoRA model (r=8 on q and v, dropout 0.05, bf16, fp32 cos/sin as
+# train() rebuilds them), hidden 256, 4 heads, FFN 688, 2 x 64 tokens: bytes per token saved for backward, measured
+# on the CPU by `python benchmarks/litgpt_2023_block_cpu.py SRC` (SRC: `git archive 8641822 lit_gpt`), torch 2.13
+LIT_GPT_8641822_BLOCK_CPU = 10356
+
+
+def test_the_2023_lora_block_saves_what_the_snapshot_saved_on_the_cpu():
+    arch = Architecture(
+        layers=2, hidden=256, heads=4, kv_heads=4, ffn=688, vocab=512,
+        activation="swiglu", norm="rmsnorm", bias="none", position="rope",
+    )  # fmt: skip
+    spec = JobSpec.model_validate(
+        {
+            "name": "lit-gpt-2023",
+            "model": {"arch": arch.model_dump(exclude_defaults=True)},
+            "training": {
+                "seq_len": 64,
+                "global_batch": 2,
+                "micro_batch": 2,
+                "steps": 1,
+                "precision": "bf16-pure",
+                "attention": "sdpa",
+                "activation_checkpointing": "none",
+                "method": "lora",
+                "lora": {"rank": 8, "targets": ["q", "v"], "dropout": 0.05},
+            },  # fmt: skip
+            "parallel": {"sharding": "none", "tp": 1, "pp": 1},
+            "entry": {
+                "trainer": "script",
+                "script": "finetune/lora.py",
+                "framework": "litgpt",
+                "framework_version": "2023.10.20",
+            },  # fmt: skip
+        }
+    )
+    w = workload_from_spec(spec, ResolvedModel(arch=arch, name="tiny-llama"), device="cpu")
+    per_token = layer_activation_bytes(w, 1, False, "none", False)
+    assert per_token == pytest.approx(LIT_GPT_8641822_BLOCK_CPU, rel=0.01)  # 10320: -0.3 %
