@@ -5,22 +5,22 @@ bitsandbytes came with 0.5.0. A row's stated date before litgpt's first release 
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from frenzy_slurm.core.units import GiB
 from frenzy_slurm.eval import reading
 from frenzy_slurm.eval.dataset import MeasuredRow, interpret_row
-from frenzy_slurm.jobspec import JobSpec, ResolvedModel, resolve_model
-from frenzy_slurm.jobspec.arch import Architecture
+from frenzy_slurm.jobspec import ResolvedModel, resolve_model
 from frenzy_slurm.marp import workload_from_spec
 from frenzy_slurm.marp.framework_facts import litgpt_longest_first, litgpt_stable_embedding
 from frenzy_slurm.marp.memory import estimate_memory
-from frenzy_slurm.marp.memory_activations import layer_activation_bytes
 from frenzy_slurm.marp.memory_job import job
 from frenzy_slurm.marp.memory_loss import previous_output
 from frenzy_slurm.marp.plan import ParallelPlan
 
-from .helpers import make_spec
+from .helpers import ROOT, make_spec
 from .test_eval_reading import ROW
 
 # Llama 2 7B's shapes (the lit-gpt resource tables' model)
@@ -172,34 +172,13 @@ LIT_GPT_8641822_BLOCK_CPU = 10356
 
 
 def test_the_2023_lora_block_saves_what_the_snapshot_saved_on_the_cpu():
-    arch = Architecture(
-        layers=2, hidden=256, heads=4, kv_heads=4, ffn=688, vocab=512,
-        activation="swiglu", norm="rmsnorm", bias="none", position="rope",
-    )  # fmt: skip
-    spec = JobSpec.model_validate(
-        {
-            "name": "lit-gpt-2023",
-            "model": {"arch": arch.model_dump(exclude_defaults=True)},
-            "training": {
-                "seq_len": 64,
-                "global_batch": 2,
-                "micro_batch": 2,
-                "steps": 1,
-                "precision": "bf16-pure",
-                "attention": "sdpa",
-                "activation_checkpointing": "none",
-                "method": "lora",
-                "lora": {"rank": 8, "targets": ["q", "v"], "dropout": 0.05},
-            },  # fmt: skip
-            "parallel": {"sharding": "none", "tp": 1, "pp": 1},
-            "entry": {
-                "trainer": "script",
-                "script": "finetune/lora.py",
-                "framework": "litgpt",
-                "framework_version": "2023.10.20",
-            },  # fmt: skip
-        }
+    """MARP's side of the benchmark (its model.yaml for the snapshot's block, planned by the product's path)."""
+    pytest.importorskip("torch")
+    loader = importlib.util.spec_from_file_location(
+        "litgpt_2023_block_cpu", ROOT / "benchmarks" / "litgpt_2023_block_cpu.py"
     )
-    w = workload_from_spec(spec, ResolvedModel(arch=arch, name="tiny-llama"), device="cpu")
-    per_token = layer_activation_bytes(w, 1, False, "none", False)
+    assert loader and loader.loader
+    bench = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(bench)
+    per_token = bench._predicted(bench.HEADS, "cpu")
     assert per_token == pytest.approx(LIT_GPT_8641822_BLOCK_CPU, rel=0.01)  # 10320: -0.3 %
