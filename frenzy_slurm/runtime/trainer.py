@@ -39,6 +39,7 @@ from frenzy_slurm.marp.memory import estimate_memory
 from frenzy_slurm.marp.plan import checkpoint_route
 from frenzy_slurm.render.shapes import runs_as
 from frenzy_slurm.runtime import checkpoints, oom_hook, signals
+from frenzy_slurm.runtime.build_lock import watch_start
 from frenzy_slurm.runtime.children import child_env
 from frenzy_slurm.runtime.dist import DistEnv
 from frenzy_slurm.runtime.shm import start_deepspeed_comm, uses_shm_allreduce
@@ -115,11 +116,13 @@ def run_training(job_dir: Path, dist: DistEnv) -> int:
     checkpoints at the interval and on a stop signal, then metrics.json (rank 0) and a requeue where asked."""
     pf, shaped = runs_as(read_plan(job_dir / "plan.json"), os.environ)  # slurm.replan: the shape Slurm gave it
     device, backend = _device(dist)
-    _init_distributed(dist, backend)
     import torch
 
-    torch.manual_seed(pf.spec.training.seed)
-    engine, start_step = _engine(job_dir, pf, dist, shaped)
+    # DeepSpeed builds or loads its ops here; a lock left by a killed build would hang it silently (build_lock.py)
+    with watch_start(speaks=dist.local_rank == 0):
+        _init_distributed(dist, backend)
+        torch.manual_seed(pf.spec.training.seed)
+        engine, start_step = _engine(job_dir, pf, dist, shaped)
     run = _Run(job_dir, pf, dist, device, engine, start_step)
     run.train()
     stage = _stage_of(dist.rank, pf.decision.chosen.plan)
