@@ -82,8 +82,11 @@ def _decide(
 
 def test_a_pipeline_over_the_free_fast_gpus_and_the_slower_type_is_chosen_where_it_finishes_first():
     # (the site's max_job_share off, as in the tests below about the pipeline's own model: the pipeline takes
-    # more than half of the A100s; test_a_pipeline_takes_at_most_the_sites_share... holds it to the share)
-    view = _h100s_busy(free_nodes=1, hours=24)
+    # more than half of the A100s; test_a_pipeline_takes_at_most_the_sites_share... holds it to the share).
+    # Two H100 nodes free: 16 H100s and 32 A100s are predicted 35% sooner than the 16 H100s alone (past the site's
+    # 30% margin). (With one node free the best pipeline gains 22% over 32 A100s alone since the A100's matmul
+    # efficiency was read from published runs, 0.618 against the H100's 0.453: see the margin test below.)
+    view = _h100s_busy(free_nodes=2, hours=24)
     d = _decide(view, share=1.0)
     assert d.chosen.kind == "heterogeneous"
     assert [c.gpu_model for c in d.chosen.components] == ["H100-SXM", "A100-40GB"]
@@ -98,9 +101,9 @@ def test_a_pipeline_over_the_free_fast_gpus_and_the_slower_type_is_chosen_where_
 
 
 def test_a_pipeline_predicted_sooner_by_less_than_the_sites_margin_is_not_chosen():
-    # two H100 nodes free: the best pipeline (16 H100s and 24 A100s) is predicted about 21% sooner than the 16
-    # H100s alone, the narrowest (16 H100s and 8 A100s) about 9%
-    view = _h100s_busy(free_nodes=2, hours=24)
+    # one H100 node free: the best pipeline (8 H100s and 24 A100s) is predicted about 22% sooner than the 32
+    # A100s alone, the narrowest (8 H100s and 16 A100s) about 10%
+    view = _h100s_busy(free_nodes=1, hours=24)
     alone = _decide(view, heterogeneous=False, share=1.0).chosen
 
     def gain(margin: float) -> float:
@@ -146,7 +149,9 @@ def test_the_simulated_jobs_may_run_pipelines_across_types_and_has_homogeneous_m
 def test_the_pipelines_model_flops_utilisation_is_not_above_one_type_alone():
     """FlashFlex (arXiv 2409.01143, abstract; benchmarks/data/hetero_published.json): pipelines over unequal GPUs
     reach at best about the model FLOPs utilisation of homogeneous GPUs of the same total peak, from 0.30% to
-    11.61% below at the least. HAS's model must not predict a pipeline more efficient than the fast type alone."""
+    11.61% below at the least. HAS's model must not predict a pipeline more efficient than its types alone, each
+    weighted by the peak it brings (the A100's GEMMs reach more of their peak than the H100's, 0.618 against 0.453,
+    docs/marp.md "Step time": a pipeline with A100s beats the H100s alone per peak FLOP)."""
     req, w, _ = _llama2_7b()
     work = flops_per_token(w, "none") * req.global_batch * w.seq_len * req.steps
 
@@ -154,10 +159,15 @@ def test_the_pipelines_model_flops_utilisation_is_not_above_one_type_alone():
         peak = sum(catalog()[c.gpu_model].peak_tflops(w.precision) * TFLOPS * c.gpus for c in chosen.components)
         return work / (chosen.run_time_s * peak)
 
-    pipeline = _decide(_h100s_busy(free_nodes=1, hours=24), share=1.0).chosen
-    alone = _decide(_h100s_busy(free_nodes=4, hours=24), share=1.0).chosen
-    assert pipeline.kind == "heterogeneous" and alone.kind == "homogeneous"
-    gap = 1.0 - mfu(pipeline) / mfu(alone)
+    pipeline = _decide(_h100s_busy(free_nodes=2, hours=24), share=1.0).chosen
+    h100 = _decide(_h100s_busy(free_nodes=4, hours=24), share=1.0).chosen
+    a100 = _decide(_h100s_busy(free_nodes=0, hours=24), share=1.0).chosen
+    assert pipeline.kind == "heterogeneous" and h100.kind == a100.kind == "homogeneous"
+    assert [c.gpu_model for c in a100.components] == ["A100-40GB"]
+    alone = {"H100-SXM": mfu(h100), "A100-40GB": mfu(a100)}
+    peaks = {c.gpu_model: catalog()[c.gpu_model].peak_tflops(w.precision) * c.gpus for c in pipeline.components}
+    weighted = sum(alone[t] * p for t, p in peaks.items()) / sum(peaks.values())
+    gap = 1.0 - mfu(pipeline) / weighted
     assert 0.0 <= gap <= 0.25, gap
 
 

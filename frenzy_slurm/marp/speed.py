@@ -1,12 +1,14 @@
-"""Predicted step time of a plan on a GPU type: compute at a utilisation factor plus exposed communication.
+"""Predicted step time of a plan on a GPU type: compute at a utilisation factor, the memory-bound operations at the
+memory bandwidth, plus exposed communication.
 
     compute   = flops_per_token * tokens_per_step / world / (peak_tflops * efficiency)
+              + elementwise_bytes / mem_bw                           (norms, residual adds, activation, RoPE, loss)
     bubble    = compute * (pp - 1) / grad_accum                      (1F1B pipeline fill and drain)
               = compute * (pp - 1)                                   (sequential stages: one GPU active at a time)
     dp_comm   = 2 (dp-1)/dp * grad_bytes / bw   (x1.5 for ZeRO-3)    (ring all-reduce / reduce-scatter+gather)
     tp_comm   = 4 * layers/pp * grad_accum * 2 (tp-1)/tp * b*s*h*2 bytes / intra_bw
     pp_comm   = 2 * (pp-1) * grad_accum * b*s*h*2 bytes / inter_bw
-    step      = compute + bubble + (1 - overlap) * dp_comm + tp_comm + pp_comm + offload
+    step      = compute + bubble + optimizer_bytes / mem_bw + (1 - overlap) * dp_comm + tp_comm + pp_comm + offload
               + step_overhead + microbatch_overhead * (grad_accum + pp - 1)   (sequential: grad_accum * pp)
 
 The two fixed overheads come from the GPU spec (0 in the catalog; a site calibration sets them): per-op
@@ -15,6 +17,12 @@ dispatch, collective latency and optimizer bookkeeping dominate small models' st
 Small micro-batches run GEMMs below the GPU's sustained rate: compute is scaled by
 (t + HALF_RATE_TOKENS) / t for t tokens per micro-batch (about 6% at 4,096 tokens, 2x at 256), which is
 what makes `micro_batch: auto` prefer the largest micro-batch that fits.
+
+The memory-bound operations (`elementwise_bytes`, docs/marp.md "Step time") move the bytes of the workload's own
+tensors: per token and layer one forward reads and writes 10 h elements (two norms, two residual adds), the MLP
+activation 2 f (3 f gated) and RoPE 2 (q + k) widths; backward twice the forward, a recomputed forward once more; the
+loss 3 e + 16 bytes per logit; AdamW 30 bytes per trainable parameter a step (sharded by ZeRO). The GEMMs' FLOPs stay
+at `efficiency` (now the utilisation of the matmuls alone, read per GPU type from published runs).
 
 flops_per_token = 6 N + 12 L h s for full training (Kaplan et al. / Megatron), 4 N + ... for LoRA (no
 weight gradients), plus one more forward (2 N + 4 L h s) with full recomputation.
@@ -33,6 +41,33 @@ DP_OVERLAP = 0.5  # share of the gradient all-reduce hidden behind backward comp
 HALF_RATE_TOKENS = 256  # tokens per micro-batch at which kernels reach half their large-batch utilisation
 PCIE_GBS = 25.0  # host <-> device, for offloaded optimizer states
 CPU_ADAM_GBS = 20.0  # bytes of optimizer state a CPU Adam step streams per second
+# AdamW's step per trainable parameter: reads the fp32 weight, gradient, m and v (16), writes weight, m and v (12) and
+# the 16-bit working copy (2); torch's foreach/fused AdamW and DeepSpeed's FusedAdam stream each tensor once.
+ADAM_BYTES_PER_PARAM = 30.0
+# the loss per logit: the 16-bit logits written and read (2 e), the fp32 log-probabilities written and read in backward
+# (8), their fp32 gradient written and read (8) and the gradient cast back to the logits' dtype (e)
+LOSS_FP32_BYTES_PER_LOGIT = 16.0
+
+
+def elementwise_bytes_per_token(w: Workload, recompute: str, tp: int = 1) -> tuple[float, float]:
+    """(bytes per token per layer, bytes per token of the loss) that the memory-bound operations of one training step
+    move on one tensor-parallel rank: what the memory bandwidth, not the tensor cores, paces.
+
+    One forward reads and writes, per token and layer, 10 h elements for the two norms (read h, write h each) and
+    the two residual adds (read 2 h, write h each), which every tp rank runs on the whole width; the MLP activation
+    (read f, write f; gated: read 2 f, write f) and RoPE on q and k (read and write each) on the rank's 1/tp share.
+    Backward reads the saved input and the incoming gradient and writes the input's gradient (the norms also their
+    weight gradients): twice the forward. Full and per-op recomputation run the forward's element-wise ops again;
+    selective recomputation reruns only the attention core, which is one fused kernel (its FLOPs are counted).
+    Attention itself (flash or fused softmax) and the GEMMs' epilogues (bias) are not counted here."""
+    a = w.arch
+    e = 4.0 if w.precision == "fp32" else 2.0
+    act = (3.0 if a.activation in ("swiglu", "geglu") else 2.0) * a.ffn
+    rope = 2.0 * (a.inner + a.kv * a.head_dim) if a.position == "rope" else 0.0
+    forward = 10.0 * a.hidden + (act + rope) / tp
+    passes = 3.0 + (1.0 if recompute in ("full", "op") else 0.0)
+    loss = a.vocab / tp * (3.0 * e + LOSS_FP32_BYTES_PER_LOGIT)
+    return passes * forward * e, loss
 
 
 @dataclass(frozen=True)
@@ -94,11 +129,20 @@ class PlanCosts:
     world: int
     precision: str
     micro_slots: int = 1  # micro-batch slots on the critical path: grad_accum + pp - 1
+    elementwise_bytes: float = 0.0  # moved by the micro-batches' memory-bound operations on one GPU (elementwise_bytes)
+    optimizer_bytes: float = 0.0  # moved by the optimizer step on one GPU
+
+    def compute_s(self, gpu: GpuSpec) -> float:
+        """The micro-batches' work on one GPU: the GEMMs at the sustained matmul rate, the element-wise operations
+        at the memory bandwidth (one after the other: PyTorch runs them as separate kernels on one stream)."""
+        rate = gpu.peak_tflops(self.precision) * 1e12 * gpu.efficiency
+        return self.flops_per_gpu / rate + self.elementwise_bytes / (gpu.mem_bw_gbs * 1e9)
 
     def seconds_on(self, gpu: GpuSpec, links: Links) -> float:
-        compute = self.flops_per_gpu / (gpu.peak_tflops(self.precision) * 1e12 * gpu.efficiency)
         fixed = gpu.step_overhead_s + gpu.microbatch_overhead_s * self.micro_slots
-        return compute * (1.0 + self.bubble_fraction) + self._comm_s(links) + self.offload_s + fixed
+        optimizer = self.optimizer_bytes / (gpu.mem_bw_gbs * 1e9)  # once a step, outside the pipeline's bubble
+        comm = self._comm_s(links) + self.offload_s
+        return self.compute_s(gpu) * (1.0 + self.bubble_fraction) + optimizer + comm + fixed
 
     def _comm_s(self, links: Links) -> float:
         dp_bw = links.intra_node_gbs if self.dp_span <= links.gpus_per_node else links.inter_node_gbs
@@ -116,8 +160,9 @@ def seconds_floor(smallest: PlanCosts, largest: PlanCosts, gpu: GpuSpec, links: 
     fraction and micro-batch slots move with grad_accum, and every other term stays the same (tp and pp
     bytes depend on grad_accum x micro_batch only): each term is taken at its own best end. It agrees with
     `seconds_on` up to rounding (the candidate search allows for that)."""
-    rate = gpu.peak_tflops(largest.precision) * 1e12 * gpu.efficiency
-    compute = largest.flops_per_gpu / rate * (1.0 + min(smallest.bubble_fraction, largest.bubble_fraction))
+    # the element-wise bytes and the optimizer's do not depend on the micro-batch: equal at both ends
+    compute = largest.compute_s(gpu) * (1.0 + min(smallest.bubble_fraction, largest.bubble_fraction))
+    compute += largest.optimizer_bytes / (gpu.mem_bw_gbs * 1e9)
     comm = min(smallest._comm_s(links), largest._comm_s(links))
     fixed = gpu.step_overhead_s + min(
         gpu.microbatch_overhead_s * smallest.micro_slots, gpu.microbatch_overhead_s * largest.micro_slots
@@ -157,6 +202,12 @@ class PlanPricer:
         self.w, self.global_batch = w, global_batch
         self.n = w.exact_params or count_params(a).total(a.layers)
         self._flops: dict[str, float] = {}
+        self._bytes: dict[tuple[str, int], tuple[float, float]] = {}
+
+    def elementwise(self, recompute: str, tp: int) -> tuple[float, float]:
+        if (recompute, tp) not in self._bytes:
+            self._bytes[(recompute, tp)] = elementwise_bytes_per_token(self.w, recompute, tp)
+        return self._bytes[(recompute, tp)]
 
     def flops_per_token(self, recompute: str) -> float:
         if recompute not in self._flops:  # at most one entry per recomputation setting
@@ -182,6 +233,11 @@ class PlanPricer:
         pp_bytes = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes
         offload = 0.0
         world = plan.world
+        per_layer, loss = self.elementwise(plan.recompute, plan.tp)
+        replica_tokens = tokens / max(world // (plan.tp * plan.pp), 1)  # a data-parallel replica's tokens
+        layers = (a.layers + a.encoder_layers) / plan.pp
+        trainable = n if w.method == "full" else n * 0.01
+        optimizer_bytes = ADAM_BYTES_PER_PARAM * trainable / (plan.tp * plan.pp) / (plan.dp if plan.zero >= 1 else 1)
         sequential = plan.schedule == "sequential"
         if plan.offload_optimizer:
             local = n / world
@@ -201,6 +257,9 @@ class PlanPricer:
             world=world,
             precision=w.precision,
             micro_slots=plan.grad_accum * plan.pp if sequential else plan.grad_accum + plan.pp - 1,
+            # the last stage holds the loss; the slowest stage paces the pipeline
+            elementwise_bytes=replica_tokens * (layers * per_layer + loss),
+            optimizer_bytes=optimizer_bytes,
         )
 
 

@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from frenzy_slurm.jobspec.job import JobSpec, Method, Precision
 
 REFERENCE_GPU = "A100-40GB"
+# The utilisation the trace's GPU-time is turned into work at: the catalog's assumed value when the shipped workloads
+# (sim/data) were drawn. A conversion of the trace, not MARP's estimate: it stays when the catalog's efficiencies are
+# read anew (issue 29/30, docs/marp.md "Step time"), so a workload file stays its sample of the trace.
+REFERENCE_UTILISATION = 0.45
 MIN_DURATION_S = 60.0
 MAX_GPU_HOURS = 1000.0
 
@@ -146,9 +150,8 @@ def save_workload(wl: WorkloadFile, path: Path) -> None:
 
 
 def reference_rate(gpu: str = REFERENCE_GPU, precision: str = "bf16-mixed") -> float:
-    """Effective FLOP/s of the reference GPU (catalog peak x assumed utilisation)."""
-    spec = catalog()[gpu]
-    return spec.peak_tflops(precision) * 1e12 * spec.efficiency
+    """Effective FLOP/s of the reference GPU (catalog peak x REFERENCE_UTILISATION)."""
+    return catalog()[gpu].peak_tflops(precision) * 1e12 * REFERENCE_UTILISATION
 
 
 @functools.lru_cache(maxsize=2)
