@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from frenzy_slurm.core.gpus import GpuSpec
-from frenzy_slurm.marp.params import count_params
+from frenzy_slurm.marp.params import count_params, lora_encoder_params, lora_head_params, lora_params_per_layer
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
 
 DP_OVERLAP = 0.5  # share of the gradient all-reduce hidden behind backward compute
@@ -68,6 +68,13 @@ def elementwise_bytes_per_token(w: Workload, recompute: str, tp: int = 1) -> tup
     passes = 3.0 + (1.0 if recompute in ("full", "op") else 0.0)
     loss = a.vocab / tp * (3.0 * e + LOSS_FP32_BYTES_PER_LOGIT)
     return passes * forward * e, loss
+
+
+def _adapter_params(w: Workload) -> float:
+    """The adapters' parameters, all stages together: what AdamW steps under LoRA/QLoRA (marp/params.py's counts,
+    as the optimizer-state term counts them)."""
+    a, r, t = w.arch, w.adapters.lora_rank, w.adapters.lora_targets
+    return float(lora_params_per_layer(a, r, t) * a.layers + lora_head_params(a, r, t) + lora_encoder_params(a, r, t))
 
 
 @dataclass(frozen=True)
@@ -236,7 +243,7 @@ class PlanPricer:
         per_layer, loss = self.elementwise(plan.recompute, plan.tp)
         replica_tokens = tokens / max(world // (plan.tp * plan.pp), 1)  # a data-parallel replica's tokens
         layers = (a.layers + a.encoder_layers) / plan.pp
-        trainable = n if w.method == "full" else n * 0.01
+        trainable = n if w.method == "full" else _adapter_params(w)
         optimizer_bytes = ADAM_BYTES_PER_PARAM * trainable / (plan.tp * plan.pp) / (plan.dp if plan.zero >= 1 else 1)
         sequential = plan.schedule == "sequential"
         if plan.offload_optimizer:
