@@ -276,6 +276,7 @@ def _hetero_candidate(
             p.option.spec.step_overhead_s,
             p.option.spec.microbatch_overhead_s,
             p.option.spec.memory_gib * GiB,
+            p.option.spec.mem_bw_gbs,
         )
         for p, n in placement
     ]

@@ -16,7 +16,14 @@ from frenzy_slurm.core.units import GiB
 from frenzy_slurm.marp.memory import MemoryEstimate, Overheads, estimate_memory
 from frenzy_slurm.marp.params import count_params
 from frenzy_slurm.marp.plan import ParallelPlan, Recompute, Workload
-from frenzy_slurm.marp.speed import DP_OVERLAP, flops_per_token, small_batch_penalty
+from frenzy_slurm.marp.speed import (
+    ADAM_BYTES_PER_PARAM,
+    DP_OVERLAP,
+    elementwise_bytes_per_token,
+    flops_per_token,
+    ring_gbs,
+    small_batch_penalty,
+)
 
 if TYPE_CHECKING:
     from frenzy_slurm.jobspec.arch import Architecture
@@ -49,6 +56,9 @@ class StageGroup:
     step_overhead_s: float = 0.0  # the GPU spec's fixed costs per step and per micro-batch slot (calibration)
     microbatch_overhead_s: float = 0.0
     memory_bytes: float | None = None  # the GPU's whole memory (catalog), which caps the variable-length cache
+    mem_bw_gbs: float | None = (
+        None  # the GPU's memory bandwidth, which paces the element-wise operations (None: not priced)
+    )
 
 
 @dataclass(frozen=True)
@@ -165,10 +175,18 @@ def step_time(
     tokens_mb = plan.micro_batch * w.seq_len
     units = a.layers + head_equiv
     split = plan.stage_layers(a.layers)
+    # the element-wise operations at each stage's memory bandwidth, as MARP's step time prices them (marp/speed.py)
+    per_layer, loss = elementwise_bytes_per_token(w, plan.recompute)
+    bws = [g.mem_bw_gbs for g in groups for _ in range(g.stages)]
     stage_t = []
     for i, layers in enumerate(split):
         work = layers + (head_equiv if i == plan.pp - 1 else 0.0)
-        stage_t.append(per_token * work / units * tokens_mb / rates[i] * small_batch_penalty(tokens_mb))
+        t = per_token * work / units * tokens_mb / rates[i] * small_batch_penalty(tokens_mb)
+        bw = bws[i]
+        if bw:
+            moved = layers * per_layer + (loss if i == plan.pp - 1 else 0.0)
+            t += tokens_mb * moved / (bw * 1e9)
+        stage_t.append(t)
     # 1F1B: the first micro-batch passes every stage forward and back (fill and drain), each later one adds
     # the slowest stage's time (the steady state). For equal stages this is (grad_accum + pp - 1) x a stage;
     # for unequal ones it is less: (grad_accum + pp - 1) x the slowest overestimated a 6:2 split at
@@ -178,21 +196,23 @@ def step_time(
     # gradient all-reduce inside each stage's data-parallel group, over the pool's own links
     n = w.exact_params or count_params(a).total(a.layers)
     grad_bytes_per_layer = n / a.layers * (4.0 if w.precision == "fp32" else 2.0)
-    comm = 0.0
-    if plan.dp > 1:
-        stage_index = 0
-        for g in groups:
-            bw = (g.intra_gbs if plan.dp <= g.gpus_per_node else g.inter_gbs) * 1e9
-            layers = max(split[stage_index : stage_index + g.stages])
+    comm = optimizer = 0.0
+    stage_index = 0
+    for g in groups:
+        layers = max(split[stage_index : stage_index + g.stages])
+        if plan.dp > 1:
+            bw = ring_gbs(plan.dp, g.intra_gbs, g.inter_gbs, g.gpus_per_node) * 1e9
             comm = max(comm, 2.0 * (plan.dp - 1) / plan.dp * layers * grad_bytes_per_layer / bw)
-            stage_index += g.stages
+        if g.mem_bw_gbs and w.method == "full":  # the optimizer step of the slowest stage (ZeRO-1 shards it over dp)
+            optimizer = max(optimizer, ADAM_BYTES_PER_PARAM * layers * n / a.layers / plan.dp / (g.mem_bw_gbs * 1e9))
+        stage_index += g.stages
     act_bytes = tokens_mb * a.hidden * 2.0
     p2p = 2.0 * (plan.pp - 1) * plan.grad_accum * act_bytes / (min(g.inter_gbs for g in groups) * 1e9)
     # fixed costs: the slowest group's set the pace (every stage waits for it each slot and each step)
     fixed = max(g.step_overhead_s for g in groups) + max(g.microbatch_overhead_s for g in groups) * (
         plan.grad_accum + plan.pp - 1
     )
-    return step + (1.0 - DP_OVERLAP) * comm + p2p + fixed
+    return step + optimizer + (1.0 - DP_OVERLAP) * comm + p2p + fixed
 
 
 def step_floor(w: Workload, stage_rates: list[float], micro_batch: int, grad_accum: int, inter_gbs: float) -> float:

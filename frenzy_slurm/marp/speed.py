@@ -77,6 +77,19 @@ def _adapter_params(w: Workload) -> float:
     return float(lora_params_per_layer(a, r, t) * a.layers + lora_head_params(a, r, t) + lora_encoder_params(a, r, t))
 
 
+def ring_gbs(ranks: int, intra_gbs: float, inter_gbs: float, gpus_per_node: int, tp: int = 1) -> float:
+    """The bus bandwidth, GB/s, of a ring collective (all-reduce, reduce-scatter, all-gather) over `ranks` data-parallel
+    ranks, each a tensor-parallel group of `tp` GPUs inside one node. Within a node: the node's GPU link. Over
+    several nodes NCCL splits the collective into channels, one ring each, and lays them so that each ring crosses
+    between nodes through another GPU's network card (nccl src/graph/search.cc, rings per NIC on rail-aligned
+    nodes): each card carries 1/k of the bytes for a node's k ranks, so the node's cards together pace the ring, never
+    faster than the link inside the node. `inter_gbs` is per GPU (the site file's meaning): a node with one card for
+    8 GPUs states an eighth of the card's bandwidth."""
+    if ranks * tp <= gpus_per_node:
+        return intra_gbs
+    return min(intra_gbs, inter_gbs * max(1, gpus_per_node // tp))
+
+
 @dataclass(frozen=True)
 class Links:
     """Bandwidths between GPUs, GB/s per GPU."""
@@ -138,6 +151,7 @@ class PlanCosts:
     micro_slots: int = 1  # micro-batch slots on the critical path: grad_accum + pp - 1
     elementwise_bytes: float = 0.0  # moved by the micro-batches' memory-bound operations on one GPU (elementwise_bytes)
     optimizer_bytes: float = 0.0  # moved by the optimizer step on one GPU
+    tp: int = 1  # tensor-parallel degree: a data-parallel group has gpus_per_node / tp ranks on each node
 
     def compute_s(self, gpu: GpuSpec) -> float:
         """The micro-batches' work on one GPU: the GEMMs at the sustained matmul rate, the element-wise operations
@@ -152,7 +166,9 @@ class PlanCosts:
         return self.compute_s(gpu) * (1.0 + self.bubble_fraction) + optimizer + comm + fixed
 
     def _comm_s(self, links: Links) -> float:
-        dp_bw = links.intra_node_gbs if self.dp_span <= links.gpus_per_node else links.inter_node_gbs
+        dp_bw = ring_gbs(
+            self.dp_span // self.tp, links.intra_node_gbs, links.inter_node_gbs, links.gpus_per_node, self.tp
+        )
         pp_bw = links.inter_node_gbs if self.world > links.gpus_per_node else links.intra_node_gbs
         comm = (1.0 - DP_OVERLAP) * self.dp_bytes / (dp_bw * 1e9) + self.tp_bytes / (links.intra_node_gbs * 1e9)
         comm += self.pp_bytes / (pp_bw * 1e9)
@@ -261,6 +277,7 @@ class PlanPricer:
             pp_bytes=pp_bytes,
             offload_s=offload,
             dp_span=plan.dp * plan.tp,
+            tp=plan.tp,
             world=world,
             precision=w.precision,
             micro_slots=plan.grad_accum * plan.pp if sequential else plan.grad_accum + plan.pp - 1,
