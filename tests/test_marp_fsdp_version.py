@@ -132,7 +132,8 @@ def test_llama2_7b_lora_units_and_the_wired_reserved_estimate():
     """Llama-2-7B LoRA r64 (q, k, v, gate, up, down) in pure bf16 on 2 ranks, FSDP1 in a plain torch loop: each
     block a unit of its nine tensors and twelve adapter matrices (0.385 GiB gathered), the root the embedding,
     final norm and head (0.488 GiB). Wrapping without a broadcast (torch's sync_module_states=False) leaves
-    7.96 GiB reserved for 6.43 GiB of shards (8.15 with fsdp_qlora's broadcast); the pool is 0.488 + 3 x 0.385,
+    7.96 GiB reserved for 6.43 GiB of shards (8.35 with fsdp_qlora's broadcast, whose buckets wait for the NCCL
+    stream); the pool is 0.488 + 3 x 0.385,
     each rounded to 2 MiB: 1.65 GiB. The reserved estimate is 7.96 + 1.65 = 9.61 GiB (fsdp_qlora's F03 reads
     10.24); FSDP2's is the allocator's packing alone, 8.10 GiB; the allocated estimate is the same for both."""
     spec = _llama7_lora(1)
@@ -145,7 +146,7 @@ def test_llama2_7b_lora_units_and_the_wired_reserved_estimate():
     cache = wrap_cache(units.units, 2, False, units.resident)
     assert cache.allocated / GiB == pytest.approx(6.432, abs=0.001)
     assert cache.reserved / GiB == pytest.approx(7.957, abs=0.001)
-    assert wrap_cache(units.units, 2, True, units.resident).reserved / GiB == pytest.approx(8.150, abs=0.001)
+    assert wrap_cache(units.units, 2, True, units.resident).reserved / GiB == pytest.approx(8.346, abs=0.001)
     assert unshard_pool(units.root_gathered, [units.unit_gathered]) / GiB == pytest.approx(1.650, abs=0.001)
     r1, a1 = _reserved(spec)
     r2, a2 = _reserved(_llama7_lora(2))
