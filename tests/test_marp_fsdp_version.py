@@ -4,6 +4,8 @@ each framework's default at its versions, and the FSDP1 terms it wires into the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pydantic import ValidationError
 
@@ -271,3 +273,26 @@ def test_full_sharding_shards_the_adapters_with_the_frozen_weights():
     assert gib[3] == pytest.approx(6.409, abs=0.001)
     assert gib[2] == pytest.approx(12.818, abs=0.001)
     assert gib[2] == pytest.approx(2 * gib[3], rel=1e-9)
+
+
+def test_with_the_broadcast_the_wrap_floor_holds_the_peak_from_512_to_2048_tokens():
+    """fsdp_qlora's F03/F04 setting with the facts its rows leave out (train.py's rank-0 broadcast,
+    sync_module_states=True, and peft 0.10's bf16 adapters): wrapping leaves 8.35 GiB reserved and the unshard
+    pool is 1.65: 10.00 GiB at 512 tokens, where the step fits in the wrap's free blocks, and 10.06 at 2048, where
+    the compute stream's estimate comes 0.06 GiB above the floor (measured 10.24 and 10.22). Without the broadcast
+    the floor is 7.96 GiB: 9.61 and 10.06. The allocated estimate is the same either way (7.70 and 8.55 GiB)."""
+    spec = _llama7_lora(1)
+    w = workload_from_spec(spec, resolve_model(spec, "."))
+    plan = ParallelPlan(dp=2, zero=3, micro_batch=1, recompute="full")
+    got = {}
+    for seq in (512, 2048):
+        for sync in (False, True):
+            ws = replace(w, seq_len=seq, comm=replace(w.comm, fsdp1_sync=sync))
+            got[seq, sync] = (
+                estimate_memory(ws, plan, "reserved").peak / GiB,
+                estimate_memory(ws, plan, "allocated").peak / GiB,
+            )
+    assert got[512, True] == pytest.approx((9.996, 7.700), abs=0.001)
+    assert got[2048, True] == pytest.approx((10.060, 8.550), abs=0.001)
+    assert got[512, False] == pytest.approx((9.607, 7.700), abs=0.001)
+    assert got[2048, False] == got[2048, True]
