@@ -22,6 +22,17 @@ on the default stream. For a unit whose parameters are on the host (a model load
 Every clone is carved out of the blocks the earlier units freed (best fit), so the shards end up scattered over
 segments whose free rests are too small for the next unit's concatenation: reserved after wrapping is well above
 the shards' bytes, and nothing returns it unless the program calls `torch.cuda.empty_cache()`.
+
+What a broadcast sends is not free when it is freed: ProcessGroupNCCL records every collective's inputs on its NCCL
+stream (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`, the "[Sync Streams]" note and `collective`'s
+`recordStream` unless TORCH_NCCL_AVOID_RECORD_STREAMS; torch 2.2's, the multi-device one, reads the same), so the
+caching allocator holds a freed bucket (or a lone parameter sent as is) until an event on that stream completes.
+`BroadcastWork::finish` only makes the current stream wait for the NCCL stream (`WorkNCCL::synchronizeStreams`),
+so the CPU runs on to the unit's concatenation and clone while the broadcast is still under way: they cannot reuse
+those blocks. The next unit's first parameter is then allocated before its copy, and that copy
+(`param.to(device)`, not non-blocking: `aten/src/ATen/native/cuda/Copy.cu` `copy_kernel_cuda` ->
+`memcpy_and_sync`, a `cudaStreamSynchronize`) waits for the current stream, hence for the broadcast: from the
+second parameter on the blocks are reusable. Without `sync_module_states` nothing is sent and nothing waits.
 `torch.cuda.reset_peak_memory_stats()` sets the reserved peak to the current reserved bytes, so a peak measured
 from there never reads below this cache.
 
@@ -64,6 +75,7 @@ from frenzy_slurm.marp.memory_job import Job, nf4_bytes
 
 BROADCAST_BUCKET = 250 * MiB  # torch/distributed/fsdp/_init_utils.py PARAM_BROADCAST_BUCKET_SIZE
 BROADCASTS_IN_FLIGHT = 2  # torch/csrc/distributed/c10d/comm.cpp broadcast_coalesced: max_in_flight
+NCCL_STREAM = 1  # the process group's NCCL stream, on which every collective's inputs are recorded
 # all-gather buffers of the unshard stream held at once in backward: the unit computed, the one prefetched
 # (BACKWARD_PRE) and the one just resharded whose free event the rate limiter has not waited for yet
 UNSHARD_BUFFERS_HELD = 3
@@ -101,16 +113,29 @@ def _buckets(sizes: Sequence[int]) -> list[list[int]]:
 def _unit_requests(u: int, sizes: Sequence[int], world: int, sync: bool, offload: bool = False) -> list[Event]:
     """One unit's wrap from host-resident parameters of `sizes` bytes (one dtype): the events of steps 1-4; with
     `offload` (CPU offload of parameters) the shard moves to the host as soon as it is made (`_init_utils.py`
-    `_init_param_handle_from_params`: `handle.flat_param_to(torch.device("cpu"))` after `handle.shard()`)."""
-    events = [alloc(f"u{u}p{i}", s) for i, s in enumerate(sizes)]
+    `_init_param_handle_from_params`: `handle.flat_param_to(torch.device("cpu"))` after `handle.shard()`).
+
+    With `sync`, what each broadcast sends (the bucket's flattened copy, or a lone parameter itself) is recorded on
+    the NCCL stream, so once freed it waits for that stream (`NCCL_STREAM`, see `wrap_requests`) until the next
+    unit's first host-to-device copy synchronizes."""
+    events: list[Event] = []
+    for i, s in enumerate(sizes):
+        events.append(alloc(f"u{u}p{i}", s))
+        if i == 0 and sync:  # the copy's memcpy_and_sync: the earlier units' broadcasts are done from here on
+            events.append(Event("synchronize"))
     if sync:
         in_flight: list[str] = []
+        first = 0  # the bucket's first parameter
         for b, bucket in enumerate(_buckets(sizes)):
             if len(in_flight) >= BROADCASTS_IN_FLIGHT:
                 events.append(free(in_flight.pop(0)))
             if len(bucket) > 1:  # flatten_dense_tensors: a lone tensor is sent as a view
                 events.append(alloc(f"u{u}b{b}", sum(bucket)))
+                events.append(Event("record_stream", f"u{u}b{b}", stream=NCCL_STREAM))
                 in_flight.append(f"u{u}b{b}")
+            else:
+                events.append(Event("record_stream", f"u{u}p{first}", stream=NCCL_STREAM))
+            first += len(bucket)
         events += [free(k) for k in in_flight]
     total = sum(sizes)
     shard = -(-total // world)

@@ -58,7 +58,8 @@ def model_states(j: Job, i: int, n_layers: int) -> States:
             frozen = (linear + q_head) * nf4_bytes(w) + (params - linear - q_head) * base_bytes
         else:
             frozen = params * base_bytes
-        weights = frozen / j.weight_div + trainable * j.wb
+        # (ZeRO-3/FSDP shard the adapters with the frozen weights: a unit's flat parameter holds both)
+        weights = (frozen + trainable * j.wb) / j.weight_div
         if first and w.method == "qlora" and w.adapters.bnb_stable_embedding:
             weights += a.vocab * a.hidden * j.scale / j.vtp * base_bytes  # the swapped-out embedding, still referenced
     else:
