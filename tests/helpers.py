@@ -5,10 +5,12 @@ Test modules import from here, never from each other.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -29,6 +31,17 @@ HOSTILE = [
     "--",
     "-rf /",
 ]
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package), registered in sys.modules under
+    NAME so that its dataclasses and pickling resolve."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 DEV_SITE = ROOT / "site_configs" / "devcluster.yaml"  # the local dev cluster's site file

@@ -3,14 +3,12 @@ model, and how the accuracy benchmark counts failures (fail=0)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from frenzy_slurm.eval.dataset import MeasuredRow, RowError, interpret_row, measurement
 from frenzy_slurm.marp.frameworks import PROFILES, UNMODELLED
 
-from .helpers import ROOT
+from .helpers import load_benchmark
 
 # a torchtune full fine-tune on one GPU whose source states neither checkpointing, optimizer nor sharding
 TORCHTUNE_ROW = dict(
@@ -85,11 +83,7 @@ def test_llmc_rows_are_read_as_llmc_not_refused():
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("marp_accuracy", ROOT / "benchmarks" / "marp_accuracy.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("marp_accuracy")
 
 
 def test_failures_count_as_zero_in_the_fail0_mean():

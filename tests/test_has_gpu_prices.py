@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from frenzy_slurm.has import pricing
@@ -13,7 +9,7 @@ from frenzy_slurm.sim.clusters import generated_shape, parse_compact
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
 from frenzy_slurm.slurm.view import Job, PoolKey
 
-from .helpers import LOCAL, fill, make_spec, plan
+from .helpers import LOCAL, fill, load_benchmark, make_spec, plan
 
 TRAINING = {"seq_len": 1024, "global_batch": 64, "steps": 20000, "precision": "fp16-mixed"}
 
@@ -95,13 +91,7 @@ def test_generated_shapes_are_seeded_and_within_bounds():
 
 
 def _jct_benchmark():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "jct.py"
-    spec = importlib.util.spec_from_file_location("jct_benchmark", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["jct_benchmark"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("jct")
 
 
 def test_the_judging_set_is_apart_from_the_tuning_set():

@@ -6,7 +6,6 @@ replayed, leaves a cache of the size the generated steps give."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 from statistics import NormalDist
 
@@ -20,6 +19,7 @@ from frenzy_slurm.marp.allocator_steps import step_lengths, van_der_corput, vari
 from frenzy_slurm.marp.memory_loss import LossRequest, logit_bytes_per_token, loss_requests
 from frenzy_slurm.marp.workload import LossPolicy
 
+from .helpers import load_benchmark
 from .test_marp_variable_lengths import _spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,12 +124,7 @@ def test_a_recorded_variable_length_run_replays_to_the_generated_cache():
     (torch 2.13 CPU, transformers 5.17): 112 MiB recorded, 144 MiB generated at the same lengths; the generated
     steps leave out the weights' gradients and AdamW's states, made during the first (shorter) step, which take
     some of its freed loss blocks (docs/marp.md)."""
-    loader = importlib.util.spec_from_file_location(
-        "varlen_recorded_cpu", ROOT / "benchmarks" / "varlen_recorded_cpu.py"
-    )
-    assert loader and loader.loader
-    bench = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(bench)
+    bench = load_benchmark("varlen_recorded_cpu")
     r = bench.compare(16, 256, 150.0, 100.0)
     assert r["recorded_excess"] > 0
     assert r["generated_excess"] == pytest.approx(r["recorded_excess"], rel=0.35)

@@ -3,7 +3,6 @@ predictions are checked here on the CPU, and its predictions must be what `frenz
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,12 +12,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from .helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_memory.py"
-_spec = importlib.util.spec_from_file_location("gpu_memory", SCRIPT)
-assert _spec and _spec.loader
-gm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gm)
+gm = load_benchmark("gpu_memory")
 
 
 def _cuda() -> bool:

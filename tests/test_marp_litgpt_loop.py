@@ -5,8 +5,6 @@ bitsandbytes came with 0.5.0. A row's stated date before litgpt's first release 
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from frenzy_slurm.core.units import GiB
@@ -20,7 +18,7 @@ from frenzy_slurm.marp.memory_job import job
 from frenzy_slurm.marp.memory_loss import previous_output
 from frenzy_slurm.marp.plan import ParallelPlan
 
-from .helpers import ROOT, make_spec
+from .helpers import load_benchmark, make_spec
 from .test_eval_reading import ROW
 
 # Llama 2 7B's shapes (the lit-gpt resource tables' model)
@@ -174,11 +172,6 @@ LIT_GPT_8641822_BLOCK_CPU = 10356
 def test_the_2023_lora_block_saves_what_the_snapshot_saved_on_the_cpu():
     """MARP's side of the benchmark (its model.yaml for the snapshot's block, planned by the product's path)."""
     pytest.importorskip("torch")
-    loader = importlib.util.spec_from_file_location(
-        "litgpt_2023_block_cpu", ROOT / "benchmarks" / "litgpt_2023_block_cpu.py"
-    )
-    assert loader and loader.loader
-    bench = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(bench)
+    bench = load_benchmark("litgpt_2023_block_cpu")
     per_token = bench._predicted(bench.HEADS, "cpu")
     assert per_token == pytest.approx(LIT_GPT_8641822_BLOCK_CPU, rel=0.01)  # 10320: -0.3 %

@@ -51,7 +51,6 @@ index vectors, which no size of the model scales, are not generated):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -69,6 +68,8 @@ from frenzy_slurm.marp.step_requests import (
     replay_peaks,
     step_requests,
 )
+
+from .helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "benchmarks" / "data" / "cpu_memory_grid.json"
@@ -171,11 +172,7 @@ def test_outside_its_scope_it_refuses_by_name():
 
 
 def _recorder():
-    spec = importlib.util.spec_from_file_location("step_requests_cpu", ROOT / "benchmarks" / "step_requests_cpu.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("step_requests_cpu")
 
 
 @pytest.mark.slow

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,8 @@ from frenzy_slurm.marp.speed import (
     step_time,
 )
 
+from .helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_7B = Architecture(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, activation="swiglu", vocab=32000)
 MPT_1B = Architecture(
@@ -29,12 +29,7 @@ MPT_1B = Architecture(
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("marp_step_time", ROOT / "benchmarks" / "marp_step_time.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["marp_step_time"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("marp_step_time")
 
 
 def test_elementwise_bytes_count_the_norms_adds_activation_rope_and_loss():
