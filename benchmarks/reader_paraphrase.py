@@ -362,6 +362,142 @@ PARAPHRASES: dict[str, tuple[tuple[str, Rewrite], ...]] = {
     "other_settings": (),
 }
 
+# A second round, written after the reader was fixed against the rules above and measured before any further fix
+# (docs/accuracy.md): phrasings the first round did not try, so the figure is not only of what was fixed.
+SECOND_ROUND: dict[str, tuple[tuple[str, Rewrite], ...]] = {
+    "seq_len": (
+        ("T=N", sub(BARE, r"T=\1")),
+        ("N tok", sub(BARE, r"\1 tok")),
+        ("N-token sequences", sub(BARE, r"\1-token sequences")),
+        ("ctx=N", sub(BARE, r"ctx=\1")),
+        ("seq N", sub(BARE, r"seq \1")),
+        ("NK (upper)", sub(BARE, lambda m: (k := _k_tokens(m)) and k.upper())),
+        ("Nk context", sub(BARE, lambda m: (k := _k_tokens(m)) and f"{k} context")),
+        ("max_length N", sub(r"\bmax_length\s*=\s*" + NUM, r"max_length \1")),
+    ),
+    "micro_batch": (
+        ("N samples", sub(BARE, r"\1 samples")),
+        ("N seqs/GPU", sub(BARE, r"\1 seqs/GPU")),
+        ("per-GPU batch size: N", sub(BARE, r"per-GPU batch size: \1")),
+        ("micro-batch N", sub(BARE, r"micro-batch \1")),
+        ("train_micro_batch_size_per_gpu=N", sub(BARE, r"train_micro_batch_size_per_gpu=\1")),
+        ("batch_size=N", sub(BARE, r"batch_size=\1")),
+        ("N (per device)", sub(BARE, r"\1 (per device)")),
+        ("N/GPU", sub(BARE, r"\1/GPU")),
+    ),
+    "grad_accum_or_global_batch": (
+        ("GA: gradient_accumulation_steps: N", sub(r"^\s*(?:GA\s+)?(\d+)\s*$", r"gradient_accumulation_steps: \1")),
+        ("GA: accum_steps=N", sub(r"^\s*(?:GA\s+)?(\d+)\s*$", r"accum_steps=\1")),
+        ("GA: Nx accumulation", sub(r"^\s*(?:GA\s+)?(\d+)\s*$", r"\1x accumulation")),
+        ("GA: accumulation: N", sub(r"^\s*(?:GA\s+)?(\d+)\s*$", r"accumulation: \1")),
+        ("GA: grad. accum. N", sub(r"^\s*(?:GA\s+)?(\d+)\s*$", r"grad. accum. \1")),
+        ("GBS: global batch size: N", sub(r"\bGBS\s+" + NUM, r"global batch size: \1")),
+        ("GBS: train_batch_size=N", sub(r"\bGBS\s+" + NUM, r"train_batch_size=\1 (global)")),
+        ("GBS: N sequences (global)", sub(r"\bGBS\s+" + NUM, r"\1 sequences (global)")),
+        ("GBS: N global batch", sub(r"\bGBS\s+" + NUM, r"\1 global batch")),
+        ("GBS: global_batch N", sub(r"\bGBS\s+" + NUM, r"global_batch \1")),
+    ),
+    "num_gpus": (
+        ("N x GPU", sub(BARE, r"\1 x GPU")),
+        ("N GPUs total", sub(BARE, r"\1 GPUs total")),
+        ("N GPU", sub(BARE, r"\1 GPU")),
+        ("N (single node)", sub(r"^\s*([1-8])\s*$", r"\1 (single node)")),
+        ("k×8", sub(BARE, _nodes("{k}×8"))),
+        ("N GPUs on k nodes", sub(BARE, _nodes("{n} GPUs on {nodes}"))),
+        ("nproc_per_node=N", sub(r"^\s*([1-8])\s*$", r"nproc_per_node=\1")),
+    ),
+    "gpu": (
+        ("A100 NG", sub(r"\bA100\s*\(?(\d+)\s*GB\)?", r"A100 \1G")),
+        ("A100 SXM4 N GB", sub(r"\bA100\s*\(?(\d+)\s*GB\)?", r"A100 SXM4 \1 GB")),
+        ("H100-SXM5-NGB", sub(r"^H100\s+(\d+)GB", r"H100-SXM5-\1GB")),
+        ("NVIDIA H100 NGB HBM3", sub(r"^H100\s+(\d+)GB HBM3", r"NVIDIA H100 \1GB HBM3")),
+        ("RTX nnnn (NGB)", sub(r"^RTX (\d{4})\s+(\d+)GB", r"RTX \1 (\2GB)")),
+        ("GeForce RTX nnnn N GB", sub(r"^RTX (\d{4})\s+(\d+)GB", r"GeForce RTX \1 \2 GB")),
+        ("Tesla V100 (NGB)", sub(r"\bTesla V100-SXM2\s+(\d+)GB", r"Tesla V100 (\1GB)")),
+        ("V100 SXM2 N GB", sub(r"\bTesla V100-SXM2\s+(\d+)GB", r"V100 SXM2 \1 GB")),
+    ),
+    "precision": (
+        ("bf16 mixed -> mixed bf16", sub(r"\bbf16 mixed\b", "mixed bf16")),
+        ("bf16 mixed -> bfloat16 autocast", sub(r"\bbf16 mixed\b", "bfloat16 autocast")),
+        ("bf16 mixed -> BF16 mixed precision", sub(r"\bbf16 mixed\b", "BF16 mixed precision")),
+        ("pure bf16 -> bf16 (pure)", sub(r"^pure bf16\b", "bf16 (pure)")),
+        ("pure bf16 -> pure BF16 training", sub(r"^pure bf16\b", "pure BF16 training")),
+        ("fp16 AMP -> fp16 mixed", sub(r"^fp16 AMP\b", "fp16 mixed")),
+        ("fp16 AMP -> FP16-AMP", sub(r"^fp16 AMP\b", "FP16-AMP")),
+        ("fp16 AMP -> float16 autocast", sub(r"^fp16 AMP\b", "float16 autocast")),
+        ("fp16 AMP -> fp16 with dynamic loss scaling (AMP)", sub(r"^fp16 AMP\b", "fp16 with loss scaling (AMP)")),
+        ("fp32 -> FP32 (full precision)", sub(r"^fp32$", "FP32 (full precision)")),
+        ("fp32 -> single precision (fp32)", sub(r"^fp32$", "single precision (fp32)")),
+    ),
+    "optimizer": (
+        ("AdamW -> AdamW (torch)", sub(r"^(?:torch )?AdamW$", "AdamW (torch)")),
+        ("AdamW -> optim=adamw_torch", sub(r"^(?:torch )?AdamW$", "optim=adamw_torch")),
+        ("AdamW -> torch.optim.AdamW (fused=False)", sub(r"^(?:torch )?AdamW$", "torch.optim.AdamW (fused=False)")),
+        ("AdamW -> AdamW optimizer", sub(r"^AdamW\b", "AdamW optimizer")),
+        ("Adam8bit -> bnb 8-bit Adam", sub(r"^bitsandbytes Adam8bit$", "bnb 8-bit Adam")),
+        ("Adam8bit -> Adam 8-bit (bitsandbytes)", sub(r"^bitsandbytes Adam8bit$", "Adam 8-bit (bitsandbytes)")),
+    ),
+    "parallelism": (
+        ("X=N -> X=N (lower, no spaces)", sub(r"\b(DP|TP|PP|CP|FSDP)=(\d+)", lambda m: m.group(0).lower())),
+        ("DP=N -> data-parallel=N", sub(r"\bDP=(\d+)", r"data-parallel=\1")),
+        ("DP=N -> data parallelism N", sub(r"\bDP=(\d+)", r"data parallelism \1")),
+        ("TP=N -> tensor-parallel=N", sub(r"\bTP=(\d+)", r"tensor-parallel=\1")),
+        ("TP=N -> TP size N", sub(r"\bTP=(\d+)", r"TP size \1")),
+        ("PP=N -> PP size N", sub(r"\bPP=(\d+)", r"PP size \1")),
+        ("PP=N -> pipeline-parallel=N", sub(r"\bPP=(\d+)", r"pipeline-parallel=\1")),
+        (", -> ; ", sub(r",\s*(?=[A-Z]+=)", "; ")),
+        (" x  -> / ", sub(r"\s+x\s+", " / ")),
+        ("single GPU -> 1x GPU", sub(r"^single GPU$", "1x GPU")),
+        ("single GPU -> none (1 device)", sub(r"^single GPU$", "none (1 device)")),
+    ),
+    "sharding_offload": (
+        ("DeepSpeed ZeRO-N -> DeepSpeed ZeRO stage N", sub(r"\bDeepSpeed ZeRO-([0-3])\b", r"DeepSpeed ZeRO stage \1")),
+        ("ZeRO-N -> Zero-N", sub(r"\bZeRO-([0-3])\b", r"Zero-\1")),
+        ("ZeRO-N -> zero_stage=N", sub(r"\bZeRO-([0-3])\b", r"zero_stage=\1")),
+        ("ZeRO-N -> stage-N ZeRO", sub(r"\bZeRO-([0-3])\b", r"stage-\1 ZeRO")),
+        ("full shard -> full sharding", sub(r"\bfull shard\b", "full sharding")),
+        ("FSDP2 -> FSDP2 / fully_shard", sub(r"\bFSDP2\b", "FSDP2 / fully_shard")),
+        ("no CPU offload -> offload to CPU: no", sub(r"\bno CPU offload\b", "offload to CPU: no")),
+        ("no CPU offload -> no offloading", sub(r"\bno CPU offload\b", "no offloading")),
+        ("ZeRO off -> ZeRO: off", sub(r"\bZeRO off\b", "ZeRO: off")),
+    ),
+    "activation_ckpt": (
+        ("yes -> Y", sub(r"^yes$", "Y")),
+        ("yes -> enabled (full)", sub(r"^yes$", "enabled (full)")),
+        ("yes -> gradient checkpointing", sub(r"^yes$", "gradient checkpointing")),
+        ("yes -> activation checkpointing", sub(r"^yes$", "activation checkpointing")),
+        ("yes -> checkpointing: on", sub(r"^yes$", "checkpointing: on")),
+        ("yes -> use_gradient_checkpointing=True", sub(r"^yes$", "use_gradient_checkpointing=True")),
+        ("no -> N", sub(r"^no$", "N")),
+        ("no -> no (disabled)", sub(r"^no$", "no (disabled)")),
+        ("no -> AC off", sub(r"^no$", "AC off")),
+        ("no -> gradient_checkpointing: false", sub(r"^no$", "gradient_checkpointing: false")),
+        ("no -> no gradient checkpointing", sub(r"^no$", "no gradient checkpointing")),
+    ),
+    "compile": (
+        ("yes -> Y", sub(r"^yes$", "Y")),
+        ("yes -> torch.compile()", sub(r"^yes$", "torch.compile()")),
+        ("yes -> compile=True", sub(r"^yes$", "compile=True")),
+        ("yes -> yes (inductor)", sub(r"^yes$", "yes (inductor)")),
+        ("no -> N", sub(r"^no$", "N")),
+        ("no -> not used", sub(r"^no$", "not used")),
+        ("no -> torch.compile off", sub(r"^no$", "torch.compile off")),
+        ("no -> eager mode", sub(r"^no$", "eager mode")),
+    ),
+    "metric_type": (
+        (
+            "max_allocated -> torch.cuda.max_memory_allocated",
+            sub(r"^max_allocated\b", "torch.cuda.max_memory_allocated"),
+        ),
+        ("max_allocated -> max allocated memory", sub(r"^max_allocated\b", "max allocated memory")),
+        ("max_allocated -> peak memory allocated", sub(r"^max_allocated\b", "peak memory allocated")),
+        ("max_reserved -> max_memory_reserved", sub(r"^max_reserved\b", "max_memory_reserved")),
+        ("max_reserved -> reserved memory (peak)", sub(r"^max_reserved\b", "reserved memory (peak)")),
+        ("nvml_used -> GPU memory used (nvidia-smi)", sub(r"^nvml_used\b", "GPU memory used (nvidia-smi)")),
+        ("peak_active -> max active memory", sub(r"^peak_active\b", "max active memory")),
+    ),
+}
+
 # spelling that states nothing new, tried on every column above
 GENERIC: tuple[tuple[str, Rewrite], ...] = (
     ("UPPER CASE", lambda c: c.upper() if c.upper() != c else None),
@@ -372,14 +508,15 @@ GENERIC: tuple[tuple[str, Rewrite], ...] = (
 )
 
 
-def variants(raw: dict[str, str]) -> Iterator[tuple[str, str, str]]:
-    """(column, rule, rewritten cell) for every rule that rewrites one of the row's cells."""
+def variants(raw: dict[str, str]) -> Iterator[tuple[int, str, str, str]]:
+    """(round, column, rule, rewritten cell) for every rule that rewrites one of the row's cells."""
     for column, rules in PARAPHRASES.items():
         cell = raw.get(column) or ""
-        for name, rule in (*rules, *GENERIC):
-            new = rule(cell)
-            if new is not None and new != cell:
-                yield column, name, new
+        for number, named in ((1, (*rules, *GENERIC)), (2, SECOND_ROUND.get(column, ()))):
+            for name, rule in named:
+                new = rule(cell)
+                if new is not None and new != cell:
+                    yield number, column, name, new
 
 
 def comparable(case: dict) -> dict:
@@ -403,9 +540,10 @@ def differences(a: object, b: object, path: str = "") -> list[str]:
 def check_row(row: MeasuredRow) -> Iterator[dict]:
     """Each variant of a readable row with its outcome (identical / different / unreadable)."""
     base = comparable(to_case(row))
-    for column, rule, cell in variants(row.raw):
+    for number, column, rule, cell in variants(row.raw):
         variant = dataclasses.replace(row, raw=row.raw | {column: cell})
-        rec = {"row": row.row_id, "column": column, "rule": rule, "original": row.raw.get(column, ""), "variant": cell}
+        rec = {"row": row.row_id, "round": number, "column": column, "rule": rule}
+        rec |= {"original": row.raw.get(column, ""), "variant": cell}
         try:
             diff = differences(base, comparable(to_case(variant)))
         except RowError as exc:
@@ -430,8 +568,8 @@ def run(paths: list[Path]) -> tuple[list[dict], int]:
 def summary(records: list[dict]) -> dict[str, dict[str, int]]:
     """Per column (and `all`): variants tried, and how many were read identically, differently, not at all."""
     out: dict[str, dict[str, int]] = {}
-    for key in [*PARAPHRASES, "all"]:
-        mine = [r for r in records if key in ("all", r["column"])]
+    for key in [*PARAPHRASES, "all", "all, round 1", "all, round 2"]:
+        mine = [r for r in records if key in ("all", r["column"], f"all, round {r['round']}")]
         counts = {o: sum(r["outcome"] == o for r in mine) for o in ("identical", "different", "unreadable")}
         out[key] = {"tried": len(mine), **counts}
     return out
