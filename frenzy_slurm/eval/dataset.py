@@ -351,8 +351,8 @@ def _module_loading(raw: dict[str, str]) -> dict[str, object]:
 # a ZeRO stage however written: ZeRO-3, ZeRO3, zero stage 3, ZeRO (stage 3), ZeRO stage-3, DeepSpeed Z3,
 # DeepSpeed stage 3, zero_optimization.stage=3
 _ZERO_STAGE = re.compile(
-    r"zero[- _]?(?:optimization)?\W{0,3}(?:stage)?\W{0,3}([0-3])\b|\bz([0-3])\b|deepspeed\W{1,3}stage\W{0,3}([0-3])\b|"
-    r"\bstage[- _]?([0-3])\W{1,3}zero"
+    r"(?:zero[- _]?(?:optimization)?[-_ (.:=]{0,3}(?:stage)?[-_ (.:=]{0,3}([0-3])|\bz([0-3])|"
+    r"deepspeed\W{1,3}stage\W{0,3}([0-3]))\b(?!\s*(?:gpus?|nodes?|ranks?|x\b|-way))|\bstage[- _]?([0-3])\W{1,3}zero"
 )
 
 
@@ -446,7 +446,7 @@ def _offload(raw: dict[str, str], zero: int) -> tuple[bool, bool]:
     """(optimizer states offloaded, parameters offloaded too) as the row states them."""
     text = raw["sharding_offload"].lower() + " " + raw["other_settings"].lower()
     offload = bool(re.search(r"offload", text)) and not re.search(
-        r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload|offload\w*(?:\s+to\s+cpu)?\s*[:=]?\s*(?:off|false|none|disabled|no)\b",
+        r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload|offload\w*(?:\s+to\s+cpu)?\s*[:=]?\s*(?:off|false|none|disabled|no|not)\b",
         text,
     )
     # FSDP's CPU offload is one switch that moves the parameters with the optimizer (marp.frameworks

@@ -237,8 +237,11 @@ def batch(text: str) -> Batch:
     m = (
         re.search(r"\b" + _GLOBAL + num, t)
         or re.search(r"\bbatch(?:[ _]size)?\s*(\d+)\s*\(global\)", t)
+        # `8 global`, `512 (global)`, `512 global batch`; not `4 global attention layers`
         or re.search(
-            r"(?<![\w.])(\d+)\s*(?:sequences|samples)?(?:\s*per\s*(?:optimizer\s*)?step)?\s*\(?global\b(?!\s*tokens)", t
+            r"(?<![\w.])(\d+)\s*(?:sequences|samples)?(?:\s*per\s*(?:optimizer\s*)?step)?\s*\(?global\)?"
+            r"(?=\s*(?:$|[|,;()]|batch|bs\b))",
+            t,
         )
     )
     if m:
