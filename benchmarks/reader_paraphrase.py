@@ -76,6 +76,7 @@ def _nodes(template: str) -> Callable[[re.Match[str]], str | None]:
 
 
 BARE = r"^\s*(\d+)\s*$"  # a cell that is only a number
+GA_CELL = r"^\s*(?:GA\s+)?(\d+)\s*$"  # an accumulation cell: `GA 16` or a bare number
 NUM = r"(\d+)"
 
 PARAPHRASES: dict[str, tuple[tuple[str, Rewrite], ...]] = {
@@ -498,6 +499,116 @@ SECOND_ROUND: dict[str, tuple[tuple[str, Rewrite], ...]] = {
     ),
 }
 
+# A third round, written after the second round's fixes and measured before any further fix, as the second was.
+THIRD_ROUND: dict[str, tuple[tuple[str, Rewrite], ...]] = {
+    "seq_len": (
+        ("N tokens/sample", sub(BARE, r"\1 tokens/sample")),
+        ("seqlen N", sub(BARE, r"seqlen \1")),
+        ("sequence_length: N", sub(BARE, r"sequence_length: \1")),
+        ("length N", sub(BARE, r"length \1")),
+        ("S=N", sub(BARE, r"S=\1")),
+    ),
+    "micro_batch": (
+        ("N sequences", sub(BARE, r"\1 sequences")),
+        ("micro-batch size: N", sub(BARE, r"micro-batch size: \1")),
+        ("batch per GPU: N", sub(BARE, r"batch per GPU: \1")),
+        ("per_gpu_batch_size=N", sub(BARE, r"per_gpu_batch_size=\1")),
+        ("N / device", sub(BARE, r"\1 / device")),
+    ),
+    "grad_accum_or_global_batch": (
+        ("GA: grad-accum N", sub(GA_CELL, r"grad-accum \1")),
+        ("GA: GA steps N", sub(GA_CELL, r"GA steps \1")),
+        ("GA: gradient accumulation steps: N", sub(GA_CELL, r"gradient accumulation steps: \1")),
+        ("GA: N (GA)", sub(GA_CELL, r"\1 (GA)")),
+        ("GA: accumulate_grad_batches=N", sub(GA_CELL, r"accumulate_grad_batches=\1")),
+        ("GBS: global batch: N sequences", sub(r"\bGBS\s+" + NUM, r"global batch: \1 sequences")),
+        ("GBS: GBS N seqs", sub(r"\bGBS\s+" + NUM, r"GBS \1 seqs")),
+        ("GBS: batch size N (global)", sub(r"\bGBS\s+" + NUM, r"batch size \1 (global)")),
+        ("GBS: global batch size=N", sub(r"\bGBS\s+" + NUM, r"global batch size=\1")),
+    ),
+    "num_gpus": (
+        ("Nx GPUs", sub(BARE, r"\1x GPUs")),
+        ("N GPU(s)", sub(BARE, r"\1 GPU(s)")),
+        ("N (one node)", sub(r"^\s*([1-8])\s*$", r"\1 (one node)")),
+        ("k × 8", sub(BARE, _nodes("{k} × 8"))),
+        ("N (kx8)", sub(BARE, _nodes("{n} ({k}x8)"))),
+        ("world_size=N", sub(BARE, r"world_size=\1")),
+    ),
+    "gpu": (
+        ("A100 N GB SXM", sub(r"^A100\s*\(?(\d+)\s*GB\)?", r"A100 \1 GB SXM")),
+        ("Nvidia A100 (N GB)", sub(r"^A100\s*\(?(\d+)\s*GB\)?", r"Nvidia A100 (\1 GB)")),
+        ("NGB A100", sub(r"^A100\s*\(?(\d+)\s*GB\)?", r"\1GB A100")),
+        ("H100 (NGB)", sub(r"^H100\s+(\d+)GB", r"H100 (\1GB)")),
+        ("RTX-nnnn NG", sub(r"^RTX (\d{4})\s+(\d+)GB", r"RTX-\1 \2G")),
+        ("nnnn NGB", sub(r"^RTX (\d{4})\s+(\d+)GB", r"\1 \2GB")),
+    ),
+    "precision": (
+        ("bf16 mixed -> AMP with bf16", sub(r"\bbf16 mixed\b", "AMP with bf16")),
+        ("bf16 mixed -> BF16-mixed", sub(r"\bbf16 mixed\b", "BF16-mixed")),
+        ("bf16 mixed -> mixed (bf16)", sub(r"\bbf16 mixed\b", "mixed (bf16)")),
+        ("pure bf16 -> pure-bf16", sub(r"^pure bf16\b", "pure-bf16")),
+        ("pure bf16 -> bf16 pure", sub(r"^pure bf16\b", "bf16 pure")),
+        ("fp16 AMP -> fp16 mixed precision (AMP)", sub(r"^fp16 AMP\b", "fp16 mixed precision (AMP)")),
+        ("fp16 AMP -> --fp16 (AMP)", sub(r"^fp16 AMP\b", "--fp16 (AMP)")),
+        ("fp32 -> FP32 full precision", sub(r"^fp32$", "FP32 full precision")),
+        ("fp32 -> no mixed precision (fp32)", sub(r"^fp32$", "no mixed precision (fp32)")),
+        ("fp32 -> 32-bit", sub(r"^fp32$", "32-bit")),
+    ),
+    "optimizer": (
+        ("AdamW -> AdamW (torch.optim)", sub(r"^(?:torch )?AdamW$", "AdamW (torch.optim)")),
+        ("AdamW -> optim: adamw_torch", sub(r"^(?:torch )?AdamW$", "optim: adamw_torch")),
+        ("Adam8bit -> bnb Adam8bit", sub(r"^bitsandbytes Adam8bit$", "bnb Adam8bit")),
+        ("Adam8bit -> 8bit Adam (bitsandbytes)", sub(r"^bitsandbytes Adam8bit$", "8bit Adam (bitsandbytes)")),
+    ),
+    "parallelism": (
+        ("DP=N -> DP: N", sub(r"\bDP=(\d+)", r"DP: \1")),
+        ("DP=N -> data parallel (N)", sub(r"^DP=(\d+)$", r"data parallel (\1)")),
+        ("X=N -> X N, lower", sub(r"\b(DP|TP|PP|CP|FSDP)=(\d+)", lambda m: f"{m.group(1).lower()} {m.group(2)}")),
+        (" x  -> /", sub(r"\s+x\s+", "/")),
+        ("PP=N, schedule -> PP N (schedule)", sub(r"\bPP=(\d+), (?:schedule )?(1F1B|Interleaved 1F1B)", r"PP \1 (\2)")),
+        ("single GPU -> 1 GPU (no parallelism)", sub(r"^single GPU$", "1 GPU (no parallelism)")),
+    ),
+    "sharding_offload": (
+        ("ZeRO-N -> ZeRO Stage N", sub(r"\bZeRO-([0-3])\b", r"ZeRO Stage \1")),
+        ("DeepSpeed ZeRO-N -> Deepspeed ZeroN", sub(r"\bDeepSpeed ZeRO-([0-3])\b", r"Deepspeed Zero\1")),
+        ("DeepSpeed ZeRO-N -> ZeRO-N (DeepSpeed)", sub(r"\bDeepSpeed ZeRO-([0-3])\b", r"ZeRO-\1 (DeepSpeed)")),
+        ("full shard -> (full_shard)", sub(r"\bfull shard\b", "(full_shard)")),
+        (
+            "FSDP full shard -> FullyShardedDataParallel (FULL_SHARD)",
+            sub(r"\bFSDP full shard\b", "FullyShardedDataParallel (FULL_SHARD)"),
+        ),
+        ("no CPU offload -> w/o CPU offload", sub(r"\bno CPU offload\b", "w/o CPU offload")),
+        ("no CPU offload -> offload: no", sub(r"\bno CPU offload\b", "offload: no")),
+        ("CPU offload -> offloaded to CPU", sub(r"(?<!no )\bCPU offload(?:ing)?\b", "offloaded to CPU")),
+    ),
+    "activation_ckpt": (
+        ("yes -> yes (full)", sub(r"^yes$", "yes (full)")),
+        ("yes -> AC=full", sub(r"^yes$", "AC=full")),
+        ("yes -> enable_activation_checkpointing=True", sub(r"^yes$", "enable_activation_checkpointing=True")),
+        ("yes -> activation_checkpointing: full", sub(r"^yes$", "activation_checkpointing: full")),
+        ("yes -> gradient ckpt", sub(r"^yes$", "gradient ckpt")),
+        ("no -> no (off)", sub(r"^no$", "no (off)")),
+        ("no -> enable_activation_checkpointing=False", sub(r"^no$", "enable_activation_checkpointing=False")),
+        ("no -> AC: none", sub(r"^no$", "AC: none")),
+        ("full -> AC=full", sub(r"^full$", "AC=full")),
+    ),
+    "compile": (
+        ("yes -> torch.compile (inductor)", sub(r"^yes$", "torch.compile (inductor)")),
+        ("yes -> compile: yes", sub(r"^yes$", "compile: yes")),
+        ("no -> no compile", sub(r"^no$", "no compile")),
+        ("no -> w/o compile", sub(r"^no$", "w/o compile")),
+        ("no -> uncompiled", sub(r"^no$", "uncompiled")),
+        ("no -> False", sub(r"^no$", "False")),
+    ),
+    "metric_type": (
+        ("max_allocated -> max memory allocated (torch)", sub(r"^max_allocated\b", "max memory allocated (torch)")),
+        ("max_allocated -> memory_allocated (max)", sub(r"^max_allocated\b", "memory_allocated (max)")),
+        ("max_reserved -> max_memory_reserved()", sub(r"^max_reserved\b", "max_memory_reserved()")),
+        ("nvml_used -> NVML", sub(r"^nvml_used\b", "NVML")),
+        ("nvml_used -> GPU memory (nvidia-smi)", sub(r"^nvml_used\b", "GPU memory (nvidia-smi)")),
+    ),
+}
+
 # spelling that states nothing new, tried on every column above
 GENERIC: tuple[tuple[str, Rewrite], ...] = (
     ("UPPER CASE", lambda c: c.upper() if c.upper() != c else None),
@@ -512,7 +623,8 @@ def variants(raw: dict[str, str]) -> Iterator[tuple[int, str, str, str]]:
     """(round, column, rule, rewritten cell) for every rule that rewrites one of the row's cells."""
     for column, rules in PARAPHRASES.items():
         cell = raw.get(column) or ""
-        for number, named in ((1, (*rules, *GENERIC)), (2, SECOND_ROUND.get(column, ()))):
+        rounds = ((1, (*rules, *GENERIC)), (2, SECOND_ROUND.get(column, ())), (3, THIRD_ROUND.get(column, ())))
+        for number, named in rounds:
             for name, rule in named:
                 new = rule(cell)
                 if new is not None and new != cell:
@@ -568,7 +680,7 @@ def run(paths: list[Path]) -> tuple[list[dict], int]:
 def summary(records: list[dict]) -> dict[str, dict[str, int]]:
     """Per column (and `all`): variants tried, and how many were read identically, differently, not at all."""
     out: dict[str, dict[str, int]] = {}
-    for key in [*PARAPHRASES, "all", "all, round 1", "all, round 2"]:
+    for key in [*PARAPHRASES, "all", "all, round 1", "all, round 2", "all, round 3"]:
         mine = [r for r in records if key in ("all", r["column"], f"all, round {r['round']}")]
         counts = {o: sum(r["outcome"] == o for r in mine) for o in ("identical", "different", "unreadable")}
         out[key] = {"tried": len(mine), **counts}

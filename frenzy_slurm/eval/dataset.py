@@ -451,7 +451,9 @@ def _offload(raw: dict[str, str], zero: int) -> tuple[bool, bool]:
     )
     # FSDP's CPU offload is one switch that moves the parameters with the optimizer (marp.frameworks
     # fsdp_offloads_parameters); DeepSpeed's ZeRO offloads the optimizer alone unless the parameters are named
-    fsdp = "fsdp" in text and not re.search(r"zero|deepspeed", text)
+    fsdp = bool(re.search(r"fsdp|fullyshardeddataparallel|fully_shard", text)) and not re.search(
+        r"zero|deepspeed", text
+    )
     return offload, offload and zero == 3 and (fsdp or bool(re.search(r"param|fsdp cpu offload|cpu offload \(", text)))
 
 

@@ -206,7 +206,8 @@ class Batch:
 
 # gradient accumulation by name: GA, GAS, grad accum, gradient_accumulation_steps, accumulate, accum steps
 _ACCUM = (
-    r"(?:gas?|grad(?:ient)?\.?[ _-]?acc(?:um(?:ulation)?)?\.?(?:[ _]steps)?|accumulat(?:e|ion)(?:[ _]steps)?|"
+    r"(?:gas?(?:[ _]steps)?|grad(?:ient)?\.?[ _-]?acc(?:um(?:ulation)?)?\.?(?:[ _]steps)?|"
+    r"accumulate[ _]grad[ _]batches|accumulat(?:e|ion)(?:[ _]steps)?|"
     r"accum(?:[ _]steps)?)"
 )
 # the global batch by name (a batch that is `total`, `effective` or `global` is all ranks' and all micro-steps')
@@ -322,7 +323,8 @@ def precision(text: str) -> PrecisionReading:
         return PrecisionReading("fp16-mixed", fp8)
     if fp8:  # fp8 linears run inside bf16 mixed precision
         return PrecisionReading("bf16-mixed", True)
-    if "fp32" in t or "float32" in t or "full precision" in t or "tf32" in t:
+    # (Lightning's precision=32 / "32-true", "32-bit")
+    if "fp32" in t or "float32" in t or "full precision" in t or "tf32" in t or re.search(r"\b32[- ](?:bit|true)\b", t):
         return PrecisionReading("fp32")
     return PrecisionReading(None)
 
@@ -362,7 +364,7 @@ def checkpointing(text: str) -> bool | None:
     if said is not None:
         return said
     t = text.strip().lower()
-    feature = r"(?:activation|gradient)[ _-]?checkpoint\w*|\bac\b"
+    feature = r"(?:activation|gradient)[ _-]?(?:checkpoint\w*|ckpt)|\bac\b"
     if re.search(r"\b(?:no|not|without|w/o)\b[^,;]{0,12}(?:" + feature + ")", t):
         return False
     if re.match(r"(?:full\s+)?(?:use[ _])?(?:" + feature + r")\s*(?:$|[(,;])", t):
