@@ -396,7 +396,8 @@ FRAMEWORK_NAMES = {
     "lightning": "litgpt",
     "transformers": "transformers",
     "hf trainer": "transformers",
-    "huggingface": "transformers",
+    # (the company's name alone, `HF`, `Hugging Face` or `HuggingFace`, names none of its libraries: a custom loop on
+    # its model code says `HF Llama` too)
     "trainer": "transformers",
     "accelerate": "transformers",
     "peft": "transformers",
