@@ -145,11 +145,22 @@ def _first_int(text: str, what: str) -> int:
 
 
 def _gpu_count(text: str) -> int:
-    """`8`, `16 (2 nodes)`, `2x8`, `2 nodes x 8 GPUs`, `4 nodes of 8` -> GPUs in all."""
-    t = text.lower().replace("×", "x").replace(",", "")
+    """`8`, `8 GPUs`, `16 (2 nodes)`, `2x8`, `2 nodes x 8 GPUs`, `4 nodes of 8`, `8 GPUs per node x 2 nodes`,
+    `1 node, 8 GPUs` -> GPUs in all. A count of GPUs, devices or ranks is the total unless it is per node."""
+    t = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.lower()).replace("×", "x").replace(",", " ")
+    gpus = r"(?:gpus?|devices|ranks|cards)"
+    per_node = r"(\d+)\s*(?:" + gpus + r"?\s*(?:/|\bper\b|\ba\b|\beach\b)\s*node|" + gpus + r"\s+each\b)"
+    m = re.search(per_node + r"\D{0,8}?(\d+)\s*nodes?", t) or re.search(r"(\d+)\s*nodes?\D{0,8}?" + per_node, t)
+    if m:
+        return int(m.group(1)) * int(m.group(2))
     m = re.search(r"(\d+)\s*(?:nodes?)?\s*(?:x|\*|of)\s*(\d+)", t)
     if m:
         return int(m.group(1)) * int(m.group(2))
+    m = re.search(r"(\d+)\s*" + gpus + r"\b", t)
+    if m and re.search(r"\d+\s*nodes?\b", t):  # `1 node, 8 GPUs`: the node count is not the GPU count
+        return int(m.group(1))
+    if re.match(r"\D*\d+\s*nodes?\b", t):
+        raise RowError(f"num_gpus '{text}' counts nodes, not the GPUs in each")
     return _first_int(t, "num_gpus")
 
 
@@ -169,6 +180,10 @@ def _seq_len(text: str, stated: int | None) -> int:
         )
     if not re.search(r"\d", t) and stated is not None:
         return stated
+    # context sizes in K are K of 1024 tokens (2k = 2048, 128k = 131072), as models' context windows are quoted
+    k = re.match(r"\D{0,24}?(\d+(?:\.\d+)?)\s*k\b", t)
+    if k:
+        return round(float(k.group(1)) * 1024)
     return _first_int(t, "seq_len")
 
 
@@ -333,14 +348,27 @@ def _module_loading(raw: dict[str, str]) -> dict[str, object]:
     return {"env": {"CUDA_MODULE_LOADING": "EAGER" if eager else "LAZY"}}
 
 
+# a ZeRO stage however written: ZeRO-3, ZeRO3, zero stage 3, ZeRO (stage 3), ZeRO stage-3, DeepSpeed Z3,
+# DeepSpeed stage 3, zero_optimization.stage=3
+_ZERO_STAGE = re.compile(
+    r"(?:zero[- _]?(?:optimization)?[-_ (.:=]{0,3}(?:stage)?[-_ (.:=]{0,3}([0-3])|\bz([0-3])|"
+    r"deepspeed\W{1,3}stage\W{0,3}([0-3]))\b(?!\s*(?:gpus?|nodes?|ranks?|x\b|-way))|\bstage[- _]?([0-3])\W{1,3}zero"
+)
+
+
 def _zero_stage(text: str, sharded: bool) -> int:
-    m = re.search(r"zero[- _]?(?:stage)?[- _]?([0-3])\b", text)
+    m = _ZERO_STAGE.search(text)
     if m:
-        return int(m.group(1))
+        return int(next(g for g in m.groups() if g is not None))
     if re.search(r"shard_grad_op|grad(?:ient)?s? and optimizer|zero2", text):
         return 2
     # (Megatron's "no distributed optimizer" keeps every state on every data-parallel rank)
-    if re.search(r"(?<!no )(?<!without )(?<!not )distributed optimi[sz]er|optimizer state sharding|zero1", text):
+    distributed = re.search(r"distributed[ _-]optimi[sz]er", text) and not re.search(
+        r"\b(?:no|not|without)[ _-]+(?:use[ _-])?distributed[ _-]optimi|"
+        r"distributed[ _-]optimi[sz]er\s*[:=]\s*(?:false|0)",
+        text,
+    )
+    if distributed or re.search(r"optimizer state sharding|zero1", text):
         return 1
     return 3 if sharded else 0
 
@@ -359,8 +387,12 @@ def _plan(
         pp = gpus
     sharded = (
         bool(par.fsdp)
-        or bool(re.search(r"fsdp|full[ _]shard|fully_shard|zero|hsdp|sharded", text))
-        and not re.search(r"no (?:fsdp|zero|shard)|zero[- ]?(?:off|disabled)", text)
+        or bool(
+            re.search(
+                r"fsdp|full[ _-]shard|fully_shard|zero|hsdp|sharded|\bz[1-3]\b|deepspeed\W{1,3}stage\W{0,3}[1-3]", text
+            )
+        )
+        and not re.search(r"no (?:fsdp|zero|shard)|zero\W{0,3}(?:off|disabled|none|false)\b", text)
     )
     dp = par.fsdp or par.dp or max(1, gpus // (tp * pp * cp))
     if par.single:
@@ -371,7 +403,7 @@ def _plan(
     # a sharded run shards over its data-parallel ranks, or over the context-parallel ones too where FSDP's
     # mesh spans them (FSDP over 1 x CP 8 still shards the states over 8 ranks)
     zero = _zero_stage(text, sharded) if dp > 1 or par.shard_group or (cp > 1 and sharded) else 0
-    if par.shard_group is None and re.search(r"hybrid[_ ]shard|hsdp", text) and dp > 1:
+    if par.shard_group is None and re.search(r"hybrid[_ -]shard|hsdp", text) and dp > 1:
         # FSDP HYBRID_SHARD shards within a node and replicates across nodes
         per_node = re.search(r"(\d+)\s*(?:gpus?)?\s*(?:per|/)\s*node", text + " " + raw["num_gpus"].lower())
         par.shard_group = min(dp, int(per_node.group(1)) if per_node else 8)
@@ -413,10 +445,15 @@ def _stated_sequence_parallel(raw: dict[str, str]) -> bool | None:
 def _offload(raw: dict[str, str], zero: int) -> tuple[bool, bool]:
     """(optimizer states offloaded, parameters offloaded too) as the row states them."""
     text = raw["sharding_offload"].lower() + " " + raw["other_settings"].lower()
-    offload = bool(re.search(r"offload", text)) and not re.search(r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload", text)
+    offload = bool(re.search(r"offload", text)) and not re.search(
+        r"\b(no|not|without|w/o)\b[^,;.]{0,16}offload|offload\w*(?:\s+to\s+cpu)?\s*[:=]?\s*(?:off|false|none|disabled|no|not)\b",
+        text,
+    )
     # FSDP's CPU offload is one switch that moves the parameters with the optimizer (marp.frameworks
     # fsdp_offloads_parameters); DeepSpeed's ZeRO offloads the optimizer alone unless the parameters are named
-    fsdp = "fsdp" in text and not re.search(r"zero|deepspeed", text)
+    fsdp = bool(re.search(r"fsdp|fullyshardeddataparallel|fully_shard", text)) and not re.search(
+        r"zero|deepspeed", text
+    )
     return offload, offload and zero == 3 and (fsdp or bool(re.search(r"param|fsdp cpu offload|cpu offload \(", text)))
 
 
@@ -444,7 +481,7 @@ def _recompute(raw: dict[str, str]) -> Recompute:
         return "full" if re.search(r"every\s*\d+|\blayer\b", ac) else "op"
     if "selective" in ac or "attention only" in ac or "core attention" in ac:
         return "selective"
-    said = reading.yes_no(ac)
+    said = reading.checkpointing(ac)
     if said is None:
         prof = PROFILES[framework]
         if "default" in ac and prof.shipped_checkpointing is not None:
@@ -503,8 +540,9 @@ def _method(category: str) -> Method:
 
 
 def _stated_batch(raw: dict[str, str]) -> reading.Batch:
+    # (one cell's words do not run into the next cell's number: `1 accumulation steps | 4 ...`)
     return reading.batch(
-        " ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch", "seq_len"))
+        " | ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings", "micro_batch", "seq_len"))
     )
 
 
@@ -536,10 +574,17 @@ def _optimizer(raw: dict[str, str]) -> tuple[OptimizerName, str | None, bool]:
     said = re.sub(
         r"\b(?!optimi[sz]er)[a-z0-9]+(?:_[a-z0-9]+)*_in_bwd\b", " ", opt_text + " " + raw["other_settings"].lower()
     )
-    in_bwd = any(k in said for k in ("in bwd", "in_bwd", "into backward"))
+    # (`in backward` in the optimizer's own cell; elsewhere only where the optimizer or its step is the subject, not
+    # `activations recomputed in backward`)
+    in_bwd = (
+        any(k in said for k in ("in bwd", "in_bwd", "into backward"))
+        or bool(re.search(r"\b(?:in|during)[ _-](?:the[ _-])?backward\b", opt_text))
+        or bool(re.search(r"optimi[sz]er[ _-](?:step[ _-])?(?:in|during)[ _-](?:the[ _-])?backward\b", said))
+    )
     # The implementation where the row states it; else the framework's default (its profile). A row that ran
     # DeepSpeed ran its own config, whose Adam/AdamW is DeepSpeed's FusedAdam (the profile's default).
     impl: str | None = None
+    opt_text = re.sub(r"\b(?:fused|foreach)\s*[:=]\s*(?:false|0|no|none)\b", " ", opt_text)  # switched off
     if re.search(r"foreach", opt_text):
         impl = "foreach"
     elif re.search(r"fused(?!\s*into)(?! in)|apex|adamw_torch_fused", opt_text) and not in_bwd:
@@ -560,6 +605,12 @@ def _row_plan(
     named_gbs = reading.named_config_global_batch(
         " ".join(raw[k] for k in ("grad_accum_or_global_batch", "other_settings"))
     )
+    own = reading.batch(ga_cell)
+    if re.search(r"\d", ga_cell) and not ga_cell.isdigit() and own.grad_accum is None and own.global_batch is None:
+        # (`batch 512`: a global batch or one rank's? a person cannot tell either, so it is not guessed)
+        raise RowError(
+            f"grad_accum_or_global_batch '{ga_cell}' names neither a gradient accumulation nor a global batch"
+        )
     return _plan(raw, gpus, mb, ga, stated.global_batch or named_gbs, local_batch)
 
 
@@ -592,18 +643,26 @@ def _lora_block(raw: dict[str, str], method: Method, fws: set[str], settings: st
     return lora
 
 
+# what each metric is called, in the order tried where a cell names several at one place
+_METRIC_WORDS = (
+    ("device", r"nvml|nvidia[- _]?smi"),
+    ("reserved", r"reserved|unspecified|not specified|not stated"),
+    ("allocated", r"allocated|active"),
+)
+
+
 def _metric(raw: dict[str, str]) -> Metric:
+    """What the row measured: the metric its metric_type cell names first (`max_allocated (+max_reserved in
+    secondary)` measured allocated memory, the reserved one is beside it); an unspecified one is read as reserved
+    (PyTorch's memory reports lead with it); a program's own report of its device memory as the device's."""
     text = raw["metric_type"].lower()
-    if "nvml" in text or "nvidia-smi" in text:
+    named = [(m.start(), metric) for metric, pattern in _METRIC_WORDS for m in [re.search(pattern, text)] if m]
+    if named and min(named)[1] == "device":
         return "device"
-    if not re.search(r"reserved|unspecified|allocated|active", text) and re.search(
-        r"device memory|nvidia-smi|nvml|cudamemgetinfo", raw.get("metric_measured", "").lower()
-    ):
+    if not named and re.search(r"device memory|nvidia-smi|nvml|cudamemgetinfo", raw.get("metric_measured", "").lower()):
         return "device"  # a program's own report of its device memory (the process's share of the GPU)
-    if "reserved" in text or "unspecified" in text:
-        return "reserved"
-    if "allocated" in text or "active" in text:
-        return "allocated"
+    if named:
+        return min(named)[1]  # type: ignore[return-value]  # the literal names above
     raise RowError(f"metric '{raw['metric_type']}' is not one MARP predicts")
 
 
@@ -615,7 +674,7 @@ def _sharding(plan: ParallelPlan, raw: dict[str, str]) -> str:
         return "none"
     if plan.shard_group is not None and plan.zero == 3:
         return "hybrid-shard"
-    if plan.zero == 1 or re.search(r"zero|deepspeed", text):
+    if plan.zero == 1 or re.search(r"zero|deepspeed|\bz[1-3]\b", text):
         return f"zero{plan.zero}"
     return {2: "shard-grad-op", 3: "full-shard"}[plan.zero]
 
@@ -689,7 +748,7 @@ def _training_block(
         "activation_checkpointing": plan.recompute,
         "activation_offload": act_offload,
         "fp8": prec.fp8,
-        "compile": reading.yes_no(raw["compile"]) is True,
+        "compile": reading.compiled(raw["compile"]) is True,
         "method": method,
         "lora": _lora_block(raw, method, fws, settings, config_defaults),
         **({"optimizer_impl": impl} if impl else {}),
@@ -748,8 +807,11 @@ def _data_block(raw: dict[str, str]) -> dict[str, object]:
 
 
 def _cells(row: MeasuredRow) -> dict[str, str]:
-    """The row's cells, with the optional columns a CSV may lack read as empty."""
-    return dict.fromkeys((*SETTING_COLUMNS, *OTHER_TEXT_COLUMNS), "") | {k: (v or "") for k, v in row.raw.items()}
+    """The row's cells, with the optional columns a CSV may lack read as empty, and each cell's runs of whitespace
+    (double spaces, line breaks, padding) read as one space: how a cell is spaced states nothing."""
+    return dict.fromkeys((*SETTING_COLUMNS, *OTHER_TEXT_COLUMNS), "") | {
+        k: " ".join((v or "").split()) for k, v in row.raw.items() if k is not None
+    }
 
 
 def interpret_row(row: MeasuredRow) -> Interpreted:

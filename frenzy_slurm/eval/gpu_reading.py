@@ -31,13 +31,14 @@ def _model(name: str) -> str:
 
 
 def _first_model(text: str) -> str | None:
-    """The catalog model the text names first, as a word or two adjacent words ('RTX 4090', 'rtx-a6000')."""
+    """The catalog model the text names first, as a word or two adjacent words ('RTX 4090', 'rtx-a6000'); an RTX
+    card's number without its `RTX` ('A6000', '4090'), as its users shorten it."""
     words = [(m.start(), m.group()) for m in re.finditer(r"[a-z0-9]+", text)]
     models = {_model(n) for n in catalog()}
     for i, (_, word) in enumerate(words):
         pair = word + words[i + 1][1] if i + 1 < len(words) else ""
-        for candidate in (pair, word):  # the pair first: 'rtx 4090' before a lone word
-            if candidate in models:
+        for candidate in (pair, word, "rtx" + word):  # the pair first: 'rtx 4090' before a lone word
+            if candidate in models and (candidate != "rtx" + word or re.fullmatch(r"a?\d{4}", word)):
                 return candidate
     return None
 

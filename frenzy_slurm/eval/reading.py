@@ -99,10 +99,26 @@ class Parallelism:
         return any(v for v in (self.dp, self.fsdp, self.tp, self.pp, self.cp, self.device_map, self.single))
 
 
+def _degree_spellings(t: str) -> str:
+    """Configuration names of the degrees written as the plain names `_degrees` reads: Megatron's
+    `tensor_model_parallel_size` / `--pipeline-model-parallel-size`, torchtitan's `context_parallel_degree` and
+    `data_parallel_shard_degree` (its FSDP degree), `tensor_parallel_size`; glued abbreviations `TP8`, `CP2`."""
+    t = re.sub(r"data[ _-]parallel[ _-]shard[ _-]degree", "fsdp", t)
+    t = re.sub(
+        r"\b(tensor|pipeline|context|data|expert|sequence)(?:[ _-]model)?[ _-]parallel(?:ism)?"
+        r"(?:[ _-](?:size|degree))?",
+        r"\1 parallel",
+        t,
+    )
+    # (fsdp2 is FSDP's second API, not a degree: only these abbreviations take a glued number)
+    return re.sub(r"\b(tp|pp|cp|dp|ep)(\d+)\b", r"\1=\2", t)
+
+
 def _degrees(t: str) -> dict[str, int]:
     """Each parallel degree a lower-cased text names, by its canonical name (dp, fsdp, tp, pp, cp, ep, vpp, ...)."""
     found: dict[str, int] = {}
     m: re.Match[str] | None  # each pattern's match in turn
+    t = _degree_spellings(t)
     # NAME = 8 / NAME 8 / NAME(alias)=8 / NAME: 8 / NAME of 8
     for m in re.finditer(
         _NAME + r"\s*(?:\((\w+)\))?\s*(?:degree|size)?\s*(?:=|:|of|\s)\s*(\d+)(?![\d.]*\s*(?:gb|gib|b\b|%))", t
@@ -127,6 +143,9 @@ def _degrees(t: str) -> dict[str, int]:
         name = _DEGREE_NAMES.get(m.group(2))
         if name:
             found.setdefault(name, int(m.group(1)))
+    # 4-way TP, 8-way FSDP
+    for m in re.finditer(r"(\d+)[- ]way\s+(dp|ddp|fsdp|tp|pp|cp|ep)\b", t):
+        found.setdefault(_DEGREE_NAMES[m.group(2)], int(m.group(1)))
     m = re.search(r"(\d+)\s*(?:pipeline\s*)?stages", t)
     if m:
         found.setdefault("pp", int(m.group(1)))
@@ -149,9 +168,11 @@ def parallelism(text: str) -> Parallelism:
         out.shard_group = found["hsdp"] if found["hsdp"] and "fsdp" in found else out.shard_group
     out.shard_group = found.get("shard", out.shard_group)
     out.virtual_stages = found.get("vpp")
-    if re.search(r"no(?:t)?\s+(?:sp|sequence[- ]parallel)", t):
+    if re.search(r"\b(?:no(?:t)?|without|w/o)\s+(?:sp\b|sequence[- _]parallel)", t) or re.search(
+        r"(?:\bsp|sequence[- _]parallel\w*)\s*[:=]?\s*(?:off|false|disabled|no|0)\b", t
+    ):
         out.sequence_parallel = False
-    elif re.search(r"\bsp\b|sequence[- ]parallel", t):
+    elif re.search(r"\bsp\b|sequence[- _]parallel", t):
         out.sequence_parallel = True
     if "interleav" in t:
         out.schedule = "interleaved"
@@ -183,17 +204,46 @@ class Batch:
     seq_len: int | None = None
 
 
+# gradient accumulation by name: GA, GAS, grad accum, gradient_accumulation_steps, accumulate, accum steps
+_ACCUM = (
+    r"(?:gas?(?:[ _]steps)?|grad(?:ient)?\.?[ _-]?acc(?:um(?:ulation)?)?\.?(?:[ _]steps)?|"
+    r"accumulate[ _]grad[ _]batches|accumulat(?:e|ion)(?:[ _]steps)?|"
+    r"accum(?:[ _]steps)?)"
+)
+# the global batch by name (a batch that is `total`, `effective` or `global` is all ranks' and all micro-steps')
+_GLOBAL = (
+    r"(?:gbs|global[ _-]?(?:batch(?:[ _]size)?|bs)|mini[- ]?batch(?:[ _]size)?|"
+    r"(?:effective|total)[ _-]?batch(?:[ _]size)?)"
+)
+
+
 def batch(text: str) -> Batch:
-    """`GA 16`, `grad accum 16`, `gradient_accumulation_steps=16`, `GBS 512`, `global batch 512`,
+    """`GA 16`, `grad accum 16`, `gradient_accumulation_steps=16`, `16 accumulation steps`, `accumulate 16`,
+    `GBS 512`, `global batch 512`, `total batch size 512`, `512 global`, `batch 512 (global)`,
     `minibatch 128 (grad accumulation)`, `local batch 32 (split into PP microbatches)`, `max_length=512`."""
     t = text.lower().replace(",", "")
     out = Batch()
     num = r"\s*(?:=|:|of)?\s*(\d+)"
-    m = re.search(r"\b(?:ga|grad(?:ient)?[ _-]?acc(?:um(?:ulation)?)?(?:[ _]steps)?)" + num, t)
+    m = re.search(r"\b" + _ACCUM + num, t) or re.search(
+        r"(?<![\w.])(\d+)\s*(?:x\s*(?:grad(?:ient)?[ _-]?)?accum|"
+        r"(?:grad(?:ient)?[ _-]?)?accum\w*[ _-](?:micro[ _-]?)?steps)",
+        t,
+    )
+    # `16 (GA)`; not `128 (grad accumulation)`, a batch reached by accumulating (the minibatch of C-style tables)
+    m = m or re.search(r"(?<![\w.])(\d+)\s*\((?:gas?|(?:grad(?:ient)?[ _-]?)?accum\w*[ _]steps)\)", t)
     if m:
         out.grad_accum = int(m.group(1))
-    m = re.search(
-        r"\b(?:gbs|global[ _-]?batch(?:[ _]size)?|mini[- ]?batch(?:[ _]size)?|effective batch(?: size)?)" + num, t
+    elif re.search(r"\b(?:no|without)\s+(?:grad(?:ient)?\s*)?accum", t):
+        out.grad_accum = 1
+    m = (
+        re.search(r"\b" + _GLOBAL + num, t)
+        or re.search(r"\bbatch(?:[ _]size)?\s*(\d+)\s*\(global\)", t)
+        # `8 global`, `512 (global)`, `512 global batch`; not `4 global attention layers`
+        or re.search(
+            r"(?<![\w.])(\d+)\s*(?:sequences|samples)?(?:\s*per\s*(?:optimizer\s*)?step)?\s*\(?global\)?"
+            r"(?=\s*(?:$|[|,;()]|batch|bs\b))",
+            t,
+        )
     )
     if m:
         out.global_batch = int(m.group(1))
@@ -201,7 +251,9 @@ def batch(text: str) -> Batch:
     if m:
         out.local_batch = int(m.group(1))
     m = re.search(
-        r"\b(?:mbs|micro[ _-]?batch(?:[ _]size)?|per[ _-]device[ _-]train[ _-]batch[ _-]size|batch[ _-]size)" + num, t
+        r"(?<!global )(?<!total )(?<!effective )\b(?:mbs|micro[ _-]?batch(?:[ _]size)?|"
+        r"per[ _-]device[ _-]train[ _-]batch[ _-]size|batch[ _-]size)" + num,
+        t,
     )
     if m:
         out.micro_batch = int(m.group(1))
@@ -226,51 +278,111 @@ def _negated(t: str, word: str) -> bool:
     return bool(re.search(r"\b(?:no|not|without|w/o|disabled?)\b[^,;.]{0,12}" + word, t))
 
 
+# 16-bit states throughout, however said: `pure`, Lightning's `bf16-true`, `states in param dtype`, `bf16
+# everywhere`, `full bf16`, `bf16 only`, `no (fp32) master weights`
+_PURE_WORDS = (
+    "pure",
+    "true",
+    "states bf16",
+    "states in bf16",
+    "param dtype",
+    "parameter dtype",
+    "all bf16",
+    "all-bf16",
+    "bf16 states",
+    "no master",
+    "everywhere",
+    "full bf16",
+    "full bfloat16",
+    "bf16 only",
+    "bf16-only",
+)
+_NO_MASTER = re.compile(r"\b(?:no|without|w/o)\s+(?:fp32\s+|float32\s+)?master")
+# mixed precision switched off: `fp32, no AMP`, `no mixed precision`
+_NO_MIXED = re.compile(r"\b(?:no|not|without|w/o)\s+(?:amp|autocast|mixed)\b")
+
+
 def precision(text: str) -> PrecisionReading:
-    """Pure 16-bit (`pure bf16`, `bf16-true`, `states in param dtype`, bare `bf16`), mixed (`bf16 mixed`,
-    `AMP`, `fp32 master`), fp32, and fp8 linears (`fp8`, `float8`, `transformer engine fp8`)."""
+    """Pure 16-bit (`pure bf16`, `bf16-true`, `states in param dtype`, `bf16 everywhere`, bare `bf16`), mixed
+    (`bf16 mixed`, `AMP`, `fp32 master`, Lightning's `16-mixed`), fp32 (also `fp32, no AMP`), and fp8 linears
+    (`fp8`, `float8`, `transformer engine fp8`)."""
     t = text.lower()
     fp8 = bool(re.search(r"\bfp8\b|float8|e4m3", t)) and not _negated(t, "fp8")
-    pure = any(
-        k in t
-        for k in (
-            "pure",
-            "true",
-            "states bf16",
-            "states in bf16",
-            "param dtype",
-            "parameter dtype",
-            "all bf16",
-            "all-bf16",
-            "bf16 states",
-            "no master",
-        )
-    )
-    mixed = any(k in t for k in ("mixed", "amp", "autocast", "master", "fp32 states", "fp32 optimizer"))
+    no_master = bool(_NO_MASTER.search(t))
+    pure = no_master or any(k in t for k in _PURE_WORDS)
+    said = _NO_MIXED.sub(" ", _NO_MASTER.sub(" ", t))  # what is switched on
+    mixed = any(k in said for k in ("mixed", "amp", "autocast", "master", "fp32 states", "fp32 optimizer"))
     if "bf16" in t or "bfloat16" in t:
         if mixed and not pure:
             return PrecisionReading("bf16-mixed", fp8)
         return PrecisionReading("bf16-pure" if pure or t.strip() in ("bf16", "bfloat16") else "bf16-mixed", fp8)
-    if "fp16" in t or "float16" in t or "half" in t:
+    # Lightning's precision="16-mixed" / precision=16: float16 autocast
+    if "fp16" in t or "float16" in t or "half" in t or re.search(r"(?<![\w.])16[- ]mixed\b|precision\s*[=:]\s*16\b", t):
         return PrecisionReading("fp16-mixed", fp8)
-    if re.search(r"\bamp\b|autocast", t):  # torch.autocast / torch.cuda.amp without a dtype: float16
+    if re.search(r"\bamp\b|autocast", said):  # torch.autocast / torch.cuda.amp without a dtype: float16
         return PrecisionReading("fp16-mixed", fp8)
     if fp8:  # fp8 linears run inside bf16 mixed precision
         return PrecisionReading("bf16-mixed", True)
-    if "fp32" in t or "float32" in t or "full precision" in t or "tf32" in t:
+    # (Lightning's precision=32 / "32-true", "32-bit")
+    if "fp32" in t or "float32" in t or "full precision" in t or "tf32" in t or re.search(r"\b32[- ](?:bit|true)\b", t):
         return PrecisionReading("fp32")
     return PrecisionReading(None)
 
 
+# a setting's name written before its value: `gradient_checkpointing=True`, `AC: yes`, `torch.compile=False`,
+# `recompute_granularity=full` (the value says it, whatever the setting is called)
+_SETTING_LABEL = re.compile(r"^[a-z_][\w. -]{0,40}?\s*[:=]\s*(?=\S)")
+# a switch written after what it switches: `activation checkpointing on`, `checkpointing enabled`
+_TRAILING_STATE = re.compile(r"^[a-z_][\w. -]{0,40}?\s(on|off|enabled|disabled|true|false)\s*(?:$|[(,;])")
+
+
 def yes_no(text: str) -> bool | None:
-    """`yes ...` -> True, `no ...`/`none`/`off`/`false` -> False; `not stated`, `unclear`, `config default`,
-    empty -> None."""
+    """`yes ...` -> True, `no ...`/`none`/`off`/`false`/`not used` -> False; `not stated`, `unclear`,
+    `config default`, empty -> None. A setting's name before its value (`gradient_checkpointing=True`, `AC: no`)
+    or a switch after it (`activation checkpointing on`) reads as the value."""
     t = text.strip().lower()
     if not t or re.match(r"(not stated|unclear|unknown|n/?a\b|\?|config default|default)", t):
         return None
-    if re.match(r"(no\b|none|off\b|false|disabled|without)", t):
+    labelled = _SETTING_LABEL.sub("", t)
+    if labelled != t:
+        return yes_no(labelled)
+    if re.match(r"(no\b|n\b|none|off\b|false|disabled|without|not used|unused|not enabled)", t):
         return False
-    if re.match(r"(yes|on\b|true|enabled|full|selective|every|per[- ]layer)", t):
+    if re.match(r"(yes|y\b|on\b|true|enabled|full|selective|every|per[- ]layer)", t):
+        return True
+    trailing = _TRAILING_STATE.match(t)
+    if trailing:
+        return trailing.group(1) in ("on", "enabled", "true")
+    return None
+
+
+def checkpointing(text: str) -> bool | None:
+    """Whether an activation-checkpointing cell says it is on: yes_no's words, or the feature named and not negated
+    (`gradient checkpointing`, `activation checkpointing` -> True; `no gradient checkpointing` -> False); None
+    where it says neither."""
+    said = yes_no(text)
+    if said is not None:
+        return said
+    t = text.strip().lower()
+    feature = r"(?:activation|gradient)[ _-]?(?:checkpoint\w*|ckpt)|\bac\b"
+    if re.search(r"\b(?:no|not|without|w/o)\b[^,;]{0,12}(?:" + feature + ")", t):
+        return False
+    if re.match(r"(?:full\s+)?(?:use[ _])?(?:" + feature + r")\s*(?:$|[(,;])", t):
+        return True
+    return None
+
+
+def compiled(text: str) -> bool | None:
+    """Whether a compile cell says the model was compiled: yes_no's words, or the compiler named (`torch.compile`,
+    `compiled`, `inductor`) and not negated (`not compiled`, `eager (no torch.compile)`); None where it says
+    neither."""
+    said = yes_no(text)
+    if said is not None:
+        return said
+    t = text.strip().lower()
+    if re.search(r"\b(?:no|not|without|w/o)\b[^,;]{0,12}(?:compil|inductor)|\beager\b", t):
+        return False
+    if re.search(r"\bcompil(?:e|ed|ing)\b|torch\.compile|inductor", t):
         return True
     return None
 
@@ -284,7 +396,8 @@ FRAMEWORK_NAMES = {
     "lightning": "litgpt",
     "transformers": "transformers",
     "hf trainer": "transformers",
-    "huggingface": "transformers",
+    # (the company's name alone, `HF`, `Hugging Face` or `HuggingFace`, names none of its libraries: a custom loop on
+    # its model code says `HF Llama` too)
     "trainer": "transformers",
     "accelerate": "transformers",
     "peft": "transformers",
@@ -442,9 +555,10 @@ def _named_release(name: str, text: str) -> tuple[int, int] | None:
 # FSDP's two APIs by the names only one of them has: FSDP2 is `fully_shard` (torch.distributed.fsdp, 2.6; _composable
 # in 2.4-2.5); FSDP1 is the `FullyShardedDataParallel` class, whose `sharding_strategy` takes ShardingStrategy's
 # FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD (FSDP2 has none: it reshards after forward or not, over a 1- or 2-D mesh)
-_FSDP2_NAMES = re.compile(r"\bfsdp2\b|\bfully_shard\b")
+_FSDP2_NAMES = re.compile(r"\bfsdp(?:-?v?| v)2\b(?!\s*(?:gpus?|ranks?|devices|x\b|way))|\bfully_shard\b")
 _FSDP1_NAMES = re.compile(
-    r"\bfsdp1\b|fullyshardeddataparallel|sharding_?strategy|\b(?:full|hybrid)[_ ]shard|\bshard[_ ]grad[_ ]op\b"
+    r"\bfsdp(?:-?v?| v)1\b(?!\s*(?:gpus?|ranks?|devices|x\b|way))|fullyshardeddataparallel|sharding_?strategy|"
+    r"\b(?:full|hybrid)[_ -]shard|\bshard[_ -]grad[_ -]op\b"
 )
 
 
