@@ -20,7 +20,8 @@ of the goals unless --include-tuning.
 `--case judge` is issue 30's judging set: four shapes drawn by a seeded generator (sim/clusters.py,
 `generated_shape`: 32-512 GPUs, 3-5 catalog types, shape seeds no tuning used) at a load drawn per shape in
 0.8-1.2, job seeds 101-110, has, has-preempt, sia and slurm-multi, at most 60 jobs per run (the machine's
-budget); `--case tune` is the set the GPU-type prices were tuned on (std64 and the tune-* shapes, seeds 1-5).
+budget); `--case tune` is the set the GPU-type prices were tuned on (std64 and the tune-* shapes, seeds 1-5);
+`--case small` and `--case onenode` (one node per GPU type, seeds 1-20) are tuning cases too.
 Every comparison is given for all jobs, frenzy-slurm's users' (own) and the other users' (plain) apart.
 Needs the `sim` extra (scipy for ilp and sia, matplotlib for --plot).
 """
@@ -64,17 +65,26 @@ GENERATED = {
     "small-a": (2203, 32, 96),
     "small-b": (2932, 32, 96),
     "small-c": (2977, 32, 96),
+    # a few one-node pools (one node of each type, 24-48 GPUs), drawn to study the judged shape where `has` lost
+    # to `slurm-multi` (docs/has.md, "One-node pools"): tuning shapes, shape seeds apart from the judging ones
+    "onenode-a": (3101, 24, 48),
+    "onenode-b": (3102, 24, 48),
+    "onenode-c": (3103, 24, 48),
     "judge-a": (1001, 32, 64),
     "judge-b": (1002, 64, 128),
     "judge-c": (1005, 128, 256),
     "judge-d": (1004, 256, 512),
 }
 GENERATED_LOADS = (0.8, 1.2)
-SHAPES |= {name: generated_shape(seed, lo, hi) for name, (seed, lo, hi) in GENERATED.items()}
+# the generated shapes drawn with one node of each type (generated_shape's `one_node`)
+ONE_NODE_SHAPES = ("onenode-a", "onenode-b", "onenode-c")
+SHAPES |= {
+    name: generated_shape(seed, lo, hi, one_node=name in ONE_NODE_SHAPES) for name, (seed, lo, hi) in GENERATED.items()
+}
 # seeds 11-20 too for has-preempt's site settings (seeds 1-5 preempt almost nothing: docs/simulation-model.md)
 TUNING = {"shape": "std64", "load": 0.8, "seeds": (1, 2, 3, 4, 5, *range(11, 21))}
 # every load and seed of these is tuning
-TUNING_SHAPES = ("tune-a", "tune-b", "tune-c", "small-a", "small-b", "small-c")
+TUNING_SHAPES = ("tune-a", "tune-b", "tune-c", "small-a", "small-b", "small-c", *ONE_NODE_SHAPES)
 JOBS_PER_64_GPUS = 60
 # Queue realism: this share of the jobs comes from users who do not use frenzy-slurm (an assumption: the
 # simulated site has adopted it for most of its users, not all)
@@ -89,6 +99,16 @@ CASES = {
     "tune": {"shapes": "std64,tune-a,tune-b,tune-c", "loads": "auto", "seeds": "1,2,3,4,5", "jobs": 60, "max_jobs": 60},
     # small-memory, slower GPU types only (docs/has.md, "Small, slow GPUs"): tuning, like `tune`
     "small": {"shapes": "small-a,small-b,small-c", "loads": "auto", "seeds": "1,2,3,4,5", "jobs": 60, "max_jobs": 60},
+    # one node of each type (docs/has.md, "One-node pools"): tuning, like `tune`; job seeds 1-20, since runs of
+    # 30-37 jobs are quick (~10 s a policy for all 60 runs, sia ~1.5 min) and seeds 1-5 alone did not show the loss
+    "onenode": {
+        "shapes": ",".join(ONE_NODE_SHAPES),
+        "loads": "auto",
+        "seeds": ",".join(str(s) for s in range(1, 21)),
+        "jobs": 60,
+        "max_jobs": 60,
+        "policies": "has,sia,slurm-multi",
+    },
     "judge": {
         "shapes": "judge-a,judge-b,judge-c,judge-d",
         "loads": "auto",

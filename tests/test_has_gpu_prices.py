@@ -123,3 +123,29 @@ def test_the_small_gpu_tuning_shapes_are_tuning_and_small():
         cluster = parse_compact(jct.SHAPES[s])
         assert 32 <= cluster.gpus <= 96
         assert {p.split(":")[0] for p in jct.SHAPES[s].split(",")} <= {"V100-16GB", "V100-32GB", "A10G", "T4", "L4"}
+
+
+def test_the_one_node_tuning_shapes_are_tuning_and_one_node_per_type():
+    """The `onenode` case (docs/has.md, "One-node pools") is tuning: shapes of one node per type, 3-5 types and
+    24-48 GPUs, drawn from shape seeds and run with job seeds the judging set does not use."""
+    jct = _jct_benchmark()
+    case, judge = jct.CASES["onenode"], jct.CASES["judge"]
+    shapes = case["shapes"].split(",")
+    assert set(shapes) <= set(jct.TUNING_SHAPES)
+    assert not {jct.GENERATED[s][0] for s in shapes} & {jct.GENERATED[s][0] for s in judge["shapes"].split(",")}
+    assert not {int(s) for s in case["seeds"].split(",")} & {int(s) for s in judge["seeds"].split(",")}
+    for s in shapes:
+        cluster = parse_compact(jct.SHAPES[s])
+        assert 24 <= cluster.gpus <= 48 and 3 <= len(cluster.partitions) <= 5
+        assert all(p.nodes == 1 for p in cluster.partitions)
+
+
+def test_one_node_shapes_are_seeded_and_within_bounds():
+    for seed in range(3101, 3121):
+        text = generated_shape(seed, 24, 48, one_node=True)
+        assert text == generated_shape(seed, 24, 48, one_node=True)
+        cluster = parse_compact(text)
+        assert 24 <= cluster.gpus <= 48 and all(p.nodes == 1 for p in cluster.partitions)
+    assert generated_shape(3101, 24, 48, one_node=True) == "T4:1x4,H100-PCIe:1x8,L40S:1x4,V100-16GB:1x8,A40:1x8"
+    # the default draw is unchanged by the option
+    assert generated_shape(3101, 24, 48) != generated_shape(3101, 24, 48, one_node=True)

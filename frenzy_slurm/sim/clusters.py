@@ -184,11 +184,17 @@ _GENERATED_TYPES: dict[str, tuple[int, ...]] = {
 }
 
 
-def generated_shape(seed: int, min_gpus: int = 32, max_gpus: int = 512, types: tuple[int, int] = (3, 5)) -> str:
+def generated_shape(
+    seed: int, min_gpus: int = 32, max_gpus: int = 512, types: tuple[int, int] = (3, 5), one_node: bool = False
+) -> str:
     """A cluster shape drawn from `seed`, in the compact form: `types` (lo, hi) GPU models of the catalog, a size
     of `min_gpus`..`max_gpus` GPUs (log-uniform), split over the types by random weights (each type one node at
-    least). The JCT benchmark judges HAS on shapes drawn with seeds its tuning never saw (benchmarks/jct.py)."""
+    least). `one_node`: one node of each type instead (the size is then the types' GPUs per node: drawn again
+    until it is within the bounds). The JCT benchmark judges HAS on shapes drawn with seeds its tuning never saw
+    (benchmarks/jct.py)."""
     rng = random.Random(f"shape/{seed}")
+    if one_node:
+        return _one_node_shape(rng, min_gpus, max_gpus, types)
     models = rng.sample(sorted(_GENERATED_TYPES), rng.randint(*types))
     target = round(math.exp(rng.uniform(math.log(min_gpus), math.log(max_gpus))))
     weights = [rng.uniform(0.5, 2.0) for _ in models]
@@ -208,3 +214,14 @@ def generated_shape(seed: int, min_gpus: int = 32, max_gpus: int = 512, types: t
         m, n, g = parts[k]
         parts[k] = (m, n + 1, g)
     return ",".join(f"{m}:{n}x{g}" for m, n, g in parts)
+
+
+def _one_node_shape(rng: random.Random, min_gpus: int, max_gpus: int, types: tuple[int, int]) -> str:
+    """One node of each of `types` (lo, hi) catalog models, drawn with `rng` until the GPUs total
+    `min_gpus`..`max_gpus` (a few one-node pools: the small clusters where one job can take a whole type)."""
+    for _ in range(1000):
+        models = rng.sample(sorted(_GENERATED_TYPES), rng.randint(*types))
+        parts = [(m, rng.choice(_GENERATED_TYPES[m])) for m in models]
+        if min_gpus <= sum(g for _, g in parts) <= max_gpus:
+            return ",".join(f"{m}:1x{g}" for m, g in parts)
+    raise ValueError(f"no {types[0]}-{types[1]} one-node types total {min_gpus}-{max_gpus} GPUs")
