@@ -56,7 +56,10 @@ VARIATIONS: list[tuple[str, dict]] = [
     ),
     ("framework torchtune", {"entry": {"trainer": "script", "script": "t.py", "framework": "torchtune"}}),
     # UnslothFusedLoss (4 GiB chunks) and the offloaded checkpointing; before 2024.11.7, Fast_CrossEntropyLoss
-    ("framework unsloth", {"entry": {"trainer": "script", "script": "t.py", "framework": "unsloth"}}),
+    (
+        "framework unsloth",
+        {"entry": {"trainer": "script", "script": "t.py", "framework": "unsloth"}, "training__method": "lora"},
+    ),
     (
         "unsloth's first loss kernel",
         {"entry": {"trainer": "script", "script": "t.py", "framework": "unsloth", "framework_version": "2024.10"}},

@@ -22,6 +22,7 @@ from frenzy_slurm.marp.framework_facts import (
     unsloth_offloads_checkpoints,
 )
 from frenzy_slurm.marp.memory import _fused_linear_loss_bytes, _job
+from frenzy_slurm.marp.memory_activations import layer_activation_terms
 from frenzy_slurm.marp.memory_loss import logit_bytes_per_token, loss_requests, target_chunk_rows
 from frenzy_slurm.marp.memory_saved import saved_activations
 from frenzy_slurm.marp.plan import ParallelPlan
@@ -109,6 +110,20 @@ def test_offloaded_checkpointing_keeps_two_block_inputs_on_the_gpu():
     assert kept["u"] == 2 * 4096 * 4096 * r
     assert kept["hf"] == 32 * 4096 * 4096 * r
     assert reading.checkpointing('use_gradient_checkpointing="unsloth"') and reading.checkpointing("unsloth")
+
+
+def test_unsloths_lora_block_saves_what_its_kernels_keep():
+    """Llama-3-8B QLoRA (rank 32 on every linear, bf16, no adapter dropout) per token: the Triton RMSNorm's input
+    (8192 bytes), LoRA_QKV's input (8192), q, k, v (8192 + 2 x 2048), the attention kernel's output and log-sum-exp
+    (8192 + 4 x 32), the second norm's input and LoRA_MLP's input (8192 each), lora_A's rank-32 outputs in bf16 (7 x
+    64: the adapters run in the input's dtype), and LoRA_MLP's gate and up outputs (2 x 2 x 14336): no product,
+    no fp32 norm copy, no adapter input copies. With adapter dropout Unsloth keeps PEFT's forward."""
+    lora = {"rank": 32, "targets": ["q", "k", "v", "o", "mlp"]}
+    _, w = unsloth("2024.12.4", training__precision="bf16-pure", training__lora=lora)
+    terms = layer_activation_terms(w, 1, False, "full", False, 1)
+    assert terms == (8192, 8192, 12288, 8320, 8192, 8192, 448, 2 * 2 * 14336)
+    _, dropped = unsloth("2024.12.4", training__precision="bf16-pure", training__lora=lora | {"dropout": 0.05})
+    assert not dropped.activations.lora_mlp_saves_gate_up and not dropped.adapters.lora_in_input_dtype
 
 
 def test_an_unsloth_model_yaml_is_planned_through_frenzy_slurm_memory(tmp_path):

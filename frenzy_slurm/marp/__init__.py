@@ -216,13 +216,19 @@ def _model_states(spec: JobSpec, prof: FrameworkProfile, device: str) -> ModelSt
     )
 
 
+def _lora_dropout(spec: JobSpec, prof: FrameworkProfile) -> bool:
+    """Whether LoRA's adapters drop their input: model.yaml's training.lora.dropout, else the framework's."""
+    lora = spec.training.lora
+    return (lora.dropout if lora.dropout is not None else prof.lora_dropout) > 0
+
+
 def _adapters(spec: JobSpec, prof: FrameworkProfile) -> Adapters:
     """LoRA's adapters and QLoRA's NF4 base as model.yaml and the framework give them."""
     lora = spec.training.lora
     quantizer = _quantizer(spec, prof)
     bnb_version = version_tuple(lora.quantizer_version)
     peft_version = version_tuple(lora.peft_version)
-    dropout = (lora.dropout if lora.dropout is not None else prof.lora_dropout) > 0
+    dropout = _lora_dropout(spec, prof)
     # (Unsloth patches its kernels in only where the adapters have no dropout: models/llama.py patch_peft_model)
     in_input_dtype = prof.code(spec).lora_in_input_dtype and not dropout
     return Adapters(
@@ -276,6 +282,8 @@ def _activation_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture
         gelu_tanh_eager=gelu_tanh_eager(code, arch),
         dropout_mask_full_width=device == "cpu",
         fused_projections=fused_projections(code, arch),
+        # (its kernel is patched in only where the adapters have no dropout: models/llama.py patch_peft_model)
+        lora_mlp_saves_gate_up=code.lora_mlp_saves_gate_up and t.method != "full" and not _lora_dropout(spec, prof),
     )
 
 

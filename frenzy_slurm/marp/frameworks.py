@@ -66,6 +66,9 @@ class ModelCode:
     # LoRA's adapters run in their input's dtype, their weights cast to it (Unsloth's fast_lora kernels: matmul_lora's
     # `X @ A.to(X.dtype)`), where the adapters have no dropout: no per-adapter copy of the input
     lora_in_input_dtype: bool = False
+    # ... and a gated MLP with adapters runs as one autograd function that saves its input and the gate and up
+    # outputs only, recomputing the activation and the product in backward (Unsloth's LoRA_MLP)
+    lora_mlp_saves_gate_up: bool = False
     # tensor parallelism splits the embedding, output layer and logits over the vocabulary (Megatron's
     # VocabParallelEmbedding, torchtitan's loss_parallel); False: every TP rank holds them whole
     vocab_parallel: bool = True
@@ -97,8 +100,10 @@ MODEL_CODES: dict[str, ModelCode] = {
     # heads as they are (flash-attn, or SDPA with enable_gqa where torch has it). Its fused LoRA autograd functions
     # (kernels/fast_lora.py LoRA_MLP, LoRA_QKV, LoRA_W; get_peft_model patches them in where lora_dropout == 0 and
     # bias == "none", its defaults) compute the adapters in the input's dtype (kernels/utils.py matmul_lora:
-    # `XA = torch_matmul(X, A.to(dtype))`); that they save only X (and LoRA_MLP the gate and up outputs, recomputing
-    # the product in backward) is not modelled: the block otherwise saves what transformers' does
+    # `XA = torch_matmul(X, A.to(dtype))`), and LoRA_MLP saves `X, e, g` (its input, the gate and up outputs;
+    # `ctx.save_for_backward(gateA, gateB, upA, upB, downA, downB, X, e, g)`), recomputing the activation and the
+    # product in backward (read at HEAD, 2026-08, and in 2024.4's kernels/fast_lora.py). LoRA_QKV and LoRA_W save
+    # their input, as the base linears' adapters do already
     "unsloth": ModelCode(
         "unsloth",
         norm_upcast=False,
@@ -107,6 +112,7 @@ MODEL_CODES: dict[str, ModelCode] = {
         fused_projections="by-model",
         gelu="by-model",
         lora_in_input_dtype=True,
+        lora_mlp_saves_gate_up=True,
     ),
     # frenzy_slurm.models.gpt: rotates q/k in eager ops and builds cos/sin per block; torch's fused RMSNorm on the GPU
     "frenzy": ModelCode(

@@ -278,7 +278,10 @@ def _mlp_terms(b: _Block) -> list[float]:
     # dropout after the activation (T5's DenseActDense / DenseGatedActDense, BART's activation_dropout): an ffn-wide
     # mask, and the down projection saves the dropped copy instead of the activation's output
     act_drop = b.mask if a.activation_dropout > 0 else 0.0
-    if a.gated:
+    if a.gated and b.lora and act.lora_mlp_saves_gate_up:
+        # one autograd function over the adapted MLP: the gate and up outputs, nothing of the product
+        terms.append(2 * e * a.ffn / b.tp)
+    elif a.gated:
         # gate and up outputs and the product (down-proj input); eager also keeps silu(gate) / gelu(gate)
         terms.append((2 * e + (0.0 if act.compile else e) + down_in + act_drop + eager_gelu) * a.ffn / b.tp)
     elif a.activation == "relu":

@@ -93,6 +93,8 @@ class ActivationPolicy:
     # fused CUDA kernel's bool mask
     dropout_mask_full_width: bool = False
     fused_projections: bool = False  # q/k/v (and SwiGLU gate/up) are one fused linear (litgpt, GPT-2, NeoX, Megatron)
+    # the adapted gated MLP saves its gate and up outputs only, recomputing the product (Unsloth's LoRA_MLP)
+    lora_mlp_saves_gate_up: bool = False
 
 
 @dataclass(frozen=True)
