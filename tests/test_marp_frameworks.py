@@ -55,6 +55,15 @@ VARIATIONS: list[tuple[str, dict]] = [
         },
     ),
     ("framework torchtune", {"entry": {"trainer": "script", "script": "t.py", "framework": "torchtune"}}),
+    # UnslothFusedLoss (4 GiB chunks) and the offloaded checkpointing; before 2024.11.7, Fast_CrossEntropyLoss
+    (
+        "framework unsloth",
+        {"entry": {"trainer": "script", "script": "t.py", "framework": "unsloth"}, "training__method": "lora"},
+    ),
+    (
+        "unsloth's first loss kernel",
+        {"entry": {"trainer": "script", "script": "t.py", "framework": "unsloth", "framework_version": "2024.10"}},
+    ),
     ("variable sequence lengths", {"data": {"lengths": "variable", "median": 300}}),
     ("stated length distribution", {"data": {"lengths": "variable", "mean": 900, "sd": 300}}),
     ("framework lightning", {"entry": {"trainer": "script", "script": "t.py", "framework": "lightning"}}),

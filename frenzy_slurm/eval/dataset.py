@@ -306,13 +306,16 @@ def _framework_version(raw: dict[str, str], framework: FrameworkName) -> tuple[i
     pins (reading.transformers_version), in its settings or else its other free-text columns; of an llm.c row (a
     program without releases, versioned by the date of its source) the date the row states; of a torchtitan row
     the date, or month, its run was reported (torchtitan had no release before 0.1.0, 2025-06, and a snapshot is
-    named by its date: marp/framework_facts.py); of a litgpt row the date it states, where that is before litgpt's
+    named by its date: marp/framework_facts.py); of an Unsloth row the release it names or the month of the date it
+    states (reading.unsloth_release); of a litgpt row the date it states, where that is before litgpt's
     first release (lit-gpt's snapshots, named by date; a later date names no release); None otherwise (the newest
     release the profile describes, as for any model.yaml that does not say)."""
     if framework == "llm.c":
         return reading.stated_date(_settings(raw)) or reading.stated_date(_other_text(raw))
     if framework == "torchtitan":
         return reading.stated_month(_settings(raw)) or reading.stated_month(_other_text(raw))
+    if framework == "unsloth":  # its release, year.month.patch, or the month of the date the row states
+        return reading.unsloth_release(_settings(raw)) or reading.unsloth_release(_other_text(raw))
     if framework == "litgpt":  # lit-gpt's snapshots before its first release are named by date (framework_facts)
         for text in (_settings(raw), _other_text(raw)):
             found = reading.stated_date(text) or reading.stated_us_date(text)
@@ -328,7 +331,7 @@ def _transformers_version(raw: dict[str, str], framework: FrameworkName) -> tupl
     """entry.transformers_version of a row whose framework runs Hugging Face's model classes but is not the Trainer
     (whose release is entry.framework_version): the release it states, or the newest of the year it names beside
     them (reading.transformers_of_year); None otherwise."""
-    if framework == "hf-trainer" or PROFILES[framework].model_code != "hf":
+    if framework == "hf-trainer" or PROFILES[framework].model_code not in ("hf", "unsloth"):
         return None
     for text in (_settings(raw), _other_text(raw)):
         found = reading.transformers_version(text) or reading.transformers_of_year(text)
@@ -882,6 +885,8 @@ def _framework(fws: set[str]) -> FrameworkName:
     model code; Hugging Face otherwise; a plain PyTorch loop when nothing is named)."""
     for name, framework in (
         ("llm.c", "llm.c"),  # its own program: nothing else named runs its memory
+        # its kernels replace the loss, checkpointing and LoRA of the transformers/TRL/PEFT it is named beside
+        ("unsloth", "unsloth"),
         ("deepspeed", "deepspeed"),
         ("megatron", "megatron"),
         ("torchtitan", "torchtitan"),

@@ -358,8 +358,8 @@ def yes_no(text: str) -> bool | None:
 
 def checkpointing(text: str) -> bool | None:
     """Whether an activation-checkpointing cell says it is on: yes_no's words, or the feature named and not negated
-    (`gradient checkpointing`, `activation checkpointing` -> True; `no gradient checkpointing` -> False); None
-    where it says neither."""
+    (`gradient checkpointing`, `activation checkpointing` -> True; `no gradient checkpointing` -> False), or
+    Unsloth's mode named (`unsloth`, `use_gradient_checkpointing="unsloth"` -> True); None where it says neither."""
     said = yes_no(text)
     if said is not None:
         return said
@@ -368,6 +368,9 @@ def checkpointing(text: str) -> bool | None:
     if re.search(r"\b(?:no|not|without|w/o)\b[^,;]{0,12}(?:" + feature + ")", t):
         return False
     if re.match(r"(?:full\s+)?(?:use[ _])?(?:" + feature + r")\s*(?:$|[(,;])", t):
+        return True
+    # Unsloth's mode by its name: use_gradient_checkpointing="unsloth" (its offloaded checkpointing)
+    if re.fullmatch(r"""(?:use[ _]gradient[ _]checkpointing\s*=\s*)?["']?unsloth["']?(?:\s*\(.*\))?""", t):
         return True
     return None
 
@@ -404,7 +407,9 @@ FRAMEWORK_NAMES = {
     "trl": "transformers",
     "axolotl": "transformers",
     "llama-factory": "transformers",
-    "unsloth": "transformers",
+    # Unsloth patches the Hugging Face classes it trains with its own loss, checkpointing and LoRA kernels: a profile of
+    # its own (marp/frameworks.py), whatever Trainer (TRL's SFTTrainer) runs it
+    "unsloth": "unsloth",
     # ModelScope's ms-swift trains with transformers' Trainer: swift/trainers/trainers.py `class Seq2SeqTrainer(...,
     # HfSeq2SeqTrainer)`, its compute_loss calling transformers' (read at v1.5.0.dev, commit 306fa15a, and v2.x)
     "ms-swift": "transformers",
@@ -615,6 +620,17 @@ def stated_month(text: str) -> tuple[int, int, int] | None:
         return full
     m = re.search(r"(?<![\d.])(20\d\d)[-/_]?(0[1-9]|1[0-2])(?![\d.])", text)
     return (int(m.group(1)), int(m.group(2)), 1) if m else None
+
+
+def unsloth_release(text: str) -> tuple[int, ...] | None:
+    """The Unsloth release a row names: `unsloth 2024.12.4`, `unsloth==2025.3.14`, `Unsloth v2024.8` ->
+    (year, month[, patch]) (Unsloth's releases are year.month.patch); else the month of a date the row states
+    (`2024-12-26`, `2025-06`): the releases of that month, (year, month). None where it names neither."""
+    m = re.search(r"unsloth\s*(?:==|=|v|version)?\s*(20\d\d)\.(\d{1,2})(?:\.(\d+))?\b", text.lower())
+    if m:
+        return tuple(int(g) for g in m.groups() if g is not None)
+    month = stated_month(text)
+    return month[:2] if month else None
 
 
 def transformers_version(text: str) -> tuple[int, int] | None:

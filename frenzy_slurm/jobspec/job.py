@@ -33,14 +33,24 @@ LoraTarget = Literal["q", "k", "v", "o", "mlp", "head"]
 # How the job runs, in model.yaml's words (marp/frameworks.py holds each one's profile: its defaults and what it can
 # parallelise): frenzy = the built-in DeepSpeed trainer; the others name the framework a user's script trains with.
 FrameworkName = Literal[
-    "frenzy", "deepspeed", "hf-trainer", "torchtune", "torchtitan", "litgpt", "lightning", "megatron", "torch", "llm.c"
+    "frenzy",
+    "deepspeed",
+    "hf-trainer",
+    "unsloth",
+    "torchtune",
+    "torchtitan",
+    "litgpt",
+    "lightning",
+    "megatron",
+    "torch",
+    "llm.c",
 ]
 # Training programs MARP has no profile for, by name, with why (model.yaml's entry.framework refuses them with this
 # reason; the measurement reader too). None at present: llm.c, which lays out its own CUDA memory, has a profile of
 # that layout (marp/llmc.py).
 UNMODELLED_FRAMEWORKS: dict[str, str] = {}
 # The model implementation a framework trains (marp/frameworks.py: how it computes norms, RoPE, GQA, projections)
-ModelCodeName = Literal["hf", "frenzy", "torchtune", "litgpt", "torchtitan", "megatron", "llm.c"]
+ModelCodeName = Literal["hf", "unsloth", "frenzy", "torchtune", "litgpt", "torchtitan", "megatron", "llm.c"]
 Sharding = Literal["auto", "none", "zero1", "zero2", "zero3", "full-shard", "shard-grad-op", "hybrid-shard"]
 
 # The job script asks Slurm for USR2 this long before the time limit (--signal=USR2@300) so the runtime can
@@ -839,7 +849,8 @@ class Entry(_Strict):
         None,
         description="What the job trains with, which decides what MARP predicts and which plans are proposed: "
         "frenzy (the built-in trainer; the only choice with trainer: builtin), deepspeed (your DeepSpeed script), "
-        "hf-trainer (Transformers Trainer/accelerate), torchtune, torchtitan, litgpt, lightning, megatron "
+        "hf-trainer (Transformers Trainer/accelerate), unsloth (Unsloth's FastLanguageModel under TRL/transformers' "
+        "Trainer, one GPU or DDP), torchtune, torchtitan, litgpt, lightning, megatron "
         "(Megatron-Core/NeMo), torch (a plain DDP/FSDP loop) or llm.c (karpathy/llm.c's train_gpt2.cu: entry.script "
         "is its binary, MARP sums the buffers its source allocates; entry.llmc gives its -r and -w). Default: "
         "frenzy for the built-in trainer, deepspeed for a script. `frenzy-slurm frameworks` lists each profile's "
@@ -848,7 +859,8 @@ class Entry(_Strict):
     model_code: ModelCodeName | None = Field(
         None,
         description="The model implementation the framework trains, where it is not the framework's own: hf "
-        "(Transformers' modeling code), frenzy (frenzy_slurm.models), torchtune, litgpt, torchtitan, megatron. "
+        "(Transformers' modeling code), unsloth (Transformers' classes with Unsloth's forwards and Triton kernels), "
+        "frenzy (frenzy_slurm.models), torchtune, litgpt, torchtitan, megatron. "
         "Default: the framework's (hf for hf-trainer, lightning, torch and deepspeed).",
     )
     holds_logits: bool | None = Field(
@@ -875,7 +887,8 @@ class Entry(_Strict):
         description="The transformers release whose model classes the job runs (entry.model_code hf) under a "
         "framework other than hf-trainer, whose entry.framework_version is it already, e.g. '4.25'. It decides "
         "whether a 16-bit module's loss upcasts the logits: GPT-2/OPT-style classes ran a 16-bit loss before 4.49, "
-        "Llama-style ones before 4.31 (entry.loss_upcast overrides it). Default: a current release.",
+        "Llama-style ones before 4.31 (entry.loss_upcast overrides it); under unsloth, which trains through "
+        "transformers' Trainer, it also picks the Trainer's default optimizer. Default: a current release.",
         pattern=r"^[0-9]+(\.[0-9]+){0,2}$",
     )
     torch_version: str | None = Field(
@@ -892,7 +905,8 @@ class Entry(_Strict):
         "versions it describes, and a version outside them is noted); for llm.c, which has no releases, the date of "
         "the train_gpt2.cu built as YYYY.MM.DD, e.g. '2024.05.13'; for torchtitan before its first release (0.1.0), "
         "the snapshot's date the same way, e.g. '2024.12.26', as for litgpt before its first release (lit-gpt, "
-        "e.g. '2023.10.16'). Default: the newest the profile describes.",
+        "e.g. '2023.10.16'); for unsloth its release, year.month.patch, e.g. '2025.3.14'. Default: the newest the "
+        "profile describes.",
         pattern=r"^[0-9]+(\.[0-9]+){0,2}$",
     )
     llmc: LlmcFlags = Field(

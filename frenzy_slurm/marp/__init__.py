@@ -6,6 +6,7 @@ est = estimate_memory(workload_from_spec(spec, model), ParallelPlan(dp=4, zero=1
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from frenzy_slurm.core.errors import InputError
@@ -16,7 +17,14 @@ from frenzy_slurm.jobspec.arch import Architecture
 from frenzy_slurm.jobspec.job import Optimizer
 from frenzy_slurm.marp.allocator import AllocatorConfig, parse_alloc_conf
 from frenzy_slurm.marp.candidates import Candidate, GpuOption, SearchSpace, plan_groups, search
-from frenzy_slurm.marp.framework_facts import hf_loss_upcasts, litgpt_longest_first, litgpt_stable_embedding
+from frenzy_slurm.marp.framework_facts import (
+    hf_loss_upcasts,
+    litgpt_longest_first,
+    litgpt_stable_embedding,
+    unsloth_fused_chunk_bytes,
+    unsloth_loss_kernel,
+    unsloth_offloads_checkpoints,
+)
 from frenzy_slurm.marp.frameworks import (
     DEEPSPEED_SHARDING,
     Capabilities,
@@ -208,16 +216,25 @@ def _model_states(spec: JobSpec, prof: FrameworkProfile, device: str) -> ModelSt
     )
 
 
+def _lora_dropout(spec: JobSpec, prof: FrameworkProfile) -> bool:
+    """Whether LoRA's adapters drop their input: model.yaml's training.lora.dropout, else the framework's."""
+    lora = spec.training.lora
+    return (lora.dropout if lora.dropout is not None else prof.lora_dropout) > 0
+
+
 def _adapters(spec: JobSpec, prof: FrameworkProfile) -> Adapters:
     """LoRA's adapters and QLoRA's NF4 base as model.yaml and the framework give them."""
     lora = spec.training.lora
     quantizer = _quantizer(spec, prof)
     bnb_version = version_tuple(lora.quantizer_version)
     peft_version = version_tuple(lora.peft_version)
+    dropout = _lora_dropout(spec, prof)
+    # (Unsloth patches its kernels in only where the adapters have no dropout: models/llama.py patch_peft_model)
+    in_input_dtype = prof.code(spec).lora_in_input_dtype and not dropout
     return Adapters(
         lora_rank=lora.rank,
         lora_targets=tuple(lora.targets),
-        lora_dropout=(lora.dropout if lora.dropout is not None else prof.lora_dropout) > 0,
+        lora_dropout=dropout,
         nf4_double_quant=lora.double_quant if lora.double_quant is not None else True,
         nf4_torchao=quantizer == "torchao",
         # bitsandbytes' MatMul4Bit kept its input on ctx up to 0.43.1 (ctx.tensors = (A, B)); 0.43.2 on keep (None, B)
@@ -227,7 +244,8 @@ def _adapters(spec: JobSpec, prof: FrameworkProfile) -> Adapters:
         and quantizer == "bitsandbytes"
         and (not prof.loop_by_version or litgpt_stable_embedding(version_tuple(spec.entry.framework_version))),
         lora_qkv_scatter=prof.code(spec).lora_qkv_scatter,
-        lora_input_cast=prof.lora_by_peft,
+        lora_input_cast=prof.lora_by_peft and not in_input_dtype,
+        lora_in_input_dtype=in_input_dtype,
         # peft 0.12 (PR #1706) added get_peft_model(autocast_adapter_dtype=True), which upcasts bf16/fp16 adapter
         # weights to fp32 (tuners_utils.py cast_adapter_dtype); 0.11 built them in the base weight's dtype
         # (lora/layer.py update_layer: self.to(weight.device, dtype=weight.dtype)). DeepSpeed's engine casts the whole
@@ -247,6 +265,7 @@ def _activation_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture
         attention=t.attention,
         compile=t.compile,
         activation_offload=t.activation_offload,
+        checkpoint_inputs_on_host=prof.checkpoint_inputs_on_host and unsloth_offloads_checkpoints(framework_version),
         norm_upcast=code.norm_upcast
         and arch.norm == "rmsnorm"
         and (device == "cpu" or not code.norm_upcast_on_cpu_only),
@@ -254,7 +273,7 @@ def _activation_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture
         norm_fp32_normalized=code.norm_fp32_normalized or (code.norm_upcast_on_cpu_only and device == "cpu"),
         gqa_expand=code.gqa_expand
         and arch.kv < arch.heads
-        and (t.attention == "eager" or not _sdpa_runs_gqa(code, framework_version)),
+        and (t.attention == "eager" or not _sdpa_runs_gqa(code, _model_code_release(spec, prof))),
         unfused_rope=code.unfused_rope,
         rope_tables_per_layer=code.rope_tables_per_layer,
         softmax_fp32=code.softmax_fp32_eager and t.attention == "eager",
@@ -263,6 +282,8 @@ def _activation_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture
         gelu_tanh_eager=gelu_tanh_eager(code, arch),
         dropout_mask_full_width=device == "cpu",
         fused_projections=fused_projections(code, arch),
+        # (its kernel is patched in only where the adapters have no dropout: models/llama.py patch_peft_model)
+        lora_mlp_saves_gate_up=code.lora_mlp_saves_gate_up and t.method != "full" and not _lora_dropout(spec, prof),
     )
 
 
@@ -277,6 +298,14 @@ def _loss_chunks(spec: JobSpec, prof: FrameworkProfile) -> int:
         tokens = spec.longest_tokens * (t.micro_batch if t.method == "full" and isinstance(t.micro_batch, int) else 1)
         return max(1, -(-tokens // prof.loss_chunk_tokens))
     return prof.loss_chunks
+
+
+def _model_code_release(spec: JobSpec, prof: FrameworkProfile) -> tuple[int, ...] | None:
+    """The release a ModelCode's version rules read: entry.framework_version, except under a framework whose
+    releases are not its model code's (Unsloth patches transformers' classes: entry.transformers_version)."""
+    if prof.unsloth_loss:
+        return transformers_release(spec)
+    return version_tuple(spec.entry.framework_version)
 
 
 def transformers_release(spec: JobSpec) -> tuple[int, ...] | None:
@@ -304,9 +333,12 @@ def _loss_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture) -> L
     """The logits and the loss as the framework's loop holds them."""
     t = spec.training
     chunks = _loss_chunks(spec, prof)
+    unsloth = _unsloth_loss(spec, prof, arch, chunks)
     return LossPolicy(
         loss_chunks=chunks,
-        fused_linear_loss=t.fused_linear_loss,
+        fused_linear_loss=t.fused_linear_loss or unsloth in ("fused", "cce"),
+        fused_chunk_fp32_bytes=None if t.fused_linear_loss else _unsloth_chunk_bytes(spec, unsloth),
+        ce_in_place=unsloth == "in-place" and not t.fused_linear_loss,
         compile_loss=t.compile_loss if t.compile_loss is not None else (default_compile_loss(spec) or chunks > 1),
         hold_logits=spec.entry.holds_logits if spec.entry.holds_logits is not None else prof.holds_logits,
         keeps_previous_output=prof.keeps_previous_output and not _longest_first(spec, prof),
@@ -316,6 +348,29 @@ def _loss_policy(spec: JobSpec, prof: FrameworkProfile, arch: Architecture) -> L
         loss_fp32=not sixteen_bit_module(spec)
         or (spec.entry.loss_upcast if spec.entry.loss_upcast is not None else _default_loss_upcast(spec, prof, arch)),
     )
+
+
+def _unsloth_loss(spec: JobSpec, prof: FrameworkProfile, arch: Architecture, chunks: int) -> str | None:
+    """Which of Unsloth's losses a causal LM runs under a profile whose loss is Unsloth's, at the releases model.yaml
+    names and the step's tokens (framework_facts.unsloth_loss_kernel): "fused" (UnslothFusedLoss), "in-place"
+    (Fast_CrossEntropyLoss) or "cce" (Cut Cross-Entropy); None: not Unsloth's, or model.yaml asks for a chunked loss
+    of its own."""
+    if not prof.unsloth_loss or arch.head != "lm" or arch.encoder_decoder or chunks > 1:
+        return None
+    mb = spec.training.micro_batch
+    tokens = spec.longest_tokens * (mb if isinstance(mb, int) else 1)
+    e = spec.entry
+    return unsloth_loss_kernel(version_tuple(e.framework_version), version_tuple(e.torch_version), tokens)
+
+
+def _unsloth_chunk_bytes(spec: JobSpec, kernel: str | None) -> float | None:
+    """LossPolicy.fused_chunk_fp32_bytes of Unsloth's fused losses: its chunk cap at the release named (no cap: one
+    chunk), none for Cut Cross-Entropy (its logits stay in on-chip memory); None for any other loss."""
+    if kernel == "cce":
+        return 0.0
+    if kernel == "fused":
+        return unsloth_fused_chunk_bytes(version_tuple(spec.entry.framework_version)) or math.inf
+    return None
 
 
 def _longest_first(spec: JobSpec, prof: FrameworkProfile) -> bool:
@@ -462,7 +517,7 @@ def _check_transformers_version(spec: JobSpec, prof: FrameworkProfile) -> None:
             f"entry.transformers_version: {given}: under hf-trainer the framework is transformers; write "
             f"entry.framework_version: '{given}' instead"
         )
-    if prof.code(spec).name != "hf":
+    if prof.code(spec).name not in ("hf", "unsloth"):  # (Unsloth runs transformers' classes and its Trainer)
         raise InputError(
             f"entry.transformers_version: {given}: the job runs {prof.code(spec).name} model code, not transformers' "
             "(entry.model_code); remove it, or set entry.model_code: hf"

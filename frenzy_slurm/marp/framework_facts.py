@@ -7,6 +7,8 @@ here, keyed on model.yaml's `entry.framework_version` (None: the newest the prof
 
 from __future__ import annotations
 
+from frenzy_slurm.core.units import GiB
+
 # transformers' TrainingArguments.optim default (training_args.py, `default_optim`): "adamw_torch" (torch.optim.AdamW,
 # foreach on CUDA tensors) in every release up to 4.53 (read in 4.45.0, 4.50.0, 4.52.1, 4.53.0: the fused default is
 # commented out); from 4.54.0 "adamw_torch_fused" where `is_torch_greater_or_equal_than_2_8` (pytorch_utils.py),
@@ -110,3 +112,66 @@ def litgpt_stable_embedding(framework_version: tuple[int, ...] | None) -> bool:
     if framework_version[0] >= SNAPSHOT_DATE_FROM_YEAR:
         return framework_version[:3] >= LITGPT_STABLE_EMBEDDING_FROM_DATE
     return framework_version[:2] >= LITGPT_STABLE_EMBEDDING_FROM_RELEASE
+
+
+# Unsloth's loss, read in unslothai/unsloth (releases are year.month.patch, unsloth/models/_utils.py __version__) and
+# unslothai/unsloth-zoo, models/llama.py CausalLM_fast_forward. Three kernels, by release and by the step's tokens
+# (bsz * q_len):
+# - "in-place": the output layer runs whole and kernels/cross_entropy_loss.py `Fast_CrossEntropyLoss` takes its
+#   16-bit logits: the forward makes per-row fp32 losses and log-sum-exps only, `ctx.save_for_backward(logits,
+#   logsumexp, labels)` keeps the logits themselves and the backward's Triton kernel writes the gradient into them
+#   (`return logits, ...`): no fp32 copy, no log-softmax (read at c3d6def6, 2023-11-30, and at HEAD, 2026-08).
+#   Unsloth's only loss before 2024.11.7, and for steps of at most 1024 tokens from 2024.12.4 (b9fe2588e5:
+#   `if bsz*q_len <= 1024: RETURN_LOGITS = True`) to 2025.10.9.
+# - "cce": from 2024.11.7 (fa8e59eb1b, 2024-11-17) where unsloth-zoo's HAS_CUT_CROSS_ENTROPY holds (Apple's
+#   cut_cross_entropy, an unsloth-zoo dependency from 2024-11-21, e5aab212; torch >= 2.4, triton >= 3, compute
+#   capability >= 7.5), `fused_linear_cross_entropy` -> cut_cross_entropy.linear_cross_entropy: the logits are made
+#   block by block in on-chip memory and never stored; only the hidden states' (and a trained head's) gradients.
+# - "fused": from 2025.8.5 (806bee2433, 2025-08-13) unsloth-zoo's `unsloth_fused_ce_loss`
+#   (fused_losses/cross_entropy_loss.py UnslothFusedLoss): the hidden states split into chunks, each chunk's logits
+#   made, upcast and differentiated in the forward (torch.func.grad_and_value, compiled), the hidden states'
+#   gradient (`grad_inputs`, their size and dtype) and a trained head's (`zeros_like(lm_head_weight)`) kept for
+#   backward; no logits returned. From 2025.10.10 (0528b4ce71, 2025-10-26) for steps of any length.
+UNSLOTH_CCE_FROM = (2024, 11, 7)
+UNSLOTH_SMALL_STEPS_IN_PLACE = ((2024, 12, 4), (2025, 10, 10))  # steps of <= 1024 tokens keep the in-place kernel
+UNSLOTH_SMALL_STEP_TOKENS = 1024
+UNSLOTH_FUSED_LOSS_FROM = (2025, 8, 5)
+CCE_TORCH_FROM = (2, 4)
+# The chunk count (get_chunk_size) keeps a chunk's fp32 logits within target_gb, by default half the free GPU memory
+# (`free_gb * 0.5`); unsloth-zoo d9fe1f43 (2026-07-06, required from unsloth 2026.7.1: unsloth_zoo>=2026.7.1) caps
+# it at 4 GiB (`min(free_gb, 4.0)`). Half the free memory of a training GPU holds a step's whole fp32 logits, so
+# before the cap the loss runs in one chunk.
+UNSLOTH_FUSED_CHUNK_CAP_FROM = (2026, 7, 1)
+UNSLOTH_FUSED_CHUNK_CAP_BYTES = 4.0 * GiB
+# use_gradient_checkpointing="unsloth" (get_peft_model's default, models/llama.py) came with 2024.4 (4474e4bca4,
+# 2024-04-08): models/_utils.py Unsloth_Offloaded_Gradient_Checkpointer moves each checkpointed block's input to the
+# host (`hidden_states.to("cpu", non_blocking=True)`) and back in its backward; unsloth-zoo's gradient_checkpointing.py
+# does the same through pinned CPU_BUFFERS and two GPU staging buffers (GPU_BUFFERS, GPU_BUFFERS_B). Before, True:
+# torch's checkpoint, the inputs kept on the GPU.
+UNSLOTH_OFFLOADED_CHECKPOINTING_FROM = (2024, 4)
+
+
+def unsloth_loss_kernel(
+    framework_version: tuple[int, ...] | None, torch_version: tuple[int, ...] | None, tokens: int
+) -> str:
+    """Which of Unsloth's losses ("in-place", "cce", "fused": see above) a causal LM's step of `tokens` tokens runs
+    at this Unsloth release (None: the newest described) and torch release (None: a current one)."""
+    v = framework_version
+    small_in_place = v is not None and UNSLOTH_SMALL_STEPS_IN_PLACE[0] <= v < UNSLOTH_SMALL_STEPS_IN_PLACE[1]
+    if v is not None and (v < UNSLOTH_CCE_FROM or (small_in_place and tokens <= UNSLOTH_SMALL_STEP_TOKENS)):
+        return "in-place"
+    if v is None or v >= UNSLOTH_FUSED_LOSS_FROM:
+        return "fused"
+    return "cce" if torch_version is None or torch_version[:2] >= CCE_TORCH_FROM else "in-place"
+
+
+def unsloth_fused_chunk_bytes(framework_version: tuple[int, ...] | None) -> float | None:
+    """The most fp32 logits one chunk of Unsloth's fused loss holds at this release (None: no cap, one chunk)."""
+    if framework_version is None or framework_version >= UNSLOTH_FUSED_CHUNK_CAP_FROM:
+        return UNSLOTH_FUSED_CHUNK_CAP_BYTES
+    return None
+
+
+def unsloth_offloads_checkpoints(framework_version: tuple[int, ...] | None) -> bool:
+    """Whether Unsloth's default checkpointing keeps the checkpointed blocks' inputs on the host at this release."""
+    return framework_version is None or framework_version[:2] >= UNSLOTH_OFFLOADED_CHECKPOINTING_FROM

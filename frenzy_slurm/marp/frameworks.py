@@ -63,6 +63,12 @@ class ModelCode:
     # LoRA on a fused q/k/v linear scatters the adapters' outputs into the fused width with index_copy, which saves
     # its source for backward (litgpt's LoRAQKVLinear.zero_pad, when only some of q/k/v are adapted)
     lora_qkv_scatter: bool = False
+    # LoRA's adapters run in their input's dtype, their weights cast to it (Unsloth's fast_lora kernels: matmul_lora's
+    # `X @ A.to(X.dtype)`), where the adapters have no dropout: no per-adapter copy of the input
+    lora_in_input_dtype: bool = False
+    # ... and a gated MLP with adapters runs as one autograd function that saves its input and the gate and up
+    # outputs only, recomputing the activation and the product in backward (Unsloth's LoRA_MLP)
+    lora_mlp_saves_gate_up: bool = False
     # tensor parallelism splits the embedding, output layer and logits over the vocabulary (Megatron's
     # VocabParallelEmbedding, torchtitan's loss_parallel); False: every TP rank holds them whole
     vocab_parallel: bool = True
@@ -86,6 +92,27 @@ MODEL_CODES: dict[str, ModelCode] = {
         # transformers 5 (integrations/sdpa_attention.py, use_gqa_in_sdpa: no attention mask, head_dim <= 256) passes
         # enable_gqa=True; the 4.x releases repeat_kv before SDPA
         sdpa_gqa_from=(5,),
+    ),
+    # Unsloth's forwards over transformers' classes (unsloth/models/llama.py LlamaDecoderLayer_fast_forward,
+    # LlamaAttention_fast_forward, read at HEAD 2026-08): kernels/rms_layernorm.py fast_rms_layernorm (a Triton kernel
+    # that saves its input and an fp32 per-row statistic, no fp32 copy); kernels/rope_embedding.py
+    # fast_rope_embedding (a Triton kernel, cos/sin saved); utils/attention_dispatch.py run_attention takes the K/V
+    # heads as they are (flash-attn, or SDPA with enable_gqa where torch has it). Its fused LoRA autograd functions
+    # (kernels/fast_lora.py LoRA_MLP, LoRA_QKV, LoRA_W; get_peft_model patches them in where lora_dropout == 0 and
+    # bias == "none", its defaults) compute the adapters in the input's dtype (kernels/utils.py matmul_lora:
+    # `XA = torch_matmul(X, A.to(dtype))`), and LoRA_MLP saves `X, e, g` (its input, the gate and up outputs;
+    # `ctx.save_for_backward(gateA, gateB, upA, upB, downA, downB, X, e, g)`), recomputing the activation and the
+    # product in backward (read at HEAD, 2026-08, and in 2024.4's kernels/fast_lora.py). LoRA_QKV and LoRA_W save
+    # their input, as the base linears' adapters do already
+    "unsloth": ModelCode(
+        "unsloth",
+        norm_upcast=False,
+        gqa_expand=False,
+        unfused_rope=False,
+        fused_projections="by-model",
+        gelu="by-model",
+        lora_in_input_dtype=True,
+        lora_mlp_saves_gate_up=True,
     ),
     # frenzy_slurm.models.gpt: rotates q/k in eager ops and builds cos/sin per block; torch's fused RMSNorm on the GPU
     "frenzy": ModelCode(
@@ -246,6 +273,12 @@ class FrameworkProfile:
     # torch.cuda.empty_cache() runs between FSDP's wrapping and the training steps (model.yaml's
     # entry.empty_cache_after_setup says otherwise)
     empties_cache_after_setup: bool = False
+    # the loss is Unsloth's own kernel, picked by its release (marp/framework_facts.py unsloth_fused_loss): the
+    # in-place Fast_CrossEntropyLoss on the whole 16-bit logits, or the chunked fused linear UnslothFusedLoss
+    unsloth_loss: bool = False  # (Apple's Cut Cross-Entropy between 2024.11.7 and 2025.8.4)
+    # full checkpointing keeps the checkpointed blocks' inputs in host memory (Unsloth's use_gradient_checkpointing=
+    # "unsloth", from the release framework_facts.unsloth_offloads_checkpoints names)
+    checkpoint_inputs_on_host: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def code(self, spec: JobSpec) -> ModelCode:
@@ -309,6 +342,28 @@ PROFILES: dict[str, FrameworkProfile] = {
             fsdp_default=2,
             fsdp2_from=(5, 10),
             lora_by_peft=True,  # (TRL's SFTTrainer and ms-swift call peft's get_peft_model too)
+        ),
+        FrameworkProfile(
+            "unsloth",
+            "Unsloth (FastLanguageModel with TRL's SFTTrainer / transformers' Trainer)",
+            "unsloth 2024.4-2026.8 with unsloth-zoo (loss and checkpointing by release; read, not measured: it needs "
+            "a GPU)",
+            "torch",
+            "unsloth",  # transformers' classes under Unsloth's forwards and kernels (MODEL_CODES above)
+            # one GPU, or DDP under accelerate/torchrun (no FSDP, DeepSpeed, TP or PP)
+            Capabilities(zero_stages=(0,)),
+            # it trains through TRL's SFTTrainer (transformers' Trainer): TrainingArguments.optim's default at the
+            # entry.transformers_version named; its notebooks write optim="adamw_8bit", which model.yaml says
+            fused_optimizer=True,
+            optimizer_by_version=True,
+            holds_logits=False,  # Trainer.compute_loss returns the loss only
+            # the notebooks' get_peft_model(lora_dropout=0): "Supports any, but = 0 is optimized" (models/llama.py)
+            lora_dropout=0.0,
+            # get_peft_model's use_gradient_checkpointing="unsloth" default (models/llama.py FastLlamaModel)
+            unset_checkpointing="full",
+            unsloth_loss=True,
+            checkpoint_inputs_on_host=True,
+            lora_by_peft=True,  # peft's get_peft_model, then its forwards patched with fast_lora's kernels
         ),
         FrameworkProfile(
             "torchtune",
@@ -532,7 +587,10 @@ def default_fused_optimizer(spec: JobSpec, device: str = "cuda") -> bool:
         return True
     if prof.optimizer_by_version:
         e = spec.entry
-        return hf_trainer_fused_adamw(version_tuple(e.framework_version), version_tuple(e.torch_version))
+        # the Trainer's release: hf-trainer's own version, else (a framework that trains through it) the transformers
+        # release model.yaml names
+        release = e.framework_version if prof.name == "hf-trainer" else e.transformers_version
+        return hf_trainer_fused_adamw(version_tuple(release), version_tuple(e.torch_version))
     return prof.fused_optimizer
 
 
@@ -556,7 +614,10 @@ def fsdp_offloads_parameters(spec: JobSpec) -> bool:
 def runs_fsdp(spec: JobSpec) -> bool:
     """Whether the job may shard with FSDP: a torch-family framework whose sharding is one of FSDP's names or auto
     (not DDP's `none`, not DeepSpeed's ZeRO stages)."""
-    return profile_of(spec).family == "torch" and spec.parallel.sharding not in ("none", *DEEPSPEED_SHARDING)
+    prof = profile_of(spec)
+    # (a framework that shards nothing, Unsloth, runs no FSDP: what it cannot run is refused with its plans)
+    shards = max(prof.can.zero_stages) > 0
+    return prof.family == "torch" and shards and spec.parallel.sharding not in ("none", *DEEPSPEED_SHARDING)
 
 
 def default_fsdp_version(spec: JobSpec) -> int:

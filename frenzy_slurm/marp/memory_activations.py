@@ -50,6 +50,9 @@ class _Block:
         # norms are frozen)
         # (`weight * x.to(input_dtype)`: the normalised value in the norm input's dtype, fp32 under autocast)
         normalised = 4.0 if act.norm_fp32_normalized else r
+        # PEFT's fp32 adapters over a 16-bit model without autocast compute in fp32 (under autocast lora_A's matmul
+        # runs in 16 bits whatever the adapters' dtype; Unsloth's kernels cast the adapters to the input's dtype)
+        fp32_adapters = lora and w.adapters.lora_fp32 and not w.adapters.lora_in_input_dtype
         upcast = act.norm_upcast and not act.compile
         norm = ((4.0 if upcast else r) + (normalised if (upcast and not lora) else 0.0)) * w.arch.hidden / rep
         return cls(
@@ -68,9 +71,7 @@ class _Block:
             adapters=adapters,
             tg=adapters if only_adapters else frozenset({"q", "k", "v", "o", "mlp"}),
             norm=norm,
-            # PEFT's fp32 adapters over a 16-bit model without autocast compute in fp32 (under autocast lora_A's
-            # matmul runs in 16 bits whatever the adapters' dtype)
-            ae=4.0 if (lora and w.adapters.lora_fp32 and e == 2.0 and not amp) else e,
+            ae=4.0 if (fp32_adapters and e == 2.0 and not amp) else e,
         )
 
     @property
@@ -277,7 +278,10 @@ def _mlp_terms(b: _Block) -> list[float]:
     # dropout after the activation (T5's DenseActDense / DenseGatedActDense, BART's activation_dropout): an ffn-wide
     # mask, and the down projection saves the dropped copy instead of the activation's output
     act_drop = b.mask if a.activation_dropout > 0 else 0.0
-    if a.gated:
+    if a.gated and b.lora and act.lora_mlp_saves_gate_up:
+        # one autograd function over the adapted MLP: the gate and up outputs, nothing of the product
+        terms.append(2 * e * a.ffn / b.tp)
+    elif a.gated:
         # gate and up outputs and the product (down-proj input); eager also keeps silu(gate) / gelu(gate)
         terms.append((2 * e + (0.0 if act.compile else e) + down_in + act_drop + eager_gelu) * a.ffn / b.tp)
     elif a.activation == "relu":

@@ -19,6 +19,8 @@ def logit_bytes_per_token(w: Workload, tp: int) -> float:
     v = a.vocab / (tp if w.comm.vocab_parallel else 1)
     f32 = 4.0 if w.loss.loss_fp32 else e
     out = 4.0 if w.loss.output_fp32 else e  # the logits the loop holds: the model's, or the framework's fp32 copy
+    if w.loss.ce_in_place:  # the kernel keeps the logits as they are and overwrites them with their gradient
+        return v * out
     if w.loss.loss_chunks > 1:
         c = w.loss.loss_chunks
         if w.activations.compile and w.loss.compile_loss:
@@ -57,7 +59,13 @@ def fused_linear_loss_bytes(j: Job, head_grads: float) -> tuple[float, float]:
     as the hidden states (up to twice). No logits leave the function."""
     a, tokens = j.w.arch, j.tokens
     v = a.vocab / j.vtp
-    chunk = fused_chunk_rows(tokens, v, a.hidden) * v * j.e_act
+    target = j.w.loss.fused_chunk_fp32_bytes
+    if target is None:
+        chunk = fused_chunk_rows(tokens, v, a.hidden) * v * j.e_act
+    elif target == 0.0:  # Cut Cross-Entropy: its logits never leave on-chip memory
+        chunk = 0.0
+    else:  # Unsloth's: the chunk's logits and their gradient, both 16-bit (see compiled_chunk_bytes)
+        chunk = target_chunk_rows(tokens, v, target) * v * compiled_chunk_bytes(j.e_act)
     grad_input = a.hidden * j.e_act * tokens
     return chunk + grad_input, head_grads
 
@@ -71,6 +79,8 @@ def loss_forward_bytes(j: Job) -> float:
     if w.loss.fused_linear_loss:
         return sum(fused_linear_loss_bytes(j, 0.0))
     v = a.vocab / j.vtp
+    if w.loss.ce_in_place:
+        return v * j.e_act * j.tokens
     f32 = 4.0 if w.loss.loss_fp32 else j.e_act
     upcast = f32 if f32 != j.e_act else 0.0
     if w.loss.loss_chunks > 1:
@@ -149,6 +159,24 @@ def fused_chunk_rows(tokens: int, vocab: float, hidden: int) -> int:
     return min(rows, tokens)
 
 
+def compiled_chunk_bytes(e: float) -> float:
+    """Bytes per logit one chunk of Unsloth's fused loss holds: unsloth-zoo compiles the chunk's step
+    (UnslothFusedLoss `torch.compile(accumulate_chunk)`, torch_compile=True as models/llama.py calls it), so its
+    `.float()` upcast and cross-entropy fuse, as torch.compile fuses torchtitan's `cross_entropy(pred.float(), ...)`:
+    the chunk's logits and their gradient in the logits' dtype (measured on the CPU for torchtitan: 2 + 2 bytes per
+    logit in bf16, benchmarks/float8_sac_cpu.py). Read from the source, not measured for Unsloth's own loss."""
+    return 2 * e
+
+
+def target_chunk_rows(tokens: int, vocab: float, fp32_bytes: float) -> int:
+    """Rows of one chunk of Unsloth's fused loss: unsloth-zoo's get_chunk_size splits the tokens into one chunk when
+    their fp32 logits fit `fp32_bytes`, else into the next multiple of 4 of chunks that keeps each within it
+    (fused_losses/cross_entropy_loss.py), and torch.chunk makes chunks of ceil(tokens / n) rows."""
+    exact = tokens * vocab * 4.0 / fp32_bytes
+    n = 1 if exact <= 1.0 + 1e-9 else math.ceil(exact / 4 - 1e-9) * 4
+    return min(tokens, math.ceil(tokens / n))
+
+
 def loss_requests(w: Workload, tp: int, tokens: int) -> tuple[list[LossRequest], list[LossRequest]]:
     """(forward, backward): the loss phase's vocabulary-sized tensors at `tokens` tokens, in the order the
     framework makes and frees them, from the same policy as `logit_bytes_per_token` and `loss_forward_bytes`
@@ -177,11 +205,19 @@ def loss_requests(w: Workload, tp: int, tokens: int) -> tuple[list[LossRequest],
         hidden = a.hidden * tokens
         fwd += [(True, "hidden.detached", round(e * hidden)), (True, "hidden.grad", round(4 * hidden))]
     if w.loss.fused_linear_loss:
-        rows = fused_chunk_rows(tokens, v, a.hidden)
+        target = w.loss.fused_chunk_fp32_bytes
+        if target is None:
+            rows = fused_chunk_rows(tokens, v, a.hidden)
+        else:  # (Cut Cross-Entropy stores no logits)
+            rows = 0 if target == 0.0 else target_chunk_rows(tokens, v, target)
+        width = e if target is None else compiled_chunk_bytes(e)
         fwd.append((True, "grad_input", round(a.hidden * e * tokens)))
-        for c in range(math.ceil(tokens / rows)):
-            fwd += [(True, f"chunk{c}", round(min(rows, tokens - c * rows) * v * e)), (False, f"chunk{c}", 0)]
+        for c in range(math.ceil(tokens / rows) if rows else 0):
+            fwd += [(True, f"chunk{c}", round(min(rows, tokens - c * rows) * v * width)), (False, f"chunk{c}", 0)]
         bwd.append((False, "grad_input", 0))
+    elif w.loss.ce_in_place:  # the logits, saved by the kernel and overwritten by their gradient, freed after it
+        fwd.append((True, "logits", n(out)))
+        bwd.append((False, "logits", 0))
     else:
         compiled = w.activations.compile and w.loss.compile_loss
         chunks = max(1, w.loss.loss_chunks)

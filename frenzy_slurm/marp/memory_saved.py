@@ -28,6 +28,8 @@ def saved_activations(j: Job, i: int, n_layers: int, inflight: float) -> tuple[f
         kept = (ck * layer_input + (n_layers - ck) * per_layer_act) * tokens * inflight
         if w.activations.activation_offload:  # offloaded to host memory, with about two blocks' tensors in transfer
             kept = min(2, n_layers) * layer_input * tokens
+        elif w.activations.checkpoint_inputs_on_host:  # only the checkpointed blocks' inputs go to the host
+            kept = (min(2, ck) * layer_input + (n_layers - ck) * per_layer_act) * tokens * inflight
         acts = kept
         recomputed = per_layer_act * tokens  # one block recomputed during its backward (not while the loss runs)
     elif w.activations.activation_offload:
@@ -55,7 +57,8 @@ def saved_activations(j: Job, i: int, n_layers: int, inflight: float) -> tuple[f
         # cos/sin of q and k, built per block; a fully recomputed block builds them again in backward, its forward
         # keeps only its input (the recorded step, tests/test_marp_step_requests.py)
         kept_layers = n_layers
-        if plan.recompute == "full" and not w.activations.activation_offload:
+        on_host = w.activations.activation_offload or w.activations.checkpoint_inputs_on_host
+        if plan.recompute == "full" and not on_host:
             kept_layers -= n_layers if plan.recompute_layers is None else min(plan.recompute_layers, n_layers)
         acts += kept_layers * inflight * 2 * w.seq_len * a.head_dim * j.e_act
     return acts, recomputed, work

@@ -62,6 +62,8 @@ class Adapters:
     lora_input_cast: bool = False
     # the adapters are fp32 over a 16-bit base (PEFT >= 0.12: get_peft_model's autocast_adapter_dtype)
     lora_fp32: bool = False
+    # ... but compute in their input's dtype, their weights cast to it (Unsloth's matmul_lora): no input copies
+    lora_in_input_dtype: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,9 @@ class ActivationPolicy:
     attention: Attention = "flash"
     compile: bool = False
     activation_offload: bool = False
+    # full checkpointing keeps each checkpointed block's input in host memory, about two in transfer on the GPU
+    # (Unsloth's use_gradient_checkpointing="unsloth"); activation_offload does so for every checkpointing policy
+    checkpoint_inputs_on_host: bool = False
     norm_upcast: bool = False  # norm computed on an fp32 copy of its input (HF/torchtune/litgpt RMSNorm, eager)
     # the upcast norm keeps its normalised value in fp32 (torchtune's F.rms_norm(x.float(), weight=...)), not 16-bit
     norm_fp32_normalized: bool = False
@@ -88,6 +93,8 @@ class ActivationPolicy:
     # fused CUDA kernel's bool mask
     dropout_mask_full_width: bool = False
     fused_projections: bool = False  # q/k/v (and SwiGLU gate/up) are one fused linear (litgpt, GPT-2, NeoX, Megatron)
+    # the adapted gated MLP saves its gate and up outputs only, recomputing the product (Unsloth's LoRA_MLP)
+    lora_mlp_saves_gate_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,13 @@ class LossPolicy:
     loss_chunks: int = 1
     # Liger's fused linear cross-entropy: chunks of ~hidden-size logits in the forward, no logits kept
     fused_linear_loss: bool = False
+    # ... chunked instead so that a chunk's fp32 logits stay within this many bytes (math.inf: one chunk), each chunk
+    # compiled: its 16-bit logits and their 16-bit gradient alive at once (Unsloth's UnslothFusedLoss); 0: no logits
+    # stored at all (Apple's Cut Cross-Entropy, made in on-chip memory); None: Liger's
+    fused_chunk_fp32_bytes: float | None = None
+    # the cross-entropy kernel saves the 16-bit logits themselves and writes their gradient into them: no fp32 copy,
+    # no log-softmax (Unsloth's Fast_CrossEntropyLoss)
+    ce_in_place: bool = False
     compile_loss: bool = True  # with compile: the loss is compiled too (False: the model's blocks only)
     hold_logits: bool = False  # the training loop keeps the 16-bit logits alive (HF-style model outputs)
     # the loop keeps the previous step's output bound until the next forward returns (litgpt's `logits = model(...)`):

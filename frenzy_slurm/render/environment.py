@@ -40,6 +40,7 @@ FRAMEWORK_PACKAGES: dict[str, tuple[str, ...]] = {
     "frenzy": ("torch", "deepspeed"),
     "deepspeed": ("torch", "deepspeed"),
     "hf-trainer": ("torch", "transformers", "accelerate"),
+    "unsloth": ("torch", "unsloth", "transformers"),
     "torchtune": ("torch", "torchtune"),
     "torchtitan": ("torch", "torchtitan"),
     "litgpt": ("torch", "litgpt"),
