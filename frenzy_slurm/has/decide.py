@@ -6,8 +6,7 @@ allocation is chosen only when it is predicted to finish sooner than every homog
 `pipeline_margin` of the time to completion. Start: now where enough GPUs
 are free on enough nodes; else from running jobs' end times in the view; the leading candidates that
 cannot start now are re-estimated with Slurm's own `sbatch --test-only` when a live backend is given.
-A job gets at most the site's `max_job_share` of a pool, plus what pools at least as fast leave free beyond their
-share (`share_caps`), unless it needs more (see `_leave_room`).
+A job gets at most the site's `max_job_share` of a pool unless it needs more (see `_leave_room`).
 """
 
 from __future__ import annotations
@@ -67,10 +66,6 @@ MIN_MARGINAL_EFFICIENCY = 0.5
 # while V100s idled. Per pool measured 0.459 h against 0.536 h (64 GPUs, load 0.8, seeds 1-5) and 13.0%
 # against 28.5% above sia on the held-out runs (docs/simulation.md). Site-tunable policy.
 WIDTH_RULE = "per-pool"
-# Whether `_leave_room`'s share of a pool counts the room that pools at least as fast leave free for the arrivals
-# (`share_caps`); False: the share of each pool alone, as before 2026-12-07. Site-tunable policy, measured on the
-# tuning cases onenode, small and tune (docs/has.md, "One-node pools").
-SHARE_COUNTS_OTHER_POOLS = True
 # The no-fit message searches every usable pool as if it had this many GPUs, to name the smallest allocation
 # that would fit. More GPUs than any cluster the project is run on; it bounds that search (from 5acce1b).
 NO_FIT_PROBE_GPUS = 4096
@@ -385,29 +380,7 @@ def _needed_gib(c: Candidate) -> float | None:
     return needed if needed < c.peak_gib - 1e-9 else None
 
 
-def share_caps(pools: list[UsablePool], share: float, precision: str) -> dict[PoolKey, float]:
-    """The most GPUs of each pool one job may take: `share` of the pool, plus the GPUs each pool at least as fast
-    leaves free beyond its own share's room.
-
-    The share keeps (1 - share) of a pool for the jobs that arrive while the job runs. An arrival that finds the
-    pool full starts on another pool with a free GPU (Slurm's first partition with room) and loses the speed it
-    does not have there (`_lost_when_full`): nothing on a pool at least as fast (catalog rates, as there). So a
-    GPU free on such a pool is room for those arrivals as good as one of this pool, where that pool keeps its own
-    room (its share) and no job queued for it is owed the GPU (its pending GPUs). Room on a slower pool is not
-    counted: counted at its share of the speed, the plain users of the small, slow shapes waited longer
-    (docs/has.md, "One-node pools"). Where no such pool has GPUs free, the cap is the share."""
-    rate = {p.key: p.option.spec.peak_tflops(precision) * p.option.spec.efficiency for p in pools}
-    spare = {p.key: max(0.0, p.live.gpus_free - p.live.gpus_pending - (1.0 - share) * p.live.gpus_total) for p in pools}
-    return {
-        p.key: share * p.live.gpus_total
-        + sum(spare[q.key] for q in pools if q.key != p.key and rate[q.key] >= rate[p.key])
-        for p in pools
-    }
-
-
-def _leave_room(
-    cands: list[_Cand], share: float, caps: dict[PoolKey, float] | None = None
-) -> tuple[list[_Cand], list[tuple[_Cand, str]]]:
+def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tuple[_Cand, str]]]:
     """Candidates within `share` of each pool they use; of a pool where none is, the fewest GPUs (the job needs
     that many of it); a pipeline over the share only where nothing else is kept.
 
@@ -415,18 +388,15 @@ def _leave_room(
     whole pool for hours, and every job arriving meanwhile waits for its end (docs/simulation.md, "Room for
     later jobs"). A pipeline over the share is not what the job needs where a share of some pool holds it: kept
     as for one pool, it held whole pools for such jobs and the users who do not plan with frenzy-slurm waited
-    (docs/has.md, "Where has loses to sia"). `caps`: the most GPUs of each pool a job of one pool may take
-    (`share_caps`; None: the share). Returns the kept candidates and the dropped ones with the reason.
+    (docs/has.md, "Where has loses to sia"). Returns the kept candidates and the dropped ones with the reason.
     """
 
     def over(c: _Cand) -> str | None:
         for p, (n, g) in zip(c.pools, c.layouts, strict=True):
-            cap = share * p.live.gpus_total if caps is None or len(c.pools) > 1 else caps[p.key]
-            if n * g > max(cap, 1):
+            if n * g > max(share * p.live.gpus_total, 1):
                 return (
                     f"takes {n * g} of the {p.live.gpus_total} GPUs of {p.live.partition}, while fewer GPUs of "
-                    f"these pools hold the job: one job gets at most {share:.0%} of a pool (site max_job_share), "
-                    "and the GPUs that pools at least as fast leave free beyond their share"
+                    f"these pools hold the job: one job gets at most {share:.0%} of a pool (site max_job_share)"
                 )
         return None
 
@@ -683,8 +653,7 @@ def decide(
     # what each candidate costs the jobs queued for and arriving at its GPUs
     delay = _pricer(site, demand, _lost_when_full(pools, w.precision))
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
-    caps = share_caps(pools, site.max_job_share, w.precision) if SHARE_COUNTS_OTHER_POOLS else None
-    allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share, caps)
+    allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
     ok = _rank(allowed, now, delay)
     rejected = [(c, why) for c, why in verdicts if why] + too_wide
     if backend is not None and ok and ok[0].alloc.start_source != "now":

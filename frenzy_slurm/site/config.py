@@ -329,7 +329,6 @@ class SiteConfig(_M):
         json_schema_extra=IN_FRACTION,
         description="The most of one pool's GPUs HAS gives one job, unless it needs more to fit "
         "(or asks for more with limits.min_gpus): the rest stays for the jobs that arrive while it runs. "
-        "Pools at least as fast count too: a job may also take the GPUs they leave free beyond their own share. "
         "1.0 lets one job take a whole pool when that finishes it soonest.",
     )
     pipeline_margin: float = Field(
