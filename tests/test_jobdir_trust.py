@@ -5,54 +5,18 @@ ancestor, not a jobs directory); an existing directory is reused only for this s
 
 from __future__ import annotations
 
-import getpass
 import os
-from pathlib import Path
 
 import pytest
 
 from frenzy_slurm.core import inputfile
-from frenzy_slurm.core.errors import EXIT_BAD_INPUT, FrenzyError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT
 from frenzy_slurm.jobdir import safety as jobdir
-from frenzy_slurm.sim.synthetic import synthetic
-from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submission import submit
 
-from .helpers import LOCAL, make_spec, plan, planned
+from .trust_world import fake, private_lock_dir, refusal, request, world  # noqa: F401  (fixtures)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
-
-
-@pytest.fixture(autouse=True)
-def private_lock_dir(tmp_path, monkeypatch):
-    lock = tmp_path / "locks"
-    monkeypatch.setenv("FRENZY_LOCK_DIR", str(lock))
-    return lock
-
-
-@pytest.fixture(scope="module")
-def world():
-    view = synthetic(LOCAL)
-    spec = make_spec()
-    return view, spec, plan(spec, view)
-
-
-def request(world, job_dir: Path, **spec_over):
-    """The request fsbatch would submit (planning.plan_job) into `job_dir`."""
-    view, spec, _ = world
-    if spec_over:
-        spec = make_spec(**spec_over)
-    return planned(spec, view, job_dir)
-
-
-def fake(view) -> FakeSlurm:
-    return FakeSlurm(view, user=getpass.getuser())
-
-
-def _refusal(fn, *args, **kw) -> tuple[int, str]:
-    with pytest.raises(FrenzyError) as exc:
-        fn(*args, **kw)
-    return exc.value.exit_code, exc.value.message
 
 
 # --- every directory above the jobs directory ------------------------------------------------------------
@@ -65,7 +29,7 @@ def test_group_writable_directory_above_the_jobs_directory_is_refused(world, tmp
     project.mkdir()
     project.chmod(0o2775)
     req = request(world, project / "alice" / "jobs" / "a")
-    code, msg = _refusal(submit, req, fake(world[0]))
+    code, msg = refusal(submit, req, fake(world[0]))
     assert code == EXIT_BAD_INPUT
     assert f"the directory {project} above it is writable by its group (mode 2775)" in msg and "FRENZY_JOBS_DIR" in msg
     assert not (project / "alice" / "jobs" / "a").exists()
@@ -76,7 +40,7 @@ def test_world_writable_non_sticky_ancestor_is_refused(tmp_path):
     (top / "jobs").mkdir(parents=True)
     top.chmod(0o777)
     (top / "jobs").chmod(0o700)
-    code, msg = _refusal(jobdir.check_private_dir, top / "jobs", "jobs directory")
+    code, msg = refusal(jobdir.check_private_dir, top / "jobs", "jobs directory")
     assert code == EXIT_BAD_INPUT and f"{top} above it is writable by everyone (mode 777)" in msg
 
 
@@ -86,7 +50,7 @@ def test_sticky_directory_such_as_tmp_is_a_fine_ancestor_but_not_a_jobs_director
     sticky.chmod(0o1777)
     (sticky / "me").chmod(0o700)
     jobdir.check_private_dir(sticky / "me", "jobs directory")  # like /scratch/$USER under a 1777 /scratch
-    code, msg = _refusal(jobdir.check_private_dir, sticky, "jobs directory")
+    code, msg = refusal(jobdir.check_private_dir, sticky, "jobs directory")
     assert code == EXIT_BAD_INPUT and "is writable by everyone" in msg
 
 
@@ -96,7 +60,7 @@ def test_ancestor_of_another_user_is_refused(tmp_path):
     theirs = tmp_path / "scratch-alice"
     (theirs / "jobs").mkdir(parents=True)
     os.chown(theirs, 4242, 4242)
-    code, msg = _refusal(jobdir.check_private_dir, theirs / "jobs", "jobs directory")
+    code, msg = refusal(jobdir.check_private_dir, theirs / "jobs", "jobs directory")
     assert code == EXIT_BAD_INPUT and f"the directory {theirs} above it belongs to 4242" in msg
 
 
@@ -110,7 +74,7 @@ def test_symbolic_link_above_of_another_user_is_refused(tmp_path):
     sticky.chmod(0o1777)
     (sticky / "link").symlink_to(real)
     os.lchown(sticky / "link", 4242, 4242)
-    code, msg = _refusal(jobdir.check_private_dir, sticky / "link" / "jobs", "jobs directory")
+    code, msg = refusal(jobdir.check_private_dir, sticky / "link" / "jobs", "jobs directory")
     assert code == EXIT_BAD_INPUT and f"the directory {sticky / 'link'} above it belongs to 4242" in msg
 
 
@@ -122,7 +86,7 @@ def test_resolved_path_is_checked_too(tmp_path, monkeypatch):
     shared.chmod(0o775)
     (tmp_path / "mine").mkdir(mode=0o700)
     (tmp_path / "mine" / "link").symlink_to(shared)
-    code, msg = _refusal(jobdir.check_private_dir, tmp_path / "mine" / "link" / "jobs", "jobs directory")
+    code, msg = refusal(jobdir.check_private_dir, tmp_path / "mine" / "link" / "jobs", "jobs directory")
     assert code == EXIT_BAD_INPUT and f"the directory {shared} above it is writable by its group" in msg
 
 
@@ -135,7 +99,7 @@ def test_lock_directory_under_a_shared_directory_is_refused(world, tmp_path, mon
     shared.mkdir()
     shared.chmod(0o777)
     monkeypatch.setenv("FRENZY_LOCK_DIR", str(shared / "locks"))
-    code, msg = _refusal(submit, request(world, tmp_path / "jobs" / "a"), fake(world[0]))
+    code, msg = refusal(submit, request(world, tmp_path / "jobs" / "a"), fake(world[0]))
     assert code == EXIT_BAD_INPUT and "lock directory" in msg and f"{shared} above it is writable by everyone" in msg
     assert "FRENZY_LOCK_DIR" in msg
 
@@ -149,7 +113,7 @@ def test_job_dir_dot_never_overwrites_the_users_files(world, tmp_path):
     here.mkdir(mode=0o700)
     (here / "model.yaml").write_text("my own model.yaml\n")
     (here / "train.py").write_text("print('mine')\n")
-    code, msg = _refusal(submit, request(world, here), fake(world[0]))
+    code, msg = refusal(submit, request(world, here), fake(world[0]))
     assert code == EXIT_BAD_INPUT
     assert f"job directory {here} already holds files that are not this submission's (model.yaml, train.py)" in msg
     assert (here / "model.yaml").read_text() == "my own model.yaml\n"
@@ -162,7 +126,7 @@ def test_another_submissions_rendering_is_not_overwritten(world, tmp_path):
     jobdir.write_files(first.job_dir, first.files)
     other = request(world, first.job_dir, training__steps=7)
     assert other.submission != first.submission
-    code, msg = _refusal(submit, other, fake(world[0]))
+    code, msg = refusal(submit, other, fake(world[0]))
     assert code == EXIT_BAD_INPUT and "not this submission's" in msg and "plan.json" in msg
 
 

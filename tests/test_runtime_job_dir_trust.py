@@ -4,52 +4,18 @@ loads only checkpoints the job itself wrote."""
 
 from __future__ import annotations
 
-import getpass
 import os
 from pathlib import Path
 
 import pytest
 
-from frenzy_slurm.core.errors import EXIT_BAD_INPUT, FrenzyError
+from frenzy_slurm.core.errors import EXIT_BAD_INPUT
 from frenzy_slurm.jobspec import resolve_model
 from frenzy_slurm.sim.synthetic import synthetic
-from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submission import submit
 
-from .helpers import LOCAL, make_spec, plan, planned
-
-
-@pytest.fixture(autouse=True)
-def private_lock_dir(tmp_path, monkeypatch):
-    lock = tmp_path / "locks"
-    monkeypatch.setenv("FRENZY_LOCK_DIR", str(lock))
-    return lock
-
-
-@pytest.fixture(scope="module")
-def world():
-    view = synthetic(LOCAL)
-    spec = make_spec()
-    return view, spec, plan(spec, view)
-
-
-def request(world, job_dir: Path, **spec_over):
-    """The request fsbatch would submit (planning.plan_job) into `job_dir`."""
-    view, spec, _ = world
-    if spec_over:
-        spec = make_spec(**spec_over)
-    return planned(spec, view, job_dir)
-
-
-def fake(view) -> FakeSlurm:
-    return FakeSlurm(view, user=getpass.getuser())
-
-
-def _refusal(fn, *args, **kw) -> tuple[int, str]:
-    with pytest.raises(FrenzyError) as exc:
-        fn(*args, **kw)
-    return exc.value.exit_code, exc.value.message
-
+from .helpers import LOCAL, planned
+from .trust_world import fake, private_lock_dir, refusal, request, world  # noqa: F401  (fixtures)
 
 # --- the directory and files the submission recorded -----------------------------------------
 
@@ -87,7 +53,7 @@ def test_job_refuses_a_directory_swapped_in_its_place(world, tmp_path):
     req.job_dir.rename(tmp_path / "jobs" / "moved")
     shutil.copytree(tmp_path / "jobs" / "moved", req.job_dir)  # same files, another directory
     os.chmod(req.job_dir, 0o700)
-    code, msg = _refusal(open_job_dir, req.job_dir, env)
+    code, msg = refusal(open_job_dir, req.job_dir, env)
     assert code == EXIT_BAD_INPUT and "is not the one fsbatch wrote (inode" in msg
 
 
@@ -97,7 +63,7 @@ def test_job_refuses_a_changed_plan(world, tmp_path):
     req, env = written(world, tmp_path / "jobs" / "a")
     plan = req.job_dir / "plan.json"
     plan.write_text(plan.read_text().replace('"steps": 100', '"steps": 101'))
-    code, msg = _refusal(open_job_dir, req.job_dir, env)
+    code, msg = refusal(open_job_dir, req.job_dir, env)
     assert code == EXIT_BAD_INPUT and f"{plan} is not the file fsbatch wrote" in msg
 
 
