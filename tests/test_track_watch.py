@@ -101,6 +101,45 @@ def test_a_running_preemptible_job_moves_to_the_pool_that_freed_up(world):
     assert watch_once(site, slurm, now=slurm.now) == []
 
 
+def test_a_move_on_slow_storage_also_pays_for_writing_and_reading_the_checkpoint(world):
+    from dataclasses import replace
+
+    from frenzy_slurm.has.moves import move_cost_s, restore_s
+    from frenzy_slurm.marp import workload_from_spec
+    from frenzy_slurm.marp.memory_states import checkpoint_bytes
+
+    slurm, site, tmp = world
+    other = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 500)
+    jid = _submit(slurm, site, tmp, "long")
+    slurm.advance(HOUR)
+    slurm.cancel(other)
+    (fast,) = watch_once(site, slurm, dry_run=True, now=slurm.now)  # restart_s alone: 300 s
+    gain = fast.predicted_end_staying - fast.predicted_end_moved
+    spec = read_plan(tmp / "jobs" / "long" / "plan.json").spec
+    size = checkpoint_bytes(workload_from_spec(spec, resolve_model(spec, tmp)))
+    assert size == pytest.approx(355e6 * 14, rel=0.05)  # gpt2-medium: 16-bit weights, fp32 master, two moments
+
+    def priced(gbs: float) -> SiteFile:
+        p = site.config.preemption.model_copy(update={"checkpoint_gbs": gbs})
+        return SiteFile(site.config.model_copy(update={"preemption": p}))
+
+    # storage that writes and reads the checkpoint in 1,000 s: the move is made, and its end is that much later
+    quick = 2 * size / 1000.0 / 1e9
+    (slower,) = watch_once(priced(quick), slurm, dry_run=True, now=slurm.now)
+    assert slower.predicted_end_moved == pytest.approx(fast.predicted_end_moved + 1000.0, abs=1.0)
+    w = workload_from_spec(spec, resolve_model(spec, tmp))
+    assert move_cost_s(priced(quick).config.preemption, w) == pytest.approx(1300.0)
+    assert move_cost_s(None, w) == 300.0  # a site without a preemption block: the default restart_s
+    # the successor reads the checkpoint before its first step (500 s here): its --time allows for that
+    assert restore_s(priced(quick).config.preemption, w) == pytest.approx(500.0) and restore_s(None, w) == 0.0
+    req = Requirements(name="x", global_batch=8, steps=10)
+    assert req.time_min(3600.0) == 85  # 3600 x 1.25 + 600 s slack
+    assert replace(req, resume_s=500.0).time_min(3600.0) == 94  # and the read, without the margin
+    # storage that takes longer than the gain: staying finishes sooner, nothing moves
+    assert gain > 3600.0 and watch_once(priced(2 * size / (2 * gain) / 1e9), slurm, dry_run=True, now=slurm.now) == []
+    assert slurm.signals == [] and slurm.fake_jobs[jid].state == "RUNNING"
+
+
 def test_a_pending_job_is_resubmitted_where_it_starts_now_and_the_old_one_cancelled(world):
     slurm, site, tmp = world
     a100 = _hold_pool(slurm, "a100", "a100_40gb", 2, 4, 500)

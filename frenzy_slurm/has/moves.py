@@ -25,8 +25,9 @@ from frenzy_slurm.has.decide import TIE_FRACTION, TIE_SECONDS, decide
 from frenzy_slurm.has.model import Allocation
 from frenzy_slurm.has.requirements import Requirements
 from frenzy_slurm.marp.candidates import SearchSpace
+from frenzy_slurm.marp.memory_states import checkpoint_bytes
 from frenzy_slurm.marp.plan import ParallelPlan, Workload
-from frenzy_slurm.site.config import SiteConfig
+from frenzy_slurm.site.config import Preemption, SiteConfig
 from frenzy_slurm.slurm.backend import SlurmBackend
 from frenzy_slurm.slurm.view import ClusterView
 
@@ -121,6 +122,23 @@ def pending_move(
         return None
     tol = max(TIE_SECONDS, TIE_FRACTION * (end - now))
     return d.chosen if d.chosen.completion < end - tol else None
+
+
+def restore_s(preemption: Preemption | None, w: Workload) -> float:
+    """Seconds reading the job's checkpoint takes at a start that resumes it: its size
+    (`marp.memory_states.checkpoint_bytes`) over the site's `preemption.checkpoint_gbs`; 0 without one."""
+    if preemption is None or preemption.checkpoint_gbs is None:
+        return 0.0
+    return checkpoint_bytes(w) / (preemption.checkpoint_gbs * 1e9)
+
+
+def move_cost_s(preemption: Preemption | None, w: Workload) -> float:
+    """What moving the running job costs, seconds: the site's `preemption.restart_s` (its default where the site has
+    no preemption block), plus, with `preemption.checkpoint_gbs`, writing the job's checkpoint at the stop and reading
+    it at the new start (twice `restore_s`)."""
+    if preemption is None:
+        return float(Preemption.model_fields["restart_s"].default)
+    return preemption.restart_s + 2.0 * restore_s(preemption, w)
 
 
 def running_move(

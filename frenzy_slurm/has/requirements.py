@@ -33,6 +33,9 @@ class Requirements:
     constraint: str | None = None  # sbatch -C: only nodes with these features (has/nodes.py)
     exclusive: bool = False  # sbatch --exclusive: whole nodes, none another job uses
     eager_module_loading: bool = False  # the job's CUDA context is the eager one (marp.eager_module_loading)
+    # seconds a start that resumes a checkpoint spends reading it before its first step, beyond the start-up that
+    # TIME_SLACK_S covers (frenzy-slurm watch's successors on a site with preemption.checkpoint_gbs; else 0)
+    resume_s: float = 0.0
 
     @classmethod
     def from_spec(cls, spec: JobSpec, time: str | int | None = None, slurm: SlurmOptions | None = None) -> Requirements:
@@ -57,7 +60,8 @@ class Requirements:
         )
 
     def time_min(self, run_time_s: float) -> int:
-        """sbatch --time for a predicted run time: the user's, else the prediction plus margin."""
+        """sbatch --time for a predicted run time: the user's, else the prediction plus margin and the checkpoint's
+        read where the start resumes one (`resume_s`)."""
         if self.requested_time_min is not None:
             return self.requested_time_min
-        return int(-(-(run_time_s * TIME_MARGIN + TIME_SLACK_S) // 60))
+        return int(-(-(run_time_s * TIME_MARGIN + self.resume_s + TIME_SLACK_S) // 60))

@@ -1,12 +1,13 @@
 """Model states of one stage's rank: weights, gradients and optimizer states by precision, method and ZeRO/FSDP
-stage, and whether gradients are alive through the forward."""
+stage, and whether gradients are alive through the forward; and the bytes of a job's training checkpoint."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frenzy_slurm.marp.memory_job import Job, nf4_bytes
+from frenzy_slurm.marp.memory_job import Job, job, nf4_bytes
 from frenzy_slurm.marp.params import lora_encoder_params, lora_head_params, lora_params_per_layer
+from frenzy_slurm.marp.plan import ParallelPlan, Workload
 
 NF4_STORAGE_BYTES = 0.5  # a 4-bit weight's packed storage, the part of nf4_bytes that is the parameter itself
 
@@ -112,3 +113,13 @@ def gradients_persist(j: Job, i: int) -> bool:
     w, plan = j.w, j.plan
     accumulating = plan.grad_accum > (plan.pp - i if plan.pp > 1 and plan.schedule != "sequential" else 1)
     return accumulating or not w.states.zero_grad_to_none or w.framework == "megatron"
+
+
+def checkpoint_bytes(w: Workload) -> float:
+    """Bytes of the job's training checkpoint, whatever its layout: the weights it trains (a LoRA or QLoRA job's
+    adapters only; its frozen weights come from the base model at every start), their master copy and their
+    optimizer states, as one unsharded rank holds them. What a move writes and reads (has/moves.move_cost_s)."""
+    j = job(w, ParallelPlan())
+    s = model_states(j, 0, w.arch.layers)
+    trained = s.weights if w.method == "full" else s.trainable * j.wb
+    return trained + s.trainable * (j.sb + j.mb_)

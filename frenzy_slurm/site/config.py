@@ -272,8 +272,18 @@ class Preemption(_M):
         le=86400,
         json_schema_extra=IN_SECONDS,
         description="What `frenzy-slurm watch` takes a move of a running job to cost, seconds: the checkpoint's "
-        "save, the new job's start-up and the restore. A move is made only where it still finishes the job "
-        "sooner.",
+        "save, the new job's start-up and the restore (with checkpoint_gbs: the start-up alone). A move is made "
+        "only where it still finishes the job sooner.",
+    )
+    checkpoint_gbs: float | None = Field(
+        None,
+        gt=0,
+        le=10000,
+        description="GB/s at which a job's checkpoint is written and read on this site's storage, as the admin "
+        "measured it (a job's checkpoint save and load times over its size). With it, a move also costs writing "
+        "and reading the job's checkpoint, its size from MARP's model states (14 bytes per parameter for a "
+        "mixed-precision full fine-tune, the adapters alone for LoRA): a 70B job's move then costs far more than "
+        "a 1B job's. null: restart_s for every job.",
     )
 
     @field_validator("qos")

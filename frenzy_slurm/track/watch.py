@@ -35,7 +35,9 @@ from frenzy_slurm.has.model import Allocation, Decision
 from frenzy_slurm.has.moves import (
     MAX_PER_PASS,
     growth_site,
+    move_cost_s,
     pending_move,
+    restore_s,
     resumable,
     running_move,
     with_own_gpus_free,
@@ -213,18 +215,19 @@ def _consider(
     rest = plan.spec.model_copy(update={"training": plan.spec.training.model_copy(update={"total_steps": left})})
     workload = workload_from_spec(rest, job.model, device=ready.site.device)
     space = search_space_from_spec(plan.spec)
-    if source is not None:  # it has trained: only plans that can load its checkpoint
+    if source is not None:  # it has trained: only plans that can load its checkpoint, with the time to read it
         where = resumable(space, requirements, source.plan, universal=plan.spec.entry.trainer == "builtin")
         if where is None:
             return None
         space, requirements = where
+        requirements = replace(requirements, resume_s=restore_s(p, workload))
     view = ready.view
     if in_qos and p is not None:
         view = view.model_copy(update={"qos": backend.qos_limits(p.qos)})  # the limits it runs under
     current = plan.decision.chosen.label()
     estimator = start_estimator(cluster)
     if running:
-        restart = p.restart_s if p is not None else 300.0
+        restart = move_cost_s(p, workload)
         if lead.start_time is None or now - lead.start_time < restart:
             return None  # still starting: a move now would cost more than it could save
         view = with_own_gpus_free(view, t.job_id)
