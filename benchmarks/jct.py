@@ -145,6 +145,13 @@ def main() -> int:
     ap.add_argument(
         "--restart-s", type=float, default=None, help="extra seconds of a start that resumes a checkpoint (default 0)"
     )
+    ap.add_argument(
+        "--checkpoint-gbs",
+        type=float,
+        default=None,
+        help="GB/s a checkpoint is written and read at: a resumed start also pays its checkpoint's size twice over "
+        "this (default: no size term)",
+    )
     ap.add_argument("--truth", default="published", choices=["published", "marp"], help="the step-time truth")
     ap.add_argument(
         "--cross-partition-loss",
@@ -192,6 +199,8 @@ def main() -> int:
         errors = errors.model_copy(update={"startup_s": args.startup_s})
     if args.restart_s is not None:
         errors = errors.model_copy(update={"restart_s": args.restart_s})
+    if args.checkpoint_gbs is not None:
+        errors = errors.model_copy(update={"checkpoint_gbs": args.checkpoint_gbs})
     if args.cross_partition_loss is not None:
         errors = errors.model_copy(update={"cross_partition_loss": args.cross_partition_loss})
     rows, results = [], []

@@ -296,6 +296,34 @@ def test_a_resumed_start_pays_the_restart_cost_and_sia_plans_with_it():
     assert sia.stop_now() == [jid] and "A100" in moved[1].label
 
 
+def test_a_checkpoints_size_sets_its_restart_cost_when_a_bandwidth_is_given():
+    from frenzy_slurm.jobspec.presets import presets
+    from frenzy_slurm.sim.truth import checkpoint_bytes
+
+    params = presets()["llama-2-7b"].params_b
+    # a full fine-tune writes and reads 14 bytes per parameter (16-bit weights, fp32 master and two moments)
+    assert checkpoint_bytes(params, "full") == pytest.approx(params * 14e9)
+    assert checkpoint_bytes(params, "lora") == pytest.approx(params * 14e9 / 100)  # the adapters alone
+    plain = Truth(EM.exact().model_copy(update={"restart_s": 30.0}), 1)
+    assert plain.restart_s(params, "full") == 30.0  # no bandwidth given: the constant alone, as before
+    slow = Truth(EM.exact().model_copy(update={"restart_s": 30.0, "checkpoint_gbs": 2.0}), 1)
+    assert slow.restart_s(params, "full") == pytest.approx(30.0 + 2 * params * 14e9 / 2e9)  # 7B: 30 + 94 s
+    assert slow.restart_s(params, "lora") == pytest.approx(30.0 + 2 * params * 0.14e9 / 2e9)
+    assert slow.restart_s(10 * params, "full") > 10 * (slow.restart_s(params, "full") - 30.0)  # scales with size
+    # what a move costs each job in the truth: Sia's R and has-preempt's watcher plan with it
+    cluster = parse_compact("A100-80GB:1x8")
+    ctx = Context(SimSlurm(cluster), cluster.site(), slow)
+    big = WorkloadJob(id=0, submit_s=0, model="llama-2-7b", seq_len=1024, global_batch=32, steps=100)
+    small = WorkloadJob(id=1, submit_s=0, model="llama-2-7b", method="lora", seq_len=1024, global_batch=32, steps=100)
+    assert ctx.move_cost(Attempt(big, 100)) == pytest.approx(120.0 + slow.restart_s(params, "full"))
+    assert ctx.move_cost(Attempt(small, 100)) < ctx.move_cost(Attempt(big, 100)) - 80.0
+    assert SiaPolicy(60.0)._restart(ctx, Attempt(big, 100)) == ctx.move_cost(Attempt(big, 100))
+    assert SiaPolicy(60.0, restart_s=45.0)._restart(ctx, Attempt(big, 100)) == 45.0  # a given R wins
+    # a resumed start's --time allows for the checkpoint (sia's; has-preempt's watcher uses has/moves.restore_s)
+    assert ctx.resume_allowance(Attempt(big, 100)) == 0.0  # a fresh start reads no checkpoint
+    assert ctx.resume_allowance(Attempt(big, 40)) == pytest.approx(2 * params * 14e9 / 2e9)
+
+
 def test_queue_length_over_time_counts_jobs_waiting_for_their_first_start():
     from frenzy_slurm.sim.metrics import queue_length
 

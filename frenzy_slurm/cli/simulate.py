@@ -151,6 +151,13 @@ def _seeds(text: str | None, default: int) -> list[int]:
     help="Extra seconds a start that resumes a checkpoint pays (sia's moves, time-limit resumes); default 0.",
 )
 @click.option(
+    "--checkpoint-gbs",
+    type=click.FloatRange(min=0.001, max=1e4),
+    default=None,
+    help="GB/s a job's checkpoint is written at its stop and read at its resumed start: such a start also pays "
+    "twice its checkpoint's size over this (14 bytes per parameter of a full fine-tune). Default: no size term.",
+)
+@click.option(
     "--startup-s",
     type=click.FloatRange(min=0.0),
     default=None,
@@ -206,6 +213,7 @@ def simulate(
     truth: str,
     plain_share: float,
     restart_s: float | None,
+    checkpoint_gbs: float | None,
     startup_s: float | None,
     ilp_round: float,
     trace: Path | None,
@@ -231,6 +239,8 @@ def simulate(
         errors = errors.model_copy(update={"startup_s": startup_s})
     if restart_s is not None:
         errors = errors.model_copy(update={"restart_s": restart_s})
+    if checkpoint_gbs is not None:
+        errors = errors.model_copy(update={"checkpoint_gbs": checkpoint_gbs})
     results, rows = [], []
     runs = [(s, n) for s in seeds for n in names]
     bar = _progress(len(runs) * len(wl.jobs))

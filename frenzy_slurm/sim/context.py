@@ -22,6 +22,21 @@ class Context:
     # --time from the true run time) and for the restart cost sia plans with; HAS never reads it
     truth: Truth | None = None
 
+    def move_cost(self, a: Attempt) -> float:
+        """What stopping the job and resuming it elsewhere costs in the truth: a start-up and the checkpoint's
+        restart (`Truth.restart_s`); 120 s without a truth. Sia's R and has-preempt's watcher plan with it."""
+        if self.truth is None:
+            return 120.0
+        return self.truth.model.startup_s + self.truth.restart_s(a.params_b, a.job.method)
+
+    def resume_allowance(self, a: Attempt) -> float:
+        """What a resumed start of the job pays in the truth for its checkpoint beyond the start-up and the constant
+        `restart_s` (`ErrorModel.checkpoint_gbs`); 0 for a fresh start. A policy that knows it (sia) sets --time with
+        it (`Requirements.resume_s`)."""
+        if self.truth is None or a.steps >= a.job.steps:
+            return 0.0
+        return self.truth.restart_s(a.params_b, a.job.method) - self.truth.model.restart_s
+
     def site_for(self, a: Attempt) -> SiteConfig:
         """The site file with usable memory shrunk by what an OOM taught (plans then assume more memory)."""
         if a.mem_correction <= 1.0:

@@ -39,6 +39,7 @@ from frenzy_slurm.has.moves import (
     MAX_PER_PASS,
     MOVE_GAIN,
     growth_site,
+    move_cost_s,
     pending_move,
     resumable,
     running_move,
@@ -236,23 +237,38 @@ class HasPreempt(HasReplan):
         self._verdict[a.job.id] = (p, found.qos is not None)
         return p
 
+    def _priced(self, ctx: Context) -> Preemption | None:
+        """The site's preemption block as its admin would write it for the simulated cluster: the truth's start-up and
+        restart cost as `restart_s`, its storage bandwidth as `checkpoint_gbs` (`frenzy-slurm watch` prices a move
+        with them: has/moves.move_cost_s)."""
+        if self.preemption is None:
+            return None
+        if ctx.truth is None:
+            return self.preemption.model_copy(update={"restart_s": 120.0, "checkpoint_gbs": None})
+        m = ctx.truth.model
+        return self.preemption.model_copy(
+            update={"restart_s": m.startup_s + m.restart_s, "checkpoint_gbs": m.checkpoint_gbs}
+        )
+
     def move(
         self, ctx: Context, running: list[tuple[int, Attempt, Placement, float, int]]
     ) -> list[tuple[int, Placement]]:
         out: list[tuple[int, Placement]] = []
-        truth = ctx.truth.model if ctx.truth else None
-        # what a move costs, as the site file's preemption.restart_s would say it: here the truth's own cost
-        restart = (truth.startup_s + truth.restart_s) if truth else 120.0
         now = ctx.sim.now
         full = ctx.sim.load()
+        priced = self._priced(ctx)
         for jid, a, p, started, left in running[: self.max_per_change]:
+            rest = replace(a, steps=left)
+            restart = move_cost_s(priced, rest.workload)  # the watcher's price of a move, on the truth's storage
             if now - started < restart:
                 continue  # still starting (Sia's rule: no move inside a restart)
-            rest = replace(a, steps=left)
             where = _resumable(rest, p)
             if where is None:
                 continue
             space, requirements = where
+            # the successor's --time also covers what the truth charges a resumed start beyond the start-up: the
+            # checkpoint's write and read (a watcher's successor reads it only: has/moves.restore_s)
+            requirements = replace(requirements, resume_s=restart - (priced.restart_s if priced else 0.0))
             kept = self._verdict.get(a.job.id)
             in_qos = kept is not None and kept[1]
             view = with_own_gpus_free(full, jid)

@@ -166,8 +166,8 @@ class Runner:
     # ---- truth ------------------------------------------------------------------------------------
     def _startup(self, a: Attempt) -> float:
         """Seconds to the first step: the start-up, plus the restart cost where the attempt resumes a checkpoint."""
-        m = self.truth.model
-        return m.startup_s + (m.restart_s if a.steps < a.job.steps else 0.0)
+        resumed = a.steps < a.job.steps
+        return self.truth.model.startup_s + (self.truth.restart_s(a.params_b, a.job.method) if resumed else 0.0)
 
     def _outcome(self, sj: SimJob) -> tuple[float, str]:
         a, p = self.running[sj.job_id]

@@ -21,9 +21,9 @@ scaled by Sia's re-allocation factor
 
 A job whose allocation changes is checkpointed and stopped (`SimSlurm.cancel`; the runtime checkpoints
 at the signal, so the steps done are kept) and resubmitted on its new GPUs, where it pays the start-up
-time again: that, with the steps since the last checkpoint (none here), is the restart cost, so R
-defaults to the truth model's start-up time plus its restart cost (`ErrorModel.startup_s`, 120 s, and
-`restart_s`, 0 s; neither measured here; see
+time again: that, with the steps since the last checkpoint (none here), is the restart cost, so each job's R
+defaults to what a move costs it in the truth (`Context.move_cost`: `ErrorModel.startup_s`, 120 s, its
+`restart_s`, 0 s, and with `checkpoint_gbs` writing and reading the job's checkpoint; none measured here; see
 docs/simulation-model.md). A job allocated nothing is stopped and waits (Sia preempts). The new
 allocations are packed onto nodes as the simulated Slurm packs them (the fullest nodes that fit), the
 largest first; one that does not pack stays where it was if it can, else waits for the next round.
@@ -36,7 +36,7 @@ scheduler sets on the same cluster and truth.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from frenzy_slurm.has.pools import UsablePool, node_layout, usable_pools
@@ -83,7 +83,7 @@ class SiaPolicy(RoundPolicy):
         self._last_solve = float("-inf")
         self.p = p
         self.lambda_n = lambda_n
-        self.restart_s = restart_s  # None: the truth's start-up time
+        self.restart_s = restart_s  # None: each job's move cost in the truth (Context.move_cost)
         self.jobs: dict[int, _Job] = {}  # workload job id -> state, for every job arrived and not done
         self._arrived: dict[int, float] = {}
         self._cands: dict[tuple[int, float], dict] = {}
@@ -154,16 +154,13 @@ class SiaPolicy(RoundPolicy):
         if not self.jobs:
             return []
         t0 = time.perf_counter()
-        restart = self.restart_s
-        if restart is None:  # what a move costs in the truth: the start-up and the checkpoint's restore
-            restart = ctx.truth.model.startup_s + ctx.truth.model.restart_s if ctx.truth else 120.0
-        state = self._state(ctx, restart)
+        state = self._state(ctx)
         now = ctx.sim.now
         if state == self._last_state and now - self._last_solve < self.idle_resolve_s:
             return []
         self._last_state, self._last_solve = state, now
         jobs = list(self.jobs.values())
-        pools, opts, values, lower = self._choices(ctx, jobs, restart)
+        pools, opts, values, lower = self._choices(ctx, jobs)
         gone = {id(a) for a in self.unplaceable}
         for jid in [k for k, j in self.jobs.items() if id(j.attempt) in gone]:
             self.jobs.pop(jid)
@@ -175,7 +172,12 @@ class SiaPolicy(RoundPolicy):
         self.round_jobs.append(n_jobs)
         return placed
 
-    def _state(self, ctx: Context, restart: float) -> tuple:
+    def _restart(self, ctx: Context, a: Attempt) -> float:
+        """Sia's R for the job: `restart_s` where given, else what a move costs it in the truth (its start-up
+        and its checkpoint's restart: `Context.move_cost`)."""
+        return self.restart_s if self.restart_s is not None else ctx.move_cost(a)
+
+    def _state(self, ctx: Context) -> tuple:
         """What a round's answer depends on: this policy's jobs (their allocations and whether each is pinned
         by its recent start) and the other users' running jobs; a round in an unchanged state re-solves only
         after `idle_resolve_s`."""
@@ -184,7 +186,7 @@ class SiaPolicy(RoundPolicy):
         return (
             tuple(
                 sorted(
-                    (k, j.option, j.sim_id, j.started is not None and now - j.started < restart)
+                    (k, j.option, j.sim_id, j.started is not None and now - j.started < self._restart(ctx, j.attempt))
                     for k, j in self.jobs.items()
                 )
             ),
@@ -192,9 +194,9 @@ class SiaPolicy(RoundPolicy):
         )
 
     def _choices(
-        self, ctx: Context, jobs: list[_Job], restart: float
+        self, ctx: Context, jobs: list[_Job]
     ) -> tuple[dict[str, UsablePool], list[_Option], list[float], list[float]]:
-        """Every job's allocations this round (a job started within `restart` keeps its own), each with its
+        """Every job's allocations this round (a job started within its R keeps its own), each with its
         value (Sia's goodput gain to the power p, a move's gain cut by the restart factor) and its lower bound
         (1 for a pinned job's own); jobs with no allocation at all go to `unplaceable`."""
         now = ctx.sim.now
@@ -213,6 +215,7 @@ class SiaPolicy(RoundPolicy):
                 continue
             g_min = min(1.0 / c.step_time_s for _, c, _ in best.values())
             age = now - j.arrived
+            restart = self._restart(ctx, a)
             r = restart_factor(age, j.restarts, restart)
             pinned = j.option is not None and j.started is not None and now - j.started < restart
             for opt_key, (pool, c, layout) in best.items():
@@ -310,7 +313,7 @@ class SiaPolicy(RoundPolicy):
                 gpu_type=pool.live.gpu_type,
                 nodes=nodes,
                 gpus_per_node=per_node,
-                time_min=a.requirements.time_min(c.run_time_s),
+                time_min=replace(a.requirements, resume_s=ctx.resume_allowance(a)).time_min(c.run_time_s),
                 cpus_per_gpu=pool.site.cpus_per_gpu,
             )
             label = f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})"

@@ -68,6 +68,13 @@ class ErrorModel(BaseModel):
         ge=0,
         description="Extra seconds of a start that resumes from a checkpoint (a move, a time-limit resume).",
     )
+    checkpoint_gbs: float | None = Field(
+        None,
+        gt=0,
+        le=1e4,
+        description="GB/s at which a job's checkpoint is written when it stops and read when it resumes; each "
+        "resumed start then also pays 2 x its checkpoint's bytes / this (None: restart_s alone).",
+    )
     truth: Literal["published", "marp"] = Field(
         "published",
         description="Step times from published per-type speeds and scaling (published) or MARP's model x noise.",
@@ -161,6 +168,20 @@ def marp_relative(gpu: str, precision: str, reference: str) -> float:
     return (g.peak_tflops(precision) * g.efficiency) / (r.peak_tflops(precision) * r.efficiency)
 
 
+# Bytes per parameter of a full fine-tune's checkpoint: the 16-bit weights and the optimizer's fp32 master copy
+# and two Adam moments (2 + 12; DeepSpeed's and FSDP's sharded checkpoints hold both). A LoRA or QLoRA checkpoint
+# holds the adapters and their states only; the frozen base weights are read by every start (`startup_s`).
+FULL_CHECKPOINT_BYTES_PER_PARAM = 14.0
+ADAPTER_CHECKPOINT_SHARE = 0.01  # adapters' parameters as a share of the model's (rank 8-64 on the projections)
+
+
+def checkpoint_bytes(params_b: float, method: str) -> float:
+    """Bytes of a job's training checkpoint: what a move or a time-limit resume writes and reads."""
+    if method == "full":
+        return params_b * 1e9 * FULL_CHECKPOINT_BYTES_PER_PARAM
+    return params_b * 1e9 * ADAPTER_CHECKPOINT_SHARE * FULL_CHECKPOINT_BYTES_PER_PARAM
+
+
 @dataclass(frozen=True)
 class JobTruth:
     mem_ratio: float
@@ -215,6 +236,14 @@ class Truth:
             loss *= 1.0 + (t.cross_partition_loss if m.cross_partition_loss is None else m.cross_partition_loss)
         overhead = t.step_overhead_s if m.step_overhead_s is None else m.step_overhead_s
         return predicted_s * factor * loss * r_job + overhead
+
+    def restart_s(self, params_b: float, method: str) -> float:
+        """Extra seconds of a start that resumes a checkpoint: `restart_s`, plus, with `checkpoint_gbs`, writing
+        the checkpoint at the stop and reading it at the start (`checkpoint_bytes`)."""
+        m = self.model
+        if m.checkpoint_gbs is None:
+            return m.restart_s
+        return m.restart_s + 2.0 * checkpoint_bytes(params_b, method) / (m.checkpoint_gbs * 1e9)
 
     def peak_gib(self, job_id: int, predicted_gib: float) -> float:
         return predicted_gib * self.job(job_id).mem_ratio
