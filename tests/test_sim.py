@@ -169,6 +169,13 @@ def test_simulate_command_runs_the_baselines_with_plain_users_and_a_restart_cost
     assert runs[1]["per_job_ms_median"] > 0 and "moves" in runs[1]
     bad = CliRunner().invoke(admin, ["simulate", str(WORKLOAD), "--cluster", CLUSTER, "--plain-share", "2"])
     assert bad.exit_code == 2 and "--plain-share" in bad.output
+    sized = tmp_path / "sized.json"
+    args = ["simulate", str(WORKLOAD), "--cluster", CLUSTER, "--policy", "sia", "--seed", "5"]
+    res = CliRunner().invoke(admin, [*args, "--checkpoint-gbs", "0.5", "--json", str(sized)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(sized.read_text())["runs"][0]["completed"] == 12
+    bad = CliRunner().invoke(admin, [*args, "--checkpoint-gbs", "0"])
+    assert bad.exit_code == 2 and "--checkpoint-gbs" in bad.output
 
 
 def test_simulate_command_errors_are_one_line_with_exit_2(tmp_path):
