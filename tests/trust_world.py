@@ -1,7 +1,8 @@
-"""What the two job-directory trust modules share (tests/test_jobdir_trust.py: the submission's side,
-tests/test_runtime_job_dir_trust.py: the job's): a private lock directory for every test, one planned world per
-module, the request fsbatch would submit into a directory, a fake Slurm run as this user, and a refusal's exit
-code and message. The modules import the fixtures by name, which is how pytest finds them."""
+"""What the job-directory trust modules share (tests/test_jobdir_trust.py: the submission's side,
+tests/test_runtime_job_dir_trust.py: the job's; tests/test_runtime_rendezvous_port.py takes the world and the
+request): a private lock directory for every test, one planned world per module, the request fsbatch would submit
+into a directory, a fake Slurm run as this user, and a refusal's exit code and message. The modules import the
+fixtures by name, which is how pytest finds them (the lock directory only where imported)."""
 
 from __future__ import annotations
 
