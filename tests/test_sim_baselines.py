@@ -298,12 +298,12 @@ def test_a_resumed_start_pays_the_restart_cost_and_sia_plans_with_it():
 
 def test_a_checkpoints_size_sets_its_restart_cost_when_a_bandwidth_is_given():
     from frenzy_slurm.jobspec.presets import presets
-    from frenzy_slurm.sim.truth import checkpoint_bytes
+    from frenzy_slurm.sim.truth import true_checkpoint_bytes
 
     params = presets()["llama-2-7b"].params_b
     # a full fine-tune writes and reads 14 bytes per parameter (16-bit weights, fp32 master and two moments)
-    assert checkpoint_bytes(params, "full") == pytest.approx(params * 14e9)
-    assert checkpoint_bytes(params, "lora") == pytest.approx(params * 14e9 / 100)  # the adapters alone
+    assert true_checkpoint_bytes(params, "full") == pytest.approx(params * 14e9)
+    assert true_checkpoint_bytes(params, "lora") == pytest.approx(params * 14e9 / 100)  # the adapters alone
     plain = Truth(EM.exact().model_copy(update={"restart_s": 30.0}), 1)
     assert plain.restart_s(params, "full") == 30.0  # no bandwidth given: the constant alone, as before
     slow = Truth(EM.exact().model_copy(update={"restart_s": 30.0, "checkpoint_gbs": 2.0}), 1)

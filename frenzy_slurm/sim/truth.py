@@ -175,7 +175,7 @@ FULL_CHECKPOINT_BYTES_PER_PARAM = 14.0
 ADAPTER_CHECKPOINT_SHARE = 0.01  # adapters' parameters as a share of the model's (rank 8-64 on the projections)
 
 
-def checkpoint_bytes(params_b: float, method: str) -> float:
+def true_checkpoint_bytes(params_b: float, method: str) -> float:
     """Bytes of a job's training checkpoint: what a move or a time-limit resume writes and reads."""
     if method == "full":
         return params_b * 1e9 * FULL_CHECKPOINT_BYTES_PER_PARAM
@@ -239,11 +239,11 @@ class Truth:
 
     def restart_s(self, params_b: float, method: str) -> float:
         """Extra seconds of a start that resumes a checkpoint: `restart_s`, plus, with `checkpoint_gbs`, writing
-        the checkpoint at the stop and reading it at the start (`checkpoint_bytes`)."""
+        the checkpoint at the stop and reading it at the start (`true_checkpoint_bytes`)."""
         m = self.model
         if m.checkpoint_gbs is None:
             return m.restart_s
-        return m.restart_s + 2.0 * checkpoint_bytes(params_b, method) / (m.checkpoint_gbs * 1e9)
+        return m.restart_s + 2.0 * true_checkpoint_bytes(params_b, method) / (m.checkpoint_gbs * 1e9)
 
     def peak_gib(self, job_id: int, predicted_gib: float) -> float:
         return predicted_gib * self.job(job_id).mem_ratio
