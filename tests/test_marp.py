@@ -65,6 +65,21 @@ def test_bytes_per_parameter_by_precision():
     assert ds.gradients / n == pytest.approx(2.0)
 
 
+def test_a_checkpoint_holds_the_trained_weights_their_master_and_their_optimizer_states():
+    from frenzy_slurm.marp.memory_states import checkpoint_bytes
+
+    n = 6_738_415_616
+    torch = dict(arch=LLAMA7, seq_len=1, framework="torch", fused_optimizer=True, optimizer="adamw")
+    # what the step holds and the checkpoint does not: DeepSpeed's fp32 gradient accumulation buffer
+    assert checkpoint_bytes(Workload.of(arch=LLAMA7, seq_len=1, precision="bf16-mixed")) / n == pytest.approx(14.0)
+    assert checkpoint_bytes(Workload.of(precision="fp32", **torch)) / n == pytest.approx(12.0)  # no separate master
+    assert checkpoint_bytes(Workload.of(precision="bf16-pure", **torch)) / n == pytest.approx(6.0)
+    # LoRA: the adapters and their states, not the frozen weights (every start reads those from the base model)
+    lora = checkpoint_bytes(Workload.of(precision="bf16-pure", method="lora", lora_rank=16, **torch))
+    adapters = 32 * 2 * 16 * 2 * 4096  # rank 16 on q and v (the default) of 32 layers: A and B, 4096 x 16 each
+    assert lora == pytest.approx(adapters * 6.0, rel=0.01) and lora < n * 0.01
+
+
 def test_zero_stages_shard_what_they_should():
     w = Workload.of(arch=LLAMA7, seq_len=2048)
     n = 6_738_415_616
