@@ -64,6 +64,34 @@ def test_slurm_multi_lists_each_fitting_partition_with_its_count_and_a_loose_tim
     assert p.components[0].request.time_min * 60 >= 1.5 * slowest
 
 
+def test_slurm_multi_asks_for_what_the_largest_partition_has_when_none_has_the_usual_count():
+    # one 8-GPU node per type: a user who usually runs on 16 GPUs is refused at submission and asks for 8
+    cluster = parse_compact("H100-SXM:1x8,A100-40GB:1x8")
+    ctx = Context(SimSlurm(cluster), cluster.site(), Truth(EM.exact(), 1))
+    job = WorkloadJob(id=0, submit_s=0, model="llama-3-8b", seq_len=4096, global_batch=64, steps=100, trace_gpus=16)
+    p = SlurmMulti().place(Attempt(job, job.steps), ctx)
+    assert p is not None
+    assert {x.gpus for x in p.alternatives} == {8}  # both partitions, each at all it has
+    # where a partition has the usual count, the others are not listed at a smaller one
+    big = parse_compact("H100-SXM:2x8,A100-40GB:1x8")
+    p2 = SlurmMulti().place(Attempt(job, job.steps), Context(SimSlurm(big), big.site(), Truth(EM.exact(), 1)))
+    assert p2 is not None and (p2.label, p2.alternatives) == ("16xH100-SXM(h100sxm)", ())
+
+
+def test_slurm_multi_does_not_send_the_same_request_again_where_an_oom_says_it_cannot_fit():
+    # 3B parameters, full fine-tune: 16 V100-16GB hold it only by the frugal configuration's estimate; after an
+    # OOM that taught it needs 1.5x the memory, the V100-16GB partition (already at its 16) is left out
+    cluster = parse_compact("V100-16GB:2x8,V100-32GB:1x8")
+    ctx = Context(SimSlurm(cluster), cluster.site(), Truth(EM.exact(), 1))
+    job = WorkloadJob(
+        id=0, submit_s=0, model="llama-3.2-3b", seq_len=4096, global_batch=32, steps=100, trace_gpus=1
+    )
+    first = SlurmMulti().place(Attempt(job, job.steps), ctx)
+    assert first is not None and "v10016gb" in {x.components[0].request.partition for x in first.alternatives}
+    again = SlurmMulti().place(Attempt(job, job.steps, number=2, mem_correction=1.5, ooms=1), ctx)
+    assert again is not None and (again.label, again.alternatives) == ("8xV100-32GB(v10032gb)", ())
+
+
 def test_slurm_multi_runs_a_small_workload_to_completion():
     jobs = [
         WorkloadJob(id=i, submit_s=60 * i, model="gpt2-medium", seq_len=1024, global_batch=32, steps=300)

@@ -427,16 +427,19 @@ class SlurmMulti(BasePolicy):
         self.time_factor = time_factor
         self.max_slowdown = max_slowdown  # None: every partition that holds the job
 
-    def _on_pool(self, a: Attempt, pool: UsablePool) -> tuple[int, float, float] | None:
+    def _on_pool(self, a: Attempt, pool: UsablePool, usual_cap: int | None = None) -> tuple[int, float, float] | None:
         """(count, predicted step time, predicted peak GiB) on this pool, or None where the rule says no.
+        `usual_cap`: the user's usual count cut to this (see `place`).
 
         After an OOM the user re-configures for the memory they now know they need (the pools come from the
         site file shrunk by the OOM's excess, as for every policy) and doubles the count while no
-        configuration fits; where none fits at any count, the frugal one at the doubled count."""
+        configuration fits; where none fits at any count, the frugal one at the doubled count, unless what the
+        OOM taught says that does not fit either (then the pool is left out)."""
         req = a.requirements
         gpn = pool.site.gpus_per_node
         need = RULE_OF_THUMB_BYTES[a.job.method] * a.params_b * 1e9 / (pool.option.spec.memory_gib * GiB)
-        base = max(_pow2(need), _pow2(a.job.trace_gpus))
+        usual = _pow2(a.job.trace_gpus)
+        base = max(_pow2(need), usual if usual_cap is None else min(usual, usual_cap))
         w, opt = a.workload, pool.option
         counts: list[int] = []
         n = base
@@ -457,11 +460,18 @@ class SlurmMulti(BasePolicy):
             dp=n, zero=3 if n > 1 else 0, micro_batch=1, grad_accum=max(1, req.global_batch // n), recompute="full"
         )
         est = estimate_memory(w, plan, "reserved", Overheads(fragmentation=a.space.fragmentation))
+        peak = est.peak_gib + opt.overhead_bytes(n) / GiB
+        if a.ooms and peak * GiB > opt.usable_bytes:
+            # after an OOM the user does not send the frugal request again where what the OOM taught says it
+            # cannot fit either (at the pool's largest count it would be the same request, out of memory again)
+            return None
         step = plan_costs(w, plan, req.global_batch).seconds_on(opt.spec, opt.links)
-        return n, step, est.peak_gib + opt.overhead_bytes(n) / GiB
+        return n, step, peak
 
-    def place(self, a: Attempt, ctx: Context) -> Placement | None:
-        pools, _ = usable_pools(a.requirements, ctx.sim.load(), ctx.site_for(a))
+    def _listed(
+        self, a: Attempt, pools: list[UsablePool], usual_cap: int | None = None
+    ) -> list[tuple[UsablePool, int, float, float]]:
+        """The partitions the user lists, fastest first, each with (count, step time, peak GiB)."""
         chosen: list[tuple[UsablePool, int, float, float]] = []
         for pool in sorted(pools, key=lambda p: -_rate(p, a.workload.precision)):
             rate = _rate(pool, a.workload.precision)
@@ -471,9 +481,19 @@ class SlurmMulti(BasePolicy):
                 and rate * self.max_slowdown < _rate(chosen[0][0], a.workload.precision)
             ):
                 continue
-            got = self._on_pool(a, pool)
+            got = self._on_pool(a, pool, usual_cap)
             if got is not None:
                 chosen.append((pool, *got))
+        return chosen
+
+    def place(self, a: Attempt, ctx: Context) -> Placement | None:
+        pools, _ = usable_pools(a.requirements, ctx.sim.load(), ctx.site_for(a))
+        chosen = self._listed(a, pools)
+        if not chosen and pools:
+            # no partition has the user's usual count: Slurm refuses that request at submission ("Requested node
+            # configuration is not available"), and the user asks again for what the largest partition has
+            largest = max(p.option.max_gpus for p in pools)
+            chosen = self._listed(a, pools, usual_cap=1 << max(0, largest.bit_length() - 1))
         if not chosen:
             return None
         startup = ctx.truth.model.startup_s if ctx.truth else 120.0
