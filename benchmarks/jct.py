@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.cli.simulate import trace_path  # noqa: E402
 from frenzy_slurm.sim.clusters import LARGE, MEDIUM, SMALL, generated_shape, parse_compact  # noqa: E402
-from frenzy_slurm.sim.metrics import paired, paired_common, plot, summarize  # noqa: E402
+from frenzy_slurm.sim.metrics import paired, paired_all, paired_common, plot, summarize  # noqa: E402
 from frenzy_slurm.sim.policies import TUNED_KNOBS  # noqa: E402
 from frenzy_slurm.sim.runner import Runner  # noqa: E402
 from frenzy_slurm.sim.truth import ErrorModel  # noqa: E402
@@ -331,27 +331,45 @@ def _held_out(rows: list[dict], include_tuning: bool) -> list[dict]:
 USERS = (("all", "avg_jct_s"), ("own", "avg_jct_own_s"), ("plain", "avg_jct_plain_s"))
 
 
+def compare(rows: list[dict], policy: str, baseline: str, who: str = "all") -> dict:
+    """The headline comparison: every job of each run counted, a job a policy did not complete until the later
+    of the two runs' ends (`paired_all`); runs of an older --reuse file without per-job records as they were
+    averaged then, over the jobs each policy completed."""
+    p = paired_all(rows, policy, baseline, who)
+    return p if p.get("pairs") else paired(rows, policy, baseline, key=dict(USERS)[who])
+
+
 def comparisons(rows: list[dict], include_tuning: bool) -> str:
     """has against each baseline: per (shape, load), and over every held-out run."""
     use = _held_out(rows, include_tuning)
     policies = sorted({r["policy"] for r in use} - {"has"})
     out = [
         "has's average JCT below each baseline's (1 - has/baseline per paired run; + is has better); all jobs, "
-        "then the jobs of frenzy-slurm's users (own) and of users who do not use it (plain) apart:"
+        "then the jobs of frenzy-slurm's users (own) and of users who do not use it (plain) apart. Every job "
+        "counts: one a policy did not complete (never placed, gave up) counts until the later of the two runs' ends:"
     ]
     for shape, load in sorted({(r["shape"], r["load"]) for r in use}):
         sub = [r for r in use if r["shape"] == shape and r["load"] == load]
         out.append(f"  {shape} load {load} ({SHAPES.get(shape, '?')}):")
         for b in policies:
-            for who, key in USERS:
-                out.append(f"    vs {b:12s} {who:5s}: {_fmt(paired(sub, 'has', b, key=key))}")
+            for who, _ in USERS:
+                out.append(f"    vs {b:12s} {who:5s}: {_fmt(compare(sub, 'has', b, who))}")
         if "has-preempt" in policies and "sia" in policies:
-            out.append(f"    has-preempt vs sia  all  : {_fmt(paired(sub, 'has-preempt', 'sia'))}")
+            out.append(f"    has-preempt vs sia  all  : {_fmt(compare(sub, 'has-preempt', 'sia'))}")
+    for b in policies:
+        for who, _ in USERS:
+            out.append(f"  all held-out runs vs {b} {who}: {_fmt(compare(use, 'has', b, who))}")
+    if "has-preempt" in policies and "sia" in policies:
+        out.append(f"  all held-out runs has-preempt vs sia all: {_fmt(compare(use, 'has-preempt', 'sia'))}")
+    # the averages as they were taken before every job counted: each policy's completed jobs only, so one that
+    # leaves a job out is averaged over one job fewer
+    out.append("  over the jobs each policy completed (a job it did not complete left out of its average):")
     for b in policies:
         for who, key in USERS:
-            out.append(f"  all held-out runs vs {b} {who}: {_fmt(paired(use, 'has', b, key=key))}")
-    # a run's average counts the jobs a policy completed: one that completes a job the other never places or
-    # finishes is averaged over one job more (a long one); the same comparison over the jobs both completed
+            out.append(f"    vs {b:12s} {who:5s}: {_fmt(paired(use, 'has', b, key=key))}")
+    if "has-preempt" in policies and "sia" in policies:
+        out.append(f"    has-preempt vs sia  all  : {_fmt(paired(use, 'has-preempt', 'sia'))}")
+    # the same comparison over the jobs both completed
     out.append("  over the jobs both policies completed in each run:")
     for b in policies:
         for who, _ in USERS:
@@ -401,15 +419,15 @@ def goals(rows: list[dict], include_tuning: bool) -> str:
     """Issue 20's "done when", on the held-out runs, PASS or FAIL."""
     use = _held_out(rows, include_tuning)
     out = []
-    multi = paired(use, "has", "slurm-multi")
+    multi = compare(use, "has", "slurm-multi")
     if multi.get("pairs"):
         ok = multi["reduction"] >= 0.25 and multi["reduction_t95"][0] > 0
         out.append(f"{'PASS' if ok else 'FAIL'}: has >= 25% below slurm-multi, interval above 0: {_fmt(multi)}")
-    sia = paired(use, "has", "sia")
+    sia = compare(use, "has", "sia")
     if sia.get("pairs"):
         ok = sia["reduction"] >= 0
         out.append(f"{'PASS' if ok else 'FAIL'}: has no worse than sia: {_fmt(sia)}")
-    preempt = paired(use, "has-preempt", "sia")
+    preempt = compare(use, "has-preempt", "sia")
     if preempt.get("pairs"):
         ok = preempt["reduction"] >= 0
         out.append(
@@ -420,7 +438,7 @@ def goals(rows: list[dict], include_tuning: bool) -> str:
     if any(r["policy"] == "has-homogeneous" for r in use):
         bad = []
         for shape, load in configs:
-            p = paired([r for r in use if r["shape"] == shape and r["load"] == load], "has", "has-homogeneous")
+            p = compare([r for r in use if r["shape"] == shape and r["load"] == load], "has", "has-homogeneous")
             if p.get("pairs") and p["reduction"] < 0:
                 bad.append(f"{shape} load {load} ({p['reduction']:+.2%})")
         out.append(
@@ -442,12 +460,12 @@ def per_shape_goals(use: list[dict], configs: list[tuple[str, float]]) -> list[s
     out = []
     for shape, load in configs:
         sub = [r for r in use if r["shape"] == shape and r["load"] == load]
-        multi = paired(sub, "has", "slurm-multi")
+        multi = compare(sub, "has", "slurm-multi")
         if not multi.get("pairs"):
             continue
         ok = multi["reduction"] >= 0.25 and multi["reduction_t95"][0] > 0
         out.append(f"{'PASS' if ok else 'FAIL'}: {shape} load {load}: has >= 25% below slurm-multi: {_fmt(multi)}")
-        plain = paired(sub, "has", "slurm-multi", key="avg_jct_plain_s")
+        plain = compare(sub, "has", "slurm-multi", "plain")
         if plain.get("pairs"):
             ok = plain["reduction"] >= 0 and plain["reduction_t95"][1] >= 0
             out.append(

@@ -72,6 +72,10 @@ def summarize(r: RunResult) -> dict[str, Any]:
         "plain_jobs": sum(x.plain for x in r.records),
         # each completed job's JCT and whether a plain user's: comparisons over the jobs two policies both completed
         "done_jct": {str(x.id): [x.jct, x.plain] for x in done if x.jct is not None},
+        # the jobs it did not complete (never placed, gave up, still waiting): their arrival, and when the run's
+        # last job ended, so that a comparison can count them (`paired_all`) rather than leave them out
+        "open_jobs": {str(x.id): [x.submit, x.plain] for x in r.records if x.state != "done"},
+        "last_end_s": last,
         "p50_jct_s": _pct(jct, 0.5),
         "p95_jct_s": _pct(jct, 0.95),
         "p99_jct_s": _pct(jct, 0.99),
@@ -324,6 +328,40 @@ def paired_common(
         rel.append(1.0 - m / t)
         diff_h.append((m - t) / 3600.0)
     return _reductions(policy, baseline, rel, diff_h, resamples) | {"common": True}
+
+
+def paired_all(
+    rows: list[dict[str, Any]], policy: str, baseline: str, who: str = "all", resamples: int = 10_000
+) -> dict[str, Any]:
+    """`paired` over every job of each run, completed or not (`who`: all, own or plain users' jobs). A job a
+    policy did not complete (never placed, gave up after failures, still waiting) counts from its arrival to the
+    later of the two runs' ends: a lower bound of a completion time it never reached, so a policy gains nothing
+    by leaving a job out. Runs without per-job records (an older --reuse file) are left out."""
+    idx = {(r["cluster"], r.get("load"), r["seed"], r["policy"]): r for r in rows}
+    rel: list[float] = []
+    diff_h: list[float] = []
+    for (cluster, load, seed, name), r in sorted(idx.items(), key=lambda kv: str(kv[0])):
+        b = idx.get((cluster, load, seed, baseline))
+        if name != policy or b is None or any("open_jobs" not in x or "done_jct" not in x for x in (r, b)):
+            continue
+        horizon = max(r["last_end_s"], b["last_end_s"])
+        avgs = [_all_jobs_mean(x, horizon, who) for x in (r, b)]
+        if avgs[0] is None or avgs[1] is None or avgs[1] <= 0:
+            continue
+        rel.append(1.0 - avgs[0] / avgs[1])
+        diff_h.append((avgs[0] - avgs[1]) / 3600.0)
+    return _reductions(policy, baseline, rel, diff_h, resamples) | {"all_jobs": True}
+
+
+def _all_jobs_mean(run: dict[str, Any], horizon: float, who: str) -> float | None:
+    """The run's average JCT over every job of `who`, each job it did not complete counted until `horizon`."""
+
+    def mine(plain: bool) -> bool:
+        return who == "all" or plain == (who == "plain")
+
+    jcts = [jct for jct, plain in run["done_jct"].values() if mine(plain)]
+    jcts += [max(0.0, horizon - submit) for submit, plain in run["open_jobs"].values() if mine(plain)]
+    return statistics.fmean(jcts) if jcts else None
 
 
 def _reductions(policy: str, baseline: str, rel: list[float], diff_h: list[float], resamples: int) -> dict[str, Any]:
