@@ -71,6 +71,31 @@ def test_slower_than_predicted_jobs_hit_the_time_limit_and_resume(wl):
     assert s["timeouts"] > 0 and s["completed"] == 12
 
 
+def test_a_frenzy_job_at_its_time_limit_requeues_itself_with_the_same_request(wl):
+    # 4x slower than predicted: HAS's --time runs out; the runtime requeues the job (`scontrol requeue`), so every
+    # run of a job is the same request, where a new decision would give the steps left a shorter --time
+    from frenzy_slurm.sim.runner import Runner
+
+    errors = ErrorModel(mem_bias=1.0, mem_sd=0.0, time_bias=4.0, time_sd=0.0, type_sd=0.0)
+    runner = Runner(wl, parse_compact(CLUSTER), "has", 5, errors=errors)
+    runs: dict[int, list[tuple]] = {}
+    submit = runner._submit
+
+    def recording(a, p):
+        runs.setdefault(a.job.id, []).append(tuple((c.request.partition, c.request.time_min) for c in p.components))
+        return submit(a, p)
+
+    runner._submit = recording  # type: ignore[method-assign]  # records each submission of the run
+    r = runner.run()
+    timed_out = [x for x in r.records if x.timeouts]
+    assert timed_out and all(x.state == "done" for x in timed_out)
+    for x in timed_out:
+        assert len(runs[x.id]) == x.attempts == x.timeouts + 1 and len(set(runs[x.id])) == 1, runs[x.id]
+    # a baseline's job is resubmitted by its policy, a new --time for the steps left
+    base = Runner(wl, parse_compact(CLUSTER), "slurm-multi", 5, errors=errors)
+    assert base.policy.requeues_at_time_limit is False
+
+
 def test_workload_files_round_trip_and_name_the_bad_field(wl, tmp_path):
     for name in ("w.yaml", "w.csv"):
         save_workload(wl, tmp_path / name)

@@ -12,6 +12,8 @@ from frenzy_slurm.sim.jobs import Attempt, Placement
 
 class Policy(Protocol):
     name: str
+    # its jobs run frenzy-slurm's runtime, which requeues a job at its time limit: the same request again
+    requeues_at_time_limit: bool
 
     def stop_now(self) -> list[int]:
         """Re-planning policies: sim job ids to checkpoint and stop this round, before `tick`'s placements."""
@@ -52,6 +54,8 @@ class BasePolicy:
 
     name = ""
     round_s: float | None = None
+    # whether its jobs run frenzy-slurm's runtime, which requeues a job at its time limit (the same request)
+    requeues_at_time_limit = False
 
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
         return []

@@ -98,6 +98,7 @@ def _rate(pool: UsablePool, precision: str) -> float:
 class HasPolicy(BasePolicy):
     round_s = None
     replans = False
+    requeues_at_time_limit = True  # its jobs run frenzy-slurm's runtime (in_job.exit_for_requeue)
 
     def __init__(self, heterogeneous: bool = True):
         self.heterogeneous = heterogeneous

@@ -7,7 +7,8 @@ ends). At an arrival the policy decides (timed: that is the per-decision overhea
 `SimSlurm.submit` with a BatchJob, as fsbatch submits through the Slurm backend. When a job starts,
 the truth decides how long it runs: OOM after the start-up time if its true peak exceeds the GPU,
 else start-up + true step time x steps, cut at the time limit (TIMEOUT: the runtime checkpoints at
-the time-limit signal, so the rest of the steps are resubmitted).
+the time-limit signal; a frenzy-slurm job then requeues itself, the same request for the steps left, as
+`in_job.exit_for_requeue` does, and any other job's rest is resubmitted by its policy).
 """
 
 from __future__ import annotations
@@ -219,6 +220,12 @@ class Runner:
             nxt = _again(
                 a, p, steps=max(1, a.steps - self._steps_done(sj)), number=a.number + 1, timeouts=a.timeouts + 1
             )
+            if self.policy.requeues_at_time_limit and not rec.plain and nxt.number <= MAX_ATTEMPTS:
+                # frenzy-slurm's runtime checkpoints at the time-limit signal and runs `scontrol requeue`: Slurm
+                # starts the same job again, the same request (its --time too), for the steps left
+                self._requeued[a.job.id] = sj.submit
+                self._push(self.sim.now, "requeue", (nxt, p))
+                return
         elif sj.job_id in self._moving or sj.state == "PREEMPTED":
             # checkpointed and stopped by a re-planning policy, or preempted (the runtime checkpoints at the
             # signal): the rest is resubmitted, a preempted job's by the policy's decision on the cluster now
