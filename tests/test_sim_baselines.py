@@ -83,9 +83,7 @@ def test_slurm_multi_does_not_send_the_same_request_again_where_an_oom_says_it_c
     # OOM that taught it needs 1.5x the memory, the V100-16GB partition (already at its 16) is left out
     cluster = parse_compact("V100-16GB:2x8,V100-32GB:1x8")
     ctx = Context(SimSlurm(cluster), cluster.site(), Truth(EM.exact(), 1))
-    job = WorkloadJob(
-        id=0, submit_s=0, model="llama-3.2-3b", seq_len=4096, global_batch=32, steps=100, trace_gpus=1
-    )
+    job = WorkloadJob(id=0, submit_s=0, model="llama-3.2-3b", seq_len=4096, global_batch=32, steps=100, trace_gpus=1)
     first = SlurmMulti().place(Attempt(job, job.steps), ctx)
     assert first is not None and "v10016gb" in {x.components[0].request.partition for x in first.alternatives}
     again = SlurmMulti().place(Attempt(job, job.steps, number=2, mem_correction=1.5, ooms=1), ctx)
