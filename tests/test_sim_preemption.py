@@ -59,6 +59,35 @@ def test_a_job_outside_the_preemptible_qos_preempts_one_that_has_run_its_exempt_
     assert s.sim.preemptions == 1
 
 
+def test_a_multi_partition_job_preempts_in_a_partition_listed_before_one_that_is_free():
+    # Slurm tries a job's partitions in order, each without and then with preemption: a plain user's
+    # `sbatch -p fast,slow` whose fast partition is held by a preemptible job that has run its exempt time
+    # preempts it there rather than starting on the free slow one; where nothing is preemptible it takes the slow
+    c = SimCluster(
+        partitions=[
+            SimPartition(name="fast", gpu="H100-SXM", nodes=1, gpus_per_node=4),
+            SimPartition(name="slow", gpu="T4", nodes=1, gpus_per_node=4),
+        ]
+    )
+    for exempt_min, want in ((20.0, ("fast", "PREEMPTED")), (None, ("slow", "RUNNING"))):
+        sim = SimSlurm(
+            c, outcome=lambda j: (600 * MIN, "COMPLETED"), preempt_exempt_s=None if exempt_min is None else 1200.0
+        )
+
+        def req(part: str, gres: str) -> ComponentRequest:
+            return ComponentRequest(partition=part, gpu_type=gres, nodes=1, gpus_per_node=4, time_min=600)
+
+        held = sim.submit_as(
+            BatchJob(script=Path("a.sbatch"), workdir=Path("."), components=[req("fast", "h100_sxm")], name="held"),
+            preemptible=True,
+        ).job_id
+        sim.advance(30 * MIN)
+        job = BatchJob(script=Path("m.sbatch"), workdir=Path("."), components=[req("fast", "h100_sxm")], name="m")
+        multi = sim.submit_any(job, [[req("slow", "t4")]]).job_id
+        got = sim.jobs_by_id[multi]
+        assert got.state == "RUNNING" and (got.components[0].partition, sim.jobs_by_id[held].state) == want
+
+
 def test_preemptible_jobs_never_preempt_and_a_site_without_preemption_never_does():
     s = Site()
     first = s.submit(600, 4, preemptible=True)

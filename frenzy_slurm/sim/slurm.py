@@ -15,7 +15,8 @@ What it models, after slurmctld with `sched/backfill` and `select/cons_tres`:
   one may preempt): a pending job outside that QOS that cannot start now starts now if stopping
   preemptible jobs that have run at least the exempt time frees its GPUs; those end PREEMPTED (their
   runtime checkpoints at the signal) and the youngest on each node go first, only as many as the node
-  needs; the preemptible QOS ranks below the normal one in the queue (its Priority is lower, docs/admin.md);
+  needs; a multi-partition job tries its partitions in order, each without and then with preemption; the
+  preemptible QOS ranks below the normal one in the queue (its Priority is lower, docs/admin.md);
 - start estimates answered the way `sbatch --test-only` answers them: from running jobs' limits only
   (Slurm's will-run test ignores pending jobs), or, with `estimates="backfill"`, after the queue's
   reservations (what `squeue --start` shows).
@@ -449,7 +450,8 @@ class SimSlurm:
             key=lambda j: (self.preempt_exempt_s is not None and j.preemptible, j.submit, j.job_id),
         )
         for j in pending[: self.bf_max_job_test]:
-            found = self._earliest(j, timeline)
+            preempting = self._start_now_by_preempting(j, timeline)
+            found = (self.now, preempting) if preempting is not None else self._earliest(j, timeline)
             if found is None:
                 j.reason, j.planned_start = "Resources", None
                 continue
@@ -477,6 +479,24 @@ class SimSlurm:
         self.schedule_s += _time.perf_counter() - t0
         return started
 
+    def _start_now_by_preempting(self, j: SimJob, timeline: GpuTimeline) -> list[list[str]] | None:
+        """Where a multi-partition job outside the preemptible QOS starts now when Slurm tries its partitions in
+        order, each at once without and then with preemption (job_scheduler.c queues one record per partition;
+        cons_tres's run-now test preempts only where the job cannot start otherwise), so that a partition listed
+        earlier where preempting makes room comes before a later one free now; None: let `_earliest` decide (no
+        preemption here, a single partition, or no partition where it starts now)."""
+        if self.preempt_exempt_s is None or j.preemptible or not j.alternatives:
+            return None
+        for comps in j.alternatives:
+            cands = [self._candidates(c) for c in comps]
+            found = timeline.earliest(_shapes(comps), cands, self.now, 60.0 * max(c.time_min for c in comps))
+            if found is not None and found[0] <= self.now:
+                return None  # it starts now without preempting, in the first such partition: `_earliest`'s choice
+            freed = self._preempt_for(j, [comps])
+            if freed is not None and self._fits_now(j, freed):
+                return freed
+        return None
+
     def _preemptable(self) -> list[SimJob]:
         assert self.preempt_exempt_s is not None
         return [
@@ -488,8 +508,9 @@ class SimSlurm:
             and self.now - x.start >= self.preempt_exempt_s
         ]
 
-    def _preempt_for(self, j: SimJob) -> list[list[str]] | None:
-        """Where `j` starts now if preemptible jobs make room (None: nowhere), those jobs stopped."""
+    def _preempt_for(self, j: SimJob, options: list[list[ComponentRequest]] | None = None) -> list[list[str]] | None:
+        """Where `j` starts now if preemptible jobs make room (None: nowhere), those jobs stopped; `options`: the
+        requests to try (default: each of `j`'s, in order)."""
         victims = self._preemptable()
         if not victims:
             return None
@@ -502,7 +523,7 @@ class SimSlurm:
                     for n in ns:
                         timeline.add(n, x.start, max(x.start + x.limit_s, self.now + 1.0), c.gpus_per_node)
         best: tuple[list[list[str]], list[ComponentRequest]] | None = None
-        for comps in j.alternatives or [j.components]:
+        for comps in options or j.alternatives or [j.components]:
             found = timeline.earliest(
                 _shapes(comps), [self._candidates(c) for c in comps], self.now, 60.0 * max(c.time_min for c in comps)
             )
