@@ -34,6 +34,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -351,36 +352,31 @@ def comparisons(rows: list[dict], include_tuning: bool) -> str:
     for shape, load in sorted({(r["shape"], r["load"]) for r in use}):
         sub = [r for r in use if r["shape"] == shape and r["load"] == load]
         out.append(f"  {shape} load {load} ({SHAPES.get(shape, '?')}):")
-        for b in policies:
-            for who, _ in USERS:
-                out.append(f"    vs {b:12s} {who:5s}: {_fmt(compare(sub, 'has', b, who))}")
-        if "has-preempt" in policies and "sia" in policies:
-            out.append(f"    has-preempt vs sia  all  : {_fmt(compare(sub, 'has-preempt', 'sia'))}")
-    for b in policies:
-        for who, _ in USERS:
-            out.append(f"  all held-out runs vs {b} {who}: {_fmt(compare(use, 'has', b, who))}")
-    if "has-preempt" in policies and "sia" in policies:
-        out.append(f"  all held-out runs has-preempt vs sia all: {_fmt(compare(use, 'has-preempt', 'sia'))}")
+        out += _block(sub, policies, compare, "    ")
+    out.append("  all held-out runs:")
+    out += _block(use, policies, compare, "    ")
     # the averages as they were taken before every job counted: each policy's completed jobs only, so one that
     # leaves a job out is averaged over one job fewer
     out.append("  over the jobs each policy completed (a job it did not complete left out of its average):")
-    for b in policies:
-        for who, key in USERS:
-            out.append(f"    vs {b:12s} {who:5s}: {_fmt(paired(use, 'has', b, key=key))}")
-    if "has-preempt" in policies and "sia" in policies:
-        out.append(f"    has-preempt vs sia  all  : {_fmt(paired(use, 'has-preempt', 'sia'))}")
-    # the same comparison over the jobs both completed
+    out += _block(use, policies, lambda rs, a, b, who: paired(rs, a, b, key=dict(USERS)[who]), "    ")
     out.append("  over the jobs both policies completed in each run:")
-    for b in policies:
-        for who, _ in USERS:
-            p = paired_common(use, "has", b, who)
-            if p.get("pairs"):
-                out.append(f"    vs {b:12s} {who:5s}: {_fmt(p)}")
-        if b == "sia" and "has-preempt" in policies:
-            p = paired_common(use, "has-preempt", "sia")
-            if p.get("pairs"):
-                out.append(f"    has-preempt vs sia  all  : {_fmt(p)}")
+    out += _block(use, policies, paired_common, "    ")
     return "\n".join(out)
+
+
+def _block(rows: list[dict], policies: list[str], how: Callable[..., dict], indent: str) -> list[str]:
+    """One line per baseline and whose jobs, `has` against it by `how` (rows, policy, baseline, who), and
+    has-preempt against sia where both ran."""
+    pairs = [("has", b, who) for b in policies for who, _ in USERS]
+    if "has-preempt" in policies and "sia" in policies:
+        pairs.append(("has-preempt", "sia", "all"))
+    out = []
+    for a, b, who in pairs:
+        p = how(rows, a, b, who)
+        if p.get("pairs"):
+            name = f"vs {b:12s}" if a == "has" else f"{a} vs {b}"
+            out.append(f"{indent}{name} {who:5s}: {_fmt(p)}")
+    return out
 
 
 def cross_type(rows: list[dict], results: list) -> str:
