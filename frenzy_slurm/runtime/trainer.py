@@ -6,8 +6,9 @@ parallelism and ZeRO come from ds_config.json. On a CPU (no GPU in the task) Dee
 DS_ACCELERATOR=cpu over gloo.
 
 Signals: SIGUSR2 (sent 300 s before the time limit) and SIGTERM (scancel, preemption) make the
-trainer save a checkpoint at the next step boundary; after USR2, and after the SIGTERM of a preemption
-(in_job.preempted), rank 0 also requeues the job so it resumes from that checkpoint.
+trainer save a checkpoint at the next step boundary, every rank at the same one (`agreed_stop`); after USR2,
+and after the SIGTERM of a preemption (in_job.preempted), rank 0 also requeues the job so it resumes from
+that checkpoint.
 
 `job_dir` is the directory runtime/trust.py opened and checked (named through its file descriptor). A
 checkpoint is loaded only when its files are the ones this job recorded after saving them
@@ -53,6 +54,28 @@ if TYPE_CHECKING:  # torch is imported inside the functions: the job imports it 
     from frenzy_slurm.marp.plan import ParallelPlan
 
 _stop = signals.STOP  # set by runtime.signals' handler, installed before anything heavy is imported
+# The stop signals as one number per rank, the larger winning where ranks saw different ones: the time-limit
+# warning (checkpoint and requeue) before a SIGTERM (scancel, or a preemption, which also requeues)
+_STOP_CODES: dict[str | None, int] = {None: 0, "SIGTERM": 1, "SIGUSR2": 2}
+
+
+def agreed_stop(device: torch.device, world_size: int) -> str | None:
+    """The stop signal any rank has received by this step boundary, the same on every rank (and recorded as
+    this rank's own). Slurm signals each task by itself, so at one step boundary some ranks may have the
+    signal and others not yet: a rank that stops to checkpoint (a collective save and a barrier) while another
+    runs on into the next step (pipeline sends) would wait for it until SIGKILL, and a preempted job would end
+    PREEMPTED by Slurm instead of requeued by its trainer (seen on the local cluster: tests/
+    test_has_preemptible_live.py). One all-reduce of one integer per step."""
+    import torch
+
+    if world_size <= 1 or not torch.distributed.is_initialized():
+        return _stop["signal"]
+    code = torch.tensor([_STOP_CODES[_stop["signal"]]], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(code, op=torch.distributed.ReduceOp.MAX)
+    agreed = next(name for name, c in _STOP_CODES.items() if c == int(code.item()))
+    if agreed is not None and _STOP_CODES[_stop["signal"]] < _STOP_CODES[agreed]:
+        _stop["signal"] = agreed
+    return agreed
 
 
 def _device(dist: DistEnv) -> tuple[torch.device, str]:
@@ -280,7 +303,7 @@ class _Run:
                 line = f"frenzy-slurm: step {self.step}/{t.total_steps} loss {loss:.4f} {self.step_times[-1]:.3f}s"
                 print(line, flush=True)
                 progress.step(self.step, loss, self.step_times[-1])
-            stop = _stop["signal"]
+            stop = agreed_stop(self.device, self.dist.world_size)
             if self.step % (t.checkpoint_interval or 1000) == 0 or self.step == t.total_steps or stop:
                 self.checkpoint()
             if stop:
