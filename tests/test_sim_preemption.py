@@ -69,14 +69,12 @@ def test_a_multi_partition_job_preempts_in_a_partition_listed_before_one_that_is
             SimPartition(name="slow", gpu="T4", nodes=1, gpus_per_node=4),
         ]
     )
-    for exempt_min, want in ((20.0, ("fast", "PREEMPTED")), (None, ("slow", "RUNNING"))):
-        sim = SimSlurm(
-            c, outcome=lambda j: (600 * MIN, "COMPLETED"), preempt_exempt_s=None if exempt_min is None else 1200.0
-        )
 
-        def req(part: str, gres: str) -> ComponentRequest:
-            return ComponentRequest(partition=part, gpu_type=gres, nodes=1, gpus_per_node=4, time_min=600)
+    def req(part: str, gres: str) -> ComponentRequest:
+        return ComponentRequest(partition=part, gpu_type=gres, nodes=1, gpus_per_node=4, time_min=600)
 
+    for exempt_s, want in ((20 * MIN, ("fast", "PREEMPTED")), (None, ("slow", "RUNNING"))):
+        sim = SimSlurm(c, outcome=lambda j: (600 * MIN, "COMPLETED"), preempt_exempt_s=exempt_s)
         held = sim.submit_as(
             BatchJob(script=Path("a.sbatch"), workdir=Path("."), components=[req("fast", "h100_sxm")], name="held"),
             preemptible=True,

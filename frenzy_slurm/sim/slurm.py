@@ -456,10 +456,6 @@ class SimSlurm:
                 j.reason, j.planned_start = "Resources", None
                 continue
             t, nodes = found
-            if t > self.now and self.preempt_exempt_s is not None and not j.preemptible:
-                freed = self._preempt_for(j)
-                if freed is not None and self._fits_now(j, freed):
-                    t, nodes = self.now, freed
             if t <= self.now:
                 self._start(j, nodes)
                 for c, ns in zip(j.components, nodes, strict=True):
@@ -480,19 +476,19 @@ class SimSlurm:
         return started
 
     def _start_now_by_preempting(self, j: SimJob, timeline: GpuTimeline) -> list[list[str]] | None:
-        """Where a multi-partition job outside the preemptible QOS starts now when Slurm tries its partitions in
+        """Where a job outside the preemptible QOS starts now by preempting, when Slurm tries its partitions in
         order, each at once without and then with preemption (job_scheduler.c queues one record per partition;
         cons_tres's run-now test preempts only where the job cannot start otherwise), so that a partition listed
         earlier where preempting makes room comes before a later one free now; None: let `_earliest` decide (no
-        preemption here, a single partition, or no partition where it starts now)."""
-        if self.preempt_exempt_s is None or j.preemptible or not j.alternatives:
+        preemption here, or a partition where it starts without preempting, or none where it starts now)."""
+        if self.preempt_exempt_s is None or j.preemptible:
             return None
-        for comps in j.alternatives:
+        for comps in j.alternatives or [j.components]:
             cands = [self._candidates(c) for c in comps]
             found = timeline.earliest(_shapes(comps), cands, self.now, 60.0 * max(c.time_min for c in comps))
             if found is not None and found[0] <= self.now:
                 return None  # it starts now without preempting, in the first such partition: `_earliest`'s choice
-            freed = self._preempt_for(j, [comps])
+            freed = self._preempt_for(j, comps)
             if freed is not None and self._fits_now(j, freed):
                 return freed
         return None
@@ -508,9 +504,9 @@ class SimSlurm:
             and self.now - x.start >= self.preempt_exempt_s
         ]
 
-    def _preempt_for(self, j: SimJob, options: list[list[ComponentRequest]] | None = None) -> list[list[str]] | None:
-        """Where `j` starts now if preemptible jobs make room (None: nowhere), those jobs stopped; `options`: the
-        requests to try (default: each of `j`'s, in order)."""
+    def _preempt_for(self, j: SimJob, comps: list[ComponentRequest]) -> list[list[str]] | None:
+        """Where `j` starts now as the request `comps` if preemptible jobs make room (None: it does not), those
+        jobs stopped and `comps` made its components."""
         victims = self._preemptable()
         if not victims:
             return None
@@ -522,17 +518,12 @@ class SimSlurm:
                 for c, ns in zip(x.components, x.nodes, strict=True):
                     for n in ns:
                         timeline.add(n, x.start, max(x.start + x.limit_s, self.now + 1.0), c.gpus_per_node)
-        best: tuple[list[list[str]], list[ComponentRequest]] | None = None
-        for comps in options or j.alternatives or [j.components]:
-            found = timeline.earliest(
-                _shapes(comps), [self._candidates(c) for c in comps], self.now, 60.0 * max(c.time_min for c in comps)
-            )
-            if found is not None and found[0] <= self.now:
-                best = (found[1], comps)
-                break
-        if best is None:
+        found = timeline.earliest(
+            _shapes(comps), [self._candidates(c) for c in comps], self.now, 60.0 * max(c.time_min for c in comps)
+        )
+        if found is None or found[0] > self.now:
             return None
-        nodes, j.components = best
+        nodes, j.components = found[1], comps
         need: dict[str, int] = {}
         for c, ns in zip(j.components, nodes, strict=True):
             for n in ns:
