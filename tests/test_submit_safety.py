@@ -4,7 +4,6 @@ the job. Against FakeSlurm (a timeout after the job exists cannot be produced on
 
 from __future__ import annotations
 
-import getpass
 import os
 import stat
 import threading
@@ -17,10 +16,10 @@ from frenzy_slurm.core import inputfile
 from frenzy_slurm.core.errors import EXIT_ALREADY_SUBMITTED, EXIT_BAD_INPUT, EXIT_SLURM_UNAVAILABLE, FrenzyError
 from frenzy_slurm.jobdir.safety import next_free_dir
 from frenzy_slurm.sim.synthetic import synthetic, synthetic_site
-from frenzy_slurm.slurm.fake import FakeSlurm
 from frenzy_slurm.submission import submit
 
 from .helpers import LOCAL, make_spec, plan, planned
+from .trust_world import fake, refusal
 
 
 @pytest.fixture(autouse=True)
@@ -44,16 +43,6 @@ def request(world, job_dir: Path, **plan_options):
     return planned(spec, view, job_dir, **plan_options)
 
 
-def fake(view) -> FakeSlurm:
-    return FakeSlurm(view, user=getpass.getuser())
-
-
-def _code(fn, *args, **kw) -> tuple[int, str]:
-    with pytest.raises(FrenzyError) as exc:
-        fn(*args, **kw)
-    return exc.value.exit_code, exc.value.message
-
-
 def test_job_directory_and_files_are_private(world, tmp_path):
     jobs = tmp_path / "jobs"
     req = request(world, jobs / "a")
@@ -73,7 +62,7 @@ def test_jobs_directory_writable_by_others_is_refused(world, tmp_path, mode, mon
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(mode)
-    code, msg = _code(submit, request(world, shared / "a"), fake(world[0]))
+    code, msg = refusal(submit, request(world, shared / "a"), fake(world[0]))
     assert code == EXIT_BAD_INPUT and "writable by" in msg and "--job-dir" in msg
 
 
@@ -81,7 +70,7 @@ def test_jobs_directory_of_another_user_is_refused(world, tmp_path):
     other = tmp_path / "other"
     other.mkdir(mode=0o755)
     os.chown(other, 4242, 4242) if os.geteuid() == 0 else pytest.skip("needs root to make a foreign directory")
-    code, msg = _code(submit, request(world, other / "a"), fake(world[0]))
+    code, msg = refusal(submit, request(world, other / "a"), fake(world[0]))
     assert code == EXIT_BAD_INPUT and "belongs to" in msg
 
 
@@ -91,7 +80,7 @@ def test_symlinked_lock_is_not_followed(world, tmp_path, private_lock_dir):
     victim.write_text("precious")
     private_lock_dir.mkdir(mode=0o700)
     (private_lock_dir / f"submit-{req.submission}.lock").symlink_to(victim)
-    code, msg = _code(submit, req, fake(world[0]))
+    code, msg = refusal(submit, req, fake(world[0]))
     assert code == EXIT_BAD_INPUT and "lock file" in msg
     assert victim.read_text() == "precious"
 
@@ -104,7 +93,7 @@ def test_lock_owned_by_another_user_is_an_input_error(world, tmp_path, private_l
     lock = private_lock_dir / f"submit-{req.submission}.lock"
     lock.write_text("")
     os.chown(lock, 4242, 4242)
-    code, msg = _code(submit, req, fake(world[0]))
+    code, msg = refusal(submit, req, fake(world[0]))
     assert code == EXIT_BAD_INPUT and "not a plain file of yours" in msg
 
 
@@ -129,7 +118,7 @@ def test_force_never_touches_the_earlier_job(world, tmp_path):
     ckpt.mkdir(parents=True)
     (first.job_dir / "metrics.json").write_text("{}")
     before = sorted(p.name for p in first.job_dir.iterdir())
-    code, _ = _code(submit, request(world, first.job_dir), slurm)
+    code, _ = refusal(submit, request(world, first.job_dir), slurm)
     assert code == EXIT_ALREADY_SUBMITTED
     # what fsbatch --force does: a directory with a job's files gets a fresh sibling
     assert job_outputs(first.job_dir)
@@ -142,7 +131,7 @@ def test_force_never_touches_the_earlier_job(world, tmp_path):
     late = request(world, tmp_path / "jobs" / "c")
     late.job_dir.mkdir(mode=0o700)
     (late.job_dir / "metrics.json").write_text("{}")
-    code, msg = _code(submit, replace(late, force=True), slurm)
+    code, msg = refusal(submit, replace(late, force=True), slurm)
     assert code == EXIT_BAD_INPUT and "never writes over" in msg
 
 
@@ -195,7 +184,7 @@ def test_sbatch_timeout_without_a_job_says_what_to_do(world, tmp_path):
             slurm.fake_jobs.clear()
 
     slurm.submit = lost
-    code, msg = _code(submit, req, slurm, timeout_waits=(0.0,))
+    code, msg = refusal(submit, req, slurm, timeout_waits=(0.0,))
     assert code == EXIT_SLURM_UNAVAILABLE and f"frenzy:{req.submission}" in msg and "again" in msg
 
 
@@ -205,7 +194,7 @@ def test_rerun_after_a_lost_answer_records_the_job(world, tmp_path):
     req = request(world, tmp_path / "jobs" / "a")
     done = submit(req, slurm)
     (req.job_dir / "submission.json").unlink()  # as if the answer had been lost
-    code, msg = _code(submit, request(world, req.job_dir), slurm)
+    code, msg = refusal(submit, request(world, req.job_dir), slurm)
     assert code == EXIT_ALREADY_SUBMITTED and str(done.job_id) in msg
     assert (req.job_dir / "submission.json").exists()
 
@@ -252,7 +241,7 @@ def test_lock_directory_writable_by_others_is_refused(world, tmp_path, monkeypat
     shared.mkdir()
     shared.chmod(0o1777)
     monkeypatch.setenv("FRENZY_LOCK_DIR", str(shared))
-    code, msg = _code(submit, request(world, tmp_path / "jobs" / "a"), fake(world[0]))
+    code, msg = refusal(submit, request(world, tmp_path / "jobs" / "a"), fake(world[0]))
     assert code == EXIT_BAD_INPUT and "lock directory" in msg and "FRENZY_LOCK_DIR" in msg
     assert not list(shared.iterdir())
 
@@ -265,7 +254,7 @@ def test_duplicate_from_another_directory_after_the_job_left_the_queue(world, tm
     first = request(world, tmp_path / "jobs" / "a")
     done = submit(first, slurm)
     slurm.fake_jobs.clear()  # finished and gone from the queue (MinJobAge)
-    code, msg = _code(submit, request(world, tmp_path / "other" / "b"), slurm)
+    code, msg = refusal(submit, request(world, tmp_path / "other" / "b"), slurm)
     assert code == EXIT_ALREADY_SUBMITTED and str(done.job_id) in msg and str(first.job_dir) in msg
     shutil.rmtree(first.job_dir)  # the user cleans up: a fresh start is allowed
     again = submit(request(world, tmp_path / "other" / "b"), slurm)
