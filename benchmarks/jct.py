@@ -43,7 +43,7 @@ from frenzy_slurm.cli.simulate import trace_path  # noqa: E402
 from frenzy_slurm.sim.clusters import LARGE, MEDIUM, SMALL, generated_shape, parse_compact  # noqa: E402
 from frenzy_slurm.sim.metrics import paired, paired_all, paired_common, plot, summarize  # noqa: E402
 from frenzy_slurm.sim.policies import TUNED_KNOBS  # noqa: E402
-from frenzy_slurm.sim.runner import Runner  # noqa: E402
+from frenzy_slurm.sim.runner import WARMUP_SEED_OFFSET, Runner, warmed_calibration  # noqa: E402
 from frenzy_slurm.sim.truth import ErrorModel  # noqa: E402
 from frenzy_slurm.sim.workload import sample_philly  # noqa: E402
 
@@ -168,6 +168,14 @@ def main() -> int:
     )
     ap.add_argument("--knobs", default=None, help="JSON object overriding TUNED_KNOBS, e.g. '{\"ilp_speed_floor\": 2}'")
     ap.add_argument("--max-job-share", type=float, default=None, help="the site's max_job_share (HAS)")
+    ap.add_argument(
+        "--calibrate-every",
+        type=float,
+        default=None,
+        help="hours between the site's calibrations (frenzy-slurm calibrate on the jobs finished so far; the "
+        "policies that plan with MARP see it), after an earlier period of the same size on the same cluster (job "
+        f"seed + {WARMUP_SEED_OFFSET}) that calibrated the same way; default: never",
+    )
     ap.add_argument("--include-tuning", action="store_true", help="count tuning-set runs in the goals")
     ap.add_argument(
         "--reuse",
@@ -214,17 +222,15 @@ def main() -> int:
                 wl = sample_philly(trace_path(args.trace), seed, jobs)
                 for name in policies:
                     t0 = time.perf_counter()
-                    r = Runner(
-                        wl,
-                        cluster,
-                        name,
-                        seed,
-                        load=load,
-                        errors=errors,
-                        knobs=knobs,
-                        max_job_share=args.max_job_share,
-                        plain_share=args.plain_share,
-                    ).run()
+                    same = {"load": load, "errors": errors, "knobs": knobs, "max_job_share": args.max_job_share}
+                    same["plain_share"] = args.plain_share
+                    warm = None
+                    if args.calibrate_every is not None:  # a site in production: calibrated by an earlier period
+                        earlier = sample_philly(trace_path(args.trace), seed + WARMUP_SEED_OFFSET, jobs)
+                        warm = warmed_calibration(
+                            earlier, cluster, name, seed + WARMUP_SEED_OFFSET, args.calibrate_every * 3600, **same
+                        )
+                    r = Runner(wl, cluster, name, seed, calibration=warm, **same).run()
                     s = summarize(r)
                     s["shape"] = shape
                     s["tuned"] = shape in TUNING_SHAPES or (

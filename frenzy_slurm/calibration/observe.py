@@ -80,12 +80,20 @@ def raw_step_parts(w: Workload, chosen: Allocation, global_batch: int, site: Sit
     if len(chosen.components) != 1:
         return None
     c = chosen.components[0]
-    pool = site.pool(c.partition, c.gpu_type)
+    return plan_step_parts(w, _plan_of(chosen), global_batch, site, c.partition, c.gpu_type)
+
+
+def plan_step_parts(
+    w: Workload, plan: ParallelPlan, global_batch: int, site: SiteConfig, partition: str, gres_type: str | None
+) -> tuple[float, float] | None:
+    """(compute, other) seconds of `plan`'s step on the pool (partition, GRES type) with the site file's GPU specs,
+    without the fixed overheads; None where the site file has no such pool."""
+    pool = site.pool(partition, gres_type)
     if pool is None:
         return None
     spec = pool.spec().model_copy(update={"step_overhead_s": 0.0, "microbatch_overhead_s": 0.0})
     links = Links(pool.intra_node_gbs, site.inter_node_gbs(pool), pool.gpus_per_node)
-    costs = plan_costs(w, _plan_of(chosen), global_batch)
+    costs = plan_costs(w, plan, global_batch)
     full = costs.seconds_on(spec, links)
     half = costs.seconds_on(spec.model_copy(update={"efficiency": spec.efficiency / 2}), links)
     compute = half - full

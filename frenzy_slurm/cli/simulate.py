@@ -55,6 +55,19 @@ def resolve_workload(arg: str, trace: Path | None) -> tuple[WorkloadFile, int]:
     return load_workload(path), 0
 
 
+def earlier_workload(arg: str, trace: Path | None, wl: WorkloadFile) -> WorkloadFile:
+    """The jobs of the period before WORKLOAD's, for a site calibrated in production (`--calibrate-every`): the
+    trace's jobs drawn with the seed `WARMUP_SEED_OFFSET` on for `philly:SEED[:JOBS]`; a workload file's own jobs
+    (its users ran the same jobs before), which the earlier period runs with other true draws."""
+    from frenzy_slurm.sim.runner import WARMUP_SEED_OFFSET
+    from frenzy_slurm.sim.workload import sample_philly
+
+    if arg.startswith("philly:"):
+        _, seed = resolve_workload(arg, trace)
+        return sample_philly(trace_path(trace), seed + WARMUP_SEED_OFFSET, len(wl.jobs))
+    return wl
+
+
 def _seeds(text: str | None, default: int) -> list[int]:
     if text is None:
         return [default]
@@ -128,6 +141,15 @@ def _seeds(text: str | None, default: int) -> list[int]:
     type=click.FloatRange(min=0.0, max=1.0, min_open=True),
     default=None,
     help="The site file's max_job_share: the most of one pool HAS gives one job (default 0.5).",
+)
+@click.option(
+    "--calibrate-every",
+    type=click.FloatRange(min=0.1, max=24 * 365),
+    default=None,
+    help="Hours between the site's calibrations (frenzy-slurm calibrate on the jobs finished so far, as a cron job "
+    "would run it), after an earlier period that calibrated the same way (philly:SEED: the trace's jobs of seed "
+    "SEED+1000; a workload file: its own jobs); the policies that plan with MARP see the calibrated site. "
+    "Default: never.",
 )
 @click.option("--exact", is_flag=True, help="No prediction error: the truth is MARP's prediction.")
 @click.option(
@@ -209,6 +231,7 @@ def simulate(
     bf_interval: float,
     max_gpus: int | None,
     max_job_share: float | None,
+    calibrate_every: float | None,
     exact: bool,
     truth: str,
     plain_share: float,
@@ -224,7 +247,7 @@ def simulate(
     """Replay WORKLOAD on a simulated Slurm cluster under each policy; print JCT, utilisation, overhead."""
     from frenzy_slurm.sim.clusters import load_cluster
     from frenzy_slurm.sim.metrics import aggregate, markdown, plot, summarize
-    from frenzy_slurm.sim.runner import Runner
+    from frenzy_slurm.sim.runner import WARMUP_SEED_OFFSET, Runner, warmed_calibration
     from frenzy_slurm.sim.truth import ErrorModel
     from frenzy_slurm.sim.workload import save_workload as write_workload
 
@@ -244,23 +267,15 @@ def simulate(
     results, rows = [], []
     runs = [(s, n) for s in seeds for n in names]
     bar = _progress(len(runs) * len(wl.jobs))
+    same: dict[str, Any] = {"errors": errors, "load": None if as_is else load, "estimates": estimates}
+    same |= {"reserve": 1 if backfill == "easy" else None, "ilp_round_s": ilp_round, "sched_interval_s": bf_interval}
+    same |= {"max_gpus": max_gpus, "max_job_share": max_job_share, "plain_share": plain_share}
+    earlier = earlier_workload(workload, trace, wl) if calibrate_every is not None else None
     for seed, name in runs:
-        runner = Runner(
-            wl,
-            cluster,
-            name,
-            seed,
-            errors=errors,
-            load=None if as_is else load,
-            reserve=1 if backfill == "easy" else None,
-            estimates=estimates,
-            ilp_round_s=ilp_round,
-            progress=bar.update if bar else None,
-            sched_interval_s=bf_interval,
-            max_gpus=max_gpus,
-            max_job_share=max_job_share,
-            plain_share=plain_share,
-        )
+        warm = None
+        if earlier is not None and calibrate_every is not None:  # a site in production: an earlier period calibrated it
+            warm = warmed_calibration(earlier, cluster, name, seed + WARMUP_SEED_OFFSET, calibrate_every * 3600, **same)
+        runner = Runner(wl, cluster, name, seed, progress=bar.update if bar else None, calibration=warm, **same)
         r = runner.run()
         results.append(r)
         rows.append(summarize(r))

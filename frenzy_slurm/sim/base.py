@@ -14,6 +14,8 @@ class Policy(Protocol):
     name: str
     # its jobs run frenzy-slurm's runtime, which requeues a job at its time limit: the same request again
     requeues_at_time_limit: bool
+    # it plans with MARP as fsbatch does: a calibrated site (Context.calibration) reaches it
+    calibrates: bool
 
     def stop_now(self) -> list[int]:
         """Re-planning policies: sim job ids to checkpoint and stop this round, before `tick`'s placements."""
@@ -56,6 +58,9 @@ class BasePolicy:
     round_s: float | None = None
     # whether its jobs run frenzy-slurm's runtime, which requeues a job at its time limit (the same request)
     requeues_at_time_limit = False
+    # whether it plans with MARP as fsbatch does, so that the site's calibration reaches it (`Context.site_for`);
+    # the policies that stand for users who pick their own GPUs do not
+    calibrates = False
 
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
         return []

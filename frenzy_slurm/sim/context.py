@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frenzy_slurm.sim.calibrating import SiteCalibration
 from frenzy_slurm.sim.jobs import Attempt
 from frenzy_slurm.sim.slurm import SimSlurm
 from frenzy_slurm.sim.truth import Truth
@@ -21,6 +22,8 @@ class Context:
     # the ground truth, for baselines that model what a user knows from earlier runs (slurm-multi's
     # --time from the true run time) and for the restart cost sia plans with; HAS never reads it
     truth: Truth | None = None
+    # the site's calibration as it stands now (`--calibrate-every`), for the policies that plan with MARP
+    calibration: SiteCalibration | None = None
 
     def move_cost(self, a: Attempt) -> float:
         """What stopping the job and resuming it elsewhere costs in the truth: a start-up and the checkpoint's
@@ -37,10 +40,20 @@ class Context:
             return 0.0
         return self.truth.restart_s(a.params_b, a.job.method) - self.truth.model.restart_s
 
-    def site_for(self, a: Attempt) -> SiteConfig:
-        """The site file with usable memory shrunk by what an OOM taught (plans then assume more memory)."""
+    def site_for(self, a: Attempt, calibrated: bool = False) -> SiteConfig:
+        """The site file as a policy plans the attempt with it: calibrated (`calibrated`, for the policies that plan
+        with MARP, as fsbatch applies the site's calibration), and with usable memory shrunk by what an OOM taught
+        (plans then assume more memory)."""
+        site = self.site
+        if calibrated and self.calibration is not None:
+            site = self.calibration.site_for(a.job.precision, a.job.method)
         if a.mem_correction <= 1.0:
-            return self.site
-        frac = self.site.defaults.usable_fraction / a.mem_correction
-        defaults = self.site.defaults.model_copy(update={"usable_fraction": frac})
-        return self.site.model_copy(update={"defaults": defaults})
+            return site
+        frac = site.defaults.usable_fraction / a.mem_correction
+        defaults = site.defaults.model_copy(update={"usable_fraction": frac})
+        # a pool with its own share (a calibrated memory factor sets one) shrinks by the same correction
+        pools = [
+            p.model_copy(update={"usable_fraction": p.usable_fraction / a.mem_correction}) if p.usable_fraction else p
+            for p in site.pools
+        ]
+        return site.model_copy(update={"defaults": defaults, "pools": pools})

@@ -42,18 +42,21 @@ _Option = tuple[int, UsablePool, Candidate, tuple[int, int]]
 
 class IlpPolicy(RoundPolicy):
     name = "ilp"
+    calibrates = True
 
     def __init__(self, round_s: float = 60.0, speed_floor: float | None = 2.0):
         super().__init__(round_s)
         self.speed_floor = speed_floor  # None: any option, however slow (the straw man)
-        self._cands: dict[int, dict] = {}
+        self._cands: dict[int, tuple[int, dict]] = {}  # id(attempt) -> (calibration version, candidates)
 
     def _candidates(self, a: Attempt, pools: list[UsablePool], ctx: Context) -> dict:
         key = id(a)
-        if key not in self._cands:
+        version = ctx.calibration.fits if ctx.calibration is not None else 0  # a new calibration: search again
+        if key not in self._cands or self._cands[key][0] != version:
             req = a.requirements
-            self._cands[key] = search(a.workload, [p.option for p in pools], req.global_batch, req.steps, None, a.space)
-        return self._cands[key]
+            found = search(a.workload, [p.option for p in pools], req.global_batch, req.steps, None, a.space)
+            self._cands[key] = (version, found)
+        return self._cands[key][1]
 
     def tick(self, ctx: Context) -> list[tuple[Attempt, Placement]]:
         if not self.held:
@@ -83,7 +86,7 @@ class IlpPolicy(RoundPolicy):
         options: list[_Option] = []
         values: list[float] = []
         for i, (a, since) in enumerate(self.held):
-            pools, _ = usable_pools(a.requirements, view, ctx.site_for(a))
+            pools, _ = usable_pools(a.requirements, view, ctx.site_for(a, self.calibrates))
             cands = self._candidates(a, pools, ctx)
             every = [c for items in cands.values() for c in items]
             if not every:
@@ -179,6 +182,7 @@ class IlpPolicy(RoundPolicy):
                         [PlacedComponent(req, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)],
                         c.step_time_s,
                         f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})",
+                        plan=c.plan,
                     ),
                 )
             )

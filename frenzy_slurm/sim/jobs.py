@@ -73,7 +73,8 @@ class Placement:
     # a multi-partition submission (slurm-multi): every placement the job may start as, this one first;
     # the simulated Slurm starts it as the one that can start first
     alternatives: tuple[Placement, ...] = ()
-    plan: ParallelPlan | None = None  # HAS's plan (its checkpoint's layout); None for a baseline's placement
+    # the plan MARP predicted the step of (HAS's: its checkpoint's layout); None for a user's own request
+    plan: ParallelPlan | None = None
 
     @property
     def gpus(self) -> int:

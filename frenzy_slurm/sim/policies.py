@@ -99,6 +99,7 @@ class HasPolicy(BasePolicy):
     round_s = None
     replans = False
     requeues_at_time_limit = True  # its jobs run frenzy-slurm's runtime (in_job.exit_for_requeue)
+    calibrates = True
 
     def __init__(self, heterogeneous: bool = True):
         self.heterogeneous = heterogeneous
@@ -108,7 +109,15 @@ class HasPolicy(BasePolicy):
         # has-homogeneous: the same decision with no pipelines across GPU types in the plan space
         space = a.space if self.heterogeneous else replace(a.space, heterogeneous=False)
         try:
-            d = decide_job(a.requirements, a.workload, space, ctx.sim.load(), ctx.site_for(a), ctx.sim, ctx.sim.now)
+            d = decide_job(
+                a.requirements,
+                a.workload,
+                space,
+                ctx.sim.load(),
+                ctx.site_for(a, self.calibrates),
+                ctx.sim,
+                ctx.sim.now,
+            )
         except NoFitError:
             return None
         return from_allocation(d.chosen)
@@ -157,7 +166,7 @@ class HasReplan(HasPolicy):
                 a.workload,
                 space,
                 without_job(full, jid),
-                ctx.site_for(a),
+                ctx.site_for(a, self.calibrates),
                 ctx.sim,
                 ctx.sim.now,
                 p.label,
@@ -221,7 +230,7 @@ class HasPreempt(HasReplan):
         return self.preemption is not None and p.step_time_s * a.steps >= 60.0 * self.preemption.min_run_min
 
     def _site(self, a: Attempt, ctx: Context) -> SiteConfig:
-        site = ctx.site_for(a)
+        site = ctx.site_for(a, self.calibrates)
         return site if self.preemption is None else site.model_copy(update={"preemption": self.preemption})
 
     def place(self, a: Attempt, ctx: Context) -> Placement | None:
@@ -302,9 +311,10 @@ class HasPreempt(HasReplan):
 class FastestFit(BasePolicy):
     name = "fastest-fit"
     round_s = None
+    calibrates = True
 
     def place(self, a: Attempt, ctx: Context) -> Placement | None:
-        site = ctx.site_for(a)
+        site = ctx.site_for(a, self.calibrates)
         req = a.requirements
         pools, _ = usable_pools(req, ctx.sim.load(), site)
         cands = search(a.workload, [p.option for p in pools], req.global_batch, req.steps, None, a.space)
@@ -330,6 +340,7 @@ class FastestFit(BasePolicy):
                 [PlacedComponent(req_c, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)],
                 c.step_time_s,
                 f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})",
+                plan=c.plan,
             )
         return None
 
@@ -488,7 +499,7 @@ class SlurmMulti(BasePolicy):
         return chosen
 
     def place(self, a: Attempt, ctx: Context) -> Placement | None:
-        pools, _ = usable_pools(a.requirements, ctx.sim.load(), ctx.site_for(a))
+        pools, _ = usable_pools(a.requirements, ctx.sim.load(), ctx.site_for(a, self.calibrates))
         chosen = self._listed(a, pools)
         if not chosen and pools:
             # no partition has the user's usual count: Slurm refuses that request at submission ("Requested node

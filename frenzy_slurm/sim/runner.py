@@ -24,6 +24,7 @@ from typing import Any
 
 from frenzy_slurm.core.gpus import catalog
 from frenzy_slurm.sim.base import RoundPolicy
+from frenzy_slurm.sim.calibrating import SiteCalibration
 from frenzy_slurm.sim.clusters import SimCluster
 from frenzy_slurm.sim.context import Context
 from frenzy_slurm.sim.jobs import Attempt, Placement
@@ -35,6 +36,8 @@ from frenzy_slurm.site.config import SiteConfig
 from frenzy_slurm.slurm.backend import BatchJob
 
 MAX_ATTEMPTS = 8
+# the earlier period a calibrated site ran before the one measured: the same cluster, jobs drawn with this seed offset
+WARMUP_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -114,6 +117,8 @@ class Runner:
         max_job_share: float | None = None,
         knobs: dict[str, float] | None = None,
         plain_share: float = 0.0,
+        calibrate_every_s: float | None = None,
+        calibration: SiteCalibration | None = None,
     ):
         self.workload, self.cluster, self.seed, self.load = workload, cluster, seed, load
         self.max_gpus = max_gpus  # limits.max_gpus of every job (every policy honours it)
@@ -138,6 +143,14 @@ class Runner:
         if settings:
             site = SiteConfig.model_validate({**site.model_dump(), **settings})
         self.ctx = Context(self.sim, site, self.truth)
+        # a site that refits its calibration from the jobs that finished, every this many seconds (docs/admin.md
+        # "Calibration"); it reaches the policies that plan with MARP, and only their own jobs are measured
+        # (`calibration`: the site's as an earlier period left it, `warmed_calibration`; its cron goes on)
+        if calibration is not None and self.policy.calibrates:
+            self.ctx.calibration = calibration
+            calibration.next_fit_s = calibration.every_s
+        elif calibrate_every_s is not None and self.policy.calibrates:
+            self.ctx.calibration = SiteCalibration(site, calibrate_every_s)
         self.scale = time_scale(workload, cluster, load) if load else 1.0
         # queue realism: this share of the jobs (seeded) comes from users who do not use frenzy-slurm; they
         # submit as slurm-multi does, with its loose whole-hour limits, under every policy
@@ -183,9 +196,13 @@ class Runner:
         for c in p.components:
             if self.truth.peak_gib(a.job.id, c.predicted_peak_gib) > c.memory_gib:
                 return startup, "OUT_OF_MEMORY"
+        # the truth scales MARP's prediction on the site file, whatever calibration the policy planned with (a plain
+        # user's placement was planned on the site file itself)
+        cal = None if self.records[a.job.id].plain else self.ctx.calibration
+        raw = cal.raw_step_s(a, p) if cal is not None else p.step_time_s
         step = self.truth.step_time(
             a.job.id,
-            p.step_time_s,
+            raw,
             [c.gpu_model for c in p.components],
             precision=a.job.precision,
             gpus=p.gpus,
@@ -205,6 +222,7 @@ class Runner:
             rec.first_start = sj.start
         if sj.job_id not in self._moving and not rec.plain:
             self.policy.ended(a)
+        self._measure(a, p, sj)
         if sj.state == "COMPLETED":
             rec.end, rec.state, rec.last_run_s = sj.end, "done", sj.end - sj.start
             self._done()
@@ -250,6 +268,15 @@ class Runner:
             self._done()
             return
         self._push(self.sim.now, "submit", nxt)
+
+    def _measure(self, a: Attempt, p: Placement, sj: SimJob) -> None:
+        """A run of a job the policy planned, measured as the trainer measures it (its steady step time, its peak
+        memory), for the site's calibration; a run that took fewer than two steps measures nothing."""
+        cal = None if self.records[a.job.id].plain else self.ctx.calibration  # plain users run no frenzy-slurm
+        if cal is None or sj.state == "OUT_OF_MEMORY" or self._steps_done(sj) < 2:
+            return
+        peaks = [self.truth.peak_gib(a.job.id, c.predicted_peak_gib) for c in p.components]
+        cal.observe(a, p, self._start_step[sj.job_id], peaks, user=a.job.group or f"job-{a.job.id}")
 
     def _steps_done(self, sj: SimJob) -> int:
         """Steps the run `sj` finished before it ended (its start-up and restore not counted)."""
@@ -432,6 +459,12 @@ class Runner:
             t_end = float("inf") if t_end is None else t_end
             if t_ext == float("inf") and t_end == float("inf"):
                 break
+            cal = self.ctx.calibration
+            if cal is not None and cal.next_fit_s < min(t_ext, t_end):
+                # the site's refit runs between events (nothing is decided in between)
+                self.sim.advance(cal.next_fit_s)
+                cal.refit(self.sim.now)
+                continue
             if t_end <= t_ext:
                 ended = self.sim.advance(t_end)
                 if ended and getattr(self.policy, "replans", False):
@@ -469,6 +502,8 @@ class Runner:
             extra["ilp_solve_ms_median"] = solve[len(solve) // 2] if solve else 0.0
             extra["ilp_solve_ms_p95"] = solve[int(0.95 * (len(solve) - 1))] if solve else 0.0
         extra["schedule_s"] = self.sim.schedule_s
+        if self.ctx.calibration is not None:
+            extra["calibrations"] = self.ctx.calibration.fits
         return RunResult(
             self.policy.name,
             self.seed,
@@ -519,6 +554,20 @@ def _pool_of(p: Placement) -> str:
 
 def simulate(workload: WorkloadFile, cluster: SimCluster, policy: str, seed: int = 0, **kw: Any) -> RunResult:
     return Runner(workload, cluster, policy, seed, **kw).run()
+
+
+def warmed_calibration(
+    earlier: WorkloadFile, cluster: SimCluster, policy: str, seed: int, every_s: float, **kw: Any
+) -> SiteCalibration | None:
+    """The calibration a site has when a measured period begins: the same policy ran `earlier` (another period's
+    jobs, their own truth: `seed`) on the same cluster, its site refitting every `every_s` and once at the end of
+    the period, from the jobs the policy planned. None for a policy that does not plan with MARP."""
+    runner = Runner(earlier, cluster, policy, seed, calibrate_every_s=every_s, **kw)
+    runner.run()
+    cal = runner.ctx.calibration
+    if cal is not None:
+        cal.refit(max(runner.sim.now, cal.next_fit_s))
+    return cal
 
 
 def _again(a: Attempt, p: Placement, **changes: Any) -> Attempt:

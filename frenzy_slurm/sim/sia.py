@@ -65,6 +65,7 @@ class _Job:
 
 class SiaPolicy(RoundPolicy):
     name = "sia"
+    calibrates = True  # plans with MARP's candidates (the real Sia profiles each job's throughput per type)
 
     def __init__(
         self,
@@ -86,8 +87,9 @@ class SiaPolicy(RoundPolicy):
         self.restart_s = restart_s  # None: each job's move cost in the truth (Context.move_cost)
         self.jobs: dict[int, _Job] = {}  # workload job id -> state, for every job arrived and not done
         self._arrived: dict[int, float] = {}
-        self._cands: dict[tuple[int, float], dict] = {}
-        self._opts: dict[tuple[int, float], dict] = {}
+        # (job, memory correction, calibration version) -> MARP's candidates, and the options made of them
+        self._cands: dict[tuple[int, float, int], dict] = {}
+        self._opts: dict[tuple[int, float, int], dict] = {}
         self._stop: list[int] = []
         self.moves = 0  # running jobs given another allocation
         self.preemptions = 0  # running jobs given none
@@ -121,8 +123,7 @@ class SiaPolicy(RoundPolicy):
         self.jobs.pop(a.job.id, None)  # an OOM or time limit comes back through place()
 
     # ---- a round --------------------------------------------------------------------------------
-    def _candidates(self, a: Attempt, pools: list[UsablePool]) -> dict:
-        key = (a.job.id, a.mem_correction)
+    def _candidates(self, a: Attempt, pools: list[UsablePool], key: tuple[int, float, int]) -> dict:
         if key not in self._cands:
             req = a.requirements
             self._cands[key] = search(a.workload, [p.option for p in pools], req.global_batch, req.steps, None, a.space)
@@ -133,14 +134,15 @@ class SiaPolicy(RoundPolicy):
 
         Kept across rounds: the pools, their nodes and MARP's candidates do not change while a job waits or
         runs (the pools' free GPUs, which do, are not read from here)."""
-        key = (a.job.id, a.mem_correction)
+        # a new calibration of the site (Context.calibration) changes MARP's candidates: they are searched again
+        key = (a.job.id, a.mem_correction, ctx.calibration.fits if ctx.calibration is not None else 0)
         if key not in self._opts:
             sim = ctx.sim
-            usable, _ = usable_pools(a.requirements, sim.load(), ctx.site_for(a))
+            usable, _ = usable_pools(a.requirements, sim.load(), ctx.site_for(a, self.calibrates))
             best: dict[Option, tuple[UsablePool, Candidate, tuple[int, int]]] = {}
             for pool in usable:
                 nodes_in_pool = len(sim.by_pool.get((pool.live.partition, pool.live.gpu_type or ""), []))
-                for c in self._candidates(a, usable).get(pool.option.name, []):
+                for c in self._candidates(a, usable, key).get(pool.option.name, []):
                     layout = node_layout(c.gpus, pool.site.gpus_per_node)
                     if layout is None or layout[0] > nodes_in_pool:
                         continue
@@ -318,7 +320,7 @@ class SiaPolicy(RoundPolicy):
             )
             label = f"{c.gpus}x{pool.option.spec.name}({pool.live.partition})"
             comp = PlacedComponent(req, pool.option.spec.name, c.peak_gib, pool.option.spec.memory_gib)
-            placed.append((a, Placement([comp], c.step_time_s, label)))
+            placed.append((a, Placement([comp], c.step_time_s, label, plan=c.plan)))
         for i in stopping:
             j = jobs[i]
             if j.sim_id is not None:
