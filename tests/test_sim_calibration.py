@@ -3,18 +3,13 @@ reaches the policies that plan with MARP, never the plain users, and never the t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from frenzy_slurm.calibration.model import CalibrationFile, site_fingerprint
 from frenzy_slurm.sim import ErrorModel, load_workload, parse_compact
 from frenzy_slurm.sim.calibrating import SiteCalibration
 from frenzy_slurm.sim.runner import Runner, warmed_calibration
-
-DATA = Path(__file__).parent / "data" / "sim"
-WORKLOAD = DATA / "philly-seed5-12.yaml"
-CLUSTER = "A100-80GB:1x8,V100-32GB:1x8,T4:1x4"
+from tests.test_sim import CLUSTER, WORKLOAD  # the small end-to-end simulation's workload and cluster
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +151,41 @@ def test_the_plain_users_jobs_run_as_on_an_uncalibrated_site():
     after = Runner(wl, cluster, "has", seed=7, plain_share=1.0, calibration=cal).run()
     assert [(r.end, r.run_s, r.label) for r in after.records] == [(r.end, r.run_s, r.label) for r in before.records]
     assert all(r.plain for r in after.records)
+
+
+def test_a_placement_without_a_one_pool_plan_undoes_the_calibration_of_its_types(wl):
+    """A pipeline across pools (or a placement without its plan) gets its raw step back by the largest ratio of
+    calibrated to raw efficiency of its types, the calibration's added fixed costs taken off first."""
+    from frenzy_slurm.calibration.model import StepTimeCorrection
+    from frenzy_slurm.sim.jobs import Attempt, PlacedComponent, Placement
+    from frenzy_slurm.slurm.backend import ComponentRequest
+
+    runner = Runner(wl, parse_compact(CLUSTER), "has", seed=5)
+    cal = SiteCalibration(runner.ctx.site, every_s=3600.0)
+
+    def corr(gpu: str, factor: float, overhead_s: float = 0.0) -> StepTimeCorrection:
+        return StepTimeCorrection(
+            gpu=gpu,
+            precision="bf16-mixed",
+            efficiency_factor=factor,
+            step_overhead_s=overhead_s,
+            jobs=3,
+            raw_error=0.3,
+            calibrated_error=0.05,
+        )
+
+    cal.current = _empty(runner.ctx.site).model_copy(
+        update={"step_time": [corr("T4", 1.5, overhead_s=0.2), corr("V100-32GB", 1.2)]}
+    )
+    job = next(j for j in wl.jobs if j.precision == "bf16-mixed")
+    comps = [
+        PlacedComponent(
+            ComponentRequest(partition=part, gpu_type=part, nodes=1, gpus_per_node=2, time_min=60), gpu, 1, 16
+        )
+        for part, gpu in (("t4", "T4"), ("v10032gb", "V100-32GB"))
+    ]
+    raw_t4 = next(p for p in cal.site.pools if p.partition == "t4").spec().efficiency
+    cal_t4 = next(p for p in cal.site_for("bf16-mixed", job.method).pools if p.partition == "t4").spec().efficiency
+    got = cal.raw_step_s(Attempt(job, job.steps), Placement(comps, 2.0, "pipeline", kind="heterogeneous"))
+    assert got == pytest.approx((2.0 - 0.2) * cal_t4 / raw_t4)
+    assert cal_t4 / raw_t4 == pytest.approx(1.5)

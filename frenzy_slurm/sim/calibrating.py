@@ -3,10 +3,10 @@
 A site running frenzy-slurm refits its calibration from the jobs that finished (docs/admin.md "Calibration", e.g. a
 cron job). The simulator does the same with the product's own functions:
 
-- every run of a job that a MARP-planning policy placed (HAS and its variants, `sia`, `ilp`) that took steps is an
-  `Observation`, as `calibration.observe` makes one from a job directory: MARP's raw compute and other seconds of
-  its plan on the site file (`calibration.observe.plan_step_parts`), the true steady step time it ran at, and its
-  predicted and true peak memory; a heterogeneous run counts for memory only, as in the product;
+- every run of a job that a MARP-planning policy placed (HAS and its variants, `sia`, `ilp`, `fastest-fit`) that
+  took steps is an `Observation`, as `calibration.observe` makes one from a job directory: MARP's raw compute and
+  other seconds of its plan on the site file (`calibration.observe.plan_step_parts`), the true steady step time it
+  ran at, and its predicted and true peak memory; a heterogeneous run counts for memory only, as in the product;
 - every `every_s` the product's `calibration.fit` turns all observations so far into a `CalibrationFile`, each
   correction held within `max_change` of the previous calibration's, as `frenzy-slurm calibrate` holds it;
 - the policies that plan with MARP see the site as fsbatch shows it to them (`calibration.calibrated_site`). The
@@ -41,7 +41,7 @@ class SiteCalibration:
     bounds: FitBounds = field(default_factory=FitBounds)
     observations: list[Observation] = field(default_factory=list)
     current: CalibrationFile | None = None
-    fits: int = 0  # refits that changed the calibration
+    fits: int = 0  # refits that wrote a calibration (a fit with nothing to apply writes none)
     next_fit_s: float = 0.0
     _sites: dict[tuple[str, str], SiteConfig] = field(default_factory=dict)
 
@@ -81,9 +81,6 @@ class SiteCalibration:
                 user=user,
             )
         )
-
-    def due(self, now: float) -> bool:
-        return now >= self.next_fit_s
 
     def refit(self, now: float) -> None:
         """The cron's run at `now`: fit every observation so far, each correction within `bounds.max_change` of the
@@ -129,6 +126,7 @@ class SiteCalibration:
                 slots = p.plan.grad_accum + p.plan.pp - 1
                 return parts[0] + parts[1] + spec.step_overhead_s + spec.microbatch_overhead_s * slots
         cal = self.site_for(a.job.precision, a.job.method)
+        slots = p.plan.grad_accum + p.plan.pp - 1 if p.plan is not None else 1
         ratios, fixed = [], 0.0
         for c in p.components:
             raw = self.site.pool(c.request.partition, c.request.gpu_type)
@@ -136,7 +134,6 @@ class SiteCalibration:
             if raw is None or now is None:
                 continue
             ratios.append(now.spec().efficiency / raw.spec().efficiency)
-            slots = p.plan.grad_accum + p.plan.pp - 1 if p.plan is not None else 1
             added = now.spec().step_overhead_s - raw.spec().step_overhead_s
             added += (now.spec().microbatch_overhead_s - raw.spec().microbatch_overhead_s) * slots
             fixed = max(fixed, added)
