@@ -189,3 +189,13 @@ def test_a_placement_without_a_one_pool_plan_undoes_the_calibration_of_its_types
     got = cal.raw_step_s(Attempt(job, job.steps), Placement(comps, 2.0, "pipeline", kind="heterogeneous"))
     assert got == pytest.approx((2.0 - 0.2) * cal_t4 / raw_t4)
     assert cal_t4 / raw_t4 == pytest.approx(1.5)
+
+
+def test_the_earlier_period_of_a_trace_workload_is_other_jobs_of_the_same_size():
+    from frenzy_slurm.cli.simulate import DEV_TRACE, earlier_workload
+    from frenzy_slurm.sim import sample_philly
+
+    wl = sample_philly(DEV_TRACE, 5, 12)
+    earlier = earlier_workload("philly:5:12", DEV_TRACE, wl, 5)
+    assert len(earlier.jobs) == 12 and earlier.source != wl.source
+    assert earlier_workload(str(WORKLOAD), None, wl, 0) is wl  # a workload file: its own jobs

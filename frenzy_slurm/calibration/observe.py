@@ -21,10 +21,11 @@ from frenzy_slurm.core.records import read_job_record
 from frenzy_slurm.jobdir.planfile import read_job_plan
 from frenzy_slurm.jobspec import ResolvedModel
 from frenzy_slurm.marp import workload_from_spec
-from frenzy_slurm.marp.speed import Links, plan_costs
+from frenzy_slurm.marp.speed import Links, PlanCosts, plan_costs
 from frenzy_slurm.site.config import SiteConfig
 
 if TYPE_CHECKING:
+    from frenzy_slurm.core.gpus import GpuSpec
     from frenzy_slurm.has.model import Allocation
     from frenzy_slurm.marp.plan import ParallelPlan, Workload
 
@@ -88,16 +89,35 @@ def plan_step_parts(
 ) -> tuple[float, float] | None:
     """(compute, other) seconds of `plan`'s step on the pool (partition, GRES type) with the site file's GPU specs,
     without the fixed overheads; None where the site file has no such pool."""
-    pool = site.pool(partition, gres_type)
-    if pool is None:
+    priced = _priced(w, plan, global_batch, site, partition, gres_type)
+    if priced is None:
         return None
-    spec = pool.spec().model_copy(update={"step_overhead_s": 0.0, "microbatch_overhead_s": 0.0})
-    links = Links(pool.intra_node_gbs, site.inter_node_gbs(pool), pool.gpus_per_node)
-    costs = plan_costs(w, plan, global_batch)
+    costs, spec, links = priced
+    spec = spec.model_copy(update={"step_overhead_s": 0.0, "microbatch_overhead_s": 0.0})
     full = costs.seconds_on(spec, links)
     half = costs.seconds_on(spec.model_copy(update={"efficiency": spec.efficiency / 2}), links)
     compute = half - full
     return compute, full - compute
+
+
+def plan_step_s(
+    w: Workload, plan: ParallelPlan, global_batch: int, site: SiteConfig, partition: str, gres_type: str | None
+) -> float | None:
+    """Seconds of `plan`'s step on the pool with the site file's GPU spec, its fixed overheads included: what the
+    candidate search predicts there; None where the site file has no such pool."""
+    priced = _priced(w, plan, global_batch, site, partition, gres_type)
+    return None if priced is None else priced[0].seconds_on(priced[1], priced[2])
+
+
+def _priced(
+    w: Workload, plan: ParallelPlan, global_batch: int, site: SiteConfig, partition: str, gres_type: str | None
+) -> tuple[PlanCosts, GpuSpec, Links] | None:
+    """The plan's GPU-independent work, and the pool's GPU spec and links in the site file (None: no such pool)."""
+    pool = site.pool(partition, gres_type)
+    if pool is None:
+        return None
+    links = Links(pool.intra_node_gbs, site.inter_node_gbs(pool), pool.gpus_per_node)
+    return plan_costs(w, plan, global_batch), pool.spec(), links
 
 
 def _plan_of(chosen: Allocation) -> ParallelPlan:

@@ -55,15 +55,15 @@ def resolve_workload(arg: str, trace: Path | None) -> tuple[WorkloadFile, int]:
     return load_workload(path), 0
 
 
-def earlier_workload(arg: str, trace: Path | None, wl: WorkloadFile) -> WorkloadFile:
-    """The jobs of the period before WORKLOAD's, for a site calibrated in production (`--calibrate-every`): the
-    trace's jobs drawn with the seed `WARMUP_SEED_OFFSET` on for `philly:SEED[:JOBS]`; a workload file's own jobs
-    (its users ran the same jobs before), which the earlier period runs with other true draws."""
+def earlier_workload(arg: str, trace: Path | None, wl: WorkloadFile, seed: int) -> WorkloadFile:
+    """The jobs of the period before WORKLOAD's (`wl`, sampled with `seed`), for a site calibrated in production
+    (`--calibrate-every`): the trace's jobs drawn with the seed `WARMUP_SEED_OFFSET` on for `philly:SEED[:JOBS]`; a
+    workload file's own jobs (its users ran the same jobs before), which the earlier period runs with other true
+    draws."""
     from frenzy_slurm.sim.runner import WARMUP_SEED_OFFSET
     from frenzy_slurm.sim.workload import sample_philly
 
     if arg.startswith("philly:"):
-        _, seed = resolve_workload(arg, trace)
         return sample_philly(trace_path(trace), seed + WARMUP_SEED_OFFSET, len(wl.jobs))
     return wl
 
@@ -270,7 +270,7 @@ def simulate(
     same: dict[str, Any] = {"errors": errors, "load": None if as_is else load, "estimates": estimates}
     same |= {"reserve": 1 if backfill == "easy" else None, "ilp_round_s": ilp_round, "sched_interval_s": bf_interval}
     same |= {"max_gpus": max_gpus, "max_job_share": max_job_share, "plain_share": plain_share}
-    earlier = earlier_workload(workload, trace, wl) if calibrate_every is not None else None
+    earlier = earlier_workload(workload, trace, wl, wl_seed) if calibrate_every is not None else None
     for seed, name in runs:
         warm = None
         if earlier is not None and calibrate_every is not None:  # a site in production: an earlier period calibrated it

@@ -24,7 +24,7 @@ from pathlib import Path
 from frenzy_slurm.calibration.apply import calibrated_site
 from frenzy_slurm.calibration.fit import fit
 from frenzy_slurm.calibration.model import CalibrationFile, FitBounds, site_fingerprint
-from frenzy_slurm.calibration.observe import Observation, plan_step_parts
+from frenzy_slurm.calibration.observe import Observation, plan_step_parts, plan_step_s
 from frenzy_slurm.core.version import __version__
 from frenzy_slurm.sim.jobs import Attempt, Placement
 from frenzy_slurm.site.config import SiteConfig
@@ -64,7 +64,6 @@ class SiteCalibration:
         if p.plan is not None and len(p.components) == 1:
             r = p.components[0].request
             parts = plan_step_parts(a.workload, p.plan, a.requirements.global_batch, self.site, r.partition, r.gpu_type)
-        slots = p.plan.grad_accum + p.plan.pp - 1 if p.plan is not None else 1
         self.observations.append(
             Observation(
                 job_dir=Path(f"job-{a.job.id}-{a.number}-{len(self.observations)}"),
@@ -73,7 +72,7 @@ class SiteCalibration:
                 gpus=tuple(c.gpu_model for c in p.components),
                 precision=a.job.precision,
                 mode=f"{a.job.precision}/{a.job.method}",
-                slots=slots,
+                slots=_slots(p),
                 compute_s=parts[0] if parts else None,
                 other_s=parts[1] if parts else None,
                 measured_step_s=measured_step_s if parts else None,
@@ -119,14 +118,11 @@ class SiteCalibration:
             return p.step_time_s
         if p.plan is not None and len(p.components) == 1:
             r = p.components[0].request
-            pool = self.site.pool(r.partition, r.gpu_type)
-            parts = plan_step_parts(a.workload, p.plan, a.requirements.global_batch, self.site, r.partition, r.gpu_type)
-            if pool is not None and parts is not None:
-                spec = pool.spec()
-                slots = p.plan.grad_accum + p.plan.pp - 1
-                return parts[0] + parts[1] + spec.step_overhead_s + spec.microbatch_overhead_s * slots
+            step = plan_step_s(a.workload, p.plan, a.requirements.global_batch, self.site, r.partition, r.gpu_type)
+            if step is not None:
+                return step
         cal = self.site_for(a.job.precision, a.job.method)
-        slots = p.plan.grad_accum + p.plan.pp - 1 if p.plan is not None else 1
+        slots = _slots(p)
         ratios, fixed = [], 0.0
         for c in p.components:
             raw = self.site.pool(c.request.partition, c.request.gpu_type)
@@ -138,3 +134,8 @@ class SiteCalibration:
             added += (now.spec().microbatch_overhead_s - raw.spec().microbatch_overhead_s) * slots
             fixed = max(fixed, added)
         return max(p.step_time_s - fixed, 0.0) * (max(ratios) if ratios else 1.0)
+
+
+def _slots(p: Placement) -> int:
+    """Micro-batch slots on the critical path of `p`'s step, as the calibration counts them (grad_accum + pp - 1)."""
+    return p.plan.grad_accum + p.plan.pp - 1 if p.plan is not None else 1
