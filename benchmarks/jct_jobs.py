@@ -3,6 +3,7 @@
     python benchmarks/jct_jobs.py --case tune [--a has --b sia] [--top 5] [--knobs JSON]
     python benchmarks/jct_jobs.py --shapes std64 --seeds 1 --top 12
     python benchmarks/jct_jobs.py --case tune --a has --b slurm-multi --who plain --top 8
+    python benchmarks/jct_jobs.py --case small --a has --b has --calibrate-a 24 --top 8   # calibrated against not
 
 Runs both policies on the runs of benchmarks/jct.py (the same shapes, loads, jobs, truth and plain users as
 `--case tune` or `--case judge` give them) and prints, per run, the jobs whose completion time differs most, each
@@ -11,6 +12,9 @@ once was moved while it ran). Then, over frenzy-slurm's users' jobs of all runs,
 what differed: the same GPU type with fewer GPUs under `a`, with as many or more, another type. `--who plain`
 does the same over the users who do not use frenzy-slurm (submitted as `slurm-multi` under every policy), whose
 request is the same under both policies: another type, or the same placement reached after a longer or shorter wait.
+`--calibrate-a H` / `--calibrate-b H` run that side on a site that calibrates every H hours, as `jct.py
+--calibrate-every H` does (an earlier period of the same size calibrates it first), so one policy can be compared
+with itself calibrated.
 """
 
 from __future__ import annotations
@@ -28,9 +32,15 @@ from jct import CASES, JOBS_PER_64_GPUS, PLAIN_SHARE, SHAPES, shape_load  # noqa
 from frenzy_slurm.cli.simulate import trace_path  # noqa: E402
 from frenzy_slurm.sim.clusters import parse_compact  # noqa: E402
 from frenzy_slurm.sim.policies import TUNED_KNOBS  # noqa: E402
-from frenzy_slurm.sim.runner import JobRecord, Runner  # noqa: E402
+from frenzy_slurm.sim.runner import WARMUP_SEED_OFFSET, JobRecord, Runner, warmed_calibration  # noqa: E402
 from frenzy_slurm.sim.truth import ErrorModel  # noqa: E402
 from frenzy_slurm.sim.workload import WorkloadJob, sample_philly  # noqa: E402
+
+
+def side(args: argparse.Namespace, which: str) -> str:
+    """The name of side `which` ("a" or "b") in the output: the policy, and its calibration where it has one."""
+    name, every_h = getattr(args, which), getattr(args, f"calibrate_{which}")
+    return name if every_h is None else f"{name} (calibrated every {every_h:g} h)"
 
 
 def _row(r: JobRecord) -> str:
@@ -72,22 +82,18 @@ def one_run(shape: str, load: float, seed: int, args: argparse.Namespace, causes
     jobs = min(args.max_jobs, JOBS_PER_64_GPUS * cluster.gpus // 64)
     wl = sample_philly(trace_path(None), seed, jobs)
     knobs = {**TUNED_KNOBS, **(json.loads(args.knobs) if args.knobs else {})}
-    runs = {}
-    for name in (args.a, args.b):
-        run = Runner(
-            wl,
-            cluster,
-            name,
-            seed,
-            load=load,
-            errors=ErrorModel(truth="published"),
-            knobs=knobs,
-            plain_share=PLAIN_SHARE,
-        ).run()
-        runs[name] = {r.id: r for r in run.records}
+    same = {"load": load, "errors": ErrorModel(truth="published"), "knobs": knobs, "plain_share": PLAIN_SHARE}
+    runs = []
+    for name, every_h in ((args.a, args.calibrate_a), (args.b, args.calibrate_b)):
+        warm = None
+        if every_h is not None:  # as jct.py --calibrate-every: an earlier period calibrates the site first
+            earlier = sample_philly(trace_path(None), seed + WARMUP_SEED_OFFSET, jobs)
+            warm = warmed_calibration(earlier, cluster, name, seed + WARMUP_SEED_OFFSET, every_h * 3600, **same)
+        run = Runner(wl, cluster, name, seed, calibration=warm, **same).run()
+        runs.append({r.id: r for r in run.records})
     spec: dict[int, WorkloadJob] = {j.id: j for j in wl.jobs}
-    a, b = runs[args.a], runs[args.b]
-    print(f"{shape} ({SHAPES[shape]}) load {load} seed {seed}: {args.a} against {args.b}")
+    a, b = runs
+    print(f"{shape} ({SHAPES[shape]}) load {load} seed {seed}: {side(args, 'a')} against {side(args, 'b')}")
     for who, plain in (("own", False), ("plain", True)):
         both = [i for i in a if a[i].plain == plain and a[i].jct is not None and b[i].jct is not None]
         sa = sum(a[i].jct or 0.0 for i in both) / 3600
@@ -99,10 +105,10 @@ def one_run(shape: str, load: float, seed: int, args: argparse.Namespace, causes
                 causes.setdefault(cause(a[i], b[i]), []).append(d)
                 # submitted again with no failure: moved while it ran (sia's re-planning), or withdrawn waiting
                 if b[i].attempts > 1 + b[i].ooms + b[i].timeouts:
-                    causes.setdefault(f"(of all: {args.b} moved it)", []).append(d)
+                    causes.setdefault(f"(of all: {side(args, 'b')} moved it)", []).append(d)
     ids = [i for i in a if args.who == "all" or a[i].plain == (args.who == "plain")]
     ids.sort(key=lambda i: -((a[i].jct or 0.0) - (b[i].jct or 0.0)))
-    print(f"  {'job':>4s} {'who':5s} {'model':14s} {'trace':>10s} | {args.a:56s} | {args.b}")
+    print(f"  {'job':>4s} {'who':5s} {'model':14s} {'trace':>10s} | {side(args, 'a'):56s} | {side(args, 'b')}")
     for i in ids[: args.top]:
         j = spec[i]
         trace = f"{j.trace_gpus}x{j.trace_gpu_time_s / j.trace_gpus / 3600:.1f}h"
@@ -121,6 +127,14 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--knobs", default=None, help="JSON object overriding TUNED_KNOBS (both policies)")
     ap.add_argument("--max-jobs", type=int, default=60)
+    for which in ("a", "b"):
+        ap.add_argument(
+            f"--calibrate-{which}",
+            type=float,
+            default=None,
+            metavar="H",
+            help=f"run --{which} on a site that calibrates every H hours (as jct.py --calibrate-every); default: never",
+        )
     ap.add_argument(
         "--who",
         choices=("own", "plain", "all"),
@@ -137,7 +151,8 @@ def main() -> int:
             for seed in seeds:
                 one_run(shape, load, seed, args, causes)
     whose = "the plain users'" if args.who == "plain" else "frenzy-slurm's users'"
-    print(f"\n{whose} jobs, {args.a} against {args.b}, by what differed (summed JCT difference, + is lost):")
+    a, b = side(args, "a"), side(args, "b")
+    print(f"\n{whose} jobs, {a} against {b}, by what differed (summed JCT difference, + is lost):")
     for c, diffs in sorted(causes.items(), key=lambda kv: -sum(kv[1])):
         lost = sum(d for d in diffs if d > 0)
         won = sum(d for d in diffs if d < 0)
