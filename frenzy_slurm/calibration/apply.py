@@ -93,9 +93,6 @@ def calibrated_site(
                 "microbatch_overhead_s": corr.microbatch_overhead_s,
                 "jobs": corr.jobs,
             }
-        if cal.scaling_loss:  # experiment EXP_FIT_SCALING
-            ov = update.get("overrides", pool.overrides)
-            update["overrides"] = ov.model_copy(update={"scaling_loss": cal.scaling_loss})
         if mem is not None:
             update["usable_fraction"] = min(MAX_USABLE_FRACTION, site.usable_fraction(pool) / mem.factor)
         pools.append(pool.model_copy(update=update) if update else pool)

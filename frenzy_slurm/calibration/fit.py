@@ -29,7 +29,6 @@ A correction outside its bounds (limits) or resting on fewer than `min_jobs` job
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -118,17 +117,14 @@ def _median_rel_error(pred: list[float], meas: list[float]) -> float:
     return statistics.median(abs(p - m) / m for p, m in zip(pred, meas, strict=True))
 
 
-def _solve(
-    obs: list[Observation], free_k: bool, free_m: bool, scaling: float = 0.0, cost: list[float] | None = None
-) -> tuple[float, float, float]:
+def _solve(obs: list[Observation], free_k: bool, free_m: bool) -> tuple[float, float, float]:
     """(k = 1/efficiency_factor, step overhead, micro-batch overhead) minimising relative squared error."""
     import numpy as np
     from scipy.optimize import least_squares
 
     y = np.array([o.measured_step_s for o in obs])
-    width = np.array([(1.0 + scaling) ** np.log2(max(1, o.world)) for o in obs])  # experiment EXP_FIT_SCALING
-    a = np.array([o.compute_s for o in obs]) * width
-    b = np.array([o.other_s for o in obs]) * width
+    a = np.array([o.compute_s for o in obs])
+    b = np.array([o.other_s for o in obs])
     s = np.array([o.slots for o in obs], dtype=float)
     cols, names = [np.ones_like(y)], ["t"]
     target = y - b - (0.0 if free_k else a)
@@ -149,19 +145,12 @@ def _solve(
     res = least_squares(
         lambda x: mat @ x - rhs, x0, bounds=(lower, [np.inf] * len(names)), loss="soft_l1", f_scale=ROBUST_SCALE
     )
-    if cost is not None:
-        cost.append(float(res.cost))
     got = dict(zip(names, res.x, strict=True))
     return float(got.get("k", 1.0)), float(got["t"]), float(got.get("m", 0.0))
 
 
 def fit_step_time(
-    obs: list[Observation],
-    gpu: str,
-    precision: str,
-    limits: FitBounds,
-    previous: StepTimeCorrection | None = None,
-    scaling: float = 0.0,
+    obs: list[Observation], gpu: str, precision: str, limits: FitBounds, previous: StepTimeCorrection | None = None
 ) -> tuple[StepTimeCorrection | None, list[Finding]]:
     """One group's correction (or None) and its findings (`Finding.refused`: not applied); `previous`: the
     previous calibration's correction of this group, which the new one moves from by at most `limits.max_change`."""
@@ -176,7 +165,7 @@ def fit_step_time(
         max(comp) > MIN_SPREAD * min(comp) and max(c / m for c, m in zip(comp, meas, strict=True)) >= MIN_COMPUTE_SHARE
     )
     notes: list[Finding] = []
-    k, t, m = _solve(obs, free_k, free_m, scaling)
+    k, t, m = _solve(obs, free_k, free_m)
     factor = 1.0 / k
     if free_k and not (1 / limits.max_efficiency_factor <= factor <= limits.max_efficiency_factor):
         notes.append(
@@ -186,7 +175,7 @@ def fit_step_time(
                 f"..x{limits.max_efficiency_factor:g}; not applied (check the site file's GPU model and peaks)"
             )
         )
-        k, t, m = _solve(obs, False, free_m, scaling)
+        k, t, m = _solve(obs, False, free_m)
         factor = 1.0
     if t > limits.max_step_overhead_s or m > limits.max_microbatch_overhead_s:
         notes.append(
@@ -219,8 +208,7 @@ def fit_step_time(
     if users < len(obs):
         notes.append(_note(f"{where}: {len(obs)} job(s) of {users} user(s); each user's jobs weigh as one job"))
     raw = [_known(o.raw_step_s) for o in obs]
-    w = [(1.0 + scaling) ** math.log2(max(1, o.world)) for o in obs]
-    cal = [(c * k + _known(o.other_s)) * x + t + m * o.slots for c, o, x in zip(comp, obs, w, strict=True)]
+    cal = [c * k + _known(o.other_s) + t + m * o.slots for c, o in zip(comp, obs, strict=True)]
     corr = StepTimeCorrection(
         gpu=gpu,
         precision=precision,
@@ -329,33 +317,8 @@ def fit_memory(
     return out, notes
 
 
-def fit_scaling(observations: list[Observation]) -> float:
-    """Experiment EXP_FIT_SCALING: the loss per doubling of a plan's GPUs (0 .. 0.30 in steps of 0.01) that fits
-    every GPU type's jobs best together, each type with its own efficiency and overheads; 0 where no type's jobs ran
-    at two widths."""
-    groups: dict[tuple[str, str], list[Observation]] = defaultdict(list)
-    for o in observations:
-        if o.measured_step_s and o.compute_s is not None and len(o.gpus) == 1:
-            groups[(o.gpus[0], o.precision)].append(o)
-    usable = [g for g in groups.values() if len(g) >= 3 and len({o.world for o in g}) > 1]
-    if not usable:
-        return 0.0
-    best = (math.inf, 0.0)
-    for i in range(31):
-        cost: list[float] = []
-        for g in usable:
-            comp = [_known(o.compute_s) for o in g]
-            _solve(g, max(comp) > MIN_SPREAD * min(comp), len({o.slots for o in g}) > 1, i / 100, cost)
-        if sum(cost) < best[0] - 1e-12:
-            best = (sum(cost), i / 100)
-    return best[1]
-
-
 def fit(
-    observations: list[Observation],
-    limits: FitBounds,
-    previous: CalibrationFile | None = None,
-    scaling: float = 0.0,
+    observations: list[Observation], limits: FitBounds, previous: CalibrationFile | None = None
 ) -> tuple[list[StepTimeCorrection], list[MemoryCorrection], list[Finding]]:
     """All corrections the observations support, and every finding (`Finding.refused`: not applied); `previous`: the
     calibration this one replaces, whose corrections each move by at most `limits.max_change`."""
@@ -369,7 +332,7 @@ def fit(
     for (gpu, precision), group in sorted(groups.items(), key=lambda kv: (kv[0][0] == SITE_WIDE, kv[0])):
         held = previous.step_time if previous is not None else []
         before = next((c for c in held if (c.gpu, c.precision) == (gpu, precision)), None)
-        corr, why = fit_step_time(group, gpu, precision, limits, before, scaling)
+        corr, why = fit_step_time(group, gpu, precision, limits, before)
         notes += why
         if corr is not None:
             steps.append(corr)

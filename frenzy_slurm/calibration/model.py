@@ -143,7 +143,6 @@ class CalibrationFile(_M):
     frenzy_version: str = Field(description="frenzy-slurm version that fitted it.")
     limits: FitBounds = Field(default_factory=FitBounds, description="Bounds the fit was held to.")
     step_time: list[StepTimeCorrection] = Field(default_factory=list, description="Applied step-time corrections.")
-    scaling_loss: float = Field(0.0, ge=0, le=1, description="Experiment: step time lost per doubling of GPUs.")
     memory: list[MemoryCorrection] = Field(default_factory=list, description="Applied memory corrections.")
     jobs: list[str] = Field(default_factory=list, description="Job directories the fit used.")
     not_applied: list[str] = Field(

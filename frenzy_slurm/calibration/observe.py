@@ -66,7 +66,6 @@ class Observation:
     memory: list[tuple[float, float]] = field(default_factory=list)  # (predicted, measured) GiB per rank
     note: str = ""
     user: str = ""  # who owns the job directory: each user's jobs together are one vote in a fit
-    world: int = 1  # experiment EXP_FIT_SCALING: the plan's GPUs
 
     @property
     def raw_step_s(self) -> float | None:

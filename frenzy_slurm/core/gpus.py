@@ -30,7 +30,6 @@ class GpuSpec(BaseModel):
     # or the site file sets them): they dominate small models' steps.
     step_overhead_s: float = Field(0.0, ge=0, description="Fixed seconds per optimizer step.")
     microbatch_overhead_s: float = Field(0.0, ge=0, description="Fixed seconds per micro-batch slot of a step.")
-    scaling_loss: float = Field(0.0, ge=0, le=1, description="Experiment: step time lost per doubling of GPUs.")
 
     def peak_tflops(self, precision: str) -> float:
         if precision in ("bf16-mixed", "bf16-pure"):

@@ -417,27 +417,6 @@ def _leave_room(cands: list[_Cand], share: float) -> tuple[list[_Cand], list[tup
                     best[key] = c
         return list(best.values())
 
-    import os
-
-    exempt = float(os.environ.get("EXP_SHARE_EXEMPT") or 0)
-    if exempt > 0 and kept:  # experiment: over the share where the extra GPUs pay for themselves
-        widest: dict[tuple, _Cand] = {}
-        for c in kept:
-            k = pools_of(c)
-            if k not in widest or c.alloc.gpus > widest[k].alloc.gpus:
-                widest[k] = c
-        for c in cands:
-            b = widest.get(pools_of(c))
-            if (
-                why[id(c)] is not None
-                and b is not None
-                and c.alloc.gpus > b.alloc.gpus
-                and c.alloc.start_source == "now"
-            ):
-                extra = c.alloc.gpus / b.alloc.gpus - 1
-                if (b.alloc.run_time_s / max(c.alloc.run_time_s, 1e-9) - 1) / extra >= exempt:
-                    kept.append(c)
-                    why[id(c)] = None
     kept += smallest_over(single=True)  # a pool with no candidate within the share: the job needs that many
     if not kept:
         kept = smallest_over(single=False)  # only a pipeline over the share holds the job
@@ -489,11 +468,7 @@ def _marginal_efficiency(narrow: Allocation, wide: Allocation, now: float) -> fl
 
 
 def _widest_worth_it(
-    ordered: list[_Cand],
-    now: float,
-    tol: float,
-    value: Callable[[_Cand], float] | None = None,
-    scale: Callable[[_Cand], float] | None = None,
+    ordered: list[_Cand], now: float, tol: float, value: Callable[[_Cand], float] | None = None
 ) -> _Cand:
     """From the fewest GPUs up, widen only while each step is worth its GPUs (MIN_MARGINAL_EFFICIENCY) and
     lowers `value` (default: the completion; decide passes the completion plus the delay the allocation causes
@@ -511,8 +486,7 @@ def _widest_worth_it(
     cur = best_of_size[sizes[0]]
     for g in sizes[1:]:
         c = best_of_size[g]
-        tau = MIN_MARGINAL_EFFICIENCY * (scale(c) if scale else 1.0)
-        if value(c) < value(cur) - tol and _marginal_efficiency(cur.alloc, c.alloc, now) >= tau:
+        if value(c) < value(cur) - tol and _marginal_efficiency(cur.alloc, c.alloc, now) >= MIN_MARGINAL_EFFICIENCY:
             cur = c
     return cur
 
@@ -680,11 +654,11 @@ def decide(
     delay = _pricer(site, demand, _lost_when_full(pools, w.precision))
     verdicts = [(c, _violations(req, c) or _qos(view, c)) for c in cands]
     allowed, too_wide = _leave_room([c for c, why in verdicts if not why], site.max_job_share)
-    ok = _rank(allowed, now, delay, demand)
+    ok = _rank(allowed, now, delay)
     rejected = [(c, why) for c, why in verdicts if why] + too_wide
     if backend is not None and ok and ok[0].alloc.start_source != "now":
         _refine(ok, backend, req)
-        ok = _rank(ok, now, delay, demand)
+        ok = _rank(ok, now, delay)
     too_long = [c for c, why in verdicts if why and why.startswith(MAX_TIME_REASON)]
     if not ok and too_long:  # MaxTime is checked last: these broke no other limit
         raise NoFitError(_max_time_message(req, too_long))
@@ -705,7 +679,7 @@ def decide(
     return Decision(chosen=chosen, alternatives=alts, decided_at=now, decision_ms=(time.perf_counter() - t0) * 1e3)
 
 
-def _rank(items: list[_Cand], now: float, delay: Callable[[_Cand], float], demand: dict | None = None) -> list[_Cand]:
+def _rank(items: list[_Cand], now: float, delay: Callable[[_Cand], float]) -> list[_Cand]:
     """Earliest completion plus the delay caused to other jobs (`delay`, pricing.py); within a tolerance,
     homogeneous first, then fewer GPUs (ties are noise)."""
     if not items:
@@ -728,23 +702,7 @@ def _rank(items: list[_Cand], now: float, delay: Callable[[_Cand], float], deman
         groups: dict[tuple, list[_Cand]] = {}
         for c in ordered:
             groups.setdefault(tuple(p.key for p in c.pools), []).append(c)
-        import os
-
-        scale = None
-        if os.environ.get("EXP_LOAD_TAU") and demand is not None:  # experiment
-
-            def scale(c: _Cand) -> float:
-                if c.alloc.start_source != "now":
-                    return 1.0
-                want = 0.0
-                for p in c.pools:
-                    d = demand.get(p.key)
-                    if d is None:
-                        return 1.0
-                    want += d.waiting + pricing.arrivals(d, c.alloc.run_time_s)
-                return min(1.0, want)
-
-        picks = [_widest_worth_it(g, now, tol, lambda c: value[id(c)], scale) for g in groups.values()]
+        picks = [_widest_worth_it(g, now, tol, lambda c: value[id(c)]) for g in groups.values()]
         choice = min(picks, key=lambda c: (key(c), ordered.index(c)))  # the earliest, ties as ranked
     else:
         choice = _widest_worth_it(ordered, now, tol, lambda c: value[id(c)])

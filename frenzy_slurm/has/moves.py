@@ -163,10 +163,6 @@ def running_move(
         return None
     if d.chosen.label() == current:
         return None
-    import os
-
-    if os.environ.get("EXP_MOVE_NOW") and d.chosen.start_source != "now":  # experiment
-        return None
     go = d.chosen.completion + restart_s
     return d.chosen if go < stay_until - gain * (stay_until - now) else None
 

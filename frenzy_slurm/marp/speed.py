@@ -30,7 +30,6 @@ weight gradients), plus one more forward (2 N + 4 L h s) with full recomputation
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -164,9 +163,6 @@ class PlanCosts:
         fixed = gpu.step_overhead_s + gpu.microbatch_overhead_s * self.micro_slots
         optimizer = self.optimizer_bytes / (gpu.mem_bw_gbs * 1e9)  # once a step, outside the pipeline's bubble
         comm = self._comm_s(links) + self.offload_s
-        if gpu.scaling_loss:  # experiment EXP_FIT_SCALING
-            width = (1.0 + gpu.scaling_loss) ** math.log2(max(1, self.world))
-            return (self.compute_s(gpu) * (1.0 + self.bubble_fraction) + optimizer + comm) * width + fixed
         return self.compute_s(gpu) * (1.0 + self.bubble_fraction) + optimizer + comm + fixed
 
     def _comm_s(self, links: Links) -> float:
@@ -194,9 +190,6 @@ def seconds_floor(smallest: PlanCosts, largest: PlanCosts, gpu: GpuSpec, links: 
     fixed = gpu.step_overhead_s + min(
         gpu.microbatch_overhead_s * smallest.micro_slots, gpu.microbatch_overhead_s * largest.micro_slots
     )
-    if gpu.scaling_loss:  # experiment EXP_FIT_SCALING
-        width = (1.0 + gpu.scaling_loss) ** math.log2(max(1, largest.world))
-        return (compute + comm + min(smallest.offload_s, largest.offload_s)) * width + fixed
     return compute + comm + min(smallest.offload_s, largest.offload_s) + fixed
 
 

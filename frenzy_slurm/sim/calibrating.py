@@ -78,7 +78,6 @@ class SiteCalibration:
                 measured_step_s=measured_step_s if parts else None,
                 memory=[(c.predicted_peak_gib, t) for c, t in zip(p.components, true_peaks, strict=True)],
                 user=user,
-                world=p.gpus,
             )
         )
 
@@ -89,12 +88,7 @@ class SiteCalibration:
             self.next_fit_s += self.every_s
         if not self.observations:
             return
-        import os
-
-        from frenzy_slurm.calibration.fit import fit_scaling
-
-        scaling = fit_scaling(self.observations) if os.environ.get("EXP_FIT_SCALING") else 0.0
-        steps, memory, findings = fit(self.observations, self.bounds, self.current, scaling=scaling)
+        steps, memory, findings = fit(self.observations, self.bounds, self.current)
         if not (steps or memory):
             return
         self.current = CalibrationFile(
@@ -105,7 +99,6 @@ class SiteCalibration:
             frenzy_version=__version__,
             limits=self.bounds,
             step_time=steps,
-            scaling_loss=scaling,
             memory=memory,
             jobs=[str(o.job_dir) for o in self.observations],
             not_applied=[f.text for f in findings if f.refused],

@@ -438,7 +438,6 @@ class SlurmMulti(BasePolicy):
     def __init__(self, time_factor: float = 1.5, max_slowdown: float | None = None):
         self.time_factor = time_factor
         self.max_slowdown = max_slowdown  # None: every partition that holds the job
-        self._plans: dict = {}  # experiment EXP_COMM_UNSCALED: the plan of each (attempt, pool, count)
 
     def _on_pool(self, a: Attempt, pool: UsablePool, usual_cap: int | None = None) -> tuple[int, float, float] | None:
         """(count, predicted step time, predicted peak GiB) on this pool, or None where the rule says no.
@@ -467,13 +466,11 @@ class SlurmMulti(BasePolicy):
             items = [c for c in found if c.gpus == n]
             if items:
                 c = min(items, key=lambda c: c.step_time_s)
-                self._plans[(id(a), pool.option.name, n)] = c.plan
                 return n, c.step_time_s, c.peak_gib
         n = counts[min(a.ooms, len(counts) - 1)]
         plan = ParallelPlan(
             dp=n, zero=3 if n > 1 else 0, micro_batch=1, grad_accum=max(1, req.global_batch // n), recompute="full"
         )
-        self._plans[(id(a), opt.name, n)] = plan
         est = estimate_memory(w, plan, "reserved", Overheads(fragmentation=a.space.fragmentation))
         peak = est.peak_gib + opt.overhead_bytes(n) / GiB
         if a.ooms and peak * GiB > opt.usable_bytes:
@@ -517,12 +514,8 @@ class SlurmMulti(BasePolicy):
             if ctx.truth is None:
                 return startup + step * a.steps
             nodes = (node_layout(n, pool.site.gpus_per_node) or (n, 1))[0]
-            from frenzy_slurm.sim.runner import comm_of
-
-            plan = self._plans.get((id(a), pool.option.name, n))
-            comm = 0.0 if plan is None else comm_of(a, plan, ctx.site, pool.live.partition, pool.live.gpu_type)
             true = ctx.truth.step_time(
-                a.job.id, step, [pool.option.spec.name], precision=a.job.precision, gpus=n, nodes=nodes, comm_s=comm
+                a.job.id, step, [pool.option.spec.name], precision=a.job.precision, gpus=n, nodes=nodes
             )
             return startup + true * a.steps
 
@@ -545,7 +538,6 @@ class SlurmMulti(BasePolicy):
                     [PlacedComponent(req_c, opt.spec.name, peak, opt.spec.memory_gib)],
                     step,
                     f"{n}x{opt.spec.name}({pool.live.partition})",
-                    plan=self._plans.get((id(a), opt.name, n)),
                 )
             )
         first = alts[0]

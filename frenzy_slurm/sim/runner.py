@@ -208,7 +208,6 @@ class Runner:
             gpus=p.gpus,
             nodes=sum(c.request.nodes for c in p.components),
             partitions=len({c.request.partition for c in p.components}),
-            comm_s=plan_comm_s(a, p, self.ctx.site),
         )
         self._start_step[sj.job_id] = step
         return startup + step * a.steps, "COMPLETED"
@@ -243,24 +242,6 @@ class Runner:
                 # frenzy-slurm's runtime checkpoints at the time-limit signal and runs `scontrol requeue`: Slurm
                 # starts the same job again, the same request (its --time too), for the steps left
                 self._requeued[a.job.id] = sj.submit
-                import os
-
-                if os.environ.get("EXP_TL_REPLAN") and p.plan is not None:  # experiment
-                    from frenzy_slurm.core.errors import NoFitError
-                    from frenzy_slurm.planning import decide_job
-                    from frenzy_slurm.sim.policies import _resumable, from_allocation
-
-                    where = _resumable(nxt, p)
-                    if where is not None:
-                        try:
-                            site = self.ctx.site_for(nxt, True)
-                            d = decide_job(
-                                where[1], nxt.workload, where[0], self.sim.load(), site, self.sim, self.sim.now
-                            )
-                            self._push(self.sim.now, "requeue", (nxt, from_allocation(d.chosen)))
-                            return
-                        except NoFitError:
-                            pass
                 self._push(self.sim.now, "requeue", (nxt, p))
                 return
         elif sj.job_id in self._moving or sj.state == "PREEMPTED":
@@ -573,24 +554,6 @@ def _pool_of(p: Placement) -> str:
 
 def simulate(workload: WorkloadFile, cluster: SimCluster, policy: str, seed: int = 0, **kw: Any) -> RunResult:
     return Runner(workload, cluster, policy, seed, **kw).run()
-
-
-def plan_comm_s(a: Attempt, p: Placement, site: Any) -> float:
-    """Experiment EXP_COMM_UNSCALED: MARP's communication seconds of a one-pool plan (0 otherwise)."""
-    if p.plan is None or len(p.components) != 1:
-        return 0.0
-    r = p.components[0].request
-    return comm_of(a, p.plan, site, r.partition, r.gpu_type)
-
-
-def comm_of(a: Attempt, plan: Any, site: Any, partition: str, gres: str | None) -> float:
-    from frenzy_slurm.calibration.observe import _priced
-
-    pr = _priced(a.workload, plan, a.requirements.global_batch, site, partition, gres)
-    if pr is None:
-        return 0.0
-    costs, _spec, links = pr
-    return costs._comm_s(links) + costs.offload_s
 
 
 def warmed_calibration(

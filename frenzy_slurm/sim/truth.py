@@ -27,7 +27,6 @@ Memory:
 from __future__ import annotations
 
 import math
-import os
 import random
 from dataclasses import dataclass
 from functools import cache
@@ -222,7 +221,6 @@ class Truth:
         gpus: int = 1,
         nodes: int = 1,
         partitions: int = 1,
-        comm_s: float = 0.0,
     ) -> float:
         """The true step time of a plan predicted to take `predicted_s` per step on these GPUs."""
         r_job = self.job(job_id).time_ratio
@@ -232,15 +230,11 @@ class Truth:
         m = self.model
         factor = max(marp_relative(g, precision, t.reference) / t.relative(g, precision) for g in gpu_models)
         loss = (1.0 / t.per_doubling) ** math.log2(max(1, gpus))
-        if os.environ.get("EXP_NO_WIDTH_LOSS"):  # experiment: no loss with width or across nodes
-            loss, nodes = 1.0, 1
         if nodes > 1:
             loss *= 1.0 + (t.cross_node_loss if m.cross_node_loss is None else m.cross_node_loss)
         if partitions > 1:
             loss *= 1.0 + (t.cross_partition_loss if m.cross_partition_loss is None else m.cross_partition_loss)
         overhead = t.step_overhead_s if m.step_overhead_s is None else m.step_overhead_s
-        if os.environ.get("EXP_COMM_UNSCALED"):  # experiment: the type's factor on what the GPU computes only
-            return ((predicted_s - comm_s) * factor + comm_s) * loss * r_job + overhead
         return predicted_s * factor * loss * r_job + overhead
 
     def restart_s(self, params_b: float, method: str) -> float:

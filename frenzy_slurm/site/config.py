@@ -98,7 +98,6 @@ class GpuOverrides(_M):
     efficiency: float | None = Field(
         None, ge=0.01, le=1, json_schema_extra=IN_FRACTION, description="Training utilisation assumed for step time."
     )
-    scaling_loss: float | None = Field(None, ge=0, le=1, description="Experiment: step time lost per doubling.")
     step_overhead_s: float | None = Field(
         None,
         ge=0,
