@@ -36,11 +36,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from frenzy_slurm.cli.simulate import trace_path  # noqa: E402
-from frenzy_slurm.sim.clusters import LARGE, MEDIUM, SMALL, generated_shape, parse_compact  # noqa: E402
+from frenzy_slurm.sim.calibrating import SiteCalibration  # noqa: E402
+from frenzy_slurm.sim.clusters import LARGE, MEDIUM, SMALL, SimCluster, generated_shape, parse_compact  # noqa: E402
 from frenzy_slurm.sim.metrics import paired, paired_all, paired_common, plot, summarize  # noqa: E402
 from frenzy_slurm.sim.policies import TUNED_KNOBS  # noqa: E402
 from frenzy_slurm.sim.runner import WARMUP_SEED_OFFSET, Runner, warmed_calibration  # noqa: E402
@@ -119,6 +121,16 @@ CASES = {
         "policies": "has,has-preempt,sia,slurm-multi",
     },
 }
+
+
+def production_calibration(
+    trace: Path | None, cluster: SimCluster, policy: str, seed: int, jobs: int, every_h: float, **same: Any
+) -> SiteCalibration | None:
+    """`--calibrate-every`: the calibration a site in production has when the measured run begins, from an earlier
+    period of the same size on the same cluster (the trace's jobs of seed + WARMUP_SEED_OFFSET) under the same
+    policy, refitting every `every_h` hours; None for a policy that does not plan with MARP."""
+    earlier = sample_philly(trace_path(trace), seed + WARMUP_SEED_OFFSET, jobs)
+    return warmed_calibration(earlier, cluster, policy, seed + WARMUP_SEED_OFFSET, every_h * 3600, **same)
 
 
 def shape_load(shape: str, loads: str) -> list[float]:
@@ -226,9 +238,8 @@ def main() -> int:
                     same["plain_share"] = args.plain_share
                     warm = None
                     if args.calibrate_every is not None:  # a site in production: calibrated by an earlier period
-                        earlier = sample_philly(trace_path(args.trace), seed + WARMUP_SEED_OFFSET, jobs)
-                        warm = warmed_calibration(
-                            earlier, cluster, name, seed + WARMUP_SEED_OFFSET, args.calibrate_every * 3600, **same
+                        warm = production_calibration(
+                            args.trace, cluster, name, seed, jobs, args.calibrate_every, **same
                         )
                     r = Runner(wl, cluster, name, seed, calibration=warm, **same).run()
                     s = summarize(r)

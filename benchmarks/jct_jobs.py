@@ -27,12 +27,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jct import CASES, JOBS_PER_64_GPUS, PLAIN_SHARE, SHAPES, shape_load  # noqa: E402
+from jct import CASES, JOBS_PER_64_GPUS, PLAIN_SHARE, SHAPES, production_calibration, shape_load  # noqa: E402
 
 from frenzy_slurm.cli.simulate import trace_path  # noqa: E402
 from frenzy_slurm.sim.clusters import parse_compact  # noqa: E402
 from frenzy_slurm.sim.policies import TUNED_KNOBS  # noqa: E402
-from frenzy_slurm.sim.runner import WARMUP_SEED_OFFSET, JobRecord, Runner, warmed_calibration  # noqa: E402
+from frenzy_slurm.sim.runner import JobRecord, Runner  # noqa: E402
 from frenzy_slurm.sim.truth import ErrorModel  # noqa: E402
 from frenzy_slurm.sim.workload import WorkloadJob, sample_philly  # noqa: E402
 
@@ -87,8 +87,7 @@ def one_run(shape: str, load: float, seed: int, args: argparse.Namespace, causes
     for name, every_h in ((args.a, args.calibrate_a), (args.b, args.calibrate_b)):
         warm = None
         if every_h is not None:  # as jct.py --calibrate-every: an earlier period calibrates the site first
-            earlier = sample_philly(trace_path(None), seed + WARMUP_SEED_OFFSET, jobs)
-            warm = warmed_calibration(earlier, cluster, name, seed + WARMUP_SEED_OFFSET, every_h * 3600, **same)
+            warm = production_calibration(None, cluster, name, seed, jobs, every_h, **same)
         run = Runner(wl, cluster, name, seed, calibration=warm, **same).run()
         runs.append({r.id: r for r in run.records})
     spec: dict[int, WorkloadJob] = {j.id: j for j in wl.jobs}
